@@ -1,0 +1,59 @@
+"""Atomic writes: a reader never sees a half-written result file.
+
+    >>> from portkit._io import write_json
+    >>> write_json("/tmp/portkit-example.json", {"ok": True})
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _plain(value: Any) -> Any:
+    """Turn results into plain JSON: numpy scalars, sets and paths appear in them, and
+    JSON has no NaN or Infinity, so those become null and every JSON reader can load the file."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [_plain(v) for v in items]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file in the same folder, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    text = json.dumps(_plain(obj), indent=1, allow_nan=False)
+    return write_text(path, text + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)

@@ -1,0 +1,41 @@
+"""portkit's exceptions: one base class, a few subclasses.
+
+    >>> from portkit.errors import BadParameter
+    >>> raise BadParameter("target", "trn", ["neuron", "tpu", "cpu", "cuda"])
+    Traceback (most recent call last):
+    ...
+    portkit.errors.BadParameter: unknown target 'trn'; choose one of: neuron, tpu, cpu, cuda
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class PortkitError(Exception):
+    """Base class of every error portkit raises on purpose."""
+
+
+class BadParameter(PortkitError, ValueError):
+    """A user-supplied value that portkit does not accept.
+
+    The message names the bad value and, where the choices are finite, lists them.
+    """
+
+    def __init__(self, what: str, value: object, choices: Iterable[object] | None = None,
+                 hint: str | None = None):
+        self.what, self.value = what, value
+        self.choices = list(choices) if choices is not None else None
+        message = f"unknown {what} {value!r}"
+        if self.choices is not None:
+            message += "; choose one of: " + ", ".join(str(c) for c in self.choices)
+        if hint:
+            message += f" ({hint})" if self.choices is not None else f"; {hint}"
+        super().__init__(message)
+
+
+class NeedsNetwork(PortkitError):
+    """The request would need a download; portkit runs offline."""
+
+
+class StageFailed(PortkitError):
+    """A workbook notebook failed; the message names the notebook and the cell."""

@@ -1,0 +1,327 @@
+"""The targets portkit moves models to, as data: one frozen entry per target, one `detect()`.
+
+    >>> from portkit import targets
+    >>> t = targets.detect("tpu")
+    >>> t.mode, t.target.static_shapes, t.target.default_precision.name
+    ('emulated', True, 'default')
+    >>> t.op_table.classify("aten::addmm").status
+    'composite'
+
+A stage never branches on a target's name: it asks the entry (device string, compile backend,
+static-shape rule, dtype rules, precisions, op table) and the detected mode (native or emulated).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from portkit import probes
+from portkit.errors import BadParameter
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "targets"
+
+NATIVE, COMPOSITE, CPU_FALLBACK, UNSUPPORTED = "native", "composite", "cpu_fallback", "unsupported"
+STATUSES = (NATIVE, COMPOSITE, CPU_FALLBACK, UNSUPPORTED)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One numerics setting of a target, as its compiler applies it to float32 programs."""
+    name: str
+    setting: str                          # how a user selects it on the real target
+    description: str
+    matmul_inputs: torch.dtype | None = None   # operands of every matmul rounded to this dtype
+    matmul_output: torch.dtype | None = None   # matmul results rounded to this dtype
+    all_ops: torch.dtype | None = None         # every floating result rounded to this dtype
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "setting": self.setting, "description": self.description,
+                **{k: str(v).replace("torch.", "") if v is not None else None
+                   for k, v in (("matmul_inputs", self.matmul_inputs),
+                                ("matmul_output", self.matmul_output), ("all_ops", self.all_ops))}}
+
+
+@dataclass(frozen=True)
+class DtypeRule:
+    source: torch.dtype
+    result: torch.dtype
+    why: str
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    title: str
+    device: str                      # the torch device string on the real target
+    backend: str                     # torch.compile backend on the real target
+    emulated_backend: str            # portkit's registered stand-in, used in emulated mode
+    vendor_package: str | None       # pip distribution
+    vendor_module: str | None        # import name
+    static_shapes: bool              # every new input shape compiles a new graph
+    dtype_rules: tuple[DtypeRule, ...]
+    precisions: tuple[Precision, ...]  # the first is the target's default
+    op_table: str | None             # file in data/targets, or None for a live dispatcher key
+    live_key: str                    # dispatcher key that holds the target's kernels
+    kernel_language: str             # what custom kernels are rewritten in
+    dynamic_shape_error: str         # the vendor's wording when a graph has a SymInt
+    docs: tuple[str, ...] = ()
+    reference: bool = False          # a platform to compare against, not a migration target
+
+    @property
+    def default_precision(self) -> Precision:
+        return self.precisions[0]
+
+    def precision(self, name: str) -> Precision:
+        for p in self.precisions:
+            if p.name == name:
+                return p
+        raise BadParameter(f"precision for target {self.name}", name, [p.name for p in self.precisions])
+
+
+_BF16 = torch.bfloat16
+_F64_TO_F32 = DtypeRule(torch.float64, torch.float32, "float64 is not native: cast to float32 and back")
+_FP32 = Precision("fp32", "default", "float32 throughout")
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target(
+        name="neuron", title="AWS Trainium (TorchNeuron, torch-neuronx)", device="neuron",
+        backend="neuron", emulated_backend="portkit_neuron",
+        vendor_package="torch-neuronx", vendor_module="torch_neuronx", static_shapes=True,
+        dtype_rules=(_F64_TO_F32,
+                     DtypeRule(torch.int64, torch.int32, "int64 is not native: cast to int32 and back")),
+        precisions=(
+            # The native backend compiles with --auto-cast=none; standalone neuronx-cc defaults to
+            # casting FP32 matmuls to BF16 (FACTS.md section 1).
+            Precision("none", "native backend default (--auto-cast=none)", "float32 throughout"),
+            Precision("matmult", "NEURON_CC_FLAGS='--auto-cast=matmult --auto-cast-type=bf16'",
+                      "matmul operands and results in bf16, fp32 accumulation",
+                      matmul_inputs=_BF16, matmul_output=_BF16),
+            Precision("all", "NEURON_CC_FLAGS='--auto-cast=all --auto-cast-type=bf16'",
+                      "every float32 operation in bf16", matmul_inputs=_BF16, matmul_output=_BF16,
+                      all_ops=_BF16),
+        ),
+        op_table="neuron.json", live_key="PrivateUse1", kernel_language="NKI",
+        dynamic_shape_error="Dynamic shapes detected in the model, but torch-neuronx requires static "
+                            "shapes",
+        docs=("awsdocs-neuron torch/about-pytorch-neuron.html",
+              "awsdocs-neuron torch/compile/reference-torch-compile.html"),
+    ),
+    Target(
+        name="tpu", title="Google TPU (TorchTPU, torch-tpu)", device="tpu",
+        backend="tpu", emulated_backend="portkit_tpu",
+        vendor_package="torch-tpu", vendor_module="torch_tpu", static_shapes=True,
+        dtype_rules=(_F64_TO_F32,),
+        precisions=(
+            # fp32 matmuls default to one bf16 pass on the MXU with fp32 accumulation
+            # (torch_tpu docs/gpu_to_tpu.md, precision_management.py).
+            Precision("default", "torch.tpu.Precision.DEFAULT",
+                      "matmul operands rounded to bf16, one MXU pass, fp32 accumulation",
+                      matmul_inputs=_BF16),
+            Precision("highest", "with torch.tpu.precision(torch.tpu.Precision.HIGHEST)",
+                      "float32 matmuls (6 bf16 passes)"),
+        ),
+        op_table="tpu.json", live_key="PrivateUse1", kernel_language="Pallas",
+        dynamic_shape_error="TPU backend: does not support dynamic shape",
+        docs=("torch_tpu docs/gpu_to_tpu.md", "torch_tpu docs/notebooks/advanced_compile.py"),
+    ),
+    Target(
+        name="cpu", title="CPU (reference)", device="cpu", backend="inductor",
+        emulated_backend="inductor", vendor_package=None, vendor_module=None, static_shapes=False,
+        dtype_rules=(), precisions=(_FP32,), op_table=None, live_key="CPU", kernel_language="C++",
+        dynamic_shape_error="", reference=True,
+    ),
+    Target(
+        name="cuda", title="NVIDIA GPU (reference, the platform being migrated from)", device="cuda",
+        backend="inductor", emulated_backend="inductor", vendor_package=None, vendor_module=None,
+        static_shapes=False, dtype_rules=(), precisions=(_FP32,), op_table=None, live_key="CUDA",
+        kernel_language="CUDA/Triton", dynamic_shape_error="", reference=True,
+    ),
+)}
+
+MIGRATION_TARGETS = tuple(name for name, t in TARGETS.items() if not t.reference)
+
+# CPU-specific ATen ops that PyTorch's CPU dispatch chooses, and what the same call runs as on a
+# PrivateUse1 device. Recording happens on the CPU, so these are translated before classifying.
+PRIVATEUSE1_PATH: dict[str, tuple[str, str]] = {
+    # SDPA: _fused_sdp_choice on a PrivateUse1 tensor selects the "overrideable" fused kernel
+    # (aten/src/ATen/native/transformers/attention.cpp; torch-neuronx SdpBackendSelection.cpp).
+    "aten::_scaled_dot_product_flash_attention_for_cpu":
+        ("aten::_scaled_dot_product_fused_attention_overrideable",
+         "SDPA selects the overrideable fused kernel on PrivateUse1 devices"),
+    # LSTM: on cuda/xpu/privateuseone inputs, LSTMCell calls _thnn_fused_lstm_cell
+    # (aten/src/ATen/native/RNN.cpp); the CPU runs oneDNN's mkldnn_rnn_layer instead.
+    "aten::mkldnn_rnn_layer": ("aten::_thnn_fused_lstm_cell",
+                               "LSTMCell calls _thnn_fused_lstm_cell on PrivateUse1 devices (RNN.cpp)"),
+}
+# Module types whose device path differs from the CPU path in a way the recorded ops cannot show:
+# GRU cells run as decomposed ops on the CPU but as _thnn_fused_gru_cell on PrivateUse1 (RNN.cpp).
+PRIVATEUSE1_MODULE_OPS: dict[str, str] = {
+    "LSTM": "aten::_thnn_fused_lstm_cell",
+    "GRU": "aten::_thnn_fused_gru_cell",
+}
+
+
+@dataclass(frozen=True)
+class OpClass:
+    status: str
+    detail: str
+    via: str | None = None      # the op that actually runs, when it is not the recorded one
+
+
+@dataclass
+class OpTable:
+    """Which ATen overloads a target runs natively, and how every other op reaches the CPU."""
+    target: str
+    native: frozenset[str]
+    cpu_fallback: frozenset[str] = frozenset()
+    compile_decomposed: frozenset[str] = frozenset()
+    provenance: dict = field(default_factory=dict)
+    device_paths: bool = True   # translate CPU-specific ops to the PrivateUse1 path
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def load(cls, filename: str) -> "OpTable":
+        raw = json.loads((DATA / filename).read_text())
+        return cls(target=raw["target"], native=frozenset(raw["native"]),
+                   cpu_fallback=frozenset(raw.get("cpu_fallback", ())),
+                   compile_decomposed=frozenset(raw.get("compile_decomposed", ())),
+                   provenance=raw["provenance"])
+
+    @classmethod
+    def live(cls, target: str, key: str, device_paths: bool) -> "OpTable":
+        names = torch._C._dispatch_get_all_op_names()
+        native = frozenset(o for o in names if torch._C._dispatch_has_kernel_for_dispatch_key(o, key))
+        return cls(target=target, native=native, device_paths=device_paths,
+                   provenance={"source": f"live dispatcher, key {key}", "version": torch.__version__,
+                               "method": "torch._C._dispatch_has_kernel_for_dispatch_key(op, "
+                                         f"{key!r}) over torch._C._dispatch_get_all_op_names()"})
+
+    def is_native(self, op: str) -> bool:
+        return op in self.native
+
+    def classify(self, op: str) -> OpClass:
+        if op not in self._cache:
+            self._cache[op] = self._classify(op)
+        return self._cache[op]
+
+    def _classify(self, op: str) -> OpClass:
+        if op in self.native:
+            return OpClass(NATIVE, "kernel on the target")
+        if op in self.cpu_fallback:
+            return OpClass(CPU_FALLBACK, "the target's own kernel runs it on the host CPU")
+        if self.device_paths and op in PRIVATEUSE1_PATH:
+            device_op, why = PRIVATEUSE1_PATH[op]
+            inner = self.classify(device_op)
+            return dataclasses.replace(inner, via=device_op, detail=f"{why}; {device_op}: {inner.detail}")
+        has = functools.partial(_has_kernel, op)
+        if not self.device_paths:   # a reference platform: its own kernels or composites
+            if has("CompositeExplicitAutograd") or has("CompositeImplicitAutograd") or \
+                    has("CompositeExplicitAutogradNonFunctional"):
+                return OpClass(COMPOSITE, "composite kernel: runs as other ATen ops")
+            return OpClass(UNSUPPORTED, "no kernel on this platform")
+        if has("CompositeExplicitAutogradNonFunctional"):
+            # A structured op: its functional/in-place form allocates and calls the out= overload.
+            out = _out_variant(op, self.native)
+            if out:
+                return OpClass(COMPOSITE, f"runs as {out}", via=out)
+            return OpClass(CPU_FALLBACK if has("CPU") else UNSUPPORTED,
+                           "structured op whose out= overload has no kernel on the target")
+        if has("CompositeExplicitAutograd") or has("CompositeImplicitAutograd"):
+            return OpClass(COMPOSITE, "composite kernel: runs as other ATen ops")
+        if has("CPU"):
+            return OpClass(CPU_FALLBACK, "no kernel on the target; the CPU kernel runs it")
+        return OpClass(UNSUPPORTED, "no kernel on the target, no composite, and no CPU kernel to "
+                                    "fall back to")
+
+
+def _has_kernel(op: str, key: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+    except RuntimeError:   # not an operator this torch knows
+        return False
+
+
+def _out_variant(op: str, native: frozenset[str]) -> str | None:
+    name, _, overload = op.partition(".")
+    base = name.rstrip("_") if not name.endswith("__") else name
+    candidates = [f"{base}.{overload}_out"] if overload else []
+    candidates += [f"{base}.out", f"{base}.{overload.replace('Tensor', 'Tensor_out')}"]
+    return next((c for c in candidates if c in native), None)
+
+
+@dataclass(frozen=True)
+class DetectedTarget:
+    """A target together with how portkit will treat it on this host."""
+    target: Target
+    mode: str          # "native" or "emulated"
+    reason: str
+    op_table: OpTable
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    @property
+    def native(self) -> bool:
+        return self.mode == "native"
+
+    @property
+    def backend(self) -> str:
+        """The torch.compile backend to use in this mode."""
+        return self.target.backend if self.native else self.target.emulated_backend
+
+    def to_dict(self) -> dict:
+        t = self.target
+        return {"name": t.name, "title": t.title, "mode": self.mode, "reason": self.reason,
+                "device": t.device, "backend": self.backend, "static_shapes": t.static_shapes,
+                "dtype_rules": [f"{r.source} -> {r.result}".replace("torch.", "") for r in t.dtype_rules],
+                "default_precision": t.default_precision.to_dict(),
+                "op_table": self.op_table.provenance}
+
+    def __str__(self) -> str:
+        return f"target {self.name}: {self.mode}, {self.reason}"
+
+
+def get(name: str) -> Target:
+    if name not in TARGETS:
+        raise BadParameter("target", name, TARGETS)
+    return TARGETS[name]
+
+
+@functools.cache
+def detect(name: str) -> DetectedTarget:
+    """Decide native or emulated for one target and load its op table."""
+    t = get(name)
+    if t.reference:
+        if t.device == "cpu" or probes.cuda_available():
+            return DetectedTarget(t, "native", f"{t.device} is present",
+                                  OpTable.live(t.name, t.live_key, device_paths=False))
+        return DetectedTarget(t, "emulated", "no CUDA device: run on the CPU",
+                              OpTable.live(t.name, "CPU", device_paths=False))
+    if probes.device_available(t.vendor_module, t.device):
+        version = probes.package_version(t.vendor_package)
+        return DetectedTarget(t, "native", f"{t.vendor_package} {version} with a {t.device} device",
+                              OpTable.live(t.name, t.live_key, device_paths=True))
+    if probes.module_available(t.vendor_module):
+        reason = f"{t.vendor_package} is installed but no {t.device} device was found"
+    else:
+        reason = f"{t.vendor_package} is not installed"
+    return DetectedTarget(t, "emulated", reason + "; running on the CPU under the target's rules",
+                          OpTable.load(t.op_table))
+
+
+def parse_targets(names) -> list[str]:
+    """Accept a list or a comma-separated string; validate every name; keep order, drop repeats."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise BadParameter("target list", "", TARGETS, hint="give at least one target")
+    for n in names:
+        get(n)
+    return names
