@@ -92,13 +92,23 @@ def stdlib_docstrings() -> Corpus:
     return Corpus("stdlib", f"docstrings of {root} (Python {sys.version.split()[0]})", tuple(texts))
 
 
-def load_corpus(spec: str = "stdlib", column: str = "text") -> Corpus:
-    """'stdlib', or a .txt (one text per line), .jsonl or .csv file with a text column."""
+def check_corpus(spec: str) -> str:
+    """Cheap check of a corpus spec (no reading): 'stdlib' or an existing file of a known type."""
     if spec == "stdlib":
-        return stdlib_docstrings()
-    path = Path(spec)
+        return spec
+    path = Path(str(spec))
     if not path.exists():
         raise BadParameter("corpus", spec, CORPUS_CHOICES, hint="no such file")
+    if path.suffix.lower() not in (".txt", ".jsonl", ".csv"):
+        raise BadParameter("corpus file type", path.suffix or path.name, (".txt", ".jsonl", ".csv"))
+    return spec
+
+
+def load_corpus(spec: str = "stdlib", column: str = "text") -> Corpus:
+    """'stdlib', or a .txt (one text per line), .jsonl or .csv file with a text column."""
+    if check_corpus(spec) == "stdlib":
+        return stdlib_docstrings()
+    path = Path(spec)
     suffix = path.suffix.lower()
     if suffix == ".txt":
         texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
@@ -111,14 +121,12 @@ def load_corpus(spec: str = "stdlib", column: str = "text") -> Corpus:
             if column not in row:
                 raise BadParameter(f"text column in {path.name} line {number}", column, sorted(row))
             texts.append(str(row[column]))
-    elif suffix == ".csv":
+    else:   # .csv
         with path.open(encoding="utf-8", newline="") as handle:
             reader = csv.DictReader(handle)
             if column not in (reader.fieldnames or []):
                 raise BadParameter(f"text column in {path.name}", column, reader.fieldnames or [])
             texts = [row[column] for row in reader]
-    else:
-        raise BadParameter("corpus file type", suffix or path.name, (".txt", ".jsonl", ".csv"))
     texts = tuple(t for t in texts if t and t.strip())
     if not texts:
         raise BadParameter("corpus", spec, hint="the file holds no non-empty texts")
@@ -202,3 +210,18 @@ def length_distribution(corpus: Corpus, model) -> LengthDistribution:
     lengths = model.token_lengths(list(corpus.texts))
     return LengthDistribution(np.asarray(lengths, dtype=np.int64), model.tokenizer_name, corpus.name,
                               model.max_length)
+
+
+def example_batch(model, corpus: Corpus | None, batch_size: int, seq_len: int, seed: int = 0):
+    """One batch of real inputs for `model`: texts from the corpus padded (or truncated) to seq_len
+    tokens, or real image crops for an image model. Returns (inputs, description)."""
+    if not model.takes_text:
+        images = sample_images(batch_size, model.image_size, seed)
+        return model.encode(images), f"{batch_size} image crops of {model.image_size}x{model.image_size}"
+    if corpus is None:
+        raise BadParameter("corpus", None, CORPUS_CHOICES)
+    if seq_len > model.max_length:
+        raise BadParameter("seq_len", seq_len, hint=f"{model.name} takes at most {model.max_length} tokens")
+    texts = corpus.sample(batch_size, seed)
+    return model.encode(texts, pad_to=seq_len), (f"{batch_size} texts from {corpus.name}, padded or "
+                                                 f"truncated to {seq_len} tokens")

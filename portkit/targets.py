@@ -53,6 +53,18 @@ class DtypeRule:
     why: str
 
 
+BLOCKER, WORK, INFO = "blocker", "work", "info"
+SEVERITIES = (BLOCKER, WORK, INFO)
+
+
+@dataclass(frozen=True)
+class FeatureRule:
+    """How one target treats a model feature that the vendors name as unsupported or slow."""
+    severity: str     # blocker: cannot run as is; work: runs, but needs a change or a check; info
+    advice: str
+    source: str       # the document or issue that says so
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -69,6 +81,7 @@ class Target:
     live_key: str                    # dispatcher key that holds the target's kernels
     kernel_language: str             # what custom kernels are rewritten in
     dynamic_shape_error: str         # the vendor's wording when a graph has a SymInt
+    features: dict[str, FeatureRule] = field(default_factory=dict)   # feature kind -> rule
     docs: tuple[str, ...] = ()
     reference: bool = False          # a platform to compare against, not a migration target
 
@@ -108,6 +121,38 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         op_table="neuron.json", live_key="PrivateUse1", kernel_language="NKI",
         dynamic_shape_error="Dynamic shapes detected in the model, but torch-neuronx requires static "
                             "shapes",
+        features={
+            "float64": FeatureRule(WORK, "float64 runs as float32 on Neuron: keep this module in float32 "
+                                   "(.float()) and check stage 4's accuracy", "FACTS.md 1; pytorch/xla#8719"),
+            "int64": FeatureRule(INFO, "int64 runs as int32 on Neuron: fine for token ids and indices below 2**31",
+                                 "torch_neuronx dtype_autocast.py"),
+            "int64_overflow": FeatureRule(BLOCKER, "values exceed int32 but Neuron runs int64 as int32: "
+                                          "rescale, or split the value", "torch_neuronx dtype_autocast.py"),
+            "recurrent": FeatureRule(BLOCKER, "fused LSTM/GRU cells do not run on Neuron, not even as a CPU "
+                                     "fallback: rewrite the recurrence with nn.Linear and elementwise ops in "
+                                     "a loop, or as an NKI kernel", "FACTS.md 1 (aten::_thnn_fused_lstm_cell)"),
+            "sparse": FeatureRule(BLOCKER, "sparse tensors are out of TorchNeuron's first release: use dense "
+                                  "tensors (to_dense) or an NKI kernel", "FACTS.md 1"),
+            "nested": FeatureRule(BLOCKER, "NestedTensor is out of TorchNeuron's first release: pad to a bucket "
+                                  "(stage 3) instead", "FACTS.md 1"),
+            "data_dependent": FeatureRule(WORK, "output size depends on the data: a graph break and a dynamic "
+                                          "shape under torch.compile, which Neuron rejects; use a static-size "
+                                          "form (nonzero_static, torch.where on a mask)",
+                                          "torch_neuronx decompositions.py; FACTS.md 1"),
+            "host_sync": FeatureRule(WORK, ".item() or a Python branch on a tensor value copies to the host "
+                                     "and breaks the graph: keep the value as a tensor", "FACTS.md 3"),
+            "custom_op": FeatureRule(BLOCKER, "custom CUDA/Triton kernels do not carry over: rewrite as an NKI "
+                                     "kernel (@nki.jit, registered with torch_neuronx.nki_op) or use an NKI "
+                                     "Library kernel", "FACTS.md 1"),
+            "attention_mask": FeatureRule(WORK, "arbitrary attention masks are out of the first release and keep "
+                                          "SDPA off the NKI flash kernel (it takes no attn_bias): prefer "
+                                          "is_causal or no mask with bucketed, unpadded batches",
+                                          "FACTS.md 1; torch_neuronx decompositions.py"),
+            "cpu_fallback": FeatureRule(WORK, "runs on the host CPU and copies back each call: write an NKI "
+                                        "kernel or replace the op", "torch_neuronx NeuronBindings.cpp"),
+            "unsupported": FeatureRule(BLOCKER, "no kernel on Neuron and no CPU kernel to fall back to: "
+                                       "replace the op", "torch_neuronx NeuronBindings.cpp"),
+        },
         docs=("awsdocs-neuron torch/about-pytorch-neuron.html",
               "awsdocs-neuron torch/compile/reference-torch-compile.html"),
     ),
@@ -127,6 +172,28 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         ),
         op_table="tpu.json", live_key="PrivateUse1", kernel_language="Pallas",
         dynamic_shape_error="TPU backend: does not support dynamic shape",
+        features={
+            "float64": FeatureRule(WORK, "TPUs have no float64: it runs as float32; keep this module in float32 "
+                                   "and check stage 4's accuracy", "pytorch/xla#1369, #8719"),
+            "recurrent": FeatureRule(WORK, "LSTM/GRU are experimental on TorchTPU: measure them, or rewrite the "
+                                     "recurrence (lax.scan-style loop) if they are slow", "torch_tpu README"),
+            "sparse": FeatureRule(BLOCKER, "no sparse tensors on TPU: use dense tensors or a Pallas kernel",
+                                  "pytorch/xla#1369, #7142"),
+            "nested": FeatureRule(WORK, "ragged tensors are experimental on TorchTPU: pad to a bucket (stage 3)",
+                                  "torch_tpu README"),
+            "data_dependent": FeatureRule(WORK, "output size depends on the data: a SymInt in the graph, which "
+                                          "the TPU backend rejects, and dynamic ops recompile; use a static-size "
+                                          "form (nonzero_static, torch.where on a mask)", "torch_tpu _backend.py"),
+            "host_sync": FeatureRule(WORK, ".item() or a Python branch on a tensor value copies to the host and "
+                                     "breaks the graph: keep the value as a tensor", "FACTS.md 3"),
+            "custom_op": FeatureRule(BLOCKER, "custom CUDA/Triton kernels do not carry over: rewrite in Pallas "
+                                     "(or Tokamax/Helion, experimental)", "FACTS.md 1"),
+            "cpu_fallback": FeatureRule(WORK, "no TPU kernel: runs on the host CPU and copies back each call "
+                                        "('... is not implemented for TPU. Falling back to CPU'); write a Pallas "
+                                        "kernel or replace the op", "torch_tpu missing-op fallback"),
+            "unsupported": FeatureRule(BLOCKER, "no kernel on TPU and no CPU kernel to fall back to: replace the op",
+                                       "torch_tpu dispatcher"),
+        },
         docs=("torch_tpu docs/gpu_to_tpu.md", "torch_tpu docs/notebooks/advanced_compile.py"),
     ),
     Target(
@@ -247,11 +314,23 @@ def _has_kernel(op: str, key: str) -> bool:
 
 
 def _out_variant(op: str, native: frozenset[str]) -> str | None:
+    """The out= overload a structured op calls on a backend, found by matching schemas: same base
+    name (in-place ops drop their trailing '_'), same arguments, plus the out tensors."""
     name, _, overload = op.partition(".")
-    base = name.rstrip("_") if not name.endswith("__") else name
-    candidates = [f"{base}.{overload}_out"] if overload else []
-    candidates += [f"{base}.out", f"{base}.{overload.replace('Tensor', 'Tensor_out')}"]
-    return next((c for c in candidates if c in native), None)
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(name)
+        mine = next(s for s in schemas if s.overload_name == overload)
+    except (RuntimeError, StopIteration):
+        return None
+    signature = [(a.name, str(a.type)) for a in mine.arguments]
+    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    for schema in torch._C._jit_get_schemas_for_operator(base):
+        args = schema.arguments
+        if any(a.is_out for a in args) and [(a.name, str(a.type)) for a in args if not a.is_out] == signature:
+            candidate = f"{base}.{schema.overload_name}" if schema.overload_name else base
+            if candidate in native:
+                return candidate
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""Stage 1's cost: forward time under portkit's op recorder vs the plain forward, side by side.
+
+    .venv/bin/python benchmarks/bench_recording.py [--repeats 15]
+
+minilm (real weights), batch 8, sequence 128, real stdlib texts, torch.no_grad, interleaved runs
+after warm-up; the medians are compared. Aim: ratio 1.2 or less.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from portkit import data, fallbacks, models
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = models.load("minilm")
+    inputs, described = data.example_batch(model, data.load_corpus(), 8, 128, seed=0)
+    module = model.module
+
+    def plain():
+        with torch.no_grad():
+            module(**inputs)
+
+    def recorded():
+        fallbacks.record(model, inputs, train=False)
+
+    for _ in range(3):
+        plain(), recorded()
+    times = {"plain": [], "recorded": []}
+    for _ in range(args.repeats):
+        for name, fn in (("plain", plain), ("recorded", recorded)):
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    p, r = statistics.median(times["plain"]), statistics.median(times["recorded"])
+    print(f"model minilm, {described}, {args.repeats} interleaved repeats, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"plain forward    median {p * 1e3:8.1f} ms")
+    print(f"recorded forward median {r * 1e3:8.1f} ms")
+    print(f"ratio recorded/plain = {r / p:.3f} (aim: <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The `portkit` command.
+
+    portkit run --model minilm --target neuron --target tpu --out runs/minilm [-p batch_size 4 ...]
+    portkit targets              # each target's mode on this machine, and why
+    portkit params               # every parameter the stage notebooks take
+
+Bad input gets one line naming the bad value and the valid choices, exit code 2, and nothing written.
+A failed stage exits 1 and names the notebook and the cell.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from portkit import __version__
+from portkit.errors import NeedsNetwork, PortkitError, StageFailed
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line, exit 2 (argparse prints the whole usage otherwise)
+        self.exit(2, f"portkit: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="portkit", description="Move a PyTorch model to Trainium and TPU, stage by stage.")
+    parser.add_argument("--version", action="version", version=f"portkit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="execute the workbook's notebooks into a run folder")
+    run.add_argument("--model", default="minilm", help="portkit model name, local HF directory, or module:factory")
+    run.add_argument("--target", action="append", dest="targets", metavar="TARGET",
+                     help="neuron, tpu, cpu or cuda; repeat for several (default: neuron and tpu)")
+    run.add_argument("--out", default=None, help="run folder (default: runs/<model>)")
+    run.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="a notebook parameter, e.g. -p batch_size 4 (see `portkit params`)")
+    run.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sub.add_parser("targets", help="show each target's mode on this machine")
+    sub.add_parser("params", help="list the notebooks' parameters")
+    return parser
+
+
+def _run(args) -> int:
+    from portkit import runner
+    targets = args.targets or ["neuron", "tpu"]
+    model_tag = os.path.basename(os.path.normpath(args.model)).replace(":", "-") or "model"
+    out = args.out or os.path.join("runs", model_tag)
+    declared = runner.all_parameters(runner.select_stages(args.stages))
+    # Unknown names pass through as text; runner.plan rejects them with the valid list.
+    user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
+    result = runner.run(args.model, targets, out, user, args.stages, progress=not args.no_progress)
+    print(f"results: {result.out_dir}")
+    return 0
+
+
+def _targets() -> int:
+    from portkit import environment
+    print(environment.block(["neuron", "tpu", "cpu", "cuda"]))
+    return 0
+
+
+def _params() -> int:
+    from portkit import runner
+    for name, info in runner.all_parameters().items():
+        if name in runner.SHARED:
+            continue
+        print(f"{name} = {info.get('default')}  # {info.get('help', '')} [{', '.join(info['stages'])}]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "targets":
+            return _targets()
+        return _params()
+    except StageFailed as exc:
+        print(f"portkit: {exc}", file=sys.stderr)
+        return 1
+    except (PortkitError, NeedsNetwork) as exc:
+        print(f"portkit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create or update the local virtual environment .venv and install portkit into it.
+#   scripts/bootstrap.sh [extras]     e.g. scripts/bootstrap.sh xla,test
+# torch 2.13.0: the CPU build where no NVIDIA GPU is present (a CUDA build is several GB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-xla}"
+python="${PYTHON:-python3}"
+"$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "portkit needs Python 3.11 or newer")'
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    "${pip[@]}" install torch==2.13.0
+  else
+    # A local wheel (pip's find-links) first; else PyTorch's CPU index.
+    "${pip[@]}" install --no-index torch==2.13.0 2>/dev/null \
+      || "${pip[@]}" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+           --extra-index-url https://pypi.org/simple
+  fi
+fi
+"${pip[@]}" install -e ".[${extras}]"
+.venv/bin/python -c 'import torch, transformers, portkit; print(f"portkit {portkit.__version__}: torch {torch.__version__}, transformers {transformers.__version__} in .venv")'

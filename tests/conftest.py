@@ -1,0 +1,27 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "models.py"
+
+
+def fixture_model(name: str) -> str:
+    """A model spec for one of the fixture factories."""
+    return f"{FIXTURES}:{name}"
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    from portkit import data
+    return data.load_corpus("stdlib")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    from portkit import models
+    return models.load("minilm")

@@ -1,0 +1,131 @@
+import json
+
+import pytest
+import torch
+
+from conftest import fixture_model
+from portkit import data, fallbacks, models, probes
+
+
+def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
+    m = models.load(spec)
+    texts = corpus.sample(2, seed=0) if corpus is not None else ["def f(x): return x", "Sum the values."]
+    return fallbacks.find_fallbacks(m, m.encode(texts, pad_to=seq), targets, train=train)
+
+
+def kinds(report, target):
+    return {(f.kind, f.severity, f.module) for f in report.targets[target].findings}
+
+
+def test_minilm_records_every_call_with_its_module(minilm, corpus):
+    inputs, _ = data.example_batch(minilm, corpus, 2, 32)
+    report = fallbacks.find_fallbacks(minilm, inputs, ["neuron", "tpu"])
+    ops = {r.op for r in report.records}
+    assert {"aten::addmm", "aten::native_layer_norm", "aten::gelu", "aten::embedding"} <= ops
+    addmm = [r for r in report.records if r.op == "aten::addmm"]
+    assert {r.module for r in addmm} >= {f"encoder.encoder.layer.{i}.attention.self.query" for i in range(6)}
+    assert sum(r.calls for r in addmm) == 6 * 6 + 1      # 6 linears per layer, plus the pooler
+    tpu = report.targets["tpu"]
+    assert abs(sum(o["share"] for o in tpu.ops) - 1.0) < 1e-6
+    addmm_tpu = next(o for o in tpu.ops if o["op"] == "aten::addmm")
+    assert addmm_tpu["status"] == "composite" and addmm_tpu["via"] == "aten::addmm.out"
+    # The padding mask reaches SDPA as an arbitrary mask: work on Neuron, nothing on TPU.
+    assert ("attention_mask", "work", "encoder.encoder.layer.*.attention.self (6 modules)") in kinds(report, "neuron")
+    assert not any(k == "attention_mask" for k, _, _ in kinds(report, "tpu"))
+
+
+def test_float64_is_found_in_its_module():
+    report = run(fixture_model("float64_model"))
+    for target in ("neuron", "tpu"):
+        found = {f.module: f for f in report.targets[target].findings if f.kind == "float64"}
+        # the casts in the parent's forward, and the float64 matmul in the head
+        assert set(found) == {"model", "model.head"}, found
+        assert found["model"].ops == ["aten::_to_copy"]
+        assert "aten::addmm" in found["model.head"].ops and found["model.head"].severity == "work"
+        assert "float32" in found["model.head"].advice
+
+
+def test_lstm_cannot_run_on_neuron_and_is_experimental_on_tpu():
+    report = run("lstm")
+    neuron = report.targets["neuron"]
+    assert ("recurrent", "blocker", "lstm") in kinds(report, "neuron")
+    cell = next(o for o in neuron.ops if o["op"] == "aten::mkldnn_rnn_layer")
+    assert cell["status"] == "unsupported" and cell["via"] == "aten::_thnn_fused_lstm_cell"
+    assert neuron.counts()["unsupported"] == 1
+    assert ("recurrent", "work", "lstm") in kinds(report, "tpu")
+    assert report.targets["tpu"].counts()["unsupported"] == 0
+
+
+def test_gru_is_found_by_module_type():
+    report = run(fixture_model("gru_model"))
+    assert ("recurrent", "blocker", "model.rnn") in kinds(report, "neuron")
+    assert ("recurrent", "work", "model.rnn") in kinds(report, "tpu")
+
+
+def test_data_dependent_shapes_and_host_syncs():
+    report = run(fixture_model("data_dependent_model"))
+    found = {(f.kind, f.module): f for f in report.targets["tpu"].findings}
+    assert ("data_dependent", "model.select") in found
+    assert {"aten::index.Tensor", "aten::nonzero"} <= set(found[("data_dependent", "model.select")].ops)
+    assert ("host_sync", "model.select") in found
+
+
+def test_sparse_tensors_are_blockers():
+    report = run(fixture_model("sparse_model"))
+    for target in ("neuron", "tpu"):
+        assert ("sparse", "blocker", "model.proj") in kinds(report, target)
+
+
+def test_custom_ops_need_a_kernel_rewrite():
+    report = run(fixture_model("custom_op_model"))
+    neuron = [f for f in report.targets["neuron"].findings if f.kind == "custom_op"]
+    tpu = [f for f in report.targets["tpu"].findings if f.kind == "custom_op"]
+    assert neuron[0].module == "model.act" and neuron[0].ops == ["portkit_test::fused_gelu"]
+    assert "NKI" in neuron[0].advice and "Pallas" in tpu[0].advice
+
+
+def test_backward_ops_are_traced_to_their_module():
+    report = run("bert", train=True)
+    backward = [r for r in report.records if r.phase == "backward"]
+    assert backward, "train=True records the backward pass"
+    assert any(r.module.endswith("attention.self.query") and r.op == "aten::mm" for r in backward)
+    assert sum(r.module == fallbacks.ROOT for r in backward) < len(backward) / 4
+    # Dropout's random mask has no Neuron kernel in eager mode.
+    assert any(o["op"].startswith("aten::bernoulli") and o["status"] == "cpu_fallback"
+               for o in report.targets["neuron"].ops)
+
+
+def test_report_renders_and_saves(tmp_path):
+    report = run("lstm")
+    html = report._repr_html_()
+    assert "emulated" in html and "blocker" in html
+    assert "cannot run" in str(report)
+    assert "lstm" in str(report.module_table("neuron"))
+    report.save(tmp_path / "fallbacks.json")
+    saved = json.loads((tmp_path / "fallbacks.json").read_text())
+    assert saved["stage"] == "fallbacks"
+    assert saved["targets"]["neuron"]["target"]["mode"] == "emulated"
+    assert saved["targets"]["neuron"]["counts"]["unsupported"] == 1
+    fig = report.plot()
+    assert len(fig.axes) == 4
+
+
+def test_reference_target_classifies_against_its_own_kernels():
+    report = run("bert", targets=["cpu"])
+    counts = report.targets["cpu"].counts()
+    assert counts["cpu_fallback"] == 0 and counts["unsupported"] == 0
+
+
+@pytest.mark.native
+@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
+def test_native_neuron_collects_the_vendor_record():
+    report = run("bert", targets=["neuron"])
+    record = report.targets["neuron"].vendor_record
+    assert record and "executed_ops" in record
+
+
+@pytest.mark.native
+@pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
+def test_native_tpu_collects_fallback_messages():
+    report = run("bert", targets=["tpu"])
+    assert "fallback_messages" in report.targets["tpu"].vendor_record

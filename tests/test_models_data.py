@@ -1,0 +1,125 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import fixture_model
+from portkit import data, models
+from portkit.errors import BadParameter, NeedsNetwork
+
+
+def test_minilm_gives_real_sentence_embeddings(minilm):
+    inputs = minilm.encode(["Return the sum of a and b.", "Add two numbers together.",
+                            "Open a network socket."], pad_to=32)
+    assert set(inputs) == {"input_ids", "attention_mask", "token_type_ids"}
+    assert inputs["input_ids"].shape == (3, 32)
+    with torch.no_grad():
+        emb = minilm(inputs)["embedding"]
+    assert emb.shape == (3, 384)
+    sims = emb @ emb.T
+    # Pretrained weights: the two paraphrases are closer to each other than to the unrelated text.
+    assert sims[0, 1] > sims[0, 2] + 0.2
+    assert "pretrained" in minilm.origin
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5", "mamba", "lstm"])
+def test_random_text_models_build_and_run(name, corpus):
+    m = models.load(name)
+    inputs = m.encode(corpus.sample(2, seed=1), pad_to=16)
+    with torch.no_grad():
+        out = m(inputs)
+    assert out and all(v.shape[0] == 2 for v in out.values())
+    again = models.load(name)   # seeded: the same weights in every process
+    assert all(torch.equal(a, b) for a, b in zip(m.module.state_dict().values(), again.module.state_dict().values()))
+
+
+def test_vit_takes_real_images():
+    m = models.load("vit")
+    images = data.sample_images(3, m.image_size, seed=0)
+    assert images[0].shape == (64, 64, 3) and 0.0 <= images[0].min() and images[0].max() <= 1.0
+    assert images[0].std() > 0.01     # a photograph, not a constant
+    with torch.no_grad():
+        assert m(m.encode(images))["logits"].shape == (3, 10)
+
+
+def test_hub_ids_fail_at_once_with_advice():
+    with pytest.raises(NeedsNetwork, match="huggingface-cli download"):
+        models.load("bert-base-uncased/foo")
+    with pytest.raises(NeedsNetwork):
+        models.validate("meta-llama/Llama-3-8B")
+
+
+def test_unknown_model_lists_choices():
+    with pytest.raises(BadParameter, match=r"unknown model 'gpt5'; choose one of: minilm, gpt2"):
+        models.load("gpt5")
+
+
+def test_factory_specs(tmp_path):
+    m = models.load(fixture_model("float64_model"))
+    assert m.name == "float64_model" and m.takes_text
+    assert models.load(fixture_model("loaded_float64")).name == "float64-head"
+    with pytest.raises(BadParameter, match="unknown factory"):
+        models.load(fixture_model("no_such_factory"))
+    with pytest.raises(BadParameter, match="no such file"):
+        models.load(str(tmp_path / "missing.py") + ":f")
+
+
+def test_local_model_directory(tmp_path):
+    from transformers import BertConfig, BertModel
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(tmp_path)
+    m = models.load(str(tmp_path))
+    assert m.kind == models.EMBEDDING and "local directory" in m.origin
+    with torch.no_grad():
+        assert m(m.encode(["hello world"]))["embedding"].shape == (1, 32)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BadParameter, match="config.json"):
+        models.load(str(empty))
+
+
+def test_encode_policies(minilm):
+    long_text = "word " * 600
+    assert minilm.encode([long_text])["input_ids"].shape[1] == 512          # truncated to the model's max
+    with pytest.raises(BadParameter, match="truncation is off"):
+        minilm.encode([long_text], pad_to=64, truncate=False)
+    with pytest.raises(BadParameter, match="at most 512"):
+        minilm.encode(["x"], pad_to=1024)
+
+
+def test_stdlib_corpus_is_real_and_long_tailed(corpus, minilm):
+    assert len(corpus) > 5000
+    assert corpus.sample(5, seed=3) == corpus.sample(5, seed=3)
+    dist = data.length_distribution(corpus, minilm)
+    p = dist.percentiles()
+    assert p["p50"] < p["p90"] < p["p99"] < p["max"]
+    assert p["max"] > 512 and dist.over_limit() > 0          # some texts exceed MiniLM's 512
+    assert "p50" in str(dist) and dist.to_dict()["count"] == len(corpus)
+
+
+def test_user_corpora(tmp_path):
+    (tmp_path / "a.txt").write_text("first text\n\nsecond text\n")
+    assert data.load_corpus(str(tmp_path / "a.txt")).texts == ("first text", "second text")
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"body": t}) for t in ["x y", "z"]))
+    assert data.load_corpus(str(tmp_path / "b.jsonl"), column="body").texts == ("x y", "z")
+    with pytest.raises(BadParameter, match="unknown text column in b.jsonl line 1 'text'; choose one of: body"):
+        data.load_corpus(str(tmp_path / "b.jsonl"))
+    (tmp_path / "c.csv").write_text("id,review\n1,great\n2,bad\n")
+    assert data.load_corpus(str(tmp_path / "c.csv"), column="review").texts == ("great", "bad")
+    with pytest.raises(BadParameter, match="choose one of: id, review"):
+        data.load_corpus(str(tmp_path / "c.csv"))
+    with pytest.raises(BadParameter, match="no such file"):
+        data.load_corpus(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "d.parquet").write_text("")
+    with pytest.raises(BadParameter, match="corpus file type"):
+        data.load_corpus(str(tmp_path / "d.parquet"))
+
+
+def test_example_batch(corpus, minilm):
+    inputs, described = data.example_batch(minilm, corpus, 4, 48, seed=0)
+    assert inputs["input_ids"].shape == (4, 48) and "4 texts" in described
+    vit = models.load("vit")
+    pixels, described = data.example_batch(vit, None, 2, 48)
+    assert pixels["pixel_values"].shape == (2, 3, 64, 64) and "image" in described
+    assert np.isfinite(pixels["pixel_values"].numpy()).all()
