@@ -1,0 +1,175 @@
+"""A target's numerics on the CPU: its dtype rules and matmul precision, applied op by op.
+
+    >>> from portkit import numerics, targets
+    >>> tpu = targets.get("tpu")
+    >>> with numerics.emulate(tpu, "default") as mode:   # matmul operands rounded to bf16, fp32 accumulate
+    ...     out = model(**inputs)
+    >>> mode.stats                                       # what was changed, per kind
+    Counter({'matmul operands rounded to bfloat16': 37, ...})
+
+One `TorchDispatchMode` holds the whole emulation, so eager runs (stage 4) and the emulated compile
+backends (stage 2, which trace a graph under it) apply the same rules from the same code:
+
+- dtype rules, e.g. float64 -> float32: float64 inputs are cast down, the op runs, and its floating
+  results are cast back up, as TorchNeuron's eager ops do; int64 -> int32 wraps values as a 32-bit
+  device would.
+- matmul precision: the operands of every matmul-like op (mm, bmm, addmm, baddbmm, convolution, and
+  the two products inside fused attention) are rounded to bf16 before an fp32 matmul. A product of two
+  bf16 values is exact in fp32, so this equals one bf16 MXU pass with fp32 accumulation (TorchTPU's
+  default). `matmul_output` also rounds the result (Neuron --auto-cast=matmult); `all_ops` rounds every
+  floating result (--auto-cast=all).
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from portkit.targets import Precision, Target
+
+aten = torch.ops.aten
+# op -> positions of the operands that enter the multiplier (bias and scalars stay fp32)
+MATMUL_OPERANDS = {
+    aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.matmul.default: (0, 1),
+    aten.addmm.default: (1, 2), aten.baddbmm.default: (1, 2), aten.addbmm.default: (1, 2),
+    aten.addmv.default: (1, 2), aten.mv.default: (0, 1), aten.dot.default: (0, 1),
+    aten.convolution.default: (0, 1), aten._convolution.default: (0, 1),
+    aten.mkldnn_convolution.default: (0, 1),
+}
+FUSED_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round a floating tensor's values to `dtype` (round to nearest even) and keep its own dtype."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == dtype:
+        return x
+    return x.to(dtype).to(x.dtype)
+
+
+class NumericsMode(TorchDispatchMode):
+    """Apply a target's dtype rules and one of its precisions to every ATen op."""
+
+    def __init__(self, target: Target, precision: Precision):
+        super().__init__()
+        self.target, self.precision = target, precision
+        self.casts = {rule.source: rule.result for rule in target.dtype_rules}
+        self.stats: collections.Counter = collections.Counter()
+        self.float64_ops: collections.Counter = collections.Counter()
+
+    # -- dtype rules
+    def _down(self, value):
+        if isinstance(value, torch.Tensor) and value.dtype in self.casts:
+            result = self.casts[value.dtype]
+            if value.dtype.is_floating_point:
+                return value.to(result)
+            return value.to(result).to(value.dtype).to(result)   # wrap as a 32-bit device would
+        if isinstance(value, torch.dtype) and value in self.casts:
+            return self.casts[value]
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._down(v) for v in value)
+        return value
+
+    def _has_cast(self, args, kwargs) -> torch.dtype | None:
+        for value in (*args, *kwargs.values()):
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            for v in items:
+                if isinstance(v, torch.Tensor) and v.dtype in self.casts:
+                    return v.dtype
+                if isinstance(v, torch.dtype) and v in self.casts:
+                    return v
+        return None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        wide = self._has_cast(args, kwargs)
+        if wide is not None and func not in (aten.detach.default, aten.lift_fresh.default):
+            if wide == torch.float64:
+                self.float64_ops[func.name()] += 1
+            self.stats[f"{str(wide).replace('torch.', '')} ops run as "
+                       f"{str(self.casts[wide]).replace('torch.', '')}"] += 1
+            out = self._compute(func, self._down(args), {k: self._down(v) for k, v in kwargs.items()})
+            return _restore(out, wide, self.casts[wide])
+        return self._compute(func, args, kwargs)
+
+    # -- precision
+    def _compute(self, func, args, kwargs):
+        p = self.precision
+        if p.all_ops is not None:
+            args = tuple(_round_all(a, p.all_ops) for a in args)
+        if func is FUSED_ATTENTION and p.matmul_inputs is not None:
+            self.stats[f"attention products rounded to {_name(p.matmul_inputs)}"] += 1
+            out = _attention(*args, **kwargs, operand=p.matmul_inputs, result=p.matmul_output)
+        elif func in MATMUL_OPERANDS and p.matmul_inputs is not None:
+            positions = MATMUL_OPERANDS[func]
+            args = tuple(round_to(a, p.matmul_inputs) if i in positions else a for i, a in enumerate(args))
+            self.stats[f"matmul operands rounded to {_name(p.matmul_inputs)}"] += 1
+            out = func(*args, **kwargs)
+            if p.matmul_output is not None:
+                out = round_to(out, p.matmul_output)
+        else:
+            out = func(*args, **kwargs)
+        if p.all_ops is not None:
+            out = _round_all(out, p.all_ops)
+        return out
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _round_all(value, dtype):
+    if isinstance(value, torch.Tensor):
+        return round_to(value, dtype) if value.dtype == torch.float32 else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_round_all(v, dtype) for v in value)
+    return value
+
+
+def _restore(value, wide: torch.dtype, narrow: torch.dtype):
+    if isinstance(value, torch.Tensor):
+        return value.to(wide) if value.dtype == narrow else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_restore(v, wide, narrow) for v in value)
+    return value
+
+
+def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None,
+               operand=torch.bfloat16, result=None):
+    """The CPU's fused attention as its two matmuls, with the target's rounding on each product.
+
+    Returns (output, logsumexp) like aten::_scaled_dot_product_flash_attention_for_cpu.
+    Inference only: dropout must be 0, as in the workbook's eval-mode passes."""
+    if dropout_p:
+        raise NotImplementedError("precision emulation of attention dropout; run the model in eval mode")
+    if key.shape[-3] != query.shape[-3]:   # grouped-query attention: share each key/value head
+        repeat = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+    scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    scores = torch.matmul(round_to(query, operand), round_to(key, operand).transpose(-2, -1)) * scale
+    if result is not None:
+        scores = round_to(scores, result)
+    if is_causal:
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(round_to(probs, operand), round_to(value, operand))
+    if result is not None:
+        out = round_to(out, result)
+    return out, lse
+
+
+def emulate(target: Target, precision: str | Precision | None = None) -> NumericsMode:
+    """A mode applying `target`'s dtype rules and precision (its default when None)."""
+    if precision is None:
+        chosen = target.default_precision
+    elif isinstance(precision, Precision):
+        chosen = precision
+    else:
+        chosen = target.precision(precision)
+    return NumericsMode(target, chosen)

@@ -1,0 +1,94 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from portkit import numerics, targets
+
+TPU, NEURON = targets.get("tpu"), targets.get("neuron")
+
+
+def bf16(x):
+    return x.to(torch.bfloat16).float()
+
+
+def test_tpu_default_is_one_bf16_pass_with_fp32_accumulation():
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 256), torch.randn(256, 32)
+    with numerics.emulate(TPU) as mode:
+        got = a @ b
+    assert torch.equal(got, bf16(a) @ bf16(b))
+    assert not torch.equal(got, a @ b)
+    assert mode.stats["matmul operands rounded to bfloat16"] == 1
+    with numerics.emulate(TPU, "highest"):
+        assert torch.equal(a @ b, a @ b)
+
+
+def test_linear_rounds_weights_and_input_but_not_bias():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with numerics.emulate(TPU):
+        got = lin(x)
+    assert torch.allclose(got, F.linear(bf16(x), bf16(lin.weight), lin.bias), atol=0, rtol=1e-6)
+
+
+def test_neuron_matmult_rounds_results_and_all_rounds_everything():
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with numerics.emulate(NEURON, "matmult"):
+        got = a @ b
+    assert torch.equal(got, bf16(got))           # representable in bf16
+    with numerics.emulate(NEURON, "all"):
+        got = torch.exp(a)
+    assert torch.equal(got, bf16(torch.exp(bf16(a))))
+    with numerics.emulate(NEURON):               # the native backend's default: --auto-cast=none
+        assert torch.equal(a @ b, a @ b)
+
+
+def test_float64_runs_as_float32_and_comes_back_as_float64():
+    x = torch.tensor([1.0 + 2 ** -40], dtype=torch.float64)
+    with numerics.emulate(TPU, "highest") as mode:
+        y = x * 3
+    assert y.dtype == torch.float64
+    assert y.item() == 3.0                       # the 2**-40 is lost in float32
+    assert mode.float64_ops["aten::mul.Tensor"] == 1
+
+
+def test_int64_wraps_on_neuron_only():
+    big = torch.tensor([2 ** 31 + 5], dtype=torch.int64)
+    with numerics.emulate(NEURON):
+        wrapped = big + 0
+    assert wrapped.dtype == torch.int64 and wrapped.item() == -(2 ** 31) + 5
+    with numerics.emulate(TPU):
+        assert (big + 0).item() == 2 ** 31 + 5
+
+
+@pytest.mark.parametrize("case", ["plain", "bool_mask", "float_mask", "causal", "gqa"])
+def test_attention_reimplementation_matches_sdpa(case):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 10, 16)
+    kv_heads = 2 if case == "gqa" else 4
+    k, v = torch.randn(2, kv_heads, 10, 16), torch.randn(2, kv_heads, 10, 16)
+    kwargs = {}
+    if case == "bool_mask":
+        kwargs["attn_mask"] = torch.rand(2, 1, 10, 10) > 0.3
+        kwargs["attn_mask"][..., 0] = True
+    if case == "float_mask":
+        kwargs["attn_mask"] = torch.randn(2, 1, 10, 10)
+    if case == "causal":
+        kwargs["is_causal"] = True
+    expect = F.scaled_dot_product_attention(q, k, v, enable_gqa=case == "gqa", **kwargs)
+    got, lse = numerics._attention(q, k, v, operand=torch.float32, **kwargs)
+    torch.testing.assert_close(got, expect)
+    assert lse.shape == (2, 4, 10)
+
+
+def test_attention_in_a_model_is_rounded():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    with numerics.emulate(TPU) as mode:
+        got = F.scaled_dot_product_attention(q, k, v)
+    assert mode.stats["attention products rounded to bfloat16"] == 1
+    expect = F.scaled_dot_product_attention(bf16(q), bf16(k), v)
+    assert (got - expect).abs().max() > 0        # the probabilities and V are rounded too
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v), rtol=2e-2, atol=2e-2)
