@@ -139,7 +139,7 @@ class BucketedModel:
             t = F.pad(t[:, :length], (0, seq - length), value=self.pad_values.get(name, 0))
             if batch > rows:   # copies of a real row: a fully masked row can produce NaNs in attention
                 t = torch.cat([t, t[:1].expand(batch - rows, -1)])
-            padded[name] = t
+            padded[name] = _dense(t)
         return padded, rows, length
 
     def unpad(self, outputs: dict[str, torch.Tensor], rows: int, length: int) -> dict[str, torch.Tensor]:
@@ -160,9 +160,11 @@ class BucketedModel:
             return self.unpad(self.compiled(**padded), rows, length)
 
     def example(self, batch: int, seq: int) -> dict[str, torch.Tensor]:
-        """Inputs of exactly one bucket's shape (a short real text, padded), for warm-up."""
-        one = self.model.encode(["Return the sum of a and b."], pad_to=seq)
-        return {k: v.expand(batch, -1).contiguous() for k, v in one.items()}
+        """Inputs of exactly one bucket's shape (a short real text, cut or padded), for warm-up."""
+        # the tokenizer cannot cut below its special tokens: slice for buckets of 1 or 2 tokens
+        one = self.model.encode(["Return the sum of a and b."], max_length=max(seq, 3))
+        return {k: _dense(F.pad(v[:, :seq], (0, seq - min(seq, v.shape[1])), value=self.pad_values.get(k, 0))
+                          .expand(batch, -1)) for k, v in one.items()}
 
     def warm_up(self, progress: bool = False, costs: dict | None = None) -> list[dict]:
         """Compile every (batch, seq) shape of the plan once. Returns per shape: seconds (wall time of
@@ -182,6 +184,12 @@ class BucketedModel:
         return done
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A fresh row-major copy. Dynamo guards on strides too, even of size-1 dims, so a sliced view
+    of the same shape would be a new graph (a recompile, an error under fail_on_recompile)."""
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t)
+
+
 def _shape_key(owner, inputs: dict) -> tuple:
     return (id(owner.model.module), owner.log.backend, tuple((k, tuple(v.shape)) for k, v in inputs.items()))
 
@@ -193,6 +201,14 @@ def _charge(costs: dict | None, owner, inputs: dict, seconds: float) -> float:
     if costs is None:
         return seconds
     return costs.setdefault(_shape_key(owner, inputs), seconds)
+
+
+def _compile_cache(fresh: bool):
+    """An empty Inductor cache (directory and in-memory code caches) for the block, or nothing."""
+    if not fresh:
+        return contextlib.nullcontext()
+    from torch._inductor.utils import fresh_cache   # private: used here only, so a rename breaks one place
+    return fresh_cache()
 
 
 @contextlib.contextmanager
@@ -415,12 +431,16 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
 
 def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inductor", baseline: bool = True,
            check: bool = True, reference=contextlib.nullcontext, rtol: float = RTOL, atol: float = ATOL,
-           progress: bool = True, costs: dict | None = None) -> list[ReplayRun]:
+           progress: bool = True, costs: dict | None = None, fresh_caches: bool = False) -> list[ReplayRun]:
     """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
 
     Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
     tokenized up front (cut at the plans' largest bucket under "truncate"); timing covers the model
-    calls only. With check, every bucket shape's outputs are compared with unpadded eager outputs."""
+    calls only. With check, every bucket shape's outputs are compared with unpadded eager outputs.
+
+    Compile time: by default each shape is charged its first measured compile in this session (see
+    _charge), so runs that share a shape cost the same whatever their order. fresh_caches starts every
+    run from an empty Inductor cache instead, as a fresh deployment would (slower; for benchmarks)."""
     top = max((p.top for p in plans), default=model.max_length)
     policy = plans[0].overflow if plans else "truncate"
     kept = [texts for texts, lengths in zip(trace.requests, trace.lengths)
@@ -429,12 +449,13 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inducto
         print(f"overflow policy 'reject': {len(trace.requests) - len(kept)} requests longer than {top} tokens "
               "are rejected and left out of every run")
     encoded = [model.encode(texts, max_length=top) for texts in kept]
-    costs = {} if costs is None else costs
+    costs = None if fresh_caches else {} if costs is None else costs
     _warm_backend(backend)
     runs = []
     if baseline:
         torch._dynamo.reset()
-        runs.append(_replay_unbucketed(model, encoded, backend, costs, progress))
+        with _compile_cache(fresh_caches):
+            runs.append(_replay_unbucketed(model, encoded, backend, costs, progress))
     seen = {}
     for plan in plans:
         shapes = (plan.boundaries, plan.batch_sizes)
@@ -443,27 +464,29 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inducto
                                             note=f"same shapes as {seen[shapes].name}: replayed once"))
             continue
         torch._dynamo.reset()
-        runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
-                                 rtol, atol))
+        with _compile_cache(fresh_caches):
+            runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
+                                     rtol, atol))
         seen[shapes] = runs[-1]
     torch._dynamo.reset()
     return runs
 
 
-def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
+def measure_token_seconds(model, top: int, repeats: int = 5) -> float:
     """Seconds of compute per token on this machine: the slope of eager forward time against
-    sequence length (batch 1, lengths top/4, top/2, top). Used by the auto planner to price padding."""
+    sequence length (batch 1, lengths top/4, top/2, top; the fastest of `repeats` interleaved rounds,
+    so a burst of load on a shared machine hits every length alike). Prices padding for auto."""
     lengths = sorted({max(2, top // 4), max(2, top // 2), max(2, top)})
-    times = []
+    inputs = {n: model.encode(["Return the sum of a and b."], pad_to=n) for n in lengths}
+    best = dict.fromkeys(lengths, float("inf"))
     with torch.no_grad():
-        for length in lengths:
-            inputs = model.encode(["Return the sum of a and b."], pad_to=length)
-            model.module(**inputs)
-            samples = []
-            for _ in range(repeats):
+        for n in lengths:
+            model.module(**inputs[n])      # first calls allocate; not timed
+        for _ in range(repeats):
+            for n in lengths:
                 start = time.perf_counter()
-                model.module(**inputs)
-                samples.append(time.perf_counter() - start)
-            times.append(min(samples))
+                model.module(**inputs[n])
+                best[n] = min(best[n], time.perf_counter() - start)
+    times = [best[n] for n in lengths]
     slope = float(np.polyfit(lengths, times, 1)[0]) if len(lengths) > 1 else times[0] / lengths[0]
     return max(slope, times[-1] / lengths[-1] / 10)   # noisy timings must not make padding free

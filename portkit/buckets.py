@@ -641,7 +641,7 @@ class BucketReport:
 
 
 # ---------------------------------------------------------------- the stage's verbs
-def check_parameters(requests: int = 12, bucket_count: int = 2, max_batch: int = 1, max_seq: int = 512,
+def check_parameters(requests: int = 8, bucket_count: int = 2, max_batch: int = 1, max_seq: int = 512,
                      overflow: str = "truncate", compile_seconds: float = 10.0, k_max: int = K_MAX, seed: int = 0,
                      corpus: str = "stdlib", backend: str = "target", check: bool = True,
                      compare_every_target: bool = False) -> None:

@@ -192,10 +192,22 @@ def test_an_unwarmed_shape_is_an_error_not_a_silent_compile(tiny):
             bm.compiled(**bm.example(1, 11))
 
 
+def test_buckets_shorter_than_the_special_tokens_still_warm_up_and_check(tiny, trace):
+    bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([1, 2, 16], "optimal", k=3), backend="eager")
+    bm.warm_up()
+    assert bm.log.count == 3
+    with torch.compiler.set_stance("fail_on_recompile"):
+        checks = bucketed.check_padding(bm, trace)
+    assert [c["lengths"] for c in checks] == [[1], [2], [3]] and all(c["ok"] for c in checks)
+
+
 def test_overflow_policy_in_the_wrapper(tiny):
     long_text = " ".join(["word"] * 40)
     cut = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 8, 16], "optimal", k=2), backend="eager")
-    assert cut(cut.encode([long_text]))["hidden"].shape[1] == 16
+    cut.warm_up()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        assert cut(cut.encode([long_text]))["hidden"].shape[1] == 16          # tokenizer cut, [SEP] kept
+        assert cut(tiny.encode([long_text]))["hidden"].shape[1] == 16         # a longer tensor, sliced
     strict = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 8, 16], "optimal", k=2, overflow="reject"),
                                     backend="eager")
     with pytest.raises(BadParameter, match="input length 42"):

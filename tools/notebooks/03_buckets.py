@@ -25,7 +25,7 @@ corpus = "stdlib"  # texts: stdlib docstrings, or a .txt/.jsonl/.csv file
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 bucket_count = 2  # buckets every fixed-k planner gets in the comparison and the replay
 max_batch = 1  # each request batches 1..max_batch texts; batch sizes are bucketed as powers of two
-requests = 12  # requests replayed from the corpus, in random order (each new length is a compile)
+requests = 8  # requests replayed from the corpus, in random order (each new length is a compile)
 overflow = "truncate"  # inputs longer than the largest bucket: "truncate" to it, or "reject" with an error
 compile_seconds = 10.0  # compile time per bucket for auto when out_dir has no compile.json (stage 2)
 backend = "target"  # torch.compile backend: "target" uses each target's own, or a name like "inductor"
@@ -45,8 +45,7 @@ print(environment.block(targets))
 ## The real length distribution, under the model's own tokenizer
 
 Every text of the corpus tokenized by the model's tokenizer, before truncation. The largest bucket is
-the model's `max_length` (or the longest text, if shorter); longer texts
-follow the `overflow` policy.
+the model's `max_length` (or the longest text, if shorter); longer texts follow the `overflow` policy.
 """),
 ("code", """
 m = models.load(model)
@@ -104,7 +103,7 @@ every bucket once; the replay then runs with recompiles forbidden, so zero compi
 is proven by PyTorch. Each shape's compile is charged at its first measured time, so the order of
 the runs favours no plan. The comparison runs on the first target's backend; every target replays
 its own chosen plan on its own backend (`buckets.replay_targets(..., compare_every_target=True)`
-compares on all of them).
+compares on all of them). In emulated mode every time is this CPU's, never the target's.
 """),
 ("code", """
 per_target = buckets.replay_targets(m, trace, plans, chosen, backend)
