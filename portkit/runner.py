@@ -37,6 +37,7 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "fallbacks.json", "portkit.fallbacks"),
+    Stage("compile", "02_compile.ipynb", "compile.json", "portkit.compiling"),
     Stage("buckets", "03_buckets.ipynb", "buckets.json", "portkit.buckets"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
