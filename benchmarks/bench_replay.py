@@ -23,7 +23,7 @@ from portkit import bucketed, buckets, data, models
 def cold_compile_seconds(model, lengths=(7, 13)) -> float:
     """Median first-call time of minilm at fresh shapes, with a fresh Inductor cache each."""
     from torch._inductor.utils import fresh_cache
-    bucketed._warm_backend("inductor")
+    bucketed.warm_inductor()
     times = []
     for length in lengths:
         torch._dynamo.reset()

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import importlib
 import time
 from dataclasses import dataclass, field
 
@@ -29,59 +27,70 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from portkit import probes
+from torch._dynamo.backends.registry import lookup_backend
+
+from portkit import numerics
+from portkit.backends import CompileCounter, EmulatedBackend, warm_inductor
 from portkit.buckets import BucketPlan
 from portkit.errors import BadParameter
 
 NO_BUCKETS = "no buckets"
-# Padding checks compare against the unpadded eager outputs; compiled kernels may sum in another
-# order, so allow more than assert_close's fp32 default (1.3e-6, 1e-5). A mask bug moves outputs by
-# O(0.1) (vllm-project/tpu-inference#3466), far outside this.
+# Padding checks compare against the unpadded eager outputs. Compiled kernels may sum in another
+# order, so allow more than assert_close's fp32 default (1.3e-6, 1e-5). Where the backend rounds
+# matmul operands to bf16 (the emulated TPU default), a rounding that flips on a 1e-7 difference
+# moves minilm's outputs by up to ~1e-2; a mask bug, real tokens attending to padding
+# (vllm-project/tpu-inference#3466), moves them by ~0.5 (checked on minilm), far outside both.
 RTOL, ATOL = 1e-4, 1e-4
+RTOL_BF16, ATOL_BF16 = 2e-2, 2e-2
 
 
-def resolve_backend(backend: str | None = None, detected=None) -> tuple[str, str]:
-    """The torch.compile backend to use, and a note when it is not the one asked for.
+def resolve_backend(backend: str = "auto", detected=None) -> tuple[str, str]:
+    """The torch.compile backend for a target, and a note when it is not the one asked for.
 
-    backend None: the target's (detected.backend: the vendor's in native mode, portkit's emulated
-    stand-in otherwise). A name Dynamo does not know falls back to "inductor" with a printed line."""
-    if probes.module_available("portkit.compiling"):
-        importlib.import_module("portkit.compiling")     # stage 2 registers the emulated backends
-    name = backend or (detected.backend if detected is not None else "inductor")
-    if name in torch._dynamo.list_backends(exclude_tags=()):
+    "auto": the target's (detected.backend: the vendor's in native mode, portkit's emulated stand-in
+    otherwise), falling back to "inductor" with a printed line if Dynamo does not know it; any other
+    name must be a registered Dynamo backend. (The notebook's parameter follows stage 2's stricter
+    rule, compiling.check_backend.)"""
+    known = torch._dynamo.list_backends(exclude_tags=())
+    name = detected.backend if backend == "auto" and detected is not None else backend
+    if name in known:
         return name, ""
-    note = (f"compile backend {name!r} is not registered (torch._dynamo.list_backends()); "
-            "using 'inductor' instead")
+    if backend != "auto":
+        raise BadParameter("compile backend", name, known, hint="see torch._dynamo.list_backends()")
+    note = f"compile backend {name!r} is not registered (torch._dynamo.list_backends()); using 'inductor' instead"
     print(note)
     return "inductor", note
 
 
-class CompileLog:
-    """A compile backend that counts and times its own calls: the ground truth for compiles
-    (FACTS.md 3; Dynamo's counters["recompiles"] is never incremented)."""
-
-    def __init__(self, backend: str = "inductor"):
-        self.backend = backend
-        self.inner = torch._dynamo.lookup_backend(backend)
-        self.graphs: list[dict] = []
-
-    def __call__(self, gm, example_inputs):
-        start = time.perf_counter()
-        compiled = self.inner(gm, example_inputs)
-        self.graphs.append({"shapes": [list(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)],
-                            "seconds": time.perf_counter() - start})
-        return compiled
-
-    @property
-    def count(self) -> int:
-        return len(self.graphs)
+def _emulated(backend: str) -> EmulatedBackend | None:
+    """Stage 2's emulated backend behind a registered name, or None for any other backend."""
+    found = lookup_backend(backend) if backend in torch._dynamo.list_backends(exclude_tags=()) else None
+    return found if isinstance(found, EmulatedBackend) else None
 
 
-@functools.cache
-def _warm_backend(backend: str) -> None:
-    # The first compile in a process also starts the toolchain (~20 s for Inductor, FACTS.md 3):
-    # pay it here, so that no replay run is charged for it.
-    torch.compile(lambda x: (x * 2).sin(), backend=backend, dynamic=False)(torch.ones(3))
+def _warm(backend: str) -> None:
+    # Inductor's first compile in a process also starts its toolchain (~20 s, FACTS.md 3): pay it
+    # before any run is timed. The emulated backends compile through Inductor too.
+    emulated = _emulated(backend)
+    if backend == "inductor" or (emulated is not None and emulated.inductor):
+        warm_inductor()
+
+
+def tolerance(backend: str) -> tuple[float, float]:
+    """(rtol, atol) of the padding check: bf16-wide where the backend's precision rounds to bf16."""
+    emulated = _emulated(backend)
+    p = emulated.precision if emulated is not None else None
+    rounds = p is not None and any(x is not None for x in (p.matmul_inputs, p.matmul_output, p.all_ops))
+    return (RTOL_BF16, ATOL_BF16) if rounds else (RTOL, ATOL)
+
+
+def reference_numerics(backend: str):
+    """What the unpadded eager reference runs under: the emulated backend's own target numerics
+    (numerics.emulate), so the padding check compares padding, not precision; else nothing."""
+    emulated = _emulated(backend)
+    if emulated is None:
+        return contextlib.nullcontext
+    return lambda: numerics.emulate(emulated.target, emulated.precision.name)
 
 
 def _pad_value(model, name: str) -> int:
@@ -112,16 +121,21 @@ class BucketedModel:
     """A text model that pads every input (all of model.input_names) to its plan's bucket, runs one
     torch.compile'd module, and slices sequence- and batch-shaped outputs back to the true size."""
 
-    def __init__(self, model, plan: BucketPlan, backend: str = "inductor", log: CompileLog | None = None):
+    def __init__(self, model, plan: BucketPlan, backend: str = "inductor"):
         if not model.takes_text:
             raise BadParameter("model for shape bucketing", model.name, hint="it takes fixed-size images")
         if plan.top > model.max_length:
             raise BadParameter("largest bucket", plan.top, hint=f"{model.name} takes at most {model.max_length}")
         self.model, self.plan = model, plan
-        self.log = log or CompileLog(backend)
-        self.compiled = torch.compile(model.module, backend=self.log, dynamic=False)
+        self.backend = backend
+        self.counter = CompileCounter(backend)      # stage 2's: counts and times every compile
+        self.compiled = torch.compile(model.module, backend=self.counter, dynamic=False)
         self.pad_values = {name: _pad_value(model, name) for name in model.input_names}
         self.dims = output_dims(model)
+
+    @property
+    def compiles(self) -> int:
+        return len(self.counter.events)
 
     def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """Tokenize with the plan's overflow policy: cut at the largest bucket (special tokens kept),
@@ -175,11 +189,11 @@ class BucketedModel:
             for shape in tqdm(self.plan.shapes(), desc=f"warm-up {self.plan.planner}", disable=not progress,
                               leave=False):
                 inputs = self.example(shape["batch"], shape["seq"])
-                before, start = self.log.count, time.perf_counter()
+                before, start = self.compiles, time.perf_counter()
                 self.compiled(**inputs)
                 seconds = time.perf_counter() - start
-                graphs = self.log.count - before
-                charged = _charge(costs, self, inputs, seconds) if graphs else 0.0
+                graphs = self.compiles - before
+                charged = _charge(costs, self.model, self.backend, inputs, seconds) if graphs else 0.0
                 done.append({**shape, "seconds": seconds, "charged_seconds": charged, "graphs": graphs})
         return done
 
@@ -190,17 +204,14 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype).copy_(t)
 
 
-def _shape_key(owner, inputs: dict) -> tuple:
-    return (id(owner.model.module), owner.log.backend, tuple((k, tuple(v.shape)) for k, v in inputs.items()))
-
-
-def _charge(costs: dict | None, owner, inputs: dict, seconds: float) -> float:
+def _charge(costs: dict | None, model, backend: str, inputs: dict, seconds: float) -> float:
     """The compile time charged for a shape: its first measured compile in this session. A later run
     that compiles the same shape may hit the compiler's cache; charging the first (cold) measurement
     keeps the order of the runs from favouring any plan."""
     if costs is None:
         return seconds
-    return costs.setdefault(_shape_key(owner, inputs), seconds)
+    key = (id(model.module), backend, tuple((k, tuple(v.shape)) for k, v in inputs.items()))
+    return costs.setdefault(key, seconds)
 
 
 def _compile_cache(fresh: bool):
@@ -289,11 +300,14 @@ def check_inputs(bm: BucketedModel, trace: Trace, batch: int, seq: int, prev_bat
     return out, lengths
 
 
-def check_padding(bm: BucketedModel, trace: Trace, reference=contextlib.nullcontext, rtol: float = RTOL,
-                  atol: float = ATOL) -> list[dict]:
+def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float | None = None,
+                  atol: float | None = None) -> list[dict]:
     """Per bucket shape: the bucketed (padded, compiled) outputs at real positions against the
     unpadded eager outputs, with torch.testing.assert_close. `reference` is a context manager factory
-    the eager run happens under (e.g. the target's numerics emulation)."""
+    the eager run happens under (default: reference_numerics(bm.backend), the emulated target's
+    numerics); rtol/atol default to tolerance(bm.backend)."""
+    reference = reference or reference_numerics(bm.backend)
+    rtol, atol = (rtol, atol) if rtol is not None and atol is not None else tolerance(bm.backend)
     results = []
     batches, seqs = (0, *bm.plan.batch_sizes), (0, *bm.plan.boundaries)
     for bi in range(1, len(batches)):
@@ -381,36 +395,37 @@ class ReplayRun:
 
 def _replay_unbucketed(model, encoded, backend, costs, progress) -> ReplayRun:
     from tqdm.auto import tqdm
-    log = CompileLog(backend)
-    compiled = torch.compile(model.module, backend=log, dynamic=False)
-    owner = type("Owner", (), {"model": model, "log": log})
+    counter = CompileCounter(backend)
+    compiled = torch.compile(model.module, backend=counter, dynamic=False)
     compile_wall = charged = run = 0.0
     with _recompile_limit(len(encoded) + 8), torch.no_grad():
         for inputs in tqdm(encoded, desc=f"replay {NO_BUCKETS}", disable=not progress, leave=False):
-            before, start = log.count, time.perf_counter()
+            before, start = len(counter.events), time.perf_counter()
             compiled(**inputs)
             seconds = time.perf_counter() - start
-            if log.count > before:
+            if len(counter.events) > before:
                 compile_wall += seconds
-                charged += _charge(costs, owner, inputs, seconds)
+                charged += _charge(costs, model, backend, inputs, seconds)
             else:
                 run += seconds
     shapes = {tuple(next(iter(i.values())).shape) for i in encoded}
-    if log.count < len(shapes):   # never silently eager: every distinct shape must have compiled
-        raise RuntimeError(f"{len(shapes)} distinct shapes but only {log.count} compiles: Dynamo fell back "
-                           "to eager; raise torch._dynamo.config.recompile_limit")
-    real = sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel()
+    if len(counter.events) < len(shapes):   # never silently eager: every distinct shape must have compiled
+        raise RuntimeError(f"{len(shapes)} distinct shapes but only {len(counter.events)} compiles: Dynamo fell "
+                           "back to eager; raise torch._dynamo.config.recompile_limit")
+    return ReplayRun(NO_BUCKETS, backend, None, len(encoded), len(counter.events), 0, _real_tokens(encoded),
+                     sum(next(iter(i.values())).numel() for i in encoded), charged, compile_wall, run)
+
+
+def _real_tokens(encoded) -> int:
+    return sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel()
                for i in encoded)
-    computed = sum(next(iter(i.values())).numel() for i in encoded)
-    return ReplayRun(NO_BUCKETS, backend, None, len(encoded), log.count, 0, real, computed, charged,
-                     compile_wall, run)
 
 
 def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol):
     from tqdm.auto import tqdm
     bm = BucketedModel(model, plan, backend)
     warm = bm.warm_up(progress, costs)
-    after_warmup = bm.log.count
+    after_warmup = bm.compiles
     run, computed = 0.0, 0
     # From here any compile is an error raised by PyTorch itself: zero compiles after warm-up is proven.
     with torch.compiler.set_stance("fail_on_recompile"):
@@ -422,21 +437,21 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
                 bm.unpad(bm.compiled(**padded), rows, length)
             run += time.perf_counter() - start
         checks = check_padding(bm, trace, reference, rtol, atol) if check else []
-    real = sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel()
-               for i in encoded)
     return ReplayRun(plan.planner, backend, plan.to_dict(), len(encoded), after_warmup,
-                     bm.log.count - after_warmup, real, computed, sum(w["charged_seconds"] for w in warm),
+                     bm.compiles - after_warmup, _real_tokens(encoded), computed, sum(w["charged_seconds"] for w in warm),
                      sum(w["seconds"] for w in warm if w["graphs"]), run, checks)
 
 
 def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inductor", baseline: bool = True,
-           check: bool = True, reference=contextlib.nullcontext, rtol: float = RTOL, atol: float = ATOL,
+           check: bool = True, reference=None, rtol: float | None = None, atol: float | None = None,
            progress: bool = True, costs: dict | None = None, fresh_caches: bool = False) -> list[ReplayRun]:
     """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
 
     Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
     tokenized up front (cut at the plans' largest bucket under "truncate"); timing covers the model
-    calls only. With check, every bucket shape's outputs are compared with unpadded eager outputs.
+    calls only. With check, every bucket shape's outputs are compared with unpadded eager outputs,
+    run under `reference` (default: reference_numerics(backend), the emulated target's numerics)
+    within rtol/atol (default: tolerance(backend)).
 
     Compile time: by default each shape is charged its first measured compile in this session (see
     _charge), so runs that share a shape cost the same whatever their order. fresh_caches starts every
@@ -450,7 +465,8 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inducto
               "are rejected and left out of every run")
     encoded = [model.encode(texts, max_length=top) for texts in kept]
     costs = None if fresh_caches else {} if costs is None else costs
-    _warm_backend(backend)
+    reference = reference or reference_numerics(backend)
+    _warm(backend)
     runs = []
     if baseline:
         torch._dynamo.reset()
@@ -472,7 +488,7 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inducto
     return runs
 
 
-def measure_token_seconds(model, top: int, repeats: int = 5) -> float:
+def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
     """Seconds of compute per token on this machine: the slope of eager forward time against
     sequence length (batch 1, lengths top/4, top/2, top; the fastest of `repeats` interleaved rounds,
     so a burst of load on a shared machine hits every length alike). Prices padding for auto."""

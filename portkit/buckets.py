@@ -492,11 +492,6 @@ def padding_slider(hist: Histogram, curves: dict, k: int = 4):
 
 
 # ---------------------------------------------------------------- the stage's result
-def bucketed_tolerance() -> tuple[float, float]:
-    from portkit import bucketed
-    return bucketed.RTOL, bucketed.ATOL
-
-
 @dataclass
 class TargetBuckets:
     """One target's chosen plan and its replays."""
@@ -595,11 +590,12 @@ class BucketReport:
         for t in self.targets.values():
             for r in t.runs:
                 for c in r.padding_checks:
-                    rows.append([t.name, r.name, f"{c['batch']} x {c['seq']}", ", ".join(map(str, c["lengths"])),
-                                 f"{c['max_abs_error']:.1e}", "ok" if c["ok"] else "FAILED: " + c["failures"][0]])
-        return HtmlTable(["target", "plan", "bucket (batch x seq)", "real lengths", "max abs error", "result"], rows,
-                         f"outputs at real positions vs unpadded eager (rtol {bucketed_tolerance()[0]:g}, "
-                         f"atol {bucketed_tolerance()[1]:g})")
+                    rows.append([t.name, f"{r.name} [{r.backend}]", f"{c['batch']} x {c['seq']}",
+                                 ", ".join(map(str, c["lengths"])), f"{c['max_abs_error']:.1e}",
+                                 f"{c['rtol']:g} / {c['atol']:g}", "ok" if c["ok"] else "FAILED: " + c["failures"][0]])
+        return HtmlTable(["target", "plan [backend]", "bucket (batch x seq)", "real lengths", "max abs error",
+                          "rtol / atol", "result"], rows,
+                         "outputs at real positions, padded and compiled, vs unpadded eager under the same numerics")
 
     def plot(self):
         """Padding against buckets (chosen plans starred), and each run's compile + run time."""
@@ -641,10 +637,10 @@ class BucketReport:
 
 
 # ---------------------------------------------------------------- the stage's verbs
-def check_parameters(requests: int = 8, bucket_count: int = 2, max_batch: int = 1, max_seq: int = 512,
+def check_parameters(requests: int = 6, bucket_count: int = 2, max_batch: int = 1, max_seq: int = 512,
                      overflow: str = "truncate", compile_seconds: float = 10.0, k_max: int = K_MAX, seed: int = 0,
-                     corpus: str = "stdlib", backend: str = "target", check: bool = True,
-                     compare_every_target: bool = False) -> None:
+                     corpus: str = "stdlib", backend: str = "auto", check: bool = True,
+                     compare_every_target: bool = False, targets=("neuron", "tpu")) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
     params.positive_int("requests", requests)
@@ -658,12 +654,14 @@ def check_parameters(requests: int = 8, bucket_count: int = 2, max_batch: int = 
     params.boolean("check", check)
     params.boolean("compare_every_target", compare_every_target)
     data.check_corpus(corpus)
-    if not isinstance(backend, str) or not backend:
-        raise BadParameter("backend", backend, hint='give "target" (each target\'s backend) or a torch.compile '
-                                                    "backend name, see torch._dynamo.list_backends()")
+    from portkit import compiling, targets as targets_mod
+    if not isinstance(backend, str):
+        raise BadParameter("backend", backend, hint="give a backend name, or 'auto'")
+    for name in targets_mod.parse_targets(targets):
+        compiling.check_backend(targets_mod.detect(name), backend)   # stage 2's rule: one line, valid names
 
 
-def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, BucketPlan], backend: str = "target",
+def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, BucketPlan], backend: str = "auto",
                    check: bool = True, compare_every_target: bool = False,
                    progress: bool = True) -> dict[str, TargetBuckets]:
     """Replay the trace per target with its compile backend. The first target's backend replays
@@ -674,7 +672,7 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
     out, done = {}, {}     # done: backend -> its runs so far, reused by any plan with the same shapes
     for i, name in enumerate(chosen):
         detected = targets_mod.detect(name)
-        be, note = bucketed.resolve_backend(None if backend == "target" else backend, detected)
+        be, note = bucketed.resolve_backend(backend, detected)
         compare = i == 0 or compare_every_target
         runs = done.setdefault(be, [])
         wanted = [*plans, chosen[name]] if compare else [chosen[name]]
@@ -707,7 +705,7 @@ def _run_for(runs, plan: BucketPlan):
 
 def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 3, requests: int = 24,
                 max_batch: int = 1, max_seq: int | None = None, overflow: str = "truncate",
-                compile_seconds: float = 10.0, k_max: int = K_MAX, seed: int = 0, backend: str = "target",
+                compile_seconds: float = 10.0, k_max: int = K_MAX, seed: int = 0, backend: str = "auto",
                 check: bool = True, compare_every_target: bool = False, progress: bool = True) -> BucketReport:
     """The whole stage in one call (the notebook walks the same steps one by one)."""
     from portkit import bucketed, targets as targets_mod

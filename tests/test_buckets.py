@@ -143,7 +143,7 @@ def test_minilm_bucketed_outputs_equal_unpadded_ones(minilm, corpus, trace):
     plan = buckets.plan_buckets([3, 9, 24, 40], "optimal", k=2, max_batch=2)   # (1|2) x (9|40)
     bm = bucketed.BucketedModel(minilm, plan, backend="aot_eager")
     bm.warm_up()
-    assert bm.log.count == 4
+    assert bm.compiles == 4
     with torch.compiler.set_stance("fail_on_recompile"):
         checks = bucketed.check_padding(bm, trace)
         texts = ["Return the sum of a and b.", "Open the file and read every line of it into a list."]
@@ -195,7 +195,7 @@ def test_an_unwarmed_shape_is_an_error_not_a_silent_compile(tiny):
 def test_buckets_shorter_than_the_special_tokens_still_warm_up_and_check(tiny, trace):
     bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([1, 2, 16], "optimal", k=3), backend="eager")
     bm.warm_up()
-    assert bm.log.count == 3
+    assert bm.compiles == 3
     with torch.compiler.set_stance("fail_on_recompile"):
         checks = bucketed.check_padding(bm, trace)
     assert [c["lengths"] for c in checks] == [[1], [2], [3]] and all(c["ok"] for c in checks)
@@ -231,14 +231,28 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     assert bucketed_run.to_dict()["plan"]["batch_sizes"] == [1, 2, 3]
 
 
-def test_unknown_backend_falls_back_to_inductor_and_says_so(capsys):
+def test_backend_is_the_targets_own_unless_named(monkeypatch, capsys):
     from portkit import targets
-    name, note = bucketed.resolve_backend(None, targets.detect("tpu"))
-    if targets.detect("tpu").backend in torch._dynamo.list_backends(exclude_tags=()):
-        assert name == targets.detect("tpu").backend and note == ""
-    else:
-        assert name == "inductor" and "not registered" in capsys.readouterr().out
-    assert bucketed.resolve_backend("eager") == ("eager", "")
+    tpu = targets.detect("tpu")
+    assert bucketed.resolve_backend("auto", tpu) == ("portkit_tpu", "")      # stage 2's emulated backend
+    assert bucketed.resolve_backend("eager", tpu) == ("eager", "")
+    with pytest.raises(BadParameter, match="unknown compile backend 'portkit_nope'"):
+        bucketed.resolve_backend("portkit_nope", tpu)
+    # a target backend Dynamo does not know (the vendor's, say) falls back to Inductor, and says so
+    monkeypatch.setattr(torch._dynamo, "list_backends", lambda exclude_tags=(): ["inductor", "eager"])
+    assert bucketed.resolve_backend("auto", tpu)[0] == "inductor" and "not registered" in capsys.readouterr().out
+    with pytest.raises(BadParameter, match="compile backend for target neuron"):
+        buckets.check_parameters(backend="inductor")      # the notebook parameter follows stage 2's rule
+
+
+def test_padding_check_on_the_emulated_tpu_backend(tiny, trace):
+    bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 30], "optimal", k=1), backend="portkit_tpu")
+    bm.warm_up()
+    assert bm.compiles == 1 and bucketed.tolerance("portkit_tpu") == (bucketed.RTOL_BF16, bucketed.ATOL_BF16)
+    assert bucketed.tolerance("portkit_neuron") == (bucketed.RTOL, bucketed.ATOL)   # Neuron's default is fp32
+    with torch.compiler.set_stance("fail_on_recompile"):
+        checks = bucketed.check_padding(bm, trace)          # eager reference under the TPU's numerics
+    assert checks[0]["ok"] and checks[0]["rtol"] == bucketed.RTOL_BF16, checks
 
 
 def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):

@@ -25,10 +25,10 @@ corpus = "stdlib"  # texts: stdlib docstrings, or a .txt/.jsonl/.csv file
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 bucket_count = 2  # buckets every fixed-k planner gets in the comparison and the replay
 max_batch = 1  # each request batches 1..max_batch texts; batch sizes are bucketed as powers of two
-requests = 8  # requests replayed from the corpus, in random order (each new length is a compile)
+requests = 6  # requests replayed from the corpus, in random order (each new length is a compile)
 overflow = "truncate"  # inputs longer than the largest bucket: "truncate" to it, or "reject" with an error
 compile_seconds = 10.0  # compile time per bucket for auto when out_dir has no compile.json (stage 2)
-backend = "target"  # torch.compile backend: "target" uses each target's own, or a name like "inductor"
+backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
 seed = 0  # which texts are sampled
 """),
 ("code", """
@@ -36,7 +36,7 @@ from portkit import bucketed, buckets, data, environment, models, params
 
 model, targets, out = params.common(model, targets, out_dir)
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
-                         compile_seconds=compile_seconds, backend=backend, seed=seed, corpus=corpus)
+                         compile_seconds=compile_seconds, backend=backend, seed=seed, corpus=corpus, targets=targets)
 """),
 ("code", """
 print(environment.block(targets))
