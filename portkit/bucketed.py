@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from torch._dynamo.backends.registry import lookup_backend
 
 from portkit import numerics
@@ -99,14 +98,14 @@ def _pad_value(model, name: str) -> int:
     return 0
 
 
-def output_dims(model) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+def output_dims(model, device: str = "cpu") -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """Which dims of each output follow the batch and the sequence, from two tiny eager runs with
     inputs of (2, 3) and (3, 5): a dim that reads 2 then 3 is a batch dim, 3 then 5 a sequence dim.
     Pooled outputs (minilm's "embedding") have no sequence dim and are never sliced."""
     shapes = []
     for rows, length in ((2, 3), (3, 5)):
         inputs = {name: torch.full((rows, length), 1 if name == "attention_mask" else _pad_value(model, name),
-                                   dtype=torch.long) for name in model.input_names}
+                                   dtype=torch.long, device=device) for name in model.input_names}
         with torch.no_grad():
             shapes.append({k: tuple(v.shape) for k, v in model.module(**inputs).items()})
     dims = {}
@@ -121,7 +120,7 @@ class BucketedModel:
     """A text model that pads every input (all of model.input_names) to its plan's bucket, runs one
     torch.compile'd module, and slices sequence- and batch-shaped outputs back to the true size."""
 
-    def __init__(self, model, plan: BucketPlan, backend: str = "inductor"):
+    def __init__(self, model, plan: BucketPlan, backend: str = "inductor", device: str = "cpu"):
         if not model.takes_text:
             raise BadParameter("model for shape bucketing", model.name, hint="it takes fixed-size images")
         if plan.top > model.max_length:
@@ -131,7 +130,8 @@ class BucketedModel:
         self.counter = CompileCounter(backend)      # stage 2's: counts and times every compile
         self.compiled = torch.compile(model.module, backend=self.counter, dynamic=False)
         self.pad_values = {name: _pad_value(model, name) for name in model.input_names}
-        self.dims = output_dims(model)
+        self.device = device             # the target's device in native mode; the module must be there
+        self.dims = output_dims(model, device)
 
     @property
     def compiles(self) -> int:
@@ -153,7 +153,7 @@ class BucketedModel:
             t = F.pad(t[:, :length], (0, seq - length), value=self.pad_values.get(name, 0))
             if batch > rows:   # copies of a real row: a fully masked row can produce NaNs in attention
                 t = torch.cat([t, t[:1].expand(batch - rows, -1)])
-            padded[name] = _dense(t)
+            padded[name] = _dense(t).to(self.device)
         return padded, rows, length
 
     def unpad(self, outputs: dict[str, torch.Tensor], rows: int, length: int) -> dict[str, torch.Tensor]:
@@ -178,7 +178,7 @@ class BucketedModel:
         # the tokenizer cannot cut below its special tokens: slice for buckets of 1 or 2 tokens
         one = self.model.encode(["Return the sum of a and b."], max_length=max(seq, 3))
         return {k: _dense(F.pad(v[:, :seq], (0, seq - min(seq, v.shape[1])), value=self.pad_values.get(k, 0))
-                          .expand(batch, -1)) for k, v in one.items()}
+                          .expand(batch, -1)).to(self.device) for k, v in one.items()}
 
     def warm_up(self, progress: bool = False, costs: dict | None = None) -> list[dict]:
         """Compile every (batch, seq) shape of the plan once. Returns per shape: seconds (wall time of
@@ -318,10 +318,10 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
             worst, failures = 0.0, []
             for r, (row, length) in enumerate(zip(rows, lengths)):
                 with torch.no_grad(), reference():
-                    want = bm.model.module(**row)
+                    want = bm.model.module(**{k: v.to(bm.device) for k, v in row.items()})
                 for name, expected in want.items():
                     _, seq_dims = bm.dims.get(name, ((), ()))
-                    actual = got[name][r:r + 1]
+                    actual, expected = got[name][r:r + 1].cpu(), expected.cpu()
                     index = [slice(None)] * actual.dim()
                     for d in seq_dims:
                         index[d] = slice(0, length)
@@ -393,7 +393,7 @@ class ReplayRun:
                 f"{self.total_seconds:7.1f} s, {self.requests_per_second:7.2f} requests/s")
 
 
-def _replay_unbucketed(model, encoded, backend, costs, progress) -> ReplayRun:
+def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> ReplayRun:
     from tqdm.auto import tqdm
     counter = CompileCounter(backend)
     compiled = torch.compile(model.module, backend=counter, dynamic=False)
@@ -401,7 +401,7 @@ def _replay_unbucketed(model, encoded, backend, costs, progress) -> ReplayRun:
     with _recompile_limit(len(encoded) + 8), torch.no_grad():
         for inputs in tqdm(encoded, desc=f"replay {NO_BUCKETS}", disable=not progress, leave=False):
             before, start = len(counter.events), time.perf_counter()
-            compiled(**inputs)
+            compiled(**{k: v.to(device) for k, v in inputs.items()})
             seconds = time.perf_counter() - start
             if len(counter.events) > before:
                 compile_wall += seconds
@@ -421,9 +421,9 @@ def _real_tokens(encoded) -> int:
                for i in encoded)
 
 
-def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol):
+def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol, device):
     from tqdm.auto import tqdm
-    bm = BucketedModel(model, plan, backend)
+    bm = BucketedModel(model, plan, backend, device)
     warm = bm.warm_up(progress, costs)
     after_warmup = bm.compiles
     run, computed = 0.0, 0
@@ -444,7 +444,8 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
 
 def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inductor", baseline: bool = True,
            check: bool = True, reference=None, rtol: float | None = None, atol: float | None = None,
-           progress: bool = True, costs: dict | None = None, fresh_caches: bool = False) -> list[ReplayRun]:
+           progress: bool = True, costs: dict | None = None, fresh_caches: bool = False,
+           device: str = "cpu") -> list[ReplayRun]:
     """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
 
     Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
@@ -468,22 +469,26 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inducto
     reference = reference or reference_numerics(backend)
     _warm(backend)
     runs = []
-    if baseline:
-        torch._dynamo.reset()
-        with _compile_cache(fresh_caches):
-            runs.append(_replay_unbucketed(model, encoded, backend, costs, progress))
-    seen = {}
-    for plan in plans:
-        shapes = (plan.boundaries, plan.batch_sizes)
-        if shapes in seen:   # the same shapes as an earlier plan: the same run, not replayed twice
-            runs.append(dataclasses.replace(seen[shapes], name=plan.planner, plan=plan.to_dict(),
-                                            note=f"same shapes as {seen[shapes].name}: replayed once"))
-            continue
-        torch._dynamo.reset()
-        with _compile_cache(fresh_caches):
-            runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
-                                     rtol, atol))
-        seen[shapes] = runs[-1]
+    model.module.to(device)        # native mode: the target's device (stage 2 does the same)
+    try:
+        if baseline:
+            torch._dynamo.reset()
+            with _compile_cache(fresh_caches):
+                runs.append(_replay_unbucketed(model, encoded, backend, costs, progress, device))
+        seen = {}
+        for plan in plans:
+            shapes = (plan.boundaries, plan.batch_sizes)
+            if shapes in seen:   # the same shapes as an earlier plan: the same run, not replayed twice
+                runs.append(dataclasses.replace(seen[shapes], name=plan.planner, plan=plan.to_dict(),
+                                                note=f"same shapes as {seen[shapes].name}: replayed once"))
+                continue
+            torch._dynamo.reset()
+            with _compile_cache(fresh_caches):
+                runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
+                                         rtol, atol, device))
+            seen[shapes] = runs[-1]
+    finally:
+        model.module.to("cpu")
     torch._dynamo.reset()
     return runs
 

@@ -680,7 +680,7 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
         baseline = compare and not any(r.plan is None for r in runs)
         if missing or baseline:
             runs += bucketed.replay(model, trace, missing, backend=be, baseline=baseline, check=check,
-                                    progress=progress)
+                                    progress=progress, device=detected.target.device if detected.native else "cpu")
         mine = [r for r in runs if r.plan is None] if compare else []
         for plan in wanted:
             run = _same_shapes(runs, plan)

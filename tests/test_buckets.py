@@ -276,3 +276,15 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     assert "no buckets" in str(report) and "<table>" in report._repr_html_()
     assert len(report.plot().axes) == 2
     assert buckets.padding_slider(report.histogram, report.curves) is None   # not in a notebook kernel
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("target,module,device", [("neuron", "torch_neuronx", "neuron"), ("tpu", "torch_tpu", "tpu")])
+def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, tmp_path):
+    from portkit import probes, targets
+    if not probes.device_available(module, device):
+        pytest.skip(f"needs {module} and a {device} device")
+    report = buckets.fit_buckets(tiny, corpus, [target], tmp_path, k=1, requests=3, max_seq=32, progress=False)
+    t = report.targets[target]
+    assert t.target["mode"] == "native" and t.backend == targets.get(target).backend
+    assert all(r.compiles_after_warmup == 0 for r in t.runs) and all(r.padding_ok for r in t.runs if r.plan)
