@@ -13,3 +13,4 @@ __version__ = "0.1.0"
 # with Dynamo, once, here: never in a notebook cell.
 from portkit import compiling  # noqa: E402,F401
 from portkit.compiling import compile_model  # noqa: E402,F401
+from portkit.buckets import fit_buckets  # noqa: E402,F401

@@ -194,8 +194,12 @@ class BucketPlan:
 
     def __str__(self) -> str:
         batches = f" x batch {list(self.batch_sizes)}" if self.batch_sizes != (1,) else ""
-        return (f"{self.planner}: {self.k} buckets {list(self.boundaries)}{batches}, "
-                f"{self.waste:.1%} padding, {self.compiles} compiles")
+        return (f"{self.planner}: {_n(self.k, 'bucket')} {list(self.boundaries)}{batches}, "
+                f"{self.waste:.1%} padding, {_n(self.compiles, 'compile')}")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def padded_tokens(boundaries, hist: Histogram) -> int:
@@ -512,11 +516,11 @@ class TargetBuckets:
 
     def summary(self) -> str:
         mode = self.target["mode"]
-        text = (f"{self.name} ({mode}, {self.backend}): {self.chosen.k} buckets {list(self.chosen.boundaries)}, "
+        text = (f"{self.name} ({mode}, {self.backend}): {_n(self.chosen.k, 'bucket')} {list(self.chosen.boundaries)}, "
                 f"{self.chosen.waste:.1%} padding over the corpus")
         mine, base = self.run_for(self.chosen), next((r for r in self.runs if r.plan is None), None)
         if mine is not None:
-            text += (f"; replay of {mine.requests} requests: {mine.compiles} compiles, "
+            text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
                      f"{mine.compiles_after_warmup} after warm-up")
             if base is not None:
                 text += (f", {base.total_seconds / mine.total_seconds:.1f}x faster than no buckets "
