@@ -401,10 +401,13 @@ def compile_cost(target: str, out_dir, default: float) -> tuple[float, str]:
     try:
         entry = read_json(Path(out_dir) / "compile.json")["targets"][target]
         seconds, mode = float(entry["compile_seconds"]["median"]), entry.get("target", {}).get("mode", "?")
-        count = entry["compile_seconds"].get("count", "?")
+        count, hits = entry["compile_seconds"].get("count", "?"), entry["compile_seconds"].get("cache_hits", 0)
     except (OSError, ValueError, KeyError, TypeError):
         return float(default), "parameter compile_seconds; no compile.json for this target in out_dir"
-    return seconds, f"stage 2's compile.json: median of {count} {mode} compiles"
+    source = f"stage 2's compile.json: median backend time of {count} {mode} compiles"
+    if hits and hits == count:   # stage 2 ran on a warm Inductor cache: not what a fresh compile costs
+        source += ", all Inductor cache hits (a warm-cache time; run stage 2 on a cold cache for a cold one)"
+    return seconds, source
 
 
 def choose(hist: Histogram, targets, out_dir, compile_seconds: float, token_seconds: float,

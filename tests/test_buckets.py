@@ -103,7 +103,8 @@ def test_auto_prices_compiles_against_padding(tmp_path):
     # the compile time comes from stage 2's compile.json when out_dir has one
     (tmp_path / "compile.json").write_text(json.dumps(
         {"targets": {"tpu": {"target": {"mode": "emulated"}, "compile_seconds": {"median": 123.0, "count": 3}}}}))
-    assert buckets.compile_cost("tpu", tmp_path, 10.0) == (123.0, "stage 2's compile.json: median of 3 emulated compiles")
+    assert buckets.compile_cost("tpu", tmp_path, 10.0) == (
+        123.0, "stage 2's compile.json: median backend time of 3 emulated compiles")
     assert buckets.compile_cost("neuron", tmp_path, 10.0)[0] == 10.0
 
 
