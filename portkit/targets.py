@@ -71,6 +71,9 @@ class Target:
     dynamic_shape_error: str         # the vendor's wording when a graph has a SymInt
     docs: tuple[str, ...] = ()
     reference: bool = False          # a platform to compare against, not a migration target
+    # What portkit.xla can check on a CPU host: "compile" (a real XLA compile for a TPU topology),
+    # "lowering" (StableHLO export only: the vendor compiler is not installable here), or None.
+    xla_check: str | None = None
 
     @property
     def default_precision(self) -> Precision:
@@ -110,6 +113,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
                             "shapes",
         docs=("awsdocs-neuron torch/about-pytorch-neuron.html",
               "awsdocs-neuron torch/compile/reference-torch-compile.html"),
+        xla_check="lowering",
     ),
     Target(
         name="tpu", title="Google TPU (TorchTPU, torch-tpu)", device="tpu",
@@ -128,6 +132,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         op_table="tpu.json", live_key="PrivateUse1", kernel_language="Pallas",
         dynamic_shape_error="TPU backend: does not support dynamic shape",
         docs=("torch_tpu docs/gpu_to_tpu.md", "torch_tpu docs/notebooks/advanced_compile.py"),
+        xla_check="compile",
     ),
     Target(
         name="cpu", title="CPU (reference)", device="cpu", backend="inductor",
