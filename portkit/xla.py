@@ -27,6 +27,7 @@ import re
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -261,8 +262,9 @@ class XlaCompileReport:
         out["shapes"] = [{**asdict(s), "ok": s.ok, "sanity": self.sanity(s)} for s in self.shapes]
         return out
 
-    def save(self, path) -> None:
-        write_json(path, self.to_dict())
+    def save(self, path) -> Path:
+        """Write to_dict() as JSON, atomically (a reader never sees half a file)."""
+        return write_json(path, self.to_dict())
 
     def _title(self) -> str:
         if self.check == "lowering":
@@ -299,8 +301,9 @@ class XlaSkipped:
     def to_dict(self) -> dict:
         return {"target": self.target, "skipped": True, "reason": self.reason}
 
-    def save(self, path) -> None:
-        write_json(path, self.to_dict())
+    def save(self, path) -> Path:
+        """Write to_dict() as JSON, atomically (a reader never sees half a file)."""
+        return write_json(path, self.to_dict())
 
     def __str__(self) -> str:
         return self.reason
@@ -356,7 +359,11 @@ class _Program:
         float_dtype = dtype or next((p.dtype for p in module.parameters() if p.is_floating_point()),
                                     torch.float32)
         self.float_dtype = _NARROW.get(float_dtype, float_dtype)
-        self.states, self.fn = self.torchax.extract_jax(module)
+        with warnings.catch_warnings():
+            # torchax finds weights by reading every attribute of every submodule, which trips
+            # deprecated Hugging Face properties (is_gradient_checkpointing); the user's code did not.
+            warnings.simplefilter("ignore", FutureWarning)
+            self.states, self.fn = self.torchax.extract_jax(module)
 
     def narrow(self, dtype: torch.dtype) -> torch.dtype:
         if dtype.is_floating_point:
