@@ -28,6 +28,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch import nn
@@ -68,17 +69,23 @@ class _RemovedOverload:
 
 
 def _import_torchax():
-    """Import torchax 0.0.13 on torch 2.13 and build its op tables.
+    """Import torchax 0.0.13 on torch 2.13 without letting it change torch for the other stages.
 
-    torchax names named-tensor overloads (aten.prod.dim_Dimname, aten.all.dimname, ...) in tables it
-    builds at import and when its environment is first made; torch 2.13 removed them, so the import
-    fails with "aten.prod has no overload name 'dim_Dimname'". While torchax loads, such a missing
-    overload resolves to an inert placeholder; nothing can dispatch to an op torch no longer has, so
-    nothing is lost. Any other missing overload still raises. torchax also turns off PyTorch's MHA
-    fast path process-wide at import; the previous setting is restored for the other stages.
+    1. torchax names named-tensor overloads (aten.prod.dim_Dimname, aten.all.dimname, ...) in tables
+       it builds at import and when its environment is first made; torch 2.13 removed them, so the
+       import fails with "aten.prod has no overload name 'dim_Dimname'". While torchax loads, such a
+       missing overload resolves to an inert placeholder: nothing can dispatch to an op torch no
+       longer has. Any other missing overload still raises.
+    2. torchax renames PrivateUse1 to "jax" (its tensors report device "jax:0") and registers
+       torch.jax, whose is_available() says True. torch.accelerator.is_available() asks torch.jax,
+       so Dynamo then takes "jax" for a usable accelerator, asks it for its current stream, and
+       every later torch.compile in the process fails ("PyTorch is not linked with support for jax
+       devices"). No torch accelerator exists here: torch.jax answers False from now on. The rename
+       is one-way: where torch_tpu or torch_neuronx already claimed PrivateUse1, torchax cannot
+       load, and the section is skipped with that reason.
+    3. torchax turns PyTorch's MHA fast path off process-wide; the setting is restored.
     """
-    packet = torch._ops.OpOverloadPacket
-    original = packet.__getattr__
+    original = torch._ops.OpOverloadPacket.__getattr__
 
     def tolerant(self, key):
         try:
@@ -89,12 +96,12 @@ def _import_torchax():
             raise
 
     fast_path = torch.backends.mha.get_fastpath_enabled()
-    packet.__getattr__ = tolerant
     try:
-        import torchax
-        torchax.default_env()      # loads torchax.decompositions and the op registry
+        with mock.patch.object(torch._ops.OpOverloadPacket, "__getattr__", tolerant):
+            import torchax
+            torchax.default_env()      # loads torchax.decompositions and the op registry
+        torchax.device_module.is_available = lambda: False
     finally:
-        packet.__getattr__ = original
         torch.backends.mha.set_fastpath_enabled(fast_path)
     return torchax
 
@@ -116,7 +123,8 @@ def _require_xla():
         return _load()
     except (ImportError, AttributeError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MissingPackage(f"XLA check skipped: jax/torchax failed to import ({first}); {INSTALL}") from exc
+        hint = f"; {INSTALL}" if isinstance(exc, ImportError) else ""
+        raise MissingPackage(f"XLA check skipped: jax/torchax did not load ({first}){hint}") from exc
 
 
 # ---------------------------------------------------------------- inputs

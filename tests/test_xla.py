@@ -145,12 +145,17 @@ def test_neuron_gets_a_lowering_check_only(bert):
 
 
 @needs_xla
-def test_torchax_shim_leaves_torch_as_it_found_it():
+def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
     fast_path = torch.backends.mha.get_fastpath_enabled()
     xla._require_xla()
     with pytest.raises(AttributeError):
         torch.ops.aten.prod.dim_Dimname           # removed in torch 2.13; the shim only bends it during import
     assert torch.backends.mha.get_fastpath_enabled() == fast_path
+    # torchax claims PrivateUse1 as "jax"; Dynamo must still see no usable accelerator and compile.
+    assert not torch.accelerator.is_available()
+    torch._dynamo.reset()
+    double = torch.compile(lambda t: t * 2 + 1, backend="eager", fullgraph=True)
+    assert torch.equal(double(torch.ones(3)), torch.full((3,), 3.0))
 
 
 # ---------------------------------------------------------------- validation and skips (run everywhere)
