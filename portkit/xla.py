@@ -53,7 +53,7 @@ HEADLINES = {
     "compile": "real XLA compile for a TPU topology on a CPU host (compile-only, nothing executed on a TPU)",
     "lowering": "lowering check only (StableHLO export), not a Neuron compile",
 }
-# JAX runs with 32-bit integers unless jax_enable_x64 is set; torch.int64 and float64 narrow as on TPU.
+# JAX's default (jax_enable_x64 off) has no 64-bit types: int64 and float64 compile as 32-bit.
 _NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
 
 
@@ -219,7 +219,9 @@ class ShapeResult:
                     f"+ out {_size(m['output'])} + temp {_size(m['temporary'])} + code "
                     f"{_size(m['generated_code'])}, {fit}; {self.flops / 1e9:.2f} GFLOP, "
                     f"{_size(self.bytes_accessed)} accessed")
-        where = "" if self.module_path is None else f" in module {self.module_path or '<top level>'} ({self.module_type})"
+        where = ""
+        if self.module_path is not None:
+            where = f" in module {self.module_path or '<top level>'} ({self.module_type})"
         if self.status == "no_lowering":
             return f"NO LOWERING for {self.op}{where}"
         first = (self.message or "").strip().splitlines()[0] if self.message else ""
@@ -379,10 +381,12 @@ class _Program:
         return _NARROW.get(dtype, dtype)
 
     def abstract(self, specs: dict, states_sharding, input_sharding):
-        jax, j = self.jax, self.torchax.ops.mappings.t2j_dtype
-        states = {k: jax.ShapeDtypeStruct(a.shape, j(self.narrow(self.torchax.ops.mappings.j2t_dtype(a.dtype))),
-                                          sharding=states_sharding) for k, a in self.states.items()}
-        inputs = {n: jax.ShapeDtypeStruct(s, j(self.narrow(d)), sharding=input_sharding) for n, (s, d) in specs.items()}
+        """ShapeDtypeStructs for weights and inputs, in the compiled dtypes, with the given shardings."""
+        struct, mappings = self.jax.ShapeDtypeStruct, self.torchax.ops.mappings
+        states = {k: struct(a.shape, mappings.t2j_dtype(self.narrow(mappings.j2t_dtype(a.dtype))),
+                            sharding=states_sharding) for k, a in self.states.items()}
+        inputs = {n: struct(s, mappings.t2j_dtype(self.narrow(d)), sharding=input_sharding)
+                  for n, (s, d) in specs.items()}
         return states, inputs
 
     def lower(self, states, inputs, result: ShapeResult, platform: str | None = None):
@@ -553,7 +557,7 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
     check = targets.get(target_name).xla_check
     _topology(topology)
     if check is None:
-        return XlaSkipped(target_name, f"XLA check skipped: {target_name} is a reference platform, not compiled by XLA")
+        return XlaSkipped(target_name, f"XLA check skipped: {target_name} is a reference platform, not an XLA target")
     try:
         _require_xla()
     except MissingPackage as exc:
