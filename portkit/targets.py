@@ -84,6 +84,9 @@ class Target:
     features: dict[str, FeatureRule] = field(default_factory=dict)   # feature kind -> rule
     docs: tuple[str, ...] = ()
     reference: bool = False          # a platform to compare against, not a migration target
+    # What portkit.xla can check on a CPU host: "compile" (a real XLA compile for a TPU topology),
+    # "lowering" (StableHLO export only: the vendor compiler is not installable here), or None.
+    xla_check: str | None = None
 
     @property
     def default_precision(self) -> Precision:
@@ -155,6 +158,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         },
         docs=("awsdocs-neuron torch/about-pytorch-neuron.html",
               "awsdocs-neuron torch/compile/reference-torch-compile.html"),
+        xla_check="lowering",
     ),
     Target(
         name="tpu", title="Google TPU (TorchTPU, torch-tpu)", device="tpu",
@@ -195,6 +199,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
                                        "torch_tpu dispatcher"),
         },
         docs=("torch_tpu docs/gpu_to_tpu.md", "torch_tpu docs/notebooks/advanced_compile.py"),
+        xla_check="compile",
     ),
     Target(
         name="cpu", title="CPU (reference)", device="cpu", backend="inductor",
