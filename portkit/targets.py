@@ -87,6 +87,9 @@ class Target:
     # What portkit.xla can check on a CPU host: "compile" (a real XLA compile for a TPU topology),
     # "lowering" (StableHLO export only: the vendor compiler is not installable here), or None.
     xla_check: str | None = None
+    # The vendor's compile counters, read after compiling in native mode: "module:attr.path" names a
+    # callable (called) or a mapping (copied); path parts index mappings or name attributes.
+    compile_metrics: tuple[str, ...] = ()
 
     @property
     def default_precision(self) -> Precision:
@@ -159,6 +162,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         docs=("awsdocs-neuron torch/about-pytorch-neuron.html",
               "awsdocs-neuron torch/compile/reference-torch-compile.html"),
         xla_check="lowering",
+        compile_metrics=("torch_neuronx:get_dynamo_metrics", "torch._dynamo.utils:counters.neuron"),
     ),
     Target(
         name="tpu", title="Google TPU (TorchTPU, torch-tpu)", device="tpu",
@@ -200,6 +204,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         },
         docs=("torch_tpu docs/gpu_to_tpu.md", "torch_tpu docs/notebooks/advanced_compile.py"),
         xla_check="compile",
+        compile_metrics=("torch.tpu:_get_cache_stats",),
     ),
     Target(
         name="cpu", title="CPU (reference)", device="cpu", backend="inductor",
