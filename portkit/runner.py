@@ -36,6 +36,7 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "fallbacks.json", "portkit.fallbacks"),
+    Stage("compile", "02_compile.ipynb", "compile.json", "portkit.compiling"),
     Stage("report", "05_report.ipynb", "report.json", "portkit.report"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
