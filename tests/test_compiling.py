@@ -1,0 +1,241 @@
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import FIXTURES, fixture_model
+from portkit import backends, compiling, models, numerics, probes, runner, targets
+from portkit.errors import BadParameter
+
+MIGRATION = ("neuron", "tpu")
+
+
+def line_of(marker: str) -> int:
+    return next(i for i, line in enumerate(FIXTURES.read_text().splitlines(), 1) if marker in line)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return models.load(fixture_model("small_encoder_model"))
+
+
+@pytest.fixture(scope="module")
+def stream(small, corpus):
+    # Real texts at their own lengths, truncated at 24 tokens: lengths 21, 17, 24, 10, 24 (one repeat).
+    return compiling.make_requests(small, corpus, n=5, max_tokens=24, seed=2, horizon=200)
+
+
+@pytest.fixture(scope="module")
+def report(small, stream):
+    # A default recompile limit of 2 stands in for Dynamo's 8: the storm must still pay every compile.
+    with torch._dynamo.config.patch(recompile_limit=2):
+        return compiling.compile_model(small, stream, MIGRATION, seq_len=24, progress=False)
+
+
+def test_compiles_equal_distinct_shapes_without_bucketing(report, stream):
+    shapes = [tuple(s) for s in stream.shapes()]
+    assert len(set(shapes)) < len(shapes), "the stream needs a repeated shape for this test to bite"
+    for name in MIGRATION:
+        storm = report.storms[name]
+        assert storm.target["mode"] == "emulated" and storm.backend == f"portkit_{name}"
+        assert len(storm.compiles) == storm.distinct_shapes() == len(set(shapes))
+        seen = set()
+        for row, shape in zip(storm.requests, shapes):
+            assert row["new_compiles"] == (0 if shape in seen else 1), row
+            seen.add(shape)
+        # Each recompile names the guard that failed, in Dynamo's own words.
+        second = storm.requests[1]
+        assert re.fullmatch(rf"tensor '\w+' size mismatch at index 1\. expected {shapes[0][1]}, actual {shapes[1][1]}",
+                            second["reason"]), second["reason"]
+        assert storm.requests[0]["reason"] is None
+        s = storm.seconds()
+        assert s["compiling"] > s["running"] > 0
+
+
+def test_the_raised_limit_pays_every_compile_and_reports_the_eager_fallback(report, stream):
+    storm = report.storms["tpu"]
+    assert storm.default_limit == 2 and storm.recompile_limit > len(stream.inputs)
+    assert len(storm.compiles) == 4                     # all paid, past the default limit of 2
+    assert storm.eager_from() == 2                      # the third distinct length (24) is the first eager one
+    assert "request 3 and every later new shape would silently run eagerly" in storm.summary()
+    projection = report.projection("tpu")
+    assert projection["requests"] == 200 and projection["distinct_shapes"] >= 4
+    assert projection["compile_seconds"] == pytest.approx(projection["distinct_shapes"]
+                                                          * report.compile_seconds("tpu")["median"])
+
+
+def test_fixed_shape_compiles_once_and_fail_on_recompile_proves_it(report, stream):
+    for name in MIGRATION:
+        fixed = report.fixed[name]
+        assert fixed.shape == {"batch": 1, "seq": 24}
+        assert fixed.warmup_compiles == 1 and fixed.compiles_after == 0
+        assert fixed.requests == len(stream.inputs)
+        assert "fail_on_recompile" in fixed.armed     # a new shape raised instead of compiling
+
+
+def test_report_json_keeps_the_contract(report, tmp_path):
+    report.save(tmp_path / "compile.json")
+    saved = json.loads((tmp_path / "compile.json").read_text())
+    assert saved["stage"] == "compile"
+    for name in MIGRATION:
+        t = saved["targets"][name]
+        assert t["target"]["mode"] == "emulated"
+        assert set(t["compile_seconds"]) >= {"first", "median", "count"}
+        assert t["compile_seconds"]["count"] == len(report.storms[name].compiles) + 1
+        assert t["compile_seconds"]["first"] > 0 and t["compile_seconds"]["median"] > 0
+        assert t["fixed_shape"] == {"batch": 1, "seq": 24}
+        assert f"{name} (emulated, portkit_{name})" in t["summary"]
+    assert saved["summary"].count("emulated") == 2
+
+
+def test_report_renders(report):
+    html = report._repr_html_()
+    assert "emulated" in html and "portkit_tpu" in html
+    text = str(report)
+    assert "compiles" in text and "fail_on_recompile" in text
+    assert "size mismatch" in str(report.storms["neuron"].table())
+    fig = report.plot()
+    assert len(fig.axes) == 3
+
+
+def test_precision_rules_are_applied_in_the_compiled_graph(small):
+    inputs = small.encode(["Return the sum of a and b.", "Open the file."], pad_to=12)
+    module = small.module
+    with torch.no_grad():
+        plain = module(**inputs)["out"]
+        with numerics.emulate(targets.get("tpu")):
+            emulated = module(**inputs)["out"]
+        torch._dynamo.reset()
+        compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)(**inputs)["out"]
+        check = backends.REGISTERED["tpu"].checks[-1]
+        assert check.numerics == {"matmul operands rounded to bfloat16": 2, "attention products rounded to bfloat16": 1}
+        torch.testing.assert_close(compiled, emulated, rtol=1e-5, atol=1e-5)
+        assert (compiled - plain).abs().max() > 20 * (compiled - emulated).abs().max()
+        # The rounded weights are computed outside the graph: a weight changed in place is rounded again.
+        weight = module.model.out.weight
+        weight.mul_(2)
+        with numerics.emulate(targets.get("tpu")):
+            emulated_after = module(**inputs)["out"]
+        compiled_after = torch.compile(module, backend="portkit_tpu", dynamic=False)(**inputs)["out"]
+        weight.mul_(0.5)
+        torch.testing.assert_close(compiled_after, emulated_after, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(compiled_after, compiled)
+        # Neuron's --auto-cast=matmult rounds matmul results: the head's output is exactly bf16.
+        torch._dynamo.reset()
+        matmult = torch.compile(module, backend="portkit_neuron", dynamic=False,
+                                options={"precision": "matmult"})(**inputs)["out"]
+        assert torch.equal(matmult, matmult.bfloat16().float()) and not torch.equal(plain, plain.bfloat16().float())
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", MIGRATION)
+def test_dynamic_shapes_are_refused_with_the_vendors_words(small, name):
+    t = targets.get(name)
+    inputs = small.encode(["Return the sum of a and b."], pad_to=10)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as caught:
+        torch.compile(small.module, backend=t.emulated_backend, dynamic=True)(**inputs)
+    torch._dynamo.reset()
+    assert t.dynamic_shape_error in str(caught.value) and "dynamic=False" in str(caught.value)
+
+
+def test_data_dependent_sizes_are_refused_where_they_happen():
+    m = models.load(fixture_model("data_dependent_model"))
+    found = compiling.find_graph_breaks(m, m.encode(["def f(x): return x", "Sum."], pad_to=12), MIGRATION)
+    assert found.fullgraph["ok"]                       # fullgraph=True captures it with unbacked sizes ...
+    for name in MIGRATION:                             # ... which both targets refuse, at the user's line
+        check = found.checks[name]
+        assert check["refused"].startswith(targets.get(name).dynamic_shape_error)
+        assert f"models.py:{line_of('kept = h[mask.bool()]')}" in check["refused"]
+    assert "neuron and tpu refuse" in found.summary()
+
+
+def test_training_graphs_are_refused(small):
+    inputs = small.encode(["Return the sum of a and b."], pad_to=8)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="inference graphs only"):
+        torch.compile(small.module, backend="portkit_neuron", dynamic=False)(**inputs)
+    torch._dynamo.reset()
+
+
+def test_graph_break_is_found_at_its_line():
+    m = models.load(fixture_model("branch_model"))
+    found = compiling.find_graph_breaks(m, m.encode(["Return x."], pad_to=6), MIGRATION)
+    branch = line_of("if h.mean() > 0:")
+    assert len(found.breaks) == 1
+    where = found.breaks[0]["where"]
+    assert where["file"] == str(FIXTURES) and where["line"] == branch
+    assert not found.fullgraph["ok"]
+    assert found.fullgraph["message"] == "Data-dependent branching" and found.fullgraph["where"]["line"] == branch
+    assert f"models.py:{branch}" in str(found)
+
+
+def test_a_model_that_cannot_compile_gives_a_report(corpus):
+    m = models.load(fixture_model("branch_model"))
+    stream = compiling.make_requests(m, corpus, n=2, max_tokens=16, seed=0, horizon=10)
+    report = compiling.compile_model(m, stream, ["tpu"], seq_len=8, fullgraph=True, progress=False)
+    storm, fixed = report.storms["tpu"], report.fixed["tpu"]
+    assert storm.failure["kind"] == "graph break" and storm.failure["where"]["line"] == line_of("if h.mean() > 0:")
+    assert not storm.compiles and not storm.requests
+    assert "cannot compile: graph break: Data-dependent branching" in storm.summary()
+    assert fixed.failure["message"] == "Data-dependent branching"
+    assert json.loads(json.dumps(report.to_dict(), default=str))["targets"]["tpu"]["compile_seconds"]["count"] == 0
+
+
+def test_an_op_missing_from_the_table_is_reported_with_its_line():
+    m = models.load(fixture_model("svd_model"))
+    inputs = m.encode(["Return the sum of a and b."], pad_to=8)
+    found = compiling.find_graph_breaks(m, inputs, MIGRATION)
+    svd = next(o for o in found.checks["neuron"]["not_lowered"] if o["op"] == "aten::_linalg_svd")
+    assert svd["status"] == "cpu_fallback" and svd["where"][0]["line"] == line_of("torch.linalg.svd")
+    assert not any(o["op"] == "aten::_linalg_svd" for o in found.checks["tpu"]["not_lowered"])
+    # The compiling backend reports the same, and Inductor still compiles and runs the graph.
+    counter = backends.CompileCounter(backends.emulated_backend("neuron"))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(m.module, backend=counter, dynamic=False)(**inputs)["singular_values"]
+    torch._dynamo.reset()
+    assert out.shape == (1, 8)
+    assert [o["op"] for o in counter.events[0].check.not_lowered] == ["aten::_linalg_svd"]
+
+
+def test_unknown_backend_names_fail_with_the_valid_names():
+    with pytest.raises(BadParameter) as caught:
+        compiling.check_parameters(backend="portkit_trn", targets=["neuron", "tpu"])
+    assert str(caught.value) == ("unknown compile backend for target neuron 'portkit_trn'; "
+                                 "choose one of: auto, portkit_neuron")
+    with pytest.raises(BadParameter, match="needs torch-tpu and a tpu device"):
+        compiling.check_parameters(backend="tpu", targets=["tpu"])
+    with pytest.raises(BadParameter, match="choose one of: default, highest"):
+        compiling.check_parameters(precision={"tpu": "fp8"}, targets=["tpu"])
+    with pytest.raises(BadParameter, match="unknown target in precision 'cuda'"):
+        compiling.check_parameters(precision={"cuda": "fp32"}, targets=["tpu"])
+    with pytest.raises(BadParameter, match="unknown option of backend portkit_tpu 'mode'"):
+        backends.emulated_backend("tpu")(torch.fx.symbolic_trace(torch.nn.ReLU()), [], options={"mode": "x"})
+
+
+def test_backends_are_registered_once_at_import():
+    assert {"portkit_neuron", "portkit_tpu"} <= set(torch._dynamo.list_backends())
+    again = backends._register()        # what a second import of the module does: keep the first
+    assert again["tpu"] is backends.REGISTERED["tpu"] and isinstance(again["tpu"], backends.EmulatedBackend)
+
+
+def test_the_runner_runs_the_stage_after_fallbacks():
+    assert [s.name for s in runner.STAGES][:2] == ["fallbacks", "compile"]
+    with pytest.raises(BadParameter, match="unknown compile backend for target tpu"):
+        runner.plan("minilm", ["tpu"], "/tmp/portkit-never-written", {"backend": "xla"}, stages=["compile"])
+
+
+@pytest.mark.native
+@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
+def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
+    storm = compiling.recompile_storm(small, stream, "neuron", progress=False)
+    assert storm.backend == "neuron" and "torch_neuronx:get_dynamo_metrics" in storm.vendor_metrics
+
+
+@pytest.mark.native
+@pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
+def test_native_tpu_reads_the_compile_cache_stats(small, stream):
+    storm = compiling.recompile_storm(small, stream, "tpu", progress=False)
+    assert storm.backend == "tpu" and "torch.tpu:_get_cache_stats" in storm.vendor_metrics
