@@ -132,7 +132,7 @@ class Requests:
                 + ", ".join("x".join(map(str, s)) for s in shapes))
 
 
-def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: int = 128, seed: int = 0,
+def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: int = 64, seed: int = 0,
                   horizon: int = 1000) -> Requests:
     """n requests of batch_size texts from the corpus, each padded only to its own longest text; the
     stream goes on to `horizon` requests whose shapes are kept (not run) to project a longer storm."""
@@ -406,7 +406,7 @@ class FixedShape:
         return {**dataclasses.asdict(self), "summary": self.summary()}
 
 
-def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 128, precision=None,
+def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64, precision=None,
                       backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
     """Pad every request to seq_len, compile once, and run them all under fail_on_recompile."""
     inputs = requests.padded(seq_len)
