@@ -37,6 +37,7 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "fallbacks.json", "portkit.fallbacks"),
     Stage("compile", "02_compile.ipynb", "compile.json", "portkit.compiling"),
+    Stage("xla", "03b_xla.ipynb", "xla.json", "portkit.xla"),
     Stage("report", "05_report.ipynb", "report.json", "portkit.report"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)

@@ -568,3 +568,134 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
     if check == "compile":
         return compile_for_tpu(model, shapes, topology=topology, dtype=dtype)
     return check_lowering(model, shapes, dtype=dtype)
+
+
+# ---------------------------------------------------------------- the workbook stage (notebook 03b)
+STAGE = "xla"
+
+
+def check_parameters(topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
+                     seq_len: int = 128, max_shapes: int = 4) -> None:
+    """The notebook's validation cell, also run by the runner before anything is written."""
+    from portkit import params
+    _topology(topology)
+    params.choice("dtype", dtype, DTYPES)
+    params.positive_int("batch_size", batch_size)
+    params.positive_int("seq_len", seq_len)
+    params.positive_int("max_shapes", max_shapes)
+
+
+def _read(path: Path) -> dict:
+    import json
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int = 128,
+                 max_shapes: int = 4) -> tuple[list[dict], list[str]]:
+    """The shapes the workbook uses for `target`: stage 2's fixed shape and stage 3's buckets (from the
+    run folder), else the parameters. Returns (shapes, where each came from)."""
+    out_dir = Path(out_dir)
+    found: list[tuple[dict, str]] = []
+    fixed = _read(out_dir / "compile.json").get("targets", {}).get(target, {}).get("fixed_shape")
+    if isinstance(fixed, dict) and fixed.get("seq"):
+        found.append(({"batch": int(fixed.get("batch", 1)), "seq": int(fixed["seq"])}, "stage 2's fixed shape"))
+    chosen = _read(out_dir / "buckets.json").get("targets", {}).get(target, {}).get("chosen", {})
+    for shape in chosen.get("shapes") or []:
+        if isinstance(shape, dict) and shape.get("seq"):
+            found.append(({"batch": int(shape.get("batch", 1)), "seq": int(shape["seq"])},
+                          f"stage 3's {chosen.get('planner', '')} bucket".replace("  ", " ")))
+    if not getattr(model, "takes_text", True):
+        found = [({"batch": b}, src) for b, src in dict.fromkeys((s.get("batch", batch_size), src)
+                                                                  for s, src in found)] or []
+    if not found:
+        found = [({"batch": batch_size, "seq": seq_len} if getattr(model, "takes_text", True)
+                  else {"batch": batch_size}, "parameters batch_size/seq_len (no compile.json or buckets.json)")]
+    unique: dict[tuple, tuple[dict, str]] = {}
+    for shape, source in found:
+        unique.setdefault(tuple(sorted(shape.items())), (shape, source))
+    ordered = sorted(unique.values(), key=lambda s: (s[0].get("seq", 0), s[0].get("batch", 0)))
+    if len(ordered) > max_shapes:   # keep the largest: HBM fit is decided by them
+        ordered = ordered[-max_shapes:]
+    return [s for s, _ in ordered], [src for _, src in ordered]
+
+
+def _findings(report) -> list[dict]:
+    if isinstance(report, XlaSkipped):
+        return []
+    out = []
+    for s in report.shapes:
+        if s.ok:
+            continue
+        text = f"{s.label}: {s.describe(report.hbm_bytes_per_device)}"
+        if report.check == "lowering":
+            out.append({"kind": "xla_lowering", "severity": "work", "message": f"StableHLO lowering check: {text}",
+                        "advice": "the op or module has no StableHLO form through torchax; check it with "
+                                  "neuronx-cc on a Trainium host, or rewrite it"})
+        elif s.status == "no_lowering":
+            out.append({"kind": "xla_lowering", "severity": "work", "message": f"XLA compile for {report.topology}: {text}",
+                        "advice": "torchax has no JAX lowering for this op; TorchTPU's own lowering may differ, so "
+                                  "check it on a TPU, or replace the op"})
+        elif s.status == "out_of_hbm" or s.fits_hbm is False:
+            out.append({"kind": "hbm", "severity": "blocker", "message": f"{report.topology}: {text}",
+                        "advice": "does not fit this topology's HBM: choose a larger topology (parameter "
+                                  "topology), shard the model, or use smaller buckets/batches"})
+        else:
+            out.append({"kind": "xla_compile", "severity": "blocker", "message": f"XLA compile for {report.topology}: {text}",
+                        "advice": "the real XLA TPU compiler rejects this shape; read its message above"})
+    return out
+
+
+@dataclass
+class XlaStage:
+    """Stage 3b: the XLA check of every target over the workbook's shapes."""
+    model: dict
+    reports: dict                   # target -> XlaCompileReport | XlaSkipped
+    sources: dict                   # target -> where each shape came from
+
+    def summary_for(self, name: str) -> str:
+        r = self.reports[name]
+        if isinstance(r, XlaSkipped):
+            return f"{name}: skipped ({r.reason})"
+        done = sum(s.ok for s in r.shapes)
+        if r.check == "lowering":
+            return f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to StableHLO"
+        peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
+        return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
+                f"{done}/{len(r.shapes)} shapes compiled and fit {_size(r.hbm_bytes_per_device)} HBM per device; "
+                f"largest {_size(peak)}")
+
+    def summary(self) -> str:
+        return " | ".join(self.summary_for(n) for n in self.reports)
+
+    def to_dict(self) -> dict:
+        targets_out = {}
+        for name, r in self.reports.items():
+            detected = targets.detect(name)
+            # The XLA check runs the real compiler (TPU) or exporter (Neuron) on this CPU host whatever
+            # the target's mode; "target" is the detected target, as in every stage's JSON.
+            targets_out[name] = {**r.to_dict(), "target": detected.to_dict(), "summary": self.summary_for(name),
+                                 "shape_sources": self.sources.get(name, []), "findings": _findings(r)}
+        return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
+
+    def save(self, path) -> Path:
+        return write_json(path, self.to_dict())
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(r) for r in self.reports.values())
+
+    def _repr_html_(self) -> str:
+        return "".join(r._repr_html_() for r in self.reports.values())
+
+
+def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str = "float32",
+              batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4) -> XlaStage:
+    """Run each target's XLA check over the shapes the earlier stages chose."""
+    from tqdm.auto import tqdm
+    reports, sources = {}, {}
+    for name in tqdm(list(target_names), desc="XLA checks", unit="target"):
+        shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size, seq_len, max_shapes)
+        reports[name] = xla_section(model, name, shapes, topology=topology, dtype=dtype)
+    return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources)

@@ -205,3 +205,27 @@ def test_reference_targets_have_no_xla_check(bert):
     assert isinstance(skipped, xla.XlaSkipped) and "reference platform" in str(skipped)
     with pytest.raises(BadParameter, match="choose one of: neuron, tpu, cpu, cuda"):
         xla.xla_section(bert, "trn", [{"batch": 1, "seq": 8}])
+
+
+def test_stage_shapes_come_from_the_earlier_stages(bert, tmp_path):
+    assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48)[0] == [{"batch": 2, "seq": 48}]
+    (tmp_path / "compile.json").write_text(json.dumps({"targets": {"tpu": {"fixed_shape": {"batch": 1, "seq": 64}}}}))
+    (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {
+        "planner": "auto", "shapes": [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]}}}}))
+    shapes, sources = xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=3)
+    assert shapes == [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]
+    assert sources[1] == "stage 2's fixed shape" and "auto bucket" in sources[2]
+    assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=1)[0] == [{"batch": 1, "seq": 256}]
+    with pytest.raises(BadParameter, match="unknown max_shapes 0"):
+        xla.check_parameters(max_shapes=0)
+
+
+@needs_xla
+def test_stage_turns_failures_into_findings(bert, tmp_path):
+    stage = xla.run_stage(bert, ["tpu", "cpu"], tmp_path, batch_size=4096, seq_len=512)
+    saved = stage.to_dict()
+    tpu = saved["targets"]["tpu"]
+    assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == "emulated"
+    assert [f["kind"] for f in tpu["findings"]] == ["hbm"] and tpu["findings"][0]["severity"] == "blocker"
+    assert "skipped" in saved["targets"]["cpu"]["summary"]
+    assert saved["stage"] == "xla" and "real XLA compile" in saved["summary"]
