@@ -170,6 +170,10 @@ def _failure(exc: BaseException, request: int | None = None) -> dict:
             "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
 
 
+def _finding(kind: str, severity: str, message: str, advice: str) -> dict:
+    return {"kind": kind, "severity": severity, "message": message, "advice": advice}
+
+
 def _failure_text(f: dict) -> str:
     return f"{f['kind']}: {f['message']}" + (f" ({f['explanation']})" if f.get("explanation") else "") + \
         f" at {_text(f['where'])}"
@@ -466,6 +470,43 @@ class CompileReport:
                 "eager_from_request": _eager_from(stream, self.storms[name].default_limit),
                 "median_compile_seconds": median, "compile_seconds": distinct * median if median else None}
 
+    def findings(self, name: str) -> list[dict]:
+        """What this stage found for one target, in the report's terms (severity, message, advice)."""
+        out, check = [], (self.breaks.checks.get(name) or {})
+        storm, fixed = self.storms[name], self.fixed[name]
+        if check.get("refused"):
+            out.append(_finding("compile_refused", "blocker", check["refused"],
+                                "make the graph static: dynamic=False, no data-dependent shapes, pad to buckets"))
+        for op in check.get("not_lowered", []):
+            where = "; ".join(w["text"] for w in op["where"][:2]) or "(no source line)"
+            out.append(_finding("not_lowered", "blocker" if op["status"] == "unsupported" else "work",
+                                f"{op['op']} would not lower ({op['status']}: {op['detail']}) at {where}",
+                                "replace the op, or write a kernel for it on the target"))
+        for failure in (storm.failure, fixed.failure):
+            if failure:
+                out.append(_finding("compile_failed", "blocker", _failure_text(failure),
+                                    failure.get("hint") or "fix the model so the target's backend compiles it"))
+        if self.breaks.breaks:
+            first = self.breaks.breaks[0]
+            out.append(_finding("graph_break", "work", f"{len(self.breaks.breaks)} graph break(s); first: "
+                                f"{first['reason']} at {_text(first['where'])}",
+                                "every break is a separate graph to compile per shape: remove it, then "
+                                "compile with fullgraph=True as the vendors recommend"))
+        elif not self.breaks.fullgraph.get("ok", True):
+            out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(self.breaks.fullgraph)}",
+                                "the vendors recommend fullgraph=True: remove what stops it"))
+        if storm.requests and len(storm.compiles) > 1:
+            p = self.projection(name)
+            out.append(_finding("recompile_storm", "work",
+                                f"{len(storm.compiles)} compiles for {len(storm.requests)} requests of varying "
+                                f"length; projected {p['distinct_shapes']} shapes for {p['requests']} requests",
+                                "pad to a few fixed shapes: use stage 3's bucket plan"))
+        if not fixed.failure and (fixed.compiles_after or not fixed.armed):
+            out.append(_finding("fixed_shape", "work", fixed.summary(),
+                                "a fixed shape should compile once and never again: check the model for "
+                                "shape-dependent Python code"))
+        return out
+
     def target_summary(self, name: str) -> str:
         p = self.projection(name)
         text = f"{self.storms[name].summary()}; {self.fixed[name].summary()}"
@@ -481,6 +522,7 @@ class CompileReport:
         per_target = {name: {"target": storm.target, "backend": storm.backend, "precision": storm.precision,
                              "summary": self.target_summary(name), "compile_seconds": self.compile_seconds(name),
                              "fixed_shape": self.fixed[name].shape, "checks": self.breaks.checks.get(name),
+                             "findings": self.findings(name),
                              "projection": self.projection(name), "storm": storm.to_dict(),
                              "fixed": self.fixed[name].to_dict()} for name, storm in self.storms.items()}
         return {"stage": STAGE, "model": self.model, "requests": self.requests, "summary": self.summary(),

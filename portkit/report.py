@@ -98,7 +98,40 @@ def _fallbacks(data: dict, t: dict, out: "TargetReport") -> None:
             out.rewrite.append(f"{f['message']}: {f['advice']}")
 
 
-READERS = {"fallbacks": _fallbacks}
+def _compile(data: dict, t: dict, out: "TargetReport") -> None:
+    breaks = data.get("graph_breaks", {})
+    storm, fixed, seconds = t.get("storm", {}), t.get("fixed", {}), t.get("compile_seconds") or {}
+    median = seconds.get("median")
+    out.metrics["compile"] = {
+        "graph breaks": len(breaks.get("breaks", [])),
+        "fullgraph=True": "captures the model" if breaks.get("fullgraph", {}).get("ok") else "fails",
+        "compiles without buckets": f"{len(storm.get('compiles', []))} for {len(storm.get('requests', []))} "
+                                    f"requests ({storm.get('distinct_shapes', '?')} shapes)",
+        "median compile (CPU Inductor)": f"{median:.1f} s" if median else "—",
+        "compiles after warm-up, fixed shape": fixed.get("compiles_after", "—"),
+    }
+
+
+def _xla(data: dict, t: dict, out: "TargetReport") -> None:
+    if t.get("skipped"):
+        out.metrics["xla"] = {"XLA check": f"skipped: {t.get('reason', '')}"}
+        return
+    shapes = t.get("shapes", [])
+    ok = sum(bool(s.get("ok")) for s in shapes)
+    peak = max((s["memory"]["total"] for s in shapes if s.get("memory")), default=None)
+    flops = max((s["flops"] for s in shapes if s.get("flops")), default=None)
+    check = t.get("check")
+    out.metrics["xla"] = {
+        "XLA check": (f"real compile for {t.get('topology')} (no TPU needed)" if check == "compile"
+                      else "StableHLO lowering only"),
+        "shapes passing": f"{ok}/{len(shapes)}",
+        "peak HBM per device": f"{peak / 2 ** 20:.0f} MiB of {t['hbm_bytes_per_device'] / 2 ** 30:.0f} GiB"
+                               if peak and t.get("hbm_bytes_per_device") else "—",
+        "GFLOP, largest shape": f"{flops / 1e9:.1f}" if flops else "—",
+    }
+
+
+READERS = {"fallbacks": _fallbacks, "compile": _compile, "xla": _xla}
 
 
 # ---------------------------------------------------------------- the report
@@ -253,9 +286,9 @@ CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}td,th{border:1px solid #ddd;padding:4px 8px;
-text-align:left;vertical-align:top}th{background:#f4f4f4}.verdict{font-weight:bold;padding:2px 8px;border-radius:4px;color:#fff}
+text-align:left;vertical-align:top}th{background:#f4f4f4}.verdict{font-weight:bold;padding:2px 8px;border-radius:4px;color:#fff;white-space:nowrap}
 .emulated{background:#fff3cd;border:1px solid #e0c060;padding:.5em 1em;border-radius:4px}
-pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:.85em}img{max-width:100%;border:1px solid #eee}
+pre{background:#f7f7f7;padding:1em;white-space:pre-wrap;font-size:.85em}img{max-width:100%;border:1px solid #eee}
 .gap{color:#c62828}
 """
 
