@@ -173,3 +173,37 @@ def emulate(target: Target, precision: str | Precision | None = None) -> Numeric
     else:
         chosen = target.precision(precision)
     return NumericsMode(target, chosen)
+
+
+# ---------------------------------------------------------------- FOR TESTING ONLY
+class WrongOpMode_TESTING_ONLY(NumericsMode):
+    """FOR TESTING ONLY: deliberately wrong numerics. Never use it for a result.
+
+    The target's rules, except that the `call`-th call (counting from 1) of the ATen op named `op`
+    (as `func.name()` spells it, e.g. "aten::gelu") has its result scaled by (1 + error). Like
+    `relu_accuracy_error_TESTING_ONLY` in torch/_dynamo/backends/debugging.py, it stands in for a
+    compiler that gets one op wrong, so tests can prove that stage 4 fails and names the module that
+    op ran in."""
+    testing_only = True
+
+    def __init__(self, target: Target, precision: Precision, op: str, call: int, error: float):
+        super().__init__(target, precision)
+        self.op, self.call, self.error, self.seen = op, call, error, 0
+
+    def _compute(self, func, args, kwargs):
+        out = super()._compute(func, args, kwargs)
+        if func.name() == self.op:
+            self.seen += 1
+            if self.seen == self.call:
+                self.stats[f"TESTING ONLY: {self.op} call {self.call} scaled by 1{self.error:+g}"] += 1
+                out = out * (1 + self.error)
+        return out
+
+
+def wrong_op_TESTING_ONLY(op: str = "aten::gelu", call: int = 1, error: float = 1e-2):
+    """FOR TESTING ONLY: a factory with emulate()'s signature that returns WrongOpMode_TESTING_ONLY."""
+    def make(target: Target, precision: str | Precision | None = None) -> NumericsMode:
+        base = emulate(target, precision)
+        return WrongOpMode_TESTING_ONLY(base.target, base.precision, op, call, error)
+    make.__qualname__ = make.__name__ = f"wrong_op_TESTING_ONLY({op!r}, call={call}, error={error:g})"
+    return make
