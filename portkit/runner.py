@@ -36,6 +36,7 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "fallbacks.json", "portkit.fallbacks"),
+    Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
