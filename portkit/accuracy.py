@@ -261,9 +261,9 @@ class LayerProbe:
         return out, rows, (first_reason[0] if first_reason else None)
 
 
-def layer_summary(rows: list[dict], reason: str | None, tol: Tolerance) -> dict:
+def layer_summary(rows: list[dict], reason: str | None, tol: Tolerance, precision: targets_mod.Precision) -> dict:
     first = next((r for r in rows if r.get("compared") and not r["passed"]), None)
-    return {"tolerance": tol.to_dict(), "order": "module execution order (a module after its children)",
+    return {"precision": precision.to_dict(), "tolerance": tol.to_dict(), "order": "module execution order (a module after its children)",
             "first_failing": first and {k: first[k] for k in ("index", "module", "type", "max_abs", "rel_l2",
                                                             "mismatched", "numel")},
             "reason": reason, "modules_compared": sum(1 for r in rows if r.get("compared")),
@@ -282,7 +282,7 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
     probe = LayerProbe(model.module.eval(), inputs.get("attention_mask"))
     probe.capture(lambda: model.module(**inputs))
     _, rows, reason, _ = _TargetSide(detected, model.module, emulation).run(inputs, chosen, probe, tol)
-    return layer_summary(rows, reason, tol)
+    return layer_summary(rows, reason, tol, chosen)
 
 # ---------------------------------------------------------------- buckets
 @dataclass
@@ -497,6 +497,8 @@ class AccuracyReport:
             lines += [f"    suggestion: {s}" for s in t.suggestions]
         return "\n".join(lines)
 
+    __repr__ = __str__
+
     def _repr_html_(self) -> str:
         parts = [f"<p><b>Accuracy</b> of <code>{html.escape(self.model['name'])}</code> "
                  f"({html.escape(self.inputs['description'])}): <b>{self.verdict.upper()}</b>. Reference: "
@@ -553,12 +555,16 @@ class AccuracyReport:
     def layer_table(self, target: str, limit: int = 12) -> HtmlTable:
         r = self.targets[target].chosen
         mods = [m for m in (r.layers or {}).get("modules", []) if m.get("compared")]
-        first = next((i for i, m in enumerate(mods) if not m["passed"]), 0)
+        first = next((i for i, m in enumerate(mods) if not m["passed"]), None)
+        if first is None:
+            shown, caption = sorted(mods, key=lambda m: -m["rel_l2"])[:limit], "none out of tolerance; largest errors"
+        else:
+            shown, caption = mods[first:first + limit], "execution order from the first module out of tolerance"
         rows = [[m["index"], m["module"], m["type"], f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
                  f"{m['mismatched']}/{m['numel']}", ", ".join(f"{k} x{v}" for k, v in m.get("changes", {}).items())]
-                for m in mods[first:first + limit]]
+                for m in shown]
         return HtmlTable(["#", "module", "type", "max abs", "rel L2", "out of tolerance", "changed by the target"],
-                         rows, f"{target} ({r.name}): modules in execution order from the first one out of tolerance")
+                         rows, f"{target} ({r.name}, {r.target_side}): {caption}")
 
     def plot(self):
         """Left: relative L2 error of every module's output against depth, one line per precision.
@@ -668,45 +674,41 @@ def _suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[s
 
 
 # ---------------------------------------------------------------- the stage's verb
-def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None,
-                     all_precisions: bool = True, tolerances=None, task_bounds=None, buckets=DEFAULT_BUCKETS,
-                     layers: bool = True, float64_reference: bool = True, seed: int = 0,
-                     corpus: str = "stdlib") -> None:
+def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None, tolerances=None,
+                     task_bounds=None, default_buckets=DEFAULT_BUCKETS, seed: int = 0, corpus: str = "stdlib",
+                     all_precisions: bool = True, layers: bool = True, float64_reference: bool = True) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
-    for name, value in (("all_precisions", all_precisions), ("layers", layers), ("float64_reference", float64_reference)):
-        params.boolean(name, value)
     params.non_negative_int("seed", seed)
     data.check_corpus(corpus)
+    for name, value in (("all_precisions", all_precisions), ("layers", layers), ("float64_reference", float64_reference)):
+        params.boolean(name, value)
     if targets is not None:
         targets_mod.parse_targets(targets)
-    if not isinstance(precision or {}, dict):
-        raise BadParameter("precision", precision, hint="give a dict of target name -> precision name, e.g. "
-                           "{'tpu': 'highest'}")
+    for name, value, hint in (("precision", precision, "target name -> precision name, e.g. {'tpu': 'highest'}"),
+                              ("tolerances", tolerances, "dtype -> [rtol, atol]"),
+                              ("task_bounds", task_bounds, f"with keys {', '.join(DEFAULT_TASK_BOUNDS)}")):
+        if not isinstance(value or {}, dict):
+            raise BadParameter(name, value, hint=f"give a dict of {hint}")
     for name, value in (precision or {}).items():
         targets_mod.get(name).precision(value)
-    if not isinstance(tolerances or {}, dict):
-        raise BadParameter("tolerances", tolerances, hint="give a dict of dtype -> [rtol, atol]")
     for dtype, pair in (tolerances or {}).items():
         params.choice("tolerance dtype", dtype, DEFAULT_TOLERANCES)
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in pair)):
             raise BadParameter(f"tolerance for {dtype}", pair, hint="give [rtol, atol], two numbers >= 0")
-    if not isinstance(task_bounds or {}, dict):
-        raise BadParameter("task_bounds", task_bounds, hint=f"give a dict with keys {', '.join(DEFAULT_TASK_BOUNDS)}")
     for key, value in (task_bounds or {}).items():
         params.choice("task bound", key, DEFAULT_TASK_BOUNDS)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
-                (key != "kl" and value > 1):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key != "kl" and value > 1):
             raise BadParameter(f"task bound {key}", value, hint="cosine and agreement lie in [0, 1]; kl is >= 0")
-    if not isinstance(buckets, (list, tuple)) or not buckets:
-        raise BadParameter("buckets", buckets, hint="give a list of sequence lengths, e.g. [32, 64, 128]")
-    for b in buckets:
-        params.positive_int("bucket boundary", b)
-    if list(buckets) != sorted(set(buckets)):
-        raise BadParameter("buckets", buckets, hint="boundaries must be ascending and distinct")
+    if not isinstance(default_buckets, (list, tuple)) or not default_buckets:
+        raise BadParameter("default_buckets", default_buckets, hint="give a list of sequence lengths, e.g. [32, 64, 128]")
+    for boundary in default_buckets:
+        params.positive_int("bucket boundary", boundary)
+    if list(default_buckets) != sorted(set(default_buckets)):
+        raise BadParameter("default_buckets", default_buckets, hint="boundaries must be ascending and distinct")
 
 
 def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"), *, precision=None,
@@ -724,8 +726,9 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     from tqdm.auto import tqdm
     names = targets_mod.parse_targets(targets)
     check_parameters(names, batch_size=batch_size, precision=precision, tolerances=tolerances,
-                     task_bounds=task_bounds, buckets=list(buckets or DEFAULT_BUCKETS) if not isinstance(buckets, dict)
-                     else DEFAULT_BUCKETS, layers=layers, float64_reference=float64_reference, seed=seed)
+                     task_bounds=task_bounds, seed=seed, all_precisions=all_precisions, layers=layers,
+                     float64_reference=float64_reference,
+                     default_buckets=DEFAULT_BUCKETS if isinstance(buckets, dict) else list(buckets or DEFAULT_BUCKETS))
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
     module, kind = model.module.eval(), model.kind
     mask = inputs.get("attention_mask")
@@ -757,7 +760,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
                 outputs={k: compare(out[k], ref[k], tolerance_for(p, tolerances, ref[k].dtype), mask) for k in ref},
                 task=task_metrics(kind, out[primary_output(kind, ref)], ref[primary_output(kind, ref)], mask, bounds),
                 vs_float64={k: compare(out[k], ref64[k], None, mask) for k in ref} if ref64 else None,
-                layers=layer_summary(rows, reason, tol) if rows is not None else None,
+                layers=layer_summary(rows, reason, tol, p) if rows is not None else None,
                 numerics=dict(mode.stats) if mode is not None else {},
                 float64_ops=dict(mode.float64_ops) if mode is not None else {}))
             bar.update()
@@ -801,6 +804,7 @@ def _buckets(model, corpus, plan, precision, side, tolerances, bounds, batch_siz
         real = int(padded["attention_mask"].sum())
         rows.append({"boundary": high, "lengths": [low + 1, high], "texts": len(texts), "truncated": truncated,
                      "padding": 1 - real / padded["attention_mask"].numel(), "primary": main,
+                     "precision": precision.to_dict(),
                      "reference": f"eager float32 at the batch's own length ({mask.shape[1]} tokens)",
                      "target": f"{side.label}, padded to {high} tokens", "outputs": outputs, "task": task,
                      "passed": not reasons, "reasons": reasons})

@@ -92,7 +92,7 @@ def test_bad_parameters_name_the_value():
              ({"tolerances": {"float8": [0, 0]}}, "unknown tolerance dtype 'float8'"),
              ({"tolerances": {"bfloat16": [0.1]}}, "give [rtol, atol]"),
              ({"task_bounds": {"cosine": 2}}, "cosine and agreement lie in [0, 1]"),
-             ({"buckets": [64, 32]}, "ascending"),
+             ({"default_buckets": [64, 32]}, "ascending"),
              ({"batch_size": 0}, "must be a positive whole number")]
     for kwargs, message in cases:
         with pytest.raises(BadParameter) as info:
@@ -104,6 +104,8 @@ def test_runner_runs_the_stage_checks_before_writing(tmp_path):
     assert runner.STAGES[-1] == runner.Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy")
     with pytest.raises(BadParameter, match="precision for target tpu"):
         runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"precision": {"tpu": "fast"}}, stages=["accuracy"])
+    with pytest.raises(BadParameter, match="default_buckets"):
+        runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"default_buckets": [64, 32]}, stages=["accuracy"])
     assert not (tmp_path / "run").exists()
 
 

@@ -30,7 +30,7 @@ from portkit import accuracy, data, environment, models, params
 
 model, targets, out = params.common(model, targets, out_dir)
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                          tolerances=tolerances, task_bounds=task_bounds, buckets=default_buckets, seed=seed,
+                          tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
                           corpus=corpus)
 """),
 ("code", """
