@@ -83,21 +83,28 @@ class NumericsMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.is_view:
+            # A view computes nothing, and must stay a view of the caller's tensor: in-place writes
+            # through it (shifted[..., 1:] = ids[..., :-1] in T5's _shift_right) reach the base.
+            return func(*args, **kwargs)
         wide = self._has_cast(args, kwargs)
-        if wide is not None and func not in (aten.detach.default, aten.lift_fresh.default):
+        run_args, run_kwargs = args, kwargs
+        if wide is not None:
             if wide == torch.float64:
                 self.float64_ops[func.name()] += 1
-            self.stats[f"{str(wide).replace('torch.', '')} ops run as "
-                       f"{str(self.casts[wide]).replace('torch.', '')}"] += 1
-            out = self._compute(func, self._down(args), {k: self._down(v) for k, v in kwargs.items()})
-            return _restore(out, wide, self.casts[wide])
-        return self._compute(func, args, kwargs)
+            self.stats[f"{_name(wide)} ops run as {_name(self.casts[wide])}"] += 1
+            run_args, run_kwargs = self._down(args), {k: self._down(v) for k, v in kwargs.items()}
+        if self.precision.all_ops is not None:
+            run_args = tuple(_round_all(a, self.precision.all_ops) for a in run_args)
+        out = self._compute(func, run_args, run_kwargs)
+        written = _write_back(func, args, kwargs, run_args, run_kwargs, self.precision.all_ops)
+        if written:   # in-place and out= ops return the caller's own tensors, now holding the result
+            return written[0] if len(written) == 1 else tuple(written)
+        return _restore(out, wide, self.casts[wide]) if wide is not None else out
 
     # -- precision
     def _compute(self, func, args, kwargs):
         p = self.precision
-        if p.all_ops is not None:
-            args = tuple(_round_all(a, p.all_ops) for a in args)
         if func is FUSED_ATTENTION and p.matmul_inputs is not None:
             self.stats[f"attention products rounded to {_name(p.matmul_inputs)}"] += 1
             out = _attention(*args, **kwargs, operand=p.matmul_inputs, result=p.matmul_output)
@@ -125,6 +132,25 @@ def _round_all(value, dtype):
     if isinstance(value, (list, tuple)):
         return type(value)(_round_all(v, dtype) for v in value)
     return value
+
+
+def _write_back(func, args, kwargs, run_args, run_kwargs, round_all) -> list[torch.Tensor]:
+    """An in-place or out= op wrote into cast or rounded copies of its arguments; put the values into
+    the caller's tensors (T5's relative position buckets are summed with an in-place int64 add_)."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        original, copy = (args[i], run_args[i]) if i < len(args) else (kwargs.get(arg.name), run_kwargs.get(arg.name))
+        if isinstance(original, torch.Tensor) and isinstance(copy, torch.Tensor):
+            if round_all is not None:
+                copy = _round_all(copy, round_all)
+            if copy is not original:
+                if original.shape != copy.shape:   # out= tensors the op resized
+                    original.resize_(copy.shape)
+                original.copy_(copy)
+            written.append(original)
+    return written
 
 
 def _restore(value, wide: torch.dtype, narrow: torch.dtype):

@@ -216,6 +216,18 @@ def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
     assert t.buckets[0]["skipped"].startswith("no buckets: the model takes images")
 
 
+def test_float32_emulation_keeps_in_place_and_view_semantics(corpus):
+    # T5 builds its decoder inputs and position buckets with int64 views and in-place ops; a mode that
+    # casts int64 to int32 must still write through them (it once lost them: top-1 agreement 0.07).
+    t5 = models.load("t5")
+    inputs, _ = data.example_batch(t5, corpus, 2, 16, seed=0)
+    report = accuracy.check_accuracy(t5, inputs, ["neuron"], all_precisions=False, layers=False,
+                                     float64_reference=False, progress=False)
+    neuron = report.targets["neuron"].chosen
+    assert neuron.numerics["int64 ops run as int32"] > 0
+    assert neuron.passed and neuron.outputs["logits"]["max_abs"] == 0 and neuron.task["top1_agreement"] == 1.0
+
+
 def test_bucket_plan_reads_stage_3(tmp_path, capsys):
     (tmp_path / "buckets.json").write_text(json.dumps(
         {"stage": "buckets", "targets": {"tpu": {"chosen": {"planner": "quantile", "boundaries": [48, 16],
