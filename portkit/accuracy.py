@@ -176,14 +176,12 @@ class LayerProbe:
 
     def __init__(self, module: torch.nn.Module, mask: torch.Tensor | None):
         self.module, self.mask = module, mask
-        self.reference: dict[str, tuple[list[torch.Tensor], float]] = {}
-        self.order: list[tuple[str, str]] = []          # (module key, type), reference execution order
+        self.reference: dict[str, tuple[list[torch.Tensor], float]] = {}   # key -> (outputs, squared norm)
 
     def _run(self, fn, pre, post):
-        modules = list(self.module.named_modules())
         calls: collections.Counter = collections.Counter()
         handles = []
-        for name, sub in modules:
+        for name, sub in self.module.named_modules():
             path = name or ROOT
 
             def enter(m, args, path=path):
@@ -210,7 +208,6 @@ class LayerProbe:
                 real.append(r.clone() if r.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else r)
             norm2 = sum(float(torch.linalg.vector_norm(r)) ** 2 for r in real)
             self.reference[key] = (real, norm2)
-            self.order.append((key, kind))
         return self._run(fn, lambda path: None, post)
 
     def compare(self, fn, tol: Tolerance, mode=None) -> tuple[object, list[dict], str | None]:
@@ -270,7 +267,6 @@ def layer_summary(rows: list[dict], reason: str | None, tol: Tolerance, precisio
             "modules_failing": sum(1 for r in rows if r.get("compared") and not r["passed"]), "modules": rows}
 
 
-
 def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None, tolerances=None,
              emulation=numerics.emulate) -> dict:
     """Per-layer localization alone: one reference pass that keeps every module's output, one target
@@ -283,6 +279,7 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
     probe.capture(lambda: model.module(**inputs))
     _, rows, reason, _ = _TargetSide(detected, model.module, emulation).run(inputs, chosen, probe, tol)
     return layer_summary(rows, reason, tol, chosen)
+
 
 # ---------------------------------------------------------------- buckets
 @dataclass
