@@ -283,7 +283,7 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
 
 # ---------------------------------------------------------------- buckets
 @dataclass
-class BucketPlan:
+class BucketBoundaries:
     boundaries: list[int]
     source: str
 
@@ -291,7 +291,7 @@ class BucketPlan:
         return f"buckets {self.boundaries} ({self.source})"
 
 
-def bucket_plan(out_dir, targets, default=DEFAULT_BUCKETS) -> dict[str, BucketPlan]:
+def bucket_plan(out_dir, targets, default=DEFAULT_BUCKETS) -> dict[str, BucketBoundaries]:
     """Per target: stage 3's chosen boundaries from out_dir/buckets.json when present, else `default`."""
     path = Path(out_dir) / "buckets.json" if out_dir is not None else None
     saved = read_json(path) if path is not None and path.exists() else None
@@ -299,10 +299,10 @@ def bucket_plan(out_dir, targets, default=DEFAULT_BUCKETS) -> dict[str, BucketPl
     for name in targets_mod.parse_targets(targets):
         chosen = ((saved or {}).get("targets", {}).get(name) or {}).get("chosen") or {}
         if chosen.get("boundaries"):
-            plans[name] = BucketPlan(sorted(int(b) for b in chosen["boundaries"]),
+            plans[name] = BucketBoundaries(sorted(int(b) for b in chosen["boundaries"]),
                                      f"stage 3, {path.name} planner {chosen.get('planner', '?')}")
         else:
-            plans[name] = BucketPlan(list(default), "parameter (no buckets.json from stage 3"
+            plans[name] = BucketBoundaries(list(default), "parameter (no buckets.json from stage 3"
                                      + (f" for {name})" if saved else ")"))
         print(f"target {name}: {plans[name]}")
     return plans
@@ -735,7 +735,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     reference = {"description": "eager float32 on the CPU", "float64": ref64_note,
                  "float32_vs_float64": {k: compare(ref[k], ref64[k], None, mask) for k in ref} if ref64 else None}
     if not isinstance(buckets, dict):
-        buckets = {n: BucketPlan(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
+        buckets = {n: BucketBoundaries(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
     steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * all_precisions for n in names) + \
         (sum(len(buckets[n].boundaries) for n in names) if corpus is not None and model.takes_text else 0)
     bar = tqdm(total=steps, desc="accuracy", unit="pass", disable=not progress)
