@@ -39,3 +39,12 @@ class NeedsNetwork(PortkitError):
 
 class StageFailed(PortkitError):
     """A workbook notebook failed; the message names the notebook and the cell."""
+
+
+class CompileRefused(PortkitError):
+    """An emulated compile backend refuses a graph the target's own compiler would refuse
+    (a symbolic shape, a training graph); `where` is the user's source line when known."""
+
+    def __init__(self, message: str, where: str | None = None):
+        self.where = where
+        super().__init__(message)

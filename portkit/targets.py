@@ -84,6 +84,9 @@ class Target:
     features: dict[str, FeatureRule] = field(default_factory=dict)   # feature kind -> rule
     docs: tuple[str, ...] = ()
     reference: bool = False          # a platform to compare against, not a migration target
+    # The vendor's compile counters, read after compiling in native mode: "module:attr.path" names a
+    # callable (called) or a mapping (copied); path parts index mappings or name attributes.
+    compile_metrics: tuple[str, ...] = ()
 
     @property
     def default_precision(self) -> Precision:
@@ -155,6 +158,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         },
         docs=("awsdocs-neuron torch/about-pytorch-neuron.html",
               "awsdocs-neuron torch/compile/reference-torch-compile.html"),
+        compile_metrics=("torch_neuronx:get_dynamo_metrics", "torch._dynamo.utils:counters.neuron"),
     ),
     Target(
         name="tpu", title="Google TPU (TorchTPU, torch-tpu)", device="tpu",
@@ -195,6 +199,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
                                        "torch_tpu dispatcher"),
         },
         docs=("torch_tpu docs/gpu_to_tpu.md", "torch_tpu docs/notebooks/advanced_compile.py"),
+        compile_metrics=("torch.tpu:_get_cache_stats",),
     ),
     Target(
         name="cpu", title="CPU (reference)", device="cpu", backend="inductor",

@@ -1,0 +1,321 @@
+"""portkit's emulated compile backends, and a counter of compiles around any backend.
+
+    >>> import torch, portkit                       # importing portkit registers the backends, once
+    >>> compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)
+    >>> compiled = torch.compile(module, backend="portkit_neuron", options={"precision": "matmult"})
+    >>> counter = backends.CompileCounter("portkit_tpu")   # every compile, timed, with what it found
+    >>> compiled = torch.compile(module, backend=counter, dynamic=False)
+
+Each emulated backend stands in for its target's compiler (torch.compile(backend="neuron" / "tpu"))
+where a migration feels it:
+1. a graph with a symbolic shape is refused with the vendor's own message (Target.dynamic_shape_error;
+   both targets need dynamic=False and static shapes);
+2. the Dynamo graph is retraced to ATen with make_fx while numerics.emulate(target, precision) is
+   active, so the target's dtype rules and matmul rounding become nodes of the graph (numerics.py is
+   the one implementation of them);
+3. every ATen op is classified with the target's op table; ops that would not lower (CPU fallback,
+   unsupported) are reported with the user's source line;
+4. Inductor compiles the graph for this CPU: outputs are real, and compile times are real CPU compile
+   times (not the vendor compiler's).
+They compile inference graphs (eval mode under torch.no_grad, as the workbook does) and refuse others.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import re
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch._dynamo
+import torch.fx.traceback as fx_traceback
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from portkit import numerics, targets as targets_mod
+from portkit.errors import BadParameter, CompileRefused
+from portkit.targets import CPU_FALLBACK, UNSUPPORTED, Target
+
+NOT_LOWERED = (CPU_FALLBACK, UNSUPPORTED)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_CAST = torch.ops.aten._to_copy.default
+
+
+def _place(file: str, line: int, function: str, code: str = "") -> dict:
+    """A place in the user's code, with a short text (site-packages paths shortened)."""
+    code = code.strip()
+    text = f"{file.split('site-packages/', 1)[-1]}:{line} in {function}" + (f": {code}" if code else "")
+    return {"file": file, "line": line, "function": function, "code": code, "text": text}
+
+
+def _from_trace(stack_trace: str | None) -> dict | None:
+    """The innermost frame of an FX node's meta["stack_trace"]."""
+    lines = (stack_trace or "").rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if found := _FRAME.search(lines[i]):
+            code = lines[i + 1] if i + 1 < len(lines) and not _FRAME.search(lines[i + 1]) else ""
+            return _place(found.group(1), int(found.group(2)), found.group(3), code)
+    return None
+
+
+def _text(where: dict | None) -> str:
+    return where["text"] if where else "(no source line)"
+
+
+# ---------------------------------------------------------------- the emulated backends
+@dataclass
+class GraphCheck:
+    """What an emulated backend found in one Dynamo graph before compiling it."""
+    target: str
+    precision: str
+    nodes: int                                   # operations in Dynamo's graph
+    aten_calls: int = 0                          # ATen calls it makes (before the target's casts)
+    not_lowered: list[dict] = field(default_factory=list)   # op, status, detail, via, calls, where
+    numerics: dict[str, int] = field(default_factory=dict)  # what the target's rules changed
+    refused: str | None = None
+    check_seconds: float = 0.0                   # refusal checks, retrace, op table
+    inductor_seconds: float = 0.0
+
+
+class _OpLog(TorchDispatchMode):
+    """Counts each ATen call with the stack trace of the Dynamo node that made it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace != "prim":   # prim::device, prim::layout: metadata queries of fake tensors
+            self.calls[(func.name(), fx_traceback.get_current_meta().get("stack_trace"))] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _symbolic(value) -> bool:
+    for leaf in torch.utils._pytree.tree_leaves(value):
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+                isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape)):
+            return True
+    return False
+
+
+def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list[dict]:
+    found: dict[str, dict] = {}
+    for (op, trace), count in calls.items():
+        cls = table.classify(op)
+        if cls.status in NOT_LOWERED:
+            entry = found.setdefault(op, {"op": op, "status": cls.status, "detail": cls.detail, "via": cls.via,
+                                          "calls": 0, "where": []})
+            entry["calls"] += count
+            if (where := _from_trace(trace)) and where not in entry["where"]:
+                entry["where"].append(where)
+    return sorted(found.values(), key=lambda e: (e["status"] != UNSUPPORTED, e["op"]))
+
+
+class EmulatedBackend:
+    """A torch.compile backend for one target on the CPU, under the target's rules (module docstring).
+
+    torch.compile(m, backend="portkit_neuron", options={"precision": "matmult"}) picks another of the
+    target's precisions; inductor=False only checks each graph and runs it eagerly."""
+
+    def __init__(self, target: Target, precision=None, inductor: bool = True):
+        self.target, self.inductor = target, inductor
+        self.precision = numerics.emulate(target, precision).precision
+        self.__name__ = target.emulated_backend      # how Dynamo's messages name a backend
+        self.checks: collections.deque[GraphCheck] = collections.deque(maxlen=1000)
+        self._rounded: collections.OrderedDict = collections.OrderedDict()   # see _Hoisted
+
+    def __repr__(self) -> str:
+        return f"EmulatedBackend({self.target.name}, precision={self.precision.name})"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
+        options = dict(options or {})
+        precision = numerics.emulate(self.target, options.pop("precision", self.precision)).precision
+        if options:
+            raise BadParameter(f"option of backend {self.__name__}", next(iter(options)), ["precision"])
+        start = time.perf_counter()
+        check = GraphCheck(self.target.name, precision.name, sum(n.op == "call_function" for n in gm.graph.nodes))
+        self.checks.append(check)
+        self._refuse(gm, example_inputs, check)
+        traced = self._retrace(gm, example_inputs, precision, check)
+        check.check_seconds = time.perf_counter() - start
+        if not self.inductor:
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+        start = time.perf_counter()
+        traced, hoisted = _Hoisted.split(traced, example_inputs, self._rounded)
+        # Inductor drops a cast to bf16 and back inside a fused kernel (the value stays fp32) unless
+        # told to keep eager's casts; those casts are the target's rounding.
+        with torch._inductor.config.patch(emulate_precision_casts=True):
+            compiled = compile_fx(traced, [*example_inputs, *(hoisted.values(example_inputs) if hoisted else ())])
+        check.inductor_seconds = time.perf_counter() - start
+        return hoisted.wrap(compiled) if hoisted else compiled
+
+    def _refuse(self, gm, example_inputs, check: GraphCheck) -> None:
+        t = self.target
+        node = next((n for n in gm.graph.nodes if _symbolic(n.meta.get("example_value"))), None)
+        if t.static_shapes and node is not None:
+            where = _from_trace(node.meta.get("stack_trace"))
+            check.refused = (f"{t.dynamic_shape_error} ({self.__name__}, emulated: symbolic shape in "
+                             f"{_text(where) if where else 'input ' + node.name}). {t.title} compiles static "
+                             "shapes only: use torch.compile(..., dynamic=False) and pad inputs to fixed shapes "
+                             "(stage 3 buckets)")
+            raise CompileRefused(check.refused, where)
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+            check.refused = (f"{self.__name__} emulates inference graphs only (the workbook compiles eval-mode "
+                             "models under torch.no_grad) and this graph needs gradients: call the compiled "
+                             "model under torch.no_grad() or torch.inference_mode(), or compile training with "
+                             "backend='inductor'")
+            raise CompileRefused(check.refused)
+
+    def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:
+        from torch.fx.experimental.proxy_tensor import make_fx
+        log, mode = _OpLog(), numerics.emulate(self.target, precision)
+
+        def run(*args):
+            # Mode order: the op log (entered last) sees the model's own ops first; the numerics mode
+            # turns each into the target's form (casts, rounding); make_fx's tracer, below both,
+            # records that form. preserve_node_meta carries each Dynamo node's stack trace along.
+            with fx_traceback.preserve_node_meta(), mode, log:
+                return torch.fx.Interpreter(gm).run(*args)
+
+        # Fake tensors: the retrace needs shapes and dtypes, not values (a real-mode trace also makes
+        # a fake copy of every result for the graph's metadata: several times slower). Outside
+        # Dynamo's tracing context, so make_fx makes its own static-shape fake mode instead of adding
+        # symbols and guards to Dynamo's shape environment.
+        with torch._guards.tracing(None):
+            traced = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)
+        check.aten_calls = sum(log.calls.values())
+        check.not_lowered = _not_lowered(log.calls, targets_mod.detect(self.target.name).op_table)
+        check.numerics = dict(mode.stats)
+        return traced
+
+
+class _Hoisted:
+    """The target's casts of parameters, computed outside the compiled graph: an inference graph's
+    weights are rounded once and reused while they stay the same tensors at the same version, instead
+    of on every call (the target's matmul unit converts them for free). The rounded copies are
+    shared by every graph of one backend (a storm of shapes holds one copy)."""
+    KEEP = 4   # parameter sets whose rounded copies a backend keeps
+
+    def __init__(self, pre: torch.fx.GraphModule, positions: list[int], cache: collections.OrderedDict):
+        self.pre, self.positions, self.cache, self.code = pre, positions, cache, pre.code
+
+    @classmethod
+    def split(cls, traced: torch.fx.GraphModule, example_inputs, cache) -> tuple:
+        graph = traced.graph
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        params = [p for p, x in zip(placeholders, example_inputs) if isinstance(x, torch.nn.Parameter)]
+        fixed = set(params)   # nodes computed from parameters alone
+        for node in graph.nodes:
+            if node.op == "call_function" and node.all_input_nodes and all(a in fixed for a in node.all_input_nodes):
+                fixed.add(node)
+        frontier = [n for n in graph.nodes if n in fixed and n.target is _CAST and any(u not in fixed for u in n.users)]
+        if not frontier:
+            return traced, None
+        needed, todo = set(), list(frontier)
+        while todo:
+            node = todo.pop()
+            if node not in needed and node.op == "call_function":
+                needed.add(node)
+                todo.extend(node.all_input_nodes)
+        pre = torch.fx.Graph()
+        env = {p: pre.placeholder(p.name) for p in params}
+        for node in graph.nodes:
+            if node in needed:
+                env[node] = pre.node_copy(node, lambda a: env[a])
+        pre.output(tuple(env[n] for n in frontier))
+        last = placeholders[-1]
+        for i, node in enumerate(frontier):   # each rounded parameter becomes an input after the others
+            with graph.inserting_after(last):
+                last = graph.placeholder(f"portkit_rounded_{i}")
+            node.replace_all_uses_with(last)
+        graph.eliminate_dead_code()
+        traced.recompile()
+        return traced, cls(torch.fx.GraphModule(traced, pre), [placeholders.index(p) for p in params], cache)
+
+    def values(self, args) -> list[torch.Tensor]:
+        params = [args[i] for i in self.positions]
+        key = (self.code, tuple(id(p) for p in params))
+        entry = self.cache.get(key)
+        if entry is None or any(a is not b or a._version != v for a, (b, v) in zip(params, entry[0])):
+            with torch.no_grad():
+                entry = self.cache[key] = ([(p, p._version) for p in params], list(self.pre(*params)))
+            while len(self.cache) > self.KEEP:
+                self.cache.popitem(last=False)
+        self.cache.move_to_end(key)
+        return entry[1]
+
+    def wrap(self, compiled):
+        return lambda *args: compiled(*args, *self.values(args))
+
+
+def emulated_backend(target: str, precision=None, inductor: bool = True) -> EmulatedBackend:
+    """A fresh emulated backend for `target` (its own record of checks), e.g. with another precision."""
+    return EmulatedBackend(targets_mod.get(target), precision, inductor)
+
+
+def _register() -> dict[str, EmulatedBackend]:
+    """Register portkit_neuron and portkit_tpu with Dynamo, once per process (STYLE.md)."""
+    from torch._dynamo.backends.registry import lookup_backend
+    known, registered = torch._dynamo.list_backends(exclude_tags=()), {}
+    for name in targets_mod.MIGRATION_TARGETS:
+        t = targets_mod.get(name)
+        if t.emulated_backend in known:   # this module imported a second time: keep the first
+            registered[name] = lookup_backend(t.emulated_backend)
+        else:
+            registered[name] = torch._dynamo.register_backend(EmulatedBackend(t), name=t.emulated_backend)
+    return registered
+
+
+REGISTERED = _register()
+
+
+# ---------------------------------------------------------------- counting compiles
+@dataclass
+class CompileEvent:
+    index: int
+    request: int | None          # the request that caused it (None outside a stream)
+    seconds: float               # time inside the backend
+    shapes: dict[str, list]      # the graph's user inputs
+    nodes: int
+    cache_hit: bool              # Inductor served it from its FX graph cache
+    check: GraphCheck | None = None
+
+
+class CompileCounter:
+    """Wraps a backend and records every graph it compiles: the ground truth for compiles, since
+    torch 2.13 never increments counters["recompiles"] (FACTS.md 3)."""
+
+    def __init__(self, backend):
+        from torch._dynamo.backends.registry import lookup_backend
+        self.backend = lookup_backend(backend) if isinstance(backend, str) else backend
+        self.__name__ = getattr(self.backend, "__name__", type(self.backend).__name__)
+        self.events: list[CompileEvent] = []
+        self.request: int | None = None
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        from torch._dynamo.source import LocalSource
+        from torch._dynamo.utils import counters
+        hits, start = counters["inductor"]["fxgraph_cache_hit"], time.perf_counter()
+        compiled = self.backend(gm, example_inputs, **kwargs)
+        seconds = time.perf_counter() - start
+        shapes = {}
+        for node in gm.graph.find_nodes(op="placeholder"):
+            arg, value = node.meta.get("grapharg"), node.meta.get("example_value")
+            if arg is not None and isinstance(arg.source, LocalSource) and isinstance(value, torch.Tensor):
+                shapes[arg.source.local_name] = [s if isinstance(s, int) else str(s) for s in value.shape]
+        checks = getattr(self.backend, "checks", None)
+        self.events.append(CompileEvent(len(self.events), self.request, seconds, shapes,
+                                        sum(n.op == "call_function" for n in gm.graph.nodes),
+                                        counters["inductor"]["fxgraph_cache_hit"] > hits, checks[-1] if checks else None))
+        return compiled
+
+
+@functools.cache
+def warm_inductor() -> float:
+    """Compile a one-op function once per process, so that Inductor's C++ toolchain start-up
+    (precompiled header, compile workers; ~20 s cold, FACTS.md 3) is not charged to a real compile."""
+    start = time.perf_counter()
+    torch.compile(lambda x: x * 2 + 1, backend="inductor", dynamic=False)(torch.ones(8))
+    torch._dynamo.reset()
+    return time.perf_counter() - start
