@@ -29,6 +29,7 @@ layers that amplify the error, float64 ops that ran as float32, the atol a task-
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import html
 import math
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 
-from portkit import models as models_mod, numerics, targets as targets_mod
+from portkit import models as models_mod, numerics, probes, targets as targets_mod
 from portkit._io import read_json, write_json
 from portkit.errors import BadParameter
 from portkit.fallbacks import ROOT, HtmlTable
@@ -258,9 +259,10 @@ class LayerProbe:
         return out, rows, (first_reason[0] if first_reason else None)
 
 
-def layer_summary(rows: list[dict], reason: str | None, tol: Tolerance, precision: targets_mod.Precision) -> dict:
+def layer_summary(rows: list[dict], reason: str | None, tol: Tolerance, precision: targets_mod.Precision,
+                  target_side: str) -> dict:
     first = next((r for r in rows if r.get("compared") and not r["passed"]), None)
-    return {"precision": precision.to_dict(), "tolerance": tol.to_dict(), "order": "module execution order (a module after its children)",
+    return {"precision": precision.to_dict(), "target_side": target_side, "tolerance": tol.to_dict(), "order": "module execution order (a module after its children)",
             "first_failing": first and {k: first[k] for k in ("index", "module", "type", "max_abs", "rel_l2",
                                                             "mismatched", "numel")},
             "reason": reason, "modules_compared": sum(1 for r in rows if r.get("compared")),
@@ -277,8 +279,8 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
     tol = tolerance_for(chosen, tolerances)
     probe = LayerProbe(model.module.eval(), inputs.get("attention_mask"))
     probe.capture(lambda: model.module(**inputs))
-    _, rows, reason, _ = _TargetSide(detected, model.module, emulation).run(inputs, chosen, probe, tol)
-    return layer_summary(rows, reason, tol, chosen)
+    _, rows, reason, _, _ = _TargetSide(detected, model.module, emulation, False).run(inputs, chosen, probe, tol)
+    return layer_summary(rows, reason, tol, chosen, EAGER)
 
 
 # ---------------------------------------------------------------- buckets
@@ -353,38 +355,89 @@ def _float64_reference(module, inputs) -> tuple[dict | None, str]:
 
 
 class _TargetSide:
-    """How one target's outputs are produced: the device in native mode, else eager emulation."""
+    """How one target's outputs are produced: eager under the emulation mode, or compiled with the
+    target's backend (stage 2's emulated one, Inductor on the CPU); natively, on the device."""
 
-    def __init__(self, detected: targets_mod.DetectedTarget, module, emulation):
-        self.detected, self.module, self.emulation = detected, module, emulation
-        self.label = f"native on {detected.target.device}" if detected.native else EAGER
+    def __init__(self, detected: targets_mod.DetectedTarget, module, emulation, compiled: bool):
+        self.detected, self.module, self.emulation, self.compiled = detected, module, emulation, compiled
+        self.eager_label = f"native on {detected.target.device}, eager" if detected.native else EAGER
         if not detected.native and getattr(emulation, "__name__", "emulate") != "emulate":
-            self.label = f"{EAGER}, {emulation.__name__}"
+            self.eager_label = f"{EAGER}, {emulation.__name__}"
+        where = f"on {detected.target.device}" if detected.native else "Inductor on the CPU"
+        self.compiled_label = f"compiled with {detected.backend} ({where})"
+        self._fn, self._backend, self._numerics = None, None, {}
 
-    def run(self, inputs, precision, probe: LayerProbe | None = None, tol: Tolerance | None = None):
-        """Returns (outputs on the CPU, layer rows or None, first layer reason, mode or None)."""
-        if self.detected.native:
-            device = self.detected.target.device
-            inputs = {k: v.to(device) for k, v in inputs.items()}
-            self.module.to(device)
-            try:
-                out, rows, reason = self._call(lambda: self.module(**inputs), probe, tol, None)
-            finally:
-                self.module.to("cpu")
-            return {k: v.cpu() for k, v in out.items()}, rows, reason, None
-        mode = self.emulation(self.detected.target, precision)
+    def label(self, compiled: bool) -> str:
+        return self.compiled_label if compiled else self.eager_label
 
-        def fn():
-            with mode:
-                return self.module(**inputs)
-        return (*self._call(fn, probe, tol, mode), mode)
+    def run(self, inputs, precision, probe: LayerProbe | None = None, tol: Tolerance | None = None,
+            compiled: bool = False):
+        """Returns (outputs on the CPU, layer rows or None, first layer reason, what the target's rules
+        changed, float64 ops run as float32)."""
+        device = self.detected.target.device if self.detected.native else "cpu"
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        self.module.to(device)
+        try:
+            if compiled:
+                return (self._run_compiled(inputs, precision), None, None, self._numerics.get(_shape(inputs), {}), {})
+            mode = None if self.detected.native else self.emulation(self.detected.target, precision)
 
-    @staticmethod
-    def _call(fn, probe, tol, mode):
-        if probe is None:
-            with torch.no_grad():
-                return fn(), None, None
-        return probe.compare(fn, tol, mode)
+            def fn():
+                with mode or contextlib.nullcontext():
+                    return self.module(**inputs)
+            if probe is None:
+                with torch.no_grad():
+                    out, rows, reason = fn(), None, None
+            else:
+                out, rows, reason = probe.compare(fn, tol, mode)
+        finally:
+            self.module.to("cpu")
+        return ({k: v.cpu() for k, v in out.items()}, rows, reason, dict(mode.stats) if mode else {},
+                dict(mode.float64_ops) if mode else {})
+
+    def _run_compiled(self, inputs, precision) -> dict:
+        if self._fn is None:
+            # One target's graphs at a time (FACTS.md 3: torch._dynamo.reset() between experiments).
+            torch._dynamo.reset()
+            if self.detected.native:
+                self._backend = self.detected.backend   # the vendor's compiler; its precision is its flag
+            else:
+                from portkit import backends           # stage 2: registers portkit_neuron / portkit_tpu
+                self._backend = backends.emulated_backend(self.detected.name, precision)
+            self._fn = torch.compile(self.module, backend=self._backend, dynamic=False)
+        checks = getattr(self._backend, "checks", None)
+        before = len(checks) if checks is not None else 0
+        # Dynamo runs a function eagerly after recompile_limit (8) shapes (pytorch/pytorch#114511): an
+        # uncompiled bucket would pass for a compiled one, so the limit is raised for these calls.
+        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64, accumulated_recompile_limit=256):
+            out = self._fn(**inputs)
+        if checks is not None and len(checks) > before:
+            changed = collections.Counter()
+            for check in list(checks)[before:]:
+                changed.update(check.numerics)
+            self._numerics[_shape(inputs)] = dict(changed)
+        return {k: v.cpu() for k, v in out.items()}
+
+
+def _shape(inputs: dict) -> tuple:
+    return tuple((k, tuple(v.shape)) for k, v in inputs.items())
+
+
+def compiled_available() -> bool:
+    """Whether stage 2's emulated backends are present (portkit/backends.py)."""
+    return probes.module_available("portkit.backends")
+
+
+def target_side(targets, compiled: bool | None = None) -> bool:
+    """Decide (None: compiled when stage 2's backends are present) and print how each target runs."""
+    compiled = compiled_available() if compiled is None else compiled
+    for name in targets_mod.parse_targets(targets):
+        d = targets_mod.detect(name)
+        where = f"on {d.target.device}" if d.native else "Inductor on the CPU"
+        main = f"compiled with {d.backend} ({where})" if compiled else ("eager on the device" if d.native else EAGER)
+        print(f"target {name}: outputs and buckets {main}; per-layer hooks and other precisions: "
+              f"{'eager on the device' if d.native else EAGER}")
+    return compiled
 
 
 # ---------------------------------------------------------------- results
@@ -399,6 +452,7 @@ class PrecisionResult:
     layers: dict | None
     numerics: dict             # what the emulation changed, by kind (NumericsMode.stats)
     float64_ops: dict
+    compiled_vs_eager: dict | None = None   # compiled outputs against eager emulation, per output
 
     @property
     def name(self) -> str:
@@ -417,7 +471,7 @@ class PrecisionResult:
         return {"precision": self.precision, "target_side": self.target_side, "passed": self.passed,
                 "reasons": self.reasons, "outputs": self.outputs, "task": self.task,
                 "vs_float64": self.vs_float64, "layers": self.layers, "numerics": self.numerics,
-                "float64_ops": self.float64_ops}
+                "float64_ops": self.float64_ops, "compiled_vs_eager": self.compiled_vs_eager}
 
 
 @dataclass
@@ -561,7 +615,7 @@ class AccuracyReport:
                  f"{m['mismatched']}/{m['numel']}", ", ".join(f"{k} x{v}" for k, v in m.get("changes", {}).items())]
                 for m in shown]
         return HtmlTable(["#", "module", "type", "max abs", "rel L2", "out of tolerance", "changed by the target"],
-                         rows, f"{target} ({r.name}, {r.target_side}): {caption}")
+                         rows, f"{target} ({r.name}, {(r.layers or {}).get('target_side', r.target_side)}): {caption}")
 
     def plot(self):
         """Left: relative L2 error of every module's output against depth, one line per precision.
@@ -586,7 +640,8 @@ class AccuracyReport:
             ax.set_yscale("log")
             ax.set_xlabel("module, in execution order")
             ax.set_ylabel(f"rel. L2 error (floor {floor:g})")
-            ax.set_title(f"{name} ({t.target['mode']}, {t.chosen.target_side}): error against depth")
+            ax.set_title(f"{name} ({t.target['mode']}, layers in {(t.chosen.layers or {}).get('target_side', '-')}): "
+                         "error against depth", fontsize=10)
             ax.legend(fontsize=7, loc="lower right")
             done = [b for b in t.buckets if not b.get("skipped")]
             axes[row][1].bar([str(b["boundary"]) for b in done],
@@ -620,7 +675,7 @@ def _suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[s
             if fp32.name in measured:
                 r = measured[fp32.name]
                 text += (f"; the whole model at '{fp32.name}' measured max abs error "
-                         f"{r.outputs[main]['max_abs']:.2g} ({'passes' if r.passed else 'still fails'})")
+                         f"{r.outputs[main]['max_abs']:.2g} ({'passes' if r.passed else 'still fails'}; {r.target_side})")
             out.append(text)
         else:
             out.append(f"error first exceeds the tolerance in `{first['module']}` ({first['type']}) although "
@@ -711,7 +766,7 @@ def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, preci
 def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"), *, precision=None,
                    all_precisions: bool = True, tolerances=None, task_bounds=None, corpus=None, buckets=None,
                    batch_size: int = 4, layers: bool = True, float64_reference: bool = True, seed: int = 0,
-                   emulation=numerics.emulate, description: str | None = None,
+                   emulation=numerics.emulate, compiled: bool | None = None, description: str | None = None,
                    progress: bool = True) -> AccuracyReport:
     """Compare every target's numerics with the float32 (and float64) reference on `inputs`.
 
@@ -719,6 +774,9 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     precision: {target: precision name}; a target not named uses its default.
     buckets: bucket_plan()'s result, or one list of boundaries for every target; needs `corpus`.
     emulation: a callable like numerics.emulate (tests pass numerics.wrong_op_TESTING_ONLY(...)).
+    compiled: judge the chosen precision's outputs and buckets with the model compiled by the target's
+    backend (stage 2's emulated one); None: when those backends are present. The other precisions and
+    the per-layer hooks run eagerly (hooks cannot see inside a compiled graph); every result says which.
     """
     from tqdm.auto import tqdm
     names = targets_mod.parse_targets(targets)
@@ -726,6 +784,10 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
                      task_bounds=task_bounds, seed=seed, all_precisions=all_precisions, layers=layers,
                      float64_reference=float64_reference,
                      default_buckets=DEFAULT_BUCKETS if isinstance(buckets, dict) else list(buckets or DEFAULT_BUCKETS))
+    if compiled is None:
+        compiled = compiled_available() and emulation is numerics.emulate
+    elif compiled and emulation is not numerics.emulate:
+        raise BadParameter("compiled", compiled, hint=f"{emulation.__name__} runs eagerly only; pass compiled=False")
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
     module, kind = model.module.eval(), model.kind
     mask = inputs.get("attention_mask")
@@ -743,7 +805,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     per_target = {}
     for name in names:
         detected = targets_mod.detect(name)
-        target, side = detected.target, _TargetSide(detected, module, emulation)
+        target, side = detected.target, _TargetSide(detected, module, emulation, compiled)
         chosen = target.precision((precision or {}).get(name, target.default_precision.name))
         # natively, a precision is a flag set before the process starts: only the one in effect is measured
         settings = [chosen] + ([p for p in target.precisions if p != chosen] if all_precisions and not detected.native else [])
@@ -751,18 +813,21 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         for p in settings:
             bar.set_postfix_str(f"{name} {p.name}")
             tol = tolerance_for(p, tolerances)
-            out, rows, reason, mode = side.run(inputs, p, probe, tol)
+            out, rows, reason, changed, f64 = side.run(inputs, p, probe, tol)
+            judged_by, vs_eager = side.label(False), None
+            if compiled and p == chosen:
+                eager, (out, _, _, changed, _) = out, side.run(inputs, p, compiled=True)
+                judged_by, vs_eager = side.label(True), {k: compare(out[k], eager[k], None, mask) for k in ref}
             results.append(PrecisionResult(
-                precision=p.to_dict(), target_side=side.label,
+                precision=p.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
                 outputs={k: compare(out[k], ref[k], tolerance_for(p, tolerances, ref[k].dtype), mask) for k in ref},
                 task=task_metrics(kind, out[primary_output(kind, ref)], ref[primary_output(kind, ref)], mask, bounds),
                 vs_float64={k: compare(out[k], ref64[k], None, mask) for k in ref} if ref64 else None,
-                layers=layer_summary(rows, reason, tol, p) if rows is not None else None,
-                numerics=dict(mode.stats) if mode is not None else {},
-                float64_ops=dict(mode.float64_ops) if mode is not None else {}))
+                layers=layer_summary(rows, reason, tol, p, side.label(False)) if rows is not None else None,
+                numerics=changed, float64_ops=f64))
             bar.update()
         plan = buckets[name]
-        bucket_rows = _buckets(model, corpus, plan, chosen, side, tolerances, bounds, batch_size, seed,
+        bucket_rows = _buckets(model, corpus, plan, chosen, side, compiled, tolerances, bounds, batch_size, seed,
                                bucket_refs, bar) if corpus is not None and model.takes_text else \
             [{"boundary": None, "skipped": "no buckets: the model takes images (one shape)" if not model.takes_text
               else "no corpus given"}]
@@ -777,7 +842,8 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
                                              "shapes": shapes}, reference, per_target)
 
 
-def _buckets(model, corpus, plan, precision, side, tolerances, bounds, batch_size, seed, cache, bar) -> list[dict]:
+def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds, batch_size, seed, cache,
+             bar) -> list[dict]:
     rows = []
     side_padding = getattr(model.tokenizer, "padding_side", "right")
     for low, high, texts, truncated in _bucket_batches(model, corpus, plan.boundaries, batch_size, seed):
@@ -790,7 +856,7 @@ def _buckets(model, corpus, plan, precision, side, tolerances, bounds, batch_siz
             plain = _unpadded(padded, side_padding)
             cache[(high, tuple(texts))] = (plain, _forward(model.module, plain))
         plain, ref = cache[(high, tuple(texts))]
-        out, _, _, _ = side.run(padded, precision)
+        out = side.run(padded, precision, compiled=compiled)[0]
         mask = plain["attention_mask"]
         outputs = {k: compare(_align(out[k], ref[k], side_padding), ref[k],
                               tolerance_for(precision, tolerances, ref[k].dtype), mask) for k in ref}
@@ -803,6 +869,6 @@ def _buckets(model, corpus, plan, precision, side, tolerances, bounds, batch_siz
                      "padding": 1 - real / padded["attention_mask"].numel(), "primary": main,
                      "precision": precision.to_dict(),
                      "reference": f"eager float32 at the batch's own length ({mask.shape[1]} tokens)",
-                     "target": f"{side.label}, padded to {high} tokens", "outputs": outputs, "task": task,
+                     "target": f"{side.label(compiled)}, padded to {high} tokens", "outputs": outputs, "task": task,
                      "passed": not reasons, "reasons": reasons})
     return rows

@@ -21,7 +21,7 @@ def minilm_batch(minilm, corpus):
 def minilm_report(minilm, minilm_batch, corpus):
     inputs, described = minilm_batch
     return accuracy.check_accuracy(minilm, inputs, ["neuron", "tpu"], corpus=corpus, buckets=[16, 32],
-                                   batch_size=2, description=described, progress=False)
+                                   batch_size=2, compiled=False, description=described, progress=False)
 
 
 # ---------------------------------------------------------------- tolerance policy
@@ -166,6 +166,27 @@ def test_report_json_contract_and_rendering(minilm_report, tmp_path):
     assert len(minilm_report.plot().axes) == 4
 
 
+def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corpus):
+    m = models.load(fixture_model("tiny_encoder"))
+    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2,
+                                     float64_reference=False, progress=False)      # compiled: auto
+    tpu = report.targets["tpu"]
+    assert accuracy.compiled_available()
+    assert tpu.chosen.target_side == "compiled with portkit_tpu (Inductor on the CPU)"
+    assert tpu.chosen.numerics["matmul operands rounded to bfloat16"] >= 1        # counted in the graph
+    assert 0 < tpu.chosen.outputs["pooled"]["max_abs"] < 1e-2
+    # Inductor's kernels round at the same points as eager emulation, but sum in their own order
+    assert tpu.chosen.compiled_vs_eager["pooled"]["max_abs"] < tpu.chosen.outputs["pooled"]["max_abs"] * 2
+    assert tpu.chosen.layers["target_side"] == "eager emulation"                  # hooks need eager modules
+    assert all(r.target_side == "eager emulation" for r in tpu.others)
+    assert tpu.buckets[0]["target"].startswith("compiled with portkit_tpu") and tpu.buckets[0]["texts"] == 2
+    assert "compiled with portkit_tpu" in report.to_dict()["summary"]
+    with pytest.raises(BadParameter, match="runs eagerly only"):
+        accuracy.check_accuracy(m, inputs, ["tpu"], compiled=True, emulation=numerics.wrong_op_TESTING_ONLY(),
+                                progress=False)
+
+
 # ---------------------------------------------------------------- a deliberately wrong target
 @pytest.mark.parametrize("op,call,module", [
     ("aten::gelu", 3, "encoder.encoder.layer.2.intermediate.intermediate_act_fn"),
@@ -189,7 +210,7 @@ def test_float64_running_as_float32_is_found_in_its_module(corpus):
     m = models.load(fixture_model("float64_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
     report = accuracy.check_accuracy(m, inputs, ["tpu"], precision={"tpu": "highest"}, all_precisions=False,
-                                     progress=False)
+                                     compiled=False, progress=False)
     tpu = report.targets["tpu"].chosen
     rows = {r["module"]: r for r in tpu.layers["modules"]}
     assert rows["model.head"]["float64_ops"]["aten::addmm"] == 1 and not rows["model.body"]["float64_ops"]
@@ -203,14 +224,14 @@ def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
     gpt2 = models.load("gpt2")
     inputs, _ = data.example_batch(gpt2, corpus, 2, 16, seed=0)
     report = accuracy.check_accuracy(gpt2, inputs, ["tpu"], all_precisions=False, float64_reference=False,
-                                     progress=False)
+                                     compiled=False, progress=False)
     task = report.targets["tpu"].chosen.task
     assert task["positions"] == int(inputs["attention_mask"].sum())
     assert task["top1_agreement"] > 0.9 and task["top5_agreement"] >= task["top1_agreement"] and task["kl_mean"] > 0
     vit = models.load("vit")
     inputs, _ = data.example_batch(vit, None, 2, 0, seed=0)
     report = accuracy.check_accuracy(vit, inputs, ["neuron"], precision={"neuron": "matmult"}, all_precisions=False,
-                                     layers=False, corpus=corpus, progress=False)
+                                     layers=False, corpus=corpus, compiled=False, progress=False)
     t = report.targets["neuron"]
     assert t.chosen.task["decisions"] == 2 and t.chosen.layers is None
     assert t.buckets[0]["skipped"].startswith("no buckets: the model takes images")
@@ -222,7 +243,7 @@ def test_float32_emulation_keeps_in_place_and_view_semantics(corpus):
     t5 = models.load("t5")
     inputs, _ = data.example_batch(t5, corpus, 2, 16, seed=0)
     report = accuracy.check_accuracy(t5, inputs, ["neuron"], all_precisions=False, layers=False,
-                                     float64_reference=False, progress=False)
+                                     float64_reference=False, compiled=False, progress=False)
     neuron = report.targets["neuron"].chosen
     assert neuron.numerics["int64 ops run as int32"] > 0
     assert neuron.passed and neuron.outputs["logits"]["max_abs"] == 0 and neuron.task["top1_agreement"] == 1.0

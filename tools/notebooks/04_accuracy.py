@@ -6,8 +6,10 @@ Does the model compute the same thing on the target? The **reference** is eager 
 (and float64 where the model runs in it, to show how far float32 itself is from exact). The **target**
 is the device in native mode; in emulated mode, the CPU under the target's documented numerics: float64
 run as float32, and its matmul precision (TPU default: operands rounded to bf16, one pass, fp32
-accumulation; Neuron `--auto-cast` none / matmult / all). Compared per output, per bucket, and per
-layer, with `torch.testing.assert_close` deciding at the tolerance of the dtype the target computes in.
+accumulation; Neuron `--auto-cast` none / matmult / all), applied to the model as stage 2 compiles it
+(its emulated backends `portkit_neuron` / `portkit_tpu`) and padded to stage 3's buckets. Compared per
+output, per bucket, and per layer, with `torch.testing.assert_close` deciding at the tolerance of the
+dtype the target computes in.
 
 Logic: `portkit/accuracy.py`. Headless: `portkit run --stages accuracy`.
 """),
@@ -37,9 +39,11 @@ accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, preci
 print(environment.block(targets))
 """),
 ("md", """
-## The model, one batch of real inputs, and the bucket plan
+## The model, one batch of real inputs, the bucket plan, and how each target runs
 
 The bucket boundaries come from stage 3 (`buckets.json` in `out_dir`) when it ran, else from the parameter.
+The chosen precision's outputs and buckets run compiled with the target's backend when stage 2's backends
+are present; per-layer hooks cannot see inside a compiled graph, so the layers run in eager emulation.
 """),
 ("code", """
 m = models.load(model)
@@ -48,17 +52,19 @@ inputs, described = data.example_batch(m, texts, batch_size, seq_len, seed)
 print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
 print(described)
 plan = accuracy.bucket_plan(out, targets, default_buckets)
+compiled = accuracy.target_side(targets)
 """),
 ("md", """
 ## Reference against target, for every precision setting
 
-One reference pass records every module's output; each target pass is compared module by module as it
-runs. The verdict is for the chosen precision (each target's default unless `precision` says otherwise).
+One reference pass records every module's output; each eager target pass is compared module by module
+as it runs. The verdict is for the chosen precision (each target's default unless `precision` says
+otherwise), judged on the compiled model where it is compiled.
 """),
 ("code", """
 report = accuracy.check_accuracy(m, inputs, targets, precision=precision, tolerances=tolerances,
                                  task_bounds=task_bounds, corpus=texts, buckets=plan, batch_size=batch_size,
-                                 seed=seed, description=described)
+                                 seed=seed, compiled=compiled, description=described)
 report
 """),
 ("md", """
