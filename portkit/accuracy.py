@@ -568,11 +568,11 @@ class AccuracyReport:
         rows = []
         for t in self.targets.values():
             for name, o in t.chosen.outputs.items():
-                rows.append([t.name, t.chosen.name, name, f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}",
+                rows.append([t.name, t.chosen.name, t.chosen.target_side, name, f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}",
                              f"{o['rel_l2']:.3g}", f"{o['cosine_min']:.7f}",
                              f"{o['tolerance']['dtype']} ({o['tolerance']['rtol']:g}, {o['tolerance']['atol']:g})",
                              "pass" if o["passed"] else "FAIL"])
-        return HtmlTable(["target", "precision", "output", "max abs", "max rel", "rel L2", "cosine min",
+        return HtmlTable(["target", "precision", "run as", "output", "max abs", "max rel", "rel L2", "cosine min",
                           "tolerance (rtol, atol)", "assert_close"], rows, "outputs at real positions vs the "
                          "float32 reference")
 
@@ -583,10 +583,10 @@ class AccuracyReport:
                 o = r.outputs[primary_output(self.model["kind"], r.outputs)]
                 task = ", ".join(f"{k} {v:.5g}" for k, v in r.task.items() if isinstance(v, float))
                 first = (r.layers or {}).get("first_failing")
-                rows.append([t.name, r.name, r.precision["setting"], f"{o['max_abs']:.3g}", task,
+                rows.append([t.name, r.name, r.precision["setting"], r.target_side, f"{o['max_abs']:.3g}", task,
                              first["module"] if first else "-", "pass" if r.passed else "FAIL"])
-        return HtmlTable(["target", "precision", "set on hardware with", "max abs (main output)", "task",
-                          "first module out of tolerance", "verdict"], rows,
+        return HtmlTable(["target", "precision", "set on hardware with", "run as", "max abs (main output)", "task",
+                          "first module out of tolerance (eager)", "verdict"], rows,
                          "every precision setting of each target (chosen first)")
 
     def bucket_table(self) -> HtmlTable:
