@@ -279,8 +279,9 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
     tol = tolerance_for(chosen, tolerances)
     probe = LayerProbe(model.module.eval(), inputs.get("attention_mask"))
     probe.capture(lambda: model.module(**inputs))
-    _, rows, reason, _, _ = _TargetSide(detected, model.module, emulation, False).run(inputs, chosen, probe, tol)
-    return layer_summary(rows, reason, tol, chosen, EAGER)
+    side = _TargetSide(detected, model.module, emulation, False)
+    _, rows, reason, _, _ = side.run(inputs, chosen, probe, tol)
+    return layer_summary(rows, reason, tol, chosen, side.label(False))
 
 
 # ---------------------------------------------------------------- buckets
@@ -654,10 +655,6 @@ class AccuracyReport:
 
 
 # ---------------------------------------------------------------- suggestions from what was measured
-def _pattern(module: str) -> str:
-    return ".".join("*" if part.isdigit() else part for part in module.split("#")[0].split("."))
-
-
 def _suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[str]:
     out: list[str] = []
     chosen, results = t.chosen, (t.chosen, *t.others)
