@@ -210,7 +210,6 @@ class WrongOpMode_TESTING_ONLY(NumericsMode):
     `relu_accuracy_error_TESTING_ONLY` in torch/_dynamo/backends/debugging.py, it stands in for a
     compiler that gets one op wrong, so tests can prove that stage 4 fails and names the module that
     op ran in."""
-    testing_only = True
 
     def __init__(self, target: Target, precision: Precision, op: str, call: int, error: float):
         super().__init__(target, precision)
