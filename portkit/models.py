@@ -78,16 +78,18 @@ class LoadedModel:
         enc = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 
-    def encode(self, items: list, pad_to: int | None = None, truncate: bool = True) -> dict[str, torch.Tensor]:
+    def encode(self, items: list, pad_to: int | None = None, truncate: bool = True,
+               max_length: int | None = None) -> dict[str, torch.Tensor]:
         """Tokenize texts (or stack images) into the module's inputs.
 
         pad_to: pad every sequence to exactly this length (a bucket); None pads to the longest.
-        truncate: cut texts longer than pad_to (or the model's maximum); False raises instead.
+        truncate: cut texts longer than pad_to (or max_length, or the model's maximum); False raises instead.
+        max_length: without pad_to, the length texts are cut at (the largest bucket), keeping special tokens.
         """
         if not self.takes_text:
             pixels = torch.as_tensor(__import__("numpy").stack(items)).permute(0, 3, 1, 2)
             return {"pixel_values": pixels.contiguous().float()}
-        limit = pad_to or self.max_length
+        limit = pad_to or max_length or self.max_length
         if limit > self.max_length:
             raise BadParameter("sequence length", limit, hint=f"{self.name} takes at most {self.max_length} tokens")
         if not truncate:

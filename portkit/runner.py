@@ -15,6 +15,7 @@ import ast
 import importlib
 import inspect
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,9 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "fallbacks.json", "portkit.fallbacks"),
     Stage("compile", "02_compile.ipynb", "compile.json", "portkit.compiling"),
+    Stage("buckets", "03_buckets.ipynb", "buckets.json", "portkit.buckets"),
     Stage("xla", "03b_xla.ipynb", "xla.json", "portkit.xla"),
+    Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy"),
     Stage("report", "05_report.ipynb", "report.json", "portkit.report"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
@@ -146,6 +149,8 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     result = RunResult(out)
+    # The kernels papermill starts inherit this: nobody watches them, so stages skip widgets.
+    os.environ.setdefault("PORTKIT_HEADLESS", "1")
     bar = tqdm(per_stage, desc="portkit", unit="stage", disable=not progress)
     for stage, values in bar:
         bar.set_postfix_str(stage.name)

@@ -1,0 +1,70 @@
+"""Stage 3's end-to-end figure: 256 real requests through minilm compiled with Inductor, without
+buckets (one compile per distinct shape, Dynamo's recompile limit raised so none runs eagerly) and
+with the `auto` plan (warm-up, then recompiles forbidden). Total time without / with buckets.
+
+    .venv/bin/python benchmarks/bench_replay.py [--requests 256] [--compile-seconds S]
+
+auto prices a compile at the measured cold compile time of one minilm shape on this machine
+(as stage 2 measures it) unless --compile-seconds is given, and padding at the measured eager time
+per token. Each shape's compile is charged at its first measured time in the session (the order of
+the two runs favours neither); wall times are printed beside. Aim: ratio 10 or more.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from portkit import bucketed, buckets, data, models
+
+
+def cold_compile_seconds(model, lengths=(7, 13)) -> float:
+    """Median first-call time of minilm at fresh shapes, with a fresh Inductor cache each."""
+    from torch._inductor.utils import fresh_cache
+    bucketed._warm_backend("inductor")
+    times = []
+    for length in lengths:
+        torch._dynamo.reset()
+        with fresh_cache(), torch.no_grad():
+            compiled = torch.compile(model.module, backend="inductor", dynamic=False)
+            inputs = model.encode(["Return the sum of a and b."], pad_to=length)
+            start = time.perf_counter()
+            compiled(**inputs)
+            times.append(time.perf_counter() - start)
+    torch._dynamo.reset()
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--compile-seconds", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    model, corpus = models.load("minilm"), data.load_corpus("stdlib")
+    dist = buckets.distribution(corpus, model)
+    hist = buckets.histogram(dist)
+    token_seconds = bucketed.measure_token_seconds(model, hist.top)
+    compile_seconds = args.compile_seconds or cold_compile_seconds(model)
+    source = "--compile-seconds" if args.compile_seconds else "measured cold compile of one minilm shape"
+    trace = bucketed.make_trace(corpus, model, args.requests, args.seed, dist=dist)
+    auto = buckets.plan_buckets(hist, "auto", compile_seconds=compile_seconds, token_seconds=token_seconds,
+                                requests=trace.texts, compile_source=source)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend inductor")
+    print(trace)
+    print(f"auto: {auto}\n  why: {auto.why}")
+    base, mine = bucketed.replay(model, trace, [auto], backend="inductor", progress=False)
+    for run in (base, mine):
+        print(f"{run}  (wall: compile {run.compile_wall_seconds:.1f} s + run {run.run_seconds:.2f} s)")
+    print(f"padding check per bucket: {'ok' if mine.padding_ok else 'FAILED'} "
+          f"(max abs error {max(c['max_abs_error'] for c in mine.padding_checks):.1e}); "
+          f"compiles after warm-up: {mine.compiles_after_warmup}")
+    wall = (base.compile_wall_seconds + base.run_seconds) / (mine.compile_wall_seconds + mine.run_seconds)
+    print(f"ratio total time no buckets/auto = {base.total_seconds / mine.total_seconds:.1f} "
+          f"({base.compiles} vs {mine.compiles} compiles; wall-time ratio {wall:.1f}) (aim: >= 10)")
+
+
+if __name__ == "__main__":
+    main()

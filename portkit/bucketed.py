@@ -1,0 +1,469 @@
+"""Running with buckets (stage 3's runtime half): pad every input to its bucket, run the compiled
+model, slice the outputs back; warm every bucket once, then replay real requests with recompiles
+forbidden, so "no compile after warm-up" is proven by PyTorch rather than assumed.
+
+    >>> import torch
+    >>> from portkit import bucketed, buckets, data, models
+    >>> m, corpus = models.load("minilm"), data.load_corpus()
+    >>> plan = buckets.plan_buckets(buckets.distribution(corpus, m), "optimal", k=3)
+    >>> model = bucketed.BucketedModel(m, plan, backend="inductor")
+    >>> model.warm_up()                                   # one compile per (batch, seq) shape
+    >>> with torch.compiler.set_stance("fail_on_recompile"):
+    ...     out = model(model.encode(["Return the sum of a and b."]))   # outputs at the true length
+    >>> runs = bucketed.replay(m, bucketed.make_trace(corpus, m, 24), [plan], backend="inductor")
+
+`replay` also runs the model without buckets, the way a static-shape target does: one compile per
+distinct shape, with Dynamo's recompile limit raised so it really compiles instead of silently
+running eagerly after 8 shapes (FACTS.md 2: NVIDIA/TensorRT-LLM#6142, pytorch/pytorch#114511).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from portkit import probes
+from portkit.buckets import BucketPlan
+from portkit.errors import BadParameter
+
+NO_BUCKETS = "no buckets"
+# Padding checks compare against the unpadded eager outputs; compiled kernels may sum in another
+# order, so allow more than assert_close's fp32 default (1.3e-6, 1e-5). A mask bug moves outputs by
+# O(0.1) (vllm-project/tpu-inference#3466), far outside this.
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def resolve_backend(backend: str | None = None, detected=None) -> tuple[str, str]:
+    """The torch.compile backend to use, and a note when it is not the one asked for.
+
+    backend None: the target's (detected.backend: the vendor's in native mode, portkit's emulated
+    stand-in otherwise). A name Dynamo does not know falls back to "inductor" with a printed line."""
+    if probes.module_available("portkit.compiling"):
+        importlib.import_module("portkit.compiling")     # stage 2 registers the emulated backends
+    name = backend or (detected.backend if detected is not None else "inductor")
+    if name in torch._dynamo.list_backends(exclude_tags=()):
+        return name, ""
+    note = (f"compile backend {name!r} is not registered (torch._dynamo.list_backends()); "
+            "using 'inductor' instead")
+    print(note)
+    return "inductor", note
+
+
+class CompileLog:
+    """A compile backend that counts and times its own calls: the ground truth for compiles
+    (FACTS.md 3; Dynamo's counters["recompiles"] is never incremented)."""
+
+    def __init__(self, backend: str = "inductor"):
+        self.backend = backend
+        self.inner = torch._dynamo.lookup_backend(backend)
+        self.graphs: list[dict] = []
+
+    def __call__(self, gm, example_inputs):
+        start = time.perf_counter()
+        compiled = self.inner(gm, example_inputs)
+        self.graphs.append({"shapes": [list(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)],
+                            "seconds": time.perf_counter() - start})
+        return compiled
+
+    @property
+    def count(self) -> int:
+        return len(self.graphs)
+
+
+@functools.cache
+def _warm_backend(backend: str) -> None:
+    # The first compile in a process also starts the toolchain (~20 s for Inductor, FACTS.md 3):
+    # pay it here, so that no replay run is charged for it.
+    torch.compile(lambda x: (x * 2).sin(), backend=backend, dynamic=False)(torch.ones(3))
+
+
+def _pad_value(model, name: str) -> int:
+    if name == "input_ids" and model.tokenizer is not None and model.tokenizer.pad_token_id is not None:
+        return int(model.tokenizer.pad_token_id)
+    return 0
+
+
+def output_dims(model) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Which dims of each output follow the batch and the sequence, from two tiny eager runs with
+    inputs of (2, 3) and (3, 5): a dim that reads 2 then 3 is a batch dim, 3 then 5 a sequence dim.
+    Pooled outputs (minilm's "embedding") have no sequence dim and are never sliced."""
+    shapes = []
+    for rows, length in ((2, 3), (3, 5)):
+        inputs = {name: torch.full((rows, length), 1 if name == "attention_mask" else _pad_value(model, name),
+                                   dtype=torch.long) for name in model.input_names}
+        with torch.no_grad():
+            shapes.append({k: tuple(v.shape) for k, v in model.module(**inputs).items()})
+    dims = {}
+    for name, a in shapes[0].items():
+        b = shapes[1][name]
+        dims[name] = (tuple(d for d in range(len(a)) if (a[d], b[d]) == (2, 3)),
+                      tuple(d for d in range(len(a)) if (a[d], b[d]) == (3, 5)))
+    return dims
+
+
+class BucketedModel:
+    """A text model that pads every input (all of model.input_names) to its plan's bucket, runs one
+    torch.compile'd module, and slices sequence- and batch-shaped outputs back to the true size."""
+
+    def __init__(self, model, plan: BucketPlan, backend: str = "inductor", log: CompileLog | None = None):
+        if not model.takes_text:
+            raise BadParameter("model for shape bucketing", model.name, hint="it takes fixed-size images")
+        if plan.top > model.max_length:
+            raise BadParameter("largest bucket", plan.top, hint=f"{model.name} takes at most {model.max_length}")
+        self.model, self.plan = model, plan
+        self.log = log or CompileLog(backend)
+        self.compiled = torch.compile(model.module, backend=self.log, dynamic=False)
+        self.pad_values = {name: _pad_value(model, name) for name in model.input_names}
+        self.dims = output_dims(model)
+
+    def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """Tokenize with the plan's overflow policy: cut at the largest bucket (special tokens kept),
+        or raise BadParameter naming the length."""
+        return self.model.encode(list(texts), max_length=self.plan.top, truncate=self.plan.overflow == "truncate")
+
+    def pad(self, inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
+        """Inputs padded to their (batch, seq) bucket; also the true rows and length."""
+        rows, length = next(iter(inputs.values())).shape[:2]
+        self.plan._check_overflow(np.array([length]))
+        length = min(length, self.plan.top)          # overflow "truncate": cut at the largest bucket
+        seq, batch = self.plan.bucket_for(length), self.plan.batch_for(rows)
+        padded = {}
+        for name, t in inputs.items():
+            t = F.pad(t[:, :length], (0, seq - length), value=self.pad_values.get(name, 0))
+            if batch > rows:   # copies of a real row: a fully masked row can produce NaNs in attention
+                t = torch.cat([t, t[:1].expand(batch - rows, -1)])
+            padded[name] = t
+        return padded, rows, length
+
+    def unpad(self, outputs: dict[str, torch.Tensor], rows: int, length: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, t in outputs.items():
+            batch_dims, seq_dims = self.dims.get(name, ((), ()))
+            index = [slice(None)] * t.dim()
+            for d in batch_dims:
+                index[d] = slice(0, rows)
+            for d in seq_dims:
+                index[d] = slice(0, length)
+            out[name] = t[tuple(index)]
+        return out
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        padded, rows, length = self.pad(inputs)
+        with torch.no_grad():
+            return self.unpad(self.compiled(**padded), rows, length)
+
+    def example(self, batch: int, seq: int) -> dict[str, torch.Tensor]:
+        """Inputs of exactly one bucket's shape (a short real text, padded), for warm-up."""
+        one = self.model.encode(["Return the sum of a and b."], pad_to=seq)
+        return {k: v.expand(batch, -1).contiguous() for k, v in one.items()}
+
+    def warm_up(self, progress: bool = False, costs: dict | None = None) -> list[dict]:
+        """Compile every (batch, seq) shape of the plan once. Returns per shape: seconds (wall time of
+        the first call) and graphs compiled."""
+        from tqdm.auto import tqdm
+        done = []
+        with _recompile_limit(self.plan.compiles + 8), torch.no_grad():
+            for shape in tqdm(self.plan.shapes(), desc=f"warm-up {self.plan.planner}", disable=not progress,
+                              leave=False):
+                inputs = self.example(shape["batch"], shape["seq"])
+                before, start = self.log.count, time.perf_counter()
+                self.compiled(**inputs)
+                seconds = time.perf_counter() - start
+                graphs = self.log.count - before
+                charged = _charge(costs, self, inputs, seconds) if graphs else 0.0
+                done.append({**shape, "seconds": seconds, "charged_seconds": charged, "graphs": graphs})
+        return done
+
+
+def _shape_key(owner, inputs: dict) -> tuple:
+    return (id(owner.model.module), owner.log.backend, tuple((k, tuple(v.shape)) for k, v in inputs.items()))
+
+
+def _charge(costs: dict | None, owner, inputs: dict, seconds: float) -> float:
+    """The compile time charged for a shape: its first measured compile in this session. A later run
+    that compiles the same shape may hit the compiler's cache; charging the first (cold) measurement
+    keeps the order of the runs from favouring any plan."""
+    if costs is None:
+        return seconds
+    return costs.setdefault(_shape_key(owner, inputs), seconds)
+
+
+@contextlib.contextmanager
+def _recompile_limit(n: int):
+    # Dynamo stops compiling a function after recompile_limit (8) shapes and silently runs it
+    # eagerly (pytorch/pytorch#114511); a static-shape target compiles every shape, so raise it.
+    n = max(n, torch._dynamo.config.recompile_limit)
+    with torch._dynamo.config.patch(recompile_limit=n,
+                                    accumulated_recompile_limit=max(n, torch._dynamo.config.accumulated_recompile_limit)):
+        yield
+
+
+# ---------------------------------------------------------------- traces of real requests
+@dataclass
+class Trace:
+    """Requests from a corpus in a seeded random order: each request is one batch of texts."""
+    requests: list[list[str]]
+    lengths: list[list[int]]
+    pool_texts: tuple[str, ...]       # the corpus and its token lengths: source of check inputs
+    pool_lengths: np.ndarray
+    source: str
+    seed: int
+
+    @property
+    def texts(self) -> int:
+        return sum(len(r) for r in self.requests)
+
+    def describe(self) -> dict:
+        flat = np.concatenate([np.asarray(x) for x in self.lengths])
+        return {"requests": len(self.requests), "texts": self.texts, "source": self.source, "seed": self.seed,
+                "batch_sizes": sorted({len(r) for r in self.requests}),
+                "distinct_lengths": int(np.unique(flat).size), "max_length": int(flat.max())}
+
+    def __str__(self) -> str:
+        d = self.describe()
+        return (f"{d['requests']} requests ({d['texts']} texts) from {d['source']} in random order (seed "
+                f"{d['seed']}): {d['distinct_lengths']} distinct lengths, longest {d['max_length']} tokens")
+
+
+def make_trace(corpus, model, n: int, seed: int = 0, max_batch: int = 1, dist=None) -> Trace:
+    """n requests of 1..max_batch texts (seeded sizes), texts drawn from the corpus in random order."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, max_batch + 1, size=n).tolist() if max_batch > 1 else [1] * n
+    texts = corpus.sample(sum(sizes), seed)
+    lengths = model.token_lengths(texts)
+    requests, lens, at = [], [], 0
+    for size in sizes:
+        requests.append(texts[at:at + size])
+        lens.append(lengths[at:at + size])
+        at += size
+    pool = dist.lengths if dist is not None else np.asarray(model.token_lengths(list(corpus.texts)))
+    return Trace(requests, lens, tuple(corpus.texts), np.asarray(pool), corpus.name, seed)
+
+
+# ---------------------------------------------------------------- padding correctness
+def check_inputs(bm: BucketedModel, trace: Trace, batch: int, seq: int, prev_batch: int, prev_seq: int,
+                 seed: int = 0) -> tuple[list[dict], list[int]]:
+    """Real texts that land in bucket (batch, seq): prev_batch + 1 rows (so batch padding is
+    exercised when the bucket is wider), lengths spread over (prev_seq, seq] from the shortest (the
+    most padding) up, each a corpus text cut at that length by the tokenizer (kept at least 3 tokens
+    long where the bucket allows). Returns the per-row inputs (unpadded) and their lengths."""
+    rng = np.random.default_rng(seed + seq * 131 + batch)
+    rows = prev_batch + 1
+    shortest = max(prev_seq + 1, min(3, seq))      # [CLS] word [SEP]: the most padding a real text gets
+    wanted = np.linspace(shortest, seq, rows + 1)[:-1].round().astype(int) if rows > 1 else [shortest]
+    out, lengths = [], []
+    for length in wanted:
+        candidates = np.flatnonzero(trace.pool_lengths >= length)
+        text = trace.pool_texts[int(rng.choice(candidates))] if candidates.size else max(trace.pool_texts, key=len)
+        # the tokenizer cannot cut below its special tokens ([CLS] x [SEP]); shorter rows are sliced
+        enc = bm.model.encode([text], max_length=max(int(length), 3))
+        enc = {k: v[:, :length] for k, v in enc.items()}
+        got = int(next(iter(enc.values())).shape[1])
+        if not prev_seq < got <= seq:
+            raise RuntimeError(f"no check input of {length} tokens for bucket {seq}: the corpus gave {got}")
+        out.append(enc)
+        lengths.append(got)
+    return out, lengths
+
+
+def check_padding(bm: BucketedModel, trace: Trace, reference=contextlib.nullcontext, rtol: float = RTOL,
+                  atol: float = ATOL) -> list[dict]:
+    """Per bucket shape: the bucketed (padded, compiled) outputs at real positions against the
+    unpadded eager outputs, with torch.testing.assert_close. `reference` is a context manager factory
+    the eager run happens under (e.g. the target's numerics emulation)."""
+    results = []
+    batches, seqs = (0, *bm.plan.batch_sizes), (0, *bm.plan.boundaries)
+    for bi in range(1, len(batches)):
+        for si in range(1, len(seqs)):
+            rows, lengths = check_inputs(bm, trace, batches[bi], seqs[si], batches[bi - 1], seqs[si - 1])
+            batch = _stack_rows(rows, bm.pad_values)
+            got = bm(batch)
+            worst, failures = 0.0, []
+            for r, (row, length) in enumerate(zip(rows, lengths)):
+                with torch.no_grad(), reference():
+                    want = bm.model.module(**row)
+                for name, expected in want.items():
+                    _, seq_dims = bm.dims.get(name, ((), ()))
+                    actual = got[name][r:r + 1]
+                    index = [slice(None)] * actual.dim()
+                    for d in seq_dims:
+                        index[d] = slice(0, length)
+                    actual = actual[tuple(index)]
+                    if actual.is_floating_point():
+                        worst = max(worst, float((actual - expected).abs().max()))
+                    try:
+                        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+                    except AssertionError as exc:
+                        failures.append(f"{name} (row {r}, length {length}): {str(exc).splitlines()[0]}")
+            results.append({"batch": batches[bi], "seq": seqs[si], "rows": len(rows), "lengths": lengths,
+                            "max_abs_error": worst, "ok": not failures, "failures": failures,
+                            "rtol": rtol, "atol": atol})
+    return results
+
+
+def _stack_rows(rows: list[dict], pad_values: dict) -> dict[str, torch.Tensor]:
+    longest = max(next(iter(r.values())).shape[1] for r in rows)
+    return {name: torch.cat([F.pad(r[name], (0, longest - r[name].shape[1]), value=pad_values.get(name, 0))
+                             for r in rows]) for name in rows[0]}
+
+
+# ---------------------------------------------------------------- replay
+@dataclass
+class ReplayRun:
+    """One replay of a trace: without buckets, or with one plan."""
+    name: str
+    backend: str
+    plan: dict | None
+    requests: int
+    compiles: int                     # graphs the backend compiled, counted by the backend itself
+    compiles_after_warmup: int        # 0: the replay ran under set_stance("fail_on_recompile")
+    real_tokens: int
+    computed_tokens: int
+    compile_seconds: float            # each shape charged its first measured compile (see _charge)
+    compile_wall_seconds: float       # what the calls that compiled took in this run
+    run_seconds: float
+    padding_checks: list[dict] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def waste(self) -> float:
+        return 1 - self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+    @property
+    def total_seconds(self) -> float:
+        return self.compile_seconds + self.run_seconds
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests / self.total_seconds if self.total_seconds else float("inf")
+
+    @property
+    def padding_ok(self) -> bool | None:
+        return all(c["ok"] for c in self.padding_checks) if self.padding_checks else None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "backend": self.backend, "plan": self.plan, "requests": self.requests,
+                "compiles": self.compiles, "compiles_after_warmup": self.compiles_after_warmup,
+                "real_tokens": self.real_tokens, "computed_tokens": self.computed_tokens,
+                "padding_waste": self.waste, "compile_seconds": self.compile_seconds,
+                "compile_wall_seconds": self.compile_wall_seconds, "run_seconds": self.run_seconds,
+                "total_seconds": self.total_seconds, "requests_per_second": self.requests_per_second,
+                "padding_ok": self.padding_ok, "padding_checks": self.padding_checks, "note": self.note}
+
+    def __str__(self) -> str:
+        return (f"{self.name:>16} [{self.backend}]: {self.compiles:3d} compiles, {self.waste:6.1%} padding, "
+                f"compile {self.compile_seconds:7.1f} s + run {self.run_seconds:6.2f} s = "
+                f"{self.total_seconds:7.1f} s, {self.requests_per_second:7.2f} requests/s")
+
+
+def _replay_unbucketed(model, encoded, backend, costs, progress) -> ReplayRun:
+    from tqdm.auto import tqdm
+    log = CompileLog(backend)
+    compiled = torch.compile(model.module, backend=log, dynamic=False)
+    owner = type("Owner", (), {"model": model, "log": log})
+    compile_wall = charged = run = 0.0
+    with _recompile_limit(len(encoded) + 8), torch.no_grad():
+        for inputs in tqdm(encoded, desc=f"replay {NO_BUCKETS}", disable=not progress, leave=False):
+            before, start = log.count, time.perf_counter()
+            compiled(**inputs)
+            seconds = time.perf_counter() - start
+            if log.count > before:
+                compile_wall += seconds
+                charged += _charge(costs, owner, inputs, seconds)
+            else:
+                run += seconds
+    shapes = {tuple(next(iter(i.values())).shape) for i in encoded}
+    if log.count < len(shapes):   # never silently eager: every distinct shape must have compiled
+        raise RuntimeError(f"{len(shapes)} distinct shapes but only {log.count} compiles: Dynamo fell back "
+                           "to eager; raise torch._dynamo.config.recompile_limit")
+    real = sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel()
+               for i in encoded)
+    computed = sum(next(iter(i.values())).numel() for i in encoded)
+    return ReplayRun(NO_BUCKETS, backend, None, len(encoded), log.count, 0, real, computed, charged,
+                     compile_wall, run)
+
+
+def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol):
+    from tqdm.auto import tqdm
+    bm = BucketedModel(model, plan, backend)
+    warm = bm.warm_up(progress, costs)
+    after_warmup = bm.log.count
+    run, computed = 0.0, 0
+    # From here any compile is an error raised by PyTorch itself: zero compiles after warm-up is proven.
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for inputs in tqdm(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False):
+            padded, rows, length = bm.pad(inputs)
+            computed += next(iter(padded.values())).numel()
+            start = time.perf_counter()
+            with torch.no_grad():
+                bm.unpad(bm.compiled(**padded), rows, length)
+            run += time.perf_counter() - start
+        checks = check_padding(bm, trace, reference, rtol, atol) if check else []
+    real = sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel()
+               for i in encoded)
+    return ReplayRun(plan.planner, backend, plan.to_dict(), len(encoded), after_warmup,
+                     bm.log.count - after_warmup, real, computed, sum(w["charged_seconds"] for w in warm),
+                     sum(w["seconds"] for w in warm if w["graphs"]), run, checks)
+
+
+def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inductor", baseline: bool = True,
+           check: bool = True, reference=contextlib.nullcontext, rtol: float = RTOL, atol: float = ATOL,
+           progress: bool = True, costs: dict | None = None) -> list[ReplayRun]:
+    """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
+
+    Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
+    tokenized up front (cut at the plans' largest bucket under "truncate"); timing covers the model
+    calls only. With check, every bucket shape's outputs are compared with unpadded eager outputs."""
+    top = max((p.top for p in plans), default=model.max_length)
+    policy = plans[0].overflow if plans else "truncate"
+    kept = [texts for texts, lengths in zip(trace.requests, trace.lengths)
+            if policy == "truncate" or max(lengths) <= top]
+    if len(kept) < len(trace.requests):
+        print(f"overflow policy 'reject': {len(trace.requests) - len(kept)} requests longer than {top} tokens "
+              "are rejected and left out of every run")
+    encoded = [model.encode(texts, max_length=top) for texts in kept]
+    costs = {} if costs is None else costs
+    _warm_backend(backend)
+    runs = []
+    if baseline:
+        torch._dynamo.reset()
+        runs.append(_replay_unbucketed(model, encoded, backend, costs, progress))
+    seen = {}
+    for plan in plans:
+        shapes = (plan.boundaries, plan.batch_sizes)
+        if shapes in seen:   # the same shapes as an earlier plan: the same run, not replayed twice
+            runs.append(dataclasses.replace(seen[shapes], name=plan.planner, plan=plan.to_dict(),
+                                            note=f"same shapes as {seen[shapes].name}: replayed once"))
+            continue
+        torch._dynamo.reset()
+        runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
+                                 rtol, atol))
+        seen[shapes] = runs[-1]
+    torch._dynamo.reset()
+    return runs
+
+
+def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
+    """Seconds of compute per token on this machine: the slope of eager forward time against
+    sequence length (batch 1, lengths top/4, top/2, top). Used by the auto planner to price padding."""
+    lengths = sorted({max(2, top // 4), max(2, top // 2), max(2, top)})
+    times = []
+    with torch.no_grad():
+        for length in lengths:
+            inputs = model.encode(["Return the sum of a and b."], pad_to=length)
+            model.module(**inputs)
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                model.module(**inputs)
+                samples.append(time.perf_counter() - start)
+            times.append(min(samples))
+    slope = float(np.polyfit(lengths, times, 1)[0]) if len(lengths) > 1 else times[0] / lengths[0]
+    return max(slope, times[-1] / lengths[-1] / 10)   # noisy timings must not make padding free
