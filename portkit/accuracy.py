@@ -506,8 +506,26 @@ class TargetAccuracy:
                 f"{self.verdict.upper()}; {shown}; {len(self.reasons)} reasons"
                 + (f"; first module out of tolerance: {first['module']}" if first else ""))
 
+    def findings(self) -> list[dict]:
+        """This stage's findings in the report's terms. A miss of the elementwise tolerance while the
+        task metric holds, or that another precision setting fixes, is work; a task metric that fails
+        at every precision measured is a blocker."""
+        if self.verdict == "pass":
+            return []
+        passing = [r for r in self.others if r.passed]
+        task_ok = self.chosen.task["passed"]
+        fixable = bool(passing) or task_ok
+        advice = (f"set {passing[0].precision['setting']} (precision '{passing[0].name}' passes)" if passing else
+                  "; ".join(self.suggestions[:2]) or "see the accuracy notebook's suggestions")
+        first = (self.chosen.layers or {}).get("first_failing")
+        where = f"; first module out of tolerance: {first['module']}" if first else ""
+        return [{"kind": "accuracy", "severity": "work" if fixable else "blocker",
+                 "message": f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
+                            f"{'; '.join(self.reasons)[:300]}{where}", "advice": advice}]
+
     def to_dict(self) -> dict:
         return {"target": self.target, "summary": self.summary(), "verdict": self.verdict,
+                "findings": self.findings(),
                 "reasons": self.reasons, "suggestions": self.suggestions, "target_side": self.chosen.target_side,
                 "precision": self.chosen.precision, "tolerance": next(iter(self.chosen.outputs.values()))["tolerance"],
                 "outputs": self.chosen.outputs, "task": self.chosen.task, "vs_float64": self.chosen.vs_float64,

@@ -131,7 +131,37 @@ def _xla(data: dict, t: dict, out: "TargetReport") -> None:
     }
 
 
-READERS = {"fallbacks": _fallbacks, "compile": _compile, "xla": _xla}
+def _buckets(data: dict, t: dict, out: "TargetReport") -> None:
+    chosen = t.get("chosen") or {}
+    out.buckets = {k: chosen.get(k) for k in ("planner", "boundaries", "batch_sizes", "why")}
+    waste = chosen.get("padding_waste", chosen.get("waste"))
+    out.metrics["buckets"] = {
+        "bucket plan": f"{chosen.get('planner', '?')} {chosen.get('boundaries', [])}",
+        "padding waste (planned)": f"{waste:.1%}" if isinstance(waste, (int, float)) else "—",
+    }
+    for row in t.get("replay", []) if isinstance(t.get("replay"), list) else []:
+        if row.get("plan") in ("none", "no buckets", None) or row.get("planner") == chosen.get("planner"):
+            label = "replay without buckets" if row.get("plan") in ("none", "no buckets") else "replay with chosen plan"
+            out.metrics["buckets"][label] = (f"{row.get('compiles', '?')} compiles, "
+                                             f"{row.get('total_seconds', 0):.1f} s total")
+
+
+def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
+    out.precision = {"name": (t.get("precision") or {}).get("name"),
+                     "setting": (t.get("precision") or {}).get("setting"),
+                     "verdict": t.get("verdict"), "suggestions": t.get("suggestions", [])}
+    main = next(iter((t.get("outputs") or {}).items()), None)
+    task = t.get("task") or {}
+    out.metrics["accuracy"] = {
+        "precision": (t.get("precision") or {}).get("setting", "—"),
+        "verdict (assert_close)": t.get("verdict", "—"),
+        f"max abs error ({main[0]})" if main else "max abs error": f"{main[1].get('max_abs', 0):.2g}" if main else "—",
+        "task metric": task.get("metric", "—"),
+        "buckets passing": f"{sum(bool(b.get('passed')) for b in t.get('buckets', []))}/{len(t.get('buckets', []))}",
+    }
+
+
+READERS = {"fallbacks": _fallbacks, "compile": _compile, "buckets": _buckets, "xla": _xla, "accuracy": _accuracy}
 
 
 # ---------------------------------------------------------------- the report

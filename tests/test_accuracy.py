@@ -101,7 +101,7 @@ def test_bad_parameters_name_the_value():
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):
-    assert runner.STAGES[-1] == runner.Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy")
+    assert runner.Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy") in runner.STAGES
     with pytest.raises(BadParameter, match="precision for target tpu"):
         runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"precision": {"tpu": "fast"}}, stages=["accuracy"])
     with pytest.raises(BadParameter, match="default_buckets"):
@@ -124,6 +124,12 @@ def test_bf16_matmuls_change_minilm_a_little_and_keep_cosine(minilm_report):
     assert "Mismatched elements" in tpu.chosen.layers["reason"]
     assert highest.layers["first_failing"] is None and highest.layers["modules_compared"] > 100
     assert any("precision 'highest'" in s and "passes" in s for s in tpu.suggestions)
+    # for the report: a miss that another precision fixes is work, with that precision's flag as advice
+    assert tpu.verdict == "fail"          # bf16 drift exceeds assert_close's bf16 atol on normalised embeddings
+    (finding,) = tpu.findings()
+    assert finding["severity"] == "work" and "precision 'highest' passes" in finding["advice"]
+    assert "layer.0.attention.self.query" in finding["message"]
+    assert minilm_report.targets["neuron"].findings() == []
 
 
 def test_neuron_settings_and_the_float64_reference(minilm_report):
