@@ -30,6 +30,12 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` through a temporary file in the same folder, then rename."""
     path = Path(path)
@@ -38,6 +44,7 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; results are ordinary files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

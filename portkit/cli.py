@@ -1,6 +1,7 @@
 """The `portkit` command.
 
     portkit run --model minilm --target neuron --target tpu --out runs/minilm [-p batch_size 4 ...]
+    portkit report runs/minilm   # rebuild report.html / report.json from a run folder, no stage rerun
     portkit targets              # each target's mode on this machine, and why
     portkit params               # every parameter the stage notebooks take
 
@@ -35,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="a notebook parameter, e.g. -p batch_size 4 (see `portkit params`)")
     run.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    rep = sub.add_parser("report", help="rebuild report.html and report.json from a run folder")
+    rep.add_argument("run_dir", help="a folder written by `portkit run`")
+    rep.add_argument("--target", action="append", dest="targets", metavar="TARGET",
+                     help="targets to report on (default: those in the stage results)")
     sub.add_parser("targets", help="show each target's mode on this machine")
     sub.add_parser("params", help="list the notebooks' parameters")
     return parser
@@ -50,6 +55,36 @@ def _run(args) -> int:
     user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
     result = runner.run(args.model, targets, out, user, args.stages, progress=not args.no_progress)
     print(f"results: {result.out_dir}")
+    _print_verdicts(result.out_dir)
+    return 0
+
+
+def _print_verdicts(run_dir) -> None:
+    """The last lines of a run: where the report is, and each target's verdict."""
+    import json
+    from pathlib import Path
+    path = Path(run_dir) / "report.json"
+    if not path.exists():
+        return
+    saved = json.loads(path.read_text())
+    print(f"report: {Path(run_dir) / 'report.html'}")
+    for name, t in saved["targets"].items():
+        print(f"verdict {name} ({t['mode']}): {t['verdict'].upper()} — {t['verdict_reason']}")
+
+
+def _report(args) -> int:
+    from pathlib import Path
+    from portkit import report, targets as targets_mod
+    from portkit.errors import BadParameter
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise BadParameter("run folder", args.run_dir, hint="no such folder; give one written by `portkit run`")
+    names = targets_mod.parse_targets(args.targets) if args.targets else None
+    r = report.build_report(run_dir, names)
+    r.save(run_dir)
+    for gap in r.gaps:
+        print(f"gap: {gap}")
+    _print_verdicts(run_dir)
     return 0
 
 
@@ -75,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "targets":
             return _targets()
         return _params()

@@ -132,7 +132,7 @@ class Requests:
                 + ", ".join("x".join(map(str, s)) for s in shapes))
 
 
-def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: int = 128, seed: int = 0,
+def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: int = 64, seed: int = 0,
                   horizon: int = 1000) -> Requests:
     """n requests of batch_size texts from the corpus, each padded only to its own longest text; the
     stream goes on to `horizon` requests whose shapes are kept (not run) to project a longer storm."""
@@ -168,6 +168,10 @@ def _failure(exc: BaseException, request: int | None = None) -> dict:
             "graph break" if isinstance(exc, torch._dynamo.exc.Unsupported) else type(inner).__name__)
     return {"kind": kind, "message": lines[0] if lines else type(inner).__name__,
             "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
+
+
+def _finding(kind: str, severity: str, message: str, advice: str) -> dict:
+    return {"kind": kind, "severity": severity, "message": message, "advice": advice}
 
 
 def _failure_text(f: dict) -> str:
@@ -406,7 +410,7 @@ class FixedShape:
         return {**dataclasses.asdict(self), "summary": self.summary()}
 
 
-def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 128, precision=None,
+def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64, precision=None,
                       backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
     """Pad every request to seq_len, compile once, and run them all under fail_on_recompile."""
     inputs = requests.padded(seq_len)
@@ -454,7 +458,11 @@ class CompileReport:
     def compile_seconds(self, name: str) -> dict:
         events = self.storms[name].compiles + self.fixed[name].compiles
         seconds = [e.seconds for e in events]
-        return {"first": seconds[0] if seconds else None, "median": statistics.median(seconds) if seconds else None,
+        # A compile Inductor served from its FX graph cache is not what a new shape costs on the
+        # target: the median that later stages price a compile at leaves those out where it can.
+        paid = [e.seconds for e in events if not e.cache_hit] or seconds
+        return {"first": seconds[0] if seconds else None, "median": statistics.median(paid) if paid else None,
+                "median_all": statistics.median(seconds) if seconds else None,
                 "count": len(seconds), "cache_hits": sum(e.cache_hit for e in events)}
 
     def projection(self, name: str) -> dict:
@@ -465,6 +473,43 @@ class CompileReport:
         return {"requests": len(stream), "distinct_shapes": distinct,
                 "eager_from_request": _eager_from(stream, self.storms[name].default_limit),
                 "median_compile_seconds": median, "compile_seconds": distinct * median if median else None}
+
+    def findings(self, name: str) -> list[dict]:
+        """What this stage found for one target, in the report's terms (severity, message, advice)."""
+        out, check = [], (self.breaks.checks.get(name) or {})
+        storm, fixed = self.storms[name], self.fixed[name]
+        if check.get("refused"):
+            out.append(_finding("compile_refused", "blocker", check["refused"],
+                                "make the graph static: dynamic=False, no data-dependent shapes, pad to buckets"))
+        for op in check.get("not_lowered", []):
+            where = "; ".join(w["text"] for w in op["where"][:2]) or "(no source line)"
+            out.append(_finding("not_lowered", "blocker" if op["status"] == "unsupported" else "work",
+                                f"{op['op']} would not lower ({op['status']}: {op['detail']}) at {where}",
+                                "replace the op, or write a kernel for it on the target"))
+        for failure in (storm.failure, fixed.failure):
+            if failure:
+                out.append(_finding("compile_failed", "blocker", _failure_text(failure),
+                                    failure.get("hint") or "fix the model so the target's backend compiles it"))
+        if self.breaks.breaks:
+            first = self.breaks.breaks[0]
+            out.append(_finding("graph_break", "work", f"{len(self.breaks.breaks)} graph break(s); first: "
+                                f"{first['reason']} at {_text(first['where'])}",
+                                "every break is a separate graph to compile per shape: remove it, then "
+                                "compile with fullgraph=True as the vendors recommend"))
+        elif not self.breaks.fullgraph.get("ok", True):
+            out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(self.breaks.fullgraph)}",
+                                "the vendors recommend fullgraph=True: remove what stops it"))
+        if storm.requests and len(storm.compiles) > 1:
+            p = self.projection(name)
+            out.append(_finding("recompile_storm", "work",
+                                f"{len(storm.compiles)} compiles for {len(storm.requests)} requests of varying "
+                                f"length; projected {p['distinct_shapes']} shapes for {p['requests']} requests",
+                                "pad to a few fixed shapes: use stage 3's bucket plan"))
+        if not fixed.failure and (fixed.compiles_after or not fixed.armed):
+            out.append(_finding("fixed_shape", "work", fixed.summary(),
+                                "a fixed shape should compile once and never again: check the model for "
+                                "shape-dependent Python code"))
+        return out
 
     def target_summary(self, name: str) -> str:
         p = self.projection(name)
@@ -481,6 +526,7 @@ class CompileReport:
         per_target = {name: {"target": storm.target, "backend": storm.backend, "precision": storm.precision,
                              "summary": self.target_summary(name), "compile_seconds": self.compile_seconds(name),
                              "fixed_shape": self.fixed[name].shape, "checks": self.breaks.checks.get(name),
+                             "findings": self.findings(name),
                              "projection": self.projection(name), "storm": storm.to_dict(),
                              "fixed": self.fixed[name].to_dict()} for name, storm in self.storms.items()}
         return {"stage": STAGE, "model": self.model, "requests": self.requests, "summary": self.summary(),

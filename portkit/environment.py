@@ -34,7 +34,11 @@ def environment(target_names=()) -> dict:
 
 
 def block(target_names=()) -> str:
-    info = environment(target_names)
+    return render(environment(target_names))
+
+
+def render(info: dict) -> str:
+    """The environment dict as the text block users paste into issues."""
     lines = ["portkit environment",
              f"  python {info['python']} on {info['platform']} ({info['cpus']} CPUs)",
              f"  torch {info['torch_build']}"]

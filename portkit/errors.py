@@ -37,6 +37,10 @@ class NeedsNetwork(PortkitError):
     """The request would need a download; portkit runs offline."""
 
 
+class MissingPackage(PortkitError):
+    """An optional package a stage needs is absent or does not import; the message says what to install."""
+
+
 class StageFailed(PortkitError):
     """A workbook notebook failed; the message names the notebook and the cell."""
 

@@ -83,21 +83,28 @@ class NumericsMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.is_view:
+            # A view computes nothing, and must stay a view of the caller's tensor: in-place writes
+            # through it (shifted[..., 1:] = ids[..., :-1] in T5's _shift_right) reach the base.
+            return func(*args, **kwargs)
         wide = self._has_cast(args, kwargs)
-        if wide is not None and func not in (aten.detach.default, aten.lift_fresh.default):
+        run_args, run_kwargs = args, kwargs
+        if wide is not None:
             if wide == torch.float64:
                 self.float64_ops[func.name()] += 1
-            self.stats[f"{str(wide).replace('torch.', '')} ops run as "
-                       f"{str(self.casts[wide]).replace('torch.', '')}"] += 1
-            out = self._compute(func, self._down(args), {k: self._down(v) for k, v in kwargs.items()})
-            return _restore(out, wide, self.casts[wide])
-        return self._compute(func, args, kwargs)
+            self.stats[f"{_name(wide)} ops run as {_name(self.casts[wide])}"] += 1
+            run_args, run_kwargs = self._down(args), {k: self._down(v) for k, v in kwargs.items()}
+        if self.precision.all_ops is not None:
+            run_args = tuple(_round_all(a, self.precision.all_ops) for a in run_args)
+        out = self._compute(func, run_args, run_kwargs)
+        written = _write_back(func, args, kwargs, run_args, run_kwargs, self.precision.all_ops)
+        if written:   # in-place and out= ops return the caller's own tensors, now holding the result
+            return written[0] if len(written) == 1 else tuple(written)
+        return _restore(out, wide, self.casts[wide]) if wide is not None else out
 
     # -- precision
     def _compute(self, func, args, kwargs):
         p = self.precision
-        if p.all_ops is not None:
-            args = tuple(_round_all(a, p.all_ops) for a in args)
         if func is FUSED_ATTENTION and p.matmul_inputs is not None:
             self.stats[f"attention products rounded to {_name(p.matmul_inputs)}"] += 1
             out = _attention(*args, **kwargs, operand=p.matmul_inputs, result=p.matmul_output)
@@ -125,6 +132,25 @@ def _round_all(value, dtype):
     if isinstance(value, (list, tuple)):
         return type(value)(_round_all(v, dtype) for v in value)
     return value
+
+
+def _write_back(func, args, kwargs, run_args, run_kwargs, round_all) -> list[torch.Tensor]:
+    """An in-place or out= op wrote into cast or rounded copies of its arguments; put the values into
+    the caller's tensors (T5's relative position buckets are summed with an in-place int64 add_)."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        original, copy = (args[i], run_args[i]) if i < len(args) else (kwargs.get(arg.name), run_kwargs.get(arg.name))
+        if isinstance(original, torch.Tensor) and isinstance(copy, torch.Tensor):
+            if round_all is not None:
+                copy = _round_all(copy, round_all)
+            if copy is not original:
+                if original.shape != copy.shape:   # out= tensors the op resized
+                    original.resize_(copy.shape)
+                original.copy_(copy)
+            written.append(original)
+    return written
 
 
 def _restore(value, wide: torch.dtype, narrow: torch.dtype):
@@ -173,3 +199,36 @@ def emulate(target: Target, precision: str | Precision | None = None) -> Numeric
     else:
         chosen = target.precision(precision)
     return NumericsMode(target, chosen)
+
+
+# ---------------------------------------------------------------- FOR TESTING ONLY
+class WrongOpMode_TESTING_ONLY(NumericsMode):
+    """FOR TESTING ONLY: deliberately wrong numerics. Never use it for a result.
+
+    The target's rules, except that the `call`-th call (counting from 1) of the ATen op named `op`
+    (as `func.name()` spells it, e.g. "aten::gelu") has its result scaled by (1 + error). Like
+    `relu_accuracy_error_TESTING_ONLY` in torch/_dynamo/backends/debugging.py, it stands in for a
+    compiler that gets one op wrong, so tests can prove that stage 4 fails and names the module that
+    op ran in."""
+
+    def __init__(self, target: Target, precision: Precision, op: str, call: int, error: float):
+        super().__init__(target, precision)
+        self.op, self.call, self.error, self.seen = op, call, error, 0
+
+    def _compute(self, func, args, kwargs):
+        out = super()._compute(func, args, kwargs)
+        if func.name() == self.op:
+            self.seen += 1
+            if self.seen == self.call:
+                self.stats[f"TESTING ONLY: {self.op} call {self.call} scaled by 1{self.error:+g}"] += 1
+                out = out * (1 + self.error)
+        return out
+
+
+def wrong_op_TESTING_ONLY(op: str = "aten::gelu", call: int = 1, error: float = 1e-2):
+    """FOR TESTING ONLY: a factory with emulate()'s signature that returns WrongOpMode_TESTING_ONLY."""
+    def make(target: Target, precision: str | Precision | None = None) -> NumericsMode:
+        base = emulate(target, precision)
+        return WrongOpMode_TESTING_ONLY(base.target, base.precision, op, call, error)
+    make.__qualname__ = make.__name__ = f"wrong_op_TESTING_ONLY({op!r}, call={call}, error={error:g})"
+    return make

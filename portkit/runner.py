@@ -39,6 +39,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "fallbacks.json", "portkit.fallbacks"),
     Stage("compile", "02_compile.ipynb", "compile.json", "portkit.compiling"),
     Stage("buckets", "03_buckets.ipynb", "buckets.json", "portkit.buckets"),
+    Stage("xla", "03b_xla.ipynb", "xla.json", "portkit.xla"),
+    Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy"),
+    Stage("report", "05_report.ipynb", "report.json", "portkit.report"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
@@ -157,7 +160,9 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
             papermill.execute_notebook(
                 str(NOTEBOOKS / stage.notebook), str(output), parameters=values, kernel_name="python3",
                 progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
-                cwd=str(NOTEBOOKS), request_save_on_cell_execute=True)
+                cwd=str(NOTEBOOKS), request_save_on_cell_execute=True,
+                # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
+                extra_arguments=["--IPKernelApp.log_level=ERROR"])
         except PapermillExecutionError as exc:
             raise StageFailed(f"stage {stage.name} failed in cell {exc.exec_count} of {stage.notebook} "
                               f"({exc.ename}: {exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ''}); "

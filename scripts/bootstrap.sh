@@ -19,5 +19,7 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+
            --extra-index-url https://pypi.org/simple
   fi
 fi
-"${pip[@]}" install -e ".[${extras}]"
+# compat mode: a .pth entry, so `portkit` imports the same way from any folder (the default
+# editable finder can lose to a namespace portion and import an empty package).
+"${pip[@]}" install -e ".[${extras}]" --config-settings editable_mode=compat
 .venv/bin/python -c 'import torch, transformers, portkit; print(f"portkit {portkit.__version__}: torch {torch.__version__}, transformers {transformers.__version__} in .venv")'

@@ -54,6 +54,34 @@ def test_float64_runs_as_float32_and_comes_back_as_float64():
     assert mode.float64_ops["aten::mul.Tensor"] == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+def test_in_place_and_out_ops_write_into_the_callers_tensor(dtype):
+    x, one, out = torch.arange(4, dtype=dtype), torch.ones(4, dtype=dtype), torch.empty(4, dtype=dtype)
+    with numerics.emulate(NEURON) as mode:
+        returned = x.add_(one)
+        torch.mul(x, 2, out=out)
+    assert returned is x and x.tolist() == [1, 2, 3, 4] and x.dtype == dtype
+    assert out.tolist() == [2, 4, 6, 8] and out.dtype == dtype
+    assert sum(mode.stats.values()) == 2
+
+
+def test_writes_through_views_reach_the_base_tensor():
+    base, src = torch.zeros(4, dtype=torch.int64), torch.tensor([7, 8, 9])
+    with numerics.emulate(NEURON):
+        base[1:] = src                           # slice (a view), then copy_ into it
+        base[0] = 5
+    assert base.tolist() == [5, 7, 8, 9]
+
+
+def test_in_place_ops_round_under_auto_cast_all():
+    torch.manual_seed(0)
+    x = torch.randn(64)
+    expect = bf16(bf16(x) * 3)
+    with numerics.emulate(NEURON, "all"):
+        x.mul_(3)
+    assert torch.equal(x, expect)
+
+
 def test_int64_wraps_on_neuron_only():
     big = torch.tensor([2 ** 31 + 5], dtype=torch.int64)
     with numerics.emulate(NEURON):

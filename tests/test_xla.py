@@ -1,0 +1,231 @@
+"""portkit.xla: real XLA compiles for TPU topologies on this CPU host, and the Neuron lowering check.
+
+Tests that compile need jax, jaxlib, libtpu and torchax (`pip install 'portkit[xla]'`) and skip
+without them; validation and the skip path run everywhere.
+"""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from portkit import models, probes, xla
+from portkit.errors import BadParameter, MissingPackage, PortkitError
+
+needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+                               reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
+
+
+class Airy(nn.Module):
+    """torch.special.airy_ai has no JAX lowering in torchax 0.0.13."""
+
+    def forward(self, x):
+        return torch.special.airy_ai(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.act = Airy()
+
+    def forward(self, x):
+        return self.act(self.proj(x))
+
+
+class NoLowering(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16, 16), Block()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return {"y": x}
+
+
+class Dense(nn.Module):
+    def __init__(self, width: int = 1024):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x):
+        return {"y": torch.tanh(self.fc(x))}
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return models.load("bert")      # 2 layers, hidden 128, random weights: compiles in about 2 s
+
+
+# ---------------------------------------------------------------- compiles (need jax + libtpu + torchax)
+@needs_xla
+def test_small_model_compiles_for_v5e_with_hbm_and_flops(bert, tmp_path):
+    report = xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 32}, {"batch": 4, "seq": 32}])
+    one, four = report.shapes
+    for s in (one, four):
+        assert s.status == "compiled" and s.ok, s.message
+        assert s.platform == "tpu"
+        assert s.memory["argument"] > 0 and s.memory["generated_code"] > 0 and s.memory["total"] > 0
+        assert s.flops > 0 and s.bytes_accessed > 0 and s.compile_seconds > 0
+        assert s.fits_hbm is True
+        # The compiled program holds the weights once, in float32: argument bytes track parameter bytes.
+        assert 0.95 < s.memory["argument"] / report.parameter_bytes < 1.1
+    assert four.flops > 3 * one.flops            # one compile per shape, not one reused program
+    assert report.hbm_bytes_per_device == 16 * 2 ** 30 and report.devices == 1
+    text = str(report)
+    assert "real XLA compile" in text and "compile-only" in text and "nothing executed on a TPU" in text
+    assert "sanity: argument bytes" in text
+    assert "nothing executed on a TPU" in report._repr_html_()
+    saved = json.loads(report.save(tmp_path / "xla.json").read_text())
+    assert saved["ok"] is True and saved["shapes"][0]["memory"]["total"] == one.memory["total"]
+    assert "optimal_seconds" not in json.dumps(saved)     # can be negative: never reported
+
+
+@needs_xla
+def test_guard_rejects_an_executable_compiled_for_the_cpu():
+    jax, _ = xla._require_xla()
+    spec = jax.ShapeDtypeStruct((8, 8), jax.numpy.float32)           # no sharding: JAX picks the CPU
+    compiled = jax.jit(lambda a: a @ a).lower(spec).compile()
+    with pytest.raises(PortkitError, match="not TPU"):
+        xla._compiled_platform(jax, compiled, "v5e:1x1")
+
+
+@needs_xla
+def test_op_without_lowering_is_reported_with_its_module_path():
+    report = xla.compile_for_tpu(NoLowering(), shapes=[{"x": ((4, 16), "float32")}])
+    (s,) = report.shapes
+    assert s.status == "no_lowering" and not report.ok
+    assert s.op == "aten::special_airy_ai"
+    assert s.module_path == "layers.1.act" and s.module_type == "Airy"
+    assert "NO LOWERING for aten::special_airy_ai in module layers.1.act (Airy)" in str(report)
+    assert "Traceback" not in str(report)
+
+
+@needs_xla
+def test_oversized_shape_does_not_fit_hbm():
+    report = xla.compile_for_tpu(Dense(), shapes=[{"x": ((8, 1024), "float32")},
+                                                  {"x": ((1 << 22, 1024), "float32")}])   # 16 GiB of input
+    small, huge = report.shapes
+    assert small.ok and small.fits_hbm is True
+    assert huge.status == "out_of_hbm" and huge.fits_hbm is False and not huge.ok
+    assert "HBM" in huge.message                  # the compiler's own words
+    assert "DOES NOT FIT HBM" in str(report) and not report.ok
+
+
+@needs_xla
+def test_batch_splits_over_devices_when_it_divides():
+    report = xla.compile_for_tpu(Dense(256), shapes=[{"x": ((8, 256), "float32")}, {"x": ((2, 256), "float32")}],
+                                 topology="v5e:2x2")
+    split, replicated = report.shapes
+    assert report.devices == 4
+    assert split.input_sharding == "batch split over 4 devices"
+    assert replicated.input_sharding == "replicated on 4 device(s)"
+    # Per device: 8 rows split four ways hold as many input bytes as 2 rows replicated.
+    assert split.memory["argument"] == replicated.memory["argument"]
+
+
+@needs_xla
+def test_bfloat16_halves_the_weights(bert):
+    report = xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 16}], dtype="bfloat16")
+    assert report.dtype == "bfloat16" and report.shapes[0].ok
+    assert 0.95 < report.shapes[0].memory["argument"] / report.parameter_bytes < 1.1
+    assert report.parameter_bytes == 2 * report.parameters
+
+
+@needs_xla
+def test_neuron_gets_a_lowering_check_only(bert):
+    report = xla.xla_section(bert, "neuron", [{"batch": 2, "seq": 16}])
+    assert report.check == "lowering" and report.ok
+    assert report.headline == "lowering check only (StableHLO export), not a Neuron compile"
+    assert report.shapes[0].stablehlo_ops > 100 and report.shapes[0].memory is None
+    assert str(report).startswith("neuron: lowering check only")
+    failed = xla.xla_section(NoLowering(), "neuron", [{"x": ((4, 16), "float32")}])
+    assert failed.shapes[0].op == "aten::special_airy_ai" and failed.shapes[0].module_path == "layers.1.act"
+
+
+@needs_xla
+def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    xla._require_xla()
+    with pytest.raises(AttributeError):
+        torch.ops.aten.prod.dim_Dimname           # removed in torch 2.13; the shim only bends it during import
+    assert torch.backends.mha.get_fastpath_enabled() == fast_path
+    # torchax claims PrivateUse1 as "jax"; Dynamo must still see no usable accelerator and compile.
+    assert not torch.accelerator.is_available()
+    torch._dynamo.reset()
+    double = torch.compile(lambda t: t * 2 + 1, backend="eager", fullgraph=True)
+    assert torch.equal(double(torch.ones(3)), torch.full((3,), 3.0))
+
+
+# ---------------------------------------------------------------- validation and skips (run everywhere)
+def test_bad_topology_is_one_line_naming_the_choices(bert):
+    with pytest.raises(BadParameter) as info:
+        xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 8}], topology="v5e:3x3")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message == ("unknown TPU topology 'v5e:3x3'; choose one of: v5e:1x1, v5e:2x2, v6e:1x1, v6e:2x2, "
+                       "v5p:2x2x1, v4:2x2x1, tpu7x:2x2x1")
+    with pytest.raises(BadParameter, match="v5e:3x3"):
+        xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}], topology="v5e:3x3")
+
+
+@pytest.mark.parametrize("shape, words", [
+    ({"batch": 1, "seq": 4096}, "at most 512 tokens"),
+    ({"batch": 0, "seq": 8}, "positive"),
+    ({"pixels": ((1, 8), "int64")}, "choose one of: input_ids, attention_mask, token_type_ids"),
+    ({"input_ids": (8, "int64")}, "give (shape, dtype)"),
+    ({}, "input shape"),
+])
+def test_bad_shapes_are_rejected_before_any_work(bert, shape, words):
+    with pytest.raises(BadParameter, match=words.replace("(", r"\(").replace(")", r"\)")):
+        xla.compile_for_tpu(bert, shapes=[shape])
+
+
+def test_bad_dtype_and_bare_module_shapes():
+    with pytest.raises(BadParameter, match="choose one of: float32, bfloat16"):
+        xla.compile_for_tpu(Dense(8), shapes=[{"x": ((1, 8), "float32")}], dtype="float16")
+    with pytest.raises(BadParameter, match="bare nn.Module"):
+        xla.compile_for_tpu(Dense(8), shapes=[{"batch": 1, "seq": 8}])
+
+
+def test_skipped_with_one_install_line_when_packages_are_missing(bert, monkeypatch):
+    monkeypatch.setattr(probes, "missing_for_xla_tpu_compile", lambda: ["libtpu", "torchax"])
+    skipped = xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}])
+    assert isinstance(skipped, xla.XlaSkipped)
+    assert str(skipped) == ("XLA check skipped: libtpu, torchax not installed; pip install 'portkit[xla]' "
+                            "(or: pip install jax jaxlib libtpu torchax==0.0.13)")
+    assert skipped.to_dict()["skipped"] is True and "pip install" in skipped._repr_html_()
+    with pytest.raises(MissingPackage, match="pip install 'portkit\\[xla\\]'"):
+        xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 8}])
+
+
+def test_reference_targets_have_no_xla_check(bert):
+    skipped = xla.xla_section(bert, "cpu", [{"batch": 1, "seq": 8}])
+    assert isinstance(skipped, xla.XlaSkipped) and "reference platform" in str(skipped)
+    with pytest.raises(BadParameter, match="choose one of: neuron, tpu, cpu, cuda"):
+        xla.xla_section(bert, "trn", [{"batch": 1, "seq": 8}])
+
+
+def test_stage_shapes_come_from_the_earlier_stages(bert, tmp_path):
+    assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48)[0] == [{"batch": 2, "seq": 48}]
+    (tmp_path / "compile.json").write_text(json.dumps({"targets": {"tpu": {"fixed_shape": {"batch": 1, "seq": 64}}}}))
+    (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {
+        "planner": "auto", "shapes": [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]}}}}))
+    shapes, sources = xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=3)
+    assert shapes == [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]
+    assert sources[1] == "stage 2's fixed shape" and "auto bucket" in sources[2]
+    assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=1)[0] == [{"batch": 1, "seq": 256}]
+    with pytest.raises(BadParameter, match="unknown max_shapes 0"):
+        xla.check_parameters(max_shapes=0)
+
+
+@needs_xla
+def test_stage_turns_failures_into_findings(bert, tmp_path):
+    stage = xla.run_stage(bert, ["tpu", "cpu"], tmp_path, batch_size=4096, seq_len=512)
+    saved = stage.to_dict()
+    tpu = saved["targets"]["tpu"]
+    assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == "emulated"
+    assert [f["kind"] for f in tpu["findings"]] == ["hbm"] and tpu["findings"][0]["severity"] == "blocker"
+    assert "skipped" in saved["targets"]["cpu"]["summary"]
+    assert saved["stage"] == "xla" and "real XLA compile" in saved["summary"]
