@@ -537,8 +537,32 @@ class TargetBuckets:
 
     __repr__ = __str__
 
+    def findings(self) -> list[dict]:
+        """This stage's findings in the report's terms (severity, message, advice)."""
+        out = []
+        failed = [r for r in self.runs if r.padding_ok is False]
+        if failed:
+            out.append({"kind": "padding", "severity": "blocker",
+                        "message": f"padding to a bucket changes the outputs at real positions ({failed[0].name})",
+                        "advice": "the model does not mask padded positions: fix the attention mask handling "
+                                  "before bucketing (cf. vllm-project/tpu-inference#3466)"})
+        late = sum(r.compiles_after_warmup for r in self.runs)
+        if late:
+            out.append({"kind": "recompile_after_warmup", "severity": "work",
+                        "message": f"{late} compiles after warm-up under the bucket plan",
+                        "advice": "some input still varies in shape: pad every input the model takes"})
+        mine = self.run_for(self.chosen)
+        out.append({"kind": "bucket_plan", "severity": "info",
+                    "message": f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"
+                               + (f" x batch {list(self.chosen.batch_sizes)}" if self.chosen.batch_sizes != (1,) else "")
+                               + f": {self.chosen.waste:.1%} padding, {_n(self.chosen.compiles, 'compile')}"
+                               + (f", {mine.compiles_after_warmup} after warm-up in the replay" if mine else ""),
+                    "advice": self.chosen.why})
+        return out
+
     def to_dict(self) -> dict:
         return {"target": self.target, "summary": self.summary(), "backend": self.backend,
+                "findings": self.findings(),
                 "backend_note": self.backend_note, "chosen": self.chosen.to_dict(),
                 "compile_seconds_per_bucket": {"value": self.compile_seconds, "source": self.compile_source},
                 "compiles_after_warmup": sum(r.compiles_after_warmup for r in self.runs),
@@ -646,6 +670,7 @@ class BucketReport:
 # ---------------------------------------------------------------- the stage's verbs
 def check_parameters(requests: int = 6, bucket_count: int = 2, max_batch: int = 1, max_seq: int = 512,
                      overflow: str = "truncate", compile_seconds: float = 10.0, k_max: int = K_MAX, seed: int = 0,
+                     serve_requests: int = 100_000,
                      corpus: str = "stdlib", backend: str = "auto", check: bool = True,
                      compare_every_target: bool = False, targets=("neuron", "tpu")) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
@@ -657,6 +682,7 @@ def check_parameters(requests: int = 6, bucket_count: int = 2, max_batch: int = 
     params.choice("overflow", overflow, OVERFLOW)
     params.positive_float("compile_seconds", compile_seconds)
     params.positive_int("k_max", k_max, maximum=64)
+    params.positive_int("serve_requests", serve_requests)
     params.non_negative_int("seed", seed)
     params.boolean("check", check)
     params.boolean("compare_every_target", compare_every_target)

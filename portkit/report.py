@@ -139,11 +139,13 @@ def _buckets(data: dict, t: dict, out: "TargetReport") -> None:
         "bucket plan": f"{chosen.get('planner', '?')} {chosen.get('boundaries', [])}",
         "padding waste (planned)": f"{waste:.1%}" if isinstance(waste, (int, float)) else "—",
     }
-    for row in t.get("replay", []) if isinstance(t.get("replay"), list) else []:
-        if row.get("plan") in ("none", "no buckets", None) or row.get("planner") == chosen.get("planner"):
-            label = "replay without buckets" if row.get("plan") in ("none", "no buckets") else "replay with chosen plan"
-            out.metrics["buckets"][label] = (f"{row.get('compiles', '?')} compiles, "
-                                             f"{row.get('total_seconds', 0):.1f} s total")
+    for row in t.get("replay") or []:
+        plan = row.get("plan")
+        if plan is None or plan.get("planner") == chosen.get("planner"):
+            label = "replay without buckets" if plan is None else "replay with the chosen plan"
+            out.metrics["buckets"][label] = (f"{row.get('compiles', '?')} compiles "
+                                             f"({row.get('compiles_after_warmup', 0)} after warm-up), "
+                                             f"{row.get('total_seconds', 0):.1f} s for {row.get('requests', '?')} requests")
 
 
 def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:

@@ -28,6 +28,8 @@ max_batch = 1  # each request batches 1..max_batch texts; batch sizes are bucket
 requests = 6  # requests replayed from the corpus, in random order (each new length is a compile)
 overflow = "truncate"  # inputs longer than the largest bucket: "truncate" to it, or "reject" with an error
 compile_seconds = 10.0  # compile time per bucket for auto when out_dir has no compile.json (stage 2)
+serve_requests = 100000  # requests the chosen plan is priced for: compiles are paid once, padding on every request
+k_max = 3  # most buckets auto may choose (each is a compile in warm-up, on every target)
 backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
 seed = 0  # which texts are sampled
 """),
@@ -36,7 +38,8 @@ from portkit import bucketed, buckets, data, environment, models, params
 
 model, targets, out = params.common(model, targets, out_dir)
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
-                         compile_seconds=compile_seconds, backend=backend, seed=seed, corpus=corpus, targets=targets)
+                         compile_seconds=compile_seconds, serve_requests=serve_requests, k_max=k_max,
+                         backend=backend, seed=seed, corpus=corpus, targets=targets)
 """),
 ("code", """
 print(environment.block(targets))
@@ -74,7 +77,8 @@ buckets.plot_histogram(hist, plans);
 
 Each bucket costs one compile per batch size (stage 2's measured compile time, from `compile.json`
 when it is in `out_dir`); each padded token costs compute (measured here: eager forward time per
-token). `auto` takes the number of buckets with the least total for the requests to be served.
+token). `auto` takes the number of buckets with the least total for the requests to be served
+(`serve_requests`: a deployment's traffic, not this notebook's short replay).
 """),
 ("code", """
 curves = buckets.sweep(hist)
@@ -82,7 +86,7 @@ token_seconds = bucketed.measure_token_seconds(m, hist.top)
 trace = bucketed.make_trace(texts, m, requests, seed, max_batch, dist)
 print(trace)
 print(f"padding costs {token_seconds * 1e6:.0f} us per token (eager forward on this CPU)")
-chosen = buckets.choose(hist, targets, out, compile_seconds, token_seconds, trace.texts, max_batch=max_batch)
+chosen = buckets.choose(hist, targets, out, compile_seconds, token_seconds, serve_requests, k_max, max_batch)
 """),
 ("code", """
 buckets.plot_padding(curves, chosen, bucket_count);
