@@ -13,10 +13,13 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     "${pip[@]}" install torch==2.13.0
   else
-    # A local wheel (pip's find-links) first; else PyTorch's CPU index.
-    "${pip[@]}" install --no-index torch==2.13.0 2>/dev/null \
-      || "${pip[@]}" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
-           --extra-index-url https://pypi.org/simple
+    # A local CPU wheel (pip's find-links) first, its dependencies from the index; else PyTorch's CPU index.
+    if "${pip[@]}" install --no-index --no-deps torch==2.13.0 2>/dev/null; then
+      "${pip[@]}" install torch==2.13.0
+    else
+      "${pip[@]}" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+        --extra-index-url https://pypi.org/simple
+    fi
   fi
 fi
 # compat mode: a .pth entry, so `portkit` imports the same way from any folder (the default
