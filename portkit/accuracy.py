@@ -289,9 +289,11 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
 class BucketBoundaries:
     boundaries: list[int]
     source: str
+    batch: int | None = None   # rows per compiled call (the plan's largest batch bucket); None: the whole batch
 
     def __str__(self) -> str:
-        return f"buckets {self.boundaries} ({self.source})"
+        rows = f", compiled batch {self.batch}" if self.batch else ""
+        return f"buckets {self.boundaries} ({self.source}{rows})"
 
 
 def bucket_plan(out_dir, targets, default=DEFAULT_BUCKETS) -> dict[str, BucketBoundaries]:
@@ -303,7 +305,8 @@ def bucket_plan(out_dir, targets, default=DEFAULT_BUCKETS) -> dict[str, BucketBo
         chosen = ((saved or {}).get("targets", {}).get(name) or {}).get("chosen") or {}
         if chosen.get("boundaries"):
             plans[name] = BucketBoundaries(sorted(int(b) for b in chosen["boundaries"]),
-                                     f"stage 3, {path.name} planner {chosen.get('planner', '?')}")
+                                           f"stage 3, {path.name} planner {chosen.get('planner', '?')}",
+                                           max((int(b) for b in chosen.get("batch_sizes") or [1]), default=1))
         else:
             plans[name] = BucketBoundaries(list(default), "parameter (no buckets.json from stage 3"
                                      + (f" for {name})" if saved else ")"))
@@ -372,15 +375,17 @@ class _TargetSide:
         return self.compiled_label if compiled else self.eager_label
 
     def run(self, inputs, precision, probe: LayerProbe | None = None, tol: Tolerance | None = None,
-            compiled: bool = False):
+            compiled: bool = False, batch: int | None = None):
         """Returns (outputs on the CPU, layer rows or None, first layer reason, what the target's rules
-        changed, float64 ops run as float32)."""
+        changed, float64 ops run as float32). Compiled, `batch` rows go in each call (see _chunks)."""
         device = self.detected.target.device if self.detected.native else "cpu"
         inputs = {k: v.to(device) for k, v in inputs.items()}
         self.module.to(device)
         try:
             if compiled:
-                return (self._run_compiled(inputs, precision), None, None, self._numerics.get(_shape(inputs), {}), {})
+                parts = [self._run_compiled(chunk, precision) for chunk in _chunks(inputs, batch)]
+                out = {k: torch.cat([p[k] for p in parts])[:len(next(iter(inputs.values())))] for k in parts[0]}
+                return out, None, None, self._numerics.get(_shape(next(iter(_chunks(inputs, batch)))), {}), {}
             mode = None if self.detected.native else self.emulation(self.detected.target, precision)
 
             def fn():
@@ -418,6 +423,20 @@ class _TargetSide:
                 changed.update(check.numerics)
             self._numerics[_shape(inputs)] = dict(changed)
         return {k: v.cpu() for k, v in out.items()}
+
+
+def _chunks(inputs: dict, batch: int | None):
+    """The batch in calls of `batch` rows, the last one filled with copies of its first row, as a
+    bucketed deployment calls its compiled graphs (bucketed.BucketedModel). The same shapes as stage 2's
+    fixed shape and stage 3's buckets are the same graphs: Inductor's cache serves them again."""
+    rows = len(next(iter(inputs.values())))
+    if not batch or batch == rows:
+        yield inputs
+        return
+    for start in range(0, rows, batch):
+        chunk = {k: v[start:start + batch] for k, v in inputs.items()}
+        short = batch - len(next(iter(chunk.values())))
+        yield {k: torch.cat([v, v[:1].expand(short, *v.shape[1:])]) if short else v for k, v in chunk.items()}
 
 
 def _shape(inputs: dict) -> tuple:
@@ -831,7 +850,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
             out, rows, reason, changed, f64 = side.run(inputs, p, probe, tol)
             judged_by, vs_eager = side.label(False), None
             if compiled and p == chosen:
-                eager, (out, _, _, changed, _) = out, side.run(inputs, p, compiled=True)
+                eager, (out, _, _, changed, _) = out, side.run(inputs, p, compiled=True, batch=buckets[name].batch)
                 judged_by, vs_eager = side.label(True), {k: compare(out[k], eager[k], None, mask) for k in ref}
             results.append(PrecisionResult(
                 precision=p.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
@@ -871,7 +890,7 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
             plain = _unpadded(padded, side_padding)
             cache[(high, tuple(texts))] = (plain, _forward(model.module, plain))
         plain, ref = cache[(high, tuple(texts))]
-        out = side.run(padded, precision, compiled=compiled)[0]
+        out = side.run(padded, precision, compiled=compiled, batch=plan.batch)[0]
         mask = plain["attention_mask"]
         outputs = {k: compare(_align(out[k], ref[k], side_padding), ref[k],
                               tolerance_for(precision, tolerances, ref[k].dtype), mask) for k in ref}

@@ -20,7 +20,10 @@ report.json keys (stable; a CI job can gate on them):
     "checklist": {"kernels": [{"op", "status", "share", "calls", "modules", "language"}],
                   "rewrite": [text], "buckets": {...} | null, "precision": {...} | null,
                   "measure_on_hardware": [text]},
-    "metrics": {stage: {label: value}}}}
+    "metrics": {stage: {label: value}},
+    "details": {table: [{column: value}]}: "xla shapes" (per compiled shape: HBM, fit, GFLOP),
+               "accuracy outputs", "accuracy buckets", "accuracy layers" (first module out of tolerance
+               and the modules with the largest error)}}
 """
 from __future__ import annotations
 
@@ -129,6 +132,12 @@ def _xla(data: dict, t: dict, out: "TargetReport") -> None:
                                if peak and t.get("hbm_bytes_per_device") else "—",
         "GFLOP, largest shape": f"{flops / 1e9:.1f}" if flops else "—",
     }
+    out.details["xla shapes"] = [
+        {"shape": s.get("label"), "status": s.get("status"),
+         "HBM MiB": round(s["memory"]["total"] / 2 ** 20, 1) if s.get("memory") else None,
+         "fits HBM": s.get("fits_hbm"), "GFLOP": round(s["flops"] / 1e9, 2) if s.get("flops") else None,
+         "compile s": round(s["compile_seconds"], 2) if s.get("compile_seconds") else None,
+         "problem": s.get("message") or ""} for s in shapes]
 
 
 def _buckets(data: dict, t: dict, out: "TargetReport") -> None:
@@ -161,6 +170,39 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
         "task metric": task.get("metric", "—"),
         "buckets passing": f"{sum(bool(b.get('passed')) for b in t.get('buckets', []))}/{len(t.get('buckets', []))}",
     }
+    out.details["accuracy outputs"] = [_error_row({"output": name}, o) for name, o in (t.get("outputs") or {}).items()]
+    out.details["accuracy buckets"] = [
+        _error_row({"bucket": b.get("boundary"), "texts": b.get("texts"),
+                    "padding": f"{b['padding']:.0%}" if isinstance(b.get("padding"), (int, float)) else None,
+                    "output": b.get("primary")}, (b.get("outputs") or {}).get(b.get("primary"), {}),
+                   passed=b.get("passed")) for b in t.get("buckets", [])]
+    layers = t.get("layers") or {}
+    modules = [m for m in layers.get("modules", []) if m.get("compared")]
+    first = (layers.get("first_failing") or {}).get("module")
+    worst = sorted((m for m in modules if m.get("rel_l2")), key=lambda m: -m["rel_l2"])[:LAYER_ROWS]
+    out.details["accuracy layers"] = [
+        {"module": m["module"], "type": m.get("type"), "rel L2": _g(m.get("rel_l2")), "max abs": _g(m.get("max_abs")),
+         "mismatched": f"{m.get('mismatched', 0)}/{m.get('numel', 0)}", "passed": m.get("passed"),
+         "note": "first out of tolerance" if m["module"] == first else ""}
+        for m in [m for m in modules if m["module"] == first][:1] + [m for m in worst if m["module"] != first]]
+    if modules and not worst:
+        out.details["accuracy layers"] = [{"module": f"all {len(modules)} modules compared", "type": None, "rel L2": "0",
+                                           "max abs": "0", "mismatched": None,
+                                           "passed": all(m.get("passed") for m in modules),
+                                           "note": "no error at any layer"}]
+
+
+LAYER_ROWS = 5
+
+
+def _g(value) -> str | None:
+    return f"{value:.2g}" if isinstance(value, (int, float)) else None
+
+
+def _error_row(row: dict, o: dict, passed=None) -> dict:
+    return {**row, "max abs": _g(o.get("max_abs")), "rel L2": _g(o.get("rel_l2")),
+            "cosine min": f"{o['cosine_min']:.6f}" if isinstance(o.get("cosine_min"), (int, float)) else None,
+            "passed": o.get("passed") if passed is None else passed}
 
 
 READERS = {"fallbacks": _fallbacks, "compile": _compile, "buckets": _buckets, "xla": _xla, "accuracy": _accuracy}
@@ -181,6 +223,7 @@ class TargetReport:
     compiler_flags: str = ""
     based_on: list[str] = field(default_factory=list)
     measure_on_hardware: list[str] = field(default_factory=list)
+    details: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -207,7 +250,8 @@ class TargetReport:
                 "findings": self.findings, "metrics": self.metrics,
                 "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
                               "rewrite": self.rewrite, "buckets": self.buckets, "precision": self.precision,
-                              "measure_on_hardware": self.measure_on_hardware}}
+                              "measure_on_hardware": self.measure_on_hardware},
+                "details": self.details}
 
 
 @dataclass
@@ -377,12 +421,26 @@ def _body(r: MigrationReport) -> str:
             parts.append("<p>Features to remove or rewrite:</p><ul>" +
                          "".join(f"<li>{_e(x)}</li>" for x in t.rewrite) + "</ul>")
         if t.buckets:
-            parts.append(f"<p>Bucket plan: <code>{_e(json.dumps(t.buckets))}</code></p>")
+            b = t.buckets
+            parts.append(f"<p>Bucket plan to use: <b>{_e(b.get('planner'))}</b>, sequence buckets "
+                         f"<code>{_e(b.get('boundaries'))}</code>, batch sizes <code>{_e(b.get('batch_sizes'))}</code>"
+                         f" — {_e(b.get('why') or '')}</p>")
         if t.precision:
-            parts.append(f"<p>Precision: <code>{_e(json.dumps(t.precision))}</code></p>")
+            p = t.precision
+            parts.append(f"<p>Precision measured: <b>{_e(p.get('setting'))}</b> ({_e(p.get('verdict'))})</p>")
+            if p.get("suggestions"):
+                parts.append("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in p["suggestions"]) + "</ul>")
         if t.measure_on_hardware:
             parts.append("<p>Emulated here, to measure on hardware:</p><ul>" +
                          "".join(f"<li>{_e(x)}</li>" for x in t.measure_on_hardware) + "</ul>")
+    tables = list(dict.fromkeys(k for t in r.targets.values() for k in t.details))
+    if tables:
+        parts.append("<h2>Details, side by side</h2>")
+    for table in tables:
+        rows = [{"target": n, **row} for n, t in r.targets.items() for row in t.details.get(table, [])]
+        columns = list(dict.fromkeys(c for row in rows for c in row))
+        parts.append(f"<h3>{_e(table)}</h3>" + (_table(columns, [
+            [_e("—" if row.get(c) is None else row[c]) for c in columns] for row in rows]) if rows else "<p>None.</p>"))
     parts.append("<h2>Findings</h2>")
     for t in r.targets.values():
         parts.append(f"<h3>{_e(t.title)}</h3>")

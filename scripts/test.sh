@@ -13,4 +13,16 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "chromium is missing and cannot be installed here: the browser test will skip"
   fi
 fi
-exec .venv/bin/python -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider "$@"
+# Two processes side by side (compiling leaves a core idle much of the time): the notebooks under
+# nbval, in order (each reads the results of the ones before, in runs/notebook), then the check of
+# the report they wrote; and the unit tests. Extra arguments go to both.
+mkdir -p test-artifacts
+.venv/bin/python -m pytest notebooks tests/test_workbook_report.py --nbval-lax --nbval-current-env \
+  -p no:cacheprovider "$@" > test-artifacts/notebooks.log 2>&1 &
+notebooks=$!
+status=0
+.venv/bin/python -m pytest tests --ignore=tests/test_workbook_report.py -p no:cacheprovider "$@" || status=$?
+wait "$notebooks" || status=$?
+echo; echo "---- notebooks (nbval) and the report they wrote: test-artifacts/notebooks.log"
+cat test-artifacts/notebooks.log
+exit "$status"

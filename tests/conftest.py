@@ -1,4 +1,5 @@
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,13 @@ def corpus():
 def minilm():
     from portkit import models
     return models.load("minilm")
+
+
+def pytest_configure(config):
+    config.portkit_started = time.time()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests marked after_notebooks read what the notebooks wrote in this session: run them last."""
+    late = [item for item in items if item.get_closest_marker("after_notebooks")]
+    items[:] = [item for item in items if item not in late] + late

@@ -193,6 +193,28 @@ def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corp
                                 progress=False)
 
 
+def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path):
+    inputs = {"input_ids": torch.arange(12).reshape(3, 4), "attention_mask": torch.ones(3, 4, dtype=torch.long)}
+    chunks = list(accuracy._chunks(inputs, 2))
+    assert [tuple(c["input_ids"].shape) for c in chunks] == [(2, 4), (2, 4)]
+    assert torch.equal(chunks[1]["input_ids"], inputs["input_ids"][[2, 2]])     # filled with a real row
+    assert next(accuracy._chunks(inputs, None)) is inputs
+    (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {
+        "planner": "auto", "boundaries": [64, 16], "batch_sizes": [1, 2, 4]}}}}))
+    plan = accuracy.bucket_plan(tmp_path, ["tpu"])["tpu"]
+    assert plan.boundaries == [16, 64] and plan.batch == 4
+    m = models.load(fixture_model("tiny_encoder"))
+    batch, _ = data.example_batch(m, corpus, 3, 16, seed=0)
+    side = accuracy._TargetSide(targets.detect("tpu"), m.module.eval(), numerics.emulate, True)
+    whole = side.run(batch, TPU.default_precision, compiled=True)[0]
+    ones = side.run(batch, TPU.default_precision, compiled=True, batch=1)[0]
+    pairs = side.run(batch, TPU.default_precision, compiled=True, batch=2)[0]
+    for name in whole:
+        assert ones[name].shape == whole[name].shape == pairs[name].shape
+        torch.testing.assert_close(ones[name], whole[name], rtol=1e-2, atol=1e-3)
+        torch.testing.assert_close(pairs[name], ones[name], rtol=1e-2, atol=1e-3)
+
+
 # ---------------------------------------------------------------- a deliberately wrong target
 @pytest.mark.parametrize("op,call,module", [
     ("aten::gelu", 3, "encoder.encoder.layer.2.intermediate.intermediate_act_fn"),
