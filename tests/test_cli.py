@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,12 +25,23 @@ def portkit(*args, cwd=None):
     (["--stages", "fallback"], "unknown stage 'fallback'; choose one of: fallbacks"),
     (["-p", "model", "gpt2"], "give model with its own option"),
 ])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
+    # in-process (cli.main is the console script's function); the process exit code is checked below
     out = tmp_path / "run"
-    done = portkit("run", "--out", str(out), "--no-progress", *args)
-    assert done.returncode == 2, done.stderr
+    assert cli.main(["run", "--out", str(out), "--no-progress", *args]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], captured.err
+    assert not out.exists()
+
+
+def test_bad_input_exits_2_from_the_console_script(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([str(Path(sys.executable).parent / "portkit"), "run", "--model", "gpt5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("portkit: error: unknown model 'gpt5'; choose one of: ")
     assert not out.exists()
 
 
