@@ -383,9 +383,11 @@ class _TargetSide:
         self.module.to(device)
         try:
             if compiled:
-                parts = [self._run_compiled(chunk, precision) for chunk in _chunks(inputs, batch)]
-                out = {k: torch.cat([p[k] for p in parts])[:len(next(iter(inputs.values())))] for k in parts[0]}
-                return out, None, None, self._numerics.get(_shape(next(iter(_chunks(inputs, batch)))), {}), {}
+                chunks = list(_chunks(inputs, batch))
+                parts = [self._run_compiled(chunk, precision) for chunk in chunks]
+                rows = len(next(iter(inputs.values())))
+                out = {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
+                return out, None, None, self._numerics.get(_shape(chunks[0]), {}), {}
             mode = None if self.detected.native else self.emulation(self.detected.target, precision)
 
             def fn():

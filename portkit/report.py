@@ -41,6 +41,7 @@ SCHEMA = "portkit.report/1"
 STAGE = "report"
 READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED = "ready", "ready with work", "blocked", "not assessed"
 VERDICT_COLORS = {READY: "#2e7d32", READY_WITH_WORK: "#b26a00", BLOCKED: "#c62828", NOT_ASSESSED: "#616161"}
+LAYER_ROWS = 5   # modules with the largest error shown per target, after the first one out of tolerance
 REWRITE_KINDS = ("float64", "recurrent", "data_dependent", "host_sync", "sparse", "nested", "custom_op",
                  "int64_overflow", "attention_mask")
 
@@ -190,9 +191,6 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
                                            "max abs": "0", "mismatched": None,
                                            "passed": all(m.get("passed") for m in modules),
                                            "note": "no error at any layer"}]
-
-
-LAYER_ROWS = 5
 
 
 def _g(value) -> str | None:
