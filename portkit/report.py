@@ -177,20 +177,21 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
                     "padding": f"{b['padding']:.0%}" if isinstance(b.get("padding"), (int, float)) else None,
                     "output": b.get("primary")}, (b.get("outputs") or {}).get(b.get("primary"), {}),
                    passed=b.get("passed")) for b in t.get("buckets", [])]
-    layers = t.get("layers") or {}
+    out.details["accuracy layers"] = _layer_rows(t.get("layers") or {})
+
+
+def _layer_rows(layers: dict) -> list[dict]:
+    """The first module out of tolerance, then the LAYER_ROWS modules with the largest error."""
     modules = [m for m in layers.get("modules", []) if m.get("compared")]
-    first = (layers.get("first_failing") or {}).get("module")
     worst = sorted((m for m in modules if m.get("rel_l2")), key=lambda m: -m["rel_l2"])[:LAYER_ROWS]
-    out.details["accuracy layers"] = [
-        {"module": m["module"], "type": m.get("type"), "rel L2": _g(m.get("rel_l2")), "max abs": _g(m.get("max_abs")),
-         "mismatched": f"{m.get('mismatched', 0)}/{m.get('numel', 0)}", "passed": m.get("passed"),
-         "note": "first out of tolerance" if m["module"] == first else ""}
-        for m in [m for m in modules if m["module"] == first][:1] + [m for m in worst if m["module"] != first]]
     if modules and not worst:
-        out.details["accuracy layers"] = [{"module": f"all {len(modules)} modules compared", "type": None, "rel L2": "0",
-                                           "max abs": "0", "mismatched": None,
-                                           "passed": all(m.get("passed") for m in modules),
-                                           "note": "no error at any layer"}]
+        return [{"module": f"all {len(modules)} modules compared", "type": None, "rel L2": "0", "max abs": "0",
+                 "mismatched": None, "passed": all(m.get("passed") for m in modules), "note": "no error at any layer"}]
+    first = (layers.get("first_failing") or {}).get("module")
+    return [{"module": m["module"], "type": m.get("type"), "rel L2": _g(m.get("rel_l2")), "max abs": _g(m.get("max_abs")),
+             "mismatched": f"{m.get('mismatched', 0)}/{m.get('numel', 0)}", "passed": m.get("passed"),
+             "note": "first out of tolerance" if m["module"] == first else ""}
+            for m in [m for m in modules if m["module"] == first][:1] + [m for m in worst if m["module"] != first]]
 
 
 def _g(value) -> str | None:

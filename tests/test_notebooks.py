@@ -23,9 +23,10 @@ def test_notebook_shape(spec):
     nb = json.loads((ROOT / "notebooks" / f"{spec.stem}.ipynb").read_text())
     params = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
     assert len(params) == 1
-    for line in "".join(params[0]["source"]).splitlines():
+    lines = "".join(params[0]["source"]).splitlines()
+    for line in lines:
         assert " = " in line and "  # " in line, f"parameter line without a comment: {line!r}"
-    assert len("".join(params[0]["source"]).splitlines()) <= 16, "too many parameters for one notebook"
+    assert len(lines) <= 16, "too many parameters for one notebook"
     for cell in nb["cells"]:
         assert not cell.get("outputs"), "notebooks are committed without outputs"
         if cell["cell_type"] == "code" and cell not in params:
