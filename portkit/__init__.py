@@ -1,16 +1,38 @@
 """portkit: a migration workbook that moves a PyTorch model from NVIDIA GPUs to AWS Trainium
 (TorchNeuron) and Google TPU (TorchTPU), one stage at a time.
 
-    >>> import portkit
-    >>> report = portkit.find_fallbacks("minilm", targets=["neuron", "tpu"])
+    >>> import portkit, portkit.data, portkit.models
+    >>> model = portkit.models.load("minilm")
+    >>> inputs = model.encode(portkit.data.load_corpus().sample(8, seed=0), pad_to=128)
+    >>> report = portkit.find_fallbacks(model, inputs, targets=["neuron", "tpu"])
     >>> print(report)
 
-One verb per stage; the notebooks in notebooks/ teach each one.
+One verb per stage; the notebooks in notebooks/ teach each one. Importing portkit imports nothing
+else (PEP 562): each verb loads its stage's module, and torch, on first use, so `portkit --version`
+stays fast. torch.compile finds the emulated backends by name without `import portkit` (the
+`torch_dynamo_backends` entry points, portkit/backends.py).
 """
 __version__ = "0.1.0"
 
-# Importing stage 2 registers the emulated compile backends (portkit_neuron, portkit_tpu; portkit/backends.py)
-# with Dynamo, once, here: never in a notebook cell.
-from portkit import compiling  # noqa: E402,F401
-from portkit.compiling import compile_model  # noqa: E402,F401
-from portkit.buckets import fit_buckets  # noqa: E402,F401
+# verb -> the stage module that defines it
+_VERBS = {
+    "find_fallbacks": "fallbacks",   # stage 1
+    "compile_model": "compiling",    # stage 2
+    "fit_buckets": "buckets",        # stage 3
+    "check_accuracy": "accuracy",    # stage 4
+    "build_report": "report",        # stage 5
+}
+__all__ = ["__version__", *_VERBS]
+
+
+def __getattr__(name: str):
+    if name not in _VERBS:
+        raise AttributeError(f"module 'portkit' has no attribute {name!r}")
+    import importlib
+    verb = getattr(importlib.import_module(f"portkit.{_VERBS[name]}"), name)
+    globals()[name] = verb   # later lookups skip __getattr__
+    return verb
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_VERBS])

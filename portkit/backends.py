@@ -1,7 +1,7 @@
 """portkit's emulated compile backends, and a counter of compiles around any backend.
 
-    >>> import torch, portkit                       # importing portkit registers the backends, once
-    >>> compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)
+    >>> import torch                                # no `import portkit` needed: Dynamo finds the
+    >>> compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)   # names by entry point
     >>> compiled = torch.compile(module, backend="portkit_neuron", options={"precision": "matmult"})
     >>> counter = backends.CompileCounter("portkit_tpu")   # every compile, timed, with what it found
     >>> compiled = torch.compile(module, backend=counter, dynamic=False)
@@ -18,6 +18,11 @@ where a migration feels it:
 4. Inductor compiles the graph for this CPU: outputs are real, and compile times are real CPU compile
    times (not the vendor compiler's).
 They compile inference graphs (eval mode under torch.no_grad, as the workbook does) and refuse others.
+
+Names. The installed package declares portkit_neuron and portkit_tpu as `torch_dynamo_backends` entry
+points (pyproject.toml), so Dynamo's registry finds them in any interpreter and loads this module on
+first use; that is the one registration. From a source tree on PYTHONPATH without installed package
+metadata, importing this module registers the names Dynamo does not know (register()).
 """
 from __future__ import annotations
 
@@ -254,20 +259,25 @@ def emulated_backend(target: str, precision=None, inductor: bool = True) -> Emul
     return EmulatedBackend(targets_mod.get(target), precision, inductor)
 
 
-def _register() -> dict[str, EmulatedBackend]:
-    """Register portkit_neuron and portkit_tpu with Dynamo, once per process (STYLE.md)."""
-    from torch._dynamo.backends.registry import lookup_backend
-    known, registered = torch._dynamo.list_backends(exclude_tags=()), {}
-    for name in targets_mod.MIGRATION_TARGETS:
-        t = targets_mod.get(name)
-        if t.emulated_backend in known:   # this module imported a second time: keep the first
-            registered[name] = lookup_backend(t.emulated_backend)
-        else:
-            registered[name] = torch._dynamo.register_backend(EmulatedBackend(t), name=t.emulated_backend)
-    return registered
+# One instance per target, module-level so that the entry points (pyproject.toml) can name them;
+# tests/test_backends_entrypoint.py checks the two lists agree.
+portkit_neuron = EmulatedBackend(targets_mod.get("neuron"))
+portkit_tpu = EmulatedBackend(targets_mod.get("tpu"))
+REGISTERED: dict[str, EmulatedBackend] = {"neuron": portkit_neuron, "tpu": portkit_tpu}
 
 
-REGISTERED = _register()
+def register() -> list[str]:
+    """Register with Dynamo the backend names it does not already know, and return them. Idempotent:
+    names from the entry points (installed package), or from an earlier call, are left alone, so the
+    registry's "duplicate name" assertion cannot fire when an entry point loads this module."""
+    known = set(torch._dynamo.list_backends(exclude_tags=()))   # includes the entry points
+    added = [b for b in REGISTERED.values() if b.__name__ not in known]
+    for backend in added:
+        torch._dynamo.register_backend(backend, name=backend.__name__)
+    return [b.__name__ for b in added]
+
+
+register()   # a no-op where the package is installed (the entry points own the names)
 
 
 # ---------------------------------------------------------------- counting compiles
