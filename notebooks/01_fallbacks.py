@@ -34,7 +34,7 @@ train = False  # also record the backward pass
 seed = 0  # which texts are sampled
 
 # %%
-from pathlib import Path
+from IPython.display import display
 from portkit import data, environment, fallbacks, models, params
 
 model, targets, out = params.common(model, targets, out_dir)

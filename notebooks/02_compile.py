@@ -44,6 +44,7 @@ precision = {}  # per target, e.g. {"neuron": "matmult", "tpu": "highest"}; a ta
 seed = 4  # which texts are sampled (4 gives a stream in which the longest length, 64, comes twice)
 
 # %%
+from IPython.display import display
 from portkit import compiling, data, environment, models, params
 
 model, targets, out = params.common(model, targets, out_dir)

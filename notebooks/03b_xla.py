@@ -28,7 +28,7 @@
 model = "minilm"  # model: a portkit name, a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # tpu: real XLA compile; neuron: StableHLO lowering check; cpu/cuda: skipped
 out_dir = "../runs/notebook"  # run folder: shapes come from compile.json / buckets.json there; writes xla.json
-topology = "v5e:1x1"  # TPU topology to compile for: v5e:1x1, v5e:2x2, v6e:1x1, v6e:2x2, v5p:2x2x1, v4:2x2x1, tpu7x:2x2x1
+topology = "v5e:1x1"  # TPU topology: v5e:1x1, v5e:2x2, v6e:1x1, v6e:2x2, v5p:2x2x1, v4:2x2x1, tpu7x:2x2x1
 dtype = "float32"  # dtype the model is compiled in: float32 or bfloat16
 batch_size = 1  # batch of the shape checked when no earlier stage chose shapes
 seq_len = 128  # sequence length checked when no earlier stage chose shapes

@@ -36,12 +36,13 @@ text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 batch_size = 4  # texts in the compared batch, and in each bucket's batch
 seq_len = 64  # tokens every text of the main batch is padded or truncated to
 seed = 0  # which texts are sampled
-precision = {}  # per target, the setting to judge, e.g. {"tpu": "highest", "neuron": "matmult"}; others: the target's default
-tolerances = {"bfloat16": [1.6e-2, 1e-5], "float32": [1.3e-6, 1e-5]}  # [rtol, atol] per compute dtype (assert_close's defaults)
-task_bounds = {"cosine": 0.999, "agreement": 0.99, "kl": 0.01}  # lowest cosine / top-1 or argmax agreement, highest mean KL
+precision = {}  # setting judged per target, e.g. {"tpu": "highest", "neuron": "matmult"}; others: their default
+tolerances = {"bfloat16": [1.6e-2, 1e-5], "float32": [1.3e-6, 1e-5]}  # [rtol, atol] per compute dtype, as assert_close
+task_bounds = {"cosine": 0.999, "agreement": 0.99, "kl": 0.01}  # lowest cosine and agreement, highest mean KL
 default_buckets = [32, 64, 128]  # bucket boundaries when out_dir holds no buckets.json from stage 3
 
 # %%
+from IPython.display import display
 from portkit import accuracy, data, environment, models, params
 
 model, targets, out = params.common(model, targets, out_dir)

@@ -1,10 +1,12 @@
 """The notebooks: each notebooks/NN_name.py (a jupytext percent script) is the source of the paired
-NN_name.ipynb that papermill and nbval run. The pairs are in sync, the cells short, and every parameter
-documented.
+NN_name.ipynb that papermill and nbval run. The pairs are in sync, the cells short, every parameter
+documented, and the notebook code passes the library's linter.
 
 After editing either file of a pair: jupytext --sync notebooks/*.py
 """
 import json
+import subprocess
+import sys
 
 import jupytext
 import nbformat
@@ -58,6 +60,14 @@ def test_notebook_shape(script):
 def test_notebook_committed_without_outputs(script):
     for cell in json.loads(script.with_suffix(".ipynb").read_text())["cells"]:
         assert not cell.get("outputs") and cell.get("execution_count") is None, "clear the outputs before committing"
+
+
+def test_library_and_notebook_code_pass_ruff():
+    """The rules are pyproject.toml's [tool.ruff]; the notebooks are checked through their .py."""
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "portkit", "notebooks"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(result.stdout + result.stderr, pytrace=False)
 
 
 def test_runner_knows_every_notebook():
