@@ -1,14 +1,28 @@
-CELLS = [
-("md", """
-# Stage 1 — Fallback discovery
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-Which ATen ops does the model call, from which module, and which of them would **fall back to the
-CPU** or **not run at all** on each target? Also: the features the vendors name as unsupported or
-slow (float64, LSTM/GRU, sparse, NestedTensor, data-dependent shapes, custom kernels, attention masks).
+# %% [markdown]
+# # Stage 1 — Fallback discovery
+#
+# Which ATen ops does the model call, from which module, and which of them would **fall back to the
+# CPU** or **not run at all** on each target? Also: the features the vendors name as unsupported or
+# slow (float64, LSTM/GRU, sparse, NestedTensor, data-dependent shapes, custom kernels, attention masks).
+#
+# Logic: `portkit/fallbacks.py`. Headless: `portkit run --stages fallbacks`.
 
-Logic: `portkit/fallbacks.py`. Headless: `portkit run --stages fallbacks`.
-"""),
-("params", """
+# %% tags=["parameters"]
 model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # targets to check: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder this stage writes fallbacks.json into
@@ -18,57 +32,55 @@ batch_size = 8  # texts in the recorded batch
 seq_len = 128  # tokens every text is padded or truncated to
 train = False  # also record the backward pass
 seed = 0  # which texts are sampled
-"""),
-("code", """
-from pathlib import Path
+
+# %%
+from IPython.display import display
 from portkit import data, environment, fallbacks, models, params
 
 model, targets, out = params.common(model, targets, out_dir)
 fallbacks.check_parameters(batch_size=batch_size, seq_len=seq_len, train=train, seed=seed, corpus=corpus)
-"""),
-("code", """
+
+# %%
 print(environment.block(targets))
-"""),
-("md", """
-## The model and one batch of real inputs
-"""),
-("code", """
+
+# %% [markdown]
+# ## The model and one batch of real inputs
+
+# %%
 m = models.load(model)
 texts = data.load_corpus(corpus, text_column) if m.takes_text else None
 inputs, described = data.example_batch(m, texts, batch_size, seq_len, seed)
 print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
 print(described)
-"""),
-("md", """
-## Record one eager pass and classify every op for each target
 
-An op is *native* (a kernel on the target), *composite* (runs as other ops the target has),
-*cpu_fallback* (runs on the host and copies back, every call) or *unsupported* (cannot run at all).
-"""),
-("code", """
+# %% [markdown]
+# ## Record one eager pass and classify every op for each target
+#
+# An op is *native* (a kernel on the target), *composite* (runs as other ops the target has),
+# *cpu_fallback* (runs on the host and copies back, every call) or *unsupported* (cannot run at all).
+
+# %%
 report = fallbacks.find_fallbacks(m, inputs, targets, train=train, description=described)
 report
-"""),
-("md", """
-## Where the calls come from, and which ops take the time
-"""),
-("code", """
+
+# %% [markdown]
+# ## Where the calls come from, and which ops take the time
+
+# %%
 report.plot();
-"""),
-("code", """
+
+# %%
 for name in targets:
     display(report.op_table(name, limit=15))
-"""),
-("code", """
+
+# %%
 for name in targets:
     display(report.module_table(name, depth=4))
-"""),
-("md", """
-## Save the result for the later stages and the report
-"""),
-("code", """
+
+# %% [markdown]
+# ## Save the result for the later stages and the report
+
+# %%
 report.save(out / "fallbacks.json")
 print(f"wrote {out / 'fallbacks.json'}")
 print(report.summary())
-"""),
-]

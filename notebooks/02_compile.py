@@ -1,0 +1,122 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Stage 2 — Compile for the target
+#
+# Both targets compile **one graph per input shape** (`dynamic=True` is refused), so real traffic,
+# where every request has its own length, turns into a **recompile storm**. This notebook finds out:
+#
+# 1. the model's graph breaks, and whether `fullgraph=True` captures it;
+# 2. what each target's compiler would refuse (symbolic shapes) or not lower (ops missing from its table);
+# 3. the storm on real requests: compiles against requests, the guard failure behind each compile, time
+#    compiling vs running, and when Dynamo's recompile limit would silently fall back to eager;
+# 4. the fix: one fixed shape compiles once, and `set_stance("fail_on_recompile")` proves nothing else compiles.
+#
+# In emulated mode portkit's backends (`portkit_neuron`, `portkit_tpu`) enforce the target's rules and
+# numerics, then compile with Inductor on this CPU: compile times are real CPU compile times, not the
+# vendor compiler's. Logic: `portkit/compiling.py`. Headless: `portkit run --stages compile`.
+
+# %% tags=["parameters"]
+model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
+targets = ["neuron", "tpu"]  # targets to compile for: neuron, tpu, cpu, cuda
+out_dir = "../runs/notebook"  # folder this stage writes compile.json into
+corpus = "stdlib"  # texts: stdlib docstrings, or a .txt/.jsonl/.csv file
+text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
+requests = 4  # real requests streamed through the compiled model, each at its own length
+batch_size = 1  # texts per request
+seq_len = 64  # longest request in tokens (longer texts are truncated), and the one fixed shape of the fix
+fullgraph = False  # True compiles with fullgraph as the targets recommend, and a graph break fails the compile
+backend = "auto"  # auto picks the native backend with its device, else portkit's emulated one; or name one
+precision = {}  # per target, e.g. {"neuron": "matmult", "tpu": "highest"}; a target left out uses its default
+seed = 4  # which texts are sampled (4 gives a stream in which the longest length, 64, comes twice)
+
+# %%
+from IPython.display import display
+from portkit import compiling, data, environment, models, params
+
+model, targets, out = params.common(model, targets, out_dir)
+compiling.check_parameters(requests=requests, batch_size=batch_size, seq_len=seq_len, fullgraph=fullgraph,
+                           backend=backend, precision=precision, seed=seed, corpus=corpus, targets=targets)
+
+# %%
+print(environment.block(targets))
+
+# %% [markdown]
+# ## The model and a stream of real requests
+#
+# Each request is tokenized to its own length, as a server receives it: no padding to a bucket.
+
+# %%
+m = models.load(model)
+texts = data.load_corpus(corpus, text_column) if m.takes_text else None
+stream = compiling.make_requests(m, texts, requests, batch_size, seq_len, seed)
+print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
+print(stream)
+
+# %% [markdown]
+# ## Graph breaks, and what each target's compiler would refuse or not lower
+#
+# `torch._dynamo.explain` lists the breaks with the user's source line; then one `fullgraph=True`
+# capture runs every emulated target's checks (no compile yet).
+
+# %%
+breaks = compiling.find_graph_breaks(m, stream.inputs[0], targets, precision)
+breaks
+
+# %% [markdown]
+# ## The recompile storm
+#
+# The model compiled with `dynamic=False` (what both targets require) meets the requests one by one.
+# Every compile is counted by a wrapper around the backend; the guard failure that triggered it is
+# Dynamo's own text. The recompile limit is raised for this run so that every compile is paid, as on
+# the targets.
+
+# %%
+storms = {t: compiling.recompile_storm(m, stream, t, precision, backend, fullgraph) for t in targets}
+for storm in storms.values():
+    display(storm)
+
+# %% [markdown]
+# ## The fix: one fixed shape, and proof that nothing else compiles
+#
+# Every request padded to `seq_len`: one compile in warm-up, then the requests run under
+# `torch.compiler.set_stance("fail_on_recompile")`, where any compile would be an error.
+
+# %%
+fixed = {t: compiling.check_fixed_shape(m, stream, t, seq_len, precision, backend, fullgraph) for t in targets}
+for result in fixed.values():
+    print(result)
+
+# %% [markdown]
+# ## The stage's result, and the storm a longer stream would bring
+#
+# The middle plot projects the same stream of real requests (tokenized, not run) with this run's
+# median compile time: the number of compiles keeps growing with the number of distinct lengths.
+
+# %%
+report = compiling.CompileReport.from_steps(m, stream, breaks, storms, fixed)
+report
+
+# %%
+report.plot();
+
+# %% [markdown]
+# ## Save the result for the later stages and the report
+
+# %%
+report.save(out / "compile.json")
+print(f"wrote {out / 'compile.json'}")
+print(report.summary())

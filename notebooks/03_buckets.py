@@ -1,0 +1,153 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Stage 3 — Shape buckets
+#
+# Trainium (TorchNeuron) and TPU (TorchTPU) compile **one graph per input shape**. Served as they come,
+# real requests bring a new length almost every time, and each new length is a compile
+# (pytorch/xla#2422: 27 compiles in step 0). Padding every request up to one of a few **buckets** pays
+# a few compiles, and some compute on padding tokens.
+#
+# This notebook measures the real length distribution under the model's own tokenizer, compares four
+# ways to place the buckets (pow2, linear, padding_bounded, and the exact `optimal`), lets `auto` choose
+# how many buckets pay for themselves given stage 2's compile time, then replays real requests:
+# without buckets (one compile per shape) and with each plan, with recompiles **forbidden** after
+# warm-up (`torch.compiler.set_stance("fail_on_recompile")`), and checks every bucket's outputs at the
+# real positions against unpadded eager outputs.
+#
+# Logic: `portkit/buckets.py` (planning) and `portkit/bucketed.py` (padding, compiling, replay).
+# Headless: `portkit run --stages buckets`.
+
+# %% tags=["parameters"]
+model = "minilm"  # model: a portkit name, a local HF directory, or module:factory (it must take text)
+targets = ["neuron", "tpu"]  # targets to plan for: neuron, tpu, cpu, cuda
+out_dir = "../runs/notebook"  # folder holding compile.json from stage 2, and where buckets.json goes
+corpus = "stdlib"  # texts: stdlib docstrings, or a .txt/.jsonl/.csv file
+text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
+bucket_count = 2  # buckets every fixed-k planner gets in the comparison and the replay
+max_batch = 1  # each request batches 1..max_batch texts; batch sizes are bucketed as powers of two
+requests = 6  # requests replayed from the corpus, in random order (each new length is a compile)
+overflow = "truncate"  # inputs longer than the largest bucket: "truncate" to it, or "reject" with an error
+compile_seconds = 10.0  # compile time per bucket for auto when out_dir has no compile.json (stage 2)
+serve_requests = 100000  # requests the chosen plan is priced for: compiles are paid once, padding on every request
+k_max = 3  # most buckets auto may choose (each is a compile in warm-up, on every target)
+backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
+seed = 0  # which texts are sampled
+
+# %%
+from portkit import bucketed, buckets, data, environment, models, params
+
+model, targets, out = params.common(model, targets, out_dir)
+buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
+                         compile_seconds=compile_seconds, serve_requests=serve_requests, k_max=k_max,
+                         backend=backend, seed=seed, corpus=corpus, targets=targets)
+
+# %%
+print(environment.block(targets))
+
+# %% [markdown]
+# ## The real length distribution, under the model's own tokenizer
+#
+# Every text of the corpus tokenized by the model's tokenizer, before truncation. The largest bucket is
+# the model's `max_length` (or the longest text, if shorter); longer texts follow the `overflow` policy.
+
+# %%
+m = models.load(model)
+texts = data.load_corpus(corpus, text_column)
+dist = buckets.distribution(texts, m)
+hist = buckets.histogram(dist, overflow=overflow)
+print(dist)
+print(hist)
+dist.plot();
+
+# %% [markdown]
+# ## Four planners at the same number of buckets
+#
+# Same number of compiles, different padding: `pow2` and `linear` ignore the data, `padding_bounded`
+# bounds each request's padding, `optimal` places the boundaries where the requests are (exact
+# dynamic programming over the histogram).
+
+# %%
+plans = buckets.compare(hist, bucket_count, max_batch)
+for plan in plans:
+    print(plan)
+buckets.plot_histogram(hist, plans);
+
+# %% [markdown]
+# ## How many buckets? `auto` prices compiles against padding
+#
+# Each bucket costs one compile per batch size (stage 2's measured compile time, from `compile.json`
+# when it is in `out_dir`); each padded token costs compute (measured here: eager forward time per
+# token). `auto` takes the number of buckets with the least total for the requests to be served
+# (`serve_requests`: a deployment's traffic, not this notebook's short replay).
+
+# %%
+curves = buckets.sweep(hist)
+token_seconds = bucketed.measure_token_seconds(m, hist.top)
+trace = bucketed.make_trace(texts, m, requests, seed, max_batch, dist)
+print(trace)
+print(f"padding costs {token_seconds * 1e6:.0f} us per token (eager forward on this CPU)")
+chosen = buckets.choose(hist, targets, out, compile_seconds, token_seconds, serve_requests, k_max, max_batch)
+
+# %%
+buckets.plot_padding(curves, chosen, bucket_count);
+
+# %% [markdown]
+# In JupyterLab, move the slider to redraw the buckets and the padding for another number of buckets
+# (headless runs skip it).
+
+# %%
+buckets.padding_slider(hist, curves, bucket_count)
+
+# %% [markdown]
+# ## Replay real requests: no buckets, then each plan
+#
+# Without buckets the model compiles once per distinct shape, as on the targets (Dynamo's recompile
+# limit is raised so it does not quietly fall back to eager after 8). With a plan, warm-up compiles
+# every bucket once; the replay then runs with recompiles forbidden, so zero compiles after warm-up
+# is proven by PyTorch. Each shape's compile is charged at its first measured time, so the order of
+# the runs favours no plan. The comparison runs on the first target's backend; every target replays
+# its own chosen plan on its own backend (`buckets.replay_targets(..., compare_every_target=True)`
+# compares on all of them). In emulated mode every time is this CPU's, never the target's.
+
+# %%
+per_target = buckets.replay_targets(m, trace, plans, chosen, backend)
+report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, bucket_count, plans, curves, token_seconds,
+                              trace.describe(), per_target)
+report
+
+# %%
+report.plot();
+
+# %% [markdown]
+# ## Padding correctness, per bucket
+#
+# Real texts cut to lengths inside each bucket, padded and run compiled, against the same texts run
+# unpadded in eager mode (`torch.testing.assert_close` on the real positions). A mask bug, where real
+# tokens attend to padding, fails here (vllm-project/tpu-inference#3466).
+
+# %%
+report.padding_table()
+
+# %% [markdown]
+# ## Save the chosen plan for the later stages and the report
+#
+# `targets[t]["chosen"]` holds the planner, boundaries, batch sizes, why, and every shape to compile.
+
+# %%
+report.save(out / "buckets.json")
+print(f"wrote {out / 'buckets.json'}")
+print(report.summary())

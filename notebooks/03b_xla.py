@@ -1,0 +1,66 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Stage 3b — The real XLA compiler, without a TPU
+#
+# TorchTPU compiles through OpenXLA. JAX with libtpu compiles for a **real TPU topology** on this CPU host
+# (compile-only devices: nothing executes on a TPU), and torchax runs the PyTorch model as a JAX function.
+# So every shape the workbook uses — stage 2's fixed shape and stage 3's buckets — gets the real compiler's
+# verdict: compiled or not, HBM per device, FLOPs, and whether it fits the chip. For Neuron (neuronx-cc is
+# not installable here) the same conversion stops at StableHLO: a lowering check, not a Neuron compile.
+#
+# Logic: `portkit/xla.py`. Needs `pip install 'portkit[xla]'`; without it this stage says so and skips.
+
+# %% tags=["parameters"]
+model = "minilm"  # model: a portkit name, a local HF directory, or module:factory
+targets = ["neuron", "tpu"]  # tpu: real XLA compile; neuron: StableHLO lowering check; cpu/cuda: skipped
+out_dir = "../runs/notebook"  # run folder: shapes come from compile.json / buckets.json there; writes xla.json
+topology = "v5e:1x1"  # TPU topology: v5e:1x1, v5e:2x2, v6e:1x1, v6e:2x2, v5p:2x2x1, v4:2x2x1, tpu7x:2x2x1
+dtype = "float32"  # dtype the model is compiled in: float32 or bfloat16
+batch_size = 1  # batch of the shape checked when no earlier stage chose shapes
+seq_len = 128  # sequence length checked when no earlier stage chose shapes
+max_shapes = 4  # at most this many shapes per target (the largest are kept)
+
+# %%
+from portkit import environment, models, params, xla
+
+model, targets, out = params.common(model, targets, out_dir)
+xla.check_parameters(topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes)
+print(environment.block(targets))
+
+# %% [markdown]
+# ## The shapes to check, and where they come from
+
+# %%
+m = models.load(model)
+for name in targets:
+    shapes, sources = xla.stage_shapes(out, name, m, batch_size, seq_len, max_shapes)
+    print(name, [f"{s} ({src})" for s, src in zip(shapes, sources)])
+
+# %% [markdown]
+# ## Compile (TPU) or lower (Neuron) every shape
+
+# %%
+stage = xla.run_stage(m, targets, out, topology, dtype, batch_size, seq_len, max_shapes)
+stage
+
+# %%
+print(stage)
+
+# %%
+stage.save(out / "xla.json")
+print(f"wrote {out / 'xla.json'}")
+print(stage.summary())

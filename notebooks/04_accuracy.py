@@ -1,0 +1,125 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Stage 4 — Accuracy
+#
+# Does the model compute the same thing on the target? The **reference** is eager float32 on the CPU
+# (and float64 where the model runs in it, to show how far float32 itself is from exact). The **target**
+# is the device in native mode; in emulated mode, the CPU under the target's documented numerics: float64
+# run as float32, and its matmul precision (TPU default: operands rounded to bf16, one pass, fp32
+# accumulation; Neuron `--auto-cast` none / matmult / all), applied to the model as stage 2 compiles it
+# (its emulated backends `portkit_neuron` / `portkit_tpu`) and padded to stage 3's buckets. Compared per
+# output, per bucket, and per layer, with `torch.testing.assert_close` deciding at the tolerance of the
+# dtype the target computes in.
+#
+# Logic: `portkit/accuracy.py`. Headless: `portkit run --stages accuracy`.
+
+# %% tags=["parameters"]
+model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
+targets = ["neuron", "tpu"]  # targets to check: neuron, tpu, cpu, cuda
+out_dir = "../runs/notebook"  # folder holding earlier stages' JSON (buckets.json); accuracy.json is written here
+corpus = "stdlib"  # texts: stdlib docstrings, or a .txt/.jsonl/.csv file
+text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
+batch_size = 4  # texts in the compared batch, and in each bucket's batch
+seq_len = 64  # tokens every text of the main batch is padded or truncated to
+seed = 0  # which texts are sampled
+precision = {}  # setting judged per target, e.g. {"tpu": "highest", "neuron": "matmult"}; others: their default
+tolerances = {"bfloat16": [1.6e-2, 1e-5], "float32": [1.3e-6, 1e-5]}  # [rtol, atol] per compute dtype, as assert_close
+task_bounds = {"cosine": 0.999, "agreement": 0.99, "kl": 0.01}  # lowest cosine and agreement, highest mean KL
+default_buckets = [32, 64, 128]  # bucket boundaries when out_dir holds no buckets.json from stage 3
+
+# %%
+from IPython.display import display
+from portkit import accuracy, data, environment, models, params
+
+model, targets, out = params.common(model, targets, out_dir)
+accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                          tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
+                          corpus=corpus)
+
+# %%
+print(environment.block(targets))
+
+# %% [markdown]
+# ## The model, one batch of real inputs, the bucket plan, and how each target runs
+#
+# The bucket boundaries come from stage 3 (`buckets.json` in `out_dir`) when it ran, else from the parameter.
+# The chosen precision's outputs and buckets run compiled with the target's backend when stage 2's backends
+# are present; per-layer hooks cannot see inside a compiled graph, so the layers run in eager emulation.
+
+# %%
+m = models.load(model)
+texts = data.load_corpus(corpus, text_column) if m.takes_text else None
+inputs, described = data.example_batch(m, texts, batch_size, seq_len, seed)
+print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
+print(described)
+plan = accuracy.bucket_plan(out, targets, default_buckets)
+compiled = accuracy.target_side(targets)
+
+# %% [markdown]
+# ## Reference against target, for every precision setting
+#
+# One reference pass records every module's output; each eager target pass is compared module by module
+# as it runs. The verdict is for the chosen precision (each target's default unless `precision` says
+# otherwise), judged on the compiled model where it is compiled.
+
+# %%
+report = accuracy.check_accuracy(m, inputs, targets, precision=precision, tolerances=tolerances,
+                                 task_bounds=task_bounds, corpus=texts, buckets=plan, batch_size=batch_size,
+                                 seed=seed, compiled=compiled, description=described)
+report
+
+# %% [markdown]
+# ## Outputs: errors at real positions, and the tolerance they are held to
+
+# %%
+report.outputs_table()
+
+# %% [markdown]
+# ## Every precision setting, with the flag that selects it on hardware
+
+# %%
+report.precision_table()
+
+# %% [markdown]
+# ## Per layer: where the error enters (error against depth), and per bucket
+
+# %%
+report.plot();
+
+# %%
+for name in targets:
+    display(report.layer_table(name))
+
+# %%
+report.bucket_table()
+
+# %% [markdown]
+# ## What to change, from what was measured
+
+# %%
+for name, t in report.targets.items():
+    print(f"{name} ({t.chosen.target_side}, precision {t.chosen.name}): {t.verdict.upper()}")
+    for s in t.suggestions:
+        print("  -", s)
+
+# %% [markdown]
+# ## Save the result for the report
+
+# %%
+report.save(out / "accuracy.json")
+print(f"wrote {out / 'accuracy.json'}")
+print(report.summary())

@@ -1,0 +1,52 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Stage 5 — The migration report
+#
+# A verdict per target — **ready**, **ready with work** or **blocked** — with the findings that decide it,
+# Neuron and TPU side by side, and the checklist of work a migration needs. Built only from the stage
+# results already in `out_dir`: a missing or unreadable stage is named as a gap.
+#
+# Logic: `portkit/report.py`. Headless: `portkit report DIR` (no stage is rerun).
+
+# %% tags=["parameters"]
+model = "minilm"  # model the run folder was made for (shown in the report)
+targets = ["neuron", "tpu"]  # targets to report on, side by side
+out_dir = "../runs/notebook"  # run folder holding the stage results; report.html and report.json go here
+
+# %%
+from portkit import environment, params, report
+
+model, targets, out = params.common(model, targets, out_dir)
+print(environment.block(targets))
+
+# %% [markdown]
+# ## Verdicts, side by side
+
+# %%
+r = report.build_report(out, targets)
+print(r)
+
+# %%
+r
+
+# %% [markdown]
+# ## Write report.html (self-contained, opens offline) and report.json (stable keys for CI)
+
+# %%
+html_path = r.save(out)
+print(f"wrote {html_path} and {out / 'report.json'}")
+print(r.summary())
