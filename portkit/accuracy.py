@@ -405,7 +405,7 @@ class _TargetSide:
 
     def _run_compiled(self, inputs, precision) -> dict:
         if self._fn is None:
-            # One target's graphs at a time (FACTS.md 3: torch._dynamo.reset() between experiments).
+            # One target's graphs at a time (torch.compiler.reset docs: reset between unrelated compilations).
             torch._dynamo.reset()
             if self.detected.native:
                 self._backend = self.detected.backend   # the vendor's compiler; its precision is its flag

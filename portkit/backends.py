@@ -13,8 +13,9 @@ where a migration feels it:
 2. the Dynamo graph is retraced to ATen with make_fx while numerics.emulate(target, precision) is
    active, so the target's dtype rules and matmul rounding become nodes of the graph (numerics.py is
    the one implementation of them);
-3. every ATen op is classified with the target's op table; ops that would not lower (CPU fallback,
-   unsupported) are reported with the user's source line;
+3. every ATen op is classified with the target's op table as torch.compile sees it; ops that would not
+   lower (CPU fallback, unsupported) are reported with the user's source line, and ops the target's
+   compiler decomposes (targets.DECOMPOSED) are counted apart: they lower as other ops;
 4. Inductor compiles the graph for this CPU: outputs are real, and compile times are real CPU compile
    times (not the vendor compiler's).
 They compile inference graphs (eval mode under torch.no_grad, as the workbook does) and refuse others.
@@ -39,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from portkit import numerics, targets as targets_mod
 from portkit.errors import BadParameter, CompileRefused
-from portkit.targets import CPU_FALLBACK, UNSUPPORTED, Target
+from portkit.targets import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
 
 NOT_LOWERED = (CPU_FALLBACK, UNSUPPORTED)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -76,6 +77,7 @@ class GraphCheck:
     nodes: int                                   # operations in Dynamo's graph
     aten_calls: int = 0                          # ATen calls it makes (before the target's casts)
     not_lowered: list[dict] = field(default_factory=list)   # op, status, detail, via, calls, where
+    decomposed: dict[str, int] = field(default_factory=dict)  # op the target's compiler decomposes -> calls
     numerics: dict[str, int] = field(default_factory=dict)  # what the target's rules changed
     refused: str | None = None
     check_seconds: float = 0.0                   # refusal checks, retrace, op table
@@ -106,7 +108,7 @@ def _symbolic(value) -> bool:
 def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list[dict]:
     found: dict[str, dict] = {}
     for (op, trace), count in calls.items():
-        cls = table.classify(op)
+        cls = table.classify(op, compiled=True)
         if cls.status in NOT_LOWERED:
             entry = found.setdefault(op, {"op": op, "status": cls.status, "detail": cls.detail, "via": cls.via,
                                           "calls": 0, "where": []})
@@ -114,6 +116,14 @@ def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list
             if (where := _from_trace(trace)) and where not in entry["where"]:
                 entry["where"].append(where)
     return sorted(found.values(), key=lambda e: (e["status"] != UNSUPPORTED, e["op"]))
+
+
+def _decomposed(calls: collections.Counter, table: targets_mod.OpTable) -> dict[str, int]:
+    found: collections.Counter = collections.Counter()
+    for (op, _), count in calls.items():
+        if table.classify(op, compiled=True).status == DECOMPOSED:
+            found[op] += count
+    return dict(sorted(found.items()))
 
 
 class EmulatedBackend:
@@ -190,7 +200,9 @@ class EmulatedBackend:
         with torch._guards.tracing(None):
             traced = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)
         check.aten_calls = sum(log.calls.values())
-        check.not_lowered = _not_lowered(log.calls, targets_mod.detect(self.target.name).op_table)
+        table = targets_mod.detect(self.target.name).op_table
+        check.not_lowered = _not_lowered(log.calls, table)
+        check.decomposed = _decomposed(log.calls, table)
         check.numerics = dict(mode.stats)
         return traced
 
@@ -294,7 +306,7 @@ class CompileEvent:
 
 class CompileCounter:
     """Wraps a backend and records every graph it compiles: the ground truth for compiles, since
-    torch 2.13 never increments counters["recompiles"] (FACTS.md 3)."""
+    torch 2.13 never increments counters["recompiles"] (checked)."""
 
     def __init__(self, backend):
         from torch._dynamo.backends.registry import lookup_backend
@@ -324,7 +336,7 @@ class CompileCounter:
 @functools.cache
 def warm_inductor() -> float:
     """Compile a one-op function once per process, so that Inductor's C++ toolchain start-up
-    (precompiled header, compile workers; ~20 s cold, FACTS.md 3) is not charged to a real compile."""
+    (precompiled header, compile workers; ~20 s cold, measured on a 2-core CPU) is not charged to a real compile."""
     start = time.perf_counter()
     torch.compile(lambda x: x * 2 + 1, backend="inductor", dynamic=False)(torch.ones(8))
     torch._dynamo.reset()

@@ -14,7 +14,7 @@ forbidden, so "no compile after warm-up" is proven by PyTorch rather than assume
 
 `replay` also runs the model without buckets, the way a static-shape target does: one compile per
 distinct shape, with Dynamo's recompile limit raised so it really compiles instead of silently
-running eagerly after 8 shapes (FACTS.md 2: NVIDIA/TensorRT-LLM#6142, pytorch/pytorch#114511).
+running eagerly after 8 shapes (NVIDIA/TensorRT-LLM#6142, pytorch/pytorch#114511).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _emulated(backend: str) -> EmulatedBackend | None:
 
 
 def _warm(backend: str) -> None:
-    # Inductor's first compile in a process also starts its toolchain (~20 s, FACTS.md 3): pay it
+    # Inductor's first compile in a process also starts its toolchain (~20 s, measured on a 2-core CPU): pay it
     # before any run is timed. The emulated backends compile through Inductor too.
     emulated = _emulated(backend)
     if backend == "inductor" or (emulated is not None and emulated.inductor):

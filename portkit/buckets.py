@@ -13,7 +13,8 @@ nothing recompiles once every bucket is warm.
     >>> report = buckets.fit_buckets(m, corpus, ["neuron", "tpu"], out_dir="runs/minilm", requests=24)
     >>> report.save("runs/minilm/buckets.json")    # targets[t]["chosen"]: planner, boundaries, shapes, why
 
-Targets that compile one graph per input shape (TorchNeuron, TorchTPU; FACTS.md 1) pay one compile
+Targets that compile one graph per input shape (TorchNeuron: awsdocs-neuron
+torch/compile/reference-torch-compile.html; TorchTPU: torch_tpu _backend.py) pay one compile
 for every distinct length they see (pytorch/xla#2422: 27 compiles in step 0). Bucketing pads every
 input up to one of a few lengths. Planners, one interface (`plan_buckets`), each returning a
 `BucketPlan`:

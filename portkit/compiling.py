@@ -10,10 +10,11 @@
 
     >>> torch.compile(module, backend="portkit_tpu", dynamic=False)   # the emulated backends, by name
 
-Both targets compile one graph per input shape (FACTS.md 1). The stage finds the graph breaks
+Both targets compile one graph per input shape (awsdocs-neuron torch/compile/reference-torch-compile.html;
+torch_tpu _backend.py). The stage finds the graph breaks
 (torch._dynamo.explain) and whether fullgraph=True captures the model; streams real requests
 through the model compiled with dynamic=False, counting every compile with a wrapper around the
-backend (torch 2.13 never increments counters["recompiles"], FACTS.md 3) and keeping the guard failure
+backend (torch 2.13 never increments counters["recompiles"], checked) and keeping the guard failure
 behind each one; then warms up one fixed shape and proves with set_stance("fail_on_recompile") that
 nothing else compiles.
 
@@ -188,7 +189,7 @@ class GraphBreaks:
     graphs: int
     breaks: list[dict]               # reason, where
     fullgraph: dict                  # {"ok": bool, ...why not}
-    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, numerics
+    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, decomposed, numerics
 
     def summary(self) -> str:
         full = "fullgraph=True captures it in one graph" if self.fullgraph["ok"] else "fullgraph=True fails"
@@ -209,6 +210,9 @@ class GraphBreaks:
             lines.append(f"  {name} (emulated): " + (f"refused: {c['refused']}" if c["refused"] else
                          f"{c['graphs']} graphs accepted, {len(c['not_lowered'])} ops would not lower; "
                          f"numerics: {rounded}"))
+            if decomposed := c.get("decomposed"):   # they lower: the target's compiler rewrites them
+                lines.append("    decomposed by its compiler: " + ", ".join(f"{op} ({n} calls)"
+                                                                       for op, n in decomposed.items()))
             lines += [f"    not lowered: {o['op']} ({o['status']}, {o['calls']} calls) at "
                       + "; ".join(w["text"] for w in o["where"][:3]) for o in c["not_lowered"]]
         return "\n".join(lines)
@@ -266,7 +270,9 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
                 entry = merged.setdefault(o["op"], {**o, "calls": 0, "where": []})
                 entry["calls"] += o["calls"]
                 entry["where"] += [w for w in o["where"] if w not in entry["where"]]
+        decomposed = sum((collections.Counter(c.decomposed) for c in backend.checks), collections.Counter())
         checks[name] = {"graphs": len(backend.checks), "not_lowered": list(merged.values()),
+                        "decomposed": dict(sorted(decomposed.items())),
                         "refused": next((c.refused for c in backend.checks if c.refused), None),
                         "numerics": dict(sum((collections.Counter(c.numerics) for c in backend.checks),
                                              collections.Counter()))}

@@ -35,7 +35,8 @@ from portkit.targets import BLOCKER, COMPOSITE, CPU_FALLBACK, INFO, NATIVE, STAT
 
 STAGE = "fallbacks"
 ROOT = "<model>"
-# Ops whose output size or control flow depends on tensor values (FACTS.md 1: static shapes only).
+# Ops whose output size or control flow depends on tensor values (both targets compile static shapes
+# only: awsdocs-neuron torch/compile/reference-torch-compile.html, torch_tpu _backend.py).
 DATA_DEPENDENT = frozenset({
     "aten::nonzero", "aten::masked_select", "aten::unique_dim", "aten::_unique2", "aten::_unique",
     "aten::unique_consecutive", "aten::argwhere", "aten::bincount", "aten::repeat_interleave.Tensor",
@@ -495,7 +496,7 @@ def _neuron_vendor_record(run) -> dict:
 
 def _tpu_vendor_record(run) -> dict:
     # TorchTPU has no fallback API; its missing-op fallback warns "'<op>' is not implemented for TPU.
-    # Falling back to CPU" (FACTS.md 1).
+    # Falling back to CPU" (torch_tpu missing-op fallback; data/sources/torch_tpu_0.2.0_dispatcher_ops.json).
     import logging
     messages: list[str] = []
 

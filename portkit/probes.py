@@ -7,7 +7,7 @@
     False
 
 Vendor bridges are probed in a child process: importing torch_tpu on a host without a TPU
-can abort the whole process when the device initialises (FACTS.md section 1), and a probe
+can abort the whole process when the device initialises (checked with torch-tpu 0.2.0), and a probe
 must never take the notebook kernel down with it.
 """
 from __future__ import annotations

@@ -26,7 +26,10 @@ from portkit.errors import BadParameter
 DATA = Path(__file__).resolve().parent.parent / "data" / "targets"
 
 NATIVE, COMPOSITE, CPU_FALLBACK, UNSUPPORTED = "native", "composite", "cpu_fallback", "unsupported"
-STATUSES = (NATIVE, COMPOSITE, CPU_FALLBACK, UNSUPPORTED)
+STATUSES = (NATIVE, COMPOSITE, CPU_FALLBACK, UNSUPPORTED)   # how an op runs eagerly on the target
+# Under torch.compile only: the target's compiler rewrites the op into other ops before lowering
+# (OpTable.compile_decomposed), so it lowers even without a kernel of its own.
+DECOMPOSED = "decomposed"
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         dtype_rules=(_F64_TO_F32,
                      DtypeRule(torch.int64, torch.int32, "int64 is not native: cast to int32 and back")),
         precisions=(
-            # The native backend compiles with --auto-cast=none; standalone neuronx-cc defaults to
-            # casting FP32 matmuls to BF16 (FACTS.md section 1).
+            # The native backend compiles with --auto-cast=none (torch_neuronx csrc/core/KernelExecution.cpp);
+            # standalone neuronx-cc casts FP32 matmuls to BF16 unless told otherwise (awsdocs-neuron
+            # compiler/neuronx-cc/api-reference-guide, --auto-cast).
             Precision("none", "native backend default (--auto-cast=none)", "float32 throughout"),
             Precision("matmult", "NEURON_CC_FLAGS='--auto-cast=matmult --auto-cast-type=bf16'",
                       "matmul operands and results in bf16, fp32 accumulation",
@@ -129,31 +133,40 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
                             "shapes",
         features={
             "float64": FeatureRule(WORK, "float64 runs as float32 on Neuron: keep this module in float32 "
-                                   "(.float()) and check stage 4's accuracy", "FACTS.md 1; pytorch/xla#8719"),
+                                   "(.float()) and check stage 4's accuracy",
+                                   "torch_neuronx python_ops/base.py (float64 cast to float32); pytorch/xla#8719"),
             "int64": FeatureRule(INFO, "int64 runs as int32 on Neuron: fine for token ids and indices below 2**31",
                                  "torch_neuronx dtype_autocast.py"),
             "int64_overflow": FeatureRule(BLOCKER, "values exceed int32 but Neuron runs int64 as int32: "
                                           "rescale, or split the value", "torch_neuronx dtype_autocast.py"),
             "recurrent": FeatureRule(BLOCKER, "fused LSTM/GRU cells do not run on Neuron, not even as a CPU "
                                      "fallback: rewrite the recurrence with nn.Linear and elementwise ops in "
-                                     "a loop, or as an NKI kernel", "FACTS.md 1 (aten::_thnn_fused_lstm_cell)"),
-            "sparse": FeatureRule(BLOCKER, "sparse tensors are out of TorchNeuron's first release: use dense "
-                                  "tensors (to_dense) or an NKI kernel", "FACTS.md 1"),
-            "nested": FeatureRule(BLOCKER, "NestedTensor is out of TorchNeuron's first release: pad to a bucket "
-                                  "(stage 3) instead", "FACTS.md 1"),
+                                     "a loop, or as an NKI kernel",
+                                     "torch-neuronx tests/pytorch_tests/specs/ddp_spec.json "
+                                     "(aten::_thnn_fused_lstm_cell cannot run, not even on the CPU fallback)"),
+            "sparse": FeatureRule(BLOCKER, "TorchNeuron has no sparse-tensor kernels: use dense tensors "
+                                  "(to_dense) or an NKI kernel",
+                                  "torch_neuronx NeuronBindings.cpp (no SparsePrivateUse1 registration)"),
+            "nested": FeatureRule(BLOCKER, "TorchNeuron has no NestedTensor kernels: pad to a bucket (stage 3) "
+                                  "instead",
+                                  "torch_neuronx NeuronBindings.cpp (no NestedTensorPrivateUse1 registration)"),
             "data_dependent": FeatureRule(WORK, "output size depends on the data: a graph break and a dynamic "
                                           "shape under torch.compile, which Neuron rejects; use a static-size "
                                           "form (nonzero_static, torch.where on a mask)",
-                                          "torch_neuronx decompositions.py; FACTS.md 1"),
+                                          "torch_neuronx decompositions.py; "
+                                          "awsdocs-neuron torch/compile/reference-torch-compile.html"),
             "host_sync": FeatureRule(WORK, ".item() or a Python branch on a tensor value copies to the host "
-                                     "and breaks the graph: keep the value as a tensor", "FACTS.md 3"),
+                                     "and breaks the graph: keep the value as a tensor",
+                                     "PyTorch docs torch.compiler_troubleshooting (graph breaks)"),
             "custom_op": FeatureRule(BLOCKER, "custom CUDA/Triton kernels do not carry over: rewrite as an NKI "
                                      "kernel (@nki.jit, registered with torch_neuronx.nki_op) or use an NKI "
-                                     "Library kernel", "FACTS.md 1"),
-            "attention_mask": FeatureRule(WORK, "arbitrary attention masks are out of the first release and keep "
-                                          "SDPA off the NKI flash kernel (it takes no attn_bias): prefer "
-                                          "is_causal or no mask with bucketed, unpadded batches",
-                                          "FACTS.md 1; torch_neuronx decompositions.py"),
+                                     "Library kernel",
+                                     "torch_neuronx nki_hop.py (nki_op); awsdocs-neuron NKI documentation"),
+            "attention_mask": FeatureRule(WORK, "arbitrary attention masks keep SDPA off the NKI flash kernel "
+                                          "(it takes no attn_bias) and native multi-head attention rejects "
+                                          "them: prefer is_causal or no mask with bucketed, unpadded batches",
+                                          "torch_neuronx decompositions.py (NKI SDPA takes no attn_bias); "
+                                          "python_ops/native_multi_head_attention.py"),
             "cpu_fallback": FeatureRule(WORK, "runs on the host CPU and copies back each call: write an NKI "
                                         "kernel or replace the op", "torch_neuronx NeuronBindings.cpp"),
             "unsupported": FeatureRule(BLOCKER, "no kernel on Neuron and no CPU kernel to fall back to: "
@@ -193,9 +206,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
                                           "the TPU backend rejects, and dynamic ops recompile; use a static-size "
                                           "form (nonzero_static, torch.where on a mask)", "torch_tpu _backend.py"),
             "host_sync": FeatureRule(WORK, ".item() or a Python branch on a tensor value copies to the host and "
-                                     "breaks the graph: keep the value as a tensor", "FACTS.md 3"),
+                                     "breaks the graph: keep the value as a tensor",
+                                     "PyTorch docs torch.compiler_troubleshooting (graph breaks)"),
             "custom_op": FeatureRule(BLOCKER, "custom CUDA/Triton kernels do not carry over: rewrite in Pallas "
-                                     "(or Tokamax/Helion, experimental)", "FACTS.md 1"),
+                                     "(or Tokamax/Helion, experimental)", "torch_tpu README"),
             "cpu_fallback": FeatureRule(WORK, "no TPU kernel: runs on the host CPU and copies back each call "
                                         "('... is not implemented for TPU. Falling back to CPU'); write a Pallas "
                                         "kernel or replace the op", "torch_tpu missing-op fallback"),
@@ -281,19 +295,40 @@ class OpTable:
     def is_native(self, op: str) -> bool:
         return op in self.native
 
-    def classify(self, op: str) -> OpClass:
-        if op not in self._cache:
-            self._cache[op] = self._classify(op)
-        return self._cache[op]
+    def is_compile_decomposed(self, op: str) -> bool:
+        """Whether the target's compiler decomposes `op`. An entry with an overload names that overload;
+        an entry without one names the default overload and, as torch._decomp.get_decompositions reads
+        a whole operator (aten.logsumexp), every overload PyTorch has a decomposition for."""
+        if op in self.compile_decomposed:
+            return True
+        name, _, overload = op.partition(".")
+        return bool(overload) and name in self.compile_decomposed and op in _upstream_decompositions()
 
-    def _classify(self, op: str) -> OpClass:
+    def classify(self, op: str, compiled: bool = False) -> OpClass:
+        """How `op` runs on the target: eagerly, or under torch.compile (compiled=True), where an op the
+        target's compiler decomposes is DECOMPOSED instead of a CPU fallback or unsupported."""
+        key = (op, compiled)
+        if key not in self._cache:
+            self._cache[key] = self._classify(op, compiled)
+        return self._cache[key]
+
+    def _classify(self, op: str, compiled: bool) -> OpClass:
         if op in self.native:
             return OpClass(NATIVE, "kernel on the target")
+        decomposed = self.is_compile_decomposed(op)
+        if compiled and decomposed:
+            return OpClass(DECOMPOSED, "the target's compiler decomposes it into other ops")
+        eager = self._classify_eager(op, compiled)
+        if decomposed and eager.status in (CPU_FALLBACK, UNSUPPORTED):
+            return dataclasses.replace(eager, detail=eager.detail + " (eagerly; torch.compile decomposes it)")
+        return eager
+
+    def _classify_eager(self, op: str, compiled: bool) -> OpClass:
         if op in self.cpu_fallback:
             return OpClass(CPU_FALLBACK, "the target's own kernel runs it on the host CPU")
         if self.device_paths and op in PRIVATEUSE1_PATH:
             device_op, why = PRIVATEUSE1_PATH[op]
-            inner = self.classify(device_op)
+            inner = self.classify(device_op, compiled)
             return dataclasses.replace(inner, via=device_op, detail=f"{why}; {device_op}: {inner.detail}")
         has = functools.partial(_has_kernel, op)
         if not self.device_paths:   # a reference platform: its own kernels or composites
@@ -314,6 +349,14 @@ class OpTable:
             return OpClass(CPU_FALLBACK, "no kernel on the target; the CPU kernel runs it")
         return OpClass(UNSUPPORTED, "no kernel on the target, no composite, and no CPU kernel to "
                                     "fall back to")
+
+
+@functools.cache
+def _upstream_decompositions() -> frozenset[str]:
+    """Every ATen overload with a decomposition in PyTorch's own table, as 'aten::name.overload'."""
+    from torch._decomp import decomposition_table
+    return frozenset(f"aten::{o._opname}.{o._overloadname}" for o in decomposition_table
+                     if isinstance(o, torch._ops.OpOverload) and o.namespace == "aten")
 
 
 def _has_kernel(op: str, key: str) -> bool:

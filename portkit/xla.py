@@ -44,7 +44,8 @@ GIB = 2 ** 30
 # (GiB)", tpu/docs/tpu7x, which tabulates all three). TPU7x shows each chip as two JAX devices
 # (its two TensorCores, "dual-chiplet"); we give each device an even half of the chip's HBM.
 HBM_GIB_PER_CHIP = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "tpu7x": 192}
-# Names libtpu accepts for compile-only devices (FACTS.md section 4, checked); v4 needs megacore.
+# Names jax.experimental.topologies.get_topology_desc accepts with libtpu for compile-only devices
+# (checked on a CPU-only host, jax 0.10); v4 needs megacore.
 TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v5p:2x2x1": {},
               "v4:2x2x1": {"chip_config_name": "megacore"}, "tpu7x:2x2x1": {}}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -108,7 +109,8 @@ def _import_torchax():
 
 @functools.cache
 def _load():
-    # libtpu asks a cloud metadata server for its workers unless told there are none (FACTS.md s. 4).
+    # libtpu asks a cloud metadata server for its workers unless TPU_WORKER_HOSTNAMES names them
+    # (as jax/_src/clusters/cloud_tpu_cluster.py reads it).
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     import jax
     return jax, _import_torchax()
@@ -481,7 +483,7 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
                      f"sanity ratio near 1: the program holds the weights once, in {report.dtype}; buffers and "
                      "TPU tile padding raise it, parameters XLA prunes as unused (a dropped pooler) lower it"]
     # Every argument carries a sharding on the topology's devices: without one, JAX silently
-    # compiles for the host CPU instead (FACTS.md section 4). _compiled_platform checks the result.
+    # compiles for the host CPU instead (checked, jax 0.10 compile-only). _compiled_platform checks the result.
     mesh = topologies.make_mesh(topo, (devices,), ("batch",))
     replicated, by_batch = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
     for shape, spec in zip(shapes, specs):
@@ -526,7 +528,8 @@ def _measure(compiled, result: ShapeResult, hbm: int) -> None:
     m["total"] = m["argument"] + m["output"] - m["alias"] + m["temporary"] + m["generated_code"]
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost     # older jax returned one dict per program
-    # cost_analysis()["optimal_seconds"] is left out on purpose: it can be negative (FACTS.md section 4).
+    # cost_analysis()["optimal_seconds"] is left out on purpose: it came out negative for compile-only
+    # TPU topologies (checked, jax 0.10 with libtpu).
     result.memory, result.fits_hbm = m, m["total"] <= hbm
     result.flops, result.bytes_accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 

@@ -13,12 +13,13 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     "${pip[@]}" install torch==2.13.0
   else
-    # A local CPU wheel (pip's find-links) first, its dependencies from the index; else PyTorch's CPU index.
+    # A local CPU wheel (pip's find-links) first, its dependencies from pip's configured index.
+    # Otherwise the CPU build comes from PyTorch's CPU wheel index, added beside pip's own index
+    # (not instead of it): PyPI's Linux torch wheel is the CUDA build, and 2.13.0+cpu ranks above it.
     if "${pip[@]}" install --no-index --no-deps torch==2.13.0 2>/dev/null; then
       "${pip[@]}" install torch==2.13.0
     else
-      "${pip[@]}" install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
-        --extra-index-url https://pypi.org/simple
+      "${pip[@]}" install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
     fi
   fi
 fi

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit import data, fallbacks, models, probes
+from portkit import compiling, data, fallbacks, models, probes
 
 
 def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
@@ -129,3 +129,30 @@ def test_native_neuron_collects_the_vendor_record():
 def test_native_tpu_collects_fallback_messages():
     report = run("bert", targets=["tpu"])
     assert "fallback_messages" in report.targets["tpu"].vendor_record
+
+
+class _ELUHead(torch.nn.Module):
+    """Embeddings through ELU: aten::elu has no Neuron kernel, but TorchNeuron's compiler decomposes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(30522, 8)
+
+    def forward(self, input_ids, attention_mask):
+        return {"features": torch.nn.functional.elu(self.embed(input_ids))}
+
+
+def elu_model():
+    return _ELUHead()
+
+
+def test_an_op_the_neuron_compiler_decomposes_falls_back_eagerly_but_lowers_compiled():
+    m = models.load(f"{__file__}:elu_model")
+    inputs = m.encode(["def f(x): return x"], pad_to=8)
+    eager = next(o for o in fallbacks.find_fallbacks(m, inputs, ["neuron"]).targets["neuron"].ops
+                 if o["op"] == "aten::elu")
+    assert eager["status"] == "cpu_fallback" and "torch.compile decomposes it" in eager["detail"]
+    checks = compiling.find_graph_breaks(m, inputs, ["neuron", "tpu"]).checks
+    assert not any(o["op"] == "aten::elu" for o in checks["neuron"]["not_lowered"])   # not "would not lower"
+    assert checks["neuron"]["decomposed"] == {"aten::elu": 1}
+    assert checks["tpu"]["decomposed"] == {} and not checks["tpu"]["not_lowered"]   # TPU runs it as elu.out

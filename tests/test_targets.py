@@ -1,3 +1,4 @@
+import importlib.util
 import json
 from pathlib import Path
 
@@ -6,7 +7,16 @@ import pytest
 from portkit import probes, targets
 from portkit.errors import BadParameter
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ROOT / "data" / "sources"     # the snapshots the op tables are built from, shipped in the repo
+
+
+def load_tool(name: str):
+    """A tools/ script as a module, so its functions run in-process."""
+    spec = importlib.util.spec_from_file_location(f"portkit_tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_target_is_complete_data():
@@ -57,17 +67,15 @@ def test_op_tables_carry_provenance():
             assert table.provenance.get(key), (name, key)
 
 
-@pytest.mark.skipif(not (SHARED / "torch_tpu_0.2.0_dispatcher_ops.json").exists(), reason="shared data absent")
 def test_tpu_table_matches_the_checked_snapshot():
     ours = json.loads((targets.DATA / "tpu.json").read_text())
-    theirs = json.loads((SHARED / "torch_tpu_0.2.0_dispatcher_ops.json").read_text())
+    theirs = json.loads((SOURCES / "torch_tpu_0.2.0_dispatcher_ops.json").read_text())
     assert set(ours["native"]) == {o for o in theirs["PrivateUse1"] if o.startswith("aten::")}
 
 
-@pytest.mark.skipif(not (SHARED / "neuron_ops_devtree_2026-04.json").exists(), reason="shared data absent")
 def test_neuron_table_is_built_from_the_dev_tree_data():
     ours = json.loads((targets.DATA / "neuron.json").read_text())
-    theirs = json.loads((SHARED / "neuron_ops_devtree_2026-04.json").read_text())
+    theirs = json.loads((SOURCES / "neuron_ops_devtree_2026-04.json").read_text())
     assert set(ours["native"]) == set(theirs["native"]) - set(theirs["cpu_fallback"])
     assert set(ours["cpu_fallback"]) == set(theirs["cpu_fallback"])
 
@@ -111,3 +119,75 @@ def test_native_neuron_reads_the_live_table():
 def test_native_tpu_reads_the_live_table():
     d = targets.detect("tpu")
     assert d.mode == "native" and "aten::addmm.out" in d.op_table.native
+
+
+def test_neuron_builder_reads_data_sources_and_rebuilds_the_shipped_table(tmp_path, capsys):
+    tool = load_tool("build_neuron_optable")
+    assert tool.DEFAULT_SOURCE == SOURCES / "neuron_ops_devtree_2026-04.json"
+    assert tool.main(["--out", str(tmp_path / "neuron.json")]) == 0
+    assert "data/sources/neuron_ops_devtree_2026-04.json" in capsys.readouterr().out
+    built = json.loads((tmp_path / "neuron.json").read_text())
+    shipped = json.loads((targets.DATA / "neuron.json").read_text())
+    built["provenance"].pop("date"), shipped["provenance"].pop("date")
+    assert built == shipped
+    # Provenance as it is: a public repository's development-tree snapshot, superseded by the release table.
+    prov = shipped["provenance"]
+    assert "parmoham-aws/test-repo-parmoham at commit 98154b867aa24562a3213e520d9ad7fd41032291 (2026-04-21)" \
+        in prov["source"]
+    assert "not an AWS release" in prov["source"] and "read statically" in prov["source"]
+    assert prov["superseded_by"].startswith("aws-neuron/torch-neuronx docs/torch_api_compatibility.md")
+
+
+def test_builders_refuse_a_bad_source_in_one_line_before_writing(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "table.json"
+    neuron = load_tool("build_neuron_optable")
+    with pytest.raises(SystemExit) as exited:
+        neuron.main(["--source", str(tmp_path / "missing.json"), "--out", str(out)])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit):
+        neuron.main(["--source", str(SOURCES / "torch_tpu_0.2.0_dispatcher_ops.json"), "--out", str(out)])
+    tpu = load_tool("build_tpu_optable")
+    monkeypatch.setattr(tpu, "query_wheel", lambda version: pytest.fail("fetched the wheel despite a bad --compare"))
+    with pytest.raises(SystemExit) as exited:
+        tpu.main(["--compare", str(tmp_path / "missing.json"), "--out", str(out)])
+    assert exited.value.code == 2 and not out.exists()
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and "missing.json" in errors[0]
+    assert "not an op snapshot: it lacks native, cpu_fallback, decomposed" in errors[1]
+
+
+def test_tpu_builder_compares_with_the_shipped_snapshot():
+    tpu = load_tool("build_tpu_optable")
+    assert tpu.DEFAULT_COMPARE == SOURCES / "torch_tpu_0.2.0_dispatcher_ops.json"
+    reference = tpu.read_snapshot(tpu.DEFAULT_COMPARE)
+    assert len(reference) == 731
+    table = json.loads((targets.DATA / "tpu.json").read_text())
+    same = tpu.comparison(table["native"] + table["native_other_namespaces"], reference, "snapshot")
+    assert same["same"] and not same["only_here"]
+    differ = tpu.comparison(table["native"], reference, "snapshot")
+    assert not differ["same"] and differ["only_there"] == sorted(table["native_other_namespaces"])
+
+
+@pytest.mark.parametrize("op,eager,compiled", [
+    ("aten::elu", "cpu_fallback", "decomposed"),                 # named in the decomposition list
+    ("aten::binary_cross_entropy", "cpu_fallback", "decomposed"),
+    ("aten::argsort.stable", "cpu_fallback", "decomposed"),      # host-CPU kernel eagerly, decomposed compiled
+    ("aten::logsumexp.out", "unsupported", "decomposed"),        # a whole operator named: its overloads too
+    ("aten::_linalg_svd", "cpu_fallback", "cpu_fallback"),       # not in the list: still would not lower
+    ("aten::addmm", "native", "native"),
+])
+def test_neuron_compile_decompositions_lower_under_torch_compile(op, eager, compiled):
+    table = targets.detect("neuron").op_table
+    got = table.classify(op)
+    assert got.status == eager
+    assert ("torch.compile decomposes it" in got.detail) == (compiled == targets.DECOMPOSED)
+    assert table.classify(op, compiled=True).status == compiled
+    assert targets.DECOMPOSED not in targets.STATUSES       # never an eager status
+
+
+def test_only_overloads_with_a_decomposition_follow_a_bare_name():
+    table = targets.OpTable("t", native=frozenset(), compile_decomposed=frozenset({"aten::lerp", "aten::topk"}))
+    assert table.is_compile_decomposed("aten::lerp.Scalar")      # PyTorch decomposes every lerp overload
+    assert table.is_compile_decomposed("aten::topk")             # the default overload, by name
+    assert not table.is_compile_decomposed("aten::topk.values")  # no upstream decomposition for it
+    assert targets.detect("tpu").op_table.classify("aten::elu", compiled=True).status == "composite"

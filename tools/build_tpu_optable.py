@@ -1,12 +1,13 @@
 """Build data/targets/tpu.json from the real torch-tpu wheel, by asking PyTorch's dispatcher.
 
-    python tools/build_tpu_optable.py [--version 0.2.0] [--compare ../shared/data/torch_tpu_0.2.0_dispatcher_ops.json]
+    python tools/build_tpu_optable.py [--version 0.2.0] [--compare data/sources/torch_tpu_0.2.0_dispatcher_ops.json]
 
-torch_tpu registers itself for PyTorch's backend autoload, so once installed every `import torch`
-in that environment loads it (FACTS.md section 1). This script therefore never installs it into
-the running environment: it unpacks the wheel into a temporary folder with `pip --target`, queries
-the dispatcher in a child process that has that folder on PYTHONPATH, and deletes the folder.
-No TPU is needed: the import registers the kernels without initialising a device.
+torch_tpu registers itself for PyTorch's backend autoload (entry points loaded by `import torch`:
+docs.pytorch.org/docs/stable/accelerator/autoload.html; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off),
+so once installed every `import torch` in that environment loads it. This script therefore never
+installs it into the running environment: it unpacks the wheel into a temporary folder with
+`pip --target`, queries the dispatcher in a child process that has that folder on PYTHONPATH, and
+deletes the folder. No TPU is needed: the import registers the kernels without initialising a device.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from portkit._io import write_json  # noqa: E402
+
+DEFAULT_COMPARE = ROOT / "data" / "sources" / "torch_tpu_0.2.0_dispatcher_ops.json"
 
 IMPORT_DEPS = ("absl-py", "portpicker", "frozendict", "immutabledict")
 KEYS = ("PrivateUse1", "AutogradPrivateUse1", "AutocastPrivateUse1")
@@ -55,14 +58,40 @@ def query_wheel(version: str) -> dict:
     return result
 
 
+def read_snapshot(path: Path) -> set[str]:
+    """The PrivateUse1 names of a dispatcher snapshot, or a one-line error (exit 2): read before the
+    wheel is fetched, so a bad --compare costs nothing and writes nothing."""
+    try:
+        names = json.loads(path.read_text())["PrivateUse1"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: cannot read --compare {str(path)!r} as a dispatcher snapshot with a PrivateUse1 "
+              f"list: {exc!r}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return set(names)
+
+
+def comparison(ops: list[str], reference: set[str], name: str) -> dict:
+    mine = set(ops)
+    return {"file": name, "same": mine == reference,
+            "only_here": sorted(mine - reference), "only_there": sorted(reference - mine)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--version", default="0.2.0")
-    parser.add_argument("--out", default=str(ROOT / "data" / "targets" / "tpu.json"))
-    parser.add_argument("--compare", default=str(ROOT.parent / "shared" / "data" /
-                                                 "torch_tpu_0.2.0_dispatcher_ops.json"))
+    parser.add_argument("--version", default="0.2.0", help="torch-tpu version to query (default: %(default)s)")
+    parser.add_argument("--out", default=str(ROOT / "data" / "targets" / "tpu.json"),
+                        help="table to write (default: %(default)s)")
+    parser.add_argument("--compare", default=str(DEFAULT_COMPARE),
+                        help="dispatcher snapshot to compare with (default: %(default)s)")
     args = parser.parse_args(argv)
-    got = query_wheel(args.version)
+    compare = Path(args.compare)
+    reference = read_snapshot(compare)
+    try:
+        got = query_wheel(args.version)
+    except subprocess.CalledProcessError as exc:   # pip cannot fetch that version, or the import fails
+        print(f"error: querying torch-tpu=={args.version} failed: {' '.join(map(str, exc.cmd[:4]))} ... "
+              f"exited {exc.returncode}; nothing written", file=sys.stderr)
+        return 1
     ops = got["ops"]
     table = {
         "target": "tpu",
@@ -86,15 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         "compile_decomposed": [],
         "fallback_message": "'<op>' is not implemented for TPU. Falling back to CPU",
     }
-    compare = Path(args.compare)
-    if compare.exists():
-        ref = json.loads(compare.read_text())
-        mine, theirs = set(ops["PrivateUse1"]), set(ref["PrivateUse1"])
-        table["provenance"]["compared_with"] = {
-            "file": compare.name, "same": mine == theirs,
-            "only_here": sorted(mine - theirs), "only_there": sorted(theirs - mine)}
-        print(f"compared with {compare.name}: {'identical' if mine == theirs else 'DIFFERENT'} "
-              f"({len(mine)} vs {len(theirs)} PrivateUse1 names)")
+    compared = table["provenance"]["compared_with"] = comparison(ops["PrivateUse1"], reference, compare.name)
+    print(f"compared with {compare}: {'identical' if compared['same'] else 'DIFFERENT'} "
+          f"({len(ops['PrivateUse1'])} vs {len(reference)} PrivateUse1 names)")
     write_json(args.out, table)
     print(f"wrote {args.out}: {len(table['native'])} native aten overloads")
     return 0
