@@ -42,9 +42,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from portkit import models as models_mod, numerics, probes, targets as targets_mod
 from portkit._io import read_json
-from portkit.results import save_result
 from portkit.errors import BadParameter
 from portkit.fallbacks import ROOT, HtmlTable
+from portkit.results import save_result
 
 STAGE = "accuracy"
 # torch.testing.assert_close's defaults (its docstring's table); tests check they still match torch.
