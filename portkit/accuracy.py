@@ -41,9 +41,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 
 from portkit import models as models_mod, numerics, probes, targets as targets_mod
-from portkit._io import read_json, write_json
+from portkit._io import read_json
 from portkit.errors import BadParameter
 from portkit.fallbacks import ROOT, HtmlTable
+from portkit.results import save_result
 
 STAGE = "accuracy"
 # torch.testing.assert_close's defaults (its docstring's table); tests check they still match torch.
@@ -577,7 +578,7 @@ class AccuracyReport:
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}}
 
     def save(self, path) -> None:
-        write_json(path, self.to_dict())
+        save_result(path, self.to_dict())
 
     def __str__(self) -> str:
         lines = [f"Accuracy of {self.model['name']} ({self.inputs['description']}): {self.verdict.upper()}; "

@@ -598,8 +598,8 @@ class BucketReport:
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}}
 
     def save(self, path) -> None:
-        from portkit._io import write_json
-        write_json(path, self.to_dict())
+        from portkit.results import save_result
+        save_result(path, self.to_dict())
 
     def table(self, target: str | None = None):
         """Per replay run: compiles, padding, compile/run/total time, requests per second."""

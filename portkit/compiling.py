@@ -40,7 +40,7 @@ import torch
 import torch._dynamo
 
 from portkit import targets as targets_mod
-from portkit._io import write_json
+from portkit.results import save_result
 from portkit.backends import CompileCounter, CompileEvent, EmulatedBackend, _place, _text, warm_inductor
 from portkit.errors import BadParameter, CompileRefused
 from portkit.fallbacks import HtmlTable
@@ -540,7 +540,7 @@ class CompileReport:
                 "targets": per_target}
 
     def save(self, path) -> None:
-        write_json(path, self.to_dict())
+        save_result(path, self.to_dict())
 
     def __str__(self) -> str:
         lines = [f"Compile for the targets: {self.model['name']}, {self.requests['count']} requests from "

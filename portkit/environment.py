@@ -38,9 +38,13 @@ def block(target_names=()) -> str:
 
 
 def render(info: dict) -> str:
-    """The environment dict as the text block users paste into issues."""
+    """The environment dict as the text block users paste into issues.
+
+    `info` may come from a stage result written on another machine (portkit/results.py checks the keys
+    used here without a default); fields it lacks show as "?".
+    """
     lines = ["portkit environment",
-             f"  python {info['python']} on {info['platform']} ({info['cpus']} CPUs)",
+             f"  python {info['python']} on {info['platform']} ({info.get('cpus', '?')} CPUs)",
              f"  torch {info['torch_build']}"]
     lines += [f"  {name} {version}" for name, version in info["packages"].items()
               if version and name != "torch"]
@@ -48,6 +52,6 @@ def render(info: dict) -> str:
     if missing:
         lines.append("  not installed: " + ", ".join(missing))
     for name, t in info["targets"].items():
-        lines.append(f"  target {name}: {t['mode'].upper()} ({t['reason']}); compile backend "
-                     f"{t['backend']}; precision {t['precision']}; op table: {t['op_table']}")
+        lines.append(f"  target {name}: {t['mode'].upper()} ({t.get('reason', '?')}); compile backend "
+                     f"{t.get('backend', '?')}; precision {t.get('precision', '?')}; op table: {t.get('op_table', '?')}")
     return "\n".join(lines)

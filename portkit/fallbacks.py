@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from portkit import targets as targets_mod
-from portkit._io import write_json
+from portkit.results import save_result
 from portkit.targets import BLOCKER, COMPOSITE, CPU_FALLBACK, INFO, NATIVE, STATUSES, UNSUPPORTED, WORK
 
 STAGE = "fallbacks"
@@ -382,7 +382,7 @@ class FallbackReport:
                 "records": [r.to_dict() for r in self.records]}
 
     def save(self, path) -> None:
-        write_json(path, self.to_dict())
+        save_result(path, self.to_dict())
 
     def __str__(self) -> str:
         lines = [f"Fallback discovery for {self.model['name']} ({self.inputs['description']}, "

@@ -5,15 +5,22 @@
     >>> r.verdicts()                                  # {'neuron': 'ready with work', 'tpu': 'ready'}
     >>> r.save("runs/minilm")                         # report.html (self-contained) and report.json
 
-`portkit report DIR` does the same from the command line, without rerunning any stage. A stage whose
-result is missing or unreadable becomes a named gap in the report, never a traceback.
+`portkit report DIR` does the same from the command line, without rerunning any stage, on any machine:
+each target's mode and the environment come from the stage results, which recorded them when they ran
+(portkit/results.py); only a run folder written before that is described by this machine, and says so.
+A stage result that is missing, unreadable or of the wrong shape becomes a named gap, never a traceback;
+a folder with no stage result at all is bad input (BadParameter). The HTML is a Jinja2 template
+(portkit/templates/report.html.j2) with autoescape on, so no value reaches the page unescaped.
 
 report.json keys (stable; a CI job can gate on them):
-- "schema": "portkit.report/1"; "created"; "run_dir"; "model"; "environment" (environment.environment())
+- "schema": "portkit.report/1"; "created"; "run_dir"; "model"
+- "environment": the run's environment as the stages recorded it (environment.environment() at run time)
+- "environment_source": "recorded at run time by fallbacks.json, ..." or results.NOT_RECORDED
 - "stages": {stage: {"file", "status": "ok" | "missing" | "unreadable" | "incomplete", "problem", "summary"}}
-- "gaps": [text, ...]: what the report could not read
+- "gaps": [text, ...]: what the report could not read, one line each
 - "targets": {name: {
-    "mode": "native" | "emulated", "title", "verdict": "ready" | "ready with work" | "blocked" | "not assessed" (no stage result for it),
+    "mode": "native" | "emulated" (as recorded at run time), "title",
+    "verdict": "ready" | "ready with work" | "blocked" | "not assessed" (no stage result for it),
     "verdict_reason": text, "based_on": [stages read],
     "precision": the precision setting used, "compiler_flags": text,
     "findings": [{"stage", "severity", "kind", "message", "advice", "notebook"}],
@@ -27,14 +34,18 @@ report.json keys (stable; a CI job can gate on them):
 """
 from __future__ import annotations
 
+import copy
 import datetime
-import html
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import environment, targets as targets_mod
+import jinja2
+
+from portkit import environment, results, targets as targets_mod
 from portkit._io import write_json, write_text
+from portkit.errors import BadParameter
 from portkit.targets import BLOCKER, INFO, WORK
 
 SCHEMA = "portkit.report/1"
@@ -64,6 +75,16 @@ class StageResult:
         return {"file": self.file, "notebook": self.notebook, "status": self.status, "problem": self.problem,
                 "summary": (self.data or {}).get("summary")}
 
+    def flag(self, problem: str) -> None:
+        """Part of a readable result could not be read: the stage is incomplete, the problem a gap."""
+        self.status = "incomplete"
+        self.problem = "; ".join(filter(None, [self.problem, f"{self.file}: {problem}"]))
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as a short single line, for a gap."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+
 
 def read_stage(run_dir: Path, stage) -> StageResult:
     path = run_dir / stage.result
@@ -73,10 +94,13 @@ def read_stage(run_dir: Path, stage) -> StageResult:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return StageResult(stage.name, stage.result, stage.notebook, "unreadable",
-                           f"{stage.result} cannot be read ({type(exc).__name__}: {str(exc)[:120]})")
-    if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
+                           f"{stage.result} cannot be read ({_why(exc)})")
+    if not isinstance(data, dict):
         return StageResult(stage.name, stage.result, stage.notebook, "incomplete",
-                           f"{stage.result} has no per-target results")
+                           f"{stage.result} holds a JSON {type(data).__name__}, not an object")
+    if not isinstance(data.get("targets"), dict):
+        return StageResult(stage.name, stage.result, stage.notebook, "incomplete",
+                           f"{stage.result} has no per-target results (no \"targets\" object)")
     return StageResult(stage.name, stage.result, stage.notebook, "ok", data=data)
 
 
@@ -94,9 +118,9 @@ def _fallbacks(data: dict, t: dict, out: "TargetReport") -> None:
         if op.get("status") in ("cpu_fallback", "unsupported"):
             # name the op the device runs (the CPU recording may show its CPU-only twin)
             name = op["via"] if op.get("via") else op["op"]
-            out.kernels.append({"op": name, "recorded_as": op["op"], "status": op["status"], "share": op.get("share", 0.0),
-                                "calls": op.get("calls", 0), "modules": op.get("modules", [])[:3],
-                                "language": language})
+            out.kernels.append({"op": name, "recorded_as": op["op"], "status": op["status"],
+                                "share": float(op.get("share", 0.0)), "calls": op.get("calls", 0),
+                                "modules": [str(m) for m in op.get("modules", [])[:3]], "language": language})
     for f in t.get("findings", []):
         if f.get("kind") in REWRITE_KINDS and f.get("severity") != INFO:
             out.rewrite.append(f"{f['message']}: {f['advice']}")
@@ -161,7 +185,7 @@ def _buckets(data: dict, t: dict, out: "TargetReport") -> None:
 def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
     out.precision = {"name": (t.get("precision") or {}).get("name"),
                      "setting": (t.get("precision") or {}).get("setting"),
-                     "verdict": t.get("verdict"), "suggestions": t.get("suggestions", [])}
+                     "verdict": t.get("verdict"), "suggestions": [str(x) for x in t.get("suggestions", [])]}
     main = next(iter((t.get("outputs") or {}).items()), None)
     task = t.get("task") or {}
     out.metrics["accuracy"] = {
@@ -259,13 +283,15 @@ class MigrationReport:
     model: dict
     stages: dict[str, StageResult]
     targets: dict[str, TargetReport]
-    environment: dict
+    environment: dict                  # the run's, as its stages recorded it (results.run_environment)
     images: list[tuple[str, str]]      # (caption, base64 PNG) taken from the executed notebooks
+    environment_source: str = results.NOT_RECORDED
+    other_gaps: list[str] = field(default_factory=list)   # environment and notebooks; stage gaps live in stages
     created: str = field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
 
     @property
     def gaps(self) -> list[str]:
-        return [s.problem for s in self.stages.values() if s.status != "ok"]
+        return [s.problem for s in self.stages.values() if s.status != "ok"] + self.other_gaps
 
     def verdicts(self) -> dict[str, str]:
         return {n: t.verdict for n, t in self.targets.items()}
@@ -273,12 +299,13 @@ class MigrationReport:
     def summary(self) -> str:
         parts = [f"{n} ({t.mode}): {t.verdict}" for n, t in self.targets.items()]
         if self.gaps:
-            parts.append(f"{len(self.gaps)} stage result(s) missing or unreadable")
+            parts.append(f"{len(self.gaps)} gap(s) in the stage results")
         return "; ".join(parts) or "no target results found"
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "stage": STAGE, "created": self.created, "run_dir": str(self.run_dir),
                 "model": self.model, "summary": self.summary(), "environment": self.environment,
+                "environment_source": self.environment_source,
                 "stages": {n: s.to_dict() for n, s in self.stages.items()}, "gaps": self.gaps,
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}}
 
@@ -296,162 +323,111 @@ class MigrationReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        return _body(self)
+        return _render(self, standalone=False)
 
     def html(self) -> str:
-        title = f"portkit migration report: {html.escape(str(self.model.get('name', '')))}"
-        return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
-                f"<style>{CSS}</style></head><body>{_body(self)}</body></html>\n")
+        return _render(self, standalone=True)
 
 
 def build_report(run_dir, target_names=None) -> MigrationReport:
-    """Read every stage result in `run_dir` and assemble the report; missing stages become gaps."""
+    """Read every stage result in `run_dir` and assemble the report; unreadable parts become gaps."""
     run_dir = Path(run_dir)
     stages = {s.name: read_stage(run_dir, s) for s in _stages()}
+    if all(s.status == "missing" for s in stages.values()):
+        raise BadParameter("run folder", str(run_dir), hint="it holds no stage result ("
+                           + ", ".join(s.file for s in stages.values()) + "); give one written by `portkit run`")
     present = [s for s in stages.values() if s.status == "ok"]
     names = list(target_names or dict.fromkeys(n for s in present for n in s.data["targets"]))
     model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
-    reports: dict[str, TargetReport] = {}
-    for name in names:
-        known = name in targets_mod.TARGETS
-        detected = targets_mod.detect(name) if known else None
-        tr = TargetReport(name, detected.target.title if known else name, detected.mode if known else "unknown")
-        if known:
-            tr.compiler_flags = detected.target.default_precision.setting
-        for stage in present:
-            t = stage.data["targets"].get(name)
-            if not isinstance(t, dict):
-                continue
-            tr.based_on.append(stage.name)
-            mode = (t.get("target") or {}).get("mode")
-            if mode == "emulated":
-                tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
-            for f in t.get("findings", []):
-                tr.findings.append({"stage": stage.name, "notebook": stage.notebook,
-                                    **{k: f.get(k, "") for k in ("severity", "kind", "message", "advice")}})
-            if stage.name in READERS:
-                READERS[stage.name](stage.data, t, tr)
-        order = {s: i for i, s in enumerate(targets_mod.SEVERITIES)}
-        tr.findings.sort(key=lambda f: order.get(f["severity"], 9))
-        reports[name] = tr
-    env = environment.environment([n for n in names if n in targets_mod.TARGETS])
-    return MigrationReport(run_dir, model, stages, reports, env, _notebook_images(run_dir, stages))
+    run_env = results.run_environment({s.file: s.data for s in present}, names)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}) for name in names}
+    images, notebook_gaps = _notebook_images(run_dir, stages)
+    return MigrationReport(run_dir, model, stages, reports, run_env.info, images, run_env.source,
+                           run_env.gaps + notebook_gaps)
 
 
-def _notebook_images(run_dir: Path, stages: dict[str, StageResult]) -> list[tuple[str, str]]:
-    """PNG plots from the executed stage notebooks in the run folder, in stage order."""
-    images = []
+def _target_report(name: str, present: list[StageResult], recorded: dict) -> TargetReport:
+    """One target's report from the readable stage results; `recorded` is its run-time environment."""
+    title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
+    tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
+    for stage in present:
+        t = stage.data["targets"].get(name)
+        if t is None:
+            continue
+        if not isinstance(t, dict):
+            stage.flag(f"targets.{name} is a JSON {type(t).__name__}, not an object")
+            continue
+        # read into a copy: a result of the wrong shape leaves nothing half-read in the report
+        scratch = copy.deepcopy(tr)
+        try:
+            _read_target(stage, t, scratch)
+        except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
+        else:
+            tr = scratch
+    order = {s: i for i, s in enumerate(targets_mod.SEVERITIES)}
+    tr.findings.sort(key=lambda f: order.get(f["severity"], 9))
+    return tr
+
+
+def _read_target(stage: StageResult, t: dict, tr: TargetReport) -> None:
+    tr.based_on.append(stage.name)
+    if tr.mode == "emulated":
+        tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
+    for f in t.get("findings", []):
+        tr.findings.append({"stage": stage.name, "notebook": stage.notebook,
+                            **{k: str(f.get(k, "")) for k in ("severity", "kind", "message", "advice")}})
+    if stage.name in READERS:
+        READERS[stage.name](stage.data, t, tr)
+
+
+def _notebook_images(run_dir: Path, stages: dict[str, StageResult]) -> tuple[list[tuple[str, str]], list[str]]:
+    """PNG plots from the executed stage notebooks in the run folder, in stage order; and the notebooks
+    that are there but cannot be read."""
+    images, gaps = [], []
     for stage in stages.values():
         path = run_dir / stage.notebook
+        if not path.exists():
+            continue
         try:
             nb = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        for cell in nb.get("cells", []):
-            for output in cell.get("outputs", []):
-                png = output.get("data", {}).get("image/png")
-                if png:
-                    data = "".join(png) if isinstance(png, list) else png
-                    images.append((f"{stage.name} ({stage.notebook})", data.replace("\n", "")))
-    return images
+            for cell in nb.get("cells", []):
+                for output in cell.get("outputs", []):
+                    png = output.get("data", {}).get("image/png")
+                    if png:
+                        data = "".join(png) if isinstance(png, list) else png
+                        images.append((f"{stage.name} ({stage.notebook})", data.replace("\n", "")))
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            gaps.append(f"{stage.notebook} cannot be read, its plots are left out ({_why(exc)})")
+    return images, gaps
 
 
 # ---------------------------------------------------------------- HTML
-CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.6em 0;font-size:.9em}td,th{border:1px solid #ddd;padding:4px 8px;
-text-align:left;vertical-align:top}th{background:#f4f4f4}.verdict{font-weight:bold;padding:2px 8px;border-radius:4px;color:#fff;white-space:nowrap}
-.emulated{background:#fff3cd;border:1px solid #e0c060;padding:.5em 1em;border-radius:4px}
-pre{background:#f7f7f7;padding:1em;white-space:pre-wrap;font-size:.85em}img{max-width:100%;border:1px solid #eee}
-.gap{color:#c62828}
-"""
+@functools.cache
+def _template() -> jinja2.Template:
+    loader = jinja2.PackageLoader("portkit", "templates")
+    env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    return env.get_template("report.html.j2")
 
 
-def _table(header, rows) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _e(value) -> str:
-    return html.escape(str(value))
-
-
-def _body(r: MigrationReport) -> str:
+def _render(r: MigrationReport, standalone: bool) -> str:
+    """The report as HTML: a whole page, or the body alone for the notebook."""
     names = list(r.targets)
-    parts = [f"<h1>Migration report: {_e(r.model.get('name', '?'))}</h1>",
-             f"<p>{_e(r.model.get('origin', ''))} · {_e(r.created)} · run folder <code>{_e(r.run_dir)}</code></p>"]
-    emulated = [n for n, t in r.targets.items() if t.mode != "native"]
-    if emulated:
-        parts.append(f"<p class='emulated'><b>Emulated:</b> {_e(', '.join(emulated))} ran on the CPU under the "
-                     "targets' documented rules, not on the hardware. Measure on the device before anyone "
-                     "promises savings.</p>")
-    parts.append("<details open><summary>Environment (paste this into an issue)</summary><pre>"
-                 + _e(environment.render(r.environment)) + "</pre></details>")
-    if r.gaps:
-        parts.append("<h2>Gaps</h2><ul>" + "".join(f"<li class='gap'>{_e(g)}</li>" for g in r.gaps) + "</ul>")
-    parts.append("<h2>Verdicts</h2>")
-    parts.append(_table(["target", "mode", "verdict", "why", "based on"], [
-        [_e(t.title), _e(t.mode),
-         f"<span class='verdict' style='background:{VERDICT_COLORS[t.verdict]}'>{_e(t.verdict)}</span>",
-         _e(t.verdict_reason()), _e(", ".join(t.based_on))] for t in r.targets.values()]))
-    parts.append("<h2>Side by side</h2>")
-    labels = []
-    for t in r.targets.values():
-        for stage, metrics in t.metrics.items():
-            for label in metrics:
-                if (stage, label) not in labels:
-                    labels.append((stage, label))
-    parts.append(_table(["stage", "measure", *names], [
-        [_e(stage), _e(label), *[_e(r.targets[n].metrics.get(stage, {}).get(label, "—")) for n in names]]
-        for stage, label in labels]))
-    parts.append("<h2>Migration checklist</h2>")
-    for t in r.targets.values():
-        parts.append(f"<h3>{_e(t.title)} ({_e(t.mode)})</h3>")
-        if t.kernels:
-            parts.append("<p>Ops that need a kernel, by share of op time:</p>" + _table(
-                ["op", "status", "time share", "calls", "from", "write in"],
-                [[_e(k["op"]), _e(k["status"]), f"{k['share']:.1%}", k["calls"], _e(", ".join(k["modules"])),
-                  _e(k["language"])] for k in sorted(t.kernels, key=lambda k: -k["share"])]))
-        else:
-            parts.append("<p>No op falls back to the CPU or fails to run.</p>")
-        if t.rewrite:
-            parts.append("<p>Features to remove or rewrite:</p><ul>" +
-                         "".join(f"<li>{_e(x)}</li>" for x in t.rewrite) + "</ul>")
-        if t.buckets:
-            b = t.buckets
-            parts.append(f"<p>Bucket plan to use: <b>{_e(b.get('planner'))}</b>, sequence buckets "
-                         f"<code>{_e(b.get('boundaries'))}</code>, batch sizes <code>{_e(b.get('batch_sizes'))}</code>"
-                         f" — {_e(b.get('why') or '')}</p>")
-        if t.precision:
-            p = t.precision
-            parts.append(f"<p>Precision measured: <b>{_e(p.get('setting'))}</b> ({_e(p.get('verdict'))})</p>")
-            if p.get("suggestions"):
-                parts.append("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in p["suggestions"]) + "</ul>")
-        if t.measure_on_hardware:
-            parts.append("<p>Emulated here, to measure on hardware:</p><ul>" +
-                         "".join(f"<li>{_e(x)}</li>" for x in t.measure_on_hardware) + "</ul>")
-    tables = list(dict.fromkeys(k for t in r.targets.values() for k in t.details))
-    if tables:
-        parts.append("<h2>Details, side by side</h2>")
-    for table in tables:
+    labels = list(dict.fromkeys((stage, label) for t in r.targets.values()
+                                for stage, metrics in t.metrics.items() for label in metrics))
+    side_by_side = [[stage, label, *[r.targets[n].metrics.get(stage, {}).get(label, "—") for n in names]]
+                    for stage, label in labels]
+    details = []
+    for table in dict.fromkeys(k for t in r.targets.values() for k in t.details):
         rows = [{"target": n, **row} for n, t in r.targets.items() for row in t.details.get(table, [])]
         columns = list(dict.fromkeys(c for row in rows for c in row))
-        parts.append(f"<h3>{_e(table)}</h3>" + (_table(columns, [
-            [_e("—" if row.get(c) is None else row[c]) for c in columns] for row in rows]) if rows else "<p>None.</p>"))
-    parts.append("<h2>Findings</h2>")
-    for t in r.targets.values():
-        parts.append(f"<h3>{_e(t.title)}</h3>")
-        parts.append(_table(["severity", "stage", "finding", "what to do"], [
-            [_e(f["severity"]), f"<a href='{_e(f['notebook'])}'>{_e(f['stage'])}</a>", _e(f["message"]),
-             _e(f["advice"])] for f in t.findings]) if t.findings else "<p>None.</p>")
-    if r.images:
-        parts.append("<h2>Plots from the stages</h2>")
-        for caption, data in r.images:
-            parts.append(f"<figure><img alt='{_e(caption)}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{_e(caption)}</figcaption></figure>")
-    parts.append("<h2>Stages</h2>" + _table(["stage", "file", "status", "summary"], [
-        [_e(n), _e(s.file), _e(s.status if s.status == "ok" else f"{s.status}: {s.problem}"),
-         _e((s.data or {}).get("summary", ""))] for n, s in r.stages.items()]))
-    return "\n".join(parts)
+        details.append((table, columns, [["—" if row.get(c) is None else row[c] for c in columns] for row in rows]))
+    return _template().render(
+        r=r, standalone=standalone, names=names, side_by_side=side_by_side, details=details,
+        emulated=[n for n, t in r.targets.items() if t.mode != "native"], colors=VERDICT_COLORS,
+        environment_text=environment.render(r.environment),
+        kernel_rows={n: [[k["op"], k["status"], f"{k['share']:.1%}", k["calls"], ", ".join(k["modules"]), k["language"]]
+                         for k in sorted(t.kernels, key=lambda k: -k["share"])] for n, t in r.targets.items()},
+        stage_rows=[[n, s.file, s.status if s.status == "ok" else f"{s.status}: {s.problem}",
+                     (s.data or {}).get("summary", "")] for n, s in r.stages.items()])

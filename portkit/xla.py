@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from portkit import probes, targets
-from portkit._io import write_json
+from portkit.results import save_result
 from portkit.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models import LoadedModel
 
@@ -276,7 +276,7 @@ class XlaCompileReport:
 
     def save(self, path) -> Path:
         """Write to_dict() as JSON, atomically (a reader never sees half a file)."""
-        return write_json(path, self.to_dict())
+        return save_result(path, self.to_dict())
 
     def _title(self) -> str:
         if self.check == "lowering":
@@ -315,7 +315,7 @@ class XlaSkipped:
 
     def save(self, path) -> Path:
         """Write to_dict() as JSON, atomically (a reader never sees half a file)."""
-        return write_json(path, self.to_dict())
+        return save_result(path, self.to_dict())
 
     def __str__(self) -> str:
         return self.reason
@@ -684,7 +684,7 @@ class XlaStage:
         return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
 
     def save(self, path) -> Path:
-        return write_json(path, self.to_dict())
+        return save_result(path, self.to_dict())
 
     def __str__(self) -> str:
         return "\n\n".join(str(r) for r in self.reports.values())

@@ -1,5 +1,8 @@
-"""Stage 5: the report holds every section, survives missing or corrupt stage results, and renders."""
+"""Stage 5: the report holds every section, describes the machine that ran the stages (not the one building
+the report), names every missing, corrupt or wrongly shaped stage result as a gap, and escapes every value."""
+import html
 import json
+import platform
 import shutil
 import subprocess
 import sys
@@ -7,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from portkit import data, fallbacks, models, report
+from portkit import cli, data, fallbacks, models, report, results
 
 
 @pytest.fixture(scope="module")
@@ -45,23 +48,161 @@ def test_saved_files_are_self_contained(run_dir, tmp_path):
     assert saved["targets"]["tpu"]["verdict"] == "ready with work"
 
 
-@pytest.mark.parametrize("damage", ["delete", "truncate"])
-def test_missing_or_corrupt_stage_is_named(run_dir, tmp_path, damage):
-    folder = tmp_path / "damaged"
+def _copy(run_dir, tmp_path) -> Path:
+    folder = tmp_path / "copy"
     shutil.copytree(run_dir, folder)
-    target = folder / "fallbacks.json"
-    if damage == "delete":
-        target.unlink()
-    else:
-        target.write_text(target.read_text()[:500])
-    r = report.build_report(folder, ["neuron", "tpu"])
-    r.save(folder)
-    expected = "fallbacks.json is missing" if damage == "delete" else "fallbacks.json cannot be read"
-    assert any(expected in g for g in r.gaps), r.gaps
+    return folder
+
+
+def _edit(path: Path, change) -> None:
+    result = json.loads(path.read_text())
+    change(result)
+    path.write_text(json.dumps(result))
+
+
+def _set(result, keys, value):
+    """result[k1][k2]...[kn] = value"""
+    for k in keys[:-1]:
+        result = result[k]
+    result[keys[-1]] = value
+
+
+def test_stage_results_record_their_environment(run_dir):
+    env = json.loads((run_dir / "fallbacks.json").read_text())["environment"]
+    assert env["platform"] == platform.platform() and env["python"] == sys.version.split()[0]
+    assert {n: t["mode"] for n, t in env["targets"].items()} == {"neuron": "emulated", "tpu": "emulated"}
+    assert list(results.stamp({"target": "tpu"})["environment"]["targets"]) == ["tpu"]     # xla's per-target files
+    assert results.stamp({"targets": {"made-up": {}}})["environment"]["targets"] == {}
+
+
+FOREIGN = {"platform": "Linux-5.10.220-209.869.amzn2.aarch64-with-glibc2.26", "python": "3.10.14",
+           "targets.neuron.mode": "native", "targets.neuron.reason": "torch-neuronx 2.9.0 with a neuron device",
+           "targets.neuron.backend": "neuronx"}
+
+
+def _foreign(result):
+    for key, value in FOREIGN.items():
+        _set(result["environment"], key.split("."), value)
+
+
+def test_report_describes_the_machine_that_ran_the_stages(run_dir, tmp_path):
+    """A run folder made on another machine (a Trainium host): the report shows its mode and platform."""
+    folder = _copy(run_dir, tmp_path)
+    _edit(folder / "fallbacks.json", _foreign)
+    r = report.build_report(folder)
+    assert {n: t.mode for n, t in r.targets.items()} == {"neuron": "native", "tpu": "emulated"}
+    assert not r.targets["neuron"].measure_on_hardware and r.targets["tpu"].measure_on_hardware
+    assert r.environment["platform"] == FOREIGN["platform"] and r.environment["python"] == "3.10.14"
+    assert r.environment_source == "recorded at run time by fallbacks.json"
+    assert not [g for g in r.gaps if "environment" in g], r.gaps
+    page = html.unescape(r.html())
+    assert FOREIGN["platform"] in page and platform.platform() not in page
+    assert "target neuron: NATIVE (torch-neuronx 2.9.0 with a neuron device); compile backend neuronx" in page
+    assert "<b>Emulated:</b> tpu ran on the CPU" in page
+    saved = r.to_dict()
+    assert saved["targets"]["neuron"]["mode"] == "native" and saved["environment"]["platform"] == FOREIGN["platform"]
+
+
+def test_stages_that_disagree_on_the_environment_are_a_gap(run_dir, tmp_path):
+    folder = _copy(run_dir, tmp_path)
+    fallbacks_result = json.loads((folder / "fallbacks.json").read_text())
+    compile_result = {"stage": "compile", "model": fallbacks_result["model"], "summary": "from another machine",
+                      "targets": {"neuron": {"findings": []}, "tpu": {"findings": []}},
+                      "environment": fallbacks_result["environment"]}
+    _foreign(compile_result)
+    (folder / "compile.json").write_text(json.dumps(compile_result))
+    gaps = report.build_report(folder).gaps
+    assert (f"stage results disagree on the environment: platform is {platform.platform()!r} in fallbacks.json "
+            f"but {FOREIGN['platform']!r} in compile.json") in gaps, gaps
+    assert ("stage results disagree on target neuron: mode is 'emulated' in fallbacks.json but 'native' in "
+            "compile.json") in gaps, gaps
+
+
+def test_old_run_folder_is_described_by_this_machine_and_says_so(run_dir, tmp_path):
+    folder = _copy(run_dir, tmp_path)
+    _edit(folder / "fallbacks.json", lambda result: result.pop("environment"))
+    r = report.build_report(folder)
+    assert r.environment_source == results.NOT_RECORDED == "environment not recorded; detected at report time"
+    assert f"fallbacks.json: {results.NOT_RECORDED}" in r.gaps
+    assert r.environment["platform"] == platform.platform() and r.targets["neuron"].mode == "emulated"
+    assert results.NOT_RECORDED in r.html()
+
+
+def test_html_escapes_every_value(run_dir, tmp_path):
+    folder = _copy(run_dir, tmp_path)
+
+    def inject(result):
+        result["model"]["name"] = "<script>alert('model')</script>"
+        result["targets"]["neuron"]["findings"][0]["message"] = "<script>alert('finding')</script>"
+    _edit(folder / "fallbacks.json", inject)
+    report.build_report(folder).save(folder)
+    page = (folder / "report.html").read_text()
+    assert "<script" not in page
+    assert page.count("&lt;script&gt;alert(&#39;model&#39;)&lt;/script&gt;") == 2      # title and heading
+    assert "&lt;script&gt;alert(&#39;finding&#39;)&lt;/script&gt;" in page
+    assert json.loads((folder / "report.json").read_text())["model"]["name"] == "<script>alert('model')</script>"
+
+
+def _ops_share_text(result):
+    for op in result["targets"]["neuron"]["ops"]:
+        op["share"] = "lots"
+
+
+# (what is wrong, how to make it, the gap named, whether the tpu half of fallbacks.json is still read)
+DAMAGE = [
+    ("truncated", lambda f: f.write_text(f.read_text()[:500]), "fallbacks.json cannot be read (JSONDecodeError", False),
+    ("not UTF-8", lambda f: f.write_bytes(b"\xff\xfe{"), "fallbacks.json cannot be read (UnicodeDecodeError", False),
+    ("a folder", lambda f: (f.unlink(), f.mkdir()), "fallbacks.json cannot be read (IsADirectoryError", False),
+    ("a JSON list", lambda f: f.write_text("[1, 2]"), "fallbacks.json holds a JSON list, not an object", False),
+    ("no targets", lambda f: f.write_text('{"stage": "fallbacks"}'),
+     'fallbacks.json has no per-target results (no "targets" object)', False),
+    ("target not an object", lambda f: _edit(f, lambda r: _set(r, ["targets", "neuron"], 3)),
+     "fallbacks.json: targets.neuron is a JSON int, not an object", True),
+    ("counts a list", lambda f: _edit(f, lambda r: _set(r, ["targets", "neuron", "counts"], [])),
+     "fallbacks.json: targets.neuron cannot be read (AttributeError: 'list' object has no attribute 'values')", True),
+    ("finding not an object", lambda f: _edit(f, lambda r: _set(r, ["targets", "neuron", "findings"], ["x"])),
+     "fallbacks.json: targets.neuron cannot be read (AttributeError", True),
+    ("op share not a number", lambda f: _edit(f, _ops_share_text),
+     "fallbacks.json: targets.neuron cannot be read (ValueError: could not convert string to float: 'lots')", True),
+    ("environment a list", lambda f: _edit(f, lambda r: _set(r, ["environment"], ["x"])),
+     "fallbacks.json: environment is a list, not an object", None),
+    ("environment without targets", lambda f: _edit(f, lambda r: r["environment"].pop("targets")),
+     "fallbacks.json: environment lacks targets", None),
+    ("notebook not a notebook", lambda f: (f.parent / "01_fallbacks.ipynb").write_text("[]"),
+     "01_fallbacks.ipynb cannot be read, its plots are left out (AttributeError", None),
+    ("other stages missing", lambda f: None, "compile.json is missing", None),
+]
+
+
+@pytest.mark.parametrize("damage,expected,tpu_read", [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE])
+def test_damaged_run_folder_is_reported_with_its_gaps(run_dir, tmp_path, capsys, damage, expected, tpu_read):
+    folder = _copy(run_dir, tmp_path)
+    damage(folder / "fallbacks.json")
+    assert cli.main(["report", str(folder)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    gap_lines = [line for line in captured.out.splitlines() if line.startswith("gap: ")]
+    assert any(expected in line for line in gap_lines), captured.out
+    assert "gap: compile.json is missing" in gap_lines and len(gap_lines) == len(set(gap_lines))
     saved = json.loads((folder / "report.json").read_text())
-    assert saved["stages"]["fallbacks"]["status"] == ("missing" if damage == "delete" else "unreadable")
-    assert saved["targets"]["neuron"]["verdict"] == "not assessed"
-    assert expected in (folder / "report.html").read_text()
+    assert any(expected in gap for gap in saved["gaps"])
+    assert expected in html.unescape((folder / "report.html").read_text())
+    verdicts = {n: t["verdict"] for n, t in saved["targets"].items()}
+    if tpu_read is False:       # the whole file is unreadable: no target to report on
+        assert verdicts == {} and saved["stages"]["fallbacks"]["status"] in ("unreadable", "incomplete")
+    elif tpu_read:              # one target's half is unreadable: the other is still assessed
+        assert verdicts == {"neuron": "not assessed", "tpu": "ready with work"}
+        assert saved["stages"]["fallbacks"]["status"] == "incomplete"
+    else:
+        assert verdicts == {"neuron": "blocked", "tpu": "ready with work"}
+
+
+def test_folder_without_stage_results_is_bad_input(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a run")
+    assert cli.main(["report", str(tmp_path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"unknown run folder '{tmp_path}'; it holds no stage result (fallbacks.json" in lines[0]
+    assert not (tmp_path / "report.json").exists() and not (tmp_path / "report.html").exists()
 
 
 def test_cli_report_from_any_folder(run_dir, tmp_path):

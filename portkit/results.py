@@ -1,0 +1,122 @@
+"""Stage results carry the environment that produced them (issue #10).
+
+A run folder can be reported on another machine (`portkit report DIR` on a laptop, for a run made on a
+Trainium host), so the report must describe the machine that ran the stages, not the one building the
+report. Every stage saves its result through `save_result`, which adds an "environment" key (the
+dict of environment.environment(): python, platform, torch build, packages, and per target its mode,
+reason, backend, precision and op table source); the report reads it back with `run_environment`.
+
+    >>> from portkit import results
+    >>> results.save_result("runs/minilm/fallbacks.json", report.to_dict())   # adds "environment"
+    >>> env = results.run_environment({"fallbacks.json": data}, ["neuron", "tpu"])
+    >>> env.info["targets"]["neuron"]["mode"], env.source, env.gaps
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from portkit import environment, targets as targets_mod
+from portkit._io import write_json
+
+KEY = "environment"
+REQUIRED = ("python", "platform", "torch_build", "packages", "targets")   # what environment.render reads
+NOT_RECORDED = "environment not recorded; detected at report time"
+
+
+def target_names(result: dict) -> list[str]:
+    """The known targets a stage result covers: the keys of its "targets", or its single "target"."""
+    names = list(result.get("targets") or {}) if isinstance(result.get("targets"), dict) else [result.get("target")]
+    return [n for n in names if n in targets_mod.TARGETS]
+
+
+def stamp(result: dict) -> dict:
+    """`result` with the environment of this process, for the targets it covers."""
+    return {**result, KEY: environment.environment(target_names(result))}
+
+
+def save_result(path, result: dict) -> Path:
+    """Write a stage's result dict as JSON, atomically, stamped with the environment it ran in."""
+    return write_json(path, stamp(result))
+
+
+def recorded(result: dict) -> tuple[dict | None, str]:
+    """(the environment a stage result recorded, ""), or (None, what is wrong with it)."""
+    info = result.get(KEY)
+    if info is None:
+        return None, "environment not recorded"
+    if not isinstance(info, dict):
+        return None, f"environment is a {type(info).__name__}, not an object"
+    missing = [k for k in REQUIRED if k not in info]
+    if missing:
+        return None, "environment lacks " + ", ".join(missing)
+    if not isinstance(info["packages"], dict) or not isinstance(info["targets"], dict):
+        return None, "environment's packages or targets is not an object"
+    bad = [n for n, t in info["targets"].items() if not isinstance(t, dict) or not isinstance(t.get("mode"), str)]
+    if bad:
+        return None, "environment has no mode for target " + ", ".join(bad)
+    return info, ""
+
+
+@dataclass
+class RunEnvironment:
+    """The environment a run folder's stages recorded, merged; where it came from; what did not fit."""
+    info: dict
+    source: str
+    gaps: list[str] = field(default_factory=list)
+
+
+def run_environment(stage_results: dict[str, dict], names) -> RunEnvironment:
+    """Merge the environments recorded by `stage_results` ({file name: result dict}).
+
+    Stages that disagree (another platform, another package version, another mode for a target) are
+    named as a gap. Only what no stage recorded is detected on this machine, and the source says so.
+    """
+    found, unrecorded, gaps = {}, [], []
+    for file, result in stage_results.items():
+        info, problem = recorded(result)
+        if info is not None:
+            found[file] = info
+        elif KEY in result:
+            gaps.append(f"{file}: {problem}")
+        else:
+            unrecorded.append(file)      # written before stages recorded their environment
+    if not found:
+        if unrecorded:
+            gaps.append(f"{', '.join(unrecorded)}: {NOT_RECORDED}")
+        info = environment.environment([n for n in names if n in targets_mod.TARGETS])
+        return RunEnvironment(info, NOT_RECORDED, gaps)
+    first_file, first = next(iter(found.items()))
+    if unrecorded:
+        gaps.append(f"{', '.join(unrecorded)}: environment not recorded; the report uses the one in {first_file}")
+    merged = {**{k: v for k, v in first.items() if k != "targets"}, "targets": {}}
+    for file, info in found.items():
+        theirs, ours = _flat(info), _flat(first)
+        for key in [k for k in dict.fromkeys([*ours, *theirs]) if ours.get(k) != theirs.get(k)]:
+            gaps.append(f"stage results disagree on the environment: {key} is {_short(ours.get(key))} in "
+                        f"{first_file} but {_short(theirs.get(key))} in {file}")
+        for name, t in info["targets"].items():
+            seen = merged["targets"].setdefault(name, {**t, "recorded_in": file})
+            for key in [k for k in t if k in seen and t[k] != seen[k]]:
+                gaps.append(f"stage results disagree on target {name}: {key} is {_short(seen[key])} in "
+                            f"{seen['recorded_in']} but {_short(t[key])} in {file}")
+    missing = [n for n in names if n in targets_mod.TARGETS and n not in merged["targets"]]
+    if missing:
+        detected = environment.environment(missing)["targets"]
+        merged["targets"].update({n: {**t, "recorded_in": NOT_RECORDED} for n, t in detected.items()})
+        gaps.append(f"target {', '.join(missing)}: {NOT_RECORDED}")
+    return RunEnvironment(merged, "recorded at run time by " + ", ".join(found), gaps)
+
+
+def _flat(info: dict) -> dict:
+    """The machine-wide fields of an environment, one level of nesting spelled out ("packages.torch")."""
+    flat = {}
+    for key, value in info.items():
+        if key != "targets":
+            flat.update({f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value})
+    return flat
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
