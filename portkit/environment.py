@@ -53,5 +53,6 @@ def render(info: dict) -> str:
         lines.append("  not installed: " + ", ".join(missing))
     for name, t in info["targets"].items():
         lines.append(f"  target {name}: {t['mode'].upper()} ({t.get('reason', '?')}); compile backend "
-                     f"{t.get('backend', '?')}; precision {t.get('precision', '?')}; op table: {t.get('op_table', '?')}")
+                     f"{t.get('backend', '?')}; precision {t.get('precision', '?')}; "
+                     f"op table: {t.get('op_table', '?')}")
     return "\n".join(lines)
