@@ -31,14 +31,19 @@ out_dir = "../runs/notebook"  # run folder holding the stage results; report.htm
 from portkit import environment, params, report
 
 model, targets, out = params.common(model, targets, out_dir)
-print(environment.block(targets))
+r = report.build_report(out, targets)
+
+# %% [markdown]
+# ## The machine that produced the results
+#
+# Read from the stage results (recorded when each stage ran), not from the machine building the report.
+
+# %%
+print(f"environment: {r.environment_source}")
+print(environment.render(r.environment))
 
 # %% [markdown]
 # ## Verdicts, side by side
-
-# %%
-r = report.build_report(out, targets)
-print(r)
 
 # %%
 r
