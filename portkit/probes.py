@@ -81,6 +81,18 @@ def missing_for_xla_tpu_compile() -> list[str]:
 
 
 @functools.cache
+def tpu_chip_count() -> int | None:
+    """TPU chips attached to this host, by JAX's own PCI scan (Google's vendor id and the TPU device
+    ids, jax/_src/hardware_utils.py); None when that scan is unavailable. Reads /sys only: nothing
+    opens a chip or loads libtpu."""
+    try:
+        from jax._src import hardware_utils
+        return int(hardware_utils.num_available_tpu_chips_and_device_id()[0])
+    except Exception:  # noqa: BLE001 - a probe answers "unknown" rather than raising
+        return None
+
+
+@functools.cache
 def chromium_path() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         found = shutil.which(name)

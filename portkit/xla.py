@@ -107,11 +107,29 @@ def _import_torchax():
     return torchax
 
 
+# Set for compile-only use, before JAX first loads libtpu (it reads them once, when it loads).
+# TPU_WORKER_HOSTNAMES: libtpu asks a cloud metadata server for its workers unless told there are
+# none. ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu refuses to load while another process holds
+# /tmp/libtpu_lockfile ("Internal error when accessing libtpu multi-process lockfile"); the lock
+# guards the chips, and compile-only devices open none (JAX's own multi-process tests set it,
+# jax/_src/test_multiprocess.py). On a host with TPU chips neither is set: the lock then protects
+# a real device, and the TPU runtime's own settings apply.
+COMPILE_ONLY_ENV = {"TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+def _compile_only_environment() -> dict[str, str]:
+    """Set COMPILE_ONLY_ENV where the user has not (only when this host has no TPU chip); return what
+    was set."""
+    if probes.tpu_chip_count() != 0:       # chips attached, or the scan unavailable: leave them alone
+        return {}
+    added = {k: v for k, v in COMPILE_ONLY_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    return added
+
+
 @functools.cache
 def _load():
-    # libtpu asks a cloud metadata server for its workers unless TPU_WORKER_HOSTNAMES names them
-    # (as jax/_src/clusters/cloud_tpu_cluster.py reads it).
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    _compile_only_environment()
     import jax
     return jax, _import_torchax()
 

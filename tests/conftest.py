@@ -5,11 +5,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-# tests/test_xla.py loads libtpu in this process and holds /tmp/libtpu_lockfile; without this the
-# 03b_xla notebook's kernel (another process, started by nbval) cannot load it ("Internal error when
-# accessing libtpu multi-process lockfile"). Compile-only use shares no device, so both may load it.
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("PORTKIT_HEADLESS", "1")   # notebook kernels started by nbval skip widgets
 
 ROOT = Path(__file__).resolve().parents[1]

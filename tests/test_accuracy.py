@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -288,11 +289,54 @@ def test_bucket_plan_reads_stage_3(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- native mode
+def _detect_native(monkeypatch, name, **changes):
+    """targets.detect() answers native for `name` (its Target with `changes`), as on a host with the device."""
+    detect, target = targets.detect, dataclasses.replace(targets.get(name), **changes)
+    native = targets.DetectedTarget(target, "native", "forced native for a test", detect(name).op_table)
+    monkeypatch.setattr(targets, "detect", lambda n: native if n == name else detect(n))
+    return native
+
+
+@pytest.mark.parametrize("name,eager,compiled", [
+    ("tpu", "native on tpu, eager", "compiled with tpu (on tpu)"),
+    ("neuron", "native on neuron, eager", "compiled with neuron (on neuron)"),
+])
+def test_native_labels_name_the_device_and_the_vendor_backend(monkeypatch, capsys, name, eager, compiled):
+    # The strings native mode writes, checked without the device: nothing here runs on it.
+    native = _detect_native(monkeypatch, name)
+    side = accuracy._TargetSide(native, torch.nn.Identity(), numerics.emulate, True)
+    assert (side.label(False), side.label(True)) == (eager, compiled)
+    assert accuracy.target_side([name], compiled=True) is True
+    assert capsys.readouterr().out == (f"target {name}: outputs and buckets {compiled}; per-layer hooks and other "
+                                       "precisions: eager on the device\n")
+
+
+def test_native_mode_measures_the_precision_in_effect_on_the_device(monkeypatch, corpus):
+    # The whole native path on this CPU: the TPU entry with its device and vendor backend swapped for
+    # ones this host has ("cpu", Dynamo's "eager"), so every step but the device itself runs.
+    _detect_native(monkeypatch, "tpu", device="cpu", backend="eager")
+    m = models.load(fixture_model("tiny_encoder"))
+    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2,
+                                     float64_reference=False, progress=False)      # compiled: auto
+    tpu = report.targets["tpu"]
+    assert tpu.target["mode"] == "native" and tpu.others == []     # a precision is a flag set before start
+    assert tpu.chosen.target_side == "compiled with eager (on cpu)"
+    assert tpu.chosen.layers["target_side"] == "native on cpu, eager"
+    assert tpu.chosen.numerics == {} and tpu.chosen.float64_ops == {}     # nothing emulated
+    assert tpu.buckets[0]["target"] == "compiled with eager (on cpu), padded to 16 tokens"
+    assert tpu.summary().startswith("tpu (native, compiled with eager (on cpu), precision default): PASS")
+    assert tpu.suggestions == ["no change needed at precision 'default': outputs, task and every bucket pass"]
+
+
 @pytest.mark.native
 @pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_compares_the_device(minilm, minilm_batch):
     report = accuracy.check_accuracy(minilm, minilm_batch[0], ["tpu"], progress=False)
-    assert report.targets["tpu"].chosen.target_side == "native on tpu"
+    tpu = report.targets["tpu"]
+    assert tpu.target["mode"] == "native" and tpu.others == []
+    assert tpu.chosen.target_side == "compiled with tpu (on tpu)"
+    assert tpu.chosen.layers["target_side"] == "native on tpu, eager"
 
 
 @pytest.mark.native
@@ -300,4 +344,7 @@ def test_native_tpu_compares_the_device(minilm, minilm_batch):
                     reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_compares_the_device(minilm, minilm_batch):
     report = accuracy.check_accuracy(minilm, minilm_batch[0], ["neuron"], progress=False)
-    assert report.targets["neuron"].chosen.target_side == "native on neuron"
+    neuron = report.targets["neuron"]
+    assert neuron.target["mode"] == "native" and neuron.others == []
+    assert neuron.chosen.target_side == "compiled with neuron (on neuron)"
+    assert neuron.chosen.layers["target_side"] == "native on neuron, eager"

@@ -50,13 +50,32 @@ def test_unknown_target_names_the_choices():
         targets.parse_targets([])
 
 
-def test_detect_is_emulated_without_the_vendor_packages():
+def test_detect_is_native_only_with_the_vendor_device():
+    # Derived from the device probe, so this holds on a host with the device as well as without.
     for name in targets.MIGRATION_TARGETS:
-        d = targets.detect(name)
-        assert d.mode == "emulated" and "emulated" in str(d)
-        assert d.backend == d.target.emulated_backend
-        assert d.to_dict()["mode"] == "emulated"
+        t, d = targets.get(name), targets.detect(name)
+        mode = "native" if probes.device_available(t.vendor_module, t.device) else "emulated"
+        assert d.mode == mode and d.to_dict()["mode"] == mode and str(d).startswith(f"target {name}: {mode}, ")
+        assert d.backend == (t.backend if mode == "native" else t.emulated_backend)
+        if mode == "emulated":
+            assert d.reason.endswith("; running on the CPU under the target's rules")
+            assert d.op_table.provenance == targets.OpTable.load(t.op_table).provenance   # the shipped table
     assert targets.detect("cpu").mode == "native"
+
+
+@pytest.mark.parametrize("name,package,reason,backend", [
+    ("tpu", "torch-tpu", "torch-tpu 0.2.0 with a tpu device", "tpu"),
+    ("neuron", "torch-neuronx", "torch-neuronx 0.2.0 with a neuron device", "neuron"),
+])
+def test_detect_in_native_mode_says_so(monkeypatch, name, package, reason, backend):
+    # What detect() writes on a host with the device, checked here by answering the probes as one would.
+    monkeypatch.setattr(probes, "device_available", lambda module, device: True)
+    monkeypatch.setattr(probes, "package_version", lambda dist: "0.2.0" if dist == package else None)
+    d = targets.detect.__wrapped__(name)          # uncached: the real detection is left as it was
+    assert (d.mode, d.reason, d.backend) == ("native", reason, backend)
+    assert str(d) == f"target {name}: native, {reason}"
+    assert d.to_dict()["mode"] == "native" and d.to_dict()["backend"] == backend
+    assert d.op_table.provenance["source"] == "live dispatcher, key PrivateUse1" and d.op_table.device_paths
 
 
 def test_op_tables_carry_provenance():
@@ -95,7 +114,8 @@ def test_neuron_table_is_built_from_the_dev_tree_data():
      "aten::_scaled_dot_product_fused_attention_overrideable"),
 ])
 def test_classification(target, op, status, via):
-    got = targets.detect(target).op_table.classify(op)
+    # The shipped tables (what emulated mode uses), not detect()'s: natively that is the live dispatcher.
+    got = targets.OpTable.load(targets.get(target).op_table).classify(op)
     assert got.status == status, got
     assert got.via == via
 
@@ -111,14 +131,19 @@ def test_probes_return_false_instead_of_raising():
 @pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_live_table():
     d = targets.detect("neuron")
-    assert d.mode == "native" and "live dispatcher" in d.op_table.provenance["source"]
+    assert d.mode == "native" and d.backend == "neuron"
+    assert d.reason == f"torch-neuronx {probes.package_version('torch-neuronx')} with a neuron device"
+    assert d.op_table.provenance["source"] == "live dispatcher, key PrivateUse1"
 
 
 @pytest.mark.native
 @pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_reads_the_live_table():
     d = targets.detect("tpu")
-    assert d.mode == "native" and "aten::addmm.out" in d.op_table.native
+    assert d.mode == "native" and d.backend == "tpu"
+    assert d.reason == f"torch-tpu {probes.package_version('torch-tpu')} with a tpu device"
+    assert d.op_table.provenance["source"] == "live dispatcher, key PrivateUse1"
+    assert "aten::addmm.out" in d.op_table.native
 
 
 def test_neuron_builder_reads_data_sources_and_rebuilds_the_shipped_table(tmp_path, capsys):
