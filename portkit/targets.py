@@ -9,12 +9,16 @@
 
 A stage never branches on a target's name: it asks the entry (device string, compile backend,
 static-shape rule, dtype rules, precisions, op table) and the detected mode (native or emulated).
+
+On a host with the vendor's device, `PORTKIT_MODE=emulated` makes every target emulated all the same
+(to compare the emulation with the hardware, or to run the test suite's emulated checks there).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -425,10 +429,29 @@ def get(name: str) -> Target:
     return TARGETS[name]
 
 
-@functools.cache
+MODE_VARIABLE = "PORTKIT_MODE"
+MODES = ("auto", "emulated")   # auto: native where the vendor's device is present
+
+
+def forced_mode() -> str:
+    """The mode PORTKIT_MODE asks for ("auto" when unset)."""
+    mode = os.environ.get(MODE_VARIABLE, "") or "auto"
+    if mode not in MODES:
+        raise BadParameter(MODE_VARIABLE, mode, MODES)
+    return mode
+
+
 def detect(name: str) -> DetectedTarget:
     """Decide native or emulated for one target and load its op table."""
+    return _detect(name, forced_mode())
+
+
+@functools.cache
+def _detect(name: str, mode: str) -> DetectedTarget:
     t = get(name)
+    if mode == "emulated" and not t.reference:
+        return DetectedTarget(t, "emulated", f"{MODE_VARIABLE}=emulated; running on the CPU under the "
+                              "target's rules", OpTable.load(t.op_table))
     if t.reference:
         if t.device == "cpu" or probes.cuda_available():
             return DetectedTarget(t, "native", f"{t.device} is present",

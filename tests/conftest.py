@@ -16,6 +16,16 @@ def fixture_model(name: str) -> str:
     return f"{FIXTURES}:{name}"
 
 
+@pytest.fixture(autouse=True)
+def emulated_unless_native(request, monkeypatch):
+    """Tests not marked `native` check the emulated path, which a host with a vendor device would
+    otherwise replace by the native one (portkit.targets.MODE_VARIABLE). Tests that read what the
+    notebooks wrote follow whatever mode those ran in."""
+    if not (request.node.get_closest_marker("native") or request.node.get_closest_marker("after_notebooks")):
+        from portkit import targets
+        monkeypatch.setenv(targets.MODE_VARIABLE, "emulated")
+
+
 @pytest.fixture(scope="session")
 def corpus():
     from portkit import data

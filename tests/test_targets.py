@@ -50,8 +50,9 @@ def test_unknown_target_names_the_choices():
         targets.parse_targets([])
 
 
-def test_detect_is_native_only_with_the_vendor_device():
+def test_detect_is_native_only_with_the_vendor_device(monkeypatch):
     # Derived from the device probe, so this holds on a host with the device as well as without.
+    monkeypatch.delenv(targets.MODE_VARIABLE, raising=False)
     for name in targets.MIGRATION_TARGETS:
         t, d = targets.get(name), targets.detect(name)
         mode = "native" if probes.device_available(t.vendor_module, t.device) else "emulated"
@@ -71,7 +72,7 @@ def test_detect_in_native_mode_says_so(monkeypatch, name, package, reason, backe
     # What detect() writes on a host with the device, checked here by answering the probes as one would.
     monkeypatch.setattr(probes, "device_available", lambda module, device: True)
     monkeypatch.setattr(probes, "package_version", lambda dist: "0.2.0" if dist == package else None)
-    d = targets.detect.__wrapped__(name)          # uncached: the real detection is left as it was
+    d = targets._detect.__wrapped__(name, "auto")   # uncached: the real detection is left as it was
     assert (d.mode, d.reason, d.backend) == ("native", reason, backend)
     assert str(d) == f"target {name}: native, {reason}"
     assert d.to_dict()["mode"] == "native" and d.to_dict()["backend"] == backend
@@ -216,3 +217,18 @@ def test_only_overloads_with_a_decomposition_follow_a_bare_name():
     assert table.is_compile_decomposed("aten::topk")             # the default overload, by name
     assert not table.is_compile_decomposed("aten::topk.values")  # no upstream decomposition for it
     assert targets.detect("tpu").op_table.classify("aten::elu", compiled=True).status == "composite"
+
+
+def test_portkit_mode_forces_emulation_and_rejects_other_values(monkeypatch):
+    monkeypatch.setattr(probes, "device_available", lambda module, device: True)   # as on a device host
+    monkeypatch.setattr(targets.OpTable, "live", classmethod(lambda cls, *a, **k: targets.OpTable.load("tpu.json")))
+    monkeypatch.setattr(targets, "_detect", targets._detect.__wrapped__)   # uncached, as the probes are faked
+    monkeypatch.delenv(targets.MODE_VARIABLE, raising=False)
+    assert targets.detect("tpu").mode == "native"
+    monkeypatch.setenv(targets.MODE_VARIABLE, "emulated")
+    d = targets.detect("tpu")
+    assert d.mode == "emulated" and d.reason.startswith("PORTKIT_MODE=emulated")
+    assert targets.detect("cpu").mode == "native"            # the reference target is never emulated
+    monkeypatch.setenv(targets.MODE_VARIABLE, "fast")
+    with pytest.raises(BadParameter, match="unknown PORTKIT_MODE 'fast'; choose one of: auto, emulated"):
+        targets.detect("tpu")
