@@ -2,6 +2,10 @@
 
     >>> from portkit._io import write_json
     >>> write_json("/tmp/portkit-example.json", {"ok": True})
+
+A file is built under a hidden partial name in its own folder, then renamed (atomic within one file
+system), so a killed process leaves at most a partial name behind, never a half-written result;
+`is_partial` recognises those names and `remove_partials` clears them before a rerun.
 """
 from __future__ import annotations
 
@@ -50,6 +54,28 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """The name a file is built under before the rename to `path`, for writers that need a fixed name
+    (papermill saves the notebook it executes after every cell). The suffix stays: papermill checks it."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.partial{path.suffix}")
+
+
+def is_partial(name: str) -> bool:
+    """A name write_bytes or partial_path builds a file under: hidden, and not a result."""
+    return name.startswith(".") and (name.endswith(".tmp") or ".partial." in name)
+
+
+def remove_partials(folder: str | os.PathLike) -> list[Path]:
+    """Delete what an interrupted writer left in `folder`; returns the paths removed."""
+    removed = []
+    for entry in Path(folder).iterdir():
+        if is_partial(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

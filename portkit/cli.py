@@ -49,7 +49,7 @@ def _run(args) -> int:
     from portkit import runner
     targets = args.targets or ["neuron", "tpu"]
     model_tag = os.path.basename(os.path.normpath(args.model)).replace(":", "-") or "model"
-    out = args.out or os.path.join("runs", model_tag)
+    out = args.out if args.out is not None else os.path.join("runs", model_tag)   # --out "" is refused, not defaulted
     declared = runner.all_parameters(runner.select_stages(args.stages))
     # Unknown names pass through as text; runner.plan rejects them with the valid list.
     user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}

@@ -15,6 +15,7 @@ real text that needs no download. A user's own texts come from a .txt (one text 
 from __future__ import annotations
 
 import ast
+import codecs
 import csv
 import hashlib
 import json
@@ -31,6 +32,10 @@ from portkit._io import write_json
 from portkit.errors import BadParameter
 
 CORPUS_CHOICES = ("stdlib", "<path>.txt", "<path>.jsonl", "<path>.csv")
+CORPUS_TYPES = (".txt", ".jsonl", ".csv")
+# A larger file is refused before it is read: stage 3 tokenizes every text of the corpus, and a
+# sample of this size already gives its length distribution.
+MAX_CORPUS_BYTES = 256 * 2**20
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 
 
@@ -92,45 +97,139 @@ def stdlib_docstrings() -> Corpus:
     return Corpus("stdlib", f"docstrings of {root} (Python {sys.version.split()[0]})", tuple(texts))
 
 
+def resolve_corpus(spec: str) -> str:
+    """The corpus spec with a file path made absolute against this process's folder. The runner calls it
+    where the user typed the path: the notebooks run in notebooks/, where a relative path means another file."""
+    if spec == "stdlib" or not isinstance(spec, str) or not spec.strip():
+        return spec
+    return os.path.abspath(os.path.expanduser(spec))
+
+
 def check_corpus(spec: str) -> str:
-    """Cheap check of a corpus spec (no reading): 'stdlib' or an existing file of a known type."""
+    """Cheap check of a corpus spec (no reading): 'stdlib' or an existing file of a known type and size."""
     if spec == "stdlib":
         return spec
-    path = Path(str(spec))
+    if not isinstance(spec, str) or not spec.strip():
+        raise BadParameter("corpus", spec, CORPUS_CHOICES)
+    path = Path(spec).expanduser()
     if not path.exists():
         raise BadParameter("corpus", spec, CORPUS_CHOICES, hint="no such file")
-    if path.suffix.lower() not in (".txt", ".jsonl", ".csv"):
-        raise BadParameter("corpus file type", path.suffix or path.name, (".txt", ".jsonl", ".csv"))
+    if not path.is_file():
+        raise BadParameter("corpus", spec, hint="not a file")
+    if path.suffix.lower() not in CORPUS_TYPES:
+        raise BadParameter("corpus file type", path.suffix or path.name, CORPUS_TYPES)
+    size = path.stat().st_size
+    if size > MAX_CORPUS_BYTES:
+        raise BadParameter("corpus", spec, hint=f"{size:,} bytes, over portkit's limit of {MAX_CORPUS_BYTES:,} "
+                                                f"({MAX_CORPUS_BYTES / 2**20:g} MiB); give a sample of it")
     return spec
 
 
 def load_corpus(spec: str = "stdlib", column: str = "text") -> Corpus:
-    """'stdlib', or a .txt (one text per line), .jsonl or .csv file with a text column."""
+    """'stdlib', or a .txt (one text per line), .jsonl or .csv file with a text column.
+
+    Every problem in the file is one BadParameter naming the file, the line and what is wrong."""
     if check_corpus(spec) == "stdlib":
         return stdlib_docstrings()
-    path = Path(spec)
+    path = Path(spec).expanduser()
     suffix = path.suffix.lower()
+    lines = _lines(path, spec)
     if suffix == ".txt":
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        texts = [line.strip() for _, line in lines]
     elif suffix == ".jsonl":
-        texts = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if column not in row:
-                raise BadParameter(f"text column in {path.name} line {number}", column, sorted(row))
-            texts.append(str(row[column]))
-    else:   # .csv
-        with path.open(encoding="utf-8", newline="") as handle:
-            reader = csv.DictReader(handle)
-            if column not in (reader.fieldnames or []):
-                raise BadParameter(f"text column in {path.name}", column, reader.fieldnames or [])
-            texts = [row[column] for row in reader]
+        texts = _jsonl_texts(lines, path, spec, column)
+    else:
+        texts = _csv_texts(lines, path, spec, column)
     texts = tuple(t for t in texts if t and t.strip())
     if not texts:
         raise BadParameter("corpus", spec, hint="the file holds no non-empty texts")
     return Corpus(path.stem, str(path.resolve()), texts)
+
+
+def _lines(path: Path, spec: str):
+    """(line number, text) of each line, read as strict UTF-8 one line at a time."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise BadParameter("corpus", spec, hint=f"cannot read it ({exc.strerror})") from None
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]   # spreadsheet exports start with a byte-order mark
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise BadParameter("corpus", spec, hint=f"line {number} is not UTF-8 text (byte "
+                                                        f"0x{raw[exc.start]:02x} at column {exc.start + 1})") from None
+
+
+def _kind(value) -> str:
+    """What a JSON value is, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _jsonl_texts(lines, path: Path, spec: str, column: str) -> list[str]:
+    texts = []
+    for number, line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.rstrip("\r\n"))
+        except (ValueError, RecursionError) as exc:
+            # json's messages end in "at" where its str() goes on with the position
+            why = (f"{exc.msg.removesuffix(' at')} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError)
+                   else "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
+            raise BadParameter("corpus", spec, hint=f"line {number} is not JSON ({why})") from None
+        if not isinstance(row, dict):
+            raise BadParameter("corpus", spec, hint=f"line {number} is {_kind(row)}, not an object with a "
+                                                    f"{column!r} field")
+        if column not in row:
+            raise BadParameter(f"text column in {path.name} line {number}", column, sorted(row))
+        value = row[column]
+        if not isinstance(value, str):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise BadParameter("corpus", spec, hint=f"line {number}: column {column!r} holds {_kind(value)} "
+                                                    f"({shown}), not text")
+        texts.append(value)
+    return texts
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _csv_texts(lines, path: Path, spec: str, column: str) -> list[str]:
+    # a long document is one field; the file size limit bounds it, not csv's default of 128 KiB
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_CORPUS_BYTES))
+    reader = csv.DictReader(line for _, line in lines)
+    try:
+        if not reader.fieldnames:
+            raise BadParameter("corpus", spec, hint="the file holds no non-empty texts")
+        if column not in reader.fieldnames:
+            raise BadParameter(f"text column in {path.name}", column, reader.fieldnames)
+        texts = []
+        for row in reader:
+            if row[column] is None:
+                raise BadParameter("corpus", spec, hint=f"line {reader.line_num} has fewer fields than the header")
+            texts.append(row[column])
+    except csv.Error as exc:
+        raise BadParameter("corpus", spec, hint=f"line {reader.line_num} is not valid CSV ({exc})") from None
+    filled = [t for t in texts if t.strip()]
+    if filled and all(_is_number(t) for t in filled):
+        # a numeric column (an id, a label) is a wrong text_column, not a corpus of texts
+        raise BadParameter("corpus", spec, hint=f"column {column!r} holds only numbers (first: {filled[0]!r}); "
+                                                "name the column that holds the text with text_column")
+    return texts
 
 
 def sample_images(n: int, size: int, seed: int = 0) -> list[np.ndarray]:

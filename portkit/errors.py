@@ -5,6 +5,10 @@
     Traceback (most recent call last):
     ...
     portkit.errors.BadParameter: unknown target 'trn'; choose one of: neuron, tpu, cpu, cuda
+    >>> raise BadParameter("batch_size", -3, hint="must be a positive whole number")
+    Traceback (most recent call last):
+    ...
+    portkit.errors.BadParameter: invalid batch_size -3: must be a positive whole number
 """
 from __future__ import annotations
 
@@ -18,18 +22,21 @@ class PortkitError(Exception):
 class BadParameter(PortkitError, ValueError):
     """A user-supplied value that portkit does not accept.
 
-    The message names the bad value and, where the choices are finite, lists them.
+    The message names the bad value. With `choices` the value is not one of a finite set of names:
+    "unknown X 'v'; choose one of: ...". Without, X is known and its value breaks a rule that `hint`
+    states: "invalid X v: hint".
     """
 
     def __init__(self, what: str, value: object, choices: Iterable[object] | None = None,
                  hint: str | None = None):
         self.what, self.value = what, value
         self.choices = list(choices) if choices is not None else None
-        message = f"unknown {what} {value!r}"
         if self.choices is not None:
-            message += "; choose one of: " + ", ".join(str(c) for c in self.choices)
-        if hint:
-            message += f" ({hint})" if self.choices is not None else f"; {hint}"
+            message = f"unknown {what} {value!r}; choose one of: " + ", ".join(str(c) for c in self.choices)
+            if hint:
+                message += f" ({hint})"
+        else:
+            message = f"invalid {what} {value!r}" + (f": {hint}" if hint else "")
         super().__init__(message)
 
 

@@ -22,9 +22,12 @@ would need the Hugging Face Hub fails at once and says what to do instead.
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -311,6 +314,7 @@ SOURCES: dict[str, tuple[Callable[[], LoadedModel], str]] = {
     "lstm": (_lstm, "embedding + 2-layer LSTM token classifier, random weights"),
 }
 DEFAULT = "minilm"
+_HUB_PREFIXES = ("http:", "https:", "hf:")   # a spec starting so names something to download
 CHOICES = (*SOURCES, "<local HF model dir>", "<package.module:factory>", "<file.py:factory>")
 
 
@@ -387,9 +391,9 @@ def load(spec: str = DEFAULT) -> LoadedModel:
         if not (path / "config.json").exists():
             raise BadParameter("model directory", spec, hint="it holds no config.json")
         return _from_directory(path)
-    if ":" in spec and not spec.startswith(("http:", "https:")):
+    if ":" in spec and not spec.startswith(_HUB_PREFIXES):
         return _from_factory(spec)
-    if "/" in spec or spec.startswith(("http:", "https:", "hf:")):
+    if "/" in spec or spec.startswith(_HUB_PREFIXES):
         raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id or URL, and portkit does not "
                            "download; fetch it on a machine with network (huggingface-cli download "
                            f"{spec} --local-dir DIR) and pass DIR, or choose one of: {', '.join(SOURCES)}")
@@ -397,19 +401,75 @@ def load(spec: str = DEFAULT) -> LoadedModel:
 
 
 def validate(spec: str) -> str:
-    """Check a model spec without loading weights; return it unchanged."""
+    """Check a model spec without loading weights or running the user's code. Returns the spec with a
+    path in it made absolute against this process's folder (the runner calls it where the user typed it;
+    the notebooks run in notebooks/)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise BadParameter("model", spec, CHOICES)
     if spec in SOURCES:
         return spec
     path = Path(spec).expanduser()
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise BadParameter("model directory", spec, hint="it holds no config.json")
+        _check_directory(path, spec)
+        return os.path.abspath(path)
+    if ":" in spec and not spec.startswith(_HUB_PREFIXES):
+        where, _, attr = spec.rpartition(":")
+        if not attr.isidentifier():
+            raise BadParameter("model factory name", attr, hint=f"give {where}:FUNCTION, a function that builds the model")
+        if where.endswith(".py"):
+            _check_factory_file(Path(where).expanduser(), where, attr)
+            return f"{os.path.abspath(os.path.expanduser(where))}:{attr}"
+        _check_module(where)
         return spec
-    if ":" in spec and not spec.startswith(("http:", "https:")):
-        where = spec.rpartition(":")[0]
-        if where.endswith(".py") and not Path(where).exists():
-            raise BadParameter("model factory file", where, hint="no such file")
-        return spec
-    if "/" in spec or spec.startswith(("http:", "https:", "hf:")):
+    if spec.startswith(("/", "./", "../", "~")):
+        raise BadParameter("model directory", spec, hint="no such folder")
+    if "/" in spec or spec.startswith(_HUB_PREFIXES):
         load(spec)   # raises NeedsNetwork with the advice
     raise BadParameter("model", spec, CHOICES)
+
+
+def _check_directory(path: Path, spec: str) -> None:
+    config = path / "config.json"
+    if not config.is_file():
+        raise BadParameter("model directory", spec, hint="it holds no config.json")
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise BadParameter("model directory", spec, hint=f"its config.json is not JSON{where}") from None
+    if not isinstance(parsed, dict):
+        raise BadParameter("model directory", spec, hint="its config.json is not a JSON object")
+
+
+def _check_factory_file(file: Path, where: str, attr: str) -> None:
+    """The file parses as Python and defines `attr` at top level (read, not run)."""
+    if not file.is_file():
+        raise BadParameter("model factory file", where, hint="no such file")
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except (SyntaxError, ValueError) as exc:
+        line = f"line {exc.lineno}: " if getattr(exc, "lineno", None) else ""
+        raise BadParameter("model factory file", where,
+                           hint=f"not valid Python ({line}{getattr(exc, 'msg', exc)})") from None
+    defined, star = [], False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.append(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            star |= any(a.name == "*" for a in node.names)
+            defined += [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if attr not in defined and not star:   # a star import may bring it in: load() will tell
+        functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+        raise BadParameter(f"factory in {where}", attr, functions)
+
+
+def _check_module(where: str) -> None:
+    """The module's top-level package is importable from sys.path or this folder (found, not imported)."""
+    top = where.split(".")[0]
+    if not all(part.isidentifier() for part in where.split(".")):
+        raise BadParameter("model module", where, hint="not a Python module name (give package.module:factory)")
+    if importlib.util.find_spec(top) is None and importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:
+        raise BadParameter("model module", where, hint=f"no module {top!r} on the Python path or in {os.getcwd()}")

@@ -7,6 +7,10 @@ and the valid choices.
     >>> from portkit import params
     >>> params.positive_int("batch_size", 8)
     8
+    >>> params.positive_int("batch_size", -3)
+    Traceback (most recent call last):
+    ...
+    portkit.errors.BadParameter: invalid batch_size -3: must be a positive whole number
     >>> params.choice("planner", "pow3", ["pow2", "linear"])
     Traceback (most recent call last):
     ...
@@ -42,7 +46,7 @@ def positive_float(name: str, value) -> float:
 
 def boolean(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise BadParameter(name, value, (True, False))
+        raise BadParameter(name, value, hint="must be True or False")
     return value
 
 

@@ -7,20 +7,29 @@
 
 Each notebook gets the shared parameters (model, targets, out_dir) and those of the user's
 parameters it declares; a parameter no notebook declares is an error, raised before anything is
-written. A stage that fails stops the run; its executed notebook stays in the folder showing the error.
+written. `plan` checks everything first (values, the model spec, the corpus file's content, the run
+folder) and makes every path absolute: the notebooks run in notebooks/, not where the user typed it.
+
+A run folder is one holding MARKER (written by every run) or only files a run writes; `portkit run`
+refuses any other non-empty folder. A notebook is executed under a partial name and renamed when done,
+so a killed run leaves no half-written notebook; a stage that fails stops the run, and its executed
+notebook is moved into place showing the error.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
 import importlib
 import inspect
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import params as params_mod
+from portkit import _io, data, params as params_mod
 from portkit.errors import BadParameter, StageFailed
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -44,12 +53,21 @@ STAGES: tuple[Stage, ...] = (
     Stage("report", "05_report.ipynb", "report.json", "portkit.report"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
+MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and writes into no foreign folder
+RUN_FILES = frozenset({MARKER, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES)})
 
 
 def declared_parameters(stage: Stage) -> dict[str, dict]:
     """The parameters a stage notebook declares, with default and help text (papermill's inspector)."""
+    path = NOTEBOOKS / stage.notebook
+    return {name: dict(info) for name, info in _inspect(str(path), path.stat().st_mtime_ns).items()}
+
+
+@functools.lru_cache(maxsize=32)
+def _inspect(path: str, mtime_ns: int) -> dict[str, dict]:
+    # a plan reads every notebook's parameters twice; papermill re-parses the notebook each time
     import papermill
-    return papermill.inspect_notebook(str(NOTEBOOKS / stage.notebook))
+    return papermill.inspect_notebook(path)
 
 
 def all_parameters(stages=STAGES) -> dict[str, dict]:
@@ -76,18 +94,23 @@ def coerce(name: str, raw: str, declared: dict):
 
 
 def select_stages(names) -> list[Stage]:
-    if not names:
+    """None: every stage. Otherwise a list or comma-separated string of stage names, at least one."""
+    if names is None:
         return list(STAGES)
+    given = names
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     for n in names:
         if n not in STAGE_NAMES:
             raise BadParameter("stage", n, STAGE_NAMES)
+    if not names:
+        raise BadParameter("stage list", given, STAGE_NAMES, hint="give at least one stage")
     return [s for s in STAGES if s.name in names]
 
 
 def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
-    """Validate everything a run needs, without writing anything. Returns (stages, per-stage params)."""
+    """Validate everything a run needs, writing nothing (one empty folder is created and removed to prove
+    the run folder writable). Returns (stages, per-stage params), every path in them absolute."""
     chosen = select_stages(stages)
     declared = all_parameters(chosen)
     for name in user_params:
@@ -95,7 +118,10 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
             raise BadParameter("parameter", name, hint=f"give {name} with its own option, not -p")
         if name not in declared:
             raise BadParameter("parameter", name, sorted(n for n in declared if n not in SHARED))
-    model, names, out = params_mod.common(model, targets, out_dir)
+    user_params = dict(user_params)
+    if "corpus" in user_params:
+        user_params["corpus"] = data.resolve_corpus(user_params["corpus"])
+    model, names, out = params_mod.common(model, targets, out_dir)   # model and out come back absolute
     per_stage = []
     for stage in chosen:
         mine = declared_parameters(stage)
@@ -103,7 +129,20 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
         values.update({k: v for k, v in user_params.items() if k in mine})
         _preflight(stage, mine, values)
         per_stage.append((stage, values))
+    _check_corpora(per_stage)
+    check_out_dir(out)   # last: its probe is the one step that touches the disk
     return chosen, per_stage
+
+
+_NO_DEFAULT = object()
+
+
+def _default(declared: dict, name: str):
+    """A notebook parameter's default value; _NO_DEFAULT for an expression the notebook evaluates."""
+    try:
+        return ast.literal_eval(declared[name]["default"])
+    except (KeyError, ValueError, SyntaxError):
+        return _NO_DEFAULT
 
 
 def _preflight(stage: Stage, declared: dict, values: dict) -> None:
@@ -116,12 +155,58 @@ def _preflight(stage: Stage, declared: dict, values: dict) -> None:
     for name in accepted:
         if name in values:
             merged[name] = values[name]
-        elif name in declared:
-            try:
-                merged[name] = ast.literal_eval(declared[name]["default"])
-            except (ValueError, SyntaxError):
-                pass   # a default that is an expression: the notebook itself will check it
+        elif name in declared and _default(declared, name) is not _NO_DEFAULT:
+            merged[name] = _default(declared, name)
     check(**merged)
+
+
+def _check_corpora(per_stage) -> None:
+    """Read each corpus file a stage will read, with its text column: a bad line fails here, not mid-run."""
+    checked = set()
+    for stage, values in per_stage:
+        declared = declared_parameters(stage)
+        if "corpus" not in declared:
+            continue
+        corpus = values.get("corpus", _default(declared, "corpus"))
+        column = values.get("text_column", _default(declared, "text_column"))
+        if corpus == "stdlib" or (corpus, column) in checked:
+            continue
+        data.load_corpus(corpus, column)
+        checked.add((corpus, column))
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A folder `portkit run` may write into: it holds MARKER, or nothing but files a run writes (an
+    empty folder, one the notebooks wrote on their own, one written before the marker existed)."""
+    if (folder / MARKER).is_file():
+        return True
+    return all(entry.name in RUN_FILES or _io.is_partial(entry.name) for entry in folder.iterdir())
+
+
+def check_out_dir(out: Path) -> None:
+    """The run folder is a new folder that can be created, or a run folder that can be written."""
+    what = "out folder"
+    if out.exists() and not out.is_dir():
+        raise BadParameter(what, str(out), hint="it is a file, not a folder")
+    if out.is_dir():
+        try:
+            foreign = not is_run_folder(out)
+        except OSError as exc:
+            raise BadParameter(what, str(out), hint=f"cannot list it ({exc.strerror})") from None
+        if foreign:
+            raise BadParameter(what, str(out), hint="it holds files that are not a portkit run's; give a new or "
+                                                    f"empty folder, or a run folder (one holding {MARKER})")
+        base = out
+    else:
+        base = next(parent for parent in out.parents if parent.exists())
+        if not base.is_dir():
+            raise BadParameter(what, str(out), hint=f"{base} is a file, not a folder")
+    # os.access answers yes to root everywhere, and some file systems (/proc) refuse all the same:
+    # create and remove an empty folder to know.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".portkit-probe-", dir=base))
+    except OSError as exc:
+        raise BadParameter(what, str(out), hint=f"cannot create a folder in {base} ({exc.strerror})") from None
 
 
 @dataclass
@@ -129,6 +214,34 @@ class RunResult:
     out_dir: Path
     summaries: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _kernel_path(folder: str | None):
+    """Put `folder` first on the Python path of the kernels started inside the block."""
+    if folder is None:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before) if p)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def _keep_if_whole(partial: Path, output: Path) -> None:
+    """Move an executed notebook into place if it reads as a notebook; remove it otherwise."""
+    import nbformat
+    try:
+        nbformat.read(str(partial), as_version=4)
+    except (OSError, ValueError):
+        partial.unlink(missing_ok=True)
+        return
+    os.replace(partial, output)
 
 
 def _summary(path: Path) -> str:
@@ -148,25 +261,42 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     chosen, per_stage = plan(model, targets, out_dir, dict(user_params or {}), stages)
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).exists():
+        _io.write_text(out / MARKER, "A portkit run folder: `portkit run` writes its stage results here.\n")
+    _io.remove_partials(out)   # what a killed run left
     result = RunResult(out)
     # The kernels papermill starts inherit this: nobody watches them, so stages skip widgets.
     os.environ.setdefault("PORTKIT_HEADLESS", "1")
+    model_spec = per_stage[0][1]["model"]
+    # a validated spec with ":" is file.py:factory (absolute now) or package.module:factory, which the
+    # kernel (working in notebooks/) imports from the folder the user ran portkit in
+    user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
     bar = tqdm(per_stage, desc="portkit", unit="stage", disable=not progress)
     for stage, values in bar:
         bar.set_postfix_str(stage.name)
         output = out / stage.notebook
+        partial = _io.partial_path(output)
         start = time.perf_counter()
         try:
-            papermill.execute_notebook(
-                str(NOTEBOOKS / stage.notebook), str(output), parameters=values, kernel_name="python3",
-                progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
-                cwd=str(NOTEBOOKS), request_save_on_cell_execute=True,
-                # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
-                extra_arguments=["--IPKernelApp.log_level=ERROR"])
+            with _kernel_path(user_folder):
+                papermill.execute_notebook(
+                    str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name="python3",
+                    progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
+                    cwd=str(NOTEBOOKS), request_save_on_cell_execute=True,
+                    # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
+                    extra_arguments=["--IPKernelApp.log_level=ERROR"])
         except PapermillExecutionError as exc:
+            os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows
             raise StageFailed(f"stage {stage.name} failed in cell {exc.exec_count} of {stage.notebook} "
                               f"({exc.ename}: {exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ''}); "
                               f"the executed notebook is {output}") from None
+        except Exception:
+            _keep_if_whole(partial, output)   # a dead kernel: show how far it got
+            raise
+        except BaseException:
+            partial.unlink(missing_ok=True)   # interrupted, perhaps mid-save
+            raise
+        os.replace(partial, output)
         result.seconds[stage.name] = time.perf_counter() - start
         result.summaries[stage.name] = _summary(out / stage.result)
         log(f"[{stage.name}] {result.summaries[stage.name]} ({result.seconds[stage.name]:.0f} s)")

@@ -121,7 +121,7 @@ def test_bad_parameters_name_the_value_and_the_choices():
         buckets.plan_buckets([1, 2], "pow3")
     with pytest.raises(BadParameter, match="overflow policy 'wrap'"):
         buckets.histogram([1, 2], overflow="wrap")
-    with pytest.raises(BadParameter, match="unknown requests 0"):
+    with pytest.raises(BadParameter, match="invalid requests 0: must be a positive whole number"):
         buckets.check_parameters(requests=0)
     with pytest.raises(BadParameter, match="overflow 'drop'.*truncate, reject"):
         buckets.check_parameters(overflow="drop")

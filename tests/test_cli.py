@@ -20,8 +20,8 @@ def portkit(*args, cwd=None):
     (["--model", "gpt5"], "unknown model 'gpt5'; choose one of: minilm, gpt2"),
     (["--model", "org/some-model"], "does not download"),
     (["-p", "batchsize", "4"], "unknown parameter 'batchsize'; choose one of:"),
-    (["-p", "batch_size", "0"], "unknown batch_size 0; must be a positive whole number"),
-    (["-p", "corpus", "nowhere.jsonl"], "unknown corpus 'nowhere.jsonl'"),
+    (["-p", "batch_size", "0"], "invalid batch_size 0: must be a positive whole number"),
+    (["-p", "corpus", "nowhere.jsonl"], "nowhere.jsonl'; choose one of: stdlib"),
     (["--stages", "fallback"], "unknown stage 'fallback'; choose one of: fallbacks"),
     (["-p", "model", "gpt2"], "give model with its own option"),
 ])

@@ -123,3 +123,28 @@ def test_example_batch(corpus, minilm):
     pixels, described = data.example_batch(vit, None, 2, 48)
     assert pixels["pixel_values"].shape == (2, 3, 64, 64) and "image" in described
     assert np.isfinite(pixels["pixel_values"].numpy()).all()
+
+
+def test_validate_makes_paths_absolute_without_running_user_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert models.validate("m") == str(tmp_path / "m")
+    (tmp_path / "f.py").write_text("raise SystemExit('never run by validate')\nfrom elsewhere import *\n")
+    assert models.validate("f.py:anything") == f"{tmp_path / 'f.py'}:anything"   # a star import may define it
+    assert models.validate("minilm") == "minilm"
+    assert models.validate("json:loads") == "json:loads"      # a module on the path: found, not imported
+    with pytest.raises(NeedsNetwork):
+        models.validate("hf:org/model")
+
+
+def test_corpus_files_are_read_as_written(tmp_path):
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbftext,label\r\nhello there,1\r\n")   # a spreadsheet export
+    assert data.load_corpus(str(tmp_path / "bom.csv")).texts == ("hello there",)
+    long_text = "word " * 40_000                                                      # over csv's 128 KiB field
+    (tmp_path / "long.csv").write_text(f'text\n"{long_text}"\nshort\n')
+    assert data.load_corpus(str(tmp_path / "long.csv")).texts == (long_text, "short")
+    (tmp_path / "ids.jsonl").write_text('{"text": "42"}\n{"text": "a sentence"}\n')  # digits in a string are text
+    assert data.load_corpus(str(tmp_path / "ids.jsonl")).texts == ("42", "a sentence")
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    assert data.load_corpus(str(tmp_path / "crlf.txt")).texts == ("one", "two")

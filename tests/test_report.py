@@ -212,4 +212,4 @@ def test_cli_report_from_any_folder(run_dir, tmp_path):
     assert done.stdout.strip().splitlines()[-2].startswith("verdict neuron (emulated): BLOCKED")
     done = subprocess.run([str(portkit), "report", str(tmp_path / "nope")], capture_output=True, text=True,
                           cwd=tmp_path)
-    assert done.returncode == 2 and "unknown run folder" in done.stderr
+    assert done.returncode == 2 and "invalid run folder" in done.stderr

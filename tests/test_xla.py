@@ -278,7 +278,7 @@ def test_stage_shapes_come_from_the_earlier_stages(bert, tmp_path):
     assert shapes == [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]
     assert sources[1] == "stage 2's fixed shape" and "auto bucket" in sources[2]
     assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=1)[0] == [{"batch": 1, "seq": 256}]
-    with pytest.raises(BadParameter, match="unknown max_shapes 0"):
+    with pytest.raises(BadParameter, match="invalid max_shapes 0: must be a positive whole number"):
         xla.check_parameters(max_shapes=0)
 
 

@@ -1,0 +1,140 @@
+"""The runner: user paths made absolute in the plan, the run-folder rule, partial files, and (slow) a run
+killed mid-stage that reruns cleanly, and the same seed giving the same result."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import ROOT, fixture_model
+from portkit import _io, cli, runner
+
+# Keys whose values are measured times or shares of a measured time: two runs with one seed differ there
+# and nowhere else. A list whose order is by time (the op and module tables) is compared as a multiset.
+TIME_KEYS = frozenset({"seconds", "share", "time_share", "fallback_share"})
+CHEAP_RUN = ["--model", fixture_model("tiny_encoder"), "--target", "neuron", "--stages", "fallbacks",
+             "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8", "-p", "seed", "3"]
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def test_plan_makes_every_user_path_absolute_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts.jsonl").write_text('{"body": "first text"}\n{"body": "second text"}\n')
+    (tmp_path / "mine.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(2, 2)\n")
+    before = _files(tmp_path)
+    _, per_stage = runner.plan("mine.py:build", ["cpu"], "run", {"corpus": "texts.jsonl", "text_column": "body"},
+                               "fallbacks")
+    (stage, values), = per_stage
+    assert values["corpus"] == str(tmp_path / "texts.jsonl")
+    assert values["model"] == f"{tmp_path / 'mine.py'}:build"
+    assert values["out_dir"] == str((tmp_path / "run").resolve())
+    assert _files(tmp_path) == before
+
+
+def test_a_run_folder_is_marked_or_holds_only_run_files(tmp_path):
+    assert runner.is_run_folder(tmp_path)                        # empty
+    (tmp_path / "fallbacks.json").write_text("{}")
+    (tmp_path / "01_fallbacks.ipynb").write_text("{}")
+    (tmp_path / ".01_fallbacks.partial.ipynb").write_text("{")
+    assert runner.is_run_folder(tmp_path)                        # written by the notebooks alone
+    (tmp_path / "holiday.jpg").write_bytes(b"\xff\xd8")
+    assert not runner.is_run_folder(tmp_path)                    # someone else's file
+    (tmp_path / runner.MARKER).write_text("")
+    assert runner.is_run_folder(tmp_path)                        # a run wrote here before
+
+
+def test_partial_names_are_hidden_recognised_and_removed(tmp_path):
+    target = tmp_path / "01_fallbacks.ipynb"
+    partial = _io.partial_path(target)
+    assert partial.parent == tmp_path and partial.name.startswith(".") and partial.suffix == ".ipynb"
+    assert _io.is_partial(partial.name) and not _io.is_partial(target.name)
+    assert not _io.is_partial("fallbacks.json") and not _io.is_partial(runner.MARKER)
+    _io.write_json(tmp_path / "fallbacks.json", {"ok": True})
+    assert [p.name for p in tmp_path.iterdir()] == ["fallbacks.json"]   # write_json leaves no temp file
+    partial.write_text("{half")
+    (tmp_path / ".fallbacks.json.x1y2.tmp").write_text("{half")
+    assert sorted(p.name for p in _io.remove_partials(tmp_path)) == [".01_fallbacks.partial.ipynb",
+                                                                     ".fallbacks.json.x1y2.tmp"]
+    assert [p.name for p in tmp_path.iterdir()] == ["fallbacks.json"]
+
+
+def _assert_no_half_written_results(out: Path) -> None:
+    """Every file that is not a partial name reads whole: JSON parses, notebooks are valid nbformat."""
+    for path in out.iterdir():
+        if _io.is_partial(path.name):
+            continue
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".ipynb":
+            nbformat.validate(nbformat.read(str(path), as_version=4))
+        elif path.suffix == ".html":
+            assert path.read_text().rstrip().endswith("</html>"), path
+
+
+def _executed_cells(path: Path) -> int:
+    try:
+        notebook = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0   # not there yet, or papermill is saving it this instant
+    return sum(1 for cell in notebook.get("cells", []) if cell.get("execution_count"))
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_stage_leaves_no_half_written_file_and_reruns(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), *CHEAP_RUN]
+    process = subprocess.Popen([sys.executable, "-m", "portkit.cli", *args], cwd=ROOT, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    partial = _io.partial_path(out / "01_fallbacks.ipynb")
+    try:
+        deadline = time.monotonic() + 300
+        while _executed_cells(partial) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, "the stage ended before it could be killed"
+        assert _executed_cells(partial) >= 2, "the stage did not start within 300 s"
+    finally:
+        # SIGKILL the command and its kernel (the kernel runs in a session of its own)
+        tree = [process, *psutil.Process(process.pid).children(recursive=True)]
+        for proc in tree:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+        process.wait(timeout=60)
+    assert not (out / "01_fallbacks.ipynb").exists()   # the stage did not finish: no notebook shown as done
+    _assert_no_half_written_results(out)
+
+    assert cli.main(args) == 0                                 # the rerun completes in the same folder
+    assert not [p.name for p in out.iterdir() if _io.is_partial(p.name)]
+    _assert_no_half_written_results(out)
+    assert json.loads((out / "fallbacks.json").read_text())["stage"] == "fallbacks"
+    assert _executed_cells(out / "01_fallbacks.ipynb") >= 2
+
+
+def _without_times(value):
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if k not in TIME_KEYS}
+    if isinstance(value, list):
+        items = [_without_times(v) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+    return value
+
+
+@pytest.mark.slow
+def test_the_same_seed_gives_the_same_result_apart_from_times(tmp_path):
+    results = []
+    for name in ("first", "second"):
+        assert cli.main(["run", "--out", str(tmp_path / name), *CHEAP_RUN]) == 0
+        results.append(json.loads((tmp_path / name / "fallbacks.json").read_text()))
+    assert _without_times(results[0]) == _without_times(results[1])
+    assert results[0]["inputs"]["shapes"]["input_ids"] == [1, 8]
