@@ -105,7 +105,6 @@ def _params() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":

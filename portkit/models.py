@@ -415,7 +415,8 @@ def validate(spec: str) -> str:
     if ":" in spec and not spec.startswith(_HUB_PREFIXES):
         where, _, attr = spec.rpartition(":")
         if not attr.isidentifier():
-            raise BadParameter("model factory name", attr, hint=f"give {where}:FUNCTION, a function that builds the model")
+            raise BadParameter("model factory name", attr,
+                               hint=f"give {where}:FUNCTION, a function that builds the model")
         if where.endswith(".py"):
             _check_factory_file(Path(where).expanduser(), where, attr)
             return f"{os.path.abspath(os.path.expanduser(where))}:{attr}"

@@ -201,7 +201,7 @@ def test_folder_without_stage_results_is_bad_input(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("not a run")
     assert cli.main(["report", str(tmp_path)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and f"unknown run folder '{tmp_path}'; it holds no stage result (fallbacks.json" in lines[0]
+    assert len(lines) == 1 and f"invalid run folder '{tmp_path}': it holds no stage result (fallbacks.json" in lines[0]
     assert not (tmp_path / "report.json").exists() and not (tmp_path / "report.html").exists()
 
 
