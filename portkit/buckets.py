@@ -548,9 +548,15 @@ class TargetBuckets:
                                   "before bucketing (cf. vllm-project/tpu-inference#3466)"})
         late = sum(r.compiles_after_warmup for r in self.runs)
         if late:
+            run = next(r for r in self.runs if r.compiles_after_warmup)
+            first = (run.late_compiles or [{}])[0]
+            where = (f"request {first['request'] + 1}" if first.get("request") is not None else "the padding check")
+            shape = "x".join(map(str, first.get("shape") or ())) or "?"
             out.append({"kind": "recompile_after_warmup", "severity": "work",
-                        "message": f"{late} compiles after warm-up under the bucket plan",
-                        "advice": "some input still varies in shape: pad every input the model takes"})
+                        "message": f"{late} compiles after warm-up under the bucket plan; first in {run.name}: "
+                                   f"{where}, shape {shape}, guard failure: {first.get('reason', '?')}",
+                        "advice": "a shape the warm-up did not compile reached the model: warm up every "
+                                  "(batch, seq) bucket and pad every input the model takes to one of them"})
         mine = self.run_for(self.chosen)
         out.append({"kind": "bucket_plan", "severity": "info",
                     "message": f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"

@@ -1,7 +1,9 @@
 """Stage 3: planners (property tests against brute force), the padding wrapper on real models,
 and replays that prove zero compiles after warm-up."""
+import dataclasses
 import itertools
 import json
+import re
 import time
 
 import numpy as np
@@ -184,13 +186,47 @@ def test_padding_check_catches_a_mask_bug(trace):
     assert bucketed.check_padding(good, trace)[0]["ok"]
 
 
-def test_an_unwarmed_shape_is_an_error_not_a_silent_compile(tiny):
+def test_an_unwarmed_shape_is_counted_not_a_silent_compile(tiny):
     bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 8, 16], "optimal", k=2), backend="eager")
     bm.warm_up()
     with torch.compiler.set_stance("fail_on_recompile"):
         bm(bm.encode(["Add two numbers."]))
-        with pytest.raises(RuntimeError, match="fail_on_recompile"):
+        assert bm.compiles == 2 and bm.late == []
+        with pytest.raises(RuntimeError, match="fail_on_recompile"):     # PyTorch refuses the compile
             bm.compiled(**bm.example(1, 11))
+        bm.run_padded(bm.example(1, 11), request=7)                     # the wrapper records it, then pays it
+    assert bm.compiles == 3 and [e.request for e in bm.counter.events] == [None, None, 7]
+    (late,) = bm.late
+    assert late["request"] == 7 and late["shape"] == [1, 11] and set(late["shapes"]) == set(tiny.input_names)
+    assert re.fullmatch(r"tensor '\w+' size mismatch at index 1\. expected (8|16), actual 11", late["reason"]), late
+    assert len(late["guard_failures"]) == 2            # one per warmed bucket, in Dynamo's words
+
+
+class PlanMissingABucket(buckets.BucketPlan):
+    """A plan whose warm-up deliberately leaves its middle length out: requests that land there
+    compile after warm-up."""
+
+    def shapes(self):
+        return [s for s in super().shapes() if s["seq"] != self.boundaries[1]]
+
+
+def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(tiny, corpus):
+    trace = bucketed.make_trace(corpus, tiny, 10, seed=1)
+    plan = buckets.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64)
+    leaky = PlanMissingABucket(*(getattr(plan, f.name) for f in dataclasses.fields(plan)))
+    left_out = plan.boundaries[1]
+    first = next(i for i, n in enumerate(trace.lengths) if plan.bucket_for(min(n[0], 64)) == left_out)
+    (run,) = bucketed.replay(tiny, trace, [leaky], backend="eager", baseline=False, progress=False)
+    assert run.compiles_after_warmup == 1 and run.compiles == plan.compiles == 3     # once, then cached
+    (late,) = run.late_compiles
+    assert late["request"] == first and late["shape"] == [1, left_out]
+    assert f"actual {left_out}" in late["reason"] and "size mismatch at index 1" in late["reason"]
+    assert run.padding_ok and run.compile_seconds > 0
+    target = buckets.TargetBuckets({"name": "tpu", "mode": "emulated"}, "eager", "", leaky, 1.0, "test", [run])
+    saved = json.loads(json.dumps(target.to_dict()))
+    assert saved["compiles_after_warmup"] == 1 and saved["replay"][0]["late_compiles"][0]["shape"] == [1, left_out]
+    (finding,) = [f for f in saved["findings"] if f["kind"] == "recompile_after_warmup"]
+    assert f"request {first + 1}, shape 1x{left_out}" in finding["message"] and late["reason"] in finding["message"]
 
 
 def test_buckets_shorter_than_the_special_tokens_still_warm_up_and_check(tiny, trace):
