@@ -325,3 +325,38 @@ def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, 
     t = report.targets[target]
     assert t.target["mode"] == "native" and t.backend == targets.get(target).backend
     assert all(r.compiles_after_warmup == 0 for r in t.runs) and all(r.padding_ok for r in t.runs if r.plan)
+
+
+def notebook_code_cells(stage_name: str) -> list[tuple[bool, str]]:
+    """(is the parameters cell, source) of every code cell of a stage's notebook, as the runner finds it."""
+    from portkit import runner
+    path = runner.NOTEBOOKS / next(s for s in runner.STAGES if s.name == stage_name).notebook
+    if path.suffix == ".ipynb":
+        import nbformat
+        cells = nbformat.read(path, as_version=4).cells
+    else:   # a text notebook (jupytext)
+        import jupytext
+        cells = jupytext.read(path).cells
+    return [("parameters" in c.metadata.get("tags", []), c.source) for c in cells if c.cell_type == "code"]
+
+
+def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, monkeypatch, capsys):
+    # token_seconds is measured (noisy); one value for both, so only the code paths can differ
+    monkeypatch.setattr(bucketed, "measure_token_seconds", lambda model, top, repeats=3: 2e-4)
+    spec = fixture_model("tiny_encoder")
+    given = {"model": spec, "targets": ["neuron", "tpu"], "out_dir": str(tmp_path), "corpus": "stdlib"}
+    scope: dict = {}
+    for is_parameters, source in notebook_code_cells("buckets"):   # the notebook's cells, in this process
+        exec(source, scope)
+        if is_parameters:
+            scope.update(given)     # what papermill injects after the parameters cell
+        if "chosen" in scope:       # the notebook has chosen its plans; the replay comes next
+            break
+    defaults = {k: scope[k] for k in ("requests", "max_batch", "overflow", "compile_seconds", "serve_requests",
+                                      "k_max", "seed")}
+    assert defaults["serve_requests"] > scope["trace"].texts    # priced for traffic, not for the short replay
+    report = buckets.fit_buckets(scope["m"], scope["texts"], given["targets"], tmp_path, k=scope["bucket_count"],
+                                 backend="eager", check=False, progress=False, **defaults)
+    for name in given["targets"]:
+        assert report.targets[name].chosen == scope["chosen"][name]
+    assert report.plans == scope["plans"] and report.histogram.to_dict() == scope["hist"].to_dict()
