@@ -4,8 +4,9 @@
 
 minilm (real weights), real stdlib texts, torch.no_grad, dynamic=False.
 - compile time: time inside the backend for one new shape (batch 1), every compile at a length no
-  other compile used (so no cache serves it), torch._dynamo.reset() before each, the backends
-  interleaved in a rotating order, medians over the rounds;
+  other compile used, in an Inductor cache of this run's own (so no cache serves it, on any rerun
+  either), torch._dynamo.reset() before each, the backends interleaved in a rotating order, medians
+  over the rounds;
 - steady-state forward: batch 8 x 128 compiled once per backend, calls interleaved, medians.
 Aim: ratios of at most 1.1 (compile) and 1.02 (forward). portkit_tpu at its default precision also
 compiles and runs the TPU's bf16 rounding (more kernels: the rounded attention cannot use the fused
@@ -19,6 +20,7 @@ import statistics
 import time
 
 import torch
+from _inductor_cache import own_inductor_cache
 
 from portkit import backends, data, models
 
@@ -91,4 +93,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with own_inductor_cache():
+        main()

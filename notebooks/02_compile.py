@@ -23,7 +23,8 @@
 # 2. what each target's compiler would refuse (symbolic shapes) or not lower (ops missing from its table);
 # 3. the storm on real requests: compiles against requests, the guard failure behind each compile, time
 #    compiling vs running, and when Dynamo's recompile limit would silently fall back to eager;
-# 4. the fix: one fixed shape compiles once, and `set_stance("fail_on_recompile")` proves nothing else compiles.
+# 4. the fix: one fixed shape compiles once, and `set_stance("fail_on_recompile")` catches and counts any
+#    other compile.
 #
 # In emulated mode portkit's backends (`portkit_neuron`, `portkit_tpu`) enforce the target's rules and
 # numerics, then compile with Inductor on this CPU: compile times are real CPU compile times, not the
@@ -93,7 +94,8 @@ for storm in storms.values():
 # ## The fix: one fixed shape, and proof that nothing else compiles
 #
 # Every request padded to `seq_len`: one compile in warm-up, then the requests run under
-# `torch.compiler.set_stance("fail_on_recompile")`, where any compile would be an error.
+# `torch.compiler.set_stance("fail_on_recompile")`, where PyTorch refuses any compile. A refused compile is
+# recorded (request, shape, the guard that failed), then paid and counted: a finding, not a crash.
 
 # %%
 fixed = {t: compiling.check_fixed_shape(m, stream, t, seq_len, precision, backend, fullgraph) for t in targets}

@@ -24,8 +24,8 @@
 # This notebook measures the real length distribution under the model's own tokenizer, compares four
 # ways to place the buckets (pow2, linear, padding_bounded, and the exact `optimal`), lets `auto` choose
 # how many buckets pay for themselves given stage 2's compile time, then replays real requests:
-# without buckets (one compile per shape) and with each plan, with recompiles **forbidden** after
-# warm-up (`torch.compiler.set_stance("fail_on_recompile")`), and checks every bucket's outputs at the
+# without buckets (one compile per shape) and with each plan, with every compile after warm-up **caught**
+# and counted (`torch.compiler.set_stance("fail_on_recompile")`), and checks every bucket's outputs at the
 # real positions against unpadded eager outputs.
 #
 # Logic: `portkit/buckets.py` (planning) and `portkit/bucketed.py` (padding, compiling, replay).
@@ -117,8 +117,9 @@ buckets.padding_slider(hist, curves, bucket_count)
 #
 # Without buckets the model compiles once per distinct shape, as on the targets (Dynamo's recompile
 # limit is raised so it does not quietly fall back to eager after 8). With a plan, warm-up compiles
-# every bucket once; the replay then runs with recompiles forbidden, so zero compiles after warm-up
-# is proven by PyTorch. Each shape's compile is charged at its first measured time, so the order of
+# every bucket once; the replay then runs under `fail_on_recompile`, so PyTorch itself catches any compile
+# after warm-up: each is counted, with its request, shape and guard failure. Each shape's compile is
+# charged at its first measured time, so the order of
 # the runs favours no plan. The comparison runs on the first target's backend; every target replays
 # its own chosen plan on its own backend (`buckets.replay_targets(..., compare_every_target=True)`
 # compares on all of them). In emulated mode every time is this CPU's, never the target's.

@@ -5,6 +5,9 @@
     >>> compiled = torch.compile(module, backend="portkit_neuron", options={"precision": "matmult"})
     >>> counter = backends.CompileCounter("portkit_tpu")   # every compile, timed, with what it found
     >>> compiled = torch.compile(module, backend=counter, dynamic=False)
+    >>> late = []                                   # compiles refused by fail_on_recompile, then paid
+    >>> with torch.compiler.set_stance("fail_on_recompile"):
+    ...     backends.call_counting_recompiles(lambda x: compiled(**x), inputs, late)
 
 Each emulated backend stands in for its target's compiler (torch.compile(backend="neuron" / "tpu"))
 where a migration feels it:
@@ -30,6 +33,7 @@ from __future__ import annotations
 import collections
 import functools
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -331,6 +335,43 @@ class CompileCounter:
                                         sum(n.op == "call_function" for n in gm.graph.nodes),
                                         counters["inductor"]["fxgraph_cache_hit"] > hits, checks[-1] if checks else None))
         return compiled
+
+
+# What torch 2.13 raises when set_stance("fail_on_recompile") refuses a compile: a plain RuntimeError
+# with this text, then the guard failures one per line as "- 0/1: <guard>" (torch/_dynamo/eval_frame.py,
+# _callback_from_stance). No exception class marks it, so the text is the only way to tell it apart.
+RECOMPILE_REFUSED = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+
+
+def refused_recompile(exc: BaseException) -> list[str] | None:
+    """The guard failures behind a compile that fail_on_recompile refused, in Dynamo's words (one per
+    compiled graph of the function), or None when exc is any other error."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not text.startswith(RECOMPILE_REFUSED):
+        return None
+    return [re.sub(r"^-\s+(\d+/\d+: )?", "", line.strip()) for line in text.splitlines()
+            if line.strip().startswith("- ")]
+
+
+def call_counting_recompiles(call, inputs: dict, late: list[dict], request: int | None = None):
+    """call(inputs) under the caller's set_stance("fail_on_recompile"). Where the stance refuses a
+    compile, the refusal is appended to `late` (request, input shapes, the guard failures behind it)
+    and the call is made again with the stance lifted, so the compile is paid, counted by the
+    backend's CompileCounter, and the run goes on instead of stopping at the first one."""
+    try:
+        return call(inputs)
+    except RuntimeError as exc:
+        guards = refused_recompile(exc)
+        if guards is None:
+            raise
+    shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    late.append({"request": request, "shapes": shapes, "shape": next(iter(shapes.values()), None),
+                 "guard_failures": guards, "reason": guards[0] if guards else RECOMPILE_REFUSED})
+    # Past Dynamo's recompile limit the call would run eagerly and nothing would be counted: this
+    # compile is to be paid, whatever the number of shapes warmed up before it.
+    with torch.compiler.set_stance("default"), torch._dynamo.config.patch(
+            recompile_limit=sys.maxsize, accumulated_recompile_limit=sys.maxsize):
+        return call(inputs)
 
 
 @functools.cache

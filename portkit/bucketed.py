@@ -1,6 +1,7 @@
 """Running with buckets (stage 3's runtime half): pad every input to its bucket, run the compiled
-model, slice the outputs back; warm every bucket once, then replay real requests with recompiles
-forbidden, so "no compile after warm-up" is proven by PyTorch rather than assumed.
+model, slice the outputs back; warm every bucket once, then replay real requests under
+set_stance("fail_on_recompile"), so every compile after warm-up is caught by PyTorch and counted,
+with the shape and the guard failure behind it, rather than assumed to be none.
 
     >>> import torch
     >>> from portkit import bucketed, buckets, data, models
@@ -10,6 +11,7 @@ forbidden, so "no compile after warm-up" is proven by PyTorch rather than assume
     >>> model.warm_up()                                   # one compile per (batch, seq) shape
     >>> with torch.compiler.set_stance("fail_on_recompile"):
     ...     out = model(model.encode(["Return the sum of a and b."]))   # outputs at the true length
+    >>> model.late                                        # compiles the stance refused, then paid: []
     >>> runs = bucketed.replay(m, bucketed.make_trace(corpus, m, 24), [plan], backend="inductor")
 
 `replay` also runs the model without buckets, the way a static-shape target does: one compile per
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torch._dynamo.backends.registry import lookup_backend
 
 from portkit import numerics
-from portkit.backends import CompileCounter, EmulatedBackend, warm_inductor
+from portkit.backends import CompileCounter, EmulatedBackend, call_counting_recompiles, warm_inductor
 from portkit.buckets import BucketPlan
 from portkit.errors import BadParameter
 
@@ -128,6 +130,7 @@ class BucketedModel:
         self.model, self.plan = model, plan
         self.backend = backend
         self.counter = CompileCounter(backend)      # stage 2's: counts and times every compile
+        self.late: list[dict] = []       # compiles refused under fail_on_recompile: request, shape, guard
         self.compiled = torch.compile(model.module, backend=self.counter, dynamic=False)
         self.pad_values = {name: _pad_value(model, name) for name in model.input_names}
         self.device = device             # the target's device in native mode; the module must be there
@@ -168,10 +171,17 @@ class BucketedModel:
             out[name] = t[tuple(index)]
         return out
 
+    def run_padded(self, padded: dict[str, torch.Tensor], request: int | None = None) -> dict[str, torch.Tensor]:
+        """The compiled module on inputs already padded to a bucket. Under fail_on_recompile a compile
+        the stance refuses (a shape the warm-up left out) is recorded in self.late, then compiled with
+        the stance lifted and counted (backends.call_counting_recompiles): counted, not fatal."""
+        self.counter.request = request
+        with torch.no_grad():
+            return call_counting_recompiles(lambda x: self.compiled(**x), padded, self.late, request)
+
     def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         padded, rows, length = self.pad(inputs)
-        with torch.no_grad():
-            return self.unpad(self.compiled(**padded), rows, length)
+        return self.unpad(self.run_padded(padded), rows, length)
 
     def example(self, batch: int, seq: int) -> dict[str, torch.Tensor]:
         """Inputs of exactly one bucket's shape (a short real text, cut or padded), for warm-up."""
@@ -353,7 +363,7 @@ class ReplayRun:
     plan: dict | None
     requests: int
     compiles: int                     # graphs the backend compiled, counted by the backend itself
-    compiles_after_warmup: int        # 0: the replay ran under set_stance("fail_on_recompile")
+    compiles_after_warmup: int        # graphs compiled after warm-up (caught by fail_on_recompile, then paid)
     real_tokens: int
     computed_tokens: int
     compile_seconds: float            # each shape charged its first measured compile (see _charge)
@@ -361,6 +371,7 @@ class ReplayRun:
     run_seconds: float
     padding_checks: list[dict] = field(default_factory=list)
     note: str = ""
+    late_compiles: list[dict] = field(default_factory=list)   # request, shape, guard failures behind each
 
     @property
     def waste(self) -> float:
@@ -385,7 +396,8 @@ class ReplayRun:
                 "padding_waste": self.waste, "compile_seconds": self.compile_seconds,
                 "compile_wall_seconds": self.compile_wall_seconds, "run_seconds": self.run_seconds,
                 "total_seconds": self.total_seconds, "requests_per_second": self.requests_per_second,
-                "padding_ok": self.padding_ok, "padding_checks": self.padding_checks, "note": self.note}
+                "padding_ok": self.padding_ok, "padding_checks": self.padding_checks, "note": self.note,
+                "late_compiles": self.late_compiles}
 
     def __str__(self) -> str:
         return (f"{self.name:>16} [{self.backend}]: {self.compiles:3d} compiles, {self.waste:6.1%} padding, "
@@ -426,20 +438,25 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
     bm = BucketedModel(model, plan, backend, device)
     warm = bm.warm_up(progress, costs)
     after_warmup = bm.compiles
+    charged, compile_wall = sum(w["charged_seconds"] for w in warm), sum(w["seconds"] for w in warm if w["graphs"])
     run, computed = 0.0, 0
-    # From here any compile is an error raised by PyTorch itself: zero compiles after warm-up is proven.
+    # From here PyTorch refuses every compile; each refusal is recorded (bm.late), then paid and counted.
     with torch.compiler.set_stance("fail_on_recompile"):
-        for inputs in tqdm(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False):
+        for i, inputs in enumerate(tqdm(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False)):
             padded, rows, length = bm.pad(inputs)
             computed += next(iter(padded.values())).numel()
-            start = time.perf_counter()
-            with torch.no_grad():
-                bm.unpad(bm.compiled(**padded), rows, length)
-            run += time.perf_counter() - start
+            before, start = bm.compiles, time.perf_counter()
+            bm.unpad(bm.run_padded(padded, i), rows, length)
+            seconds = time.perf_counter() - start
+            if bm.compiles > before:   # a compile after warm-up is compile time, not run time
+                compile_wall += seconds
+                charged += _charge(costs, model, backend, padded, seconds)
+            else:
+                run += seconds
         checks = check_padding(bm, trace, reference, rtol, atol) if check else []
-    return ReplayRun(plan.planner, backend, plan.to_dict(), len(encoded), after_warmup,
-                     bm.compiles - after_warmup, _real_tokens(encoded), computed, sum(w["charged_seconds"] for w in warm),
-                     sum(w["seconds"] for w in warm if w["graphs"]), run, checks)
+    return ReplayRun(plan.planner, backend, plan.to_dict(), len(encoded), bm.compiles,
+                     bm.compiles - after_warmup, _real_tokens(encoded), computed, charged, compile_wall, run, checks,
+                     late_compiles=bm.late)
 
 
 def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inductor", baseline: bool = True,

@@ -48,6 +48,7 @@ STAGE = "buckets"
 OVERFLOW = ("truncate", "reject")
 PLANNER_NAMES = ("pow2", "linear", "padding_bounded", "optimal", "auto")
 K_MAX = 16                   # most buckets auto and the padding curves consider
+SERVE_REQUESTS = 100_000     # requests a chosen plan is priced for: a deployment's traffic, not the replay
 _DP_BLOCK = 1 << 22          # cells of the DP's cost matrix held at once (32 MiB of int64)
 
 
@@ -412,13 +413,15 @@ def compile_cost(target: str, out_dir, default: float) -> tuple[float, str]:
 
 
 def choose(hist: Histogram, targets, out_dir, compile_seconds: float, token_seconds: float,
-           requests: int | None = None, k_max: int = K_MAX, max_batch: int = 1) -> dict[str, BucketPlan]:
-    """The auto plan for every target, each priced with that target's own compile time."""
+           serve_requests: int = SERVE_REQUESTS, k_max: int = K_MAX, max_batch: int = 1) -> dict[str, BucketPlan]:
+    """The auto plan for every target, each priced with that target's own compile time, for
+    serve_requests requests. The one place a plan is chosen: fit_buckets and the notebook call it alike."""
     chosen = {}
     for name in targets:
         seconds, source = compile_cost(name, out_dir, compile_seconds)
         chosen[name] = plan_buckets(hist, "auto", compile_seconds=seconds, token_seconds=token_seconds,
-                                    requests=requests, k_max=k_max, max_batch=max_batch, compile_source=source)
+                                    requests=serve_requests, k_max=k_max, max_batch=max_batch,
+                                    compile_source=source)
         print(f"target {name}: using buckets {list(chosen[name].boundaries)}"
               f"{'' if max_batch == 1 else f' x batch {list(chosen[name].batch_sizes)}'}: {chosen[name].why}")
     return chosen
@@ -549,9 +552,15 @@ class TargetBuckets:
                                   "before bucketing (cf. vllm-project/tpu-inference#3466)"})
         late = sum(r.compiles_after_warmup for r in self.runs)
         if late:
+            run = next(r for r in self.runs if r.compiles_after_warmup)
+            first = (run.late_compiles or [{}])[0]
+            where = (f"request {first['request'] + 1}" if first.get("request") is not None else "the padding check")
+            shape = "x".join(map(str, first.get("shape") or ())) or "?"
             out.append({"kind": "recompile_after_warmup", "severity": "work",
-                        "message": f"{late} compiles after warm-up under the bucket plan",
-                        "advice": "some input still varies in shape: pad every input the model takes"})
+                        "message": f"{late} compiles after warm-up under the bucket plan; first in {run.name}: "
+                                   f"{where}, shape {shape}, guard failure: {first.get('reason', '?')}",
+                        "advice": "a shape the warm-up did not compile reached the model: warm up every "
+                                  "(batch, seq) bucket and pad every input the model takes to one of them"})
         mine = self.run_for(self.chosen)
         out.append({"kind": "bucket_plan", "severity": "info",
                     "message": f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"
@@ -671,7 +680,7 @@ class BucketReport:
 # ---------------------------------------------------------------- the stage's verbs
 def check_parameters(requests: int = 6, bucket_count: int = 2, max_batch: int = 1, max_seq: int = 512,
                      overflow: str = "truncate", compile_seconds: float = 10.0, k_max: int = K_MAX, seed: int = 0,
-                     serve_requests: int = 100_000,
+                     serve_requests: int = SERVE_REQUESTS,
                      corpus: str = "stdlib", backend: str = "auto", check: bool = True,
                      compare_every_target: bool = False, targets=("neuron", "tpu")) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
@@ -740,8 +749,10 @@ def _run_for(runs, plan: BucketPlan):
 def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 3, requests: int = 24,
                 max_batch: int = 1, max_seq: int | None = None, overflow: str = "truncate",
                 compile_seconds: float = 10.0, k_max: int = K_MAX, seed: int = 0, backend: str = "auto",
-                check: bool = True, compare_every_target: bool = False, progress: bool = True) -> BucketReport:
-    """The whole stage in one call (the notebook walks the same steps one by one)."""
+                check: bool = True, compare_every_target: bool = False, progress: bool = True,
+                serve_requests: int = SERVE_REQUESTS) -> BucketReport:
+    """The whole stage in one call (the notebook walks the same steps one by one, with the same calls).
+    The chosen plan is priced for serve_requests requests; `requests` only sets the replay's length."""
     from portkit import bucketed, targets as targets_mod
     names = targets_mod.parse_targets(targets)
     dist = distribution(corpus, model)
@@ -749,7 +760,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 
     plans, curves = compare(hist, k, max_batch), sweep(hist, k_max)
     token_seconds = bucketed.measure_token_seconds(model, hist.top)
     trace = bucketed.make_trace(corpus, model, requests, seed, max_batch, dist)
-    chosen = choose(hist, names, out_dir, compile_seconds, token_seconds, trace.texts, k_max, max_batch)
+    chosen = choose(hist, names, out_dir, compile_seconds, token_seconds, serve_requests, k_max, max_batch)
     per_target = replay_targets(model, trace, plans, chosen, backend, check, compare_every_target, progress)
     return BucketReport(model.describe(), dist.to_dict(), hist, k, plans, curves, token_seconds, trace.describe(),
                         per_target)

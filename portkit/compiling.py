@@ -15,8 +15,9 @@ torch_tpu _backend.py). The stage finds the graph breaks
 (torch._dynamo.explain) and whether fullgraph=True captures the model; streams real requests
 through the model compiled with dynamic=False, counting every compile with a wrapper around the
 backend (torch 2.13 never increments counters["recompiles"], checked) and keeping the guard failure
-behind each one; then warms up one fixed shape and proves with set_stance("fail_on_recompile") that
-nothing else compiles.
+behind each one; then warms up one fixed shape and runs the requests under
+set_stance("fail_on_recompile"): a compile it refuses is recorded (request, shape, guard failure),
+paid with the stance lifted and counted, so a recompile after warm-up is a finding, not a crash.
 
 Native mode compiles with the vendor's backend ("neuron", "tpu") on its device and reads its compile
 metrics (Target.compile_metrics). Emulated mode compiles with portkit's backends (portkit/backends.py:
@@ -41,7 +42,8 @@ import torch._dynamo
 
 from portkit import targets as targets_mod
 from portkit.results import save_result
-from portkit.backends import CompileCounter, CompileEvent, EmulatedBackend, _place, _text, warm_inductor
+from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _place, _text, call_counting_recompiles,
+                              refused_recompile, warm_inductor)
 from portkit.errors import BadParameter, CompileRefused
 from portkit.fallbacks import HtmlTable
 from portkit.targets import Target
@@ -395,12 +397,21 @@ class FixedShape:
     backend: str
     shape: dict                      # {"batch": b, "seq": s}
     warmup_compiles: int
-    compiles_after: int              # compiles while the requests ran under fail_on_recompile
+    compiles_after: int              # graphs the backend compiled for the requests after warm-up
     requests: int
-    run_seconds: float               # median per request
+    run_seconds: float               # median per request that did not compile
     armed: str | None                # what the stance raised for a shape outside the warm-up
     compiles: list[CompileEvent] = field(default_factory=list)
     failure: dict | None = None
+    late: list[dict] = field(default_factory=list)   # each compile the stance refused: request, shape, guard
+
+    def late_text(self) -> str:
+        """The first compile after warm-up: which request, its shape, and the guard that failed."""
+        if not self.late:
+            return ""
+        first = self.late[0]
+        return (f"request {first['request'] + 1} (shape {'x'.join(map(str, first['shape']))}) compiled after "
+                f"warm-up: {first['reason']}" + (f" (and {len(self.late) - 1} more)" if len(self.late) > 1 else ""))
 
     def summary(self) -> str:
         head = f"{self.target['name']} fixed {self.shape['batch']}x{self.shape['seq']}"
@@ -408,7 +419,8 @@ class FixedShape:
             return f"{head}: cannot compile: {_failure_text(self.failure)}"
         return (f"{head}: {self.warmup_compiles} compile in warm-up, {self.compiles_after} compiles for "
                 f"{self.requests} requests under fail_on_recompile (median {self.run_seconds * 1e3:.1f} ms each); "
-                "a new shape " + ("raises, so the check is armed" if self.armed else "did NOT raise"))
+                + (self.late_text() + "; " if self.late else "")
+                + "a new shape " + ("raises, so the check is armed" if self.armed else "did NOT raise"))
 
     __str__ = __repr__ = summary
 
@@ -418,11 +430,12 @@ class FixedShape:
 
 def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64, precision=None,
                       backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
-    """Pad every request to seq_len, compile once, and run them all under fail_on_recompile."""
+    """Pad every request to seq_len, compile once, and run them all under fail_on_recompile; a
+    request the stance refuses is recorded in FixedShape.late, then compiled and counted."""
     inputs = requests.padded(seq_len)
     shape = list(next(iter(inputs[0].values())).shape)
     probe = requests.padded(seq_len + 1 if seq_len < 2 else seq_len - 1)[0] if requests.model.takes_text else None
-    times, armed, failure, warm = [], None, None, 0
+    times, armed, failure, warm, late = [], None, None, 0, []
     with _compiled(model, target, backend, precision, fullgraph) as (call, counter, detected, _):
         try:
             call(inputs[0])
@@ -431,18 +444,23 @@ def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64,
         warm = len(counter.events)
         if failure is None:
             with torch.compiler.set_stance("fail_on_recompile"):
-                for x in inputs:
+                for i, x in enumerate(inputs):
+                    counter.request, refused = i, len(late)
                     start = time.perf_counter()
-                    call(x)
-                    times.append(time.perf_counter() - start)
+                    call_counting_recompiles(call, x, late, i)
+                    if len(late) == refused:   # a compile is not a run time
+                        times.append(time.perf_counter() - start)
+                counter.request = None
                 if probe is not None:
                     try:
                         call(probe)
-                    except RuntimeError as exc:   # "Detected recompile when torch.compile stance is ..."
+                    except RuntimeError as exc:
+                        if refused_recompile(exc) is None:
+                            raise
                         armed = str(exc).strip().splitlines()[0]
     return FixedShape(detected.to_dict(), counter.__name__, {"batch": shape[0], "seq": shape[1] if len(shape) > 1
-                      else None}, warm, len(counter.events) - warm, len(times),
-                      statistics.median(times) if times else 0.0, armed, counter.events, failure)
+                      else None}, warm, len(counter.events) - warm, len(inputs) if failure is None else 0,
+                      statistics.median(times) if times else 0.0, armed, counter.events, failure, late)
 
 
 # ---------------------------------------------------------------- the stage's result
@@ -511,7 +529,13 @@ class CompileReport:
                                 f"{len(storm.compiles)} compiles for {len(storm.requests)} requests of varying "
                                 f"length; projected {p['distinct_shapes']} shapes for {p['requests']} requests",
                                 "pad to a few fixed shapes: use stage 3's bucket plan"))
-        if not fixed.failure and (fixed.compiles_after or not fixed.armed):
+        if not fixed.failure and fixed.compiles_after:
+            out.append(_finding("recompile_after_warmup", "work",
+                                f"{fixed.compiles_after} compile(s) after warm-up at one fixed shape "
+                                f"{fixed.shape['batch']}x{fixed.shape['seq']}: {fixed.late_text()}",
+                                "a fixed shape should compile once and never again: pad every input to it, "
+                                "and check the model for Python code that depends on its inputs"))
+        if not fixed.failure and not fixed.armed:
             out.append(_finding("fixed_shape", "work", fixed.summary(),
                                 "a fixed shape should compile once and never again: check the model for "
                                 "shape-dependent Python code"))

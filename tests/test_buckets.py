@@ -1,7 +1,9 @@
 """Stage 3: planners (property tests against brute force), the padding wrapper on real models,
 and replays that prove zero compiles after warm-up."""
+import dataclasses
 import itertools
 import json
+import re
 import time
 
 import numpy as np
@@ -184,13 +186,48 @@ def test_padding_check_catches_a_mask_bug(trace):
     assert bucketed.check_padding(good, trace)[0]["ok"]
 
 
-def test_an_unwarmed_shape_is_an_error_not_a_silent_compile(tiny):
+def test_an_unwarmed_shape_is_counted_not_a_silent_compile(tiny):
+    torch._dynamo.reset()      # earlier tests compiled this module's forward: their graphs would be listed too
     bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 8, 16], "optimal", k=2), backend="eager")
     bm.warm_up()
     with torch.compiler.set_stance("fail_on_recompile"):
         bm(bm.encode(["Add two numbers."]))
-        with pytest.raises(RuntimeError, match="fail_on_recompile"):
+        assert bm.compiles == 2 and bm.late == []
+        with pytest.raises(RuntimeError, match="fail_on_recompile"):     # PyTorch refuses the compile
             bm.compiled(**bm.example(1, 11))
+        bm.run_padded(bm.example(1, 11), request=7)                     # the wrapper records it, then pays it
+    assert bm.compiles == 3 and [e.request for e in bm.counter.events] == [None, None, 7]
+    (late,) = bm.late
+    assert late["request"] == 7 and late["shape"] == [1, 11] and set(late["shapes"]) == set(tiny.input_names)
+    assert re.fullmatch(r"tensor '\w+' size mismatch at index 1\. expected (8|16), actual 11", late["reason"]), late
+    assert len(late["guard_failures"]) == 2            # one per warmed bucket, in Dynamo's words
+
+
+class PlanMissingABucket(buckets.BucketPlan):
+    """A plan whose warm-up deliberately leaves its middle length out: requests that land there
+    compile after warm-up."""
+
+    def shapes(self):
+        return [s for s in super().shapes() if s["seq"] != self.boundaries[1]]
+
+
+def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(tiny, corpus):
+    trace = bucketed.make_trace(corpus, tiny, 10, seed=1)
+    plan = buckets.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64)
+    leaky = PlanMissingABucket(*(getattr(plan, f.name) for f in dataclasses.fields(plan)))
+    left_out = plan.boundaries[1]
+    first = next(i for i, n in enumerate(trace.lengths) if plan.bucket_for(min(n[0], 64)) == left_out)
+    (run,) = bucketed.replay(tiny, trace, [leaky], backend="eager", baseline=False, progress=False)
+    assert run.compiles_after_warmup == 1 and run.compiles == plan.compiles == 3     # once, then cached
+    (late,) = run.late_compiles
+    assert late["request"] == first and late["shape"] == [1, left_out]
+    assert f"actual {left_out}" in late["reason"] and "size mismatch at index 1" in late["reason"]
+    assert run.padding_ok and run.compile_seconds > 0
+    target = buckets.TargetBuckets({"name": "tpu", "mode": "emulated"}, "eager", "", leaky, 1.0, "test", [run])
+    saved = json.loads(json.dumps(target.to_dict()))
+    assert saved["compiles_after_warmup"] == 1 and saved["replay"][0]["late_compiles"][0]["shape"] == [1, left_out]
+    (finding,) = [f for f in saved["findings"] if f["kind"] == "recompile_after_warmup"]
+    assert f"request {first + 1}, shape 1x{left_out}" in finding["message"] and late["reason"] in finding["message"]
 
 
 def test_buckets_shorter_than_the_special_tokens_still_warm_up_and_check(tiny, trace):
@@ -289,3 +326,38 @@ def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, 
     t = report.targets[target]
     assert t.target["mode"] == "native" and t.backend == targets.get(target).backend
     assert all(r.compiles_after_warmup == 0 for r in t.runs) and all(r.padding_ok for r in t.runs if r.plan)
+
+
+def notebook_code_cells(stage_name: str) -> list[tuple[bool, str]]:
+    """(is the parameters cell, source) of every code cell of a stage's notebook, as the runner finds it."""
+    from portkit import runner
+    path = runner.NOTEBOOKS / next(s for s in runner.STAGES if s.name == stage_name).notebook
+    if path.suffix == ".ipynb":
+        import nbformat
+        cells = nbformat.read(path, as_version=4).cells
+    else:   # a text notebook (jupytext)
+        import jupytext
+        cells = jupytext.read(path).cells
+    return [("parameters" in c.metadata.get("tags", []), c.source) for c in cells if c.cell_type == "code"]
+
+
+def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, monkeypatch, capsys):
+    # token_seconds is measured (noisy); one value for both, so only the code paths can differ
+    monkeypatch.setattr(bucketed, "measure_token_seconds", lambda model, top, repeats=3: 2e-4)
+    spec = fixture_model("tiny_encoder")
+    given = {"model": spec, "targets": ["neuron", "tpu"], "out_dir": str(tmp_path), "corpus": "stdlib"}
+    scope: dict = {}
+    for is_parameters, source in notebook_code_cells("buckets"):   # the notebook's cells, in this process
+        exec(source, scope)
+        if is_parameters:
+            scope.update(given)     # what papermill injects after the parameters cell
+        if "chosen" in scope:       # the notebook has chosen its plans; the replay comes next
+            break
+    defaults = {k: scope[k] for k in ("requests", "max_batch", "overflow", "compile_seconds", "serve_requests",
+                                      "k_max", "seed")}
+    assert defaults["serve_requests"] > scope["trace"].texts    # priced for traffic, not for the short replay
+    report = buckets.fit_buckets(scope["m"], scope["texts"], given["targets"], tmp_path, k=scope["bucket_count"],
+                                 backend="eager", check=False, progress=False, **defaults)
+    for name in given["targets"]:
+        assert report.targets[name].chosen == scope["chosen"][name]
+    assert report.plans == scope["plans"] and report.histogram.to_dict() == scope["hist"].to_dict()

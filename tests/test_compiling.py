@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 
@@ -72,6 +73,22 @@ def test_fixed_shape_compiles_once_and_fail_on_recompile_proves_it(report, strea
         assert fixed.warmup_compiles == 1 and fixed.compiles_after == 0
         assert fixed.requests == len(stream.inputs)
         assert "fail_on_recompile" in fixed.armed     # a new shape raised instead of compiling
+
+
+def test_a_request_outside_the_fixed_shape_is_counted_with_its_guard(report, small, stream):
+    # The last request batches two texts: padded to the same length, it is still a new shape.
+    uneven = compiling.Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
+    fixed = compiling.check_fixed_shape(small, uneven, "tpu", seq_len=24)
+    assert fixed.warmup_compiles == 1 and fixed.compiles_after == 1 and fixed.requests == 3
+    (late,) = fixed.late
+    assert late["request"] == 2 and late["shape"] == [2, 24] and fixed.compiles[-1].request == 2
+    assert re.fullmatch(r"tensor '\w+' size mismatch at index 0\. expected 1, actual 2", late["reason"]), late
+    assert "fail_on_recompile" in fixed.armed            # still armed after the late compile was paid
+    saved = json.loads(json.dumps(dataclasses.replace(report, fixed={**report.fixed, "tpu": fixed}).to_dict()))
+    (finding,) = [f for f in saved["targets"]["tpu"]["findings"] if f["kind"] == "recompile_after_warmup"]
+    assert "request 3 (shape 2x24)" in finding["message"] and late["reason"] in finding["message"]
+    assert saved["targets"]["tpu"]["fixed"]["compiles_after"] == 1
+    assert not [f for f in report.findings("tpu") if f["kind"] == "recompile_after_warmup"]   # one shape: none
 
 
 def test_report_json_keeps_the_contract(report, tmp_path):
