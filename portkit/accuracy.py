@@ -77,9 +77,9 @@ class BucketBoundaries:
         return f"buckets {self.boundaries} ({self.source}{rows})"
 
 
-def bucket_plan(out_dir, targets, default=DEFAULT_BUCKETS) -> dict[str, BucketBoundaries]:
-    """Per target: stage 3's chosen boundaries from out_dir/buckets.json when present, else `default`.
-    A damaged buckets.json raises results.UnreadableResult, naming the file and what is wrong."""
+def bucket_plan(out_dir, targets, default=None) -> dict[str, BucketBoundaries]:
+    """Per target: stage 3's chosen boundaries from out_dir/buckets.json when present, else `default`
+    (None: DEFAULT_BUCKETS). A damaged buckets.json raises results.UnreadableResult, naming the file and what is wrong."""
     saved = results.read_buckets(out_dir) if out_dir is not None else None
     plans = {}
     for name in targets_mod.parse_targets(targets):
@@ -89,7 +89,7 @@ def bucket_plan(out_dir, targets, default=DEFAULT_BUCKETS) -> dict[str, BucketBo
                                            f"stage 3, {saved.path.name} planner {chosen.planner}",
                                            max(chosen.batch_sizes or (1,)))
         else:
-            plans[name] = BucketBoundaries(list(default), "parameter (no buckets.json from stage 3"
+            plans[name] = BucketBoundaries(list(default or DEFAULT_BUCKETS), "parameter (no buckets.json from stage 3"
                                            + (f" for {name})" if saved else ")"))
         print(f"target {name}: {plans[name]}")
     return plans
@@ -139,7 +139,7 @@ def target_side(targets, compiled: bool | None = None) -> bool:
 
 # ---------------------------------------------------------------- the stage's verb
 def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None, tolerances=None,
-                     task_bounds=None, default_buckets=DEFAULT_BUCKETS, seed: int = 0, corpus: str = "stdlib",
+                     task_bounds=None, default_buckets=None, seed: int = 0, corpus: str = "stdlib",
                      all_precisions: bool = True, layers: bool = True, float64_reference: bool = True) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
@@ -167,8 +167,14 @@ def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, preci
         params.choice("task bound", key, DEFAULT_TASK_BOUNDS)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key != "kl" and value > 1):
             raise BadParameter(f"task bound {key}", value, hint="cosine and agreement lie in [0, 1]; kl is >= 0")
+    if default_buckets is not None:    # None, the notebook's default: DEFAULT_BUCKETS
+        _check_boundaries(default_buckets)
+
+
+def _check_boundaries(default_buckets) -> None:
+    from portkit import params
     if not isinstance(default_buckets, (list, tuple)) or not default_buckets:
-        raise BadParameter("default_buckets", default_buckets, hint="give a list of sequence lengths, e.g. [32, 64, 128]")
+        raise BadParameter("default_buckets", default_buckets, hint="give a list of sequence lengths, e.g. [16, 32]")
     for boundary in default_buckets:
         params.positive_int("bucket boundary", boundary)
     if list(default_buckets) != sorted(set(default_buckets)):

@@ -88,3 +88,17 @@ def padding_tolerance(precision) -> Tolerance:
 def effective(tolerances: dict | None = None) -> dict[str, tuple[float, float]]:
     """DEFAULT_TOLERANCES with the overrides applied: what a run is held to, per dtype."""
     return {name: tuple(map(float, pair)) for name, pair in {**DEFAULT_TOLERANCES, **(tolerances or {})}.items()}
+
+
+def describe(tolerances: dict | None = None, task_bounds: dict | None = None) -> str:
+    """The policy a run is held to, one line each, overrides marked: what a notebook prints."""
+    def mark(table, key):
+        return " (changed)" if key in table else ""
+    tolerances, task_bounds = tolerances or {}, task_bounds or {}
+    bounds = {**DEFAULT_TASK_BOUNDS, **task_bounds}
+    pairs = ", ".join(f"{name} ({rtol:g}, {atol:g}){mark(tolerances, name)}"
+                      for name, (rtol, atol) in effective(tolerances).items())
+    return (f"tolerance (rtol, atol) by compute dtype, checked by torch.testing.assert_close: {pairs}\n"
+            f"task bounds: cosine >= {bounds['cosine']:g}{mark(task_bounds, 'cosine')}, top-1/argmax agreement "
+            f">= {bounds['agreement']:g}{mark(task_bounds, 'agreement')}, mean KL <= {bounds['kl']:g}"
+            f"{mark(task_bounds, 'kl')}")

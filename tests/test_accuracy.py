@@ -84,6 +84,7 @@ def test_bad_parameters_name_the_value():
         with pytest.raises(BadParameter) as info:
             accuracy.check_parameters(**kwargs)
         assert message in str(info.value)
+    accuracy.check_parameters(tolerances={}, task_bounds={}, default_buckets=None)   # the notebook's defaults
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):

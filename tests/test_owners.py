@@ -32,6 +32,12 @@ def test_tolerance_follows_the_dtype_the_precision_computes_in(target, precision
     assert tolerance.effective({dtype: [0.5, 0.25]})[dtype] == (0.5, 0.25)
 
 
+def test_describe_prints_the_policy_and_marks_overrides():
+    text = tolerance.describe({"bfloat16": [3e-2, 1e-3]}, {"kl": 0.1})
+    assert "bfloat16 (0.03, 0.001) (changed)" in text and "float32 (1.3e-06, 1e-05)," in text
+    assert "mean KL <= 0.1 (changed)" in text and "cosine >= 0.999," in text and len(text.splitlines()) == 2
+
+
 @pytest.mark.parametrize("precision,wide", [
     (TPU.precision("default"), True), (TPU.precision("highest"), False), (NEURON.precision("none"), False),
     (NEURON.precision("matmult"), True), (NEURON.precision("all"), True), (None, False)])
