@@ -160,6 +160,11 @@ class Finding:
 
 
 # ---------------------------------------------------------------- typed readers of the run folder
+def result_file(stage: str) -> str:
+    """The file a stage writes its result to in the run folder: <stage>.json."""
+    return f"{stage}.json"
+
+
 class UnreadableResult(PortkitError):
     """A stage result in the run folder exists but cannot be used; the message names the file and why."""
 
@@ -184,7 +189,7 @@ def read_buckets(out_dir) -> BucketsResult | None:
 
     A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
     not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult."""
-    path = Path(out_dir) / "buckets.json"
+    path = Path(out_dir) / result_file("buckets")
     if not path.exists():
         return None
     try:

@@ -193,6 +193,8 @@ def test_finding_keeps_the_report_keys():
 
 
 def test_read_buckets(tmp_path):
+    from portkit import runner
+    assert all(s.result == results.result_file(s.name) for s in runner.STAGES)   # one naming rule
     assert results.read_buckets(tmp_path) is None
     path = tmp_path / "buckets.json"
     path.write_text(json.dumps({"targets": {"tpu": {"chosen": {"planner": "auto", "boundaries": [64, 16],
