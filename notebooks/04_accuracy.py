@@ -25,7 +25,8 @@
 # output, per bucket, and per layer, with `torch.testing.assert_close` deciding at the tolerance of the
 # dtype the target computes in.
 #
-# Logic: `portkit/accuracy.py`. Headless: `portkit run --stages accuracy`.
+# Logic: `portkit/accuracy.py`; its tolerance policy: `portkit/tolerance.py`.
+# Headless: `portkit run --stages accuracy`.
 
 # %% tags=["parameters"]
 model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
@@ -37,18 +38,19 @@ batch_size = 4  # texts in the compared batch, and in each bucket's batch
 seq_len = 64  # tokens every text of the main batch is padded or truncated to
 seed = 0  # which texts are sampled
 precision = {}  # setting judged per target, e.g. {"tpu": "highest", "neuron": "matmult"}; others: their default
-tolerances = {"bfloat16": [1.6e-2, 1e-5], "float32": [1.3e-6, 1e-5]}  # [rtol, atol] per compute dtype, as assert_close
-task_bounds = {"cosine": 0.999, "agreement": 0.99, "kl": 0.01}  # lowest cosine and agreement, highest mean KL
-default_buckets = [32, 64, 128]  # bucket boundaries when out_dir holds no buckets.json from stage 3
+tolerances = {}  # [rtol, atol] per compute dtype, e.g. {"bfloat16": [3e-2, 1e-3]}; others: tolerance.DEFAULT_TOLERANCES
+task_bounds = {}  # e.g. {"cosine": 0.9999} (lowest cosine, agreement; highest mean KL); others: DEFAULT_TASK_BOUNDS
+default_buckets = None  # boundaries when out_dir holds no buckets.json from stage 3; None: accuracy.DEFAULT_BUCKETS
 
 # %%
 from IPython.display import display
-from portkit import accuracy, data, environment, models, params
+from portkit import accuracy, data, environment, models, params, tolerance
 
 model, targets, out = params.common(model, targets, out_dir)
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
                           tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
                           corpus=corpus)
+print(tolerance.describe(tolerances, task_bounds))
 
 # %%
 print(environment.block(targets))

@@ -15,235 +15,29 @@ a `TorchDispatchMode`: every ATen call, its count, dtypes, time, and the `nn.Mod
 against the target's op table (targets.OpTable.classify), and the model is scanned for the features
 the vendors name as unsupported or slow. The recording runs on the CPU in emulated mode; in native
 mode it runs on the device and the vendor's own fallback record is collected beside it.
+The recording itself is portkit/recording.py; this module classifies it and reports.
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
 import html
-import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from portkit import targets as targets_mod
-from portkit.results import save_result
+from portkit import placement, targets as targets_mod
+from portkit.recording import OpRecord, Recording, record
+from portkit.results import Finding, save_result
+# HtmlTable is imported from here by compiling.py and buckets.py until they import portkit.tables.
+from portkit.tables import HtmlTable, html_table
 from portkit.targets import BLOCKER, COMPOSITE, CPU_FALLBACK, INFO, NATIVE, STATUSES, UNSUPPORTED, WORK
 
 STAGE = "fallbacks"
-ROOT = "<model>"
-# Ops whose output size or control flow depends on tensor values (both targets compile static shapes
-# only: awsdocs-neuron torch/compile/reference-torch-compile.html, torch_tpu _backend.py).
-DATA_DEPENDENT = frozenset({
-    "aten::nonzero", "aten::masked_select", "aten::unique_dim", "aten::_unique2", "aten::_unique",
-    "aten::unique_consecutive", "aten::argwhere", "aten::bincount", "aten::repeat_interleave.Tensor",
-    "aten::masked_scatter", "aten::histc",
-})
-HOST_SYNC = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item"})
-INDEX_OPS = frozenset({"aten::index.Tensor", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
-SDPA_OPS = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu",
-                      "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_efficient_attention",
-                      "aten::_scaled_dot_product_flash_attention",
-                      "aten::_scaled_dot_product_fused_attention_overrideable"})
-CORE_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d"})
 STATUS_COLORS = {NATIVE: "#55A868", COMPOSITE: "#8CC084", CPU_FALLBACK: "#DD8452", UNSUPPORTED: "#C44E52"}
-_MODULE_KEY = "portkit_module"
-
-
-# ---------------------------------------------------------------- recording
-@dataclass
-class OpRecord:
-    """Calls of one ATen op from one module in one phase."""
-    op: str
-    module: str
-    phase: str
-    calls: int = 0
-    seconds: float = 0.0
-    dtypes: set = field(default_factory=set)
-
-    def to_dict(self) -> dict:
-        return {"op": self.op, "module": self.module, "phase": self.phase, "calls": self.calls,
-                "seconds": self.seconds, "dtypes": sorted(self.dtypes)}
-
-
-@dataclass
-class Recording:
-    records: dict[tuple[str, str, str], OpRecord] = field(default_factory=dict)
-    features: list[tuple[str, str, str, str]] = field(default_factory=list)   # (kind, module, op, detail)
-    seconds: float = 0.0       # wall time of the recorded pass
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Counts and times every ATen call, attributing it to the innermost running nn.Module."""
-
-    def __init__(self, recording: Recording, stack: list[str]):
-        super().__init__()
-        self.recording, self.stack = recording, stack
-        self._seen_features: set = set()
-
-    def _module(self) -> tuple[str, str]:
-        node = torch._C._current_autograd_node()
-        if node is not None:   # backward: the autograd node carries the module that created it
-            return node.metadata.get(_MODULE_KEY, ROOT), "backward"
-        return (self.stack[-1] if self.stack else ROOT), "forward"
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        start = time.perf_counter()
-        out = func(*args, **kwargs)
-        elapsed = time.perf_counter() - start
-        op = func.name()
-        module, phase = self._module()
-        key = (op, module, phase)
-        rec = self.recording.records.get(key)
-        if rec is None:
-            rec = self.recording.records[key] = OpRecord(op, module, phase)
-        rec.calls += 1
-        rec.seconds += elapsed
-        tensors = _tensors(args, kwargs, out)
-        for t in tensors:
-            rec.dtypes.add(str(t.dtype).replace("torch.", ""))
-        self._scan(op, func, module, args, kwargs, tensors)
-        return out
-
-    def _feature(self, kind: str, module: str, op: str, detail: str) -> None:
-        key = (kind, module, op)
-        if key not in self._seen_features:
-            self._seen_features.add(key)
-            self.recording.features.append((kind, module, op, detail))
-
-    def _scan(self, op, func, module, args, kwargs, tensors) -> None:
-        for t in tensors:
-            if t.dtype == torch.float64:
-                self._feature("float64", module, op, "float64 tensors")
-            elif t.dtype == torch.int64 and t.numel() and t.device.type != "meta":
-                self._feature("int64", module, op, "int64 tensors")
-                if t.numel() <= 1 << 20:   # value check is cheap for the index-sized tensors it is for
-                    low, high = torch.aminmax(t)
-                    if int(low) < -(1 << 31) or int(high) >= 1 << 31:
-                        self._feature("int64_overflow", module, op, f"values up to {int(high)}")
-            if t.layout != torch.strided:
-                self._feature("sparse", module, op, f"layout {str(t.layout).replace('torch.', '')}")
-            if t.is_nested:
-                self._feature("nested", module, op, "NestedTensor")
-        if func.namespace not in CORE_NAMESPACES:
-            self._feature("custom_op", module, op, f"operator outside aten ({func.namespace}::)")
-        base = op.split(".")[0]
-        if op in DATA_DEPENDENT or base in DATA_DEPENDENT:
-            self._feature("data_dependent", module, op, "output size depends on tensor values")
-        if op in HOST_SYNC:
-            self._feature("host_sync", module, op, "tensor value read on the host (.item() or a branch)")
-        if op in INDEX_OPS:
-            indices = args[1] if len(args) > 1 else ()
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
-                self._feature("data_dependent", module, op, "boolean-mask indexing")
-        if op in SDPA_OPS:
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 and isinstance(args[3], torch.Tensor) else None)
-            if isinstance(mask, torch.Tensor):
-                self._feature("attention_mask", module, op,
-                              f"attn_mask of shape {tuple(mask.shape)} ({str(mask.dtype).replace('torch.', '')})")
-
-
-def _tensors(args, kwargs, out) -> list[torch.Tensor]:
-    found = []
-    for value in (*args, *kwargs.values(), out):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
-
-
-class _ModuleTracker:
-    """Keeps the stack of running module paths, and labels the autograd nodes each module creates
-    so that backward ops can be traced to the module whose forward made them."""
-
-    def __init__(self, model: nn.Module, label_autograd: bool):
-        self.stack: list[str] = []
-        self.label_autograd = label_autograd
-        self.handles = []
-        for name, module in model.named_modules():
-            path = name or ROOT
-            self.handles.append(module.register_forward_pre_hook(self._enter(path)))
-            self.handles.append(module.register_forward_hook(self._leave(path), always_call=True))
-
-    def _enter(self, path):
-        def hook(module, args):
-            self.stack.append(path)
-        return hook
-
-    def _leave(self, path):
-        def hook(module, args, output):
-            if self.stack and self.stack[-1] == path:
-                self.stack.pop()
-            if self.label_autograd:
-                _label_graph(output, path)
-        return hook
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-
-
-def _label_graph(output, path: str) -> None:
-    # Inner modules finish first and label their nodes; an outer module labels only what is left.
-    todo = [t.grad_fn for t in _tensors((output,) if not isinstance(output, dict) else tuple(output.values()),
-                                        {}, None) if t.grad_fn is not None]
-    while todo:
-        node = todo.pop()
-        if node is None or _MODULE_KEY in node.metadata:
-            continue
-        node.metadata[_MODULE_KEY] = path
-        todo.extend(fn for fn, _ in node.next_functions if fn is not None)
-
-
-def record(model, inputs: dict[str, torch.Tensor], train: bool = False) -> Recording:
-    """Run one eager pass under the op recorder and return what it saw."""
-    module = model.module if hasattr(model, "module") else model
-    recording = Recording()
-    tracker = _ModuleTracker(module, label_autograd=train)
-    was_training = module.training
-    module.train(train)
-    try:
-        start = time.perf_counter()
-        with torch.set_grad_enabled(train), _OpRecorder(recording, tracker.stack):
-            out = module(**inputs)
-            if train:
-                floats = [v for v in (out.values() if isinstance(out, dict) else [out])
-                          if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad]
-                sum(v.float().mean() for v in floats).backward()
-        recording.seconds = time.perf_counter() - start
-    finally:
-        tracker.remove()
-        module.train(was_training)
-        module.zero_grad(set_to_none=True)
-    for m_name, sub in module.named_modules():   # device dispatch the CPU recording cannot show
-        kind = type(sub).__name__
-        if kind in targets_mod.PRIVATEUSE1_MODULE_OPS:
-            recording.features.append(("recurrent", m_name or ROOT, targets_mod.PRIVATEUSE1_MODULE_OPS[kind],
-                                       f"nn.{kind}: runs {targets_mod.PRIVATEUSE1_MODULE_OPS[kind]} on "
-                                       "PrivateUse1 devices (ATen RNN.cpp)"))
-    return recording
 
 
 # ---------------------------------------------------------------- classification and report
-@dataclass
-class Finding:
-    kind: str
-    severity: str
-    module: str
-    ops: list[str]
-    message: str
-    advice: str
-    source: str = ""
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 @dataclass
 class TargetFallbacks:
     """One target's view of the recording."""
@@ -347,17 +141,18 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
         where = modules[0] if len(modules) == 1 else f"{pattern} ({len(modules)} modules)".strip()
         op_names = sorted({op for _, op, _ in items})
         details = "; ".join(sorted({d for _, _, d in items})[:3])
-        findings.append(Finding(kind, severity, where, op_names,
-                                f"{kind.replace('_', ' ')} in {where}: {details} ({', '.join(op_names[:4])}"
-                                f"{', ...' if len(op_names) > 4 else ''})", rule.advice, rule.source))
+        findings.append(Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
+                                f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''})",
+                                rule.advice, module=where, ops=op_names, source=rule.source))
     for entry in ops:
         if entry["status"] in (CPU_FALLBACK, UNSUPPORTED) and entry["status"] in rules:
             rule = rules[entry["status"]]
             verb = "falls back to the CPU" if entry["status"] == CPU_FALLBACK else "cannot run"
             where = ", ".join(sorted({_pattern(m) for m in entry["modules"]})[:3])
-            findings.append(Finding(entry["status"], rule.severity, where, [entry["op"]],
+            findings.append(Finding(entry["status"], rule.severity,
                                     f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls, "
-                                    f"{entry['share']:.1%} of op time, from {where}", rule.advice, rule.source))
+                                    f"{entry['share']:.1%} of op time, from {where}", rule.advice,
+                                    module=where, ops=[entry["op"]], source=rule.source))
     order = {s: i for i, s in enumerate(targets_mod.SEVERITIES)}
     return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module))
 
@@ -403,18 +198,18 @@ class FallbackReport:
             parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{mode}</i></h4>"
                          f"<p>{html.escape(t.summary())}</p>")
             if t.findings:
-                parts.append(_html_table(["severity", "finding", "what to do"],
+                parts.append(html_table(["severity", "finding", "what to do"],
                                          [[f.severity, f.message, f.advice] for f in t.findings]))
         return "\n".join(parts)
 
-    def op_table(self, target: str, limit: int = 25) -> "HtmlTable":
+    def op_table(self, target: str, limit: int = 25) -> HtmlTable:
         t = self.targets[target]
         rows = [[o["op"], o["status"], o["calls"], f"{o['share']:.1%}", ", ".join(o["modules"][:2])
                  + (" ..." if len(o["modules"]) > 2 else ""), o["detail"]] for o in t.ops[:limit]]
         return HtmlTable(["op", "status", "calls", "time", "modules", "why"], rows,
                          f"{target}: top {min(limit, len(t.ops))} of {len(t.ops)} ops by time")
 
-    def module_table(self, target: str, depth: int = 4) -> "HtmlTable":
+    def module_table(self, target: str, depth: int = 4) -> HtmlTable:
         rows = _modules_at_depth(self.targets[target].modules, depth)
         return HtmlTable(["module", "calls", *STATUSES, "time"],
                          [[m, c["calls"], *[c[s] for s in STATUSES], f"{c['share']:.1%}"] for m, c in rows],
@@ -456,34 +251,6 @@ def _modules_at_depth(modules: list[dict], depth: int) -> list[tuple[str, collec
     return sorted(merged.items(), key=lambda kv: kv[1]["calls"])
 
 
-@dataclass
-class HtmlTable:
-    """A small table that renders in a notebook and prints in a terminal."""
-    header: list[str]
-    rows: list[list]
-    caption: str = ""
-
-    def _repr_html_(self) -> str:
-        return _html_table(self.header, self.rows, self.caption)
-
-    def __str__(self) -> str:
-        cells = [self.header] + [[str(c) for c in r] for r in self.rows]
-        widths = [min(60, max(len(str(r[i])) for r in cells)) for i in range(len(self.header))]
-        lines = [self.caption] if self.caption else []
-        lines += ["  ".join(str(c)[:w].ljust(w) for c, w in zip(r, widths)) for r in cells]
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-
-def _html_table(header, rows, caption: str = "") -> str:
-    head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(c))}</td>" for c in r)
-                   + "</tr>" for r in rows)
-    cap = f"<caption style='text-align:left'>{html.escape(caption)}</caption>" if caption else ""
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 # ---------------------------------------------------------------- native mode: the vendor's own record
 def _neuron_vendor_record(run) -> dict:
     import torch_neuronx
@@ -519,10 +286,6 @@ def _tpu_vendor_record(run) -> dict:
 VENDOR_RECORDERS = {"torch_neuronx": _neuron_vendor_record, "torch_tpu": _tpu_vendor_record}
 
 
-def _to_device(inputs: dict, device: str) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-
-
 # ---------------------------------------------------------------- the stage's verb
 def check_parameters(batch_size: int = 8, seq_len: int = 128, train: bool = False, seed: int = 0,
                      corpus: str = "stdlib") -> None:
@@ -549,13 +312,10 @@ def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     records: list[OpRecord] = []
     for d in detected:
         if d.native and d.target.vendor_module:
-            module = model.module.to(d.target.device)
-            dev_inputs = _to_device(inputs, d.target.device)
-            recording = record(model, dev_inputs, train)
-            run = lambda: module(**dev_inputs)   # noqa: E731
-            with torch.no_grad():
-                vendor = VENDOR_RECORDERS[d.target.vendor_module](run)
-            model.module.to("cpu")
+            with placement.on_device(model.module, d.target.device, inputs) as dev_inputs:
+                recording = record(model, dev_inputs, train)
+                with torch.no_grad():
+                    vendor = VENDOR_RECORDERS[d.target.vendor_module](lambda: model.module(**dev_inputs))
         else:
             if cpu_recording is None:
                 cpu_recording = record(model, inputs, train)

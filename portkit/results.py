@@ -1,4 +1,6 @@
-"""Stage results carry the environment that produced them (issue #10).
+"""Stage results: how they are written, the shape of a finding, and typed readers of the run folder.
+
+Every stage result carries the environment that produced them (issue #10).
 
 A run folder can be reported on another machine (`portkit report DIR` on a laptop, for a run made on a
 Trainium host), so the report must describe the machine that ran the stages, not the one building the
@@ -10,15 +12,23 @@ reason, backend, precision and op table source); the report reads it back with `
     >>> results.save_result("runs/minilm/fallbacks.json", report.to_dict())   # adds "environment"
     >>> env = results.run_environment({"fallbacks.json": data}, ["neuron", "tpu"])
     >>> env.info["targets"]["neuron"]["mode"], env.source, env.gaps
+    >>> results.Finding("float64", "work", "float64 in head", "use float32", module="head").to_dict()
+    >>> results.read_buckets("runs/minilm").chosen["tpu"].boundaries      # stage 3's plan, or None
+
+A stage reads an earlier stage's result only through a reader here (read_buckets), never by opening
+its JSON itself: the reader names what is wrong with a damaged file in one line (UnreadableResult).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit import environment, targets as targets_mod
-from portkit._io import write_json
+from portkit._io import read_json, write_json
+from portkit.errors import PortkitError
 
+ROOT = "<model>"          # how results name the model's own module where they name a module path
 KEY = "environment"
 REQUIRED = ("python", "platform", "torch_build", "packages", "targets")   # what environment.render reads
 NOT_RECORDED = "environment not recorded; detected at report time"
@@ -120,3 +130,92 @@ def _flat(info: dict) -> dict:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------- findings
+@dataclass
+class Finding:
+    """One thing a stage found, in the report's terms (report.py reads kind, severity, message, advice).
+
+    severity: targets.BLOCKER (cannot run as is), WORK (runs, but needs a change or a check) or INFO.
+    module, ops, source: where in the model, which ATen ops, and the document or issue behind the
+    advice; left out of the JSON when not given."""
+    kind: str
+    severity: str
+    message: str
+    advice: str
+    module: str | None = None
+    ops: list[str] | None = None
+    source: str | None = None
+    OPTIONAL = ("module", "ops", "source")
+
+    def __post_init__(self):
+        if self.severity not in targets_mod.SEVERITIES:
+            raise ValueError(f"finding severity {self.severity!r} is not one of {', '.join(targets_mod.SEVERITIES)}")
+
+    def to_dict(self) -> dict:
+        found = {"kind": self.kind, "severity": self.severity, "module": self.module, "ops": self.ops,
+                 "message": self.message, "advice": self.advice, "source": self.source}
+        return {k: v for k, v in found.items() if v is not None or k not in self.OPTIONAL}
+
+
+# ---------------------------------------------------------------- typed readers of the run folder
+def result_file(stage: str) -> str:
+    """The file a stage writes its result to in the run folder: <stage>.json."""
+    return f"{stage}.json"
+
+
+class UnreadableResult(PortkitError):
+    """A stage result in the run folder exists but cannot be used; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class ChosenBuckets:
+    """Stage 3's chosen plan for one target."""
+    planner: str
+    boundaries: tuple[int, ...]              # ascending sequence lengths
+    batch_sizes: tuple[int, ...] | None      # batch buckets; None: every call takes the whole batch
+
+
+@dataclass(frozen=True)
+class BucketsResult:
+    """What later stages read of buckets.json: the chosen plan of each target that has one."""
+    path: Path
+    chosen: dict[str, ChosenBuckets]
+
+
+def read_buckets(out_dir) -> BucketsResult | None:
+    """Stage 3's result in `out_dir` (buckets.json), or None when there is none.
+
+    A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
+    not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult."""
+    path = Path(out_dir) / result_file("buckets")
+    if not path.exists():
+        return None
+    try:
+        saved = read_json(path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UnreadableResult(f"{path} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
+                               "rerun stage 3 (buckets) or remove the file") from None
+    per_target = saved.get("targets") if isinstance(saved, dict) else None
+    if not isinstance(per_target, dict):
+        raise UnreadableResult(f"{path} has no per-target results (no \"targets\" object); rerun stage 3 (buckets)")
+    chosen = {}
+    for name, result in per_target.items():
+        plan = result.get("chosen") if isinstance(result, dict) else None
+        if not isinstance(plan, dict) or not plan.get("boundaries"):
+            continue
+        boundaries = _positive_ints(plan["boundaries"], path, f"targets.{name}.chosen.boundaries")
+        batches = plan.get("batch_sizes")
+        chosen[name] = ChosenBuckets(str(plan.get("planner", "?")), tuple(sorted(boundaries)),
+                                     tuple(_positive_ints(batches, path, f"targets.{name}.chosen.batch_sizes"))
+                                     if batches else None)
+    return BucketsResult(path, chosen)
+
+
+def _positive_ints(values, path: Path, key: str) -> list[int]:
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                               for v in values):
+        raise UnreadableResult(f"{path}: {key} is {_short(values)}, not a list of positive integers; "
+                               "rerun stage 3 (buckets)")
+    return values

@@ -3,11 +3,11 @@ import json
 
 import pytest
 import torch
-from torch.testing._comparison import default_tolerances
 
 from conftest import fixture_model
-from portkit import accuracy, data, models, numerics, probes, runner, targets
+from portkit import accuracy, comparison, data, models, numerics, probes, results, runner, target_runs, targets
 from portkit.errors import BadParameter
+from portkit.tolerance import DEFAULT_TASK_BOUNDS, tolerance_for
 
 TPU, NEURON = targets.get("tpu"), targets.get("neuron")
 
@@ -25,25 +25,9 @@ def minilm_report(minilm, minilm_batch, corpus):
                                    batch_size=2, compiled=False, description=described, progress=False)
 
 
-# ---------------------------------------------------------------- tolerance policy
-def test_default_tolerances_are_assert_closes_own():
-    for name, pair in accuracy.DEFAULT_TOLERANCES.items():
-        assert pair == default_tolerances(getattr(torch, name))
-
-
-@pytest.mark.parametrize("target,precision,dtype", [
-    (TPU, "default", "bfloat16"), (TPU, "highest", "float32"),
-    (NEURON, "none", "float32"), (NEURON, "matmult", "bfloat16"), (NEURON, "all", "bfloat16")])
-def test_tolerance_follows_the_dtype_the_precision_computes_in(target, precision, dtype):
-    tol = accuracy.tolerance_for(target.precision(precision))
-    assert tol.dtype == dtype and (tol.rtol, tol.atol) == accuracy.DEFAULT_TOLERANCES[dtype]
-    # configurable per dtype; an output that is already bf16 is held to bf16
-    assert accuracy.tolerance_for(target.precision(precision), {dtype: [0.5, 0.25]}).atol == 0.25
-    assert accuracy.tolerance_for(target.precision(precision), output_dtype=torch.bfloat16).dtype == "bfloat16"
-
-
+# ---------------------------------------------------------------- comparisons
 def test_the_reason_is_assert_closes_message():
-    tol = accuracy.tolerance_for(TPU.precision("highest"))
+    tol = tolerance_for(TPU.precision("highest"))
     expected = torch.ones(100)
     assert tol.check(expected.clone(), expected) is None
     actual = expected.clone()
@@ -51,7 +35,7 @@ def test_the_reason_is_assert_closes_message():
     reason = tol.check(actual, expected)
     assert reason.startswith("not within float32 tolerance (rtol 1.3e-06, atol 1e-05)")
     assert "Mismatched elements: 1 / 100 (1.0%)" in reason and "at index (7,)" in reason
-    found = accuracy.compare(actual, expected, tol)
+    found = comparison.compare(actual, expected, tol)
     assert not found["passed"] and found["max_abs"] == pytest.approx(1e-3, rel=1e-3)
     assert found["atol_to_pass"] == pytest.approx(1e-3 - 1.3e-6, rel=1e-2)
 
@@ -62,33 +46,35 @@ def test_only_real_positions_count():
     actual = expected.clone()
     actual[1, 3:] += 100.0                     # garbage at padded positions
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    tol = accuracy.tolerance_for(TPU.precision("highest"))
-    assert accuracy.compare(actual, expected, tol, mask)["passed"]
-    assert not accuracy.compare(actual, expected, tol)["passed"]
+    tol = tolerance_for(TPU.precision("highest"))
+    assert comparison.compare(actual, expected, tol, mask)["passed"]
+    assert not comparison.compare(actual, expected, tol)["passed"]
     logits = torch.randn(2, 5, 11)
     wrong = logits.clone()
     wrong[1, 3:] = -logits[1, 3:]               # other next tokens, but only at padded positions
-    task = accuracy.task_metrics(models.CAUSAL_LM, wrong, logits, mask, accuracy.DEFAULT_TASK_BOUNDS)
+    task = comparison.task_metrics(models.CAUSAL_LM, wrong, logits, mask, DEFAULT_TASK_BOUNDS)
     assert task["positions"] == 8 and task["top1_agreement"] == 1.0 and task["passed"]
-    assert accuracy.task_metrics(models.CAUSAL_LM, wrong, logits, None, accuracy.DEFAULT_TASK_BOUNDS)["top1_agreement"] == 0.8
+    unmasked = comparison.task_metrics(models.CAUSAL_LM, wrong, logits, None, DEFAULT_TASK_BOUNDS)
+    assert unmasked["top1_agreement"] == 0.8
 
 
 def test_task_metrics_by_model_kind():
-    bounds = accuracy.DEFAULT_TASK_BOUNDS
+    bounds = DEFAULT_TASK_BOUNDS
     ref = torch.tensor([[[5.0, 4.0, 0.0, -1.0, -2.0, -3.0]] * 4])        # 1 x 4 positions x 6 tokens
     swapped = ref.clone()
     swapped[0, 0, :2] = torch.tensor([4.0, 5.0])                          # the top two change places once
-    lm = accuracy.task_metrics(models.CAUSAL_LM, swapped, ref, None, bounds)
+    lm = comparison.task_metrics(models.CAUSAL_LM, swapped, ref, None, bounds)
     assert lm["top1_agreement"] == 0.75 and lm["top5_agreement"] == 1.0
     assert lm["kl_max"] > 0 and not lm["passed"] and "top-1 agreement 0.7500 < 0.99" in lm["reason"]
-    cls = accuracy.task_metrics(models.IMAGE_CLASSIFIER, swapped[0], ref[0], None, bounds)
+    cls = comparison.task_metrics(models.IMAGE_CLASSIFIER, swapped[0], ref[0], None, bounds)
     assert cls["argmax_agreement"] == 0.75 and not cls["passed"]
-    emb = accuracy.task_metrics(models.EMBEDDING, ref[0] * 3, ref[0], None, bounds)
+    emb = comparison.task_metrics(models.EMBEDDING, ref[0] * 3, ref[0], None, bounds)
     assert emb["cosine_min"] == pytest.approx(1.0) and emb["passed"]
 
 
 def test_bad_parameters_name_the_value():
-    cases = [({"precision": {"tpu": "fast"}}, "unknown precision for target tpu 'fast'; choose one of: default, highest"),
+    cases = [({"precision": {"tpu": "fast"}},
+              "unknown precision for target tpu 'fast'; choose one of: default, highest"),
              ({"precision": {"trn": "none"}}, "unknown target 'trn'"),
              ({"tolerances": {"float8": [0, 0]}}, "unknown tolerance dtype 'float8'"),
              ({"tolerances": {"bfloat16": [0.1]}}, "give [rtol, atol]"),
@@ -99,6 +85,7 @@ def test_bad_parameters_name_the_value():
         with pytest.raises(BadParameter) as info:
             accuracy.check_parameters(**kwargs)
         assert message in str(info.value)
+    accuracy.check_parameters(tolerances={}, task_bounds={}, default_buckets=None)   # the notebook's defaults
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):
@@ -128,8 +115,8 @@ def test_bf16_matmuls_change_minilm_a_little_and_keep_cosine(minilm_report):
     # for the report: a miss that another precision fixes is work, with that precision's flag as advice
     assert tpu.verdict == "fail"          # bf16 drift exceeds assert_close's bf16 atol on normalised embeddings
     (finding,) = tpu.findings()
-    assert finding["severity"] == "work" and "precision 'highest' passes" in finding["advice"]
-    assert "layer.0.attention.self.query" in finding["message"]
+    assert finding.severity == "work" and "precision 'highest' passes" in finding.advice
+    assert "layer.0.attention.self.query" in finding.message
     assert minilm_report.targets["neuron"].findings() == []
 
 
@@ -164,6 +151,7 @@ def test_report_json_contract_and_rendering(minilm_report, tmp_path):
     for key in ("outputs", "buckets", "layers", "precision", "verdict", "reasons", "suggestions", "target_side"):
         assert key in tpu
     assert tpu["precision"]["setting"] == "torch.tpu.Precision.DEFAULT"
+    assert [set(f) for f in tpu["findings"]] == [{"kind", "severity", "message", "advice"}]   # report.py reads these
     assert tpu["target"]["mode"] == "emulated" and tpu["target_side"] == "eager emulation"
     assert [p["precision"]["name"] for p in tpu["precisions"]] == ["default", "highest"]
     assert "emulated" in saved["summary"] and "eager emulation" in saved["summary"]
@@ -196,17 +184,17 @@ def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corp
 
 def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path):
     inputs = {"input_ids": torch.arange(12).reshape(3, 4), "attention_mask": torch.ones(3, 4, dtype=torch.long)}
-    chunks = list(accuracy._chunks(inputs, 2))
+    chunks = list(target_runs.chunks(inputs, 2))
     assert [tuple(c["input_ids"].shape) for c in chunks] == [(2, 4), (2, 4)]
     assert torch.equal(chunks[1]["input_ids"], inputs["input_ids"][[2, 2]])     # filled with a real row
-    assert next(accuracy._chunks(inputs, None)) is inputs
+    assert next(target_runs.chunks(inputs, None)) is inputs
     (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {
         "planner": "auto", "boundaries": [64, 16], "batch_sizes": [1, 2, 4]}}}}))
     plan = accuracy.bucket_plan(tmp_path, ["tpu"])["tpu"]
     assert plan.boundaries == [16, 64] and plan.batch == 4
     m = models.load(fixture_model("tiny_encoder"))
     batch, _ = data.example_batch(m, corpus, 3, 16, seed=0)
-    side = accuracy._TargetSide(targets.detect("tpu"), m.module.eval(), numerics.emulate, True)
+    side = target_runs.TargetSide(targets.detect("tpu"), m.module.eval(), numerics.emulate, True)
     whole = side.run(batch, TPU.default_precision, compiled=True)[0]
     ones = side.run(batch, TPU.default_precision, compiled=True, batch=1)[0]
     pairs = side.run(batch, TPU.default_precision, compiled=True, batch=2)[0]
@@ -286,6 +274,9 @@ def test_bucket_plan_reads_stage_3(tmp_path, capsys):
     assert plans["tpu"].boundaries == [16, 48] and "stage 3" in plans["tpu"].source
     assert plans["neuron"].boundaries == list(accuracy.DEFAULT_BUCKETS) and "parameter" in plans["neuron"].source
     assert "target tpu: buckets [16, 48]" in capsys.readouterr().out
+    (tmp_path / "buckets.json").write_text('{"targets": {"tpu": {"chosen": {"boundaries": [16, "48"]}}}}')
+    with pytest.raises(results.UnreadableResult, match=r"targets.tpu.chosen.boundaries is \[16, '48'\]"):
+        accuracy.bucket_plan(tmp_path, ["tpu"])
 
 
 # ---------------------------------------------------------------- native mode

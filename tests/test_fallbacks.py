@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit import compiling, data, fallbacks, models, probes
+from portkit import compiling, data, fallbacks, models, probes, results
 
 
 def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
@@ -89,7 +89,7 @@ def test_backward_ops_are_traced_to_their_module():
     backward = [r for r in report.records if r.phase == "backward"]
     assert backward, "train=True records the backward pass"
     assert any(r.module.endswith("attention.self.query") and r.op == "aten::mm" for r in backward)
-    assert sum(r.module == fallbacks.ROOT for r in backward) < len(backward) / 4
+    assert sum(r.module == results.ROOT for r in backward) < len(backward) / 4
     # Dropout's random mask has no Neuron kernel in eager mode.
     assert any(o["op"].startswith("aten::bernoulli") and o["status"] == "cpu_fallback"
                for o in report.targets["neuron"].ops)
@@ -106,6 +106,8 @@ def test_report_renders_and_saves(tmp_path):
     assert saved["stage"] == "fallbacks"
     assert saved["targets"]["neuron"]["target"]["mode"] == "emulated"
     assert saved["targets"]["neuron"]["counts"]["unsupported"] == 1
+    assert {frozenset(f) for f in saved["targets"]["neuron"]["findings"]} == {
+        frozenset({"kind", "severity", "module", "ops", "message", "advice", "source"})}
     fig = report.plot()
     assert len(fig.axes) == 4
 
@@ -117,7 +119,8 @@ def test_reference_target_classifies_against_its_own_kernels():
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
+@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
+                    reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_collects_the_vendor_record():
     report = run("bert", targets=["neuron"])
     record = report.targets["neuron"].vendor_record

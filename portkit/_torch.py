@@ -1,0 +1,75 @@
+"""The one boundary to PyTorch's private APIs: a torch upgrade that renames one breaks this file only.
+
+    >>> from portkit import _torch
+    >>> with _torch.recompile_limit(shapes=12):      # a static-shape target compiles all 12 shapes
+    ...     for inputs in requests:
+    ...         compiled(**inputs)
+    >>> with _torch.no_dispatch_modes():             # a hook's own arithmetic, not recorded or emulated
+    ...     saved = output.detach().clone()
+
+Each name here wraps one private attribute (torch._C, torch._dynamo.config, torch._inductor,
+torch.utils._python_dispatch) and says what portkit relies on it for. Public equivalents are used
+where they exist (torch.compiler.reset, torch.compiler.set_stance).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+# TorchDispatchMode is the documented way to intercept ATen calls ("__torch_dispatch__" in the
+# extending-torch notes) but lives in a private module; stages import it from here.
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+__all__ = ["TorchDispatchMode", "current_autograd_node", "default_recompile_limit", "fresh_compile_cache",
+           "no_dispatch_modes", "recompile_limit", "recompile_limit_for"]
+
+
+def no_dispatch_modes():
+    """A context in which no TorchDispatchMode is active: code run inside it (a module hook's own
+    copies and norms) is neither recorded nor emulated nor counted by the modes of the pass."""
+    return _disable_current_modes()
+
+
+def current_autograd_node():
+    """The autograd node being executed during backward, or None in forward. Its `metadata` dict is
+    where a forward hook can leave a label that backward ops then read."""
+    return torch._C._current_autograd_node()
+
+
+# ---------------------------------------------------------------- Dynamo's recompile limit
+def default_recompile_limit() -> int:
+    """How many graphs Dynamo compiles for one function before it gives up and runs it eagerly,
+    silently (torch._dynamo.config.recompile_limit, 8 in torch 2.13; pytorch/pytorch#114511)."""
+    import torch._dynamo   # imported on first use: importing Dynamo costs about a second
+    return int(torch._dynamo.config.recompile_limit)
+
+
+def recompile_limit_for(shapes: int) -> int:
+    """The limit portkit compiles under when it expects `shapes` distinct input shapes.
+
+    A static-shape target (both Neuron and TPU) compiles one graph per shape and never runs a shape
+    eagerly, so every expected shape must compile: the limit is the shapes plus Dynamo's own default
+    allowance for recompiles that a shape does not cause (a guard on a global, on grad mode), and never
+    below Dynamo's default. This is the only place that decides it."""
+    default = default_recompile_limit()
+    return max(default, int(shapes) + default)
+
+
+@contextlib.contextmanager
+def recompile_limit(shapes: int):
+    """Raise Dynamo's recompile limit (and the accumulated limit, which caps it) to
+    recompile_limit_for(shapes) for the block; never lowers either."""
+    import torch._dynamo
+    limit = recompile_limit_for(shapes)
+    config = torch._dynamo.config
+    with config.patch(recompile_limit=limit,
+                      accumulated_recompile_limit=max(limit, config.accumulated_recompile_limit)):
+        yield limit
+
+
+# ---------------------------------------------------------------- Inductor
+def fresh_compile_cache():
+    """An empty Inductor cache (its directory and in-memory code caches) for the block: compile times
+    measured inside are those of a fresh deployment, not of a cache warmed by an earlier run."""
+    from torch._inductor.utils import fresh_cache
+    return fresh_cache()

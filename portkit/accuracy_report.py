@@ -1,0 +1,331 @@
+"""Stage 4's result: per target and precision setting, what was measured, the verdict, and what to change.
+
+    >>> report = accuracy.check_accuracy(model, inputs, ["tpu"])      # an AccuracyReport
+    >>> print(report)                  # verdict, reasons, suggestions per target
+    >>> report.outputs_table(), report.precision_table(), report.bucket_table(), report.layer_table("tpu")
+    >>> report.plot()                  # error against depth, one line per precision; max error per bucket
+    >>> report.save("runs/minilm/accuracy.json")
+    >>> report.targets["tpu"].findings()          # results.Finding: the report's terms
+
+The suggestions come from what was measured: a higher precision's measured error, norm layers that are
+out of tolerance only when every op is rounded, float64 ops that ran as float32, the atol a task-level
+pass needs, buckets that fail while the main batch passes.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import torch
+
+from portkit import targets as targets_mod
+from portkit.comparison import primary_output
+from portkit.results import Finding, save_result
+from portkit.tables import HtmlTable
+from portkit.targets import BLOCKER, WORK
+from portkit.tolerance import compute_dtype
+
+STAGE = "accuracy"
+NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
+
+
+@dataclass
+class PrecisionResult:
+    """One precision setting of one target on the main batch."""
+    precision: dict            # Precision.to_dict(): name, the flag to set on hardware, what it rounds
+    target_side: str
+    outputs: dict[str, dict]
+    task: dict
+    vs_float64: dict | None
+    layers: dict | None
+    numerics: dict             # what the emulation changed, by kind (NumericsMode.stats)
+    float64_ops: dict
+    compiled_vs_eager: dict | None = None   # compiled outputs against eager emulation, per output
+
+    @property
+    def name(self) -> str:
+        return self.precision["name"]
+
+    @property
+    def reasons(self) -> list[str]:
+        found = [f"{name}: {o['reason']}" for name, o in self.outputs.items() if not o["passed"]]
+        return found + ([f"task: {self.task['reason']}"] if not self.task["passed"] else [])
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def to_dict(self) -> dict:
+        return {"precision": self.precision, "target_side": self.target_side, "passed": self.passed,
+                "reasons": self.reasons, "outputs": self.outputs, "task": self.task,
+                "vs_float64": self.vs_float64, "layers": self.layers, "numerics": self.numerics,
+                "float64_ops": self.float64_ops, "compiled_vs_eager": self.compiled_vs_eager}
+
+
+@dataclass
+class TargetAccuracy:
+    target: dict               # DetectedTarget.to_dict()
+    chosen: PrecisionResult
+    others: list[PrecisionResult]
+    bucket_plan: dict
+    buckets: list[dict]
+    suggestions: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.target["name"]
+
+    @property
+    def reasons(self) -> list[str]:
+        return self.chosen.reasons + [f"bucket {b['boundary']}: {'; '.join(b['reasons'])}"
+                                      for b in self.buckets if not b.get("skipped") and not b["passed"]]
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.reasons else "pass"
+
+    def summary(self) -> str:
+        p, task = self.chosen, self.chosen.task
+        metric = {k: v for k, v in task.items() if isinstance(v, float)}
+        shown = ", ".join(f"{k} {v:.6g}" for k, v in list(metric.items())[:2])
+        first = (p.layers or {}).get("first_failing")
+        return (f"{self.name} ({self.target['mode']}, {p.target_side}, precision {p.name}): "
+                f"{self.verdict.upper()}; {shown}; {len(self.reasons)} reasons"
+                + (f"; first module out of tolerance: {first['module']}" if first else ""))
+
+    def findings(self) -> list[Finding]:
+        """This stage's findings in the report's terms. A miss of the elementwise tolerance while the
+        task metric holds, or that another precision setting fixes, is work; a task metric that fails
+        at every precision measured is a blocker."""
+        if self.verdict == "pass":
+            return []
+        passing = [r for r in self.others if r.passed]
+        task_ok = self.chosen.task["passed"]
+        fixable = bool(passing) or task_ok
+        advice = (f"set {passing[0].precision['setting']} (precision '{passing[0].name}' passes)" if passing else
+                  "; ".join(self.suggestions[:2]) or "see the accuracy notebook's suggestions")
+        first = (self.chosen.layers or {}).get("first_failing")
+        where = f"; first module out of tolerance: {first['module']}" if first else ""
+        return [Finding("accuracy", WORK if fixable else BLOCKER,
+                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
+                        f"{'; '.join(self.reasons)[:300]}{where}", advice)]
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "summary": self.summary(), "verdict": self.verdict,
+                "findings": [f.to_dict() for f in self.findings()],
+                "reasons": self.reasons, "suggestions": self.suggestions, "target_side": self.chosen.target_side,
+                "precision": self.chosen.precision, "tolerance": next(iter(self.chosen.outputs.values()))["tolerance"],
+                "outputs": self.chosen.outputs, "task": self.chosen.task, "vs_float64": self.chosen.vs_float64,
+                "layers": self.chosen.layers, "numerics": self.chosen.numerics,
+                "float64_ops": self.chosen.float64_ops, "bucket_plan": self.bucket_plan, "buckets": self.buckets,
+                "precisions": [r.to_dict() for r in (self.chosen, *self.others)]}
+
+
+@dataclass
+class AccuracyReport:
+    """Stage 4's result: the references, and each target's comparison with them."""
+    model: dict
+    inputs: dict
+    reference: dict
+    targets: dict[str, TargetAccuracy]
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if all(t.verdict == "pass" for t in self.targets.values()) else "fail"
+
+    def summary(self) -> str:
+        return " | ".join(t.summary() for t in self.targets.values())
+
+    def to_dict(self) -> dict:
+        return {"stage": STAGE, "model": self.model, "inputs": self.inputs, "reference": self.reference,
+                "summary": self.summary(), "verdict": self.verdict,
+                "reasons": [f"{n}: {r}" for n, t in self.targets.items() for r in t.reasons],
+                "targets": {n: t.to_dict() for n, t in self.targets.items()}}
+
+    def save(self, path) -> None:
+        save_result(path, self.to_dict())
+
+    def __str__(self) -> str:
+        lines = [f"Accuracy of {self.model['name']} ({self.inputs['description']}): {self.verdict.upper()}; "
+                 f"reference {self.reference['description']}, second reference {self.reference['float64']}"]
+        for t in self.targets.values():
+            lines.append("  " + t.summary())
+            lines += [f"    reason: {r}" for r in t.reasons]
+            lines += [f"    suggestion: {s}" for s in t.suggestions]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><b>Accuracy</b> of <code>{html.escape(self.model['name'])}</code> "
+                 f"({html.escape(self.inputs['description'])}): <b>{self.verdict.upper()}</b>. Reference: "
+                 f"{html.escape(self.reference['description'])}; second reference: "
+                 f"{html.escape(self.reference['float64'])}.</p>"]
+        for t in self.targets.values():
+            parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{t.target['mode']}</i>, "
+                         f"{html.escape(t.chosen.target_side)}</h4><p>{html.escape(t.summary())}</p>")
+            rows = [["reason", r] for r in t.reasons] + [["suggestion", s] for s in t.suggestions]
+            if rows:
+                parts.append(HtmlTable(["", ""], rows)._repr_html_())
+        return "\n".join(parts)
+
+    # -- tables and plots for the notebook
+    def outputs_table(self) -> HtmlTable:
+        rows = []
+        for t in self.targets.values():
+            for name, o in t.chosen.outputs.items():
+                rows.append([t.name, t.chosen.name, t.chosen.target_side, name, f"{o['max_abs']:.3g}",
+                             f"{o['max_rel']:.3g}",
+                             f"{o['rel_l2']:.3g}", f"{o['cosine_min']:.7f}",
+                             f"{o['tolerance']['dtype']} ({o['tolerance']['rtol']:g}, {o['tolerance']['atol']:g})",
+                             "pass" if o["passed"] else "FAIL"])
+        return HtmlTable(["target", "precision", "run as", "output", "max abs", "max rel", "rel L2", "cosine min",
+                          "tolerance (rtol, atol)", "assert_close"], rows, "outputs at real positions vs the "
+                         "float32 reference")
+
+    def precision_table(self) -> HtmlTable:
+        rows = []
+        for t in self.targets.values():
+            for r in (t.chosen, *t.others):
+                o = r.outputs[primary_output(self.model["kind"], r.outputs)]
+                task = ", ".join(f"{k} {v:.5g}" for k, v in r.task.items() if isinstance(v, float))
+                first = (r.layers or {}).get("first_failing")
+                rows.append([t.name, r.name, r.precision["setting"], r.target_side, f"{o['max_abs']:.3g}", task,
+                             first["module"] if first else "-", "pass" if r.passed else "FAIL"])
+        return HtmlTable(["target", "precision", "set on hardware with", "run as", "max abs (main output)", "task",
+                          "first module out of tolerance (eager)", "verdict"], rows,
+                         "every precision setting of each target (chosen first)")
+
+    def bucket_table(self) -> HtmlTable:
+        rows = []
+        for t in self.targets.values():
+            for b in t.buckets:
+                if b.get("skipped"):
+                    rows.append([t.name, b["boundary"], 0, "-", "-", "-", b["skipped"]])
+                    continue
+                o = b["outputs"][b["primary"]]
+                task = ", ".join(f"{k} {v:.5g}" for k, v in b["task"].items() if isinstance(v, float))
+                rows.append([t.name, b["boundary"], b["texts"], f"{b['padding']:.0%}", f"{o['max_abs']:.3g}", task,
+                             "pass" if b["passed"] else "FAIL: " + "; ".join(b["reasons"])[:120]])
+        return HtmlTable(["target", "bucket", "texts", "padding", "max abs", "task", "verdict"], rows,
+                         "per bucket: reference unpadded (as on the GPU), target padded to the bucket")
+
+    def layer_table(self, target: str, limit: int = 12) -> HtmlTable:
+        r = self.targets[target].chosen
+        mods = [m for m in (r.layers or {}).get("modules", []) if m.get("compared")]
+        first = next((i for i, m in enumerate(mods) if not m["passed"]), None)
+        if first is None:
+            shown, caption = sorted(mods, key=lambda m: -m["rel_l2"])[:limit], "none out of tolerance; largest errors"
+        else:
+            shown, caption = mods[first:first + limit], "execution order from the first module out of tolerance"
+        rows = [[m["index"], m["module"], m["type"], f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
+                 f"{m['mismatched']}/{m['numel']}", ", ".join(f"{k} x{v}" for k, v in m.get("changes", {}).items())]
+                for m in shown]
+        return HtmlTable(["#", "module", "type", "max abs", "rel L2", "out of tolerance", "changed by the target"],
+                         rows, f"{target} ({r.name}, {(r.layers or {}).get('target_side', r.target_side)}): {caption}")
+
+    def plot(self):
+        """Left: relative L2 error of every module's output against depth, one line per precision.
+        Right: the main output's max abs error per bucket."""
+        import matplotlib.pyplot as plt
+        names = list(self.targets)
+        fig, axes = plt.subplots(len(names), 2, figsize=(13, 3.4 * len(names)), squeeze=False,
+                                 gridspec_kw={"width_ratios": [3, 1]})
+        floor = 1e-10
+        for row, name in enumerate(names):
+            t, ax = self.targets[name], axes[row][0]
+            for r in (t.chosen, *t.others):
+                mods = [m for m in (r.layers or {}).get("modules", []) if m.get("compared")]
+                if mods:
+                    ax.plot([m["index"] for m in mods], [max(m["rel_l2"], floor) for m in mods], lw=1,
+                            label=f"{r.name}{' (chosen)' if r is t.chosen else ''}")
+            first = (t.chosen.layers or {}).get("first_failing")
+            if first:
+                ax.axvline(first["index"], color="#C44E52", ls="--", lw=1)
+                ax.text(first["index"], ax.get_ylim()[1], f" first out of tolerance: {first['module']}",
+                        color="#C44E52", fontsize=7, va="top")
+            ax.set_yscale("log")
+            ax.set_xlabel("module, in execution order")
+            ax.set_ylabel(f"rel. L2 error (floor {floor:g})")
+            ax.set_title(f"{name} ({t.target['mode']}, layers in {(t.chosen.layers or {}).get('target_side', '-')}): "
+                         "error against depth", fontsize=10)
+            ax.legend(fontsize=7, loc="lower right")
+            done = [b for b in t.buckets if not b.get("skipped")]
+            axes[row][1].bar([str(b["boundary"]) for b in done],
+                             [b["outputs"][b["primary"]]["max_abs"] for b in done],
+                             color=["#55A868" if b["passed"] else "#C44E52" for b in done])
+            axes[row][1].set_title(f"{name}: max abs error per bucket", fontsize=9)
+            axes[row][1].set_xlabel("bucket (tokens)")
+        fig.tight_layout()
+        return fig
+
+
+# ---------------------------------------------------------------- suggestions from what was measured
+def suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[str]:
+    """What to change, drawn only from what was measured (see the module docstring)."""
+    out: list[str] = []
+    chosen, results = t.chosen, (t.chosen, *t.others)
+    measured = {r.name: r for r in results}
+    fp32 = next((p for p in target.precisions if compute_dtype(p) == torch.float32), None)
+    main = primary_output(kind, chosen.outputs)
+    first = (chosen.layers or {}).get("first_failing")
+    if first:
+        row = chosen.layers["modules"][first["index"]]
+        changed = ", ".join(f"{k} x{v}" for k, v in row.get("changes", {}).items()) or "nothing counted"
+        if compute_dtype(target.precision(chosen.name)) != torch.float32 and fp32 is not None:
+            text = (f"error first exceeds the {chosen.layers['tolerance']['dtype']} tolerance in `{first['module']}` "
+                    f"({first['type']}; the target changed: {changed}): run it at precision '{fp32.name}' "
+                    f"({fp32.setting})")
+            if fp32.name in measured:
+                r = measured[fp32.name]
+                text += (f"; the whole model at '{fp32.name}' measured max abs error "
+                         f"{r.outputs[main]['max_abs']:.2g} "
+                         f"({'passes' if r.passed else 'still fails'}; {r.target_side})")
+            out.append(text)
+        else:
+            out.append(f"error first exceeds the tolerance in `{first['module']}` ({first['type']}) although "
+                       f"precision '{chosen.name}' computes in float32: the target changed {changed} there; "
+                       "check that module's ops on the target")
+    for r in results:   # norm layers out of tolerance only because a setting rounds every op, not just matmuls
+        p = target.precision(r.name)
+        sibling = next((q for q in target.precisions if q.all_ops is None and q.matmul_inputs == p.matmul_inputs
+                        and q.name in measured and measured[q.name].layers), None) if p.all_ops else None
+        if sibling is None or not r.layers:
+            continue
+        fine = {m["module"]: m for m in measured[sibling.name].layers["modules"] if m.get("compared") and m["passed"]}
+        norms = [m for m in r.layers["modules"] if m.get("compared") and not m["passed"] and m["module"] in fine
+                 and any(n in m["type"] for n in NORM_TYPES)]
+        if norms:
+            m = norms[0]
+            out.append(f"{'with' if r is chosen else 'if you use'} precision '{r.name}' ({p.setting}): keep "
+                       f"{', '.join(sorted({n['type'] for n in norms}))} in float32: {len(norms)} norm module(s) are "
+                       f"out of tolerance only under it, first `{m['module']}` (rel. L2 error {m['rel_l2']:.2g}, "
+                       f"{fine[m['module']]['rel_l2']:.2g} under '{sibling.name}', {sibling.setting}, which rounds "
+                       "only matmuls)")
+    rows = [m for m in (chosen.layers or {}).get("modules", []) if m.get("float64_ops")]
+    for m in rows:
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(m["float64_ops"].items()))
+        out.append(f"avoid float64 in `{m['module']}` ({m['type']}): {sum(m['float64_ops'].values())} float64 ops ran "
+                   f"as float32 on {target.name} ({ops}); make it float32 (.float()) on the GPU too, so the "
+                   f"reference is what the target runs; measured effect on `{main}`: max abs error "
+                   f"{chosen.outputs[main]['max_abs']:.2g}")
+    if not rows and chosen.float64_ops:
+        out.append(f"avoid float64: {sum(chosen.float64_ops.values())} float64 ops ran as float32 on {target.name} "
+                   f"({', '.join(sorted(chosen.float64_ops))}); run with layers=True to find their modules")
+    failing = [o for o in chosen.outputs.values() if not o["passed"]]
+    # Loosening is advice for the drift a lower-precision setting brings by design, never for a float32 miss.
+    if failing and chosen.task["passed"] and compute_dtype(target.precision(chosen.name)) != torch.float32:
+        tol = failing[0]["tolerance"]
+        atol = float(f"{max(o['atol_to_pass'] for o in failing) * 1.05:.2g}")
+        out.append(f"the task metric holds ({chosen.task['metric']}) while outputs differ beyond the {tol['dtype']} "
+                   f"tolerance: if the task metric is what you ship on, the smallest atol that passes at rtol "
+                   f"{tol['rtol']:g} is about {atol:g}: tolerances={{'{tol['dtype']}': [{tol['rtol']:g}, {atol:g}]}}")
+    for b in t.buckets:
+        if not b.get("skipped") and not b["passed"] and chosen.passed:
+            out.append(f"bucket {b['boundary']} fails while the main batch passes ({b['reasons'][0][:100]}): padding "
+                       "changes the result; check that the model masks padded positions, or choose buckets that "
+                       "pad less")
+    if not out and t.verdict == "pass":
+        out.append(f"no change needed at precision '{chosen.name}': outputs, task and every bucket pass"
+                   + (" (emulated: confirm on hardware)" if t.target["mode"] == "emulated" else ""))
+    return out

@@ -1,0 +1,131 @@
+"""How a target's outputs are produced for the accuracy comparison, and the float64 reference.
+
+    >>> from portkit import numerics, targets
+    >>> from portkit.target_runs import TargetSide
+    >>> side = TargetSide(targets.detect("tpu"), model.module.eval(), numerics.emulate, compiled=True)
+    >>> out, rows, reason, changed, f64 = side.run(inputs, targets.get("tpu").default_precision)
+    >>> out, *_ = side.run(inputs, precision, compiled=True, batch=4)     # stage 2's emulated backend
+    >>> side.label(True)           # "compiled with portkit_tpu (Inductor on the CPU)"
+
+Eager, the model runs under the target's numerics mode (numerics.emulate) or, natively, on the device;
+compiled, it runs through the target's backend in calls of the deployment's batch. Outputs always come
+back on the CPU, and the model is left where it was (portkit.placement).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+
+import torch
+
+from portkit import _torch, placement, probes, targets as targets_mod
+from portkit.layer_probe import LayerProbe
+from portkit.tolerance import Tolerance
+
+EAGER = "eager emulation"
+
+
+def forward(module, inputs) -> dict:
+    """One eager pass without autograd."""
+    with torch.no_grad():
+        return module(**inputs)
+
+
+def float64_reference(module, inputs) -> tuple[dict | None, str]:
+    """The model in float64 on the CPU, where it runs in float64 (some ops or models do not)."""
+    try:
+        wide = copy.deepcopy(module).double()
+        out = forward(wide, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+        return out, "float64 eager on the CPU"
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        return None, f"not available: the model does not run in float64 ({str(exc).splitlines()[0][:160]})"
+
+
+class TargetSide:
+    """How one target's outputs are produced: eager under the emulation mode, or compiled with the
+    target's backend (stage 2's emulated one, Inductor on the CPU); natively, on the device."""
+
+    def __init__(self, detected: targets_mod.DetectedTarget, module, emulation, compiled: bool):
+        self.detected, self.module, self.emulation, self.compiled = detected, module, emulation, compiled
+        self.eager_label = f"native on {detected.target.device}, eager" if detected.native else EAGER
+        if not detected.native and getattr(emulation, "__name__", "emulate") != "emulate":
+            self.eager_label = f"{EAGER}, {emulation.__name__}"
+        where = f"on {detected.target.device}" if detected.native else "Inductor on the CPU"
+        self.compiled_label = f"compiled with {detected.backend} ({where})"
+        self._fn, self._backend, self._numerics, self._shapes = None, None, {}, set()
+
+    def label(self, compiled: bool) -> str:
+        return self.compiled_label if compiled else self.eager_label
+
+    def run(self, inputs, precision, probe: LayerProbe | None = None, tol: Tolerance | None = None,
+            compiled: bool = False, batch: int | None = None):
+        """Returns (outputs on the CPU, layer rows or None, first layer reason, what the target's rules
+        changed, float64 ops run as float32). Compiled, `batch` rows go in each call (see chunks)."""
+        device = self.detected.target.device if self.detected.native else "cpu"
+        with placement.on_device(self.module, device, inputs) as inputs:
+            if compiled:
+                calls = list(chunks(inputs, batch))
+                parts = [self._run_compiled(chunk, precision) for chunk in calls]
+                rows = len(next(iter(inputs.values())))
+                out = {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
+                return out, None, None, self._numerics.get(input_shape(calls[0]), {}), {}
+            mode = None if self.detected.native else self.emulation(self.detected.target, precision)
+
+            def fn():
+                with mode or contextlib.nullcontext():
+                    return self.module(**inputs)
+            if probe is None:
+                with torch.no_grad():
+                    out, rows, reason = fn(), None, None
+            else:
+                out, rows, reason = probe.compare(fn, tol, mode)
+        return (placement.to_device(out, "cpu"), rows, reason, dict(mode.stats) if mode else {},
+                dict(mode.float64_ops) if mode else {})
+
+    def _run_compiled(self, inputs, precision) -> dict:
+        if self._fn is None:
+            # One target's graphs at a time (torch.compiler.reset docs: reset between unrelated compilations).
+            torch.compiler.reset()
+            if self.detected.native:
+                self._backend = self.detected.backend   # the vendor's compiler; its precision is its flag
+            else:
+                from portkit import backends           # stage 2: registers portkit_neuron / portkit_tpu
+                self._backend = backends.emulated_backend(self.detected.name, precision)
+            self._fn = torch.compile(self.module, backend=self._backend, dynamic=False)
+        checks = getattr(self._backend, "checks", None)
+        before = len(checks) if checks is not None else 0
+        # Dynamo runs a function eagerly after recompile_limit shapes (pytorch/pytorch#114511): an
+        # uncompiled bucket would pass for a compiled one, so every shape this side runs must compile.
+        self._shapes.add(input_shape(inputs))
+        with torch.no_grad(), _torch.recompile_limit(len(self._shapes)):
+            out = self._fn(**inputs)
+        if checks is not None and len(checks) > before:
+            changed = collections.Counter()
+            for check in list(checks)[before:]:
+                changed.update(check.numerics)
+            self._numerics[input_shape(inputs)] = dict(changed)
+        return placement.to_device(out, "cpu")
+
+
+def chunks(inputs: dict, batch: int | None):
+    """The batch in calls of `batch` rows, the last one filled with copies of its first row, as a
+    bucketed deployment calls its compiled graphs (bucketed.BucketedModel). The same shapes as stage 2's
+    fixed shape and stage 3's buckets are the same graphs: Inductor's cache serves them again."""
+    rows = len(next(iter(inputs.values())))
+    if not batch or batch == rows:
+        yield inputs
+        return
+    for start in range(0, rows, batch):
+        chunk = {k: v[start:start + batch] for k, v in inputs.items()}
+        short = batch - len(next(iter(chunk.values())))
+        yield {k: torch.cat([v, v[:1].expand(short, *v.shape[1:])]) if short else v for k, v in chunk.items()}
+
+
+def input_shape(inputs: dict) -> tuple:
+    return tuple((k, tuple(v.shape)) for k, v in inputs.items())
+
+
+def compiled_available() -> bool:
+    """Whether stage 2's emulated backends are present (portkit/backends.py)."""
+    return probes.module_available("portkit.backends")
