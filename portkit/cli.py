@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="a notebook parameter, e.g. -p batch_size 4 (see `portkit params`)")
     run.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--no-report", action="store_true",
+                     help="do not rebuild report.html/report.json after a run that leaves the report stage out")
     rep = sub.add_parser("report", help="rebuild report.html and report.json from a run folder")
     rep.add_argument("run_dir", help="a folder written by `portkit run`")
     rep.add_argument("--target", action="append", dest="targets", metavar="TARGET",
@@ -53,7 +55,15 @@ def _run(args) -> int:
     declared = runner.all_parameters(runner.select_stages(args.stages))
     # Unknown names pass through as text; runner.plan rejects them with the valid list.
     user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
-    result = runner.run(args.model, targets, out, user, args.stages, progress=not args.no_progress)
+    try:
+        result = runner.run(args.model, targets, out, user, args.stages, progress=not args.no_progress,
+                            rebuild_report=not args.no_report)
+    except StageFailed as exc:   # the other stages ran; the report names the gap
+        print(f"results: {exc.result.out_dir}")
+        _print_verdicts(exc.result.out_dir)
+        for stage, error in exc.result.failures.items():
+            print(f"portkit: stage {stage} failed: {error}", file=sys.stderr)
+        return 1
     print(f"results: {result.out_dir}")
     _print_verdicts(result.out_dir)
     return 0
@@ -95,11 +105,22 @@ def _targets() -> int:
 
 
 def _params() -> int:
+    """Each parameter once, with its default; where stages declare different defaults, one line per
+    default, naming the stages that use it (what `-p` overrides in each)."""
     from portkit import runner
-    for name, info in runner.all_parameters().items():
+    for name, per_stage in runner.parameters_by_stage().items():
         if name in runner.SHARED:
             continue
-        print(f"{name} = {info.get('default')}  # {info.get('help', '')} [{', '.join(info['stages'])}]")
+        by_default: dict[str, list[str]] = {}
+        for stage, info in per_stage.items():
+            by_default.setdefault(info.get("default"), []).append(stage)
+        help_text = next(iter(per_stage.values())).get("help", "")
+        if len(by_default) == 1:
+            print(f"{name} = {next(iter(by_default))}  # {help_text} [{', '.join(per_stage)}]")
+            continue
+        print(f"{name}  # {help_text}; the stages' defaults differ:")
+        for default, stages in by_default.items():
+            print(f"    = {default}  [{', '.join(stages)}]")
     return 0
 
 

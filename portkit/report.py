@@ -16,7 +16,8 @@ report.json keys (stable; a CI job can gate on them):
 - "schema": "portkit.report/1"; "created"; "run_dir"; "model"
 - "environment": the run's environment as the stages recorded it (environment.environment() at run time)
 - "environment_source": "recorded at run time by fallbacks.json, ..." or results.NOT_RECORDED
-- "stages": {stage: {"file", "status": "ok" | "missing" | "unreadable" | "incomplete", "problem", "summary"}}
+- "stages": {stage: {"file", "status": "ok" | "missing" | "failed" | "unreadable" | "incomplete", "problem",
+  "summary"}}: "failed" where the run log (runfolder.RUN_LOG) says the stage failed in the latest run
 - "gaps": [text, ...]: what the report could not read, one line each
 - "targets": {name: {
     "mode": "native" | "emulated" (as recorded at run time), "title",
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import jinja2
 
-from portkit import environment, results, targets as targets_mod
+from portkit import environment, results, runfolder, targets as targets_mod
 from portkit._io import write_json, write_text
 from portkit.errors import BadParameter
 from portkit.targets import BLOCKER, INFO, WORK
@@ -58,8 +59,7 @@ REWRITE_KINDS = ("float64", "recurrent", "data_dependent", "host_sync", "sparse"
 
 
 def _stages():
-    from portkit import runner
-    return [s for s in runner.STAGES if s.name != STAGE]
+    return [s for s in runfolder.STAGES if s.name != STAGE]
 
 
 @dataclass
@@ -67,7 +67,7 @@ class StageResult:
     name: str
     file: str
     notebook: str
-    status: str                 # ok, missing, unreadable, incomplete
+    status: str                 # ok, missing, failed, unreadable, incomplete
     problem: str = ""
     data: dict | None = None
 
@@ -89,6 +89,9 @@ def _why(exc: BaseException) -> str:
 def read_stage(run_dir: Path, stage) -> StageResult:
     path = run_dir / stage.result
     if not path.exists():
+        if failed := runfolder.failure(run_dir, stage.name):   # the latest run's log says why
+            return StageResult(stage.name, stage.result, stage.notebook, "failed",
+                               f"stage {stage.name} failed in the latest run: {failed}")
         return StageResult(stage.name, stage.result, stage.notebook, "missing", f"{stage.result} is missing")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import environment, targets as targets_mod
+from portkit import environment, runfolder, targets as targets_mod
 from portkit._io import read_json, write_json
 from portkit.errors import PortkitError
 
@@ -160,9 +160,7 @@ class Finding:
 
 
 # ---------------------------------------------------------------- typed readers of the run folder
-def result_file(stage: str) -> str:
-    """The file a stage writes its result to in the run folder: <stage>.json."""
-    return f"{stage}.json"
+result_file = runfolder.result_file   # the run folder's layout has one owner
 
 
 class UnreadableResult(PortkitError):

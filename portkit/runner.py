@@ -29,32 +29,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import _io, data, params as params_mod
+from portkit import _io, data, params as params_mod, runfolder
 from portkit.errors import BadParameter, StageFailed
+from portkit.runfolder import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 SHARED = ("model", "targets", "out_dir")
 
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    notebook: str
-    result: str          # the JSON file the notebook writes into out_dir
-    module: str          # its portkit module; its check_parameters() runs before anything is written
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage("fallbacks", "01_fallbacks.ipynb", "fallbacks.json", "portkit.fallbacks"),
-    Stage("compile", "02_compile.ipynb", "compile.json", "portkit.compiling"),
-    Stage("buckets", "03_buckets.ipynb", "buckets.json", "portkit.buckets"),
-    Stage("xla", "03b_xla.ipynb", "xla.json", "portkit.xla"),
-    Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy"),
-    Stage("report", "05_report.ipynb", "report.json", "portkit.report"),
-)
-STAGE_NAMES = tuple(s.name for s in STAGES)
-MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and writes into no foreign folder
-RUN_FILES = frozenset({MARKER, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES)})
 
 
 def declared_parameters(stage: Stage) -> dict[str, dict]:
@@ -68,6 +49,15 @@ def _inspect(path: str, mtime_ns: int) -> dict[str, dict]:
     # a plan reads every notebook's parameters twice; papermill re-parses the notebook each time
     import papermill
     return papermill.inspect_notebook(path)
+
+
+def parameters_by_stage(stages=STAGES) -> dict[str, dict[str, dict]]:
+    """{parameter: {stage: its declaration (default, help)}}: one parameter may differ per stage."""
+    found: dict[str, dict[str, dict]] = {}
+    for stage in stages:
+        for name, info in declared_parameters(stage).items():
+            found.setdefault(name, {})[stage.name] = info
+    return found
 
 
 def all_parameters(stages=STAGES) -> dict[str, dict]:
@@ -175,14 +165,6 @@ def _check_corpora(per_stage) -> None:
         checked.add((corpus, column))
 
 
-def is_run_folder(folder: Path) -> bool:
-    """A folder `portkit run` may write into: it holds MARKER, or nothing but files a run writes (an
-    empty folder, one the notebooks wrote on their own, one written before the marker existed)."""
-    if (folder / MARKER).is_file():
-        return True
-    return all(entry.name in RUN_FILES or _io.is_partial(entry.name) for entry in folder.iterdir())
-
-
 def check_out_dir(out: Path) -> None:
     """The run folder is a new folder that can be created, or a run folder that can be written."""
     what = "out folder"
@@ -214,6 +196,8 @@ class RunResult:
     out_dir: Path
     summaries: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)   # stage: its one-line error
+    report_rebuilt: bool = False
 
 
 @contextlib.contextmanager
@@ -252,12 +236,14 @@ def _summary(path: Path) -> str:
 
 
 def run(model: str, targets, out_dir: str, user_params: dict | None = None, stages=None,
-        progress: bool = True, log=print) -> RunResult:
-    """Execute the workbook. Raises BadParameter before writing anything, StageFailed on a failed stage."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-    from tqdm.auto import tqdm
+        progress: bool = True, log=print, rebuild_report: bool = True) -> RunResult:
+    """Execute the workbook. Raises BadParameter before writing anything.
 
+    A stage that fails does not stop the run: its executed notebook shows the error, the run log
+    (runfolder.RUN_LOG) records it, the stages after it run on what there is, and the report names the
+    gap. After the stages, StageFailed is raised naming every failure (its `result` is the RunResult).
+    A run without the report stage rebuilds report.html/report.json from the folder (a few seconds),
+    so the report never describes older results; rebuild_report=False leaves it as it was."""
     chosen, per_stage = plan(model, targets, out_dir, dict(user_params or {}), stages)
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -271,34 +257,61 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     # a validated spec with ":" is file.py:factory (absolute now) or package.module:factory, which the
     # kernel (working in notebooks/) imports from the folder the user ran portkit in
     user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
+    from tqdm.auto import tqdm
     bar = tqdm(per_stage, desc="portkit", unit="stage", disable=not progress)
     for stage, values in bar:
         bar.set_postfix_str(stage.name)
-        output = out / stage.notebook
-        partial = _io.partial_path(output)
+        # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
+        (out / stage.result).unlink(missing_ok=True)
         start = time.perf_counter()
-        try:
-            with _kernel_path(user_folder):
-                papermill.execute_notebook(
-                    str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name="python3",
-                    progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
-                    cwd=str(NOTEBOOKS), request_save_on_cell_execute=True,
-                    # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
-                    extra_arguments=["--IPKernelApp.log_level=ERROR"])
-        except PapermillExecutionError as exc:
-            os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows
-            raise StageFailed(f"stage {stage.name} failed in cell {exc.exec_count} of {stage.notebook} "
-                              f"({exc.ename}: {exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ''}); "
-                              f"the executed notebook is {output}") from None
-        except Exception:
-            _keep_if_whole(partial, output)   # a dead kernel: show how far it got
-            raise
-        except BaseException:
-            partial.unlink(missing_ok=True)   # interrupted, perhaps mid-save
-            raise
-        os.replace(partial, output)
+        error = _execute(stage, values, out, user_folder, progress)
         result.seconds[stage.name] = time.perf_counter() - start
+        runfolder.record(out, stage.name, "failed" if error else "ok", result.seconds[stage.name], error or "")
+        if error:
+            result.failures[stage.name] = error
+            log(f"[{stage.name}] FAILED: {error} ({result.seconds[stage.name]:.0f} s)")
+            continue
         result.summaries[stage.name] = _summary(out / stage.result)
         log(f"[{stage.name}] {result.summaries[stage.name]} ({result.seconds[stage.name]:.0f} s)")
+    if rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
+        from portkit import report
+        try:
+            report.build_report(out, per_stage[0][1]["targets"]).save(out)
+            result.report_rebuilt = True
+            log("[report] rebuilt from the run folder")
+        except BadParameter as exc:          # no stage result at all: nothing to report on
+            log(f"[report] not rebuilt: {exc}")
+    if result.failures:
+        failed = StageFailed("; ".join(f"stage {name} failed: {error}" for name, error in result.failures.items()))
+        failed.result = result
+        raise failed
     return result
 
+
+def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, progress: bool) -> str | None:
+    """Run one stage notebook into the run folder; None, or the failure's one line."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+    output = out / stage.notebook
+    partial = _io.partial_path(output)
+    try:
+        with _kernel_path(user_folder):
+            papermill.execute_notebook(
+                str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name="python3",
+                progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
+                cwd=str(NOTEBOOKS), request_save_on_cell_execute=True,
+                # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
+                extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    except PapermillExecutionError as exc:
+        os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows
+        last = exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ""
+        return (f"cell {exc.exec_count} of {stage.notebook} raised {exc.ename}: {last}; "
+                f"the executed notebook is {output}")
+    except Exception:
+        _keep_if_whole(partial, output)   # a dead kernel: show how far it got
+        raise
+    except BaseException:
+        partial.unlink(missing_ok=True)   # interrupted, perhaps mid-save
+        raise
+    os.replace(partial, output)
+    return None

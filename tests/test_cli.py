@@ -54,7 +54,7 @@ def test_targets_and_params_commands():
     done = portkit("targets")
     assert done.returncode == 0 and "target neuron: EMULATED" in done.stdout and "target cpu: NATIVE" in done.stdout
     done = portkit("params")
-    assert done.returncode == 0 and "batch_size = 8" in done.stdout and "[fallbacks]" in done.stdout
+    assert done.returncode == 0 and "    = 8  [fallbacks]" in done.stdout and "[fallbacks]" in done.stdout
 
 
 @pytest.mark.slow
@@ -77,7 +77,7 @@ def test_failed_stage_names_notebook_and_cell(tmp_path):
     done = portkit("run", "--model", fixture_model("broken_model"), "--out", str(out), "--stages", "fallbacks",
                    "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8")
     assert done.returncode == 1
-    assert "stage fallbacks failed in cell" in done.stderr and "01_fallbacks.ipynb" in done.stderr
+    assert "stage fallbacks failed: cell" in done.stderr and "01_fallbacks.ipynb" in done.stderr
     assert "fails on purpose" in done.stderr
     executed = json.loads((out / "01_fallbacks.ipynb").read_text())
     assert any(o.get("output_type") == "error" for c in executed["cells"] for o in c.get("outputs", []))

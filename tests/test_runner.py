@@ -138,3 +138,69 @@ def test_the_same_seed_gives_the_same_result_apart_from_times(tmp_path):
         results.append(json.loads((tmp_path / name / "fallbacks.json").read_text()))
     assert _without_times(results[0]) == _without_times(results[1])
     assert results[0]["inputs"]["shapes"]["input_ids"] == [1, 8]
+
+
+def _stub_stages(monkeypatch, failing=()):
+    """Stage execution without kernels: a stage in `failing` fails as a notebook cell would; the others
+    write the stage 1 result of the lstm model (a real one, made once per test)."""
+    from portkit import data, fallbacks, models
+    m = models.load("lstm")
+    inputs, described = data.example_batch(m, data.load_corpus(), 2, 8)
+    made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described)
+    ran = []
+
+    def execute(stage, values, out, user_folder, progress):
+        ran.append(stage.name)
+        if stage.name in failing:
+            return f"cell 3 of {stage.notebook} raised CompileRefused: refused on purpose"
+        made.save(out / stage.result)   # every stub writes a fallbacks-shaped result under its own name
+        return None
+    monkeypatch.setattr(runner, "_execute", execute)
+    return ran
+
+
+def test_a_failed_stage_does_not_stop_the_run_and_the_report_names_it(tmp_path, monkeypatch, capsys):
+    ran = _stub_stages(monkeypatch, failing={"fallbacks"})
+    out = tmp_path / "run"
+    (out).mkdir()
+    (out / "fallbacks.json").write_text('{"targets": {}, "summary": "from an older run"}')   # stale
+    rc = cli.main(["run", "--model", "lstm", "--out", str(out), "--stages", "fallbacks,compile", "--no-progress"])
+    assert rc == 1 and ran == ["fallbacks", "compile"]            # compile ran after the failure
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"portkit: stage fallbacks failed: cell 3 of 01_fallbacks.ipynb raised CompileRefused: "
+                   "refused on purpose"]
+    assert not (out / "fallbacks.json").exists()                  # the older result did not survive
+    log = json.loads((out / "run.json").read_text())["stages"]
+    assert log["fallbacks"]["status"] == "failed" and log["compile"]["status"] == "ok"
+    saved = json.loads((out / "report.json").read_text())         # rebuilt although a stage failed
+    assert saved["stages"]["fallbacks"]["status"] == "failed"
+    assert any("stage fallbacks failed in the latest run: cell 3 of 01_fallbacks.ipynb" in g for g in saved["gaps"])
+
+
+def test_a_run_of_one_stage_rebuilds_the_report_unless_told_not_to(tmp_path, monkeypatch):
+    _stub_stages(monkeypatch)
+    out = tmp_path / "run"
+    result = runner.run("lstm", ["neuron", "tpu"], str(out), {}, "fallbacks", progress=False, log=lambda line: None)
+    assert result.report_rebuilt and result.failures == {}
+    first = (out / "report.json").stat().st_mtime_ns
+    runner.run("lstm", ["neuron", "tpu"], str(out), {}, "fallbacks", progress=False, log=lambda line: None)
+    before = (out / "report.json").stat().st_mtime_ns
+    assert before != first
+    kept = runner.run("lstm", ["neuron", "tpu"], str(out), {}, "fallbacks", progress=False, log=lambda line: None,
+                      rebuild_report=False)
+    assert not kept.report_rebuilt and (out / "report.json").stat().st_mtime_ns == before
+
+
+def test_params_shows_each_stages_own_default(capsys):
+    import papermill
+    assert cli.main(["params"]) == 0
+    shown = capsys.readouterr().out
+    for stage in runner.STAGES:
+        declared = papermill.inspect_notebook(str(runner.NOTEBOOKS / stage.notebook))
+        for name, info in declared.items():
+            if name in runner.SHARED:
+                continue
+            one = f"{name} = {info['default']}  # "
+            many = f"    = {info['default']}  ["
+            lines = [line for line in shown.splitlines() if line.startswith(one) or line.startswith(many)]
+            assert any(stage.name in line.split("[")[-1] for line in lines), f"{stage.name}: {name}"
