@@ -10,6 +10,7 @@ reason, backend, precision and op table source); the report reads it back with `
     >>> results.save_result("runs/minilm/fallbacks.json", report.to_dict())   # adds "environment"
     >>> env = results.run_environment({"fallbacks.json": data}, ["neuron", "tpu"])
     >>> env.info["targets"]["neuron"]["mode"], env.source, env.gaps
+    >>> results.fixed_shape("runs/minilm", "tpu")        # stage 2's {"batch": 1, "seq": 64}, or None
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit import environment, targets as targets_mod
-from portkit._io import write_json
+from portkit._io import read_json, write_json
+from portkit.errors import PortkitError
 
 KEY = "environment"
 REQUIRED = ("python", "platform", "torch_build", "packages", "targets")   # what environment.render reads
@@ -120,3 +122,67 @@ def _flat(info: dict) -> dict:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------- run-folder readers used by the xla stage (3b)
+# A stage reads an earlier stage's result only through these readers, never by opening its JSON itself.
+class UnreadableResult(PortkitError):
+    """A stage result in the run folder exists but cannot be used; the message names the file and why."""
+
+
+def read_stage(out_dir, stage: str) -> dict | None:
+    """The result `stage` saved in `out_dir`, or None when there is none. Its file is <stage>.json, the
+    name runner.STAGES gives every stage's result. A file that is not a JSON object raises
+    UnreadableResult naming the file."""
+    path = Path(out_dir) / f"{stage}.json"
+    if not path.exists():
+        return None
+    try:
+        saved = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UnreadableResult(f"{path} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
+                               f"rerun stage {stage} or remove the file") from None
+    if not isinstance(saved, dict):
+        raise UnreadableResult(f"{path} holds a {type(saved).__name__}, not a stage result; rerun stage {stage}")
+    return saved
+
+
+def _target_result(out_dir, stage: str, target: str) -> dict:
+    """targets[target] of a stage's result; {} when the stage or the target has none."""
+    per_target = (read_stage(out_dir, stage) or {}).get("targets")
+    found = per_target.get(target) if isinstance(per_target, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def fixed_shape(out_dir, target: str) -> dict | None:
+    """Stage 2's fixed input shape for `target` (compile.json): {"batch": B, "seq": S}, seq None for an
+    image model; None when stage 2 recorded none."""
+    shape = _target_result(out_dir, "compile", target).get("fixed_shape")
+    if shape is None:
+        return None
+    return _shape(shape, "compile", f"targets.{target}.fixed_shape", out_dir)
+
+
+def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
+    """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
+    when stage 3 chose none."""
+    chosen = _target_result(out_dir, "buckets", target).get("chosen")
+    if not isinstance(chosen, dict) or not chosen.get("shapes"):
+        return None
+    shapes = chosen["shapes"]
+    if not isinstance(shapes, list):
+        raise UnreadableResult(f"{Path(out_dir) / 'buckets.json'}: targets.{target}.chosen.shapes is "
+                               f"{_short(shapes)}, not a list; rerun stage buckets")
+    key = f"targets.{target}.chosen.shapes"
+    return str(chosen.get("planner", "")), [_shape(s, "buckets", key, out_dir) for s in shapes]
+
+
+def _shape(value, stage: str, key: str, out_dir) -> dict:
+    """{"batch": positive int (1 when absent), "seq": positive int or None}, or UnreadableResult."""
+    def positive(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+    if isinstance(value, dict) and positive(value.get("batch", 1)) and (value.get("seq") is None
+                                                                          or positive(value["seq"])):
+        return {"batch": value.get("batch", 1), "seq": value.get("seq")}
+    raise UnreadableResult(f"{Path(out_dir) / f'{stage}.json'}: {key} has {_short(value)}, not "
+                           f"{{\"batch\": positive int, \"seq\": positive int}}; rerun stage {stage}")
