@@ -130,8 +130,8 @@ class XlaStage:
         peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
                 f"{done}/{len(r.shapes)} shapes compiled and fit {_size(r.hbm_bytes_per_device)} HBM per device; "
-                f"largest {_size(peak)}; {r.cached_shapes} served from the verdict cache (compile seconds as "
-                "measured when first compiled)")
+                f"largest {_size(peak)}; {r.cached_shapes} served from the verdict cache"
+                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else ""))
 
     def summary(self) -> str:
         return " | ".join(self.summary_for(n) for n in self.reports)
