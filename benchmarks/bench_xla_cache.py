@@ -33,7 +33,7 @@ def _child(args) -> None:
 
     from portkit import models, xla, xla_compile
     model = models.load(args.model)
-    xla_compile._require_xla()                       # imports and libtpu's start-up: charged to neither run
+    xla_compile.require_xla()                       # imports and libtpu's start-up: charged to neither run
     topologies.get_topology_desc(platform="tpu", topology_name=args.topology, **xla.TOPOLOGIES[args.topology])
     seconds = {}
     section = xla.xla_section

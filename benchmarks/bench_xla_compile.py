@@ -38,7 +38,7 @@ os.environ[data.CACHE_VARIABLE] = CACHE        # read at each compile: no XLA ve
 def _xla(model, shape, topology) -> dict | None:
     """Seconds per part of the XLA side, or None (after printing why) when the shape does not compile."""
     start = time.perf_counter()
-    xla_compile._require_xla()                       # jax and torchax imports
+    xla_compile.require_xla()                       # jax and torchax imports
     imports = time.perf_counter() - start
     start = time.perf_counter()
     report = xla.compile_for_tpu(model, [shape], topology=topology)

@@ -24,9 +24,9 @@ from portkit import results, targets
 from portkit.errors import MissingPackage
 from portkit.results import save_result
 from portkit.xla_compile import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
-                                 _require_xla, _topology, check_lowering, compile_for_tpu, compile_seconds,
+                                 require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
                                  input_specs)
-from portkit.xla_results import ShapeResult, XlaCompileReport, XlaSkipped, _size  # noqa: F401
+from portkit.xla_results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes  # noqa: F401
 
 STAGE = "xla"
 
@@ -37,11 +37,11 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
 
     model: a LoadedModel, an nn.Module, or a name for portkit.models.load."""
     check = targets.get(target_name).xla_check
-    _topology(topology)
+    check_topology(topology)
     if check is None:
         return XlaSkipped(target_name, f"XLA check skipped: {target_name} is a reference platform, not an XLA target")
     try:
-        _require_xla()
+        require_xla()
     except MissingPackage as exc:
         return XlaSkipped(target_name, str(exc))
     if isinstance(model, str):
@@ -56,7 +56,7 @@ def check_parameters(topology: str = "v5e:1x1", dtype: str = "float32", batch_si
                      seq_len: int = 128, max_shapes: int = 4) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import params
-    _topology(topology)
+    check_topology(topology)
     params.choice("dtype", dtype, DTYPES)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
@@ -129,8 +129,8 @@ class XlaStage:
             return f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to StableHLO"
         peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
-                f"{done}/{len(r.shapes)} shapes compiled and fit {_size(r.hbm_bytes_per_device)} HBM per device; "
-                f"largest {_size(peak)}; {r.cached_shapes} served from the verdict cache"
+                f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "
+                f"largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
                 + (" (compile seconds as measured when first compiled)" if r.cached_shapes else ""))
 
     def summary(self) -> str:

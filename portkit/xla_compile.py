@@ -131,7 +131,7 @@ def _load():
     return jax, _import_torchax()
 
 
-def _require_xla():
+def require_xla():
     """jax and torchax, or MissingPackage with the one line that says what to install."""
     missing = probes.missing_for_xla_tpu_compile()
     if missing:
@@ -228,7 +228,7 @@ class _Program:
     """A module converted once by torchax; lowered (and compiled) once per input shape."""
 
     def __init__(self, module: nn.Module, dtype: torch.dtype | None):
-        self.jax, self.torchax = _require_xla()
+        self.jax, self.torchax = require_xla()
         self.module = module
         float_dtype = dtype or next((p.dtype for p in module.parameters() if p.is_floating_point()),
                                     torch.float32)
@@ -315,7 +315,7 @@ def _new_result(shape: dict, spec: dict, program: _Program, status: str, **extra
     return ShapeResult(label=_label(shape, spec), inputs=inputs, status=status, lower_seconds=0.0, **extra)
 
 
-def _topology(name: str) -> str:
+def check_topology(name: str) -> str:
     if name not in TOPOLOGIES:
         raise BadParameter("TPU topology", name, TOPOLOGIES)
     return name
@@ -329,7 +329,7 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
     keeps the model's own. A batch that divides over the topology's devices is split over them;
     otherwise every device gets the whole batch (the report says which).
     """
-    _topology(topology)
+    check_topology(topology)
     shapes, specs, program = _prepare(model, shapes, dtype)
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec

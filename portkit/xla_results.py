@@ -62,13 +62,14 @@ class ShapeResult:
             return f"lowered to StableHLO in {self.lower_seconds:.1f} s: {self.stablehlo_ops} ops{calls}"
         if self.status == "compiled":
             m = self.memory
-            fit = (f"fits ({m['total'] / hbm:.1%} of {_size(hbm)})" if self.fits_hbm
-                   else f"DOES NOT FIT {_size(hbm)}")
+            fit = (f"fits ({m['total'] / hbm:.1%} of {format_bytes(hbm)})" if self.fits_hbm
+                   else f"DOES NOT FIT {format_bytes(hbm)}")
             return (f"compiled in {self.compile_seconds:.1f} s{self.origin()} (+{self.lower_seconds:.1f} s lowering), "
-                    f"{self.input_sharding}; HBM {_size(m['total'])} per device = args {_size(m['argument'])} "
-                    f"+ out {_size(m['output'])} + temp {_size(m['temporary'])} + code "
-                    f"{_size(m['generated_code'])}, {fit}; {self.flops / 1e9:.2f} GFLOP, "
-                    f"{_size(self.bytes_accessed)} accessed")
+                    f"{self.input_sharding}; HBM {format_bytes(m['total'])} per device = args "
+                    f"{format_bytes(m['argument'])} + out {format_bytes(m['output'])} + temp "
+                    f"{format_bytes(m['temporary'])} + code "
+                    f"{format_bytes(m['generated_code'])}, {fit}; {self.flops / 1e9:.2f} GFLOP, "
+                    f"{format_bytes(self.bytes_accessed)} accessed")
         where = ""
         if self.module_path is not None:
             where = f" in module {self.module_path or '<top level>'} ({self.module_type})"
@@ -122,8 +123,9 @@ class XlaCompileReport:
         if shape.input_sharding and shape.input_sharding.startswith("batch"):
             inputs //= self.devices
         expected = self.parameter_bytes + inputs
-        return (f"argument bytes {_size(shape.memory['argument'])} vs parameters {_size(self.parameter_bytes)} "
-                f"({self.dtype}) + inputs {_size(inputs)}: ratio {shape.memory['argument'] / expected:.3f}")
+        return (f"argument bytes {format_bytes(shape.memory['argument'])} vs parameters "
+                f"{format_bytes(self.parameter_bytes)} ({self.dtype}) + inputs {format_bytes(inputs)}: "
+                f"ratio {shape.memory['argument'] / expected:.3f}")
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "shapes"}
@@ -141,11 +143,11 @@ class XlaCompileReport:
         if self.check == "lowering":
             return f"{self.target}: {self.headline}"
         return (f"{self.target} {self.topology} ({self.devices} x {self.device_kind}, "
-                f"{_size(self.hbm_bytes_per_device)} HBM per device): {self.headline}")
+                f"{format_bytes(self.hbm_bytes_per_device)} HBM per device): {self.headline}")
 
     def __str__(self) -> str:
         lines = [self._title(),
-                 f"model {self.model}: {self.parameters / 1e6:.1f} M parameters, {_size(self.parameter_bytes)} "
+                 f"model {self.model}: {self.parameters / 1e6:.1f} M parameters, {format_bytes(self.parameter_bytes)} "
                  f"in {self.dtype}"]
         if self.verdict_cache:
             lines.append(self.cache_line())
@@ -190,7 +192,7 @@ class XlaSkipped:
         return f"<div><b>{html.escape(self.target)}</b>: {html.escape(self.reason)}</div>"
 
 
-def _size(n) -> str:
+def format_bytes(n) -> str:
     for unit, scale in (("GiB", GIB), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"

@@ -91,7 +91,7 @@ def test_small_model_compiles_for_v5e_with_hbm_and_flops(bert, tmp_path):
 
 @needs_xla
 def test_guard_rejects_an_executable_compiled_for_the_cpu():
-    jax, _ = xla_compile._require_xla()
+    jax, _ = xla_compile.require_xla()
     spec = jax.ShapeDtypeStruct((8, 8), jax.numpy.float32)           # no sharding: JAX picks the CPU
     compiled = jax.jit(lambda a: a @ a).lower(spec).compile()
     with pytest.raises(PortkitError, match="not TPU"):
@@ -158,7 +158,7 @@ def test_neuron_gets_a_lowering_check_only(bert):
 @needs_xla
 def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
     fast_path = torch.backends.mha.get_fastpath_enabled()
-    xla_compile._require_xla()
+    xla_compile.require_xla()
     with pytest.raises(AttributeError):
         torch.ops.aten.prod.dim_Dimname           # removed in torch 2.13; the shim only bends it during import
     assert torch.backends.mha.get_fastpath_enabled() == fast_path
