@@ -12,8 +12,9 @@ model is loaded (paid once, shared, charged to neither side):
   function (portkit.backends.warm_inductor). Compile: the first call of torch.compile(module,
   backend="inductor", dynamic=False) on real text: Dynamo trace, code generation, C++ compile and one
   forward pass (timed apart on a second call, and printed).
-Every run has fresh caches, so a second run measures the same thing: Inductor's on-disk caches point at
-a new temporary folder (removed at exit), and JAX's persistent compilation cache is off.
+Every run has fresh caches, so a second run measures the same thing: Inductor's on-disk caches and
+portkit's XLA verdict cache point at a new temporary folder (removed at exit), and JAX's persistent
+compilation cache is off.
 """
 import argparse
 import os
@@ -29,13 +30,15 @@ os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 import torch  # noqa: E402
 
-from portkit import backends, data, models, xla  # noqa: E402
+from portkit import backends, data, models, xla, xla_compile  # noqa: E402
+
+os.environ[data.CACHE_VARIABLE] = CACHE        # read at each compile: no XLA verdict comes from a past run
 
 
 def _xla(model, shape, topology) -> dict | None:
     """Seconds per part of the XLA side, or None (after printing why) when the shape does not compile."""
     start = time.perf_counter()
-    xla._require_xla()                               # jax and torchax imports
+    xla_compile.require_xla()                       # jax and torchax imports
     imports = time.perf_counter() - start
     start = time.perf_counter()
     report = xla.compile_for_tpu(model, [shape], topology=topology)

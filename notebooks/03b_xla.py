@@ -22,7 +22,12 @@
 # verdict: compiled or not, HBM per device, FLOPs, and whether it fits the chip. For Neuron (neuronx-cc is
 # not installable here) the same conversion stops at StableHLO: a lowering check, not a Neuron compile.
 #
-# Logic: `portkit/xla.py`. Needs `pip install 'portkit[xla]'`; without it this stage says so and skips.
+# Each TPU verdict is kept in portkit's verdict cache (`$PORTKIT_CACHE_DIR`, default `~/.cache/portkit`):
+# a rerun reads a shape's verdict back instead of compiling it again, and says so, with the compile
+# seconds measured the first time.
+#
+# Logic: `portkit/xla.py` (compiles: `portkit/xla_compile.py`). Needs `pip install 'portkit[xla]'`; without
+# it this stage says so and skips.
 
 # %% tags=["parameters"]
 model = "minilm"  # model: a portkit name, a local HF directory, or module:factory

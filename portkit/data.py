@@ -61,7 +61,14 @@ class Corpus:
         return {"name": self.name, "source": self.source, "texts": len(self.texts)}
 
 
-def _cache_dir() -> Path:
+CACHE_VARIABLE = "PORTKIT_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """The folder every portkit on-disk cache lives under: $PORTKIT_CACHE_DIR when set, else
+    $XDG_CACHE_HOME/portkit, else ~/.cache/portkit (the XDG base-directory convention)."""
+    if os.environ.get(CACHE_VARIABLE):
+        return Path(os.environ[CACHE_VARIABLE]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "portkit"
 
@@ -70,7 +77,7 @@ def stdlib_docstrings() -> Corpus:
     """Docstrings of the running Python's standard library, cached on disk after the first read."""
     root = Path(sysconfig.get_paths()["stdlib"])
     key = hashlib.sha1(f"{sys.version}|{root}".encode()).hexdigest()[:12]
-    cache = _cache_dir() / f"stdlib-docstrings-{key}.json"
+    cache = cache_root() / f"stdlib-docstrings-{key}.json"
     if cache.exists():
         try:
             texts = json.loads(cache.read_text())

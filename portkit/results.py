@@ -14,13 +14,14 @@ reason, backend, precision and op table source); the report reads it back with `
     >>> env.info["targets"]["neuron"]["mode"], env.source, env.gaps
     >>> results.Finding("float64", "work", "float64 in head", "use float32", module="head").to_dict()
     >>> results.read_buckets("runs/minilm").chosen["tpu"].boundaries      # stage 3's plan, or None
+    >>> results.fixed_shape("runs/minilm", "tpu")        # stage 2's {"batch": 1, "seq": 64}, or None
 
-A stage reads an earlier stage's result only through a reader here (read_buckets), never by opening
-its JSON itself: the reader names what is wrong with a damaged file in one line (UnreadableResult).
+A stage reads an earlier stage's result only through a reader here (read_buckets, fixed_shape,
+bucket_shapes, read_stage), never by opening its JSON itself: the reader names what is wrong with a
+damaged file in one line (UnreadableResult).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,16 +189,12 @@ def read_buckets(out_dir) -> BucketsResult | None:
     A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
     not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult."""
     path = Path(out_dir) / result_file("buckets")
-    if not path.exists():
+    saved = read_stage(out_dir, "buckets")
+    if saved is None:
         return None
-    try:
-        saved = read_json(path)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UnreadableResult(f"{path} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
-                               "rerun stage 3 (buckets) or remove the file") from None
-    per_target = saved.get("targets") if isinstance(saved, dict) else None
+    per_target = saved.get("targets")
     if not isinstance(per_target, dict):
-        raise UnreadableResult(f"{path} has no per-target results (no \"targets\" object); rerun stage 3 (buckets)")
+        raise UnreadableResult(f"{path} has no per-target results (no \"targets\" object); rerun stage buckets")
     chosen = {}
     for name, result in per_target.items():
         plan = result.get("chosen") if isinstance(result, dict) else None
@@ -215,5 +212,63 @@ def _positive_ints(values, path: Path, key: str) -> list[int]:
     if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                                                for v in values):
         raise UnreadableResult(f"{path}: {key} is {_short(values)}, not a list of positive integers; "
-                               "rerun stage 3 (buckets)")
+                               "rerun stage buckets")
     return values
+
+
+def read_stage(out_dir, stage: str) -> dict | None:
+    """The result `stage` saved in `out_dir`, or None when there is none. Its file is <stage>.json, the
+    name the run folder's layout (runfolder) gives every stage's result. A file that is not a JSON object raises
+    UnreadableResult naming the file."""
+    path = Path(out_dir) / result_file(stage)
+    if not path.exists():
+        return None
+    try:
+        saved = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UnreadableResult(f"{path} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
+                               f"rerun stage {stage} or remove the file") from None
+    if not isinstance(saved, dict):
+        raise UnreadableResult(f"{path} holds a {type(saved).__name__}, not a stage result; rerun stage {stage}")
+    return saved
+
+
+def _target_result(out_dir, stage: str, target: str) -> dict:
+    """targets[target] of a stage's result; {} when the stage or the target has none."""
+    per_target = (read_stage(out_dir, stage) or {}).get("targets")
+    found = per_target.get(target) if isinstance(per_target, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def fixed_shape(out_dir, target: str) -> dict | None:
+    """Stage 2's fixed input shape for `target` (compile.json): {"batch": B, "seq": S}, seq None for an
+    image model; None when stage 2 recorded none."""
+    shape = _target_result(out_dir, "compile", target).get("fixed_shape")
+    if shape is None:
+        return None
+    return _shape(shape, "compile", f"targets.{target}.fixed_shape", out_dir)
+
+
+def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
+    """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
+    when stage 3 chose none."""
+    chosen = _target_result(out_dir, "buckets", target).get("chosen")
+    if not isinstance(chosen, dict) or not chosen.get("shapes"):
+        return None
+    shapes = chosen["shapes"]
+    if not isinstance(shapes, list):
+        raise UnreadableResult(f"{Path(out_dir) / 'buckets.json'}: targets.{target}.chosen.shapes is "
+                               f"{_short(shapes)}, not a list; rerun stage buckets")
+    key = f"targets.{target}.chosen.shapes"
+    return str(chosen.get("planner", "")), [_shape(s, "buckets", key, out_dir) for s in shapes]
+
+
+def _shape(value, stage: str, key: str, out_dir) -> dict:
+    """{"batch": positive int (1 when absent), "seq": positive int or None}, or UnreadableResult."""
+    def positive(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+    if isinstance(value, dict) and positive(value.get("batch", 1)) and (value.get("seq") is None
+                                                                          or positive(value["seq"])):
+        return {"batch": value.get("batch", 1), "seq": value.get("seq")}
+    raise UnreadableResult(f"{Path(out_dir) / f'{stage}.json'}: {key} has {_short(value)}, not "
+                           f"{{\"batch\": positive int, \"seq\": positive int}}; rerun stage {stage}")

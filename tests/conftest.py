@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -6,6 +8,25 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PORTKIT_HEADLESS", "1")   # notebook kernels started by nbval skip widgets
+
+
+def _session_cache_root() -> str:
+    """A fresh portkit cache root for this test session (portkit.data.cache_root).
+
+    Set in os.environ at import, so the notebook kernels and subprocesses the tests start inherit it:
+    no test reads or writes the user's XLA verdict cache, every session compiles for real once, and
+    within a session no shape is compiled twice. The user's other portkit caches (the standard
+    library's docstrings, keyed by Python version and path) are copied in: they do not depend on
+    anything a test changes, and re-reading the standard library would cost seconds per session."""
+    from portkit import data, xla_cache
+    user_root, root = data.cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
+    if user_root.is_dir():
+        shutil.copytree(user_root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(xla_cache.FOLDER))
+    os.environ[data.CACHE_VARIABLE] = root
+    return root
+
+
+SESSION_CACHE = _session_cache_root()
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "models.py"
@@ -40,6 +61,10 @@ def minilm():
 
 def pytest_configure(config):
     config.portkit_started = time.time()
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(session, config, items):

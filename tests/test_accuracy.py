@@ -89,7 +89,7 @@ def test_bad_parameters_name_the_value():
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):
-    assert runner.Stage("accuracy", "04_accuracy.ipynb", "accuracy.json", "portkit.accuracy") in runner.STAGES
+    assert runner.Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy") in runner.STAGES
     with pytest.raises(BadParameter, match="precision for target tpu"):
         runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"precision": {"tpu": "fast"}}, stages=["accuracy"])
     with pytest.raises(BadParameter, match="default_buckets"):
@@ -295,7 +295,7 @@ def _detect_native(monkeypatch, name, **changes):
 def test_native_labels_name_the_device_and_the_vendor_backend(monkeypatch, capsys, name, eager, compiled):
     # The strings native mode writes, checked without the device: nothing here runs on it.
     native = _detect_native(monkeypatch, name)
-    side = accuracy._TargetSide(native, torch.nn.Identity(), numerics.emulate, True)
+    side = target_runs.TargetSide(native, torch.nn.Identity(), numerics.emulate, True)
     assert (side.label(False), side.label(True)) == (eager, compiled)
     assert accuracy.target_side([name], compiled=True) is True
     assert capsys.readouterr().out == (f"target {name}: outputs and buckets {compiled}; per-layer hooks and other "

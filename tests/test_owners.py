@@ -209,4 +209,4 @@ def test_read_buckets(tmp_path):
         with pytest.raises(results.UnreadableResult) as info:
             results.read_buckets(tmp_path)
         assert str(info.value).startswith(str(path)) and problem in str(info.value)
-        assert "\n" not in str(info.value) and "rerun stage 3" in str(info.value)
+        assert "\n" not in str(info.value) and "rerun stage buckets" in str(info.value)

@@ -1,8 +1,11 @@
-"""portkit.xla: real XLA compiles for TPU topologies on this CPU host, and the Neuron lowering check.
+"""portkit.xla (stage 3b) and its machinery (portkit.xla_compile, xla_results, xla_cache): real XLA
+compiles for TPU topologies on this CPU host, the verdict cache, and the Neuron lowering check.
 
 Tests that compile need jax, jaxlib, libtpu and torchax (`pip install 'portkit[xla]'`) and skip
-without them; validation and the skip path run everywhere.
+without them; validation and the skip path run everywhere. The whole session shares one fresh cache
+root (tests/conftest.py); the cache tests below each use their own empty one.
 """
+import functools
 import json
 import os
 import subprocess
@@ -13,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from portkit import models, probes, targets, xla
+from portkit import data, models, probes, results, runner, targets, xla, xla_cache, xla_compile
 from portkit.errors import BadParameter, MissingPackage, PortkitError
 
 needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
@@ -88,11 +91,11 @@ def test_small_model_compiles_for_v5e_with_hbm_and_flops(bert, tmp_path):
 
 @needs_xla
 def test_guard_rejects_an_executable_compiled_for_the_cpu():
-    jax, _ = xla._require_xla()
+    jax, _ = xla_compile.require_xla()
     spec = jax.ShapeDtypeStruct((8, 8), jax.numpy.float32)           # no sharding: JAX picks the CPU
     compiled = jax.jit(lambda a: a @ a).lower(spec).compile()
     with pytest.raises(PortkitError, match="not TPU"):
-        xla._compiled_platform(jax, compiled, "v5e:1x1")
+        xla_compile._compiled_platform(jax, compiled, "v5e:1x1")
 
 
 @needs_xla
@@ -115,6 +118,10 @@ def test_oversized_shape_does_not_fit_hbm():
     assert huge.status == "out_of_hbm" and huge.fits_hbm is False and not huge.ok
     assert "HBM" in huge.message                  # the compiler's own words
     assert "DOES NOT FIT HBM" in str(report) and not report.ok
+    # Not fitting is the compiler's verdict on this program: a rerun reads it back instead of compiling.
+    again = xla.compile_for_tpu(Dense(), shapes=[{"x": ((1 << 22, 1024), "float32")}]).shapes[0]
+    assert again.cached and again.status == "out_of_hbm" and again.fits_hbm is False
+    assert again.message == huge.message and again.compile_seconds == huge.compile_seconds
 
 
 @needs_xla
@@ -151,7 +158,7 @@ def test_neuron_gets_a_lowering_check_only(bert):
 @needs_xla
 def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
     fast_path = torch.backends.mha.get_fastpath_enabled()
-    xla._require_xla()
+    xla_compile.require_xla()
     with pytest.raises(AttributeError):
         torch.ops.aten.prod.dim_Dimname           # removed in torch 2.13; the shim only bends it during import
     assert torch.backends.mha.get_fastpath_enabled() == fast_path
@@ -160,6 +167,107 @@ def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
     torch._dynamo.reset()
     double = torch.compile(lambda t: t * 2 + 1, backend="eager", fullgraph=True)
     assert torch.equal(double(torch.ones(3)), torch.full((3,), 3.0))
+
+
+# ---------------------------------------------------------------- the verdict cache (issue #12)
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """An empty cache root of this test's own, and a count of the XLA compiles actually run."""
+    import jax
+    monkeypatch.setenv(data.CACHE_VARIABLE, str(tmp_path / "cache"))
+    compiles = []
+    original = jax.stages.Lowered.compile
+
+    def counted(self, *args, **kwargs):
+        compiles.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", counted)
+    return compiles
+
+
+TINY = [{"x": ((2, 64), "float32")}]
+
+
+@needs_xla
+def test_a_rerun_reads_the_verdict_instead_of_compiling(empty_cache, tmp_path):
+    first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+    assert empty_cache == [1] and first.status == "compiled" and not first.cached
+    assert xla_cache.cache_dir() == tmp_path / "cache" / "xla-verdicts"      # PORTKIT_CACHE_DIR moves it
+    assert len(list(xla_cache.cache_dir().glob("*.json"))) == 1
+    report = xla.compile_for_tpu(Dense(64), TINY)
+    second = report.shapes[0]
+    assert empty_cache == [1], "the second call compiled again"
+    assert second.cached and second.status == "compiled" and second.fits_hbm is True
+    for field in ("memory", "flops", "bytes_accessed", "platform", "compile_seconds", "measured_at"):
+        assert getattr(second, field) == getattr(first, field), field      # the seconds measured the first time
+    assert f"(verdict cache; compile measured {first.measured_at})" in str(report)
+    assert "verdict cache " in str(report) and "1 of 1 shapes served from it" in str(report)
+    assert report.to_dict()["cached_shapes"] == 1 and report.to_dict()["shapes"][0]["cached"] is True
+
+
+@needs_xla
+def test_another_topology_or_dtype_is_another_verdict(empty_cache):
+    xla.compile_for_tpu(Dense(64), TINY)
+    other_topology = xla.compile_for_tpu(Dense(64), TINY, topology="v6e:1x1").shapes[0]
+    other_dtype = xla.compile_for_tpu(Dense(64), TINY, dtype="bfloat16").shapes[0]
+    assert empty_cache == [1, 1, 1] and not other_topology.cached and not other_dtype.cached
+    assert len(list(xla_cache.cache_dir().glob("*.json"))) == 3
+
+
+@needs_xla
+@pytest.mark.parametrize("damage", ["not json {", '{"format": 1, "key": "another key", "verdict": {}}',
+                                    "[1, 2]", '{"format": 1, "key": "KEY", "verdict": {"status": "compiled"}}'])
+def test_a_damaged_entry_is_compiled_again_and_rewritten(empty_cache, damage):
+    first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+    (entry,) = xla_cache.cache_dir().glob("*.json")
+    entry.write_text(damage.replace("KEY", entry.stem))
+    again = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+    assert empty_cache == [1, 1] and not again.cached and again.memory == first.memory
+    assert json.loads(entry.read_text())["verdict"]["status"] == "compiled"
+    assert xla.compile_for_tpu(Dense(64), TINY).shapes[0].cached and empty_cache == [1, 1]
+
+
+@needs_xla
+def test_an_internal_compiler_error_is_reported_but_not_cached(empty_cache, monkeypatch):
+    import jax
+
+    def internal(self, *args, **kwargs):
+        empty_cache.append(1)
+        raise RuntimeError("INTERNAL: the compiler crashed")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", internal)
+    for _ in range(2):
+        result = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+        assert result.status == "compile_failed" and not result.cached and "INTERNAL" in result.message
+    assert empty_cache == [1, 1] and not list(xla_cache.cache_dir().glob("*.json"))
+
+
+def test_only_repeatable_verdicts_are_cached():
+    verdict = functools.partial(xla_cache.Verdict, compile_seconds=1.0, measured_at="2025-01-01T00:00:00Z")
+    assert verdict("compiled").repeatable and verdict("out_of_hbm", message="RESOURCE_EXHAUSTED: ...").repeatable
+    assert verdict("compile_failed", message="INVALID_ARGUMENT: bad sharding").repeatable
+    assert not verdict("compile_failed", message="INTERNAL: crashed").repeatable
+    assert not verdict("compile_failed", message="Segmentation fault").repeatable
+
+
+@needs_xla
+def test_compile_seconds_prices_a_shape_once(empty_cache, bert):
+    seconds, source = xla.compile_seconds(bert, {"batch": 1, "seq": 16})
+    assert seconds > 0 and source == "XLA compile for v5e:1x1, measured now"
+    again, cached_source = xla.compile_seconds(bert, {"batch": 1, "seq": 16})
+    assert again == seconds and cached_source.startswith("XLA compile for v5e:1x1, verdict cache, measured 20")
+    assert empty_cache == [1]
+    none, why = xla.compile_seconds(NoLowering(), {"x": ((4, 16), "float32")})
+    assert none is None and "NO LOWERING for aten::special_airy_ai" in why and empty_cache == [1]
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(data.CACHE_VARIABLE, str(tmp_path))
+    assert xla_cache.cache_dir() == tmp_path / "xla-verdicts"
+    monkeypatch.delenv(data.CACHE_VARIABLE)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert xla_cache.cache_dir() == tmp_path / "xdg" / "portkit" / "xla-verdicts"
 
 
 # A plain JAX program that loads libtpu for a compile-only topology and keeps it loaded, as a second
@@ -210,13 +318,13 @@ def test_compile_only_environment_is_set_only_without_tpu_chips(monkeypatch):
     for name in xla.COMPILE_ONLY_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(probes, "tpu_chip_count", lambda: 4)        # a TPU host: the lock guards real chips
-    assert xla._compile_only_environment() == {}
+    assert xla_compile._compile_only_environment() == {}
     assert not set(xla.COMPILE_ONLY_ENV) & set(os.environ)
     monkeypatch.setattr(probes, "tpu_chip_count", lambda: None)     # cannot tell: leave libtpu's defaults
-    assert xla._compile_only_environment() == {}
+    assert xla_compile._compile_only_environment() == {}
     monkeypatch.setattr(probes, "tpu_chip_count", lambda: 0)
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2")           # the user's own setting wins
-    assert xla._compile_only_environment() == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    assert xla_compile._compile_only_environment() == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     assert os.environ["TPU_WORKER_HOSTNAMES"] == "10.0.0.2" and os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
 
 
@@ -280,6 +388,29 @@ def test_stage_shapes_come_from_the_earlier_stages(bert, tmp_path):
     assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=1)[0] == [{"batch": 1, "seq": 256}]
     with pytest.raises(BadParameter, match="invalid max_shapes 0: must be a positive whole number"):
         xla.check_parameters(max_shapes=0)
+
+
+@pytest.mark.parametrize("file, text, words", [
+    ("compile.json", "{not json", "compile.json cannot be read (JSONDecodeError"),
+    ("compile.json", "[]", "compile.json holds a list, not a stage result"),
+    ("compile.json", json.dumps({"targets": {"tpu": {"fixed_shape": {"batch": 0, "seq": 64}}}}),
+     "targets.tpu.fixed_shape has {'batch': 0, 'seq': 64}"),
+    ("buckets.json", json.dumps({"targets": {"tpu": {"chosen": {"shapes": [{"batch": 1, "seq": "64"}]}}}}),
+     "targets.tpu.chosen.shapes has {'batch': 1, 'seq': '64'}"),
+])
+def test_a_damaged_earlier_result_is_named_not_ignored(bert, tmp_path, file, text, words):
+    (tmp_path / file).write_text(text)
+    with pytest.raises(results.UnreadableResult) as info:
+        xla.stage_shapes(tmp_path, "tpu", bert)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_readers_name_each_stage_result_as_the_runner_does(tmp_path):
+    assert all(stage.result == f"{stage.name}.json" for stage in runner.STAGES)     # read_stage relies on it
+    assert results.read_stage(tmp_path, "compile") is None and results.fixed_shape(tmp_path, "tpu") is None
+    (tmp_path / "compile.json").write_text(json.dumps({"targets": {"tpu": {"fixed_shape": {"batch": 2, "seq": None}}}}))
+    assert results.fixed_shape(tmp_path, "tpu") == {"batch": 2, "seq": None}        # an image model's
+    assert results.fixed_shape(tmp_path, "neuron") is None and results.bucket_shapes(tmp_path, "tpu") is None
 
 
 @needs_xla

@@ -1,0 +1,472 @@
+"""Real XLA compiles for TPU topologies on a CPU host, and a StableHLO lowering check for Neuron.
+
+TorchTPU compiles through OpenXLA. JAX with libtpu compiles for a real TPU topology with no chip
+present (compile-only devices) and torchax runs a PyTorch module as a JAX function, so a user
+without a TPU still gets the real compiler's verdict per input shape: compiled or failed, HBM per
+device, FLOPs, and whether it fits. Nothing is executed on a TPU. For Neuron (neuronx-cc is not
+installable here) the same conversion stops at StableHLO: a lowering check, not a Neuron compile.
+
+    >>> from portkit import models, xla_compile
+    >>> m = models.load("minilm")
+    >>> report = xla_compile.compile_for_tpu(m, shapes=[{"batch": 8, "seq": 128}], topology="v5e:1x1")
+    >>> print(report)                 # per shape: compiled?, seconds, HBM per device, FLOPs, fits
+    >>> xla_compile.check_lowering(m, [{"batch": 8, "seq": 128}])     # Neuron: StableHLO only
+    >>> xla_compile.compile_seconds(m, {"batch": 8, "seq": 128}, "v5e:1x1")  # (seconds, where from)
+
+Every TPU compile verdict is kept in portkit's verdict cache (portkit.xla_cache), keyed by the lowered
+module and the compile context: a shape compiled once is never compiled again, by a rerun or by
+another stage pricing it; its ShapeResult says `cached` and keeps the seconds measured then.
+Shapes are {"batch": B, "seq": S} (text), {"batch": B} (images), or {input_name: (shape, dtype)}.
+Needs `pip install 'portkit[xla]'`; without it these raise MissingPackage with the one line to run.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import re
+import time
+import warnings
+from unittest import mock
+
+import torch
+from torch import nn
+
+from portkit import probes, xla_cache
+from portkit.errors import BadParameter, MissingPackage, PortkitError
+from portkit.models import LoadedModel
+from portkit.xla_results import GIB, ShapeResult, XlaCompileReport
+
+# HBM per chip, Google Cloud's public TPU pages: v4 "HBM2 capacity 32 GiB" (tpu/docs/v4); v5e "HBM
+# capacity per chip 16 GiB" (tpu/docs/v5e); v5p 95, v6e 32, TPU7x 192 GiB ("HBM capacity per chip
+# (GiB)", tpu/docs/tpu7x, which tabulates all three). TPU7x shows each chip as two JAX devices
+# (its two TensorCores, "dual-chiplet"); we give each device an even half of the chip's HBM.
+HBM_GIB_PER_CHIP = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "tpu7x": 192}
+# Names jax.experimental.topologies.get_topology_desc accepts with libtpu for compile-only devices
+# (checked on a CPU-only host, jax 0.10); v4 needs megacore.
+TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v5p:2x2x1": {},
+              "v4:2x2x1": {"chip_config_name": "megacore"}, "tpu7x:2x2x1": {}}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+INSTALL = "pip install 'portkit[xla]' (or: pip install jax jaxlib libtpu torchax==0.0.13)"
+# Environment variables XLA and libtpu read compiler flags from: part of every verdict's cache key.
+FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+# JAX's default (jax_enable_x64 off) has no 64-bit types: int64 and float64 compile as 32-bit.
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+# ---------------------------------------------------------------- imports (the torch 2.13 shim)
+class _RemovedOverload:
+    """Stands in for an ATen overload that torch 2.13 removed; it can never match a dispatched op."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<overload {self.name} removed in torch {torch.__version__}>"
+
+
+def _import_torchax():
+    """Import torchax 0.0.13 on torch 2.13 without letting it change torch for the other stages.
+
+    1. torchax names named-tensor overloads (aten.prod.dim_Dimname, aten.all.dimname, ...) in tables
+       it builds at import and when its environment is first made; torch 2.13 removed them, so the
+       import fails with "aten.prod has no overload name 'dim_Dimname'". While torchax loads, such a
+       missing overload resolves to an inert placeholder: nothing can dispatch to an op torch no
+       longer has. Any other missing overload still raises.
+    2. torchax renames PrivateUse1 to "jax" (its tensors report device "jax:0") and registers
+       torch.jax, whose is_available() says True. torch.accelerator.is_available() asks torch.jax,
+       so Dynamo then takes "jax" for a usable accelerator, asks it for its current stream, and
+       every later torch.compile in the process fails ("PyTorch is not linked with support for jax
+       devices"). No torch accelerator exists here: torch.jax answers False from now on. The rename
+       is one-way: where torch_tpu or torch_neuronx already claimed PrivateUse1, torchax cannot
+       load, and the section is skipped with that reason.
+    3. torchax turns PyTorch's MHA fast path off process-wide; the setting is restored.
+    """
+    original = torch._ops.OpOverloadPacket.__getattr__
+
+    def tolerant(self, key):
+        try:
+            return original(self, key)
+        except AttributeError:
+            if "dimname" in key.lower() or "names" in key:
+                return _RemovedOverload(f"{self}.{key}")
+            raise
+
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    try:
+        with mock.patch.object(torch._ops.OpOverloadPacket, "__getattr__", tolerant):
+            import torchax
+            torchax.default_env()      # loads torchax.decompositions and the op registry
+        torchax.device_module.is_available = lambda: False
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+    return torchax
+
+
+# Set for compile-only use, before JAX first loads libtpu (it reads them once, when it loads).
+# TPU_WORKER_HOSTNAMES: libtpu asks a cloud metadata server for its workers unless told there are
+# none. ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu refuses to load while another process holds
+# /tmp/libtpu_lockfile ("Internal error when accessing libtpu multi-process lockfile"); the lock
+# guards the chips, and compile-only devices open none (JAX's own multi-process tests set it,
+# jax/_src/test_multiprocess.py). On a host with TPU chips neither is set: the lock then protects
+# a real device, and the TPU runtime's own settings apply.
+COMPILE_ONLY_ENV = {"TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+def _compile_only_environment() -> dict[str, str]:
+    """Set COMPILE_ONLY_ENV where the user has not (only when this host has no TPU chip); return what
+    was set."""
+    if probes.tpu_chip_count() != 0:       # chips attached, or the scan unavailable: leave them alone
+        return {}
+    added = {k: v for k, v in COMPILE_ONLY_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    return added
+
+
+@functools.cache
+def _load():
+    _compile_only_environment()
+    import jax
+    return jax, _import_torchax()
+
+
+def require_xla():
+    """jax and torchax, or MissingPackage with the one line that says what to install."""
+    missing = probes.missing_for_xla_tpu_compile()
+    if missing:
+        raise MissingPackage(f"XLA check skipped: {', '.join(missing)} not installed; {INSTALL}")
+    try:
+        return _load()
+    except (ImportError, AttributeError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = f"; {INSTALL}" if isinstance(exc, ImportError) else ""
+        raise MissingPackage(f"XLA check skipped: jax/torchax did not load ({first}){hint}") from exc
+
+
+# ---------------------------------------------------------------- inputs
+def input_specs(model, shape: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """{"batch": B, "seq": S} / {"batch": B} / {name: (shape, dtype)} -> {name: (shape, dtype)}."""
+    hint = 'give {"batch": B, "seq": S}, {"batch": B} for images, or {input_name: (shape, dtype)}'
+    if not isinstance(shape, dict) or not shape:
+        raise BadParameter("input shape", shape, hint=hint)
+    if set(shape) <= {"batch", "seq"}:
+        if not isinstance(model, LoadedModel):
+            raise BadParameter("input shape", shape, hint="a bare nn.Module needs {input_name: (shape, dtype)}")
+        batch = _positive(shape, "batch")
+        if model.takes_text:
+            seq = _positive(shape, "seq")
+            if seq > model.max_length:
+                raise BadParameter("seq", seq, hint=f"{model.name} takes at most {model.max_length} tokens")
+            return {name: ((batch, seq), torch.int64) for name in model.input_names}
+        if "seq" in shape:
+            raise BadParameter("input shape", shape, hint=f"{model.name} takes images: give only the batch")
+        size = model.image_size
+        return {model.input_names[0]: ((batch, 3, size, size), torch.float32)}
+    names = model.input_names if isinstance(model, LoadedModel) else None
+    specs = {}
+    for name, value in shape.items():
+        if names is not None and name not in names:
+            raise BadParameter("input name", name, names)
+        try:
+            dims, dtype = value
+            specs[name] = (tuple(int(d) for d in dims), _torch_dtype(dtype))
+        except (TypeError, ValueError, AttributeError):
+            raise BadParameter(f"shape of input {name!r}", value,
+                               hint="give (shape, dtype), e.g. ((8, 128), 'int64')") from None
+    return specs
+
+
+def _positive(shape: dict, key: str) -> int:
+    value = shape.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise BadParameter(key, value, hint=f"{key} must be a positive integer")
+    return value
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    result = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).replace("torch.", ""))
+    if not isinstance(result, torch.dtype):
+        raise ValueError(dtype)
+    return result
+
+
+def _label(shape: dict, specs: dict) -> str:
+    if set(shape) <= {"batch", "seq"}:
+        return " ".join(f"{k}={shape[k]}" for k in ("batch", "seq") if k in shape)
+    return " ".join(f"{n}={'x'.join(map(str, s))}:{str(d).replace('torch.', '')}" for n, (s, d) in specs.items())
+
+
+# ---------------------------------------------------------------- conversion and compile
+@contextlib.contextmanager
+def _module_stack(module: nn.Module):
+    """Track which submodule is running: forward pre-hooks push its name, forward hooks pop it.
+
+    When tracing raises, the post-hooks of the modules it passes through do not run, so the
+    stack still ends with the module that called the failing op."""
+    stack, handles = [], []
+
+    def enter(name):
+        def hook(_module, _args):
+            stack.append(name)      # returns None: a pre-hook's return value would replace the inputs
+        return hook
+
+    def leave(_module, _args, _output):
+        stack.pop()                 # returns None: a hook's return value would replace the output
+
+    for name, sub in module.named_modules():
+        if name:
+            handles += [sub.register_forward_pre_hook(enter(name)), sub.register_forward_hook(leave)]
+    try:
+        yield stack
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class _Program:
+    """A module converted once by torchax; lowered (and compiled) once per input shape."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype | None):
+        self.jax, self.torchax = require_xla()
+        self.module = module
+        float_dtype = dtype or next((p.dtype for p in module.parameters() if p.is_floating_point()),
+                                    torch.float32)
+        self.float_dtype = _NARROW.get(float_dtype, float_dtype)
+        with warnings.catch_warnings():
+            # torchax finds weights by reading every attribute of every submodule, which trips
+            # deprecated Hugging Face properties (is_gradient_checkpointing); the user's code did not.
+            warnings.simplefilter("ignore", FutureWarning)
+            self.states, self.fn = self.torchax.extract_jax(module)
+
+    def narrow(self, dtype: torch.dtype) -> torch.dtype:
+        if dtype.is_floating_point:
+            return self.float_dtype
+        return _NARROW.get(dtype, dtype)
+
+    def abstract(self, specs: dict, states_sharding, input_sharding):
+        """ShapeDtypeStructs for weights and inputs, in the compiled dtypes, with the given shardings."""
+        struct, mappings = self.jax.ShapeDtypeStruct, self.torchax.ops.mappings
+        states = {k: struct(a.shape, mappings.t2j_dtype(self.narrow(mappings.j2t_dtype(a.dtype))),
+                            sharding=states_sharding) for k, a in self.states.items()}
+        inputs = {n: struct(s, mappings.t2j_dtype(self.narrow(d)), sharding=input_sharding)
+                  for n, (s, d) in specs.items()}
+        return states, inputs
+
+    def lower(self, states, inputs, result: ShapeResult, platform: str | None = None):
+        """Trace and lower; on failure fill `result` with the op, the module path and the message.
+
+        platform: lower for this platform instead of the one the arguments' shardings name."""
+        fn = self.fn
+        start = time.perf_counter()
+        with _module_stack(self.module) as stack, warnings.catch_warnings():
+            # jax_enable_x64 is off: int64 narrows to int32 (noted once in the report, not per op).
+            warnings.filterwarnings("ignore", message="Explicitly requested dtype int64")
+            try:
+                traced = self.jax.jit(lambda s, x: fn(s, (), x)).trace(states, inputs)
+                return traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
+            except Exception as exc:  # noqa: BLE001 - any tracing failure is a finding, reported with its module
+                result.status, result.message = "trace_failed", _message(exc)
+                if isinstance(exc, self.torchax.tensor.OperatorNotFound):
+                    found = re.search(r"name (\S+) has no lowering", str(exc))
+                    result.status, result.op = "no_lowering", found.group(1) if found else str(exc)
+                result.module_path = stack[-1] if stack else ""      # "" is the model's own forward
+                result.module_type = type(self.module.get_submodule(result.module_path)).__name__
+                return None
+            finally:
+                result.lower_seconds = time.perf_counter() - start
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 4000 else text[:4000] + " [...]"
+
+
+def _prepare(model, shapes, dtype: str | None):
+    """Validate everything before any work, then convert the module once."""
+    if dtype is not None and dtype not in DTYPES:
+        raise BadParameter("dtype", dtype, DTYPES)
+    if not isinstance(model, (LoadedModel, nn.Module)):
+        raise BadParameter("model", type(model).__name__, ("portkit.models.LoadedModel", "torch.nn.Module"))
+    shapes = [shapes] if isinstance(shapes, dict) else list(shapes or ())
+    if not shapes:
+        raise BadParameter("shape list", shapes, hint='give at least one shape, e.g. [{"batch": 8, "seq": 128}]')
+    specs = [input_specs(model, s) for s in shapes]
+    program = _Program(model.module if isinstance(model, LoadedModel) else model, DTYPES.get(dtype))
+    return shapes, specs, program
+
+
+def _new_report(model, target: str, check: str, program: _Program) -> XlaCompileReport:
+    params = list(program.module.parameters())       # unique: tied weights count once, as XLA holds them
+    itemsize = {p: torch.empty((), dtype=program.narrow(p.dtype)).element_size() for p in params}
+    return XlaCompileReport(
+        model=model.name if isinstance(model, LoadedModel) else type(model).__name__, target=target,
+        check=check, dtype=str(program.float_dtype).replace("torch.", ""),
+        parameters=sum(p.numel() for p in params), parameter_bytes=sum(p.numel() * itemsize[p] for p in params),
+        versions={"torch": torch.__version__, "jax": program.jax.__version__,
+                  "jaxlib": probes.package_version("jaxlib"), "libtpu": probes.package_version("libtpu"),
+                  "torchax": program.torchax.__version__},
+        notes=["JAX runs with 32-bit types (jax_enable_x64 off): int64 inputs and buffers compile as int32, "
+               "float64 as float32"])
+
+
+def _new_result(shape: dict, spec: dict, program: _Program, status: str, **extra) -> ShapeResult:
+    inputs = {n: [list(s), str(program.narrow(d)).replace("torch.", "")] for n, (s, d) in spec.items()}
+    return ShapeResult(label=_label(shape, spec), inputs=inputs, status=status, lower_seconds=0.0, **extra)
+
+
+def check_topology(name: str) -> str:
+    if name not in TOPOLOGIES:
+        raise BadParameter("TPU topology", name, TOPOLOGIES)
+    return name
+
+
+def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None = None) -> XlaCompileReport:
+    """Compile `model` with XLA for a TPU topology, once per input shape (compile-only, no TPU needed).
+
+    model: a LoadedModel, or an nn.Module whose forward takes named tensors; shapes: a list of shape
+    dicts (module docstring); dtype: "float32" or "bfloat16" for floating weights and inputs, None
+    keeps the model's own. A batch that divides over the topology's devices is split over them;
+    otherwise every device gets the whole batch (the report says which).
+    """
+    check_topology(topology)
+    shapes, specs, program = _prepare(model, shapes, dtype)
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **TOPOLOGIES[topology])
+    devices = len(topo.devices)
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    report = _new_report(model, "tpu", "compile", program)
+    report.topology, report.devices, report.device_kind = topology, devices, topo.devices[0].device_kind
+    report.hbm_bytes_per_device = HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB * chips // devices
+    report.notes += ["memory per device from compiled.memory_analysis(); FLOPs and bytes accessed per device "
+                     "from compiled.cost_analysis()",
+                     f"sanity ratio near 1: the program holds the weights once, in {report.dtype}; buffers and "
+                     "TPU tile padding raise it, parameters XLA prunes as unused (a dropped pooler) lower it"]
+    report.verdict_cache = str(xla_cache.cache_dir())
+    # Every argument carries a sharding on the topology's devices: without one, JAX silently
+    # compiles for the host CPU instead (checked, jax 0.10 compile-only). _compiled_platform checks the result.
+    mesh = topologies.make_mesh(topo, (devices,), ("batch",))
+    replicated, by_batch = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
+    context = _compile_context(topology, topo, report)
+    for shape, spec in zip(shapes, specs):
+        batches = {s[0] if s else None for s, _ in spec.values()}
+        split = devices > 1 and len(batches) == 1 and (batches.pop() or 1) % devices == 0
+        result = _new_result(shape, spec, program, "compiled", input_sharding=(
+            f"batch split over {devices} devices" if split else f"replicated on {devices} device(s)"))
+        report.shapes.append(result)
+        lowered = program.lower(*program.abstract(spec, replicated, by_batch if split else replicated), result)
+        if lowered is not None:
+            verdict, result.cached = _verdict(program.jax, lowered, topology, context)
+            _apply(verdict, result, report.hbm_bytes_per_device)
+    return report
+
+
+def _compile_context(topology: str, topo, report: XlaCompileReport) -> dict:
+    """Everything beside the lowered module that decides the compiler's verdict: the verdict cache's key."""
+    return {"topology": topology, "topology_options": TOPOLOGIES[topology], "devices": report.devices,
+            "device_kind": topo.devices[0].device_kind, "dtype": report.dtype,
+            "versions": {k: report.versions.get(k) for k in ("jax", "jaxlib", "libtpu")},
+            "flags": {k: os.environ.get(k) for k in FLAG_VARIABLES},
+            "compile_options": {}}      # lowered.compile() is called with none
+
+
+def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verdict, bool]:
+    """The compiler's verdict on a lowered program, and whether it came from the verdict cache (else it
+    was compiled now, and cached when repeatable)."""
+    key = xla_cache.verdict_key(lowered.as_text(), context)
+    cached = xla_cache.load(key)
+    if cached is not None:
+        return cached, True
+    measured_at, start = xla_cache.now(), time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as exc:  # noqa: BLE001 - the compiler's refusal is the finding
+        message = _message(exc)
+        oom = "RESOURCE_EXHAUSTED" in message or "HbmOom" in message
+        verdict = xla_cache.Verdict("out_of_hbm" if oom else "compile_failed", time.perf_counter() - start,
+                                    measured_at, message=message)
+    else:
+        seconds = time.perf_counter() - start
+        verdict = xla_cache.Verdict("compiled", seconds, measured_at, _compiled_platform(jax, compiled, topology),
+                                    **_measure(compiled))
+    xla_cache.store(key, verdict, context)
+    return verdict, False
+
+
+def _apply(verdict: xla_cache.Verdict, result: ShapeResult, hbm: int) -> None:
+    """Fill `result` from a verdict; whether it fits is decided here, against this topology's HBM."""
+    for name in ("status", "compile_seconds", "measured_at", "platform", "memory", "message", "flops",
+                 "bytes_accessed"):
+        setattr(result, name, getattr(verdict, name))
+    if verdict.status == "compiled":
+        result.fits_hbm = verdict.memory["total"] <= hbm
+    elif verdict.status == "out_of_hbm":
+        result.fits_hbm = False
+
+
+def _compiled_platform(jax, compiled, topology: str) -> str:
+    """The platform of the executable's devices; anything but TPU is a bug, never a result."""
+    shardings = jax.tree.leaves(compiled.input_shardings) + jax.tree.leaves(compiled.output_shardings)
+    platforms = {d.platform for s in shardings for d in s.device_set}
+    if platforms != {"tpu"}:
+        raise PortkitError(f"the XLA compile for {topology} targeted {sorted(platforms) or 'no device'}, not TPU: "
+                           "an argument lost its sharding on the topology's devices")
+    return "tpu"
+
+
+def _measure(compiled) -> dict:
+    """Memory per device (bytes), FLOPs and bytes accessed of a compiled executable."""
+    stats = compiled.memory_analysis()
+    m = {"argument": stats.argument_size_in_bytes, "output": stats.output_size_in_bytes,
+         "alias": stats.alias_size_in_bytes, "temporary": stats.temp_size_in_bytes,
+         "generated_code": stats.generated_code_size_in_bytes}
+    m["total"] = m["argument"] + m["output"] - m["alias"] + m["temporary"] + m["generated_code"]
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost     # older jax returned one dict per program
+    # cost_analysis()["optimal_seconds"] is left out on purpose: it came out negative for compile-only
+    # TPU topologies (checked, jax 0.10 with libtpu).
+    return {"memory": m, "flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:
+    """The Neuron check: convert with torchax and lower to StableHLO per shape; no Neuron compile."""
+    shapes, specs, program = _prepare(model, shapes, dtype)
+    report = _new_report(model, "neuron", "lowering", program)
+    report.notes.append("StableHLO from JAX's generic accelerator lowering (platform 'tpu'; a CPU lowering would "
+                        "call LAPACK); custom calls are platform-specific and neuronx-cc must accept them")
+    for shape, spec in zip(shapes, specs):
+        result = _new_result(shape, spec, program, "lowered")
+        report.shapes.append(result)
+        lowered = program.lower(*program.abstract(spec, None, None), result, platform="tpu")
+        if lowered is not None:
+            text = lowered.as_text(dialect="stablehlo")
+            # Operations of the stablehlo and chlo dialects; '#stablehlo.' attributes and '!' types excluded.
+            result.stablehlo_ops = len(re.findall(r"(?<![#!\w])(?:stablehlo|chlo)\.[a-z_]+", text))
+            result.custom_calls = sorted(set(re.findall(r"custom_call @([\w.$-]+)", text)))
+    return report
+
+
+def compile_seconds(model, shape: dict, topology: str = "v5e:1x1",
+                    dtype: str | None = None) -> tuple[float | None, str]:
+    """What one input shape's XLA compile for a TPU topology costs, in seconds, and where the figure came from.
+
+    The figure is the real XLA TPU compiler's time for that shape (compile-only, as in compile_for_tpu):
+    read from portkit's verdict cache when this shape was compiled before, else measured now (and
+    cached, so the xla stage and every later caller reuse it). Returns (seconds, source); seconds is
+    None when the shape never reached the compiler (it did not convert or lower; source says why).
+    A refused compile (out of HBM) still has its seconds: the time the compiler took to refuse.
+    Raises like compile_for_tpu (BadParameter, MissingPackage).
+
+        >>> seconds, source = compile_seconds(models.load("minilm"), {"batch": 1, "seq": 128})
+        >>> source                    # 'XLA compile for v5e:1x1, measured now' or '... (verdict cache, measured ...)'
+    """
+    report = compile_for_tpu(model, [shape], topology=topology, dtype=dtype)
+    result = report.shapes[0]
+    if result.compile_seconds is None:
+        return None, f"no XLA compile for {topology}: {result.describe(report.hbm_bytes_per_device)}"
+    when = f"verdict cache, measured {result.measured_at}" if result.cached else "measured now"
+    refused = "" if result.status == "compiled" else f" ({result.status})"
+    return result.compile_seconds, f"XLA compile for {topology}{refused}, {when}"
