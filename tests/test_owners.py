@@ -203,7 +203,7 @@ def test_read_buckets(tmp_path):
     found = results.read_buckets(tmp_path)
     assert found.path == path and list(found.chosen) == ["tpu"]
     assert found.chosen["tpu"] == results.ChosenBuckets("auto", (16, 64), (1, 4))
-    for text, problem in (("{not json", "cannot be read (JSONDecodeError"), ("[1, 2]", "no per-target results"),
+    for text, problem in (("{not json", "cannot be read (JSONDecodeError"), ("[1, 2]", "holds a list, not a stage result"), ("{}", "no per-target results"),
                           ('{"targets": {"tpu": {"chosen": {"boundaries": [0]}}}}', "not a list of positive")):
         path.write_text(text)
         with pytest.raises(results.UnreadableResult) as info:
