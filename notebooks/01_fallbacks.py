@@ -48,9 +48,11 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
-texts = data.load_corpus(corpus, text_column) if m.takes_text else None
-inputs, described = data.example_batch(m, texts, batch_size, seq_len, seed)
-print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
+print(m.summary())
+
+# %%
+texts = data.corpus_for(m, corpus, text_column)
+inputs, described = data.example_batch(m, texts, batch_size=batch_size, seq_len=seq_len, seed=seed)
 print(described)
 
 # %% [markdown]
@@ -83,4 +85,3 @@ for name in targets:
 # %%
 report.save(out / "fallbacks.json")
 print(f"wrote {out / 'fallbacks.json'}")
-print(report.summary())

@@ -44,6 +44,8 @@ from portkit import environment, models, params, xla
 
 model, targets, out = params.common(model, targets, out_dir)
 xla.check_parameters(topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes)
+
+# %%
 print(environment.block(targets))
 
 # %% [markdown]
@@ -51,19 +53,21 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
-for name in targets:
-    shapes, sources = xla.stage_shapes(out, name, m, batch_size, seq_len, max_shapes)
-    print(name, [f"{s} ({src})" for s, src in zip(shapes, sources)])
+print(m.summary())
+
+# %%
+xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes)
 
 # %% [markdown]
 # ## Compile (TPU) or lower (Neuron) every shape
 
 # %%
-stage = xla.run_stage(m, targets, out, topology, dtype, batch_size, seq_len, max_shapes)
+stage = xla.run_stage(m, targets, out, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
+                      max_shapes=max_shapes)
 stage
 
-# %%
-print(stage)
+# %% [markdown]
+# ## Save the result for the later stages and the report
 
 # %%
 stage.save(out / "xla.json")

@@ -64,11 +64,17 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
-texts = data.load_corpus(corpus, text_column) if m.takes_text else None
-inputs, described = data.example_batch(m, texts, batch_size, seq_len, seed)
-print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
+print(m.summary())
+
+# %%
+texts = data.corpus_for(m, corpus, text_column)
+inputs, described = data.example_batch(m, texts, batch_size=batch_size, seq_len=seq_len, seed=seed)
 print(described)
+
+# %%
 plan = accuracy.bucket_plan(out, targets, default_buckets)
+
+# %%
 compiled = accuracy.target_side(targets)
 
 # %% [markdown]
@@ -76,7 +82,8 @@ compiled = accuracy.target_side(targets)
 #
 # One reference pass records every module's output; each eager target pass is compared module by module
 # as it runs. The verdict is for the chosen precision (each target's default unless `precision` says
-# otherwise), judged on the compiled model where it is compiled.
+# otherwise), judged on the compiled model where it is compiled; under each target, the reasons for a
+# failed verdict and what to change, from what was measured.
 
 # %%
 report = accuracy.check_accuracy(m, inputs, targets, precision=precision, tolerances=tolerances,
@@ -110,18 +117,8 @@ for name in targets:
 report.bucket_table()
 
 # %% [markdown]
-# ## What to change, from what was measured
-
-# %%
-for name, t in report.targets.items():
-    print(f"{name} ({t.chosen.target_side}, precision {t.chosen.name}): {t.verdict.upper()}")
-    for s in t.suggestions:
-        print("  -", s)
-
-# %% [markdown]
 # ## Save the result for the report
 
 # %%
 report.save(out / "accuracy.json")
 print(f"wrote {out / 'accuracy.json'}")
-print(report.summary())

@@ -28,30 +28,23 @@ targets = ["neuron", "tpu"]  # targets to report on, side by side
 out_dir = "../runs/notebook"  # run folder holding the stage results; report.html and report.json go here
 
 # %%
-from portkit import environment, params, report
+from portkit import params, report
 
 model, targets, out = params.common(model, targets, out_dir)
-r = report.build_report(out, targets)
-
-# %% [markdown]
-# ## The machine that produced the results
-#
-# Read from the stage results (recorded when each stage ran), not from the machine building the report.
-
-# %%
-print(f"environment: {r.environment_source}")
-print(environment.render(r.environment))
 
 # %% [markdown]
 # ## Verdicts, side by side
+#
+# With the machine that produced the results: its environment is read from the stage results (recorded when
+# each stage ran), not from the machine building the report.
 
 # %%
-r
+migration = report.build_report(out, targets)
+migration
 
 # %% [markdown]
 # ## Write report.html (self-contained, opens offline) and report.json (stable keys for CI)
 
 # %%
-html_path = r.save(out)
+html_path = migration.save(out)
 print(f"wrote {html_path} and {out / 'report.json'}")
-print(r.summary())

@@ -5,7 +5,7 @@
     >>> report.outputs_table(), report.precision_table(), report.bucket_table(), report.layer_table("tpu")
     >>> report.plot()                  # error against depth, one line per precision; max error per bucket
     >>> report.save("runs/minilm/accuracy.json")
-    >>> report.targets["tpu"].findings()          # results.Finding: the report's terms
+    >>> report.targets["tpu"].findings()          # findings.Finding: the report's terms
 
 The suggestions come from what was measured: a higher precision's measured error, norm layers that are
 out of tolerance only when every op is rounded, float64 ops that ran as float32, the atol a task-level
@@ -20,9 +20,9 @@ import torch
 
 from portkit import targets as targets_mod
 from portkit.comparison import primary_output
-from portkit.results import Finding, save_result
+from portkit.findings import BLOCKER, WORK, Finding
+from portkit.results import save_result
 from portkit.tables import HtmlTable
-from portkit.targets import BLOCKER, WORK
 from portkit.tolerance import compute_dtype
 
 STAGE = "accuracy"

@@ -318,6 +318,12 @@ def length_distribution(corpus: Corpus, model) -> LengthDistribution:
                               model.max_length)
 
 
+def corpus_for(model, spec: str = "stdlib", column: str = "text") -> Corpus | None:
+    """The corpus `model`'s batches are sampled from (load_corpus); None for an image model, whose
+    batches are image crops (sample_images)."""
+    return load_corpus(spec, column) if model.takes_text else None
+
+
 def example_batch(model, corpus: Corpus | None, batch_size: int, seq_len: int, seed: int = 0):
     """One batch of real inputs for `model`: texts from the corpus padded (or truncated) to seq_len
     tokens, or real image crops for an image model. Returns (inputs, description)."""

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from portkit import placement, targets as targets_mod
+from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
 from portkit.recording import OpRecord, Recording, record
-from portkit.results import Finding, save_result
+from portkit.results import save_result
 # HtmlTable is imported from here by compiling.py and buckets.py until they import portkit.tables.
 from portkit.tables import HtmlTable, html_table
-from portkit.targets import BLOCKER, COMPOSITE, CPU_FALLBACK, INFO, NATIVE, STATUSES, UNSUPPORTED, WORK
+from portkit.targets import COMPOSITE, CPU_FALLBACK, NATIVE, STATUSES, UNSUPPORTED
 
 STAGE = "fallbacks"
 STATUS_COLORS = {NATIVE: "#55A868", COMPOSITE: "#8CC084", CPU_FALLBACK: "#DD8452", UNSUPPORTED: "#C44E52"}
@@ -69,7 +70,7 @@ class TargetFallbacks:
 
     def severity_counts(self) -> dict[str, int]:
         c = collections.Counter(f.severity for f in self.findings)
-        return {s: c.get(s, 0) for s in targets_mod.SEVERITIES}
+        return {s: c.get(s, 0) for s in SEVERITIES}
 
     def summary(self) -> str:
         n, s = self.counts(), self.severity_counts()
@@ -153,7 +154,7 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
                                     f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls, "
                                     f"{entry['share']:.1%} of op time, from {where}", rule.advice,
                                     module=where, ops=[entry["op"]], source=rule.source))
-    order = {s: i for i, s in enumerate(targets_mod.SEVERITIES)}
+    order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module))
 
 

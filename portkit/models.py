@@ -103,6 +103,10 @@ class LoadedModel:
                              truncation=True, return_tensors="pt")
         return {k: enc[k] for k in self.input_names if k in enc}
 
+    def summary(self) -> str:
+        """One line for a notebook: name, kind, size and where the weights come from."""
+        return f"{self.name}: {self.kind}, {self.parameters / 1e6:.1f} M parameters, {self.origin}"
+
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "origin": self.origin,
                 "parameters": self.parameters, "inputs": list(self.input_names),

@@ -20,7 +20,7 @@ import torch
 
 from portkit import targets as targets_mod
 from portkit._torch import TorchDispatchMode, current_autograd_node
-from portkit.results import ROOT
+from portkit.findings import ROOT
 from portkit.tracking import ModuleTracker
 
 # Ops whose output size or control flow depends on tensor values (both targets compile static shapes

@@ -47,7 +47,7 @@ import jinja2
 from portkit import environment, results, runfolder, targets as targets_mod
 from portkit._io import write_json, write_text
 from portkit.errors import BadParameter
-from portkit.targets import BLOCKER, INFO, WORK
+from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK
 
 SCHEMA = "portkit.report/1"
 STAGE = "report"
@@ -368,7 +368,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict) -> Tar
             stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
-    order = {s: i for i, s in enumerate(targets_mod.SEVERITIES)}
+    order = {s: i for i, s in enumerate(SEVERITIES)}
     tr.findings.sort(key=lambda f: order.get(f["severity"], 9))
     return tr
 

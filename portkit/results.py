@@ -1,6 +1,8 @@
-"""Stage results: how they are written, the shape of a finding, and typed readers of the run folder.
+"""Stage results: how they are written (stamped with their environment) and typed readers of the run folder.
 
-Every stage result carries the environment that produced them (issue #10).
+Every stage result carries the environment that produced it (issue #10). That environment names each
+target's detected mode, so this module sits above targets and environment, not among the foundations;
+the findings a result carries (portkit.findings) are a foundation, re-exported here as results.Finding.
 
 A run folder can be reported on another machine (`portkit report DIR` on a laptop, for a run made on a
 Trainium host), so the report must describe the machine that ran the stages, not the one building the
@@ -12,7 +14,6 @@ reason, backend, precision and op table source); the report reads it back with `
     >>> results.save_result("runs/minilm/fallbacks.json", report.to_dict())   # adds "environment"
     >>> env = results.run_environment({"fallbacks.json": data}, ["neuron", "tpu"])
     >>> env.info["targets"]["neuron"]["mode"], env.source, env.gaps
-    >>> results.Finding("float64", "work", "float64 in head", "use float32", module="head").to_dict()
     >>> results.read_buckets("runs/minilm").chosen["tpu"].boundaries      # stage 3's plan, or None
     >>> results.fixed_shape("runs/minilm", "tpu")        # stage 2's {"batch": 1, "seq": 64}, or None
 
@@ -28,8 +29,8 @@ from pathlib import Path
 from portkit import environment, runfolder, targets as targets_mod
 from portkit._io import read_json, write_json
 from portkit.errors import PortkitError
+from portkit.findings import ROOT, Finding  # noqa: F401 (re-exported: results.Finding, results.ROOT)
 
-ROOT = "<model>"          # how results name the model's own module where they name a module path
 KEY = "environment"
 REQUIRED = ("python", "platform", "torch_build", "packages", "targets")   # what environment.render reads
 NOT_RECORDED = "environment not recorded; detected at report time"
@@ -131,33 +132,6 @@ def _flat(info: dict) -> dict:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-# ---------------------------------------------------------------- findings
-@dataclass
-class Finding:
-    """One thing a stage found, in the report's terms (report.py reads kind, severity, message, advice).
-
-    severity: targets.BLOCKER (cannot run as is), WORK (runs, but needs a change or a check) or INFO.
-    module, ops, source: where in the model, which ATen ops, and the document or issue behind the
-    advice; left out of the JSON when not given."""
-    kind: str
-    severity: str
-    message: str
-    advice: str
-    module: str | None = None
-    ops: list[str] | None = None
-    source: str | None = None
-    OPTIONAL = ("module", "ops", "source")
-
-    def __post_init__(self):
-        if self.severity not in targets_mod.SEVERITIES:
-            raise ValueError(f"finding severity {self.severity!r} is not one of {', '.join(targets_mod.SEVERITIES)}")
-
-    def to_dict(self) -> dict:
-        found = {"kind": self.kind, "severity": self.severity, "module": self.module, "ops": self.ops,
-                 "message": self.message, "advice": self.advice, "source": self.source}
-        return {k: v for k, v in found.items() if v is not None or k not in self.OPTIONAL}
 
 
 # ---------------------------------------------------------------- typed readers of the run folder

@@ -26,6 +26,7 @@ import torch
 
 from portkit import probes
 from portkit.errors import BadParameter
+from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK  # noqa: F401 (re-exported: targets.BLOCKER, ...)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "targets"
 
@@ -60,8 +61,6 @@ class DtypeRule:
     why: str
 
 
-BLOCKER, WORK, INFO = "blocker", "work", "info"
-SEVERITIES = (BLOCKER, WORK, INFO)
 
 
 @dataclass(frozen=True)

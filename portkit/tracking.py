@@ -8,7 +8,7 @@
     >>> with ModuleTracker(model, on_leave=leave):
     ...     model(**inputs)
 
-Paths are `named_modules()` names; the model itself is `root` (results.ROOT, "<model>", unless told).
+Paths are `named_modules()` names; the model itself is `root` (findings.ROOT, "<model>", unless told).
 The callbacks run outside every TorchDispatchMode (portkit._torch.no_dispatch_modes), so what a
 callback computes is never recorded, emulated or counted as the model's work.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from torch import nn
 
 from portkit._torch import no_dispatch_modes
-from portkit.results import ROOT
+from portkit.findings import ROOT
 
 
 class ModuleTracker:

@@ -9,6 +9,7 @@ comes back from portkit's verdict cache (portkit.xla_cache) on a rerun, and the 
     >>> m = models.load("minilm")
     >>> xla.check_parameters(topology="v5e:1x1")
     >>> stage = xla.run_stage(m, ["neuron", "tpu"], "runs/minilm", topology="v5e:1x1")
+    >>> xla.shape_table("runs/minilm", ["neuron", "tpu"], m, batch_size=1, seq_len=128)   # what will be checked
     >>> stage.save("runs/minilm/xla.json"); print(stage.summary())
     >>> xla.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])     # one target, one line in a notebook cell
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from portkit import results, targets
 from portkit.errors import MissingPackage
 from portkit.results import save_result
+from portkit.tables import HtmlTable
 from portkit.xla_compile import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
                                  require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
                                  input_specs)
@@ -85,6 +87,18 @@ def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int 
     if len(ordered) > max_shapes:   # keep the largest: HBM fit is decided by them
         ordered = ordered[-max_shapes:]
     return [s for s, _ in ordered], [src for _, src in ordered]
+
+
+def shape_table(out_dir, target_names, model, *, batch_size: int = 1, seq_len: int = 128,
+                max_shapes: int = 4) -> HtmlTable:
+    """The shapes run_stage will check for each target, and where each came from (stage_shapes)."""
+    rows = []
+    for name in targets.parse_targets(target_names):
+        shapes, sources = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
+                                       max_shapes=max_shapes)
+        rows += [[name, " ".join(f"{k}={v}" for k, v in shape.items()), source]
+                 for shape, source in zip(shapes, sources)]
+    return HtmlTable(["target", "shape", "from"], rows, "shapes to check")
 
 
 def _findings(report) -> list[dict]:
@@ -162,6 +176,7 @@ def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: st
     from tqdm.auto import tqdm
     reports, sources = {}, {}
     for name in tqdm(list(target_names), desc="XLA checks", unit="target"):
-        shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size, seq_len, max_shapes)
+        shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
+                                             max_shapes=max_shapes)
         reports[name] = xla_section(model, name, shapes, topology=topology, dtype=dtype)
     return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources)

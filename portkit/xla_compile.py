@@ -21,21 +21,20 @@ Needs `pip install 'portkit[xla]'`; without it these raise MissingPackage with t
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
 import re
 import time
 import warnings
-from unittest import mock
 
 import torch
 from torch import nn
 
-from portkit import probes, xla_cache
+from portkit import _torch, probes, xla_cache
 from portkit.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models import LoadedModel
+from portkit.tracking import ModuleTracker
 from portkit.xla_results import GIB, ShapeResult, XlaCompileReport
 
 # HBM per chip, Google Cloud's public TPU pages: v4 "HBM2 capacity 32 GiB" (tpu/docs/v4); v5e "HBM
@@ -56,24 +55,14 @@ _NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
 
 
 # ---------------------------------------------------------------- imports (the torch 2.13 shim)
-class _RemovedOverload:
-    """Stands in for an ATen overload that torch 2.13 removed; it can never match a dispatched op."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<overload {self.name} removed in torch {torch.__version__}>"
-
-
 def _import_torchax():
     """Import torchax 0.0.13 on torch 2.13 without letting it change torch for the other stages.
 
     1. torchax names named-tensor overloads (aten.prod.dim_Dimname, aten.all.dimname, ...) in tables
        it builds at import and when its environment is first made; torch 2.13 removed them, so the
        import fails with "aten.prod has no overload name 'dim_Dimname'". While torchax loads, such a
-       missing overload resolves to an inert placeholder: nothing can dispatch to an op torch no
-       longer has. Any other missing overload still raises.
+       missing overload resolves to an inert placeholder (portkit._torch owns that patch); any other
+       missing overload still raises.
     2. torchax renames PrivateUse1 to "jax" (its tensors report device "jax:0") and registers
        torch.jax, whose is_available() says True. torch.accelerator.is_available() asks torch.jax,
        so Dynamo then takes "jax" for a usable accelerator, asks it for its current stream, and
@@ -83,19 +72,9 @@ def _import_torchax():
        load, and the section is skipped with that reason.
     3. torchax turns PyTorch's MHA fast path off process-wide; the setting is restored.
     """
-    original = torch._ops.OpOverloadPacket.__getattr__
-
-    def tolerant(self, key):
-        try:
-            return original(self, key)
-        except AttributeError:
-            if "dimname" in key.lower() or "names" in key:
-                return _RemovedOverload(f"{self}.{key}")
-            raise
-
     fast_path = torch.backends.mha.get_fastpath_enabled()
     try:
-        with mock.patch.object(torch._ops.OpOverloadPacket, "__getattr__", tolerant):
+        with _torch.removed_named_overloads_tolerated():
             import torchax
             torchax.default_env()      # loads torchax.decompositions and the op registry
         torchax.device_module.is_available = lambda: False
@@ -198,32 +177,6 @@ def _label(shape: dict, specs: dict) -> str:
 
 
 # ---------------------------------------------------------------- conversion and compile
-@contextlib.contextmanager
-def _module_stack(module: nn.Module):
-    """Track which submodule is running: forward pre-hooks push its name, forward hooks pop it.
-
-    When tracing raises, the post-hooks of the modules it passes through do not run, so the
-    stack still ends with the module that called the failing op."""
-    stack, handles = [], []
-
-    def enter(name):
-        def hook(_module, _args):
-            stack.append(name)      # returns None: a pre-hook's return value would replace the inputs
-        return hook
-
-    def leave(_module, _args, _output):
-        stack.pop()                 # returns None: a hook's return value would replace the output
-
-    for name, sub in module.named_modules():
-        if name:
-            handles += [sub.register_forward_pre_hook(enter(name)), sub.register_forward_hook(leave)]
-    try:
-        yield stack
-    finally:
-        for h in handles:
-            h.remove()
-
-
 class _Program:
     """A module converted once by torchax; lowered (and compiled) once per input shape."""
 
@@ -259,7 +212,10 @@ class _Program:
         platform: lower for this platform instead of the one the arguments' shardings name."""
         fn = self.fn
         start = time.perf_counter()
-        with _module_stack(self.module) as stack, warnings.catch_warnings():
+        # unwind_on_error=False: when tracing raises, the post-hooks of the modules it passes through
+        # do not run, so the tracker still names the module that called the failing op.
+        tracker = ModuleTracker(self.module, root="", unwind_on_error=False)
+        with tracker, warnings.catch_warnings():
             # jax_enable_x64 is off: int64 narrows to int32 (noted once in the report, not per op).
             warnings.filterwarnings("ignore", message="Explicitly requested dtype int64")
             try:
@@ -270,7 +226,7 @@ class _Program:
                 if isinstance(exc, self.torchax.tensor.OperatorNotFound):
                     found = re.search(r"name (\S+) has no lowering", str(exc))
                     result.status, result.op = "no_lowering", found.group(1) if found else str(exc)
-                result.module_path = stack[-1] if stack else ""      # "" is the model's own forward
+                result.module_path = tracker.current      # "" is the model's own forward
                 result.module_type = type(self.module.get_submodule(result.module_path)).__name__
                 return None
             finally:
