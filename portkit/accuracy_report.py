@@ -200,10 +200,15 @@ class AccuracyReport:
                              f"{o['max_rel']:.3g}",
                              f"{o['rel_l2']:.3g}", f"{o['cosine_min']:.7f}",
                              f"{o['tolerance']['dtype']} ({o['tolerance']['rtol']:g}, {o['tolerance']['atol']:g})",
-                             "pass" if o["passed"] else "FAIL"])
+                             "pass" if o["passed"] else "FAIL", "every change the target makes"])
+                for cause in t.chosen.error_by_cause or []:   # the same error, split by what caused it
+                    c = cause["outputs"][name]
+                    rows.append([t.name, t.chosen.name, cause["measured"], name, f"{c['max_abs']:.3g}",
+                                 f"{c['max_rel']:.3g}", f"{c['rel_l2']:.3g}", f"{c['cosine_min']:.7f}", "-", "-",
+                                 cause["cause"]])
         return HtmlTable(["target", "precision", "run as", "output", "max abs", "max rel", "rel L2", "cosine min",
-                          "tolerance (rtol, atol)", "assert_close"], rows, "outputs at real positions vs the "
-                         "float32 reference")
+                          "tolerance (rtol, atol)", "assert_close", "error caused by"], rows,
+                         f"outputs at real positions vs the reference ({self.reference['description']})")
 
     def precision_table(self) -> HtmlTable:
         rows = []
