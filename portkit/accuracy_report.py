@@ -331,9 +331,11 @@ def suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[st
                        "only matmuls)")
     rows = [m for m in (chosen.layers or {}).get("modules", []) if m.get("float64_ops")]
     cast, rounding = chosen.cause(CAST_CAUSE, main), chosen.cause("precision", main)
-    effect = (f"measured effect of {CAST_CAUSE} alone on `{main}`: max abs error {cast['max_abs']:.2g}"
-              + (f" (precision '{chosen.name}' rounding adds {rounding['max_abs']:.2g} on its own)" if rounding else "")
-              if cast else f"max abs error on `{main}` with every change together: {chosen.outputs[main]['max_abs']:.2g}")
+    if cast:
+        effect = f"measured effect of {CAST_CAUSE} alone on `{main}`: max abs error {cast['max_abs']:.2g}" + \
+            (f" (precision '{chosen.name}' rounding adds {rounding['max_abs']:.2g} on its own)" if rounding else "")
+    else:
+        effect = f"max abs error on `{main}` with every change together: {chosen.outputs[main]['max_abs']:.2g}"
     for m in rows:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(m["float64_ops"].items()))
         out.append(f"avoid float64 in `{m['module']}` ({m['type']}): {sum(m['float64_ops'].values())} float64 ops ran "

@@ -242,7 +242,8 @@ def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(cor
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
     report = accuracy.check_accuracy(m, inputs, ["tpu"], all_precisions=False, compiled=False, progress=False)
     # the reference is the float64 model: no float32-against-float64 comparison that can only read 0
-    assert report.reference["description"].startswith("float64 eager") and report.reference["float32_vs_float64"] is None
+    assert report.reference["description"].startswith("float64 eager")
+    assert report.reference["float32_vs_float64"] is None
     tpu = report.targets["tpu"]
     cast, bf16 = tpu.chosen.error_by_cause
     assert cast["cause"] == "float64 run as float32" and bf16["cause"].startswith("precision 'default' rounding")
