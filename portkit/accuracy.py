@@ -288,8 +288,8 @@ def _split_by_cause(side, inputs, ref, mask, results, outs) -> None:
         r.error_by_cause = [
             {"cause": CAST_CAUSE, "measured": "the target's dtype rules alone, no rounding, against the reference",
              "outputs": cast_effect},
-            {"cause": f"precision '{r.name}' rounding ({r.precision['description']})",
-             "measured": f"{r.target_side} against the dtype rules alone", "outputs":
+            {"cause": f"precision '{r.name}' rounding",
+             "measured": f"{r.target_side} ({r.precision['description']}) against the dtype rules alone", "outputs":
                  {k: compare(out[k], cast[k], None, mask) for k in ref}}]
 
 
