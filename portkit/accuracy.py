@@ -9,8 +9,9 @@
     >>> report.plot()          # error against depth (module execution order), one line per precision
     >>> report.save("runs/minilm/accuracy.json")
 
-Reference: eager float32 on the CPU, and the model in float64 where it runs in float64 (a second
-reference that shows how far float32 itself is from exact). Target: in native mode the device; in
+Reference: the model as written, eager on the CPU (float32, and float64 where the model computes in
+float64), and the model in float64 where it runs in float64 (a second reference that shows how far
+float32 itself is from exact; a float64 model is its own float64 reference). Target: in native mode the device; in
 emulated mode the CPU under `numerics.emulate(target, precision)`, the target's documented dtype rules
 and matmul precision, on the same real inputs. Every result names its precision (with the flag that
 selects it on hardware) and its target side ("eager emulation", or the device).
@@ -25,6 +26,12 @@ Per layer, hooks on every module keep the reference activations and compare the 
 they are produced; the first module (in execution order) whose output is out of tolerance is named,
 and the suggestions are drawn from what was measured (a higher precision's measured error, norm
 layers that amplify the error, float64 ops that ran as float32, the atol a task-level pass needs).
+Where the target ran float64 ops as float32, the error is split by cause: the target's dtype rules
+alone (float64 run as float32, no rounding) against the reference, and the precision's rounding
+against that; each figure names its cause, and the float64 advice quotes the first.
+
+A target whose compiler refuses the model (target_runs.Refusal) is judged in eager emulation, labelled
+so, and its result carries the refusal as a blocker finding; the stage goes on.
 
 The parts: the tolerance policy is portkit/tolerance.py, the comparisons portkit/comparison.py, the
 per-layer hooks portkit/layer_probe.py, how each target side runs portkit/target_runs.py, and the
@@ -37,8 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit import numerics, results, target_runs, targets as targets_mod
-from portkit.accuracy_report import AccuracyReport, PrecisionResult, TargetAccuracy, suggest
+from portkit import numerics, progress as progress_bars, results, target_runs, targets as targets_mod
+from portkit.accuracy_report import CAST_CAUSE, AccuracyReport, PrecisionResult, TargetAccuracy, suggest
 from portkit.comparison import compare, primary_output, task_metrics
 from portkit.errors import BadParameter
 from portkit.layer_probe import LayerProbe, layer_summary
@@ -196,7 +203,6 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     backend (stage 2's emulated one); None: when those backends are present. The other precisions and
     the per-layer hooks run eagerly (hooks cannot see inside a compiled graph); every result says which.
     """
-    from tqdm.auto import tqdm
     names = targets_mod.parse_targets(targets)
     check_parameters(names, batch_size=batch_size, precision=precision, tolerances=tolerances,
                      task_bounds=task_bounds, seed=seed, all_precisions=all_precisions, layers=layers,
@@ -209,16 +215,16 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
     module, kind = model.module.eval(), model.kind
     mask = inputs.get("attention_mask")
-    probe = LayerProbe(module, mask) if layers else None
+    probe = LayerProbe(module, mask, progress) if layers else None
     ref = probe.capture(lambda: module(**inputs)) if probe else target_runs.forward(module, inputs)
-    ref64, ref64_note = target_runs.float64_reference(module, inputs) if float64_reference else (None, "not requested")
-    reference = {"description": "eager float32 on the CPU", "float64": ref64_note,
-                 "float32_vs_float64": {k: compare(ref[k], ref64[k], None, mask) for k in ref} if ref64 else None}
+    wide = target_runs.float64_model(module)
+    ref64, ref64_note = target_runs.float64_reference(module, inputs) if float64_reference and not wide else \
+        (None, "the reference is the float64 model itself" if wide else "not requested")
     if not isinstance(buckets, dict):
         buckets = {n: BucketBoundaries(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
     steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * all_precisions for n in names) + \
         (sum(len(buckets[n].boundaries) for n in names) if corpus is not None and model.takes_text else 0)
-    bar = tqdm(total=steps, desc="accuracy", unit="pass", disable=not progress)
+    bar = progress_bars.bar(total=steps, desc="accuracy", unit="pass", disable=not progress)
     bucket_refs: dict = {}
     per_target = {}
     for name in names:
@@ -227,7 +233,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         chosen = target.precision((precision or {}).get(name, target.default_precision.name))
         # natively, a precision is a flag set before the process starts: only the one in effect is measured
         settings = [chosen] + ([p for p in target.precisions if p != chosen] if all_precisions and not detected.native else [])
-        results = []
+        results, outs = [], []
         for p in settings:
             bar.set_postfix_str(f"{name} {p.name}")
             tol = tolerance_for(p, tolerances)
@@ -235,7 +241,11 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
             judged_by, vs_eager = side.label(False), None
             if compiled and p == chosen:
                 eager, (out, _, _, changed, _) = out, side.run(inputs, p, compiled=True, batch=buckets[name].batch)
-                judged_by, vs_eager = side.label(True), {k: compare(out[k], eager[k], None, mask) for k in ref}
+                judged_by = side.label(True)
+                vs_eager = None if side.refused else {k: compare(out[k], eager[k], None, mask) for k in ref}
+                if side.refused:
+                    bar.write(f"target {name}: {side.refused.backend} refuses the compiled model "
+                              f"({side.refused.message}); judged in {side.label(False)} instead")
             results.append(PrecisionResult(
                 precision=p.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
                 outputs={k: compare(out[k], ref[k], tolerance_for(p, tolerances, ref[k].dtype), mask) for k in ref},
@@ -243,21 +253,44 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
                 vs_float64={k: compare(out[k], ref64[k], None, mask) for k in ref} if ref64 else None,
                 layers=layer_summary(rows, reason, tol, p, side.label(False)) if rows is not None else None,
                 numerics=changed, float64_ops=f64))
+            outs.append(out)
             bar.update()
+        if results[0].float64_ops:
+            _split_by_cause(side, inputs, ref, mask, results, outs)
         plan = buckets[name]
         bucket_rows = _buckets(model, corpus, plan, chosen, side, compiled, tolerances, bounds, batch_size, seed,
                                bucket_refs, bar) if corpus is not None and model.takes_text else \
             [{"boundary": None, "skipped": "no buckets: the model takes images (one shape)" if not model.takes_text
               else "no corpus given"}]
         result = TargetAccuracy(detected.to_dict(), results[0], results[1:],
-                                {"boundaries": plan.boundaries, "source": plan.source}, bucket_rows)
+                                {"boundaries": plan.boundaries, "source": plan.source}, bucket_rows,
+                                compile_refused=side.refused.to_dict() if side.refused else None)
         result.suggestions = suggest(target, result, kind)
         per_target[name] = result
     bar.close()
+    mixed = wide or any(t.chosen.float64_ops for t in per_target.values()) or target_runs.has_float64(module)
+    reference = {"description": "float64 eager on the CPU (the model is float64)" if wide else
+                 "eager on the CPU as written: float32, and float64 where the model computes in float64" if mixed
+                 else "eager float32 on the CPU", "float64": ref64_note,
+                 "float32_vs_float64": {k: compare(ref[k], ref64[k], None, mask) for k in ref} if ref64 else None}
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     first = next(iter(shapes.values()), [])
     return AccuracyReport(model.describe(), {"description": description or "batch " + " x ".join(map(str, first)),
                                              "shapes": shapes}, reference, per_target)
+
+
+def _split_by_cause(side, inputs, ref, mask, results, outs) -> None:
+    """Each precision's error split by cause: float64 run as float32 (the target's dtype rules alone,
+    no rounding) against the reference, and the precision's rounding against that run."""
+    cast = side.run(inputs, target_runs.DTYPE_RULES_ONLY)[0]
+    cast_effect = {k: compare(cast[k], ref[k], None, mask) for k in ref}
+    for r, out in zip(results, outs):
+        r.error_by_cause = [
+            {"cause": CAST_CAUSE, "measured": "the target's dtype rules alone, no rounding, against the reference",
+             "outputs": cast_effect},
+            {"cause": f"precision '{r.name}' rounding",
+             "measured": f"{r.target_side} ({r.precision['description']}) against the dtype rules alone", "outputs":
+                 {k: compare(out[k], cast[k], None, mask) for k in ref}}]
 
 
 def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds, batch_size, seed, cache,

@@ -8,8 +8,9 @@
     >>> report.targets["tpu"].findings()          # findings.Finding: the report's terms
 
 The suggestions come from what was measured: a higher precision's measured error, norm layers that are
-out of tolerance only when every op is rounded, float64 ops that ran as float32, the atol a task-level
-pass needs, buckets that fail while the main batch passes.
+out of tolerance only when every op is rounded, float64 ops that ran as float32 (quoting the error the
+cast alone causes, error_by_cause), the atol a task-level pass needs, buckets that fail while the main
+batch passes. A compiler that refused the model is a blocker finding (kind "compile_refused").
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from portkit.tables import HtmlTable
 from portkit.tolerance import compute_dtype
 
 STAGE = "accuracy"
+CAST_CAUSE = "float64 run as float32"      # error_by_cause's name for the target's dtype rules alone
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
 
 
@@ -41,6 +43,8 @@ class PrecisionResult:
     numerics: dict             # what the emulation changed, by kind (NumericsMode.stats)
     float64_ops: dict
     compiled_vs_eager: dict | None = None   # compiled outputs against eager emulation, per output
+    # where float64 ran as float32: [{"cause", "measured", "outputs"}], the cast alone, then the precision
+    error_by_cause: list[dict] | None = None
 
     @property
     def name(self) -> str:
@@ -59,7 +63,13 @@ class PrecisionResult:
         return {"precision": self.precision, "target_side": self.target_side, "passed": self.passed,
                 "reasons": self.reasons, "outputs": self.outputs, "task": self.task,
                 "vs_float64": self.vs_float64, "layers": self.layers, "numerics": self.numerics,
-                "float64_ops": self.float64_ops, "compiled_vs_eager": self.compiled_vs_eager}
+                "float64_ops": self.float64_ops, "compiled_vs_eager": self.compiled_vs_eager,
+                "error_by_cause": self.error_by_cause}
+
+    def cause(self, name: str, output: str) -> dict | None:
+        """error_by_cause's comparison of `output` for the cause starting with `name`, or None."""
+        found = next((c for c in self.error_by_cause or [] if c["cause"].startswith(name)), None)
+        return found["outputs"].get(output) if found else None
 
 
 @dataclass
@@ -70,6 +80,7 @@ class TargetAccuracy:
     bucket_plan: dict
     buckets: list[dict]
     suggestions: list[str] = field(default_factory=list)
+    compile_refused: dict | None = None      # target_runs.Refusal.to_dict(): the compiled path was refused
 
     @property
     def name(self) -> str:
@@ -91,14 +102,16 @@ class TargetAccuracy:
         first = (p.layers or {}).get("first_failing")
         return (f"{self.name} ({self.target['mode']}, {p.target_side}, precision {p.name}): "
                 f"{self.verdict.upper()}; {shown}; {len(self.reasons)} reasons"
-                + (f"; first module out of tolerance: {first['module']}" if first else ""))
+                + (f"; first module out of tolerance: {first['module']}" if first else "")
+                + ("; BLOCKER: the target's compiler refuses the model" if self.compile_refused else ""))
 
     def findings(self) -> list[Finding]:
         """This stage's findings in the report's terms. A miss of the elementwise tolerance while the
         task metric holds, or that another precision setting fixes, is work; a task metric that fails
-        at every precision measured is a blocker."""
+        at every precision measured is a blocker, and so is a compiler that refuses the model."""
+        found = [self._refusal()] if self.compile_refused else []
         if self.verdict == "pass":
-            return []
+            return found
         passing = [r for r in self.others if r.passed]
         task_ok = self.chosen.task["passed"]
         fixable = bool(passing) or task_ok
@@ -106,13 +119,22 @@ class TargetAccuracy:
                   "; ".join(self.suggestions[:2]) or "see the accuracy notebook's suggestions")
         first = (self.chosen.layers or {}).get("first_failing")
         where = f"; first module out of tolerance: {first['module']}" if first else ""
-        return [Finding("accuracy", WORK if fixable else BLOCKER,
-                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
-                        f"{'; '.join(self.reasons)[:300]}{where}", advice)]
+        return found + [Finding("accuracy", WORK if fixable else BLOCKER,
+                                f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
+                                f"{'; '.join(self.reasons)[:300]}{where}", advice)]
+
+    def _refusal(self) -> Finding:
+        refused = self.compile_refused
+        where = f" at {refused['where']}" if refused.get("where") and refused["where"] not in refused["message"] else ""
+        return Finding("compile_refused", BLOCKER,
+                       f"{refused['backend']} refuses the compiled model{where}: {refused['message'][:400]}",
+                       "make the shapes static there (stage 2's graph breaks show where a graph ends); the "
+                       f"numerics were judged in {self.chosen.target_side} instead")
 
     def to_dict(self) -> dict:
         return {"target": self.target, "summary": self.summary(), "verdict": self.verdict,
-                "findings": [f.to_dict() for f in self.findings()],
+                "findings": [f.to_dict() for f in self.findings()], "compile_refused": self.compile_refused,
+                "error_by_cause": self.chosen.error_by_cause,
                 "reasons": self.reasons, "suggestions": self.suggestions, "target_side": self.chosen.target_side,
                 "precision": self.chosen.precision, "tolerance": next(iter(self.chosen.outputs.values()))["tolerance"],
                 "outputs": self.chosen.outputs, "task": self.chosen.task, "vs_float64": self.chosen.vs_float64,
@@ -178,10 +200,15 @@ class AccuracyReport:
                              f"{o['max_rel']:.3g}",
                              f"{o['rel_l2']:.3g}", f"{o['cosine_min']:.7f}",
                              f"{o['tolerance']['dtype']} ({o['tolerance']['rtol']:g}, {o['tolerance']['atol']:g})",
-                             "pass" if o["passed"] else "FAIL"])
+                             "pass" if o["passed"] else "FAIL", "every change the target makes"])
+                for cause in t.chosen.error_by_cause or []:   # the same error, split by what caused it
+                    c = cause["outputs"][name]
+                    rows.append([t.name, t.chosen.name, cause["measured"], name, f"{c['max_abs']:.3g}",
+                                 f"{c['max_rel']:.3g}", f"{c['rel_l2']:.3g}", f"{c['cosine_min']:.7f}", "-", "-",
+                                 cause["cause"]])
         return HtmlTable(["target", "precision", "run as", "output", "max abs", "max rel", "rel L2", "cosine min",
-                          "tolerance (rtol, atol)", "assert_close"], rows, "outputs at real positions vs the "
-                         "float32 reference")
+                          "tolerance (rtol, atol)", "assert_close", "error caused by"], rows,
+                         f"outputs at real positions vs the reference ({self.reference['description']})")
 
     def precision_table(self) -> HtmlTable:
         rows = []
@@ -303,15 +330,20 @@ def suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[st
                        f"{fine[m['module']]['rel_l2']:.2g} under '{sibling.name}', {sibling.setting}, which rounds "
                        "only matmuls)")
     rows = [m for m in (chosen.layers or {}).get("modules", []) if m.get("float64_ops")]
+    cast, rounding = chosen.cause(CAST_CAUSE, main), chosen.cause("precision", main)
+    if cast:
+        effect = f"measured effect of {CAST_CAUSE} alone on `{main}`: max abs error {cast['max_abs']:.2g}" + \
+            (f" (precision '{chosen.name}' rounding adds {rounding['max_abs']:.2g} on its own)" if rounding else "")
+    else:
+        effect = f"max abs error on `{main}` with every change together: {chosen.outputs[main]['max_abs']:.2g}"
     for m in rows:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(m["float64_ops"].items()))
         out.append(f"avoid float64 in `{m['module']}` ({m['type']}): {sum(m['float64_ops'].values())} float64 ops ran "
                    f"as float32 on {target.name} ({ops}); make it float32 (.float()) on the GPU too, so the "
-                   f"reference is what the target runs; measured effect on `{main}`: max abs error "
-                   f"{chosen.outputs[main]['max_abs']:.2g}")
+                   f"reference is what the target runs; {effect}")
     if not rows and chosen.float64_ops:
         out.append(f"avoid float64: {sum(chosen.float64_ops.values())} float64 ops ran as float32 on {target.name} "
-                   f"({', '.join(sorted(chosen.float64_ops))}); run with layers=True to find their modules")
+                   f"({', '.join(sorted(chosen.float64_ops))}); run with layers=True to find their modules; {effect}")
     failing = [o for o in chosen.outputs.values() if not o["passed"]]
     # Loosening is advice for the drift a lower-precision setting brings by design, never for a float32 miss.
     if failing and chosen.task["passed"] and compute_dtype(target.precision(chosen.name)) != torch.float32:

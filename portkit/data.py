@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from portkit import progress
 from portkit._io import write_json
 from portkit.errors import BadParameter
 
@@ -62,6 +63,7 @@ class Corpus:
 
 
 CACHE_VARIABLE = "PORTKIT_CACHE_DIR"
+_TOKENIZE_CHUNK = 1024     # texts per tokenizer call in length_distribution: one progress step each
 
 
 def cache_root() -> Path:
@@ -313,7 +315,10 @@ def length_distribution(corpus: Corpus, model) -> LengthDistribution:
     if model.tokenizer is None:
         raise BadParameter("model for a length distribution", model.name,
                            hint="it takes images, not text")
-    lengths = model.token_lengths(list(corpus.texts))
+    texts = list(corpus.texts)
+    chunks = range(0, len(texts), _TOKENIZE_CHUNK)
+    lengths = [n for start in progress.bar(chunks, desc=f"tokenizing {corpus.name}", unit="chunk", leave=False)
+               for n in model.token_lengths(texts[start:start + _TOKENIZE_CHUNK])]
     return LengthDistribution(np.asarray(lengths, dtype=np.int64), model.tokenizer_name, corpus.name,
                               model.max_length)
 

@@ -1,7 +1,7 @@
 """Per-layer localization: where a target's error enters the model, module by module.
 
     >>> from portkit.layer_probe import LayerProbe, layer_summary
-    >>> probe = LayerProbe(module, inputs.get("attention_mask"))
+    >>> probe = LayerProbe(module, inputs.get("attention_mask"), progress=True)   # a bar per pass, per module
     >>> probe.capture(lambda: module(**inputs))                        # reference: every module's output
     >>> out, rows, reason = probe.compare(lambda: run_on_target(inputs), tol, mode)
     >>> layer_summary(rows, reason, tol, precision, "eager emulation")["first_failing"]
@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from portkit import progress as progress_bars
 from portkit.comparison import real_positions
 from portkit.tolerance import Tolerance
 from portkit.tracking import ModuleTracker
@@ -37,17 +38,21 @@ class LayerProbe:
     later in-place op can change it), and counts what the numerics mode changed inside each module.
     The hooks run outside any dispatch mode: their own arithmetic must not be emulated or counted."""
 
-    def __init__(self, module: torch.nn.Module, mask: torch.Tensor | None):
-        self.module, self.mask = module, mask
+    def __init__(self, module: torch.nn.Module, mask: torch.Tensor | None, progress: bool = False):
+        self.module, self.mask, self.progress = module, mask, progress
         self.reference: dict[str, tuple[list[torch.Tensor], float]] = {}   # key -> (outputs, squared norm)
 
-    def _run(self, fn, pre, post):
+    def _run(self, fn, pre, post, desc: str):
         calls: collections.Counter = collections.Counter()
+        # one step per module output; the reference pass learns how many there are
+        bar = progress_bars.bar(total=len(self.reference) or None, desc=desc, unit="module", leave=False,
+                                disable=not self.progress)
 
         def leave(path, module, output):
             calls[path] += 1
             post(path if calls[path] == 1 else f"{path}#{calls[path]}", type(module).__name__, output)
-        with ModuleTracker(self.module, on_enter=pre, on_leave=leave), torch.no_grad():
+            bar.update()
+        with bar, ModuleTracker(self.module, on_enter=pre, on_leave=leave), torch.no_grad():
             return fn()
 
     def capture(self, fn):
@@ -58,7 +63,7 @@ class LayerProbe:
                 real.append(r.clone() if r.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else r)
             norm2 = sum(float(torch.linalg.vector_norm(r)) ** 2 for r in real)
             self.reference[key] = (real, norm2)
-        return self._run(fn, None, post)
+        return self._run(fn, None, post, "layers: reference")
 
     def compare(self, fn, tol: Tolerance, mode=None) -> tuple[object, list[dict], str | None]:
         rows: list[dict] = []
@@ -102,7 +107,7 @@ class LayerProbe:
             if bad and not first_reason:
                 first_reason.append(next(filter(None, (tol.check(a.to(r.dtype), r) for a, r in zip(mine, ref[0]))), ""))
             rows.append(entry)
-        out = self._run(fn, pre if mode is not None else None, post)
+        out = self._run(fn, pre if mode is not None else None, post, "layers: compared")
         return out, rows, (first_reason[0] if first_reason else None)
 
 

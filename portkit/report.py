@@ -28,7 +28,8 @@ report.json keys (stable; a CI job can gate on them):
     "checklist": {"kernels": [{"op", "status", "share", "calls", "modules", "language"}],
                   "rewrite": [text], "buckets": {...} | null, "precision": {...} | null,
                   "measure_on_hardware": [text]},
-    "metrics": {stage: {label: value}},
+    "metrics": {stage: {label: value}}: accuracy's include "judged on" (compiled, or eager emulation where
+               the compiler refused the model) and, where float64 ran as float32, the error by cause
     "details": {table: [{column: value}]}: "xla shapes" (per compiled shape: HBM, fit, GFLOP),
                "accuracy outputs", "accuracy buckets", "accuracy layers" (first module out of tolerance
                and the modules with the largest error)}}
@@ -197,7 +198,12 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
         f"max abs error ({main[0]})" if main else "max abs error": f"{main[1].get('max_abs', 0):.2g}" if main else "—",
         "task metric": task.get("metric", "—"),
         "buckets passing": f"{sum(bool(b.get('passed')) for b in t.get('buckets', []))}/{len(t.get('buckets', []))}",
+        "judged on": t.get("target_side", "—"),
     }
+    for cause in t.get("error_by_cause") or []:   # float64 run as float32, then the precision's rounding
+        found = (cause.get("outputs") or {}).get(main[0]) if main else None
+        if found:
+            out.metrics["accuracy"][f"max abs error from {cause['cause']}"] = f"{found.get('max_abs', 0):.2g}"
     out.details["accuracy outputs"] = [_error_row({"output": name}, o) for name, o in (t.get("outputs") or {}).items()]
     out.details["accuracy buckets"] = [
         _error_row({"bucket": b.get("boundary"), "texts": b.get("texts"),

@@ -24,6 +24,7 @@ import importlib
 import inspect
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -299,6 +300,8 @@ def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, pro
             papermill.execute_notebook(
                 str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name="python3",
                 progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
+                # the stage's own progress bars (portkit.progress: text on the kernel's stderr) reach the terminal
+                stderr_file=sys.stderr if progress else None,
                 cwd=str(NOTEBOOKS), request_save_on_cell_execute=True,
                 # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
                 extra_arguments=["--IPKernelApp.log_level=ERROR"])

@@ -6,30 +6,90 @@
     >>> out, rows, reason, changed, f64 = side.run(inputs, targets.get("tpu").default_precision)
     >>> out, *_ = side.run(inputs, precision, compiled=True, batch=4)     # stage 2's emulated backend
     >>> side.label(True)           # "compiled with portkit_tpu (Inductor on the CPU)"
+    >>> side.refused               # a Refusal when the target's compiler refused the model, else None
 
 Eager, the model runs under the target's numerics mode (numerics.emulate) or, natively, on the device;
 compiled, it runs through the target's backend in calls of the deployment's batch. Outputs always come
 back on the CPU, and the model is left where it was (portkit.placement).
+
+A compiler that refuses the model (a symbolic shape after a graph break, say) is a finding, not a
+crash: the side records the refusal, in the compiler's own words with the user's source line, and runs
+eagerly from then on; its label says so ("eager emulation (compiled path refused: ...)").
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import copy
+from dataclasses import dataclass
 
 import torch
 
 from portkit import _torch, placement, probes, targets as targets_mod
+from portkit.errors import CompileRefused
 from portkit.layer_probe import LayerProbe
 from portkit.tolerance import Tolerance
 
 EAGER = "eager emulation"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """The target's compiler refused the model: its message, and the user's source line when known."""
+    backend: str
+    message: str
+    where: str | None = None
+
+    @property
+    def short(self) -> str:
+        """The compiler's message up to its first detail, for labels."""
+        return self.message.split(" (")[0].split(". ")[0][:100]
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "message": self.message, "where": self.where}
+
+
+def refusal(exc: BaseException, backend: str, native: bool) -> Refusal | None:
+    """The refusal inside `exc`, or None for any other error. torch.compile wraps a backend's exception
+    in torch._dynamo.exc.BackendCompilerFailed (its inner_exception, and __cause__); emulated, the
+    refusal is portkit's CompileRefused; natively, whatever the vendor's compiler raised."""
+    seen, inner = set(), exc
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        if isinstance(inner, CompileRefused):
+            where = inner.where.get("text") if isinstance(inner.where, dict) else inner.where
+            return Refusal(backend, str(inner), where)
+        wrapped = getattr(inner, "inner_exception", None)
+        if native and wrapped is not None and type(inner).__name__ == "BackendCompilerFailed":
+            return Refusal(backend, f"{type(wrapped).__name__}: {' '.join(str(wrapped).split())[:400]}")
+        inner = wrapped or inner.__cause__
+    return None
+
+
 def forward(module, inputs) -> dict:
     """One eager pass without autograd."""
     with torch.no_grad():
         return module(**inputs)
+
+
+# The target's dtype rules alone (float64 run as float32), no rounding: what the cast alone changes.
+DTYPE_RULES_ONLY = targets_mod.Precision("dtype rules only", "(none: the dtype rules apply at every setting)",
+                                         "float64 run as float32, no rounding")
+
+
+def _floating(module) -> list[torch.Tensor]:
+    return [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
+
+
+def float64_model(module) -> bool:
+    """Whether the model is a float64 model: every floating parameter and buffer is float64."""
+    found = _floating(module)
+    return bool(found) and all(t.dtype == torch.float64 for t in found)
+
+
+def has_float64(module) -> bool:
+    """Whether any floating parameter or buffer is float64."""
+    return any(t.dtype == torch.float64 for t in _floating(module))
 
 
 def float64_reference(module, inputs) -> tuple[dict | None, str]:
@@ -54,22 +114,32 @@ class TargetSide:
         where = f"on {detected.target.device}" if detected.native else "Inductor on the CPU"
         self.compiled_label = f"compiled with {detected.backend} ({where})"
         self._fn, self._backend, self._numerics, self._shapes = None, None, {}, set()
+        self.refused: Refusal | None = None
 
     def label(self, compiled: bool) -> str:
+        if compiled and self.refused is not None:
+            return f"{self.eager_label} (compiled path refused: {self.refused.short})"
         return self.compiled_label if compiled else self.eager_label
 
     def run(self, inputs, precision, probe: LayerProbe | None = None, tol: Tolerance | None = None,
             compiled: bool = False, batch: int | None = None):
         """Returns (outputs on the CPU, layer rows or None, first layer reason, what the target's rules
-        changed, float64 ops run as float32). Compiled, `batch` rows go in each call (see chunks)."""
+        changed, float64 ops run as float32). Compiled, `batch` rows go in each call (see chunks); once the
+        target's compiler has refused the model, compiled runs are eager (see `refused`)."""
         device = self.detected.target.device if self.detected.native else "cpu"
         with placement.on_device(self.module, device, inputs) as inputs:
-            if compiled:
-                calls = list(chunks(inputs, batch))
-                parts = [self._run_compiled(chunk, precision) for chunk in calls]
-                rows = len(next(iter(inputs.values())))
-                out = {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
-                return out, None, None, self._numerics.get(input_shape(calls[0]), {}), {}
+            if compiled and self.refused is None:
+                try:
+                    calls = list(chunks(inputs, batch))
+                    parts = [self._run_compiled(chunk, precision) for chunk in calls]
+                except Exception as exc:   # only a refusal is kept; any other error propagates
+                    self.refused = refusal(exc, self.detected.backend, self.detected.native)
+                    if self.refused is None:
+                        raise
+                else:
+                    rows = len(next(iter(inputs.values())))
+                    out = {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
+                    return out, None, None, self._numerics.get(input_shape(calls[0]), {}), {}
             mode = None if self.detected.native else self.emulation(self.detected.target, precision)
 
             def fn():

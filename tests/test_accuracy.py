@@ -6,7 +6,8 @@ import torch
 
 from conftest import fixture_model
 from portkit import accuracy, comparison, data, models, numerics, probes, results, runner, target_runs, targets
-from portkit.errors import BadParameter
+from portkit.errors import BadParameter, CompileRefused
+from portkit.report import build_report
 from portkit.tolerance import DEFAULT_TASK_BOUNDS, tolerance_for
 
 TPU, NEURON = targets.get("tpu"), targets.get("neuron")
@@ -235,6 +236,61 @@ def test_float64_running_as_float32_is_found_in_its_module(corpus):
     assert tpu.float64_ops["aten::addmm"] == 1
     assert any(s.startswith("avoid float64 in `model.head`") for s in report.targets["tpu"].suggestions)
     assert tpu.task["argmax_agreement"] == 1.0
+
+
+def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(corpus, tmp_path):
+    m = models.load(fixture_model("float64_encoder_model"))
+    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], all_precisions=False, compiled=False, progress=False)
+    # the reference is the float64 model: no float32-against-float64 comparison that can only read 0
+    assert report.reference["description"].startswith("float64 eager")
+    assert report.reference["float32_vs_float64"] is None
+    tpu = report.targets["tpu"]
+    cast, bf16 = tpu.chosen.error_by_cause
+    assert cast["cause"] == "float64 run as float32" and bf16["cause"].startswith("precision 'default' rounding")
+    cast_err, bf16_err = cast["outputs"]["pooled"]["max_abs"], bf16["outputs"]["pooled"]["max_abs"]
+    total = tpu.chosen.outputs["pooled"]["max_abs"]
+    assert 0 < cast_err < 1e-6 < bf16_err and bf16_err > 100 * cast_err     # bf16 operands dominate
+    assert abs(total - bf16_err) <= cast_err * 2                              # the two add up to the whole
+    advice = [s for s in tpu.suggestions if s.startswith("avoid float64")]
+    assert advice and all(f"alone on `pooled`: max abs error {cast_err:.2g} " in s for s in advice)
+    assert not any(f"max abs error {total:.2g}" in s for s in advice)
+    report.save(tmp_path / "accuracy.json")                   # the migration report shows both, each by cause
+    metrics = build_report(tmp_path).to_dict()["targets"]["tpu"]["metrics"]["accuracy"]
+    assert metrics["max abs error from float64 run as float32"] == f"{cast_err:.2g}"
+    assert metrics["max abs error from precision 'default' rounding"] == f"{bf16_err:.2g}"
+
+
+def test_a_compile_the_target_refuses_is_a_blocker_and_judged_eagerly(corpus, tmp_path):
+    m = models.load(fixture_model("dynamic_after_break_model"))
+    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2,
+                                     all_precisions=False, float64_reference=False, progress=False)  # compiled: auto
+    tpu = report.targets["tpu"]
+    refused = tpu.compile_refused
+    assert refused["backend"] == "portkit_tpu" and refused["message"].startswith(TPU.dynamic_shape_error)
+    assert "fixtures/models.py:" in refused["where"] and "in torch_dynamo_resume_in_forward" in refused["where"]
+    label = f"eager emulation (compiled path refused: {TPU.dynamic_shape_error})"
+    assert tpu.chosen.target_side == label and tpu.chosen.compiled_vs_eager is None
+    assert tpu.buckets[0]["target"].startswith(label) and tpu.buckets[0]["texts"] == 2
+    assert tpu.chosen.numerics["matmul operands rounded to bfloat16"] >= 1      # the target's numerics, eagerly
+    blocker = tpu.findings()[0]
+    assert (blocker.kind, blocker.severity) == ("compile_refused", targets.BLOCKER)
+    assert TPU.dynamic_shape_error in blocker.message and refused["where"] in blocker.message
+    report.save(tmp_path / "accuracy.json")
+    saved = json.loads((tmp_path / "accuracy.json").read_text())["targets"]["tpu"]
+    assert saved["compile_refused"] == refused and saved["findings"][0]["kind"] == "compile_refused"
+    assert "BLOCKER" in saved["summary"]
+
+
+def test_only_a_refusal_is_caught_on_the_compiled_path():
+    refused = CompileRefused("TPU backend: does not support dynamic shape (detail). More.",
+                             {"text": "model.py:3 in forward: x"})
+    wrapped = RuntimeError("backend raised")
+    wrapped.__cause__ = refused
+    found = target_runs.refusal(wrapped, "portkit_tpu", native=False)
+    assert found.where == "model.py:3 in forward: x" and found.short == "TPU backend: does not support dynamic shape"
+    assert target_runs.refusal(RuntimeError("an Inductor bug"), "portkit_tpu", native=False) is None
 
 
 def test_language_model_metrics_and_image_classifier_without_buckets(corpus):

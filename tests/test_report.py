@@ -213,3 +213,26 @@ def test_cli_report_from_any_folder(run_dir, tmp_path):
     done = subprocess.run([str(portkit), "report", str(tmp_path / "nope")], capture_output=True, text=True,
                           cwd=tmp_path)
     assert done.returncode == 2 and "invalid run folder" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_path):
+    """The target's compiler refuses the model: the accuracy stage judges it in eager emulation, says so,
+    and the run goes on to a report that shows the refusal as a blocker (issue #19)."""
+    from conftest import fixture_model
+    from portkit import targets
+    out = tmp_path / "run"
+    rc = cli.main(["run", "--model", fixture_model("dynamic_after_break_model"), "--target", "tpu", "--out", str(out),
+                   "--stages", "accuracy,report", "--no-progress", "-p", "batch_size", "2", "-p", "seq_len", "16",
+                   "-p", "default_buckets", "[16]"])
+    assert rc == 0
+    accuracy = json.loads((out / "accuracy.json").read_text())["targets"]["tpu"]
+    assert accuracy["target_side"].startswith("eager emulation (compiled path refused")
+    tpu = json.loads((out / "report.json").read_text())["targets"]["tpu"]
+    assert tpu["verdict"] == "blocked"
+    blocker = tpu["findings"][0]
+    assert (blocker["stage"], blocker["severity"], blocker["kind"]) == ("accuracy", "blocker", "compile_refused")
+    assert targets.get("tpu").dynamic_shape_error in blocker["message"] and "models.py:" in blocker["message"]
+    assert tpu["metrics"]["accuracy"]["judged on"] == accuracy["target_side"]
+    page = (out / "report.html").read_text()
+    assert "refuses the compiled model" in page and "compiled path refused" in page
