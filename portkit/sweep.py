@@ -41,6 +41,7 @@ import os
 import re
 import resource
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -286,17 +287,21 @@ def run_sweep(cells: list[Cell], out_dir, resources: Resources = Resources(), pr
 def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress: bool, total: int, keep) -> None:
     """Start (or join) Ray, run one task per cell, keep(index, record) as each ends; shut Ray down."""
     from tqdm.auto import tqdm
+    if resources.address is not None:
+        _check_reachable(resources.address)
     temp = tempfile.mkdtemp(prefix="portkit-ray-") if resources.address is None else None
     began = time.perf_counter()
     try:
-        try:
-            if temp:
-                ray.init(include_dashboard=False, _temp_dir=temp, log_to_driver=False, logging_level="ERROR",
-                         object_store_memory=OBJECT_STORE_BYTES)
-            else:
+        if temp:
+            ray.init(include_dashboard=False, _temp_dir=temp, log_to_driver=False, logging_level="ERROR",
+                     object_store_memory=OBJECT_STORE_BYTES)
+        else:
+            try:
                 ray.init(address=resources.address, log_to_driver=False, logging_level="ERROR")
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise BadParameter("Ray address", resources.address, hint=f"cannot join it ({exc})") from None
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise BadParameter("Ray address", resources.address,
+                                   hint=f"cannot join it ({' '.join(str(exc).split())[:200]}); where the cluster "
+                                        "uses token authentication, set RAY_AUTH_MODE=token") from None
         engine["start_seconds"] = round(time.perf_counter() - began, 2)
         available = ray.cluster_resources()
         engine["cluster_cpus"] = available.get("CPU", 0)
@@ -325,6 +330,19 @@ def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress
             ray.shutdown()
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def _check_reachable(address: str, seconds: float = 5.0) -> None:
+    """Fail fast on a HOST:PORT nobody listens at (Ray itself retries for minutes)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        if address == "auto":   # Ray finds the cluster started on this machine
+            return
+        raise BadParameter("Ray address", address, hint="give HOST:PORT of the cluster's head, or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=seconds).close()
+    except OSError as exc:
+        raise BadParameter("Ray address", address, hint=f"nothing answers there ({exc.strerror or exc})") from None
 
 
 def _collect(ray, ref, sent: float, cell: Cell) -> dict:

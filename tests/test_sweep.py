@@ -40,6 +40,8 @@ def test_missing_ray_gives_the_install_line(tmp_path, capsys, monkeypatch):
     (["--options", "seq_len"], "unknown option set 'seq_len'; write it as NAME=VALUE"),
     (["--options", "seq_len=0"], "unknown seq_len 0"),
     (["--memory-per-task", "0"], "unknown memory per task 0.0; must be a positive number"),
+    (["--address", "127.0.0.1:1"], "unknown Ray address '127.0.0.1:1'; nothing answers there"),
+    (["--address", "head-node"], "give HOST:PORT of the cluster's head, or auto"),
     (["--model", fixture_model("tiny_encoder").replace("models.py", "nowhere.py")], "no such file"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
