@@ -2,9 +2,11 @@
 
     >>> from portkit import sweep
     >>> cells = sweep.plan_sweep(["minilm", "gpt2"], ["neuron", "tpu"], "runs/sweep", stages="fallbacks")
-    >>> outcome = sweep.run_sweep(cells, "runs/sweep")        # a local Ray; address="HOST:6379" for a cluster
-    >>> outcome.counts()                                       # {'finished': 4, 'skipped': 0, 'failed': 0}
-    >>> outcome.save()                                         # runs/sweep/sweep.html and sweep.json
+    >>> outcome = sweep.run_sweep(cells, "runs/sweep")   # writes runs/sweep/sweep.html and sweep.json
+    >>> outcome.counts()                                  # {'finished': 4, 'skipped': 0, 'failed': 0}
+
+A local Ray is started for the sweep and shut down after it; sweep.Resources(address="HOST:6379")
+joins an existing cluster instead (portkit installed on its workers).
 
 Each cell is the same papermill run as `portkit run --model M --target T` (portkit.runner.run, called
 inside a Ray task: its notebooks run in kernels of their own, so a task shares nothing with another),
