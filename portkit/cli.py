@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="a notebook parameter for every run")
     sw.add_argument("--options", action="append", default=[], metavar="'NAME=VALUE ...'",
                     help="an option set; repeat for several (one run per set per model and target)")
-    sw.add_argument("--stages", default=None, help="comma-separated subset of the stages (report is always run)")
+    sw.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
     sw.add_argument("--address", default=None, help="an existing Ray cluster (default: a local Ray for the sweep)")
     sw.add_argument("--cpus-per-task", type=float, default=1.0, help="CPUs each run asks Ray for (default 1)")
     sw.add_argument("--memory-per-task", type=float, default=3.0, help="GiB each run asks Ray for (default 3)")

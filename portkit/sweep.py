@@ -10,12 +10,15 @@ joins an existing cluster instead (portkit installed on its workers).
 
 Each cell is the same papermill run as `portkit run --model M --target T` (portkit.runner.run, called
 inside a Ray task: its notebooks run in kernels of their own, so a task shares nothing with another),
-written to <out>/<model tag>/<target>/, or <out>/<model tag>/<target>/<options> when the sweep has
-several option sets. Every cell's plan is checked before Ray starts: bad input writes nothing. The
-report stage is always run, since the sweep report reads each run's report.json. A run that finished
-before with the same inputs (its sweep-cell.json matches and its report.json holds every stage asked
-for) is skipped. A stage failure is retried once inside the task, then recorded with its executed
-notebook; a task whose worker dies is retried once by Ray (max_retries), then recorded.
+into the run folder <out>/<model tag>/<target>/, or <out>/<model tag>/<target>/<options> when the
+sweep has several option sets; every run leaves a report.json (the runner rebuilds it when the report
+stage is left out), which the sweep report reads. The sweep's own record of each cell (cell.json: its
+inputs, attempts and times; run.log: what the task printed) lives apart, under <out>/.sweep/, so a run
+folder holds only what `portkit run` writes. Every cell's plan is checked before Ray starts: bad input
+writes nothing. A run that finished before with the same inputs (its cell.json matches and its
+report.json has an "ok" result for every stage asked for) is skipped. A run with a failed stage is
+retried once inside the task, then recorded with the executed notebook that shows the error; a task
+whose worker dies is retried once by Ray (max_retries), then recorded.
 
 sweep.json keys (stable; the conventions of report.json):
 - "schema": "portkit.sweep/1"; "created"; "out_dir"; "models"; "targets"; "option_sets"; "stages"
@@ -24,11 +27,12 @@ sweep.json keys (stable; the conventions of report.json):
 - "wall_seconds"; "counts": {"finished", "skipped", "failed"}
 - "cells": [{"model", "model_tag", "target", "options": {name: value}, "options_label",
     "status": "finished" | "skipped" (finished by an earlier sweep) | "failed", "attempts",
-    "run_dir", "report", "notebook", "log" (paths relative to out_dir; report/notebook null when absent),
+    "run_dir", "report", "notebook", "log" (paths relative to out_dir, null when absent; a failed run
+    has a report too, naming the failed stage as a gap),
     "error": text | null, "seconds" (workbook time, all attempts), "cpu_seconds" (the task and its kernels),
     "queue_seconds", "task_seconds", "result_seconds" (submit to task start, task start to end, task end
     to the sweep: the task's own time beyond "seconds" is the sweep's; null when skipped),
-    "mode": "native" | "emulated" | null, "verdict": report verdict | null, "verdict_reason",
+    "mode": "native" | "emulated" | null, "verdict": report verdict | null (no readable report), "verdict_reason",
     "blockers": [message], "bucket_plan": {"planner", "boundaries", "batch_sizes"} | null,
     "hbm": {"peak_mib", "fits", "per_device"} | null, "accuracy": {"verdict", "setting", "output", "max_abs"} | null}]
 """
@@ -51,16 +55,16 @@ from pathlib import Path
 
 import jinja2
 
-from portkit import runner
+from portkit import runfolder, runner
 from portkit._io import read_json, write_json, write_text
 from portkit.errors import BadParameter, MissingPackage, PortkitError, StageFailed
 
 SCHEMA = "portkit.sweep/1"
 CELL_SCHEMA = "portkit.sweep-cell/1"
-CELL_FILE = "sweep-cell.json"   # in each run folder: the inputs of the run that finished there
-LOG_FILE = "sweep.log"          # in each run folder: what the task printed, attempt by attempt
-REPORT_STAGE = "report"         # the sweep report reads each run's report.json
-ATTEMPTS = 2                    # a failed stage is retried once, then recorded
+RECORDS = ".sweep"              # under the sweep folder, beside the run folders: the sweep's record of each cell
+CELL_FILE = "cell.json"         # the inputs, attempts and times of the cell's latest finished run
+LOG_FILE = "run.log"            # what the task printed, attempt by attempt
+ATTEMPTS = 2                    # a run with a failed stage is retried once, then recorded
 SYSTEM_RETRIES = 1              # a dead worker: Ray runs the task once more
 OBJECT_STORE_BYTES = 128 * 2 ** 20   # tasks return small dicts; Ray's default takes 30% of memory
 # The driver's values of these reach the tasks, also on a cluster whose workers never saw this shell.
@@ -91,6 +95,7 @@ class Cell:
     parameters: dict        # every parameter of the run: the sweep's -p values, then the option set
     stages: tuple[str, ...]
     run_dir: Path           # absolute
+    record_dir: Path        # absolute: <out>/.sweep/<the run folder's path below out>
 
     def spec(self) -> dict:
         """The inputs that decide a run's results: a finished run with the same spec is not rerun."""
@@ -127,12 +132,7 @@ def plan_sweep(models, targets, out_dir, parameters: dict | None = None, option_
     """Every cell of the sweep, each run's plan checked (runner.plan) before anything is written.
 
     option_sets: a list of {name: value} (one run per set per model and target); None for one set."""
-    names = list(stages.split(",") if isinstance(stages, str) else stages or runner.STAGE_NAMES)
-    names = [n.strip() for n in names if n.strip()]
-    chosen = [s.name for s in runner.select_stages(names)]   # rejects an unknown stage
-    if REPORT_STAGE not in chosen:
-        log(f"adding the {REPORT_STAGE} stage: the sweep report reads each run's report.json")
-        chosen = [s.name for s in runner.select_stages([*chosen, REPORT_STAGE])]
+    chosen = [s.name for s in runner.select_stages(stages)]   # rejects an unknown stage
     sets = [dict(s) for s in option_sets] if option_sets else [{}]
     labels = [" ".join(f"{k}={v}" for k, v in s.items()) for s in sets]
     slugs = [re.sub(r"[^A-Za-z0-9._=-]+", "_", label).replace("=", "-") for label in labels]
@@ -142,14 +142,14 @@ def plan_sweep(models, targets, out_dir, parameters: dict | None = None, option_
     for model in models:
         for target in targets:
             for options, label, slug in zip(sets, labels, slugs):
-                run_dir = out / model_tag(model) / target / (slug if len(sets) > 1 else "")
+                below = Path(model_tag(model), target, slug if len(sets) > 1 else "")
                 parameters = {**(parameters or {}), **options}
                 printed = io.StringIO()
                 with contextlib.redirect_stdout(printed):   # each plan prints the target's mode; once is enough
-                    _, per_stage = runner.plan(model, [target], str(run_dir), parameters, chosen)
+                    _, per_stage = runner.plan(model, [target], str(out / below), parameters, chosen)
                 seen_lines += [line for line in printed.getvalue().splitlines() if line not in seen_lines]
                 cells.append(Cell(model, per_stage[0][1]["targets"][0], options, label if len(sets) > 1 else "",
-                                  parameters, tuple(chosen), Path(per_stage[0][1]["out_dir"])))
+                                  parameters, tuple(chosen), Path(per_stage[0][1]["out_dir"]), out / RECORDS / below))
     _no_shared_folders("model", models, [model_tag(m) for m in models])
     _no_shared_folders("option set", labels, slugs)
     for line in seen_lines:
@@ -166,14 +166,14 @@ def _no_shared_folders(what: str, values: list[str], folders: list[str]) -> None
 
 
 def is_finished(cell: Cell) -> bool:
-    """A run finished with this cell's inputs: its sweep-cell.json matches and its report.json holds
-    the cell's target and an "ok" result for every stage asked for."""
+    """A run finished with this cell's inputs: its cell.json matches and its report.json holds the
+    cell's target and an "ok" result for every stage asked for."""
     try:
-        done, report = read_json(cell.run_dir / CELL_FILE), read_json(cell.run_dir / "report.json")
+        done, report = read_json(cell.record_dir / CELL_FILE), read_json(cell.run_dir / "report.json")
         stages = report["stages"]
         return (done.get("spec") == cell.spec() and report.get("schema") == _report_schema()
                 and cell.target in report["targets"]
-                and all(stages[s]["status"] == "ok" for s in cell.stages if s != REPORT_STAGE))
+                and all(stages[s]["status"] == "ok" for s in cell.stages if s != runfolder.REPORT))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
@@ -185,30 +185,29 @@ def _report_schema() -> str:
 
 # ---------------------------------------------------------------- the task
 def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
-    """One cell's workbook run, in a Ray worker. A failed stage is retried once (ATTEMPTS); the
-    result names the executed notebook that shows the error. Prints go to the run's sweep.log."""
+    """One cell's workbook run, in a Ray worker. A run with a failed stage is retried once (ATTEMPTS);
+    the result names the executed notebook that shows the error. Prints go to the cell's run.log."""
     started = time.time()
     os.environ.update(environ)
     if os.path.isdir(cwd):   # relative paths in parameters mean what they mean to `portkit run` there
         os.chdir(cwd)
     cpu_before = _cpu_seconds()
-    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    cell.record_dir.mkdir(parents=True, exist_ok=True)
     result = {"status": "failed", "attempts": 0, "error": None, "notebook": None, "seconds": 0.0}
-    with open(cell.run_dir / LOG_FILE, "a", encoding="utf-8") as handle, \
+    with open(cell.record_dir / LOG_FILE, "a", encoding="utf-8") as handle, \
             contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
         for attempt in range(1, ATTEMPTS + 1):
             print(f"--- {datetime.datetime.now().isoformat(timespec='seconds')} attempt {attempt} of {ATTEMPTS}: "
                   f"{cell.model} on {cell.target}, stages {','.join(cell.stages)}", flush=True)
-            completed = []   # runner.run logs once per finished stage
             start = time.perf_counter()
             result["attempts"] = attempt
             try:
                 runner.run(cell.model, [cell.target], str(cell.run_dir), cell.parameters, list(cell.stages),
-                           progress=False, log=lambda line: (completed.append(line), print(line, flush=True)))
-            except StageFailed as exc:
+                           progress=False, log=lambda line: print(line, flush=True))
+            except StageFailed as exc:   # the run went on past the failed stage; its notebook shows the error
                 result["error"] = str(exc)
-                failed = runner.select_stages(list(cell.stages))[len(completed)]
-                result["notebook"] = str(cell.run_dir / failed.notebook)
+                first = next(iter(exc.result.failures))
+                result["notebook"] = str(cell.run_dir / runfolder.stage(first).notebook)
                 print(f"failed: {exc}", flush=True)
                 continue
             except PortkitError as exc:   # bad input found only here (a file missing on this worker): no retry
@@ -221,7 +220,7 @@ def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
             break
     result.update(cpu_seconds=_cpu_seconds() - cpu_before, started=started, ended=time.time())
     if result["status"] == "finished":
-        write_json(cell.run_dir / CELL_FILE, {"schema": CELL_SCHEMA, "spec": cell.spec(), **result})
+        write_json(cell.record_dir / CELL_FILE, {"schema": CELL_SCHEMA, "spec": cell.spec(), **result})
     return result
 
 
@@ -269,7 +268,7 @@ def run_sweep(cells: list[Cell], out_dir, resources: Resources = Resources(), pr
     pending = []
     for i, cell in enumerate(cells):
         if is_finished(cell):
-            earlier = read_json(cell.run_dir / CELL_FILE)
+            earlier = read_json(cell.record_dir / CELL_FILE)
             records[i] = {**{k: earlier.get(k) for k in ("attempts", "seconds", "cpu_seconds")}, "status": "skipped"}
         else:
             pending.append(i)
@@ -369,17 +368,21 @@ def _cell_entry(out: Path, cell: Cell, record: dict) -> dict:
     entry = {"model": cell.model, "model_tag": model_tag(cell.model), "target": cell.target,
              "options": cell.options, "options_label": cell.options_label, "status": record["status"],
              "attempts": record.get("attempts"), "run_dir": os.path.relpath(cell.run_dir, out),
-             "report": rel(cell.run_dir / "report.html") if record["status"] != "failed" else None,
-             "notebook": rel(record.get("notebook")), "log": rel(cell.run_dir / LOG_FILE),
+             "report": rel(cell.run_dir / "report.html"),
+             "notebook": rel(record.get("notebook")), "log": rel(cell.record_dir / LOG_FILE),
              "error": record.get("error"), "seconds": record.get("seconds"), "cpu_seconds": record.get("cpu_seconds"),
              **{k: record.get(k) for k in ("queue_seconds", "task_seconds", "result_seconds")},
              "mode": None, "verdict": None, "verdict_reason": None, "blockers": [], "bucket_plan": None,
              "hbm": None, "accuracy": None}
-    if record["status"] != "failed":
-        try:
-            entry.update(cell_summary(read_json(cell.run_dir / "report.json"), cell.target))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            entry["error"] = f"its report.json cannot be read ({type(exc).__name__}: {exc})"
+    if record["status"] == "failed" and not record.get("notebook"):   # no stage ran to its end: any report is older
+        entry["report"] = None
+        return entry
+    try:
+        entry.update(cell_summary(read_json(cell.run_dir / "report.json"), cell.target))
+    except FileNotFoundError:
+        entry["report"] = None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        entry["error"] = entry["error"] or f"its report.json cannot be read ({type(exc).__name__}: {exc})"
     return entry
 
 

@@ -36,11 +36,11 @@ def test_missing_ray_gives_the_install_line(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("args,message", [
     (["--target", "trn"], "unknown target 'trn'; choose one of: neuron, tpu, cpu, cuda"),
     (["--stages", "fallback"], "unknown stage 'fallback'; choose one of: fallbacks"),
-    (["-p", "batch_size", "0"], "unknown batch_size 0; must be a positive whole number"),
-    (["--options", "seq_len"], "unknown option set 'seq_len'; write it as NAME=VALUE"),
-    (["--options", "seq_len=0"], "unknown seq_len 0"),
-    (["--memory-per-task", "0"], "unknown memory per task 0.0; must be a positive number"),
-    (["--address", "127.0.0.1:1"], "unknown Ray address '127.0.0.1:1'; nothing answers there"),
+    (["-p", "batch_size", "0"], "invalid batch_size 0: must be a positive whole number"),
+    (["--options", "seq_len"], "invalid option set 'seq_len': write it as NAME=VALUE"),
+    (["--options", "seq_len=0"], "invalid seq_len 0"),
+    (["--memory-per-task", "0"], "invalid memory per task 0.0: must be a positive number"),
+    (["--address", "127.0.0.1:1"], "invalid Ray address '127.0.0.1:1': nothing answers there"),
     (["--address", "head-node"], "give HOST:PORT of the cluster's head, or auto"),
     (["--model", fixture_model("tiny_encoder").replace("models.py", "nowhere.py")], "no such file"),
 ])
@@ -80,7 +80,7 @@ def test_cell_summary_reads_verdict_blockers_buckets_hbm_and_accuracy():
 
 def test_sweep_report_escapes_and_links(tmp_path):
     cell = sweep.Cell("<script>alert(1)</script>", "neuron", {}, "", {}, ("fallbacks", "report"),
-                      tmp_path / "m" / "neuron")
+                      tmp_path / "m" / "neuron", tmp_path / sweep.RECORDS / "m" / "neuron")
     cell.run_dir.mkdir(parents=True)
     (cell.run_dir / "01_fallbacks.ipynb").write_text("{}")
     record = {"status": "failed", "attempts": 2, "error": "stage fallbacks failed <b>", "seconds": 3.0,
@@ -110,7 +110,7 @@ def test_sweep_runs_every_model_and_writes_the_matrix(swept):
     assert code == 1   # one run failed
     saved = json.loads((out / "sweep.json").read_text())
     assert saved["schema"] == sweep.SCHEMA and saved["engine"]["address"] == "local"
-    assert saved["stages"] == ["fallbacks", "report"] and saved["counts"] == {"finished": 2, "skipped": 0, "failed": 1}
+    assert saved["stages"] == ["fallbacks"] and saved["counts"] == {"finished": 2, "skipped": 0, "failed": 1}
     cells = {c["model_tag"]: c for c in saved["cells"]}
     tiny, gru = cells["models.py-tiny_encoder"], cells["models.py-gru_model"]
     assert (tiny["status"], tiny["verdict"], tiny["mode"], tiny["blockers"]) == ("finished", "ready", "emulated", [])
@@ -133,6 +133,7 @@ def test_failed_run_is_retried_once_and_reported_with_its_notebook(swept):
     assert failed["notebook"] == "models.py-broken_model/neuron/01_fallbacks.ipynb"
     executed = json.loads((out / failed["notebook"]).read_text())
     assert any(o.get("output_type") == "error" for c in executed["cells"] for o in c.get("outputs", []))
+    assert failed["log"] == f"{sweep.RECORDS}/models.py-broken_model/neuron/{sweep.LOG_FILE}"
     log = (out / failed["log"]).read_text()
     assert "attempt 1 of 2" in log and "attempt 2 of 2" in log
     assert f"href='{failed['notebook']}'" in (out / "sweep.html").read_text()
