@@ -112,9 +112,13 @@ def main() -> None:
     cells = sweep.plan_sweep(specs, [args.target], str(out / "sweep"), PARAMETERS, stages=args.stages, log=quiet)
     stages = list(cells[0].stages)
 
+    seconds = []   # each runner.run, timed as the sweep times it in its task
     with TreeCPU() as serial:
-        seconds = [runner.run(spec, [args.target], str(out / "serial" / sweep.model_tag(spec)), PARAMETERS, stages,
-                              progress=False, log=quiet).seconds for spec in specs]
+        for spec in specs:
+            start = time.perf_counter()
+            runner.run(spec, [args.target], str(out / "serial" / sweep.model_tag(spec)), PARAMETERS, stages,
+                       progress=False, log=quiet)
+            seconds.append(time.perf_counter() - start)
     with TreeCPU() as swept:
         outcome = sweep.run_sweep(cells, out / "sweep", progress=False, log=quiet)
     if outcome.counts()["finished"] != len(cells):
@@ -123,7 +127,7 @@ def main() -> None:
     print(f"{len(specs)} models x {args.target}, stages {','.join(stages)}, {psutil.cpu_count()} cores; "
           f"Ray {outcome.engine['ray_version']}, {outcome.engine['cluster_cpus']:g} CPUs, "
           f"{outcome.engine['cpus_per_task']:g} per task -> {out}")
-    print(f"one after another: {serial.wall:6.1f} s  (workbooks {sum(sum(s.values()) for s in seconds):.1f} s); "
+    print(f"one after another: {serial.wall:6.1f} s  (workbooks {sum(seconds):.1f} s); "
           f"CPU {serial.utilisation()}")
     print(f"sweep on Ray:      {swept.wall:6.1f} s  (workbooks {sum(r['seconds'] for r in outcome.records):.1f} s, "
           f"Ray start {outcome.engine['start_seconds']:.1f} s); CPU {swept.utilisation()}")
