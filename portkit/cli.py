@@ -4,6 +4,7 @@
     portkit report runs/minilm   # rebuild report.html / report.json from a run folder, no stage rerun
     portkit targets              # each target's mode on this machine, and why
     portkit params               # every parameter the stage notebooks take
+    portkit sweep --model a --model b --target neuron --target tpu --out runs/sweep   # Ray tasks (portkit[sweep])
 
 Bad input gets one line naming the bad value and the valid choices, exit code 2, and nothing written.
 A failed stage exits 1 and names the notebook and the cell.
@@ -43,6 +44,20 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--target", action="append", dest="targets", metavar="TARGET",
                      help="targets to report on (default: those in the stage results)")
     sub.add_parser("targets", help="show each target's mode on this machine")
+    sw = sub.add_parser("sweep", help="one workbook run per model x target x option set, as Ray tasks")
+    sw.add_argument("--model", action="append", dest="models", metavar="MODEL", help="repeat for several")
+    sw.add_argument("--target", action="append", dest="targets", metavar="TARGET",
+                    help="repeat for several (default: neuron and tpu); one run per model and target")
+    sw.add_argument("--out", default=os.path.join("runs", "sweep"), help="sweep folder (default: runs/sweep)")
+    sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="a notebook parameter for every run")
+    sw.add_argument("--options", action="append", default=[], metavar="'NAME=VALUE ...'",
+                    help="an option set; repeat for several (one run per set per model and target)")
+    sw.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
+    sw.add_argument("--address", default=None, help="an existing Ray cluster (default: a local Ray for the sweep)")
+    sw.add_argument("--cpus-per-task", type=float, default=1.0, help="CPUs each run asks Ray for (default 1)")
+    sw.add_argument("--memory-per-task", type=float, default=3.0, help="GiB each run asks Ray for (default 3)")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_parser("params", help="list the notebooks' parameters")
     return parser
 
@@ -50,8 +65,9 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args) -> int:
     from portkit import runner
     targets = args.targets or ["neuron", "tpu"]
-    model_tag = os.path.basename(os.path.normpath(args.model)).replace(":", "-") or "model"
-    out = args.out if args.out is not None else os.path.join("runs", model_tag)   # --out "" is refused, not defaulted
+    from portkit.runfolder import model_tag
+    # --out "" is refused, not defaulted
+    out = args.out if args.out is not None else os.path.join("runs", model_tag(args.model))
     declared = runner.all_parameters(runner.select_stages(args.stages))
     # Unknown names pass through as text; runner.plan rejects them with the valid list.
     user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
@@ -98,6 +114,28 @@ def _report(args) -> int:
     return 0
 
 
+def _sweep(args) -> int:
+    from portkit import runner, sweep
+    sweep.require_ray()   # the install line before anything else
+    declared = runner.all_parameters()
+    user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
+    resources = sweep.Resources(args.cpus_per_task, args.memory_per_task, args.address)
+    cells = sweep.plan_sweep(args.models or ["minilm"], args.targets or ["neuron", "tpu"], args.out, user,
+                             [sweep.parse_options(text, declared) for text in args.options], args.stages)
+    outcome = sweep.run_sweep(cells, args.out, resources, progress=not args.no_progress)
+    for c in outcome.to_dict()["cells"]:
+        where = f"{c['model_tag']}/{c['target']}" + (f" [{c['options_label']}]" if c["options_label"] else "")
+        if c["status"] == "failed":
+            print(f"FAILED {where} after {c['attempts']} attempt(s): {c['error']} (notebook: {c['notebook']})")
+        else:
+            before = " (finished before)" if c["status"] == "skipped" else ""
+            print(f"{where} ({c['mode']}): {str(c['verdict']).upper()}{before}")
+    counts = outcome.counts()
+    print(f"{counts['finished']} finished, {counts['skipped']} skipped, {counts['failed']} failed "
+          f"in {outcome.wall_seconds:.0f} s; sweep report: {outcome.out_dir / 'sweep.html'}")
+    return 1 if counts["failed"] else 0
+
+
 def _targets() -> int:
     from portkit import environment
     print(environment.block(["neuron", "tpu", "cpu", "cuda"]))
@@ -134,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if args.command == "targets":
             return _targets()
+        if args.command == "sweep":
+            return _sweep(args)
         return _params()
     except StageFailed as exc:
         print(f"portkit: {exc}", file=sys.stderr)

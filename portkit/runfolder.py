@@ -14,6 +14,7 @@ the log rather than only calling the result "missing".
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,11 @@ REPORT = "report"
 MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and writes into no foreign folder
 RUN_LOG = "run.json"      # how each stage of the latest run ended
 RUN_FILES = frozenset({MARKER, RUN_LOG, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES)})
+
+
+def model_tag(spec: str) -> str:
+    """The folder name of a model's runs (runs/<tag>): the last part of its name or path."""
+    return os.path.basename(os.path.normpath(spec)).replace(":", "-") or "model"
 
 
 def stage(name: str) -> Stage:
