@@ -25,8 +25,8 @@ import collections
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from portkit._torch import TorchDispatchMode
 from portkit.targets import Precision, Target
 
 aten = torch.ops.aten
