@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 import re
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx.traceback as fx_traceback
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from portkit import _torch, numerics, targets as targets_mod
 from portkit.errors import BadParameter, CompileRefused
@@ -197,26 +197,78 @@ class EmulatedBackend:
 
     def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:
         log, mode = _OpLog(), numerics.emulate(self.target, precision)
-
-        def run(*args):
-            # Mode order: the op log (entered last) sees the model's own ops first; the numerics mode
-            # turns each into the target's form (casts, rounding); make_fx's tracer, below both,
-            # records that form. preserve_node_meta carries each Dynamo node's stack trace along.
-            with fx_traceback.preserve_node_meta(), mode, log:
-                return torch.fx.Interpreter(gm).run(*args)
-
-        # Fake tensors: the retrace needs shapes and dtypes, not values (a real-mode trace also makes
-        # a fake copy of every result for the graph's metadata: several times slower). Outside
-        # Dynamo's tracing context, so make_fx makes its own static-shape fake mode instead of adding
-        # symbols and guards to Dynamo's shape environment.
+        # Mode order: the op log (entered last) sees the model's own ops first; the numerics mode turns
+        # each into the target's form (casts, rounding); the recorder, below both, writes that form
+        # into the new graph. preserve_node_meta carries each Dynamo node's stack trace along. Outside
+        # Dynamo's tracing context, so the fake mode is a static-shape one of its own.
         with _torch.outside_dynamo_tracing():
-            traced = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)
+            fake = _torch.fake_tensor_mode()
+            recorder = _AtenRecorder(fake, example_inputs)
+            with fx_traceback.preserve_node_meta(), fake, recorder, mode, log:
+                out = torch.fx.Interpreter(gm).run(*recorder.inputs)
         check.aten_calls = sum(log.calls.values())
         table = targets_mod.detect(self.target.name).op_table
         check.not_lowered = _not_lowered(log.calls, table)
         check.decomposed = _decomposed(log.calls, table)
         check.numerics = dict(mode.stats)
-        return traced
+        return recorder.graph_module(out)
+
+
+class _AtenRecorder(_torch.TorchDispatchMode):
+    """Writes every ATen call that reaches it into an FX graph, on fake tensors: the retrace.
+
+    What make_fx(tracing_mode="fake") records for an inference graph of static shapes, without its
+    proxies, decompositions and symbolic machinery (several times slower on a MiniLM graph, measured):
+    each fake tensor is known by identity and maps to the node that made it; a tensor that no node
+    made is a constant of the graph (a real tensor held by Dynamo's graph module)."""
+
+    def __init__(self, fake, example_inputs):
+        super().__init__()
+        self.graph, self.constants = torch.fx.Graph(), {}
+        self.nodes: dict[int, tuple[torch.fx.Node, torch.Tensor]] = {}   # id -> (node, tensor kept alive)
+        self.inputs = []
+        for i, x in enumerate(example_inputs):
+            node = self.graph.placeholder(f"arg{i}")
+            if isinstance(x, torch.Tensor):
+                x = fake.from_tensor(x, static_shapes=True)
+                node.meta["val"] = x
+                self.nodes[id(x)] = (node, x)
+            self.inputs.append(x)
+
+    def _arg(self, value):
+        if isinstance(value, torch.Tensor):
+            if id(value) not in self.nodes:   # a constant: kept with the graph, as make_fx does
+                name = f"_tensor_constant{len(self.constants)}"
+                self.constants[name] = value
+                self.nodes[id(value)] = (self.graph.get_attr(name), value)
+            return self.nodes[id(value)][0]
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._arg(v) for v in value)
+        return value
+
+    def _track(self, value, node):
+        if isinstance(value, torch.Tensor):
+            node.meta["val"] = value
+            self.nodes[id(value)] = (node, value)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        node = self.graph.call_function(func, self._arg(tuple(args)), {k: self._arg(v) for k, v in kwargs.items()})
+        out = func(*args, **kwargs)
+        if isinstance(out, (list, tuple)):
+            for i, value in enumerate(out):
+                if isinstance(value, torch.Tensor):
+                    self._track(value, self.graph.call_function(operator.getitem, (node, i)))
+        else:
+            self._track(out, node)
+        return out
+
+    def graph_module(self, out) -> torch.fx.GraphModule:
+        self.graph.output(self._arg(out) if isinstance(out, (list, tuple)) else (self._arg(out),))
+        root = torch.nn.Module()
+        for name, value in self.constants.items():
+            root.register_buffer(name, value)
+        return torch.fx.GraphModule(root, self.graph)
 
 
 class _Hoisted:
