@@ -253,6 +253,14 @@ class _AtenRecorder(_torch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.namespace == "prim":   # prim::device, prim::layout: metadata queries, nothing to record
+            return func(*args, **kwargs)
+        # A composite op (aten::to, aten::matmul) is recorded as the ops it runs, as make_fx does:
+        # they are what a compiler sees (the parameters' casts are aten::_to_copy, see _Hoisted).
+        with self:
+            decomposed = func.decompose(*args, **kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
         node = self.graph.call_function(func, self._arg(tuple(args)), {k: self._arg(v) for k, v in kwargs.items()})
         out = func(*args, **kwargs)
         if isinstance(out, (list, tuple)):
@@ -265,10 +273,44 @@ class _AtenRecorder(_torch.TorchDispatchMode):
 
     def graph_module(self, out) -> torch.fx.GraphModule:
         self.graph.output(self._arg(out) if isinstance(out, (list, tuple)) else (self._arg(out),))
+        self.graph.eliminate_dead_code()   # results nothing reads (fused attention's logsumexp)
+        _merge_repeats(self.graph)
         root = torch.nn.Module()
         for name, value in self.constants.items():
             root.register_buffer(name, value)
         return torch.fx.GraphModule(root, self.graph)
+
+
+def _merge_repeats(graph: torch.fx.Graph) -> None:
+    """One node for an op repeated on the same inputs, e.g. the target's rounding of one activation
+    that feeds the query, key and value projections: the eager graph pays each cast once. Only in a
+    graph that writes into no tensor (where sharing a result cannot change what a later op reads) and
+    only for deterministic ATen ops."""
+    ops = [n for n in graph.nodes if n.op == "call_function"]
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in ops):
+        return
+    seen: dict = {}
+    for node in ops:
+        if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in node.target.tags:
+            continue
+        key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+        try:
+            first = seen.setdefault(key, node)
+        except TypeError:   # an argument that cannot be compared by value
+            continue
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+
+
+def _hashable(value):
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (bool, int, float, complex)):   # 1, 1.0 and True promote differently
+        return (type(value).__name__, repr(value))      # repr: nan equals nan, -0.0 is not 0.0
+    return value
 
 
 class _Hoisted:
