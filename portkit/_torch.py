@@ -22,7 +22,7 @@ import torch.utils._pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 __all__ = ["TorchDispatchMode", "backend_by_name", "compile_with_inductor", "current_autograd_node",
-           "default_recompile_limit", "fake_tensor_mode", "fresh_compile_cache", "graph_input_name", "inductor_cache_hits",
+           "default_recompile_limit", "fake_tensor_mode", "fresh_compile_cache", "graph_input_name", "inductor_cache_hits", "is_op_overload",
            "known_backends", "no_dispatch_modes", "outside_dynamo_tracing", "recompile_limit", "recompile_limit_for",
            "register_backend", "tree_leaves", "unlimited_recompiles"]
 
@@ -109,6 +109,12 @@ def outside_dynamo_tracing():
     backend makes its own static-shape fake mode instead of adding symbols and guards to Dynamo's."""
     import torch._guards
     return torch._guards.tracing(None)
+
+
+def is_op_overload(target) -> bool:
+    """Whether an FX node's target is one overload of a dispatcher op (torch.ops.aten.mm.default),
+    whose schema and tags say what it does (torch._ops.OpOverload)."""
+    return isinstance(target, torch._ops.OpOverload)
 
 
 def fake_tensor_mode():

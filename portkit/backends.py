@@ -287,11 +287,11 @@ def _merge_repeats(graph: torch.fx.Graph) -> None:
     graph that writes into no tensor (where sharing a result cannot change what a later op reads) and
     only for deterministic ATen ops."""
     ops = [n for n in graph.nodes if n.op == "call_function"]
-    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in ops):
+    if any(_torch.is_op_overload(n.target) and n.target._schema.is_mutable for n in ops):
         return
     seen: dict = {}
     for node in ops:
-        if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in node.target.tags:
+        if not _torch.is_op_overload(node.target) or torch.Tag.nondeterministic_seeded in node.target.tags:
             continue
         key = (node.target, _hashable(node.args), _hashable(node.kwargs))
         try:

@@ -41,12 +41,12 @@ class InPlaceAndConstant(torch.nn.Module):
 
 
 def _compile(module, x, backend, **options):
-    torch._dynamo.reset()
+    torch.compiler.reset()
     try:
         with torch.no_grad():
             return torch.compile(module, backend=backend, dynamic=False, options=options or None)(x)
     finally:
-        torch._dynamo.reset()
+        torch.compiler.reset()
 
 
 def _emulated(module, x, precision=None):
@@ -82,10 +82,10 @@ def test_in_place_ops_constants_and_tuples_survive_the_retrace():
 
 
 def test_symbolic_shapes_are_refused_with_the_vendors_words():
-    torch._dynamo.reset()
+    torch.compiler.reset()
     with torch.no_grad(), pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as caught:
         torch.compile(torch.nn.Linear(4, 4), backend="portkit_tpu", dynamic=True)(torch.randn(3, 4))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     assert TPU.dynamic_shape_error in str(caught.value) and "dynamic=False" in str(caught.value)
 
 
@@ -94,10 +94,10 @@ def test_ops_that_do_not_lower_are_reported_with_their_line():
     inputs = m.encode(["Return the sum of a and b."], pad_to=8)
     line = next(i for i, t in enumerate(FIXTURES.read_text().splitlines(), 1) if "torch.linalg.svd" in t)
     counter = backends.CompileCounter(backends.emulated_backend("neuron"))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     with torch.no_grad():
         out = torch.compile(m.module, backend=counter, dynamic=False)(**inputs)["singular_values"]
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.testing.assert_close(out, m.module(**inputs)["singular_values"])   # and the graph still runs
     (svd,) = counter.events[0].check.not_lowered
     assert svd["op"] == "aten::_linalg_svd" and svd["status"] == "cpu_fallback"
