@@ -17,12 +17,22 @@ import contextlib
 from unittest import mock
 
 import torch
+import torch.utils._pytree
 # TorchDispatchMode is the documented way to intercept ATen calls ("__torch_dispatch__" in the
 # extending-torch notes) but lives in a private module; stages import it from here.
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-__all__ = ["TorchDispatchMode", "current_autograd_node", "default_recompile_limit", "fresh_compile_cache",
-           "no_dispatch_modes", "recompile_limit", "recompile_limit_for", "removed_named_overloads_tolerated"]
+__all__ = ["TorchDispatchMode", "backend_by_name", "compile_with_inductor", "current_autograd_node",
+           "default_recompile_limit", "fake_tensor_mode", "fresh_compile_cache", "graph_input_name",
+           "inductor_cache_hits", "is_op_overload", "known_backends", "no_dispatch_modes", "outside_dynamo_tracing",
+           "recompile_limit", "recompile_limit_for", "register_backend", "removed_named_overloads_tolerated",
+           "tree_leaves", "unlimited_recompiles"]
+
+
+def tree_leaves(value) -> list:
+    """The leaves of nested lists, tuples and dicts (torch.utils._pytree, which Dynamo's example
+    values follow)."""
+    return torch.utils._pytree.tree_leaves(value)
 
 
 def no_dispatch_modes():
@@ -54,6 +64,14 @@ def recompile_limit_for(shapes: int) -> int:
     below Dynamo's default. This is the only place that decides it."""
     default = default_recompile_limit()
     return max(default, int(shapes) + default)
+
+
+def unlimited_recompiles():
+    """No recompile limit for the block: a compile that must be paid is never replaced by an eager run."""
+    import sys
+
+    import torch._dynamo
+    return torch._dynamo.config.patch(recompile_limit=sys.maxsize, accumulated_recompile_limit=sys.maxsize)
 
 
 @contextlib.contextmanager
@@ -107,3 +125,64 @@ def removed_named_overloads_tolerated():
 
     with mock.patch.object(packet, "__getattr__", tolerant):
         yield
+def compile_with_inductor(gm: torch.fx.GraphModule, example_inputs):
+    """Inductor's compile of an ATen graph (torch._inductor.compile_fx), keeping its casts.
+
+    Inductor drops a cast to bf16 and back inside a fused kernel (the value stays fp32) unless told to
+    keep eager's casts (emulate_precision_casts); those casts are an emulated target's rounding."""
+    import torch._inductor.config
+    from torch._inductor.compile_fx import compile_fx
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        return compile_fx(gm, list(example_inputs))
+
+
+# ---------------------------------------------------------------- Dynamo's backend registry and graphs
+def outside_dynamo_tracing():
+    """A context without Dynamo's tracing context (torch._guards.tracing(None)): a retrace inside a
+    backend makes its own static-shape fake mode instead of adding symbols and guards to Dynamo's."""
+    import torch._guards
+    return torch._guards.tracing(None)
+
+
+def is_op_overload(target) -> bool:
+    """Whether an FX node's target is one overload of a dispatcher op (torch.ops.aten.mm.default),
+    whose schema and tags say what it does (torch._ops.OpOverload)."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def fake_tensor_mode():
+    """A static-shape FakeTensorMode (torch._subclasses.fake_tensor): tensors with shapes, dtypes and
+    devices but no values; real tensors met as constants are converted on use."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def known_backends() -> set[str]:
+    """Every backend name Dynamo knows, entry points included (torch._dynamo.list_backends)."""
+    import torch._dynamo
+    return set(torch._dynamo.list_backends(exclude_tags=()))
+
+
+def register_backend(backend, name: str) -> None:
+    import torch._dynamo
+    torch._dynamo.register_backend(backend, name=name)
+
+
+def backend_by_name(name: str):
+    """The backend callable registered under `name` (an entry point is loaded on first use)."""
+    from torch._dynamo.backends.registry import lookup_backend
+    return lookup_backend(name)
+
+
+def inductor_cache_hits() -> int:
+    """How many graphs Inductor's FX graph cache has served in this process."""
+    from torch._dynamo.utils import counters
+    return counters["inductor"]["fxgraph_cache_hit"]
+
+
+def graph_input_name(node: torch.fx.Node) -> str | None:
+    """The user's argument name behind a placeholder of a Dynamo graph, or None for a lifted
+    parameter, buffer or other non-local input (node.meta["grapharg"].source)."""
+    from torch._dynamo.source import LocalSource
+    arg = node.meta.get("grapharg")
+    return arg.source.local_name if arg is not None and isinstance(arg.source, LocalSource) else None

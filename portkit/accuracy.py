@@ -136,8 +136,7 @@ def target_side(targets, compiled: bool | None = None) -> bool:
     compiled = compiled_available() if compiled is None else compiled
     for name in targets_mod.parse_targets(targets):
         d = targets_mod.detect(name)
-        where = f"on {d.target.device}" if d.native else "Inductor on the CPU"
-        main = f"compiled with {d.backend} ({where})" if compiled else ("eager on the device" if d.native else EAGER)
+        main = target_runs.compiled_label(d) if compiled else ("eager on the device" if d.native else EAGER)
         print(f"target {name}: outputs and buckets {main}; per-layer hooks and other precisions: "
               f"{'eager on the device' if d.native else EAGER}")
     return compiled

@@ -3,6 +3,7 @@
     >>> import torch                                # no `import portkit` needed: Dynamo finds the
     >>> compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)   # names by entry point
     >>> compiled = torch.compile(module, backend="portkit_neuron", options={"precision": "matmult"})
+    >>> compiled = torch.compile(module, backend="portkit_tpu", options={"inductor": True})  # CPU codegen
     >>> counter = backends.CompileCounter("portkit_tpu")   # every compile, timed, with what it found
     >>> compiled = torch.compile(module, backend=counter, dynamic=False)
     >>> late = []                                   # compiles refused by fail_on_recompile, then paid
@@ -19,8 +20,10 @@ where a migration feels it:
 3. every ATen op is classified with the target's op table as torch.compile sees it; ops that would not
    lower (CPU fallback, unsupported) are reported with the user's source line, and ops the target's
    compiler decomposes (targets.DECOMPOSED) are counted apart: they lower as other ops;
-4. Inductor compiles the graph for this CPU: outputs are real, and compile times are real CPU compile
-   times (not the vendor compiler's).
+4. the retraced graph, the target's casts and rounding included, runs eagerly op by op: no code
+   generation, so a new shape costs the checks and the retrace only. With inductor=True (or
+   options={"inductor": True}) Inductor compiles that graph for this CPU instead: faster steady
+   forwards, real CPU compile times (never the vendor compiler's).
 They compile inference graphs (eval mode under torch.no_grad, as the workbook does) and refuse others.
 
 Names. The installed package declares portkit_neuron and portkit_tpu as `torch_dynamo_backends` entry
@@ -32,17 +35,15 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
-import torch._dynamo
 import torch.fx.traceback as fx_traceback
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from portkit import numerics, targets as targets_mod
+from portkit import _torch, numerics, targets as targets_mod
 from portkit.errors import BadParameter, CompileRefused
 from portkit.targets import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
 
@@ -85,10 +86,11 @@ class GraphCheck:
     numerics: dict[str, int] = field(default_factory=dict)  # what the target's rules changed
     refused: str | None = None
     check_seconds: float = 0.0                   # refusal checks, retrace, op table
-    inductor_seconds: float = 0.0
+    inductor_seconds: float = 0.0                # Inductor's compile (inductor=True only)
+    runs: str = "eager"                          # how the retraced graph runs: "eager" or "inductor"
 
 
-class _OpLog(TorchDispatchMode):
+class _OpLog(_torch.TorchDispatchMode):
     """Counts each ATen call with the stack trace of the Dynamo node that made it."""
 
     def __init__(self):
@@ -102,7 +104,7 @@ class _OpLog(TorchDispatchMode):
 
 
 def _symbolic(value) -> bool:
-    for leaf in torch.utils._pytree.tree_leaves(value):
+    for leaf in _torch.tree_leaves(value):
         if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
                 isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape)):
             return True
@@ -130,42 +132,49 @@ def _decomposed(calls: collections.Counter, table: targets_mod.OpTable) -> dict[
     return dict(sorted(found.items()))
 
 
+def _inductor_flag(target: Target, value) -> bool:
+    if not isinstance(value, bool):
+        raise BadParameter(f"inductor option of backend {target.emulated_backend}", value, [True, False])
+    return value
+
+
 class EmulatedBackend:
     """A torch.compile backend for one target on the CPU, under the target's rules (module docstring).
 
     torch.compile(m, backend="portkit_neuron", options={"precision": "matmult"}) picks another of the
-    target's precisions; inductor=False only checks each graph and runs it eagerly."""
+    target's precisions; options={"inductor": True} (or inductor=True here) compiles the checked graph
+    with Inductor instead of running it eagerly."""
+    OPTIONS = ("precision", "inductor")
 
-    def __init__(self, target: Target, precision=None, inductor: bool = True):
-        self.target, self.inductor = target, inductor
+    def __init__(self, target: Target, precision=None, inductor: bool = False):
+        self.target, self.inductor = target, _inductor_flag(target, inductor)
         self.precision = numerics.emulate(target, precision).precision
         self.__name__ = target.emulated_backend      # how Dynamo's messages name a backend
         self.checks: collections.deque[GraphCheck] = collections.deque(maxlen=1000)
         self._rounded: collections.OrderedDict = collections.OrderedDict()   # see _Hoisted
 
     def __repr__(self) -> str:
-        return f"EmulatedBackend({self.target.name}, precision={self.precision.name})"
+        return f"EmulatedBackend({self.target.name}, precision={self.precision.name}, inductor={self.inductor})"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
         options = dict(options or {})
         precision = numerics.emulate(self.target, options.pop("precision", self.precision)).precision
+        inductor = _inductor_flag(self.target, options.pop("inductor", self.inductor))
         if options:
-            raise BadParameter(f"option of backend {self.__name__}", next(iter(options)), ["precision"])
+            raise BadParameter(f"option of backend {self.__name__}", next(iter(options)), self.OPTIONS)
         start = time.perf_counter()
-        check = GraphCheck(self.target.name, precision.name, sum(n.op == "call_function" for n in gm.graph.nodes))
+        check = GraphCheck(self.target.name, precision.name, sum(n.op == "call_function" for n in gm.graph.nodes),
+                           runs="inductor" if inductor else "eager")
         self.checks.append(check)
         self._refuse(gm, example_inputs, check)
         traced = self._retrace(gm, example_inputs, precision, check)
-        check.check_seconds = time.perf_counter() - start
-        if not self.inductor:
-            return gm.forward
-        from torch._inductor.compile_fx import compile_fx
-        start = time.perf_counter()
         traced, hoisted = _Hoisted.split(traced, example_inputs, self._rounded)
-        # Inductor drops a cast to bf16 and back inside a fused kernel (the value stays fp32) unless
-        # told to keep eager's casts; those casts are the target's rounding.
-        with torch._inductor.config.patch(emulate_precision_casts=True):
-            compiled = compile_fx(traced, [*example_inputs, *(hoisted.values(example_inputs) if hoisted else ())])
+        check.check_seconds = time.perf_counter() - start
+        if not inductor:   # the retraced graph itself: the target's casts and rounding are its nodes
+            return hoisted.wrap(traced) if hoisted else traced
+        start = time.perf_counter()
+        compiled = _torch.compile_with_inductor(
+            traced, [*example_inputs, *(hoisted.values(example_inputs) if hoisted else ())])
         check.inductor_seconds = time.perf_counter() - start
         return hoisted.wrap(compiled) if hoisted else compiled
 
@@ -187,28 +196,121 @@ class EmulatedBackend:
             raise CompileRefused(check.refused)
 
     def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:
-        from torch.fx.experimental.proxy_tensor import make_fx
         log, mode = _OpLog(), numerics.emulate(self.target, precision)
-
-        def run(*args):
-            # Mode order: the op log (entered last) sees the model's own ops first; the numerics mode
-            # turns each into the target's form (casts, rounding); make_fx's tracer, below both,
-            # records that form. preserve_node_meta carries each Dynamo node's stack trace along.
-            with fx_traceback.preserve_node_meta(), mode, log:
-                return torch.fx.Interpreter(gm).run(*args)
-
-        # Fake tensors: the retrace needs shapes and dtypes, not values (a real-mode trace also makes
-        # a fake copy of every result for the graph's metadata: several times slower). Outside
-        # Dynamo's tracing context, so make_fx makes its own static-shape fake mode instead of adding
-        # symbols and guards to Dynamo's shape environment.
-        with torch._guards.tracing(None):
-            traced = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)
+        # Mode order: the op log (entered last) sees the model's own ops first; the numerics mode turns
+        # each into the target's form (casts, rounding); the recorder, below both, writes that form
+        # into the new graph. preserve_node_meta carries each Dynamo node's stack trace along. Outside
+        # Dynamo's tracing context, so the fake mode is a static-shape one of its own.
+        with _torch.outside_dynamo_tracing():
+            fake = _torch.fake_tensor_mode()
+            recorder = _AtenRecorder(fake, example_inputs)
+            with fx_traceback.preserve_node_meta(), fake, recorder, mode, log:
+                out = torch.fx.Interpreter(gm).run(*recorder.inputs)
         check.aten_calls = sum(log.calls.values())
         table = targets_mod.detect(self.target.name).op_table
         check.not_lowered = _not_lowered(log.calls, table)
         check.decomposed = _decomposed(log.calls, table)
         check.numerics = dict(mode.stats)
-        return traced
+        return recorder.graph_module(out)
+
+
+class _AtenRecorder(_torch.TorchDispatchMode):
+    """Writes every ATen call that reaches it into an FX graph, on fake tensors: the retrace.
+
+    What make_fx(tracing_mode="fake") records for an inference graph of static shapes, without its
+    proxies, decompositions and symbolic machinery (several times slower on a MiniLM graph, measured):
+    each fake tensor is known by identity and maps to the node that made it; a tensor that no node
+    made is a constant of the graph (a real tensor held by Dynamo's graph module)."""
+
+    def __init__(self, fake, example_inputs):
+        super().__init__()
+        self.graph, self.constants = torch.fx.Graph(), {}
+        self.nodes: dict[int, tuple[torch.fx.Node, torch.Tensor]] = {}   # id -> (node, tensor kept alive)
+        self.inputs = []
+        for i, x in enumerate(example_inputs):
+            node = self.graph.placeholder(f"arg{i}")
+            if isinstance(x, torch.Tensor):
+                x = fake.from_tensor(x, static_shapes=True)
+                node.meta["val"] = x
+                self.nodes[id(x)] = (node, x)
+            self.inputs.append(x)
+
+    def _arg(self, value):
+        if isinstance(value, torch.Tensor):
+            if id(value) not in self.nodes:   # a constant: kept with the graph, as make_fx does
+                name = f"_tensor_constant{len(self.constants)}"
+                self.constants[name] = value
+                self.nodes[id(value)] = (self.graph.get_attr(name), value)
+            return self.nodes[id(value)][0]
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._arg(v) for v in value)
+        return value
+
+    def _track(self, value, node):
+        if isinstance(value, torch.Tensor):
+            node.meta["val"] = value
+            self.nodes[id(value)] = (node, value)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "prim":   # prim::device, prim::layout: metadata queries, nothing to record
+            return func(*args, **kwargs)
+        # A composite op (aten::to, aten::matmul) is recorded as the ops it runs, as make_fx does:
+        # they are what a compiler sees (the parameters' casts are aten::_to_copy, see _Hoisted).
+        with self:
+            decomposed = func.decompose(*args, **kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
+        node = self.graph.call_function(func, self._arg(tuple(args)), {k: self._arg(v) for k, v in kwargs.items()})
+        out = func(*args, **kwargs)
+        if isinstance(out, (list, tuple)):
+            for i, value in enumerate(out):
+                if isinstance(value, torch.Tensor):
+                    self._track(value, self.graph.call_function(operator.getitem, (node, i)))
+        else:
+            self._track(out, node)
+        return out
+
+    def graph_module(self, out) -> torch.fx.GraphModule:
+        self.graph.output(self._arg(out) if isinstance(out, (list, tuple)) else (self._arg(out),))
+        self.graph.eliminate_dead_code()   # results nothing reads (fused attention's logsumexp)
+        _merge_repeats(self.graph)
+        root = torch.nn.Module()
+        for name, value in self.constants.items():
+            root.register_buffer(name, value)
+        return torch.fx.GraphModule(root, self.graph)
+
+
+def _merge_repeats(graph: torch.fx.Graph) -> None:
+    """One node for an op repeated on the same inputs, e.g. the target's rounding of one activation
+    that feeds the query, key and value projections: the eager graph pays each cast once. Only in a
+    graph that writes into no tensor (where sharing a result cannot change what a later op reads) and
+    only for deterministic ATen ops."""
+    ops = [n for n in graph.nodes if n.op == "call_function"]
+    if any(_torch.is_op_overload(n.target) and n.target._schema.is_mutable for n in ops):
+        return
+    seen: dict = {}
+    for node in ops:
+        if not _torch.is_op_overload(node.target) or torch.Tag.nondeterministic_seeded in node.target.tags:
+            continue
+        key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+        try:
+            first = seen.setdefault(key, node)
+        except TypeError:   # an argument that cannot be compared by value
+            continue
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+
+
+def _hashable(value):
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (bool, int, float, complex)):   # 1, 1.0 and True promote differently
+        return (type(value).__name__, repr(value))      # repr: nan equals nan, -0.0 is not 0.0
+    return value
 
 
 class _Hoisted:
@@ -270,7 +372,7 @@ class _Hoisted:
         return lambda *args: compiled(*args, *self.values(args))
 
 
-def emulated_backend(target: str, precision=None, inductor: bool = True) -> EmulatedBackend:
+def emulated_backend(target: str, precision=None, inductor: bool = False) -> EmulatedBackend:
     """A fresh emulated backend for `target` (its own record of checks), e.g. with another precision."""
     return EmulatedBackend(targets_mod.get(target), precision, inductor)
 
@@ -286,10 +388,10 @@ def register() -> list[str]:
     """Register with Dynamo the backend names it does not already know, and return them. Idempotent:
     names from the entry points (installed package), or from an earlier call, are left alone, so the
     registry's "duplicate name" assertion cannot fire when an entry point loads this module."""
-    known = set(torch._dynamo.list_backends(exclude_tags=()))   # includes the entry points
+    known = _torch.known_backends()   # includes the entry points
     added = [b for b in REGISTERED.values() if b.__name__ not in known]
     for backend in added:
-        torch._dynamo.register_backend(backend, name=backend.__name__)
+        _torch.register_backend(backend, name=backend.__name__)
     return [b.__name__ for b in added]
 
 
@@ -313,27 +415,24 @@ class CompileCounter:
     torch 2.13 never increments counters["recompiles"] (checked)."""
 
     def __init__(self, backend):
-        from torch._dynamo.backends.registry import lookup_backend
-        self.backend = lookup_backend(backend) if isinstance(backend, str) else backend
+        self.backend = _torch.backend_by_name(backend) if isinstance(backend, str) else backend
         self.__name__ = getattr(self.backend, "__name__", type(self.backend).__name__)
         self.events: list[CompileEvent] = []
         self.request: int | None = None
 
     def __call__(self, gm, example_inputs, **kwargs):
-        from torch._dynamo.source import LocalSource
-        from torch._dynamo.utils import counters
-        hits, start = counters["inductor"]["fxgraph_cache_hit"], time.perf_counter()
+        hits, start = _torch.inductor_cache_hits(), time.perf_counter()
         compiled = self.backend(gm, example_inputs, **kwargs)
         seconds = time.perf_counter() - start
         shapes = {}
         for node in gm.graph.find_nodes(op="placeholder"):
-            arg, value = node.meta.get("grapharg"), node.meta.get("example_value")
-            if arg is not None and isinstance(arg.source, LocalSource) and isinstance(value, torch.Tensor):
-                shapes[arg.source.local_name] = [s if isinstance(s, int) else str(s) for s in value.shape]
+            name, value = _torch.graph_input_name(node), node.meta.get("example_value")
+            if name is not None and isinstance(value, torch.Tensor):
+                shapes[name] = [s if isinstance(s, int) else str(s) for s in value.shape]
         checks = getattr(self.backend, "checks", None)
         self.events.append(CompileEvent(len(self.events), self.request, seconds, shapes,
                                         sum(n.op == "call_function" for n in gm.graph.nodes),
-                                        counters["inductor"]["fxgraph_cache_hit"] > hits, checks[-1] if checks else None))
+                                        _torch.inductor_cache_hits() > hits, checks[-1] if checks else None))
         return compiled
 
 
@@ -369,16 +468,17 @@ def call_counting_recompiles(call, inputs: dict, late: list[dict], request: int 
                  "guard_failures": guards, "reason": guards[0] if guards else RECOMPILE_REFUSED})
     # Past Dynamo's recompile limit the call would run eagerly and nothing would be counted: this
     # compile is to be paid, whatever the number of shapes warmed up before it.
-    with torch.compiler.set_stance("default"), torch._dynamo.config.patch(
-            recompile_limit=sys.maxsize, accumulated_recompile_limit=sys.maxsize):
+    with torch.compiler.set_stance("default"), _torch.unlimited_recompiles():
         return call(inputs)
 
 
 @functools.cache
 def warm_inductor() -> float:
     """Compile a one-op function once per process, so that Inductor's C++ toolchain start-up
-    (precompiled header, compile workers; ~20 s cold, measured on a 2-core CPU) is not charged to a real compile."""
+    (precompiled header, compile workers; ~20 s cold, measured on a 2-core CPU) is not charged to a real
+    compile. Only for paths that compile with Inductor (backend="inductor", an emulated backend with
+    inductor=True): the emulated backends' default runs no code generation."""
     start = time.perf_counter()
     torch.compile(lambda x: x * 2 + 1, backend="inductor", dynamic=False)(torch.ones(8))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return time.perf_counter() - start

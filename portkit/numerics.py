@@ -25,8 +25,8 @@ import collections
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from portkit._torch import TorchDispatchMode
 from portkit.targets import Precision, Target
 
 aten = torch.ops.aten
@@ -41,11 +41,13 @@ MATMUL_OPERANDS = {
 FUSED_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
-def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Round a floating tensor's values to `dtype` (round to nearest even) and keep its own dtype."""
+def round_to(x: torch.Tensor, dtype: torch.dtype, layout=torch.preserve_format) -> torch.Tensor:
+    """Round a floating tensor's values to `dtype` (round to nearest even) and keep its own dtype.
+    layout=torch.contiguous_format also makes the copy contiguous (the same one copy), which a batched
+    matmul then reads without another copy."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == dtype:
         return x
-    return x.to(dtype).to(x.dtype)
+    return x.to(dtype, memory_format=layout).to(x.dtype)
 
 
 class NumericsMode(TorchDispatchMode):
@@ -173,21 +175,31 @@ def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
         repeat = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-    scores = torch.matmul(round_to(query, operand), round_to(key, operand).transpose(-2, -1)) * scale
+    flat = torch.contiguous_format   # the heads' permuted views would be copied again by matmul
+    scores = torch.matmul(round_to(query, operand, flat), round_to(key, operand, flat).transpose(-2, -1)) * scale
     if result is not None:
         scores = round_to(scores, result)
+    # Boolean masks become additive ones first (0 or -inf, on the mask's own small shape): one broadcast
+    # add over the scores costs several times less than masked_fill's broadcast, same values.
     if is_causal:
-        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
+        scores = scores + _additive(torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril(),
+                                    scores.dtype)
     if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else scores + attn_mask
-    lse = torch.logsumexp(scores, dim=-1)
+        scores = scores + (_additive(attn_mask, scores.dtype) if attn_mask.dtype == torch.bool else attn_mask)
+    # logsumexp out of place (torch.logsumexp runs an in-place exp_): a retraced graph that does not
+    # use it drops it as dead code, which an in-place op would prevent.
+    peak = scores.amax(dim=-1, keepdim=True)
+    peak = peak.masked_fill(peak.isinf(), 0.0)
+    lse = (scores - peak).exp().sum(dim=-1).log() + peak.squeeze(-1)
     probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(round_to(probs, operand), round_to(value, operand))
+    out = torch.matmul(round_to(probs, operand, flat), round_to(value, operand, flat))
     if result is not None:
         out = round_to(out, result)
     return out, lse
+
+
+def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
 
 
 def emulate(target: Target, precision: str | Precision | None = None) -> NumericsMode:

@@ -5,8 +5,8 @@
     >>> side = TargetSide(targets.detect("tpu"), model.module.eval(), numerics.emulate, compiled=True)
     >>> out, rows, reason, changed, f64 = side.run(inputs, targets.get("tpu").default_precision)
     >>> out, *_ = side.run(inputs, precision, compiled=True, batch=4)     # stage 2's emulated backend
-    >>> side.label(True)           # "compiled with portkit_tpu (Inductor on the CPU)"
     >>> side.refused               # a Refusal when the target's compiler refused the model, else None
+    >>> side.label(True)           # "compiled with portkit_tpu (retraced ATen graph, eager on the CPU)"
 
 Eager, the model runs under the target's numerics mode (numerics.emulate) or, natively, on the device;
 compiled, it runs through the target's backend in calls of the deployment's batch. Outputs always come
@@ -102,17 +102,23 @@ def float64_reference(module, inputs) -> tuple[dict | None, str]:
         return None, f"not available: the model does not run in float64 ({str(exc).splitlines()[0][:160]})"
 
 
+def compiled_label(detected: targets_mod.DetectedTarget) -> str:
+    """How a target's compiled outputs are produced, in words. Emulated, stage 2's backend runs its
+    retraced ATen graph (the target's casts and rounding included) eagerly: no code generation."""
+    where = f"on {detected.target.device}" if detected.native else "retraced ATen graph, eager on the CPU"
+    return f"compiled with {detected.backend} ({where})"
+
+
 class TargetSide:
     """How one target's outputs are produced: eager under the emulation mode, or compiled with the
-    target's backend (stage 2's emulated one, Inductor on the CPU); natively, on the device."""
+    target's backend (stage 2's emulated one, its graph run eagerly on the CPU); natively, on the device."""
 
     def __init__(self, detected: targets_mod.DetectedTarget, module, emulation, compiled: bool):
         self.detected, self.module, self.emulation, self.compiled = detected, module, emulation, compiled
         self.eager_label = f"native on {detected.target.device}, eager" if detected.native else EAGER
         if not detected.native and getattr(emulation, "__name__", "emulate") != "emulate":
             self.eager_label = f"{EAGER}, {emulation.__name__}"
-        where = f"on {detected.target.device}" if detected.native else "Inductor on the CPU"
-        self.compiled_label = f"compiled with {detected.backend} ({where})"
+        self.compiled_label = compiled_label(detected)
         self._fn, self._backend, self._numerics, self._shapes = None, None, {}, set()
         self.refused: Refusal | None = None
 
@@ -181,7 +187,7 @@ class TargetSide:
 def chunks(inputs: dict, batch: int | None):
     """The batch in calls of `batch` rows, the last one filled with copies of its first row, as a
     bucketed deployment calls its compiled graphs (bucketed.BucketedModel). The same shapes as stage 2's
-    fixed shape and stage 3's buckets are the same graphs: Inductor's cache serves them again."""
+    fixed shape and stage 3's buckets are the same graphs, checked as the deployment's were."""
     rows = len(next(iter(inputs.values())))
     if not batch or batch == rows:
         yield inputs

@@ -169,7 +169,7 @@ def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corp
                                      float64_reference=False, progress=False)      # compiled: auto
     tpu = report.targets["tpu"]
     assert accuracy.compiled_available()
-    assert tpu.chosen.target_side == "compiled with portkit_tpu (Inductor on the CPU)"
+    assert tpu.chosen.target_side == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU)"
     assert tpu.chosen.numerics["matmul operands rounded to bfloat16"] >= 1        # counted in the graph
     assert 0 < tpu.chosen.outputs["pooled"]["max_abs"] < 1e-2
     # Inductor's kernels round at the same points as eager emulation, but sum in their own order

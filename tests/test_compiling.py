@@ -207,7 +207,7 @@ def test_an_op_missing_from_the_table_is_reported_with_its_line():
     svd = next(o for o in found.checks["neuron"]["not_lowered"] if o["op"] == "aten::_linalg_svd")
     assert svd["status"] == "cpu_fallback" and svd["where"][0]["line"] == line_of("torch.linalg.svd")
     assert not any(o["op"] == "aten::_linalg_svd" for o in found.checks["tpu"]["not_lowered"])
-    # The compiling backend reports the same, and Inductor still compiles and runs the graph.
+    # The compiling backend reports the same, and still runs the checked graph.
     counter = backends.CompileCounter(backends.emulated_backend("neuron"))
     torch._dynamo.reset()
     with torch.no_grad():

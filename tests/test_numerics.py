@@ -120,3 +120,23 @@ def test_attention_in_a_model_is_rounded():
     expect = F.scaled_dot_product_attention(bf16(q), bf16(k), v)
     assert (got - expect).abs().max() > 0        # the probabilities and V are rounded too
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v), rtol=2e-2, atol=2e-2)
+
+
+def test_rounding_into_a_contiguous_copy_keeps_the_values():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 4, 16).transpose(1, 2)     # the heads' permuted view
+    flat = numerics.round_to(x, torch.bfloat16, torch.contiguous_format)
+    assert flat.is_contiguous() and not x.is_contiguous() and flat.dtype == torch.float32
+    assert torch.equal(flat, bf16(x))
+
+
+@pytest.mark.parametrize("case", ["plain", "masked_row"])
+def test_attention_logsumexp_matches_torch(case):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
+    mask = torch.ones(1, 1, 6, 6, dtype=torch.bool)
+    if case == "masked_row":
+        mask[..., 2, :] = False                       # a row that attends to nothing: -inf everywhere
+    _, lse = numerics._attention(q, k, v, attn_mask=mask, operand=torch.float32)
+    scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1))
