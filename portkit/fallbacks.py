@@ -29,7 +29,6 @@ import torch
 from portkit import placement, targets as targets_mod
 from portkit.recording import OpRecord, Recording, record
 from portkit.results import Finding, save_result
-# HtmlTable is imported from here by compiling.py and buckets.py until they import portkit.tables.
 from portkit.tables import HtmlTable, html_table
 from portkit.targets import BLOCKER, COMPOSITE, CPU_FALLBACK, INFO, NATIVE, STATUSES, UNSUPPORTED, WORK
 
