@@ -461,6 +461,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 
     token_seconds = economics.measure_token_seconds(model, hist.top)
     trace = bucketed.make_trace(corpus, model, requests, seed, max_batch, dist)
     costs = costs or stage_costs(model, hist, names, out_dir, neuron_compile_seconds, max_batch)
+    costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
     chosen = choose(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
     alternatives = what_if(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
     per_target = replay_targets(model, trace, plans, chosen, costs, backend, check, compare_every_target, progress,
