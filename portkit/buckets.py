@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from portkit import economics, results, selection, targets as targets_mod
+from portkit import bucketed, economics, results, selection, targets as targets_mod
 from portkit.errors import BadParameter
 from portkit.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
                              compare, histogram, optimal_table, padded_tokens, plan_auto, plan_buckets,
@@ -409,7 +409,6 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
     checks and emulates each graph, no codegen). The first target's backend replays without buckets
     and with every plan; each target replays its own chosen plan (warm-up, then recompiles forbidden,
     then the padding check). compare_every_target repeats the whole comparison on every target's backend."""
-    from portkit import bucketed
     out, done = {}, {}     # done: backend -> its runs so far, reused by any plan with the same shapes
     for i, name in enumerate(chosen):
         detected = targets_mod.detect(name)
@@ -453,7 +452,6 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 
     """The whole stage in one call (the notebook walks the same steps one by one, with the same calls).
     The chosen plan is priced for serve_requests requests; `requests` only sets the replay's length.
     `costs` (per target) replaces stage_costs' cost models."""
-    from portkit import bucketed
     names = targets_mod.parse_targets(targets)
     dist = distribution(corpus, model)
     hist = histogram(dist, max_seq, overflow)

@@ -331,9 +331,10 @@ def recompile_storm(model, requests: Requests, target: str, precision=None, back
     reasons: list[str] = []
     rows, failure = [], None
     # pay every compile, as the targets do: the limit is raised above the requests' shapes
+    guard_failed = lambda failure: reasons.append(failure.reason)   # noqa: E731
     with _torch.recompile_limit(shapes=len(requests.inputs)) as limit, \
-            _compiled(model, target, backend, precision, fullgraph,
-                      guard_fail_fn=lambda failure: reasons.append(failure.reason)) as (call, counter, detected, device):
+            _compiled(model, target, backend, precision, fullgraph, guard_fail_fn=guard_failed) as (
+                call, counter, detected, device):
         for i, inputs in enumerate(tqdm(requests.inputs, desc=f"{target} requests", disable=not progress)):
             counter.request, before = i, len(counter.events)
             reasons.clear()

@@ -284,5 +284,6 @@ def compile_cost(out_dir, target: str) -> dict | None:
     if not (isinstance(cost, dict) and isinstance(cost.get("kind"), str) and isinstance(cost.get("source"), str)
             and isinstance(cost.get("intercept"), (int, float)) and isinstance(cost.get("target"), str)):
         raise UnreadableResult(f"{Path(out_dir) / result_file('compile')}: targets.{target}.compile_cost is "
-                               f"{_short(cost)}, not a cost model (target, kind, source, intercept); rerun stage compile")
+                               f"{_short(cost)}, not a cost model (target, kind, source, intercept); "
+                               "rerun stage compile")
     return cost

@@ -259,7 +259,8 @@ def test_the_runner_runs_the_stage_after_fallbacks():
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
+@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
+                    reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
     storm = compiling.recompile_storm(small, stream, "neuron", progress=False)
     assert storm.backend == "neuron" and "torch_neuronx:get_dynamo_metrics" in storm.vendor_metrics
