@@ -87,12 +87,13 @@ breaks
 #
 # The model compiled with `dynamic=False` (what both targets require) meets the requests one by one.
 # Every compile is counted by a wrapper around the backend; the guard failure that triggered it is
-# Dynamo's own text. The recompile limit is raised for this run so that every compile is paid, as on
+# Dynamo's own text (the emulated targets share one trace per shape, each checking it). The recompile
+# limit is raised for this run so that every compile is paid, as on
 # the targets; the table shows where Dynamo's default limit would have fallen back to eager. The times
 # here are this CPU's (trace and check); what the compiles cost on each target follows below.
 
 # %%
-storms = {t: compiling.recompile_storm(m, stream, t, precision, backend, fullgraph) for t in targets}
+storms = compiling.recompile_storms(m, stream, targets, precision, backend, fullgraph)
 for storm in storms.values():
     display(storm)
 

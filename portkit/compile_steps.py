@@ -31,6 +31,7 @@ from portkit import _torch, placement, selection, targets as targets_mod
 from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _place, _text, call_counting_recompiles,
                               refused_recompile, warm_inductor)
 from portkit.errors import CompileRefused
+from portkit.streams import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
 from portkit.tables import HtmlTable
 from portkit.targets import Target
 
@@ -74,60 +75,6 @@ def _compiled(model, target: str, backend: str, precision, fullgraph: bool, **dy
             yield (lambda x: fn(**placement.to_device(x, device))), counter, detected, device
     finally:
         torch.compiler.reset()
-
-
-# ---------------------------------------------------------------- real requests
-@dataclass
-class Requests:
-    """Real inputs as a server meets them: each request tokenized to its own length, no bucketing.
-    `ahead` holds the shapes of the requests that follow in the same stream (tokenized, not run)."""
-    texts: list[list[str]]
-    inputs: list[dict[str, torch.Tensor]]
-    source: str
-    model: object = field(repr=False, default=None)
-    ahead: list[list[int]] = field(default_factory=list)
-
-    def shapes(self) -> list[list[int]]:
-        return [list(next(iter(x.values())).shape) for x in self.inputs]
-
-    def padded(self, seq_len: int) -> list[dict[str, torch.Tensor]]:
-        """The same requests padded (or truncated) to one fixed length."""
-        if not self.model.takes_text:
-            return self.inputs
-        return [self.model.encode(group, pad_to=seq_len) for group in self.texts]
-
-    def to_dict(self) -> dict:
-        return {"source": self.source, "count": len(self.inputs), "shapes": self.shapes(),
-                "stream_shapes": self.shapes() + self.ahead}
-
-    def __str__(self) -> str:
-        shapes = self.shapes()
-        return (f"{len(shapes)} requests from {self.source}, {len(set(map(tuple, shapes)))} distinct shapes: "
-                + ", ".join("x".join(map(str, s)) for s in shapes))
-
-
-def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: int = 64, seed: int = 0,
-                  horizon: int = 1000) -> Requests:
-    """n requests of batch_size texts from the corpus, each padded only to its own longest text; the
-    stream goes on to `horizon` requests whose shapes are kept (not run) to project a longer storm."""
-    total = max(n, horizon)
-    if not model.takes_text:
-        from portkit import data
-        images = data.sample_images(n * batch_size, model.image_size, seed)
-        inputs = [model.encode(images[i * batch_size:(i + 1) * batch_size]) for i in range(n)]
-        shape = list(inputs[0]["pixel_values"].shape)
-        return Requests([[] for _ in inputs], inputs, "image crops", model, [shape] * (total - n))
-    texts = corpus.sample(total * batch_size, seed)
-    groups = [texts[i * batch_size:(i + 1) * batch_size] for i in range(total)]
-    limit = min(max_tokens, model.max_length)
-    inputs = []
-    for group in groups[:n]:
-        enc = model.tokenizer(group, padding="longest", truncation=True, max_length=limit, return_tensors="pt")
-        inputs.append({k: enc[k] for k in model.input_names if k in enc})
-    rest = texts[n * batch_size:]
-    lengths = [min(count, limit) for count in model.token_lengths(rest)] if rest else []
-    ahead = [[len(g), max(lengths[i * batch_size:(i + 1) * batch_size])] for i, g in enumerate(groups[n:])]
-    return Requests(groups[:n], inputs, f"{corpus.name} (at most {limit} tokens)", model, ahead)
 
 
 def _failure(exc: BaseException, request: int | None = None) -> dict:
@@ -358,6 +305,92 @@ def recompile_storm(model, requests: Requests, target: str, precision=None, back
     precision_name = counter.backend.precision.name if isinstance(counter.backend, EmulatedBackend) else None
     return Storm(detected.to_dict(), counter.__name__, precision_name, fullgraph, limit, default, rows,
                  counter.events, failure, _vendor_metrics(detected.target) if device != "cpu" else None)
+
+
+class _Shared:
+    """One Dynamo pass for several emulated targets: each graph Dynamo captures goes to every target's
+    counted backend (a static-shape target compiles one graph per shape, so they see the same graphs);
+    a target that refuses a graph is recorded and left out from then on; the graph then runs eagerly."""
+
+    def __init__(self, counters: dict[str, CompileCounter]):
+        self.counters, self.refused = counters, {}
+        self.__name__ = "+".join(c.__name__ for c in counters.values())
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        for name, counter in self.counters.items():
+            if name not in self.refused:
+                try:
+                    counter(gm, example_inputs)
+                except CompileRefused as exc:
+                    self.refused[name] = exc
+        return gm.forward
+
+
+def recompile_storms(model, requests: Requests, targets, precision=None, backend: str = AUTO,
+                     fullgraph: bool = False, progress: bool = True) -> dict[str, Storm]:
+    """recompile_storm for every target; the emulated targets share one Dynamo pass (tracing a shape
+    once, checking it once per target), which halves the storm's time on this CPU for two targets."""
+    from tqdm.auto import tqdm
+    names = targets_mod.parse_targets(targets)
+    shared = {}
+    for name in names:
+        chosen, _ = selection.backend_for(targets_mod.detect(name), backend, _precision_for(precision, name))
+        if isinstance(chosen, EmulatedBackend):
+            shared[name] = chosen
+    if len(shared) < 2:
+        return {n: recompile_storm(model, requests, n, precision, backend, fullgraph, progress) for n in names}
+    out = {n: recompile_storm(model, requests, n, precision, backend, fullgraph, progress)
+           for n in names if n not in shared}
+    counters = {n: CompileCounter(b) for n, b in shared.items()}
+    fan, reasons = _Shared(counters), []
+    rows: dict[str, list] = {n: [] for n in shared}
+    failures: dict[str, dict | None] = dict.fromkeys(shared)
+    module = model.module if hasattr(model, "module") else model
+    default = _torch.default_recompile_limit()
+    torch.compiler.reset()
+    with _torch.recompile_limit(shapes=len(requests.inputs)) as limit:
+        fn = torch._dynamo.optimize(fan, nopython=fullgraph, dynamic=False,
+                                    guard_fail_fn=lambda failure: reasons.append(failure.reason))(module)
+        try:
+            with placement.on_device(module, "cpu"), torch.no_grad():
+                for i, inputs in enumerate(tqdm(requests.inputs, desc=f"{'+'.join(shared)} requests",
+                                                disable=not progress)):
+                    live = [n for n in shared if failures[n] is None]
+                    if not live:
+                        break
+                    before = {n: len(counters[n].events) for n in live}
+                    for counter in counters.values():
+                        counter.request = i
+                    reasons.clear()
+                    start = time.perf_counter()
+                    try:
+                        fn(**inputs)
+                    except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
+                        failures.update({n: _failure(exc, i) for n in live})
+                        break
+                    wall = run = time.perf_counter() - start
+                    if any(len(counters[n].events) > before[n] for n in live):
+                        start = time.perf_counter()
+                        fn(**inputs)
+                        run = time.perf_counter() - start
+                    for n in live:
+                        if n in fan.refused:
+                            failures[n] = _failure(fan.refused[n], i)
+                            continue
+                        new = counters[n].events[before[n]:]
+                        others = sum(e.seconds for m in live if m != n for e in counters[m].events[before[m]:])
+                        rows[n].append({"index": i, "shape": list(next(iter(inputs.values())).shape),
+                                        "new_compiles": len(new), "compiles": len(counters[n].events),
+                                        "wall": wall - others, "run": run,
+                                        "backend_seconds": sum(e.seconds for e in new), "cache_hits": 0,
+                                        "reason": re.sub(r"^\d+/\d+: ", "", reasons[0].splitlines()[0])
+                                        if new and reasons else None, "guard_failures": len(reasons) if new else 0})
+        finally:
+            torch.compiler.reset()
+    for n, b in shared.items():
+        out[n] = Storm(targets_mod.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
+                       default, rows[n], counters[n].events, failures[n], None)
+    return {n: out[n] for n in names}
 
 
 # ---------------------------------------------------------------- step 3: one fixed shape

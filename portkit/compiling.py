@@ -34,14 +34,14 @@ from portkit import economics, selection, targets as targets_mod
 from portkit.backends import _text
 from portkit.compile_steps import (AUTO, FixedShape, GraphBreaks, Requests, Storm, _eager_from, _failure_text,
                                    check_fixed_shape, find_graph_breaks, make_requests,
-                                   recompile_storm)
+                                   recompile_storm, recompile_storms)
 from portkit.errors import BadParameter
 from portkit.results import Finding, save_result
 from portkit.tables import HtmlTable
 
 __all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
            "check_fixed_shape", "check_parameters", "compile_costs", "compile_model", "find_graph_breaks",
-           "make_requests", "recompile_storm"]
+           "make_requests", "recompile_storm", "recompile_storms"]
 
 STAGE = "compile"
 # The stage's defaults: compile_model, check_parameters and the notebook's parameters cell
@@ -300,7 +300,7 @@ def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len:
     names = targets_mod.parse_targets(targets)
     selection.check_parameter(backend, names)
     breaks = find_graph_breaks(model, requests.inputs[0], names, precision)
-    storms = {n: recompile_storm(model, requests, n, precision, backend, fullgraph, progress) for n in names}
+    storms = recompile_storms(model, requests, names, precision, backend, fullgraph, progress)
     fixed = {n: check_fixed_shape(model, requests, n, seq_len, precision, backend, fullgraph) for n in names}
     costs = costs or compile_costs(model, requests, names, storms, neuron_compile_seconds)
     return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

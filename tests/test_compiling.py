@@ -313,3 +313,12 @@ def test_the_notebook_parameters_are_the_stage_defaults():
     declared = runner.declared_parameters(stage)
     for name, value in compiling.DEFAULTS.items():
         assert eval(declared[name]["default"]) == value, name        # noqa: S307 (the notebook's own literal)
+
+
+def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, stream):
+    alone = compiling.recompile_storm(small, stream, "neuron", progress=False)
+    shared = report.storms["neuron"]
+    assert [r["compiles"] for r in shared.requests] == [r["compiles"] for r in alone.requests]
+    assert [r["shape"] for r in shared.requests] == [r["shape"] for r in alone.requests]
+    assert shared.backend == alone.backend == "portkit_neuron" and report.storms["tpu"].backend == "portkit_tpu"
+    assert all(e.check is not None and e.check.target == n for n in MIGRATION for e in report.storms[n].compiles)
