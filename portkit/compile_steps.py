@@ -310,7 +310,9 @@ def recompile_storm(model, requests: Requests, target: str, precision=None, back
 class _Shared:
     """One Dynamo pass for several emulated targets: each graph Dynamo captures goes to every target's
     counted backend (a static-shape target compiles one graph per shape, so they see the same graphs);
-    a target that refuses a graph is recorded and left out from then on; the graph then runs eagerly."""
+    a target that refuses a graph is recorded and left out from then on; the graph then runs eagerly as
+    Dynamo captured it (without a target's numerics: the storm counts compiles and times them; the
+    fixed-shape check runs each target's own backend)."""
 
     def __init__(self, counters: dict[str, CompileCounter]):
         self.counters, self.refused = counters, {}
