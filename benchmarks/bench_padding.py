@@ -30,7 +30,8 @@ def main() -> None:
           f"({pow2.waste:.1%} of computed tokens)")
     print(f"optimal with {best.k} buckets: {list(best.boundaries)}, {best.padded_tokens:,} padded tokens "
           f"({best.waste:.1%} of computed tokens)")
-    print(f"ratio optimal/pow2 padded tokens at k={best.k} = {best.padded_tokens / pow2.padded_tokens:.3f} (aim: <= 0.6)")
+    ratio = best.padded_tokens / pow2.padded_tokens
+    print(f"ratio optimal/pow2 padded tokens at k={best.k} = {ratio:.3f} (aim: <= 0.6)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import time
 import torch
 from _inductor_cache import own_inductor_cache
 
-from portkit import bucketed, buckets, data, models
+from portkit import bucketed, buckets, data, economics, models
 
 
 def cold_compile_seconds(model, lengths=(7, 13)) -> float:
@@ -48,7 +48,7 @@ def main() -> None:
     model, corpus = models.load("minilm"), data.load_corpus("stdlib")
     dist = buckets.distribution(corpus, model)
     hist = buckets.histogram(dist)
-    token_seconds = bucketed.measure_token_seconds(model, hist.top)
+    token_seconds = economics.measure_token_seconds(model, hist.top)
     compile_seconds = args.compile_seconds or cold_compile_seconds(model)
     source = "--compile-seconds" if args.compile_seconds else "measured cold compile of one minilm shape"
     trace = bucketed.make_trace(corpus, model, args.requests, args.seed, dist=dist)

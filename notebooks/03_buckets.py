@@ -23,12 +23,15 @@
 #
 # This notebook measures the real length distribution under the model's own tokenizer, compares four
 # ways to place the buckets (pow2, linear, padding_bounded, and the exact `optimal`), lets `auto` choose
-# how many buckets pay for themselves given stage 2's compile time, then replays real requests:
+# how many buckets pay for themselves given each target's compile cost (measured XLA for TPU, an estimate
+# with its sources for Neuron, the vendor's own time natively) within a warm-up time budget, then replays
+# real requests:
 # without buckets (one compile per shape) and with each plan, with every compile after warm-up **caught**
 # and counted (`torch.compiler.set_stance("fail_on_recompile")`), and checks every bucket's outputs at the
 # real positions against unpadded eager outputs.
 #
-# Logic: `portkit/buckets.py` (planning) and `portkit/bucketed.py` (padding, compiling, replay).
+# Logic: `portkit/planner.py` (planning), `portkit/economics.py` (compile costs), `portkit/bucketed.py`
+# (padding, compiling, replay) and `portkit/buckets.py` (the stage).
 # Headless: `portkit run --stages buckets`.
 
 # %% tags=["parameters"]
@@ -37,23 +40,24 @@ targets = ["neuron", "tpu"]  # targets to plan for: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder holding compile.json from stage 2, and where buckets.json goes
 corpus = "stdlib"  # texts: stdlib docstrings, or a .txt/.jsonl/.csv file
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
-bucket_count = 2  # buckets every fixed-k planner gets in the comparison and the replay
+bucket_count = 4  # buckets every fixed-k planner gets in the comparison and the replay
 max_batch = 1  # each request batches 1..max_batch texts; batch sizes are bucketed as powers of two
-requests = 6  # requests replayed from the corpus, in random order (each new length is a compile)
+requests = 100  # requests replayed from the corpus, in random order (each new length is a compile)
 overflow = "truncate"  # inputs longer than the largest bucket: "truncate" to it, or "reject" with an error
-compile_seconds = 10.0  # compile time per bucket for auto when out_dir has no compile.json (stage 2)
 serve_requests = 100000  # requests the chosen plan is priced for: compiles are paid once, padding on every request
-k_max = 3  # most buckets auto may choose (each is a compile in warm-up, on every target)
+warmup_budget_seconds = 600.0  # most seconds the warm-up may spend compiling buckets, per target
+neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
 backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
 seed = 0  # which texts are sampled
 
 # %%
-from portkit import bucketed, buckets, data, environment, models, params
+from portkit import bucketed, buckets, data, economics, environment, models, params
 
 model, targets, out = params.common(model, targets, out_dir)
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
-                         compile_seconds=compile_seconds, serve_requests=serve_requests, k_max=k_max,
-                         backend=backend, seed=seed, corpus=corpus, targets=targets)
+                         serve_requests=serve_requests, warmup_budget_seconds=warmup_budget_seconds,
+                         neuron_compile_seconds=neuron_compile_seconds, backend=backend, seed=seed, corpus=corpus,
+                         targets=targets)
 
 # %%
 print(environment.block(targets))
@@ -89,18 +93,29 @@ buckets.plot_histogram(hist, plans);
 # %% [markdown]
 # ## How many buckets? `auto` prices compiles against padding
 #
-# Each bucket costs one compile per batch size (stage 2's measured compile time, from `compile.json`
-# when it is in `out_dir`); each padded token costs compute (measured here: eager forward time per
-# token). `auto` takes the number of buckets with the least total for the requests to be served
-# (`serve_requests`: a deployment's traffic, not this notebook's short replay).
+# Each bucket costs one compile per batch size on the target: TPU's is the real XLA compile time for the
+# topology, measured on this host at a few lengths and interpolated; Neuron's is an estimate from public
+# reports (its source is printed), shown again at half and twice itself. Each padded token costs compute
+# (measured here: eager forward time per token). `auto` takes the number of buckets with the least total
+# for the requests to be served (`serve_requests`), within the warm-up budget, and says when the budget binds.
 
 # %%
 curves = buckets.sweep(hist)
-token_seconds = bucketed.measure_token_seconds(m, hist.top)
-trace = bucketed.make_trace(texts, m, requests, seed, max_batch, dist)
+token_seconds = economics.measure_token_seconds(m, hist.top)
+trace = bucketed.make_trace(texts, m, requests, seed=seed, max_batch=max_batch, dist=dist)
 print(trace)
 print(f"padding costs {token_seconds * 1e6:.0f} us per token (eager forward on this CPU)")
-chosen = buckets.choose(hist, targets, out, compile_seconds, token_seconds, serve_requests, k_max, max_batch)
+
+# %%
+costs = buckets.stage_costs(m, hist, targets, out_dir=out, neuron_compile_seconds=neuron_compile_seconds,
+                            max_batch=max_batch)
+chosen = buckets.choose(hist, costs, token_seconds, serve_requests=serve_requests,
+                        warmup_budget_seconds=warmup_budget_seconds, max_batch=max_batch)
+alternatives = buckets.what_if(hist, costs, token_seconds, serve_requests=serve_requests,
+                               warmup_budget_seconds=warmup_budget_seconds, max_batch=max_batch)
+for name, plans_at in alternatives.items():
+    for factor, plan in plans_at.items():
+        print(f"{name} at {factor:g}x the estimate: {plan}")
 
 # %%
 buckets.plot_padding(curves, chosen, bucket_count);
@@ -125,9 +140,9 @@ buckets.padding_slider(hist, curves, bucket_count)
 # compares on all of them). In emulated mode every time is this CPU's, never the target's.
 
 # %%
-per_target = buckets.replay_targets(m, trace, plans, chosen, backend)
-report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, bucket_count, plans, curves, token_seconds,
-                              trace.describe(), per_target)
+per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, backend=backend, what_ifs=alternatives)
+report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=bucket_count, plans=plans, curves=curves,
+                              token_seconds=token_seconds, trace=trace.describe(), targets=per_target)
 report
 
 # %%

@@ -30,62 +30,57 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.backends.registry import lookup_backend
 
-from portkit import numerics
+from portkit import _torch, numerics, placement, tolerance
 from portkit.backends import CompileCounter, EmulatedBackend, call_counting_recompiles, warm_inductor
-from portkit.buckets import BucketPlan
 from portkit.errors import BadParameter
+from portkit.planner import BucketPlan
+from portkit.tolerance import Tolerance
 
 NO_BUCKETS = "no buckets"
-# Padding checks compare against the unpadded eager outputs. Compiled kernels may sum in another
-# order, so allow more than assert_close's fp32 default (1.3e-6, 1e-5). Where the backend rounds
-# matmul operands to bf16 (the emulated TPU default), a rounding that flips on a 1e-7 difference
-# moves minilm's outputs by up to ~1e-2; a mask bug, real tokens attending to padding
-# (vllm-project/tpu-inference#3466), moves them by ~0.5 (checked on minilm), far outside both.
-RTOL, ATOL = 1e-4, 1e-4
-RTOL_BF16, ATOL_BF16 = 2e-2, 2e-2
 
 
-def resolve_backend(backend: str = "auto", detected=None) -> tuple[str, str]:
-    """The torch.compile backend for a target, and a note when it is not the one asked for.
-
-    "auto": the target's (detected.backend: the vendor's in native mode, portkit's emulated stand-in
-    otherwise), falling back to "inductor" with a printed line if Dynamo does not know it; any other
-    name must be a registered Dynamo backend. (The notebook's parameter follows stage 2's stricter
-    rule, compiling.check_backend.)"""
-    known = torch._dynamo.list_backends(exclude_tags=())
-    name = detected.backend if backend == "auto" and detected is not None else backend
-    if name in known:
-        return name, ""
-    if backend != "auto":
-        raise BadParameter("compile backend", name, known, hint="see torch._dynamo.list_backends()")
-    note = f"compile backend {name!r} is not registered (torch._dynamo.list_backends()); using 'inductor' instead"
-    print(note)
-    return "inductor", note
+def compile_backend(backend, inductor: bool = False):
+    """What torch.compile gets for `backend`: a name Dynamo knows, or a backend object. The name of an
+    emulated target backend (portkit_neuron, portkit_tpu) becomes a fresh EmulatedBackend with Inductor
+    codegen only when asked: the replay checks and emulates each graph, then runs it eagerly."""
+    if isinstance(backend, str):
+        found = lookup_backend(backend) if backend in torch._dynamo.list_backends(exclude_tags=()) else None
+        if isinstance(found, EmulatedBackend):
+            return EmulatedBackend(found.target, found.precision.name, inductor=inductor)
+        if found is None:
+            raise BadParameter("compile backend", backend, torch._dynamo.list_backends(exclude_tags=()),
+                               hint="see torch._dynamo.list_backends()")
+    return backend
 
 
-def _emulated(backend: str) -> EmulatedBackend | None:
-    """Stage 2's emulated backend behind a registered name, or None for any other backend."""
-    found = lookup_backend(backend) if backend in torch._dynamo.list_backends(exclude_tags=()) else None
+def _name(backend) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+
+
+def _emulated(backend) -> EmulatedBackend | None:
+    """The emulated backend behind `backend` (an object or a registered name), or None for any other."""
+    if isinstance(backend, EmulatedBackend):
+        return backend
+    found = lookup_backend(backend) if isinstance(backend, str) and backend in torch._dynamo.list_backends(
+        exclude_tags=()) else None
     return found if isinstance(found, EmulatedBackend) else None
 
 
-def _warm(backend: str) -> None:
+def _warm(backend) -> None:
     # Inductor's first compile in a process also starts its toolchain (~20 s, measured on a 2-core CPU): pay it
-    # before any run is timed. The emulated backends compile through Inductor too.
+    # before any run is timed, when the replay compiles with Inductor at all.
     emulated = _emulated(backend)
     if backend == "inductor" or (emulated is not None and emulated.inductor):
         warm_inductor()
 
 
-def tolerance(backend: str) -> tuple[float, float]:
-    """(rtol, atol) of the padding check: bf16-wide where the backend's precision rounds to bf16."""
+def padding_tolerance(backend) -> Tolerance:
+    """The padding check's tolerance (tolerance.padding_tolerance) for the backend's precision."""
     emulated = _emulated(backend)
-    p = emulated.precision if emulated is not None else None
-    rounds = p is not None and any(x is not None for x in (p.matmul_inputs, p.matmul_output, p.all_ops))
-    return (RTOL_BF16, ATOL_BF16) if rounds else (RTOL, ATOL)
+    return tolerance.padding_tolerance(emulated.precision if emulated is not None else None)
 
 
-def reference_numerics(backend: str):
+def reference_numerics(backend):
     """What the unpadded eager reference runs under: the emulated backend's own target numerics
     (numerics.emulate), so the padding check compares padding, not precision; else nothing."""
     emulated = _emulated(backend)
@@ -122,14 +117,14 @@ class BucketedModel:
     """A text model that pads every input (all of model.input_names) to its plan's bucket, runs one
     torch.compile'd module, and slices sequence- and batch-shaped outputs back to the true size."""
 
-    def __init__(self, model, plan: BucketPlan, backend: str = "inductor", device: str = "cpu"):
+    def __init__(self, model, plan: BucketPlan, backend="inductor", device: str = "cpu", inductor: bool = False):
         if not model.takes_text:
             raise BadParameter("model for shape bucketing", model.name, hint="it takes fixed-size images")
         if plan.top > model.max_length:
             raise BadParameter("largest bucket", plan.top, hint=f"{model.name} takes at most {model.max_length}")
         self.model, self.plan = model, plan
-        self.backend = backend
-        self.counter = CompileCounter(backend)      # stage 2's: counts and times every compile
+        self.backend = compile_backend(backend, inductor)
+        self.counter = CompileCounter(self.backend)      # stage 2's: counts and times every compile
         self.late: list[dict] = []       # compiles refused under fail_on_recompile: request, shape, guard
         self.compiled = torch.compile(model.module, backend=self.counter, dynamic=False)
         self.pad_values = {name: _pad_value(model, name) for name in model.input_names}
@@ -195,7 +190,7 @@ class BucketedModel:
         the first call) and graphs compiled."""
         from tqdm.auto import tqdm
         done = []
-        with _recompile_limit(self.plan.compiles + 8), torch.no_grad():
+        with _torch.recompile_limit(self.plan.compiles), torch.no_grad():
             for shape in tqdm(self.plan.shapes(), desc=f"warm-up {self.plan.planner}", disable=not progress,
                               leave=False):
                 inputs = self.example(shape["batch"], shape["seq"])
@@ -203,7 +198,7 @@ class BucketedModel:
                 self.compiled(**inputs)
                 seconds = time.perf_counter() - start
                 graphs = self.compiles - before
-                charged = _charge(costs, self.model, self.backend, inputs, seconds) if graphs else 0.0
+                charged = _charge(costs, self.model, _name(self.backend), inputs, seconds) if graphs else 0.0
                 done.append({**shape, "seconds": seconds, "charged_seconds": charged, "graphs": graphs})
         return done
 
@@ -225,21 +220,8 @@ def _charge(costs: dict | None, model, backend: str, inputs: dict, seconds: floa
 
 
 def _compile_cache(fresh: bool):
-    """An empty Inductor cache (directory and in-memory code caches) for the block, or nothing."""
-    if not fresh:
-        return contextlib.nullcontext()
-    from torch._inductor.utils import fresh_cache   # private: used here only, so a rename breaks one place
-    return fresh_cache()
-
-
-@contextlib.contextmanager
-def _recompile_limit(n: int):
-    # Dynamo stops compiling a function after recompile_limit (8) shapes and silently runs it
-    # eagerly (pytorch/pytorch#114511); a static-shape target compiles every shape, so raise it.
-    n = max(n, torch._dynamo.config.recompile_limit)
-    with torch._dynamo.config.patch(recompile_limit=n,
-                                    accumulated_recompile_limit=max(n, torch._dynamo.config.accumulated_recompile_limit)):
-        yield
+    """An empty Inductor cache for the block (_torch.fresh_compile_cache), or nothing."""
+    return _torch.fresh_compile_cache() if fresh else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- traces of real requests
@@ -315,9 +297,11 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
     """Per bucket shape: the bucketed (padded, compiled) outputs at real positions against the
     unpadded eager outputs, with torch.testing.assert_close. `reference` is a context manager factory
     the eager run happens under (default: reference_numerics(bm.backend), the emulated target's
-    numerics); rtol/atol default to tolerance(bm.backend)."""
+    numerics); rtol/atol default to padding_tolerance(bm.backend)."""
     reference = reference or reference_numerics(bm.backend)
-    rtol, atol = (rtol, atol) if rtol is not None and atol is not None else tolerance(bm.backend)
+    if rtol is None or atol is None:
+        tol = padding_tolerance(bm.backend)
+        rtol, atol = tol.rtol, tol.atol
     results = []
     batches, seqs = (0, *bm.plan.batch_sizes), (0, *bm.plan.boundaries)
     for bi in range(1, len(batches)):
@@ -372,6 +356,7 @@ class ReplayRun:
     padding_checks: list[dict] = field(default_factory=list)
     note: str = ""
     late_compiles: list[dict] = field(default_factory=list)   # request, shape, guard failures behind each
+    compiled_seqs: list = field(default_factory=list)          # the sequence length of every graph compiled
 
     @property
     def waste(self) -> float:
@@ -397,7 +382,7 @@ class ReplayRun:
                 "compile_wall_seconds": self.compile_wall_seconds, "run_seconds": self.run_seconds,
                 "total_seconds": self.total_seconds, "requests_per_second": self.requests_per_second,
                 "padding_ok": self.padding_ok, "padding_checks": self.padding_checks, "note": self.note,
-                "late_compiles": self.late_compiles}
+                "late_compiles": self.late_compiles, "compiled_seqs": self.compiled_seqs}
 
     def __str__(self) -> str:
         return (f"{self.name:>16} [{self.backend}]: {self.compiles:3d} compiles, {self.waste:6.1%} padding, "
@@ -410,22 +395,24 @@ def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> Repl
     counter = CompileCounter(backend)
     compiled = torch.compile(model.module, backend=counter, dynamic=False)
     compile_wall = charged = run = 0.0
-    with _recompile_limit(len(encoded) + 8), torch.no_grad():
+    with _torch.recompile_limit(len(encoded)), torch.no_grad():
         for inputs in tqdm(encoded, desc=f"replay {NO_BUCKETS}", disable=not progress, leave=False):
             before, start = len(counter.events), time.perf_counter()
             compiled(**{k: v.to(device) for k, v in inputs.items()})
             seconds = time.perf_counter() - start
             if len(counter.events) > before:
                 compile_wall += seconds
-                charged += _charge(costs, model, backend, inputs, seconds)
+                charged += _charge(costs, model, _name(backend), inputs, seconds)
             else:
                 run += seconds
     shapes = {tuple(next(iter(i.values())).shape) for i in encoded}
     if len(counter.events) < len(shapes):   # never silently eager: every distinct shape must have compiled
         raise RuntimeError(f"{len(shapes)} distinct shapes but only {len(counter.events)} compiles: Dynamo fell "
                            "back to eager; raise torch._dynamo.config.recompile_limit")
-    return ReplayRun(NO_BUCKETS, backend, None, len(encoded), len(counter.events), 0, _real_tokens(encoded),
-                     sum(next(iter(i.values())).numel() for i in encoded), charged, compile_wall, run)
+    seqs = [int(e.shapes[next(iter(e.shapes))][1]) for e in counter.events if e.shapes]
+    return ReplayRun(NO_BUCKETS, _name(backend), None, len(encoded), len(counter.events), 0, _real_tokens(encoded),
+                     sum(next(iter(i.values())).numel() for i in encoded), charged, compile_wall, run,
+                     compiled_seqs=seqs)
 
 
 def _real_tokens(encoded) -> int:
@@ -450,26 +437,28 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
             seconds = time.perf_counter() - start
             if bm.compiles > before:   # a compile after warm-up is compile time, not run time
                 compile_wall += seconds
-                charged += _charge(costs, model, backend, padded, seconds)
+                charged += _charge(costs, model, _name(backend), padded, seconds)
             else:
                 run += seconds
         checks = check_padding(bm, trace, reference, rtol, atol) if check else []
-    return ReplayRun(plan.planner, backend, plan.to_dict(), len(encoded), bm.compiles,
+    return ReplayRun(plan.planner, _name(backend), plan.to_dict(), len(encoded), bm.compiles,
                      bm.compiles - after_warmup, _real_tokens(encoded), computed, charged, compile_wall, run, checks,
-                     late_compiles=bm.late)
+                     late_compiles=bm.late,
+                     compiled_seqs=[int(e.shapes[next(iter(e.shapes))][1]) for e in bm.counter.events if e.shapes])
 
 
-def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inductor", baseline: bool = True,
+def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", baseline: bool = True,
            check: bool = True, reference=None, rtol: float | None = None, atol: float | None = None,
            progress: bool = True, costs: dict | None = None, fresh_caches: bool = False,
-           device: str = "cpu") -> list[ReplayRun]:
+           device: str = "cpu", inductor: bool = False) -> list[ReplayRun]:
     """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
 
     Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
     tokenized up front (cut at the plans' largest bucket under "truncate"); timing covers the model
     calls only. With check, every bucket shape's outputs are compared with unpadded eager outputs,
     run under `reference` (default: reference_numerics(backend), the emulated target's numerics)
-    within rtol/atol (default: tolerance(backend)).
+    within rtol/atol (default: padding_tolerance(backend)). An emulated target's backend checks and
+    emulates every graph and runs it eagerly unless `inductor` asks for Inductor's code (compile_backend).
 
     Compile time: by default each shape is charged its first measured compile in this session (see
     _charge), so runs that share a shape cost the same whatever their order. fresh_caches starts every
@@ -483,13 +472,13 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inducto
               "are rejected and left out of every run")
     encoded = [model.encode(texts, max_length=top) for texts in kept]
     costs = None if fresh_caches else {} if costs is None else costs
+    backend = compile_backend(backend, inductor)
     reference = reference or reference_numerics(backend)
     _warm(backend)
     runs = []
-    model.module.to(device)        # native mode: the target's device (stage 2 does the same)
-    try:
+    with placement.on_device(model.module, device):   # native mode: the target's device (as stage 2)
         if baseline:
-            torch._dynamo.reset()
+            torch.compiler.reset()
             with _compile_cache(fresh_caches):
                 runs.append(_replay_unbucketed(model, encoded, backend, costs, progress, device))
         seen = {}
@@ -499,32 +488,10 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend: str = "inducto
                 runs.append(dataclasses.replace(seen[shapes], name=plan.planner, plan=plan.to_dict(),
                                                 note=f"same shapes as {seen[shapes].name}: replayed once"))
                 continue
-            torch._dynamo.reset()
+            torch.compiler.reset()
             with _compile_cache(fresh_caches):
                 runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
                                          rtol, atol, device))
             seen[shapes] = runs[-1]
-    finally:
-        model.module.to("cpu")
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return runs
-
-
-def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
-    """Seconds of compute per token on this machine: the slope of eager forward time against
-    sequence length (batch 1, lengths top/4, top/2, top; the fastest of `repeats` interleaved rounds,
-    so a burst of load on a shared machine hits every length alike). Prices padding for auto."""
-    lengths = sorted({max(2, top // 4), max(2, top // 2), max(2, top)})
-    inputs = {n: model.encode(["Return the sum of a and b."], pad_to=n) for n in lengths}
-    best = dict.fromkeys(lengths, float("inf"))
-    with torch.no_grad():
-        for n in lengths:
-            model.module(**inputs[n])      # first calls allocate; not timed
-        for _ in range(repeats):
-            for n in lengths:
-                start = time.perf_counter()
-                model.module(**inputs[n])
-                best[n] = min(best[n], time.perf_counter() - start)
-    times = [best[n] for n in lengths]
-    slope = float(np.polyfit(lengths, times, 1)[0]) if len(lengths) > 1 else times[0] / lengths[0]
-    return max(slope, times[-1] / lengths[-1] / 10)   # noisy timings must not make padding free

@@ -2,465 +2,78 @@
 
     >>> from portkit import compiling, data, models
     >>> m = models.load("minilm")
-    >>> stream = compiling.make_requests(m, data.load_corpus(), n=6)   # each text at its own length
+    >>> stream = compiling.make_requests(m, data.load_corpus(), n=compiling.DEFAULTS["requests"])
     >>> report = compiling.compile_model(m, stream, targets=["neuron", "tpu"], seq_len=64)
-    >>> print(report)            # per target: compiles against requests, what triggered each, the fix
+    >>> print(report)            # per target: compiles against requests, what they cost on the target, the fix
     >>> report.plot()
     >>> report.save("runs/minilm/compile.json")
 
-    >>> torch.compile(module, backend="portkit_tpu", dynamic=False)   # the emulated backends, by name
-
 Both targets compile one graph per input shape (awsdocs-neuron torch/compile/reference-torch-compile.html;
-torch_tpu _backend.py). The stage finds the graph breaks
-(torch._dynamo.explain) and whether fullgraph=True captures the model; streams real requests
-through the model compiled with dynamic=False, counting every compile with a wrapper around the
-backend (torch 2.13 never increments counters["recompiles"], checked) and keeping the guard failure
-behind each one; then warms up one fixed shape and runs the requests under
+torch_tpu _backend.py). The stage finds the graph breaks (torch._dynamo.explain) and whether
+fullgraph=True captures the model; streams at least 100 real requests through the model compiled with
+dynamic=False, counting every compile with a wrapper around the backend (torch 2.13 never increments
+counters["recompiles"], checked), the guard failure behind each one, and where Dynamo's recompile
+limit would fall back to eager; then warms up one fixed shape and runs the requests under
 set_stance("fail_on_recompile"): a compile it refuses is recorded (request, shape, guard failure),
 paid with the stance lifted and counted, so a recompile after warm-up is a finding, not a crash.
+The steps are in portkit/compile_steps.py.
 
-Native mode compiles with the vendor's backend ("neuron", "tpu") on its device and reads its compile
-metrics (Target.compile_metrics). Emulated mode compiles with portkit's backends (portkit/backends.py:
-portkit_neuron, portkit_tpu), which refuse what the target refuses, apply its numerics, report the
-ops it would not lower, and compile with Inductor on this CPU: their compile times are real CPU compile
-times, not the vendor compiler's.
+Every compile of the storm is priced with the target's compile cost (portkit/economics.py), and says
+where that figure came from: measured XLA for TPU, an estimate with its sources for Neuron, the vendor
+compiler's own time in native mode, Inductor on this CPU for a reference target. In emulated mode the
+backends check the target's rules and numerics and run the graph eagerly: no Inductor codegen, whose
+times no target pays.
 """
 from __future__ import annotations
 
-import collections
-import contextlib
-import dataclasses
 import html
-import importlib
-import re
 import statistics
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
-import torch._dynamo
+from portkit import economics, selection, targets as targets_mod
+from portkit.backends import _text
+from portkit.compile_steps import (AUTO, FixedShape, GraphBreaks, Requests, Storm, _eager_from, _failure_text,
+                                   check_fixed_shape, find_graph_breaks, make_requests,
+                                   recompile_storm, recompile_storms)
+from portkit.errors import BadParameter
+from portkit.results import Finding, save_result
+from portkit.tables import HtmlTable
 
-from portkit import targets as targets_mod
-from portkit.results import save_result
-from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _place, _text, call_counting_recompiles,
-                              refused_recompile, warm_inductor)
-from portkit.errors import BadParameter, CompileRefused
-from portkit.fallbacks import HtmlTable
-from portkit.targets import Target
+__all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
+           "check_fixed_shape", "check_parameters", "compile_costs", "compile_model", "find_graph_breaks",
+           "make_requests", "recompile_storm", "recompile_storms"]
 
 STAGE = "compile"
-AUTO = "auto"
-
-
-def check_backend(detected: targets_mod.DetectedTarget, backend: str) -> str:
-    """The backend to use for a target: 'auto' (the detected mode's), or one of its names. A name the
-    target does not know is one line with the valid names."""
-    t = detected.target
-    valid = list(dict.fromkeys([AUTO, detected.backend, t.emulated_backend]))
-    if backend not in valid:
-        hint = (f"the native backend {t.backend!r} needs {t.vendor_package} and a {t.device} device; this host "
-                f"runs {t.name} {detected.mode}") if backend == t.backend and t.vendor_package else None
-        raise BadParameter(f"compile backend for target {t.name}", backend, valid, hint)
-    return detected.backend if backend == AUTO else backend
-
-
-def _vendor_metrics(target: Target) -> dict:
-    """The vendor's own compile counters (native mode), named by Target.compile_metrics."""
-    found = {}
-    for spec in target.compile_metrics:
-        module, _, path = spec.partition(":")
-        value = importlib.import_module(module)
-        for part in path.split("."):
-            value = value[part] if isinstance(value, dict) else getattr(value, part)
-        found[spec] = value() if callable(value) else dict(value) if isinstance(value, dict) else value
-    return found
-
-
-def _precision_for(precision, name: str):
-    return precision.get(name) if isinstance(precision, dict) else precision
-
-
-@contextlib.contextmanager
-def _compiled(model, target: str, backend: str, precision, fullgraph: bool, **dynamo):
-    """The model compiled for `target` with dynamic=False (what both targets require), behind a
-    CompileCounter; yields (call(inputs), counter, detected, device). Dynamo is reset around it."""
-    detected = targets_mod.detect(target)
-    name = check_backend(detected, backend)
-    if name == detected.target.emulated_backend and not detected.target.reference:
-        chosen, device = EmulatedBackend(detected.target, _precision_for(precision, target)), "cpu"
-    else:   # the vendor's backend on its device (native), or Inductor for a reference target
-        chosen, device = name, detected.target.device if detected.native else "cpu"
-    counter = CompileCounter(chosen)
-    warm_inductor()
-    module = model.module if hasattr(model, "module") else model
-    module.to(device)
-    torch._dynamo.reset()
-    # torch.compile is this call; optimize() also takes the guard-failure hook.
-    fn = torch._dynamo.optimize(counter, nopython=fullgraph, dynamic=False, **dynamo)(module)
-    try:
-        with torch.no_grad():
-            yield (lambda x: fn(**{k: v.to(device) for k, v in x.items()})), counter, detected, device
-    finally:
-        torch._dynamo.reset()
-        module.to("cpu")
-
-
-# ---------------------------------------------------------------- real requests
-@dataclass
-class Requests:
-    """Real inputs as a server meets them: each request tokenized to its own length, no bucketing.
-    `ahead` holds the shapes of the requests that follow in the same stream (tokenized, not run)."""
-    texts: list[list[str]]
-    inputs: list[dict[str, torch.Tensor]]
-    source: str
-    model: object = field(repr=False, default=None)
-    ahead: list[list[int]] = field(default_factory=list)
-
-    def shapes(self) -> list[list[int]]:
-        return [list(next(iter(x.values())).shape) for x in self.inputs]
-
-    def padded(self, seq_len: int) -> list[dict[str, torch.Tensor]]:
-        """The same requests padded (or truncated) to one fixed length."""
-        if not self.model.takes_text:
-            return self.inputs
-        return [self.model.encode(group, pad_to=seq_len) for group in self.texts]
-
-    def to_dict(self) -> dict:
-        return {"source": self.source, "count": len(self.inputs), "shapes": self.shapes(),
-                "stream_shapes": self.shapes() + self.ahead}
-
-    def __str__(self) -> str:
-        shapes = self.shapes()
-        return (f"{len(shapes)} requests from {self.source}, {len(set(map(tuple, shapes)))} distinct shapes: "
-                + ", ".join("x".join(map(str, s)) for s in shapes))
-
-
-def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: int = 64, seed: int = 0,
-                  horizon: int = 1000) -> Requests:
-    """n requests of batch_size texts from the corpus, each padded only to its own longest text; the
-    stream goes on to `horizon` requests whose shapes are kept (not run) to project a longer storm."""
-    total = max(n, horizon)
-    if not model.takes_text:
-        from portkit import data
-        images = data.sample_images(n * batch_size, model.image_size, seed)
-        inputs = [model.encode(images[i * batch_size:(i + 1) * batch_size]) for i in range(n)]
-        shape = list(inputs[0]["pixel_values"].shape)
-        return Requests([[] for _ in inputs], inputs, "image crops", model, [shape] * (total - n))
-    texts = corpus.sample(total * batch_size, seed)
-    groups = [texts[i * batch_size:(i + 1) * batch_size] for i in range(total)]
-    limit = min(max_tokens, model.max_length)
-    inputs = []
-    for group in groups[:n]:
-        enc = model.tokenizer(group, padding="longest", truncation=True, max_length=limit, return_tensors="pt")
-        inputs.append({k: enc[k] for k in model.input_names if k in enc})
-    rest = texts[n * batch_size:]
-    lengths = [min(count, limit) for count in model.token_lengths(rest)] if rest else []
-    ahead = [[len(g), max(lengths[i * batch_size:(i + 1) * batch_size])] for i, g in enumerate(groups[n:])]
-    return Requests(groups[:n], inputs, f"{corpus.name} (at most {limit} tokens)", model, ahead)
-
-
-def _failure(exc: BaseException, request: int | None = None) -> dict:
-    """Why and where a compile failed, from Dynamo's or portkit's exception (not a traceback)."""
-    inner = getattr(exc, "inner_exception", None) or exc
-    where, stack = getattr(inner, "where", None), getattr(exc, "real_stack", None)
-    if where is None and stack:
-        where = _place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
-    lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()]
-    field_of = lambda label: next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(label)), "")  # noqa: E731
-    kind = ("refused" if isinstance(inner, CompileRefused) else
-            "graph break" if isinstance(exc, torch._dynamo.exc.Unsupported) else type(inner).__name__)
-    return {"kind": kind, "message": lines[0] if lines else type(inner).__name__,
-            "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
+# The stage's defaults: compile_model, check_parameters and the notebook's parameters cell
+# (notebooks/02_compile.py, checked equal by tests/test_compiling.py) all use these.
+DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False, "backend": AUTO,
+            "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None}
 
 
 def _finding(kind: str, severity: str, message: str, advice: str) -> dict:
-    return {"kind": kind, "severity": severity, "message": message, "advice": advice}
+    return Finding(kind, severity, message, advice).to_dict()
 
 
-def _failure_text(f: dict) -> str:
-    return f"{f['kind']}: {f['message']}" + (f" ({f['explanation']})" if f.get("explanation") else "") + \
-        f" at {_text(f['where'])}"
+def _seq(shape) -> int | None:
+    return shape[1] if len(shape) > 1 else None
 
 
-# ---------------------------------------------------------------- step 1: graph breaks
-@dataclass
-class GraphBreaks:
-    """Graph breaks (torch._dynamo.explain), whether fullgraph=True captures the model, and per
-    emulated target what its compiler would refuse or not lower."""
-    inputs: dict
-    graphs: int
-    breaks: list[dict]               # reason, where
-    fullgraph: dict                  # {"ok": bool, ...why not}
-    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, decomposed, numerics
-
-    def summary(self) -> str:
-        full = "fullgraph=True captures it in one graph" if self.fullgraph["ok"] else "fullgraph=True fails"
-        if refused := [n for n, c in self.checks.items() if c["refused"]]:
-            full += f", which {' and '.join(refused)} refuse"
-        return f"{len(self.breaks)} graph breaks, {self.graphs} graphs; {full}"
-
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "summary": self.summary()}
-
-    def __str__(self) -> str:
-        lines = [f"Graph breaks ({self.inputs['description']}): {self.summary()}"]
-        lines += [f"  break {i + 1}: {b['reason']} at {_text(b['where'])}" for i, b in enumerate(self.breaks)]
-        if not self.fullgraph["ok"]:
-            lines.append(f"  fullgraph=True: {_failure_text(self.fullgraph)}")
-        for name, c in self.checks.items():
-            rounded = ", ".join(f"{k} ({v})" for k, v in c["numerics"].items()) or "no casts or rounding"
-            lines.append(f"  {name} (emulated): " + (f"refused: {c['refused']}" if c["refused"] else
-                         f"{c['graphs']} graphs accepted, {len(c['not_lowered'])} ops would not lower; "
-                         f"numerics: {rounded}"))
-            if decomposed := c.get("decomposed"):   # they lower: the target's compiler rewrites them
-                lines.append("    decomposed by its compiler: " + ", ".join(f"{op} ({n} calls)"
-                                                                       for op, n in decomposed.items()))
-            lines += [f"    not lowered: {o['op']} ({o['status']}, {o['calls']} calls) at "
-                      + "; ".join(w["text"] for w in o["where"][:3]) for o in c["not_lowered"]]
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        table = HtmlTable(["#", "graph break", "user source line"],
-                          [[i + 1, b["reason"], _text(b["where"])] for i, b in enumerate(self.breaks)])
-        return f"<pre>{html.escape(str(self))}</pre>" + (table._repr_html_() if self.breaks else "")
-
-
-def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=None) -> GraphBreaks:
-    """Explain the model's graph breaks, then capture it with fullgraph=True under each emulated
-    target's checks (no compile: the graphs run eagerly)."""
-    module = model.module if hasattr(model, "module") else model
-    names = targets_mod.parse_targets(targets)
-    with torch.no_grad():
-        explained = torch._dynamo.explain(module)(**inputs)
-    breaks = []
-    for r in explained.break_reasons:   # Dynamo restarts a frame after some breaks and reports them again
-        frame = r.user_stack[-1] if r.user_stack else None
-        found = {"reason": (r.reason.strip().splitlines() or ["?"])[0],
-                 "where": _place(frame.filename, frame.lineno, frame.name, frame.line or "") if frame else None}
-        if found not in breaks:
-            breaks.append(found)
-    backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)
-                for n in names if not targets_mod.detect(n).native and not targets_mod.get(n).reference}
-
-    def check_all(gm, example_inputs):
-        for backend in backends.values():
-            with contextlib.suppress(CompileRefused):   # recorded in backend.checks
-                backend(gm, example_inputs)
-        return gm.forward
-
-    fullgraph = {"ok": True}
-    for whole in (True, False):   # without one graph, check every piece
-        torch._dynamo.reset()
-        try:
-            with torch.no_grad():
-                torch.compile(module, backend=check_all, fullgraph=whole, dynamic=False)(**inputs)
-            break
-        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not capturable
-            if not whole:
-                raise
-            fullgraph = {"ok": False, **_failure(exc)}
-            for b in backends.values():
-                b.checks.clear()
-    torch._dynamo.reset()
-    checks = {}
-    for name, backend in backends.items():
-        merged: dict[str, dict] = {}
-        for c in backend.checks:
-            for o in c.not_lowered:
-                entry = merged.setdefault(o["op"], {**o, "calls": 0, "where": []})
-                entry["calls"] += o["calls"]
-                entry["where"] += [w for w in o["where"] if w not in entry["where"]]
-        decomposed = sum((collections.Counter(c.decomposed) for c in backend.checks), collections.Counter())
-        checks[name] = {"graphs": len(backend.checks), "not_lowered": list(merged.values()),
-                        "decomposed": dict(sorted(decomposed.items())),
-                        "refused": next((c.refused for c in backend.checks if c.refused), None),
-                        "numerics": dict(sum((collections.Counter(c.numerics) for c in backend.checks),
-                                             collections.Counter()))}
-    shapes = {k: list(v.shape) for k, v in inputs.items()}
-    desc = "inputs " + ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in shapes.items())
-    return GraphBreaks({"description": desc, "shapes": shapes}, explained.graph_count, breaks, fullgraph, checks)
-
-
-# ---------------------------------------------------------------- step 2: the recompile storm
-@dataclass
-class Storm:
-    """One target's compiles over a stream of real requests."""
-    target: dict
-    backend: str
-    precision: str | None
-    fullgraph: bool
-    recompile_limit: int             # what this run allowed: raised, so every compile is paid
-    default_limit: int               # torch._dynamo.config.recompile_limit: where Dynamo gives up
-    requests: list[dict]
-    compiles: list[CompileEvent]
-    failure: dict | None = None
-    vendor_metrics: dict | None = None
-
-    def distinct_shapes(self) -> int:
-        return len({tuple(r["shape"]) for r in self.requests})
-
-    def eager_from(self) -> int | None:
-        """The first request whose new shape Dynamo, at its default limit, would silently run eagerly."""
-        return _eager_from([r["shape"] for r in self.requests], self.default_limit)
-
-    def seconds(self) -> dict:
-        return {"compiling": sum(r["wall"] - r["run"] for r in self.requests if r["new_compiles"]),
-                "running": sum(r["run"] for r in self.requests), "backend": sum(e.seconds for e in self.compiles)}
-
-    def summary(self) -> str:
-        head = f"{self.target['name']} ({self.target['mode']}, {self.backend})"
-        if self.failure and not self.requests:
-            return f"{head}: cannot compile: {_failure_text(self.failure)}"
-        s, eager = self.seconds(), self.eager_from()
-        text = (f"{head}: {len(self.requests)} requests, {self.distinct_shapes()} shapes -> {len(self.compiles)} "
-                f"compiles; {s['compiling']:.1f} s compiling vs {s['running']:.2f} s running")
-        if eager is not None:
-            text += (f"; at the default recompile_limit={self.default_limit}, request {eager + 1} and every later "
-                     "new shape would silently run eagerly")
-        return text
-
-    def table(self) -> HtmlTable:
-        rows = [[r["index"] + 1, "x".join(map(str, r["shape"])), r["new_compiles"] or "", r["compiles"],
-                 f"{r['wall'] - r['run']:.2f}" if r["new_compiles"] else "", f"{r['run'] * 1e3:.1f}",
-                 r["reason"] or ("(first call)" if r["index"] == 0 else "")] for r in self.requests]
-        return HtmlTable(["request", "shape", "compiled", "compiles so far", "compile s", "run ms",
-                          "guard failure that triggered it"], rows, self.summary())
-
-    def to_dict(self) -> dict:
-        return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "compiles"},
-                "compiles": [dataclasses.asdict(e) for e in self.compiles], "summary": self.summary(),
-                "distinct_shapes": self.distinct_shapes(), "eager_from_request": self.eager_from(),
-                "seconds": self.seconds()}
-
-    def __str__(self) -> str:
-        return str(self.table())
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        return self.table()._repr_html_()
-
-
-def _eager_from(shapes, limit: int) -> int | None:
-    seen: set = set()
-    for i, shape in enumerate(map(tuple, shapes)):
-        if shape not in seen:
-            seen.add(shape)
-            if len(seen) > limit:
-                return i
-    return None
-
-
-def recompile_storm(model, requests: Requests, target: str, precision=None, backend: str = AUTO,
-                    fullgraph: bool = False, progress: bool = True) -> Storm:
-    """Stream the requests through the model compiled for `target` and record every compile, the
-    guard failure that triggered it, and the time spent compiling and running."""
-    from tqdm.auto import tqdm
-    default = torch._dynamo.config.recompile_limit
-    limit = max(default, len(requests.inputs) + 1)   # pay every compile, as the targets do
-    reasons: list[str] = []
-    rows, failure = [], None
-    with _compiled(model, target, backend, precision, fullgraph, recompile_limit=limit,
-                   guard_fail_fn=lambda failure: reasons.append(failure.reason)) as (call, counter, detected, device):
-        for i, inputs in enumerate(tqdm(requests.inputs, desc=f"{target} requests", disable=not progress)):
-            counter.request, before = i, len(counter.events)
-            reasons.clear()
-            start = time.perf_counter()
-            try:
-                call(inputs)
-            except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
-                failure = _failure(exc, i)
-                break
-            wall = run = time.perf_counter() - start
-            new = counter.events[before:]
-            if new:   # a second call on the same shape: the steady-state run time
-                start = time.perf_counter()
-                call(inputs)
-                run = time.perf_counter() - start
-            rows.append({"index": i, "shape": list(next(iter(inputs.values())).shape), "new_compiles": len(new),
-                         "compiles": len(counter.events), "wall": wall, "run": run,
-                         "backend_seconds": sum(e.seconds for e in new), "cache_hits": sum(e.cache_hit for e in new),
-                         "reason": re.sub(r"^\d+/\d+: ", "", reasons[0].splitlines()[0]) if new and reasons else None,
-                         "guard_failures": len(reasons) if new else 0})
-    precision_name = counter.backend.precision.name if isinstance(counter.backend, EmulatedBackend) else None
-    return Storm(detected.to_dict(), counter.__name__, precision_name, fullgraph, limit, default, rows,
-                 counter.events, failure, _vendor_metrics(detected.target) if device != "cpu" else None)
-
-
-# ---------------------------------------------------------------- step 3: one fixed shape
-@dataclass
-class FixedShape:
-    """One fixed shape warmed up, then the requests under set_stance("fail_on_recompile")."""
-    target: dict
-    backend: str
-    shape: dict                      # {"batch": b, "seq": s}
-    warmup_compiles: int
-    compiles_after: int              # graphs the backend compiled for the requests after warm-up
-    requests: int
-    run_seconds: float               # median per request that did not compile
-    armed: str | None                # what the stance raised for a shape outside the warm-up
-    compiles: list[CompileEvent] = field(default_factory=list)
-    failure: dict | None = None
-    late: list[dict] = field(default_factory=list)   # each compile the stance refused: request, shape, guard
-
-    def late_text(self) -> str:
-        """The first compile after warm-up: which request, its shape, and the guard that failed."""
-        if not self.late:
-            return ""
-        first = self.late[0]
-        return (f"request {first['request'] + 1} (shape {'x'.join(map(str, first['shape']))}) compiled after "
-                f"warm-up: {first['reason']}" + (f" (and {len(self.late) - 1} more)" if len(self.late) > 1 else ""))
-
-    def summary(self) -> str:
-        head = f"{self.target['name']} fixed {self.shape['batch']}x{self.shape['seq']}"
-        if self.failure:
-            return f"{head}: cannot compile: {_failure_text(self.failure)}"
-        return (f"{head}: {self.warmup_compiles} compile in warm-up, {self.compiles_after} compiles for "
-                f"{self.requests} requests under fail_on_recompile (median {self.run_seconds * 1e3:.1f} ms each); "
-                + (self.late_text() + "; " if self.late else "")
-                + "a new shape " + ("raises, so the check is armed" if self.armed else "did NOT raise"))
-
-    __str__ = __repr__ = summary
-
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "summary": self.summary()}
-
-
-def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64, precision=None,
-                      backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
-    """Pad every request to seq_len, compile once, and run them all under fail_on_recompile; a
-    request the stance refuses is recorded in FixedShape.late, then compiled and counted."""
-    inputs = requests.padded(seq_len)
-    shape = list(next(iter(inputs[0].values())).shape)
-    probe = requests.padded(seq_len + 1 if seq_len < 2 else seq_len - 1)[0] if requests.model.takes_text else None
-    times, armed, failure, warm, late = [], None, None, 0, []
-    with _compiled(model, target, backend, precision, fullgraph) as (call, counter, detected, _):
-        try:
-            call(inputs[0])
-        except torch._dynamo.exc.TorchDynamoException as exc:
-            failure = _failure(exc, 0)
-        warm = len(counter.events)
-        if failure is None:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                for i, x in enumerate(inputs):
-                    counter.request, refused = i, len(late)
-                    start = time.perf_counter()
-                    call_counting_recompiles(call, x, late, i)
-                    if len(late) == refused:   # a compile is not a run time
-                        times.append(time.perf_counter() - start)
-                counter.request = None
-                if probe is not None:
-                    try:
-                        call(probe)
-                    except RuntimeError as exc:
-                        if refused_recompile(exc) is None:
-                            raise
-                        armed = str(exc).strip().splitlines()[0]
-    return FixedShape(detected.to_dict(), counter.__name__, {"batch": shape[0], "seq": shape[1] if len(shape) > 1
-                      else None}, warm, len(counter.events) - warm, len(inputs) if failure is None else 0,
-                      statistics.median(times) if times else 0.0, armed, counter.events, failure, late)
+def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] | None = None,
+                  neuron_compile_seconds: float | None = None) -> dict[str, economics.CostModel]:
+    """Per target, what one compile costs there (economics.cost_model): measured XLA over the stream's
+    lengths for TPU, the Neuron estimate, or, natively and for reference targets, the times the storm
+    measured (pass `storms`)."""
+    lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None]
+    out = {}
+    for name in targets_mod.parse_targets(targets):
+        detected = targets_mod.detect(name)
+        measured = ()
+        if storms is not None and (detected.native or detected.target.reference):
+            measured = [(_seq(next(iter(e.shapes.values()), [0])), e.seconds) for e in storms[name].compiles]
+        out[name] = economics.cost_model(model, name, lengths, native=detected.native, measured_points=measured,
+                                         neuron_compile_seconds=neuron_compile_seconds,
+                                         batch=requests.shapes()[0][0] if requests.inputs else 1)
+    return out
 
 
 # ---------------------------------------------------------------- the stage's result
@@ -472,31 +85,42 @@ class CompileReport:
     breaks: GraphBreaks
     storms: dict[str, Storm]
     fixed: dict[str, FixedShape]
-    warmup_seconds: float = 0.0      # Inductor's one-time toolchain start-up in this process
+    costs: dict[str, economics.CostModel]    # per target: what one compile costs there, and why
 
     @classmethod
     def from_steps(cls, model, requests: Requests, breaks: GraphBreaks, storms: dict[str, Storm],
-                   fixed: dict[str, FixedShape]) -> CompileReport:
-        return cls(model.describe(), requests.to_dict(), breaks, storms, fixed, warm_inductor())
+                   fixed: dict[str, FixedShape], costs: dict[str, economics.CostModel]) -> CompileReport:
+        return cls(model.describe(), requests.to_dict(), breaks, storms, fixed, costs)
 
     def compile_seconds(self, name: str) -> dict:
-        events = self.storms[name].compiles + self.fixed[name].compiles
-        seconds = [e.seconds for e in events]
-        # A compile Inductor served from its FX graph cache is not what a new shape costs on the
-        # target: the median that later stages price a compile at leaves those out where it can.
-        paid = [e.seconds for e in events if not e.cache_hit] or seconds
-        return {"first": seconds[0] if seconds else None, "median": statistics.median(paid) if paid else None,
-                "median_all": statistics.median(seconds) if seconds else None,
-                "count": len(seconds), "cache_hits": sum(e.cache_hit for e in events)}
+        """What one compile costs on the target (the cost model, over the storm's compiled shapes),
+        with its kind and source; `measured_here` is what the compiling calls took on this CPU."""
+        cost = self.costs[name]
+        priced = [cost.seconds(_seq(r["shape"])) for r in self.storms[name].requests if r["new_compiles"]]
+        here = [e.seconds for e in self.storms[name].compiles + self.fixed[name].compiles]
+        return {"median": statistics.median(priced) if priced else cost.seconds(None),
+                "first": priced[0] if priced else None, "count": len(priced), "kind": cost.kind,
+                "source": cost.label(), "measured_here_median": statistics.median(here) if here else None,
+                "measured_here_what": "Dynamo trace + the target's check, no codegen" if cost.kind in
+                (economics.MEASURED_XLA, economics.ESTIMATE) else cost.kind}
+
+    def priced(self, name: str) -> dict:
+        """The measured storm priced on the target: every compile it paid, at the target's cost."""
+        cost, storm = self.costs[name], self.storms[name]
+        seconds = sum(cost.seconds(_seq(r["shape"])) * r["new_compiles"] for r in storm.requests)
+        return {"requests": len(storm.requests), "compiles": len(storm.compiles), "seconds": seconds,
+                "kind": cost.kind, "source": cost.label()}
 
     def projection(self, name: str) -> dict:
         """The storm the whole stream would bring: its shapes are tokenized, not run, and each new
-        shape costs this run's median compile time. A projection, and labelled as one."""
-        stream, median = self.requests["stream_shapes"], self.compile_seconds(name)["median"]
-        distinct = len(set(map(tuple, stream)))
-        return {"requests": len(stream), "distinct_shapes": distinct,
+        shape is priced with the target's compile cost. A projection, and labelled as one."""
+        stream, cost = self.requests["stream_shapes"], self.costs[name]
+        distinct = sorted(set(map(tuple, stream)))
+        return {"requests": len(stream), "distinct_shapes": len(distinct),
                 "eager_from_request": _eager_from(stream, self.storms[name].default_limit),
-                "median_compile_seconds": median, "compile_seconds": distinct * median if median else None}
+                "median_compile_seconds": self.compile_seconds(name)["median"],
+                "compile_seconds": cost.total(_seq(s) for s in distinct), "source": cost.label(),
+                "kind": "projection: shapes tokenized, not run"}
 
     def findings(self, name: str) -> list[dict]:
         """What this stage found for one target, in the report's terms (severity, message, advice)."""
@@ -524,10 +148,10 @@ class CompileReport:
             out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(self.breaks.fullgraph)}",
                                 "the vendors recommend fullgraph=True: remove what stops it"))
         if storm.requests and len(storm.compiles) > 1:
-            p = self.projection(name)
+            priced = self.priced(name)
             out.append(_finding("recompile_storm", "work",
                                 f"{len(storm.compiles)} compiles for {len(storm.requests)} requests of varying "
-                                f"length; projected {p['distinct_shapes']} shapes for {p['requests']} requests",
+                                f"length, {priced['seconds']:.0f} s compiling on {name} ({priced['source']})",
                                 "pad to a few fixed shapes: use stage 3's bucket plan"))
         if not fixed.failure and fixed.compiles_after:
             out.append(_finding("recompile_after_warmup", "work",
@@ -542,11 +166,11 @@ class CompileReport:
         return out
 
     def target_summary(self, name: str) -> str:
-        p = self.projection(name)
+        priced = self.priced(name)
         text = f"{self.storms[name].summary()}; {self.fixed[name].summary()}"
-        if p["compile_seconds"]:
-            text += (f"; projected for {p['requests']} requests of this stream: {p['distinct_shapes']} shapes, "
-                     f"{p['compile_seconds'] / 60:.0f} min compiling")
+        if priced["compiles"]:
+            text += (f"; on {name} these {priced['compiles']} compiles cost {priced['seconds']:.0f} s "
+                     f"({priced['source']})")
         return text
 
     def summary(self) -> str:
@@ -555,12 +179,13 @@ class CompileReport:
     def to_dict(self) -> dict:
         per_target = {name: {"target": storm.target, "backend": storm.backend, "precision": storm.precision,
                              "summary": self.target_summary(name), "compile_seconds": self.compile_seconds(name),
+                             "compile_cost": self.costs[name].to_dict(), "priced_storm": self.priced(name),
                              "fixed_shape": self.fixed[name].shape, "checks": self.breaks.checks.get(name),
                              "findings": self.findings(name),
                              "projection": self.projection(name), "storm": storm.to_dict(),
                              "fixed": self.fixed[name].to_dict()} for name, storm in self.storms.items()}
         return {"stage": STAGE, "model": self.model, "requests": self.requests, "summary": self.summary(),
-                "inductor_warmup_seconds": self.warmup_seconds, "graph_breaks": self.breaks.to_dict(),
+                "graph_breaks": self.breaks.to_dict(),
                 "targets": per_target}
 
     def save(self, path) -> None:
@@ -579,18 +204,22 @@ class CompileReport:
         for name, storm in self.storms.items():
             c, s, p, eager = self.compile_seconds(name), storm.seconds(), self.projection(name), storm.eager_from()
             rows.append([name, storm.target["mode"], storm.backend, len(storm.requests), storm.distinct_shapes(),
-                         len(storm.compiles), "" if c["median"] is None else f"{c['median']:.2f}",
+                         len(storm.compiles), f"{c['median']:.1f} ({c['kind']})",
+                         f"{self.priced(name)['seconds']:.0f}",
                          f"{s['compiling']:.1f}", f"{s['running']:.2f}", "" if eager is None else eager + 1,
                          self.fixed[name].compiles_after, "yes" if self.fixed[name].armed else "no",
                          f"{p['distinct_shapes']} / {p['requests']}",
                          "" if p["eager_from_request"] is None else p["eager_from_request"] + 1])
-        table = HtmlTable(["target", "mode", "backend", "requests", "shapes", "compiles", "median compile s",
-                           "compiling s", "running s", "eager from request", "compiles after warm-up",
+        table = HtmlTable(["target", "mode", "backend", "requests", "shapes", "compiles",
+                           "compile s per shape on the target", "storm's compiles on the target s",
+                           "compiling here s", "running here s", "eager from request", "compiles after warm-up",
                            "fail_on_recompile armed", "stream: shapes / requests (projected)",
                            "stream: eager from request"], rows)
         return (f"<p><b>Compile for the targets</b>: <code>{html.escape(self.model['name'])}</code>, "
                 f"{self.requests['count']} requests. {html.escape(self.breaks.summary())}.</p>"
-                + table._repr_html_() + "".join(f"<p>{html.escape(self.target_summary(n))}</p>" for n in self.storms))
+                + table._repr_html_() + "".join(f"<p>{html.escape(self.target_summary(n))}</p>" for n in self.storms)
+                + "<p>Compile cost per target: " + "; ".join(f"<b>{n}</b>: {html.escape(c.label())}"
+                                                             for n, c in self.costs.items()) + "</p>")
 
     def plot(self):
         """Compiles against requests, measured (left) and projected over the whole stream (middle);
@@ -625,34 +254,34 @@ class CompileReport:
             ax.legend(fontsize=7, loc="upper left")
         left.set_title("Measured: compiles against requests (dynamic=False)")
         middle.set_title(f"Projected over {len(distinct)} requests of the same stream (shapes only)")
-        seconds = [self.storms[n].seconds() for n in names]
-        right.bar(names, [s["compiling"] for s in seconds], color="#DD8452", label="compiling")
-        right.bar(names, [s["running"] for s in seconds], bottom=[s["compiling"] for s in seconds],
-                  color="#55A868", label="running")
+        priced = [self.priced(n) for n in names]
+        right.bar([f"{n}\n({p['kind']})" for n, p in zip(names, priced)], [p["seconds"] for p in priced],
+                  color="#DD8452", label="the storm's compiles, priced on the target")
         right.set_ylabel("seconds")
-        right.set_title("Time over the measured requests")
+        right.set_title(f"Compile time of {measured} requests on the target", fontsize=9)
         right.legend(fontsize=7)
         fig.tight_layout()
         return fig
 
 
 # ---------------------------------------------------------------- parameters and the stage's verb
-def check_parameters(requests: int = 6, batch_size: int = 1, seq_len: int = 64, fullgraph: bool = False,
-                     backend: str = AUTO, precision=None, seed: int = 0, corpus: str = "stdlib",
+def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEFAULTS["batch_size"],
+                     seq_len: int = DEFAULTS["seq_len"], fullgraph: bool = DEFAULTS["fullgraph"],
+                     backend: str = DEFAULTS["backend"], precision=None, seed: int = DEFAULTS["seed"],
+                     corpus: str = DEFAULTS["corpus"], neuron_compile_seconds=DEFAULTS["neuron_compile_seconds"],
                      targets=("neuron", "tpu")) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
-    params.positive_int("requests", requests, maximum=200)
+    params.positive_int("requests", requests, maximum=2000)
     params.positive_int("batch_size", batch_size, maximum=64)
     params.positive_int("seq_len", seq_len, maximum=4096)
     params.boolean("fullgraph", fullgraph)
     params.non_negative_int("seed", seed)
+    if neuron_compile_seconds is not None:
+        params.positive_float("neuron_compile_seconds", neuron_compile_seconds)
     data.check_corpus(corpus)
     names = targets_mod.parse_targets(targets)
-    if not isinstance(backend, str):
-        raise BadParameter("backend", backend, hint="give a backend name, or 'auto'")
-    for name in names:
-        check_backend(targets_mod.detect(name), backend)
+    selection.check_parameter(backend, names)
     if precision is not None and not isinstance(precision, (str, dict)):
         raise BadParameter("precision", precision, hint="give a dict {target: precision name}")
     for name, value in (precision.items() if isinstance(precision, dict) else ((n, precision) for n in names)):
@@ -662,13 +291,16 @@ def check_parameters(requests: int = 6, batch_size: int = 1, seq_len: int = 64, 
             targets_mod.get(name).precision(value)
 
 
-def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len: int = 64, precision=None,
-                  backend: str = AUTO, fullgraph: bool = False, progress: bool = True) -> CompileReport:
-    """The whole stage: graph breaks, the storm and the fixed-shape proof for every target."""
+def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len: int = DEFAULTS["seq_len"],
+                  precision=None, backend: str = DEFAULTS["backend"], fullgraph: bool = DEFAULTS["fullgraph"],
+                  progress: bool = True, neuron_compile_seconds: float | None = DEFAULTS["neuron_compile_seconds"],
+                  costs: dict[str, economics.CostModel] | None = None) -> CompileReport:
+    """The whole stage: graph breaks, the storm and the fixed-shape proof for every target, each
+    compile priced with the target's cost (compile_costs, unless `costs` gives them)."""
     names = targets_mod.parse_targets(targets)
-    for name in names:
-        check_backend(targets_mod.detect(name), backend)
+    selection.check_parameter(backend, names)
     breaks = find_graph_breaks(model, requests.inputs[0], names, precision)
-    storms = {n: recompile_storm(model, requests, n, precision, backend, fullgraph, progress) for n in names}
+    storms = recompile_storms(model, requests, names, precision, backend, fullgraph, progress)
     fixed = {n: check_fixed_shape(model, requests, n, seq_len, precision, backend, fullgraph) for n in names}
-    return CompileReport.from_steps(model, requests, breaks, storms, fixed)
+    costs = costs or compile_costs(model, requests, names, storms, neuron_compile_seconds)
+    return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

@@ -30,7 +30,6 @@ from portkit import placement, targets as targets_mod
 from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
 from portkit.recording import OpRecord, Recording, record
 from portkit.results import save_result
-# HtmlTable is imported from here by compiling.py and buckets.py until they import portkit.tables.
 from portkit.tables import HtmlTable, html_table
 from portkit.targets import COMPOSITE, CPU_FALLBACK, NATIVE, STATUSES, UNSUPPORTED
 

@@ -246,3 +246,18 @@ def _shape(value, stage: str, key: str, out_dir) -> dict:
         return {"batch": value.get("batch", 1), "seq": value.get("seq")}
     raise UnreadableResult(f"{Path(out_dir) / f'{stage}.json'}: {key} has {_short(value)}, not "
                            f"{{\"batch\": positive int, \"seq\": positive int}}; rerun stage {stage}")
+
+
+def compile_cost(out_dir, target: str) -> dict | None:
+    """Stage 2's compile cost model for `target` (compile.json: targets[t].compile_cost, as
+    economics.CostModel.to_dict writes it), or None when stage 2 recorded none. A model without a kind,
+    a source or a numeric intercept raises UnreadableResult."""
+    cost = _target_result(out_dir, "compile", target).get("compile_cost")
+    if cost is None:
+        return None
+    if not (isinstance(cost, dict) and isinstance(cost.get("kind"), str) and isinstance(cost.get("source"), str)
+            and isinstance(cost.get("intercept"), (int, float)) and isinstance(cost.get("target"), str)):
+        raise UnreadableResult(f"{Path(out_dir) / result_file('compile')}: targets.{target}.compile_cost is "
+                               f"{_short(cost)}, not a cost model (target, kind, source, intercept); "
+                               "rerun stage compile")
+    return cost

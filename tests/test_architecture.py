@@ -16,8 +16,6 @@ LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command; s
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 CONTRACTS = {c["id"]: c["name"] for c in CONFIG["contracts"]}
 MAX_LINES = 500
-# Modules still over MAX_LINES; removed when the compile/buckets rework lands.
-OVER_LIMIT_FOR_NOW = {"compiling.py", "buckets.py", "bucketed.py"}
 
 
 def lint_imports(source=ROOT, *args: str) -> subprocess.CompletedProcess:
@@ -71,10 +69,8 @@ def test_a_broken_layer_is_reported(tmp_path):
 
 def test_no_module_over_the_line_limit():
     sizes = {p.name: len(p.read_text().splitlines()) for p in sorted((ROOT / "portkit").glob("*.py"))}
-    over = {name: n for name, n in sizes.items() if n > MAX_LINES and name not in OVER_LIMIT_FOR_NOW}
+    over = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split them by what they own): {over}"
-    fixed = sorted(name for name in OVER_LIMIT_FOR_NOW if sizes.get(name, 0) <= MAX_LINES)
-    assert not fixed, f"{fixed} no longer over {MAX_LINES} lines (or gone): drop them from OVER_LIMIT_FOR_NOW"
 
 
 def test_readme_maps_every_module():

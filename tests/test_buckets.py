@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import fixture_model
-from portkit import bucketed, buckets, models
+from portkit import bucketed, buckets, economics, models, planner, results
 from portkit.errors import BadParameter
 
 lengths_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=40)
@@ -39,7 +39,7 @@ def test_optimal_never_pads_more_than_another_plan_with_as_many_buckets(lengths,
     hist = buckets.histogram(lengths)
     others = [buckets.plan_buckets(hist, name, k=k) for name in ("pow2", "linear", "padding_bounded")]
     picked = rnd.sample(range(1, hist.top), min(k - 1, hist.top - 1))   # any boundaries at all
-    others.append(buckets._plan("random", [*picked, hist.top], hist, "random"))
+    others.append(planner._plan("random", [*picked, hist.top], hist, "random"))
     for other in others:
         assert other.k <= max(k, 1)
         assert buckets.plan_optimal(hist, other.k).padded_tokens <= other.padded_tokens, other
@@ -102,12 +102,37 @@ def test_auto_prices_compiles_against_padding(tmp_path):
     batched = buckets.plan_buckets(hist, "auto", compile_seconds=10.0, token_seconds=1e-4, requests=10**6,
                                    max_batch=8)
     assert batched.batch_sizes == (1, 2, 4, 8) and batched.k <= many.k and batched.compiles == 4 * batched.k
-    # the compile time comes from stage 2's compile.json when out_dir has one
-    (tmp_path / "compile.json").write_text(json.dumps(
-        {"targets": {"tpu": {"target": {"mode": "emulated"}, "compile_seconds": {"median": 123.0, "count": 3}}}}))
-    assert buckets.compile_cost("tpu", tmp_path, 10.0) == (
-        123.0, "stage 2's compile.json: median backend time of 3 emulated compiles")
-    assert buckets.compile_cost("neuron", tmp_path, 10.0)[0] == 10.0
+
+
+def test_auto_takes_more_buckets_when_compiles_are_cheap_and_the_budget_binds_when_small():
+    hist = buckets.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
+    cheap = buckets.plan_buckets(hist, "auto", compile_seconds=1.0, token_seconds=1e-4, requests=10**5)
+    dear = buckets.plan_buckets(hist, "auto", compile_seconds=100.0, token_seconds=1e-4, requests=10**5)
+    assert cheap.k > dear.k and cheap.waste < dear.waste
+    assert not cheap.settings["budget_binds"] and cheap.k > 3            # no cap of 3 decides it
+    # a compile cost that grows with the length (a cost model) is summed over the boundaries
+    model = lambda seq: 1.0 + seq / 100                                   # noqa: E731
+    priced = buckets.plan_buckets(hist, "auto", compile_seconds=model, token_seconds=1e-4, requests=10**5)
+    assert priced.settings["warmup_seconds"] == pytest.approx(sum(model(b) for b in priced.boundaries))
+    # a budget smaller than the unbounded optimum's warm-up binds, and the why says so and shows the optimum
+    budget = cheap.settings["warmup_seconds"] / 2
+    bound = buckets.plan_buckets(hist, "auto", compile_seconds=1.0, token_seconds=1e-4, requests=10**5,
+                                 budget_seconds=budget)
+    assert bound.k < cheap.k and bound.settings["warmup_seconds"] <= budget and bound.settings["budget_binds"]
+    assert bound.settings["unbounded"]["k"] == cheap.k
+    assert f"warm-up budget of {budget:g} s binds" in bound.why and f"k={cheap.k}:" in bound.why
+    with pytest.raises(BadParameter, match="warm-up budget_seconds"):
+        buckets.plan_buckets(hist, "auto", compile_seconds=10.0, token_seconds=1e-4, budget_seconds=1.0)
+
+
+def test_the_neuron_estimate_is_planned_at_half_and_twice_itself(tiny):
+    hist = buckets.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
+    costs = {"neuron": economics.neuron_estimate(tiny.parameters, override=20.0)}
+    plans = buckets.what_if(hist, costs, 1e-4, 10**5, None)["neuron"]
+    assert set(plans) == {0.5, 2.0} and plans[0.5].k >= plans[2.0].k
+    assert "x0.5" in plans[0.5].settings["compile_source"]
+    measured = {"tpu": economics.CostModel("tpu", "measured XLA", "measured XLA (test)", 3.0)}
+    assert buckets.what_if(hist, measured, 1e-4) == {}                   # only an estimate is varied
 
 
 def test_planning_a_million_lengths_is_fast():
@@ -132,6 +157,16 @@ def test_bad_parameters_name_the_value_and_the_choices():
 
 
 # ---------------------------------------------------------------- running with buckets
+def fake_xla(model, shape, topology, dtype):
+    """A stand-in for xla_compile.compile_seconds: 1 s + 0.01 s per token (these tests are not about XLA)."""
+    return 1.0 + shape["seq"] / 100, "XLA compile for v5e:1x1, measured now (test stand-in)"
+
+
+def costs_for(m, lengths=(4, 16, 48)):
+    return {"tpu": economics.xla_model(m, list(lengths), measure=fake_xla),
+            "neuron": economics.neuron_estimate(m.parameters)}
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return models.load(fixture_model("tiny_encoder"))
@@ -222,8 +257,11 @@ def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(t
     (late,) = run.late_compiles
     assert late["request"] == first and late["shape"] == [1, left_out]
     assert f"actual {left_out}" in late["reason"] and "size mismatch at index 1" in late["reason"]
-    assert run.padding_ok and run.compile_seconds > 0
-    target = buckets.TargetBuckets({"name": "tpu", "mode": "emulated"}, "eager", "", leaky, 1.0, "test", [run])
+    assert run.padding_ok and run.compile_seconds > 0 and sorted(run.compiled_seqs) == sorted(
+        plan.boundaries)                              # the warm-up's two, and the one it left out
+    target = buckets.TargetBuckets({"name": "tpu", "mode": "emulated"}, "eager", leaky,
+                                   economics.CostModel("tpu", "measured XLA", "measured XLA (test)", 2.0), [run])
+    assert target.priced(run) == 2.0 * 3          # every graph it compiled, at the target's cost
     saved = json.loads(json.dumps(target.to_dict()))
     assert saved["compiles_after_warmup"] == 1 and saved["replay"][0]["late_compiles"][0]["shape"] == [1, left_out]
     (finding,) = [f for f in saved["findings"] if f["kind"] == "recompile_after_warmup"]
@@ -269,33 +307,38 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     assert bucketed_run.to_dict()["plan"]["batch_sizes"] == [1, 2, 3]
 
 
-def test_backend_is_the_targets_own_unless_named(monkeypatch, capsys):
-    from portkit import targets
+def test_backend_is_the_targets_own_unless_named():
+    from portkit import backends, selection, targets
     tpu = targets.detect("tpu")
-    assert bucketed.resolve_backend("auto", tpu) == ("portkit_tpu", "")      # stage 2's emulated backend
-    assert bucketed.resolve_backend("eager", tpu) == ("eager", "")
-    with pytest.raises(BadParameter, match="unknown compile backend 'portkit_nope'"):
-        bucketed.resolve_backend("portkit_nope", tpu)
-    # a target backend Dynamo does not know (the vendor's, say) falls back to Inductor, and says so
-    monkeypatch.setattr(torch._dynamo, "list_backends", lambda exclude_tags=(): ["inductor", "eager"])
-    assert bucketed.resolve_backend("auto", tpu)[0] == "inductor" and "not registered" in capsys.readouterr().out
+    assert selection.check_backend(tpu, "auto") == "portkit_tpu"       # the emulated backend, one rule for both stages
     with pytest.raises(BadParameter, match="compile backend for target neuron"):
-        buckets.check_parameters(backend="inductor")      # the notebook parameter follows stage 2's rule
+        buckets.check_parameters(backend="inductor")
+    # the replay's emulated backend checks and emulates, and generates no code unless asked
+    made = bucketed.compile_backend("portkit_tpu")
+    assert isinstance(made, backends.EmulatedBackend) and not made.inductor and made.target.name == "tpu"
+    assert bucketed.compile_backend("portkit_tpu", inductor=True).inductor
+    assert bucketed.compile_backend("eager") == "eager"
+    with pytest.raises(BadParameter, match="unknown compile backend 'portkit_nope'"):
+        bucketed.compile_backend("portkit_nope")
 
 
 def test_padding_check_on_the_emulated_tpu_backend(tiny, trace):
     bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 30], "optimal", k=1), backend="portkit_tpu")
     bm.warm_up()
-    assert bm.compiles == 1 and bucketed.tolerance("portkit_tpu") == (bucketed.RTOL_BF16, bucketed.ATOL_BF16)
-    assert bucketed.tolerance("portkit_neuron") == (bucketed.RTOL, bucketed.ATOL)   # Neuron's default is fp32
+    from portkit import tolerance
+    wide, narrow = tolerance.PADDING_TOLERANCE_BF16, tolerance.PADDING_TOLERANCE
+    assert bm.compiles == 1 and (bucketed.padding_tolerance("portkit_tpu").rtol,
+                                 bucketed.padding_tolerance("portkit_tpu").atol) == wide
+    tol = bucketed.padding_tolerance("portkit_neuron")
+    assert (tol.rtol, tol.atol) == narrow                  # Neuron's default is fp32
     with torch.compiler.set_stance("fail_on_recompile"):
         checks = bucketed.check_padding(bm, trace)          # eager reference under the TPU's numerics
-    assert checks[0]["ok"] and checks[0]["rtol"] == bucketed.RTOL_BF16, checks
+    assert checks[0]["ok"] and checks[0]["rtol"] == wide[0], checks
 
 
 def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     report = buckets.fit_buckets(tiny, corpus, ["neuron", "tpu"], tmp_path, k=2, requests=4, max_seq=48,
-                                 k_max=4, backend="eager", progress=False)
+                                 progress=False, costs=costs_for(tiny))
     report.save(tmp_path / "buckets.json")
     saved = json.loads((tmp_path / "buckets.json").read_text())
     assert saved["stage"] == "buckets" and "emulated" in saved["summary"]
@@ -306,6 +349,9 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
         assert chosen["planner"] == "auto" and chosen["boundaries"][-1] == 48 and chosen["batch_sizes"] == [1]
         assert chosen["why"] and chosen["shapes"] == [{"batch": 1, "seq": s} for s in chosen["boundaries"]]
         assert t["compiles_after_warmup"] == 0 and t["padding_ok"] is True
+        assert t["compile_cost"]["kind"] == {"neuron": "estimate", "tpu": "measured XLA"}[name]
+        assert t["compile_seconds_per_bucket"]["source"] == t["compile_cost"]["label"]
+    assert set(saved["targets"]["neuron"]["what_if"]) == {"0.5", "2.0"} and not saved["targets"]["tpu"]["what_if"]
     # the comparison runs on the first target's backend; every target replays its own chosen plan
     assert [r["name"] for r in saved["targets"]["neuron"]["replay"]] == [
         "no buckets", "pow2", "linear", "padding_bounded", "optimal", "auto"]
@@ -343,7 +389,10 @@ def notebook_code_cells(stage_name: str) -> list[tuple[bool, str]]:
 
 def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, monkeypatch, capsys):
     # token_seconds is measured (noisy); one value for both, so only the code paths can differ
-    monkeypatch.setattr(bucketed, "measure_token_seconds", lambda model, top, repeats=3: 2e-4)
+    monkeypatch.setattr(economics, "measure_token_seconds", lambda model, top, repeats=3: 2e-4)
+    real = economics.xla_model
+    monkeypatch.setattr(economics, "xla_model", lambda m, lengths, batch=1, topology="v5e:1x1", dtype=None,
+                        measure=None: real(m, lengths, batch, topology, dtype, measure=fake_xla))
     spec = fixture_model("tiny_encoder")
     given = {"model": spec, "targets": ["neuron", "tpu"], "out_dir": str(tmp_path), "corpus": "stdlib"}
     scope: dict = {}
@@ -353,11 +402,33 @@ def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, mon
             scope.update(given)     # what papermill injects after the parameters cell
         if "chosen" in scope:       # the notebook has chosen its plans; the replay comes next
             break
-    defaults = {k: scope[k] for k in ("requests", "max_batch", "overflow", "compile_seconds", "serve_requests",
-                                      "k_max", "seed")}
+    defaults = {k: scope[k] for k in ("requests", "max_batch", "overflow", "serve_requests", "seed",
+                                      "warmup_budget_seconds", "neuron_compile_seconds")}
     assert defaults["serve_requests"] > scope["trace"].texts    # priced for traffic, not for the short replay
     report = buckets.fit_buckets(scope["m"], scope["texts"], given["targets"], tmp_path, k=scope["bucket_count"],
-                                 backend="eager", check=False, progress=False, **defaults)
+                                 check=False, progress=False, requests=4,
+                                 **{k: v for k, v in defaults.items() if k != "requests"})
     for name in given["targets"]:
         assert report.targets[name].chosen == scope["chosen"][name]
     assert report.plans == scope["plans"] and report.histogram.to_dict() == scope["hist"].to_dict()
+
+
+def test_the_notebook_parameters_are_the_stage_defaults():
+    from portkit import runner
+    stage = next(s for s in runner.STAGES if s.name == "buckets")
+    declared = runner.declared_parameters(stage)
+    for name, value in buckets.DEFAULTS.items():
+        if name in declared:
+            assert eval(declared[name]["default"]) == value, name        # noqa: S307 (the notebook's own literal)
+    assert {"requests", "bucket_count", "serve_requests", "warmup_budget_seconds"} <= set(declared)
+
+
+def test_the_planner_is_pure_numpy():
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(planner))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "torch" not in imported and imported <= {"__future__", "inspect", "math", "dataclasses", "numpy",
+                                                     "portkit.errors"}, imported
+    assert results.compile_cost("/nonexistent", "tpu") is None

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES, fixture_model
-from portkit import backends, compiling, models, numerics, probes, runner, targets
+from portkit import backends, compiling, economics, models, numerics, probes, runner, targets
 from portkit.errors import BadParameter
 
 MIGRATION = ("neuron", "tpu")
@@ -27,11 +27,21 @@ def stream(small, corpus):
     return compiling.make_requests(small, corpus, n=5, max_tokens=24, seed=2, horizon=200)
 
 
+def fake_xla(model, shape, topology, dtype):
+    """A stand-in for xla_compile.compile_seconds: 1 s + 0.1 s per token (these tests are not about XLA)."""
+    return 1.0 + shape["seq"] / 10, "XLA compile for v5e:1x1, measured now (test stand-in)"
+
+
+def costs_for(m, lengths=(8, 16, 24)):
+    return {"tpu": economics.xla_model(m, list(lengths), measure=fake_xla),
+            "neuron": economics.neuron_estimate(m.parameters)}
+
+
 @pytest.fixture(scope="module")
 def report(small, stream):
     # A default recompile limit of 2 stands in for Dynamo's 8: the storm must still pay every compile.
     with torch._dynamo.config.patch(recompile_limit=2):
-        return compiling.compile_model(small, stream, MIGRATION, seq_len=24, progress=False)
+        return compiling.compile_model(small, stream, MIGRATION, seq_len=24, progress=False, costs=costs_for(small))
 
 
 def test_compiles_equal_distinct_shapes_without_bucketing(report, stream):
@@ -62,8 +72,15 @@ def test_the_raised_limit_pays_every_compile_and_reports_the_eager_fallback(repo
     assert "request 3 and every later new shape would silently run eagerly" in storm.summary()
     projection = report.projection("tpu")
     assert projection["requests"] == 200 and projection["distinct_shapes"] >= 4
-    assert projection["compile_seconds"] == pytest.approx(projection["distinct_shapes"]
-                                                          * report.compile_seconds("tpu")["median"])
+    cost = report.costs["tpu"]
+    distinct = {tuple(s) for s in stream.to_dict()["stream_shapes"]}
+    assert projection["compile_seconds"] == pytest.approx(sum(cost.seconds(s[1]) for s in distinct))
+    # the measured storm is priced with the target's cost, shape by shape, and says where it came from
+    priced = report.priced("tpu")
+    assert priced["seconds"] == pytest.approx(sum(1.0 + r["shape"][1] / 10 for r in storm.requests
+                                                  if r["new_compiles"]), rel=0.05)
+    assert priced["kind"] == "measured XLA" and "interpolated" in priced["source"]
+    assert "estimate, not measured" in report.priced("neuron")["source"]
 
 
 def test_fixed_shape_compiles_once_and_fail_on_recompile_proves_it(report, stream):
@@ -98,9 +115,11 @@ def test_report_json_keeps_the_contract(report, tmp_path):
     for name in MIGRATION:
         t = saved["targets"][name]
         assert t["target"]["mode"] == "emulated"
-        assert set(t["compile_seconds"]) >= {"first", "median", "count"}
-        assert t["compile_seconds"]["count"] == len(report.storms[name].compiles) + 1
+        assert set(t["compile_seconds"]) >= {"first", "median", "count", "kind", "source"}
+        assert t["compile_seconds"]["count"] == len(report.storms[name].compiles)
         assert t["compile_seconds"]["first"] > 0 and t["compile_seconds"]["median"] > 0
+        assert t["compile_cost"]["kind"] == {"tpu": "measured XLA", "neuron": "estimate"}[name]
+        assert t["priced_storm"]["compiles"] == len(report.storms[name].compiles)
         assert t["fixed_shape"] == {"batch": 1, "seq": 24}
         assert f"{name} (emulated, portkit_{name})" in t["summary"]
     assert saved["summary"].count("emulated") == 2
@@ -191,7 +210,8 @@ def test_graph_break_is_found_at_its_line():
 def test_a_model_that_cannot_compile_gives_a_report(corpus):
     m = models.load(fixture_model("branch_model"))
     stream = compiling.make_requests(m, corpus, n=2, max_tokens=16, seed=0, horizon=10)
-    report = compiling.compile_model(m, stream, ["tpu"], seq_len=8, fullgraph=True, progress=False)
+    report = compiling.compile_model(m, stream, ["tpu"], seq_len=8, fullgraph=True, progress=False,
+                                     costs=costs_for(m))
     storm, fixed = report.storms["tpu"], report.fixed["tpu"]
     assert storm.failure["kind"] == "graph break" and storm.failure["where"]["line"] == line_of("if h.mean() > 0:")
     assert not storm.compiles and not storm.requests
@@ -239,7 +259,8 @@ def test_the_runner_runs_the_stage_after_fallbacks():
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
+@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
+                    reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
     storm = compiling.recompile_storm(small, stream, "neuron", progress=False)
     assert storm.backend == "neuron" and "torch_neuronx:get_dynamo_metrics" in storm.vendor_metrics
@@ -250,3 +271,54 @@ def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
 def test_native_tpu_reads_the_compile_cache_stats(small, stream):
     storm = compiling.recompile_storm(small, stream, "tpu", progress=False)
     assert storm.backend == "tpu" and "torch.tpu:_get_cache_stats" in storm.vendor_metrics
+
+
+def test_a_storm_of_100_real_requests_compiles_once_per_distinct_shape(small, corpus):
+    stream = compiling.make_requests(small, corpus, n=100, max_tokens=24, seed=3, horizon=100)
+    storm = compiling.recompile_storm(small, stream, "tpu", progress=False)
+    distinct = {tuple(s) for s in stream.shapes()}
+    assert len(storm.requests) == 100 and len(distinct) > 8          # more than Dynamo's default limit
+    assert len(storm.compiles) == len(distinct) == storm.distinct_shapes()
+    assert storm.eager_from() is not None and storm.recompile_limit >= 100
+
+
+def test_the_neuron_estimate_is_labelled_cited_and_overridable(small):
+    estimate = economics.neuron_estimate(small.parameters)
+    assert estimate.kind == "estimate" and estimate.label().startswith("estimate, not measured")
+    assert "aws-neuron-sdk#1210" in estimate.source and estimate.seconds(16) == estimate.seconds(512) >= 20
+    big = economics.neuron_estimate(70_000_000_000)
+    assert big.seconds(128) > estimate.seconds(128)                  # grows with the parameter count
+    given = economics.cost_model(small, "neuron", neuron_compile_seconds=45.0)
+    assert given.seconds(64) == 45.0 and "neuron_compile_seconds = 45 s" in given.label()
+    with pytest.raises(BadParameter, match="neuron_compile_seconds"):
+        economics.neuron_estimate(small.parameters, override=-1)
+    with pytest.raises(BadParameter, match="invalid neuron_compile_seconds 0"):
+        compiling.check_parameters(neuron_compile_seconds=0, targets=["neuron"])
+
+
+def test_the_xla_cost_model_interpolates_a_few_measured_shapes(small):
+    asked = []
+
+    def measure(model, shape, topology, dtype):
+        asked.append(shape["seq"])
+        return 2.0 + shape["seq"] / 100, "XLA compile for v5e:1x1, measured now"
+    model = economics.xla_model(small, [5, 9, 12, 30, 64, 64, 100], measure=measure)
+    assert asked == [5, 12, 100]                                      # shortest, middle, longest distinct
+    assert model.kind == "measured XLA" and "measured XLA at 3 shape(s)" in model.label()
+    assert model.seconds(50) == pytest.approx(2.5)                    # interpolated, linear in tokens
+
+
+def test_the_notebook_parameters_are_the_stage_defaults():
+    stage = next(s for s in runner.STAGES if s.name == "compile")
+    declared = runner.declared_parameters(stage)
+    for name, value in compiling.DEFAULTS.items():
+        assert eval(declared[name]["default"]) == value, name        # noqa: S307 (the notebook's own literal)
+
+
+def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, stream):
+    alone = compiling.recompile_storm(small, stream, "neuron", progress=False)
+    shared = report.storms["neuron"]
+    assert [r["compiles"] for r in shared.requests] == [r["compiles"] for r in alone.requests]
+    assert [r["shape"] for r in shared.requests] == [r["shape"] for r in alone.requests]
+    assert shared.backend == alone.backend == "portkit_neuron" and report.storms["tpu"].backend == "portkit_tpu"
+    assert all(e.check is not None and e.check.target == n for n in MIGRATION for e in report.storms[n].compiles)

@@ -77,9 +77,6 @@ def test_runner_knows_every_notebook():
 
 
 MAX_POSITIONAL = 3
-# Notebooks that still pass more than MAX_POSITIONAL arguments by position; removed when the
-# compile/buckets rework lands.
-POSITIONAL_FOR_NOW = {"02_compile", "03_buckets"}
 
 
 def positional_calls(script) -> list[str]:
@@ -93,7 +90,4 @@ def positional_calls(script) -> list[str]:
 def test_calls_name_their_arguments(script):
     """A call with more than three arguments names them: a reader of the cell sees what each value is."""
     found = positional_calls(script)
-    if script.stem in POSITIONAL_FOR_NOW:
-        assert found, f"{script.name} names its arguments now: drop it from POSITIONAL_FOR_NOW"
-    else:
-        assert not found, f"{script.name}: use keyword arguments beyond the first {MAX_POSITIONAL}: {found}"
+    assert not found, f"{script.name}: use keyword arguments beyond the first {MAX_POSITIONAL}: {found}"

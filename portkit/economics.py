@@ -1,0 +1,234 @@
+"""What a compile costs on each target, and where that figure came from: the one owner of compile prices.
+
+    >>> from portkit import economics, models
+    >>> m = models.load("minilm")
+    >>> tpu = economics.cost_model(m, "tpu", lengths=[9, 40, 64])      # real XLA compiles of 3 shapes
+    >>> tpu.seconds(48), tpu.label()          # interpolated; 'measured XLA at 3 shapes (v5e:1x1), interpolated'
+    >>> neuron = economics.cost_model(m, "neuron")                     # no neuronx-cc here: an estimate
+    >>> neuron.cost(128)                      # CompileCost(seconds=20.0, kind='estimate', source='estimate, ...')
+    >>> economics.cost_model(m, "neuron", neuron_compile_seconds=45)   # the estimate, overridden
+
+Stages 2 and 3 price every compile a static-shape target pays (one per input shape) with a CostModel:
+seconds = intercept + per_token x sequence length (never below `floor`), and a `kind` that every
+figure carries:
+
+- "measured XLA": the real XLA compiler for a TPU topology, run on this host (where TPU compiles run
+  in production too) by stage 3b's machinery (xla_compile.compile_seconds, verdict-cached). A few
+  shapes spread over the lengths are measured (each costs seconds of CPU) and the rest interpolated
+  linearly in tokens.
+- "estimate": no Neuron compiler is installable here. The per-graph time is estimated from public
+  reports (NEURON_SOURCES) by the rule in `neuron_estimate`, labelled "estimate, not measured", and
+  overridable (neuron_compile_seconds).
+- "native vendor": on the target's host, the vendor compiler's own times, measured by stage 2.
+- "Inductor on this CPU": a reference target (cpu, cuda), compiled by Inductor here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from portkit.errors import BadParameter, PortkitError
+
+MEASURED_XLA, ESTIMATE, NATIVE, INDUCTOR = "measured XLA", "estimate", "native vendor", "Inductor on this CPU"
+KINDS = (MEASURED_XLA, ESTIMATE, NATIVE, INDUCTOR)
+DEFAULT_TOPOLOGY = "v5e:1x1"
+MEASURED_SHAPES = 3          # shapes the XLA model measures: the shortest, the median and the longest length
+
+# Public reports behind the Neuron estimate (read, not copied; no figure here is measured by portkit).
+NEURON_SOURCES = (
+    "aws-neuron/aws-neuron-sdk#1210: a Llama-3.1-8B forward (decode) graph compiles in about 1 min with "
+    "neuronx-cc once one slow op is removed (about 22 min with it)",
+    "awsdocs-neuron vLLM Neuron, design/compilation: neuronx-cc produces one NEFF per bucket (sequence "
+    "length x batch size); more buckets mean a longer start-up",
+)
+NEURON_ANCHOR = (8.0e9, 60.0)    # (parameters, seconds per graph): aws-neuron-sdk#1210, Llama-3.1-8B, ~1 min
+NEURON_EXPONENT = 0.5            # per-graph time grows with the square root of the parameter count (assumed)
+NEURON_FLOOR = 20.0              # seconds: neuronx-cc's fixed pass pipeline for any graph (assumed, not published)
+
+
+@dataclass(frozen=True)
+class CompileCost:
+    """One shape's compile time on a target, with what kind of figure it is and its source."""
+    seconds: float
+    kind: str
+    source: str
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"compile cost kind {self.kind!r} is not one of {', '.join(KINDS)}")
+
+    def __str__(self) -> str:
+        return f"{self.seconds:.1f} s ({self.source})"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """A target's compile seconds for one input shape, as a function of its sequence length."""
+    target: str
+    kind: str
+    source: str                          # what the figures rest on, cited
+    intercept: float
+    per_token: float = 0.0
+    floor: float = 0.0
+    points: tuple = ()                   # the (seq, seconds) it was fitted to, when measured
+    details: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"compile cost kind {self.kind!r} is not one of {', '.join(KINDS)}")
+
+    def seconds(self, seq: int | None = None) -> float:
+        """Compile seconds of one shape of `seq` tokens (None: a model without a sequence dimension)."""
+        value = self.intercept + self.per_token * (seq or 0)
+        return max(self.floor, float(value))
+
+    __call__ = seconds
+
+    def cost(self, seq: int | None = None) -> CompileCost:
+        return CompileCost(self.seconds(seq), self.kind, self.source)
+
+    def total(self, seqs) -> float:
+        """Seconds to compile every shape in `seqs` once."""
+        return float(sum(self.seconds(s) for s in seqs))
+
+    def scaled(self, factor: float) -> "CostModel":
+        """The same model with every figure times `factor` (what-if: half or twice an estimate)."""
+        return replace(self, intercept=self.intercept * factor, per_token=self.per_token * factor,
+                       floor=self.floor * factor, source=f"{self.source}, x{factor:g}")
+
+    def label(self) -> str:
+        return self.source if self.source.startswith(self.kind) else f"{self.kind}: {self.source}"
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "kind": self.kind, "source": self.source, "intercept": self.intercept,
+                "per_token": self.per_token, "floor": self.floor, "points": [list(p) for p in self.points],
+                "details": self.details, "label": self.label()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        return cls(d["target"], d["kind"], d["source"], float(d["intercept"]), float(d.get("per_token", 0.0)),
+                   float(d.get("floor", 0.0)), tuple(tuple(p) for p in d.get("points", [])), d.get("details", {}))
+
+
+def fit(target: str, kind: str, source: str, points) -> CostModel:
+    """A cost model fitted to measured (seq, seconds) points: linear in tokens where two or more
+    lengths were measured (never falling with length, never below the cheapest measurement)."""
+    points = tuple((int(s or 0), float(t)) for s, t in points)
+    if not points:
+        raise ValueError("a cost model needs at least one measured point")
+    seqs, secs = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    if np.unique(seqs).size > 1:
+        slope, intercept = np.polyfit(seqs, secs, 1)
+        slope = max(float(slope), 0.0)
+        intercept = float(secs.mean() - slope * seqs.mean())
+    else:
+        slope, intercept = 0.0, float(secs.mean())
+    return CostModel(target, kind, source, intercept, slope, float(secs.min()), points)
+
+
+def spread(lengths, count: int = MEASURED_SHAPES) -> list[int]:
+    """`count` distinct lengths spread over `lengths`: the shortest, the longest and evenly between."""
+    distinct = sorted({int(x) for x in lengths})
+    if len(distinct) <= count:
+        return distinct
+    return sorted({distinct[round(i * (len(distinct) - 1) / (count - 1))] for i in range(count)})
+
+
+def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, dtype: str | None = None,
+              measure=None) -> CostModel:
+    """TPU: the real XLA compile time for `topology` of a few shapes spread over `lengths`, measured on
+    this host (or read back from the verdict cache), interpolated linearly in tokens. `measure` is
+    xla_compile.compile_seconds (a test may pass another)."""
+    if measure is None:
+        from portkit.xla_compile import compile_seconds as measure
+    seqs = spread(lengths) if model.takes_text and len(lengths) else [None]
+    points, sources, problems = [], [], []
+    for seq in seqs:
+        try:
+            seconds, source = measure(model, {"batch": batch, "seq": seq}, topology, dtype)
+        except PortkitError as exc:        # no jax/libtpu, a topology it does not know: said, not hidden
+            seconds, source = None, str(exc).splitlines()[0]
+        if seconds is None:
+            problems.append(f"seq {seq}: {source}")
+        else:
+            points.append((seq, seconds))
+            sources.append(source)
+    if not points:
+        raise PortkitError(f"no XLA compile time could be measured for {topology}: {'; '.join(problems)}")
+    cached = sum("verdict cache" in s for s in sources)
+    source = (f"measured XLA at {len(points)} shape(s) ({topology}, batch {batch}, seq "
+              f"{', '.join(str(p[0]) for p in points)}), interpolated linearly in tokens"
+              + (f"; {cached} from the verdict cache" if cached else ""))
+    found = fit("tpu", MEASURED_XLA, source, points)
+    return replace(found, details={"topology": topology, "problems": problems, "measured": list(sources)})
+
+
+def neuron_estimate(parameters: int, override: float | None = None) -> CostModel:
+    """Neuron: seconds per graph, estimated, never measured (no neuronx-cc is installable here).
+
+    Rule: NEURON_ANCHOR's ~60 s for an 8 B-parameter graph (aws-neuron-sdk#1210), scaled by
+    (parameters / 8e9) ** 0.5, never below NEURON_FLOOR; no per-length figure is published, so it is
+    the same for every sequence length. `override` (seconds, the parameter neuron_compile_seconds)
+    replaces it and the label says so."""
+    if override is not None:
+        if isinstance(override, bool) or not isinstance(override, (int, float)) or not override > 0:
+            raise BadParameter("neuron_compile_seconds", override, hint="give seconds per compiled graph, > 0")
+        return CostModel("neuron", ESTIMATE, f"estimate, not measured: parameter neuron_compile_seconds = "
+                         f"{override:g} s per graph", float(override), details={"sources": list(NEURON_SOURCES)})
+    anchor_params, anchor_seconds = NEURON_ANCHOR
+    scaled = anchor_seconds * math.pow(max(parameters, 1) / anchor_params, NEURON_EXPONENT)
+    seconds = max(NEURON_FLOOR, scaled)
+    rule = (f"{anchor_seconds:.0f} s for an {anchor_params / 1e9:.0f} B-parameter graph x (parameters / "
+            f"{anchor_params:.0e}) ** {NEURON_EXPONENT:g}, at least {NEURON_FLOOR:.0f} s")
+    source = (f"estimate, not measured: {seconds:.0f} s per graph for {parameters / 1e6:.1f} M parameters "
+              f"({rule}; sources: aws-neuron-sdk#1210, vLLM Neuron compilation docs)")
+    return CostModel("neuron", ESTIMATE, source, seconds,
+                     details={"rule": rule, "sources": list(NEURON_SOURCES), "parameters": int(parameters)})
+
+
+def cost_model(model, target: str, lengths=(), *, native: bool = False, measured_points=(),
+               neuron_compile_seconds: float | None = None, batch: int = 1, topology: str = DEFAULT_TOPOLOGY,
+               measure=None) -> CostModel:
+    """The cost model a stage prices `target`'s compiles with (the one place this is decided):
+    native mode and reference targets: the compile times measured here (`measured_points`, (seq,
+    seconds) of the vendor's or Inductor's compiles); TPU emulated: measured XLA; Neuron emulated:
+    the estimate (or its override)."""
+    from portkit import targets as targets_mod
+    t = targets_mod.get(target)
+    if native or t.reference:
+        kind = NATIVE if native else INDUCTOR
+        if not measured_points:
+            raise PortkitError(f"no {kind} compile time measured for {target}")
+        what = "the vendor compiler's own times" if native else "Inductor's times on this CPU"
+        return fit(target, kind, f"{what}, {len(measured_points)} compile(s) measured here", measured_points)
+    if target == "tpu":
+        return xla_model(model, lengths, batch, topology, measure=measure)
+    if target == "neuron":
+        return neuron_estimate(int(model.parameters), neuron_compile_seconds)
+    raise BadParameter("target for compile costs", target, list(targets_mod.TARGETS))
+
+
+# ---------------------------------------------------------------- what a padded token costs
+def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
+    """Seconds of compute per token on this machine: the slope of eager forward time against
+    sequence length (batch 1, lengths top/4, top/2, top; the fastest of `repeats` interleaved rounds,
+    so a burst of load on a shared machine hits every length alike). Prices padding for auto."""
+    lengths = sorted({max(2, top // 4), max(2, top // 2), max(2, top)})
+    import time
+
+    import torch
+    inputs = {n: model.encode(["Return the sum of a and b."], pad_to=n) for n in lengths}
+    best = dict.fromkeys(lengths, float("inf"))
+    with torch.no_grad():
+        for n in lengths:
+            model.module(**inputs[n])      # first calls allocate; not timed
+        for _ in range(repeats):
+            for n in lengths:
+                start = time.perf_counter()
+                model.module(**inputs[n])
+                best[n] = min(best[n], time.perf_counter() - start)
+    times = [best[n] for n in lengths]
+    slope = float(np.polyfit(lengths, times, 1)[0]) if len(lengths) > 1 else times[0] / lengths[0]
+    return max(slope, times[-1] / lengths[-1] / 10)   # noisy timings must not make padding free

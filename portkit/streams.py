@@ -1,0 +1,68 @@
+"""Real requests as a server meets them: each text tokenized to its own length, no bucketing.
+
+    >>> from portkit import data, models, streams
+    >>> m = models.load("minilm")
+    >>> stream = streams.make_requests(m, data.load_corpus(), n=100)    # 100 requests, each at its own length
+    >>> stream.shapes()[:3], len(stream.ahead)       # shapes run, and the stream's later shapes (not run)
+    >>> stream.padded(64)                            # the same requests, padded to one fixed length
+
+Stage 2 streams these through the compiled model (portkit/compile_steps.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Requests:
+    """Real inputs as a server meets them: each request tokenized to its own length, no bucketing.
+    `ahead` holds the shapes of the requests that follow in the same stream (tokenized, not run)."""
+    texts: list[list[str]]
+    inputs: list[dict[str, torch.Tensor]]
+    source: str
+    model: object = field(repr=False, default=None)
+    ahead: list[list[int]] = field(default_factory=list)
+
+    def shapes(self) -> list[list[int]]:
+        return [list(next(iter(x.values())).shape) for x in self.inputs]
+
+    def padded(self, seq_len: int) -> list[dict[str, torch.Tensor]]:
+        """The same requests padded (or truncated) to one fixed length."""
+        if not self.model.takes_text:
+            return self.inputs
+        return [self.model.encode(group, pad_to=seq_len) for group in self.texts]
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "count": len(self.inputs), "shapes": self.shapes(),
+                "stream_shapes": self.shapes() + self.ahead}
+
+    def __str__(self) -> str:
+        shapes = self.shapes()
+        return (f"{len(shapes)} requests from {self.source}, {len(set(map(tuple, shapes)))} distinct shapes: "
+                + ", ".join("x".join(map(str, s)) for s in shapes))
+
+
+def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: int = 64, seed: int = 0,
+                  horizon: int = 1000) -> Requests:
+    """n requests of batch_size texts from the corpus, each padded only to its own longest text; the
+    stream goes on to `horizon` requests whose shapes are kept (not run) to project a longer storm."""
+    total = max(n, horizon)
+    if not model.takes_text:
+        from portkit import data
+        images = data.sample_images(n * batch_size, model.image_size, seed)
+        inputs = [model.encode(images[i * batch_size:(i + 1) * batch_size]) for i in range(n)]
+        shape = list(inputs[0]["pixel_values"].shape)
+        return Requests([[] for _ in inputs], inputs, "image crops", model, [shape] * (total - n))
+    texts = corpus.sample(total * batch_size, seed)
+    groups = [texts[i * batch_size:(i + 1) * batch_size] for i in range(total)]
+    limit = min(max_tokens, model.max_length)
+    inputs = []
+    for group in groups[:n]:
+        enc = model.tokenizer(group, padding="longest", truncation=True, max_length=limit, return_tensors="pt")
+        inputs.append({k: enc[k] for k in model.input_names if k in enc})
+    rest = texts[n * batch_size:]
+    lengths = [min(count, limit) for count in model.token_lengths(rest)] if rest else []
+    ahead = [[len(g), max(lengths[i * batch_size:(i + 1) * batch_size])] for i, g in enumerate(groups[n:])]
+    return Requests(groups[:n], inputs, f"{corpus.name} (at most {limit} tokens)", model, ahead)
