@@ -188,10 +188,10 @@ class BucketedModel:
     def warm_up(self, progress: bool = False, costs: dict | None = None) -> list[dict]:
         """Compile every (batch, seq) shape of the plan once. Returns per shape: seconds (wall time of
         the first call) and graphs compiled."""
-        from tqdm.auto import tqdm
+        from portkit.progress import bar as progress_bar
         done = []
         with _torch.recompile_limit(self.plan.compiles), torch.no_grad():
-            for shape in tqdm(self.plan.shapes(), desc=f"warm-up {self.plan.planner}", disable=not progress,
+            for shape in progress_bar(self.plan.shapes(), desc=f"warm-up {self.plan.planner}", disable=not progress,
                               leave=False):
                 inputs = self.example(shape["batch"], shape["seq"])
                 before, start = self.compiles, time.perf_counter()
@@ -391,12 +391,12 @@ class ReplayRun:
 
 
 def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> ReplayRun:
-    from tqdm.auto import tqdm
+    from portkit.progress import bar as progress_bar
     counter = CompileCounter(backend)
     compiled = torch.compile(model.module, backend=counter, dynamic=False)
     compile_wall = charged = run = 0.0
     with _torch.recompile_limit(len(encoded)), torch.no_grad():
-        for inputs in tqdm(encoded, desc=f"replay {NO_BUCKETS}", disable=not progress, leave=False):
+        for inputs in progress_bar(encoded, desc=f"replay {NO_BUCKETS}", disable=not progress, leave=False):
             before, start = len(counter.events), time.perf_counter()
             compiled(**{k: v.to(device) for k, v in inputs.items()})
             seconds = time.perf_counter() - start
@@ -421,7 +421,7 @@ def _real_tokens(encoded) -> int:
 
 
 def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol, device):
-    from tqdm.auto import tqdm
+    from portkit.progress import bar as progress_bar
     bm = BucketedModel(model, plan, backend, device)
     warm = bm.warm_up(progress, costs)
     after_warmup = bm.compiles
@@ -429,7 +429,7 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
     run, computed = 0.0, 0
     # From here PyTorch refuses every compile; each refusal is recorded (bm.late), then paid and counted.
     with torch.compiler.set_stance("fail_on_recompile"):
-        for i, inputs in enumerate(tqdm(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False)):
+        for i, inputs in enumerate(progress_bar(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False)):
             padded, rows, length = bm.pad(inputs)
             computed += next(iter(padded.values())).numel()
             before, start = bm.compiles, time.perf_counter()

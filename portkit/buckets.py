@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from portkit import bucketed, economics, results, selection, targets as targets_mod
 from portkit.errors import BadParameter
+from portkit.progress import headless
 from portkit.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
                              compare, histogram, optimal_table, padded_tokens, plan_auto, plan_buckets,
                              plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, sweep)
@@ -165,7 +166,6 @@ def draw_buckets(hist: Histogram, k: int, curves: dict):
 def padding_slider(hist: Histogram, curves: dict, k: int = 4):
     """An ipywidgets slider for the number of buckets that redraws draw_buckets. Headless runs
     (papermill, nbval: PORTKIT_HEADLESS=1, set by the runner and the tests) and plain Python get None."""
-    import os
     try:
         import ipywidgets
         from IPython import get_ipython
@@ -173,7 +173,7 @@ def padding_slider(hist: Histogram, curves: dict, k: int = 4):
         print("ipywidgets is not installed: the slider is skipped")
         return None
     shell = get_ipython()
-    if shell is None or not hasattr(shell, "kernel") or os.environ.get("PORTKIT_HEADLESS"):
+    if shell is None or not hasattr(shell, "kernel") or headless():
         print("headless run: the slider is skipped (open the notebook in JupyterLab to use it)")
         return None
     import matplotlib.pyplot as plt

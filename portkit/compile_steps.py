@@ -273,7 +273,7 @@ def recompile_storm(model, requests: Requests, target: str, precision=None, back
                     fullgraph: bool = False, progress: bool = True) -> Storm:
     """Stream the requests through the model compiled for `target` and record every compile, the
     guard failure that triggered it, and the time spent compiling and running."""
-    from tqdm.auto import tqdm
+    from portkit.progress import bar as progress_bar
     default = _torch.default_recompile_limit()
     reasons: list[str] = []
     rows, failure = [], None
@@ -282,7 +282,7 @@ def recompile_storm(model, requests: Requests, target: str, precision=None, back
     with _torch.recompile_limit(shapes=len(requests.inputs)) as limit, \
             _compiled(model, target, backend, precision, fullgraph, guard_fail_fn=guard_failed) as (
                 call, counter, detected, device):
-        for i, inputs in enumerate(tqdm(requests.inputs, desc=f"{target} requests", disable=not progress)):
+        for i, inputs in enumerate(progress_bar(requests.inputs, desc=f"{target} requests", disable=not progress)):
             counter.request, before = i, len(counter.events)
             reasons.clear()
             start = time.perf_counter()
@@ -332,7 +332,7 @@ def recompile_storms(model, requests: Requests, targets, precision=None, backend
                      fullgraph: bool = False, progress: bool = True) -> dict[str, Storm]:
     """recompile_storm for every target; the emulated targets share one Dynamo pass (tracing a shape
     once, checking it once per target), which halves the storm's time on this CPU for two targets."""
-    from tqdm.auto import tqdm
+    from portkit.progress import bar as progress_bar
     names = targets_mod.parse_targets(targets)
     shared = {}
     for name in names:
@@ -355,7 +355,7 @@ def recompile_storms(model, requests: Requests, targets, precision=None, backend
                                     guard_fail_fn=lambda failure: reasons.append(failure.reason))(module)
         try:
             with placement.on_device(module, "cpu"), torch.no_grad():
-                for i, inputs in enumerate(tqdm(requests.inputs, desc=f"{'+'.join(shared)} requests",
+                for i, inputs in enumerate(progress_bar(requests.inputs, desc=f"{'+'.join(shared)} requests",
                                                 disable=not progress)):
                     live = [n for n in shared if failures[n] is None]
                     if not live:

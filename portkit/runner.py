@@ -32,6 +32,7 @@ from pathlib import Path
 
 from portkit import _io, data, params as params_mod, runfolder
 from portkit.errors import BadParameter, StageFailed
+from portkit.progress import HEADLESS_VARIABLE
 from portkit.runfolder import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -253,7 +254,7 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     _io.remove_partials(out)   # what a killed run left
     result = RunResult(out)
     # The kernels papermill starts inherit this: nobody watches them, so stages skip widgets.
-    os.environ.setdefault("PORTKIT_HEADLESS", "1")
+    os.environ.setdefault(HEADLESS_VARIABLE, "1")
     model_spec = per_stage[0][1]["model"]
     # a validated spec with ":" is file.py:factory (absolute now) or package.module:factory, which the
     # kernel (working in notebooks/) imports from the folder the user ran portkit in

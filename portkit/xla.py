@@ -173,9 +173,9 @@ class XlaStage:
 def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str = "float32",
               batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4) -> XlaStage:
     """Run each target's XLA check over the shapes the earlier stages chose."""
-    from tqdm.auto import tqdm
+    from portkit.progress import bar as progress_bar
     reports, sources = {}, {}
-    for name in tqdm(list(target_names), desc="XLA checks", unit="target"):
+    for name in progress_bar(list(target_names), desc="XLA checks", unit="target"):
         shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
                                              max_shapes=max_shapes)
         reports[name] = xla_section(model, name, shapes, topology=topology, dtype=dtype)

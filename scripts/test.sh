@@ -16,9 +16,12 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 # Two processes side by side (compiling leaves a core idle much of the time): the notebooks under
 # nbval, in order (each reads the results of the ones before, in runs/notebook), then the check of
-# the report they wrote; and the unit tests. Extra arguments go to both.
+# the report they wrote; and the unit tests. Extra arguments go to both. The notebooks run with the
+# small parameters of tools/prepare_notebooks.py (papermill injects them; nothing else changes).
 mkdir -p test-artifacts
-.venv/bin/python -m pytest notebooks tests/test_workbook_report.py --nbval-lax --nbval-current-env \
+rm -rf test-artifacts/notebooks
+.venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null
+.venv/bin/python -m pytest test-artifacts/notebooks tests/test_workbook_report.py --nbval-lax --nbval-current-env \
   -p no:cacheprovider "$@" > test-artifacts/notebooks.log 2>&1 &
 notebooks=$!
 status=0
