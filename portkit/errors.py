@@ -54,8 +54,9 @@ class StageFailed(PortkitError):
 
 class CompileRefused(PortkitError):
     """An emulated compile backend refuses a graph the target's own compiler would refuse
-    (a symbolic shape, a training graph); `where` is the user's source line when known."""
+    (a symbolic shape, a training graph); `where` is the source frame of the refused node when known
+    (a dict with "file", "line", "function", "code" and "text": backends._place)."""
 
-    def __init__(self, message: str, where: str | None = None):
+    def __init__(self, message: str, where: dict | None = None):
         self.where = where
         super().__init__(message)

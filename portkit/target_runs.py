@@ -57,8 +57,7 @@ def refusal(exc: BaseException, backend: str, native: bool) -> Refusal | None:
     while inner is not None and id(inner) not in seen:
         seen.add(id(inner))
         if isinstance(inner, CompileRefused):
-            where = inner.where.get("text") if isinstance(inner.where, dict) else inner.where
-            return Refusal(backend, str(inner), where)
+            return Refusal(backend, str(inner), inner.where["text"] if inner.where else None)
         wrapped = getattr(inner, "inner_exception", None)
         if native and wrapped is not None and type(inner).__name__ == "BackendCompilerFailed":
             return Refusal(backend, f"{type(wrapped).__name__}: {' '.join(str(wrapped).split())[:400]}")
