@@ -44,6 +44,7 @@ import torch
 import torch.fx.traceback as fx_traceback
 
 from portkit import _torch, numerics, targets as targets_mod
+from portkit.frames import place as _place
 from portkit.errors import BadParameter, CompileRefused
 from portkit.targets import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
 
@@ -52,11 +53,6 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _CAST = torch.ops.aten._to_copy.default
 
 
-def _place(file: str, line: int, function: str, code: str = "") -> dict:
-    """A place in the user's code, with a short text (site-packages paths shortened)."""
-    code = code.strip()
-    text = f"{file.split('site-packages/', 1)[-1]}:{line} in {function}" + (f": {code}" if code else "")
-    return {"file": file, "line": line, "function": function, "code": code, "text": text}
 
 
 def _from_trace(stack_trace: str | None) -> dict | None:
@@ -93,14 +89,29 @@ class GraphCheck:
 class _OpLog(_torch.TorchDispatchMode):
     """Counts each ATen call with the stack trace of the Dynamo node that made it."""
 
-    def __init__(self):
+    def __init__(self, dtypes: bool = False):
         super().__init__()
         self.calls: collections.Counter = collections.Counter()
+        self.dtypes: dict[str, set] | None = collections.defaultdict(set) if dtypes else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace != "prim":   # prim::device, prim::layout: metadata queries of fake tensors
             self.calls[(func.name(), fx_traceback.get_current_meta().get("stack_trace"))] += 1
+            if self.dtypes is not None:
+                self.dtypes[func.name()].update(str(t.dtype).replace("torch.", "") for t in _torch.tree_leaves(args)
+                                                if isinstance(t, torch.Tensor))
         return func(*args, **(kwargs or {}))
+
+
+def graph_contents(log: _OpLog, limit: int = 3) -> dict[str, dict]:
+    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (reconcile.py, #18)."""
+    found: dict[str, dict] = {}
+    for (op, trace), count in log.calls.items():
+        entry = found.setdefault(op, {"calls": 0, "dtypes": sorted((log.dtypes or {}).get(op, ())), "where": []})
+        entry["calls"] += count
+        if len(entry["where"]) < limit and (where := _from_trace(trace)) and where not in entry["where"]:
+            entry["where"].append(where)
+    return found
 
 
 def _symbolic(value) -> bool:
@@ -152,6 +163,8 @@ class EmulatedBackend:
         self.__name__ = target.emulated_backend      # how Dynamo's messages name a backend
         self.checks: collections.deque[GraphCheck] = collections.deque(maxlen=1000)
         self._rounded: collections.OrderedDict = collections.OrderedDict()   # see _Hoisted
+        # graph_contents of each graph, recorded where a list (stage 2's capture check), not in storms
+        self.contents: list[dict] | None = None
 
     def __repr__(self) -> str:
         return f"EmulatedBackend({self.target.name}, precision={self.precision.name}, inductor={self.inductor})"
@@ -196,7 +209,7 @@ class EmulatedBackend:
             raise CompileRefused(check.refused)
 
     def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:
-        log, mode = _OpLog(), numerics.emulate(self.target, precision)
+        log, mode = _OpLog(dtypes=self.contents is not None), numerics.emulate(self.target, precision)
         # Mode order: the op log (entered last) sees the model's own ops first; the numerics mode turns
         # each into the target's form (casts, rounding); the recorder, below both, writes that form
         # into the new graph. preserve_node_meta carries each Dynamo node's stack trace along. Outside
@@ -211,6 +224,8 @@ class EmulatedBackend:
         check.not_lowered = _not_lowered(log.calls, table)
         check.decomposed = _decomposed(log.calls, table)
         check.numerics = dict(mode.stats)
+        if self.contents is not None:
+            self.contents.append(graph_contents(log))
         return recorder.graph_module(out)
 
 

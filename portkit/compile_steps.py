@@ -105,7 +105,7 @@ class GraphBreaks:
     graphs: int
     breaks: list[dict]               # reason, where
     fullgraph: dict                  # {"ok": bool, ...why not}
-    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, decomposed, numerics
+    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, decomposed, numerics, ops (contents)
 
     def summary(self) -> str:
         full = "fullgraph=True captures it in one graph" if self.fullgraph["ok"] else "fullgraph=True fails"
@@ -157,6 +157,8 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
             breaks.append(found)
     backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)
                 for n in names if not targets_mod.detect(n).native and not targets_mod.get(n).reference}
+    for backend in backends.values():   # record what the graphs contain, to reconcile stage 1 (#18)
+        backend.contents = []
 
     def check_all(gm, example_inputs):
         for backend in backends.values():
@@ -177,6 +179,7 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
             fullgraph = {"ok": False, **_failure(exc)}
             for b in backends.values():
                 b.checks.clear()
+                b.contents.clear()
     torch.compiler.reset()
     checks = {}
     for name, backend in backends.items():
@@ -191,10 +194,23 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
                         "decomposed": dict(sorted(decomposed.items())),
                         "refused": next((c.refused for c in backend.checks if c.refused), None),
                         "numerics": dict(sum((collections.Counter(c.numerics) for c in backend.checks),
-                                             collections.Counter()))}
+                                             collections.Counter())),
+                        "ops": _merged_contents(backend.contents)}
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     desc = "inputs " + ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in shapes.items())
     return GraphBreaks({"description": desc, "shapes": shapes}, explained.graph_count, breaks, fullgraph, checks)
+
+
+def _merged_contents(graphs: list[dict]) -> dict[str, dict]:
+    """The ops of all captured graphs (backends.graph_contents), merged: calls, dtypes, source frames."""
+    merged: dict[str, dict] = {}
+    for graph in graphs:
+        for op, found in graph.items():
+            entry = merged.setdefault(op, {"calls": 0, "dtypes": [], "where": []})
+            entry["calls"] += found["calls"]
+            entry["dtypes"] = sorted(set(entry["dtypes"]) | set(found["dtypes"]))
+            entry["where"] += [w for w in found["where"] if w not in entry["where"]][:3 - len(entry["where"])]
+    return dict(sorted(merged.items()))
 
 
 # ---------------------------------------------------------------- step 2: the recompile storm

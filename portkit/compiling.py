@@ -30,7 +30,7 @@ import html
 import statistics
 from dataclasses import dataclass
 
-from portkit import economics, selection, targets as targets_mod
+from portkit import economics, frames, reconcile, selection, targets as targets_mod
 from portkit.backends import _text
 from portkit.compile_steps import (AUTO, FixedShape, GraphBreaks, Requests, Storm, _eager_from, _failure_text,
                                    check_fixed_shape, find_graph_breaks, make_requests,
@@ -50,8 +50,14 @@ DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False,
             "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None}
 
 
-def _finding(kind: str, severity: str, message: str, advice: str) -> dict:
-    return Finding(kind, severity, message, advice).to_dict()
+def _finding(kind: str, severity: str, message: str, advice: str, where: dict | None = None) -> dict:
+    """A finding; with `where`, it names whose code that is and phrases the advice for them (#18)."""
+    if where is None:
+        return Finding(kind, severity, message, advice).to_dict()
+    owner = frames.owner(where)
+    found = Finding(kind, severity, message, advice, where=where, owner=owner).to_dict()
+    found["advice"] = reconcile.advice_for(found, owner)
+    return found
 
 
 def _seq(shape) -> int | None:
@@ -141,12 +147,14 @@ class CompileReport:
         if self.breaks.breaks:
             first = self.breaks.breaks[0]
             out.append(_finding("graph_break", "work", f"{len(self.breaks.breaks)} graph break(s); first: "
-                                f"{first['reason']} at {_text(first['where'])}",
+                                f"{first['reason']} at {_text(first['where'])} "
+                                f"({frames.owner(first['where'])['owner']} code)",
                                 "every break is a separate graph to compile per shape: remove it, then "
-                                "compile with fullgraph=True as the vendors recommend"))
+                                "compile with fullgraph=True as the vendors recommend", first["where"]))
         elif not self.breaks.fullgraph.get("ok", True):
             out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(self.breaks.fullgraph)}",
-                                "the vendors recommend fullgraph=True: remove what stops it"))
+                                "the vendors recommend fullgraph=True: remove what stops it",
+                                self.breaks.fullgraph.get("where")))
         if storm.requests and len(storm.compiles) > 1:
             priced = self.priced(name)
             out.append(_finding("recompile_storm", "work",

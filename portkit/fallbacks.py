@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit import placement, targets as targets_mod
+from portkit import frames, placement, reconcile, targets as targets_mod
 from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
 from portkit.recording import OpRecord, Recording, record
 from portkit.results import save_result
@@ -93,12 +93,13 @@ def classify(recording: Recording, detected: targets_mod.DetectedTarget) -> Targ
         cls = table.classify(rec.op)
         entry = by_op.setdefault(rec.op, {"op": rec.op, "status": cls.status, "detail": cls.detail,
                                           "via": cls.via, "calls": 0, "seconds": 0.0, "modules": set(),
-                                          "phases": set(), "dtypes": set()})
+                                          "phases": set(), "dtypes": set(), "where": rec.where})
         entry["calls"] += rec.calls
         entry["seconds"] += rec.seconds
         entry["modules"].add(rec.module)
         entry["phases"].add(rec.phase)
         entry["dtypes"] |= rec.dtypes
+        entry["where"] = entry["where"] or rec.where
         counter = by_module[rec.module]
         counter["calls"] += rec.calls
         counter[cls.status] += rec.calls
@@ -141,9 +142,13 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
         where = modules[0] if len(modules) == 1 else f"{pattern} ({len(modules)} modules)".strip()
         op_names = sorted({op for _, op, _ in items})
         details = "; ".join(sorted({d for _, _, d in items})[:3])
+        frame = next((recording.frames.get((kind, m, op)) for m, op, _ in items
+                      if recording.frames.get((kind, m, op))), None)
+        at = f" at {frame['text']}" if frame else ""
         findings.append(Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
-                                f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''})",
-                                rule.advice, module=where, ops=op_names, source=rule.source))
+                                f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}",
+                                rule.advice, module=where, ops=op_names, source=rule.source,
+                                where=frame, owner=frames.owner(frame)))
     for entry in ops:
         if entry["status"] in (CPU_FALLBACK, UNSUPPORTED) and entry["status"] in rules:
             rule = rules[entry["status"]]
@@ -151,8 +156,12 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
             where = ", ".join(sorted({_pattern(m) for m in entry["modules"]})[:3])
             findings.append(Finding(entry["status"], rule.severity,
                                     f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls, "
-                                    f"{entry['share']:.1%} of op time, from {where}", rule.advice,
-                                    module=where, ops=[entry["op"]], source=rule.source))
+                                    f"{entry['share']:.1%} of op time, from {where}"
+                                    + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
+                                    module=where, ops=[entry["op"]], source=rule.source, where=entry["where"],
+                                    owner=frames.owner(entry["where"])))
+    for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper (#18)
+        f.advice = reconcile.advice_for(f.to_dict(), f.owner)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module))
 

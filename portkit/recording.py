@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit import targets as targets_mod
+from portkit import frames, targets as targets_mod
 from portkit._torch import TorchDispatchMode, current_autograd_node
 from portkit.findings import ROOT
 from portkit.tracking import ModuleTracker
@@ -49,16 +49,19 @@ class OpRecord:
     calls: int = 0
     seconds: float = 0.0
     dtypes: set = field(default_factory=set)
+    where: dict | None = None      # the source frame of its first call (portkit.frames.caller)
 
     def to_dict(self) -> dict:
         return {"op": self.op, "module": self.module, "phase": self.phase, "calls": self.calls,
-                "seconds": self.seconds, "dtypes": sorted(self.dtypes)}
+                "seconds": self.seconds, "dtypes": sorted(self.dtypes), "where": self.where}
 
 
 @dataclass
 class Recording:
     records: dict[tuple[str, str, str], OpRecord] = field(default_factory=dict)
     features: list[tuple[str, str, str, str]] = field(default_factory=list)   # (kind, module, op, detail)
+    # (kind, module, op) -> the source frame where the feature was first seen (portkit.frames.place)
+    frames: dict[tuple[str, str, str], dict | None] = field(default_factory=dict)
     seconds: float = 0.0       # wall time of the recorded pass
 
 
@@ -86,7 +89,8 @@ class _OpRecorder(TorchDispatchMode):
         key = (op, module, phase)
         rec = self.recording.records.get(key)
         if rec is None:
-            rec = self.recording.records[key] = OpRecord(op, module, phase)
+            rec = self.recording.records[key] = OpRecord(
+                op, module, phase, where=frames.caller(2) if phase == "forward" else None)
         rec.calls += 1
         rec.seconds += elapsed
         tensors = _tensors(args, kwargs, out)
@@ -100,6 +104,7 @@ class _OpRecorder(TorchDispatchMode):
         if key not in self._seen_features:
             self._seen_features.add(key)
             self.recording.features.append((kind, module, op, detail))
+            self.recording.frames[key] = frames.caller(3)
 
     def _scan(self, op, func, module, args, kwargs, tensors) -> None:
         for t in tensors:
@@ -178,7 +183,22 @@ def record(model, inputs: dict[str, torch.Tensor], train: bool = False) -> Recor
     for m_name, sub in module.named_modules():   # device dispatch the CPU recording cannot show
         kind = type(sub).__name__
         if kind in targets_mod.PRIVATEUSE1_MODULE_OPS:
-            recording.features.append(("recurrent", m_name or ROOT, targets_mod.PRIVATEUSE1_MODULE_OPS[kind],
-                                       f"nn.{kind}: runs {targets_mod.PRIVATEUSE1_MODULE_OPS[kind]} on "
-                                       "PrivateUse1 devices (ATen RNN.cpp)"))
+            op = targets_mod.PRIVATEUSE1_MODULE_OPS[kind]
+            recording.features.append(("recurrent", m_name or ROOT, op,
+                                       f"nn.{kind}: runs {op} on PrivateUse1 devices (ATen RNN.cpp)"))
+            recording.frames[("recurrent", m_name or ROOT, op)] = _defined_in(module, m_name)
     return recording
+
+
+def _defined_in(root: torch.nn.Module, name: str) -> dict | None:
+    """Where the module `name` is used: its parent's forward, the code that chose it."""
+    import inspect
+    parent = root.get_submodule(name.rpartition(".")[0]) if "." in name else root
+    try:
+        lines, first = inspect.getsourcelines(type(parent).forward)
+        file = inspect.getsourcefile(type(parent).forward)
+    except (OSError, TypeError):
+        return None
+    attr = name.rpartition(".")[2]
+    hit = next((i for i, text in enumerate(lines) if f"self.{attr}" in text), 0)
+    return frames.place(file, first + hit, type(parent).forward.__name__, lines[hit]) if file else None

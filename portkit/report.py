@@ -24,7 +24,13 @@ report.json keys (stable; a CI job can gate on them):
     "verdict": "ready" | "ready with work" | "blocked" | "not assessed" (no stage result for it),
     "verdict_reason": text, "based_on": [stages read],
     "precision": the precision setting used, "compiler_flags": text,
-    "findings": [{"stage", "severity", "kind", "message", "advice", "notebook"}],
+    "findings": [{"stage", "severity", "kind", "message", "advice", "notebook", "eager", "compiled",
+                  "compiled_detail", "owner", "where", "consequence"}], ordered by consequence (blocker, work,
+               info): "eager" is stage 1's severity in the eager pass ("" for the other stages), "compiled"
+               whether it persists under torch.compile, vanishes or was not checked (reconcile.py), "owner"
+               whose code ("user", "configurable library", "library"; "" where no frame), "where" its line
+    "vanished": one line counting the eager findings that vanish under torch.compile, or null
+    "first": the findings that matter first (blockers, then work), at most FIRST_ROWS
     "checklist": {"kernels": [{"op", "status", "share", "calls", "modules", "language"}],
                   "rewrite": [text], "buckets": {...} | null, "precision": {...} | null,
                   "measure_on_hardware": [text]},
@@ -45,16 +51,18 @@ from pathlib import Path
 
 import jinja2
 
-from portkit import environment, results, runfolder, targets as targets_mod
+from portkit import environment, reconcile, results, runfolder, targets as targets_mod
 from portkit._io import write_json, write_text
 from portkit.errors import BadParameter
-from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK
+from portkit.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
 SCHEMA = "portkit.report/1"
 STAGE = "report"
 READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED = "ready", "ready with work", "blocked", "not assessed"
 VERDICT_COLORS = {READY: "#2e7d32", READY_WITH_WORK: "#b26a00", BLOCKED: "#c62828", NOT_ASSESSED: "#616161"}
 LAYER_ROWS = 5   # modules with the largest error shown per target, after the first one out of tolerance
+STAGE_FALLBACKS = "fallbacks"
+FIRST_ROWS = 5   # findings the report opens with, per target, most consequential first
 REWRITE_KINDS = ("float64", "recurrent", "data_dependent", "host_sync", "sparse", "nested", "custom_op",
                  "int64_overflow", "attention_mask")
 
@@ -119,14 +127,14 @@ def _fallbacks(data: dict, t: dict, out: "TargetReport") -> None:
     }
     language = targets_mod.get(out.name).kernel_language if out.name in targets_mod.TARGETS else "a kernel"
     for op in t.get("ops", []):
-        if op.get("status") in ("cpu_fallback", "unsupported"):
+        if op.get("status") in ("cpu_fallback", "unsupported") and op.get("op") not in out.vanished_ops:
             # name the op the device runs (the CPU recording may show its CPU-only twin)
             name = op["via"] if op.get("via") else op["op"]
             out.kernels.append({"op": name, "recorded_as": op["op"], "status": op["status"],
                                 "share": float(op.get("share", 0.0)), "calls": op.get("calls", 0),
                                 "modules": [str(m) for m in op.get("modules", [])[:3]], "language": language})
-    for f in t.get("findings", []):
-        if f.get("kind") in REWRITE_KINDS and f.get("severity") != INFO:
+    for f in out.findings:   # reconciled: what vanishes under compile is no rewrite
+        if f["stage"] == STAGE_FALLBACKS and f["kind"] in REWRITE_KINDS and f["severity"] != INFO:
             out.rewrite.append(f"{f['message']}: {f['advice']}")
 
 
@@ -257,6 +265,7 @@ class TargetReport:
     based_on: list[str] = field(default_factory=list)
     measure_on_hardware: list[str] = field(default_factory=list)
     details: dict[str, list[dict]] = field(default_factory=dict)
+    vanished_ops: set = field(default_factory=set)   # ops of eager findings that vanish under compile
 
     @property
     def verdict(self) -> str:
@@ -276,9 +285,18 @@ class TargetReport:
             return f"no blockers; {len(work)} item(s) of work, first: {work[0]['message']}"
         return "no blockers and no work found in the stages read"
 
+    def first(self) -> list[dict]:
+        """The findings that matter first: blockers, then work, most consequential first."""
+        return [f for f in self.findings if f["severity"] != INFO][:FIRST_ROWS]
+
+    @property
+    def vanished(self) -> str | None:
+        return reconcile.vanished_line(self.findings)
+
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
                 "verdict_reason": self.verdict_reason(), "based_on": self.based_on,
+                "first": self.first(), "vanished": self.vanished,
                 "precision": self.precision, "compiler_flags": self.compiler_flags,
                 "findings": self.findings, "metrics": self.metrics,
                 "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
@@ -330,6 +348,9 @@ class MigrationReport:
             lines.append(f"  gap: {gap}")
         for name, t in self.targets.items():
             lines.append(f"  {name} ({t.mode}): {t.verdict.upper()} — {t.verdict_reason()}")
+            lines += [f"    [{f['severity']}] {f['message']} — {f['consequence']}" for f in t.first()]
+            if t.vanished:
+                lines.append(f"    {t.vanished}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -360,6 +381,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict) -> Tar
     """One target's report from the readable stage results; `recorded` is its run-time environment."""
     title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
+    compiled = next((s.data for s in present if s.name == "compile"), None)
     for stage in present:
         t = stage.data["targets"].get(name)
         if t is None:
@@ -370,25 +392,43 @@ def _target_report(name: str, present: list[StageResult], recorded: dict) -> Tar
         # read into a copy: a result of the wrong shape leaves nothing half-read in the report
         scratch = copy.deepcopy(tr)
         try:
-            _read_target(stage, t, scratch)
+            _read_target(stage, t, scratch, compiled)
         except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
             stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
     order = {s: i for i, s in enumerate(SEVERITIES)}
-    tr.findings.sort(key=lambda f: order.get(f["severity"], 9))
+    # by consequence: severity, then what persists under compile before what was not checked or vanishes
+    later = {PERSISTS: 0, "": 0, NOT_CHECKED: 1, VANISHES: 2}
+    tr.findings.sort(key=lambda f: (order.get(f["severity"], 9), later.get(f["compiled"], 1)))
     return tr
 
 
-def _read_target(stage: StageResult, t: dict, tr: TargetReport) -> None:
+def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict | None = None) -> None:
     tr.based_on.append(stage.name)
     if tr.mode == "emulated":
         tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
-    for f in t.get("findings", []):
+    findings = t.get("findings", [])
+    if stage.name == STAGE_FALLBACKS:   # eager findings, each against the compiled graphs (#18)
+        findings = reconcile.reconcile(findings, compiled, tr.name)
+        tr.vanished_ops |= {op for f in findings if f["compiled"] == VANISHES for op in f.get("ops") or ()}
+    for f in findings:
         tr.findings.append({"stage": stage.name, "notebook": stage.notebook,
-                            **{k: str(f.get(k, "")) for k in ("severity", "kind", "message", "advice")}})
+                            **{k: str(f.get(k, "")) for k in ("severity", "kind", "message", "advice")},
+                            "eager": str(f.get("eager_severity", "")), "compiled": str(f.get("compiled", "")),
+                            "compiled_detail": str(f.get("compiled_detail", "")),
+                            "owner": str((f.get("owner") or {}).get("owner", "")),
+                            "where": str((f.get("where") or {}).get("text", "")),
+                            "consequence": str(f.get("consequence") or _consequence(f))})
     if stage.name in READERS:
         READERS[stage.name](stage.data, t, tr)
+
+
+def _consequence(f: dict) -> str:
+    """The consequence of a finding that no reconciliation phrased (stages 2 to 4): its severity's meaning."""
+    return {BLOCKER: "blocker: cannot run or compile on the target as it is",
+            WORK: "work: runs, with the cost named in the finding", INFO: "info: noted, no cost found"}.get(
+        f.get("severity"), "")
 
 
 def _notebook_images(run_dir: Path, stages: dict[str, StageResult]) -> tuple[list[tuple[str, str]], list[str]]:

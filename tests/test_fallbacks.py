@@ -107,7 +107,7 @@ def test_report_renders_and_saves(tmp_path):
     assert saved["targets"]["neuron"]["target"]["mode"] == "emulated"
     assert saved["targets"]["neuron"]["counts"]["unsupported"] == 1
     assert {frozenset(f) for f in saved["targets"]["neuron"]["findings"]} == {
-        frozenset({"kind", "severity", "module", "ops", "message", "advice", "source"})}
+        frozenset({"kind", "severity", "module", "ops", "message", "advice", "source", "where", "owner"})}
     fig = report.plot()
     assert len(fig.axes) == 4
 

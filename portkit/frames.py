@@ -1,0 +1,115 @@
+"""Whose code a finding comes from: the source frame behind an op, and who can change it.
+
+    >>> from portkit import frames
+    >>> where = frames.caller()          # innermost frame outside torch, portkit and the stdlib
+    >>> frames.owner(where)["owner"]     # "user", "configurable library" or "library"
+    'user'
+    >>> frames.owner({"file": ".../site-packages/transformers/masking_utils.py", "line": 354})["setting"]
+    'attn_implementation'
+
+A frame is the user's code when its file is outside the installed packages and the standard library
+(the model's own file, a `file.py:factory` or a project on the path), or portkit's model wrappers
+(portkit/models.py, which stands in for the user's own model code). A frame in an installed package is
+a library's: "configurable" where the library has a setting that changes the path (SETTINGS names it),
+otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
+"rewrite this line". A foundation: it imports no other portkit module.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+
+USER, CONFIGURABLE, LIBRARY = "user", "configurable library", "library"
+OWNERS = (USER, CONFIGURABLE, LIBRARY)
+
+_PORTKIT = os.path.dirname(os.path.abspath(__file__))
+_WRAPPERS = (os.path.join(_PORTKIT, "models.py"),)   # portkit's model wrappers: the user's role
+_TORCH = os.path.join(os.path.dirname(_PORTKIT), "torch")   # replaced below by the installed torch
+_INSTALLED = ("site-packages", "dist-packages")
+_STDLIB = tuple({os.path.realpath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])})
+
+# (package, file suffix) -> the setting that changes the code path there, and what to do with it.
+# From the libraries' own documentation: transformers "Attention interface" (attn_implementation),
+# "Caching" (cache_implementation / the cache class).
+SETTINGS = {
+    ("transformers", "masking_utils.py"): (
+        "attn_implementation", "transformers builds the attention mask for the attention_implementation "
+        "chosen at from_pretrained(..., attn_implementation=...): 'sdpa' (default), 'eager', 'flex_attention'"),
+    ("transformers", "integrations/sdpa_attention.py"): (
+        "attn_implementation", "from_pretrained(..., attn_implementation='eager' | 'sdpa' | 'flex_attention') "
+        "picks the attention kernel"),
+    ("transformers", "cache_utils.py"): (
+        "cache_implementation", "generate(..., cache_implementation='static') or a StaticCache keeps the "
+        "cache at one shape"),
+    ("transformers", "generation/utils.py"): (
+        "generation_config", "GenerationConfig flags (cache_implementation, compile_config) change this path"),
+}
+
+
+def _torch_dir() -> str:
+    torch = sys.modules.get("torch")
+    return os.path.dirname(os.path.abspath(torch.__file__)) if torch is not None else _TORCH
+
+
+def _skipped(file: str, torch_dir: str) -> bool:
+    """Machinery, not a place a finding belongs to: torch, portkit (but its model wrappers), the stdlib."""
+    if file.startswith("<"):
+        return True
+    path = os.path.abspath(file)
+    if path.startswith(torch_dir + os.sep) or (path.startswith(_PORTKIT + os.sep) and path not in _WRAPPERS):
+        return True
+    return _in_stdlib(path)
+
+
+def _in_stdlib(path: str) -> bool:
+    real = os.path.realpath(path)
+    return any(real.startswith(p + os.sep) for p in _STDLIB) and not any(s in real.split(os.sep) for s in _INSTALLED)
+
+
+def place(file: str, line: int, function: str, code: str = "") -> dict:
+    """A frame as results store it, with a short text (installed-package paths shortened)."""
+    code = (code or "").strip()
+    text = f"{file.split('site-packages/', 1)[-1]}:{line} in {function}" + (f": {code}" if code else "")
+    return {"file": file, "line": line, "function": function, "code": code, "text": text}
+
+
+def caller(depth: int = 1) -> dict | None:
+    """The innermost frame of the current Python stack that is not torch, portkit or the stdlib."""
+    import linecache
+    torch_dir = _torch_dir()
+    frame = sys._getframe(depth)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not _skipped(file, torch_dir):
+            line = frame.f_lineno
+            return place(file, line, frame.f_code.co_name, linecache.getline(file, line))
+        frame = frame.f_back
+    return None
+
+
+def package(file: str) -> str | None:
+    """The installed package a file belongs to (the folder below site-packages), or None."""
+    parts = os.path.abspath(file).split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part in _INSTALLED:
+            name = parts[i + 1]
+            return name[:-3] if name.endswith(".py") else name
+    return None
+
+
+def owner(where: dict | None) -> dict:
+    """Whose code `where` is: {"owner", "package", "setting", "setting_help"}; "unknown" without a frame."""
+    if not where or not where.get("file"):
+        return {"owner": "unknown", "package": None, "setting": None, "setting_help": None}
+    file = os.path.abspath(where["file"])
+    if file in _WRAPPERS:
+        return {"owner": USER, "package": "portkit (model wrapper)", "setting": None, "setting_help": None}
+    name = package(file) or ("python (stdlib)" if _in_stdlib(file) else None)
+    if name is None:
+        return {"owner": USER, "package": None, "setting": None, "setting_help": None}
+    posix = file.replace(os.sep, "/")
+    for (pkg, suffix), (setting, help_text) in SETTINGS.items():
+        if pkg == name and posix.endswith("/" + suffix):
+            return {"owner": CONFIGURABLE, "package": name, "setting": setting, "setting_help": help_text}
+    return {"owner": LIBRARY, "package": name, "setting": None, "setting_help": None}
