@@ -83,6 +83,17 @@ breaks = compiling.find_graph_breaks(m, stream.inputs[0], targets, precision=pre
 breaks
 
 # %% [markdown]
+# ## Stage 1's eager findings under `torch.compile`
+#
+# Stage 1 recorded one eager pass; both vendors run models compiled. Each eager finding is checked against
+# the graphs just captured: it **persists** (its op is in a compiled graph, or its line is a graph break),
+# **vanishes** (traced away: info, no cost compiled) or is **not checked**; and it names whose code it is.
+
+# %%
+for table in compiling.eager_findings(breaks, out, targets).values():
+    display(table)
+
+# %% [markdown]
 # ## The recompile storm
 #
 # The model compiled with `dynamic=False` (what both targets require) meets the requests one by one.

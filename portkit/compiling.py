@@ -40,7 +40,8 @@ from portkit.results import Finding, save_result
 from portkit.tables import HtmlTable
 
 __all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
-           "check_fixed_shape", "check_parameters", "compile_costs", "compile_model", "find_graph_breaks",
+           "check_fixed_shape", "check_parameters", "compile_costs", "compile_model", "eager_findings",
+           "find_graph_breaks",
            "make_requests", "recompile_storm", "recompile_storms"]
 
 STAGE = "compile"
@@ -79,6 +80,22 @@ def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] |
         out[name] = economics.cost_model(model, name, lengths, native=detected.native, measured_points=measured,
                                          neuron_compile_seconds=neuron_compile_seconds,
                                          batch=requests.shapes()[0][0] if requests.inputs else 1)
+    return out
+
+
+def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable]:
+    """Per target, stage 1's eager findings (its fallbacks.json in `out_dir`) against the graphs that
+    find_graph_breaks just captured: what persists under torch.compile, what vanishes (reconcile.py)."""
+    from portkit.results import read_stage
+    saved = (read_stage(out_dir, "fallbacks") or {}).get("targets") or {}
+    compiled = {"graph_breaks": breaks.to_dict()}
+    out = {}
+    for name in targets_mod.parse_targets(targets):
+        findings = reconcile.reconcile((saved.get(name) or {}).get("findings") or [], compiled, name)
+        gone = reconcile.vanished_line(findings)
+        out[name] = reconcile.table(findings, f"{name}: {len(findings)} eager finding(s) from stage 1"
+                                    + (f"; {gone}" if gone else "") if saved else
+                                    f"{name}: no stage 1 result in {out_dir} to reconcile")
     return out
 
 

@@ -207,8 +207,9 @@ class FallbackReport:
             parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{mode}</i></h4>"
                          f"<p>{html.escape(t.summary())}</p>")
             if t.findings:
-                parts.append(html_table(["severity", "finding", "what to do"],
-                                         [[f.severity, f.message, f.advice] for f in t.findings]))
+                parts.append(html_table(["severity", "finding", "whose code", "what to do"],
+                                         [[f.severity, f.message, (f.owner or {}).get("owner", ""), f.advice]
+                                          for f in t.findings]))
         return "\n".join(parts)
 
     def op_table(self, target: str, limit: int = 25) -> HtmlTable:

@@ -20,12 +20,14 @@ Pure functions over the stage results' dicts: the report and the notebooks call 
 from __future__ import annotations
 
 from portkit import frames
+from portkit.tables import HtmlTable
 from portkit.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
 # Findings whose op is a dtype's use, not the op itself: they persist only with that dtype in the graph.
 DTYPE_KINDS = {"float64": "float64", "int64": "int64", "int64_overflow": "int64"}
 # The recurrence itself: the CPU graph holds the CPU form of the cell, the device runs its own.
 RECURRENT_OPS = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::_thnn_fused")
+KERNEL_KINDS = ("cpu_fallback", "unsupported", "custom_op")   # advice about the op, not the line
 HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 
 # What each kind costs on the target when it persists, by severity: the consequence behind it (#18).
@@ -108,8 +110,11 @@ def advice_for(finding: dict, owner: dict) -> str:
         return (f"not your code ({owner['package']}, {where.get('text', '')}): change it through "
                 f"{owner['setting']}: {owner['setting_help']}; or upgrade {owner['package']}")
     if owner["owner"] == frames.LIBRARY:
+        # the op itself may need a kernel, which is no edit of the library's line
+        kernel = f"; the op itself: {advice}" if finding.get("kind") in KERNEL_KINDS else ""
         return (f"not your code ({owner['package']}, {where.get('text', '')}): upgrade {owner['package']}, "
-                f"look for a setting that avoids this path, or wrap the module (the target's advice: {advice})")
+                "look for a setting of it that avoids this path, or wrap the module that calls it in one "
+                f"of your own{kernel}")
     return advice
 
 
@@ -155,3 +160,11 @@ def vanished_line(findings: list[dict]) -> str | None:
     kinds = sorted({f.get("kind", "?").replace("_", " ") for f in gone})
     return (f"{len(gone)} eager finding(s) vanish under torch.compile (traced away, no cost compiled): "
             + ", ".join(kinds))
+
+
+def table(findings: list[dict], caption: str = "") -> HtmlTable:
+    """Reconciled findings side by side: eager severity, under compile, whose code, the consequence."""
+    return HtmlTable(["severity", "eager", "under torch.compile", "whose code", "finding", "consequence"],
+                     [[f["severity"], f["eager_severity"], f"{f['compiled']}: {f['compiled_detail']}",
+                       f["owner"]["owner"] + (f" ({f['owner']['package']})" if f["owner"].get("package") else ""),
+                       f.get("message", ""), f["consequence"]] for f in findings], caption)

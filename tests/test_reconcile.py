@@ -1,0 +1,121 @@
+"""Eager findings against the compiled graphs, whose code they are, and severity by consequence (#18)."""
+import os
+import sysconfig
+
+import pytest
+
+from conftest import FIXTURES, fixture_model
+from portkit import compiling, data, fallbacks, frames, models, reconcile, report, results
+from portkit.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, VANISHES, WORK
+
+
+def line_of(marker: str) -> int:
+    return next(i for i, line in enumerate(FIXTURES.read_text().splitlines(), 1) if marker in line)
+
+
+def eager_and_compiled(m, inputs, targets):
+    eager = fallbacks.find_fallbacks(m, inputs, targets)
+    compiled = {"stage": "compile", "graph_breaks": compiling.find_graph_breaks(m, inputs, targets).to_dict()}
+    return eager, compiled
+
+
+def reconciled(eager, compiled, target, kind):
+    found = reconcile.reconcile(eager.to_dict()["targets"][target]["findings"], compiled, target)
+    return [f for f in found if f["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def minilm_run(minilm, corpus, tmp_path_factory):
+    """MiniLM (real weights), stage 1 and stage 2's capture for TPU, saved as a run folder."""
+    inputs, described = data.example_batch(minilm, corpus, 2, 16)
+    eager, compiled = eager_and_compiled(minilm, inputs, ["tpu"])
+    folder = tmp_path_factory.mktemp("minilm")
+    eager.save(folder / "fallbacks.json")
+    results.save_result(folder / "compile.json", {**compiled, "model": minilm.describe(), "targets": {"tpu": {}}})
+    return eager, compiled, folder
+
+
+def test_minilm_masking_host_sync_is_eager_only_library_code_that_vanishes(minilm_run):
+    eager, compiled, _ = minilm_run
+    sync = eager.targets["tpu"].findings
+    sync = next(f for f in sync if f.kind == "host_sync")
+    # stage 1 names transformers' own line, a library the user configures, not the user's code
+    assert sync.where["file"].endswith(os.path.join("transformers", "masking_utils.py"))
+    assert "padding_mask.all()" in sync.where["code"]
+    assert sync.owner["owner"] == frames.CONFIGURABLE and sync.owner["setting"] == "attn_implementation"
+    assert "keep the value as a tensor" not in sync.advice and "attn_implementation" in sync.advice
+    # stage 2 captured one graph without it: it vanishes, as info, and says so
+    assert compiled["graph_breaks"]["breaks"] == [] and compiled["graph_breaks"]["fullgraph"]["ok"]
+    [f] = reconciled(eager, compiled, "tpu", "host_sync")
+    assert (f["eager_severity"], f["compiled"], f["severity"]) == (WORK, VANISHES, INFO)
+    assert "no cost under torch.compile" in f["consequence"]
+
+
+def test_the_report_opens_with_consequences_and_counts_what_vanishes(minilm_run):
+    _, _, folder = minilm_run
+    r = report.build_report(folder)
+    tpu = r.to_dict()["targets"]["tpu"]
+    assert not any(f["kind"] == "host_sync" for f in tpu["first"])          # not listed as work
+    assert tpu["vanished"].startswith("1 eager finding(s) vanish under torch.compile")
+    assert "host sync" in tpu["vanished"]
+    assert "host sync" not in tpu["verdict_reason"]
+    sync = next(f for f in tpu["findings"] if f["kind"] == "host_sync")
+    assert (sync["eager"], sync["compiled"], sync["owner"]) == (WORK, VANISHES, frames.CONFIGURABLE)
+    assert tpu["findings"][-1]["compiled"] == VANISHES                       # ordered by consequence
+    text = str(r).splitlines()
+    assert any(line.strip().startswith("1 eager finding(s) vanish") for line in text[:6])
+    page = r.html()
+    assert page.index("First, by consequence") < page.index("Environment")
+    assert "<th>eager</th><th>compiled</th><th>whose code</th>" in page
+
+
+def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_line(tmp_path):
+    m = models.load(fixture_model("item_branch_model"))
+    inputs = m.encode(["Return x."], pad_to=6)
+    eager = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"])
+    breaks = compiling.find_graph_breaks(m, inputs, ["neuron", "tpu"])
+    compiled = {"graph_breaks": breaks.to_dict()}
+    line = line_of(".item() > 1.0")
+    for target in ("neuron", "tpu"):
+        [f] = reconciled(eager, compiled, target, "host_sync")
+        assert f["where"]["file"] == str(FIXTURES) and f["where"]["line"] == line
+        assert f["owner"]["owner"] == frames.USER and f["advice"].endswith("keep the value as a tensor")
+        assert (f["compiled"], f["severity"]) == (PERSISTS, WORK)
+        assert "graph break at this line" in f["compiled_detail"] and "device-to-host" in f["consequence"]
+    assert compiled["graph_breaks"]["breaks"][0]["where"]["line"] == line
+    # the stage 2 notebook shows the same, read from stage 1's saved result
+    assert "no stage 1 result" in compiling.eager_findings(breaks, tmp_path, ["tpu"])["tpu"].caption
+    eager.save(tmp_path / "fallbacks.json")
+    shown = compiling.eager_findings(breaks, tmp_path, ["tpu"])["tpu"]
+    assert any(row[:2] == [WORK, WORK] and row[2].startswith(PERSISTS) and row[3] == frames.USER for row in shown.rows)
+
+
+@pytest.mark.parametrize("compiled_run", [True, False], ids=["compiled", "not compiled"])
+def test_a_recurrent_cell_stays_a_blocker_on_neuron_whether_or_not_compiled(compiled_run):
+    m = models.load(fixture_model("gru_model"))
+    inputs = m.encode(["Return x."], pad_to=6)
+    eager = fallbacks.find_fallbacks(m, inputs, ["neuron"])
+    compiled = ({"graph_breaks": compiling.find_graph_breaks(m, inputs, ["neuron"]).to_dict()}
+                if compiled_run else None)
+    [f] = reconciled(eager, compiled, "neuron", "recurrent")
+    assert f["severity"] == BLOCKER and f["compiled"] == (PERSISTS if compiled_run else NOT_CHECKED)
+    assert "cannot run on the target" in f["consequence"]
+    assert f["owner"]["owner"] == frames.USER and f["where"]["line"] == line_of("out, _ = self.rnn(")
+
+
+def test_whose_code_a_frame_is():
+    site = sysconfig.get_paths()["purelib"]
+    mask = {"file": os.path.join(site, "transformers", "masking_utils.py"), "line": 354}
+    assert frames.owner(mask)["owner"] == frames.CONFIGURABLE
+    other = {"file": os.path.join(site, "timm", "layers", "mlp.py"), "line": 1}
+    assert frames.owner(other) == {"owner": frames.LIBRARY, "package": "timm", "setting": None, "setting_help": None}
+    assert frames.owner({"file": str(FIXTURES), "line": 1})["owner"] == frames.USER      # a factory file
+    assert frames.owner({"file": "/home/me/project/model.py", "line": 1})["owner"] == frames.USER
+    assert frames.owner(None)["owner"] == "unknown"
+    # a library's line is never "rewrite this line": an upgrade, a setting or a wrapper
+    sync = {"kind": "host_sync", "severity": WORK, "advice": "keep the value as a tensor",
+            "where": {**other, "text": "x"}}
+    advice = reconcile.advice_for(sync, frames.owner(other))
+    assert "keep the value" not in advice and "upgrade timm" in advice and "wrap" in advice
+    # the frame a finding names skips torch and the standard library
+    assert frames.caller()["file"] == __file__
