@@ -44,25 +44,18 @@ import torch
 import torch.fx.traceback as fx_traceback
 
 from portkit import _torch, numerics, targets as targets_mod
-from portkit.frames import place as _place
+from portkit import frames
 from portkit.errors import BadParameter, CompileRefused
 from portkit.targets import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
 
 NOT_LOWERED = (CPU_FALLBACK, UNSUPPORTED)
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _CAST = torch.ops.aten._to_copy.default
-
-
 
 
 def _from_trace(stack_trace: str | None) -> dict | None:
     """The innermost frame of an FX node's meta["stack_trace"]."""
-    lines = (stack_trace or "").rstrip().splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        if found := _FRAME.search(lines[i]):
-            code = lines[i + 1] if i + 1 < len(lines) and not _FRAME.search(lines[i + 1]) else ""
-            return _place(found.group(1), int(found.group(2)), found.group(3), code)
-    return None
+    found = frames.from_trace(stack_trace)
+    return found[-1] if found else None
 
 
 def _text(where: dict | None) -> str:
@@ -107,10 +100,13 @@ def graph_contents(log: _OpLog, limit: int = 3) -> dict[str, dict]:
     """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (reconcile.py, #18)."""
     found: dict[str, dict] = {}
     for (op, trace), count in log.calls.items():
-        entry = found.setdefault(op, {"calls": 0, "dtypes": sorted((log.dtypes or {}).get(op, ())), "where": []})
+        entry = found.setdefault(op, {"calls": 0, "dtypes": sorted((log.dtypes or {}).get(op, ())), "where": [],
+                                      "lines": []})
         entry["calls"] += count
-        if len(entry["where"]) < limit and (where := _from_trace(trace)) and where not in entry["where"]:
-            entry["where"].append(where)
+        if (where := frames.innermost(frames.from_trace(trace))) and where["line_key"] not in entry["lines"]:
+            entry["lines"].append(where["line_key"])   # every line, outside torch, that makes the op
+            if len(entry["where"]) < limit:
+                entry["where"].append(where)
     return found
 
 

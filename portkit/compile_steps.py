@@ -28,9 +28,10 @@ import torch
 import torch._dynamo
 
 from portkit import _torch, placement, selection, targets as targets_mod
-from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _place, _text, call_counting_recompiles,
+from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
                               refused_recompile, warm_inductor)
 from portkit.errors import CompileRefused
+from portkit.frames import place as _place
 from portkit.streams import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
 from portkit.tables import HtmlTable
 from portkit.targets import Target

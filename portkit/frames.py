@@ -17,6 +17,7 @@ otherwise one the user cannot change, whose advice is an upgrade, a setting or a
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
 
@@ -72,6 +73,32 @@ def place(file: str, line: int, function: str, code: str = "") -> dict:
     code = (code or "").strip()
     text = f"{file.split('site-packages/', 1)[-1]}:{line} in {function}" + (f": {code}" if code else "")
     return {"file": file, "line": line, "function": function, "code": code, "text": text}
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def from_trace(stack_trace: str | None) -> list[dict]:
+    """The frames of a formatted stack trace (an FX node's meta["stack_trace"]), outermost first."""
+    lines = (stack_trace or "").rstrip().splitlines()
+    found = []
+    for i, text in enumerate(lines):
+        if hit := _FRAME.search(text):
+            code = lines[i + 1] if i + 1 < len(lines) and not _FRAME.search(lines[i + 1]) else ""
+            found.append(place(hit.group(1), int(hit.group(2)), hit.group(3), code))
+    return found
+
+
+def innermost(stack: list[dict]) -> dict | None:
+    """The innermost frame that is not torch, portkit or the stdlib (what caller() names), with its
+    "line_key" ("file:line") for matching one frame against another."""
+    torch_dir = _torch_dir()
+    where = next((f for f in reversed(stack) if not _skipped(f["file"], torch_dir)), None)
+    return {**where, "line_key": line_key(where)} if where else None
+
+
+def line_key(where: dict | None) -> str | None:
+    return f"{os.path.abspath(where['file'])}:{where['line']}" if where and where.get("file") else None
 
 
 def caller(depth: int = 1) -> dict | None:

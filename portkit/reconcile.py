@@ -24,9 +24,10 @@ from portkit.tables import HtmlTable
 from portkit.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
 # Findings whose op is a dtype's use, not the op itself: they persist only with that dtype in the graph.
-DTYPE_KINDS = {"float64": "float64", "int64": "int64", "int64_overflow": "int64"}
+DTYPE_KINDS = {"float64": "float64", "int64": "int64", "int64_overflow": "int64", "int64_saturated": "int64"}
 # The recurrence itself: the CPU graph holds the CPU form of the cell, the device runs its own.
 RECURRENT_OPS = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::_thnn_fused")
+OP_KINDS = ("cpu_fallback", "unsupported")   # about the op wherever it runs: any line of the graph counts
 KERNEL_KINDS = ("cpu_fallback", "unsupported", "custom_op")   # advice about the op, not the line
 HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 
@@ -39,7 +40,9 @@ COSTS = {
                       "target's static-shape compiler refuses, or a recompile per distinct size",
     "float64": "runs as float32 on the target: a precision loss; stage 4 measures whether the task sees it",
     "int64": "runs as int32: no cost while values stay below 2**31",
-    "int64_overflow": "values above 2**31 are wrong on the target",
+    "int64_overflow": "values beyond int32 are wrong on the target",
+    "int64_saturated": "the sentinels differ on the target (int32's +-2**31): outputs differ only where they are "
+                       "not masked out, unmeasured here",
     "recurrent": {BLOCKER: "cannot run on the target: the device's fused recurrent cell op has no kernel "
                            "and no CPU fallback",
                   WORK: "the device's fused recurrent cell is experimental there: its speed is unmeasured"},
@@ -93,10 +96,13 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
         ops = [op for op in ops if op in HOST_SYNC_OPS]
     dtype = DTYPE_KINDS.get(kind)
     hits = [op for op in ops if op in view["ops"] and (dtype is None or dtype in view["ops"][op]["dtypes"])]
+    if kind not in OP_KINDS and where:   # a feature of one line: its op must be made there in the graph
+        key = frames.line_key(where)
+        hits = [op for op in hits if key in view["ops"][op].get("lines", [key])]
     if hits:
-        frame = next(iter(view["ops"][hits[0]]["where"]), None)
+        at = where if kind not in OP_KINDS and where else next(iter(view["ops"][hits[0]]["where"]), None)
         return PERSISTS, (f"{hits[0]} is in the compiled graph{' with ' + dtype if dtype else ''}"
-                          + (f" (at {frame['text']})" if frame else ""))
+                          + (f" at {at['text']}" if at else ""))
     return VANISHES, (f"traced away: not in the {view['graphs']} compiled graph(s) and no graph break at its line"
                       + (" (torch.compile takes another path there)" if where else ""))
 

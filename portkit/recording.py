@@ -113,9 +113,7 @@ class _OpRecorder(TorchDispatchMode):
             elif t.dtype == torch.int64 and t.numel() and t.device.type != "meta":
                 self._feature("int64", module, op, "int64 tensors")
                 if t.numel() <= 1 << 20:   # value check is cheap for the index-sized tensors it is for
-                    low, high = torch.aminmax(t)
-                    if int(low) < -(1 << 31) or int(high) >= 1 << 31:
-                        self._feature("int64_overflow", module, op, f"values up to {int(high)}")
+                    self._int64_range(t, module, op)
             if t.layout != torch.strided:
                 self._feature("sparse", module, op, f"layout {str(t.layout).replace('torch.', '')}")
             if t.is_nested:
@@ -136,6 +134,24 @@ class _OpRecorder(TorchDispatchMode):
             if isinstance(mask, torch.Tensor):
                 self._feature("attention_mask", module, op,
                               f"attn_mask of shape {tuple(mask.shape)} ({str(mask.dtype).replace('torch.', '')})")
+
+
+    def _int64_range(self, t: torch.Tensor, module: str, op: str) -> None:
+        low, high = (int(v) for v in torch.aminmax(t))
+        if low >= -(1 << 31) and high < 1 << 31:
+            return
+        outside = (t < -(1 << 31)) | (t >= 1 << 31)
+        if not (outside & (t > -_NEAR_SENTINEL) & (t < _NEAR_SENTINEL)).any():
+            # only the sentinels a float->int cast of +-inf or NaN gives, or values a few steps from them
+            # (T5's log(0) relative positions, then + max_exact): int32 saturates at +-2**31 instead, which
+            # matters only where they are not masked out afterwards (#18)
+            self._feature("int64_saturated", module, op, "int64 values at or next to +-2**63, what a "
+                          "float->int cast of +-inf or NaN gives")
+        else:
+            self._feature("int64_overflow", module, op, f"values from {low} to {high}")
+
+
+_NEAR_SENTINEL = 1 << 62   # no index or count gets this far; a cast of +-inf lands at +-2**63
 
 
 def _tensors(args, kwargs, out) -> list[torch.Tensor]:

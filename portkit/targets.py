@@ -140,6 +140,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
                                    "torch_neuronx python_ops/base.py (float64 cast to float32); pytorch/xla#8719"),
             "int64": FeatureRule(INFO, "int64 runs as int32 on Neuron: fine for token ids and indices below 2**31",
                                  "torch_neuronx dtype_autocast.py"),
+            "int64_saturated": FeatureRule(WORK, "these int64 values are the +-2**63 a float->int cast gives for "
+                                           "+-inf or NaN (log(0)); Neuron's int32 gives +-2**31 instead: harmless "
+                                           "where they are masked out afterwards (torch.where), so check the outputs "
+                                           "in stage 4 rather than rewrite", "torch_neuronx dtype_autocast.py"),
             "int64_overflow": FeatureRule(BLOCKER, "values exceed int32 but Neuron runs int64 as int32: "
                                           "rescale, or split the value", "torch_neuronx dtype_autocast.py"),
             "recurrent": FeatureRule(BLOCKER, "fused LSTM/GRU cells do not run on Neuron, not even as a CPU "

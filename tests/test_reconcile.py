@@ -3,6 +3,7 @@ import os
 import sysconfig
 
 import pytest
+import torch
 
 from conftest import FIXTURES, fixture_model
 from portkit import compiling, data, fallbacks, frames, models, reconcile, report, results
@@ -119,3 +120,31 @@ def test_whose_code_a_frame_is():
     assert "keep the value" not in advice and "upgrade timm" in advice and "wrap" in advice
     # the frame a finding names skips torch and the standard library
     assert frames.caller()["file"] == __file__
+
+
+class RelativeBuckets(torch.nn.Module):
+    """T5's relative-position buckets in small: log(0) cast to int64 is -2**63, then masked by torch.where."""
+
+    def forward(self, input_ids, attention_mask):
+        rel = (input_ids[:, None, :] - input_ids[:, :, None]).abs()
+        large = 8 + (torch.log(rel.float() / 8) * 4).to(torch.long)
+        return {"buckets": torch.where(rel < 8, rel, torch.clamp(large, max=15))}
+
+
+class BigIds(torch.nn.Module):
+    def forward(self, input_ids, attention_mask):
+        return {"ids": input_ids * (1 << 40)}
+
+
+def neuron_findings(module) -> dict:
+    ids = {"input_ids": torch.tensor([[0, 3, 9, 20]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    m = models.LoadedModel("t", models.TOKEN_CLASSIFIER, module, "test", tokenizer=None)
+    return {f.kind: f for f in fallbacks.find_fallbacks(m, ids, ["neuron"]).targets["neuron"].findings}
+
+
+def test_int64_sentinels_of_a_masked_cast_are_a_check_not_a_blocker():
+    saturated = neuron_findings(RelativeBuckets())
+    assert "int64_overflow" not in saturated and saturated["int64_saturated"].severity == WORK
+    assert saturated["int64_saturated"].where["file"] == __file__
+    overflow = neuron_findings(BigIds())
+    assert overflow["int64_overflow"].severity == BLOCKER and "to 21990232555520" in overflow["int64_overflow"].message
