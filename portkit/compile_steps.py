@@ -31,7 +31,7 @@ from portkit import _torch, placement, selection, targets as targets_mod
 from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
                               refused_recompile, warm_inductor)
 from portkit.errors import CompileRefused
-from portkit.frames import place as _place
+from portkit.frames import innermost, place as _place
 from portkit.streams import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
 from portkit.tables import HtmlTable
 from portkit.targets import Target
@@ -153,7 +153,9 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
     for r in explained.break_reasons:   # Dynamo restarts a frame after some breaks and reports them again
         frame = r.user_stack[-1] if r.user_stack else None
         found = {"reason": (r.reason.strip().splitlines() or ["?"])[0],
-                 "where": _place(frame.filename, frame.lineno, frame.name, frame.line or "") if frame else None}
+                 "where": _place(frame.filename, frame.lineno, frame.name, frame.line or "") if frame else None,
+                 # the innermost frame outside torch: the line stage 1 names for the same code (#18)
+                 "frame": innermost([_place(f.filename, f.lineno, f.name, f.line or "") for f in r.user_stack or ()])}
         if found not in breaks:
             breaks.append(found)
     backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)

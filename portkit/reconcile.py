@@ -64,28 +64,29 @@ def compiled_view(compiled: dict | None, target: str) -> tuple[dict | None, str]
     check = (breaks.get("checks") or {}).get(target)
     if not check:
         return None, f"stage 2 recorded no compiled graph for {target} (native or reference target)"
-    if check.get("refused"):
-        return None, f"{target}'s compiler refused the graph, so its contents were not checked"
     if "ops" not in check:
         return None, "the compile result predates the record of graph contents: rerun stage 2"
     stops = list(breaks.get("breaks") or [])
     full = breaks.get("fullgraph") or {}
     if not full.get("ok", True) and full.get("where"):   # what stops fullgraph=True is a break too
         stops.append({"reason": full.get("explanation") or full.get("message", ""), "where": full["where"]})
-    return {"breaks": stops, "ops": check["ops"], "graphs": check.get("graphs", 0),
-            "fullgraph": full}, ""
+    refused = f"{target}'s compiler refused a graph, so the graphs' contents were not all checked"
+    return {"breaks": stops, "ops": check["ops"], "graphs": check.get("graphs", 0), "fullgraph": full,
+            "refused": refused if check.get("refused") else None}, ""
 
 
 def status_of(finding: dict, view: dict) -> tuple[str, str]:
-    """(persists or vanishes, why) for one eager finding against the compiled graphs."""
+    """(persists, vanishes or not checked; why) for one eager finding against the compiled graphs."""
     where, kind = finding.get("where"), finding.get("kind")
-    if not view["graphs"]:
+    if not view["graphs"] and not view.get("refused"):
         full = view.get("fullgraph") or {}
         return PERSISTS, ("Dynamo captured no graph: under torch.compile the whole model runs eagerly"
                           + (f" ({full.get('message')} at {full['where']['text']})" if full.get("where") else ""))
-    brk = next((b for b in view["breaks"] if _same_line(b.get("where"), where)), None)
+    brk = next((b for b in view["breaks"] if _same_line(b.get("frame") or b.get("where"), where)), None)
     if brk is not None:
         return PERSISTS, f"a graph break at this line under torch.compile ({brk.get('reason', '')})"
+    if view.get("refused"):   # its graph breaks are known, its graphs' contents not
+        return NOT_CHECKED, view["refused"]
     ops = finding.get("ops") or []
     if kind == "recurrent":
         ops = [op for op in view["ops"] if op.startswith(RECURRENT_OPS)]
@@ -146,7 +147,7 @@ def reconcile(findings: list[dict], compiled: dict | None, target: str) -> list[
                            WORK: f"work: {cost or 'runs, with a cost'}",
                            INFO: f"info: {cost or 'no cost found'}"}[severity]
             if status == NOT_CHECKED:
-                consequence += f" (eager; under torch.compile not checked: {why_not})"
+                consequence += f" (eager; under torch.compile not checked: {detail})"
         if "owner" not in f:   # stage 1 already phrased the advice for its owner
             f["advice"] = advice_for(f, owner)
         if status == VANISHES:
