@@ -16,6 +16,7 @@ otherwise one the user cannot change, whose advice is an upgrade, a setting or a
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -53,6 +54,7 @@ def _torch_dir() -> str:
     return os.path.dirname(os.path.abspath(torch.__file__)) if torch is not None else _TORCH
 
 
+@functools.lru_cache(maxsize=4096)   # per file: the recorder asks for every new op of every module
 def _skipped(file: str, torch_dir: str) -> bool:
     """Machinery, not a place a finding belongs to: torch, portkit (but its model wrappers), the stdlib."""
     if file.startswith("<"):
