@@ -86,7 +86,8 @@ def _run(args) -> int:
 
 
 def _print_verdicts(run_dir) -> None:
-    """The last lines of a run: where the report is, and each target's verdict."""
+    """The last lines of a run: where the report is, each target's verdict, the findings that matter
+    first (by consequence) and the count of eager findings that vanish under torch.compile (#18)."""
     import json
     from pathlib import Path
     path = Path(run_dir) / "report.json"
@@ -96,6 +97,10 @@ def _print_verdicts(run_dir) -> None:
     print(f"report: {Path(run_dir) / 'report.html'}")
     for name, t in saved["targets"].items():
         print(f"verdict {name} ({t['mode']}): {t['verdict'].upper()} — {t['verdict_reason']}")
+        for f in (t.get("first") or [])[:3]:
+            print(f"  [{f['severity']}] {f['message']} — {f['consequence']}")
+        if t.get("vanished"):
+            print(f"  {t['vanished']}")
 
 
 def _report(args) -> int:

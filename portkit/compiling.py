@@ -51,13 +51,29 @@ DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False,
             "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None}
 
 
+# What each of the stage's findings costs on the target: the consequence behind its severity (#18).
+CONSEQUENCES = {
+    "compile_refused": "blocker: the target's compiler refuses the graph, so the model does not compile there",
+    "not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so it cannot run",
+                    "work": "work: the op runs on the host CPU, a round trip out of the compiled graph per call"},
+    "compile_failed": "blocker: the model does not compile for the target",
+    "graph_break": "work: each break is one more graph compiled per input shape, with Python run between graphs",
+    "fullgraph": "work: fullgraph=True, which the vendors recommend, fails; the model compiles in pieces",
+    "recompile_storm": "work: one compile per new input shape, each paid at the target's compile time above",
+    "recompile_after_warmup": "work: compiles after warm-up at one fixed shape, each paid at request time",
+    "fixed_shape": "work: a fixed shape is not proven to compile once",
+}
+
+
 def _finding(kind: str, severity: str, message: str, advice: str, where: dict | None = None) -> dict:
-    """A finding; with `where`, it names whose code that is and phrases the advice for them (#18)."""
-    if where is None:
-        return Finding(kind, severity, message, advice).to_dict()
-    owner = frames.owner(where)
-    found = Finding(kind, severity, message, advice, where=where, owner=owner).to_dict()
-    found["advice"] = reconcile.advice_for(found, owner)
+    """A finding with its consequence; with `where`, it names whose code that is and phrases the advice
+    for them (#18)."""
+    consequence = CONSEQUENCES.get(kind)
+    consequence = consequence.get(severity) if isinstance(consequence, dict) else consequence
+    owner = frames.owner(where) if where is not None else None
+    found = Finding(kind, severity, message, advice, where=where, owner=owner, consequence=consequence).to_dict()
+    if owner is not None:
+        found["advice"] = reconcile.advice_for(found, owner)
     return found
 
 

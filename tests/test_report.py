@@ -209,7 +209,8 @@ def test_cli_report_from_any_folder(run_dir, tmp_path):
     portkit = Path(sys.executable).parent / "portkit"
     done = subprocess.run([str(portkit), "report", str(run_dir)], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-2].startswith("verdict neuron (emulated): BLOCKED")
+    verdicts = [line for line in done.stdout.splitlines() if line.startswith("verdict ")]
+    assert verdicts[0].startswith("verdict neuron (emulated): BLOCKED")
     done = subprocess.run([str(portkit), "report", str(tmp_path / "nope")], capture_output=True, text=True,
                           cwd=tmp_path)
     assert done.returncode == 2 and "invalid run folder" in done.stderr
