@@ -8,7 +8,8 @@
     'attn_implementation'
 
 A frame is the user's code when its file is outside the installed packages and the standard library
-(the model's own file, a `file.py:factory` or a project on the path), or portkit's model wrappers
+(the model's own file, a `file.py:factory` or a project on the path), in the module or package of the
+model's factory wherever it is installed (claim), or in portkit's model wrappers
 (portkit/models.py, which stands in for the user's own model code). A frame in an installed package is
 a library's: "configurable" where the library has a setting that changes the path (SETTINGS names it),
 otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
@@ -47,6 +48,19 @@ SETTINGS = {
     ("transformers", "generation/utils.py"): (
         "generation_config", "GenerationConfig flags (cache_implementation, compile_config) change this path"),
 }
+
+
+_USER_ROOTS: set[str] = set()   # files and package folders claimed as the user's code (claim)
+
+
+def claim(path: str) -> None:
+    """Count the file or the package folder `path` as the user's code wherever it is installed: the
+    model factory's own module or package (portkit.models does it when it loads a factory)."""
+    _USER_ROOTS.add(os.path.abspath(path))
+
+
+def _claimed(path: str) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in _USER_ROOTS)
 
 
 def _torch_dir() -> str:
@@ -132,6 +146,8 @@ def owner(where: dict | None) -> dict:
     if not where or not where.get("file"):
         return {"owner": "unknown", "package": None, "setting": None, "setting_help": None}
     file = os.path.abspath(where["file"])
+    if _claimed(file):
+        return {"owner": USER, "package": package(file), "setting": None, "setting_help": None}
     if file in _WRAPPERS:
         return {"owner": USER, "package": "portkit (model wrapper)", "setting": None, "setting_help": None}
     name = package(file) or ("python (stdlib)" if _in_stdlib(file) else None)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from portkit import frames
 from portkit.errors import BadParameter, NeedsNetwork
 
 EMBEDDING, CAUSAL_LM, SEQ2SEQ_LM, IMAGE_CLASSIFIER, TOKEN_CLASSIFIER = (
@@ -370,6 +371,10 @@ def _from_factory(spec: str) -> LoadedModel:
             module = importlib.import_module(where)
         except ImportError as exc:
             raise BadParameter("model module", where, hint=f"cannot import it: {exc}") from None
+    # the factory's own file or package is the user's code, even installed in site-packages (#18)
+    top = sys.modules.get(module.__name__.split(".")[0], module)
+    if root := (next(iter(top.__path__), None) if getattr(top, "__path__", None) else module.__file__):
+        frames.claim(root)
     factory = getattr(module, attr, None)
     if not callable(factory):
         names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")

@@ -113,6 +113,11 @@ def test_whose_code_a_frame_is():
     assert frames.owner({"file": str(FIXTURES), "line": 1})["owner"] == frames.USER      # a factory file
     assert frames.owner({"file": "/home/me/project/model.py", "line": 1})["owner"] == frames.USER
     assert frames.owner(None)["owner"] == "unknown"
+    # a model factory's own package counts as the user's, even installed in site-packages
+    mine = {"file": os.path.join(site, "acme_models", "heads.py"), "line": 3}
+    assert frames.owner(mine)["owner"] == frames.LIBRARY
+    frames.claim(os.path.join(site, "acme_models"))
+    assert frames.owner(mine)["owner"] == frames.USER and frames.owner(other)["owner"] == frames.LIBRARY
     # a library's line is never "rewrite this line": an upgrade, a setting or a wrapper
     sync = {"kind": "host_sync", "severity": WORK, "advice": "keep the value as a tensor",
             "where": {**other, "text": "x"}}
