@@ -139,7 +139,8 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
         if kind == "recurrent" and table.classify(items[0][1]).status == UNSUPPORTED:
             severity = BLOCKER   # the device's cell op has no kernel anywhere
         modules = sorted({m for m, _, _ in items})
-        where = modules[0] if len(modules) == 1 else f"{pattern} ({len(modules)} modules)".strip()
+        where = (modules[0] if len(modules) == 1 else f"{pattern} ({len(modules)} modules)" if pattern
+                 else f"{len(modules)} modules")
         op_names = sorted({op for _, op, _ in items})
         details = "; ".join(sorted({d for _, _, d in items})[:3])
         frame = next((recording.frames.get((kind, m, op)) for m, op, _ in items

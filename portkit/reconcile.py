@@ -28,7 +28,7 @@ DTYPE_KINDS = {"float64": "float64", "int64": "int64", "int64_overflow": "int64"
 # The recurrence itself: the CPU graph holds the CPU form of the cell, the device runs its own.
 RECURRENT_OPS = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::_thnn_fused")
 OP_KINDS = ("cpu_fallback", "unsupported")   # about the op wherever it runs: any line of the graph counts
-KERNEL_KINDS = ("cpu_fallback", "unsupported", "custom_op")   # advice about the op, not the line
+LINE_EDITS = ("host_sync", "data_dependent")   # kinds whose target advice is an edit of the line itself
 HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 
 # What each kind costs on the target when it persists, by severity: the consequence behind it (#18).
@@ -109,20 +109,18 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
 
 
 def advice_for(finding: dict, owner: dict) -> str:
-    """The finding's advice in terms of who can change the code: never "rewrite this line" of a library."""
+    """The finding's advice in terms of who can change the code: never "rewrite this line" of a library.
+    The target's own advice is kept where it is no edit of the line (a kernel, an input layout, a dtype)."""
     advice, where = finding.get("advice", ""), finding.get("where") or {}
-    if finding.get("severity") == INFO:   # nothing to change: the target's note stands
-        return advice
+    if finding.get("severity") == INFO or owner["owner"] not in (frames.CONFIGURABLE, frames.LIBRARY):
+        return advice   # the user's code, or nothing to change: the target's advice stands
+    note = "" if finding.get("kind") in LINE_EDITS else f"; the target's note: {advice}"
+    head = f"not your code ({owner['package']}, {where.get('text', '')})"
     if owner["owner"] == frames.CONFIGURABLE:
-        return (f"not your code ({owner['package']}, {where.get('text', '')}): change it through "
-                f"{owner['setting']}: {owner['setting_help']}; or upgrade {owner['package']}")
-    if owner["owner"] == frames.LIBRARY:
-        # the op itself may need a kernel, which is no edit of the library's line
-        kernel = f"; the op itself: {advice}" if finding.get("kind") in KERNEL_KINDS else ""
-        return (f"not your code ({owner['package']}, {where.get('text', '')}): upgrade {owner['package']}, "
-                "look for a setting of it that avoids this path, or wrap the module that calls it in one "
-                f"of your own{kernel}")
-    return advice
+        return (f"{head}: the setting that changes this path is {owner['setting']} ({owner['setting_help']}); "
+                f"or upgrade {owner['package']}{note}")
+    return (f"{head}: upgrade {owner['package']}, look for a setting of it that avoids this path, or wrap the "
+            f"module that calls it in one of your own{note}")
 
 
 def reconcile(findings: list[dict], compiled: dict | None, target: str) -> list[dict]:
