@@ -47,5 +47,6 @@ def test_minilm_report_holds_every_section(request):
     tpu_shapes = report["targets"]["tpu"]["details"]["xla shapes"]
     assert all(s["status"] == "compiled" and s["HBM MiB"] > 0 and s["GFLOP"] > 0 and s["fits HBM"] for s in tpu_shapes)
     page = (RUN / "report.html").read_text()
-    for heading in ("Verdicts", "First, by consequence", "Side by side", "Migration checklist", "Details, side by side", "Findings", "Stages"):
+    for heading in ("Verdicts", "First, by consequence", "Side by side", "Migration checklist",
+                    "Details, side by side", "Findings", "Stages"):
         assert f"<h2>{heading}</h2>" in page
