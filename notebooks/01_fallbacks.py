@@ -60,6 +60,9 @@ print(described)
 #
 # An op is *native* (a kernel on the target), *composite* (runs as other ops the target has),
 # *cpu_fallback* (runs on the host and copies back, every call) or *unsupported* (cannot run at all).
+# Each finding names its source line and whose code it is: yours, a library's with a setting, or a
+# library's you cannot change. This is the eager pass: stage 2 checks which findings persist under
+# `torch.compile` and which vanish (traced away), and the report weighs them by that.
 
 # %%
 report = fallbacks.find_fallbacks(m, inputs, targets, train=train, description=described)
