@@ -1,0 +1,52 @@
+"""Eager findings against the compiled graphs on real architectures (#18), and what the check costs.
+
+    .venv/bin/python benchmarks/bench_findings.py [--model minilm --model t5 ...] [--seq 16]
+
+Per model (MiniLM with its real weights; gpt2, llama, t5, bert, vit, mamba from their configs), one batch
+of 2 real stdlib texts: stage 1's eager recording, then stage 2's capture (torch._dynamo.explain and
+one fullgraph capture checked by both emulated targets), timed side by side in one run; then every eager
+finding per target with its eager severity, its status under torch.compile, its final severity, whose
+code it is and its line. Times are this CPU's and noisy (a shared 2-core host).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+from portkit import compiling, data, fallbacks, models, reconcile
+
+MODELS = ("minilm", "gpt2", "llama", "t5", "bert")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", help=f"models to check (default: {', '.join(MODELS)})")
+    parser.add_argument("--seq", type=int, default=16, help="tokens per text")
+    args = parser.parse_args()
+    corpus, targets = data.load_corpus(), ["neuron", "tpu"]
+    for name in args.model or MODELS:
+        m = models.load(name)
+        inputs, described = data.example_batch(m, corpus, 2, args.seq)
+        start = time.perf_counter()
+        eager = fallbacks.find_fallbacks(m, inputs, targets)
+        recorded = time.perf_counter() - start
+        start = time.perf_counter()
+        breaks = compiling.find_graph_breaks(m, inputs, targets)
+        captured = time.perf_counter() - start
+        print(f"== {name} ({described}): stage 1 eager pass {recorded:.2f} s, stage 2 capture with its graph "
+              f"contents {captured:.2f} s; {breaks.summary()}")
+        compiled = {"graph_breaks": breaks.to_dict()}
+        for target in targets:
+            found = reconcile.reconcile(eager.to_dict()["targets"][target]["findings"], compiled, target)
+            counts = collections.Counter(f["compiled"] for f in found)
+            print(f"  {target}: {len(found)} eager findings: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+                  + (f"; {reconcile.vanished_line(found)}" if reconcile.vanished_line(found) else ""))
+            for f in found:
+                where = (f.get("where") or {}).get("text", "(no line)")
+                print(f"    {f['eager_severity']:>7} -> {f['severity']:<7} {f['compiled']:<11} "
+                      f"{f['owner']['owner']:<20} {f['kind']:<15} {where[:100]}")
+
+
+if __name__ == "__main__":
+    main()
