@@ -6,12 +6,14 @@ Per model (MiniLM with its real weights; gpt2, llama, t5, bert, vit, mamba from 
 of 2 real stdlib texts: stage 1's eager recording, then stage 2's capture (torch._dynamo.explain and
 one fullgraph capture checked by both emulated targets), timed side by side in one run; then every eager
 finding per target with its eager severity, its status under torch.compile, its final severity, whose
-code it is and its line. Times are this CPU's and noisy (a shared 2-core host).
+code it is and its line. First, what recording the graphs' contents adds to the capture (MiniLM, with
+and without, interleaved). Times are this CPU's and noisy (a shared 2-core host): read the ratio.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 import time
 
 from portkit import compiling, data, fallbacks, models, reconcile
@@ -25,6 +27,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=16, help="tokens per text")
     args = parser.parse_args()
     corpus, targets = data.load_corpus(), ["neuron", "tpu"]
+    contents_cost(models.load("minilm"), data.example_batch(models.load("minilm"), corpus, 2, args.seq)[0], targets)
     for name in args.model or MODELS:
         m = models.load(name)
         inputs, described = data.example_batch(m, corpus, 2, args.seq)
@@ -46,6 +49,19 @@ def main() -> None:
                 where = (f.get("where") or {}).get("text", "(no line)")
                 print(f"    {f['eager_severity']:>7} -> {f['severity']:<7} {f['compiled']:<11} "
                       f"{f['owner']['owner']:<20} {f['kind']:<15} {where[:100]}")
+
+
+def contents_cost(m, inputs, targets, repeats: int = 3) -> None:
+    """What recording the graphs' contents adds to stage 2's capture: interleaved runs, medians."""
+    times = {True: [], False: []}
+    for _ in range(repeats + 1):
+        for contents in (True, False):
+            start = time.perf_counter()
+            compiling.find_graph_breaks(m, inputs, targets, contents=contents)
+            times[contents].append(time.perf_counter() - start)
+    on, off = (statistics.median(times[c][1:]) for c in (True, False))
+    print(f"minilm capture ({len(times[True]) - 1} interleaved repeats after a warm-up): with graph contents "
+          f"{on:.2f} s, without {off:.2f} s; ratio with/without = {on / off:.3f}")
 
 
 if __name__ == "__main__":

@@ -90,9 +90,12 @@ class _OpLog(_torch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace != "prim":   # prim::device, prim::layout: metadata queries of fake tensors
             self.calls[(func.name(), fx_traceback.get_current_meta().get("stack_trace"))] += 1
-            if self.dtypes is not None:
-                self.dtypes[func.name()].update(str(t.dtype).replace("torch.", "") for t in _torch.tree_leaves(args)
-                                                if isinstance(t, torch.Tensor))
+            if self.dtypes is not None:   # the inputs' dtypes: tensors, or lists of them (cat, stack)
+                seen = self.dtypes[func.name()]
+                for a in args:
+                    for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                        if isinstance(t, torch.Tensor):
+                            seen.add(t.dtype)
         return func(*args, **(kwargs or {}))
 
 
@@ -100,7 +103,8 @@ def graph_contents(log: _OpLog, limit: int = 3) -> dict[str, dict]:
     """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (reconcile.py, #18)."""
     found: dict[str, dict] = {}
     for (op, trace), count in log.calls.items():
-        entry = found.setdefault(op, {"calls": 0, "dtypes": sorted((log.dtypes or {}).get(op, ())), "where": [],
+        dtypes = sorted(str(d).replace("torch.", "") for d in (log.dtypes or {}).get(op, ()))
+        entry = found.setdefault(op, {"calls": 0, "dtypes": dtypes, "where": [],
                                       "lines": []})
         entry["calls"] += count
         if (where := frames.innermost(frames.from_trace(trace))) and where["line_key"] not in entry["lines"]:

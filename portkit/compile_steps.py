@@ -142,9 +142,11 @@ class GraphBreaks:
         return f"<pre>{html.escape(str(self))}</pre>" + (table._repr_html_() if self.breaks else "")
 
 
-def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=None) -> GraphBreaks:
+def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=None,
+                      contents: bool = True) -> GraphBreaks:
     """Explain the model's graph breaks, then capture it with fullgraph=True under each emulated
-    target's checks (no compile: the graphs run eagerly)."""
+    target's checks (no compile: the graphs run eagerly). contents: record each graph's ops with
+    their dtypes and lines (checks[target]["ops"]), which reconcile.py needs (#18)."""
     module = model.module if hasattr(model, "module") else model
     names = targets_mod.parse_targets(targets)
     with torch.no_grad():
@@ -161,7 +163,7 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
     backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)
                 for n in names if not targets_mod.detect(n).native and not targets_mod.get(n).reference}
     for backend in backends.values():   # record what the graphs contain, to reconcile stage 1 (#18)
-        backend.contents = []
+        backend.contents = [] if contents else None
 
     def check_all(gm, example_inputs):
         for backend in backends.values():
@@ -182,7 +184,7 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
             fullgraph = {"ok": False, **_failure(exc)}
             for b in backends.values():
                 b.checks.clear()
-                b.contents.clear()
+                b.contents = [] if contents else None
     torch.compiler.reset()
     checks = {}
     for name, backend in backends.items():
@@ -198,7 +200,7 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
                         "refused": next((c.refused for c in backend.checks if c.refused), None),
                         "numerics": dict(sum((collections.Counter(c.numerics) for c in backend.checks),
                                              collections.Counter())),
-                        "ops": _merged_contents(backend.contents)}
+                        **({"ops": _merged_contents(backend.contents)} if contents else {})}
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     desc = "inputs " + ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in shapes.items())
     return GraphBreaks({"description": desc, "shapes": shapes}, explained.graph_count, breaks, fullgraph, checks)
