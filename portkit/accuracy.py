@@ -16,11 +16,16 @@ emulated mode the CPU under `numerics.emulate(target, precision)`, the target's 
 and matmul precision, on the same real inputs. Every result names its precision (with the flag that
 selects it on hardware) and its target side ("eager emulation", or the device).
 
-The pass/fail decision is `torch.testing.assert_close` with the (rtol, atol) of the dtype the target
-computes in (its precision's lowest: bf16 when matmul operands are rounded to bf16), starting from
-assert_close's own defaults; its message becomes the reason. Task metrics follow the model kind:
-embeddings (cosine to the reference), language models (top-1/top-5 next-token agreement, KL divergence),
-classifiers (argmax agreement). Only real positions count: the attention mask selects them.
+The verdict is the task's: each output kind's task metrics (comparison.TASK_METRICS: embeddings, cosine
+to the reference and top-5 nearest-neighbour agreement over a corpus sample; classifiers, top-1
+agreement; language models, greedy-token agreement, KL and the perplexity change on the batch's own
+text), each against its budget (tolerance.DEFAULT_TASK_BOUNDS, a parameter). The baseline is today's GPU
+deployment (`gpu_numerics`, numerics.GPU_NUMERICS, emulated on the CPU): each result's error against
+float64 is given as a ratio to that setup's own, and within `baseline_factor` times it is no regression,
+a PASS against that baseline whatever the budgets say. `torch.testing.assert_close` at the tolerance of
+the dtype the target computes in stays as detail. Only real positions count: the attention mask selects
+them. Each precision setting is measured and shown next to the matmul cost its vendor documents
+(numerics.precision_cost).
 
 Per layer, hooks on every module keep the reference activations and compare the target's as soon as
 they are produced; the first module (in execution order) whose output is out of tolerance is named,

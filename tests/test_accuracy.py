@@ -59,6 +59,17 @@ def test_only_real_positions_count():
     assert unmasked["top1_agreement"] == 0.8
 
 
+def test_a_pooled_output_as_wide_as_the_sequence_is_not_masked():
+    # (batch, hidden) with hidden == seq_len once matched the mask's shape and lost its "padded" columns
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    pooled = torch.arange(8.0).reshape(2, 4)
+    assert torch.equal(comparison.real_positions(pooled, mask), pooled)
+    moved = pooled.clone()
+    moved[1, 3] += 1.0                          # a real feature, in a column the mask would have dropped
+    assert comparison.compare(moved, pooled, None, mask)["max_abs"] == 1.0
+    assert comparison.real_positions(torch.ones(2, 4, 3), mask).shape == (5, 3)
+
+
 def test_task_metrics_by_model_kind():
     bounds = DEFAULT_TASK_BOUNDS
     ref = torch.tensor([[[5.0, 4.0, 0.0, -1.0, -2.0, -3.0]] * 4])        # 1 x 4 positions x 6 tokens
