@@ -190,7 +190,8 @@ def _buckets(data: dict, t: dict, out: "TargetReport") -> None:
 def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
     out.precision = {"name": (t.get("precision") or {}).get("name"),
                      "setting": (t.get("precision") or {}).get("setting"),
-                     "verdict": t.get("verdict"), "suggestions": [str(x) for x in t.get("suggestions", [])]}
+                     "verdict": t.get("verdict"), "suggestions": [str(x) for x in t.get("suggestions", [])],
+                     "basis": t.get("basis"), "reasons": [str(x) for x in t.get("reasons", [])]}
     main = next(iter((t.get("outputs") or {}).items()), None)
     task = t.get("task") or {}
     out.metrics["accuracy"] = {

@@ -32,3 +32,40 @@ def test_report_renders_in_chromium(tmp_path):
     assert images and all(done and w > 100 and h > 100 for done, w, h in images), images
     assert verdicts == ["blocked", "ready with work"]
     assert (ARTIFACTS / "report.png").stat().st_size > 20_000
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(probes.chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
+def test_accuracy_verdicts_read_as_a_team_acts_on_them(tmp_path, corpus):
+    """A PASS says against which baseline, with each task metric next to its budget; a FAIL names the task
+    metric, its budget and the module where the error enters (the TESTING_ONLY wrong op)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from conftest import fixture_model
+    from portkit import accuracy, data, models, numerics
+    from portkit.accuracy_report import AccuracyReport
+    from portkit.report import build_report
+    m = models.load(fixture_model("tiny_encoder"))
+    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    run = {"all_precisions": False, "compiled": False, "progress": False, "float64_reference": False}
+    good = accuracy.check_accuracy(m, inputs, ["neuron"], **run)
+    bad = accuracy.check_accuracy(m, inputs, ["tpu"], precision={"tpu": "highest"}, **run,
+                                  emulation=numerics.wrong_op_TESTING_ONLY("aten::addmm", call=1, error=5.0))
+    out = tmp_path / "run"
+    AccuracyReport(good.model, good.inputs, good.reference, {**good.targets, **bad.targets}).save(
+        out / "accuracy.json")
+    build_report(out).save(out)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=probes.chromium_path(), args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto((out / "report.html").as_uri())
+            verdicts = page.evaluate("[...document.querySelectorAll('.accuracy-verdict')].map(v => v.innerText)")
+            reasons = page.evaluate("[...document.querySelectorAll('.accuracy-reason')].map(v => v.innerText)")
+        finally:
+            browser.close()
+    passed, failed = verdicts
+    assert passed.startswith("Accuracy verdict: PASS: top-1 agreement 1 (budget >= 0.99)"), verdicts
+    assert "1x that of the GPU baseline 'fp32' (no regression: within 2x)" in passed
+    assert failed.startswith("Accuracy verdict: FAIL: top-1 agreement") and "(budget >= 0.99)" in failed, verdicts
+    (reason,) = reasons
+    assert "outside its budget >= 0.99" in reason and "the error enters at `model.qkv` (Linear)" in reason, reasons
