@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from portkit import models, numerics, progress as progress_bars, results, target_runs, targets as targets_mod
-from portkit.accuracy_report import CAST_CAUSE, AccuracyReport, PrecisionResult, TargetAccuracy, suggest
+from portkit.accuracy_report import CAST_CAUSE, AccuracyReport, against_baseline, PrecisionResult, TargetAccuracy, suggest
 from portkit.comparison import check, compare, finish, neighbour_agreement, primary_output, task_metrics
 from portkit.errors import BadParameter
 from portkit.layer_probe import LayerProbe, layer_summary
@@ -235,6 +235,14 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     baseline = _baseline(module, inputs, gpu_numerics, truth if truth is not None else ref, main, mask,
                          bounds["baseline_factor"], truth is None)
     sample = _neighbour_sample(model, corpus, inputs, seed) if kind == models.EMBEDDING else None
+
+    def baseline_for(batch, batch_ref, batch_mask):
+        """A bucket's GPU baseline, against the same kind of float64 truth as the main batch's."""
+        wide_ref = batch_ref if wide else target_runs.float64_reference(module, batch)[0] if truth is not None \
+            else None
+        found = wide_ref if wide_ref is not None else batch_ref
+        return _baseline(module, batch, gpu_numerics, found, main, batch_mask, bounds["baseline_factor"],
+                         wide_ref is None), found
     if not isinstance(buckets, dict):
         buckets = {n: BucketBoundaries(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
     steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * all_precisions for n in names) + \
@@ -275,7 +283,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
             _split_by_cause(side, inputs, ref, mask, results, outs)
         plan = buckets[name]
         bucket_rows = _buckets(model, corpus, plan, chosen, side, compiled, tolerances, bounds, batch_size, seed,
-                               bucket_refs, bar) if corpus is not None and model.takes_text else \
+                               bucket_refs, bar, baseline_for) if corpus is not None and model.takes_text else \
             [{"boundary": None, "skipped": "no buckets: the model takes images (one shape)" if not model.takes_text
               else "no corpus given"}]
         result = TargetAccuracy(detected.to_dict(), results[0], results[1:],
@@ -363,7 +371,7 @@ def _split_by_cause(side, inputs, ref, mask, results, outs) -> None:
 
 
 def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds, batch_size, seed, cache,
-             bar) -> list[dict]:
+             bar, baseline_for) -> list[dict]:
     rows = []
     side_padding = getattr(model.tokenizer, "padding_side", "right")
     for low, high, texts, truncated in _bucket_batches(model, corpus, plan.boundaries, batch_size, seed):
@@ -374,8 +382,9 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
         padded = model.encode(texts, pad_to=high)
         if (high, tuple(texts)) not in cache:
             plain = _unpadded(padded, side_padding)
-            cache[(high, tuple(texts))] = (plain, target_runs.forward(model.module, plain))
-        plain, ref = cache[(high, tuple(texts))]
+            ref = target_runs.forward(model.module, plain)
+            cache[(high, tuple(texts))] = (plain, ref, *baseline_for(plain, ref, plain["attention_mask"]))
+        plain, ref, baseline, truth = cache[(high, tuple(texts))]
         out = side.run(padded, precision, compiled=compiled, batch=plan.batch)[0]
         mask = plain["attention_mask"]
         outputs = {k: compare(_align(out[k], ref[k], side_padding), ref[k],
@@ -383,12 +392,14 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
         main = primary_output(model.kind, ref)
         task = task_metrics(model.kind, _align(out[main], ref[main], side_padding), ref[main], mask, bounds, plain)
         details = [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]]
-        reasons = [f"task: {task['reason']}"] if not task["passed"] else []
+        versus = _versus(baseline, _align(out[main], ref[main], side_padding), truth, main, mask)
+        reasons = [f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
+                   f"{versus['factor']:g}x)"] if not (task["passed"] or versus["within"]) else []
         real = int(padded["attention_mask"].sum())
         rows.append({"boundary": high, "lengths": [low + 1, high], "texts": len(texts), "truncated": truncated,
                      "padding": 1 - real / padded["attention_mask"].numel(), "primary": main,
                      "precision": precision.to_dict(),
                      "reference": f"eager float32 at the batch's own length ({mask.shape[1]} tokens)",
                      "target": f"{side.label(compiled)}, padded to {high} tokens", "outputs": outputs, "task": task,
-                     "passed": not reasons, "reasons": reasons, "details": details})
+                     "passed": not reasons, "reasons": reasons, "details": details, "baseline": versus})
     return rows
