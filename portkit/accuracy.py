@@ -200,7 +200,8 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
                    all_precisions: bool = True, tolerances=None, task_bounds=None, corpus=None, buckets=None,
                    batch_size: int = 4, layers: bool = True, float64_reference: bool = True, seed: int = 0,
                    emulation=numerics.emulate, compiled: bool | None = None, description: str | None = None,
-                   progress: bool = True, gpu_numerics: str = "fp32") -> AccuracyReport:
+                   progress: bool = True, gpu_numerics: str = "fp32",
+                   neighbour_texts: int = 24) -> AccuracyReport:
     """Compare every target's numerics with the float32 (and float64) reference on `inputs`.
 
     model: a portkit.models.LoadedModel; inputs: the dict its encode() returns.
@@ -212,6 +213,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     the per-layer hooks run eagerly (hooks cannot see inside a compiled graph); every result says which.
     gpu_numerics: how the model runs on the GPU today (numerics.GPU_NUMERICS), the baseline: each result's
     error against float64 is reported as a ratio to that setup's own, emulated on the CPU.
+    neighbour_texts: corpus texts embedded for top-5 nearest-neighbour agreement (embeddings only).
     """
     names = targets_mod.parse_targets(targets)
     check_parameters(names, batch_size=batch_size, precision=precision, tolerances=tolerances,
@@ -234,7 +236,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     truth = ref if wide else ref64      # float64: the model's own, or the float64 copy
     baseline = _baseline(module, inputs, gpu_numerics, truth if truth is not None else ref, main, mask,
                          bounds["baseline_factor"], truth is None)
-    sample = _neighbour_sample(model, corpus, inputs, seed) if kind == models.EMBEDDING else None
+    sample = _neighbour_sample(model, corpus, inputs, seed, neighbour_texts) if kind == models.EMBEDDING else None
 
     def baseline_for(batch, batch_ref, batch_mask):
         """A bucket's GPU baseline, against the same kind of float64 truth as the main batch's."""
@@ -305,7 +307,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
 
 
 # ---------------------------------------------------------------- the baseline and the task
-NEIGHBOUR_SAMPLE, NEIGHBOURS = 32, 5     # corpus texts embedded for nearest-neighbour agreement; k
+NEIGHBOURS = 5      # k of top-k nearest-neighbour agreement
 
 
 def _baseline(module, inputs, gpu_numerics, truth, main, mask, factor, no_float64) -> dict:
@@ -330,11 +332,13 @@ def _versus(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask) -> 
             "within": ratio is not None and ratio <= baseline["factor"]}
 
 
-def _neighbour_sample(model, corpus, inputs, seed):
+def _neighbour_sample(model, corpus, inputs, seed, size):
     """A corpus sample for nearest-neighbour agreement, at the main batch's length, with its reference."""
+    from portkit import params
+    params.positive_int("neighbour_texts", size)
     if corpus is None or not model.takes_text or "attention_mask" not in inputs:
         return None
-    texts = corpus.sample(min(len(corpus), NEIGHBOUR_SAMPLE), seed + 1)
+    texts = corpus.sample(min(len(corpus), size), seed + 1)
     if len(texts) <= NEIGHBOURS:
         return None
     batch = model.encode(texts, pad_to=inputs["attention_mask"].shape[1])
