@@ -16,11 +16,16 @@ emulated mode the CPU under `numerics.emulate(target, precision)`, the target's 
 and matmul precision, on the same real inputs. Every result names its precision (with the flag that
 selects it on hardware) and its target side ("eager emulation", or the device).
 
-The pass/fail decision is `torch.testing.assert_close` with the (rtol, atol) of the dtype the target
-computes in (its precision's lowest: bf16 when matmul operands are rounded to bf16), starting from
-assert_close's own defaults; its message becomes the reason. Task metrics follow the model kind:
-embeddings (cosine to the reference), language models (top-1/top-5 next-token agreement, KL divergence),
-classifiers (argmax agreement). Only real positions count: the attention mask selects them.
+The verdict is the task's: each output kind's task metrics (comparison.TASK_METRICS: embeddings, cosine
+to the reference and top-5 nearest-neighbour agreement over a corpus sample; classifiers, top-1
+agreement; language models, greedy-token agreement, KL and the perplexity change on the batch's own
+text), each against its budget (tolerance.DEFAULT_TASK_BOUNDS, a parameter). The baseline is today's GPU
+deployment (`gpu_numerics`, numerics.GPU_NUMERICS, emulated on the CPU): each result's error against
+float64 is given as a ratio to that setup's own, and within `baseline_factor` times it is no regression,
+a PASS against that baseline whatever the budgets say. `torch.testing.assert_close` at the tolerance of
+the dtype the target computes in stays as detail. Only real positions count: the attention mask selects
+them. Each precision setting is measured and shown next to the matmul cost its vendor documents
+(numerics.precision_cost).
 
 Per layer, hooks on every module keep the reference activations and compare the target's as soon as
 they are produced; the first module (in execution order) whose output is out of tolerance is named,
@@ -44,13 +49,13 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit import numerics, progress as progress_bars, results, target_runs, targets as targets_mod
-from portkit.accuracy_report import CAST_CAUSE, AccuracyReport, PrecisionResult, TargetAccuracy, suggest
-from portkit.comparison import compare, primary_output, task_metrics
+from portkit import models, numerics, progress as progress_bars, results, target_runs, targets as targets_mod
+from portkit.accuracy_report import CAST_CAUSE, AccuracyReport, against_baseline, PrecisionResult, TargetAccuracy, suggest
+from portkit.comparison import check, compare, finish, neighbour_agreement, primary_output, task_metrics
 from portkit.errors import BadParameter
 from portkit.layer_probe import LayerProbe, layer_summary
 from portkit.target_runs import EAGER, TargetSide, compiled_available
-from portkit.tolerance import DEFAULT_TASK_BOUNDS, DEFAULT_TOLERANCES, tolerance_for
+from portkit.tolerance import DEFAULT_TASK_BOUNDS, DEFAULT_TOLERANCES, UPPER_BOUNDS, tolerance_for
 
 DEFAULT_BUCKETS = (32, 64, 128)
 _BUCKET_POOL = 512       # texts sampled and tokenized to fill the buckets
@@ -146,9 +151,11 @@ def target_side(targets, compiled: bool | None = None) -> bool:
 # ---------------------------------------------------------------- the stage's verb
 def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None, tolerances=None,
                      task_bounds=None, default_buckets=None, seed: int = 0, corpus: str = "stdlib",
-                     all_precisions: bool = True, layers: bool = True, float64_reference: bool = True) -> None:
+                     all_precisions: bool = True, layers: bool = True, float64_reference: bool = True,
+                     gpu_numerics: str = "fp32") -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
+    params.choice("gpu_numerics", gpu_numerics, numerics.GPU_NUMERICS)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.non_negative_int("seed", seed)
@@ -171,8 +178,10 @@ def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, preci
             raise BadParameter(f"tolerance for {dtype}", pair, hint="give [rtol, atol], two numbers >= 0")
     for key, value in (task_bounds or {}).items():
         params.choice("task bound", key, DEFAULT_TASK_BOUNDS)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (key != "kl" and value > 1):
-            raise BadParameter(f"task bound {key}", value, hint="cosine and agreement lie in [0, 1]; kl is >= 0")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
+                (key not in UPPER_BOUNDS and value > 1) or (key == "baseline_factor" and value < 1):
+            raise BadParameter(f"task bound {key}", value, hint="cosine and agreement lie in [0, 1]; kl and "
+                               "perplexity are >= 0; baseline_factor is >= 1")
     if default_buckets is not None:    # None, the notebook's default: DEFAULT_BUCKETS
         _check_boundaries(default_buckets)
 
@@ -191,7 +200,8 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
                    all_precisions: bool = True, tolerances=None, task_bounds=None, corpus=None, buckets=None,
                    batch_size: int = 4, layers: bool = True, float64_reference: bool = True, seed: int = 0,
                    emulation=numerics.emulate, compiled: bool | None = None, description: str | None = None,
-                   progress: bool = True) -> AccuracyReport:
+                   progress: bool = True, gpu_numerics: str = "fp32",
+                   neighbour_texts: int = 24) -> AccuracyReport:
     """Compare every target's numerics with the float32 (and float64) reference on `inputs`.
 
     model: a portkit.models.LoadedModel; inputs: the dict its encode() returns.
@@ -201,11 +211,14 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     compiled: judge the chosen precision's outputs and buckets with the model compiled by the target's
     backend (stage 2's emulated one); None: when those backends are present. The other precisions and
     the per-layer hooks run eagerly (hooks cannot see inside a compiled graph); every result says which.
+    gpu_numerics: how the model runs on the GPU today (numerics.GPU_NUMERICS), the baseline: each result's
+    error against float64 is reported as a ratio to that setup's own, emulated on the CPU.
+    neighbour_texts: corpus texts embedded for top-5 nearest-neighbour agreement (embeddings only).
     """
     names = targets_mod.parse_targets(targets)
     check_parameters(names, batch_size=batch_size, precision=precision, tolerances=tolerances,
                      task_bounds=task_bounds, seed=seed, all_precisions=all_precisions, layers=layers,
-                     float64_reference=float64_reference,
+                     float64_reference=float64_reference, gpu_numerics=gpu_numerics,
                      default_buckets=DEFAULT_BUCKETS if isinstance(buckets, dict) else list(buckets or DEFAULT_BUCKETS))
     if compiled is None:
         compiled = compiled_available() and emulation is numerics.emulate
@@ -219,6 +232,19 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     wide = target_runs.float64_model(module)
     ref64, ref64_note = target_runs.float64_reference(module, inputs) if float64_reference and not wide else \
         (None, "the reference is the float64 model itself" if wide else "not requested")
+    main = primary_output(kind, ref)
+    truth = ref if wide else ref64      # float64: the model's own, or the float64 copy
+    baseline = _baseline(module, inputs, gpu_numerics, truth if truth is not None else ref, main, mask,
+                         bounds["baseline_factor"], truth is None)
+    sample = _neighbour_sample(model, corpus, inputs, seed, neighbour_texts) if kind == models.EMBEDDING else None
+
+    def baseline_for(batch, batch_ref, batch_mask):
+        """A bucket's GPU baseline, against the same kind of float64 truth as the main batch's."""
+        wide_ref = batch_ref if wide else target_runs.float64_reference(module, batch)[0] if truth is not None \
+            else None
+        found = wide_ref if wide_ref is not None else batch_ref
+        return _baseline(module, batch, gpu_numerics, found, main, batch_mask, bounds["baseline_factor"],
+                         wide_ref is None), found
     if not isinstance(buckets, dict):
         buckets = {n: BucketBoundaries(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
     steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * all_precisions for n in names) + \
@@ -248,7 +274,8 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
             results.append(PrecisionResult(
                 precision=p.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
                 outputs={k: compare(out[k], ref[k], tolerance_for(p, tolerances, ref[k].dtype), mask) for k in ref},
-                task=task_metrics(kind, out[primary_output(kind, ref)], ref[primary_output(kind, ref)], mask, bounds),
+                task=_task(kind, out[main], ref[main], mask, bounds, inputs, side, p, sample),
+                baseline=_versus(baseline, out[main], truth if truth is not None else ref, main, mask),
                 vs_float64={k: compare(out[k], ref64[k], None, mask) for k in ref} if ref64 else None,
                 layers=layer_summary(rows, reason, tol, p, side.label(False)) if rows is not None else None,
                 numerics=changed, float64_ops=f64))
@@ -258,7 +285,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
             _split_by_cause(side, inputs, ref, mask, results, outs)
         plan = buckets[name]
         bucket_rows = _buckets(model, corpus, plan, chosen, side, compiled, tolerances, bounds, batch_size, seed,
-                               bucket_refs, bar) if corpus is not None and model.takes_text else \
+                               bucket_refs, bar, baseline_for) if corpus is not None and model.takes_text else \
             [{"boundary": None, "skipped": "no buckets: the model takes images (one shape)" if not model.takes_text
               else "no corpus given"}]
         result = TargetAccuracy(detected.to_dict(), results[0], results[1:],
@@ -274,8 +301,63 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
                  "float32_vs_float64": {k: compare(ref[k], ref64[k], None, mask) for k in ref} if ref64 else None}
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     first = next(iter(shapes.values()), [])
+    reference["gpu_baseline"] = {k: v for k, v in baseline.items() if k != "outputs"}
     return AccuracyReport(model.describe(), {"description": description or "batch " + " x ".join(map(str, first)),
                                              "shapes": shapes}, reference, per_target)
+
+
+# ---------------------------------------------------------------- the baseline and the task
+NEIGHBOURS = 5      # k of top-k nearest-neighbour agreement
+
+
+def _baseline(module, inputs, gpu_numerics, truth, main, mask, factor, no_float64) -> dict:
+    """Today's GPU setup, emulated on the CPU (the cuda target has no dtype rules: float64 stays), and
+    its own error on the main output against float64: what a target's error is held against."""
+    chosen = numerics.GPU_NUMERICS[gpu_numerics]
+    with torch.no_grad(), numerics.emulate(targets_mod.get("cuda"), chosen):
+        out = module(**inputs)
+    found = compare(out[main], truth[main], None, mask)
+    return {"gpu_numerics": gpu_numerics, "setting": chosen.setting, "description": chosen.description,
+            "label": f"the GPU baseline '{gpu_numerics}'", "factor": factor, "output": main,
+            "truth": "the float32 reference (no float64 run)" if no_float64 else "the float64 reference",
+            "gpu_error": found["rel_l2"], "gpu_max_abs": found["max_abs"], "outputs": out}
+
+
+def _versus(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask) -> dict:
+    """A target's error against float64 (relative L2 on the main output) as a ratio to the GPU setup's."""
+    error = compare(out, truth[main], None, mask)["rel_l2"]
+    gpu = baseline["gpu_error"]
+    ratio = error / gpu if gpu > 0 else (1.0 if error == 0 else None)    # None: the GPU setup has no error
+    return {**{k: v for k, v in baseline.items() if k != "outputs"}, "target_error": error, "ratio": ratio,
+            "within": ratio is not None and ratio <= baseline["factor"]}
+
+
+def _neighbour_sample(model, corpus, inputs, seed, size):
+    """A corpus sample for nearest-neighbour agreement, at the main batch's length, with its reference."""
+    from portkit import params
+    params.positive_int("neighbour_texts", size)
+    if corpus is None or not model.takes_text or "attention_mask" not in inputs:
+        return None
+    texts = corpus.sample(min(len(corpus), size), seed + 1)
+    if len(texts) <= NEIGHBOURS:
+        return None
+    batch = model.encode(texts, pad_to=inputs["attention_mask"].shape[1])
+    return batch, target_runs.forward(model.module, batch)
+
+
+def _task(kind, out, ref, mask, bounds, inputs, side, precision, sample) -> dict:
+    """The output kind's task metrics; embeddings add top-k neighbour agreement over a corpus sample."""
+    found = task_metrics(kind, out, ref, mask, bounds, inputs)
+    if sample is not None:
+        batch, expected = sample
+        main = primary_output(kind, expected)
+        got = side.run(batch, precision)[0][main]
+        agreement = neighbour_agreement(got, expected[main], NEIGHBOURS)
+        found["neighbour_agreement"] = agreement
+        found["checks"].append(check("neighbours", f"top-{NEIGHBOURS} nearest-neighbour agreement over "
+                                     f"{len(batch['input_ids'])} corpus texts", agreement, bounds))
+        found = finish(found, found["checks"])
+    return found
 
 
 def _split_by_cause(side, inputs, ref, mask, results, outs) -> None:
@@ -293,7 +375,7 @@ def _split_by_cause(side, inputs, ref, mask, results, outs) -> None:
 
 
 def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds, batch_size, seed, cache,
-             bar) -> list[dict]:
+             bar, baseline_for) -> list[dict]:
     rows = []
     side_padding = getattr(model.tokenizer, "padding_side", "right")
     for low, high, texts, truncated in _bucket_batches(model, corpus, plan.boundaries, batch_size, seed):
@@ -304,21 +386,24 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
         padded = model.encode(texts, pad_to=high)
         if (high, tuple(texts)) not in cache:
             plain = _unpadded(padded, side_padding)
-            cache[(high, tuple(texts))] = (plain, target_runs.forward(model.module, plain))
-        plain, ref = cache[(high, tuple(texts))]
+            ref = target_runs.forward(model.module, plain)
+            cache[(high, tuple(texts))] = (plain, ref, *baseline_for(plain, ref, plain["attention_mask"]))
+        plain, ref, baseline, truth = cache[(high, tuple(texts))]
         out = side.run(padded, precision, compiled=compiled, batch=plan.batch)[0]
         mask = plain["attention_mask"]
         outputs = {k: compare(_align(out[k], ref[k], side_padding), ref[k],
                               tolerance_for(precision, tolerances, ref[k].dtype), mask) for k in ref}
         main = primary_output(model.kind, ref)
-        task = task_metrics(model.kind, _align(out[main], ref[main], side_padding), ref[main], mask, bounds)
-        reasons = [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]] + \
-            ([f"task: {task['reason']}"] if not task["passed"] else [])
+        task = task_metrics(model.kind, _align(out[main], ref[main], side_padding), ref[main], mask, bounds, plain)
+        details = [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]]
+        versus = _versus(baseline, _align(out[main], ref[main], side_padding), truth, main, mask)
+        reasons = [f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
+                   f"{versus['factor']:g}x)"] if not (task["passed"] or versus["within"]) else []
         real = int(padded["attention_mask"].sum())
         rows.append({"boundary": high, "lengths": [low + 1, high], "texts": len(texts), "truncated": truncated,
                      "padding": 1 - real / padded["attention_mask"].numel(), "primary": main,
                      "precision": precision.to_dict(),
                      "reference": f"eager float32 at the batch's own length ({mask.shape[1]} tokens)",
                      "target": f"{side.label(compiled)}, padded to {high} tokens", "outputs": outputs, "task": task,
-                     "passed": not reasons, "reasons": reasons})
+                     "passed": not reasons, "reasons": reasons, "details": details, "baseline": versus})
     return rows

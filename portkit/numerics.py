@@ -22,12 +22,13 @@ backends (stage 2, which trace a graph under it) apply the same rules from the s
 from __future__ import annotations
 
 import collections
+import json
 import math
 
 import torch
 
 from portkit._torch import TorchDispatchMode
-from portkit.targets import Precision, Target
+from portkit.targets import DATA, Precision, Target
 
 aten = torch.ops.aten
 # op -> positions of the operands that enter the multiplier (bias and scalars stay fp32)
@@ -40,6 +41,32 @@ MATMUL_OPERANDS = {
 }
 FUSED_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
 
+# How a model runs on the GPU today: the baseline stage 4 holds a target's error against (both measured
+# against float64), emulated here like a target's precision. Sources: PyTorch docs,
+# notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices (TF32 keeps 10 mantissa bits of the matmul
+# operands, fp32 accumulation; torch.backends.cuda.matmul.allow_tf32, off by default since 1.12) and
+# amp.html#cuda-ops-that-can-autocast-to-float16 (autocast runs matmul, linear, conv, baddbmm and attention
+# in the low dtype and returns it; norms, softmax and reductions stay float32).
+TF32 = "tfloat32"      # not a torch dtype: round_to keeps 10 mantissa bits of a float32
+GPU_NUMERICS: dict[str, Precision] = {p.name: p for p in (
+    Precision("fp32", "default (allow_tf32 off)", "float32 throughout"),
+    Precision("tf32", "torch.backends.cuda.matmul.allow_tf32 = True (or set_float32_matmul_precision('high'))",
+              "matmul operands rounded to TF32 (10 mantissa bits), fp32 accumulation", matmul_inputs=TF32),
+    Precision("bf16_autocast", "with torch.autocast('cuda', dtype=torch.bfloat16)",
+              "matmul operands and results in bf16 (autocast's low-precision op list), the rest float32",
+              matmul_inputs=torch.bfloat16, matmul_output=torch.bfloat16),
+    Precision("fp16_autocast", "with torch.autocast('cuda', dtype=torch.float16)",
+              "matmul operands and results in fp16 (autocast's low-precision op list), the rest float32",
+              matmul_inputs=torch.float16, matmul_output=torch.float16),
+)}
+
+
+def precision_cost(target: str, precision: str) -> dict | None:
+    """A precision setting's matmul cost relative to the target's fastest, as the vendor documents it
+    (data/targets/precision_costs.json: relative_matmul_cost, stated, source URL); None where not stated."""
+    costs = json.loads((DATA / "precision_costs.json").read_text())["targets"]
+    return costs.get(target, {}).get(precision)
+
 
 def round_to(x: torch.Tensor, dtype: torch.dtype, layout=torch.preserve_format) -> torch.Tensor:
     """Round a floating tensor's values to `dtype` (round to nearest even) and keep its own dtype.
@@ -47,7 +74,17 @@ def round_to(x: torch.Tensor, dtype: torch.dtype, layout=torch.preserve_format) 
     matmul then reads without another copy."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == dtype:
         return x
+    if dtype == TF32:
+        return _round_tf32(x, layout) if x.dtype == torch.float32 else x
     return x.to(dtype, memory_format=layout).to(x.dtype)
+
+
+def _round_tf32(x: torch.Tensor, layout) -> torch.Tensor:
+    """A float32 tensor's values rounded to TF32 (10 of float32's 23 mantissa bits, to nearest even), as
+    the tensor cores read matmul operands under allow_tf32; inf and nan are kept."""
+    bits = x.clone(memory_format=layout).view(torch.int32)
+    rounded = ((bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+    return torch.where(x.isfinite(), rounded, x)
 
 
 class NumericsMode(TorchDispatchMode):

@@ -198,17 +198,26 @@ def _buckets(data: dict, t: dict, out: "TargetReport") -> None:
 def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
     out.precision = {"name": (t.get("precision") or {}).get("name"),
                      "setting": (t.get("precision") or {}).get("setting"),
-                     "verdict": t.get("verdict"), "suggestions": [str(x) for x in t.get("suggestions", [])]}
+                     "verdict": t.get("verdict"), "suggestions": [str(x) for x in t.get("suggestions", [])],
+                     "basis": t.get("basis"), "reasons": [str(x) for x in t.get("reasons", [])]}
     main = next(iter((t.get("outputs") or {}).items()), None)
     task = t.get("task") or {}
     out.metrics["accuracy"] = {
         "precision": (t.get("precision") or {}).get("setting", "—"),
-        "verdict (assert_close)": t.get("verdict", "—"),
+        "verdict (task metrics)": t.get("basis") or t.get("verdict", "—"),
         f"max abs error ({main[0]})" if main else "max abs error": f"{main[1].get('max_abs', 0):.2g}" if main else "—",
         "task metric": task.get("metric", "—"),
+        **{f"task: {c['label']}": f"{c['value']:.6g} ({c['budget']}): {'within' if c['passed'] else 'OUT OF BUDGET'}"
+           for c in task.get("checks", [])},
         "buckets passing": f"{sum(bool(b.get('passed')) for b in t.get('buckets', []))}/{len(t.get('buckets', []))}",
         "judged on": t.get("target_side", "—"),
     }
+    baseline = t.get("baseline")
+    if baseline:
+        ratio = f"{baseline['ratio']:.3g}x" if baseline.get("ratio") is not None else "more than (it has none)"
+        out.metrics["accuracy"]["error vs today's GPU"] = (
+            f"{ratio} the error of GPU '{baseline['gpu_numerics']}' against {baseline['truth']} "
+            f"(no regression within {baseline['factor']:g}x)")
     for cause in t.get("error_by_cause") or []:   # float64 run as float32, then the precision's rounding
         found = (cause.get("outputs") or {}).get(main[0]) if main else None
         if found:

@@ -35,7 +35,9 @@ def test_tolerance_follows_the_dtype_the_precision_computes_in(target, precision
 def test_describe_prints_the_policy_and_marks_overrides():
     text = tolerance.describe({"bfloat16": [3e-2, 1e-3]}, {"kl": 0.1})
     assert "bfloat16 (0.03, 0.001) (changed)" in text and "float32 (1.3e-06, 1e-05)," in text
-    assert "mean KL <= 0.1 (changed)" in text and "cosine >= 0.999," in text and len(text.splitlines()) == 2
+    assert "kl <= 0.1 (changed)" in text and "cosine >= 0.999," in text and len(text.splitlines()) == 2
+    assert text.startswith("task budgets (they decide the verdict)")
+    assert "baseline_factor <= 2" in text and "perplexity <= 0.01" in text
 
 
 @pytest.mark.parametrize("precision,wide", [

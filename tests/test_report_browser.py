@@ -9,11 +9,12 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 @pytest.mark.slow
 @pytest.mark.skipif(probes.chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
-def test_report_renders_in_chromium(tmp_path):
+def test_report_renders_in_chromium(tmp_path, corpus):
     sync_api = pytest.importorskip("playwright.sync_api")
     out = tmp_path / "run"
     runner.run("lstm", ["neuron", "tpu"], str(out), {"batch_size": 2, "seq_len": 16},
                stages="fallbacks,report", progress=False, log=lambda line: None)
+    accuracy_page = _accuracy_verdicts_report(tmp_path / "accuracy", corpus)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=probes.chromium_path(), args=[
@@ -26,9 +27,39 @@ def test_report_renders_in_chromium(tmp_path):
             images = page.evaluate("[...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
             verdicts = page.evaluate("[...document.querySelectorAll('.verdict')].map(v => v.textContent)")
             page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+            page.goto(accuracy_page.as_uri())
+            accuracy_verdicts = page.evaluate(
+                "[...document.querySelectorAll('.accuracy-verdict')].map(v => v.innerText)")
+            accuracy_reasons = page.evaluate("[...document.querySelectorAll('.accuracy-reason')].map(v => v.innerText)")
         finally:
             browser.close()
     assert len(tables) >= 5 and all(rows >= 2 for rows in tables), tables
     assert images and all(done and w > 100 and h > 100 for done, w, h in images), images
     assert verdicts == ["blocked", "ready with work"]
     assert (ARTIFACTS / "report.png").stat().st_size > 20_000
+    # stage 4's verdicts: a PASS says against which baseline, each task metric next to its budget; a FAIL
+    # names the task metric, its budget and the module where the error enters (the TESTING_ONLY wrong op)
+    passed, failed = accuracy_verdicts
+    assert passed.startswith("Accuracy verdict: PASS: top-1 agreement 1 (budget >= 0.99)"), accuracy_verdicts
+    assert "1x that of the GPU baseline 'fp32' (no regression: within 2x)" in passed
+    assert failed.startswith("Accuracy verdict: FAIL: top-1 agreement") and "(budget >= 0.99)" in failed
+    (reason,) = accuracy_reasons
+    assert "outside its budget >= 0.99" in reason and "the error enters at `model.qkv` (Linear)" in reason, reason
+
+
+def _accuracy_verdicts_report(out, corpus):
+    """report.html of a stage 4 result with one PASS (neuron) and one FAIL (tpu under a wrong addmm)."""
+    from conftest import fixture_model
+    from portkit import accuracy, data, models, numerics
+    from portkit.accuracy_report import AccuracyReport
+    from portkit.report import build_report
+    m = models.load(fixture_model("tiny_encoder"))
+    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    run = {"all_precisions": False, "compiled": False, "progress": False, "float64_reference": False}
+    good = accuracy.check_accuracy(m, inputs, ["neuron"], **run)
+    bad = accuracy.check_accuracy(m, inputs, ["tpu"], precision={"tpu": "highest"}, **run,
+                                  emulation=numerics.wrong_op_TESTING_ONLY("aten::addmm", call=1, error=5.0))
+    AccuracyReport(good.model, good.inputs, good.reference, {**good.targets, **bad.targets}).save(
+        out / "accuracy.json")
+    return build_report(out).save(out)
+

@@ -1,0 +1,47 @@
+"""Stage 4's verdicts on real architectures: what the task metrics decide, next to what the element-wise
+assert_close alone would have said (the verdict before #15), per target at its default precision.
+
+    .venv/bin/python benchmarks/bench_verdicts.py [--models minilm gpt2 ...] [--gpu-numerics fp32]
+
+minilm has its real weights; the others are Hugging Face architectures built from small configs with
+seeded random weights (portkit.models). Real stdlib texts, batch 4 x 64 tokens, buckets [32, 64], every
+precision setting measured, eager emulation. Prints one line per model and target: verdict, what it
+rests on, the element-wise result, and each precision setting's task metrics with its vendor-stated cost.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from portkit import accuracy, data, models, numerics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["minilm", "bert", "gpt2", "llama", "t5", "vit", "lstm"])
+    parser.add_argument("--gpu-numerics", default="fp32", choices=list(numerics.GPU_NUMERICS))
+    args = parser.parse_args()
+    corpus = data.load_corpus()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GPU baseline {args.gpu_numerics}")
+    for name in args.models:
+        start = time.perf_counter()
+        m = models.load(name)
+        inputs, described = data.example_batch(m, corpus if m.takes_text else None, 4, 64, seed=0)
+        report = accuracy.check_accuracy(m, inputs, ["neuron", "tpu"], corpus=corpus, buckets=[32, 64],
+                                         batch_size=4, compiled=False, progress=False, description=described,
+                                         gpu_numerics=args.gpu_numerics)
+        print(f"\n{name} ({m.kind}, {m.origin}); {described}; {time.perf_counter() - start:.0f} s")
+        for t in report.targets.values():
+            elementwise = "FAIL" if t.details else "pass"
+            print(f"  {t.name} {t.chosen.name}: {t.verdict.upper()} (element-wise assert_close alone: {elementwise})")
+            print(f"    {t.chosen.basis()}")
+            for r in t.reasons:
+                print(f"    reason: {r}")
+            for line in t.advice_lines():
+                print(f"    {line}")
+
+
+if __name__ == "__main__":
+    main()
