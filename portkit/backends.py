@@ -24,7 +24,9 @@ where a migration feels it:
    generation, so a new shape costs the checks and the retrace only. With inductor=True (or
    options={"inductor": True}) Inductor compiles that graph for this CPU instead: faster steady
    forwards, real CPU compile times (never the vendor compiler's).
-They compile inference graphs (eval mode under torch.no_grad, as the workbook does) and refuse others.
+A graph that needs gradients (a training step) is split by AOTAutograd into its forward and backward
+ATen graphs (_torch.aot_autograd), and each half goes through steps 2-4 as its own graph (GraphCheck.part):
+the target's numerics and op table apply to the backward pass as to the forward.
 
 Names. The installed package declares portkit_neuron and portkit_tpu as `torch_dynamo_backends` entry
 points (pyproject.toml), so Dynamo's registry finds them in any interpreter and loads this module on
@@ -88,6 +90,8 @@ class GraphCheck:
     check_seconds: float = 0.0                   # refusal checks, retrace, op table
     inductor_seconds: float = 0.0                # Inductor's compile (inductor=True only)
     runs: str = "eager"                          # how the retraced graph runs: "eager" or "inductor"
+    part: str = "inference"                      # or a training graph's "joint" (Dynamo's), "forward", "backward"
+    ops: dict[str, int] = field(default_factory=dict)   # every ATen op of the retraced graph -> calls
 
 
 class _OpLog(_torch.TorchDispatchMode):
@@ -162,11 +166,23 @@ class EmulatedBackend:
         inductor = _inductor_flag(self.target, options.pop("inductor", self.inductor))
         if options:
             raise BadParameter(f"option of backend {self.__name__}", next(iter(options)), self.OPTIONS)
-        start = time.perf_counter()
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+            self._refuse(gm, self._check(gm, precision, inductor, "joint"))   # Dynamo's graph, whole
+            part = functools.partial(self._compile, precision=precision, inductor=inductor)
+            return _torch.aot_autograd(functools.partial(part, part="forward"),
+                                       functools.partial(part, part="backward"))(gm, example_inputs)
+        return self._compile(gm, example_inputs, precision, inductor)
+
+    def _check(self, gm, precision, inductor: bool, part: str) -> GraphCheck:
         check = GraphCheck(self.target.name, precision.name, sum(n.op == "call_function" for n in gm.graph.nodes),
-                           runs="inductor" if inductor else "eager")
+                           runs="inductor" if inductor else "eager", part=part)
         self.checks.append(check)
-        self._refuse(gm, example_inputs, check)
+        return check
+
+    def _compile(self, gm, example_inputs, precision, inductor: bool, part: str = "inference"):
+        start = time.perf_counter()
+        check = self._check(gm, precision, inductor, part)
+        self._refuse(gm, check)
         traced = self._retrace(gm, example_inputs, precision, check)
         traced, hoisted = _Hoisted.split(traced, example_inputs, self._rounded)
         check.check_seconds = time.perf_counter() - start
@@ -178,7 +194,7 @@ class EmulatedBackend:
         check.inductor_seconds = time.perf_counter() - start
         return hoisted.wrap(compiled) if hoisted else compiled
 
-    def _refuse(self, gm, example_inputs, check: GraphCheck) -> None:
+    def _refuse(self, gm, check: GraphCheck) -> None:
         t = self.target
         node = next((n for n in gm.graph.nodes if _symbolic(n.meta.get("example_value"))), None)
         if t.static_shapes and node is not None:
@@ -188,12 +204,6 @@ class EmulatedBackend:
                              "shapes only: use torch.compile(..., dynamic=False) and pad inputs to fixed shapes "
                              "(stage 3 buckets)")
             raise CompileRefused(check.refused, where)
-        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
-            check.refused = (f"{self.__name__} emulates inference graphs only (the workbook compiles eval-mode "
-                             "models under torch.no_grad) and this graph needs gradients: call the compiled "
-                             "model under torch.no_grad() or torch.inference_mode(), or compile training with "
-                             "backend='inductor'")
-            raise CompileRefused(check.refused)
 
     def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:
         log, mode = _OpLog(), numerics.emulate(self.target, precision)
@@ -204,9 +214,11 @@ class EmulatedBackend:
         with _torch.outside_dynamo_tracing():
             fake = _torch.fake_tensor_mode()
             recorder = _AtenRecorder(fake, example_inputs)
-            with fx_traceback.preserve_node_meta(), fake, recorder, mode, log:
+            with fx_traceback.preserve_node_meta(), torch.no_grad(), fake, recorder, mode, log:
                 out = torch.fx.Interpreter(gm).run(*recorder.inputs)
         check.aten_calls = sum(log.calls.values())
+        for (op, _), count in log.calls.items():
+            check.ops[op] = check.ops.get(op, 0) + count
         table = targets_mod.detect(self.target.name).op_table
         check.not_lowered = _not_lowered(log.calls, table)
         check.decomposed = _decomposed(log.calls, table)

@@ -251,12 +251,23 @@ PRIVATEUSE1_PATH: dict[str, tuple[str, str]] = {
     # (aten/src/ATen/native/RNN.cpp); the CPU runs oneDNN's mkldnn_rnn_layer instead.
     "aten::mkldnn_rnn_layer": ("aten::_thnn_fused_lstm_cell",
                                "LSTMCell calls _thnn_fused_lstm_cell on PrivateUse1 devices (RNN.cpp)"),
+    # Their backward passes: each forward's derivative formula (tools/autograd/derivatives.yaml).
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward":
+        ("aten::_scaled_dot_product_fused_attention_overrideable_backward",
+         "the overrideable fused attention's backward (derivatives.yaml) on PrivateUse1 devices"),
+    "aten::mkldnn_rnn_layer_backward": ("aten::_thnn_fused_lstm_cell_backward_impl",
+                                        "_thnn_fused_lstm_cell's backward (derivatives.yaml) on PrivateUse1 devices"),
 }
 # Module types whose device path differs from the CPU path in a way the recorded ops cannot show:
 # GRU cells run as decomposed ops on the CPU but as _thnn_fused_gru_cell on PrivateUse1 (RNN.cpp).
 PRIVATEUSE1_MODULE_OPS: dict[str, str] = {
     "LSTM": "aten::_thnn_fused_lstm_cell",
     "GRU": "aten::_thnn_fused_gru_cell",
+}
+# ... and the backward kernels those cells' derivative formulas call (derivatives.yaml).
+PRIVATEUSE1_MODULE_BACKWARD_OPS: dict[str, str] = {
+    "LSTM": "aten::_thnn_fused_lstm_cell_backward_impl",
+    "GRU": "aten::_thnn_fused_gru_cell_backward",
 }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -276,3 +277,106 @@ def train(model, batches: list[dict[str, torch.Tensor]], lr: float = 1e-4, targe
         torch.compiler.reset()
     return run
 
+
+
+# ---------------------------------------------------------------- the ops of a training step, per target
+# Training ops that migrations trip on, called out by name (what each is on the target comes from its table).
+CALLOUTS = (
+    ("fused RNN cell backward", re.compile(r"_thnn_fused_(lstm|gru)_cell_backward|mkldnn_rnn_layer_backward"),
+     ("backward",)),
+    ("embedding backward", re.compile(r"embedding_(dense_)?backward|_embedding_bag_(dense_)?backward"), ("backward",)),
+    ("index_put / scatter in backward", re.compile(r"index_put|scatter|index_add"), ("backward",)),
+    ("attention backward", re.compile(r"_scaled_dot_product_\w+_backward"), ("backward",)),
+    ("fused optimizer kernel", re.compile(r"_fused_(adam|adamw|sgd|adagrad)_|_foreach_"), ("optimizer",)),
+)
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+
+
+class _OpCounter(_torch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace != "prim":
+            self.calls[func.name()] = self.calls.get(func.name(), 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class StepOps:
+    """The ATen ops of one training step on one target: the compiled forward and backward graphs (the
+    emulated backend's checks), the eager optimizer step, each op classified with the target's table."""
+    target: str
+    model: str
+    optimizer: str                 # the AdamW implementation recorded
+    graphs: int                    # graphs Dynamo captured (more than one: graph breaks)
+    rows: list[dict] = field(default_factory=list)   # phase, op, calls, status, detail, via, callout
+
+    @property
+    def callouts(self) -> list[dict]:
+        return [r for r in self.rows if r["callout"]]
+
+    def not_lowered(self, phase: str | None = None) -> list[dict]:
+        from portkit.targets import CPU_FALLBACK, UNSUPPORTED
+        return [r for r in self.rows if r["status"] in (CPU_FALLBACK, UNSUPPORTED) and phase in (None, r["phase"])]
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "model": self.model, "optimizer": self.optimizer, "graphs": self.graphs,
+                "rows": self.rows, "callouts": self.callouts}
+
+    def __str__(self) -> str:
+        lines = [f"{self.model} training step on {self.target} (emulated): {self.graphs} graph(s), "
+                 f"{sum(r['calls'] for r in self.rows)} ATen calls, AdamW {self.optimizer}"]
+        lines += [f"  {r['callout']}: {r['op']} ({r['phase']}, {r['calls']} calls): {r['status']}"
+                  + (f" via {r['via']}" if r["via"] else "") for r in self.callouts]
+        lines += [f"  not lowered: {r['op']} ({r['phase']}): {r['status']}, {r['detail']}"
+                  for r in self.not_lowered() if not r["callout"]]
+        return "\n".join(lines)
+
+
+def _callout(op: str, phase: str) -> str | None:
+    return next((name for name, pattern, phases in CALLOUTS if phase in phases and pattern.search(op)), None)
+
+
+def step_ops(model, batch: dict[str, torch.Tensor], target: str, optimizer: str = "fused",
+             precision: str | None = None) -> StepOps:
+    """Compile one training step of `model` with `target`'s emulated backend, run it once on `batch`
+    with an AdamW step (`optimizer`: "fused" kernels, "foreach" kernels or a "for-loop"), and classify
+    every ATen op of the forward graph, the backward graph and the optimizer step with the target's op
+    table. Recurrent modules, which Dynamo leaves out of its graphs (they run eagerly on the CPU), add
+    the fused cell kernels their backward runs on the device (targets.PRIVATEUSE1_MODULE_BACKWARD_OPS)."""
+    from portkit import backends
+    if optimizer not in OPTIMIZER_IMPLEMENTATIONS:
+        raise BadParameter("optimizer implementation", optimizer, OPTIMIZER_IMPLEMENTATIONS)
+    t = targets_mod.detect(target)
+    backend = backends.emulated_backend(target, precision)
+    module = copy.deepcopy(model.module).eval()
+    for p in module.parameters():
+        p.requires_grad_(True)
+    kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[optimizer]
+    adamw = torch.optim.AdamW(module.parameters(), lr=1e-5, **kind)
+    torch.compiler.reset()
+    try:
+        torch.compile(_WithLoss(module, loss_for(model)[1]), backend=backend, dynamic=False)(**batch).backward()
+    finally:
+        torch.compiler.reset()
+    counter = _OpCounter()
+    with counter:
+        adamw.step()
+    calls: dict[tuple[str, str], int] = {}
+    for check in backend.checks:
+        for op, n in check.ops.items():
+            calls[(check.part, op)] = calls.get((check.part, op), 0) + n
+    for op, n in counter.calls.items():
+        calls[("optimizer", op)] = n
+    for sub in module.modules():
+        if type(sub).__name__ in targets_mod.PRIVATEUSE1_MODULE_BACKWARD_OPS:
+            op = targets_mod.PRIVATEUSE1_MODULE_BACKWARD_OPS[type(sub).__name__]
+            calls[("backward", op)] = calls.get(("backward", op), 0) + 1
+    found = StepOps(target, model.name, optimizer, sum(c.part == "joint" for c in backend.checks))
+    for (phase, op), n in sorted(calls.items()):
+        cls = t.op_table.classify(op, compiled=phase != "optimizer")
+        found.rows.append({"phase": phase, "op": op, "calls": n, "status": cls.status, "detail": cls.detail,
+                           "via": cls.via, "callout": _callout(op, phase)})
+    return found
