@@ -322,3 +322,28 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
                      "target": f"{side.label(compiled)}, padded to {high} tokens", "outputs": outputs, "task": task,
                      "passed": not reasons, "reasons": reasons})
     return rows
+
+
+# ---------------------------------------------------------------- training (issue #17)
+def training_precisions(targets) -> list[tuple[str, str]]:
+    """(target, precision) pairs a training comparison runs: each migration target's precisions that
+    round below float32 (the others compute what the fp32 reference computes)."""
+    from portkit.tolerance import rounds
+    return [(name, p.name) for name in targets_mod.parse_targets(targets) if not targets_mod.get(name).reference
+            for p in targets_mod.get(name).precisions if rounds(p)]
+
+
+def check_training(model, corpus, targets=("neuron", "tpu"), *, steps: int = 20, batch_size: int = 4,
+                   seq_len: int = 64, lr: float = 1e-4, layout: str = "padded", seed: int = 0):
+    """N AdamW steps of `model`'s own loss on real batches, fp32 against each target precision that
+    rounds (training_precisions): the loss curves, per-layer gradient norms, where they part, advice."""
+    from portkit import training
+    from portkit.training_accuracy import TrainingComparison, diverge, measured_master_weights
+    batches = training.batches(model, corpus, steps, batch_size, seq_len, layout, seed)
+    reference = training.train(model, batches, lr)
+    found = TrainingComparison(model.name, reference.loss, reference.batch, steps, reference)
+    for target, precision in training_precisions(targets):
+        print(f"training {model.name} under {target} {precision} (emulated)")
+        found.runs.append(diverge(reference, training.train(model, batches, lr, target, precision)))
+    measured_master_weights(found.runs)
+    return found

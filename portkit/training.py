@@ -226,9 +226,9 @@ def layers(module: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 def grad_norms(module: nn.Module) -> dict[str, float]:
-    """The L2 norm of each layer's gradients (all of its own parameters together), in float64."""
+    """The L2 norm of each layer's gradients (all of its own parameters together)."""
     with _torch.no_dispatch_modes(), torch.no_grad():
-        return {name: math.sqrt(sum(float(p.grad.double().square().sum()) for p in params if p.grad is not None))
+        return {name: math.hypot(*(float(torch.linalg.vector_norm(p.grad)) for p in params if p.grad is not None))
                 for name, params in layers(module).items()}
 
 
@@ -255,7 +255,8 @@ def train(model, batches: list[dict[str, torch.Tensor]], lr: float = 1e-4, targe
         backend = compiled if isinstance(compiled, str) else backends.emulated_backend(target or "cpu", precision)
         runs = backend if isinstance(backend, str) else backend.__name__
         step_module = torch.compile(step_module, backend=backend, dynamic=False, fullgraph=False)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
+    # One kernel call per parameter (foreach=False): the target's numerics see, and round, every update.
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
     run = TrainingRun(model.name, description, target or "fp32", precision_name,
                       "emulated" if target else "reference", runs, float(lr),
                       {k: list(v.shape) for k, v in batches[0].items()} if batches else {})

@@ -6,11 +6,6 @@ from portkit import models, numerics, targets, tolerance, training
 from portkit.errors import BadParameter
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    return models.load("gpt2")
-
-
 def _decreases(run, distinct: int) -> bool:
     """Each batch's loss is lower on its last visit than on its first (batches cycled)."""
     first, last = run.losses[:distinct], run.losses[-distinct:]
