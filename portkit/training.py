@@ -232,52 +232,69 @@ def grad_norms(module: nn.Module) -> dict[str, float]:
                 for name, params in layers(module).items()}
 
 
-def train(model, batches: list[dict[str, torch.Tensor]], lr: float = 1e-4, target: str | None = None,
-          precision: str | None = None, compiled: bool | str = False, weight_decay: float = 0.01) -> TrainingRun:
-    """One AdamW step per batch from a copy of `model`'s loaded weights; the loss and each layer's
-    gradient norm at every step. target=None: the float32 CPU reference. With a target: its numerics
-    (numerics.emulate, `precision` or the target's default) over forward, backward and optimizer.
-    compiled=True compiles the model with its loss using the target's emulated backend (or the backend
-    named, e.g. "inductor"); the optimizer step runs eagerly."""
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
-        raise BadParameter("lr", lr, hint="must be a positive number")
-    description, loss = loss_for(model)
-    module = copy.deepcopy(model.module).eval()   # dropout off: runs differ only by their numerics
-    for p in module.parameters():
-        p.requires_grad_(True)
-    step_module: nn.Module = _WithLoss(module, loss)
-    mode, runs, precision_name = None, "eager", "fp32"
-    if target is not None:
-        mode = numerics.emulate(targets_mod.get(target), precision)
-        precision_name = mode.precision.name
-    if compiled:
-        from portkit import backends   # torch machinery beside this module; imported when compiling
-        backend = compiled if isinstance(compiled, str) else backends.emulated_backend(target or "cpu", precision)
-        runs = backend if isinstance(backend, str) else backend.__name__
-        step_module = torch.compile(step_module, backend=backend, dynamic=False, fullgraph=False)
-    # One kernel call per parameter (foreach=False): the target's numerics see, and round, every update.
-    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
-    run = TrainingRun(model.name, description, target or "fp32", precision_name,
-                      "emulated" if target else "reference", runs, float(lr),
-                      {k: list(v.shape) for k, v in batches[0].items()} if batches else {})
-    start = time.perf_counter()
-    for batch in progress.bar(batches, desc=f"training {model.name} ({run.target} {precision_name}, {runs})",
-                              unit="step", leave=False):
-        optimizer.zero_grad(set_to_none=True)
+class TrainingStep:
+    """One AdamW step on a copy of `model`'s loaded weights per call: step(batch) -> (loss, per-layer
+    gradient norms, or None with norms=False). target=None: the float32 CPU reference. With a target:
+    its numerics (numerics.emulate, `precision` or the target's default) over forward, backward and
+    optimizer. compiled=True compiles the model with its loss using the target's emulated backend (or
+    the backend named, e.g. "inductor"); the optimizer step runs eagerly."""
+
+    def __init__(self, model, lr: float = 1e-4, target: str | None = None, precision: str | None = None,
+                 compiled: bool | str = False, weight_decay: float = 0.01):
+        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
+            raise BadParameter("lr", lr, hint="must be a positive number")
+        self.loss, loss = loss_for(model)
+        self.module = copy.deepcopy(model.module).eval()   # dropout off: runs differ only by their numerics
+        for p in self.module.parameters():
+            p.requires_grad_(True)
+        self.step_module: nn.Module = _WithLoss(self.module, loss)
+        self.mode, self.runs, self.precision, self.compiled = None, "eager", "fp32", bool(compiled)
+        if target is not None:
+            self.mode = numerics.emulate(targets_mod.get(target), precision)
+            self.precision = self.mode.precision.name
+        if compiled:
+            from portkit import backends   # torch machinery beside this module; imported when compiling
+            backend = compiled if isinstance(compiled, str) else backends.emulated_backend(target or "cpu", precision)
+            self.runs = backend if isinstance(backend, str) else backend.__name__
+            self.step_module = torch.compile(self.step_module, backend=backend, dynamic=False)
+        # One kernel call per parameter (foreach=False): the target's numerics see, and round, every update.
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
+
+    def _numerics(self, inside_graph: bool):
         # A compiled step runs the target's numerics inside its graphs, an eager one under the mode;
         # the optimizer step runs eagerly under the mode either way.
-        with (mode if mode is not None and not compiled else contextlib.nullcontext()):
-            value = step_module(**batch)
-            value.backward()
-        run.grad_norms.append(grad_norms(module))
-        with (mode if mode is not None else contextlib.nullcontext()):
-            optimizer.step()
-        run.losses.append(float(value.detach()))
-    run.seconds = time.perf_counter() - start
-    if compiled:
-        torch.compiler.reset()
-    return run
+        use = self.mode is not None and not (inside_graph and self.compiled)
+        return self.mode if use else contextlib.nullcontext()
 
+    def __call__(self, batch: dict[str, torch.Tensor], norms: bool = True) -> tuple[float, dict | None]:
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._numerics(inside_graph=True):
+            value = self.step_module(**batch)
+            value.backward()
+        found = grad_norms(self.module) if norms else None
+        with self._numerics(inside_graph=False):
+            self.optimizer.step()
+        return float(value.detach()), found
+
+
+def train(model, batches: list[dict[str, torch.Tensor]], lr: float = 1e-4, target: str | None = None,
+          precision: str | None = None, compiled: bool | str = False, weight_decay: float = 0.01) -> TrainingRun:
+    """TrainingStep over every batch in turn: the loss and each layer's gradient norm at every step."""
+    step = TrainingStep(model, lr, target, precision, compiled, weight_decay)
+    run = TrainingRun(model.name, step.loss, target or "fp32", step.precision, "emulated" if target else "reference",
+                      step.runs, float(lr), {k: list(v.shape) for k, v in batches[0].items()} if batches else {})
+    start = time.perf_counter()
+    try:
+        for batch in progress.bar(batches, desc=f"training {model.name} ({run.target} {run.precision}, {run.runs})",
+                                  unit="step", leave=False):
+            loss, norms = step(batch)
+            run.losses.append(loss)
+            run.grad_norms.append(norms)
+    finally:
+        if compiled:
+            torch.compiler.reset()
+    run.seconds = time.perf_counter() - start
+    return run
 
 
 # ---------------------------------------------------------------- the ops of a training step, per target
