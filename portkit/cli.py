@@ -96,6 +96,10 @@ def _print_verdicts(run_dir) -> None:
     print(f"report: {Path(run_dir) / 'report.html'}")
     for name, t in saved["targets"].items():
         print(f"verdict {name} ({t['mode']}): {t['verdict'].upper()} — {t['verdict_reason']}")
+        if t.get("training"):   # workload "train": the training verdict beside the inference one
+            training = t["training"]
+            reason = "; ".join(training["blockers"] + training["work"]) or training["numerics"]
+            print(f"training verdict {name} ({t['mode']}): {training['verdict'].upper()} — {reason}")
 
 
 def _report(args) -> int:

@@ -23,6 +23,9 @@ report.json keys (stable; a CI job can gate on them):
     "mode": "native" | "emulated" (as recorded at run time), "title",
     "verdict": "ready" | "ready with work" | "blocked" | "not assessed" (no stage result for it),
     "verdict_reason": text, "based_on": [stages read],
+    "training": null, or (accuracy run with workload "train") {"verdict": "ready" | "ready with work" | "blocked",
+                "precision", "numerics": text, "blockers": [text], "work": [text], "advice": [text]}: the training
+                verdict beside the inference one (training_accuracy.TrainingComparison.verdicts),
     "precision": the precision setting used, "compiler_flags": text,
     "findings": [{"stage", "severity", "kind", "message", "advice", "notebook"}],
     "checklist": {"kernels": [{"op", "status", "share", "calls", "modules", "language"}],
@@ -212,6 +215,9 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
                     "output": b.get("primary")}, (b.get("outputs") or {}).get(b.get("primary"), {}),
                    passed=b.get("passed")) for b in t.get("buckets", [])]
     out.details["accuracy layers"] = _layer_rows(t.get("layers") or {})
+    training = (data.get("training") or {}).get("verdicts", {}).get(out.name)
+    if training is not None:
+        out.training = {k: training[k] for k in ("verdict", "precision", "numerics", "blockers", "work", "advice")}
 
 
 def _layer_rows(layers: dict) -> list[dict]:
@@ -257,6 +263,11 @@ class TargetReport:
     based_on: list[str] = field(default_factory=list)
     measure_on_hardware: list[str] = field(default_factory=list)
     details: dict[str, list[dict]] = field(default_factory=dict)
+    training: dict | None = None      # the training verdict (accuracy.json's "training"), beside the inference one
+
+    def training_reason(self) -> str:
+        t = self.training or {}
+        return "; ".join(t.get("blockers", []) + t.get("work", [])) or t.get("numerics", "")
 
     @property
     def verdict(self) -> str:
@@ -278,7 +289,7 @@ class TargetReport:
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
-                "verdict_reason": self.verdict_reason(), "based_on": self.based_on,
+                "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "training": self.training,
                 "precision": self.precision, "compiler_flags": self.compiler_flags,
                 "findings": self.findings, "metrics": self.metrics,
                 "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
@@ -330,6 +341,8 @@ class MigrationReport:
             lines.append(f"  gap: {gap}")
         for name, t in self.targets.items():
             lines.append(f"  {name} ({t.mode}): {t.verdict.upper()} — {t.verdict_reason()}")
+            if t.training:
+                lines.append(f"  {name} training: {t.training['verdict'].upper()} — {t.training_reason()}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

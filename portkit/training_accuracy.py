@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass, field
 
 from portkit import targets as targets_mod, tolerance
-from portkit.training import TrainingRun
+from portkit.targets import UNSUPPORTED
+from portkit.training import StepOps, TrainingRun
 
 
 def _outside(value: float, reference: float, tol: tolerance.Tolerance) -> bool:
@@ -126,15 +127,42 @@ class TrainingComparison:
     steps: int
     reference: TrainingRun
     runs: list[TrainingDivergence] = field(default_factory=list)
+    chosen: dict[str, str] = field(default_factory=dict)    # target -> the precision stage 4 judges
+    ops: dict[str, StepOps] = field(default_factory=dict)   # target -> the ops of one compiled step
+
+    def verdicts(self) -> dict[str, dict]:
+        """Per target: "blocked" (a training op with no kernel and no fallback), "ready with work" (ops that
+        fall back to the CPU; the chosen precision's loss or gradients part from fp32), or "ready"."""
+        out = {}
+        for target, precision in self.chosen.items():
+            blockers, work = [], []
+            found = self.ops.get(target)
+            for row in found.not_lowered() if found else []:
+                (blockers if row["status"] == UNSUPPORTED else work).append(
+                    f"{row['op']} ({row['phase']}): {row['status']}, {row['detail']}")
+            run = next((r for r in self.runs if (r.target, r.precision) == (target, precision)), None)
+            if run is None:
+                numerics = f"{precision} rounds nothing below float32: training follows the fp32 reference"
+            else:
+                numerics = str(run).splitlines()[0]
+                if run.loss_parts_at is not None or run.grads_part_at is not None:
+                    work.append(numerics)
+            verdict = "blocked" if blockers else "ready with work" if work else "ready"
+            out[target] = {"verdict": verdict, "precision": precision, "numerics": numerics, "blockers": blockers,
+                           "work": work, "advice": run.advice if run else []}
+        return out
 
     def to_dict(self) -> dict:
         return {"model": self.model, "loss": self.loss, "batch": self.batch, "steps": self.steps,
-                "reference": self.reference.to_dict(), "runs": [r.to_dict() for r in self.runs]}
+                "verdicts": self.verdicts(), "reference": self.reference.to_dict(),
+                "runs": [r.to_dict() for r in self.runs], "ops": {t: o.to_dict() for t, o in self.ops.items()}}
 
     def __str__(self) -> str:
         head = (f"{self.model} training, {self.steps} AdamW steps ({self.loss}) from the loaded weights, fp32 loss "
                 f"{self.reference.losses[0]:.4f} -> {self.reference.losses[-1]:.4f}; each target emulated on the CPU")
-        return "\n".join([head, *map(str, self.runs)])
+        verdicts = [f"training verdict {t}: {v['verdict'].upper()} "
+                    f"({'; '.join(v['blockers'] + v['work']) or v['numerics']})" for t, v in self.verdicts().items()]
+        return "\n".join([head, *map(str, self.runs), *map(str, self.ops.values()), *verdicts])
 
     def plot(self, axes=None):
         """The loss curves side by side (left); the largest relative per-layer gradient-norm gap (right)."""

@@ -1,6 +1,9 @@
 """Stage 4 for training: where a target precision's loss and gradients part from fp32, and the advice."""
-from portkit import accuracy, training
-from portkit.training_accuracy import diverge, measured_master_weights
+import pytest
+
+from portkit import accuracy, report, runner, training
+from portkit.errors import BadParameter
+from portkit.training_accuracy import TrainingComparison, diverge, measured_master_weights
 
 
 def _run(target, precision, losses, norms):
@@ -39,8 +42,35 @@ def test_check_training_runs_each_rounding_precision_on_real_batches(gpt2, corpu
     assert accuracy.training_precisions(["neuron", "tpu", "cpu"]) == [("neuron", "matmult"), ("neuron", "all"),
                                                                       ("tpu", "default")]
     found = accuracy.check_training(gpt2, corpus, ["tpu"], steps=3, batch_size=2, seq_len=16, lr=1e-3,
-                                    layout="packed")
+                                    layout="packed", ops=False)
     assert [(r.target, r.precision) for r in found.runs] == [("tpu", "default")]
     assert len(found.reference.losses) == 3 and found.reference.losses[-1] < found.reference.losses[0]
     assert len(found.runs[0].max_grad_gap) == 3 and found.to_dict()["runs"][0]["run"]["target"] == "tpu"
     assert "tpu default (torch.tpu.Precision.DEFAULT)" in str(found)
+
+
+def test_training_verdicts_per_target_beside_the_inference_one():
+    tpu = diverge(REFERENCE, _run("tpu", "default", [2.0, 1.7, 1.2], [{"a": 1, "b": 1}] * 3))
+    ops = training.StepOps("neuron", "m", "fused", 1, [
+        {"phase": "backward", "op": "aten::_thnn_fused_lstm_cell_backward_impl", "calls": 1, "status": "unsupported",
+         "detail": "no kernel", "via": None, "callout": "fused RNN cell backward"}])
+    found = TrainingComparison("m", "loss", {}, 3, REFERENCE, [tpu], {"neuron": "none", "tpu": "default"},
+                               {"neuron": ops})
+    verdicts = found.verdicts()
+    assert verdicts["neuron"]["verdict"] == "blocked"
+    assert verdicts["neuron"]["blockers"] == ["aten::_thnn_fused_lstm_cell_backward_impl (backward): unsupported, "
+                                              "no kernel"]
+    assert verdicts["tpu"]["verdict"] == "ready with work" and "loss parts at step 1" in verdicts["tpu"]["work"][0]
+    assert "training verdict neuron: BLOCKED" in str(found)
+    # the report reads them from accuracy.json, beside the inference verdict
+    target = report.TargetReport("tpu", "Google TPU", "emulated")
+    report.READERS["accuracy"]({"training": found.to_dict()}, {}, target)
+    assert target.training["verdict"] == "ready with work" and target.training_reason().startswith("tpu default")
+
+
+def test_workload_is_checked_before_anything_runs(tmp_path):
+    with pytest.raises(BadParameter, match="unknown workload 'training'; choose one of: inference, train"):
+        runner.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"workload": "training"}, stages=["accuracy"])
+    with pytest.raises(BadParameter, match="invalid train_steps 0"):
+        runner.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"train_steps": 0}, stages=["accuracy"])
+    assert not (tmp_path / "run").exists()
