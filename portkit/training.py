@@ -237,10 +237,10 @@ class TrainingStep:
     gradient norms, or None with norms=False). target=None: the float32 CPU reference. With a target:
     its numerics (numerics.emulate, `precision` or the target's default) over forward, backward and
     optimizer. compiled=True compiles the model with its loss using the target's emulated backend (or
-    the backend named, e.g. "inductor"); the optimizer step runs eagerly."""
+    the backend given: a name such as "inductor", or a backend object); the optimizer step runs eagerly."""
 
     def __init__(self, model, lr: float = 1e-4, target: str | None = None, precision: str | None = None,
-                 compiled: bool | str = False, weight_decay: float = 0.01):
+                 compiled=False, weight_decay: float = 0.01):
         if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
             raise BadParameter("lr", lr, hint="must be a positive number")
         self.loss, loss = loss_for(model)
@@ -254,8 +254,8 @@ class TrainingStep:
             self.precision = self.mode.precision.name
         if compiled:
             from portkit import backends   # torch machinery beside this module; imported when compiling
-            backend = compiled if isinstance(compiled, str) else backends.emulated_backend(target or "cpu", precision)
-            self.runs = backend if isinstance(backend, str) else backend.__name__
+            backend = backends.emulated_backend(target or "cpu", precision) if compiled is True else compiled
+            self.runs = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
             self.step_module = torch.compile(self.step_module, backend=backend, dynamic=False)
         # One kernel call per parameter (foreach=False): the target's numerics see, and round, every update.
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
@@ -278,7 +278,7 @@ class TrainingStep:
 
 
 def train(model, batches: list[dict[str, torch.Tensor]], lr: float = 1e-4, target: str | None = None,
-          precision: str | None = None, compiled: bool | str = False, weight_decay: float = 0.01) -> TrainingRun:
+          precision: str | None = None, compiled=False, weight_decay: float = 0.01) -> TrainingRun:
     """TrainingStep over every batch in turn: the loss and each layer's gradient norm at every step."""
     step = TrainingStep(model, lr, target, precision, compiled, weight_decay)
     run = TrainingRun(model.name, step.loss, target or "fp32", step.precision, "emulated" if target else "reference",
