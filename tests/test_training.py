@@ -116,3 +116,11 @@ def test_training_step_ops_call_out_backward_and_optimizer_kernels(gpt2):
         assert [r["op"] for r in rnn] == ["aten::_thnn_fused_lstm_cell_backward_impl"]
         assert rnn[0]["status"] == ("unsupported" if target == "neuron" else "native")   # the vendors' tables
     assert "embedding backward: aten::embedding_dense_backward (backward, 1 calls): native" in str(found)
+
+
+def test_functional_forms_of_in_place_writes_are_judged_as_the_write_under_compile():
+    # AOTAutograd writes T5's in-place `shifted[..., 1:] = ids[..., :-1]` as slice_scatter in a training graph
+    table = targets.detect("neuron").op_table
+    compiled = table.classify("aten::slice_scatter", compiled=True)
+    assert (compiled.status, compiled.via) == (table.classify("aten::copy_").status, "aten::copy_")
+    assert table.classify("aten::slice_scatter").status == "unsupported"   # eager: the vendor's table as it is
