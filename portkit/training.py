@@ -201,17 +201,21 @@ class TrainingRun:
     batch: dict                            # shapes of one batch
     losses: list[float] = field(default_factory=list)
     grad_norms: list[dict[str, float]] = field(default_factory=list)   # per step: layer -> norm
+    graphs: list[int] = field(default_factory=list)   # compiled: training graphs compiled by each step's end
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {"model": self.model, "loss": self.loss, "target": self.target, "precision": self.precision,
                 "mode": self.mode, "runs": self.runs, "lr": self.lr, "batch": self.batch, "steps": len(self.losses),
-                "losses": self.losses, "grad_norms": self.grad_norms, "seconds": self.seconds}
+                "losses": self.losses, "grad_norms": self.grad_norms, "graphs": self.graphs,
+                "seconds": self.seconds}
 
     def __str__(self) -> str:
         first, last = (self.losses[0], self.losses[-1]) if self.losses else (math.nan, math.nan)
+        graphs = (f", {self.graphs[0]} graph(s) at step 0, {self.graphs[-1] - self.graphs[0]} recompile(s) after"
+                  if self.graphs else "")
         return (f"{self.model} training ({self.loss}), {self.target} {self.precision} [{self.mode}, {self.runs}]: "
-                f"{len(self.losses)} AdamW steps, lr {self.lr:g}, loss {first:.4f} -> {last:.4f}, "
+                f"{len(self.losses)} AdamW steps, lr {self.lr:g}, loss {first:.4f} -> {last:.4f}{graphs}, "
                 f"{self.seconds:.1f} s")
 
 
@@ -249,6 +253,7 @@ class TrainingStep:
             p.requires_grad_(True)
         self.step_module: nn.Module = _WithLoss(self.module, loss)
         self.mode, self.runs, self.precision, self.compiled = None, "eager", "fp32", bool(compiled)
+        self.backend = None
         if target is not None:
             self.mode = numerics.emulate(targets_mod.get(target), precision)
             self.precision = self.mode.precision.name
@@ -256,9 +261,17 @@ class TrainingStep:
             from portkit import backends   # torch machinery beside this module; imported when compiling
             backend = backends.emulated_backend(target or "cpu", precision) if compiled is True else compiled
             self.runs = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+            self.backend = backend
             self.step_module = torch.compile(self.step_module, backend=backend, dynamic=False)
         # One kernel call per parameter (foreach=False): the target's numerics see, and round, every update.
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay, foreach=False)
+
+    @property
+    def graphs(self) -> int | None:
+        """Training graphs an emulated backend compiled so far (Dynamo's graphs: more than one after the
+        first step is a graph break; a rise after it, a recompile across steps); None when not counted."""
+        checks = getattr(self.backend, "checks", None)
+        return None if checks is None else sum(c.part == "joint" for c in checks)
 
     def _numerics(self, inside_graph: bool):
         # A compiled step runs the target's numerics inside its graphs, an eager one under the mode;
@@ -290,6 +303,8 @@ def train(model, batches: list[dict[str, torch.Tensor]], lr: float = 1e-4, targe
             loss, norms = step(batch)
             run.losses.append(loss)
             run.grad_norms.append(norms)
+            if step.graphs is not None:
+                run.graphs.append(step.graphs)
     finally:
         if compiled:
             torch.compiler.reset()

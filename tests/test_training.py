@@ -58,6 +58,7 @@ def _matches_eager(model, batches, target, precision, lr=1e-3):
     eager = training.train(model, batches, lr=lr, target=target, precision=precision)
     compiled = training.train(model, batches, lr=lr, target=target, precision=precision, compiled=True)
     assert compiled.runs == f"portkit_{target}" and eager.runs == "eager"
+    assert compiled.graphs == [1] * len(batches) and not eager.graphs   # one graph, no recompile across steps
     tol = tolerance.tolerance_for(numerics.emulate(targets.get(target), precision).precision)
     assert tol.check(torch.tensor(compiled.losses), torch.tensor(eager.losses)) is None
     for step in range(len(batches)):
