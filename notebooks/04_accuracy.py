@@ -123,6 +123,13 @@ for name in targets:
 report.bucket_table()
 
 # %% [markdown]
+# ## Save the result for the report
+
+# %%
+report.save(out / "accuracy.json")
+print(f"wrote {out / 'accuracy.json'}")
+
+# %% [markdown]
 # ## Training (workload "train")
 #
 # The model's own loss (next-token for language models, in-batch contrastive for embedding models) on
@@ -137,15 +144,9 @@ if workload == "train":
     training = accuracy.check_training(m, texts, targets, steps=train_steps, batch_size=batch_size,
                                        seq_len=seq_len, seed=seed, precision=precision)
     report.training = training
+    report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
 training
 
 # %%
 if training is not None:
     training.plot();
-
-# %% [markdown]
-# ## Save the result for the report
-
-# %%
-report.save(out / "accuracy.json")
-print(f"wrote {out / 'accuracy.json'}")
