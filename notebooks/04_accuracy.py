@@ -53,6 +53,8 @@ tolerances = {}  # [rtol, atol] per compute dtype, e.g. {"bfloat16": [3e-2, 1e-3
 task_bounds = {}  # verdict budgets, e.g. {"cosine": 0.9999, "baseline_factor": 2}; others: DEFAULT_TASK_BOUNDS
 gpu_numerics = "fp32"  # how the model runs on the GPU today, the baseline: fp32, tf32, bf16_autocast, fp16_autocast
 default_buckets = None  # boundaries when out_dir holds no buckets.json from stage 3; None: accuracy.DEFAULT_BUCKETS
+workload = "inference"  # "inference", or "train": AdamW steps of the model's own loss under each target's numerics too
+train_steps = 20  # AdamW steps (one batch of batch_size x seq_len real texts each) when workload is "train"
 
 # %%
 from IPython.display import display
@@ -61,7 +63,8 @@ from portkit import accuracy, data, environment, models, params, tolerance
 model, targets, out = params.common(model, targets, out_dir)
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
                           tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
-                          corpus=corpus, gpu_numerics=gpu_numerics)
+                          corpus=corpus, gpu_numerics=gpu_numerics, workload=workload,
+                          train_steps=train_steps)
 print(tolerance.describe(tolerances, task_bounds))
 
 # %%
@@ -134,3 +137,25 @@ report.bucket_table()
 # %%
 report.save(out / "accuracy.json")
 print(f"wrote {out / 'accuracy.json'}")
+
+# %% [markdown]
+# ## Training (workload "train")
+#
+# The model's own loss (next-token for language models, in-batch contrastive for embedding models) on
+# real batches, `train_steps` AdamW steps from the loaded weights: fp32 against each target precision that
+# rounds below float32, eager under the target's numerics over forward, backward and optimizer. Where the
+# loss curves and per-layer gradient norms part (at the precision's tolerance), the advice, and the ops of
+# one step compiled with the target's emulated backend (backward and optimizer kernels called out).
+
+# %%
+training = None
+if workload == "train":
+    training = accuracy.check_training(m, texts, targets, steps=train_steps, batch_size=batch_size,
+                                       seq_len=seq_len, seed=seed, precision=precision)
+    report.training = training
+    report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
+training
+
+# %%
+if training is not None:
+    training.plot();

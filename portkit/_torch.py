@@ -22,7 +22,7 @@ import torch.utils._pytree
 # extending-torch notes) but lives in a private module; stages import it from here.
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-__all__ = ["TorchDispatchMode", "backend_by_name", "compile_with_inductor", "current_autograd_node",
+__all__ = ["TorchDispatchMode", "aot_autograd", "backend_by_name", "compile_with_inductor", "current_autograd_node",
            "default_recompile_limit", "fake_tensor_mode", "fresh_compile_cache", "graph_input_name",
            "inductor_cache_hits", "is_op_overload", "known_backends", "no_dispatch_modes", "outside_dynamo_tracing",
            "recompile_limit", "recompile_limit_for", "register_backend", "removed_named_overloads_tolerated",
@@ -137,6 +137,17 @@ def compile_with_inductor(gm: torch.fx.GraphModule, example_inputs):
 
 
 # ---------------------------------------------------------------- Dynamo's backend registry and graphs
+def aot_autograd(forward, backward):
+    """A Dynamo backend for graphs that need gradients (torch._dynamo.backends.common.aot_autograd):
+    AOTAutograd traces the joint forward/backward ATen graph, partitions it, and hands each half to
+    forward(gm, example_inputs) / backward(gm, example_inputs), whose compiled callables it calls with
+    boxed arguments (functorch.compile.make_boxed_func)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd as aot
+    return aot(fw_compiler=lambda gm, example_inputs: make_boxed_func(forward(gm, example_inputs)),
+               bw_compiler=lambda gm, example_inputs: make_boxed_func(backward(gm, example_inputs)))
+
+
 def outside_dynamo_tracing():
     """A context without Dynamo's tracing context (torch._guards.tracing(None)): a retrace inside a
     backend makes its own static-shape fake mode instead of adding symbols and guards to Dynamo's."""

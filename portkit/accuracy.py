@@ -149,13 +149,18 @@ def target_side(targets, compiled: bool | None = None) -> bool:
 
 
 # ---------------------------------------------------------------- the stage's verb
+WORKLOADS = ("inference", "train")
+
+
 def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None, tolerances=None,
                      task_bounds=None, default_buckets=None, seed: int = 0, corpus: str = "stdlib",
                      all_precisions: bool = True, layers: bool = True, float64_reference: bool = True,
-                     gpu_numerics: str = "fp32") -> None:
+                     gpu_numerics: str = "fp32", workload: str = "inference", train_steps: int = 20) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
     params.choice("gpu_numerics", gpu_numerics, numerics.GPU_NUMERICS)
+    params.choice("workload", workload, WORKLOADS)
+    params.positive_int("train_steps", train_steps)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.non_negative_int("seed", seed)
@@ -407,3 +412,37 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
                      "target": f"{side.label(compiled)}, padded to {high} tokens", "outputs": outputs, "task": task,
                      "passed": not reasons, "reasons": reasons, "details": details, "baseline": versus})
     return rows
+
+
+# ---------------------------------------------------------------- training (issue #17)
+def training_precisions(targets) -> list[tuple[str, str]]:
+    """(target, precision) pairs a training comparison runs: each migration target's precisions that
+    round below float32 (the others compute what the fp32 reference computes)."""
+    from portkit.tolerance import rounds
+    return [(name, p.name) for name in targets_mod.parse_targets(targets) if not targets_mod.get(name).reference
+            for p in targets_mod.get(name).precisions if rounds(p)]
+
+
+def check_training(model, corpus, targets=("neuron", "tpu"), *, steps: int = 20, batch_size: int = 4,
+                   seq_len: int = 64, lr: float = 1e-4, layout: str = "padded", seed: int = 0, precision=None,
+                   ops: bool = True):
+    """N AdamW steps of `model`'s own loss on real batches, fp32 against each target precision that
+    rounds (training_precisions): the loss curves, per-layer gradient norms, where they part, advice.
+    precision: {target: name}, the precision each target's training verdict is judged at (default:
+    the target's own); ops=True also compiles one step per target and classifies its ops."""
+    from portkit import training
+    from portkit.training_accuracy import TrainingComparison, diverge, measured_master_weights
+    names = [n for n in targets_mod.parse_targets(targets) if not targets_mod.get(n).reference]
+    batches = training.batches(model, corpus, steps, batch_size, seq_len, layout, seed)
+    reference = training.train(model, batches, lr)
+    chosen = {n: (precision or {}).get(n) or targets_mod.get(n).default_precision.name for n in names}
+    for n, name in chosen.items():
+        targets_mod.get(n).precision(name)   # an unknown name: one line naming the target's precisions
+    found = TrainingComparison(model.name, reference.loss, reference.batch, steps, reference, chosen=chosen)
+    for target, name in training_precisions(names):
+        print(f"training {model.name} under {target} {name} (emulated)")
+        found.runs.append(diverge(reference, training.train(model, batches, lr, target, name)))
+    measured_master_weights(found.runs)
+    for target in names if ops else ():
+        found.ops[target] = training.step_ops(model, batches[0], target, precision=found.chosen[target])
+    return found

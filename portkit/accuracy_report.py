@@ -221,6 +221,7 @@ class AccuracyReport:
     inputs: dict
     reference: dict
     targets: dict[str, TargetAccuracy]
+    training: object = None    # training_accuracy.TrainingComparison where the workload is "train"
 
     @property
     def verdict(self) -> str:
@@ -233,7 +234,8 @@ class AccuracyReport:
         return {"stage": STAGE, "model": self.model, "inputs": self.inputs, "reference": self.reference,
                 "summary": self.summary(), "verdict": self.verdict,
                 "reasons": [f"{n}: {r}" for n, t in self.targets.items() for r in t.reasons],
-                "targets": {n: t.to_dict() for n, t in self.targets.items()}}
+                "targets": {n: t.to_dict() for n, t in self.targets.items()},
+                "training": self.training.to_dict() if self.training is not None else None}
 
     def save(self, path) -> None:
         save_result(path, self.to_dict())
@@ -248,6 +250,8 @@ class AccuracyReport:
             lines += [f"    detail (element-wise, not the verdict): {d}" for d in t.details]
             lines += [f"    advice: {a}" for a in t.advice_lines()]
             lines += [f"    suggestion: {s}" for s in t.suggestions]
+        if self.training is not None:
+            lines.append(str(self.training))
         return "\n".join(lines)
 
     __repr__ = __str__

@@ -10,26 +10,25 @@
     >>> with torch.compiler.set_stance("fail_on_recompile"):
     ...     backends.call_counting_recompiles(lambda x: compiled(**x), inputs, late)
 
-Each emulated backend stands in for its target's compiler (torch.compile(backend="neuron" / "tpu"))
-where a migration feels it:
-1. a graph with a symbolic shape is refused with the vendor's own message (Target.dynamic_shape_error;
-   both targets need dynamic=False and static shapes);
-2. the Dynamo graph is retraced to ATen with make_fx while numerics.emulate(target, precision) is
-   active, so the target's dtype rules and matmul rounding become nodes of the graph (numerics.py is
-   the one implementation of them);
-3. every ATen op is classified with the target's op table as torch.compile sees it; ops that would not
-   lower (CPU fallback, unsupported) are reported with the user's source line, and ops the target's
-   compiler decomposes (targets.DECOMPOSED) are counted apart: they lower as other ops;
-4. the retraced graph, the target's casts and rounding included, runs eagerly op by op: no code
-   generation, so a new shape costs the checks and the retrace only. With inductor=True (or
-   options={"inductor": True}) Inductor compiles that graph for this CPU instead: faster steady
-   forwards, real CPU compile times (never the vendor compiler's).
-They compile inference graphs (eval mode under torch.no_grad, as the workbook does) and refuse others.
+Each emulated backend stands in for its target's compiler (torch.compile(backend="neuron" / "tpu")) where a
+migration feels it:
+1. a graph with a symbolic shape is refused with the vendor's own message (Target.dynamic_shape_error; both
+   targets need dynamic=False and static shapes);
+2. the Dynamo graph is retraced to ATen with make_fx while numerics.emulate(target, precision) is active, so
+   the target's dtype rules and matmul rounding become nodes of the graph (numerics.py implements them);
+3. every ATen op is classified with the target's op table as torch.compile sees it; ops that would not lower
+   (CPU fallback, unsupported) are reported with the user's source line, and ops the target's compiler
+   decomposes (targets.DECOMPOSED) are counted apart: they lower as other ops;
+4. the retraced graph, the target's casts and rounding included, runs eagerly op by op: no code generation,
+   so a new shape costs the checks and the retrace only. With inductor=True (or options={"inductor": True})
+   Inductor compiles that graph for this CPU: faster forwards, real CPU compile times (never the vendor's).
+A graph that needs gradients (a training step) is split by AOTAutograd into its forward and backward ATen
+graphs (_torch.aot_autograd); each half goes through steps 2-4 as its own graph (GraphCheck.part).
 
-Names. The installed package declares portkit_neuron and portkit_tpu as `torch_dynamo_backends` entry
-points (pyproject.toml), so Dynamo's registry finds them in any interpreter and loads this module on
-first use; that is the one registration. From a source tree on PYTHONPATH without installed package
-metadata, importing this module registers the names Dynamo does not know (register()).
+Names. The installed package declares portkit_neuron and portkit_tpu as `torch_dynamo_backends` entry points
+(pyproject.toml), so Dynamo's registry finds them in any interpreter and loads this module on first use; that
+is the one registration. From a source tree on PYTHONPATH without installed package metadata, importing this
+module registers the names Dynamo does not know (register()).
 """
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx.traceback as fx_traceback
 
-from portkit import _torch, numerics, targets as targets_mod
-from portkit import frames
+from portkit import _torch, frames, numerics, targets as targets_mod
 from portkit.errors import BadParameter, CompileRefused
 from portkit.targets import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
 
@@ -77,6 +75,8 @@ class GraphCheck:
     check_seconds: float = 0.0                   # refusal checks, retrace, op table
     inductor_seconds: float = 0.0                # Inductor's compile (inductor=True only)
     runs: str = "eager"                          # how the retraced graph runs: "eager" or "inductor"
+    part: str = "inference"                      # or a training graph's "joint" (Dynamo's), "forward", "backward"
+    ops: dict[str, int] = field(default_factory=dict)   # every ATen op of the retraced graph -> calls
 
 
 class _OpLog(_torch.TorchDispatchMode):
@@ -97,21 +97,6 @@ class _OpLog(_torch.TorchDispatchMode):
                         if isinstance(t, torch.Tensor):
                             seen.add(t.dtype)
         return func(*args, **(kwargs or {}))
-
-
-def graph_contents(log: _OpLog, limit: int = 3) -> dict[str, dict]:
-    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (reconcile.py, #18)."""
-    found: dict[str, dict] = {}
-    for (op, trace), count in log.calls.items():
-        dtypes = sorted(str(d).replace("torch.", "") for d in (log.dtypes or {}).get(op, ()))
-        entry = found.setdefault(op, {"calls": 0, "dtypes": dtypes, "where": [],
-                                      "lines": []})
-        entry["calls"] += count
-        if (where := frames.innermost(frames.from_trace(trace))) and where["line_key"] not in entry["lines"]:
-            entry["lines"].append(where["line_key"])   # every line, outside torch, that makes the op
-            if len(entry["where"]) < limit:
-                entry["where"].append(where)
-    return found
 
 
 def _symbolic(value) -> bool:
@@ -163,7 +148,7 @@ class EmulatedBackend:
         self.__name__ = target.emulated_backend      # how Dynamo's messages name a backend
         self.checks: collections.deque[GraphCheck] = collections.deque(maxlen=1000)
         self._rounded: collections.OrderedDict = collections.OrderedDict()   # see _Hoisted
-        # graph_contents of each graph, recorded where a list (stage 2's capture check), not in storms
+        # frames.graph_contents of each graph, recorded where a list (stage 2's capture check), not in storms
         self.contents: list[dict] | None = None
 
     def __repr__(self) -> str:
@@ -175,11 +160,23 @@ class EmulatedBackend:
         inductor = _inductor_flag(self.target, options.pop("inductor", self.inductor))
         if options:
             raise BadParameter(f"option of backend {self.__name__}", next(iter(options)), self.OPTIONS)
-        start = time.perf_counter()
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+            self._refuse(gm, self._check(gm, precision, inductor, "joint"))   # Dynamo's graph, whole
+            part = functools.partial(self._compile, precision=precision, inductor=inductor)
+            return _torch.aot_autograd(functools.partial(part, part="forward"),
+                                       functools.partial(part, part="backward"))(gm, example_inputs)
+        return self._compile(gm, example_inputs, precision, inductor)
+
+    def _check(self, gm, precision, inductor: bool, part: str) -> GraphCheck:
         check = GraphCheck(self.target.name, precision.name, sum(n.op == "call_function" for n in gm.graph.nodes),
-                           runs="inductor" if inductor else "eager")
+                           runs="inductor" if inductor else "eager", part=part)
         self.checks.append(check)
-        self._refuse(gm, example_inputs, check)
+        return check
+
+    def _compile(self, gm, example_inputs, precision, inductor: bool, part: str = "inference"):
+        start = time.perf_counter()
+        check = self._check(gm, precision, inductor, part)
+        self._refuse(gm, check)
         traced = self._retrace(gm, example_inputs, precision, check)
         traced, hoisted = _Hoisted.split(traced, example_inputs, self._rounded)
         check.check_seconds = time.perf_counter() - start
@@ -191,7 +188,7 @@ class EmulatedBackend:
         check.inductor_seconds = time.perf_counter() - start
         return hoisted.wrap(compiled) if hoisted else compiled
 
-    def _refuse(self, gm, example_inputs, check: GraphCheck) -> None:
+    def _refuse(self, gm, check: GraphCheck) -> None:
         t = self.target
         node = next((n for n in gm.graph.nodes if _symbolic(n.meta.get("example_value"))), None)
         if t.static_shapes and node is not None:
@@ -201,12 +198,6 @@ class EmulatedBackend:
                              "shapes only: use torch.compile(..., dynamic=False) and pad inputs to fixed shapes "
                              "(stage 3 buckets)")
             raise CompileRefused(check.refused, where)
-        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
-            check.refused = (f"{self.__name__} emulates inference graphs only (the workbook compiles eval-mode "
-                             "models under torch.no_grad) and this graph needs gradients: call the compiled "
-                             "model under torch.no_grad() or torch.inference_mode(), or compile training with "
-                             "backend='inductor'")
-            raise CompileRefused(check.refused)
 
     def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:
         log, mode = _OpLog(dtypes=self.contents is not None), numerics.emulate(self.target, precision)
@@ -217,15 +208,17 @@ class EmulatedBackend:
         with _torch.outside_dynamo_tracing():
             fake = _torch.fake_tensor_mode()
             recorder = _AtenRecorder(fake, example_inputs)
-            with fx_traceback.preserve_node_meta(), fake, recorder, mode, log:
+            with fx_traceback.preserve_node_meta(), torch.no_grad(), fake, recorder, mode, log:
                 out = torch.fx.Interpreter(gm).run(*recorder.inputs)
         check.aten_calls = sum(log.calls.values())
+        for (op, _), count in log.calls.items():
+            check.ops[op] = check.ops.get(op, 0) + count
         table = targets_mod.detect(self.target.name).op_table
         check.not_lowered = _not_lowered(log.calls, table)
         check.decomposed = _decomposed(log.calls, table)
         check.numerics = dict(mode.stats)
         if self.contents is not None:
-            self.contents.append(graph_contents(log))
+            self.contents.append(frames.graph_contents(log.calls, log.dtypes))
         return recorder.graph_module(out)
 
 

@@ -101,6 +101,10 @@ def _print_verdicts(run_dir) -> None:
             print(f"  [{f['severity']}] {f['message']} — {f['consequence']}")
         if t.get("vanished"):
             print(f"  {t['vanished']}")
+        if t.get("training"):   # workload "train": the training verdict beside the inference one
+            training = t["training"]
+            reason = "; ".join(training["blockers"] + training["work"]) or training["numerics"]
+            print(f"training verdict {name} ({t['mode']}): {training['verdict'].upper()} — {reason}")
 
 
 def _report(args) -> int:

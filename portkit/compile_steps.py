@@ -207,7 +207,7 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
 
 
 def _merged_contents(graphs: list[dict]) -> dict[str, dict]:
-    """The ops of all captured graphs (backends.graph_contents), merged: calls, dtypes, source frames."""
+    """The ops of all captured graphs (frames.graph_contents), merged: calls, dtypes, source frames."""
     merged: dict[str, dict] = {}
     for graph in graphs:
         for op, found in graph.items():

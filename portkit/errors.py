@@ -54,7 +54,7 @@ class StageFailed(PortkitError):
 
 class CompileRefused(PortkitError):
     """An emulated compile backend refuses a graph the target's own compiler would refuse
-    (a symbolic shape, a training graph); `where` is the source frame of the refused node when known
+    (a symbolic shape); `where` is the source frame of the refused node when known
     (a dict with "file", "line", "function", "code" and "text": frames.place)."""
 
     def __init__(self, message: str, where: dict | None = None):

@@ -158,3 +158,18 @@ def owner(where: dict | None) -> dict:
         if pkg == name and posix.endswith("/" + suffix):
             return {"owner": CONFIGURABLE, "package": name, "setting": setting, "setting_help": help_text}
     return {"owner": LIBRARY, "package": name, "setting": None, "setting_help": None}
+
+
+def graph_contents(calls, op_dtypes: dict | None, limit: int = 3) -> dict[str, dict]:
+    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (reconcile.py, #18).
+    calls: (op, node stack trace) -> count; op_dtypes: op -> the input dtypes seen, or None."""
+    found: dict[str, dict] = {}
+    for (op, trace), count in calls.items():
+        dtypes = sorted(str(d).replace("torch.", "") for d in (op_dtypes or {}).get(op, ()))
+        entry = found.setdefault(op, {"calls": 0, "dtypes": dtypes, "where": [], "lines": []})
+        entry["calls"] += count
+        if (where := innermost(from_trace(trace))) and where["line_key"] not in entry["lines"]:
+            entry["lines"].append(where["line_key"])   # every line, outside torch, that makes the op
+            if len(entry["where"]) < limit:
+                entry["where"].append(where)
+    return found

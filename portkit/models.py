@@ -59,6 +59,7 @@ class LoadedModel:
     max_length: int = _MAX_POSITIONS
     image_size: int | None = None
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")
+    loss: Callable | None = None    # a training loss(module, batch) -> scalar (portkit.training); None: the kind's
 
     @property
     def takes_text(self) -> bool:

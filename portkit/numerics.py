@@ -40,6 +40,10 @@ MATMUL_OPERANDS = {
     aten.mkldnn_convolution.default: (0, 1),
 }
 FUSED_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
+# Ops whose CPU kernel takes int64 class indices only: their int64 arguments keep int64 with values
+# wrapped to 32 bits (a 32-bit device's nll_loss reads int32 labels; the CPU's cannot).
+LONG_INDICES = frozenset({aten.nll_loss_forward.default, aten.nll_loss_backward.default,
+                          aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default})
 
 # How a model runs on the GPU today: the baseline stage 4 holds a target's error against (both measured
 # against float64), emulated here like a target's precision. Sources: PyTorch docs,
@@ -98,16 +102,17 @@ class NumericsMode(TorchDispatchMode):
         self.float64_ops: collections.Counter = collections.Counter()
 
     # -- dtype rules
-    def _down(self, value):
+    def _down(self, value, keep_int: bool = False):
         if isinstance(value, torch.Tensor) and value.dtype in self.casts:
             result = self.casts[value.dtype]
             if value.dtype.is_floating_point:
                 return value.to(result)
-            return value.to(result).to(value.dtype).to(result)   # wrap as a 32-bit device would
+            wrapped = value.to(result).to(value.dtype)   # wrap as a 32-bit device would
+            return wrapped if keep_int else wrapped.to(result)
         if isinstance(value, torch.dtype) and value in self.casts:
             return self.casts[value]
         if isinstance(value, (list, tuple)):
-            return type(value)(self._down(v) for v in value)
+            return type(value)(self._down(v, keep_int) for v in value)
         return value
 
     def _has_cast(self, args, kwargs) -> torch.dtype | None:
@@ -132,7 +137,8 @@ class NumericsMode(TorchDispatchMode):
             if wide == torch.float64:
                 self.float64_ops[func.name()] += 1
             self.stats[f"{_name(wide)} ops run as {_name(self.casts[wide])}"] += 1
-            run_args, run_kwargs = self._down(args), {k: self._down(v) for k, v in kwargs.items()}
+            keep = func in LONG_INDICES
+            run_args, run_kwargs = self._down(args, keep), {k: self._down(v, keep) for k, v in kwargs.items()}
         if self.precision.all_ops is not None:
             run_args = tuple(_round_all(a, self.precision.all_ops) for a in run_args)
         out = self._compute(func, run_args, run_kwargs)
@@ -232,7 +238,13 @@ def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
     out = torch.matmul(round_to(probs, operand, flat), round_to(value, operand, flat))
     if result is not None:
         out = round_to(out, result)
-    return out, lse
+    # The CPU kernel's layouts (batch, query, heads, ...) transposed to heads first: a graph traced
+    # through the real kernel (AOTAutograd's forward) views its outputs with these strides.
+    return _heads_second(out), _heads_second(lse.unsqueeze(-1)).squeeze(-1)
+
+
+def _heads_second(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(-3, -2).contiguous().transpose(-3, -2) if x.dim() >= 3 else x
 
 
 def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

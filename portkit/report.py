@@ -8,14 +8,14 @@
 `portkit report DIR` does the same from the command line, without rerunning any stage, on any machine:
 each target's mode and the environment come from the stage results, which recorded them when they ran
 (portkit/results.py); only a run folder written before that is described by this machine, and says so.
-A stage result that is missing, unreadable or of the wrong shape becomes a named gap, never a traceback;
-a folder with no stage result at all is bad input (BadParameter). The HTML is a Jinja2 template
-(portkit/templates/report.html.j2) with autoescape on, so no value reaches the page unescaped.
+A stage result that is missing, unreadable or of the wrong shape becomes a named gap, never a traceback; a folder
+with no stage result at all is bad input (BadParameter). The HTML is a Jinja2 template (templates/report.html.j2)
+with autoescape on, so no value reaches the page unescaped.
 
 report.json keys (stable; a CI job can gate on them):
 - "schema": "portkit.report/1"; "created"; "run_dir"; "model"
-- "environment": the run's environment as the stages recorded it (environment.environment() at run time)
-- "environment_source": "recorded at run time by fallbacks.json, ..." or results.NOT_RECORDED
+- "environment": as the stages recorded it (environment.environment() at run time); "environment_source":
+  "recorded at run time by fallbacks.json, ..." or results.NOT_RECORDED
 - "stages": {stage: {"file", "status": "ok" | "missing" | "failed" | "unreadable" | "incomplete", "problem",
   "summary"}}: "failed" where the run log (runfolder.RUN_LOG) says the stage failed in the latest run
 - "gaps": [text, ...]: what the report could not read, one line each
@@ -23,14 +23,16 @@ report.json keys (stable; a CI job can gate on them):
     "mode": "native" | "emulated" (as recorded at run time), "title",
     "verdict": "ready" | "ready with work" | "blocked" | "not assessed" (no stage result for it),
     "verdict_reason": text, "based_on": [stages read],
+    "training": null, or (workload "train") the training verdict beside the inference one: {"verdict", "precision",
+                "numerics": text, "blockers", "work", "advice": [text]} (training_accuracy.TrainingComparison.verdicts),
     "precision": the precision setting used, "compiler_flags": text,
     "findings": [{"stage", "severity", "kind", "message", "advice", "notebook", "eager", "compiled",
                   "compiled_detail", "owner", "where", "consequence"}], ordered by consequence (blocker, work,
                info): "eager" is stage 1's severity in the eager pass ("" for the other stages), "compiled"
                whether it persists under torch.compile, vanishes or was not checked (reconcile.py), "owner"
                whose code ("user", "configurable library", "library"; "" where no frame), "where" its line
-    "vanished": one line counting the eager findings that vanish under torch.compile, or null
-    "first": the findings that matter first (blockers, then work), at most FIRST_ROWS
+    "vanished": a line counting the eager findings that vanish under torch.compile, or null; "first": the
+                findings that matter first (blockers, then work), at most FIRST_ROWS
     "checklist": {"kernels": [{"op", "status", "share", "calls", "modules", "language"}],
                   "rewrite": [text], "buckets": {...} | null, "precision": {...} | null,
                   "measure_on_hardware": [text]},
@@ -229,6 +231,9 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
                     "output": b.get("primary")}, (b.get("outputs") or {}).get(b.get("primary"), {}),
                    passed=b.get("passed")) for b in t.get("buckets", [])]
     out.details["accuracy layers"] = _layer_rows(t.get("layers") or {})
+    training = (data.get("training") or {}).get("verdicts", {}).get(out.name)
+    if training is not None:
+        out.training = {k: training[k] for k in ("verdict", "precision", "numerics", "blockers", "work", "advice")}
 
 
 def _layer_rows(layers: dict) -> list[dict]:
@@ -275,6 +280,10 @@ class TargetReport:
     measure_on_hardware: list[str] = field(default_factory=list)
     details: dict[str, list[dict]] = field(default_factory=dict)
     vanished_ops: set = field(default_factory=set)   # ops of eager findings that vanish under compile
+    training: dict | None = None      # the training verdict (accuracy.json's "training"), beside the inference one
+
+    def training_reason(self) -> str:
+        return "; ".join((t := self.training or {}).get("blockers", []) + t.get("work", [])) or t.get("numerics", "")
 
     @property
     def verdict(self) -> str:
@@ -286,13 +295,11 @@ class TargetReport:
     def verdict_reason(self) -> str:
         if not self.based_on:
             return "no stage result holds this target"
-        blockers = [f for f in self.findings if f["severity"] == BLOCKER]
-        work = [f for f in self.findings if f["severity"] == WORK]
+        blockers, work = ([f for f in self.findings if f["severity"] == s] for s in (BLOCKER, WORK))
         if blockers:
             return f"{len(blockers)} blocker(s), first: {blockers[0]['message']}"
-        if work:
-            return f"no blockers; {len(work)} item(s) of work, first: {work[0]['message']}"
-        return "no blockers and no work found in the stages read"
+        return (f"no blockers; {len(work)} item(s) of work, first: {work[0]['message']}" if work
+                else "no blockers and no work found in the stages read")
 
     def first(self) -> list[dict]:
         """The findings that matter first: blockers, then work, most consequential first."""
@@ -304,10 +311,9 @@ class TargetReport:
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
-                "verdict_reason": self.verdict_reason(), "based_on": self.based_on,
-                "first": self.first(), "vanished": self.vanished,
-                "precision": self.precision, "compiler_flags": self.compiler_flags,
-                "findings": self.findings, "metrics": self.metrics,
+                "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "training": self.training,
+                "first": self.first(), "vanished": self.vanished, "precision": self.precision,
+                "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
                 "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
                               "rewrite": self.rewrite, "buckets": self.buckets, "precision": self.precision,
                               "measure_on_hardware": self.measure_on_hardware},
@@ -360,6 +366,8 @@ class MigrationReport:
             lines += [f"    [{f['severity']}] {f['message']} — {f['consequence']}" for f in t.first()]
             if t.vanished:
                 lines.append(f"    {t.vanished}")
+            if t.training:
+                lines.append(f"  {name} training: {t.training['verdict'].upper()} — {t.training_reason()}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -255,13 +255,23 @@ PRIVATEUSE1_PATH: dict[str, tuple[str, str]] = {
     # (aten/src/ATen/native/RNN.cpp); the CPU runs oneDNN's mkldnn_rnn_layer instead.
     "aten::mkldnn_rnn_layer": ("aten::_thnn_fused_lstm_cell",
                                "LSTMCell calls _thnn_fused_lstm_cell on PrivateUse1 devices (RNN.cpp)"),
+    # Their backward passes: each forward's derivative formula (tools/autograd/derivatives.yaml).
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward":
+        ("aten::_scaled_dot_product_fused_attention_overrideable_backward",
+         "the overrideable fused attention's backward (derivatives.yaml) on PrivateUse1 devices"),
+    "aten::mkldnn_rnn_layer_backward": ("aten::_thnn_fused_lstm_cell_backward_impl",
+                                        "_thnn_fused_lstm_cell's backward (derivatives.yaml) on PrivateUse1 devices"),
 }
 # Module types whose device path differs from the CPU path in a way the recorded ops cannot show:
 # GRU cells run as decomposed ops on the CPU but as _thnn_fused_gru_cell on PrivateUse1 (RNN.cpp).
-PRIVATEUSE1_MODULE_OPS: dict[str, str] = {
-    "LSTM": "aten::_thnn_fused_lstm_cell",
-    "GRU": "aten::_thnn_fused_gru_cell",
-}
+PRIVATEUSE1_MODULE_OPS: dict[str, str] = {"LSTM": "aten::_thnn_fused_lstm_cell", "GRU": "aten::_thnn_fused_gru_cell"}
+# A training graph is functionalized by AOTAutograd (both targets' compile pipelines run it): an in-place
+# write into a view becomes one of these functional ops, judged under torch.compile as the write itself.
+FUNCTIONAL_FORMS = {"aten::lift_fresh_copy": "aten::clone", **dict.fromkeys(("aten::copy", "aten::slice_scatter",
+                    "aten::select_scatter", "aten::diagonal_scatter", "aten::as_strided_scatter"), "aten::copy_")}
+# ... and the backward kernels those cells' derivative formulas call (derivatives.yaml).
+PRIVATEUSE1_MODULE_BACKWARD_OPS: dict[str, str] = {"LSTM": "aten::_thnn_fused_lstm_cell_backward_impl",
+                                                   "GRU": "aten::_thnn_fused_gru_cell_backward"}
 
 
 @dataclass(frozen=True)
@@ -322,6 +332,10 @@ class OpTable:
     def _classify(self, op: str, compiled: bool) -> OpClass:
         if op in self.native:
             return OpClass(NATIVE, "kernel on the target")
+        if compiled and op in FUNCTIONAL_FORMS:   # judged as the in-place update it stands for
+            inner = self.classify(FUNCTIONAL_FORMS[op], compiled)
+            return dataclasses.replace(inner, via=FUNCTIONAL_FORMS[op], detail=f"AOTAutograd's functional form of "
+                                       f"{FUNCTIONAL_FORMS[op]} into a view; {FUNCTIONAL_FORMS[op]}: {inner.detail}")
         decomposed = self.is_compile_decomposed(op)
         if compiled and decomposed:
             return OpClass(DECOMPOSED, "the target's compiler decomposes it into other ops")

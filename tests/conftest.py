@@ -59,6 +59,13 @@ def minilm():
     return models.load("minilm")
 
 
+@pytest.fixture(scope="session")
+def gpt2():
+    """The seeded GPT-2 architecture (2 layers): a causal LM built from a Hugging Face config."""
+    from portkit import models
+    return models.load("gpt2")
+
+
 def pytest_configure(config):
     config.portkit_started = time.time()
 

@@ -187,11 +187,18 @@ def test_data_dependent_sizes_are_refused_where_they_happen():
     assert "neuron and tpu refuse" in found.summary()
 
 
-def test_training_graphs_are_refused(small):
+def test_training_graphs_compile_forward_and_backward_and_dynamic_ones_are_refused(small):
     inputs = small.encode(["Return the sum of a and b."], pad_to=8)
+    backend = backends.emulated_backend("neuron")
     torch._dynamo.reset()
-    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="inference graphs only"):
-        torch.compile(small.module, backend="portkit_neuron", dynamic=False)(**inputs)
+    out = torch.compile(small.module, backend=backend, dynamic=False)(**inputs)
+    next(iter(out.values())).float().mean().backward()
+    assert [c.part for c in backend.checks] == ["joint", "forward", "backward"]
+    assert all(p.grad is not None for p in small.module.parameters() if p.requires_grad)
+    small.module.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=targets.get("neuron").dynamic_shape_error):
+        torch.compile(small.module, backend="portkit_neuron", dynamic=True)(**inputs)
     torch._dynamo.reset()
 
 
