@@ -154,7 +154,8 @@ def source_digest(cls) -> str | None:
 def module_fingerprint(module) -> dict | None:
     """What decides a module's lowered program besides the input shapes, read without tracing it: its
     classes (torch's own are covered by the torch version) and their source files' SHA-256, parameter and
-    buffer names, shapes and dtypes, train/eval mode and config. None when a class has no source file."""
+    buffer names, shapes and dtypes, train/eval mode and every config its submodules hold. None when a
+    class has no source file."""
     classes, sources = set(), {}
     for sub in module.modules():
         cls = type(sub)
@@ -166,13 +167,18 @@ def module_fingerprint(module) -> dict | None:
             return None
         sources[cls.__module__] = digest
     tensors = [[n, list(t.shape), str(t.dtype)] for n, t in (*module.named_parameters(), *module.named_buffers())]
-    config = getattr(module, "config", None)
-    try:
-        config = config.to_json_string() if hasattr(config, "to_json_string") else repr(config)
-    except (TypeError, ValueError):
-        config = repr(config)
+    configs = {}       # every distinct config a submodule holds (a wrapper holds none, its model does)
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and id(config) not in configs:
+            try:
+                text = config.to_json_string() if hasattr(config, "to_json_string") else repr(config)
+            except (TypeError, ValueError):
+                text = repr(config)
+            # the attention implementation is private, so left out of the config's JSON
+            configs[id(config)] = [text, str(getattr(config, "_attn_implementation", None))]
     return {"classes": sorted(classes), "sources": sources, "tensors": tensors, "training": module.training,
-            "config": config}
+            "configs": list(configs.values())}
 
 
 def program_key(module, inputs: dict, check: str, context: dict) -> str | None:

@@ -267,6 +267,9 @@ def test_a_rerun_neither_converts_nor_lowers(empty_cache, monkeypatch):
     assert "1 of 1 shapes read from it" in str(neuron)
     # Another model (other weight shapes), or a class with no source file, is converted and lowered again.
     assert not xla.compile_for_tpu(Dense(32), [{"x": ((2, 32), "float32")}]).shapes[0].cached
+    configured = Dense(64)
+    configured.fc.config = {"hidden_act": "gelu"}      # a submodule's config is part of the key
+    assert xla_cache.module_fingerprint(configured) != xla_cache.module_fingerprint(Dense(64))
     Unsourced = type("Unsourced", (Dense,), {"__module__": "not_a_module"})
     assert xla_cache.module_fingerprint(Unsourced(64)) is None
     assert xla.compile_for_tpu(Unsourced(64), TINY).shapes[0].cached      # its lowered module is Dense(64)'s
