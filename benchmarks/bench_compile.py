@@ -6,8 +6,8 @@ minilm (real weights), real stdlib texts, torch.no_grad, dynamic=False, one proc
 - compile for a new shape: batch 1 at a sequence length no other compile used (64, 65, ...), the
   backends interleaved in a rotating order, torch.compiler.reset() before each, medians over the
   rounds. "backend" is the time inside the backend (refusal checks, retrace under the target's
-  numerics, op table: what portkit adds), wall and this thread's CPU time; "first call" is the whole first call (Dynamo's trace, the
-  backend, one forward), beside plain eager's own first call;
+  numerics, op table: what portkit adds), wall and this thread's CPU time; "first call" is the whole
+  first call (Dynamo's trace, the backend, one forward), beside plain eager's own first call;
 - steady forward: batch 8 x 128 compiled once per variant, calls interleaved, medians.
 Aims (#12): backend time for a new shape <= 0.5 s; steady forward <= 1.1x plain eager, the TPU's
 bf16 rounding of matmul operands included (portkit_tpu). portkit_neuron's default precision rounds

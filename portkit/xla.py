@@ -26,7 +26,7 @@ from portkit.errors import MissingPackage
 from portkit.results import save_result
 from portkit.tables import HtmlTable
 from portkit.xla_compile import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
-                                 require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
+                                 require_installed, require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
                                  input_specs)
 from portkit.xla_results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes  # noqa: F401
 
@@ -42,16 +42,15 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
     check_topology(topology)
     if check is None:
         return XlaSkipped(target_name, f"XLA check skipped: {target_name} is a reference platform, not an XLA target")
-    try:
-        require_xla()
-    except MissingPackage as exc:
-        return XlaSkipped(target_name, str(exc))
     if isinstance(model, str):
         from portkit import models
         model = models.load(model)
-    if check == "compile":
-        return compile_for_tpu(model, shapes, topology=topology, dtype=dtype)
-    return check_lowering(model, shapes, dtype=dtype)
+    try:        # jax and torchax load only when a shape is not in the cache
+        if check == "compile":
+            return compile_for_tpu(model, shapes, topology=topology, dtype=dtype)
+        return check_lowering(model, shapes, dtype=dtype)
+    except MissingPackage as exc:
+        return XlaSkipped(target_name, str(exc))
 
 
 def check_parameters(topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
@@ -140,7 +139,9 @@ class XlaStage:
             return f"{name}: skipped ({r.reason})"
         done = sum(s.ok for s in r.shapes)
         if r.check == "lowering":
-            return f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to StableHLO"
+            return (f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to "
+                    f"StableHLO; {r.cached_shapes} read from the lowering cache"
+                    + (" (figures as measured when first lowered)" if r.cached_shapes else ""))
         peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
                 f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "

@@ -16,11 +16,23 @@ the topology, the dtype, XLA_FLAGS and LIBTPU_INIT_ARGS, and the compile options
 builds that context). Lowering is cheap; the compile is what the cache saves. The folder is
 `xla-verdicts` under portkit's cache root (portkit.data.cache_root: $PORTKIT_CACHE_DIR, else
 $XDG_CACHE_HOME/portkit, else ~/.cache/portkit). Deleting it only costs recompiles.
+
+A rerun should not even lower: `program_key` keys a shape by what decides its lowered module before
+any lowering (the model's classes and the SHA-256 of their source files, its parameter and buffer
+names, shapes and dtypes, its config, the input shapes and dtypes, the check and its compile context,
+the torch/transformers/torchax/jax/jaxlib/libtpu versions and portkit's own lowering code). Its entry
+(folder `xla-programs`) names the verdict key the lowering gave, with the lowering's own figures as
+measured then; a hit reads the verdict with no jax import, no torchax conversion and no lowering.
+A model whose classes have no readable source file (defined in a notebook cell) gets no program key
+and is lowered every time, as before.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +41,9 @@ from portkit import data
 from portkit._io import read_json, write_json
 
 FOLDER = "xla-verdicts"
+PROGRAMS = "xla-programs"   # program key -> the verdict key its lowering gave (and the lowering's figures)
+# Distributions whose code decides the lowered module beside the model's own source files.
+LOWERING_PACKAGES = ("torch", "transformers", "torchax", "jax", "jaxlib", "libtpu")
 FORMAT = 1              # bump when the entry layout or the meaning of a field changes: old entries then miss
 # Compiler refusals that are a property of the program, so a rerun gets the same answer: out of HBM
 # (RESOURCE_EXHAUSTED ... CompileTimeHbmOom), an invalid or unimplemented program. Anything else
@@ -115,5 +130,98 @@ def store(key: str, verdict: Verdict, context: dict) -> Path | None:
     try:
         return write_json(_path(key), {"format": FORMAT, "key": key, "context": context,
                                        "verdict": asdict(verdict)})
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- program keys: a hit needs no lowering
+@functools.cache
+def _file_sha256(path: str, mtime_ns: int, size: int) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def source_digest(cls) -> str | None:
+    """SHA-256 of the file that defines `cls`, or None when it has none readable (a notebook cell)."""
+    try:
+        path = inspect.getsourcefile(cls)
+        stat = os.stat(path)
+        return _file_sha256(path, stat.st_mtime_ns, stat.st_size)
+    except (TypeError, OSError):
+        return None
+
+
+def module_fingerprint(module) -> dict | None:
+    """What decides a module's lowered program besides the input shapes, read without tracing it: its
+    classes (torch's own are covered by the torch version) and their source files' SHA-256, parameter and
+    buffer names, shapes and dtypes, train/eval mode and every config its submodules hold. None when a
+    class has no source file."""
+    classes, sources = set(), {}
+    for sub in module.modules():
+        cls = type(sub)
+        classes.add(f"{cls.__module__}.{cls.__qualname__}")
+        if cls.__module__.split(".")[0] == "torch":
+            continue
+        digest = source_digest(cls)
+        if digest is None:
+            return None
+        sources[cls.__module__] = digest
+    tensors = [[n, list(t.shape), str(t.dtype)] for n, t in (*module.named_parameters(), *module.named_buffers())]
+    configs = {}       # every distinct config a submodule holds (a wrapper holds none, its model does)
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and id(config) not in configs:
+            try:
+                text = config.to_json_string() if hasattr(config, "to_json_string") else repr(config)
+            except (TypeError, ValueError):
+                text = repr(config)
+            # the attention implementation is private, so left out of the config's JSON
+            configs[id(config)] = [text, str(getattr(config, "_attn_implementation", None))]
+    return {"classes": sorted(classes), "sources": sources, "tensors": tensors, "training": module.training,
+            "configs": list(configs.values())}
+
+
+def program_key(module, inputs: dict, check: str, context: dict) -> str | None:
+    """A key for one shape's check that needs no lowering, or None (module_fingerprint could not read
+    a class's source). inputs: {name: [shape, dtype]} as checked; check: "compile" or "lowering";
+    context: the rest (topology, dtype, flags, the digest of the code that lowers) as a JSON-able dict."""
+    fingerprint = module_fingerprint(module)
+    if fingerprint is None:
+        return None
+    from portkit import probes
+    material = {"format": FORMAT, "check": check, "inputs": inputs, "context": context, "model": fingerprint,
+                "versions": {p: probes.package_version(p) for p in LOWERING_PACKAGES}}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def programs_dir() -> Path:
+    """The folder of program entries (beside the verdicts, under portkit's cache root)."""
+    return data.cache_root() / PROGRAMS
+
+
+def _program_path(key: str) -> Path:
+    return programs_dir() / f"{key}.json"
+
+
+def load_program(key: str | None) -> dict | None:
+    """The program entry for `key` (a dict of what store_program was given), or None: absent, damaged."""
+    if key is None:
+        return None
+    try:
+        entry = read_json(_program_path(key))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if isinstance(entry, dict) and entry.get("key") == key and entry.get("format") == FORMAT \
+            and isinstance(entry.get("program"), dict):
+        return entry["program"]
+    return None
+
+
+def store_program(key: str | None, program: dict) -> Path | None:
+    """Write a program entry (atomically); None when there is no key or the folder is not writable."""
+    if key is None:
+        return None
+    try:
+        return write_json(_program_path(key), {"format": FORMAT, "key": key, "program": program})
     except OSError:
         return None

@@ -15,7 +15,10 @@ installable here) the same conversion stops at StableHLO: a lowering check, not 
 
 Every TPU compile verdict is kept in portkit's verdict cache (portkit.xla_cache), keyed by the lowered
 module and the compile context: a shape compiled once is never compiled again, by a rerun or by
-another stage pricing it; its ShapeResult says `cached` and keeps the seconds measured then.
+another stage pricing it; its ShapeResult says `cached` and keeps the seconds measured then. A
+program key (xla_cache.program_key: the model's source, weights' shapes, inputs, context, versions)
+names the verdict before any lowering, so a rerun neither imports jax nor converts nor lowers; the
+Neuron lowering check's figures are kept the same way.
 Shapes are {"batch": B, "seq": S} (text), {"batch": B} (images), or {input_name: (shape, dtype)}.
 Needs `pip install 'portkit[xla]'`; without it these raise MissingPackage with the one line to run.
 """
@@ -110,11 +113,17 @@ def _load():
     return jax, _import_torchax()
 
 
-def require_xla():
-    """jax and torchax, or MissingPackage with the one line that says what to install."""
+def require_installed() -> None:
+    """MissingPackage with the one line that says what to install, unless jax, jaxlib, libtpu and torchax
+    are installed (nothing is imported: a check served from the cache needs none of them loaded)."""
     missing = probes.missing_for_xla_tpu_compile()
     if missing:
         raise MissingPackage(f"XLA check skipped: {', '.join(missing)} not installed; {INSTALL}")
+
+
+def require_xla():
+    """jax and torchax, or MissingPackage with the one line that says what to install."""
+    require_installed()
     try:
         return _load()
     except (ImportError, AttributeError, RuntimeError) as exc:
@@ -178,19 +187,36 @@ def _label(shape: dict, specs: dict) -> str:
 
 # ---------------------------------------------------------------- conversion and compile
 class _Program:
-    """A module converted once by torchax; lowered (and compiled) once per input shape."""
+    """A module converted by torchax when first lowered (never, when every shape comes from the cache);
+    lowered (and compiled) once per input shape."""
 
     def __init__(self, module: nn.Module, dtype: torch.dtype | None):
-        self.jax, self.torchax = require_xla()
         self.module = module
         float_dtype = dtype or next((p.dtype for p in module.parameters() if p.is_floating_point()),
                                     torch.float32)
         self.float_dtype = _NARROW.get(float_dtype, float_dtype)
-        with warnings.catch_warnings():
-            # torchax finds weights by reading every attribute of every submodule, which trips
-            # deprecated Hugging Face properties (is_gradient_checkpointing); the user's code did not.
-            warnings.simplefilter("ignore", FutureWarning)
-            self.states, self.fn = self.torchax.extract_jax(module)
+        self._converted = None
+
+    def _convert(self) -> tuple:
+        if self._converted is None:
+            jax, torchax = require_xla()
+            with warnings.catch_warnings():
+                # torchax finds weights by reading every attribute of every submodule, which trips
+                # deprecated Hugging Face properties (is_gradient_checkpointing); the user's code did not.
+                warnings.simplefilter("ignore", FutureWarning)
+                states, fn = torchax.extract_jax(self.module)
+            self._converted = (jax, torchax, states, fn)
+        return self._converted
+
+    jax = property(lambda self: self._convert()[0])
+    torchax = property(lambda self: self._convert()[1])
+    states = property(lambda self: self._convert()[2])
+    fn = property(lambda self: self._convert()[3])
+
+    def key(self, result: ShapeResult, check: str, context: dict) -> str | None:
+        """The program key of one shape's check (portkit.xla_cache.program_key), this code's digest included."""
+        return xla_cache.program_key(self.module, result.inputs, check,
+                                     {**context, "code": xla_cache.source_digest(_Program)})
 
     def narrow(self, dtype: torch.dtype) -> torch.dtype:
         if dtype.is_floating_point:
@@ -259,9 +285,9 @@ def _new_report(model, target: str, check: str, program: _Program) -> XlaCompile
         model=model.name if isinstance(model, LoadedModel) else type(model).__name__, target=target,
         check=check, dtype=str(program.float_dtype).replace("torch.", ""),
         parameters=sum(p.numel() for p in params), parameter_bytes=sum(p.numel() * itemsize[p] for p in params),
-        versions={"torch": torch.__version__, "jax": program.jax.__version__,
+        versions={"torch": torch.__version__, "jax": probes.package_version("jax"),
                   "jaxlib": probes.package_version("jaxlib"), "libtpu": probes.package_version("libtpu"),
-                  "torchax": program.torchax.__version__},
+                  "torchax": probes.package_version("torchax")},
         notes=["JAX runs with 32-bit types (jax_enable_x64 off): int64 inputs and buffers compile as int32, "
                "float64 as float32"])
 
@@ -287,36 +313,67 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
     """
     check_topology(topology)
     shapes, specs, program = _prepare(model, shapes, dtype)
-    from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **TOPOLOGIES[topology])
-    devices = len(topo.devices)
-    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    require_installed()
     report = _new_report(model, "tpu", "compile", program)
-    report.topology, report.devices, report.device_kind = topology, devices, topo.devices[0].device_kind
+    results = [_new_result(shape, spec, program, "compiled") for shape, spec in zip(shapes, specs)]
+    keys = [program.key(r, "compile", {"topology": topology, "topology_options": TOPOLOGIES[topology],
+                                       "dtype": report.dtype, "flags": {k: os.environ.get(k) for k in FLAG_VARIABLES}})
+            for r in results]
+    hits = [_compile_hit(key) for key in keys]
+    if all(hits):       # every verdict is in the cache: no jax, no libtpu, no conversion, no lowering
+        topo, devices, device_kind = None, hits[0][0]["devices"], hits[0][0]["device_kind"]
+    else:
+        require_xla()       # first: it sets the compile-only environment libtpu reads when it loads
+        from jax.experimental import topologies
+        from jax.sharding import NamedSharding, PartitionSpec
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **TOPOLOGIES[topology])
+        devices, device_kind = len(topo.devices), topo.devices[0].device_kind
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    report.topology, report.devices, report.device_kind = topology, devices, device_kind
     report.hbm_bytes_per_device = HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB * chips // devices
     report.notes += ["memory per device from compiled.memory_analysis(); FLOPs and bytes accessed per device "
                      "from compiled.cost_analysis()",
                      f"sanity ratio near 1: the program holds the weights once, in {report.dtype}; buffers and "
                      "TPU tile padding raise it, parameters XLA prunes as unused (a dropped pooler) lower it"]
     report.verdict_cache = str(xla_cache.cache_dir())
-    # Every argument carries a sharding on the topology's devices: without one, JAX silently
-    # compiles for the host CPU instead (checked, jax 0.10 compile-only). _compiled_platform checks the result.
-    mesh = topologies.make_mesh(topo, (devices,), ("batch",))
-    replicated, by_batch = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
-    context = _compile_context(topology, topo, report)
-    for shape, spec in zip(shapes, specs):
+    if topo is not None:
+        # Every argument carries a sharding on the topology's devices: without one, JAX silently
+        # compiles for the host CPU instead (checked, jax 0.10 compile-only). _compiled_platform checks the result.
+        mesh = topologies.make_mesh(topo, (devices,), ("batch",))
+        replicated, by_batch = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
+        context = _compile_context(topology, topo, report)
+    for spec, result, key, hit in zip(specs, results, keys, hits):
+        report.shapes.append(result)
+        if hit:
+            entry, verdict = hit
+            result.input_sharding, result.lower_seconds = entry["input_sharding"], entry["lower_seconds"]
+            result.cached = True
+            _apply(verdict, result, report.hbm_bytes_per_device)
+            continue
         batches = {s[0] if s else None for s, _ in spec.values()}
         split = devices > 1 and len(batches) == 1 and (batches.pop() or 1) % devices == 0
-        result = _new_result(shape, spec, program, "compiled", input_sharding=(
-            f"batch split over {devices} devices" if split else f"replicated on {devices} device(s)"))
-        report.shapes.append(result)
+        result.input_sharding = f"batch split over {devices} devices" if split else f"replicated on {devices} device(s)"
         lowered = program.lower(*program.abstract(spec, replicated, by_batch if split else replicated), result)
         if lowered is not None:
-            verdict, result.cached = _verdict(program.jax, lowered, topology, context)
+            verdict, result.cached, verdict_key = _verdict(program.jax, lowered, topology, context)
             _apply(verdict, result, report.hbm_bytes_per_device)
+            if verdict_key is not None:
+                xla_cache.store_program(key, {"verdict_key": verdict_key, "input_sharding": result.input_sharding,
+                                              "lower_seconds": result.lower_seconds, "devices": devices,
+                                              "device_kind": device_kind})
     return report
+
+
+def _compile_hit(key: str | None) -> tuple[dict, xla_cache.Verdict] | None:
+    """The program entry and cached verdict of a shape's compile, when both are in the cache and sound."""
+    entry = xla_cache.load_program(key)
+    if entry is None or not isinstance(entry.get("verdict_key"), str):
+        return None
+    fields = {"input_sharding": str, "lower_seconds": (int, float), "devices": int, "device_kind": str}
+    if not all(isinstance(entry.get(k), t) for k, t in fields.items()) or entry["devices"] < 1:
+        return None
+    verdict = xla_cache.load(entry["verdict_key"])
+    return (entry, verdict) if verdict is not None else None
 
 
 def _compile_context(topology: str, topo, report: XlaCompileReport) -> dict:
@@ -328,13 +385,13 @@ def _compile_context(topology: str, topo, report: XlaCompileReport) -> dict:
             "compile_options": {}}      # lowered.compile() is called with none
 
 
-def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verdict, bool]:
-    """The compiler's verdict on a lowered program, and whether it came from the verdict cache (else it
-    was compiled now, and cached when repeatable)."""
+def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verdict, bool, str | None]:
+    """The compiler's verdict on a lowered program, whether it came from the verdict cache (else it was
+    compiled now, and cached when repeatable), and its key when it is in the cache now (else None)."""
     key = xla_cache.verdict_key(lowered.as_text(), context)
     cached = xla_cache.load(key)
     if cached is not None:
-        return cached, True
+        return cached, True, key
     measured_at, start = xla_cache.now(), time.perf_counter()
     try:
         compiled = lowered.compile()
@@ -347,8 +404,7 @@ def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verd
         seconds = time.perf_counter() - start
         verdict = xla_cache.Verdict("compiled", seconds, measured_at, _compiled_platform(jax, compiled, topology),
                                     **_measure(compiled))
-    xla_cache.store(key, verdict, context)
-    return verdict, False
+    return verdict, False, key if xla_cache.store(key, verdict, context) is not None else None
 
 
 def _apply(verdict: xla_cache.Verdict, result: ShapeResult, hbm: int) -> None:
@@ -393,15 +449,26 @@ def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:
     report = _new_report(model, "neuron", "lowering", program)
     report.notes.append("StableHLO from JAX's generic accelerator lowering (platform 'tpu'; a CPU lowering would "
                         "call LAPACK); custom calls are platform-specific and neuronx-cc must accept them")
+    report.verdict_cache = str(xla_cache.programs_dir())
     for shape, spec in zip(shapes, specs):
         result = _new_result(shape, spec, program, "lowered")
         report.shapes.append(result)
+        key = program.key(result, "lowering", {"platform": "tpu", "dtype": report.dtype})
+        entry = xla_cache.load_program(key) or {}
+        figures = {"stablehlo_ops": int, "custom_calls": list, "lower_seconds": (int, float), "measured_at": str}
+        if all(isinstance(entry.get(k), t) for k, t in figures.items()):     # lowered before: read back
+            for name in figures:
+                setattr(result, name, entry[name])
+            result.cached = True
+            continue
+        result.measured_at = xla_cache.now()
         lowered = program.lower(*program.abstract(spec, None, None), result, platform="tpu")
         if lowered is not None:
             text = lowered.as_text(dialect="stablehlo")
             # Operations of the stablehlo and chlo dialects; '#stablehlo.' attributes and '!' types excluded.
             result.stablehlo_ops = len(re.findall(r"(?<![#!\w])(?:stablehlo|chlo)\.[a-z_]+", text))
             result.custom_calls = sorted(set(re.findall(r"custom_call @([\w.$-]+)", text)))
+            xla_cache.store_program(key, {name: getattr(result, name) for name in figures})
     return report
 
 

@@ -59,7 +59,7 @@ class ShapeResult:
     def describe(self, hbm: int | None) -> str:
         if self.status == "lowered":
             calls = f"; custom calls: {', '.join(self.custom_calls)}" if self.custom_calls else ""
-            return f"lowered to StableHLO in {self.lower_seconds:.1f} s: {self.stablehlo_ops} ops{calls}"
+            return f"lowered to StableHLO in {self.lower_seconds:.1f} s{self.origin()}: {self.stablehlo_ops} ops{calls}"
         if self.status == "compiled":
             m = self.memory
             fit = (f"fits ({m['total'] / hbm:.1%} of {format_bytes(hbm)})" if self.fits_hbm
@@ -80,8 +80,13 @@ class ShapeResult:
         return f"{verdict.get(self.status, 'compile failed')}{self.origin()}{where}: {first}"
 
     def origin(self) -> str:
-        """Where a compile verdict came from, for a cached one: its seconds are the ones measured then."""
-        return f" (verdict cache; compile measured {self.measured_at})" if self.cached else ""
+        """Where a compile verdict (or lowering figures) came from, for a cached one: its seconds are the ones
+        measured then."""
+        if not self.cached:
+            return ""
+        if self.status == "lowered":
+            return f" (lowering cache; measured {self.measured_at})"
+        return f" (verdict cache; compile measured {self.measured_at})"
 
 
 @dataclass
@@ -159,6 +164,9 @@ class XlaCompileReport:
         return "\n".join(lines)
 
     def cache_line(self) -> str:
+        if self.check == "lowering":
+            return (f"lowering cache {self.verdict_cache}: {self.cached_shapes} of {len(self.shapes)} shapes read "
+                    "from it (not lowered now; their figures are those measured when first lowered)")
         return (f"verdict cache {self.verdict_cache}: {self.cached_shapes} of {len(self.shapes)} shapes served from "
                 "it (no compile now; their compile seconds are those measured when first compiled)")
 

@@ -14,14 +14,15 @@ def _session_cache_root() -> str:
     """A fresh portkit cache root for this test session (portkit.data.cache_root).
 
     Set in os.environ at import, so the notebook kernels and subprocesses the tests start inherit it:
-    no test reads or writes the user's XLA verdict cache, every session compiles for real once, and
+    no test reads or writes the user's XLA verdicts or lowerings, every session compiles for real once, and
     within a session no shape is compiled twice. The user's other portkit caches (the standard
     library's docstrings, keyed by Python version and path) are copied in: they do not depend on
     anything a test changes, and re-reading the standard library would cost seconds per session."""
     from portkit import data, xla_cache
     user_root, root = data.cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
     if user_root.is_dir():
-        shutil.copytree(user_root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(xla_cache.FOLDER))
+        shutil.copytree(user_root, root, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(xla_cache.FOLDER, xla_cache.PROGRAMS))
     os.environ[data.CACHE_VARIABLE] = root
     return root
 

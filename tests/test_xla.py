@@ -243,6 +243,39 @@ def test_an_internal_compiler_error_is_reported_but_not_cached(empty_cache, monk
     assert empty_cache == [1, 1] and not list(xla_cache.cache_dir().glob("*.json"))
 
 
+@needs_xla
+def test_a_rerun_neither_converts_nor_lowers(empty_cache, monkeypatch):
+    """The program key names the verdict (TPU) or the lowering figures (Neuron) before any conversion."""
+    first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+    lowered = xla.check_lowering(Dense(64), TINY).shapes[0]
+    assert not lowered.cached and lowered.stablehlo_ops > 0 and lowered.measured_at
+    conversions = []
+    original = xla_compile._Program._convert
+    monkeypatch.setattr(xla_compile._Program, "_convert",
+                        lambda self: (self._converted is None and conversions.append(1)) or original(self))
+    report = xla.compile_for_tpu(Dense(64), TINY)
+    again = report.shapes[0]
+    assert again.cached and conversions == [] and empty_cache == [1]
+    for field in ("memory", "compile_seconds", "measured_at", "lower_seconds", "input_sharding"):
+        assert getattr(again, field) == getattr(first, field), field
+    assert (report.devices, report.device_kind) == (1, "TPU v5 lite")
+    neuron = xla.check_lowering(Dense(64), TINY)
+    assert neuron.shapes[0].cached and conversions == []
+    for field in ("stablehlo_ops", "custom_calls", "lower_seconds", "measured_at"):
+        assert getattr(neuron.shapes[0], field) == getattr(lowered, field), field
+    assert f"(lowering cache; measured {lowered.measured_at})" in str(neuron)
+    assert "1 of 1 shapes read from it" in str(neuron)
+    # Another model (other weight shapes), or a class with no source file, is converted and lowered again.
+    assert not xla.compile_for_tpu(Dense(32), [{"x": ((2, 32), "float32")}]).shapes[0].cached
+    configured = Dense(64)
+    configured.fc.config = {"hidden_act": "gelu"}      # a submodule's config is part of the key
+    assert xla_cache.module_fingerprint(configured) != xla_cache.module_fingerprint(Dense(64))
+    Unsourced = type("Unsourced", (Dense,), {"__module__": "not_a_module"})
+    assert xla_cache.module_fingerprint(Unsourced(64)) is None
+    assert xla.compile_for_tpu(Unsourced(64), TINY).shapes[0].cached      # its lowered module is Dense(64)'s
+    assert len(conversions) == 2 and empty_cache == [1, 1]
+
+
 def test_only_repeatable_verdicts_are_cached():
     verdict = functools.partial(xla_cache.Verdict, compile_seconds=1.0, measured_at="2025-01-01T00:00:00Z")
     assert verdict("compiled").repeatable and verdict("out_of_hbm", message="RESOURCE_EXHAUSTED: ...").repeatable
