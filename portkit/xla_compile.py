@@ -44,7 +44,8 @@ from portkit.xla_results import GIB, ShapeResult, XlaCompileReport
 HBM_GIB_PER_CHIP = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "tpu7x": 192}
 # Names jax.experimental.topologies.get_topology_desc accepts with libtpu for compile-only devices
 # (checked on a CPU-only host, jax 0.10); v4 needs megacore.
-TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v5p:2x2x1": {},
+TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v5e:2x4": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v6e:2x4": {},
+              "v5p:2x2x1": {}, "v5p:2x2x2": {},
               "v4:2x2x1": {"chip_config_name": "megacore"}, "tpu7x:2x2x1": {}}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INSTALL = "pip install 'portkit[xla]' (or: pip install jax jaxlib libtpu torchax==0.0.13)"
@@ -190,7 +191,10 @@ class _Program:
             # torchax finds weights by reading every attribute of every submodule, which trips
             # deprecated Hugging Face properties (is_gradient_checkpointing); the user's code did not.
             warnings.simplefilter("ignore", FutureWarning)
-            self.states, self.fn = self.torchax.extract_jax(module)
+            if is_abstract(module):
+                self.states, self.fn = _extract_abstract(self.jax, self.torchax, module)
+            else:
+                self.states, self.fn = self.torchax.extract_jax(module)
 
     def narrow(self, dtype: torch.dtype) -> torch.dtype:
         if dtype.is_floating_point:
@@ -231,6 +235,31 @@ class _Program:
                 return None
             finally:
                 result.lower_seconds = time.perf_counter() - start
+
+
+def is_abstract(module: nn.Module) -> bool:
+    """True when the module's weights are on the meta device: shapes and dtypes, no values."""
+    return any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+
+
+def _extract_abstract(jax, torchax, module: nn.Module):
+    """torchax.extract_jax for a module on the meta device: its states as jax.ShapeDtypeStructs, so
+    the program is traced, lowered and compiled with no weight in memory (compile-only needs none)."""
+    jit_module = torchax.JittableModule(module)
+    dtype = torchax.ops.mappings.t2j_dtype
+    states = {k: jax.ShapeDtypeStruct(tuple(t.shape), dtype(t.dtype))
+              for k, t in {**jit_module.buffers, **jit_module.params}.items()}
+    env = torchax.default_env()
+
+    def jax_func(states, args, kwargs=None):   # as torchax.extract_jax's own
+        params = {k: states[k] for k in jit_module.params}
+        buffers = {k: states[k] for k in jit_module.buffers}
+        params, buffers, args, kwargs = env.j2t_iso((params, buffers, args, kwargs or {}))
+        with env:
+            result = jit_module.functional_call("forward", params, buffers, *args, **kwargs)
+        # a Hugging Face ModelOutput is not a JAX type: its tensors, in order
+        return env.t2j_iso(result.to_tuple() if hasattr(result, "to_tuple") else result)
+    return states, jax_func
 
 
 def _message(exc: BaseException) -> str:
@@ -354,7 +383,7 @@ def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verd
 def _apply(verdict: xla_cache.Verdict, result: ShapeResult, hbm: int) -> None:
     """Fill `result` from a verdict; whether it fits is decided here, against this topology's HBM."""
     for name in ("status", "compile_seconds", "measured_at", "platform", "memory", "message", "flops",
-                 "bytes_accessed"):
+                 "bytes_accessed", "collectives"):
         setattr(result, name, getattr(verdict, name))
     if verdict.status == "compiled":
         result.fits_hbm = verdict.memory["total"] <= hbm
@@ -384,7 +413,15 @@ def _measure(compiled) -> dict:
     # cost_analysis()["optimal_seconds"] is left out on purpose: it came out negative for compile-only
     # TPU topologies (checked, jax 0.10 with libtpu).
     return {"memory": m, "flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)), "collectives": collectives(compiled.as_text())}
+
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+def collectives(hlo_text: str) -> dict[str, int]:
+    """How many of each collective op a compiled HLO module holds (async pairs count once, by their -start)."""
+    return {op: len(re.findall(rf"(?<![%\w.-]){op}(?:-start)?\(", hlo_text)) for op in COLLECTIVES}
 
 
 def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:

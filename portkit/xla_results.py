@@ -51,6 +51,7 @@ class ShapeResult:
     custom_calls: list | None = None
     cached: bool = False            # the verdict came from portkit's verdict cache: nothing was compiled now
     measured_at: str | None = None  # when compile_seconds was measured (UTC, ISO 8601)
+    collectives: dict | None = None  # collective ops the compiler inserted (counted in the compiled HLO)
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,68 @@
+"""Real-size models without weights (meta device) through the XLA compile-only check, sharded over
+multi-chip TPU topologies (#16). Compiles use tiny configs; the Llama-3 sizes are checked by shape only
+here (building them on the meta device allocates no weight), and compiled in benchmarks/bench_sharded.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from portkit import abstract_models, probes, xla_compile, xla_sharded
+from portkit.errors import BadParameter
+
+needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+                               reason="needs jax, jaxlib, libtpu and torchax (pip install 'portkit[xla]')")
+
+
+def test_every_config_names_its_source():
+    table = json.loads(abstract_models.CONFIGS.read_text())
+    assert "_provenance" in table
+    for name in abstract_models.names():
+        assert abstract_models.source(name).startswith(("https://huggingface.co/", "portkit test config"))
+
+
+def test_a_meta_model_has_its_config_size_and_no_storage():
+    m = abstract_models.build("tiny-llama")
+    params = list(m.parameters())
+    assert all(p.is_meta and p.dtype == torch.bfloat16 for p in params)
+    c = m.config      # embeddings and head, 2 layers of q,o (64x64), k,v (64x32), MLP 3x(64x128), 2 norms, final norm
+    layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
+    assert sum(p.numel() for p in params) == 2 * c.vocab_size * 64 + 2 * layer + 64
+    assert xla_compile.is_abstract(m) and m.portkit_abstract["name"] == "tiny-llama"
+
+
+def test_bad_names_and_shapes_are_one_line_errors():
+    with pytest.raises(BadParameter, match="llama3-9b"):
+        abstract_models.build("llama3-9b")
+    m = abstract_models.build("tiny-llama")
+    with pytest.raises(BadParameter, match="at most 256 tokens"):
+        abstract_models.text_shape(m, 1, 257)
+    with pytest.raises(BadParameter, match="batch"):
+        abstract_models.text_shape(m, 0, 8)
+    with pytest.raises(BadParameter, match="v5e:9x9"):
+        xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 4, 8)], "v5e:9x9")
+
+
+def test_collectives_are_counted_once_per_op_not_per_reference():
+    hlo = ("%ag = (bf16[2], bf16[8]) all-gather-start(%p)\n%d = bf16[8] all-gather-done(%ag)\n"
+           "%ar.1 = f32[] all-reduce(%x), to_apply=%sum\n%y = f32[] add(%ar.1, %all-reduce.7)")
+    counts = xla_compile.collectives(hlo)
+    assert counts["all-gather"] == 1 and counts["all-reduce"] == 1 and counts["reduce-scatter"] == 0
+
+
+def test_fsdp_splits_the_first_dimension_that_divides():
+    PartitionSpec = pytest.importorskip("jax.sharding").PartitionSpec
+    assert xla_sharded._weight_spec((6, 8), 4, PartitionSpec) == PartitionSpec(None, "fsdp")
+    assert xla_sharded._weight_spec((8, 6), 4, PartitionSpec) == PartitionSpec("fsdp")
+    assert xla_sharded._weight_spec((3,), 4, PartitionSpec) == PartitionSpec()
+
+
+@needs_xla
+def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
+    m = abstract_models.build("tiny-llama")
+    report = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 4, 16)], "v5e:2x2")
+    r = report.shapes[0]
+    assert (r.status, r.platform, r.fits_hbm) == ("compiled", "tpu", True), r.message
+    assert report.devices == 4 and r.collectives["all-gather"] > 0     # weights gathered: they were sharded
+    # sharded weights take about a quarter per device of what the model holds
+    assert r.memory["argument"] < report.parameter_bytes / 2
