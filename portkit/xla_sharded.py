@@ -86,3 +86,40 @@ def smallest_fitting(model, shape: dict, candidates, dtype: str | None = None) -
         if report.shapes[0].ok and report.shapes[0].status == "compiled":
             return name, tried
     return None, tried
+
+
+def fit_table(name: str, topologies, batch: int, seq: int):
+    """An abstract model (portkit.abstract_models name) compiled sharded on each topology, fewest chips
+    first, stopping at the first that fits: one row per topology tried (HBM per device, collectives)."""
+    from portkit import abstract_models
+    from portkit.tables import HtmlTable
+    from portkit.xla_results import format_bytes
+
+    model = abstract_models.build(name)
+    best, tried = smallest_fitting(model, abstract_models.text_shape(model, batch, seq), list(topologies))
+    rows = []
+    for report in tried:
+        r = report.shapes[0]
+        hbm = format_bytes(r.memory["total"]) if r.memory else "-"
+        counts = ", ".join(f"{k} {v}" for k, v in (r.collectives or {}).items() if v) or "-"
+        rows.append([report.topology, report.devices, r.status, hbm, format_bytes(report.hbm_bytes_per_device),
+                     "yes" if r.ok and r.status == "compiled" else "no", counts,
+                     f"{r.compile_seconds:.1f}" if r.compile_seconds is not None else "-"])
+    caption = (f"{name} ({tried[0].parameters / 1e9:.2f} B parameters, no weights in memory; config: "
+               f"{abstract_models.source(name)}), batch {batch} x seq {seq}, weights FSDP-sharded: "
+               + (f"smallest topology that fits: {best}" if best else "fits none of these topologies"))
+    return HtmlTable(["topology", "devices", "verdict", "HBM per device", "HBM of device", "fits", "collectives",
+                      "compile s"], rows, caption)
+
+
+def check_scale_parameters(name: str, topologies, batch: int, seq: int) -> None:
+    """The real-size check's parameters, each bad one a one-line BadParameter ("" name: the check is off)."""
+    from portkit import abstract_models
+
+    if not name:
+        return
+    if not isinstance(topologies, (list, tuple)) or not topologies:
+        raise BadParameter("scale_topologies", topologies, xla_compile.TOPOLOGIES)
+    for topology in topologies:
+        xla_compile.check_topology(topology)
+    abstract_models.text_shape(abstract_models.build(name), batch, seq)

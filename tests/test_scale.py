@@ -66,3 +66,18 @@ def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
     assert report.devices == 4 and r.collectives["all-gather"] > 0     # weights gathered: they were sharded
     # sharded weights take about a quarter per device of what the model holds
     assert r.memory["argument"] < report.parameter_bytes / 2
+
+
+def test_scale_parameters_are_checked_before_any_compile():
+    xla_sharded.check_scale_parameters("", "anything", 0, 0)           # "" turns the check off
+    with pytest.raises(BadParameter, match="v5e:3x3"):
+        xla_sharded.check_scale_parameters("tiny-llama", ["v5e:3x3"], 1, 8)
+    with pytest.raises(BadParameter, match="scale_topologies"):
+        xla_sharded.check_scale_parameters("tiny-llama", [], 1, 8)
+
+
+@needs_xla
+def test_fit_table_stops_at_the_smallest_topology_that_fits():
+    table = xla_sharded.fit_table("tiny-llama", ["v5e:2x2", "v5e:1x1"], batch=4, seq=16)
+    assert "smallest topology that fits: v5e:1x1" in str(table)
+    assert len(table.rows) == 1 and table.rows[0][0] == "v5e:1x1"    # the 1-chip one fit: 2x2 never compiled
