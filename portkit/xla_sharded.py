@@ -123,3 +123,44 @@ def check_scale_parameters(name: str, topologies, batch: int, seq: int) -> None:
     for topology in topologies:
         xla_compile.check_topology(topology)
     abstract_models.text_shape(abstract_models.build(name), batch, seq)
+
+
+def largest_fitting(fits, limit: int) -> tuple[int, dict[int, bool]]:
+    """The largest n in 1..limit with fits(n) True, assuming fitting is monotone (what fits at n fits
+    below n): doubling from 1 until a refusal or the limit, then bisection between the last fit and the
+    first refusal. Returns (n, {n tried: verdict}); n is 0 when even 1 does not fit. About 2·log2(n)
+    calls to `fits`, each a compile."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise BadParameter("batch limit", limit, hint="a positive integer")
+    tried: dict[int, bool] = {}
+
+    def ask(n: int) -> bool:
+        tried[n] = bool(fits(n))
+        return tried[n]
+
+    good, bad, n = 0, limit + 1, 1
+    while n <= limit and ask(n):
+        good, n = n, n * 2
+    bad = n if n <= limit else limit + 1       # the first refusal, or past the limit
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ask(mid) else (good, mid)
+    return good, tried
+
+
+def largest_batch(model, seq: int, topology: str, limit: int = 1024, dtype: str | None = None
+                  ) -> tuple[int, dict[int, bool]]:
+    """The largest batch of `seq` tokens that compiles and fits HBM on `topology` (sharded as compile_sharded
+    does), the compiler's own out-of-HBM verdict being the boundary. Each batch tried is one compile,
+    cached by portkit's verdict cache, so a rerun compiles nothing. A compile failing for another reason
+    than memory raises PortkitError with the compiler's words: that is not a size boundary."""
+    from portkit import abstract_models
+    from portkit.errors import PortkitError
+
+    def fits(batch: int) -> bool:
+        report = compile_sharded(model, [abstract_models.text_shape(model, batch, seq)], topology, dtype)
+        r = report.shapes[0]
+        if r.status not in ("compiled", "out_of_hbm"):
+            raise PortkitError(f"batch {batch} on {topology}: {r.describe(report.hbm_bytes_per_device)}")
+        return r.status == "compiled" and bool(r.fits_hbm)
+    return largest_fitting(fits, limit)

@@ -81,3 +81,26 @@ def test_fit_table_stops_at_the_smallest_topology_that_fits():
     table = xla_sharded.fit_table("tiny-llama", ["v5e:2x2", "v5e:1x1"], batch=4, seq=16)
     assert "smallest topology that fits: v5e:1x1" in str(table)
     assert len(table.rows) == 1 and table.rows[0][0] == "v5e:1x1"    # the 1-chip one fit: 2x2 never compiled
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 2, 37, 64, 1000, 5000])
+def test_bisection_finds_the_boundary_of_a_fake_compiler_in_few_compiles(capacity):
+    calls = []
+
+    def fits(batch):              # a fake compiler verdict: out of HBM above `capacity`
+        calls.append(batch)
+        return batch <= capacity
+    best, tried = xla_sharded.largest_fitting(fits, limit=1024)
+    assert best == min(capacity, 1024)
+    assert tried == {b: b <= capacity for b in calls} and len(calls) == len(set(calls)) <= 21
+    assert all(tried[b] for b in tried if b <= best) and not any(tried[b] for b in tried if b > best)
+    with pytest.raises(BadParameter, match="batch limit"):
+        xla_sharded.largest_fitting(fits, limit=0)
+
+
+@needs_xla
+def test_the_compilers_out_of_hbm_verdict_is_the_boundary():
+    m = abstract_models.build("tiny-llama")
+    huge = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 65536, 256)], "v5e:1x1").shapes[0]
+    assert huge.status == "out_of_hbm" and huge.fits_hbm is False, huge.message     # the compiler refused
+    assert xla_sharded.largest_batch(m, 16, "v5e:1x1", limit=1) == (1, {1: True})
