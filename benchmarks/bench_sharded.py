@@ -23,17 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, resource, sys, time
-from portkit import abstract_models, xla_sharded
+from portkit import abstract_models, capacity, xla_sharded
 name, topology, batch, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 start = time.perf_counter()
 m = abstract_models.build(name)
 built = time.perf_counter() - start
 r = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, batch, seq)], topology)
 x = r.shapes[0]
+roof = capacity.roofline(r, x, tokens=batch * seq) if x.status == "compiled" else None
 print(json.dumps({"parameters": r.parameters, "parameter_bytes": r.parameter_bytes, "build_s": built,
                   "lower_s": x.lower_seconds, "compile_s": x.compile_seconds, "status": x.status,
                   "describe": x.describe(r.hbm_bytes_per_device), "collectives": x.collectives,
-                  "total_s": time.perf_counter() - start,
+                  "total_s": time.perf_counter() - start, "roofline": roof,
                   "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -59,6 +60,10 @@ def main() -> None:
     print(f"  collectives in the compiled HLO: {r['collectives']}")
     print(f"  build {r['build_s']:.1f} s, lower {r['lower_s']:.1f} s, compile {r['compile_s']:.1f} s, "
           f"child total {r['total_s']:.1f} s")
+    if r["roofline"]:
+        f = r["roofline"]
+        print(f"  roofline ({f['label']}; peaks: {f['source']}): {f['tokens_per_second_per_chip']:,.0f} tokens/s "
+              f"per chip, {f['bound']}-bound, step >= {f['step_seconds'] * 1e3:.1f} ms")
     print(f"  peak host memory (child maxrss): {gib:.2f} GiB — aim < 4 GiB: {'met' if gib < 4 else 'NOT met'}")
 
 

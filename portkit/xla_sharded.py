@@ -91,7 +91,7 @@ def smallest_fitting(model, shape: dict, candidates, dtype: str | None = None) -
 def fit_table(name: str, topologies, batch: int, seq: int):
     """An abstract model (portkit.abstract_models name) compiled sharded on each topology, fewest chips
     first, stopping at the first that fits: one row per topology tried (HBM per device, collectives)."""
-    from portkit import abstract_models
+    from portkit import abstract_models, capacity
     from portkit.tables import HtmlTable
     from portkit.xla_results import format_bytes
 
@@ -102,14 +102,17 @@ def fit_table(name: str, topologies, batch: int, seq: int):
         r = report.shapes[0]
         hbm = format_bytes(r.memory["total"]) if r.memory else "-"
         counts = ", ".join(f"{k} {v}" for k, v in (r.collectives or {}).items() if v) or "-"
+        roof = (capacity.roofline(report, r, tokens=batch * seq)
+                if r.status == "compiled" and report.topology.split(":")[0] in capacity.chips() else None)
         rows.append([report.topology, report.devices, r.status, hbm, format_bytes(report.hbm_bytes_per_device),
                      "yes" if r.ok and r.status == "compiled" else "no", counts,
-                     f"{r.compile_seconds:.1f}" if r.compile_seconds is not None else "-"])
+                     f"{r.compile_seconds:.1f}" if r.compile_seconds is not None else "-",
+                     f"{roof['tokens_per_second_per_chip']:,.0f} ({roof['bound']}-bound)" if roof else "-"])
     caption = (f"{name} ({tried[0].parameters / 1e9:.2f} B parameters, no weights in memory; config: "
                f"{abstract_models.source(name)}), batch {batch} x seq {seq}, weights FSDP-sharded: "
                + (f"smallest topology that fits: {best}" if best else "fits none of these topologies"))
     return HtmlTable(["topology", "devices", "verdict", "HBM per device", "HBM of device", "fits", "collectives",
-                      "compile s"], rows, caption)
+                      "compile s", f"tokens/s per chip ({capacity.LABEL}: roofline)"], rows, caption)
 
 
 def check_scale_parameters(name: str, topologies, batch: int, seq: int) -> None:

@@ -104,3 +104,18 @@ def test_the_compilers_out_of_hbm_verdict_is_the_boundary():
     huge = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 65536, 256)], "v5e:1x1").shapes[0]
     assert huge.status == "out_of_hbm" and huge.fits_hbm is False, huge.message     # the compiler refused
     assert xla_sharded.largest_batch(m, 16, "v5e:1x1", limit=1) == (1, {1: True})
+
+
+def test_roofline_is_an_estimate_bound_by_the_slower_of_compute_and_hbm():
+    from types import SimpleNamespace
+
+    from portkit import capacity
+    report = SimpleNamespace(topology="v5e:2x2", hbm_bytes_per_device=16 * 2**30)
+    result = SimpleNamespace(status="compiled", flops=197e12, bytes_accessed=819e9 / 2,
+                             memory={"total": 5 * 2**30})
+    r = capacity.roofline(report, result, tokens=4000)      # 1 s of v5e compute, 0.5 s of its HBM bandwidth
+    assert r["label"] == "estimate, not measured" and r["bound"] == "compute"
+    assert r["step_seconds"] == pytest.approx(1.0) and r["tokens_per_second_per_chip"] == pytest.approx(1000)
+    assert r["copies_per_device"] == 3 and r["source"] == "https://cloud.google.com/tpu/docs/v5e"
+    with pytest.raises(BadParameter, match="tpu7x"):
+        capacity.chip("tpu7x:2x2x1")
