@@ -49,8 +49,9 @@ from IPython.display import display
 from portkit import environment, models, params, xla, xla_sharded
 
 model, targets, out = params.common(model, targets, out_dir)
-xla.check_parameters(topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes)
-xla_sharded.check_scale_parameters(scale_model, scale_topologies, batch=scale_batch, seq=scale_seq)
+xla.check_parameters(topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes,
+                     scale_model=scale_model, scale_topologies=scale_topologies, scale_batch=scale_batch,
+                     scale_seq=scale_seq)
 
 # %%
 print(environment.block(targets))

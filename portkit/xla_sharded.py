@@ -121,6 +121,8 @@ def check_scale_parameters(name: str, topologies, batch: int, seq: int) -> None:
 
     if not name:
         return
+    if not isinstance(name, str):
+        raise BadParameter("scale_model", name, abstract_models.names())
     if not isinstance(topologies, (list, tuple)) or not topologies:
         raise BadParameter("scale_topologies", topologies, xla_compile.TOPOLOGIES)
     for topology in topologies:

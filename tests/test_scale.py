@@ -74,6 +74,11 @@ def test_scale_parameters_are_checked_before_any_compile():
         xla_sharded.check_scale_parameters("tiny-llama", ["v5e:3x3"], 1, 8)
     with pytest.raises(BadParameter, match="scale_topologies"):
         xla_sharded.check_scale_parameters("tiny-llama", [], 1, 8)
+    from portkit import xla
+    with pytest.raises(BadParameter, match="llama3-9b"):             # what `portkit run -p scale_model` preflights
+        xla.check_parameters(scale_model="llama3-9b")
+    with pytest.raises(BadParameter, match="scale_model"):
+        xla.check_parameters(scale_model=8)
 
 
 @needs_xla
