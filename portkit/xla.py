@@ -54,9 +54,11 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
 
 
 def check_parameters(topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
-                     seq_len: int = 128, max_shapes: int = 4) -> None:
+                     seq_len: int = 128, max_shapes: int = 4, scale_model: str = "",
+                     scale_topologies=("v5e:1x1",), scale_batch: int = 1, scale_seq: int = 128) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
-    from portkit import params
+    from portkit import params, xla_sharded
+    xla_sharded.check_scale_parameters(scale_model, scale_topologies, batch=scale_batch, seq=scale_seq)
     check_topology(topology)
     params.choice("dtype", dtype, DTYPES)
     params.positive_int("batch_size", batch_size)

@@ -68,6 +68,7 @@ class Verdict:
     flops: float | None = None      # per device
     bytes_accessed: float | None = None
     message: str | None = None      # the compiler's own words when it refused
+    collectives: dict | None = None  # all-gather / reduce-scatter / all-reduce / all-to-all counts, compiled HLO
 
     @property
     def repeatable(self) -> bool:

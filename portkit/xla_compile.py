@@ -35,10 +35,11 @@ import torch
 from torch import nn
 
 from portkit import _torch, probes, xla_cache
+from portkit.abstract_models import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
 from portkit.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models import LoadedModel
 from portkit.tracking import ModuleTracker
-from portkit.xla_results import GIB, ShapeResult, XlaCompileReport
+from portkit.xla_results import GIB, ShapeResult, XlaCompileReport, collectives
 
 # HBM per chip, Google Cloud's public TPU pages: v4 "HBM2 capacity 32 GiB" (tpu/docs/v4); v5e "HBM
 # capacity per chip 16 GiB" (tpu/docs/v5e); v5p 95, v6e 32, TPU7x 192 GiB ("HBM capacity per chip
@@ -47,7 +48,8 @@ from portkit.xla_results import GIB, ShapeResult, XlaCompileReport
 HBM_GIB_PER_CHIP = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "tpu7x": 192}
 # Names jax.experimental.topologies.get_topology_desc accepts with libtpu for compile-only devices
 # (checked on a CPU-only host, jax 0.10); v4 needs megacore.
-TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v5p:2x2x1": {},
+TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v5e:2x4": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v6e:2x4": {},
+              "v5p:2x2x1": {}, "v5p:2x2x2": {},
               "v4:2x2x1": {"chip_config_name": "megacore"}, "tpu7x:2x2x1": {}}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INSTALL = "pip install 'portkit[xla]' (or: pip install jax jaxlib libtpu torchax==0.0.13)"
@@ -204,7 +206,10 @@ class _Program:
                 # torchax finds weights by reading every attribute of every submodule, which trips
                 # deprecated Hugging Face properties (is_gradient_checkpointing); the user's code did not.
                 warnings.simplefilter("ignore", FutureWarning)
-                states, fn = torchax.extract_jax(self.module)
+                if is_abstract(self.module):   # meta weights: shapes and dtypes only (scale work, #16)
+                    states, fn = _extract_abstract(jax, torchax, self.module)
+                else:
+                    states, fn = torchax.extract_jax(self.module)
             self._converted = (jax, torchax, states, fn)
         return self._converted
 
@@ -410,7 +415,7 @@ def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verd
 def _apply(verdict: xla_cache.Verdict, result: ShapeResult, hbm: int) -> None:
     """Fill `result` from a verdict; whether it fits is decided here, against this topology's HBM."""
     for name in ("status", "compile_seconds", "measured_at", "platform", "memory", "message", "flops",
-                 "bytes_accessed"):
+                 "bytes_accessed", "collectives"):
         setattr(result, name, getattr(verdict, name))
     if verdict.status == "compiled":
         result.fits_hbm = verdict.memory["total"] <= hbm
@@ -440,7 +445,7 @@ def _measure(compiled) -> dict:
     # cost_analysis()["optimal_seconds"] is left out on purpose: it came out negative for compile-only
     # TPU topologies (checked, jax 0.10 with libtpu).
     return {"memory": m, "flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)), "collectives": collectives(compiled.as_text())}
 
 
 def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class ShapeResult:
     custom_calls: list | None = None
     cached: bool = False            # the verdict came from portkit's verdict cache: nothing was compiled now
     measured_at: str | None = None  # when compile_seconds was measured (UTC, ISO 8601)
+    collectives: dict | None = None  # collective ops the compiler inserted (counted in the compiled HLO)
 
     @property
     def ok(self) -> bool:
@@ -210,3 +212,10 @@ def format_bytes(n) -> str:
 def _itemsize(dtype: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+def collectives(hlo_text: str) -> dict[str, int]:
+    """How many of each collective op a compiled HLO module holds (async pairs count once, by their -start)."""
+    return {op: len(re.findall(rf"(?<![%\w.-]){op}(?:-start)?\(", hlo_text)) for op in COLLECTIVES}

@@ -367,8 +367,8 @@ def test_bad_topology_is_one_line_naming_the_choices(bert):
         xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 8}], topology="v5e:3x3")
     message = str(info.value)
     assert "\n" not in message
-    assert message == ("unknown TPU topology 'v5e:3x3'; choose one of: v5e:1x1, v5e:2x2, v6e:1x1, v6e:2x2, "
-                       "v5p:2x2x1, v4:2x2x1, tpu7x:2x2x1")
+    assert message == ("unknown TPU topology 'v5e:3x3'; choose one of: v5e:1x1, v5e:2x2, v5e:2x4, v6e:1x1, "
+                       "v6e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2, v4:2x2x1, tpu7x:2x2x1")
     with pytest.raises(BadParameter, match="v5e:3x3"):
         xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}], topology="v5e:3x3")
 

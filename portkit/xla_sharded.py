@@ -1,0 +1,171 @@
+"""XLA compiles for multi-chip TPU topologies with the weights sharded FSDP-style, and the smallest
+topology a model fits on.
+
+Each weight is split over the topology's devices along its first dimension that divides evenly
+(else kept whole on every device); the batch is split data-parallel over the same mesh axis. The
+compiler inserts the collectives this needs (all-gathers of weights, reductions); each result counts
+them in the compiled HLO. Compile-only, no TPU needed; verdicts go through portkit's verdict cache.
+
+    >>> from portkit import abstract_models, xla_sharded
+    >>> m = abstract_models.build("llama3-8b")
+    >>> r = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 8, 1024)], "v5e:2x4")
+    >>> r.shapes[0].memory["total"], r.shapes[0].collectives
+    >>> xla_sharded.smallest_fitting(m, abstract_models.text_shape(m, 8, 1024), ["v5e:1x1", "v5e:2x2", "v5e:2x4"])
+"""
+from __future__ import annotations
+
+import math
+
+from portkit import xla_compile
+from portkit.errors import BadParameter
+from portkit.xla_results import GIB, XlaCompileReport
+
+
+def chips(topology: str) -> int:
+    return math.prod(int(d) for d in topology.split(":")[1].split("x"))
+
+
+def _weight_spec(shape: tuple, devices: int, partition_spec):
+    """FSDP: split the first dimension that divides over the devices; none divides: whole on each device."""
+    for axis, size in enumerate(shape):
+        if size % devices == 0:
+            return partition_spec(*([None] * axis + ["fsdp"]))
+    return partition_spec()
+
+
+def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None = None) -> XlaCompileReport:
+    """compile_for_tpu with the weights sharded over the topology's devices (FSDP) and the batch split
+    data-parallel; each shape's result has the memory per device and the collectives compiled in."""
+    xla_compile.check_topology(topology)
+    shapes, specs, program = xla_compile._prepare(model, shapes, dtype)
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology,
+                                        **xla_compile.TOPOLOGIES[topology])
+    devices = len(topo.devices)
+    report = xla_compile._new_report(model, "tpu", "compile", program)
+    report.topology, report.devices, report.device_kind = topology, devices, topo.devices[0].device_kind
+    report.hbm_bytes_per_device = (xla_compile.HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB
+                                   * chips(topology) // devices)
+    report.notes += [f"weights sharded FSDP-style over {devices} devices (first dimension that divides, else "
+                     "whole on each); memory per device from compiled.memory_analysis(); collectives counted "
+                     "in the compiled HLO text"]
+    mesh = topologies.make_mesh(topo, (devices,), ("fsdp",))
+    context = {**xla_compile._compile_context(topology, topo, report), "sharding": "fsdp+data-parallel"}
+    for shape, spec in zip(shapes, specs):
+        batch = {s[0] if s else None for s, _ in spec.values()}
+        split = len(batch) == 1 and (batch.pop() or 1) % devices == 0
+        result = xla_compile._new_result(shape, spec, program, "compiled", input_sharding=(
+            f"weights FSDP over {devices} devices, batch " + ("split" if split else "replicated (does not divide)")))
+        report.shapes.append(result)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        states, inputs = program.abstract(spec, replicated,
+                                          NamedSharding(mesh, PartitionSpec("fsdp")) if split else replicated)
+        states = {k: a.update(sharding=NamedSharding(mesh, _weight_spec(a.shape, devices, PartitionSpec)))
+                  for k, a in states.items()}
+        lowered = program.lower(states, inputs, result)
+        if lowered is not None:
+            verdict, result.cached = xla_compile._verdict(program.jax, lowered, topology, context)
+            xla_compile._apply(verdict, result, report.hbm_bytes_per_device)
+    return report
+
+
+def smallest_fitting(model, shape: dict, candidates, dtype: str | None = None) -> tuple[str | None, list]:
+    """The topology with the fewest chips among `candidates` on which `shape` compiles and fits HBM
+    (sharded as compile_sharded does), and every report tried, smallest first; (None, reports) when
+    none fits. Stops at the first that fits."""
+    for name in candidates:
+        xla_compile.check_topology(name)
+    if not candidates:
+        raise BadParameter("topology list", candidates, xla_compile.TOPOLOGIES)
+    tried = []
+    for name in sorted(candidates, key=chips):
+        report = compile_sharded(model, [shape], name, dtype)
+        tried.append(report)
+        if report.shapes[0].ok and report.shapes[0].status == "compiled":
+            return name, tried
+    return None, tried
+
+
+def fit_table(name: str, topologies, batch: int, seq: int):
+    """An abstract model (portkit.abstract_models name) compiled sharded on each topology, fewest chips
+    first, stopping at the first that fits: one row per topology tried (HBM per device, collectives)."""
+    from portkit import abstract_models, capacity
+    from portkit.tables import HtmlTable
+    from portkit.xla_results import format_bytes
+
+    model = abstract_models.build(name)
+    best, tried = smallest_fitting(model, abstract_models.text_shape(model, batch, seq), list(topologies))
+    rows = []
+    for report in tried:
+        r = report.shapes[0]
+        hbm = format_bytes(r.memory["total"]) if r.memory else "-"
+        counts = ", ".join(f"{k} {v}" for k, v in (r.collectives or {}).items() if v) or "-"
+        roof = (capacity.roofline(report, r, tokens=batch * seq)
+                if r.status == "compiled" and report.topology.split(":")[0] in capacity.chips() else None)
+        rows.append([report.topology, report.devices, r.status, hbm, format_bytes(report.hbm_bytes_per_device),
+                     "yes" if r.ok and r.status == "compiled" else "no", counts,
+                     f"{r.compile_seconds:.1f}" if r.compile_seconds is not None else "-",
+                     f"{roof['tokens_per_second_per_chip']:,.0f} ({roof['bound']}-bound)" if roof else "-"])
+    caption = (f"{name} ({tried[0].parameters / 1e9:.2f} B parameters, no weights in memory; config: "
+               f"{abstract_models.source(name)}), batch {batch} x seq {seq}, weights FSDP-sharded: "
+               + (f"smallest topology that fits: {best}" if best else "fits none of these topologies"))
+    return HtmlTable(["topology", "devices", "verdict", "HBM per device", "HBM of device", "fits", "collectives",
+                      "compile s", f"tokens/s per chip ({capacity.LABEL}: roofline)"], rows, caption)
+
+
+def check_scale_parameters(name: str, topologies, batch: int, seq: int) -> None:
+    """The real-size check's parameters, each bad one a one-line BadParameter ("" name: the check is off)."""
+    from portkit import abstract_models
+
+    if not name:
+        return
+    if not isinstance(name, str):
+        raise BadParameter("scale_model", name, abstract_models.names())
+    if not isinstance(topologies, (list, tuple)) or not topologies:
+        raise BadParameter("scale_topologies", topologies, xla_compile.TOPOLOGIES)
+    for topology in topologies:
+        xla_compile.check_topology(topology)
+    abstract_models.text_shape(abstract_models.build(name), batch, seq)
+
+
+def largest_fitting(fits, limit: int) -> tuple[int, dict[int, bool]]:
+    """The largest n in 1..limit with fits(n) True, assuming fitting is monotone (what fits at n fits
+    below n): doubling from 1 until a refusal or the limit, then bisection between the last fit and the
+    first refusal. Returns (n, {n tried: verdict}); n is 0 when even 1 does not fit. About 2·log2(n)
+    calls to `fits`, each a compile."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise BadParameter("batch limit", limit, hint="a positive integer")
+    tried: dict[int, bool] = {}
+
+    def ask(n: int) -> bool:
+        tried[n] = bool(fits(n))
+        return tried[n]
+
+    good, bad, n = 0, limit + 1, 1
+    while n <= limit and ask(n):
+        good, n = n, n * 2
+    bad = n if n <= limit else limit + 1       # the first refusal, or past the limit
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ask(mid) else (good, mid)
+    return good, tried
+
+
+def largest_batch(model, seq: int, topology: str, limit: int = 1024, dtype: str | None = None
+                  ) -> tuple[int, dict[int, bool]]:
+    """The largest batch of `seq` tokens that compiles and fits HBM on `topology` (sharded as compile_sharded
+    does), the compiler's own out-of-HBM verdict being the boundary. Each batch tried is one compile,
+    cached by portkit's verdict cache, so a rerun compiles nothing. A compile failing for another reason
+    than memory raises PortkitError with the compiler's words: that is not a size boundary."""
+    from portkit import abstract_models
+    from portkit.errors import PortkitError
+
+    def fits(batch: int) -> bool:
+        report = compile_sharded(model, [abstract_models.text_shape(model, batch, seq)], topology, dtype)
+        r = report.shapes[0]
+        if r.status not in ("compiled", "out_of_hbm"):
+            raise PortkitError(f"batch {batch} on {topology}: {r.describe(report.hbm_bytes_per_device)}")
+        return r.status == "compiled" and bool(r.fits_hbm)
+    return largest_fitting(fits, limit)
