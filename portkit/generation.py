@@ -22,13 +22,14 @@ new tokens exceeds the largest context bucket is refused before anything runs.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from portkit import backends, progress
-from portkit._torch import default_recompile_limit
+from portkit._torch import default_recompile_limit, unlimited_recompiles
 from portkit.errors import BadParameter
 
 OVERFLOW = ("truncate", "error")
@@ -66,7 +67,7 @@ class Generation:
     warmup_compiles: int = 0
     warmup_seconds: float = 0.0
     truncated: int = 0                 # prompts cut by the overflow policy
-    eager_from_step: int | None = None  # dynamic: the first decode step past the recompile limit
+    eager_from_step: int | None = None  # dynamic: the first token whose decode step ran eagerly (limit)
     guard_failures: list[str] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)   # per step, (prompts, vocab)
 
@@ -193,8 +194,12 @@ def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=N
                       warm_seconds, truncated, logits=[x[:rows] for x in kept])
 
 
-def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length: int | None = None) -> Generation:
-    """Greedy generation with the default DynamicCache, every step compiled at static shapes."""
+def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length: int | None = None,
+                     limit: bool = True) -> Generation:
+    """Greedy generation with the default DynamicCache, every step compiled at static shapes.
+
+    limit: Dynamo's recompile limit applies (past it a step runs eagerly: eager_from_step); False lifts
+    it, so every new shape compiles, as on a static-shape target that has no eager fallback."""
     from transformers import DynamicCache
     model = causal_model(lm)
     enc = lm.tokenizer(texts, padding="longest", truncation=True, max_length=max_length or lm.max_length,
@@ -202,10 +207,10 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
     ids, mask = enc["input_ids"], enc["attention_mask"]
     counter = backends.CompileCounter(backend)
     torch.compiler.reset()
-    call = torch.compile(_step, backend=counter, dynamic=False)
-    limit, tokens, eager_from = default_recompile_limit(), [], None
+    recompiles, tokens, eager_from = default_recompile_limit(), [], None
     torch._dynamo.utils.guard_failures.clear()
-    with torch.no_grad():
+    with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
+        call = torch.compile(_step, backend=counter, dynamic=False)   # it keeps the config it is made under
         start = time.perf_counter()
         cache = DynamicCache(config=model.config)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -220,7 +225,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = mask.cumsum(-1)[:, -1:] - 1
             logits = call(model, nxt[:, None], mask, positions, torch.tensor([prompt + step]), cache)
-            if eager_from is None and len(counter.events) == before and len(counter.events) >= limit:
+            if eager_from is None and len(counter.events) == before and len(counter.events) >= recompiles:
                 eager_from = step + 1
         seconds = time.perf_counter() - start
     failures = [str(f) for fs in torch._dynamo.utils.guard_failures.values() for f in fs]

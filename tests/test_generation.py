@@ -38,3 +38,13 @@ def test_prompt_longer_than_largest_bucket_follows_overflow_policy(llama):
         generation.generate_static(llama, ["short"], 40, truncate)
     with pytest.raises(BadParameter, match="overflow"):
         generation.Plan((8,), (16,), 1, overflow="wrap")
+
+
+def test_dynamic_cache_compiles_every_token_until_the_recompile_limit(llama):
+    import torch._dynamo
+    with torch._dynamo.config.patch(recompile_limit=2):
+        run = generation.generate_dynamic(llama, ["Return a copy", "x"], 4, backends.emulated_backend("tpu"))
+    assert run.compiles == 2                          # prefill, then one per decode length, until the limit
+    assert run.eager_from_step == 2                   # token 2's decode step is the first to run eagerly
+    assert any("size mismatch" in g for g in run.guard_failures)
+    assert run.tokens.shape == (2, 4)
