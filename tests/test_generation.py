@@ -1,0 +1,50 @@
+"""Generation with a bucketed static KV cache (#14): same tokens as eager, no compile after warm-up,
+the overflow policy. Tiny from-config llama (seeded weights), real corpus prompts."""
+import pytest
+import torch
+
+from portkit import backends, generation, models
+from portkit.errors import BadParameter
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return models.load("llama")
+
+
+def test_static_cache_same_tokens_as_eager_and_no_compile_after_warm_up(llama, corpus):
+    texts = corpus.sample(3, seed=1)
+    plan = generation.Plan(prompt_buckets=(8,), context_buckets=(16, 32), batch=4)
+    new = 10                     # 8 prompt + 10 new tokens crosses the 16-token context bucket
+    reference = generation.generate_static(llama, texts, new, plan)
+    backend = backends.emulated_backend("tpu", "highest")      # fp32 matmuls: the same numerics as eager
+    run = generation.generate_static(llama, texts, new, plan, backend=backend)
+    assert run.truncated == sum(n > 8 for n in llama.token_lengths(texts)) > 0
+    assert torch.equal(run.tokens, reference.tokens)
+    assert run.tokens.shape == (3, new)
+    assert run.warmup_compiles == 3          # one prefill, one decode per context bucket
+    assert run.compiles == 0                 # and none during a generation under fail_on_recompile
+
+
+def test_prompt_longer_than_largest_bucket_follows_overflow_policy(llama):
+    long_text = "word " * 40
+    truncate = generation.Plan(prompt_buckets=(8, 16), context_buckets=(32,), batch=2)
+    run = generation.generate_static(llama, [long_text, "short"], 4, truncate)
+    assert run.truncated == 1 and run.tokens.shape == (2, 4)
+    error = generation.Plan(prompt_buckets=(8, 16), context_buckets=(32,), batch=2, overflow="error")
+    with pytest.raises(BadParameter, match="prompt length"):
+        generation.generate_static(llama, [long_text], 4, error)
+    with pytest.raises(BadParameter, match="context length"):
+        generation.generate_static(llama, ["short"], 40, truncate)
+    with pytest.raises(BadParameter, match="overflow"):
+        generation.Plan((8,), (16,), 1, overflow="wrap")
+
+
+def test_dynamic_cache_compiles_every_token_until_the_recompile_limit(llama):
+    import torch._dynamo
+    with torch._dynamo.config.patch(recompile_limit=2):
+        run = generation.generate_dynamic(llama, ["Return a copy", "x"], 4, backends.emulated_backend("tpu"))
+    assert run.compiles == 2                          # prefill, then one per decode length, until the limit
+    assert run.eager_from_step == 2                   # token 2's decode step is the first to run eagerly
+    assert any("size mismatch" in g for g in run.guard_failures)
+    assert run.tokens.shape == (2, 4)
