@@ -66,7 +66,7 @@ def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None 
                   for k, a in states.items()}
         lowered = program.lower(states, inputs, result)
         if lowered is not None:
-            verdict, result.cached = xla_compile._verdict(program.jax, lowered, topology, context)
+            verdict, result.cached, _ = xla_compile._verdict(program.jax, lowered, topology, context)
             xla_compile._apply(verdict, result, report.hbm_bytes_per_device)
     return report
 
