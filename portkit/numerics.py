@@ -40,10 +40,14 @@ MATMUL_OPERANDS = {
     aten.mkldnn_convolution.default: (0, 1),
 }
 FUSED_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
-# Ops whose CPU kernel takes int64 class indices only: their int64 arguments keep int64 with values
-# wrapped to 32 bits (a 32-bit device's nll_loss reads int32 labels; the CPU's cannot).
+# Ops whose CPU kernel takes int64 indices only: their int64 arguments keep int64 with values wrapped to
+# 32 bits (a 32-bit device's nll_loss reads int32 labels, its index_copy_ int32 positions -- transformers'
+# StaticCache writes with it -- and its gather/scatter int32 indices; the CPU's kernels cannot).
 LONG_INDICES = frozenset({aten.nll_loss_forward.default, aten.nll_loss_backward.default,
-                          aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default})
+                          aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default,
+                          aten.index_copy.default, aten.index_copy_.default, aten.gather.default,
+                          aten.scatter.src, aten.scatter.value, aten.scatter_.src, aten.scatter_.value,
+                          aten.scatter_add.default, aten.scatter_add_.default})
 
 # How a model runs on the GPU today: the baseline stage 4 holds a target's error against (both measured
 # against float64), emulated here like a target's precision. Sources: PyTorch docs,

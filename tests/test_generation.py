@@ -24,6 +24,9 @@ def test_static_cache_same_tokens_as_eager_and_no_compile_after_warm_up(llama, c
     assert run.tokens.shape == (3, new)
     assert run.warmup_compiles == 3          # one prefill, one decode per context bucket
     assert run.compiles == 0                 # and none during a generation under fail_on_recompile
+    # Neuron's int64 -> int32 rule: the static cache's index_copy_ positions stay int64 (numerics.LONG_INDICES)
+    neuron = generation.generate_static(llama, texts, new, plan, backend=backends.emulated_backend("neuron", "none"))
+    assert neuron.compiles == 0 and torch.equal(neuron.tokens, reference.tokens)
 
 
 def test_prompt_longer_than_largest_bucket_follows_overflow_policy(llama):
