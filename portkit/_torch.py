@@ -23,7 +23,7 @@ import torch.utils._pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 __all__ = ["TorchDispatchMode", "aot_autograd", "backend_by_name", "compile_with_inductor", "current_autograd_node",
-           "default_recompile_limit", "fake_tensor_mode", "fresh_compile_cache", "graph_input_name",
+           "default_recompile_limit", "fake_tensor_mode", "fresh_compile_cache", "graph_input_name", "guard_failures",
            "inductor_cache_hits", "is_op_overload", "known_backends", "no_dispatch_modes", "outside_dynamo_tracing",
            "recompile_limit", "recompile_limit_for", "register_backend", "removed_named_overloads_tolerated",
            "tree_leaves", "unlimited_recompiles"]
@@ -197,3 +197,13 @@ def graph_input_name(node: torch.fx.Node) -> str | None:
     from torch._dynamo.source import LocalSource
     arg = node.meta.get("grapharg")
     return arg.source.local_name if arg is not None and isinstance(arg.source, LocalSource) else None
+
+
+def guard_failures(clear: bool = False) -> list[str]:
+    """Dynamo's record of the guard failures behind its recompiles (torch._dynamo.utils.guard_failures, by
+    code object), as text; clear=True empties it first, so a later call sees only what followed."""
+    import torch._dynamo.utils
+    record = torch._dynamo.utils.guard_failures
+    if clear:
+        record.clear()
+    return [str(f) for fs in record.values() for f in fs]

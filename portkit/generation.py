@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit import backends, progress
+from portkit import _torch, backends, progress
 from portkit._torch import default_recompile_limit, unlimited_recompiles
 from portkit.errors import BadParameter
 
@@ -208,7 +208,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
     counter = backends.CompileCounter(backend)
     torch.compiler.reset()
     recompiles, tokens, eager_from = default_recompile_limit(), [], None
-    torch._dynamo.utils.guard_failures.clear()
+    _torch.guard_failures(clear=True)
     with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
         call = torch.compile(_step, backend=counter, dynamic=False)   # it keeps the config it is made under
         start = time.perf_counter()
@@ -228,7 +228,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
             if eager_from is None and len(counter.events) == before and len(counter.events) >= recompiles:
                 eager_from = step + 1
         seconds = time.perf_counter() - start
-    failures = [str(f) for fs in torch._dynamo.utils.guard_failures.values() for f in fs]
+    failures = _torch.guard_failures()
     compiles = len(counter.events)
     return Generation("dynamic", torch.stack(tokens, 1), compiles, compiles / new_tokens, seconds,
                       eager_from_step=eager_from, guard_failures=failures)
