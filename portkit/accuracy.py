@@ -149,9 +149,6 @@ def target_side(targets, compiled: bool | None = None) -> bool:
 
 
 # ---------------------------------------------------------------- the stage's verb
-WORKLOADS = ("inference", "train")
-
-
 def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None, tolerances=None,
                      task_bounds=None, default_buckets=None, seed: int = 0, corpus: str = "stdlib",
                      all_precisions: bool = True, layers: bool = True, float64_reference: bool = True,
@@ -159,7 +156,7 @@ def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, preci
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
     params.choice("gpu_numerics", gpu_numerics, numerics.GPU_NUMERICS)
-    params.choice("workload", workload, WORKLOADS)
+    params.workload(workload)
     params.positive_int("train_steps", train_steps)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)

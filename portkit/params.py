@@ -24,6 +24,15 @@ from portkit import models, targets as targets_mod
 from portkit.errors import BadParameter
 
 
+# The workloads a run can check: one forward pass per request ("inference"), or training steps of the
+# model's own loss with AdamW ("train"). Every stage that reads `workload` checks it here.
+WORKLOADS = ("inference", "train")
+
+
+def workload(value) -> str:
+    return choice("workload", value, WORKLOADS)
+
+
 def positive_int(name: str, value, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise BadParameter(name, value, hint="must be a positive whole number")
