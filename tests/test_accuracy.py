@@ -224,8 +224,16 @@ def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corp
     assert tpu.chosen.compiled_vs_eager["pooled"]["max_abs"] < tpu.chosen.outputs["pooled"]["max_abs"] * 2
     assert tpu.chosen.layers["target_side"] == "eager emulation"                  # hooks need eager modules
     assert all(r.target_side == "eager emulation" for r in tpu.others)
-    assert tpu.buckets[0]["target"].startswith("compiled with portkit_tpu") and tpu.buckets[0]["texts"] == 2
+    # buckets run in eager emulation by default (stage 3 compiled and padding-checked them), compiled on request
+    assert tpu.buckets[0]["target"] == "eager emulation, padded to 16 tokens; compiled and padding-checked in stage 3"
+    assert tpu.buckets[0]["texts"] == 2
     assert "compiled with portkit_tpu" in report.to_dict()["summary"]
+    again = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2, progress=False,
+                                    float64_reference=False, all_precisions=False, layers=False, compiled_buckets=True)
+    bucket = again.targets["tpu"].buckets[0]
+    assert bucket["target"] == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU), padded to 16 tokens"
+    for name, found in tpu.buckets[0]["outputs"].items():    # the same numerics rules, compiled or eager
+        assert found["max_abs"] == pytest.approx(bucket["outputs"][name]["max_abs"], rel=0.5, abs=1e-6)
     with pytest.raises(BadParameter, match="runs eagerly only"):
         accuracy.check_accuracy(m, inputs, ["tpu"], compiled=True, emulation=numerics.wrong_op_TESTING_ONLY(),
                                 progress=False)
