@@ -51,7 +51,7 @@ def main() -> None:
     token_seconds = economics.measure_token_seconds(model, hist.top)
     compile_seconds = args.compile_seconds or cold_compile_seconds(model)
     source = "--compile-seconds" if args.compile_seconds else "measured cold compile of one minilm shape"
-    trace = bucketed.make_trace(corpus, model, args.requests, args.seed, dist=dist)
+    trace = data.make_trace(corpus, model, args.requests, args.seed, dist=dist)
     auto = buckets.plan_buckets(hist, "auto", compile_seconds=compile_seconds, token_seconds=token_seconds,
                                 requests=trace.texts, compile_source=source)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend inductor")

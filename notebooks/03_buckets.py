@@ -51,7 +51,7 @@ backend = "auto"  # auto: each target's backend (native with its device, else po
 seed = 0  # which texts are sampled
 
 # %%
-from portkit import bucketed, buckets, data, economics, environment, models, params
+from portkit import buckets, data, economics, environment, models, params
 
 model, targets, out = params.common(model, targets, out_dir)
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
@@ -102,7 +102,7 @@ buckets.plot_histogram(hist, plans);
 # %%
 curves = buckets.sweep(hist)
 token_seconds = economics.measure_token_seconds(m, hist.top)
-trace = bucketed.make_trace(texts, m, requests, seed=seed, max_batch=max_batch, dist=dist)
+trace = data.make_trace(texts, m, requests, seed=seed, max_batch=max_batch, dist=dist)
 print(trace)
 print(f"padding costs {token_seconds * 1e6:.0f} us per token (eager forward on this CPU)")
 

@@ -12,7 +12,7 @@ with the shape and the guard failure behind it, rather than assumed to be none.
     >>> with torch.compiler.set_stance("fail_on_recompile"):
     ...     out = model(model.encode(["Return the sum of a and b."]))   # outputs at the true length
     >>> model.late                                        # compiles the stance refused, then paid: []
-    >>> runs = bucketed.replay(m, bucketed.make_trace(corpus, m, 24), [plan], backend="inductor")
+    >>> runs = bucketed.replay(m, data.make_trace(corpus, m, 24), [plan], backend="inductor")
 
 `replay` also runs the model without buckets, the way a static-shape target does: one compile per
 distinct shape, with Dynamo's recompile limit raised so it really compiles instead of silently
@@ -33,6 +33,7 @@ from torch._dynamo.backends.registry import lookup_backend
 from portkit import _torch, numerics, placement, tolerance
 from portkit.backends import CompileCounter, EmulatedBackend, call_counting_recompiles, warm_inductor
 from portkit.errors import BadParameter
+from portkit.data import Trace
 from portkit.planner import BucketPlan
 from portkit.tolerance import Tolerance
 
@@ -224,48 +225,6 @@ def _compile_cache(fresh: bool):
     return _torch.fresh_compile_cache() if fresh else contextlib.nullcontext()
 
 
-# ---------------------------------------------------------------- traces of real requests
-@dataclass
-class Trace:
-    """Requests from a corpus in a seeded random order: each request is one batch of texts."""
-    requests: list[list[str]]
-    lengths: list[list[int]]
-    pool_texts: tuple[str, ...]       # the corpus and its token lengths: source of check inputs
-    pool_lengths: np.ndarray
-    source: str
-    seed: int
-
-    @property
-    def texts(self) -> int:
-        return sum(len(r) for r in self.requests)
-
-    def describe(self) -> dict:
-        flat = np.concatenate([np.asarray(x) for x in self.lengths])
-        return {"requests": len(self.requests), "texts": self.texts, "source": self.source, "seed": self.seed,
-                "batch_sizes": sorted({len(r) for r in self.requests}),
-                "distinct_lengths": int(np.unique(flat).size), "max_length": int(flat.max())}
-
-    def __str__(self) -> str:
-        d = self.describe()
-        return (f"{d['requests']} requests ({d['texts']} texts) from {d['source']} in random order (seed "
-                f"{d['seed']}): {d['distinct_lengths']} distinct lengths, longest {d['max_length']} tokens")
-
-
-def make_trace(corpus, model, n: int, seed: int = 0, max_batch: int = 1, dist=None) -> Trace:
-    """n requests of 1..max_batch texts (seeded sizes), texts drawn from the corpus in random order."""
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, max_batch + 1, size=n).tolist() if max_batch > 1 else [1] * n
-    texts = corpus.sample(sum(sizes), seed)
-    lengths = model.token_lengths(texts)
-    requests, lens, at = [], [], 0
-    for size in sizes:
-        requests.append(texts[at:at + size])
-        lens.append(lengths[at:at + size])
-        at += size
-    pool = dist.lengths if dist is not None else np.asarray(model.token_lengths(list(corpus.texts)))
-    return Trace(requests, lens, tuple(corpus.texts), np.asarray(pool), corpus.name, seed)
-
-
 # ---------------------------------------------------------------- padding correctness
 def check_inputs(bm: BucketedModel, trace: Trace, batch: int, seq: int, prev_batch: int, prev_seq: int,
                  seed: int = 0) -> tuple[list[dict], list[int]]:
@@ -415,6 +374,34 @@ def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> Repl
                      compiled_seqs=seqs)
 
 
+def _count_unbucketed(model, encoded, backend, runs: list[ReplayRun], progress, device) -> ReplayRun:
+    """The replay without buckets, counted instead of compiled: under static shapes every distinct shape is
+    one compile (stage 2's storm compiles each one and shows the guard failure behind it), so the shapes
+    are counted and each request runs eagerly under the backend's numerics (what an emulated graph runs).
+    The compile time here is the mean of the compiles this replay measured for its plans, stated as such."""
+    from portkit.progress import bar as progress_bar
+    seqs, seen, run = [], set(), 0.0
+    with torch.no_grad():
+        for inputs in progress_bar(encoded, desc=f"replay {NO_BUCKETS} (counted)", disable=not progress, leave=False):
+            shape = tuple(next(iter(inputs.values())).shape)
+            if shape not in seen:
+                seen.add(shape)
+                seqs.append(int(shape[1]))
+            start = time.perf_counter()
+            with reference_numerics(backend)():
+                model.module(**{k: v.to(device) for k, v in inputs.items()})
+            run += time.perf_counter() - start
+    measured = [r for r in runs if r.plan is not None and r.compiles and not r.note]
+    per = sum(r.compile_wall_seconds for r in measured) / sum(r.compiles for r in measured) if measured else 0.0
+    note = (f"counted, not compiled: {len(seqs)} distinct shapes, one compile each under static shapes "
+            "(stage 2's storm compiles every new shape); each request ran eagerly under the backend's numerics; "
+            + (f"compiling here estimated at {per:.2f} s a shape, the mean of this replay's "
+               f"{sum(r.compiles for r in measured)} measured compiles" if measured else "no compile measured here"))
+    return ReplayRun(NO_BUCKETS, _name(backend), None, len(encoded), len(seqs), 0, _real_tokens(encoded),
+                     sum(next(iter(i.values())).numel() for i in encoded), per * len(seqs), 0.0, run, note=note,
+                     compiled_seqs=seqs)
+
+
 def _real_tokens(encoded) -> int:
     return sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel()
                for i in encoded)
@@ -450,7 +437,7 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
 def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", baseline: bool = True,
            check: bool = True, reference=None, rtol: float | None = None, atol: float | None = None,
            progress: bool = True, costs: dict | None = None, fresh_caches: bool = False,
-           device: str = "cpu", inductor: bool = False) -> list[ReplayRun]:
+           device: str = "cpu", inductor: bool = False, count_baseline: bool = False) -> list[ReplayRun]:
     """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
 
     Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
@@ -462,7 +449,9 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", bas
 
     Compile time: by default each shape is charged its first measured compile in this session (see
     _charge), so runs that share a shape cost the same whatever their order. fresh_caches starts every
-    run from an empty Inductor cache instead, as a fresh deployment would (slower; for benchmarks)."""
+    run from an empty Inductor cache instead, as a fresh deployment would (slower; for benchmarks).
+    count_baseline: count the baseline's compiles (one per distinct shape) instead of compiling them
+    (_count_unbucketed): the stage's default, as stage 2 already measured that storm."""
     top = max((p.top for p in plans), default=model.max_length)
     policy = plans[0].overflow if plans else "truncate"
     kept = [texts for texts, lengths in zip(trace.requests, trace.lengths)
@@ -477,7 +466,7 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", bas
     _warm(backend)
     runs = []
     with placement.on_device(model.module, device):   # native mode: the target's device (as stage 2)
-        if baseline:
+        if baseline and not count_baseline:
             torch.compiler.reset()
             with _compile_cache(fresh_caches):
                 runs.append(_replay_unbucketed(model, encoded, backend, costs, progress, device))
@@ -493,5 +482,7 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", bas
                 runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
                                          rtol, atol, device))
             seen[shapes] = runs[-1]
+        if baseline and count_baseline:
+            runs.insert(0, _count_unbucketed(model, encoded, backend, runs, progress, device))
     torch.compiler.reset()
     return runs

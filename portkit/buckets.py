@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from portkit import bucketed, economics, results, selection, targets as targets_mod
+from portkit import bucketed, data, economics, results, selection, targets as targets_mod
 from portkit.errors import BadParameter
 from portkit.progress import headless
 from portkit.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
@@ -52,7 +52,6 @@ WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half
 def distribution(corpus, model):
     """Token lengths of every text in the corpus under the model's own tokenizer
     (data.length_distribution), with a clear error for models that take no text."""
-    from portkit import data
     if not model.takes_text:
         raise BadParameter("model for shape bucketing", model.name,
                            hint="it takes fixed-size images: one input shape and one compile, nothing to "
@@ -220,7 +219,8 @@ class TargetBuckets:
             text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
                      f"{mine.compiles_after_warmup} after warm-up")
             if base is not None:
-                text += (f"; without buckets {base.compiles} compiles, {self.priced(base):.0f} s compiling on "
+                counted = " (counted: one per distinct shape)" if base.note.startswith("counted") else ""
+                text += (f"; without buckets {base.compiles} compiles{counted}, {self.priced(base):.0f} s compiling on "
                          f"{self.name} vs {self.priced(mine):.0f} s with the plan")
             checks = [r.padding_ok for r in self.runs if r.padding_ok is not None]
             text += f"; padding check {'passed' if all(checks) else 'FAILED'}" if checks else ""
@@ -311,7 +311,8 @@ class BucketReport:
     def table(self, target: str | None = None):
         """Per replay run: compiles, padding, compile time on the target (priced) and here, run time."""
         t = self.targets[target or next(iter(self.targets))]
-        rows = [[r.name + (" (chosen)" if r.plan == t.chosen.to_dict() else ""),
+        rows = [[r.name + (" (chosen)" if r.plan == t.chosen.to_dict() else "") + (
+                    " (counted, not compiled)" if r.note.startswith("counted") else ""),
                  "-" if r.plan is None else str(r.plan["boundaries"]), r.compiles, r.compiles_after_warmup,
                  f"{r.waste:.1%}", f"{t.priced(r):.0f}", f"{r.compile_seconds:.1f}", f"{r.run_seconds:.2f}",
                  {None: "-", True: "ok", False: "FAILED"}[r.padding_ok]] for r in t.runs]
@@ -383,7 +384,7 @@ def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucke
                      corpus: str = D["corpus"], backend: str = D["backend"], check: bool = D["check"],
                      compare_every_target: bool = D["compare_every_target"], targets=("neuron", "tpu")) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
-    from portkit import data, params
+    from portkit import params
     params.positive_int("requests", requests)
     params.positive_int("bucket_count", bucket_count, maximum=64)
     params.positive_int("max_batch", max_batch, maximum=1024)
@@ -404,11 +405,13 @@ def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucke
 def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, BucketPlan],
                    costs: dict[str, economics.CostModel], backend: str = D["backend"], check: bool = D["check"],
                    compare_every_target: bool = D["compare_every_target"], progress: bool = True,
-                   what_ifs: dict | None = None) -> dict[str, TargetBuckets]:
+                   what_ifs: dict | None = None, compile_baseline: bool = False) -> dict[str, TargetBuckets]:
     """Replay the trace per target with its compile backend (selection.check_backend; an emulated one
     checks and emulates each graph, no codegen). The first target's backend replays without buckets
     and with every plan; each target replays its own chosen plan (warm-up, then recompiles forbidden,
-    then the padding check). compare_every_target repeats the whole comparison on every target's backend."""
+    then the padding check). compare_every_target repeats the whole comparison on every target's backend.
+    The replay without buckets counts its compiles (one per distinct shape; stage 2 compiled that storm)
+    unless compile_baseline compiles every one of them again."""
     out, done = {}, {}     # done: backend -> its runs so far, reused by any plan with the same shapes
     for i, name in enumerate(chosen):
         detected = targets_mod.detect(name)
@@ -421,7 +424,7 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
         if missing or baseline:
             runs += bucketed.replay(model, trace, missing, backend=be, baseline=baseline, check=check,
                                     progress=progress, device=detected.target.device if detected.native else "cpu",
-                                    inductor=False)
+                                    inductor=False, count_baseline=not compile_baseline)
         mine = [r for r in runs if r.plan is None] if compare else []
         for plan in wanted:
             run = _same_shapes(runs, plan)
@@ -457,7 +460,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 
     hist = histogram(dist, max_seq, overflow)
     plans, curves = compare(hist, k, max_batch), sweep(hist)
     token_seconds = economics.measure_token_seconds(model, hist.top)
-    trace = bucketed.make_trace(corpus, model, requests, seed, max_batch, dist)
+    trace = data.make_trace(corpus, model, requests, seed, max_batch, dist)
     costs = costs or stage_costs(model, hist, names, out_dir, neuron_compile_seconds, max_batch)
     costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
     chosen = choose(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)

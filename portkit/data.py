@@ -342,3 +342,45 @@ def example_batch(model, corpus: Corpus | None, batch_size: int, seq_len: int, s
     texts = corpus.sample(batch_size, seed)
     return model.encode(texts, pad_to=seq_len), (f"{batch_size} texts from {corpus.name}, padded or "
                                                  f"truncated to {seq_len} tokens")
+
+
+# ---------------------------------------------------------------- traces of real requests
+@dataclass
+class Trace:
+    """Requests from a corpus in a seeded random order: each request is one batch of texts."""
+    requests: list[list[str]]
+    lengths: list[list[int]]
+    pool_texts: tuple[str, ...]       # the corpus and its token lengths: source of check inputs
+    pool_lengths: np.ndarray
+    source: str
+    seed: int
+
+    @property
+    def texts(self) -> int:
+        return sum(len(r) for r in self.requests)
+
+    def describe(self) -> dict:
+        flat = np.concatenate([np.asarray(x) for x in self.lengths])
+        return {"requests": len(self.requests), "texts": self.texts, "source": self.source, "seed": self.seed,
+                "batch_sizes": sorted({len(r) for r in self.requests}),
+                "distinct_lengths": int(np.unique(flat).size), "max_length": int(flat.max())}
+
+    def __str__(self) -> str:
+        d = self.describe()
+        return (f"{d['requests']} requests ({d['texts']} texts) from {d['source']} in random order (seed "
+                f"{d['seed']}): {d['distinct_lengths']} distinct lengths, longest {d['max_length']} tokens")
+
+
+def make_trace(corpus, model, n: int, seed: int = 0, max_batch: int = 1, dist=None) -> Trace:
+    """n requests of 1..max_batch texts (seeded sizes), texts drawn from the corpus in random order."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, max_batch + 1, size=n).tolist() if max_batch > 1 else [1] * n
+    texts = corpus.sample(sum(sizes), seed)
+    lengths = model.token_lengths(texts)
+    requests, lens, at = [], [], 0
+    for size in sizes:
+        requests.append(texts[at:at + size])
+        lens.append(lengths[at:at + size])
+        at += size
+    pool = dist.lengths if dist is not None else np.asarray(model.token_lengths(list(corpus.texts)))
+    return Trace(requests, lens, tuple(corpus.texts), np.asarray(pool), corpus.name, seed)

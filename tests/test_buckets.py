@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import fixture_model
-from portkit import bucketed, buckets, economics, models, planner, results
+from portkit import bucketed, buckets, data, economics, models, planner, results
 from portkit.errors import BadParameter
 
 lengths_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=40)
@@ -174,7 +174,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def trace(corpus, minilm):
-    return bucketed.make_trace(corpus, minilm, 12, seed=3)
+    return data.make_trace(corpus, minilm, 12, seed=3)
 
 
 def test_minilm_bucketed_outputs_equal_unpadded_ones(minilm, corpus, trace):
@@ -247,7 +247,7 @@ class PlanMissingABucket(buckets.BucketPlan):
 
 
 def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(tiny, corpus):
-    trace = bucketed.make_trace(corpus, tiny, 10, seed=1)
+    trace = data.make_trace(corpus, tiny, 10, seed=1)
     plan = buckets.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64)
     leaky = PlanMissingABucket(*(getattr(plan, f.name) for f in dataclasses.fields(plan)))
     left_out = plan.boundaries[1]
@@ -293,7 +293,7 @@ def test_overflow_policy_in_the_wrapper(tiny):
 
 
 def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_up(tiny, corpus):
-    trace = bucketed.make_trace(corpus, tiny, 14, seed=1, max_batch=3)
+    trace = data.make_trace(corpus, tiny, 14, seed=1, max_batch=3)
     distinct = {(len(t), min(max(n), 64)) for t, n in zip(trace.requests, trace.lengths)}
     assert len(distinct) > 8                          # more than Dynamo's default recompile limit
     plan = buckets.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64, max_batch=3)
@@ -305,6 +305,17 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     assert bucketed_run.padding_ok and len(bucketed_run.padding_checks) == 9
     assert bucketed_run.computed_tokens >= base.computed_tokens
     assert bucketed_run.to_dict()["plan"]["batch_sizes"] == [1, 2, 3]
+    # the stage's default counts the baseline instead of compiling it: the same compiles, the same shapes
+    counted, again = bucketed.replay(tiny, trace, [plan], backend="eager", progress=False, check=False,
+                                     count_baseline=True)
+    assert (counted.name, counted.compiles, counted.compiles_after_warmup) == ("no buckets", base.compiles, 0)
+    assert sorted(counted.compiled_seqs) == sorted(base.compiled_seqs)
+    assert (counted.real_tokens, counted.computed_tokens) == (base.real_tokens, base.computed_tokens)
+    assert counted.compile_wall_seconds == 0 and counted.run_seconds > 0
+    per = again.compile_wall_seconds / again.compiles
+    assert counted.compile_seconds == pytest.approx(per * counted.compiles)
+    assert counted.note.startswith(f"counted, not compiled: {len(distinct)} distinct shapes")
+    assert f"the mean of this replay's {again.compiles} measured compiles" in counted.note
 
 
 def test_backend_is_the_targets_own_unless_named():
