@@ -70,6 +70,7 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
+buckets.skip_unless_it_applies(m, out, targets)   # a model with one input shape has nothing to bucket
 texts = data.load_corpus(corpus, text_column)
 dist = buckets.distribution(texts, m)
 hist = buckets.histogram(dist, overflow=overflow)

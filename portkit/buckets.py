@@ -49,13 +49,22 @@ WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half
 
 
 # ---------------------------------------------------------------- the distribution
+NOTHING_TO_BUCKET = "takes fixed-size images: one input shape and one compile, nothing to bucket"
+
+
+def skip_unless_it_applies(model, out_dir, targets) -> None:
+    """The stage's first step: a model whose inputs do not vary with the data has nothing to bucket, so the
+    stage saves itself as skipped with the reason and stops (results.skip_stage raises StageSkipped)."""
+    if not model.takes_text:
+        results.skip_stage(out_dir, "buckets", model.describe(), targets_mod.parse_targets(targets),
+                           f"{model.name} {NOTHING_TO_BUCKET}")
+
+
 def distribution(corpus, model):
     """Token lengths of every text in the corpus under the model's own tokenizer
     (data.length_distribution), with a clear error for models that take no text."""
     if not model.takes_text:
-        raise BadParameter("model for shape bucketing", model.name,
-                           hint="it takes fixed-size images: one input shape and one compile, nothing to "
-                                "bucket; leave this stage out (portkit run --stages ...)")
+        raise BadParameter("model for shape bucketing", model.name, hint=f"it {NOTHING_TO_BUCKET}")
     return data.length_distribution(corpus, model)
 
 

@@ -431,6 +431,12 @@ class FixedShape:
     compiles: list[CompileEvent] = field(default_factory=list)
     failure: dict | None = None
     late: list[dict] = field(default_factory=list)   # each compile the stance refused: request, shape, guard
+    probed: bool = True              # False: the model takes one input shape, so no other shape was tried
+
+    @property
+    def label(self) -> str:
+        """The fixed shape as it is called, e.g. 1x64, or 1x3x224x224 for an image model."""
+        return "x".join(map(str, self.shape.get("dims") or [self.shape["batch"], self.shape["seq"]]))
 
     def late_text(self) -> str:
         """The first compile after warm-up: which request, its shape, and the guard that failed."""
@@ -441,13 +447,14 @@ class FixedShape:
                 f"warm-up: {first['reason']}" + (f" (and {len(self.late) - 1} more)" if len(self.late) > 1 else ""))
 
     def summary(self) -> str:
-        head = f"{self.target['name']} fixed {self.shape['batch']}x{self.shape['seq']}"
+        head = f"{self.target['name']} fixed {self.label}"
         if self.failure:
             return f"{head}: cannot compile: {_failure_text(self.failure)}"
         return (f"{head}: {self.warmup_compiles} compile in warm-up, {self.compiles_after} compiles for "
                 f"{self.requests} requests under fail_on_recompile (median {self.run_seconds * 1e3:.1f} ms each); "
                 + (self.late_text() + "; " if self.late else "")
-                + "a new shape " + ("raises, so the check is armed" if self.armed else "did NOT raise"))
+                + ("no other shape tried: the model takes one input shape" if not self.probed else
+                   "a new shape " + ("raises, so the check is armed" if self.armed else "did NOT raise")))
 
     __str__ = __repr__ = summary
 
@@ -485,6 +492,8 @@ def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64,
                         if refused_recompile(exc) is None:
                             raise
                         armed = str(exc).strip().splitlines()[0]
-    return FixedShape(detected.to_dict(), counter.__name__, {"batch": shape[0], "seq": shape[1] if len(shape) > 1
-                      else None}, warm, len(counter.events) - warm, len(inputs) if failure is None else 0,
-                      statistics.median(times) if times else 0.0, armed, counter.events, failure, late)
+    seq = shape[1] if requests.model.takes_text else None
+    return FixedShape(detected.to_dict(), counter.__name__, {"batch": shape[0], "seq": seq, "dims": shape}, warm,
+                      len(counter.events) - warm, len(inputs) if failure is None else 0,
+                      statistics.median(times) if times else 0.0, armed, counter.events, failure, late,
+                      probed=probe is not None)

@@ -86,13 +86,15 @@ def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] |
     """Per target, what one compile costs there (economics.cost_model): measured XLA over the stream's
     lengths for TPU, the Neuron estimate, or, natively and for reference targets, the times the storm
     measured (pass `storms`)."""
-    lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None]
+    # an image model's shapes have no sequence dimension (its second is the channels)
+    lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None] if model.takes_text else []
     out = {}
     for name in targets_mod.parse_targets(targets):
         detected = targets_mod.detect(name)
         measured = ()
         if storms is not None and (detected.native or detected.target.reference):
-            measured = [(_seq(next(iter(e.shapes.values()), [0])), e.seconds) for e in storms[name].compiles]
+            measured = [(_seq(next(iter(e.shapes.values()), [0])) if model.takes_text else None, e.seconds)
+                        for e in storms[name].compiles]
         out[name] = economics.cost_model(model, name, lengths, native=detected.native, measured_points=measured,
                                          neuron_compile_seconds=neuron_compile_seconds,
                                          batch=requests.shapes()[0][0] if requests.inputs else 1)
@@ -197,10 +199,10 @@ class CompileReport:
         if not fixed.failure and fixed.compiles_after:
             out.append(_finding("recompile_after_warmup", "work",
                                 f"{fixed.compiles_after} compile(s) after warm-up at one fixed shape "
-                                f"{fixed.shape['batch']}x{fixed.shape['seq']}: {fixed.late_text()}",
+                                f"{fixed.label}: {fixed.late_text()}",
                                 "a fixed shape should compile once and never again: pad every input to it, "
                                 "and check the model for Python code that depends on its inputs"))
-        if not fixed.failure and not fixed.armed:
+        if not fixed.failure and fixed.probed and not fixed.armed:
             out.append(_finding("fixed_shape", "work", fixed.summary(),
                                 "a fixed shape should compile once and never again: check the model for "
                                 "shape-dependent Python code"))

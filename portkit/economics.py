@@ -147,7 +147,8 @@ def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, 
     points, sources, problems = [], [], []
     for seq in seqs:
         try:
-            seconds, source = measure(model, {"batch": batch, "seq": seq}, topology, dtype)
+            shape = {"batch": batch} if seq is None else {"batch": batch, "seq": seq}   # None: images
+            seconds, source = measure(model, shape, topology, dtype)
         except PortkitError as exc:        # no jax/libtpu, a topology it does not know: said, not hidden
             seconds, source = None, str(exc).splitlines()[0]
         if seconds is None:
@@ -159,8 +160,9 @@ def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, 
         raise PortkitError(f"no XLA compile time could be measured for {topology}: {'; '.join(problems)}")
     cached = sum("verdict cache" in s for s in sources)
     source = (f"measured XLA at {len(points)} shape(s) ({topology}, batch {batch}, seq "
-              f"{', '.join(str(p[0]) for p in points)}), interpolated linearly in tokens"
-              + (f"; {cached} from the verdict cache" if cached else ""))
+              f"{', '.join(str(p[0]) for p in points)}), interpolated linearly in tokens" if seqs != [None] else
+              f"measured XLA at the model's one input shape ({topology}, batch {batch})")
+    source += f"; {cached} from the verdict cache" if cached else ""
     found = fit("tpu", MEASURED_XLA, source, points)
     return replace(found, details={"topology": topology, "problems": problems, "measured": list(sources)})
 

@@ -52,6 +52,12 @@ class StageFailed(PortkitError):
     """A workbook notebook failed; the message names the notebook and the cell."""
 
 
+class StageSkipped(PortkitError):
+    """A stage that does not apply to the model (for example bucketing a model that takes one fixed image
+    shape): its result file says why (results.skip_stage), and the runner records the stage as skipped, not
+    failed. The message is the reason."""
+
+
 class CompileRefused(PortkitError):
     """An emulated compile backend refuses a graph the target's own compiler would refuse
     (a symbolic shape); `where` is the source frame of the refused node when known

@@ -16,8 +16,9 @@ report.json keys (stable; a CI job can gate on them):
 - "schema": "portkit.report/1"; "created"; "run_dir"; "model"
 - "environment": as the stages recorded it (environment.environment() at run time); "environment_source":
   "recorded at run time by fallbacks.json, ..." or results.NOT_RECORDED
-- "stages": {stage: {"file", "status": "ok" | "missing" | "failed" | "unreadable" | "incomplete", "problem",
-  "summary"}}: "failed" where the run log (runfolder.RUN_LOG) says the stage failed in the latest run
+- "stages": {stage: {"file", "status": "ok" | "skipped" | "missing" | "failed" | "unreadable" | "incomplete",
+  "problem", "summary"}}: "failed" where the run log says the stage failed in the latest run; "skipped" (problem:
+  why) where it does not apply to the model
 - "gaps": [text, ...]: what the report could not read, one line each
 - "targets": {name: {
     "mode": "native" | "emulated" (as recorded at run time), "title",
@@ -78,7 +79,7 @@ class StageResult:
     name: str
     file: str
     notebook: str
-    status: str                 # ok, missing, failed, unreadable, incomplete
+    status: str                 # ok, skipped (problem: why), missing, failed, unreadable, incomplete
     problem: str = ""
     data: dict | None = None
 
@@ -112,6 +113,8 @@ def read_stage(run_dir: Path, stage) -> StageResult:
     if not isinstance(data, dict):
         return StageResult(stage.name, stage.result, stage.notebook, "incomplete",
                            f"{stage.result} holds a JSON {type(data).__name__}, not an object")
+    if isinstance(data.get(results.SKIPPED), str):   # the stage does not apply to the model: not a gap
+        return StageResult(stage.name, stage.result, stage.notebook, "skipped", data[results.SKIPPED])
     if not isinstance(data.get("targets"), dict):
         return StageResult(stage.name, stage.result, stage.notebook, "incomplete",
                            f"{stage.result} has no per-target results (no \"targets\" object)")
@@ -334,7 +337,7 @@ class MigrationReport:
 
     @property
     def gaps(self) -> list[str]:
-        return [s.problem for s in self.stages.values() if s.status != "ok"] + self.other_gaps
+        return [s.problem for s in self.stages.values() if s.status not in ("ok", "skipped")] + self.other_gaps
 
     def verdicts(self) -> dict[str, str]:
         return {n: t.verdict for n, t in self.targets.items()}
@@ -389,7 +392,7 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
     run_env = results.run_environment({s.file: s.data for s in present}, names)
     reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}) for name in names}
-    images, notebook_gaps = _notebook_images(run_dir, stages)
+    images, notebook_gaps = runfolder.notebook_images(run_dir, [s.name for s in stages.values()])
     return MigrationReport(run_dir, model, stages, reports, run_env.info, images, run_env.source,
                            run_env.gaps + notebook_gaps)
 
@@ -446,27 +449,6 @@ def _consequence(f: dict) -> str:
     return {BLOCKER: "blocker: cannot run or compile on the target as it is",
             WORK: "work: runs, with the cost named in the finding", INFO: "info: noted, no cost found"}.get(
         f.get("severity"), "")
-
-
-def _notebook_images(run_dir: Path, stages: dict[str, StageResult]) -> tuple[list[tuple[str, str]], list[str]]:
-    """PNG plots from the executed stage notebooks in the run folder, in stage order; and the notebooks
-    that are there but cannot be read."""
-    images, gaps = [], []
-    for stage in stages.values():
-        path = run_dir / stage.notebook
-        if not path.exists():
-            continue
-        try:
-            nb = json.loads(path.read_text(encoding="utf-8"))
-            for cell in nb.get("cells", []):
-                for output in cell.get("outputs", []):
-                    png = output.get("data", {}).get("image/png")
-                    if png:
-                        data = "".join(png) if isinstance(png, list) else png
-                        images.append((f"{stage.name} ({stage.notebook})", data.replace("\n", "")))
-        except (OSError, ValueError, AttributeError, TypeError) as exc:
-            gaps.append(f"{stage.notebook} cannot be read, its plots are left out ({_why(exc)})")
-    return images, gaps
 
 
 # ---------------------------------------------------------------- HTML

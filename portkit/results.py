@@ -28,7 +28,7 @@ from pathlib import Path
 
 from portkit import environment, runfolder, targets as targets_mod
 from portkit._io import read_json, write_json
-from portkit.errors import PortkitError
+from portkit.errors import PortkitError, StageSkipped
 from portkit.findings import ROOT, Finding  # noqa: F401 (re-exported: results.Finding, results.ROOT)
 
 KEY = "environment"
@@ -45,6 +45,18 @@ def target_names(result: dict) -> list[str]:
 def stamp(result: dict) -> dict:
     """`result` with the environment of this process, for the targets it covers."""
     return {**result, KEY: environment.environment(target_names(result))}
+
+
+SKIPPED = "skipped"    # a stage result's key: why the stage does not apply to the model (skip_stage)
+
+
+def skip_stage(out_dir, stage: str, model: dict, targets, reason: str):
+    """Save `stage`'s result as skipped, with the reason, and raise StageSkipped: the notebook stops there,
+    the runner records the stage as skipped (not failed), the report shows the reason, and later stages
+    read the stage as absent (read_stage)."""
+    save_result(Path(out_dir) / result_file(stage), {"model": model, SKIPPED: reason, "summary": f"skipped: {reason}",
+                                                     "targets": {name: {SKIPPED: reason} for name in targets}})
+    raise StageSkipped(reason)
 
 
 def save_result(path, result: dict) -> Path:
@@ -191,7 +203,8 @@ def _positive_ints(values, path: Path, key: str) -> list[int]:
 
 
 def read_stage(out_dir, stage: str) -> dict | None:
-    """The result `stage` saved in `out_dir`, or None when there is none. Its file is <stage>.json, the
+    """The result `stage` saved in `out_dir`, or None when there is none or the stage was skipped (it does
+    not apply to the model: skip_stage). Its file is <stage>.json, the
     name the run folder's layout (runfolder) gives every stage's result. A file that is not a JSON object raises
     UnreadableResult naming the file."""
     path = Path(out_dir) / result_file(stage)
@@ -204,7 +217,7 @@ def read_stage(out_dir, stage: str) -> dict | None:
                                f"rerun stage {stage} or remove the file") from None
     if not isinstance(saved, dict):
         raise UnreadableResult(f"{path} holds a {type(saved).__name__}, not a stage result; rerun stage {stage}")
-    return saved
+    return None if saved.get(SKIPPED) else saved
 
 
 def _target_result(out_dir, stage: str, target: str) -> dict:

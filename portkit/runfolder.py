@@ -80,7 +80,7 @@ def read_log(folder) -> dict:
 
 
 def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
-    """Record how one stage ended ("ok" or "failed", with the error's one line), atomically."""
+    """Record how one stage ended ("ok", "skipped" or "failed", with the reason or error in one line), atomically."""
     log = read_log(folder)
     log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
                            "notebook": stage(name).notebook}
@@ -91,3 +91,26 @@ def failure(folder, name: str) -> str | None:
     """The error a stage failed with in the latest run, or None."""
     entry = read_log(folder)["stages"].get(name)
     return entry.get("error") or "failed" if isinstance(entry, dict) and entry.get("status") == "failed" else None
+
+
+def notebook_images(run_dir, stages) -> tuple[list[tuple[str, str]], list[str]]:
+    """PNG plots (base64) from the executed notebooks of `stages` (names) in the run folder, in that order,
+    each labelled "stage (notebook)"; and a line for each notebook that is there but cannot be read."""
+    images, gaps = [], []
+    for name in stages:
+        notebook = stage(name).notebook
+        path = Path(run_dir) / notebook
+        if not path.exists():
+            continue
+        try:
+            nb = json.loads(path.read_text(encoding="utf-8"))
+            for cell in nb.get("cells", []):
+                for output in cell.get("outputs", []):
+                    png = output.get("data", {}).get("image/png")
+                    if png:
+                        data = "".join(png) if isinstance(png, list) else png
+                        images.append((f"{name} ({notebook})", data.replace("\n", "")))
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+            gaps.append(f"{notebook} cannot be read, its plots are left out ({why})")
+    return images, gaps

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit import _io, data, params as params_mod, runfolder
-from portkit.errors import BadParameter, StageFailed
+from portkit.errors import BadParameter, StageFailed, StageSkipped
 from portkit.progress import HEADLESS_VARIABLE
 from portkit.runfolder import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
 
@@ -266,7 +266,14 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
         # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
         (out / stage.result).unlink(missing_ok=True)
         start = time.perf_counter()
-        error = _execute(stage, values, out, user_folder, progress)
+        try:
+            error = _execute(stage, values, out, user_folder, progress)
+        except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
+            result.seconds[stage.name] = time.perf_counter() - start
+            runfolder.record(out, stage.name, "skipped", result.seconds[stage.name], str(skipped))
+            result.summaries[stage.name] = f"skipped: {skipped}"
+            log(f"[{stage.name}] skipped: {skipped} ({result.seconds[stage.name]:.0f} s)")
+            continue
         result.seconds[stage.name] = time.perf_counter() - start
         runfolder.record(out, stage.name, "failed" if error else "ok", result.seconds[stage.name], error or "")
         if error:
@@ -309,6 +316,8 @@ def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, pro
     except PapermillExecutionError as exc:
         os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows
         last = exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ""
+        if exc.ename == StageSkipped.__name__:
+            raise StageSkipped(last) from None
         return (f"cell {exc.exec_count} of {stage.notebook} raised {exc.ename}: {last}; "
                 f"the executed notebook is {output}")
     except Exception:

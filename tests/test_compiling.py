@@ -86,7 +86,7 @@ def test_the_raised_limit_pays_every_compile_and_reports_the_eager_fallback(repo
 def test_fixed_shape_compiles_once_and_fail_on_recompile_proves_it(report, stream):
     for name in MIGRATION:
         fixed = report.fixed[name]
-        assert fixed.shape == {"batch": 1, "seq": 24}
+        assert fixed.shape == {"batch": 1, "seq": 24, "dims": [1, 24]}
         assert fixed.warmup_compiles == 1 and fixed.compiles_after == 0
         assert fixed.requests == len(stream.inputs)
         assert "fail_on_recompile" in fixed.armed     # a new shape raised instead of compiling
@@ -120,7 +120,7 @@ def test_report_json_keeps_the_contract(report, tmp_path):
         assert t["compile_seconds"]["first"] > 0 and t["compile_seconds"]["median"] > 0
         assert t["compile_cost"]["kind"] == {"tpu": "measured XLA", "neuron": "estimate"}[name]
         assert t["priced_storm"]["compiles"] == len(report.storms[name].compiles)
-        assert t["fixed_shape"] == {"batch": 1, "seq": 24}
+        assert t["fixed_shape"] == {"batch": 1, "seq": 24, "dims": [1, 24]}
         assert f"{name} (emulated, portkit_{name})" in t["summary"]
     assert saved["summary"].count("emulated") == 2
 
@@ -329,3 +329,22 @@ def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, str
     assert [r["shape"] for r in shared.requests] == [r["shape"] for r in alone.requests]
     assert shared.backend == alone.backend == "portkit_neuron" and report.storms["tpu"].backend == "portkit_tpu"
     assert all(e.check is not None and e.check.target == n for n in MIGRATION for e in report.storms[n].compiles)
+
+
+def test_an_image_model_has_one_fixed_shape_named_in_full_and_no_sequence_to_price():
+    vit = models.load("vit")
+    requests = compiling.make_requests(vit, None, 3)
+    fixed = compiling.check_fixed_shape(vit, requests, "tpu")
+    dims = list(next(iter(requests.inputs[0].values())).shape)
+    assert len(dims) == 4 and fixed.label == "x".join(map(str, dims))         # 1x3xHxW, not "1x3"
+    assert fixed.shape == {"batch": 1, "seq": None, "dims": dims} and not fixed.probed and fixed.armed is None
+    assert "no other shape tried: the model takes one input shape" in fixed.summary()
+    assert "did NOT raise" not in fixed.summary()
+    asked = []
+
+    def measure(model, shape, topology, dtype):
+        asked.append(shape)
+        return 1.5, "XLA compile for v5e:1x1, measured now"
+    cost = economics.xla_model(vit, [], measure=measure)
+    assert asked == [{"batch": 1}] and cost.seconds(None) == 1.5
+    assert "measured XLA at the model's one input shape (v5e:1x1, batch 1)" in cost.label()

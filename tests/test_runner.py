@@ -204,3 +204,34 @@ def test_params_shows_each_stages_own_default(capsys):
             many = f"    = {info['default']}  ["
             lines = [line for line in shown.splitlines() if line.startswith(one) or line.startswith(many)]
             assert any(stage.name in line.split("[")[-1] for line in lines), f"{stage.name}: {name}"
+
+
+def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_path, monkeypatch, capsys):
+    from portkit import buckets, results
+
+    class ImageModel:        # what the stage reads of a model that takes one fixed image shape
+        name, takes_text = "vit", False
+
+        def describe(self):
+            return {"name": self.name}
+    ran = _stub_stages(monkeypatch)
+    stub = runner._execute
+
+    def execute(stage, values, out, user_folder, progress):
+        if stage.name == "buckets":      # the notebook's first step, as 03_buckets runs it
+            buckets.skip_unless_it_applies(ImageModel(), out, ["neuron", "tpu"])
+        return stub(stage, values, out, user_folder, progress)
+    monkeypatch.setattr(runner, "_execute", execute)
+    out = tmp_path / "run"
+    rc = cli.main(["run", "--model", "lstm", "--out", str(out), "--stages", "fallbacks,buckets", "--no-progress"])
+    reason = f"vit {buckets.NOTHING_TO_BUCKET}"
+    assert rc == 0 and ran == ["fallbacks"]
+    assert f"[buckets] skipped: {reason}" in capsys.readouterr().out
+    assert json.loads((out / "run.json").read_text())["stages"]["buckets"] == {
+        "status": "skipped", "seconds": 0.0, "error": reason, "notebook": "03_buckets.ipynb"}
+    assert results.read_buckets(out) is None and results.read_stage(out, "buckets") is None   # later stages: absent
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["stages"]["buckets"]["status"] == "skipped" and saved["stages"]["buckets"]["problem"] == reason
+    assert not any("buckets" in g for g in saved["gaps"])          # not applying is not a gap
+    text_model = type("TextModel", (ImageModel,), {"takes_text": True})()
+    assert buckets.skip_unless_it_applies(text_model, out, ["tpu"]) is None       # a text model goes on
