@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit import frames, targets as targets_mod
+from portkit import device_paths, frames
 from portkit._torch import TorchDispatchMode, current_autograd_node
 from portkit.findings import ROOT
 from portkit.tracking import ModuleTracker
@@ -197,9 +197,8 @@ def record(model, inputs: dict[str, torch.Tensor], train: bool = False) -> Recor
         module.train(was_training)
         module.zero_grad(set_to_none=True)
     for m_name, sub in module.named_modules():   # device dispatch the CPU recording cannot show
-        kind = type(sub).__name__
-        if kind in targets_mod.PRIVATEUSE1_MODULE_OPS:
-            op = targets_mod.PRIVATEUSE1_MODULE_OPS[kind]
+        if fused := device_paths.fused_cell_ops(sub):
+            kind, op = fused[:2]
             recording.features.append(("recurrent", m_name or ROOT, op,
                                        f"nn.{kind}: runs {op} on PrivateUse1 devices (ATen RNN.cpp)"))
             recording.frames[("recurrent", m_name or ROOT, op)] = _defined_in(module, m_name)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from portkit import probes
+from portkit.device_paths import FUNCTIONAL_FORMS, PRIVATEUSE1_PATH
 from portkit.errors import BadParameter
 from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK  # noqa: F401 (re-exported: targets.BLOCKER, ...)
 
@@ -242,37 +243,6 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
 )}
 
 MIGRATION_TARGETS = tuple(name for name, t in TARGETS.items() if not t.reference)
-
-# CPU-specific ATen ops that PyTorch's CPU dispatch chooses, and what the same call runs as on a
-# PrivateUse1 device. Recording happens on the CPU, so these are translated before classifying.
-PRIVATEUSE1_PATH: dict[str, tuple[str, str]] = {
-    # SDPA: _fused_sdp_choice on a PrivateUse1 tensor selects the "overrideable" fused kernel
-    # (aten/src/ATen/native/transformers/attention.cpp; torch-neuronx SdpBackendSelection.cpp).
-    "aten::_scaled_dot_product_flash_attention_for_cpu":
-        ("aten::_scaled_dot_product_fused_attention_overrideable",
-         "SDPA selects the overrideable fused kernel on PrivateUse1 devices"),
-    # LSTM: on cuda/xpu/privateuseone inputs, LSTMCell calls _thnn_fused_lstm_cell
-    # (aten/src/ATen/native/RNN.cpp); the CPU runs oneDNN's mkldnn_rnn_layer instead.
-    "aten::mkldnn_rnn_layer": ("aten::_thnn_fused_lstm_cell",
-                               "LSTMCell calls _thnn_fused_lstm_cell on PrivateUse1 devices (RNN.cpp)"),
-    # Their backward passes: each forward's derivative formula (tools/autograd/derivatives.yaml).
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward":
-        ("aten::_scaled_dot_product_fused_attention_overrideable_backward",
-         "the overrideable fused attention's backward (derivatives.yaml) on PrivateUse1 devices"),
-    "aten::mkldnn_rnn_layer_backward": ("aten::_thnn_fused_lstm_cell_backward_impl",
-                                        "_thnn_fused_lstm_cell's backward (derivatives.yaml) on PrivateUse1 devices"),
-}
-# Module types whose device path differs from the CPU path in a way the recorded ops cannot show:
-# GRU cells run as decomposed ops on the CPU but as _thnn_fused_gru_cell on PrivateUse1 (RNN.cpp).
-PRIVATEUSE1_MODULE_OPS: dict[str, str] = {"LSTM": "aten::_thnn_fused_lstm_cell", "GRU": "aten::_thnn_fused_gru_cell"}
-# A training graph is functionalized by AOTAutograd (both targets' compile pipelines run it): an in-place
-# write into a view becomes one of these functional ops, judged under torch.compile as the write itself.
-FUNCTIONAL_FORMS = {"aten::lift_fresh_copy": "aten::clone", **dict.fromkeys(("aten::copy", "aten::slice_scatter",
-                    "aten::select_scatter", "aten::diagonal_scatter", "aten::as_strided_scatter"), "aten::copy_")}
-# ... and the backward kernels those cells' derivative formulas call (derivatives.yaml).
-PRIVATEUSE1_MODULE_BACKWARD_OPS: dict[str, str] = {"LSTM": "aten::_thnn_fused_lstm_cell_backward_impl",
-                                                   "GRU": "aten::_thnn_fused_gru_cell_backward"}
-
 
 @dataclass(frozen=True)
 class OpClass:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from portkit import _torch, numerics, progress, targets as targets_mod
+from portkit import _torch, device_paths, numerics, progress, targets as targets_mod
 from portkit.errors import BadParameter
 from portkit.models import CAUSAL_LM, EMBEDDING, SEQ2SEQ_LM
 
@@ -378,7 +378,7 @@ def step_ops(model, batch: dict[str, torch.Tensor], target: str, optimizer: str 
     with an AdamW step (`optimizer`: "fused" kernels, "foreach" kernels or a "for-loop"), and classify
     every ATen op of the forward graph, the backward graph and the optimizer step with the target's op
     table. Recurrent modules, which Dynamo leaves out of its graphs (they run eagerly on the CPU), add
-    the fused cell kernels their backward runs on the device (targets.PRIVATEUSE1_MODULE_BACKWARD_OPS)."""
+    the fused cell kernels their backward runs on the device (device_paths.fused_cell_ops)."""
     from portkit import backends
     if optimizer not in OPTIMIZER_IMPLEMENTATIONS:
         raise BadParameter("optimizer implementation", optimizer, OPTIMIZER_IMPLEMENTATIONS)
@@ -404,8 +404,8 @@ def step_ops(model, batch: dict[str, torch.Tensor], target: str, optimizer: str 
     for op, n in counter.calls.items():
         calls[("optimizer", op)] = n
     for sub in module.modules():
-        if type(sub).__name__ in targets_mod.PRIVATEUSE1_MODULE_BACKWARD_OPS:
-            op = targets_mod.PRIVATEUSE1_MODULE_BACKWARD_OPS[type(sub).__name__]
+        if fused := device_paths.fused_cell_ops(sub):
+            op = fused[2]
             calls[("backward", op)] = calls.get(("backward", op), 0) + 1
     found = StepOps(target, model.name, optimizer, sum(c.part == "joint" for c in backend.checks))
     for (phase, op), n in sorted(calls.items()):

@@ -62,6 +62,18 @@ def test_gru_is_found_by_module_type():
     assert ("recurrent", "work", "model.rnn") in kinds(report, "tpu")
 
 
+def test_recurrent_cells_and_subclassed_layers_are_found_by_type():
+    # on the CPU the cells decompose to matmuls before the dispatcher sees them: only their type tells
+    report = run(fixture_model("cell_model"), seq=6)
+    for module in ("model.lstm_cell", "model.gru_cell", "model.context"):
+        assert ("recurrent", "blocker", module) in kinds(report, "neuron"), module
+        assert ("recurrent", "work", module) in kinds(report, "tpu"), module
+    found = {f.module: f for f in report.targets["neuron"].findings if f.kind == "recurrent"}
+    assert found["model.gru_cell"].ops == ["aten::_thnn_fused_gru_cell"]
+    assert found["model.lstm_cell"].ops == ["aten::_thnn_fused_lstm_cell"]
+    assert "nn.LSTM:" in found["model.context"].message          # StepLSTM is an nn.LSTM
+
+
 def test_data_dependent_shapes_and_host_syncs():
     report = run(fixture_model("data_dependent_model"))
     found = {(f.kind, f.module): f for f in report.targets["tpu"].findings}
