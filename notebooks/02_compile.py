@@ -47,6 +47,9 @@ backend = "auto"  # auto picks the native backend with its device, else portkit'
 precision = {}  # per target, e.g. {"neuron": "matmult", "tpu": "highest"}; a target left out uses its default
 seed = 4  # which texts are sampled
 neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
+workload = "inference"  # "inference", or "generate" (causal LMs): also greedy generation, dynamic vs static KV cache
+new_tokens = 16  # tokens each prompt generates when workload is "generate"
+prompts = 4  # real prompts from the corpus, one batch, when workload is "generate"
 
 # %%
 from IPython.display import display
@@ -55,7 +58,8 @@ from portkit import compiling, data, environment, models, params
 model, targets, out = params.common(model, targets, out_dir)
 compiling.check_parameters(requests=requests, batch_size=batch_size, seq_len=seq_len, fullgraph=fullgraph,
                            backend=backend, precision=precision, seed=seed, corpus=corpus,
-                           neuron_compile_seconds=neuron_compile_seconds, targets=targets)
+                           neuron_compile_seconds=neuron_compile_seconds, targets=targets, workload=workload,
+                           new_tokens=new_tokens, prompts=prompts)
 
 # %%
 print(environment.block(targets))
@@ -133,7 +137,26 @@ for result in fixed.values():
 costs = compiling.compile_costs(m, stream, targets, storms=storms, neuron_compile_seconds=neuron_compile_seconds)
 for name, cost in costs.items():
     print(f"{name}: {cost.seconds(seq_len):.1f} s to compile one {seq_len}-token shape ({cost.label()})")
-report = compiling.CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs)
+
+# %% [markdown]
+# ## Generation (workload "generate"): the dynamic KV cache against the bucketed static one
+#
+# Greedy generation of real prompts compiled for each target. With the model's default dynamic cache every
+# generated token is a new shape, so a compile, until Dynamo's recompile limit runs the step eagerly; with a
+# static cache in power-of-two prompt and context buckets every graph compiles in the warm-up, and the whole
+# generation then runs under `fail_on_recompile`.
+
+# %%
+generated = {}
+if workload == "generate":
+    generated = compiling.check_generation(m, texts, targets, new_tokens=new_tokens, prompts=prompts,
+                                           backend=backend, precision=precision, seed=seed)
+    for found in generated.values():
+        print(found)
+
+# %%
+report = compiling.CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs,
+                                            generation=generated)
 report
 
 # %%

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import html
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from portkit import economics, frames, reconcile, selection, targets as targets_mod
+from portkit import compile_generation, economics, frames, reconcile, selection, targets as targets_mod
 from portkit.backends import _text
 from portkit.compile_steps import (AUTO, FixedShape, GraphBreaks, Requests, Storm, _eager_from, _failure_text,
                                    check_fixed_shape, find_graph_breaks, make_requests,
@@ -40,15 +40,16 @@ from portkit.results import Finding, save_result
 from portkit.tables import HtmlTable
 
 __all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
-           "check_fixed_shape", "check_parameters", "compile_costs", "compile_model", "eager_findings",
-           "find_graph_breaks",
+           "check_fixed_shape", "check_generation", "check_parameters", "compile_costs", "compile_model",
+           "eager_findings", "find_graph_breaks",
            "make_requests", "recompile_storm", "recompile_storms"]
 
 STAGE = "compile"
 # The stage's defaults: compile_model, check_parameters and the notebook's parameters cell
 # (notebooks/02_compile.py, checked equal by tests/test_compiling.py) all use these.
 DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False, "backend": AUTO,
-            "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None}
+            "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None,
+            "workload": "inference", "new_tokens": 16, "prompts": 4}
 
 
 # What each of the stage's findings costs on the target: the consequence behind its severity (#18).
@@ -117,6 +118,15 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     return out
 
 
+def check_generation(model, texts, targets, new_tokens: int = DEFAULTS["new_tokens"],
+                     prompts: int = DEFAULTS["prompts"], backend: str = DEFAULTS["backend"], precision=None,
+                     seed: int = DEFAULTS["seed"]):
+    """Workload "generate": `prompts` real prompts from the corpus, greedy generation of `new_tokens`, with
+    the dynamic cache and the bucketed static cache, per target (portkit/compile_generation.py)."""
+    compile_generation.check_model(model)
+    return compile_generation.check(model, texts.sample(prompts, seed), targets, new_tokens, backend, precision)
+
+
 # ---------------------------------------------------------------- the stage's result
 @dataclass
 class CompileReport:
@@ -127,11 +137,13 @@ class CompileReport:
     storms: dict[str, Storm]
     fixed: dict[str, FixedShape]
     costs: dict[str, economics.CostModel]    # per target: what one compile costs there, and why
+    generation: dict = field(default_factory=dict)   # workload "generate": compile_generation.check's result
 
     @classmethod
     def from_steps(cls, model, requests: Requests, breaks: GraphBreaks, storms: dict[str, Storm],
-                   fixed: dict[str, FixedShape], costs: dict[str, economics.CostModel]) -> CompileReport:
-        return cls(model.describe(), requests.to_dict(), breaks, storms, fixed, costs)
+                   fixed: dict[str, FixedShape], costs: dict[str, economics.CostModel],
+                   generation: dict | None = None) -> CompileReport:
+        return cls(model.describe(), requests.to_dict(), breaks, storms, fixed, costs, generation or {})
 
     def compile_seconds(self, name: str) -> dict:
         """What one compile costs on the target (the cost model, over the storm's compiled shapes),
@@ -217,7 +229,8 @@ class CompileReport:
         return text
 
     def summary(self) -> str:
-        return " | ".join(self.target_summary(n) for n in self.storms)
+        return " | ".join(self.target_summary(n) + (f"; generation: {self.generation[n].summary()}"
+                                                    if n in self.generation else "") for n in self.storms)
 
     def to_dict(self) -> dict:
         per_target = {name: {"target": storm.target, "backend": storm.backend, "precision": storm.precision,
@@ -226,7 +239,9 @@ class CompileReport:
                              "fixed_shape": self.fixed[name].shape, "checks": self.breaks.checks.get(name),
                              "findings": self.findings(name),
                              "projection": self.projection(name), "storm": storm.to_dict(),
-                             "fixed": self.fixed[name].to_dict()} for name, storm in self.storms.items()}
+                             "fixed": self.fixed[name].to_dict(),
+                             **({"generation": self.generation[name].to_dict()} if name in self.generation else {})}
+                      for name, storm in self.storms.items()}
         return {"stage": STAGE, "model": self.model, "requests": self.requests, "summary": self.summary(),
                 "graph_breaks": self.breaks.to_dict(),
                 "targets": per_target}
@@ -312,9 +327,16 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
                      seq_len: int = DEFAULTS["seq_len"], fullgraph: bool = DEFAULTS["fullgraph"],
                      backend: str = DEFAULTS["backend"], precision=None, seed: int = DEFAULTS["seed"],
                      corpus: str = DEFAULTS["corpus"], neuron_compile_seconds=DEFAULTS["neuron_compile_seconds"],
-                     targets=("neuron", "tpu")) -> None:
-    """The notebook's validation cell, also run by the runner before anything is written."""
-    from portkit import data, params
+                     targets=("neuron", "tpu"), workload: str = DEFAULTS["workload"],
+                     new_tokens: int = DEFAULTS["new_tokens"], prompts: int = DEFAULTS["prompts"],
+                     model: str | None = None) -> None:
+    """The notebook's validation cell, also run by the runner before anything is written. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
+    from portkit import data, models, params
+    if params.workload(workload) == "generate" and model in models.SOURCES:
+        compile_generation.check_model(models.load(model))
+    params.positive_int("new_tokens", new_tokens, maximum=512)
+    params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("requests", requests, maximum=2000)
     params.positive_int("batch_size", batch_size, maximum=64)
     params.positive_int("seq_len", seq_len, maximum=4096)

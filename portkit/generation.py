@@ -57,6 +57,22 @@ class Plan:
                            hint=f"longer than the largest context bucket {max(self.context_buckets)}")
 
 
+MIN_PROMPT_BUCKET = 16     # the smallest prompt bucket plan_for makes (a prefill graph per bucket above it)
+
+
+def plan_for(prompt_lengths, new_tokens: int, batch: int, max_prompt: int) -> Plan:
+    """Powers-of-two buckets, as the serving stacks make them: prompt buckets from MIN_PROMPT_BUCKET up to
+    the longest prompt (at most max_prompt; longer prompts are truncated), context buckets from twice the
+    smallest prompt bucket up to the longest prompt bucket plus the new tokens."""
+    longest, prompts = min(max(prompt_lengths), max_prompt), [MIN_PROMPT_BUCKET]
+    while prompts[-1] < longest:
+        prompts.append(prompts[-1] * 2)
+    contexts = [2 * MIN_PROMPT_BUCKET]
+    while contexts[-1] < prompts[-1] + new_tokens - 1:
+        contexts.append(contexts[-1] * 2)
+    return Plan(tuple(prompts), tuple(contexts), batch)
+
+
 @dataclass
 class Generation:
     mode: str                          # "static" or "dynamic"
@@ -203,7 +219,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
     from transformers import DynamicCache
     model = causal_model(lm)
     enc = lm.tokenizer(texts, padding="longest", truncation=True, max_length=max_length or lm.max_length,
-                       padding_side="left", return_tensors="pt")
+                       padding_side="left", truncation_side="left", return_tensors="pt")   # as Plan's "truncate"
     ids, mask = enc["input_ids"], enc["attention_mask"]
     counter = backends.CompileCounter(backend)
     torch.compiler.reset()

@@ -24,9 +24,10 @@ from portkit import models, targets as targets_mod
 from portkit.errors import BadParameter
 
 
-# The workloads a run can check: one forward pass per request ("inference"), or training steps of the
-# model's own loss with AdamW ("train"). Every stage that reads `workload` checks it here.
-WORKLOADS = ("inference", "train")
+# The workloads a run can check: one forward pass per request ("inference"), greedy generation with a KV
+# cache ("generate", causal LMs: stage 2 compiles it with the dynamic and the bucketed static cache), or
+# training steps of the model's own loss with AdamW ("train"). Every stage that reads `workload` checks it here.
+WORKLOADS = ("inference", "generate", "train")
 
 
 def workload(value) -> str:

@@ -156,6 +156,14 @@ def _compile(data: dict, t: dict, out: "TargetReport") -> None:
                                             if median else "—"),
         "compiles after warm-up, fixed shape": fixed.get("compiles_after", "—"),
     }
+    if gen := t.get("generation"):       # workload "generate": the dynamic KV cache against the static one
+        d, s, plan = gen["dynamic"], gen["static"], gen["plan"]
+        eager = f", eager from token {d['eager_from_step'] + 1}" if d.get("eager_from_step") is not None else ""
+        out.metrics["compile"]["generation, dynamic cache"] = (
+            f"{d['compiles']} compiles for {gen['new_tokens']} tokens ({d['compiles_per_token']:.2f} per token){eager}")
+        out.metrics["compile"]["generation, static cache"] = (
+            f"prompt buckets {plan['prompt_buckets']}, context buckets {plan['context_buckets']}: "
+            f"{s['warmup_compiles']} warm-up compiles, {s['compiles']} after; tokens agree {gen['token_agreement']:.0%}")
 
 
 def _xla(data: dict, t: dict, out: "TargetReport") -> None:

@@ -51,3 +51,30 @@ def test_dynamic_cache_compiles_every_token_until_the_recompile_limit(llama):
     assert run.eager_from_step == 2                   # token 2's decode step is the first to run eagerly
     assert any("size mismatch" in g for g in run.guard_failures)
     assert run.tokens.shape == (2, 4)
+
+
+def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
+    from portkit import compiling, report
+    found = compiling.check_generation(llama, corpus, ["tpu"], new_tokens=6, prompts=2)
+    tpu = found["tpu"]
+    assert tpu.backend == "portkit_tpu" and tpu.plan["prompt_buckets"][0] == generation.MIN_PROMPT_BUCKET
+    assert tpu.dynamic.compiles > 1 and tpu.dynamic.tokens.shape == tpu.static.tokens.shape == (2, 6)
+    assert tpu.static.compiles == 0 and tpu.static.warmup_compiles >= 2      # all in warm-up, none after
+    saved = tpu.to_dict()
+    assert saved["static"]["compiles"] == 0 and saved["dynamic"]["first_guard_failure"]
+    assert "0 during the generation under fail_on_recompile" in saved["summary"]
+    out = report.TargetReport("tpu", "TPU", "emulated")
+    report._compile({}, {"generation": saved}, out)
+    assert out.metrics["compile"]["generation, static cache"].endswith(
+        f"0 after; tokens agree {saved['token_agreement']:.0%}")
+
+
+def test_the_generate_workload_needs_a_causal_lm_and_says_so_before_the_run():
+    from portkit import compiling
+    with pytest.raises(BadParameter, match="workload .generate.*minilm is not one \\(its kind: embedding;"):
+        compiling.check_parameters(workload="generate", model="minilm")
+    with pytest.raises(BadParameter, match="unknown workload 'decode'; choose one of: inference, generate, train"):
+        compiling.check_parameters(workload="decode")
+    compiling.check_parameters(workload="generate", model="gpt2")
+    plan = generation.plan_for([5, 40, 300], new_tokens=16, batch=3, max_prompt=64)
+    assert (plan.prompt_buckets, plan.context_buckets) == ((16, 32, 64), (32, 64, 128))
