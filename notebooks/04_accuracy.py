@@ -53,7 +53,9 @@ tolerances = {}  # [rtol, atol] per compute dtype, e.g. {"bfloat16": [3e-2, 1e-3
 task_bounds = {}  # verdict budgets, e.g. {"cosine": 0.9999, "baseline_factor": 2}; others: DEFAULT_TASK_BOUNDS
 gpu_numerics = "fp32"  # how the model runs on the GPU today, the baseline: fp32, tf32, bf16_autocast, fp16_autocast
 default_buckets = None  # boundaries when out_dir holds no buckets.json from stage 3; None: accuracy.DEFAULT_BUCKETS
-workload = "inference"  # "inference", or "train": AdamW steps of the model's own loss under each target's numerics too
+workload = "inference"  # "inference"; "train": AdamW steps under each target's numerics too; "generate" (causal LMs)
+new_tokens = 16  # tokens each prompt generates when workload is "generate"
+prompts = 4  # real prompts from the corpus, one batch, when workload is "generate"
 train_steps = 20  # AdamW steps (one batch of batch_size x seq_len real texts each) when workload is "train"
 
 # %%
@@ -64,7 +66,7 @@ model, targets, out = params.common(model, targets, out_dir)
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
                           tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
                           corpus=corpus, gpu_numerics=gpu_numerics, workload=workload,
-                          train_steps=train_steps)
+                          train_steps=train_steps, new_tokens=new_tokens, prompts=prompts)
 print(tolerance.describe(tolerances, task_bounds))
 
 # %%
@@ -137,6 +139,22 @@ report.bucket_table()
 # %%
 report.save(out / "accuracy.json")
 print(f"wrote {out / 'accuracy.json'}")
+
+# %% [markdown]
+# ## Generation (workload "generate")
+#
+# Greedy generation of real prompts with a bucketed static KV cache, in float32 and under each target's
+# numerics: the tokens' agreement, the first step where they part, the logit error of every step before it.
+# A divergence where the reference's top-2 margin is within the target's own logit error is a near-tie.
+
+# %%
+generated = None
+if workload == "generate":
+    generated = accuracy.check_generation(m, texts, targets, new_tokens=new_tokens, prompts=prompts, seed=seed,
+                                          precision=precision, task_bounds=task_bounds)
+    report.generation = generated
+    report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
+generated
 
 # %% [markdown]
 # ## Training (workload "train")

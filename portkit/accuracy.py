@@ -152,12 +152,15 @@ def target_side(targets, compiled: bool | None = None) -> bool:
 def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None, tolerances=None,
                      task_bounds=None, default_buckets=None, seed: int = 0, corpus: str = "stdlib",
                      all_precisions: bool = True, layers: bool = True, float64_reference: bool = True,
-                     gpu_numerics: str = "fp32", workload: str = "inference", train_steps: int = 20) -> None:
+                     gpu_numerics: str = "fp32", workload: str = "inference", train_steps: int = 20,
+                     new_tokens: int = 16, prompts: int = 4) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
     params.choice("gpu_numerics", gpu_numerics, numerics.GPU_NUMERICS)
     params.workload(workload)
     params.positive_int("train_steps", train_steps)
+    params.positive_int("new_tokens", new_tokens, maximum=512)
+    params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.non_negative_int("seed", seed)
@@ -417,6 +420,18 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
                      "outputs": outputs, "task": task,
                      "passed": not reasons, "reasons": reasons, "details": details, "baseline": versus})
     return rows
+
+
+# ---------------------------------------------------------------- generation (issue #14)
+def check_generation(model, corpus, targets=("neuron", "tpu"), *, new_tokens: int = 16, prompts: int = 4,
+                     seed: int = 0, precision=None, task_bounds=None):
+    """Workload "generate": greedy generation of `prompts` real prompts under each target's numerics against
+    the float32 reference: token agreement, first divergence, logit error per step, near-ties
+    (portkit/generation_accuracy.py)."""
+    from portkit import generation, generation_accuracy
+    generation.check_causal(model)
+    return generation_accuracy.compare(model, corpus.sample(prompts, seed), targets, new_tokens, precision,
+                                       task_bounds)
 
 
 # ---------------------------------------------------------------- training (issue #17)

@@ -222,6 +222,7 @@ class AccuracyReport:
     reference: dict
     targets: dict[str, TargetAccuracy]
     training: object = None    # training_accuracy.TrainingComparison where the workload is "train"
+    generation: object = None  # generation_accuracy.GenerationComparison where the workload is "generate"
 
     @property
     def verdict(self) -> str:
@@ -235,7 +236,8 @@ class AccuracyReport:
                 "summary": self.summary(), "verdict": self.verdict,
                 "reasons": [f"{n}: {r}" for n, t in self.targets.items() for r in t.reasons],
                 "targets": {n: t.to_dict() for n, t in self.targets.items()},
-                "training": self.training.to_dict() if self.training is not None else None}
+                "training": self.training.to_dict() if self.training is not None else None,
+                "generation": self.generation.to_dict() if self.generation is not None else None}
 
     def save(self, path) -> None:
         save_result(path, self.to_dict())
@@ -252,6 +254,8 @@ class AccuracyReport:
             lines += [f"    suggestion: {s}" for s in t.suggestions]
         if self.training is not None:
             lines.append(str(self.training))
+        if self.generation is not None:
+            lines.append(str(self.generation))
         return "\n".join(lines)
 
     __repr__ = __str__

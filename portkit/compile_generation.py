@@ -23,20 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from portkit import generation, selection, targets as targets_mod
-from portkit.errors import BadParameter
-from portkit.models import CAUSAL_LM
 
 # Prompts longer than this are cut to their last MAX_PROMPT tokens (the plan's overflow policy "truncate"):
 # each prompt bucket is one prefill graph to warm up, so the stage bounds them; stage 3 plans the real ones.
 MAX_PROMPT = 64
-
-
-def check_model(lm) -> None:
-    """The generate workload needs a causal language model; one line naming the model's kind otherwise."""
-    if lm.kind != CAUSAL_LM:
-        raise BadParameter("workload", "generate",
-                           hint=f"greedy generation needs a causal language model; {lm.name} is not one "
-                                f"(its kind: {lm.kind}; use workload 'inference')")
 
 
 @dataclass
@@ -82,7 +72,7 @@ def check(lm, texts: list[str], targets, new_tokens: int = 16, backend: str = se
           precision=None) -> dict[str, TargetGeneration]:
     """Greedy generation of `new_tokens` for the `texts` (one batch) on every target's compile backend,
     with the dynamic cache and with the bucketed static cache."""
-    check_model(lm)
+    generation.check_causal(lm)
     plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), MAX_PROMPT)
     out = {}
     for name in targets_mod.parse_targets(targets):

@@ -123,7 +123,6 @@ def check_generation(model, texts, targets, new_tokens: int = DEFAULTS["new_toke
                      seed: int = DEFAULTS["seed"]):
     """Workload "generate": `prompts` real prompts from the corpus, greedy generation of `new_tokens`, with
     the dynamic cache and the bucketed static cache, per target (portkit/compile_generation.py)."""
-    compile_generation.check_model(model)
     return compile_generation.check(model, texts.sample(prompts, seed), targets, new_tokens, backend, precision)
 
 
@@ -332,9 +331,9 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
                      model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
-    from portkit import data, models, params
+    from portkit import data, generation, models, params
     if params.workload(workload) == "generate" and model in models.SOURCES:
-        compile_generation.check_model(models.load(model))
+        generation.check_causal(models.load(model))
     params.positive_int("new_tokens", new_tokens, maximum=512)
     params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("requests", requests, maximum=2000)

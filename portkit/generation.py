@@ -88,6 +88,15 @@ class Generation:
     logits: list[torch.Tensor] = field(default_factory=list)   # per step, (prompts, vocab)
 
 
+def check_causal(lm) -> None:
+    """The generate workload needs a causal language model; one line naming the model's kind otherwise."""
+    from portkit.models import CAUSAL_LM
+    if lm.kind != CAUSAL_LM:
+        raise BadParameter("workload", "generate",
+                           hint=f"greedy generation needs a causal language model; {lm.name} is not one "
+                                f"(its kind: {lm.kind}; use workload 'inference')")
+
+
 def causal_model(lm) -> torch.nn.Module:
     """The Hugging Face causal LM inside the workbook's adapter."""
     model = getattr(lm.module, "model", lm.module)

@@ -236,9 +236,12 @@ def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
     # logsumexp out of place (torch.logsumexp runs an in-place exp_): a retraced graph that does not
     # use it drops it as dead code, which an in-place op would prevent.
     peak = scores.amax(dim=-1, keepdim=True)
+    empty = peak.isneginf()      # a query whose every key is masked (a left-padded causal LM's padding rows)
     peak = peak.masked_fill(peak.isinf(), 0.0)
     lse = (scores - peak).exp().sum(dim=-1).log() + peak.squeeze(-1)
-    probs = torch.softmax(scores, dim=-1)
+    # as the CPU kernel does, such a row attends to nothing: zeros, not softmax's NaN (which would reach
+    # every later position through the keys and values of the padding)
+    probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
     out = torch.matmul(round_to(probs, operand, flat), round_to(value, operand, flat))
     if result is not None:
         out = round_to(out, result)

@@ -223,6 +223,9 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
         **{f"task: {c['label']}": f"{c['value']:.6g} ({c['budget']}): {'within' if c['passed'] else 'OUT OF BUDGET'}"
            for c in task.get("checks", [])},
         "buckets passing": f"{sum(bool(b.get('passed')) for b in t.get('buckets', []))}/{len(t.get('buckets', []))}",
+        **({"generation (greedy tokens)": f"{'PASS' if gen['passed'] else 'FAIL'}: agree {gen['agreement']:.1%}, "
+            f"{gen['judged_agreement']:.1%} with near-ties apart"} if (gen := ((data.get("generation") or {}).get(
+                "targets") or {}).get(out.name)) else {}),
         "judged on": t.get("target_side", "—"),
     }
     baseline = t.get("baseline")

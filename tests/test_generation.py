@@ -78,3 +78,30 @@ def test_the_generate_workload_needs_a_causal_lm_and_says_so_before_the_run():
     compiling.check_parameters(workload="generate", model="gpt2")
     plan = generation.plan_for([5, 40, 300], new_tokens=16, batch=3, max_prompt=64)
     assert (plan.prompt_buckets, plan.context_buckets) == ((16, 32, 64), (32, 64, 128))
+
+
+def test_stage_4_generation_agreement_counts_a_near_tie_apart_from_a_clear_divergence(llama, corpus):
+    from portkit import accuracy, generation_accuracy
+    found = accuracy.check_generation(llama, corpus, ["neuron", "tpu"], new_tokens=6, prompts=2)
+    for name, result in found.targets.items():     # left-padded prompts: no NaN under either target's numerics
+        assert all(e == e for p in result.prompts for e in p.step_errors), name
+    assert found.targets["neuron"].agreement == 1.0 and found.targets["neuron"].passed   # fp32 matmuls
+    assert found.to_dict()["targets"]["tpu"]["precision"] == "default"
+    from portkit import report
+    out = report.TargetReport("neuron", "Trainium", "emulated")
+    report._accuracy({"generation": found.to_dict()}, {}, out)
+    assert out.metrics["accuracy"]["generation (greedy tokens)"] == "PASS: agree 100.0%, 100.0% with near-ties apart"
+    ref_logits = [torch.tensor([[0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0]]), torch.tensor([[0.0] * 7 + [2.0]])]
+    tie = [torch.tensor([[0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0]]), torch.tensor([[0.0] * 7 + [2.0]])]
+    ref_logits[0][0, 5] = 2.99                     # the reference picks token 2 by a 0.01 margin
+    tie[0][0, 5] = 3.02                            # the target's 0.03 error flips it to token 5
+    prompt = generation_accuracy._prompt(torch.tensor([[2, 7]]), ref_logits, torch.tensor([[5, 7]]), tie, 0)
+    assert (prompt.first_divergence, prompt.agreement) == (0, 0.5)
+    assert prompt.margin == pytest.approx(0.01) and prompt.near_tie
+    sure = [torch.tensor([[0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0]]), tie[1]]   # the reference: a 2-logit margin
+    flipped = [torch.tensor([[0.0, 1.0, 1.9, 0.0, 0.0, 2.1, 0.0, 0.0]]), tie[1]]  # a 1.1 error flips it anyway
+    prompt = generation_accuracy._prompt(torch.tensor([[2, 7]]), sure, torch.tensor([[5, 7]]), flipped, 0)
+    assert prompt.margin == pytest.approx(2.0) and prompt.error_at_divergence == pytest.approx(1.1)
+    assert not prompt.near_tie
+    judged = generation_accuracy.TargetGeneration("tpu", "default", 0.99, [prompt])
+    assert not judged.passed and "FAIL" in judged.summary() and judged.judged_agreement == 0.5
