@@ -55,7 +55,6 @@ gpu_numerics = "fp32"  # how the model runs on the GPU today, the baseline: fp32
 default_buckets = None  # boundaries when out_dir holds no buckets.json from stage 3; None: accuracy.DEFAULT_BUCKETS
 workload = "inference"  # "inference"; "train": AdamW steps under each target's numerics too; "generate" (causal LMs)
 new_tokens = 16  # tokens each prompt generates when workload is "generate"
-prompts = 4  # real prompts from the corpus, one batch, when workload is "generate"
 train_steps = 20  # AdamW steps (one batch of batch_size x seq_len real texts each) when workload is "train"
 
 # %%
@@ -66,7 +65,7 @@ model, targets, out = params.common(model, targets, out_dir)
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
                           tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
                           corpus=corpus, gpu_numerics=gpu_numerics, workload=workload,
-                          train_steps=train_steps, new_tokens=new_tokens, prompts=prompts)
+                          train_steps=train_steps, new_tokens=new_tokens)
 print(tolerance.describe(tolerances, task_bounds))
 
 # %%
@@ -143,14 +142,14 @@ print(f"wrote {out / 'accuracy.json'}")
 # %% [markdown]
 # ## Generation (workload "generate")
 #
-# Greedy generation of real prompts with a bucketed static KV cache, in float32 and under each target's
+# Greedy generation of `batch_size` real prompts with a bucketed static KV cache, in float32 and under each target's
 # numerics: the tokens' agreement, the first step where they part, the logit error of every step before it.
 # A divergence where the reference's top-2 margin is within the target's own logit error is a near-tie.
 
 # %%
 generated = None
 if workload == "generate":
-    generated = accuracy.check_generation(m, texts, targets, new_tokens=new_tokens, prompts=prompts, seed=seed,
+    generated = accuracy.check_generation(m, texts, targets, new_tokens=new_tokens, prompts=batch_size, seed=seed,
                                           precision=precision, task_bounds=task_bounds)
     report.generation = generated
     report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails

@@ -153,14 +153,13 @@ def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, preci
                      task_bounds=None, default_buckets=None, seed: int = 0, corpus: str = "stdlib",
                      all_precisions: bool = True, layers: bool = True, float64_reference: bool = True,
                      gpu_numerics: str = "fp32", workload: str = "inference", train_steps: int = 20,
-                     new_tokens: int = 16, prompts: int = 4) -> None:
+                     new_tokens: int = 16) -> None:
     """The notebook's validation cell, also run by the runner before anything is written."""
     from portkit import data, params
     params.choice("gpu_numerics", gpu_numerics, numerics.GPU_NUMERICS)
     params.workload(workload)
     params.positive_int("train_steps", train_steps)
     params.positive_int("new_tokens", new_tokens, maximum=512)
-    params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.non_negative_int("seed", seed)
