@@ -69,7 +69,7 @@ def test_training_verdicts_per_target_beside_the_inference_one():
 
 
 def test_workload_is_checked_before_anything_runs(tmp_path):
-    with pytest.raises(BadParameter, match="unknown workload 'training'; choose one of: inference, train"):
+    with pytest.raises(BadParameter, match="unknown workload 'training'; choose one of: inference, generate, train"):
         runner.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"workload": "training"}, stages=["accuracy"])
     with pytest.raises(BadParameter, match="invalid train_steps 0"):
         runner.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"train_steps": 0}, stages=["accuracy"])
