@@ -14,10 +14,8 @@ with the shape and the guard failure behind it, rather than assumed to be none.
     >>> model.late                                        # compiles the stance refused, then paid: []
     >>> runs = bucketed.replay(m, data.make_trace(corpus, m, 24), [plan], backend="inductor")
 
-`replay` also runs the model without buckets, the way a static-shape target does: one compile per
-distinct shape, with Dynamo's recompile limit raised so it really compiles instead of silently
-running eagerly after 8 shapes (NVIDIA/TensorRT-LLM#6142, pytorch/pytorch#114511).
-"""
+`replay` also runs without buckets as a static-shape target does: one compile per distinct shape, the recompile
+limit raised so none silently runs eagerly (NVIDIA/TensorRT-LLM#6142, pytorch/pytorch#114511)."""
 from __future__ import annotations
 
 import contextlib
@@ -374,37 +372,44 @@ def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> Repl
                      compiled_seqs=seqs)
 
 
-def _count_unbucketed(model, encoded, backend, runs: list[ReplayRun], progress, device) -> ReplayRun:
-    """The replay without buckets, counted instead of compiled: under static shapes every distinct shape is
-    one compile (stage 2's storm compiles each one and shows the guard failure behind it), so the shapes
-    are counted and each request runs eagerly under the backend's numerics (what an emulated graph runs).
-    The compile time here is the mean of the compiles this replay measured for its plans, stated as such."""
+def _counted(model, encoded, backend, runs: list[ReplayRun], progress, device, plan=None) -> ReplayRun:
+    """A replay counted, not compiled: without a plan one compile per distinct shape, with one a compile per
+    bucket shape (the note says why that holds). Each request runs eagerly, padded to its bucket with a plan,
+    under the backend's numerics; compiling here is the mean of the replay's measured compiles."""
     from portkit.progress import bar as progress_bar
-    seqs, seen, run = [], set(), 0.0
+    bm = BucketedModel(model, plan, backend, device) if plan is not None else None
+    seqs, seen, run, computed = [], set(), 0.0, 0
     with torch.no_grad():
-        for inputs in progress_bar(encoded, desc=f"replay {NO_BUCKETS} (counted)", disable=not progress, leave=False):
+        for inputs in progress_bar(encoded, desc=f"replay {plan.planner if plan else NO_BUCKETS} (counted)",
+                                   disable=not progress, leave=False):
+            inputs = bm.pad(inputs)[0] if bm is not None else {k: v.to(device) for k, v in inputs.items()}
             shape = tuple(next(iter(inputs.values())).shape)
+            computed += next(iter(inputs.values())).numel()
             if shape not in seen:
                 seen.add(shape)
                 seqs.append(int(shape[1]))
             start = time.perf_counter()
             with reference_numerics(backend)():
-                model.module(**{k: v.to(device) for k, v in inputs.items()})
+                model.module(**inputs)
             run += time.perf_counter() - start
+    if plan is not None:
+        seqs = [s["seq"] for s in plan.shapes()]
     measured = [r for r in runs if r.plan is not None and r.compiles and not r.note]
     per = sum(r.compile_wall_seconds for r in measured) / sum(r.compiles for r in measured) if measured else 0.0
-    note = (f"counted, not compiled: {len(seqs)} distinct shapes, one compile each under static shapes "
-            "(stage 2's storm compiles every new shape); each request ran eagerly under the backend's numerics; "
+    what = (f"{len(seqs)} bucket shapes, one compile each in warm-up (the replay under fail_on_recompile and the "
+            "padding check ran on the chosen plans)" if plan is not None else
+            f"{len(seqs)} distinct shapes, one compile each under static shapes (stage 2's storm compiles every "
+            "new shape)")
+    note = (f"counted, not compiled: {what}; each request ran eagerly under the backend's numerics; "
             + (f"compiling here estimated at {per:.2f} s a shape, the mean of this replay's "
                f"{sum(r.compiles for r in measured)} measured compiles" if measured else "no compile measured here"))
-    return ReplayRun(NO_BUCKETS, _name(backend), None, len(encoded), len(seqs), 0, _real_tokens(encoded),
-                     sum(next(iter(i.values())).numel() for i in encoded), per * len(seqs), 0.0, run, note=note,
-                     compiled_seqs=seqs)
+    return ReplayRun(plan.planner if plan else NO_BUCKETS, _name(backend), plan.to_dict() if plan else None,
+                     len(encoded), len(seqs), 0, _real_tokens(encoded), computed, per * len(seqs), 0.0, run,
+                     note=note, compiled_seqs=seqs)
 
 
 def _real_tokens(encoded) -> int:
-    return sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel()
-               for i in encoded)
+    return sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel() for i in encoded)
 
 
 def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol, device):
@@ -437,7 +442,8 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
 def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", baseline: bool = True,
            check: bool = True, reference=None, rtol: float | None = None, atol: float | None = None,
            progress: bool = True, costs: dict | None = None, fresh_caches: bool = False,
-           device: str = "cpu", inductor: bool = False, count_baseline: bool = False) -> list[ReplayRun]:
+           device: str = "cpu", inductor: bool = False, count_baseline: bool = False,
+           count: tuple = ()) -> list[ReplayRun]:
     """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
 
     Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
@@ -450,8 +456,9 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", bas
     Compile time: by default each shape is charged its first measured compile in this session (see
     _charge), so runs that share a shape cost the same whatever their order. fresh_caches starts every
     run from an empty Inductor cache instead, as a fresh deployment would (slower; for benchmarks).
-    count_baseline: count the baseline's compiles (one per distinct shape) instead of compiling them
-    (_count_unbucketed): the stage's default, as stage 2 already measured that storm."""
+    count_baseline: count the baseline's compiles (one per distinct shape) instead of compiling them, and
+    `count`: plans counted (one compile per bucket shape) instead of compiled (_counted); the stage counts
+    all but the chosen plans, as stage 2 already measured the storm and the proof needs the chosen ones only."""
     top = max((p.top for p in plans), default=model.max_length)
     policy = plans[0].overflow if plans else "truncate"
     kept = [texts for texts, lengths in zip(trace.requests, trace.lengths)
@@ -470,19 +477,23 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", bas
             torch.compiler.reset()
             with _compile_cache(fresh_caches):
                 runs.append(_replay_unbucketed(model, encoded, backend, costs, progress, device))
-        seen = {}
+        done = {}   # (boundaries, batch sizes) -> the run that compiled (or counted) those shapes
         for plan in plans:
             shapes = (plan.boundaries, plan.batch_sizes)
-            if shapes in seen:   # the same shapes as an earlier plan: the same run, not replayed twice
-                runs.append(dataclasses.replace(seen[shapes], name=plan.planner, plan=plan.to_dict(),
-                                                note=f"same shapes as {seen[shapes].name}: replayed once"))
+            if shapes in done or plan in count:
                 continue
             torch.compiler.reset()
             with _compile_cache(fresh_caches):
-                runs.append(_replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
-                                         rtol, atol, device))
-            seen[shapes] = runs[-1]
+                done[shapes] = _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
+                                            rtol, atol, device)
+        compiled = list(done.values())    # counted runs state their compile time from these
+        for plan in (p for p in plans if (p.boundaries, p.batch_sizes) not in done):
+            done[plan.boundaries, plan.batch_sizes] = _counted(model, encoded, backend, compiled, progress, device, plan)
+        for plan in plans:    # in the plans' order; the same shapes as an earlier plan: the same run
+            first = done[plan.boundaries, plan.batch_sizes]
+            runs.append(first if first.plan == plan.to_dict() else dataclasses.replace(
+                first, name=plan.planner, plan=plan.to_dict(), note=f"same shapes as {first.name}: replayed once"))
         if baseline and count_baseline:
-            runs.insert(0, _count_unbucketed(model, encoded, backend, runs, progress, device))
+            runs.insert(0, _counted(model, encoded, backend, compiled, progress, device))
     torch.compiler.reset()
     return runs

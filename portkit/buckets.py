@@ -414,14 +414,16 @@ def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucke
 def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, BucketPlan],
                    costs: dict[str, economics.CostModel], backend: str = D["backend"], check: bool = D["check"],
                    compare_every_target: bool = D["compare_every_target"], progress: bool = True,
-                   what_ifs: dict | None = None, compile_baseline: bool = False) -> dict[str, TargetBuckets]:
+                   what_ifs: dict | None = None, compile_all: bool = False) -> dict[str, TargetBuckets]:
     """Replay the trace per target with its compile backend (selection.check_backend; an emulated one
     checks and emulates each graph, no codegen). The first target's backend replays without buckets
     and with every plan; each target replays its own chosen plan (warm-up, then recompiles forbidden,
     then the padding check). compare_every_target repeats the whole comparison on every target's backend.
-    The replay without buckets counts its compiles (one per distinct shape; stage 2 compiled that storm)
-    unless compile_baseline compiles every one of them again."""
+    The replay without buckets counts its compiles (one per distinct shape; stage 2 compiled that storm) and
+    the compared plans count theirs (one per bucket shape): only the chosen plans are compiled, replayed
+    under fail_on_recompile and padding-checked, unless compile_all compiles every run as before."""
     out, done = {}, {}     # done: backend -> its runs so far, reused by any plan with the same shapes
+    proven = {(tuple(p.boundaries), tuple(p.batch_sizes)) for p in chosen.values()}   # never only counted
     for i, name in enumerate(chosen):
         detected = targets_mod.detect(name)
         be = selection.check_backend(detected, backend)
@@ -433,7 +435,9 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
         if missing or baseline:
             runs += bucketed.replay(model, trace, missing, backend=be, baseline=baseline, check=check,
                                     progress=progress, device=detected.target.device if detected.native else "cpu",
-                                    inductor=False, count_baseline=not compile_baseline)
+                                    inductor=False, count_baseline=not compile_all,
+                                    count=() if compile_all else tuple(
+                                        p for p in missing if (tuple(p.boundaries), tuple(p.batch_sizes)) not in proven))
         mine = [r for r in runs if r.plan is None] if compare else []
         for plan in wanted:
             run = _same_shapes(runs, plan)

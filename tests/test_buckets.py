@@ -316,6 +316,18 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     assert counted.compile_seconds == pytest.approx(per * counted.compiles)
     assert counted.note.startswith(f"counted, not compiled: {len(distinct)} distinct shapes")
     assert f"the mean of this replay's {again.compiles} measured compiles" in counted.note
+    # a compared plan counted, not compiled: one compile per bucket shape, its padding measured the same
+    pow2 = buckets.plan_buckets(np.concatenate(trace.lengths), "pow2", k=3, max_seq=64, max_batch=3)
+    compiled_pow2 = bucketed.replay(tiny, trace, [pow2], backend="eager", progress=False, check=False,
+                                    baseline=False)[0]
+    _, counted_pow2, chosen = bucketed.replay(tiny, trace, [pow2, plan], backend="eager", progress=False,
+                                              check=False, count_baseline=True, count=(pow2,))
+    assert counted_pow2.compiles == compiled_pow2.compiles == len(pow2.shapes()) and not counted_pow2.padding_checks
+    assert (counted_pow2.real_tokens, counted_pow2.computed_tokens) == (compiled_pow2.real_tokens,
+                                                                        compiled_pow2.computed_tokens)
+    assert sorted(counted_pow2.compiled_seqs) == sorted(compiled_pow2.compiled_seqs)
+    assert counted_pow2.note.startswith(f"counted, not compiled: {len(pow2.shapes())} bucket shapes")
+    assert chosen.note == "" and chosen.compiles == plan.compiles        # the chosen plan: compiled, proven
 
 
 def test_backend_is_the_targets_own_unless_named():
