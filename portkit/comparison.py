@@ -113,9 +113,34 @@ def _classifier(a, e, mask, bounds, inputs):   # one label per image, or per rea
     return found, checks
 
 
+# CREPE's confidence above which a frame counts as voiced: torchcrepe's README thresholds periodicity at 0.21.
+PITCH_VOICED = 0.21
+
+
+def _pitch(a, e, mask, bounds, inputs):
+    """a, e: (frames, 2) at real frames, each row (cents, confidence): the cents error on frames voiced in
+    both runs, and how many frames keep their voiced/unvoiced decision."""
+    voiced_a, voiced_e = a[..., 1] >= PITCH_VOICED, e[..., 1] >= PITCH_VOICED
+    both = voiced_a & voiced_e
+    error = (a[..., 0][both] - e[..., 0][both]).abs()
+    voicing = (voiced_a == voiced_e).double().mean().item() if voiced_e.numel() else 1.0
+    found = {"metric": "pitch error in cents on voiced frames, and voicing agreement",
+             "frames": int(voiced_e.numel()), "voiced_reference": int(voiced_e.sum()), "voiced_both": int(both.sum()),
+             "voicing_agreement": voicing, "voiced_threshold": PITCH_VOICED}
+    if error.numel():
+        q = torch.quantile(error, torch.tensor([0.5, 0.95], dtype=error.dtype))
+        found.update(cents_median=q[0].item(), cents_p95=q[1].item(), cents_max=error.max().item())
+    else:
+        found.update(cents_median=0.0, cents_p95=0.0, cents_max=0.0,
+                     cents_note="no frame is voiced in both runs: the pitch error is not measured")
+    return found, [check("cents", "95th-percentile absolute pitch error (cents, voiced frames)", found["cents_p95"],
+                         bounds),
+                   check("voicing", "voiced/unvoiced agreement", voicing, bounds)]
+
+
 # Task metrics by output kind (models' kind strings; a model declaration names one of these keys).
 TASK_METRICS = {models.EMBEDDING: _embedding, models.CAUSAL_LM: _language_model, models.SEQ2SEQ_LM: _language_model,
-                models.IMAGE_CLASSIFIER: _classifier, models.TOKEN_CLASSIFIER: _classifier}
+                models.IMAGE_CLASSIFIER: _classifier, models.TOKEN_CLASSIFIER: _classifier, models.PITCH: _pitch}
 
 
 def task_metrics(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, bounds: dict,

@@ -41,8 +41,8 @@ from torch import nn
 from portkit import frames
 from portkit.errors import BadParameter, NeedsNetwork
 
-EMBEDDING, CAUSAL_LM, SEQ2SEQ_LM, IMAGE_CLASSIFIER, TOKEN_CLASSIFIER = (
-    "embedding", "causal-lm", "seq2seq-lm", "image-classifier", "token-classifier")
+EMBEDDING, CAUSAL_LM, SEQ2SEQ_LM, IMAGE_CLASSIFIER, TOKEN_CLASSIFIER, PITCH = (
+    "embedding", "causal-lm", "seq2seq-lm", "image-classifier", "token-classifier", "pitch")
 SEED = 0
 _VOCAB = 30522        # MiniLM's WordPiece vocabulary, shared by the random-weight text models
 _MAX_POSITIONS = 512

@@ -29,8 +29,9 @@ DEFAULT_TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "floa
 # The budget of each task metric (lowest cosine, neighbour and top-1 agreement; highest mean KL and relative
 # perplexity change) and the no-regression factor against the GPU baseline's own error.
 DEFAULT_TASK_BOUNDS = {"cosine": 0.999, "neighbours": 0.9, "agreement": 0.99, "kl": 0.01, "perplexity": 0.01,
-                       "baseline_factor": 2.0}
-UPPER_BOUNDS = ("kl", "perplexity", "baseline_factor")      # a measurement above these fails; below the others
+                       "cents": 10.0, "voicing": 0.99, "drift_growth": 2.0, "baseline_factor": 2.0}
+# a measurement above these fails; below the others
+UPPER_BOUNDS = ("kl", "perplexity", "cents", "drift_growth", "baseline_factor")
 TASK_BOUND_REASONS = {
     "cosine": "lowest cosine of any embedding to the reference: 0.999 keeps similarity scores within 0.001 of "
               "today's, below the score gaps a ranking or a threshold acts on",
@@ -40,6 +41,14 @@ TASK_BOUND_REASONS = {
     "kl": "highest mean KL(reference || target) of next-token distributions, in nats: 0.01",
     "perplexity": "highest relative change of the corpus perplexity: 0.01 (1%), below the run-to-run spread "
                   "of fine-tuning",
+    "cents": "highest 95th-percentile absolute pitch error, in cents, on frames voiced in both runs: 10, a fifth "
+             "of the 50-cent window within which raw pitch accuracy (mir_eval; CREPE's own evaluation) counts a "
+             "frame as right, and half of one 20-cent CREPE bin",
+    "voicing": "lowest share of frames whose voiced/unvoiced decision equals the reference's: 0.99",
+    "drift_growth": "highest ratio of a streamed state's error at the end of a real stream to its median error "
+                    "over the stream's first chunks: 2; an error that accumulates across steps (the classic "
+                    "recurrent failure) keeps growing with the stream's length, a bounded one stays within "
+                    "its own spread",
     "baseline_factor": "a target whose error against float64 is within this many times the GPU setup's own "
                        "error is no regression against today's deployment: 2",
 }

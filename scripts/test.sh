@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The tests: set up .venv with the test tools and Ray (and Debian's chromium for the browser test, where
-# missing and installable), then unit tests, notebook runs and nbval. Extra arguments go to pytest.
+# The tests: set up .venv with the test tools, Ray and the audio packages (and Debian's chromium for the
+# browser test, alsa-utils and espeak-ng for the audio tests, where missing and installable), then unit tests, notebook runs and nbval. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # sweep: Ray, so that tests/test_sweep.py runs a real sweep (the test extra stays the test tools alone)
-scripts/bootstrap.sh xla,test,sweep
+scripts/bootstrap.sh xla,audio,test,sweep
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing Debian's chromium for the report's browser test"

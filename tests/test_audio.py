@@ -1,0 +1,172 @@
+"""Real audio (recordings, espeak-ng speech, a user's folder), the audio networks, the pitch metric and the
+streaming step's drift. Tiny clips: the file runs in seconds."""
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from portkit import audio, comparison, models, streaming
+from portkit.errors import BadParameter
+from portkit.tolerance import DEFAULT_TASK_BOUNDS
+
+soundfile = pytest.importorskip("soundfile", reason="the audio extra is not installed (pip install 'portkit[audio]')")
+needs_alsa = pytest.mark.skipif(not audio.ALSA_FOLDER.is_dir(), reason="Debian's alsa-utils is not installed")
+needs_espeak = pytest.mark.skipif(shutil.which(audio.ESPEAK) is None, reason="espeak-ng is not installed")
+needs_crepe = pytest.mark.skipif(not __import__("importlib").util.find_spec("torchcrepe"),
+                                 reason="torchcrepe is not installed (scripts/bootstrap.sh installs it)")
+
+
+def _tone(freq: float, seconds: float, rate: int) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+@needs_alsa
+def test_alsa_recordings_are_real_speech_read_and_resampled():
+    corpus = audio.alsa_recordings()
+    assert corpus.label == "recorded" and len(corpus) == 8          # Noise.wav is not speech
+    assert all(c.rate == 48000 and 1.0 < c.seconds < 2.0 for c in corpus.clips)
+    clip = corpus.clips[0]
+    samples = clip.load(16000)
+    assert samples.dtype == np.float32 and samples.size == clip.length(16000) == corpus.lengths(16000)[0]
+    assert 0.05 < np.abs(samples).max() <= 1.0
+
+
+def test_a_users_folder_is_mixed_to_mono_and_resampled(tmp_path):
+    soundfile.write(tmp_path / "a.wav", np.stack([_tone(440, 0.5, 44100)] * 2, axis=1), 44100)
+    (tmp_path / "sub").mkdir()
+    soundfile.write(tmp_path / "sub" / "b.flac", _tone(220, 0.25, 16000), 16000)
+    (tmp_path / "notes.txt").write_text("not audio")
+    corpus = audio.folder_corpus(str(tmp_path))
+    assert [c.name for c in corpus.clips] == ["a.wav", "b.flac"] and corpus.label == "recorded"
+    assert corpus.lengths(16000).tolist() == [8000, 4000]
+    mono = corpus.clips[0].load(16000)
+    assert mono.size == 8000
+    spectrum = np.abs(np.fft.rfft(mono))
+    assert abs(np.argmax(spectrum) * 16000 / mono.size - 440) < 4      # resampled, not re-pitched
+
+
+def test_bad_audio_folders_are_one_line_errors(tmp_path):
+    with pytest.raises(BadParameter, match="invalid audio folder .*no such folder"):
+        audio.check_folder(str(tmp_path / "missing"))
+    (tmp_path / "file.wav").write_bytes(b"RIFF")
+    with pytest.raises(BadParameter, match="not a folder"):
+        audio.check_folder(str(tmp_path / "file.wav"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BadParameter, match=r"holds no \.wav or \.flac file"):
+        audio.check_folder(str(tmp_path / "empty"))
+    with pytest.raises(BadParameter, match=r"invalid audio file .*file\.wav.*cannot read it") as err:
+        audio.folder_corpus(str(tmp_path))
+    assert "\n" not in str(err.value)
+
+
+@needs_espeak
+def test_espeak_speech_is_synthetic_and_cached(tmp_path):
+    corpus = audio.synthesize(["Return the sum of a and b.", "x " * 500], tmp_path, "texts")
+    assert corpus.label == "synthetic" and "synthetic speech" in corpus.source
+    short, long = corpus.clips
+    assert 1.0 < short.seconds < 4.0 and short.text == "Return the sum of a and b."
+    assert len(long.text) <= audio.MAX_SPOKEN_CHARS < 1000
+    stamp = (tmp_path / short.name).stat().st_mtime_ns
+    again = audio.synthesize(["Return the sum of a and b."], tmp_path, "texts")
+    assert again.clips[0].path == short.path and (tmp_path / short.name).stat().st_mtime_ns == stamp
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no partial file left
+
+
+@needs_crepe
+def test_crepe_finds_the_pitch_of_a_tone_and_padding_keeps_real_frames():
+    from portkit import audio_models
+    pitch = audio_models.CrepePitch(audio_models.crepe_network("tiny")).eval()
+    tone = torch.from_numpy(_tone(440, 0.25, 16000)).unsqueeze(0)
+    with torch.no_grad():
+        out = pitch(audio=tone)["pitch"]
+        padded = pitch(audio=torch.nn.functional.pad(tone, (0, 1600)))["pitch"]
+    frames = pitch.frames(tone.shape[1])
+    assert out.shape == (1, frames, 2) and padded.shape[1] == pitch.frames(tone.shape[1] + 1600)
+    cents, confidence = out[0, 5:-5, 0], out[0, 5:-5, 1]
+    assert (cents - 1200 * math.log2(440 / 10)).abs().max() < 10 and confidence.min() > 0.5
+    torch.testing.assert_close(padded[:, :frames], out)     # zero padding changes no real frame
+
+
+def test_pitch_metric_measures_cents_on_voiced_frames_and_voicing():
+    ref = torch.tensor([[[6000.0, 0.9], [6100.0, 0.8], [5000.0, 0.1], [5900.0, 0.95]]]).double()
+    mask = torch.tensor([[1, 1, 1, 0]])
+
+    def metric(actual):
+        return comparison.task_metrics(models.PITCH, actual, ref, mask, DEFAULT_TASK_BOUNDS)
+    same = metric(ref.clone())
+    assert same["passed"] and same["cents_p95"] == 0 and same["voicing_agreement"] == 1 and same["frames"] == 3
+    sharp = ref.clone()
+    sharp[0, :2, 0] += 30                      # 30 cents sharp on both voiced frames
+    sharp[0, 2, 0] += 900                      # an unvoiced frame's pitch does not count
+    found = metric(sharp)
+    assert not found["passed"] and found["cents_p95"] == pytest.approx(30) and "pitch error" in found["reason"]
+    flipped = ref.clone()
+    flipped[0, 2, 1] = 0.5                     # the unvoiced frame turns voiced
+    found = metric(flipped)
+    assert not found["passed"] and found["voicing_agreement"] == pytest.approx(2 / 3)
+
+
+def test_wav2vec2_from_config_is_seeded_and_honours_the_mask():
+    from portkit import audio_models
+    model = audio_models.wav2vec2_ctc()
+    wave = torch.from_numpy(_tone(300, 0.5, 16000)).unsqueeze(0)
+    padded = torch.nn.functional.pad(wave, (0, 3200))
+    mask = torch.cat([torch.ones_like(wave), torch.zeros(1, 3200)], 1).long()
+    with torch.no_grad():
+        alone = model(input_values=wave, attention_mask=torch.ones_like(wave).long())["logits"]
+        inside = model(input_values=padded, attention_mask=mask)["logits"]
+    frames = model.frames(wave.shape[1])
+    assert alone.shape == (1, frames, 32)
+    torch.testing.assert_close(inside[:, :frames], alone, rtol=1e-4, atol=1e-4)
+    again = audio_models.wav2vec2_ctc()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def _stream(seconds: float) -> streaming.Stream:
+    rng = np.random.default_rng(0)
+    t = np.arange(int(seconds * 16000)) / 16000
+    samples = (0.3 * np.sin(2 * np.pi * 180 * t * (1 + 0.2 * np.sin(t))) + 0.01 * rng.standard_normal(t.size))
+    return streaming.Stream(samples.astype(np.float32), 16000, "a gliding tone", "synthetic")
+
+
+def test_streaming_step_compiles_once_per_chunk_shape_and_carries_its_state():
+    step = streaming.gru_step()
+    result = streaming.check_stream(step, _stream(2.05), ["tpu"])
+    run = result.to_dict()["runs"][0]
+    assert result.chunks == 21 and run["compiled_shapes"] == [(1, 800), (1, 1600)]
+    assert len(run["compiles"]) == 2 and run["late_compiles"] == 0
+    assert all(c["when"] == "warm-up" for c in run["compiles"])
+    assert 1e-6 < run["state_error_last"] < 1e-2      # bf16 matmul operands: a real, bounded error
+    assert run["passed"] and "tpu (emulated" in str(result)
+
+
+class _Logistic(torch.nn.Module):
+    """A chaotic recurrence (the logistic map at r = 3.9) through a matmul: any rounding grows each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = torch.nn.Linear(8, 8, bias=False)
+        torch.nn.init.eye_(self.mix.weight)
+
+    def forward(self, chunk, state):
+        x = self.mix(state) + 1e-3 * chunk.mean()
+        state = 3.9 * x * (1 - x)
+        return state.unsqueeze(-1), state
+
+
+def test_drift_that_accumulates_fails_the_growth_budget():
+    step = streaming.StreamStep("logistic", _Logistic(), 1600, (-1, 8), "test recurrence", initial_value=0.3)
+    result = streaming.check_stream(step, _stream(4.0), ["tpu"])
+    run = result.runs[0]
+    assert not run.passed and run.growth > DEFAULT_TASK_BOUNDS["drift_growth"]
+    assert run.state_error[-1] > 100 * run.state_error[0]
+
+
+def test_bad_stream_input_is_one_line():
+    with pytest.raises(BadParameter, match="invalid stream length"):
+        streaming.check_stream(streaming.gru_step(), _stream(0.5), ["tpu"])
+    with pytest.raises(BadParameter, match="invalid chunk_ms 10"):
+        streaming.gru_step(10)
