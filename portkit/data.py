@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from portkit import progress
+from portkit import audio, progress
 from portkit._io import write_json
-from portkit.errors import BadParameter
+from portkit.errors import BadParameter, MissingPackage
 
-CORPUS_CHOICES = ("stdlib", "<path>.txt", "<path>.jsonl", "<path>.csv")
+CORPUS_CHOICES = ("stdlib", "<path>.txt", "<path>.jsonl", "<path>.csv", "<folder of .wav/.flac>")
 CORPUS_TYPES = (".txt", ".jsonl", ".csv")
 # A larger file is refused before it is read: stage 3 tokenizes every text of the corpus, and a
 # sample of this size already gives its length distribution.
@@ -64,6 +64,7 @@ class Corpus:
 
 CACHE_VARIABLE = "PORTKIT_CACHE_DIR"
 _TOKENIZE_CHUNK = 1024     # texts per tokenizer call in length_distribution: one progress step each
+SPOKEN_CLIPS = 256         # texts of the corpus an audio model hears spoken (seeded sample; synthesis cached)
 
 
 def cache_root() -> Path:
@@ -123,6 +124,10 @@ def check_corpus(spec: str) -> str:
     path = Path(spec).expanduser()
     if not path.exists():
         raise BadParameter("corpus", spec, CORPUS_CHOICES, hint="no such file")
+    if path.is_dir():
+        if audio.holds_audio(path):
+            return spec          # a folder of recordings: an audio model's corpus (audio_corpus)
+        raise BadParameter("corpus", spec, hint="not a file, nor a folder of .wav/.flac recordings")
     if not path.is_file():
         raise BadParameter("corpus", spec, hint="not a file")
     if path.suffix.lower() not in CORPUS_TYPES:
@@ -153,6 +158,26 @@ def load_corpus(spec: str = "stdlib", column: str = "text") -> Corpus:
     if not texts:
         raise BadParameter("corpus", spec, hint="the file holds no non-empty texts")
     return Corpus(path.stem, str(path.resolve()), texts)
+
+
+def is_audio_folder(spec) -> bool:
+    """Whether a corpus spec names a folder (of recordings: check_corpus refuses any other folder)."""
+    return isinstance(spec, str) and spec != "stdlib" and Path(spec).expanduser().is_dir()
+
+
+def audio_corpus(spec: str = "stdlib", column: str = "text", clips: int = SPOKEN_CLIPS, seed: int = 0):
+    """An audio model's corpus (an audio.AudioCorpus): the user's folder of recordings; or, for 'stdlib' or a
+    text file, the alsa-utils recordings with `clips` texts of it spoken by espeak-ng (labelled synthetic,
+    cached under cache_root()/speech), for a realistic, long-tailed distribution of durations."""
+    if check_corpus(spec) != "stdlib" and is_audio_folder(spec):
+        return audio.folder_corpus(spec)
+    texts = load_corpus(spec, column)
+    spoken = audio.synthesize(texts.sample(min(clips, len(texts)), seed), cache_root() / "speech", texts.name)
+    try:
+        return audio.alsa_recordings() + spoken
+    except MissingPackage as exc:
+        print(f"no recordings: {exc}; the corpus is synthetic speech only")
+        return spoken
 
 
 def _lines(path: Path, spec: str):

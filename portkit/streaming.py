@@ -1,8 +1,8 @@
 """A stateful streaming step under each target: compiled once per chunk shape, its state carried across a
 real stream, and the state's drift against float64 measured over the whole stream.
 
-    >>> from portkit import streaming
-    >>> step = streaming.gru_step()                     # STFT log-mel front end + GRU; random weights (seed 0)
+    >>> from portkit import audio_models, streaming
+    >>> step = audio_models.gru_step()                  # STFT log-mel front end + GRU; random weights (seed 0)
     >>> stream = streaming.speech_stream(seconds=20)    # recordings and spoken corpus texts, end to end, 16 kHz
     >>> result = streaming.check_stream(step, stream, ["neuron", "tpu"])
     >>> print(result)        # per target: compiles per chunk shape, the state's error chunk by chunk, its growth
@@ -28,79 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
 
 from portkit import audio, backends, data, selection, targets as targets_mod
+from portkit.audio_models import RATE, StreamStep
 from portkit.errors import BadParameter
 from portkit.tolerance import DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, within
 
-RATE = 16000
-SEED = 0
 FIRST_CHUNKS = 10          # the drift's yardstick: the state's median error over the stream's first chunks
-
-
-def mel_filterbank(rate: int, n_fft: int, mels: int) -> torch.Tensor:
-    """(mels, n_fft // 2 + 1) triangular filters evenly spaced on the HTK mel scale (2595 log10(1 + f/700))."""
-    def mel(f):
-        return 2595.0 * np.log10(1.0 + f / 700.0)
-    edges = 700.0 * (10 ** (np.linspace(0.0, mel(rate / 2), mels + 2) / 2595.0) - 1.0)
-    freqs = np.linspace(0.0, rate / 2, n_fft // 2 + 1)
-    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
-    rising, falling = (freqs - lower) / (centre - lower), (upper - freqs) / (upper - centre)
-    return torch.tensor(np.maximum(0.0, np.minimum(rising, falling)), dtype=torch.float32)
-
-
-class LogMelGRU(nn.Module):
-    """chunk (batch, samples) at 16 kHz, state (1, batch, hidden) -> per 10 ms frame logits, new state.
-
-    The front end is an STFT (25 ms Hann window, 10 ms hop, within the chunk) and a log-mel filterbank:
-    the FFT-heavy front end that speech models run before a recurrent or attention body."""
-
-    def __init__(self, n_fft: int = 400, hop: int = 160, mels: int = 40, hidden: int = 64, labels: int = 32):
-        super().__init__()
-        self.n_fft, self.hop, self.hidden = n_fft, hop, hidden
-        self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
-        self.register_buffer("filters", mel_filterbank(RATE, n_fft, mels), persistent=False)
-        self.gru = nn.GRU(mels, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, labels)
-
-    def forward(self, chunk, state):
-        spectrum = torch.stft(chunk, self.n_fft, self.hop, window=self.window, center=False,
-                              return_complex=True).abs().pow(2)                      # (batch, bins, frames)
-        features = torch.log(self.filters @ spectrum + 1e-6).transpose(1, 2)          # (batch, frames, mels)
-        out, state = self.gru(features, state)
-        return self.head(out), state
-
-
-@dataclass
-class StreamStep:
-    """A streaming step: the module, the chunk it takes, and the state it starts from."""
-    name: str
-    module: nn.Module
-    chunk: int                     # samples per chunk
-    state_shape: tuple[int, ...]   # the state's shape with the batch as -1
-    origin: str
-    rate: int = RATE
-    initial_value: float = 0.0     # every element of the state before the first chunk
-
-    def initial_state(self, batch: int = 1, dtype=torch.float32) -> torch.Tensor:
-        return torch.full([batch if d == -1 else d for d in self.state_shape], self.initial_value, dtype=dtype)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "chunk_samples": self.chunk, "chunk_seconds": self.chunk / self.rate,
-                "state_shape": list(self.state_shape), "origin": self.origin, "rate": self.rate,
-                "parameters": sum(p.numel() for p in self.module.parameters())}
-
-
-def gru_step(chunk_ms: int = 100) -> StreamStep:
-    """The built-in step: LogMelGRU with random weights (seed 0), fed `chunk_ms` of audio per call."""
-    chunk = RATE * chunk_ms // 1000
-    if chunk < 400:
-        raise BadParameter("chunk_ms", chunk_ms, hint="must be at least 25 (one 25 ms analysis window)")
-    torch.manual_seed(SEED)
-    module = LogMelGRU().eval()
-    return StreamStep("gru-stream", module, chunk, (1, -1, module.hidden),
-                      "STFT log-mel front end + GRU(40 -> 64) + linear head, random weights (seed 0)")
 
 
 @dataclass

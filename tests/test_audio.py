@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from portkit import audio, comparison, models, streaming
+from portkit import audio, audio_models, comparison, models, streaming
 from portkit.errors import BadParameter
 from portkit.tolerance import DEFAULT_TASK_BOUNDS
 
@@ -77,7 +77,6 @@ def test_espeak_speech_is_synthetic_and_cached(tmp_path):
 
 @needs_crepe
 def test_crepe_finds_the_pitch_of_a_tone_and_padding_keeps_real_frames():
-    from portkit import audio_models
     pitch = audio_models.CrepePitch(audio_models.crepe_network("tiny")).eval()
     tone = torch.from_numpy(_tone(440, 0.25, 16000)).unsqueeze(0)
     with torch.no_grad():
@@ -110,7 +109,6 @@ def test_pitch_metric_measures_cents_on_voiced_frames_and_voicing():
 
 
 def test_wav2vec2_from_config_is_seeded_and_honours_the_mask():
-    from portkit import audio_models
     model = audio_models.wav2vec2_ctc()
     wave = torch.from_numpy(_tone(300, 0.5, 16000)).unsqueeze(0)
     padded = torch.nn.functional.pad(wave, (0, 3200))
@@ -133,7 +131,7 @@ def _stream(seconds: float) -> streaming.Stream:
 
 
 def test_streaming_step_compiles_once_per_chunk_shape_and_carries_its_state():
-    step = streaming.gru_step()
+    step = audio_models.gru_step()
     result = streaming.check_stream(step, _stream(2.05), ["tpu"])
     run = result.to_dict()["runs"][0]
     assert result.chunks == 21 and run["compiled_shapes"] == [(1, 800), (1, 1600)]
@@ -158,7 +156,7 @@ class _Logistic(torch.nn.Module):
 
 
 def test_drift_that_accumulates_fails_the_growth_budget():
-    step = streaming.StreamStep("logistic", _Logistic(), 1600, (-1, 8), "test recurrence", initial_value=0.3)
+    step = audio_models.StreamStep("logistic", _Logistic(), 1600, (-1, 8), "test recurrence", initial_value=0.3)
     result = streaming.check_stream(step, _stream(4.0), ["tpu"])
     run = result.runs[0]
     assert not run.passed and run.growth > DEFAULT_TASK_BOUNDS["drift_growth"]
@@ -167,6 +165,28 @@ def test_drift_that_accumulates_fails_the_growth_budget():
 
 def test_bad_stream_input_is_one_line():
     with pytest.raises(BadParameter, match="invalid stream length"):
-        streaming.check_stream(streaming.gru_step(), _stream(0.5), ["tpu"])
+        streaming.check_stream(audio_models.gru_step(), _stream(0.5), ["tpu"])
     with pytest.raises(BadParameter, match="invalid chunk_ms 10"):
-        streaming.gru_step(10)
+        audio_models.gru_step(10)
+
+
+def test_corpus_spec_takes_a_folder_of_recordings(tmp_path):
+    from portkit import data
+    soundfile.write(tmp_path / "one.wav", _tone(200, 0.3, 8000), 8000)
+    assert data.check_corpus(str(tmp_path)) == str(tmp_path)
+    corpus = data.audio_corpus(str(tmp_path))
+    assert corpus.label == "recorded" and corpus.lengths(16000).tolist() == [4800]
+    (tmp_path / "texts").mkdir()
+    with pytest.raises(BadParameter, match="not a file, nor a folder of .wav/.flac recordings"):
+        data.check_corpus(str(tmp_path / "texts"))
+
+
+@needs_alsa
+@needs_espeak
+def test_the_text_corpus_is_spoken_beside_the_recordings(tmp_path):
+    from portkit import data
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Open a file.\nReturn the sum of a and b, then close it.\n")
+    corpus = data.audio_corpus(str(texts), clips=2)
+    assert corpus.label == "recorded and synthetic" and corpus.describe()["synthetic"] == 2
+    assert corpus.describe()["recorded"] == 8
