@@ -37,7 +37,7 @@ models are two instances (`text_declaration`, `image_declaration`); a user's fac
 The API (stable; extended, never renamed):
 - `Dim(name, size=None, varies=False, batch=False, max=None, min=1, label=None)`: a named dimension:
   the batch (`batch=True`, the number of items), one that varies with the data (`varies=True`: tokens,
-  samples, frames, ...; `max` the largest the model takes, `min` the smallest a batch is padded to), or
+  samples, frames, ...; `max`, required, the largest the model takes; `min` the smallest a batch is padded to), or
   a fixed one (`size`). `label` names it in errors ("sequence length" for tokens).
 - `TensorSpec(name, dtype, dims, pad=0)`: one input tensor, its dims named after `Dim`s, and the value
   its padded positions hold (`dummy()` fills a probe batch with it).
@@ -47,9 +47,12 @@ The API (stable; extended, never renamed):
   `build(items, sizes)` returns the input tensors for `items` with every varying dim padded (or cut) to
   exactly `sizes[dim]`; `measure(items)` returns `{dim: [length of each item]}` for every varying dim;
   `data` says what the items are (`TEXT`: str; `IMAGE`: float32 HxWx3 arrays in [0, 1]; `AUDIO`: 1-D
-  float32 waveforms at `sample_rate`); `masks[dim]` names the input marking real positions (1) along dim.
+  float32 waveforms at `sample_rate`); `masks[dim]` names the input marking real positions (1) along dim;
+  `own_items()`, when given, returns the model's own data items, used instead of the run's corpus.
   Methods: `batch(items, sizes=None, limits=None, truncate=True)`, `lengths(items)`,
-  `real_mask(batch, dim)`, `real_lengths(batch)`, `dummy(rows, sizes)`, `shape_label(batch)`,
+  `fit(batch, sizes, rows=None, pad=True)` (a built batch padded or cut to other sizes), `stack(batches)`,
+  `real_mask(batch, dim)`, `real_lengths(batch)`, `size_of(batch, dim)`, `rows(batch)`,
+  `shape_of(name, rows, sizes)`, `dummy(rows, sizes)`, `shape_label(batch)`,
   `varying`/`varying_names`/`fixed_shape`, `primary`, `to_dict()`.
 """
 from __future__ import annotations
@@ -65,6 +68,7 @@ from portkit.errors import BadParameter
 # Metric kinds: the keys of portkit.comparison.TASK_METRICS (each output is compared with its own).
 EMBEDDING, CAUSAL_LM, SEQ2SEQ_LM, IMAGE_CLASSIFIER, TOKEN_CLASSIFIER = (
     "embedding", "causal-lm", "seq2seq-lm", "image-classifier", "token-classifier")
+CLASSIFIER = "classifier"        # one label per item (a clip, a row): top-1 agreement, like an image classifier
 # What a model's data items are, and so where the stages draw them from.
 TEXT, IMAGE, AUDIO = "text", "image", "audio"
 DATA_KINDS = (TEXT, IMAGE, AUDIO)
@@ -78,13 +82,15 @@ class Dim:
     size: int | None = None          # a fixed dimension's size
     varies: bool = False             # its size follows each item (tokens, samples, frames)
     batch: bool = False              # the number of items in a batch
-    max: int | None = None           # the largest size the model takes along it (None: no limit)
+    max: int | None = None           # the largest size the model takes along it (required when it varies)
     min: int = 1                     # the smallest size a batch is padded to along it
     label: str | None = None         # how errors name it ("sequence length"); default "<name> length"
 
     def __post_init__(self):
         if sum((self.size is not None, self.varies, self.batch)) != 1:
             raise ValueError(f"dimension {self.name!r}: give exactly one of size=, varies=True, batch=True")
+        if self.varies and (self.max is None or self.max < self.min):
+            raise ValueError(f"varying dimension {self.name!r}: give max=, the largest size the model takes")
 
     @property
     def what(self) -> str:
@@ -118,7 +124,8 @@ class Declaration:
     data: str
     masks: Mapping[str, str] = field(default_factory=dict)
     sample_rate: int | None = None   # audio items: samples per second
-    item_label: str | None = None    # what one item is called in reports ("texts", "image crops")
+    item_label: str | None = None    # what the items are called in reports ("texts", "image crops", "spoken words")
+    own_items: Callable[[], Sequence] | None = None   # the model's own data: every item (else the run's corpus)
 
     def __post_init__(self):
         names = [d.name for d in self.dims]
@@ -208,6 +215,46 @@ class Declaration:
             resolved[d.name] = int(sizes[d.name]) if d.name in sizes else max(min(longest, limit or longest), d.min)
         return self.build(list(items), resolved)
 
+    def fit(self, batch: Mapping[str, torch.Tensor], sizes: Mapping[str, int], rows: int | None = None,
+            pad: bool = True) -> dict[str, torch.Tensor]:
+        """A built batch brought to other sizes: each input cut (or, with pad, padded with its padding
+        value) along each dimension in `sizes`, and with `rows` more rows than it has, the first row
+        repeated (a fully padded row can give NaNs in attention). Inputs the declaration does not name
+        are kept as they are."""
+        specs = {s.name: s for s in self.inputs}
+        out = {}
+        for name, t in batch.items():
+            spec = specs.get(name)
+            if spec is None:
+                out[name] = t
+                continue
+            for dim, size in sizes.items():
+                if dim not in spec.dims:
+                    continue
+                axis, have = spec.dims.index(dim), t.shape[spec.dims.index(dim)]
+                if have > size:
+                    t = t.narrow(axis, 0, size)
+                elif have < size and pad:
+                    shape = list(t.shape)
+                    shape[axis] = size - have
+                    t = torch.cat([t, torch.full(shape, spec.pad, dtype=t.dtype, device=t.device)], axis)
+            if rows is not None and BATCH in spec.dims:
+                axis = spec.dims.index(BATCH)
+                if rows > t.shape[axis]:
+                    first = t.narrow(axis, 0, 1)
+                    t = torch.cat([t, first.expand(*[rows - t.shape[axis] if i == axis else -1
+                                                     for i in range(t.dim())])], axis)
+            out[name] = t
+        return out
+
+    def stack(self, batches: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Built batches joined along the batch dimension, each first padded to the longest along every
+        varying dimension."""
+        sizes = {d: max(self.size_of(b, d) for b in batches) for d in self.varying_names}
+        fitted = [self.fit(b, sizes) for b in batches]
+        axes = {s.name: s.dims.index(BATCH) if BATCH in s.dims else 0 for s in self.inputs}
+        return {name: torch.cat([b[name] for b in fitted], axes.get(name, 0)) for name in fitted[0]}
+
     def real_mask(self, batch: Mapping[str, torch.Tensor], dim: str) -> torch.Tensor | None:
         """(batch, size) bool: which positions along `dim` are real, from the input declared in `masks`;
         None when the declaration names no mask for it."""
@@ -226,11 +273,13 @@ class Declaration:
                 out[d.name] = [self.size_of(batch, d.name)] * self.rows(batch)
         return out
 
-    def size_of(self, batch: Mapping[str, torch.Tensor], dim: str) -> int:
-        """A batch's size along a named dimension, read from the first input that has it."""
+    def size_of(self, batch: Mapping[str, Any], dim: str) -> int:
+        """A batch's size along a named dimension, read from the first input that has it; the batch may
+        hold tensors or their shapes ({name: [sizes]}, as a compile records them)."""
         for spec in self.inputs:
             if dim in spec.dims and spec.name in batch:
-                return int(batch[spec.name].shape[spec.dims.index(dim)])
+                value = batch[spec.name]
+                return int((value.shape if hasattr(value, "shape") else value)[spec.dims.index(dim)])
         raise BadParameter("dimension", dim, [d.name for d in self.dims])
 
     def rows(self, batch: Mapping[str, torch.Tensor]) -> int:
@@ -309,3 +358,14 @@ def image_declaration(size: int, outputs: Sequence[Output], name: str = "pixel_v
     dims = (Dim(BATCH, batch=True), Dim("channels", size=channels), Dim("height", size=size), Dim("width", size=size))
     return Declaration((TensorSpec(name, torch.float32, (BATCH, "channels", "height", "width")),), dims, build,
                        lambda items: {}, tuple(outputs), IMAGE, item_label="image crops")
+
+
+def undeclared(input_names: Sequence[str], outputs: Sequence[Output]) -> Declaration:
+    """A model that declares nothing of its inputs but their names (no tokenizer, no image size): its
+    batches are built by the caller; asking the declaration to build one says how to declare them."""
+    def build(items, sizes):
+        raise BadParameter("data items for a model without a declaration", f"{len(items)} items",
+                           hint="give its LoadedModel a declaration (portkit.inputs) to build batches from data")
+
+    return Declaration(tuple(TensorSpec(n, torch.float32, (BATCH,)) for n in input_names), (Dim(BATCH, batch=True),),
+                       build, lambda items: {}, tuple(outputs), IMAGE, item_label="inputs built by the caller")

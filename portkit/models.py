@@ -70,8 +70,7 @@ class LoadedModel:
             elif self.image_size is not None:
                 self.declaration = inputs.image_declaration(self.image_size, out, name=self.input_names[0])
             else:
-                raise BadParameter(f"model {self.name}", "no inputs",
-                                   hint="give a declaration (portkit.inputs), a tokenizer or an image_size")
+                self.declaration = inputs.undeclared(self.input_names, out)
         else:
             self.input_names = self.declaration.input_names
             varying = self.declaration.varying
