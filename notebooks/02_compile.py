@@ -71,7 +71,7 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
-texts = data.load_corpus(corpus, text_column) if m.takes_text else None
+texts = data.corpus_for(m, corpus, text_column)   # the items its declaration builds batches from
 stream = compiling.make_requests(m, texts, requests, batch_size=batch_size, max_tokens=seq_len, seed=seed)
 print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
 print(stream)

@@ -35,7 +35,7 @@
 # Headless: `portkit run --stages buckets`.
 
 # %% tags=["parameters"]
-model = "minilm"  # model: a portkit name, a local HF directory, or module:factory (it must take text)
+model = "minilm"  # model: a portkit name, a local HF directory, or module:factory (its inputs must vary)
 targets = ["neuron", "tpu"]  # targets to plan for: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder holding compile.json from stage 2, and where buckets.json goes
 corpus = "stdlib"  # texts: stdlib docstrings, or a .txt/.jsonl/.csv file
@@ -71,7 +71,7 @@ print(environment.block(targets))
 # %%
 m = models.load(model)
 buckets.skip_unless_it_applies(m, out, targets)   # a model with one input shape has nothing to bucket
-texts = data.load_corpus(corpus, text_column)
+texts = data.corpus_for(m, corpus, text_column)
 dist = buckets.distribution(texts, m)
 hist = buckets.histogram(dist, overflow=overflow)
 print(dist)

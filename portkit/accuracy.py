@@ -70,7 +70,7 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
     chosen = detected.target.precision(precision) if isinstance(precision, str) else \
         precision or detected.target.default_precision
     tol = tolerance_for(chosen, tolerances)
-    probe = LayerProbe(model.module.eval(), inputs.get("attention_mask"))
+    probe = LayerProbe(model.module.eval(), _mask(model, inputs))
     probe.capture(lambda: model.module(**inputs))
     side = TargetSide(detected, model.module, emulation, False)
     _, rows, reason, _, _ = side.run(inputs, chosen, probe, tol)
@@ -120,11 +120,28 @@ def _bucket_batches(model, corpus, boundaries, batch_size, seed):
         low = high
 
 
-def _unpadded(inputs: dict, padding_side: str) -> dict:
+def _mask(model, inputs: dict):
+    """The real positions along the model's varying dimension (its declaration's mask), or None."""
+    return model.declaration.real_mask(inputs, model.seq_dim) if model.seq_dim else None
+
+
+def _main(model, outputs) -> str:
+    """The output judged by its task metric: the declaration's primary one (else the kind's)."""
+    declared = model.declaration.primary.name
+    return declared if declared in outputs else primary_output(model.declaration.primary.metric, outputs)
+
+
+def _key(items) -> tuple:
+    """A batch of items as a cache key: texts by value, other items (arrays) by identity within the run."""
+    return tuple(t if isinstance(t, str) else id(t) for t in items)
+
+
+def _unpadded(model, inputs: dict, padding_side: str) -> dict:
     """The same batch at its own longest length, as an eager GPU run sees it (no bucket padding)."""
-    longest = int(inputs["attention_mask"].sum(1).max())
-    cut = slice(None, longest) if padding_side == "right" else slice(-longest, None)
-    return {k: v[:, cut] for k, v in inputs.items()}
+    longest = max(model.declaration.real_lengths(inputs)[model.seq_dim])
+    if padding_side == "right":
+        return model.declaration.fit(inputs, {model.seq_dim: longest}, pad=False)
+    return {k: v[:, -longest:] for k, v in inputs.items()}      # a tokenizer that pads on the left
 
 
 def _align(target_out: torch.Tensor, ref_out: torch.Tensor, padding_side: str) -> torch.Tensor:
@@ -234,14 +251,14 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     elif compiled and emulation is not numerics.emulate:
         raise BadParameter("compiled", compiled, hint=f"{emulation.__name__} runs eagerly only; pass compiled=False")
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
-    module, kind = model.module.eval(), model.kind
-    mask = inputs.get("attention_mask")
+    module, kind = model.module.eval(), model.declaration.primary.metric
+    mask = _mask(model, inputs)
     probe = LayerProbe(module, mask, progress) if layers else None
     ref = probe.capture(lambda: module(**inputs)) if probe else target_runs.forward(module, inputs)
     wide = target_runs.float64_model(module)
     ref64, ref64_note = target_runs.float64_reference(module, inputs) if float64_reference and not wide else \
         (None, "the reference is the float64 model itself" if wide else "not requested")
-    main = primary_output(kind, ref)
+    main = _main(model, ref)
     truth = ref if wide else ref64      # float64: the model's own, or the float64 copy
     baseline = _baseline(module, inputs, gpu_numerics, truth if truth is not None else ref, main, mask,
                          bounds["baseline_factor"], truth is None)
@@ -257,7 +274,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     if not isinstance(buckets, dict):
         buckets = {n: BucketBoundaries(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
     steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * all_precisions for n in names) + \
-        (sum(len(buckets[n].boundaries) for n in names) if corpus is not None and model.takes_text else 0)
+        (sum(len(buckets[n].boundaries) for n in names) if corpus is not None and model.seq_dim else 0)
     bar = progress_bars.bar(total=steps, desc="accuracy", unit="pass", disable=not progress)
     bucket_refs: dict = {}
     per_target = {}
@@ -294,8 +311,8 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
             _split_by_cause(side, inputs, ref, mask, results, outs)
         plan = buckets[name]
         bucket_rows = _buckets(model, corpus, plan, chosen, side, compiled and (compiled_buckets or detected.native), tolerances, bounds, batch_size, seed,
-                               bucket_refs, bar, baseline_for) if corpus is not None and model.takes_text else \
-            [{"boundary": None, "skipped": "no buckets: the model takes images (one shape)" if not model.takes_text
+                               bucket_refs, bar, baseline_for) if corpus is not None and model.seq_dim else \
+            [{"boundary": None, "skipped": "no buckets: the model takes one input shape" if not model.seq_dim
               else "no corpus given"}]
         result = TargetAccuracy(detected.to_dict(), results[0], results[1:],
                                 {"boundaries": plan.boundaries, "source": plan.source}, bucket_rows,
@@ -390,30 +407,31 @@ def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds,
     for low, high, texts, truncated in _bucket_batches(model, corpus, plan.boundaries, batch_size, seed):
         bar.update()
         if not texts:
-            rows.append({"boundary": high, "skipped": f"no text of {low + 1}-{high} tokens in the sample"})
+            rows.append({"boundary": high, "skipped": f"no {'text' if model.takes_text else 'item'} of {low + 1}-{high} {model.seq_dim} in the sample"})
             continue
         padded = model.encode(texts, pad_to=high)
-        if (high, tuple(texts)) not in cache:
-            plain = _unpadded(padded, side_padding)
+        if (high, _key(texts)) not in cache:
+            plain = _unpadded(model, padded, side_padding)
             ref = target_runs.forward(model.module, plain)
-            cache[(high, tuple(texts))] = (plain, ref, *baseline_for(plain, ref, plain["attention_mask"]))
-        plain, ref, baseline, truth = cache[(high, tuple(texts))]
+            cache[(high, _key(texts))] = (plain, ref, *baseline_for(plain, ref, _mask(model, plain)))
+        plain, ref, baseline, truth = cache[(high, _key(texts))]
         out = side.run(padded, precision, compiled=compiled, batch=plan.batch)[0]
-        mask = plain["attention_mask"]
+        mask, dim = _mask(model, plain), model.seq_dim
         outputs = {k: compare(_align(out[k], ref[k], side_padding), ref[k],
                               tolerance_for(precision, tolerances, ref[k].dtype), mask) for k in ref}
-        main = primary_output(model.kind, ref)
-        task = task_metrics(model.kind, _align(out[main], ref[main], side_padding), ref[main], mask, bounds, plain)
+        main = _main(model, ref)
+        task = task_metrics(model.declaration.primary.metric, _align(out[main], ref[main], side_padding), ref[main], mask, bounds, plain)
         details = [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]]
         versus = _versus(baseline, _align(out[main], ref[main], side_padding), truth, main, mask)
         reasons = [f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
                    f"{versus['factor']:g}x)"] if not (task["passed"] or versus["within"]) else []
-        real = int(padded["attention_mask"].sum())
+        real = sum(model.declaration.real_lengths(padded)[dim])
         rows.append({"boundary": high, "lengths": [low + 1, high], "texts": len(texts), "truncated": truncated,
-                     "padding": 1 - real / padded["attention_mask"].numel(), "primary": main,
+                     "padding": 1 - real / (len(texts) * model.declaration.size_of(padded, dim)), "primary": main,
                      "precision": precision.to_dict(),
-                     "reference": f"eager float32 at the batch's own length ({mask.shape[1]} tokens)",
-                     "target": f"{side.label(compiled or side.refused is not None)}, padded to {high} tokens" + (
+                     "reference": f"eager float32 at the batch's own length "
+                                  f"({model.declaration.size_of(plain, dim)} {dim})",
+                     "target": f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}" + (
                          "; compiled and padding-checked in stage 3" if side.compiled and not compiled
                          and side.refused is None else ""),
                      "outputs": outputs, "task": task,

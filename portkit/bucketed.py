@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch._dynamo.backends.registry import lookup_backend
 
 from portkit import _torch, numerics, placement, tolerance
@@ -88,37 +87,34 @@ def reference_numerics(backend):
     return lambda: numerics.emulate(emulated.target, emulated.precision.name)
 
 
-def _pad_value(model, name: str) -> int:
-    if name == "input_ids" and model.tokenizer is not None and model.tokenizer.pad_token_id is not None:
-        return int(model.tokenizer.pad_token_id)
-    return 0
-
-
 def output_dims(model, device: str = "cpu") -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Which dims of each output follow the batch and the sequence, from two tiny eager runs with
-    inputs of (2, 3) and (3, 5): a dim that reads 2 then 3 is a batch dim, 3 then 5 a sequence dim.
-    Pooled outputs (minilm's "embedding") have no sequence dim and are never sliced."""
+    """Which dims of each output follow the batch and the sequence, from two tiny eager runs of the
+    declaration's probe inputs (Declaration.dummy) with 2 then 3 rows of 3 then 5 positions (or the
+    dimension's smallest size and 2 more): a dim that reads 2 then 3 is a batch dim, the two lengths a
+    sequence dim. Pooled outputs (minilm's "embedding") have no sequence dim and are never sliced."""
+    decl, dim = model.declaration, model.seq_dim
+    short = max(3, decl.dim(dim).min)
     shapes = []
-    for rows, length in ((2, 3), (3, 5)):
-        inputs = {name: torch.full((rows, length), 1 if name == "attention_mask" else _pad_value(model, name),
-                                   dtype=torch.long, device=device) for name in model.input_names}
+    for rows, length in ((2, short), (3, short + 2)):
         with torch.no_grad():
-            shapes.append({k: tuple(v.shape) for k, v in model.module(**inputs).items()})
+            outputs = model.module(**decl.dummy(rows, {dim: length}, device=device))
+            shapes.append({k: tuple(v.shape) for k, v in outputs.items()})
     dims = {}
     for name, a in shapes[0].items():
         b = shapes[1][name]
         dims[name] = (tuple(d for d in range(len(a)) if (a[d], b[d]) == (2, 3)),
-                      tuple(d for d in range(len(a)) if (a[d], b[d]) == (3, 5)))
+                      tuple(d for d in range(len(a)) if (a[d], b[d]) == (short, short + 2)))
     return dims
 
 
 class BucketedModel:
-    """A text model that pads every input (all of model.input_names) to its plan's bucket, runs one
-    torch.compile'd module, and slices sequence- and batch-shaped outputs back to the true size."""
+    """A model that pads every input along its varying dimension (its declaration's, portkit/inputs.py) to
+    its plan's bucket, runs one torch.compile'd module, and slices sequence- and batch-shaped outputs back
+    to the true size."""
 
     def __init__(self, model, plan: BucketPlan, backend="inductor", device: str = "cpu", inductor: bool = False):
-        if not model.takes_text:
-            raise BadParameter("model for shape bucketing", model.name, hint="it takes fixed-size images")
+        if model.seq_dim is None:
+            raise BadParameter("model for shape bucketing", model.name, hint="no dimension of its inputs varies")
         if plan.top > model.max_length:
             raise BadParameter("largest bucket", plan.top, hint=f"{model.name} takes at most {model.max_length}")
         self.model, self.plan = model, plan
@@ -126,7 +122,7 @@ class BucketedModel:
         self.counter = CompileCounter(self.backend)      # stage 2's: counts and times every compile
         self.late: list[dict] = []       # compiles refused under fail_on_recompile: request, shape, guard
         self.compiled = torch.compile(model.module, backend=self.counter, dynamic=False)
-        self.pad_values = {name: _pad_value(model, name) for name in model.input_names}
+        self.declaration, self.dim = model.declaration, model.seq_dim
         self.device = device             # the target's device in native mode; the module must be there
         self.dims = output_dims(model, device)
 
@@ -141,17 +137,13 @@ class BucketedModel:
 
     def pad(self, inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
         """Inputs padded to their (batch, seq) bucket; also the true rows and length."""
-        rows, length = next(iter(inputs.values())).shape[:2]
+        rows, length = self.declaration.rows(inputs), self.declaration.size_of(inputs, self.dim)
         self.plan._check_overflow(np.array([length]))
         length = min(length, self.plan.top)          # overflow "truncate": cut at the largest bucket
         seq, batch = self.plan.bucket_for(length), self.plan.batch_for(rows)
-        padded = {}
-        for name, t in inputs.items():
-            t = F.pad(t[:, :length], (0, seq - length), value=self.pad_values.get(name, 0))
-            if batch > rows:   # copies of a real row: a fully masked row can produce NaNs in attention
-                t = torch.cat([t, t[:1].expand(batch - rows, -1)])
-            padded[name] = _dense(t).to(self.device)
-        return padded, rows, length
+        # cut or padded along the varying dimension; more rows are copies of a real one (Declaration.fit)
+        padded = self.declaration.fit(inputs, {self.dim: seq}, rows=batch)
+        return {name: _dense(t).to(self.device) for name, t in padded.items()}, rows, length
 
     def unpad(self, outputs: dict[str, torch.Tensor], rows: int, length: int) -> dict[str, torch.Tensor]:
         out = {}
@@ -178,11 +170,12 @@ class BucketedModel:
         return self.unpad(self.run_padded(padded), rows, length)
 
     def example(self, batch: int, seq: int) -> dict[str, torch.Tensor]:
-        """Inputs of exactly one bucket's shape (a short real text, cut or padded), for warm-up."""
+        """Inputs of one bucket's shape, for warm-up: a short real text cut or padded; other data: dummy()."""
+        if not self.model.takes_text:
+            return {k: _dense(v).to(self.device) for k, v in self.declaration.dummy(batch, {self.dim: seq}).items()}
         # the tokenizer cannot cut below its special tokens: slice for buckets of 1 or 2 tokens
         one = self.model.encode(["Return the sum of a and b."], max_length=max(seq, 3))
-        return {k: _dense(F.pad(v[:, :seq], (0, seq - min(seq, v.shape[1])), value=self.pad_values.get(k, 0))
-                          .expand(batch, -1)).to(self.device) for k, v in one.items()}
+        return {k: _dense(v).to(self.device) for k, v in self.declaration.fit(one, {self.dim: seq}, rows=batch).items()}
 
     def warm_up(self, progress: bool = False, costs: dict | None = None) -> list[dict]:
         """Compile every (batch, seq) shape of the plan once. Returns per shape: seconds (wall time of
@@ -232,7 +225,8 @@ def check_inputs(bm: BucketedModel, trace: Trace, batch: int, seq: int, prev_bat
     long where the bucket allows). Returns the per-row inputs (unpadded) and their lengths."""
     rng = np.random.default_rng(seed + seq * 131 + batch)
     rows = prev_batch + 1
-    shortest = max(prev_seq + 1, min(3, seq))      # [CLS] word [SEP]: the most padding a real text gets
+    # [CLS] word [SEP]: the most padding a real text gets; any other item: the dimension's smallest size
+    shortest = max(prev_seq + 1, min(max(3, bm.declaration.dim(bm.dim).min), seq))
     wanted = np.linspace(shortest, seq, rows + 1)[:-1].round().astype(int) if rows > 1 else [shortest]
     out, lengths = [], []
     for length in wanted:
@@ -240,8 +234,8 @@ def check_inputs(bm: BucketedModel, trace: Trace, batch: int, seq: int, prev_bat
         text = trace.pool_texts[int(rng.choice(candidates))] if candidates.size else max(trace.pool_texts, key=len)
         # the tokenizer cannot cut below its special tokens ([CLS] x [SEP]); shorter rows are sliced
         enc = bm.model.encode([text], max_length=max(int(length), 3))
-        enc = {k: v[:, :length] for k, v in enc.items()}
-        got = int(next(iter(enc.values())).shape[1])
+        enc = bm.declaration.fit(enc, {bm.dim: int(length)}, pad=False)
+        got = bm.declaration.size_of(enc, bm.dim)
         if not prev_seq < got <= seq:
             raise RuntimeError(f"no check input of {length} tokens for bucket {seq}: the corpus gave {got}")
         out.append(enc)
@@ -264,7 +258,7 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
     for bi in range(1, len(batches)):
         for si in range(1, len(seqs)):
             rows, lengths = check_inputs(bm, trace, batches[bi], seqs[si], batches[bi - 1], seqs[si - 1])
-            batch = _stack_rows(rows, bm.pad_values)
+            batch = bm.declaration.stack(rows)
             got = bm(batch)
             worst, failures = 0.0, []
             for r, (row, length) in enumerate(zip(rows, lengths)):
@@ -287,12 +281,6 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
                             "max_abs_error": worst, "ok": not failures, "failures": failures,
                             "rtol": rtol, "atol": atol})
     return results
-
-
-def _stack_rows(rows: list[dict], pad_values: dict) -> dict[str, torch.Tensor]:
-    longest = max(next(iter(r.values())).shape[1] for r in rows)
-    return {name: torch.cat([F.pad(r[name], (0, longest - r[name].shape[1]), value=pad_values.get(name, 0))
-                             for r in rows]) for name in rows[0]}
 
 
 # ---------------------------------------------------------------- replay
@@ -366,9 +354,9 @@ def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> Repl
     if len(counter.events) < len(shapes):   # never silently eager: every distinct shape must have compiled
         raise RuntimeError(f"{len(shapes)} distinct shapes but only {len(counter.events)} compiles: Dynamo fell "
                            "back to eager; raise torch._dynamo.config.recompile_limit")
-    seqs = [int(e.shapes[next(iter(e.shapes))][1]) for e in counter.events if e.shapes]
-    return ReplayRun(NO_BUCKETS, _name(backend), None, len(encoded), len(counter.events), 0, _real_tokens(encoded),
-                     sum(next(iter(i.values())).numel() for i in encoded), charged, compile_wall, run,
+    seqs = [_seq_of(model, e.shapes) for e in counter.events if e.shapes]
+    return ReplayRun(NO_BUCKETS, _name(backend), None, len(encoded), len(counter.events), 0, _real_tokens(model, encoded),
+                     sum(_computed(model, i) for i in encoded), charged, compile_wall, run,
                      compiled_seqs=seqs)
 
 
@@ -384,10 +372,10 @@ def _counted(model, encoded, backend, runs: list[ReplayRun], progress, device, p
                                    disable=not progress, leave=False):
             inputs = bm.pad(inputs)[0] if bm is not None else {k: v.to(device) for k, v in inputs.items()}
             shape = tuple(next(iter(inputs.values())).shape)
-            computed += next(iter(inputs.values())).numel()
+            computed += _computed(model, inputs)
             if shape not in seen:
                 seen.add(shape)
-                seqs.append(int(shape[1]))
+                seqs.append(_seq_of(model, inputs))
             start = time.perf_counter()
             with reference_numerics(backend)():
                 model.module(**inputs)
@@ -404,12 +392,25 @@ def _counted(model, encoded, backend, runs: list[ReplayRun], progress, device, p
             + (f"compiling here estimated at {per:.2f} s a shape, the mean of this replay's "
                f"{sum(r.compiles for r in measured)} measured compiles" if measured else "no compile measured here"))
     return ReplayRun(plan.planner if plan else NO_BUCKETS, _name(backend), plan.to_dict() if plan else None,
-                     len(encoded), len(seqs), 0, _real_tokens(encoded), computed, per * len(seqs), 0.0, run,
+                     len(encoded), len(seqs), 0, _real_tokens(model, encoded), computed, per * len(seqs), 0.0, run,
                      note=note, compiled_seqs=seqs)
 
 
-def _real_tokens(encoded) -> int:
-    return sum(int(i["attention_mask"].sum()) if "attention_mask" in i else next(iter(i.values())).numel() for i in encoded)
+def _real_tokens(model, encoded) -> int:   # real positions along the varying dimension (its mask's ones)
+    return sum(sum(model.declaration.real_lengths(i)[model.seq_dim]) for i in encoded)
+
+
+def _computed(model, inputs) -> int:       # positions computed along the varying dimension: rows x length
+    return model.declaration.rows(inputs) * model.declaration.size_of(inputs, model.seq_dim)
+
+
+def _seq_of(model, shapes) -> int:
+    """A batch's (or a graph's input shapes') length along the varying dimension; a graph after a break
+    takes other inputs: then its first input's second dimension."""
+    try:
+        return model.declaration.size_of(shapes, model.seq_dim)
+    except BadParameter:
+        return int(next(iter(shapes.values()))[1])
 
 
 def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol, device):
@@ -423,7 +424,7 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
     with torch.compiler.set_stance("fail_on_recompile"):
         for i, inputs in enumerate(progress_bar(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False)):
             padded, rows, length = bm.pad(inputs)
-            computed += next(iter(padded.values())).numel()
+            computed += _computed(model, padded)
             before, start = bm.compiles, time.perf_counter()
             bm.unpad(bm.run_padded(padded, i), rows, length)
             seconds = time.perf_counter() - start
@@ -434,9 +435,9 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
                 run += seconds
         checks = check_padding(bm, trace, reference, rtol, atol) if check else []
     return ReplayRun(plan.planner, _name(backend), plan.to_dict(), len(encoded), bm.compiles,
-                     bm.compiles - after_warmup, _real_tokens(encoded), computed, charged, compile_wall, run, checks,
+                     bm.compiles - after_warmup, _real_tokens(model, encoded), computed, charged, compile_wall, run, checks,
                      late_compiles=bm.late,
-                     compiled_seqs=[int(e.shapes[next(iter(e.shapes))][1]) for e in bm.counter.events if e.shapes])
+                     compiled_seqs=[_seq_of(model, e.shapes) for e in bm.counter.events if e.shapes])
 
 
 def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", baseline: bool = True,

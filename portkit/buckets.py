@@ -49,22 +49,23 @@ WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half
 
 
 # ---------------------------------------------------------------- the distribution
-NOTHING_TO_BUCKET = "takes fixed-size images: one input shape and one compile, nothing to bucket"
+NOTHING_TO_BUCKET = ("takes one input shape: no dimension of its inputs but the batch varies with the data "
+                     "(its declaration, portkit/inputs.py), so one compile and nothing to bucket")
 
 
 def skip_unless_it_applies(model, out_dir, targets) -> None:
     """The stage's first step: a model whose inputs do not vary with the data has nothing to bucket, so the
     stage saves itself as skipped with the reason and stops (results.skip_stage raises StageSkipped)."""
-    if not model.takes_text:
+    if model.seq_dim is None:
         results.skip_stage(out_dir, "buckets", model.describe(), targets_mod.parse_targets(targets),
                            f"{model.name} {NOTHING_TO_BUCKET}")
 
 
 def distribution(corpus, model):
-    """Token lengths of every text in the corpus under the model's own tokenizer
-    (data.length_distribution), with a clear error for models that take no text."""
-    if not model.takes_text:
-        raise BadParameter("model for shape bucketing", model.name, hint=f"it {NOTHING_TO_BUCKET}")
+    """Each item's length along the model's varying dimension (tokens under its own tokenizer for text;
+    data.length_distribution), with a clear error for a model that takes one input shape."""
+    if model.seq_dim is None:
+        raise BadParameter("model for shape bucketing", model.name, hint=f"{model.name} {NOTHING_TO_BUCKET}")
     return data.length_distribution(corpus, model)
 
 

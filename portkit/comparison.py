@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from portkit import models
+from portkit import inputs, models
 from portkit.errors import BadParameter
 from portkit.tolerance import TASK_BOUND_REASONS, Tolerance, budget_text, within
 
@@ -140,7 +140,8 @@ def _pitch(a, e, mask, bounds, inputs):
 
 # Task metrics by output kind (models' kind strings; a model declaration names one of these keys).
 TASK_METRICS = {models.EMBEDDING: _embedding, models.CAUSAL_LM: _language_model, models.SEQ2SEQ_LM: _language_model,
-                models.IMAGE_CLASSIFIER: _classifier, models.TOKEN_CLASSIFIER: _classifier, models.PITCH: _pitch}
+                models.IMAGE_CLASSIFIER: _classifier, models.TOKEN_CLASSIFIER: _classifier,
+                inputs.CLASSIFIER: _classifier, inputs.PITCH: _pitch}
 
 
 def task_metrics(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, bounds: dict,

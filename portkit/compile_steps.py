@@ -466,9 +466,10 @@ def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64,
                       backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
     """Pad every request to seq_len, compile once, and run them all under fail_on_recompile; a
     request the stance refuses is recorded in FixedShape.late, then compiled and counted."""
-    inputs = requests.padded(seq_len)
+    size = requests.fixed_size(seq_len)       # tokens: seq_len; another varying dimension: the stream's longest
+    inputs = requests.padded(size)
     shape = list(next(iter(inputs[0].values())).shape)
-    probe = requests.padded(seq_len + 1 if seq_len < 2 else seq_len - 1)[0] if requests.model.takes_text else None
+    probe = requests.padded(size + 1 if size < 2 else size - 1)[0] if size is not None else None
     times, armed, failure, warm, late = [], None, None, 0, []
     with _compiled(model, target, backend, precision, fullgraph) as (call, counter, detected, _):
         try:
@@ -492,7 +493,7 @@ def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64,
                         if refused_recompile(exc) is None:
                             raise
                         armed = str(exc).strip().splitlines()[0]
-    seq = shape[1] if requests.model.takes_text else None
+    seq = requests.model.declaration.size_of(inputs[0], requests.model.seq_dim) if size is not None else None
     return FixedShape(detected.to_dict(), counter.__name__, {"batch": shape[0], "seq": seq, "dims": shape}, warm,
                       len(counter.events) - warm, len(inputs) if failure is None else 0,
                       statistics.median(times) if times else 0.0, armed, counter.events, failure, late,

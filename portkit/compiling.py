@@ -82,19 +82,29 @@ def _seq(shape) -> int | None:
     return shape[1] if len(shape) > 1 else None
 
 
+def _measured_length(model, shapes: dict) -> int | None:
+    """A compiled graph's length along the model's varying dimension, from its inputs' shapes; a graph
+    after a break takes other inputs: then its first input's second dimension, as before declarations."""
+    try:
+        return model.declaration.size_of(shapes, model.seq_dim)
+    except BadParameter:
+        return _seq(next(iter(shapes.values()), [0]))
+
+
 def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] | None = None,
                   neuron_compile_seconds: float | None = None) -> dict[str, economics.CostModel]:
     """Per target, what one compile costs there (economics.cost_model): measured XLA over the stream's
     lengths for TPU, the Neuron estimate, or, natively and for reference targets, the times the storm
     measured (pass `storms`)."""
-    # an image model's shapes have no sequence dimension (its second is the channels)
-    lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None] if model.takes_text else []
+    # a fixed-shape model's shapes have no varying dimension (an image's second is the channels)
+    dim = model.seq_dim
+    lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None] if dim else []
     out = {}
     for name in targets_mod.parse_targets(targets):
         detected = targets_mod.detect(name)
         measured = ()
         if storms is not None and (detected.native or detected.target.reference):
-            measured = [(_seq(next(iter(e.shapes.values()), [0])) if model.takes_text else None, e.seconds)
+            measured = [(_measured_length(model, e.shapes) if dim else None, e.seconds)
                         for e in storms[name].compiles]
         out[name] = economics.cost_model(model, name, lengths, native=detected.native, measured_points=measured,
                                          neuron_compile_seconds=neuron_compile_seconds,

@@ -296,11 +296,13 @@ def sample_images(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
 
 @dataclass
 class LengthDistribution:
-    """Token lengths of a corpus under one tokenizer, before any truncation."""
+    """Lengths of a corpus's items along the model's varying dimension (tokens under one tokenizer for
+    text), before any truncation."""
     lengths: np.ndarray
     tokenizer: str
     corpus: str
     max_length: int          # what the model accepts; longer texts are truncated or rejected
+    unit: str = "tokens"     # the varying dimension's name (tokens, samples, frames)
 
     def percentiles(self) -> dict[str, int]:
         q = np.percentile(self.lengths, [50, 90, 99])
@@ -312,12 +314,13 @@ class LengthDistribution:
 
     def to_dict(self) -> dict:
         return {"corpus": self.corpus, "tokenizer": self.tokenizer, "count": int(self.lengths.size),
-                "max_length": self.max_length, "over_max_length": self.over_limit(),
+                "max_length": self.max_length, "over_max_length": self.over_limit(), "unit": self.unit,
                 **self.percentiles()}
 
     def __str__(self) -> str:
         p = self.percentiles()
-        return (f"{self.lengths.size} texts from {self.corpus}, {self.tokenizer} tokens: p50 {p['p50']}, "
+        what, noun = (f"{self.tokenizer} tokens", "texts") if self.unit == "tokens" else (self.unit, "items")
+        return (f"{self.lengths.size} {noun} from {self.corpus}, {what}: p50 {p['p50']}, "
                 f"p90 {p['p90']}, p99 {p['p99']}, max {p['max']}; {self.over_limit()} longer than "
                 f"the model's {self.max_length}")
 
@@ -329,43 +332,62 @@ class LengthDistribution:
             if name in ("p50", "p90", "p99"):
                 ax.axvline(value, color="#C44E52", ls="--", lw=1)
                 ax.text(value, ax.get_ylim()[1] * 0.9, f" {name}={value}", color="#C44E52", fontsize=8)
-        ax.set_xlabel("tokens per text")
-        ax.set_ylabel("texts")
-        ax.set_title(f"Token lengths: {self.corpus}")
+        ax.set_xlabel(f"{self.unit} per item")
+        ax.set_ylabel("items")
+        ax.set_title(f"Lengths in {self.unit}: {self.corpus}")
         return ax
 
 
 def length_distribution(corpus: Corpus, model) -> LengthDistribution:
-    """Token lengths of every text in the corpus, with the model's own tokenizer."""
-    if model.tokenizer is None:
+    """Each item's length along the model's varying dimension (its declaration's lengths: tokens under the
+    model's own tokenizer for text), for every item of the corpus."""
+    if model.seq_dim is None:
         raise BadParameter("model for a length distribution", model.name,
-                           hint="it takes images, not text")
+                           hint="no dimension of its inputs varies with the data")
     texts = list(corpus.texts)
     chunks = range(0, len(texts), _TOKENIZE_CHUNK)
-    lengths = [n for start in progress.bar(chunks, desc=f"tokenizing {corpus.name}", unit="chunk", leave=False)
+    verb = "tokenizing" if model.seq_dim == "tokens" else "measuring"
+    lengths = [n for start in progress.bar(chunks, desc=f"{verb} {corpus.name}", unit="chunk", leave=False)
                for n in model.token_lengths(texts[start:start + _TOKENIZE_CHUNK])]
     return LengthDistribution(np.asarray(lengths, dtype=np.int64), model.tokenizer_name, corpus.name,
-                              model.max_length)
+                              model.max_length, model.seq_dim)
 
 
 def corpus_for(model, spec: str = "stdlib", column: str = "text") -> Corpus | None:
-    """The corpus `model`'s batches are sampled from (load_corpus); None for an image model, whose
-    batches are image crops (sample_images)."""
-    return load_corpus(spec, column) if model.takes_text else None
+    """The items `model`'s batches are drawn from: the declaration's own items when it brings them
+    (Declaration.own_items), texts from the corpus for a text model (load_corpus); None for an image
+    model, whose batches are image crops (sample_images)."""
+    declared = model.declaration
+    if declared.own_items is not None:
+        items = tuple(declared.own_items())
+        if not items:
+            raise BadParameter(f"data of {model.name}", "no items", hint="its declaration's own_items() is empty")
+        return Corpus(f"{model.name}'s own data", f"{declared.items}, from its declaration's own_items()", items)
+    if model.takes_text:
+        return load_corpus(spec, column)
+    if declared.data == "image":
+        return None
+    raise BadParameter(f"data for {model.name}", declared.data,
+                       hint="give its declaration own_items() (portkit.inputs), or a corpus of its kind")
 
 
 def example_batch(model, corpus: Corpus | None, batch_size: int, seq_len: int, seed: int = 0):
-    """One batch of real inputs for `model`: texts from the corpus padded (or truncated) to seq_len
-    tokens, or real image crops for an image model. Returns (inputs, description)."""
-    if not model.takes_text:
+    """One batch of real inputs for `model`, built by its declaration: texts from the corpus padded (or
+    truncated) to seq_len tokens, real image crops for an image model, any other items padded to the
+    longest of them (seq_len counts tokens). Returns (inputs, description)."""
+    if corpus is None and not model.takes_text:
         images = sample_images(batch_size, model.image_size, seed)
         return model.encode(images), f"{batch_size} image crops of {model.image_size}x{model.image_size}"
     if corpus is None:
         raise BadParameter("corpus", None, CORPUS_CHOICES)
+    items = corpus.sample(batch_size, seed)
+    if model.seq_dim != "tokens":
+        batch = model.encode(items)
+        return batch, (f"{batch_size} {model.declaration.items} from {corpus.name}, padded to the longest: "
+                       f"{model.declaration.shape_label(batch)}")
     if seq_len > model.max_length:
         raise BadParameter("seq_len", seq_len, hint=f"{model.name} takes at most {model.max_length} tokens")
-    texts = corpus.sample(batch_size, seed)
-    return model.encode(texts, pad_to=seq_len), (f"{batch_size} texts from {corpus.name}, padded or "
+    return model.encode(items, pad_to=seq_len), (f"{batch_size} texts from {corpus.name}, padded or "
                                                  f"truncated to {seq_len} tokens")
 
 

@@ -143,7 +143,7 @@ def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, 
     xla_compile.compile_seconds (a test may pass another)."""
     if measure is None:
         from portkit.xla_compile import compile_seconds as measure
-    seqs = spread(lengths) if model.takes_text and len(lengths) else [None]
+    seqs = spread(lengths) if model.seq_dim is not None and len(lengths) else [None]
     points, sources, problems = [], [], []
     for seq in seqs:
         try:
@@ -221,7 +221,9 @@ def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
     import time
 
     import torch
-    inputs = {n: model.encode(["Return the sum of a and b."], pad_to=n) for n in lengths}
+    # a short real text padded to each length; a model of other data: its declaration's probe inputs
+    inputs = {n: model.encode(["Return the sum of a and b."], pad_to=n) if model.takes_text else
+              model.declaration.dummy(1, {model.seq_dim: n}) for n in lengths}
     best = dict.fromkeys(lengths, float("inf"))
     with torch.no_grad():
         for n in lengths:

@@ -38,21 +38,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from portkit import frames
+from portkit import frames, inputs
+from portkit.adapters import (_VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
+                              MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
 from portkit.errors import BadParameter, NeedsNetwork
-
-EMBEDDING, CAUSAL_LM, SEQ2SEQ_LM, IMAGE_CLASSIFIER, TOKEN_CLASSIFIER, PITCH = (
-    "embedding", "causal-lm", "seq2seq-lm", "image-classifier", "token-classifier", "pitch")
+from portkit.inputs import (CAUSAL_LM, EMBEDDING, IMAGE_CLASSIFIER, PITCH, SEQ2SEQ_LM,  # noqa: F401
+                            TOKEN_CLASSIFIER, Declaration)
 SEED = 0
-_VOCAB = 30522        # MiniLM's WordPiece vocabulary, shared by the random-weight text models
 _MAX_POSITIONS = 512
 
 
 @dataclass
 class LoadedModel:
-    """A model ready for the workbook: module, tokenizer, and how to turn data into inputs."""
+    """A model ready for the workbook: its module and input contract (`declaration`, portkit/inputs.py),
+    built, when not given, from a text model's tokenizer, input_names and max_length or an image_size."""
     name: str
-    kind: str                       # one of the kinds above; decides the accuracy metrics
+    kind: str                       # one of the kinds above; the primary output's metric
     module: nn.Module               # forward(**inputs) -> dict[str, Tensor]
     origin: str                     # where the weights come from
     tokenizer: Any = None           # a Hugging Face tokenizer, or None for image models
@@ -60,10 +61,26 @@ class LoadedModel:
     image_size: int | None = None
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")
     loss: Callable | None = None    # a training loss(module, batch) -> scalar (portkit.training); None: the kind's
+    declaration: Declaration | None = None
+
+    def __post_init__(self):
+        if self.declaration is None:
+            out = (inputs.Output("embedding" if self.kind == EMBEDDING else "logits", self.kind),)
+            if self.tokenizer is not None:
+                self.declaration = inputs.text_declaration(self.tokenizer, self.input_names, self.max_length, out)
+            elif self.image_size is not None:
+                self.declaration = inputs.image_declaration(self.image_size, out, name=self.input_names[0])
+            else:
+                self.declaration = inputs.undeclared(self.input_names, out)
+        else:
+            self.input_names = self.declaration.input_names
+            varying = self.declaration.varying
+            if len(varying) == 1 and varying[0].max is not None:
+                self.max_length = varying[0].max
 
     @property
     def takes_text(self) -> bool:
-        return self.tokenizer is not None
+        return self.declaration.data == inputs.TEXT
 
     @property
     def tokenizer_name(self) -> str:
@@ -79,31 +96,30 @@ class LoadedModel:
     def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.module(**inputs)
 
-    def token_lengths(self, texts: list[str]) -> list[int]:
-        enc = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
-        return [len(ids) for ids in enc["input_ids"]]
+    @property
+    def seq_dim(self) -> str | None:
+        """The varying dimension buckets pad (tokens for text; the first of several); None: fixed shape."""
+        varying = self.declaration.varying_names
+        return varying[0] if varying else None
+
+    def token_lengths(self, items: list) -> list[int]:
+        """Each item's length along the model's first varying dimension (tokens for text)."""
+        if self.seq_dim is None:
+            raise BadParameter("model for item lengths", self.name, hint="no dimension of its inputs varies")
+        return self.declaration.lengths(list(items))[self.seq_dim]
 
     def encode(self, items: list, pad_to: int | None = None, truncate: bool = True,
                max_length: int | None = None) -> dict[str, torch.Tensor]:
-        """Tokenize texts (or stack images) into the module's inputs.
+        """The module's inputs for data items, built by the declaration (Declaration.batch).
 
-        pad_to: pad every sequence to exactly this length (a bucket); None pads to the longest.
-        truncate: cut texts longer than pad_to (or max_length, or the model's maximum); False raises instead.
-        max_length: without pad_to, the length texts are cut at (the largest bucket), keeping special tokens.
+        pad_to: pad the varying dimension to exactly this length (a bucket); None pads to the longest.
+        truncate: cut items longer than pad_to (or max_length, or the model's maximum); False raises instead.
+        max_length: without pad_to, the length items are cut at (the largest bucket), keeping special tokens.
         """
-        if not self.takes_text:
-            pixels = torch.as_tensor(__import__("numpy").stack(items)).permute(0, 3, 1, 2)
-            return {"pixel_values": pixels.contiguous().float()}
-        limit = pad_to or max_length or self.max_length
-        if limit > self.max_length:
-            raise BadParameter("sequence length", limit, hint=f"{self.name} takes at most {self.max_length} tokens")
-        if not truncate:
-            longest = max(self.token_lengths(items))
-            if longest > limit:
-                raise BadParameter("input length", longest, hint=f"longer than {limit} tokens and truncation is off")
-        enc = self.tokenizer(items, padding="max_length" if pad_to else "longest", max_length=limit,
-                             truncation=True, return_tensors="pt")
-        return {k: enc[k] for k in self.input_names if k in enc}
+        dim = self.seq_dim
+        sizes = {dim: pad_to} if dim and pad_to else None
+        limits = {dim: max_length} if dim and max_length else None
+        return self.declaration.batch(list(items), sizes=sizes, limits=limits, truncate=truncate)
 
     def summary(self) -> str:
         """One line for a notebook: name, kind, size and where the weights come from."""
@@ -113,100 +129,7 @@ class LoadedModel:
         return {"name": self.name, "kind": self.kind, "origin": self.origin,
                 "parameters": self.parameters, "inputs": list(self.input_names),
                 "tokenizer": self.tokenizer_name, "max_length": self.max_length,
-                "image_size": self.image_size}
-
-
-# ---------------------------------------------------------------- adapters: dict in, dict out
-class EmbeddingAdapter(nn.Module):
-    """Sentence embedding the way sentence-transformers builds it: masked mean, L2-normalised."""
-
-    def __init__(self, encoder: nn.Module):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return {"embedding": nn.functional.normalize(pooled, dim=-1), "last_hidden_state": hidden}
-
-
-class LogitsAdapter(nn.Module):
-    """Language models and classifiers: logits only, no KV cache (decoders export only without it)."""
-
-    def __init__(self, model: nn.Module, cache_flag: bool = True):
-        super().__init__()
-        self.model = model
-        self.cache_flag = cache_flag
-
-    def forward(self, input_ids, attention_mask):
-        extra = {"use_cache": False} if self.cache_flag else {}
-        return {"logits": self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits}
-
-
-class MambaAdapter(nn.Module):
-    """Mamba takes no attention mask; padding sits at the end and real positions are unaffected."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return {"logits": self.model(input_ids=input_ids, use_cache=False).logits}
-
-
-class Seq2SeqAdapter(nn.Module):
-    """Teacher-forced encoder-decoder: the decoder reads the input shifted right by one."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        decoder_input_ids = self.model._shift_right(input_ids)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         decoder_input_ids=decoder_input_ids, use_cache=False)
-        return {"logits": out.logits}
-
-
-class ImageAdapter(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values):
-        return {"logits": self.model(pixel_values=pixel_values).logits}
-
-
-class LSTMTagger(nn.Module):
-    """Embedding -> 2-layer LSTM -> per-token logits: the recurrent model the vendors flag."""
-
-    def __init__(self, vocab: int = _VOCAB, dim: int = 64, hidden: int = 128, labels: int = 16):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
-        self.lstm = nn.LSTM(dim, hidden, num_layers=2, batch_first=True)
-        self.head = nn.Linear(hidden, labels)
-
-    def forward(self, input_ids, attention_mask):
-        hidden, _ = self.lstm(self.embed(input_ids))
-        return {"logits": self.head(hidden) * attention_mask.unsqueeze(-1).to(hidden.dtype)}
-
-
-class OutputsAdapter(nn.Module):
-    """Wrap a user's module so its outputs become a dict of named tensors."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask)
-        if isinstance(out, torch.Tensor):
-            return {"output": out}
-        if isinstance(out, dict):
-            return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
-        return {f"output_{i}": v for i, v in enumerate(out) if isinstance(v, torch.Tensor)}
+                "image_size": self.image_size, "declaration": self.declaration.to_dict()}
 
 
 # ---------------------------------------------------------------- sources

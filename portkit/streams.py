@@ -26,11 +26,27 @@ class Requests:
     ahead: list[list[int]] = field(default_factory=list)
 
     def shapes(self) -> list[list[int]]:
-        return [list(next(iter(x.values())).shape) for x in self.inputs]
+        """Each request's (batch, length along the varying dimension); a fixed-shape model's whole shape."""
+        dim = self.model.seq_dim if self.model is not None else None
+        if dim is None:
+            return [list(next(iter(x.values())).shape) for x in self.inputs]
+        decl = self.model.declaration
+        return [[decl.rows(x), decl.size_of(x, dim)] for x in self.inputs]
+
+    def fixed_size(self, seq_len: int) -> int | None:
+        """The one length every request is padded to for a single compiled shape: seq_len for text (its
+        tokens), the longest request of the whole stream along any other varying dimension (no request is
+        cut), None for a model that takes one shape."""
+        dim = self.model.seq_dim
+        if dim is None:
+            return None
+        if dim == "tokens":
+            return seq_len
+        return max(shape[1] for shape in self.shapes() + self.ahead)
 
     def padded(self, seq_len: int) -> list[dict[str, torch.Tensor]]:
-        """The same requests padded (or truncated) to one fixed length."""
-        if not self.model.takes_text:
+        """The same requests padded (or truncated) to one fixed length along the varying dimension."""
+        if self.model.seq_dim is None:
             return self.inputs
         return [self.model.encode(group, pad_to=seq_len) for group in self.texts]
 
@@ -49,7 +65,7 @@ def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: in
     """n requests of batch_size texts from the corpus, each padded only to its own longest text; the
     stream goes on to `horizon` requests whose shapes are kept (not run) to project a longer storm."""
     total = max(n, horizon)
-    if not model.takes_text:
+    if corpus is None and not model.takes_text:
         from portkit import data
         images = data.sample_images(n * batch_size, model.image_size, seed)
         inputs = [model.encode(images[i * batch_size:(i + 1) * batch_size]) for i in range(n)]
@@ -57,12 +73,15 @@ def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: in
         return Requests([[] for _ in inputs], inputs, "image crops", model, [shape] * (total - n))
     texts = corpus.sample(total * batch_size, seed)
     groups = [texts[i * batch_size:(i + 1) * batch_size] for i in range(total)]
-    limit = min(max_tokens, model.max_length)
-    inputs = []
-    for group in groups[:n]:
-        enc = model.tokenizer(group, padding="longest", truncation=True, max_length=limit, return_tensors="pt")
-        inputs.append({k: enc[k] for k in model.input_names if k in enc})
+    dim = model.seq_dim
+    if dim is None:     # a fixed shape: every request the same shape, built by the declaration
+        inputs = [model.encode(group) for group in groups[:n]]
+        shape = list(next(iter(inputs[0].values())).shape)
+        return Requests(groups[:n], inputs, corpus.name, model, [shape] * (total - n))
+    # max_tokens caps a text model's tokens; any other varying dimension is capped at the model's maximum
+    limit = min(max_tokens, model.max_length) if dim == "tokens" else model.max_length
+    inputs = [model.encode(group, max_length=limit) for group in groups[:n]]
     rest = texts[n * batch_size:]
     lengths = [min(count, limit) for count in model.token_lengths(rest)] if rest else []
     ahead = [[len(g), max(lengths[i * batch_size:(i + 1) * batch_size])] for i, g in enumerate(groups[n:])]
-    return Requests(groups[:n], inputs, f"{corpus.name} (at most {limit} tokens)", model, ahead)
+    return Requests(groups[:n], inputs, f"{corpus.name} (at most {limit} {dim})", model, ahead)

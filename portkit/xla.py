@@ -70,7 +70,8 @@ def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int 
                  max_shapes: int = 4) -> tuple[list[dict], list[str]]:
     """The shapes the workbook uses for `target`: stage 2's fixed shape and stage 3's buckets (read from
     the run folder through portkit.results), else the parameters. Returns (shapes, where each came from)."""
-    text = getattr(model, "takes_text", True)
+    dim = getattr(model, "seq_dim", "tokens")     # the varying dimension; None: the model takes one shape
+    text = dim is not None
     found: list[tuple[dict, str]] = []
     recorded = [(results.fixed_shape(out_dir, target), "stage 2's fixed shape")]
     planner, buckets = results.bucket_shapes(out_dir, target) or ("", [])
@@ -78,6 +79,9 @@ def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int 
     for shape, source in recorded:
         if shape is not None and (shape["seq"] or not text):      # a text model needs a sequence length
             found.append((shape if text else {"batch": shape["batch"]}, source))
+    if not found and dim not in (None, "tokens"):    # seq_len counts tokens: another dimension at its largest
+        found = [({"batch": batch_size, "seq": model.max_length},
+                  f"parameter batch_size and the largest {dim} the model takes (no compile.json or buckets.json)")]
     if not found:
         found = [({"batch": batch_size, "seq": seq_len} if text else {"batch": batch_size},
                   "parameters batch_size/seq_len (no compile.json or buckets.json)")]

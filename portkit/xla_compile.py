@@ -143,16 +143,13 @@ def input_specs(model, shape: dict) -> dict[str, tuple[tuple[int, ...], torch.dt
     if set(shape) <= {"batch", "seq"}:
         if not isinstance(model, LoadedModel):
             raise BadParameter("input shape", shape, hint="a bare nn.Module needs {input_name: (shape, dtype)}")
-        batch = _positive(shape, "batch")
-        if model.takes_text:
-            seq = _positive(shape, "seq")
-            if seq > model.max_length:
-                raise BadParameter("seq", seq, hint=f"{model.name} takes at most {model.max_length} tokens")
-            return {name: ((batch, seq), torch.int64) for name in model.input_names}
-        if "seq" in shape:
-            raise BadParameter("input shape", shape, hint=f"{model.name} takes images: give only the batch")
-        size = model.image_size
-        return {model.input_names[0]: ((batch, 3, size, size), torch.float32)}
+        batch, decl, dim = _positive(shape, "batch"), model.declaration, model.seq_dim   # the model's declaration
+        if dim is None and "seq" in shape:
+            raise BadParameter("input shape", shape, hint=f"{model.name} takes one input shape: give only the batch")
+        seq = _positive(shape, "seq") if dim is not None else None
+        if dim is not None and seq > model.max_length:
+            raise BadParameter("seq", seq, hint=f"{model.name} takes at most {model.max_length} {dim}")
+        return {s.name: (decl.shape_of(s.name, batch, {dim: seq}), s.dtype) for s in decl.inputs}
     names = model.input_names if isinstance(model, LoadedModel) else None
     specs = {}
     for name, value in shape.items():

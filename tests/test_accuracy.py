@@ -381,7 +381,7 @@ def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
                                      layers=False, corpus=corpus, compiled=False, progress=False)
     t = report.targets["neuron"]
     assert t.chosen.task["decisions"] == 2 and t.chosen.layers is None
-    assert t.buckets[0]["skipped"].startswith("no buckets: the model takes images")
+    assert t.buckets[0]["skipped"].startswith("no buckets: the model takes one input shape")
 
 
 def test_float32_emulation_keeps_in_place_and_view_semantics(corpus):

@@ -152,7 +152,7 @@ def test_bad_parameters_name_the_value_and_the_choices():
         buckets.check_parameters(requests=0)
     with pytest.raises(BadParameter, match="overflow 'drop'.*truncate, reject"):
         buckets.check_parameters(overflow="drop")
-    with pytest.raises(BadParameter, match="fixed-size images"):
+    with pytest.raises(BadParameter, match="vit takes one input shape"):
         buckets.distribution(None, models.load("vit"))
 
 

@@ -210,7 +210,7 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
     from portkit import buckets, results
 
     class ImageModel:        # what the stage reads of a model that takes one fixed image shape
-        name, takes_text = "vit", False
+        name, seq_dim = "vit", None      # no dimension of its inputs varies with the data
 
         def describe(self):
             return {"name": self.name}
@@ -233,5 +233,5 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
     saved = json.loads((out / "report.json").read_text())
     assert saved["stages"]["buckets"]["status"] == "skipped" and saved["stages"]["buckets"]["problem"] == reason
     assert not any("buckets" in g for g in saved["gaps"])          # not applying is not a gap
-    text_model = type("TextModel", (ImageModel,), {"takes_text": True})()
+    text_model = type("TextModel", (ImageModel,), {"seq_dim": "tokens"})()
     assert buckets.skip_unless_it_applies(text_model, out, ["tpu"]) is None       # a text model goes on
