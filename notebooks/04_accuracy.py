@@ -59,7 +59,7 @@ train_steps = 20  # AdamW steps (one batch of batch_size x seq_len real texts ea
 
 # %%
 from IPython.display import display
-from portkit import accuracy, data, environment, models, params, tolerance
+from portkit import accuracy, data, environment, models, params, streaming, tolerance
 
 model, targets, out = params.common(model, targets, out_dir)
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
@@ -138,6 +138,27 @@ report.bucket_table()
 # %%
 report.save(out / "accuracy.json")
 print(f"wrote {out / 'accuracy.json'}")
+
+# %% [markdown]
+# ## State carried across a real stream (a model with a streaming step)
+#
+# The step is compiled once per chunk shape for each target, warmed up, then carried across a real stream
+# (recordings, then spoken corpus texts, end to end) under `fail_on_recompile`; at every chunk its state is
+# measured against a float64 run of the same stream, beside the error of one step alone. The verdict is the
+# growth of the state's error over the stream (`drift_growth`): errors that accumulate keep growing.
+
+# %%
+streamed = None
+if m.stream is not None:
+    streamed = streaming.check_stream(m.stream, streaming.speech_stream(seed=seed), targets,
+                                      task_bounds=task_bounds, precision=precision)
+    report.stream = streamed
+    report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
+streamed
+
+# %%
+if streamed is not None:
+    streamed.plot();
 
 # %% [markdown]
 # ## Generation (workload "generate")

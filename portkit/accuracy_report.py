@@ -223,6 +223,7 @@ class AccuracyReport:
     targets: dict[str, TargetAccuracy]
     training: object = None    # training_accuracy.TrainingComparison where the workload is "train"
     generation: object = None  # generation_accuracy.GenerationComparison where the workload is "generate"
+    stream: object = None      # streaming.StreamResult where the model has a streaming step (its state's drift)
 
     @property
     def verdict(self) -> str:
@@ -237,7 +238,8 @@ class AccuracyReport:
                 "reasons": [f"{n}: {r}" for n, t in self.targets.items() for r in t.reasons],
                 "targets": {n: t.to_dict() for n, t in self.targets.items()},
                 "training": self.training.to_dict() if self.training is not None else None,
-                "generation": self.generation.to_dict() if self.generation is not None else None}
+                "generation": self.generation.to_dict() if self.generation is not None else None,
+                "stream": self.stream.to_dict() if self.stream is not None else None}
 
     def save(self, path) -> None:
         save_result(path, self.to_dict())
@@ -256,6 +258,8 @@ class AccuracyReport:
             lines.append(str(self.training))
         if self.generation is not None:
             lines.append(str(self.generation))
+        if self.stream is not None:
+            lines.append(str(self.stream))
         return "\n".join(lines)
 
     __repr__ = __str__

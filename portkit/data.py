@@ -364,7 +364,12 @@ def corpus_for(model, spec: str = "stdlib", column: str = "text") -> Corpus | No
             raise BadParameter(f"data of {model.name}", "no items", hint="its declaration's own_items() is empty")
         return Corpus(f"{model.name}'s own data", f"{declared.items}, from its declaration's own_items()", items)
     if model.takes_text:
+        if is_audio_folder(spec):
+            raise BadParameter("corpus", spec, hint=f"a folder of recordings; {model.name} takes text")
         return load_corpus(spec, column)
+    if declared.data == "audio":         # the clips themselves are the items: read when a batch is built
+        clips = audio_corpus(spec, column)
+        return Corpus(clips.name, f"{clips} ({clips.label})", clips.clips)
     if declared.data == "image":
         return None
     raise BadParameter(f"data for {model.name}", declared.data,

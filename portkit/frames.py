@@ -9,9 +9,9 @@
 
 A frame is the user's code when its file is outside the installed packages and the standard library
 (the model's own file, a `file.py:factory` or a project on the path), in the module or package of the
-model's factory wherever it is installed (claim), or in portkit's model wrappers
-(portkit/models.py and portkit/adapters.py, which stand in for the user's own model code). A frame in an installed package is
-a library's: "configurable" where the library has a setting that changes the path (SETTINGS names it),
+model's factory wherever it is installed (claim), or in portkit's model wrappers (portkit/models.py,
+adapters.py and audio_models.py, which stand in for the user's own model code). A frame in an installed
+package is a library's: "configurable" where the library has a setting that changes the path (SETTINGS names it),
 otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
 "rewrite this line". A foundation: it imports no other portkit module.
 """
@@ -28,7 +28,8 @@ OWNERS = (USER, CONFIGURABLE, LIBRARY)
 
 _PORTKIT = os.path.dirname(os.path.abspath(__file__))
 # portkit's model wrappers (the sources and their adapters): the user's role
-_WRAPPERS = (os.path.join(_PORTKIT, "models.py"), os.path.join(_PORTKIT, "adapters.py"))
+_WRAPPERS = (os.path.join(_PORTKIT, "models.py"), os.path.join(_PORTKIT, "adapters.py"),
+             os.path.join(_PORTKIT, "audio_models.py"))
 _TORCH = os.path.join(os.path.dirname(_PORTKIT), "torch")   # replaced below by the installed torch
 _INSTALLED = ("site-packages", "dist-packages")
 _STDLIB = tuple({os.path.realpath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])})

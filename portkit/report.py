@@ -226,6 +226,10 @@ def _accuracy(data: dict, t: dict, out: "TargetReport") -> None:
         **({"generation (greedy tokens)": f"{'PASS' if gen['passed'] else 'FAIL'}: agree {gen['agreement']:.1%}, "
             f"{gen['judged_agreement']:.1%} with near-ties apart"} if (gen := ((data.get("generation") or {}).get(
                 "targets") or {}).get(out.name)) else {}),
+        **({"state over a stream": f"{'PASS' if st['passed'] else 'FAIL'}: error vs float64 {st['state_error_last']:.2g} "
+            f"at the end, growth {st['drift_growth']:.2f}x, {st['late_compiles']} compiles after warm-up"}
+           if (st := next((r for r in (data.get("stream") or {}).get("runs", []) if r["target"] == out.name), None))
+           else {}),
         "judged on": t.get("target_side", "—"),
     }
     baseline = t.get("baseline")

@@ -1,6 +1,6 @@
 """The workbook runner: execute the stage notebooks in order with papermill into one run folder.
 
-    >>> from portkit import runner
+    >>> from portkit import audio, runner
     >>> result = runner.run("minilm", ["neuron", "tpu"], "runs/minilm", {"batch_size": 4})
     >>> result.summaries
     {'fallbacks': 'neuron (emulated): ...'}
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import _io, data, params as params_mod, runfolder
+from portkit import _io, audio, data, params as params_mod, runfolder
 from portkit.errors import BadParameter, StageFailed, StageSkipped
 from portkit.progress import HEADLESS_VARIABLE
 from portkit.runfolder import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
@@ -163,7 +163,10 @@ def _check_corpora(per_stage) -> None:
         column = values.get("text_column", _default(declared, "text_column"))
         if corpus == "stdlib" or (corpus, column) in checked:
             continue
-        data.load_corpus(corpus, column)
+        if data.is_audio_folder(corpus):
+            audio.folder_corpus(corpus)      # every file's header read: an unreadable one fails here
+        else:
+            data.load_corpus(corpus, column)
         checked.add((corpus, column))
 
 

@@ -35,6 +35,7 @@ from portkit.errors import BadParameter
 from portkit.tolerance import DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, within
 
 FIRST_CHUNKS = 10          # the drift's yardstick: the state's median error over the stream's first chunks
+STREAM_SECONDS = 20.0      # the workbook's stream: 200 chunks of 100 ms
 
 
 @dataclass
@@ -57,7 +58,7 @@ class Stream:
                 for i in range(0, whole.shape[1], size)]
 
 
-def speech_stream(seconds: float = 20.0, rate: int = RATE, seed: int = 0) -> Stream:
+def speech_stream(seconds: float = STREAM_SECONDS, rate: int = RATE, seed: int = 0) -> Stream:
     """The alsa-utils recordings, then stdlib docstrings spoken by espeak-ng, end to end up to `seconds`."""
     corpus = audio.alsa_recordings()
     clips = list(corpus.clips)
@@ -143,6 +144,8 @@ class StreamResult:
                          f"-> {'PASS' if r.passed else 'FAIL'}; frame labels agree {r.agreement:.2%}")
         return "\n".join(lines)
 
+    __repr__ = __str__
+
     def plot(self, ax=None):
         import matplotlib.pyplot as plt
         ax = ax or plt.subplots(figsize=(7, 3))[1]
@@ -209,8 +212,9 @@ def _run_target(step: StreamStep, name: str, chunks, ref_outs, ref_states, bound
 
 
 def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | None = None,
-                 precision: str | None = None) -> StreamResult:
-    """Each target's compiled step carried over the stream, its state against float64 chunk by chunk."""
+                 precision: dict | None = None) -> StreamResult:
+    """Each target's compiled step carried over the stream, its state against float64 chunk by chunk.
+    precision: {target: setting} (stage 4's parameter); a target not named runs its default."""
     names = targets_mod.parse_targets(names)
     if stream.rate != step.rate:
         raise BadParameter("stream rate", stream.rate, hint=f"{step.name} takes {step.rate} Hz audio")
@@ -220,6 +224,6 @@ def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | No
                            hint=f"give at least {2 * FIRST_CHUNKS} chunks of {step.chunk} samples")
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
     ref_outs, ref_states = _reference(step, chunks)
-    runs = [_run_target(step, n, chunks, ref_outs, ref_states, bounds, precision) for n in names]
+    runs = [_run_target(step, n, chunks, ref_outs, ref_states, bounds, (precision or {}).get(n)) for n in names]
     return StreamResult(step.describe(), {"seconds": stream.seconds, "source": stream.source,
                                           "label": stream.label, "rate": stream.rate}, len(chunks), runs)

@@ -77,16 +77,20 @@ def test_espeak_speech_is_synthetic_and_cached(tmp_path):
 
 @needs_crepe
 def test_crepe_finds_the_pitch_of_a_tone_and_padding_keeps_real_frames():
-    pitch = audio_models.CrepePitch(audio_models.crepe_network("tiny")).eval()
-    tone = torch.from_numpy(_tone(440, 0.25, 16000)).unsqueeze(0)
+    model = models.load("crepe")
+    assert model.kind == models.PITCH and "pretrained CREPE" in model.origin
+    decl = model.declaration
+    assert decl.varying_names == ("frames",) and decl.data == "audio" and decl.primary.metric == models.PITCH
+    tone, short = _tone(440, 0.25, 16000), _tone(220, 0.1, 16000)
+    assert decl.lengths([tone, short]) == {"frames": [26, 11]}     # 1 + samples // 160
     with torch.no_grad():
-        out = pitch(audio=tone)["pitch"]
-        padded = pitch(audio=torch.nn.functional.pad(tone, (0, 1600)))["pitch"]
-    frames = pitch.frames(tone.shape[1])
-    assert out.shape == (1, frames, 2) and padded.shape[1] == pitch.frames(tone.shape[1] + 1600)
+        out = model(decl.batch([tone, short]))["pitch"]
+        padded = model(decl.batch([tone, short], sizes={"frames": 40}))["pitch"]
+    assert out.shape == (2, 26, 2) and padded.shape == (2, 40, 2)
     cents, confidence = out[0, 5:-5, 0], out[0, 5:-5, 1]
     assert (cents - 1200 * math.log2(440 / 10)).abs().max() < 10 and confidence.min() > 0.5
-    torch.testing.assert_close(padded[:, :frames], out)     # zero padding changes no real frame
+    torch.testing.assert_close(padded[:, :26], out)         # zero frames change no real frame
+    assert out[1, 11:].abs().max() == 0                     # a padding frame reads unvoiced
 
 
 def test_pitch_metric_measures_cents_on_voiced_frames_and_voicing():
@@ -109,18 +113,30 @@ def test_pitch_metric_measures_cents_on_voiced_frames_and_voicing():
 
 
 def test_wav2vec2_from_config_is_seeded_and_honours_the_mask():
-    model = audio_models.wav2vec2_ctc()
-    wave = torch.from_numpy(_tone(300, 0.5, 16000)).unsqueeze(0)
-    padded = torch.nn.functional.pad(wave, (0, 3200))
-    mask = torch.cat([torch.ones_like(wave), torch.zeros(1, 3200)], 1).long()
+    model = models.load("wav2vec2")
+    decl = model.declaration
+    clip, short = _tone(300, 0.5, 16000), _tone(200, 0.2, 16000)
+    assert decl.lengths([clip, short]) == {"frames": [25, 10]}       # 20 ms frames, the last one completed
     with torch.no_grad():
-        alone = model(input_values=wave, attention_mask=torch.ones_like(wave).long())["logits"]
-        inside = model(input_values=padded, attention_mask=mask)["logits"]
-    frames = model.frames(wave.shape[1])
-    assert alone.shape == (1, frames, 32)
-    torch.testing.assert_close(inside[:, :frames], alone, rtol=1e-4, atol=1e-4)
-    again = audio_models.wav2vec2_ctc()
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+        alone = model(decl.batch([clip]))["logits"]
+        inside = model(decl.batch([clip, short], sizes={"frames": 40}))["logits"]
+    assert alone.shape == (1, 25, 32) and inside.shape == (2, 40, 32)   # one output frame per input frame
+    torch.testing.assert_close(inside[:1, :25], alone, rtol=1e-4, atol=1e-4)
+    again = models.load("wav2vec2")
+    assert all(torch.equal(a, b) for a, b in zip(model.module.state_dict().values(),
+                                                 again.module.state_dict().values()))
+    assert "random weights (seed 0)" in model.origin
+
+
+def test_the_streaming_model_declares_one_chunk_and_its_state():
+    model = models.load("gru-stream")
+    assert model.stream is not None and model.declaration.fixed_shape
+    batch = model.declaration.batch([_tone(200, 0.3, 16000), _tone(300, 0.05, 16000)])
+    assert batch["chunk"].shape == (2, 1600) and batch["state"].shape == (1, 2, 64)
+    assert batch["chunk"][1, 800:].abs().max() == 0          # a short item's chunk is padded with silence
+    with torch.no_grad():
+        out = model(batch)
+    assert out["logits"].shape == (2, 8, 32) and out["state"].shape == (1, 2, 64)
 
 
 def _stream(seconds: float) -> streaming.Stream:
