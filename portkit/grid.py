@@ -35,7 +35,7 @@ import numpy as np
 from portkit.errors import BadParameter
 from portkit.planner import _boundaries, histogram, optimal_table
 
-K_MAX = 8                       # boundaries tried on each dimension
+K_MAX = 16                      # boundaries tried on each dimension: a search bound, named when it binds
 GRID, FIRST_ONLY, SECOND_ONLY, SHARED = "grid", "first only", "second only", "shared length"
 
 
@@ -143,5 +143,7 @@ def compare(lengths, dims: tuple[str, str], compile_seconds: Callable[[int, int]
     one = min((p for p in found if p.family != GRID), key=lambda p: p.total_seconds)
     grids = [p for p in found if p.family == GRID]
     grid = min(grids, key=lambda p: p.total_seconds) if grids else one
+    binds = [d for d, b in zip(dims, grid.boundaries) if len(b) == k_max]
     return {"grid": grid, "one_dimensional": one, "best": best,
-            "ratio": grid.total_seconds / one.total_seconds if one.total_seconds else 1.0, "plans": found}
+            "ratio": grid.total_seconds / one.total_seconds if one.total_seconds else 1.0, "plans": found,
+            "k_max_binds": f"the search bound k_max={k_max} binds on {', '.join(binds)}" if binds else None}
