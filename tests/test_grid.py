@@ -17,7 +17,7 @@ def _brute(arr, first, second):
 
 def test_each_grid_plan_has_the_least_padding_its_bucket_counts_allow():
     rng = np.random.default_rng(0)
-    arr = np.column_stack([rng.integers(1, 40, 60), rng.integers(1, 12, 60)])
+    arr = np.column_stack([rng.integers(1, 16, 40), rng.integers(1, 9, 40)])
     found = grid.plans(arr, ("source", "target"), lambda a, b: 1.0, 1e-3, k_max=3)
     for p in found:
         if p.family == grid.SHARED:
