@@ -95,3 +95,23 @@ def test_text_and_image_models_are_two_instances_of_the_contract(minilm):
     assert vit.describe()["declaration"]["varying"] == []
     with pytest.raises(BadParameter, match="no dimension of its inputs varies"):
         vit.token_lengths([np.zeros((64, 64, 3), np.float32)])
+
+
+def test_xla_input_shapes_and_dtypes_come_from_the_declaration():
+    from portkit import xla_compile
+    two = inputs.Declaration(
+        (inputs.TensorSpec("input_ids", torch.long, ("batch", "source")),
+         inputs.TensorSpec("decoder_input_ids", torch.long, ("batch", "target"))),
+        (inputs.Dim("batch", batch=True), inputs.Dim("source", varies=True, max=64),
+         inputs.Dim("target", varies=True, max=16)),
+        lambda items, sizes: {}, lambda items: {"source": [], "target": []},
+        (inputs.Output("logits", inputs.SEQ2SEQ_LM),), inputs.TEXT)
+    m = models.LoadedModel("pairs", inputs.SEQ2SEQ_LM, torch.nn.Identity(), "test", declaration=two)
+    assert m.seq_dim == "source" and m.max_length == 64
+    assert xla_compile.input_specs(m, {"batch": 2, "seq": 8}) == {          # the other dimension at its largest
+        "input_ids": ((2, 8), torch.int64), "decoder_input_ids": ((2, 16), torch.int64)}
+    waves = models.LoadedModel("waves", inputs.CLASSIFIER, torch.nn.Identity(), "test", declaration=_waves())
+    assert xla_compile.input_specs(waves, {"batch": 1, "seq": 40}) == {
+        "wave": ((1, 2, 40), torch.float32), "mask": ((1, 40), torch.int64)}
+    with pytest.raises(BadParameter, match="invalid seq 101: waves takes at most 100 samples"):
+        xla_compile.input_specs(waves, {"batch": 1, "seq": 101})
