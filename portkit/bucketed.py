@@ -171,7 +171,7 @@ class BucketedModel:
 
     def example(self, batch: int, seq: int) -> dict[str, torch.Tensor]:
         """Inputs of one bucket's shape, for warm-up: a short real text cut or padded; other data: dummy()."""
-        if not self.model.takes_text:
+        if not self.model.takes_text or len(self.declaration.varying) > 1:    # items are not plain texts
             return {k: _dense(v).to(self.device) for k, v in self.declaration.dummy(batch, {self.dim: seq}).items()}
         # the tokenizer cannot cut below its special tokens: slice for buckets of 1 or 2 tokens
         one = self.model.encode(["Return the sum of a and b."], max_length=max(seq, 3))

@@ -406,6 +406,7 @@ class Trace:
     pool_lengths: np.ndarray
     source: str
     seed: int
+    unit: str = "tokens"              # the varying dimension the lengths are in
 
     @property
     def texts(self) -> int:
@@ -419,8 +420,9 @@ class Trace:
 
     def __str__(self) -> str:
         d = self.describe()
-        return (f"{d['requests']} requests ({d['texts']} texts) from {d['source']} in random order (seed "
-                f"{d['seed']}): {d['distinct_lengths']} distinct lengths, longest {d['max_length']} tokens")
+        noun = "texts" if self.unit == "tokens" else "items"
+        return (f"{d['requests']} requests ({d['texts']} {noun}) from {d['source']} in random order (seed "
+                f"{d['seed']}): {d['distinct_lengths']} distinct lengths, longest {d['max_length']} {self.unit}")
 
 
 def make_trace(corpus, model, n: int, seed: int = 0, max_batch: int = 1, dist=None) -> Trace:
@@ -435,4 +437,4 @@ def make_trace(corpus, model, n: int, seed: int = 0, max_batch: int = 1, dist=No
         lens.append(lengths[at:at + size])
         at += size
     pool = dist.lengths if dist is not None else np.asarray(model.token_lengths(list(corpus.texts)))
-    return Trace(requests, lens, tuple(corpus.texts), np.asarray(pool), corpus.name, seed)
+    return Trace(requests, lens, tuple(corpus.texts), np.asarray(pool), corpus.name, seed, model.seq_dim)

@@ -43,6 +43,20 @@ def fused_cell_ops(module) -> tuple[str, str, str] | None:
     return (found.__name__, *PRIVATEUSE1_MODULE_OPS[found.__name__]) if found else None
 
 
+# Plain RNN layers and cells (tanh or relu) have no fused cell on any device: at::rnn_tanh/rnn_relu and their
+# cells run SimpleCell, a linear and the nonlinearity per step (RNN.cpp), so the recording shows only matmuls.
+PLAIN_RECURRENT_MODULES = ("RNN", "RNNCell")
+
+
+def plain_recurrent_op(module) -> tuple[str, str] | None:
+    """(torch.nn class name, the ATen op it calls) for a plain RNN layer or cell, subclasses included, else None."""
+    found = next((c for c in type(module).__mro__ if c.__module__.startswith("torch.nn.modules")
+                  and c.__name__ in PLAIN_RECURRENT_MODULES), None)
+    if found is None:
+        return None
+    return found.__name__, f"aten::rnn_{module.nonlinearity}" + ("_cell" if found.__name__ == "RNNCell" else "")
+
+
 # A training graph is functionalized by AOTAutograd (both targets' compile pipelines run it): an in-place
 # write into a view becomes one of these functional ops, judged under torch.compile as the write itself.
 FUNCTIONAL_FORMS = {"aten::lift_fresh_copy": "aten::clone", **dict.fromkeys(("aten::copy", "aten::slice_scatter",

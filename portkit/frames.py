@@ -11,8 +11,8 @@ A frame is the user's code when its file is outside the installed packages and t
 (the model's own file, a `file.py:factory` or a project on the path), in the module or package of the
 model's factory wherever it is installed (claim), or in portkit's model wrappers (portkit/models.py,
 adapters.py and audio_models.py, which stand in for the user's own model code). A frame in an installed
-package is a library's: "configurable" where the library has a setting that changes the path (SETTINGS names it),
-otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
+package is a library's: "configurable" where the library has a setting that changes the path (SETTINGS
+names it), otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
 "rewrite this line". A foundation: it imports no other portkit module.
 """
 from __future__ import annotations

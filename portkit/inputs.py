@@ -34,6 +34,9 @@ models are two instances (`text_declaration`, `image_declaration`); a user's fac
     >>> decl.varying_names, decl.shape_label(decl.batch(waves))
     (('samples',), '2x1200')
 
+A declaration that cannot mean anything (a varying dimension without `max`, an input naming an undeclared
+dimension) raises BadParameter naming the value, as bad user input does everywhere in portkit.
+
 The API (stable; extended, never renamed):
 - `Dim(name, size=None, varies=False, batch=False, max=None, min=1, label=None)`: a named dimension:
   the batch (`batch=True`, the number of items), one that varies with the data (`varies=True`: tokens,
@@ -89,9 +92,9 @@ class Dim:
 
     def __post_init__(self):
         if sum((self.size is not None, self.varies, self.batch)) != 1:
-            raise ValueError(f"dimension {self.name!r}: give exactly one of size=, varies=True, batch=True")
+            raise BadParameter("dimension", self.name, hint="give exactly one of size=, varies=True, batch=True")
         if self.varies and (self.max is None or self.max < self.min):
-            raise ValueError(f"varying dimension {self.name!r}: give max=, the largest size the model takes")
+            raise BadParameter("varying dimension", self.name, hint="give max=, the largest size the model takes")
 
     @property
     def what(self) -> str:
@@ -131,18 +134,18 @@ class Declaration:
     def __post_init__(self):
         names = [d.name for d in self.dims]
         if len(set(names)) != len(names):
-            raise ValueError(f"dimension names repeat: {names}")
+            raise BadParameter("dimension names", names, hint="each name once")
         for spec in self.inputs:
             unknown = [d for d in spec.dims if d not in names]
             if unknown:
-                raise ValueError(f"input {spec.name!r} names undeclared dimensions {unknown}; declared: {names}")
+                raise BadParameter(f"dimension of input {spec.name!r}", unknown[0], names)
         if self.data not in DATA_KINDS:
-            raise ValueError(f"data kind {self.data!r} is not one of {', '.join(DATA_KINDS)}")
+            raise BadParameter("data kind", self.data, DATA_KINDS)
         if not self.outputs:
-            raise ValueError("a declaration names at least one output to compare")
+            raise BadParameter("outputs", self.outputs, hint="name at least one output to compare")
         for dim, name in self.masks.items():
             if dim not in self.varying_names or name not in self.input_names:
-                raise ValueError(f"mask {name!r} for {dim!r}: needs a varying dimension and a declared input")
+                raise BadParameter(f"mask for {dim!r}", name, hint="needs a varying dimension and a declared input")
 
     # ------------------------------------------------------------ what it declares
     @property
@@ -184,10 +187,11 @@ class Declaration:
         out = {}
         for d in self.varying:
             if d.name not in measured:
-                raise ValueError(f"measure() gave no lengths for the varying dimension {d.name!r}")
+                raise BadParameter("lengths from measure()", sorted(measured), hint=f"none for {d.name!r}")
             out[d.name] = [int(n) for n in measured[d.name]]
             if len(out[d.name]) != len(items):
-                raise ValueError(f"measure() gave {len(out[d.name])} {d.name} lengths for {len(items)} items")
+                raise BadParameter(f"{d.name} lengths from measure()", len(out[d.name]),
+                                   hint=f"give one per item ({len(items)})")
         return out
 
     def batch(self, items: list, sizes: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,

@@ -16,8 +16,9 @@ Sources:
   GRU) whose state stage 4 carries across a real stream. Their data is audio (portkit/audio_models.py).
 - a local Hugging Face model directory (holding config.json).
 - `package.module:factory` or `path/to/file.py:factory` for a user's own code. The factory returns
-  a `LoadedModel`, or an `nn.Module` whose forward takes `input_ids` and `attention_mask` (then
-  MiniLM's tokenizer builds its inputs).
+  a `LoadedModel` (with a `declaration` of its inputs, portkit/inputs.py, for anything but text and
+  images: examples/ holds a waveform model and a three-input one), or an `nn.Module` whose forward
+  takes `input_ids` and `attention_mask` (then MiniLM's tokenizer builds its inputs).
 
 Every module returned here maps named input tensors to a dict of named output tensors, so the
 stages can compile, pad and compare any of them the same way. Nothing is downloaded: a name that
@@ -79,7 +80,7 @@ class LoadedModel:
         else:
             self.input_names = self.declaration.input_names
             varying = self.declaration.varying
-            if len(varying) == 1 and varying[0].max is not None:
+            if varying:                   # the first varying dimension's largest (seq_dim's)
                 self.max_length = varying[0].max
 
     @property

@@ -46,6 +46,7 @@ COSTS = {
     "recurrent": {BLOCKER: "cannot run on the target: the device's fused recurrent cell op has no kernel "
                            "and no CPU fallback",
                   WORK: "the device's fused recurrent cell is experimental there: its speed is unmeasured"},
+    "recurrent_loop": "runs as a matmul and a nonlinearity per step on the target: no fused cell needed",
     "attention_mask": "an explicit attention mask keeps attention off the target's fused flash kernel",
     "sparse": "sparse tensors have no kernels on the target", "nested": "NestedTensor has no kernels on the target",
     "custom_op": "a custom kernel does not carry over to the target",
@@ -88,7 +89,7 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
     if view.get("refused"):   # its graph breaks are known, its graphs' contents not
         return NOT_CHECKED, view["refused"]
     ops = finding.get("ops") or []
-    if kind == "recurrent":
+    if kind in ("recurrent", "recurrent_loop"):
         ops = [op for op in view["ops"] if op.startswith(RECURRENT_OPS)]
         broken = [b for b in view["breaks"] if any(w in (b.get("reason") or "") for w in ("RNN", "LSTM", "GRU"))]
         if broken:

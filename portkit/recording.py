@@ -202,6 +202,12 @@ def record(model, inputs: dict[str, torch.Tensor], train: bool = False) -> Recor
             recording.features.append(("recurrent", m_name or ROOT, op,
                                        f"nn.{kind}: runs {op} on PrivateUse1 devices (ATen RNN.cpp)"))
             recording.frames[("recurrent", m_name or ROOT, op)] = _defined_in(module, m_name)
+        elif plain := device_paths.plain_recurrent_op(sub):
+            kind, op = plain
+            recording.features.append(("recurrent_loop", m_name or ROOT, op,
+                                       f"nn.{kind}: no fused cell on any device: each step runs as a matmul and "
+                                       f"{sub.nonlinearity} (ATen RNN.cpp)"))
+            recording.frames[("recurrent_loop", m_name or ROOT, op)] = _defined_in(module, m_name)
     return recording
 
 

@@ -72,6 +72,13 @@ class FeatureRule:
     source: str       # the document or issue that says so
 
 
+# A plain RNN (nn.RNN, nn.RNNCell) on either target: no fused cell to miss, but a loop the compiler sees step by step.
+_PLAIN_RNN_ADVICE = ("a plain RNN needs no fused cell: each step runs as a matmul and its nonlinearity on the target; "
+                     "torch.compile does not trace nn.RNN layers (a graph break, stage 2): write the loop over "
+                     "nn.Linear in the forward for one graph")
+_PLAIN_RNN_SOURCE = "ATen RNN.cpp (rnn_tanh/rnn_relu: SimpleCell); torch._dynamo.config.allow_rnn (False)"
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -147,6 +154,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
                                            "in stage 4 rather than rewrite", "torch_neuronx dtype_autocast.py"),
             "int64_overflow": FeatureRule(BLOCKER, "values exceed int32 but Neuron runs int64 as int32: "
                                           "rescale, or split the value", "torch_neuronx dtype_autocast.py"),
+            "recurrent_loop": FeatureRule(INFO, _PLAIN_RNN_ADVICE, _PLAIN_RNN_SOURCE),
             "recurrent": FeatureRule(BLOCKER, "fused LSTM/GRU cells do not run on Neuron, not even as a CPU "
                                      "fallback: rewrite the recurrence with nn.Linear and elementwise ops in "
                                      "a loop, or as an NKI kernel",
@@ -204,6 +212,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         features={
             "float64": FeatureRule(WORK, "TPUs have no float64: it runs as float32; keep this module in float32 "
                                    "and check stage 4's accuracy", "pytorch/xla#1369, #8719"),
+            "recurrent_loop": FeatureRule(INFO, _PLAIN_RNN_ADVICE, _PLAIN_RNN_SOURCE),
             "recurrent": FeatureRule(WORK, "LSTM/GRU are experimental on TorchTPU: measure them, or rewrite the "
                                      "recurrence (lax.scan-style loop) if they are slow", "torch_tpu README"),
             "sparse": FeatureRule(BLOCKER, "no sparse tensors on TPU: use dense tensors or a Pallas kernel",

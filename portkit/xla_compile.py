@@ -149,7 +149,8 @@ def input_specs(model, shape: dict) -> dict[str, tuple[tuple[int, ...], torch.dt
         seq = _positive(shape, "seq") if dim is not None else None
         if dim is not None and seq > model.max_length:
             raise BadParameter("seq", seq, hint=f"{model.name} takes at most {model.max_length} {dim}")
-        return {s.name: (decl.shape_of(s.name, batch, {dim: seq}), s.dtype) for s in decl.inputs}
+        sizes = {d.name: d.max for d in decl.varying} | {dim: seq}      # any other varying dimension: its largest
+        return {s.name: (decl.shape_of(s.name, batch, sizes), s.dtype) for s in decl.inputs}
     names = model.input_names if isinstance(model, LoadedModel) else None
     specs = {}
     for name, value in shape.items():

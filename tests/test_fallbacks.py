@@ -74,6 +74,68 @@ def test_recurrent_cells_and_subclassed_layers_are_found_by_type():
     assert "nn.LSTM:" in found["model.context"].message          # StepLSTM is an nn.LSTM
 
 
+def test_plain_rnn_layers_and_cells_are_found_by_type_as_info():
+    # nn.RNN / nn.RNNCell decompose to matmuls and tanh/relu on every device: no fused cell to miss
+    report = run(fixture_model("plain_rnn_model"), seq=5)
+    for target in ("neuron", "tpu"):
+        found = {f.module: f for f in report.targets[target].findings if f.kind == "recurrent_loop"}
+        assert found and all(f.severity == "info" for f in found.values()), found
+        assert not any(f.kind == "recurrent" for f in report.targets[target].findings)
+    record = {m: (op, d) for k, m, op, d in report_features(fixture_model("plain_rnn_model"))}
+    assert record["model.rnn"][0] == "aten::rnn_tanh" and record["model.cell"][0] == "aten::rnn_relu_cell"
+    assert "nn.RNNCell: no fused cell on any device" in record["model.cell"][1]
+
+
+def report_features(spec):
+    from portkit import recording
+    m = models.load(spec)
+    return recording.record(m.module, m.encode(["one two three"], pad_to=4)).features
+
+
+def _hf(module, name, inputs):
+    """A Hugging Face module built from its public architecture's config (random weights), run on `inputs`."""
+    m = models.LoadedModel(name, models.TOKEN_CLASSIFIER, module.eval(), "random weights from a small config",
+                           input_names=tuple(inputs))
+    return fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"])
+
+
+def test_recurrent_modules_of_real_public_architectures_are_named_with_their_paths():
+    """Encodec (Meta's neural audio codec) has an nn.LSTM in its encoder; SLANet (PaddleOCR's table recognizer)
+    steps an nn.GRUCell, which the CPU recording sees only as matmuls."""
+    from transformers import EncodecConfig, EncodecModel
+    from transformers.models.slanet.configuration_slanet import SLANetConfig
+    from transformers.models.slanet.modeling_slanet import SLANetSLAHead
+    torch.manual_seed(0)
+    codec = EncodecModel(EncodecConfig(num_filters=4, upsampling_ratios=[4, 2], codebook_size=16, hidden_size=16,
+                                       num_lstm_layers=1, target_bandwidths=[1.5], sampling_rate=8000))
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = codec.encoder
+
+        def forward(self, input_values):
+            return {"embeddings": self.encoder(input_values)}
+    report = _hf(Encoder(), "encodec-encoder", {"input_values": torch.randn(1, 1, 800)})
+    assert ("recurrent", "blocker", "encoder.layers.7.lstm") in kinds(report, "neuron")
+    assert ("recurrent", "work", "encoder.layers.7.lstm") in kinds(report, "tpu")
+
+    head = SLANetSLAHead(SLANetConfig(post_conv_out_channels=8, out_channels=6, hidden_size=16, max_text_length=3))
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = head
+
+        def forward(self, hidden_states):
+            return {"structure": self.head(hidden_states).last_hidden_state}
+    report = _hf(Head(), "slanet-head", {"hidden_states": torch.randn(2, 5, 8)})
+    found = {f.module: f for f in report.targets["neuron"].findings if f.kind == "recurrent"}
+    assert found["head.structure_attention_cell.rnn"].ops == ["aten::_thnn_fused_gru_cell"]
+    assert found["head.structure_attention_cell.rnn"].severity == "blocker"
+    assert "modeling_slanet.py" in found["head.structure_attention_cell.rnn"].message   # where the cell is stepped
+
+
 def test_data_dependent_shapes_and_host_syncs():
     report = run(fixture_model("data_dependent_model"))
     found = {(f.kind, f.module): f for f in report.targets["tpu"].findings}

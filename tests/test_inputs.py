@@ -64,19 +64,19 @@ def test_fit_pads_and_cuts_along_each_inputs_own_axis_and_adds_rows():
 
 
 def test_a_declaration_refuses_what_it_cannot_mean():
-    with pytest.raises(ValueError, match="give max="):
+    with pytest.raises(BadParameter, match="invalid varying dimension 'frames': give max="):
         inputs.Dim("frames", varies=True)
-    with pytest.raises(ValueError, match="exactly one of"):
+    with pytest.raises(BadParameter, match="exactly one of"):
         inputs.Dim("x", size=3, varies=True, max=4)
     spec = inputs.TensorSpec("x", torch.float32, ("batch", "time"))
-    with pytest.raises(ValueError, match=r"undeclared dimensions \['time'\]"):
+    with pytest.raises(BadParameter, match="unknown dimension of input 'x' 'time'; choose one of: batch"):
         inputs.Declaration((spec,), (inputs.Dim("batch", batch=True),), lambda i, s: {}, lambda i: {},
                            (inputs.Output("y", inputs.CLASSIFIER),), inputs.AUDIO)
     decl = inputs.Declaration((inputs.TensorSpec("x", torch.float32, ("batch", "time")),),
                               (inputs.Dim("batch", batch=True), inputs.Dim("time", varies=True, max=9)),
                               lambda i, s: {}, lambda items: {"frames": []}, (inputs.Output("y", "classifier"),),
                               inputs.AUDIO)
-    with pytest.raises(ValueError, match="no lengths for the varying dimension 'time'"):
+    with pytest.raises(BadParameter, match="lengths from measure.*none for 'time'"):
         decl.lengths([1])
 
 
@@ -95,3 +95,23 @@ def test_text_and_image_models_are_two_instances_of_the_contract(minilm):
     assert vit.describe()["declaration"]["varying"] == []
     with pytest.raises(BadParameter, match="no dimension of its inputs varies"):
         vit.token_lengths([np.zeros((64, 64, 3), np.float32)])
+
+
+def test_xla_input_shapes_and_dtypes_come_from_the_declaration():
+    from portkit import xla_compile
+    two = inputs.Declaration(
+        (inputs.TensorSpec("input_ids", torch.long, ("batch", "source")),
+         inputs.TensorSpec("decoder_input_ids", torch.long, ("batch", "target"))),
+        (inputs.Dim("batch", batch=True), inputs.Dim("source", varies=True, max=64),
+         inputs.Dim("target", varies=True, max=16)),
+        lambda items, sizes: {}, lambda items: {"source": [], "target": []},
+        (inputs.Output("logits", inputs.SEQ2SEQ_LM),), inputs.TEXT)
+    m = models.LoadedModel("pairs", inputs.SEQ2SEQ_LM, torch.nn.Identity(), "test", declaration=two)
+    assert m.seq_dim == "source" and m.max_length == 64
+    assert xla_compile.input_specs(m, {"batch": 2, "seq": 8}) == {          # the other dimension at its largest
+        "input_ids": ((2, 8), torch.int64), "decoder_input_ids": ((2, 16), torch.int64)}
+    waves = models.LoadedModel("waves", inputs.CLASSIFIER, torch.nn.Identity(), "test", declaration=_waves())
+    assert xla_compile.input_specs(waves, {"batch": 1, "seq": 40}) == {
+        "wave": ((1, 2, 40), torch.float32), "mask": ((1, 40), torch.int64)}
+    with pytest.raises(BadParameter, match="invalid seq 101: waves takes at most 100 samples"):
+        xla_compile.input_specs(waves, {"batch": 1, "seq": 101})
