@@ -3,8 +3,9 @@ number of buckets, on real speech durations at 16 kHz (CREPE's and wav2vec2's ra
 
     .venv/bin/python benchmarks/bench_audio.py [--texts 512] [--max-seconds 30]
 
-The durations: the spoken recordings of Debian's alsa-utils (real, 8 clips) and `--texts` docstrings of the
-standard library spoken by espeak-ng (synthetic speech, labelled so; cached after the first run), capped at
+The durations: the spoken recordings of Debian's alsa-utils (real, 8 clips) and the first paragraphs of
+`--texts` docstrings of the standard library spoken by espeak-ng (synthetic speech, labelled so; cached after
+the first run): the corpus the workbook gives an audio model (data.audio_corpus), capped at
 `--max-seconds` (30 s: Whisper's window; longer clips are cut to it, as a model's max_length cuts texts).
 Every k is printed up to one past the k whose smallest power of two still holds a clip (beyond it pow2 only adds
 empty buckets); the headline is k = 4.
@@ -16,7 +17,7 @@ import time
 
 import numpy as np
 
-from portkit import audio, data, planner
+from portkit import audio, audio_models, data, planner
 
 RATE = 16000
 
@@ -32,10 +33,10 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     recorded = audio.alsa_recordings()
-    spoken = audio.synthesize(data.stdlib_docstrings().sample(args.texts, 0), data.cache_root() / "speech", "stdlib")
+    both = data.audio_corpus("stdlib", clips=args.texts)      # the workbook's audio corpus, as the stages read it
     print(f"synthesis (or cache) {time.perf_counter() - start:.1f} s")
     cap = int(args.max_seconds * RATE)
-    for corpus in (recorded, recorded + spoken):
+    for corpus in (recorded, both):
         lengths = corpus.lengths(RATE)
         hist = planner.histogram(lengths, max_seq=cap)
         secs = lengths / RATE
@@ -57,6 +58,17 @@ def main() -> None:
               f"samples; optimal {[round(b / RATE, 2) for b in best.boundaries]} s pads {best.waste:.1%}; "
               f"ratio optimal/pow2 padded samples = "
               f"{best.padded_tokens / pow2.padded_tokens if pow2.padded_tokens else 1.0:.3f}")
+
+    print("\nWhat the workbook buckets for each audio model: its varying dimension (frames), capped at its maximum")
+    for name, decl in (("crepe", audio_models.crepe_declaration()), ("wav2vec2", audio_models.wav2vec2_declaration())):
+        dim = decl.varying[0]
+        frames = decl.lengths(list(both.clips))[dim.name]
+        hist = planner.histogram(frames, max_seq=dim.max)
+        k = min(4, hist.values.size)
+        pow2, best = _row(k, hist)
+        print(f"  {name}: {len(frames)} clips, {hist.over} over {dim.max} {dim.name}; k={k}: pow2 "
+              f"{list(pow2.boundaries)} pads {pow2.waste:.1%}, optimal {list(best.boundaries)} pads {best.waste:.1%}; ratio optimal/pow2 "
+              f"padded {dim.name} = {best.padded_tokens / pow2.padded_tokens if pow2.padded_tokens else 1.0:.3f}")
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ CREPE_HOP = 160                       # samples: torchcrepe's default hop, 10 ms
 CREPE_C1_CENTS = 1997.3794084376191   # bin 0 (C1, 32.70 Hz) in cents above 10 Hz (torchcrepe/convert.py)
 CREPE_DECODE_HALF_WIDTH = 4           # the weighted mean spans bins argmax-4 .. argmax+4 (CREPE's decoding)
 # The longest clip each model takes (longer ones are cut, counted as over its limit): CREPE tiny scores a
-# 10 ms frame in ~5 ms of CPU here, so 8 s keeps a batch of 4 within seconds; wav2vec2 takes 20 s.
-CREPE_MAX_SECONDS, W2V_MAX_SECONDS = 8.0, 20.0
+# 10 ms frame in ~3-5 ms of CPU here, and stage 2 runs 100 requests at the longest shape, so 6 s (about
+# 17% of the spoken docstrings are longer); wav2vec2, far cheaper per second, takes 20 s.
+CREPE_MAX_SECONDS, W2V_MAX_SECONDS = 6.0, 20.0
 W2V_STRIDE, W2V_TAIL = 320, 80        # wav2vec2's front end: stride 320 samples, receptive field 400
 FRAMES = "frames"
 RATE = 16000                          # the audio networks' sample rate (CREPE, wav2vec2, the streaming step)
