@@ -66,9 +66,10 @@ def main() -> None:
         hist = planner.histogram(frames, max_seq=dim.max)
         k = min(4, hist.values.size)
         pow2, best = _row(k, hist)
+        ratio = best.padded_tokens / pow2.padded_tokens if pow2.padded_tokens else 1.0
         print(f"  {name}: {len(frames)} clips, {hist.over} over {dim.max} {dim.name}; k={k}: pow2 "
-              f"{list(pow2.boundaries)} pads {pow2.waste:.1%}, optimal {list(best.boundaries)} pads {best.waste:.1%}; ratio optimal/pow2 "
-              f"padded {dim.name} = {best.padded_tokens / pow2.padded_tokens if pow2.padded_tokens else 1.0:.3f}")
+              f"{list(pow2.boundaries)} pads {pow2.waste:.1%}, optimal {list(best.boundaries)} pads "
+              f"{best.waste:.1%}; ratio optimal/pow2 padded {dim.name} = {ratio:.3f}")
 
 
 if __name__ == "__main__":
