@@ -150,7 +150,8 @@ print(f"wrote {out / 'accuracy.json'}")
 # %%
 streamed = None
 if m.stream is not None:
-    streamed = streaming.check_stream(m.stream, streaming.speech_stream(seed=seed), targets,
+    stream = streaming.speech_stream(clips=texts.texts, source=texts.source)   # the run's recordings, end to end
+    streamed = streaming.check_stream(m.stream, stream, targets,
                                       task_bounds=task_bounds, precision=precision)
     report.stream = streamed
     report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails

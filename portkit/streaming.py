@@ -58,15 +58,16 @@ class Stream:
                 for i in range(0, whole.shape[1], size)]
 
 
-def speech_stream(seconds: float = STREAM_SECONDS, rate: int = RATE, seed: int = 0) -> Stream:
-    """The alsa-utils recordings, then stdlib docstrings spoken by espeak-ng, end to end up to `seconds`."""
-    corpus = audio.alsa_recordings()
-    clips = list(corpus.clips)
-    if sum(c.seconds for c in clips) < seconds:
-        texts = data.stdlib_docstrings().sample(64, seed)
-        spoken = audio.synthesize(texts, data.cache_root() / "speech", "stdlib")
-        corpus = corpus + spoken
-        clips += list(spoken.clips)
+def speech_stream(seconds: float = STREAM_SECONDS, rate: int = RATE, clips=None, source: str | None = None,
+                  seed: int = 0) -> Stream:
+    """`clips` (audio.Clip, e.g. the run's corpus: data.corpus_for) end to end, cut at `seconds`; by default
+    the alsa-utils recordings, then stdlib docstrings spoken by espeak-ng."""
+    if clips is None:
+        corpus = data.audio_corpus("stdlib", clips=64, seed=seed)
+        clips, source = corpus.clips, corpus.source
+    clips = [c for c in clips if isinstance(c, audio.Clip)]
+    if not clips:
+        raise BadParameter("stream", "no clips", hint="give recordings (audio.Clip) to stream")
     parts, total = [], 0
     for clip in clips:
         parts.append(clip.load(rate))
@@ -74,8 +75,8 @@ def speech_stream(seconds: float = STREAM_SECONDS, rate: int = RATE, seed: int =
         if total >= seconds * rate:
             break
     samples = np.concatenate(parts)[:int(seconds * rate)]
-    used = audio.AudioCorpus("stream", corpus.source, tuple(clips[:len(parts)]))
-    return Stream(samples, rate, f"{len(parts)} clips of {corpus.source}", used.label)
+    used = audio.AudioCorpus("stream", source or "", tuple(clips[:len(parts)]))
+    return Stream(samples, rate, f"{len(parts)} clips of {source or 'recordings'}", used.label)
 
 
 def _relative(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -11,7 +11,8 @@ Three decisions live here and nowhere else:
 - DEFAULT_TOLERANCES: the (rtol, atol) per dtype a result is held to, torch.testing.assert_close's own
   defaults; a result is held to the lowest dtype its precision setting computes in (tolerance_for).
 - DEFAULT_TASK_BOUNDS: the budget of each task metric (cosine, nearest-neighbour agreement, top-1
-  agreement, KL, perplexity change) and how many times the GPU baseline's own error a target may carry
+  agreement, KL, perplexity change; for pitch, the cents error and the voicing agreement; for a streamed
+  state, the growth of its drift) and how many times the GPU baseline's own error a target may carry
   (baseline_factor); TASK_BOUND_REASONS says why each default is what it is. The task metrics decide a
   verdict; assert_close at the dtype tolerance is detail.
 - padding_tolerance: what stage 3's padding check allows between a compiled bucket and the unpadded
