@@ -97,8 +97,9 @@ def size(parameters: int) -> str:
 
 # ---------------------------------------------------------------- for the XLA compile (xla_compile.py)
 def is_abstract(module: nn.Module) -> bool:
-    """True when the module's weights are on the meta device: shapes and dtypes, no values."""
-    return any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+    """True for an nn.Module whose weights are on the meta device: shapes and dtypes, no values (False for
+    anything else, a LoadedModel included)."""
+    return isinstance(module, nn.Module) and any(t.is_meta for t in [*module.parameters(), *module.buffers()])
 
 
 def extract_abstract(jax, torchax, module: nn.Module):
