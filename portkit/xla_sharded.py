@@ -38,6 +38,7 @@ def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None 
     data-parallel; each shape's result has the memory per device and the collectives compiled in."""
     xla_compile.check_topology(topology)
     shapes, specs, program = xla_compile._prepare(model, shapes, dtype)
+    xla_compile.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
 
