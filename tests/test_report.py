@@ -269,3 +269,4 @@ def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_p
         "inf2.48xlarge 24, trn1.32xlarge 32, trn2.48xlarge 64")
     page = r.html()
     assert "scale topologies" in page and "capacity (estimate, not measured)" in page and "trn2.48xlarge" in page
+    assert "No op falls back" not in page and "Ops not checked: stage 1 (fallbacks) has no result" in page
