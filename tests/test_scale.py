@@ -95,6 +95,8 @@ def test_the_real_size_check_stops_at_the_smallest_topology_that_fits_and_search
                             "limit": 1024, "compiles": 1, "tried": {"1024": True}}]
     neuron = checks["neuron"]
     assert neuron.lowering.ok and neuron.capacity["chips"]["trn1"]["copies_per_chip"] == 2   # one a NeuronCore
+    # the Neuron method checked against the real compiler: FLOPs counted on the graph vs XLA's cost analysis
+    assert neuron.capacity["flops"] == pytest.approx(tpu.tried[0].shapes[0].flops, rel=0.1)
     assert set(checks) == {"neuron", "tpu"}                        # cpu is a reference platform: no check
     assert "smallest topology that fits: v5e:1x1" in str(tpu) and tpu.findings()[0]["severity"] == "work"
 
