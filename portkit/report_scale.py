@@ -62,7 +62,8 @@ def read(t: dict, out) -> None:
         out.details["scale topologies"] = [
             {"topology": r["topology"], "devices": r["devices"], "verdict": r["status"],
              "HBM per device GiB": _gib(r["hbm_per_device"]), "HBM of device GiB": _gib(r["hbm_of_device"]),
-             "fits": r["fits"], "collectives": ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or None,
+             "fits": r["fits"], "collectives": "HLO text unreadable" if r["collectives"] is None
+             else ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or None,
              "compile s": round(r["compile_seconds"], 1) if r.get("compile_seconds") else None,
              "tokens/s per chip (estimate)": round(r["roofline"]["tokens_per_second_per_chip"])
              if r.get("roofline") else None} for r in rows]

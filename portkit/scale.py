@@ -60,7 +60,9 @@ class ScaleCheck:
             out.append({"topology": report.topology, "devices": report.devices, "status": r.status,
                         "hbm_per_device": r.memory["total"] if r.memory else None,
                         "hbm_of_device": report.hbm_bytes_per_device, "fits": bool(r.ok and r.status == "compiled"),
-                        "collectives": {k: v for k, v in (r.collectives or {}).items() if v},
+                        # None: compiled, but libtpu could not print the HLO to count them (compiled_collectives)
+                        "collectives": {k: v for k, v in (r.collectives or {}).items() if v}
+                        if r.collectives is not None or r.status != "compiled" else None,
                         "compile_seconds": r.compile_seconds, "cached": r.cached, "roofline": roof,
                         "message": "" if r.ok else r.describe(report.hbm_bytes_per_device)})
         return out
@@ -103,7 +105,7 @@ class ScaleCheck:
                              f"{self.summary()} — {capacity.LABEL}: {(self.capacity or {}).get('method', '')}")
         rows = [[r["topology"], r["devices"], r["status"], format_bytes(r["hbm_per_device"]) if r["hbm_per_device"]
                  else "-", format_bytes(r["hbm_of_device"]), "yes" if r["fits"] else "no",
-                 ", ".join(f"{k} {v}" for k, v in r["collectives"].items()) or "-",
+                 _collectives(r["collectives"]),
                  f"{r['compile_seconds']:.1f}" + (" (cached)" if r["cached"] else "") if r["compile_seconds"] else "-",
                  f"{r['roofline']['tokens_per_second_per_chip']:,.0f} ({r['roofline']['bound']}-bound)"
                  if r["roofline"] else "-"] for r in self.rows()]
@@ -116,6 +118,10 @@ class ScaleCheck:
 
     def __str__(self) -> str:
         return str(self.table())
+
+
+def _collectives(found: dict | None) -> str:
+    return "HLO text unreadable" if found is None else ", ".join(f"{k} {v}" for k, v in found.items()) or "-"
 
 
 def _tpu(module, topologies, batch: int, seq: int, buckets) -> ScaleCheck:

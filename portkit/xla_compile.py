@@ -39,7 +39,7 @@ from portkit.abstract_models import extract_abstract as _extract_abstract, is_ab
 from portkit.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models import LoadedModel
 from portkit.tracking import ModuleTracker
-from portkit.xla_results import GIB, ShapeResult, XlaCompileReport, collectives
+from portkit.xla_results import GIB, ShapeResult, XlaCompileReport, collectives, compiled_collectives  # noqa: F401
 
 # HBM per chip (GiB) from data/targets/chips.json, each value with its Google Cloud page (portkit.capacity). TPU7x
 # shows each chip as two JAX devices (its two TensorCores); each device gets an even half of the chip's HBM.
@@ -443,7 +443,7 @@ def _measure(compiled) -> dict:
     # cost_analysis()["optimal_seconds"] is left out on purpose: it came out negative for compile-only
     # TPU topologies (checked, jax 0.10 with libtpu).
     return {"memory": m, "flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0)), "collectives": collectives(compiled.as_text())}
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)), "collectives": compiled_collectives(compiled)}
 
 
 def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:

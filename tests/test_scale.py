@@ -50,6 +50,15 @@ def test_collectives_are_counted_once_per_op_not_per_reference():
     assert counts["all-gather"] == 1 and counts["all-reduce"] == 1 and counts["reduce-scatter"] == 0
 
 
+def test_an_unprintable_compiled_module_keeps_its_verdict_without_a_collective_count():
+    from portkit import xla_results
+
+    class Unprintable:             # what libtpu gave for Llama-3-70B on v5p:2x2x1: compiled, as_text() fails
+        def as_text(self):
+            raise RuntimeError("INTERNAL: RET_CHECK failure ... async-update instruction should have 1 operands")
+    assert xla_results.compiled_collectives(Unprintable()) is None
+
+
 def test_fsdp_splits_the_first_dimension_that_divides():
     PartitionSpec = pytest.importorskip("jax.sharding").PartitionSpec
     assert xla_sharded._weight_spec((6, 8), 4, PartitionSpec) == PartitionSpec(None, "fsdp")
