@@ -24,10 +24,6 @@ import torch
 
 from portkit import generation, selection, targets as targets_mod
 
-# Prompts longer than this are cut to their last MAX_PROMPT tokens (the plan's overflow policy "truncate"):
-# each prompt bucket is one prefill graph to warm up, so the stage bounds them; stage 3 plans the real ones.
-MAX_PROMPT = 64
-
 
 @dataclass
 class TargetGeneration:
@@ -73,13 +69,13 @@ def check(lm, texts: list[str], targets, new_tokens: int = 16, backend: str = se
     """Greedy generation of `new_tokens` for the `texts` (one batch) on every target's compile backend,
     with the dynamic cache and with the bucketed static cache."""
     generation.check_causal(lm)
-    plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), MAX_PROMPT)
+    plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
     out = {}
     for name in targets_mod.parse_targets(targets):
         detected = targets_mod.detect(name)
         chosen, _ = selection.backend_for(detected, backend, (precision or {}).get(name))
         label = chosen if isinstance(chosen, str) else getattr(chosen, "__name__", type(chosen).__name__)
-        dynamic = generation.generate_dynamic(lm, texts, new_tokens, chosen, max_length=MAX_PROMPT)
+        dynamic = generation.generate_dynamic(lm, texts, new_tokens, chosen, max_length=generation.MAX_PROMPT)
         fresh, _ = selection.backend_for(detected, backend, (precision or {}).get(name))   # its own record
         static = generation.generate_static(lm, texts, new_tokens, plan, backend=fresh)
         out[name] = TargetGeneration(detected.to_dict(), label, len(texts), new_tokens,

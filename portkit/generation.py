@@ -58,6 +58,9 @@ class Plan:
 
 
 MIN_PROMPT_BUCKET = 16     # the smallest prompt bucket plan_for makes (a prefill graph per bucket above it)
+# The workbook's generation checks (stages 2 and 4) cut prompts to their last MAX_PROMPT tokens: each prompt
+# bucket is one prefill graph to warm up, so they bound them.
+MAX_PROMPT = 64
 
 
 def plan_for(prompt_lengths, new_tokens: int, batch: int, max_prompt: int) -> Plan:

@@ -23,7 +23,6 @@ import torch
 from portkit import generation, numerics, targets as targets_mod
 from portkit.tolerance import DEFAULT_TASK_BOUNDS
 
-MAX_PROMPT = 64      # prompts are cut to their last 64 tokens, as stage 2's generation check does
 
 
 @dataclass
@@ -115,7 +114,7 @@ def compare(lm, texts: list[str], targets, new_tokens: int = 16, precision=None,
     """Greedy generation of `new_tokens` for `texts` (one batch) in float32 and under each migration target's
     numerics (precision: {target: name}, default the target's own), judged against task_bounds["agreement"]."""
     budget = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}["agreement"]
-    plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), MAX_PROMPT)
+    plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
     ref = generation.generate_static(lm, texts, new_tokens, plan, keep_logits=True)
     found = GenerationComparison(lm.name, new_tokens, {"prompt_buckets": list(plan.prompt_buckets),
                                                        "context_buckets": list(plan.context_buckets)})
