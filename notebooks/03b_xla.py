@@ -38,6 +38,7 @@ dtype = "float32"  # dtype the model is compiled in: float32 or bfloat16
 batch_size = 1  # batch of the shape checked when no earlier stage chose shapes
 seq_len = 128  # sequence length checked when no earlier stage chose shapes
 max_shapes = 4  # at most this many shapes per target (the largest are kept)
+largest_batch = False  # also search each TPU shape's largest batch that fits HBM (a few more compiles a shape)
 scale_topologies = ["v5e:1x1", "v5e:2x2", "v5e:2x4"]  # real-size model: topologies tried, fewest chips first
 scale_batch = 8  # real-size model: batch checked (split data-parallel over the devices)
 scale_seq = 1024  # real-size model: sequence length checked
@@ -49,7 +50,7 @@ from portkit import environment, params, xla
 model, targets, out = params.common(model, targets, out_dir)
 xla.check_parameters(model=model, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
                      max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
-                     scale_seq=scale_seq, scale_buckets=scale_buckets)
+                     scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch)
 
 # %%
 print(environment.block(targets))
@@ -73,7 +74,8 @@ xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_sha
 # %% [markdown]
 # ## Compile (TPU) or lower (Neuron) every shape
 #
-# For a real-size model: the smallest topology that fits, the largest batch per bucket that fits HBM
+# With `largest_batch`, each TPU shape's largest batch that fits HBM. For a real-size model: the smallest
+# topology that fits, the largest batch per bucket that fits HBM
 # (a search over compiles whose boundary is the compiler's own out-of-HBM verdict), and capacity per chip,
 # TPU from the compiler's cost analysis, Neuron from the FLOPs counted on the graph: estimates, not
 # measurements. Llama-3-8B on v5e 2x4 takes about 1.5 min a compile on a 2-core host and under 4 GiB of
@@ -82,7 +84,7 @@ xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_sha
 # %%
 stage = xla.run_stage(m, targets, out, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
                       max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
-                      scale_seq=scale_seq, scale_buckets=scale_buckets)
+                      scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch)
 stage
 
 # %% [markdown]

@@ -3,7 +3,9 @@ xla.json into a target's metrics and detail tables. Every capacity figure keeps 
 not measured".
 
 report.json keys it adds to a target (stable):
-- "metrics"["scale"]: {label: text}: the model and shape checked; TPU: the smallest topology that fits
+- "metrics"["scale"]: {label: text}: the largest batch per shape that fits HBM (an abstract model's buckets,
+  or a loaded model's shapes with -p largest_batch True); for an abstract model also the model and shape
+  checked; TPU: the smallest topology that fits
   (or that none does), the largest batch per bucket that fits HBM, the roofline throughput per chip;
   Neuron: the FLOPs counted on the graph, tokens/s per chip and model copies per instance per chip.
 - "details"["scale topologies"]: TPU, one row per topology tried: "topology", "devices", "verdict",
@@ -29,13 +31,21 @@ def _gib(value) -> float | None:
 def read(t: dict, out) -> None:
     """Add the real-size check of one target's xla.json entry to its TargetReport `out` (nothing when absent)."""
     scale = t.get(SECTION)
+    metrics = {}
+    for found in (scale or {}).get("largest_batch") or t.get("largest_batch") or []:
+        at_limit = "+ (the search's limit)" if found["batch"] >= found["limit"] else ""
+        where = f"seq {found['seq']}" if found.get("seq") else found.get("shape", "")
+        metrics[f"largest batch that fits HBM, {where}"] = (
+            f"{found['batch']}{at_limit} on {found['topology']} ({found['compiles']} compiles)")
+    if metrics:
+        out.metrics[SECTION] = metrics
     if not scale:
         return
     model = scale["model"]
     label = scale["label"]
     size = abstract_models.size(model["parameters"])
     metrics = {"real-size check": f"{model['name']} ({size} parameters, no weights), "
-                                  f"batch {scale['batch']} x seq {scale['seq']}"}
+                                  f"batch {scale['batch']} x seq {scale['seq']}", **metrics}
     if scale.get("capacity"):
         cap = scale["capacity"]
         flops = f"{cap['flops'] / 1e12:,.1f} TFLOP" if cap["flops"] >= 1e12 else f"{cap['flops'] / 1e9:,.2f} GFLOP"
@@ -67,8 +77,4 @@ def read(t: dict, out) -> None:
              "compile s": round(r["compile_seconds"], 1) if r.get("compile_seconds") else None,
              "tokens/s per chip (estimate)": round(r["roofline"]["tokens_per_second_per_chip"])
              if r.get("roofline") else None} for r in rows]
-    for found in scale.get("largest_batch") or []:
-        at_limit = "+ (the search's limit)" if found["batch"] >= found["limit"] else ""
-        metrics[f"largest batch that fits HBM, seq {found['seq']}"] = (
-            f"{found['batch']}{at_limit} on {found['topology']} ({found['compiles']} compiles)")
     out.metrics[SECTION] = metrics

@@ -19,7 +19,7 @@ import html
 from dataclasses import dataclass, field
 
 from portkit import abstract_models, capacity, targets, xla_compile, xla_sharded
-from portkit.errors import MissingPackage
+from portkit.errors import MissingPackage, PortkitError
 from portkit.tables import HtmlTable
 from portkit.xla_results import XlaSkipped, format_bytes
 
@@ -124,6 +124,11 @@ def _collectives(found: dict | None) -> str:
     return "HLO text unreadable" if found is None else ", ".join(f"{k} {v}" for k, v in found.items()) or "-"
 
 
+def _found(best: int, tried: dict, guess, topology: str, **where) -> dict:
+    return {**where, "topology": topology, "batch": best, "guess": guess, "limit": xla_sharded.BATCH_LIMIT,
+            "compiles": len(tried), "tried": {str(n): ok for n, ok in sorted(tried.items())}}
+
+
 def _tpu(module, topologies, batch: int, seq: int, buckets) -> ScaleCheck:
     check = ScaleCheck("tpu", abstract_models.describe(module), batch, seq)
     shape = abstract_models.text_shape(module, batch, seq)
@@ -134,10 +139,31 @@ def _tpu(module, topologies, batch: int, seq: int, buckets) -> ScaleCheck:
         abstract_models.text_shape(module, 1, bucket)      # a bucket longer than the model takes: one line
         guess = xla_sharded.guess_batch(first, where.hbm_bytes_per_device, batch, seq, bucket)
         best, tried = xla_sharded.largest_batch(module, bucket, where.topology, guess=guess)
-        check.largest.append({"seq": bucket, "topology": where.topology, "batch": best, "guess": guess,
-                              "limit": xla_sharded.BATCH_LIMIT, "compiles": len(tried),
-                              "tried": {str(n): ok for n, ok in sorted(tried.items())}})
+        check.largest.append(_found(best, tried, guess, where.topology, seq=bucket))
     return check
+
+
+def largest_per_shape(model, shapes, report, dtype: str | None = None) -> list[dict]:
+    """A loaded model's TPU shapes (stage 2's fixed shape, stage 3's buckets), each compiled in `report`: the
+    largest batch of the same shape that fits HBM on the report's topology, the compiler's own out-of-HBM
+    verdict the boundary, the search seeded from the memory that shape's compile measured. Each batch tried
+    is one compile_for_tpu, kept in the verdict cache."""
+    found = []
+    for shape, compiled in zip(shapes, report.shapes):
+        if compiled.status != "compiled":
+            continue
+
+        def fits(n: int, shape=shape) -> bool:
+            r = xla_compile.compile_for_tpu(model, [{**shape, "batch": n}], report.topology, dtype).shapes[0]
+            if r.status not in ("compiled", "out_of_hbm"):
+                raise PortkitError(f"batch {n} of {compiled.label} on {report.topology}: "
+                                   f"{r.describe(report.hbm_bytes_per_device)}")
+            return r.status == "compiled" and bool(r.fits_hbm)
+        seq = shape.get("seq") or 1
+        guess = xla_sharded.guess_batch(compiled, report.hbm_bytes_per_device, shape["batch"], seq, seq)
+        best, tried = xla_sharded.largest_fitting(fits, xla_sharded.BATCH_LIMIT, guess)
+        found.append(_found(best, tried, guess, report.topology, seq=shape.get("seq"), shape=compiled.label))
+    return found
 
 
 def _neuron(module, batch: int, seq: int) -> ScaleCheck:

@@ -55,7 +55,7 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
 
 def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
                      seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",), scale_batch: int = 1,
-                     scale_seq: int = 128, scale_buckets=()) -> None:
+                     scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. The scale_*
     parameters are an abstract model's (a real-size config without weights, `--model llama3-8b`)."""
     from portkit import abstract_models, params, xla_sharded
@@ -69,6 +69,7 @@ def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "f
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.positive_int("max_shapes", max_shapes)
+    params.boolean("largest_batch", largest_batch)
 
 
 def load(spec: str):
@@ -157,11 +158,14 @@ class XlaStage:
     reports: dict                   # target -> XlaCompileReport | XlaSkipped
     sources: dict                   # target -> where each shape came from
     scale: dict = field(default_factory=dict)   # target -> scale.ScaleCheck (an abstract model's real-size check)
+    largest: dict = field(default_factory=dict)  # target -> the largest batch per shape (largest_batch=True)
 
     def summary_for(self, name: str) -> str:
         if name in self.scale:
             return self.scale[name].summary()
         r = self.reports[name]
+        largest = "".join(f"; largest batch that fits, {b['shape'].split()[-1]}: {b['batch']}"
+                          + ("+" if b["batch"] >= b["limit"] else "") for b in self.largest.get(name, []))
         if isinstance(r, XlaSkipped):
             return f"{name}: skipped ({r.reason})"
         done = sum(s.ok for s in r.shapes)
@@ -173,7 +177,7 @@ class XlaStage:
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
                 f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "
                 f"largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
-                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else ""))
+                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest)
 
     def summary(self) -> str:
         return " | ".join(self.summary_for(n) for n in self.reports)
@@ -188,7 +192,8 @@ class XlaStage:
             targets_out[name] = {**r.to_dict(), "target": detected.to_dict(), "summary": self.summary_for(name),
                                  "shape_sources": self.sources.get(name, []),
                                  "findings": _findings(r) + (scale.findings() if scale else []),
-                                 **({"scale": scale.to_dict()} if scale else {})}
+                                 **({"scale": scale.to_dict()} if scale else {}),
+                                 **({"largest_batch": self.largest[name]} if name in self.largest else {})}
         return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
 
     def save(self, path) -> Path:
@@ -203,10 +208,11 @@ class XlaStage:
 
 def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str = "float32",
               batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",),
-              scale_batch: int = 1, scale_seq: int = 128, scale_buckets=()) -> XlaStage:
+              scale_batch: int = 1, scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False) -> XlaStage:
     """Run each target's XLA check over the shapes the earlier stages chose. An abstract model (no weights)
     gets the real-size check instead (portkit.scale): sharded over scale_topologies until one fits, the
-    largest batch per bucket (scale_buckets, default [scale_seq]), capacity per chip."""
+    largest batch per bucket (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also
+    search each TPU shape's largest batch that fits HBM (portkit.scale.largest_per_shape; a few compiles each)."""
     from portkit.progress import bar as progress_bar
     if is_abstract(model):
         from portkit import abstract_models, scale
@@ -216,9 +222,13 @@ def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: st
             n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
         sources = {n: stage_shapes(out_dir, n, model, scale_batch, scale_seq)[1] for n in names}
         return XlaStage(abstract_models.describe(model), reports, sources, checks)
-    reports, sources = {}, {}
+    reports, sources, largest = {}, {}, {}
     for name in progress_bar(list(target_names), desc="XLA checks", unit="target"):
         shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
                                              max_shapes=max_shapes)
         reports[name] = xla_section(model, name, shapes, topology=topology, dtype=dtype)
-    return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources)
+        if largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
+            from portkit import scale
+            largest[name] = scale.largest_per_shape(model, shapes, reports[name], dtype)
+    return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources,
+                    largest=largest)
