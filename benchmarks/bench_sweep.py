@@ -25,7 +25,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from portkit import runner, sweep  # noqa: E402
+from portkit import runfolder, runner, sweep  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "models.py"
 MODELS = ["tiny_encoder", "gru_model", "small_encoder_model", "float64_model"]
@@ -116,7 +116,7 @@ def main() -> None:
     with TreeCPU() as serial:
         for spec in specs:
             start = time.perf_counter()
-            runner.run(spec, [args.target], str(out / "serial" / sweep.model_tag(spec)), PARAMETERS, stages,
+            runner.run(spec, [args.target], str(out / "serial" / runfolder.model_tag(spec)), PARAMETERS, stages,
                        progress=False, log=quiet)
             seconds.append(time.perf_counter() - start)
     with TreeCPU() as swept:

@@ -35,9 +35,10 @@ seed = 0  # which texts are sampled
 
 # %%
 from IPython.display import display
-from portkit import data, environment, fallbacks, models, params
+from portkit import data, environment, fallbacks, models, params, results
 
 model, targets, out = params.common(model, targets, out_dir)
+results.skip_if_abstract(model, out, "fallbacks", targets=targets)  # no weights: stage 3b checks it
 fallbacks.check_parameters(batch_size=batch_size, seq_len=seq_len, train=train, seed=seed, corpus=corpus)
 
 # %%

@@ -53,9 +53,10 @@ prompts = 4  # real prompts from the corpus, one batch, when workload is "genera
 
 # %%
 from IPython.display import display
-from portkit import compiling, data, environment, models, params
+from portkit import compiling, data, environment, models, params, results
 
 model, targets, out = params.common(model, targets, out_dir)
+results.skip_if_abstract(model, out, "compile", targets=targets)  # no weights: stage 3b checks it
 compiling.check_parameters(requests=requests, batch_size=batch_size, seq_len=seq_len, fullgraph=fullgraph,
                            backend=backend, precision=precision, seed=seed, corpus=corpus,
                            neuron_compile_seconds=neuron_compile_seconds, targets=targets, workload=workload,

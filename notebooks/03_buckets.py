@@ -51,9 +51,10 @@ backend = "auto"  # auto: each target's backend (native with its device, else po
 seed = 0  # which texts are sampled
 
 # %%
-from portkit import buckets, data, economics, environment, models, params
+from portkit import buckets, data, economics, environment, models, params, results
 
 model, targets, out = params.common(model, targets, out_dir)
+results.skip_if_abstract(model, out, "buckets", targets=targets)  # no weights: stage 3b checks it
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
                          serve_requests=serve_requests, warmup_budget_seconds=warmup_budget_seconds,
                          neuron_compile_seconds=neuron_compile_seconds, backend=backend, seed=seed, corpus=corpus,

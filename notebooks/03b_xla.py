@@ -30,7 +30,7 @@
 # it this stage says so and skips.
 
 # %% tags=["parameters"]
-model = "minilm"  # model: a portkit name, a local HF directory, or module:factory
+model = "minilm"  # model: a portkit name, a local HF directory, module:factory, or a real-size config (llama3-8b)
 targets = ["neuron", "tpu"]  # tpu: real XLA compile; neuron: StableHLO lowering check; cpu/cuda: skipped
 out_dir = "../runs/notebook"  # run folder: shapes come from compile.json / buckets.json there; writes xla.json
 topology = "v5e:1x1"  # TPU topology: v5e, v6e (1x1, 2x2, 2x4), v5p (2x2x1, 2x2x2), v4:2x2x1, tpu7x:2x2x1
@@ -38,40 +38,53 @@ dtype = "float32"  # dtype the model is compiled in: float32 or bfloat16
 batch_size = 1  # batch of the shape checked when no earlier stage chose shapes
 seq_len = 128  # sequence length checked when no earlier stage chose shapes
 max_shapes = 4  # at most this many shapes per target (the largest are kept)
-scale_model = ""  # real-size model without weights (llama3-8b, llama3-70b, tiny-llama), "" to skip
-scale_topologies = ["v5e:1x1", "v5e:2x2", "v5e:2x4"]  # topologies tried, fewest chips first
-scale_batch = 8  # batch of the real-size check (split data-parallel over the devices)
-scale_seq = 1024  # sequence length of the real-size check
+largest_batch = False  # also search each TPU shape's largest batch that fits HBM (a few more compiles a shape)
+scale_topologies = ["v5e:1x1", "v5e:2x2", "v5e:2x4"]  # real-size model: topologies tried, fewest chips first
+scale_batch = 8  # real-size model: batch checked (split data-parallel over the devices)
+scale_seq = 1024  # real-size model: sequence length checked
+scale_buckets = []  # real-size model: sequence buckets whose largest fitting batch is searched ([]: scale_seq)
 
 # %%
-from IPython.display import display
-
-from portkit import environment, models, params, xla, xla_sharded
+from portkit import environment, params, xla
 
 model, targets, out = params.common(model, targets, out_dir)
-xla.check_parameters(topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes,
-                     scale_model=scale_model, scale_topologies=scale_topologies, scale_batch=scale_batch,
-                     scale_seq=scale_seq)
+xla.check_parameters(model=model, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
+                     max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
+                     scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch)
 
 # %%
 print(environment.block(targets))
 
 # %% [markdown]
 # ## The shapes to check, and where they come from
+#
+# A real-size model named by its published config (`llama3-8b`, `llama3-70b`) is built on the meta device:
+# shapes and dtypes, no weights in memory. The stages that need values skipped it; here it is compiled
+# with its weights sharded FSDP-style and the batch split data-parallel over each of `scale_topologies`,
+# fewest chips first, until one fits (`portkit/scale.py`).
 
 # %%
-m = models.load(model)
-print(m.summary())
+m = xla.load(model)
+print(xla.describe(m))
 
 # %%
-xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes)
+xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes,
+                scale_batch=scale_batch, scale_seq=scale_seq)
 
 # %% [markdown]
 # ## Compile (TPU) or lower (Neuron) every shape
+#
+# With `largest_batch`, each TPU shape's largest batch that fits HBM. For a real-size model: the smallest
+# topology that fits, the largest batch per bucket that fits HBM
+# (a search over compiles whose boundary is the compiler's own out-of-HBM verdict), and capacity per chip,
+# TPU from the compiler's cost analysis, Neuron from the FLOPs counted on the graph: estimates, not
+# measurements. Llama-3-8B on v5e 2x4 takes about 1.5 min a compile on a 2-core host and under 4 GiB of
+# host memory (`benchmarks/bench_sharded.py`).
 
 # %%
 stage = xla.run_stage(m, targets, out, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
-                      max_shapes=max_shapes)
+                      max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
+                      scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch)
 stage
 
 # %% [markdown]
@@ -81,18 +94,3 @@ stage
 stage.save(out / "xla.json")
 print(f"wrote {out / 'xla.json'}")
 print(stage.summary())
-
-# %% [markdown]
-# ## Real-size, sharded: the smallest topology that fits
-#
-# A model built from its published config on the meta device (no weights in memory), compiled for each
-# topology with its weights sharded FSDP-style and the batch split data-parallel; the compiler's own
-# HBM per device and the collectives it inserted. Logic: `portkit/xla_sharded.py`. Llama-3-8B on v5e 2x4
-# takes about 1.5 min to compile on a 2-core host and under 3 GiB of host memory
-# (`benchmarks/bench_sharded.py`).
-
-# %%
-if scale_model:
-    display(xla_sharded.fit_table(scale_model, scale_topologies, batch=scale_batch, seq=scale_seq))
-else:
-    print("real-size check skipped: set scale_model (e.g. llama3-8b)")

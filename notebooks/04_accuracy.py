@@ -59,9 +59,10 @@ train_steps = 20  # AdamW steps (one batch of batch_size x seq_len real texts ea
 
 # %%
 from IPython.display import display
-from portkit import accuracy, data, environment, models, params, streaming, tolerance
+from portkit import accuracy, data, environment, models, params, results, streaming, tolerance
 
 model, targets, out = params.common(model, targets, out_dir)
+results.skip_if_abstract(model, out, "accuracy", targets=targets)  # no weights: stage 3b checks it
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
                           tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
                           corpus=corpus, gpu_numerics=gpu_numerics, workload=workload,

@@ -30,6 +30,11 @@ def names() -> list[str]:
     return sorted(_table())
 
 
+def is_name(spec) -> bool:
+    """True when `spec` names an abstract model (data/models/configs.json): a real-size model without weights."""
+    return isinstance(spec, str) and spec in _table()
+
+
 def source(name: str) -> str:
     """Where the config of `name` was copied from."""
     return _entry(name)["source"]
@@ -69,10 +74,32 @@ def text_shape(module: nn.Module, batch: int, seq: int) -> dict:
     return {"input_ids": ((batch, seq), "int64")}
 
 
+def describe(module: nn.Module) -> dict:
+    """The stage results' "model" entry for an abstract model (as LoadedModel.describe for a loaded one)."""
+    info = module.portkit_abstract
+    dtype = next(p.dtype for p in module.parameters())
+    return {"name": info["name"], "kind": "causal-lm", "origin": f"published config, no weights: {info['source']}",
+            "parameters": sum(p.numel() for p in module.parameters()), "inputs": ["input_ids"],
+            "dtype": str(dtype).replace("torch.", ""), "abstract": True,
+            "max_length": module.config.max_position_embeddings}
+
+
+def summary(module: nn.Module) -> str:
+    """One line for a notebook, as LoadedModel.summary."""
+    d = describe(module)
+    return f"{d['name']}: {d['kind']}, {size(d['parameters'])} parameters in {d['dtype']}, {d['origin']}"
+
+
+def size(parameters: int) -> str:
+    """A parameter count for people: '8.03 B', '1.3 M'."""
+    return f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.2f} M"
+
+
 # ---------------------------------------------------------------- for the XLA compile (xla_compile.py)
 def is_abstract(module: nn.Module) -> bool:
-    """True when the module's weights are on the meta device: shapes and dtypes, no values."""
-    return any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+    """True for an nn.Module whose weights are on the meta device: shapes and dtypes, no values (False for
+    anything else, a LoadedModel included)."""
+    return isinstance(module, nn.Module) and any(t.is_meta for t in [*module.parameters(), *module.buffers()])
 
 
 def extract_abstract(jax, torchax, module: nn.Module):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from portkit import models, targets as targets_mod
+from portkit import abstract_models, models, targets as targets_mod
 from portkit.errors import BadParameter
 
 
@@ -68,8 +68,15 @@ def choice(name: str, value, choices) -> str:
 
 
 def common(model: str, targets, out_dir: str) -> tuple[str, list[str], Path]:
-    """Validate the parameters every stage shares; print the decisions a user should see."""
-    model = models.validate(model)
+    """Validate the parameters every stage shares; print the decisions a user should see. A model is a
+    portkit.models spec, or an abstract model's name (a real-size config without weights: llama3-8b)."""
+    if not abstract_models.is_name(model):
+        try:
+            model = models.validate(model)
+        except BadParameter as exc:
+            if exc.what == "model" and exc.choices:      # an unknown name: the abstract models are names too
+                raise BadParameter("model", model, [*exc.choices, *abstract_models.names()]) from None
+            raise
     names = targets_mod.parse_targets(targets)
     if not isinstance(out_dir, str) or not out_dir:
         raise BadParameter("out_dir", out_dir, hint="give a folder path")

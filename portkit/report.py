@@ -39,7 +39,9 @@ report.json keys (stable; a CI job can gate on them):
                   "measure_on_hardware": [text]},
     "metrics": {stage: {label: value}}: accuracy's include "judged on" (compiled, or eager emulation where
                the compiler refused the model) and, where float64 ran as float32, the error by cause
-    "details": {table: [{column: value}]}: "xla shapes" (per compiled shape: HBM, fit, GFLOP),
+    "details": {table: [{column: value}]}: "xla shapes" (per compiled shape: HBM, fit, GFLOP); for an abstract
+               model (no weights) metrics "scale" and tables "scale topologies" and "capacity (estimate, not
+               measured)", documented in portkit/report_scale.py;
                "accuracy outputs", "accuracy buckets", "accuracy layers" (first module out of tolerance
                and the modules with the largest error)}}
 """
@@ -54,7 +56,7 @@ from pathlib import Path
 
 import jinja2
 
-from portkit import environment, reconcile, results, runfolder, targets as targets_mod
+from portkit import environment, reconcile, report_scale, results, runfolder, targets as targets_mod
 from portkit._io import write_json, write_text
 from portkit.errors import BadParameter
 from portkit.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
@@ -167,6 +169,7 @@ def _compile(data: dict, t: dict, out: "TargetReport") -> None:
 
 
 def _xla(data: dict, t: dict, out: "TargetReport") -> None:
+    report_scale.read(t, out)       # an abstract model's real-size check, when there is one
     if t.get("skipped"):
         out.metrics["xla"] = {"XLA check": f"skipped: {t.get('reason', '')}"}
         return

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import environment, runfolder, targets as targets_mod
+from portkit import abstract_models, environment, runfolder, targets as targets_mod
 from portkit._io import read_json, write_json
 from portkit.errors import PortkitError, StageSkipped
 from portkit.findings import ROOT, Finding  # noqa: F401 (re-exported: results.Finding, results.ROOT)
@@ -57,6 +57,20 @@ def skip_stage(out_dir, stage: str, model: dict, targets, reason: str):
     save_result(Path(out_dir) / result_file(stage), {"model": model, SKIPPED: reason, "summary": f"skipped: {reason}",
                                                      "targets": {name: {SKIPPED: reason} for name in targets}})
     raise StageSkipped(reason)
+
+
+ABSTRACT = "abstract model: no weights"
+
+
+def skip_if_abstract(model: str, out_dir, stage: str, targets) -> None:
+    """A stage that runs the model on values (runfolder.Stage.needs_weights) has nothing to run for an abstract
+    model (a real-size config without weights, portkit.abstract_models): it is saved as skipped with the reason
+    and stops (skip_stage). The runner skips such a stage without starting its notebook; a notebook run by
+    hand stops here."""
+    if abstract_models.is_name(model) and runfolder.stage(stage).needs_weights:
+        skip_stage(out_dir, stage, {"name": model, "abstract": True}, targets,
+                   f"{ABSTRACT}: {model} is a published config on the meta device, so stage {stage} has no values "
+                   "to run; stage 3b (xla) checks it")
 
 
 def save_result(path, result: dict) -> Path:

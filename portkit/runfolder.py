@@ -31,6 +31,7 @@ class Stage:
     name: str
     notebook: str
     module: str          # its portkit module; its check_parameters() runs before anything is written
+    needs_weights: bool = True   # runs the model on values: skipped for an abstract model (no weights, #16)
 
     @property
     def result(self) -> str:
@@ -41,9 +42,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "portkit.fallbacks"),
     Stage("compile", "02_compile.ipynb", "portkit.compiling"),
     Stage("buckets", "03_buckets.ipynb", "portkit.buckets"),
-    Stage("xla", "03b_xla.ipynb", "portkit.xla"),
+    Stage("xla", "03b_xla.ipynb", "portkit.xla", needs_weights=False),
     Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy"),
-    Stage("report", "05_report.ipynb", "portkit.report"),
+    Stage("report", "05_report.ipynb", "portkit.report", needs_weights=False),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 REPORT = "report"

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import _io, audio, data, params as params_mod, runfolder
+from portkit import _io, audio, data, params as params_mod, results, runfolder
 from portkit.errors import BadParameter, StageFailed, StageSkipped
 from portkit.progress import HEADLESS_VARIABLE
 from portkit.runfolder import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
@@ -270,6 +270,8 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
         (out / stage.result).unlink(missing_ok=True)
         start = time.perf_counter()
         try:
+            # an abstract model (no weights): a stage that runs values is skipped without starting its notebook
+            results.skip_if_abstract(model_spec, out, stage.name, values["targets"])
             error = _execute(stage, values, out, user_folder, progress)
         except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
             result.seconds[stage.name] = time.perf_counter() - start

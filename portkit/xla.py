@@ -18,7 +18,7 @@ portkit.xla_compile's and portkit.xla_results', reachable from here for notebook
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit import results, targets
@@ -27,7 +27,7 @@ from portkit.results import save_result
 from portkit.tables import HtmlTable
 from portkit.xla_compile import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
                                  require_installed, require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
-                                 input_specs)
+                                 input_specs, is_abstract)
 from portkit.xla_results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes  # noqa: F401
 
 STAGE = "xla"
@@ -53,23 +53,44 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
         return XlaSkipped(target_name, str(exc))
 
 
-def check_parameters(topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
-                     seq_len: int = 128, max_shapes: int = 4, scale_model: str = "",
-                     scale_topologies=("v5e:1x1",), scale_batch: int = 1, scale_seq: int = 128) -> None:
-    """The notebook's validation cell, also run by the runner before anything is written."""
-    from portkit import params, xla_sharded
-    xla_sharded.check_scale_parameters(scale_model, scale_topologies, batch=scale_batch, seq=scale_seq)
+def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
+                     seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",), scale_batch: int = 1,
+                     scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False) -> None:
+    """The notebook's validation cell, also run by the runner before anything is written. The scale_*
+    parameters are an abstract model's (a real-size config without weights, `--model llama3-8b`)."""
+    from portkit import abstract_models, params, xla_sharded
+    xla_sharded.check_scale_parameters(scale_topologies, scale_batch, scale_seq, scale_buckets)
+    if abstract_models.is_name(model):          # its sequence lengths against the config's limit
+        module = abstract_models.build(model)
+        for seq in [scale_seq, *scale_buckets]:
+            abstract_models.text_shape(module, scale_batch, seq)
     check_topology(topology)
     params.choice("dtype", dtype, DTYPES)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.positive_int("max_shapes", max_shapes)
+    params.boolean("largest_batch", largest_batch)
+
+
+def load(spec: str):
+    """The model of stage 3b: a portkit.models spec (a LoadedModel), or an abstract model's name (its
+    architecture on the meta device, no weights: portkit.abstract_models)."""
+    from portkit import abstract_models, models
+    return abstract_models.build(spec) if abstract_models.is_name(spec) else models.load(spec)
+
+
+def describe(model) -> str:
+    from portkit import abstract_models
+    return abstract_models.summary(model) if is_abstract(model) else model.summary()
 
 
 def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int = 128,
                  max_shapes: int = 4) -> tuple[list[dict], list[str]]:
     """The shapes the workbook uses for `target`: stage 2's fixed shape and stage 3's buckets (read from
-    the run folder through portkit.results), else the parameters. Returns (shapes, where each came from)."""
+    the run folder through portkit.results), else the parameters. Returns (shapes, where each came from).
+    An abstract model's shapes are its scale_batch x scale_seq, sharded (run_stage)."""
+    if is_abstract(model):
+        return [{"batch": batch_size, "seq": seq_len}], ["parameters scale_batch/scale_seq (abstract model, sharded)"]
     dim = getattr(model, "seq_dim", "tokens")     # the varying dimension; None: the model takes one shape
     text = dim is not None
     found: list[tuple[dict, str]] = []
@@ -95,8 +116,10 @@ def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int 
 
 
 def shape_table(out_dir, target_names, model, *, batch_size: int = 1, seq_len: int = 128,
-                max_shapes: int = 4) -> HtmlTable:
+                max_shapes: int = 4, scale_batch: int = 1, scale_seq: int = 128) -> HtmlTable:
     """The shapes run_stage will check for each target, and where each came from (stage_shapes)."""
+    if is_abstract(model):
+        batch_size, seq_len = scale_batch, scale_seq
     rows = []
     for name in targets.parse_targets(target_names):
         shapes, sources = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
@@ -138,9 +161,15 @@ class XlaStage:
     model: dict
     reports: dict                   # target -> XlaCompileReport | XlaSkipped
     sources: dict                   # target -> where each shape came from
+    scale: dict = field(default_factory=dict)   # target -> scale.ScaleCheck (an abstract model's real-size check)
+    largest: dict = field(default_factory=dict)  # target -> the largest batch per shape (largest_batch=True)
 
     def summary_for(self, name: str) -> str:
+        if name in self.scale:
+            return self.scale[name].summary()
         r = self.reports[name]
+        largest = "".join(f"; largest batch that fits, {b['shape'].split()[-1]}: {b['batch']}"
+                          + ("+" if b["batch"] >= b["limit"] else "") for b in self.largest.get(name, []))
         if isinstance(r, XlaSkipped):
             return f"{name}: skipped ({r.reason})"
         done = sum(s.ok for s in r.shapes)
@@ -152,7 +181,7 @@ class XlaStage:
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
                 f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "
                 f"largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
-                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else ""))
+                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest)
 
     def summary(self) -> str:
         return " | ".join(self.summary_for(n) for n in self.reports)
@@ -163,27 +192,47 @@ class XlaStage:
             detected = targets.detect(name)
             # The XLA check runs the real compiler (TPU) or exporter (Neuron) on this CPU host whatever
             # the target's mode; "target" is the detected target, as in every stage's JSON.
+            scale = self.scale.get(name)
             targets_out[name] = {**r.to_dict(), "target": detected.to_dict(), "summary": self.summary_for(name),
-                                 "shape_sources": self.sources.get(name, []), "findings": _findings(r)}
+                                 "shape_sources": self.sources.get(name, []),
+                                 "findings": _findings(r) + (scale.findings() if scale else []),
+                                 **({"scale": scale.to_dict()} if scale else {}),
+                                 **({"largest_batch": self.largest[name]} if name in self.largest else {})}
         return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
 
     def save(self, path) -> Path:
         return save_result(path, self.to_dict())
 
     def __str__(self) -> str:
-        return "\n\n".join(str(r) for r in self.reports.values())
+        return "\n\n".join(str(self.scale.get(n, r)) for n, r in self.reports.items())
 
     def _repr_html_(self) -> str:
-        return "".join(r._repr_html_() for r in self.reports.values())
+        return "".join(self.scale.get(n, r)._repr_html_() for n, r in self.reports.items())
 
 
 def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str = "float32",
-              batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4) -> XlaStage:
-    """Run each target's XLA check over the shapes the earlier stages chose."""
+              batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",),
+              scale_batch: int = 1, scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False) -> XlaStage:
+    """Run each target's XLA check over the shapes the earlier stages chose. An abstract model (no weights)
+    gets the real-size check instead (portkit.scale): sharded over scale_topologies until one fits, the
+    largest batch per bucket (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also
+    search each TPU shape's largest batch that fits HBM (portkit.scale.largest_per_shape; a few compiles each)."""
     from portkit.progress import bar as progress_bar
-    reports, sources = {}, {}
+    if is_abstract(model):
+        from portkit import abstract_models, scale
+        checks = scale.run(model, target_names, scale_topologies, scale_batch, scale_seq, scale_buckets)
+        names = targets.parse_targets(target_names)
+        reports = {n: checks[n].main if n in checks else XlaSkipped(
+            n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
+        sources = {n: stage_shapes(out_dir, n, model, scale_batch, scale_seq)[1] for n in names}
+        return XlaStage(abstract_models.describe(model), reports, sources, checks)
+    reports, sources, largest = {}, {}, {}
     for name in progress_bar(list(target_names), desc="XLA checks", unit="target"):
         shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
                                              max_shapes=max_shapes)
         reports[name] = xla_section(model, name, shapes, topology=topology, dtype=dtype)
-    return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources)
+        if largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
+            from portkit import scale
+            largest[name] = scale.largest_per_shape(model, shapes, reports[name], dtype)
+    return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources,
+                    largest=largest)

@@ -34,18 +34,16 @@ import warnings
 import torch
 from torch import nn
 
-from portkit import _torch, probes, xla_cache
+from portkit import _torch, capacity, probes, xla_cache
 from portkit.abstract_models import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
 from portkit.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models import LoadedModel
 from portkit.tracking import ModuleTracker
-from portkit.xla_results import GIB, ShapeResult, XlaCompileReport, collectives
+from portkit.xla_results import GIB, ShapeResult, XlaCompileReport, collectives, compiled_collectives  # noqa: F401
 
-# HBM per chip, Google Cloud's public TPU pages: v4 "HBM2 capacity 32 GiB" (tpu/docs/v4); v5e "HBM
-# capacity per chip 16 GiB" (tpu/docs/v5e); v5p 95, v6e 32, TPU7x 192 GiB ("HBM capacity per chip
-# (GiB)", tpu/docs/tpu7x, which tabulates all three). TPU7x shows each chip as two JAX devices
-# (its two TensorCores, "dual-chiplet"); we give each device an even half of the chip's HBM.
-HBM_GIB_PER_CHIP = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "tpu7x": 192}
+# HBM per chip (GiB) from data/targets/chips.json, each value with its Google Cloud page (portkit.capacity). TPU7x
+# shows each chip as two JAX devices (its two TensorCores); each device gets an even half of the chip's HBM.
+HBM_GIB_PER_CHIP = capacity.hbm_gib_per_chip()
 # Names jax.experimental.topologies.get_topology_desc accepts with libtpu for compile-only devices
 # (checked on a CPU-only host, jax 0.10); v4 needs megacore.
 TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v5e:2x4": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v6e:2x4": {},
@@ -443,7 +441,7 @@ def _measure(compiled) -> dict:
     # cost_analysis()["optimal_seconds"] is left out on purpose: it came out negative for compile-only
     # TPU topologies (checked, jax 0.10 with libtpu).
     return {"memory": m, "flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0)), "collectives": collectives(compiled.as_text())}
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)), "collectives": compiled_collectives(compiled)}
 
 
 def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:

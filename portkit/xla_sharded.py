@@ -38,6 +38,7 @@ def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None 
     data-parallel; each shape's result has the memory per device and the collectives compiled in."""
     xla_compile.check_topology(topology)
     shapes, specs, program = xla_compile._prepare(model, shapes, dtype)
+    xla_compile.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -88,77 +89,71 @@ def smallest_fitting(model, shape: dict, candidates, dtype: str | None = None) -
     return None, tried
 
 
-def fit_table(name: str, topologies, batch: int, seq: int):
-    """An abstract model (portkit.abstract_models name) compiled sharded on each topology, fewest chips
-    first, stopping at the first that fits: one row per topology tried (HBM per device, collectives)."""
-    from portkit import abstract_models, capacity
-    from portkit.tables import HtmlTable
-    from portkit.xla_results import format_bytes
+def check_scale_parameters(topologies, batch: int, seq: int, buckets=()) -> None:
+    """The real-size check's parameters (an abstract model's stage 3b), each bad one a one-line BadParameter."""
+    from portkit import params
 
-    model = abstract_models.build(name)
-    best, tried = smallest_fitting(model, abstract_models.text_shape(model, batch, seq), list(topologies))
-    rows = []
-    for report in tried:
-        r = report.shapes[0]
-        hbm = format_bytes(r.memory["total"]) if r.memory else "-"
-        counts = ", ".join(f"{k} {v}" for k, v in (r.collectives or {}).items() if v) or "-"
-        roof = (capacity.roofline(report, r, tokens=batch * seq)
-                if r.status == "compiled" and report.topology.split(":")[0] in capacity.chips() else None)
-        rows.append([report.topology, report.devices, r.status, hbm, format_bytes(report.hbm_bytes_per_device),
-                     "yes" if r.ok and r.status == "compiled" else "no", counts,
-                     f"{r.compile_seconds:.1f}" if r.compile_seconds is not None else "-",
-                     f"{roof['tokens_per_second_per_chip']:,.0f} ({roof['bound']}-bound)" if roof else "-"])
-    caption = (f"{name} ({tried[0].parameters / 1e9:.2f} B parameters, no weights in memory; config: "
-               f"{abstract_models.source(name)}), batch {batch} x seq {seq}, weights FSDP-sharded: "
-               + (f"smallest topology that fits: {best}" if best else "fits none of these topologies"))
-    return HtmlTable(["topology", "devices", "verdict", "HBM per device", "HBM of device", "fits", "collectives",
-                      "compile s", f"tokens/s per chip ({capacity.LABEL}: roofline)"], rows, caption)
-
-
-def check_scale_parameters(name: str, topologies, batch: int, seq: int) -> None:
-    """The real-size check's parameters, each bad one a one-line BadParameter ("" name: the check is off)."""
-    from portkit import abstract_models
-
-    if not name:
-        return
-    if not isinstance(name, str):
-        raise BadParameter("scale_model", name, abstract_models.names())
     if not isinstance(topologies, (list, tuple)) or not topologies:
         raise BadParameter("scale_topologies", topologies, xla_compile.TOPOLOGIES)
     for topology in topologies:
         xla_compile.check_topology(topology)
-    abstract_models.text_shape(abstract_models.build(name), batch, seq)
+    params.positive_int("scale_batch", batch)
+    params.positive_int("scale_seq", seq)
+    if not isinstance(buckets, (list, tuple)):
+        raise BadParameter("scale_buckets", buckets, hint="a list of sequence lengths, e.g. [512, 2048]")
+    for bucket in buckets:
+        params.positive_int("scale_buckets entry", bucket)
 
 
-def largest_fitting(fits, limit: int) -> tuple[int, dict[int, bool]]:
+def largest_fitting(fits, limit: int, guess: int | None = None) -> tuple[int, dict[int, bool]]:
     """The largest n in 1..limit with fits(n) True, assuming fitting is monotone (what fits at n fits
-    below n): doubling from 1 until a refusal or the limit, then bisection between the last fit and the
-    first refusal. Returns (n, {n tried: verdict}); n is 0 when even 1 does not fit. About 2·log2(n)
-    calls to `fits`, each a compile."""
+    below n). Without a guess: doubling from 1 until a refusal or the limit, then bisection between the
+    last fit and the first refusal, about 2·log2(n) calls. With a guess (from the memory one compile
+    measured): galloping from it in steps of 1, 2, 4, ..., then the same bisection: two calls when the
+    guess is right, about 2·log2(its error) otherwise. Returns (n, {n tried: verdict}); n is 0 when even 1 does not fit.
+    Each call of `fits` is a compile."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise BadParameter("batch limit", limit, hint="a positive integer")
     tried: dict[int, bool] = {}
 
     def ask(n: int) -> bool:
-        tried[n] = bool(fits(n))
+        if n not in tried:
+            tried[n] = bool(fits(n))
         return tried[n]
 
-    good, bad, n = 0, limit + 1, 1
-    while n <= limit and ask(n):
-        good, n = n, n * 2
-    bad = n if n <= limit else limit + 1       # the first refusal, or past the limit
+    if guess is None or guess < 1:
+        good, n = 0, 1
+        while n <= limit and ask(n):
+            good, n = n, n * 2
+        bad = n if n <= limit else limit + 1       # the first refusal, or past the limit
+    else:
+        n, step = min(guess, limit), 1       # the memory model is close: a step of one first
+        if ask(n):
+            good = n
+            while good < limit and ask(min(good + step, limit)):
+                good, step = min(good + step, limit), step * 2
+            bad = min(good + step, limit) if good < limit else limit + 1
+        else:
+            bad = n
+            while bad > 1 and not ask(max(bad - step, 1)):
+                bad, step = max(bad - step, 1), step * 2
+            good = max(bad - step, 1) if bad > 1 and tried.get(max(bad - step, 1)) else 0
     while bad - good > 1:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if ask(mid) else (good, mid)
     return good, tried
 
 
-def largest_batch(model, seq: int, topology: str, limit: int = 1024, dtype: str | None = None
-                  ) -> tuple[int, dict[int, bool]]:
+BATCH_LIMIT = 1024   # the largest batch the search tries: beyond it, "fits at least 1024"
+
+
+def largest_batch(model, seq: int, topology: str, limit: int = BATCH_LIMIT, dtype: str | None = None,
+                  guess: int | None = None) -> tuple[int, dict[int, bool]]:
     """The largest batch of `seq` tokens that compiles and fits HBM on `topology` (sharded as compile_sharded
     does), the compiler's own out-of-HBM verdict being the boundary. Each batch tried is one compile,
     cached by portkit's verdict cache, so a rerun compiles nothing. A compile failing for another reason
-    than memory raises PortkitError with the compiler's words: that is not a size boundary."""
+    than memory raises PortkitError with the compiler's words: that is not a size boundary. `guess`: where
+    to start (guess_batch), else doubling from 1."""
     from portkit import abstract_models
     from portkit.errors import PortkitError
 
@@ -168,4 +163,17 @@ def largest_batch(model, seq: int, topology: str, limit: int = 1024, dtype: str 
         if r.status not in ("compiled", "out_of_hbm"):
             raise PortkitError(f"batch {batch} on {topology}: {r.describe(report.hbm_bytes_per_device)}")
         return r.status == "compiled" and bool(r.fits_hbm)
-    return largest_fitting(fits, limit)
+    return largest_fitting(fits, limit, guess)
+
+
+def guess_batch(result, hbm_bytes: int, batch: int, seq: int, new_seq: int) -> int | None:
+    """The largest batch of `new_seq` tokens a linear memory model predicts to fit, from one compiled shape
+    (`result` at batch x seq): the arguments (weights) stay, the rest grows with batch and sequence. A
+    starting point for largest_batch, never its answer; None without a compiled shape to start from."""
+    if result is None or result.status != "compiled" or not result.memory:
+        return None
+    fixed = result.memory["argument"]
+    per_item = (result.memory["total"] - fixed) / batch * new_seq / seq
+    if per_item <= 0:
+        return None
+    return max(1, int((hbm_bytes - fixed) // per_item))

@@ -48,6 +48,10 @@ CASES = [
     ("model-factory-empty", run("--model", "mine.py:"), {"mine.py": FACTORY}, "invalid model factory name ''"),
     ("model-module-missing", run("--model", "no_such_module_xyz:build"), {},
      "invalid model module 'no_such_module_xyz': no module 'no_such_module_xyz'"),
+    ("model-abstract-seq", run("--model", "llama3-8b", "--stages", "xla", "-p", "scale_seq", "9000"), {},
+     "invalid seq 9000: llama3-8b takes at most 8192 tokens"),
+    ("model-abstract-topology", run("--model", "tiny-llama", "-p", "scale_topologies", '["v5e:3x3"]'), {},
+     "unknown TPU topology 'v5e:3x3'; choose one of: v5e:1x1"),
     # target
     ("target-unknown", run("--target", "trn"), {}, "unknown target 'trn'; choose one of: neuron, tpu, cpu, cuda"),
     ("target-empty", run("--target", ""), {}, "unknown target ''; choose one of: neuron"),

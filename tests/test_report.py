@@ -1,5 +1,6 @@
 """Stage 5: the report holds every section, describes the machine that ran the stages (not the one building
 the report), names every missing, corrupt or wrongly shaped stage result as a gap, and escapes every value."""
+import contextlib
 import html
 import json
 import platform
@@ -237,3 +238,35 @@ def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_pa
     assert tpu["metrics"]["accuracy"]["judged on"] == accuracy["target_side"]
     page = (out / "report.html").read_text()
     assert "refuses the compiled model" in page and "compiled path refused" in page
+
+
+@pytest.mark.skipif(not __import__("portkit.probes").probes.xla_tpu_compile_available(),
+                    reason="needs jax, jaxlib, libtpu and torchax (pip install 'portkit[xla]')")
+def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_path):
+    from portkit import runfolder, xla
+    out = tmp_path / "run"
+    out.mkdir()
+    for stage in runfolder.STAGES:       # what `portkit run --model tiny-llama` leaves of the stages with values
+        with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
+            results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
+    m = xla.load("tiny-llama")           # the same shapes as tests/test_scale.py: the verdict cache serves them
+    xla.run_stage(m, ["neuron", "tpu"], out, scale_topologies=["v5e:2x2", "v5e:1x1"], scale_batch=4,
+                  scale_seq=16).save(out / "xla.json")
+    r = report.build_report(out)
+    saved = r.to_dict()
+    assert saved["gaps"] == [] and saved["model"]["abstract"] is True
+    assert {n: s["status"] for n, s in saved["stages"].items()} == {
+        "fallbacks": "skipped", "compile": "skipped", "buckets": "skipped", "xla": "ok", "accuracy": "skipped"}
+    tpu, neuron = saved["targets"]["tpu"], saved["targets"]["neuron"]
+    assert tpu["verdict"] == "ready with work" and tpu["first"][0]["kind"] == "abstract_model"
+    assert tpu["metrics"]["scale"]["smallest topology that fits"].startswith("v5e:1x1 (")
+    assert tpu["metrics"]["scale"]["largest batch that fits HBM, seq 16"] == (
+        "1024+ (the search's limit) on v5e:1x1 (1 compiles)")
+    assert [row["topology"] for row in tpu["details"]["scale topologies"]] == ["v5e:1x1"]
+    capacity = neuron["details"]["capacity (estimate, not measured)"]
+    assert [row["chip"] for row in capacity] == ["inf2", "trn1", "trn2"]
+    assert neuron["metrics"]["scale"]["model copies per instance (estimate, not measured)"] == (
+        "inf2.48xlarge 24, trn1.32xlarge 32, trn2.48xlarge 64")
+    page = r.html()
+    assert "scale topologies" in page and "capacity (estimate, not measured)" in page and "trn2.48xlarge" in page
+    assert "No op falls back" not in page and "Ops not checked: stage 1 (fallbacks) has no result" in page

@@ -63,3 +63,36 @@ def _accuracy_verdicts_report(out, corpus):
         out / "accuracy.json")
     return build_report(out).save(out)
 
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(probes.chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
+@pytest.mark.skipif(not probes.xla_tpu_compile_available(), reason="needs jax, jaxlib, libtpu and torchax")
+def test_an_abstract_models_scale_sections_render_in_chromium(tmp_path):
+    """An abstract model's report (stage 3b alone, the other stages skipped): its scale and capacity tables show."""
+    import contextlib
+
+    from portkit import report, results, runfolder, xla
+    sync_api = pytest.importorskip("playwright.sync_api")
+    out = tmp_path / "run"
+    out.mkdir()
+    for stage in runfolder.STAGES:
+        with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
+            results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
+    xla.run_stage(xla.load("tiny-llama"), ["neuron", "tpu"], out, scale_topologies=["v5e:2x2", "v5e:1x1"],
+                  scale_batch=4, scale_seq=16).save(out / "xla.json")
+    page_path = report.build_report(out).save(out)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=probes.chromium_path(), args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(page_path.as_uri())
+            text = page.evaluate("document.body.innerText")
+            rows = page.evaluate("[...document.querySelectorAll('table')].map(t => t.innerText)")
+        finally:
+            browser.close()
+    assert "capacity (estimate, not measured)" in text and "scale topologies" in text
+    capacity = next(t for t in rows if "copies per instance" in t and "trn2.48xlarge" in t)
+    assert "inf2.48xlarge" in capacity and "trn1.32xlarge" in capacity
+    assert any("v5e:1x1" in t and "all-gather" not in t and "compiled" in t for t in rows)
+    assert "Ops not checked: stage 1 (fallbacks) has no result" in text

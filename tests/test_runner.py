@@ -235,3 +235,25 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
     assert not any("buckets" in g for g in saved["gaps"])          # not applying is not a gap
     text_model = type("TextModel", (ImageModel,), {"seq_dim": "tokens"})()
     assert buckets.skip_unless_it_applies(text_model, out, ["tpu"]) is None       # a text model goes on
+
+
+def test_an_abstract_model_skips_the_stages_that_need_weights_without_starting_them(tmp_path, monkeypatch, capsys):
+    from portkit import params, results
+    from portkit.errors import BadParameter
+    ran = []
+    monkeypatch.setattr(runner, "_execute", lambda stage, *args: ran.append(stage.name))
+    out = tmp_path / "run"
+    rc = cli.main(["run", "--model", "tiny-llama", "--out", str(out), "--stages", "fallbacks,compile,buckets,accuracy",
+                   "--no-progress"])
+    assert rc == 0 and ran == []                                   # no notebook started
+    log = json.loads((out / "run.json").read_text())["stages"]
+    assert {s: e["status"] for s, e in log.items()} == dict.fromkeys(["fallbacks", "compile", "buckets", "accuracy"],
+                                                                       "skipped")
+    assert all(e["error"].startswith(f"{results.ABSTRACT}: tiny-llama") for e in log.values())
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["stages"]["accuracy"]["status"] == "skipped" and "xla.json is missing" in saved["gaps"]
+    assert not any((out / s.notebook).exists() for s in runner.STAGES)
+    results.skip_if_abstract("tiny-llama", out, "xla", ["tpu"])      # stage 3b runs it: no skip
+    results.skip_if_abstract("minilm", out, "fallbacks", ["tpu"])    # a model with weights: no skip
+    with pytest.raises(BadParameter, match="unknown model 'llama3-9b'; choose one of: .*llama3-70b, llama3-8b"):
+        params.common("llama3-9b", ["tpu"], str(out))

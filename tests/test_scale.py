@@ -50,6 +50,15 @@ def test_collectives_are_counted_once_per_op_not_per_reference():
     assert counts["all-gather"] == 1 and counts["all-reduce"] == 1 and counts["reduce-scatter"] == 0
 
 
+def test_an_unprintable_compiled_module_keeps_its_verdict_without_a_collective_count():
+    from portkit import xla_results
+
+    class Unprintable:             # what libtpu gave for Llama-3-70B on v5p:2x2x1: compiled, as_text() fails
+        def as_text(self):
+            raise RuntimeError("INTERNAL: RET_CHECK failure ... async-update instruction should have 1 operands")
+    assert xla_results.compiled_collectives(Unprintable()) is None
+
+
 def test_fsdp_splits_the_first_dimension_that_divides():
     PartitionSpec = pytest.importorskip("jax.sharding").PartitionSpec
     assert xla_sharded._weight_spec((6, 8), 4, PartitionSpec) == PartitionSpec(None, "fsdp")
@@ -69,23 +78,36 @@ def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
 
 
 def test_scale_parameters_are_checked_before_any_compile():
-    xla_sharded.check_scale_parameters("", "anything", 0, 0)           # "" turns the check off
-    with pytest.raises(BadParameter, match="v5e:3x3"):
-        xla_sharded.check_scale_parameters("tiny-llama", ["v5e:3x3"], 1, 8)
-    with pytest.raises(BadParameter, match="scale_topologies"):
-        xla_sharded.check_scale_parameters("tiny-llama", [], 1, 8)
     from portkit import xla
-    with pytest.raises(BadParameter, match="llama3-9b"):             # what `portkit run -p scale_model` preflights
-        xla.check_parameters(scale_model="llama3-9b")
-    with pytest.raises(BadParameter, match="scale_model"):
-        xla.check_parameters(scale_model=8)
+    with pytest.raises(BadParameter, match="v5e:3x3"):
+        xla_sharded.check_scale_parameters(["v5e:3x3"], 1, 8)
+    with pytest.raises(BadParameter, match="scale_topologies"):
+        xla_sharded.check_scale_parameters([], 1, 8)
+    with pytest.raises(BadParameter, match="scale_buckets entry"):
+        xla_sharded.check_scale_parameters(["v5e:1x1"], 1, 8, [64, 0])
+    with pytest.raises(BadParameter, match="at most 8192 tokens"):       # what `portkit run --model` preflights
+        xla.check_parameters(model="llama3-8b", scale_seq=1024, scale_buckets=[16384])
+    xla.check_parameters(model="minilm", scale_seq=16384)     # a loaded model: the scale_* shape is not used
 
 
 @needs_xla
-def test_fit_table_stops_at_the_smallest_topology_that_fits():
-    table = xla_sharded.fit_table("tiny-llama", ["v5e:2x2", "v5e:1x1"], batch=4, seq=16)
-    assert "smallest topology that fits: v5e:1x1" in str(table)
-    assert len(table.rows) == 1 and table.rows[0][0] == "v5e:1x1"    # the 1-chip one fit: 2x2 never compiled
+def test_the_real_size_check_stops_at_the_smallest_topology_that_fits_and_searches_the_batch():
+    from portkit import scale
+    m = abstract_models.build("tiny-llama")
+    checks = scale.run(m, ["neuron", "tpu", "cpu"], ["v5e:2x2", "v5e:1x1"], batch=4, seq=16)
+    tpu = checks["tpu"]
+    assert tpu.smallest == "v5e:1x1" and [r.topology for r in tpu.tried] == ["v5e:1x1"]   # 2x2 never compiled
+    row = tpu.rows()[0]
+    assert row["fits"] and row["roofline"]["label"] == "estimate, not measured"
+    # tiny-llama fits far more than the search's limit: the guess from the first compile starts at the limit
+    assert tpu.largest == [{"seq": 16, "topology": "v5e:1x1", "batch": 1024, "guess": tpu.largest[0]["guess"],
+                            "limit": 1024, "compiles": 1, "tried": {"1024": True}}]
+    neuron = checks["neuron"]
+    assert neuron.lowering.ok and neuron.capacity["chips"]["trn1"]["copies_per_chip"] == 2   # one a NeuronCore
+    # the Neuron method checked against the real compiler: FLOPs counted on the graph vs XLA's cost analysis
+    assert neuron.capacity["flops"] == pytest.approx(tpu.tried[0].shapes[0].flops, rel=0.1)
+    assert set(checks) == {"neuron", "tpu"}                        # cpu is a reference platform: no check
+    assert "smallest topology that fits: v5e:1x1" in str(tpu) and tpu.findings()[0]["severity"] == "work"
 
 
 @pytest.mark.parametrize("capacity", [0, 1, 2, 37, 64, 1000, 5000])
@@ -101,6 +123,32 @@ def test_bisection_finds_the_boundary_of_a_fake_compiler_in_few_compiles(capacit
     assert all(tried[b] for b in tried if b <= best) and not any(tried[b] for b in tried if b > best)
     with pytest.raises(BadParameter, match="batch limit"):
         xla_sharded.largest_fitting(fits, limit=0)
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 7, 37, 64, 999, 1024, 5000])
+@pytest.mark.parametrize("guess", [1, 30, 40, 100, 2000])
+def test_a_guess_from_measured_memory_finds_the_same_boundary(capacity, guess):
+    calls = []
+
+    def fits(batch):
+        calls.append(batch)
+        return batch <= capacity
+    best, tried = xla_sharded.largest_fitting(fits, limit=1024, guess=guess)
+    assert best == min(capacity, 1024) and len(calls) == len(set(calls))
+    assert all(tried[b] == (b <= capacity) for b in tried)
+    if guess == 40 and capacity == 37:      # a close guess: a handful of compiles, not doubling from 1
+        assert calls == [40, 39, 37, 38]
+    if guess == capacity:                   # a right guess: it and the next one
+        assert calls == [guess, guess + 1]
+
+
+def test_the_guess_is_a_linear_memory_model_of_one_compile():
+    from types import SimpleNamespace
+    measured = SimpleNamespace(status="compiled", memory={"argument": 4 * 2**30, "total": 6 * 2**30})
+    # 2 GiB for batch 8 at seq 1024: 0.25 GiB a sequence; 12 GiB free -> 48; at seq 2048 -> 24
+    assert xla_sharded.guess_batch(measured, 16 * 2**30, 8, 1024, 1024) == 48
+    assert xla_sharded.guess_batch(measured, 16 * 2**30, 8, 1024, 2048) == 24
+    assert xla_sharded.guess_batch(SimpleNamespace(status="out_of_hbm", memory=None), 1, 1, 1, 1) is None
 
 
 @needs_xla
@@ -122,5 +170,41 @@ def test_roofline_is_an_estimate_bound_by_the_slower_of_compute_and_hbm():
     assert r["label"] == "estimate, not measured" and r["bound"] == "compute"
     assert r["step_seconds"] == pytest.approx(1.0) and r["tokens_per_second_per_chip"] == pytest.approx(1000)
     assert r["copies_per_device"] == 3 and r["source"] == "https://cloud.google.com/tpu/docs/v5e"
-    with pytest.raises(BadParameter, match="tpu7x"):
-        capacity.chip("tpu7x:2x2x1")
+    with pytest.raises(BadParameter, match="unknown TPU chip 'v9z'; choose one of: tpu7x, v4, v5e, v5p, v6e"):
+        capacity.chip("v9z:2x2")
+
+
+def test_every_chip_value_names_its_source_and_the_compile_check_reads_the_same_hbm():
+    from portkit import capacity
+    table = json.loads(capacity.CHIPS.read_text())
+    assert "_provenance" in table
+    for name, spec in capacity.chips().items():
+        values = [k for k in ("peak_bf16_flops", "hbm_bytes_per_s", "hbm_gib", "neuron_cores", "instance_chips")
+                  if k in spec]
+        assert set(values) <= set(spec["sources"]), name                 # every value has its page
+        assert all(spec["sources"][k].startswith("https://") for k in values), name
+    assert set(capacity.chips("neuron")) == {"trn1", "trn2", "inf2"}
+    assert capacity.chip("v6e")["hbm_bytes_per_s"] == 1638e9            # the page's figure (it said 1640 before)
+    assert capacity.chip("trn2", "neuron")["peak_bf16_flops"] == 667e12
+    assert xla_compile.HBM_GIB_PER_CHIP == capacity.hbm_gib_per_chip()    # one owner: chips.json
+
+
+def test_neuron_capacity_counts_llama3_8b_flops_on_the_graph_without_weights():
+    from portkit import capacity
+    m = abstract_models.build("llama3-8b")
+    found = capacity.neuron_capacity(m, abstract_models.text_shape(m, 8, 1024))
+    c = m.config
+    tokens = 8 * 1024
+    # matmuls: q,o (h x h), k,v (h x h/4), MLP 3 x (h x 14336) per layer, and the LM head; attention 2 x s x h
+    layer = 2 * c.hidden_size ** 2 + 2 * c.hidden_size * 1024 + 3 * c.hidden_size * c.intermediate_size
+    matmuls = 2 * tokens * (c.num_hidden_layers * layer + c.hidden_size * c.vocab_size)
+    attention = c.num_hidden_layers * 2 * 2 * 8 * 1024 * 1024 * c.hidden_size
+    assert found["flops"] == matmuls + attention
+    buffers = sum(b.numel() * b.element_size() for b in m.buffers())      # the rotary frequencies, fp32
+    assert found["label"] == "estimate, not measured"
+    assert found["weight_bytes"] == 2 * sum(p.numel() for p in m.parameters()) + buffers
+    trn1, trn2 = found["chips"]["trn1"], found["chips"]["trn2"]
+    # 16 GB of bf16 weights + 2 GB of logits: two 16 GiB NeuronCore-v2 (one Trainium chip), one 24 GiB Trn2 core
+    assert (trn1["neuron_cores_per_copy"], trn1["copies_per_chip"], trn1["copies_per_instance"]) == (2, 1, 16)
+    assert (trn2["neuron_cores_per_copy"], trn2["copies_per_chip"], trn2["copies_per_instance"]) == (1, 4, 64)
+    assert trn1["bound"] == "compute" and trn1["step_seconds"] == pytest.approx(found["flops"] / 190e12)

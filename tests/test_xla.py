@@ -455,3 +455,19 @@ def test_stage_turns_failures_into_findings(bert, tmp_path):
     assert [f["kind"] for f in tpu["findings"]] == ["hbm"] and tpu["findings"][0]["severity"] == "blocker"
     assert "skipped" in saved["targets"]["cpu"]["summary"]
     assert saved["stage"] == "xla" and "real XLA compile" in saved["summary"]
+
+
+@needs_xla
+def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_path, monkeypatch):
+    from portkit import report, xla_sharded
+    monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
+    stage = xla.run_stage(bert, ["tpu"], tmp_path, batch_size=1, seq_len=32, largest_batch=True)
+    (found,) = stage.largest["tpu"]
+    # the memory model puts bert's boundary far past the search's limit: one compile, at the limit, fits
+    assert found["guess"] > 4 and found["tried"] == {"4": True} and found["batch"] == 4
+    assert "largest batch that fits, seq=32: 4+" in stage.summary()
+    stage.save(tmp_path / "xla.json")
+    scale = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["scale"]
+    assert scale == {"largest batch that fits HBM, seq 32": "4+ (the search's limit) on v5e:1x1 (1 compiles)"}
+    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], tmp_path, batch_size=1, seq_len=32).to_dict()[
+        "targets"]["tpu"]                                       # off by default: no extra compile
