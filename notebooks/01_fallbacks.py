@@ -26,7 +26,7 @@
 model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # targets to check: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder this stage writes fallbacks.json into
-corpus = "stdlib"  # texts: stdlib docstrings or a .txt/.jsonl/.csv file (audio models: spoken); or a .wav/.flac folder
+corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 batch_size = 8  # texts in the recorded batch
 seq_len = 128  # tokens every text is padded or truncated to

@@ -37,7 +37,7 @@
 model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # targets to compile for: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder this stage writes compile.json into
-corpus = "stdlib"  # texts: stdlib docstrings or a .txt/.jsonl/.csv file (audio models: spoken); or a .wav/.flac folder
+corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 requests = 100  # real requests streamed through the compiled model, each at its own length
 batch_size = 1  # texts per request

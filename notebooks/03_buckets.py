@@ -38,7 +38,7 @@
 model = "minilm"  # model: a portkit name, a local HF directory, or module:factory (its inputs must vary)
 targets = ["neuron", "tpu"]  # targets to plan for: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder holding compile.json from stage 2, and where buckets.json goes
-corpus = "stdlib"  # texts: stdlib docstrings or a .txt/.jsonl/.csv file (audio models: spoken); or a .wav/.flac folder
+corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 bucket_count = 4  # buckets every fixed-k planner gets in the comparison and the replay
 max_batch = 1  # each request batches 1..max_batch texts; batch sizes are bucketed as powers of two

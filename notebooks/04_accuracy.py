@@ -43,7 +43,7 @@
 model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # targets to check: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder holding earlier stages' JSON (buckets.json); accuracy.json is written here
-corpus = "stdlib"  # texts: stdlib docstrings or a .txt/.jsonl/.csv file (audio models: spoken); or a .wav/.flac folder
+corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 batch_size = 4  # texts in the compared batch, and in each bucket's batch
 seq_len = 64  # tokens every text of the main batch is padded or truncated to

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from portkit import audio, progress
+from portkit import audio, images, progress
 from portkit._io import write_json
 from portkit.errors import BadParameter, MissingPackage
 
-CORPUS_CHOICES = ("stdlib", "<path>.txt", "<path>.jsonl", "<path>.csv", "<folder of .wav/.flac>")
+CORPUS_CHOICES = ("stdlib", "<path>.txt", "<path>.jsonl", "<path>.csv", "<folder of .wav/.flac>",
+                  "<folder of .jpg/.png>")
 CORPUS_TYPES = (".txt", ".jsonl", ".csv")
 # A larger file is refused before it is read: stage 3 tokenizes every text of the corpus, and a
 # sample of this size already gives its length distribution.
@@ -125,9 +126,10 @@ def check_corpus(spec: str) -> str:
     if not path.exists():
         raise BadParameter("corpus", spec, CORPUS_CHOICES, hint="no such file")
     if path.is_dir():
-        if audio.holds_audio(path):
-            return spec          # a folder of recordings: an audio model's corpus (audio_corpus)
-        raise BadParameter("corpus", spec, hint="not a file, nor a folder of .wav/.flac recordings")
+        if audio.holds_audio(path) or images.holds_images(path):
+            return spec          # a folder of recordings or of images: an audio or image model's corpus
+        raise BadParameter("corpus", spec, hint="not a file, nor a folder of .wav/.flac recordings or of "
+                                                 f"{'/'.join(images.IMAGE_TYPES)} images")
     if not path.is_file():
         raise BadParameter("corpus", spec, hint="not a file")
     if path.suffix.lower() not in CORPUS_TYPES:
@@ -160,8 +162,8 @@ def load_corpus(spec: str = "stdlib", column: str = "text") -> Corpus:
     return Corpus(path.stem, str(path.resolve()), texts)
 
 
-def is_audio_folder(spec) -> bool:
-    """Whether a corpus spec names a folder (of recordings: check_corpus refuses any other folder)."""
+def is_folder(spec) -> bool:
+    """Whether a corpus spec names a folder (of recordings or images: check_corpus refuses any other)."""
     return isinstance(spec, str) and spec != "stdlib" and Path(spec).expanduser().is_dir()
 
 
@@ -169,8 +171,8 @@ def audio_corpus(spec: str = "stdlib", column: str = "text", clips: int = SPOKEN
     """An audio model's corpus (an audio.AudioCorpus): the user's folder of recordings; or, for 'stdlib' or a
     text file, the alsa-utils recordings with `clips` texts of it spoken by espeak-ng (labelled synthetic,
     cached under cache_root()/speech), for a realistic, long-tailed distribution of durations."""
-    if check_corpus(spec) != "stdlib" and is_audio_folder(spec):
-        return audio.folder_corpus(spec)
+    if check_corpus(spec) != "stdlib" and is_folder(spec):
+        return audio.folder_corpus(spec)      # a folder without recordings fails here, naming it
     texts = load_corpus(spec, column)
     spoken = audio.synthesize(texts.sample(min(clips, len(texts)), seed), cache_root() / "speech", texts.name)
     try:
@@ -266,34 +268,6 @@ def _csv_texts(lines, path: Path, spec: str, column: str) -> list[str]:
     return texts
 
 
-def sample_images(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
-    """n real photographs, cropped at seeded random places: float32 HxWx3 arrays in [0, 1].
-
-    The pixels come from the sample images that matplotlib ships (a portrait and a product
-    photo), so a vision model sees natural image statistics with no download."""
-    import matplotlib.image as mpimg
-    from matplotlib import cbook
-
-    sources = []
-    for name in ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png"):
-        with cbook.get_sample_data(name) as handle:
-            img = mpimg.imread(handle, format=name.rsplit(".", 1)[1]).astype(np.float32)
-        if img.max() > 1.0:
-            img = img / 255.0
-        sources.append(img[..., :3])
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        img = sources[i % len(sources)]
-        h, w = img.shape[:2]
-        crop = int(rng.integers(min(h, w) // 2, min(h, w) + 1))
-        top, left = int(rng.integers(0, h - crop + 1)), int(rng.integers(0, w - crop + 1))
-        patch = img[top:top + crop, left:left + crop]
-        index = (np.arange(size) * crop / size).astype(int)   # nearest-neighbour resize
-        out.append(np.ascontiguousarray(patch[index][:, index]))
-    return out
-
-
 @dataclass
 class LengthDistribution:
     """Lengths of a corpus's items along the model's varying dimension (tokens under one tokenizer for
@@ -356,7 +330,7 @@ def length_distribution(corpus: Corpus, model) -> LengthDistribution:
 def corpus_for(model, spec: str = "stdlib", column: str = "text") -> Corpus | None:
     """The items `model`'s batches are drawn from: the declaration's own items when it brings them
     (Declaration.own_items), texts from the corpus for a text model (load_corpus); None for an image
-    model, whose batches are image crops (sample_images)."""
+    model without a folder of images, whose batches are crops of matplotlib's photographs (sample_images)."""
     declared = model.declaration
     if declared.own_items is not None:
         items = tuple(declared.own_items())
@@ -364,14 +338,17 @@ def corpus_for(model, spec: str = "stdlib", column: str = "text") -> Corpus | No
             raise BadParameter(f"data of {model.name}", "no items", hint="its declaration's own_items() is empty")
         return Corpus(f"{model.name}'s own data", f"{declared.items}, from its declaration's own_items()", items)
     if model.takes_text:
-        if is_audio_folder(spec):
-            raise BadParameter("corpus", spec, hint=f"a folder of recordings; {model.name} takes text")
+        if is_folder(spec):
+            raise BadParameter("corpus", spec, hint=f"a folder; {model.name} takes text (a .txt/.jsonl/.csv file)")
         return load_corpus(spec, column)
     if declared.data == "audio":         # the clips themselves are the items: read when a batch is built
         clips = audio_corpus(spec, column)
         return Corpus(clips.name, f"{clips} ({clips.label})", clips.clips)
     if declared.data == "image":
-        return None
+        if not is_folder(spec):
+            return None
+        name, source, pictures = images.folder_images(spec, model.image_size)
+        return Corpus(name, source, pictures)
     raise BadParameter(f"data for {model.name}", declared.data,
                        hint="give its declaration own_items() (portkit.inputs), or a corpus of its kind")
 
@@ -381,11 +358,14 @@ def example_batch(model, corpus: Corpus | None, batch_size: int, seq_len: int, s
     truncated) to seq_len tokens, real image crops for an image model, any other items padded to the
     longest of them (seq_len counts tokens). Returns (inputs, description)."""
     if corpus is None and not model.takes_text:
-        images = sample_images(batch_size, model.image_size, seed)
-        return model.encode(images), f"{batch_size} image crops of {model.image_size}x{model.image_size}"
+        crops = images.sample_images(batch_size, model.image_size, seed)
+        return model.encode(crops), f"{batch_size} image crops of {model.image_size}x{model.image_size}"
     if corpus is None:
         raise BadParameter("corpus", None, CORPUS_CHOICES)
     items = corpus.sample(batch_size, seed)
+    if model.declaration.data == "image":
+        size = model.image_size
+        return model.encode(items), f"{batch_size} images from {corpus.name}, centred squares at {size}x{size}"
     if model.seq_dim != "tokens":
         batch = model.encode(items)
         return batch, (f"{batch_size} {model.declaration.items} from {corpus.name}, padded to the longest: "

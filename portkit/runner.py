@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import _io, audio, data, params as params_mod, results, runfolder
+from portkit import _io, audio, data, images, params as params_mod, results, runfolder
 from portkit.errors import BadParameter, StageFailed, StageSkipped
 from portkit.progress import HEADLESS_VARIABLE
 from portkit.runfolder import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
@@ -163,8 +163,10 @@ def _check_corpora(per_stage) -> None:
         column = values.get("text_column", _default(declared, "text_column"))
         if corpus == "stdlib" or (corpus, column) in checked:
             continue
-        if data.is_audio_folder(corpus):
+        if data.is_folder(corpus) and audio.holds_audio(Path(corpus).expanduser()):
             audio.folder_corpus(corpus)      # every file's header read: an unreadable one fails here
+        elif data.is_folder(corpus):
+            images.check_folder(corpus)      # likewise every image's header
         else:
             data.load_corpus(corpus, column)
         checked.add((corpus, column))

@@ -66,9 +66,9 @@ def make_requests(model, corpus, n: int = 6, batch_size: int = 1, max_tokens: in
     stream goes on to `horizon` requests whose shapes are kept (not run) to project a longer storm."""
     total = max(n, horizon)
     if corpus is None and not model.takes_text:
-        from portkit import data
-        images = data.sample_images(n * batch_size, model.image_size, seed)
-        inputs = [model.encode(images[i * batch_size:(i + 1) * batch_size]) for i in range(n)]
+        from portkit import images
+        crops = images.sample_images(n * batch_size, model.image_size, seed)
+        inputs = [model.encode(crops[i * batch_size:(i + 1) * batch_size]) for i in range(n)]
         shape = list(inputs[0]["pixel_values"].shape)
         return Requests([[] for _ in inputs], inputs, "image crops", model, [shape] * (total - n))
     texts = corpus.sample(total * batch_size, seed)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit import data, models
+from portkit import data, images, models
 from portkit.errors import BadParameter, NeedsNetwork
 
 
@@ -36,11 +36,56 @@ def test_random_text_models_build_and_run(name, corpus):
 
 def test_vit_takes_real_images():
     m = models.load("vit")
-    images = data.sample_images(3, m.image_size, seed=0)
-    assert images[0].shape == (64, 64, 3) and 0.0 <= images[0].min() and images[0].max() <= 1.0
-    assert images[0].std() > 0.01     # a photograph, not a constant
+    crops = images.sample_images(3, m.image_size, seed=0)
+    assert crops[0].shape == (64, 64, 3) and 0.0 <= crops[0].min() and crops[0].max() <= 1.0
+    assert crops[0].std() > 0.01     # a photograph, not a constant
     with torch.no_grad():
-        assert m(m.encode(images))["logits"].shape == (3, 10)
+        assert m(m.encode(crops))["logits"].shape == (3, 10)
+
+
+def _photo_folder(root):
+    """A user's folder: matplotlib's photographs saved as JPEG and PNG at their own sizes, one of them grey
+    and in a subfolder."""
+    from PIL import Image
+    from matplotlib import cbook
+    root.mkdir()
+    (root / "sub").mkdir()
+    with cbook.get_sample_data("grace_hopper.jpg") as handle:
+        hopper = Image.open(handle).convert("RGB")
+    hopper.save(root / "hopper.jpg")
+    hopper.crop((0, 0, 300, 200)).save(root / "wide.png")
+    hopper.convert("L").save(root / "sub" / "grey.png")
+    (root / "notes.txt").write_text("not an image")
+    return root
+
+
+def test_an_image_model_takes_the_users_folder_of_images(tmp_path):
+    folder = _photo_folder(tmp_path / "photos")
+    assert data.check_corpus(str(folder)) == str(folder)
+    m = models.load("vit")
+    corpus = data.corpus_for(m, str(folder))
+    assert len(corpus) == 3 and "3 images in" in corpus.source
+    assert all(item.shape == (64, 64, 3) and item.dtype == np.float32 for item in corpus.texts)
+    grey = [item for item in corpus.texts if np.allclose(item[..., 0], item[..., 1])]
+    assert len(grey) == 1          # the grey PNG became three equal channels
+    inputs, described = data.example_batch(m, corpus, batch_size=2, seq_len=64)
+    assert inputs["pixel_values"].shape == (2, 3, 64, 64) and "images from photos" in described
+    with torch.no_grad():
+        assert m(inputs)["logits"].shape == (2, 10)
+
+
+def test_a_bad_image_folder_is_refused_naming_the_file(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "a.txt").write_text("x")
+    with pytest.raises(BadParameter, match="of .jpg/.jpeg/.png"):
+        data.check_corpus(str(empty))
+    folder = _photo_folder(tmp_path / "photos")
+    (folder / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(BadParameter, match="broken.jpg"):
+        images.check_folder(str(folder))
+    with pytest.raises(BadParameter, match="takes text"):
+        data.corpus_for(models.load("bert"), str(folder))
 
 
 def test_hub_ids_fail_at_once_with_advice():
