@@ -167,6 +167,18 @@ def is_folder(spec) -> bool:
     return isinstance(spec, str) and spec != "stdlib" and Path(spec).expanduser().is_dir()
 
 
+def check_folder_for(model, spec: str) -> None:
+    """A folder corpus holds the model's kind of data (recordings for an audio model, images for an image
+    model; a text model takes a file), without reading it."""
+    kind = model.declaration.data
+    path = Path(spec).expanduser()
+    holds = {"audio": audio.holds_audio(path), "image": images.holds_images(path)}
+    if not holds.get(kind, False):
+        wanted = {"audio": "a folder of .wav/.flac recordings", "image": "a folder of images"}.get(
+            kind, "a .txt/.jsonl/.csv file")
+        raise BadParameter("corpus", spec, hint=f"{model.name} takes {kind}: give {wanted}")
+
+
 def audio_corpus(spec: str = "stdlib", column: str = "text", clips: int = SPOKEN_CLIPS, seed: int = 0):
     """An audio model's corpus (an audio.AudioCorpus): the user's folder of recordings; or, for 'stdlib' or a
     text file, the alsa-utils recordings with `clips` texts of it spoken by espeak-ng (labelled synthetic,

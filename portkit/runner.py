@@ -121,7 +121,7 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
         values.update({k: v for k, v in user_params.items() if k in mine})
         _preflight(stage, mine, values)
         per_stage.append((stage, values))
-    _check_corpora(per_stage)
+    _check_corpora(per_stage, model)
     check_out_dir(out)   # last: its probe is the one step that touches the disk
     return chosen, per_stage
 
@@ -152,8 +152,9 @@ def _preflight(stage: Stage, declared: dict, values: dict) -> None:
     check(**merged)
 
 
-def _check_corpora(per_stage) -> None:
-    """Read each corpus file a stage will read, with its text column: a bad line fails here, not mid-run."""
+def _check_corpora(per_stage, model: str) -> None:
+    """Read each corpus file a stage will read, with its text column: a bad line fails here, not mid-run.
+    A folder is checked against the model's kind of data (the model is loaded for it: folders only)."""
     checked = set()
     for stage, values in per_stage:
         declared = declared_parameters(stage)
@@ -163,6 +164,9 @@ def _check_corpora(per_stage) -> None:
         column = values.get("text_column", _default(declared, "text_column"))
         if corpus == "stdlib" or (corpus, column) in checked:
             continue
+        if data.is_folder(corpus):
+            from portkit import models
+            data.check_folder_for(models.load(model), corpus)
         if data.is_folder(corpus) and audio.holds_audio(Path(corpus).expanduser()):
             audio.folder_corpus(corpus)      # every file's header read: an unreadable one fails here
         elif data.is_folder(corpus):
