@@ -386,8 +386,8 @@ def _counted(model, encoded, backend, runs: list[ReplayRun], progress, device, p
     per = sum(r.compile_wall_seconds for r in measured) / sum(r.compiles for r in measured) if measured else 0.0
     what = (f"{len(seqs)} bucket shapes, one compile each in warm-up (the replay under fail_on_recompile and the "
             "padding check ran on the chosen plans)" if plan is not None else
-            f"{len(seqs)} distinct shapes, one compile each under static shapes (stage 2's storm compiles every "
-            "new shape)")
+            f"{len(seqs)} distinct shapes, one compile each under static shapes (stage 2's storm compiles or "
+            "counts every new shape)")
     note = (f"counted, not compiled: {what}; each request ran eagerly under the backend's numerics; "
             + (f"compiling here estimated at {per:.2f} s a shape, the mean of this replay's "
                f"{sum(r.compiles for r in measured)} measured compiles" if measured else "no compile measured here"))

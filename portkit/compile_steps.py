@@ -1,4 +1,4 @@
-"""Stage 2's steps: real requests, graph breaks, the recompile storm, and one fixed shape.
+"""Stage 2's steps: real requests, graph breaks, the recompile storm (portkit/storm.py), and one fixed shape.
 
     >>> from portkit import compile_steps, data, models
     >>> m = models.load("minilm")
@@ -18,8 +18,6 @@ import collections
 import contextlib
 import dataclasses
 import html
-import importlib
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -27,74 +25,15 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 
-from portkit import _torch, placement, selection, targets as targets_mod
-from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
-                              refused_recompile, warm_inductor)
+from portkit import targets as targets_mod
+from portkit.backends import (CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
+                              refused_recompile)
 from portkit.errors import CompileRefused
 from portkit.frames import innermost, place as _place
+from portkit.storm import (AUTO, COMPILE_SHAPES, Storm, _compiled, _eager_from, _failure,  # noqa: F401 (the
+                           _failure_text, _precision_for, recompile_storm, recompile_storms)  # stage's steps)
 from portkit.streams import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
 from portkit.tables import HtmlTable
-from portkit.targets import Target
-
-AUTO = selection.AUTO
-
-
-def _vendor_metrics(target: Target) -> dict:
-    """The vendor's own compile counters (native mode), named by Target.compile_metrics."""
-    found = {}
-    for spec in target.compile_metrics:
-        module, _, path = spec.partition(":")
-        value = importlib.import_module(module)
-        for part in path.split("."):
-            value = value[part] if isinstance(value, dict) else getattr(value, part)
-        found[spec] = value() if callable(value) else dict(value) if isinstance(value, dict) else value
-    return found
-
-
-def _precision_for(precision, name: str):
-    return precision.get(name) if isinstance(precision, dict) else precision
-
-
-@contextlib.contextmanager
-def _compiled(model, target: str, backend: str, precision, fullgraph: bool, **dynamo):
-    """The model compiled for `target` with dynamic=False (what both targets require), behind a
-    CompileCounter; yields (call(inputs), counter, detected, device). An emulated backend checks each
-    graph and runs it eagerly (no Inductor codegen): a new shape costs Dynamo's trace and the check,
-    and its price on the target comes from the cost model (portkit/economics.py). Dynamo is reset
-    around it."""
-    detected = targets_mod.detect(target)
-    chosen, device = selection.backend_for(detected, backend, _precision_for(precision, target), inductor=False)
-    counter = CompileCounter(chosen)
-    if not isinstance(chosen, EmulatedBackend):   # Inductor (a reference target) or the vendor's compiler
-        warm_inductor()
-    module = model.module if hasattr(model, "module") else model
-    torch.compiler.reset()
-    # torch.compile is this call; optimize() also takes the guard-failure hook.
-    fn = torch._dynamo.optimize(counter, nopython=fullgraph, dynamic=False, **dynamo)(module)
-    try:
-        with placement.on_device(module, device), torch.no_grad():
-            yield (lambda x: fn(**placement.to_device(x, device))), counter, detected, device
-    finally:
-        torch.compiler.reset()
-
-
-def _failure(exc: BaseException, request: int | None = None) -> dict:
-    """Why and where a compile failed, from Dynamo's or portkit's exception (not a traceback)."""
-    inner = getattr(exc, "inner_exception", None) or exc
-    where, stack = getattr(inner, "where", None), getattr(exc, "real_stack", None)
-    if where is None and stack:
-        where = _place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
-    lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()]
-    field_of = lambda label: next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(label)), "")  # noqa: E731
-    kind = ("refused" if isinstance(inner, CompileRefused) else
-            "graph break" if isinstance(exc, torch._dynamo.exc.Unsupported) else type(inner).__name__)
-    return {"kind": kind, "message": lines[0] if lines else type(inner).__name__,
-            "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
-
-
-def _failure_text(f: dict) -> str:
-    return f"{f['kind']}: {f['message']}" + (f" ({f['explanation']})" if f.get("explanation") else "") + \
-        f" at {_text(f['where'])}"
 
 
 # ---------------------------------------------------------------- step 1: graph breaks
@@ -216,204 +155,6 @@ def _merged_contents(graphs: list[dict]) -> dict[str, dict]:
             entry["dtypes"] = sorted(set(entry["dtypes"]) | set(found["dtypes"]))
             entry["where"] += [w for w in found["where"] if w not in entry["where"]][:3 - len(entry["where"])]
     return dict(sorted(merged.items()))
-
-
-# ---------------------------------------------------------------- step 2: the recompile storm
-@dataclass
-class Storm:
-    """One target's compiles over a stream of real requests."""
-    target: dict
-    backend: str
-    precision: str | None
-    fullgraph: bool
-    recompile_limit: int             # what this run allowed: raised, so every compile is paid
-    default_limit: int               # torch._dynamo.config.recompile_limit: where Dynamo gives up
-    requests: list[dict]
-    compiles: list[CompileEvent]
-    failure: dict | None = None
-    vendor_metrics: dict | None = None
-
-    def distinct_shapes(self) -> int:
-        return len({tuple(r["shape"]) for r in self.requests})
-
-    def eager_from(self) -> int | None:
-        """The first request whose new shape Dynamo, at its default limit, would silently run eagerly."""
-        return _eager_from([r["shape"] for r in self.requests], self.default_limit)
-
-    def seconds(self) -> dict:
-        """Seconds here: "compiling" is what the calls that compiled took on this CPU (Dynamo's trace and
-        the backend: the target's check without codegen in emulated mode), not the target's compile."""
-        return {"compiling": sum(r["wall"] - r["run"] for r in self.requests if r["new_compiles"]),
-                "running": sum(r["run"] for r in self.requests), "backend": sum(e.seconds for e in self.compiles)}
-
-    def summary(self) -> str:
-        head = f"{self.target['name']} ({self.target['mode']}, {self.backend})"
-        if self.failure and not self.requests:
-            return f"{head}: cannot compile: {_failure_text(self.failure)}"
-        s, eager = self.seconds(), self.eager_from()
-        text = (f"{head}: {len(self.requests)} requests, {self.distinct_shapes()} shapes -> {len(self.compiles)} "
-                f"compiles; {s['compiling']:.1f} s compiling here vs {s['running']:.2f} s running")
-        if eager is not None:
-            text += (f"; at the default recompile_limit={self.default_limit}, request {eager + 1} and every later "
-                     "new shape would silently run eagerly")
-        return text
-
-    def table(self) -> HtmlTable:
-        rows = [[r["index"] + 1, "x".join(map(str, r["shape"])), r["new_compiles"] or "", r["compiles"],
-                 f"{r['wall'] - r['run']:.2f}" if r["new_compiles"] else "", f"{r['run'] * 1e3:.1f}",
-                 r["reason"] or ("(first call)" if r["index"] == 0 else "")] for r in self.requests]
-        return HtmlTable(["request", "shape", "compiled", "compiles so far", "compile s", "run ms",
-                          "guard failure that triggered it"], rows, self.summary())
-
-    def to_dict(self) -> dict:
-        return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "compiles"},
-                "compiles": [dataclasses.asdict(e) for e in self.compiles], "summary": self.summary(),
-                "distinct_shapes": self.distinct_shapes(), "eager_from_request": self.eager_from(),
-                "seconds": self.seconds()}
-
-    def __str__(self) -> str:
-        return str(self.table())
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        return self.table()._repr_html_()
-
-
-def _eager_from(shapes, limit: int) -> int | None:
-    seen: set = set()
-    for i, shape in enumerate(map(tuple, shapes)):
-        if shape not in seen:
-            seen.add(shape)
-            if len(seen) > limit:
-                return i
-    return None
-
-
-def recompile_storm(model, requests: Requests, target: str, precision=None, backend: str = AUTO,
-                    fullgraph: bool = False, progress: bool = True) -> Storm:
-    """Stream the requests through the model compiled for `target` and record every compile, the
-    guard failure that triggered it, and the time spent compiling and running."""
-    from portkit.progress import bar as progress_bar
-    default = _torch.default_recompile_limit()
-    reasons: list[str] = []
-    rows, failure = [], None
-    # pay every compile, as the targets do: the limit is raised above the requests' shapes
-    guard_failed = lambda failure: reasons.append(failure.reason)   # noqa: E731
-    with _torch.recompile_limit(shapes=len(requests.inputs)) as limit, \
-            _compiled(model, target, backend, precision, fullgraph, guard_fail_fn=guard_failed) as (
-                call, counter, detected, device):
-        for i, inputs in enumerate(progress_bar(requests.inputs, desc=f"{target} requests", disable=not progress)):
-            counter.request, before = i, len(counter.events)
-            reasons.clear()
-            start = time.perf_counter()
-            try:
-                call(inputs)
-            except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
-                failure = _failure(exc, i)
-                break
-            wall = run = time.perf_counter() - start
-            new = counter.events[before:]
-            if new:   # a second call on the same shape: the steady-state run time
-                start = time.perf_counter()
-                call(inputs)
-                run = time.perf_counter() - start
-            rows.append({"index": i, "shape": list(next(iter(inputs.values())).shape), "new_compiles": len(new),
-                         "compiles": len(counter.events), "wall": wall, "run": run,
-                         "backend_seconds": sum(e.seconds for e in new), "cache_hits": sum(e.cache_hit for e in new),
-                         "reason": re.sub(r"^\d+/\d+: ", "", reasons[0].splitlines()[0]) if new and reasons else None,
-                         "guard_failures": len(reasons) if new else 0})
-    precision_name = counter.backend.precision.name if isinstance(counter.backend, EmulatedBackend) else None
-    return Storm(detected.to_dict(), counter.__name__, precision_name, fullgraph, limit, default, rows,
-                 counter.events, failure, _vendor_metrics(detected.target) if device != "cpu" else None)
-
-
-class _Shared:
-    """One Dynamo pass for several emulated targets: each graph Dynamo captures goes to every target's
-    counted backend (a static-shape target compiles one graph per shape, so they see the same graphs);
-    a target that refuses a graph is recorded and left out from then on; the graph then runs eagerly as
-    Dynamo captured it (without a target's numerics: the storm counts compiles and times them; the
-    fixed-shape check runs each target's own backend)."""
-
-    def __init__(self, counters: dict[str, CompileCounter]):
-        self.counters, self.refused = counters, {}
-        self.__name__ = "+".join(c.__name__ for c in counters.values())
-
-    def __call__(self, gm, example_inputs, **kwargs):
-        for name, counter in self.counters.items():
-            if name not in self.refused:
-                try:
-                    counter(gm, example_inputs)
-                except CompileRefused as exc:
-                    self.refused[name] = exc
-        return gm.forward
-
-
-def recompile_storms(model, requests: Requests, targets, precision=None, backend: str = AUTO,
-                     fullgraph: bool = False, progress: bool = True) -> dict[str, Storm]:
-    """recompile_storm for every target; the emulated targets share one Dynamo pass (tracing a shape
-    once, checking it once per target), which halves the storm's time on this CPU for two targets."""
-    from portkit.progress import bar as progress_bar
-    names = targets_mod.parse_targets(targets)
-    shared = {}
-    for name in names:
-        chosen, _ = selection.backend_for(targets_mod.detect(name), backend, _precision_for(precision, name))
-        if isinstance(chosen, EmulatedBackend):
-            shared[name] = chosen
-    if len(shared) < 2:
-        return {n: recompile_storm(model, requests, n, precision, backend, fullgraph, progress) for n in names}
-    out = {n: recompile_storm(model, requests, n, precision, backend, fullgraph, progress)
-           for n in names if n not in shared}
-    counters = {n: CompileCounter(b) for n, b in shared.items()}
-    fan, reasons = _Shared(counters), []
-    rows: dict[str, list] = {n: [] for n in shared}
-    failures: dict[str, dict | None] = dict.fromkeys(shared)
-    module = model.module if hasattr(model, "module") else model
-    default = _torch.default_recompile_limit()
-    torch.compiler.reset()
-    with _torch.recompile_limit(shapes=len(requests.inputs)) as limit:
-        fn = torch._dynamo.optimize(fan, nopython=fullgraph, dynamic=False,
-                                    guard_fail_fn=lambda failure: reasons.append(failure.reason))(module)
-        try:
-            with placement.on_device(module, "cpu"), torch.no_grad():
-                for i, inputs in enumerate(progress_bar(requests.inputs, desc=f"{'+'.join(shared)} requests",
-                                                disable=not progress)):
-                    live = [n for n in shared if failures[n] is None]
-                    if not live:
-                        break
-                    before = {n: len(counters[n].events) for n in live}
-                    for counter in counters.values():
-                        counter.request = i
-                    reasons.clear()
-                    start = time.perf_counter()
-                    try:
-                        fn(**inputs)
-                    except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
-                        failures.update({n: _failure(exc, i) for n in live})
-                        break
-                    wall = run = time.perf_counter() - start
-                    if any(len(counters[n].events) > before[n] for n in live):
-                        start = time.perf_counter()
-                        fn(**inputs)
-                        run = time.perf_counter() - start
-                    for n in live:
-                        if n in fan.refused:
-                            failures[n] = _failure(fan.refused[n], i)
-                            continue
-                        new = counters[n].events[before[n]:]
-                        others = sum(e.seconds for m in live if m != n for e in counters[m].events[before[m]:])
-                        rows[n].append({"index": i, "shape": list(next(iter(inputs.values())).shape),
-                                        "new_compiles": len(new), "compiles": len(counters[n].events),
-                                        "wall": wall - others, "run": run,
-                                        "backend_seconds": sum(e.seconds for e in new), "cache_hits": 0,
-                                        "reason": re.sub(r"^\d+/\d+: ", "", reasons[0].splitlines()[0])
-                                        if new and reasons else None, "guard_failures": len(reasons) if new else 0})
-        finally:
-            torch.compiler.reset()
-    for n, b in shared.items():
-        out[n] = Storm(targets_mod.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
-                       default, rows[n], counters[n].events, failures[n], None)
-    return {n: out[n] for n in names}
 
 
 # ---------------------------------------------------------------- step 3: one fixed shape

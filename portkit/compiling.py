@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 from portkit import compile_generation, economics, frames, reconcile, selection, targets as targets_mod
 from portkit.backends import _text
-from portkit.compile_steps import (AUTO, FixedShape, GraphBreaks, Requests, Storm, _eager_from, _failure_text,
+from portkit.compile_steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm, _eager_from,
+                                   _failure_text,
                                    check_fixed_shape, find_graph_breaks, make_requests,
                                    recompile_storm, recompile_storms)
 from portkit.errors import BadParameter
@@ -49,7 +50,7 @@ STAGE = "compile"
 # (notebooks/02_compile.py, checked equal by tests/test_compiling.py) all use these.
 DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False, "backend": AUTO,
             "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None,
-            "workload": "inference", "new_tokens": 16, "prompts": 4}
+            "workload": "inference", "new_tokens": 16, "prompts": 4, "compile_shapes": COMPILE_SHAPES}
 
 
 # What each of the stage's findings costs on the target: the consequence behind its severity (#18).
@@ -170,7 +171,7 @@ class CompileReport:
         """The measured storm priced on the target: every compile it paid, at the target's cost."""
         cost, storm = self.costs[name], self.storms[name]
         seconds = sum(cost.seconds(_seq(r["shape"])) * r["new_compiles"] for r in storm.requests)
-        return {"requests": len(storm.requests), "compiles": len(storm.compiles), "seconds": seconds,
+        return {"requests": len(storm.requests), "compiles": storm.compile_count(), "seconds": seconds,
                 "kind": cost.kind, "source": cost.label()}
 
     def projection(self, name: str) -> dict:
@@ -211,10 +212,10 @@ class CompileReport:
             out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(self.breaks.fullgraph)}",
                                 "the vendors recommend fullgraph=True: remove what stops it",
                                 self.breaks.fullgraph.get("where")))
-        if storm.requests and len(storm.compiles) > 1:
+        if storm.requests and storm.compile_count() > 1:
             priced = self.priced(name)
             out.append(_finding("recompile_storm", "work",
-                                f"{len(storm.compiles)} compiles for {len(storm.requests)} requests of varying "
+                                f"{storm.compile_count()} compiles for {len(storm.requests)} requests of varying "
                                 f"length, {priced['seconds']:.0f} s compiling on {name} ({priced['source']})",
                                 "pad to a few fixed shapes: use stage 3's bucket plan"))
         if not fixed.failure and fixed.compiles_after:
@@ -271,7 +272,7 @@ class CompileReport:
         for name, storm in self.storms.items():
             c, s, p, eager = self.compile_seconds(name), storm.seconds(), self.projection(name), storm.eager_from()
             rows.append([name, storm.target["mode"], storm.backend, len(storm.requests), storm.distinct_shapes(),
-                         len(storm.compiles), f"{c['median']:.1f} ({c['kind']})",
+                         storm.compile_count(), f"{c['median']:.1f} ({c['kind']})",
                          f"{self.priced(name)['seconds']:.0f}",
                          f"{s['compiling']:.1f}", f"{s['running']:.2f}", "" if eager is None else eager + 1,
                          self.fixed[name].compiles_after, "yes" if self.fixed[name].armed else "no",
@@ -338,7 +339,7 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
                      corpus: str = DEFAULTS["corpus"], neuron_compile_seconds=DEFAULTS["neuron_compile_seconds"],
                      targets=("neuron", "tpu"), workload: str = DEFAULTS["workload"],
                      new_tokens: int = DEFAULTS["new_tokens"], prompts: int = DEFAULTS["prompts"],
-                     model: str | None = None) -> None:
+                     compile_shapes: int = DEFAULTS["compile_shapes"], model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     from portkit import data, generation, models, params
@@ -347,6 +348,7 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
     params.positive_int("new_tokens", new_tokens, maximum=512)
     params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("requests", requests, maximum=2000)
+    params.non_negative_int("compile_shapes", compile_shapes)
     params.positive_int("batch_size", batch_size, maximum=64)
     params.positive_int("seq_len", seq_len, maximum=4096)
     params.boolean("fullgraph", fullgraph)
@@ -368,13 +370,17 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
 def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len: int = DEFAULTS["seq_len"],
                   precision=None, backend: str = DEFAULTS["backend"], fullgraph: bool = DEFAULTS["fullgraph"],
                   progress: bool = True, neuron_compile_seconds: float | None = DEFAULTS["neuron_compile_seconds"],
-                  costs: dict[str, economics.CostModel] | None = None) -> CompileReport:
+                  costs: dict[str, economics.CostModel] | None = None,
+                  compile_shapes: int = DEFAULTS["compile_shapes"]) -> CompileReport:
     """The whole stage: graph breaks, the storm and the fixed-shape proof for every target, each
-    compile priced with the target's cost (compile_costs, unless `costs` gives them)."""
+    compile priced with the target's cost (compile_costs, unless `costs` gives them). The storm compiles
+    its first `compile_shapes` shapes here and counts the later ones from Dynamo's guard failures (0:
+    compile every shape; portkit/storm.py)."""
     names = targets_mod.parse_targets(targets)
     selection.check_parameter(backend, names)
     breaks = find_graph_breaks(model, requests.inputs[0], names, precision)
-    storms = recompile_storms(model, requests, names, precision, backend, fullgraph, progress)
+    storms = recompile_storms(model, requests, names, precision, backend, fullgraph, progress,
+                              compile_shapes or None)
     fixed = {n: check_fixed_shape(model, requests, n, seq_len, precision, backend, fullgraph) for n in names}
     costs = costs or compile_costs(model, requests, names, storms, neuron_compile_seconds)
     return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

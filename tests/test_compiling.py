@@ -285,7 +285,10 @@ def test_a_storm_of_100_real_requests_compiles_once_per_distinct_shape(small, co
     storm = compiling.recompile_storm(small, stream, "tpu", progress=False)
     distinct = {tuple(s) for s in stream.shapes()}
     assert len(storm.requests) == 100 and len(distinct) > 8          # more than Dynamo's default limit
-    assert len(storm.compiles) == len(distinct) == storm.distinct_shapes()
+    assert storm.compile_count() == len(distinct) == storm.distinct_shapes()
+    assert len(storm.compiles) == compiling.DEFAULTS["compile_shapes"]   # the rest counted from Dynamo's refusals
+    assert storm.counted() == len(distinct) - len(storm.compiles)
+    assert all(r["reason"] and "size mismatch" in r["reason"] for r in storm.requests if r.get("counted"))
     assert storm.eager_from() is not None and storm.recompile_limit >= 100
 
 
@@ -320,6 +323,24 @@ def test_the_notebook_parameters_are_the_stage_defaults():
     declared = runner.declared_parameters(stage)
     for name, value in compiling.DEFAULTS.items():
         assert eval(declared[name]["default"]) == value, name        # noqa: S307 (the notebook's own literal)
+
+
+def test_past_compile_shapes_each_new_shape_is_counted_from_dynamos_own_refusal(report, small, stream):
+    # lengths 21, 17, 24, 10, 24: two shapes compiled, then 24 and 10 refused by Dynamo and counted, 24 again free
+    shared = compiling.recompile_storms(small, stream, MIGRATION, progress=False, compile_shapes=2)
+    alone = compiling.recompile_storm(small, stream, "neuron", progress=False, compile_shapes=2)
+    for storm in (shared["neuron"], shared["tpu"], alone):
+        full = report.storms[storm.target["name"]]
+        assert len(storm.compiles) == 2 and storm.counted() == 2
+        assert storm.compile_count() == full.compile_count() == storm.distinct_shapes() == 4
+        assert [r["compiles"] for r in storm.requests] == [r["compiles"] for r in full.requests] == [1, 2, 3, 4, 4]
+        assert [bool(r.get("counted")) for r in storm.requests] == [False, False, True, True, False]
+        third = storm.requests[2]
+        assert re.fullmatch(r"tensor '\w+' size mismatch at index 1\. expected 17, actual 24", third["reason"]), third
+        assert third["guard_failures"] == 2          # Dynamo checked both compiled entries' guards
+        assert storm.seconds()["compiling"] < full.seconds()["compiling"]
+        assert "2 counted from Dynamo's guard failures past the first 2 shapes" in storm.summary()
+    assert compiling.DEFAULTS["compile_shapes"] == torch._dynamo.config.recompile_limit
 
 
 def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, stream):

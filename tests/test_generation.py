@@ -54,7 +54,7 @@ def test_dynamic_cache_compiles_every_token_until_the_recompile_limit(llama):
 
 
 def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
-    from portkit import compiling, report
+    from portkit import compiling, report, report_stages
     found = compiling.check_generation(llama, corpus, ["tpu"], new_tokens=6, prompts=2)
     tpu = found["tpu"]
     assert tpu.backend == "portkit_tpu" and tpu.plan["prompt_buckets"][0] == generation.MIN_PROMPT_BUCKET
@@ -64,7 +64,7 @@ def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
     assert saved["static"]["compiles"] == 0 and saved["dynamic"]["first_guard_failure"]
     assert "0 during the generation under fail_on_recompile" in saved["summary"]
     out = report.TargetReport("tpu", "TPU", "emulated")
-    report._compile({}, {"generation": saved}, out)
+    report_stages._compile({}, {"generation": saved}, out)
     assert out.metrics["compile"]["generation, static cache"].endswith(
         f"0 after; tokens agree {saved['token_agreement']:.0%}")
 
@@ -87,9 +87,9 @@ def test_stage_4_generation_agreement_counts_a_near_tie_apart_from_a_clear_diver
         assert all(e == e for p in result.prompts for e in p.step_errors), name
     assert found.targets["neuron"].agreement == 1.0 and found.targets["neuron"].passed   # fp32 matmuls
     assert found.to_dict()["targets"]["tpu"]["precision"] == "default"
-    from portkit import report
+    from portkit import report, report_stages
     out = report.TargetReport("neuron", "Trainium", "emulated")
-    report._accuracy({"generation": found.to_dict()}, {}, out)
+    report_stages._accuracy({"generation": found.to_dict()}, {}, out)
     assert out.metrics["accuracy"]["generation (greedy tokens)"] == "PASS: agree 100.0%, 100.0% with near-ties apart"
     ref_logits = [torch.tensor([[0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0]]), torch.tensor([[0.0] * 7 + [2.0]])]
     tie = [torch.tensor([[0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0]]), torch.tensor([[0.0] * 7 + [2.0]])]

@@ -1,7 +1,7 @@
 """Stage 4 for training: where a target precision's loss and gradients part from fp32, and the advice."""
 import pytest
 
-from portkit import accuracy, report, runner, training
+from portkit import accuracy, report, report_stages, runner, training
 from portkit.errors import BadParameter
 from portkit.training_accuracy import TrainingComparison, diverge, measured_master_weights
 
@@ -64,7 +64,7 @@ def test_training_verdicts_per_target_beside_the_inference_one():
     assert "training verdict neuron: BLOCKED" in str(found)
     # the report reads them from accuracy.json, beside the inference verdict
     target = report.TargetReport("tpu", "Google TPU", "emulated")
-    report.READERS["accuracy"]({"training": found.to_dict()}, {}, target)
+    report_stages.READERS["accuracy"]({"training": found.to_dict()}, {}, target)
     assert target.training["verdict"] == "ready with work" and target.training_reason().startswith("tpu default")
 
 

@@ -1,0 +1,42 @@
+"""Stage 2's recompile storm: every shape compiled here against the first COMPILE_SHAPES compiled and the
+rest counted from Dynamo's own refusals (portkit/storm.py), side by side in one run.
+
+    .venv/bin/python benchmarks/bench_storm.py [--requests 100] [--model minilm]
+
+Both replay the same real requests (stdlib docstrings, each at its own length, batch 1) for both emulated
+targets; printed: wall time of each, the ratio, and the compile counts per target (they must agree: the
+counted storm is the same storm, only cheaper here).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from portkit import compiling, data, models
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=compiling.DEFAULTS["requests"])
+    parser.add_argument("--model", default="minilm")
+    args = parser.parse_args()
+    m = models.load(args.model)
+    stream = compiling.make_requests(m, data.load_corpus(), args.requests, batch_size=1,
+                                     max_tokens=compiling.DEFAULTS["seq_len"], seed=compiling.DEFAULTS["seed"])
+    results = {}
+    for label, shapes in (("counted past the first shapes", compiling.DEFAULTS["compile_shapes"]),
+                          ("every shape compiled", None)):
+        start = time.perf_counter()
+        storms = compiling.recompile_storms(m, stream, ["neuron", "tpu"], progress=False, compile_shapes=shapes)
+        results[label] = (time.perf_counter() - start, storms)
+        counts = ", ".join(f"{n}: {s.compile_count()} compiles ({len(s.compiles)} made here, {s.counted()} counted)"
+                           for n, s in storms.items())
+        print(f"{label:32s} {results[label][0]:6.1f} s   {counts}")
+    (fast, counted), (slow, full) = results.values()
+    same = all(counted[n].compile_count() == full[n].compile_count() for n in full)
+    print(f"storm of {args.requests} requests, {counted['tpu'].distinct_shapes()} shapes: counted/compiled-all time "
+          f"ratio {fast / slow:.2f} ({slow / fast:.1f}x faster); compile counts agree: {same}")
+
+
+if __name__ == "__main__":
+    main()
