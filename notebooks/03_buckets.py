@@ -130,6 +130,20 @@ buckets.plot_padding(curves, chosen, bucket_count);
 buckets.padding_slider(hist, curves, bucket_count)
 
 # %% [markdown]
+# ## Two varying dimensions: a grid of buckets
+#
+# A model that declares two varying dimensions (an encoder's and a decoder's length) pads each request to a
+# bucket on both, so every (bucket, bucket) cell is one shape to compile. Per target, the least-cost grid
+# (each dimension's exact least-padding boundaries, every k1 x k2) against the best one-dimensional plan
+# (one dimension bucketed and the other padded to its longest, or one shared length), both priced for
+# `serve_requests` requests: the TPU's cell compile measured by XLA at the corner cells, padding by the
+# eager slope along each dimension (portkit/grid_costs.py). The replay below buckets the first dimension.
+
+# %%
+grid = buckets.grid(m, texts, targets, costs, serve_requests=serve_requests)
+grid if grid is not None else print(f"{m.name} has one varying dimension: no grid to fit")
+
+# %% [markdown]
 # ## Replay real requests: no buckets, then each plan
 #
 # Without buckets the model compiles once per distinct shape, as on the targets (Dynamo's recompile
@@ -144,7 +158,8 @@ buckets.padding_slider(hist, curves, bucket_count)
 # %%
 per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, backend=backend, what_ifs=alternatives)
 report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=bucket_count, plans=plans, curves=curves,
-                              token_seconds=token_seconds, trace=trace.describe(), targets=per_target)
+                              token_seconds=token_seconds, trace=trace.describe(), targets=per_target,
+                              grid=grid.to_dict() if grid is not None else None)
 report
 
 # %%

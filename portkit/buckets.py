@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from portkit import bucketed, data, economics, results, selection, targets as targets_mod
+from portkit import bucketed, data, economics, grid_costs, results, selection, targets as targets_mod
 from portkit.errors import BadParameter
 from portkit.progress import headless
 from portkit.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
@@ -88,6 +88,12 @@ def stage_costs(model, hist: Histogram, targets, out_dir=None, neuron_compile_se
             out[name] = economics.cost_model(model, name, hist.values.tolist(), batch=max_batch,
                                              neuron_compile_seconds=neuron_compile_seconds)
     return out
+
+
+def grid(model, corpus, targets, costs: dict[str, economics.CostModel], serve_requests: int = DEFAULTS["serve_requests"]):
+    """A model with two varying dimensions: per target, the least-cost grid of buckets on both against the
+    best one-dimensional plan, with the prices measured for the model (grid_costs.compare); None otherwise."""
+    return grid_costs.compare(model, corpus, targets, costs, serve_requests) if grid_costs.applies(model) else None
 
 
 def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds: float,
@@ -302,6 +308,7 @@ class BucketReport:
     token_seconds: float
     trace: dict
     targets: dict[str, TargetBuckets]
+    grid: dict | None = None          # two varying dimensions: grid_costs.GridComparison.to_dict()
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())
@@ -313,7 +320,7 @@ class BucketReport:
                 "padding_by_buckets": {n: [{"k": k, "padding_waste": w} for k, w in pts]
                                        for n, pts in self.curves.items()},
                 "token_seconds": self.token_seconds, "trace": self.trace,
-                "targets": {n: t.to_dict() for n, t in self.targets.items()}}
+                "targets": {n: t.to_dict() for n, t in self.targets.items()}, "grid": self.grid}
 
     def save(self, path) -> None:
         results.save_result(path, self.to_dict())
@@ -481,5 +488,6 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 
     alternatives = what_if(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
     per_target = replay_targets(model, trace, plans, chosen, costs, backend, check, compare_every_target, progress,
                                 alternatives)
+    found = grid(model, corpus, names, costs, serve_requests)
     return BucketReport(model.describe(), dist.to_dict(), hist, k, plans, curves, token_seconds, trace.describe(),
-                        per_target)
+                        per_target, found.to_dict() if found else None)

