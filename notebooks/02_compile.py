@@ -48,9 +48,11 @@ backend = "auto"  # auto picks the native backend with its device, else portkit'
 precision = {}  # per target, e.g. {"neuron": "matmult", "tpu": "highest"}; a target left out uses its default
 seed = 4  # which texts are sampled
 neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
-workload = "inference"  # "inference", or "generate" (causal LMs): also greedy generation, dynamic vs static KV cache
+workload = "inference"  # "inference"; "train": also the training step compiled; "generate" (causal LMs): KV cache
 new_tokens = 16  # tokens each prompt generates when workload is "generate"
 prompts = 4  # real prompts from the corpus, one batch, when workload is "generate"
+train_steps = 4  # training steps compiled and run when workload is "train" (the first compiles)
+train_batch = 4  # texts per training batch (each padded to seq_len) when workload is "train"
 
 # %%
 from IPython.display import display
@@ -61,7 +63,8 @@ results.skip_if_abstract(model, out, "compile", targets=targets)  # no weights: 
 compiling.check_parameters(requests=requests, batch_size=batch_size, seq_len=seq_len, fullgraph=fullgraph,
                            backend=backend, precision=precision, seed=seed, corpus=corpus,
                            neuron_compile_seconds=neuron_compile_seconds, targets=targets, workload=workload,
-                           new_tokens=new_tokens, prompts=prompts, compile_shapes=compile_shapes)
+                           new_tokens=new_tokens, prompts=prompts, compile_shapes=compile_shapes,
+                           train_steps=train_steps, train_batch=train_batch)
 
 # %%
 print(environment.block(targets))
@@ -160,9 +163,25 @@ if workload == "generate":
     for found in generated.values():
         print(found)
 
+# %% [markdown]
+# ## Training (workload "train"): the step compiled for each target
+#
+# One AdamW step of the model's own loss, compiled with each target's backend: the joint graph Dynamo
+# captures is split into its forward and backward graphs, and every op of each is classified with the
+# target's table (what the backward does not lower is named with its pass). The first step compiles; the
+# later ones run under `fail_on_recompile`. Beside it, the same steps eagerly under the target's numerics.
+
+# %%
+trained = {}
+if workload == "train":
+    trained = compiling.check_training(m, texts, targets, steps=train_steps, batch_size=train_batch,
+                                       seq_len=seq_len, precision=precision, seed=seed)
+    for found in trained.values():
+        print(found.summary())
+
 # %%
 report = compiling.CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs,
-                                            generation=generated)
+                                            generation=generated, training=trained)
 report
 
 # %%

@@ -30,7 +30,7 @@ import html
 import statistics
 from dataclasses import dataclass, field
 
-from portkit import compile_generation, economics, frames, reconcile, selection, targets as targets_mod
+from portkit import compile_generation, compile_training, economics, frames, reconcile, selection, targets as targets_mod
 from portkit.backends import _text
 from portkit.compile_steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm, _eager_from,
                                    _failure_text,
@@ -42,7 +42,7 @@ from portkit.tables import HtmlTable
 
 __all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
            "check_fixed_shape", "check_generation", "check_parameters", "compile_costs", "compile_model",
-           "eager_findings", "find_graph_breaks",
+           "check_training", "eager_findings", "find_graph_breaks",
            "make_requests", "recompile_storm", "recompile_storms"]
 
 STAGE = "compile"
@@ -50,7 +50,8 @@ STAGE = "compile"
 # (notebooks/02_compile.py, checked equal by tests/test_compiling.py) all use these.
 DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False, "backend": AUTO,
             "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None,
-            "workload": "inference", "new_tokens": 16, "prompts": 4, "compile_shapes": COMPILE_SHAPES}
+            "workload": "inference", "new_tokens": 16, "prompts": 4, "compile_shapes": COMPILE_SHAPES,
+            "train_steps": 4, "train_batch": 4}
 
 
 # What each of the stage's findings costs on the target: the consequence behind its severity (#18).
@@ -64,6 +65,11 @@ CONSEQUENCES = {
     "recompile_storm": "work: one compile per new input shape, each paid at the target's compile time above",
     "recompile_after_warmup": "work: compiles after warm-up at one fixed shape, each paid at request time",
     "fixed_shape": "work: a fixed shape is not proven to compile once",
+    "train_refused": "blocker: the target's compiler refuses the training step, so training does not compile there",
+    "train_not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so the step cannot run",
+                          "work": "work: the op runs on the host CPU, a round trip out of the compiled step per call"},
+    "train_graph_break": "work: each graph of the step has its own backward, compiled and run apart",
+    "train_recompile": "work: the step compiles again during training, each compile paid mid-run",
 }
 
 
@@ -129,6 +135,13 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     return out
 
 
+def check_training(model, texts, targets, steps: int = DEFAULTS["train_steps"], batch_size: int = DEFAULTS["train_batch"],
+                   seq_len: int = DEFAULTS["seq_len"], precision=None, seed: int = DEFAULTS["seed"]):
+    """Workload "train": one AdamW step of the model's own loss compiled for each target, `steps` steps on
+    real batches of batch_size x seq_len (portkit/compile_training.py)."""
+    return compile_training.check(model, texts, targets, steps, batch_size, seq_len, precision, seed)
+
+
 def check_generation(model, texts, targets, new_tokens: int = DEFAULTS["new_tokens"],
                      prompts: int = DEFAULTS["prompts"], backend: str = DEFAULTS["backend"], precision=None,
                      seed: int = DEFAULTS["seed"]):
@@ -148,12 +161,14 @@ class CompileReport:
     fixed: dict[str, FixedShape]
     costs: dict[str, economics.CostModel]    # per target: what one compile costs there, and why
     generation: dict = field(default_factory=dict)   # workload "generate": compile_generation.check's result
+    training: dict = field(default_factory=dict)     # workload "train": compile_training.check's result
 
     @classmethod
     def from_steps(cls, model, requests: Requests, breaks: GraphBreaks, storms: dict[str, Storm],
                    fixed: dict[str, FixedShape], costs: dict[str, economics.CostModel],
-                   generation: dict | None = None) -> CompileReport:
-        return cls(model.describe(), requests.to_dict(), breaks, storms, fixed, costs, generation or {})
+                   generation: dict | None = None, training: dict | None = None) -> CompileReport:
+        return cls(model.describe(), requests.to_dict(), breaks, storms, fixed, costs, generation or {},
+                   training or {})
 
     def compile_seconds(self, name: str) -> dict:
         """What one compile costs on the target (the cost model, over the storm's compiled shapes),
@@ -228,6 +243,8 @@ class CompileReport:
             out.append(_finding("fixed_shape", "work", fixed.summary(),
                                 "a fixed shape should compile once and never again: check the model for "
                                 "shape-dependent Python code"))
+        if name in self.training:
+            out += [_finding(*found) for found in self.training[name].findings()]
         return out
 
     def target_summary(self, name: str) -> str:
@@ -240,7 +257,8 @@ class CompileReport:
 
     def summary(self) -> str:
         return " | ".join(self.target_summary(n) + (f"; generation: {self.generation[n].summary()}"
-                                                    if n in self.generation else "") for n in self.storms)
+                                                    if n in self.generation else "")
+                          + (f"; {self.training[n].summary()}" if n in self.training else "") for n in self.storms)
 
     def to_dict(self) -> dict:
         per_target = {name: {"target": storm.target, "backend": storm.backend, "precision": storm.precision,
@@ -250,7 +268,8 @@ class CompileReport:
                              "findings": self.findings(name),
                              "projection": self.projection(name), "storm": storm.to_dict(),
                              "fixed": self.fixed[name].to_dict(),
-                             **({"generation": self.generation[name].to_dict()} if name in self.generation else {})}
+                             **({"generation": self.generation[name].to_dict()} if name in self.generation else {}),
+                             **({"training": self.training[name].to_dict()} if name in self.training else {})}
                       for name, storm in self.storms.items()}
         return {"stage": STAGE, "model": self.model, "requests": self.requests, "summary": self.summary(),
                 "graph_breaks": self.breaks.to_dict(),
@@ -339,7 +358,8 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
                      corpus: str = DEFAULTS["corpus"], neuron_compile_seconds=DEFAULTS["neuron_compile_seconds"],
                      targets=("neuron", "tpu"), workload: str = DEFAULTS["workload"],
                      new_tokens: int = DEFAULTS["new_tokens"], prompts: int = DEFAULTS["prompts"],
-                     compile_shapes: int = DEFAULTS["compile_shapes"], model: str | None = None) -> None:
+                     compile_shapes: int = DEFAULTS["compile_shapes"], train_steps: int = DEFAULTS["train_steps"],
+                     train_batch: int = DEFAULTS["train_batch"], model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     from portkit import data, generation, models, params
@@ -349,6 +369,8 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
     params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("requests", requests, maximum=2000)
     params.non_negative_int("compile_shapes", compile_shapes)
+    params.positive_int("train_steps", train_steps, maximum=64)
+    params.positive_int("train_batch", train_batch, maximum=64)
     params.positive_int("batch_size", batch_size, maximum=64)
     params.positive_int("seq_len", seq_len, maximum=4096)
     params.boolean("fullgraph", fullgraph)

@@ -58,6 +58,12 @@ def _compile(data: dict, t: dict, out) -> None:
             f"prompt buckets {plan['prompt_buckets']}, context buckets {plan['context_buckets']}: "
             f"{s['warmup_compiles']} warm-up compiles, {s['compiles']} after; "
             f"tokens agree {gen['token_agreement']:.0%}")
+    if tr := t.get("training"):         # workload "train": the training step compiled
+        out.metrics["compile"]["training step"] = (
+            f"refused: {tr['refused']['message']}" if tr.get("refused") else
+            f"{tr['joint_graphs']} graph(s) ({tr['graphs'].get('forward', 0)} forward, "
+            f"{tr['graphs'].get('backward', 0)} backward), {len(tr['not_lowered'])} op(s) not lowered, "
+            f"{len(tr['late'])} compile(s) after the first of {tr['steps']} steps")
 
 
 def _xla(data: dict, t: dict, out) -> None:

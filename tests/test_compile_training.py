@@ -1,0 +1,59 @@
+"""Stage 2 with workload "train" (portkit/compile_training.py): the training step compiled per target."""
+import json
+
+import pytest
+
+from conftest import fixture_model
+from portkit import compile_training, compiling, models
+from portkit.errors import BadParameter
+
+
+def _own_loss(module, batch):
+    """mean of the squared outputs"""
+    return next(iter(module(**batch).values())).square().mean()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return models.load("gpt2")
+
+
+def _fixture(name, gpt2):
+    model = models.load(fixture_model(name))
+    model.loss = _own_loss      # the loss a user's factory would declare
+    return model
+
+
+def test_a_causal_lm_step_compiles_once_and_matches_eager_under_the_same_numerics(gpt2, corpus):
+    found = compile_training.check(gpt2, corpus, ["neuron", "tpu"], steps=3, batch_size=2, seq_len=16)
+    for name, t in found.items():
+        assert t.backend == f"portkit_{name}" and t.loss == "next-token cross-entropy"
+        assert t.joint_graphs == 1 and t.graphs == {"forward": 1, "backward": 1}, t.summary()
+        assert t.late == [] and len(t.losses) == len(t.eager_losses) == 3
+        assert t.loss_difference == pytest.approx(0.0, abs=1e-4)     # the same numerics, compiled or not
+        assert t.findings() == [] and t.refused is None
+        assert json.loads(json.dumps(t.to_dict()))["summary"] == t.summary()
+    assert found["tpu"].precision != found["neuron"].precision or found["tpu"].precision == "default"
+
+
+def test_a_graph_break_and_an_op_without_a_kernel_become_training_findings(gpt2, corpus):
+    broken = compile_training.check(_fixture("branch_model", gpt2), corpus, ["neuron"], steps=2, batch_size=2,
+                                    seq_len=8)["neuron"]
+    assert broken.joint_graphs >= 2
+    kinds = {f[0]: f for f in broken.findings()}
+    assert kinds["train_graph_break"][1] == "work" and f"{broken.joint_graphs} graphs" in kinds["train_graph_break"][2]
+    svd = compile_training.check(_fixture("svd_model", gpt2), corpus, ["neuron"], steps=2, batch_size=2,
+                                 seq_len=8)["neuron"]
+    ops = {(o["op"], o["part"]) for o in svd.not_lowered}
+    assert ("aten::_linalg_svd", "forward") in ops, ops
+    found = next(f for f in svd.findings() if f[0] == "train_not_lowered")
+    assert "in the forward pass would not lower (cpu_fallback" in found[2] and found[1] == "work"
+    assert found[4] is not None and found[4]["text"]            # the user's source line
+
+
+def test_the_stage_reports_training_findings_and_refuses_bad_training_parameters(gpt2, corpus):
+    with pytest.raises(BadParameter, match="invalid train_steps 0"):
+        compiling.check_parameters(train_steps=0)
+    with pytest.raises(BadParameter, match="train_batch"):
+        compiling.check_parameters(train_batch=1000)
+    assert compiling.DEFAULTS["train_steps"] >= 2       # one compiling step, then at least one under the proof
