@@ -362,33 +362,33 @@ def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> Repl
 
 def _counted(model, encoded, backend, runs: list[ReplayRun], progress, device, plan=None) -> ReplayRun:
     """A replay counted, not compiled: without a plan one compile per distinct shape, with one a compile per
-    bucket shape (the note says why that holds). Each request runs eagerly, padded to its bucket with a plan,
-    under the backend's numerics; compiling here is the mean of the replay's measured compiles."""
+    bucket shape (the note says why that holds). Each distinct (padded) shape runs once, eagerly under the
+    backend's numerics, its time charged to every request of that shape (static shapes: a request's run time
+    is its shape's). Compiling here is the mean of the replay's measured compiles."""
     from portkit.progress import bar as progress_bar
     bm = BucketedModel(model, plan, backend, device) if plan is not None else None
-    seqs, seen, run, computed = [], set(), 0.0, 0
+    seqs, seconds, run, computed = [], {}, 0.0, 0
     with torch.no_grad():
         for inputs in progress_bar(encoded, desc=f"replay {plan.planner if plan else NO_BUCKETS} (counted)",
                                    disable=not progress, leave=False):
             inputs = bm.pad(inputs)[0] if bm is not None else {k: v.to(device) for k, v in inputs.items()}
-            shape = tuple(next(iter(inputs.values())).shape)
-            computed += _computed(model, inputs)
-            if shape not in seen:
-                seen.add(shape)
+            shape, computed = tuple(tuple(v.shape) for v in inputs.values()), computed + _computed(model, inputs)
+            if shape not in seconds:
                 seqs.append(_seq_of(model, inputs))
-            start = time.perf_counter()
-            with reference_numerics(backend)():
-                model.module(**inputs)
-            run += time.perf_counter() - start
-    if plan is not None:
-        seqs = [s["seq"] for s in plan.shapes()]
+                start = time.perf_counter()
+                with reference_numerics(backend)():
+                    model.module(**inputs)
+                seconds[shape] = time.perf_counter() - start
+            run += seconds[shape]
+    seqs = [s["seq"] for s in plan.shapes()] if plan is not None else seqs
     measured = [r for r in runs if r.plan is not None and r.compiles and not r.note]
     per = sum(r.compile_wall_seconds for r in measured) / sum(r.compiles for r in measured) if measured else 0.0
     what = (f"{len(seqs)} bucket shapes, one compile each in warm-up (the replay under fail_on_recompile and the "
             "padding check ran on the chosen plans)" if plan is not None else
             f"{len(seqs)} distinct shapes, one compile each under static shapes (stage 2's storm compiles or "
             "counts every new shape)")
-    note = (f"counted, not compiled: {what}; each request ran eagerly under the backend's numerics; "
+    note = (f"counted, not compiled: {what}; each distinct shape ran once eagerly under the backend's numerics, "
+            "its time charged to every request of that shape; "
             + (f"compiling here estimated at {per:.2f} s a shape, the mean of this replay's "
                f"{sum(r.compiles for r in measured)} measured compiles" if measured else "no compile measured here"))
     return ReplayRun(plan.planner if plan else NO_BUCKETS, _name(backend), plan.to_dict() if plan else None,
