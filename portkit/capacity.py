@@ -128,3 +128,44 @@ def neuron_capacity(module: torch.nn.Module, inputs: dict, tokens: int | None = 
                       "inputs and outputs (activations inside the step and the runtime's reserve not counted: an "
                       "upper bound)",
             "chips": rows}
+
+
+# ---------------------------------------------------------------- native mode: measured, not estimated
+MEASURED_REPEATS = 10     # timed calls per shape, after two warm-up calls (the first compiles)
+
+
+def measure_native(model, target: str, shapes: list[dict], repeats: int = MEASURED_REPEATS) -> list[dict]:
+    """Native mode only: tokens (items, for a model without a varying dimension) per second per chip,
+    measured on the target's device for each shape ({"batch", "seq"}), the model compiled with the vendor's
+    backend (torch.compile(backend=...), dynamic=False) and timed with torch.accelerator.synchronize around
+    each call (the PrivateUse1 device is the current accelerator). It replaces the roofline estimate."""
+    import statistics
+    import time
+
+    from portkit import targets
+    detected = targets.detect(target)
+    if not detected.native:
+        raise BadParameter("target for a measured throughput", target,
+                           hint=f"needs its device ({detected.reason}); the figures here stay estimates")
+    device, decl = detected.target.device, model.declaration
+    module = model.module.to(device)
+    compiled = torch.compile(module, backend=detected.backend, dynamic=False)
+    rows = []
+    with torch.no_grad():
+        for shape in shapes:
+            sizes = {model.seq_dim: shape["seq"]} if model.seq_dim is not None and "seq" in shape else {}
+            inputs = {k: v.to(device) for k, v in decl.dummy(shape["batch"], sizes).items()}
+            times = []
+            for i in range(repeats + 2):
+                torch.accelerator.synchronize()
+                start = time.perf_counter()
+                compiled(**inputs)
+                torch.accelerator.synchronize()
+                if i >= 2:
+                    times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
+            units = shape["batch"] * (shape.get("seq") or 1)
+            rows.append({"shape": shape, "seconds": seconds, "per_second": units / seconds,
+                         "unit": "tokens" if sizes else "items",
+                         "label": f"measured on {detected.reason}, median of {repeats} calls"})
+    return rows

@@ -163,6 +163,7 @@ class XlaStage:
     sources: dict                   # target -> where each shape came from
     scale: dict = field(default_factory=dict)   # target -> scale.ScaleCheck (an abstract model's real-size check)
     largest: dict = field(default_factory=dict)  # target -> the largest batch per shape (largest_batch=True)
+    measured: dict = field(default_factory=dict)  # native targets: capacity.measure_native's throughput per shape
 
     def summary_for(self, name: str) -> str:
         if name in self.scale:
@@ -170,6 +171,8 @@ class XlaStage:
         r = self.reports[name]
         largest = "".join(f"; largest batch that fits, {b['shape'].split()[-1]}: {b['batch']}"
                           + ("+" if b["batch"] >= b["limit"] else "") for b in self.largest.get(name, []))
+        largest += "".join(f"; {m['per_second']:,.0f} {m['unit']}/s per chip at {m['shape']} ({m['label']})"
+                           for m in self.measured.get(name, []))
         if isinstance(r, XlaSkipped):
             return f"{name}: skipped ({r.reason})"
         done = sum(s.ok for s in r.shapes)
@@ -197,7 +200,8 @@ class XlaStage:
                                  "shape_sources": self.sources.get(name, []),
                                  "findings": _findings(r) + (scale.findings() if scale else []),
                                  **({"scale": scale.to_dict()} if scale else {}),
-                                 **({"largest_batch": self.largest[name]} if name in self.largest else {})}
+                                 **({"largest_batch": self.largest[name]} if name in self.largest else {}),
+                                 **({"measured_throughput": self.measured[name]} if name in self.measured else {})}
         return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
 
     def save(self, path) -> Path:
@@ -226,7 +230,7 @@ def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: st
             n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
         sources = {n: stage_shapes(out_dir, n, model, scale_batch, scale_seq)[1] for n in names}
         return XlaStage(abstract_models.describe(model), reports, sources, checks)
-    reports, sources, largest = {}, {}, {}
+    reports, sources, largest, measured = {}, {}, {}, {}
     for name in progress_bar(list(target_names), desc="XLA checks", unit="target"):
         shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
                                              max_shapes=max_shapes)
@@ -234,5 +238,8 @@ def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: st
         if largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
             from portkit import scale
             largest[name] = scale.largest_per_shape(model, shapes, reports[name], dtype)
+        if targets.detect(name).native and not targets.get(name).reference:   # a measurement, not an estimate
+            from portkit import capacity
+            measured[name] = capacity.measure_native(model, name, shapes)
     return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources,
-                    largest=largest)
+                    largest=largest, measured=measured)

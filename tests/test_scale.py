@@ -208,3 +208,26 @@ def test_neuron_capacity_counts_llama3_8b_flops_on_the_graph_without_weights():
     assert (trn1["neuron_cores_per_copy"], trn1["copies_per_chip"], trn1["copies_per_instance"]) == (2, 1, 16)
     assert (trn2["neuron_cores_per_copy"], trn2["copies_per_chip"], trn2["copies_per_instance"]) == (1, 4, 64)
     assert trn1["bound"] == "compute" and trn1["step_seconds"] == pytest.approx(found["flops"] / 190e12)
+
+
+def _native(name: str) -> bool:
+    from portkit import targets
+    return targets.detect(name).native
+
+
+def test_an_emulated_target_gets_no_measured_throughput_only_estimates(minilm):
+    from portkit import capacity, targets
+    if targets.detect("tpu").native:
+        pytest.skip("a TPU is present: the measurement runs (test_native_throughput_is_measured_on_the_device)")
+    with pytest.raises(BadParameter, match="invalid target for a measured throughput 'tpu': needs its device"):
+        capacity.measure_native(minilm, "tpu", [{"batch": 1, "seq": 16}])
+
+
+@pytest.mark.parametrize("name", ["neuron", "tpu"])
+def test_native_throughput_is_measured_on_the_device(minilm, name):
+    if not _native(name):
+        pytest.skip(f"needs {name}'s vendor package and device (native mode); emulated here")
+    from portkit import capacity
+    rows = capacity.measure_native(minilm, name, [{"batch": 1, "seq": 16}, {"batch": 4, "seq": 64}], repeats=3)
+    assert [r["shape"] for r in rows] == [{"batch": 1, "seq": 16}, {"batch": 4, "seq": 64}]
+    assert all(r["per_second"] > 0 and r["unit"] == "tokens" and r["label"].startswith("measured on") for r in rows)
