@@ -49,6 +49,8 @@ warmup_budget_seconds = 600.0  # most seconds the warm-up may spend compiling bu
 neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
 backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
 seed = 0  # which texts are sampled
+workload = "inference"  # "inference"; "generate" (causal LMs): also prefill (prompt) and decode (context) buckets
+new_tokens = 16  # tokens each request generates when workload is "generate" (its context: prompt + new_tokens)
 
 # %%
 from portkit import buckets, data, economics, environment, models, params, results
@@ -58,7 +60,7 @@ results.skip_if_abstract(model, out, "buckets", targets=targets)  # no weights: 
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
                          serve_requests=serve_requests, warmup_budget_seconds=warmup_budget_seconds,
                          neuron_compile_seconds=neuron_compile_seconds, backend=backend, seed=seed, corpus=corpus,
-                         targets=targets)
+                         targets=targets, workload=workload, new_tokens=new_tokens)
 
 # %%
 print(environment.block(targets))
@@ -130,6 +132,20 @@ buckets.plot_padding(curves, chosen, bucket_count);
 buckets.padding_slider(hist, curves, bucket_count)
 
 # %% [markdown]
+# ## Generation (workload "generate"): prefill and decode buckets
+#
+# Serving with a static KV cache compiles a prefill graph per prompt bucket and a decode step per context
+# bucket (the cache's length). Per target, the auto plan (warm-up compiles against padding for
+# `serve_requests`, each compile at the target's cost) beside the powers of two the serving stacks make.
+
+# %%
+served = None
+if workload == "generate":
+    served = buckets.serving_plans(m, texts, costs, token_seconds, new_tokens=new_tokens,
+                                   serve_requests=serve_requests, max_batch=max_batch)
+served
+
+# %% [markdown]
 # ## Two varying dimensions: a grid of buckets
 #
 # A model that declares two varying dimensions (an encoder's and a decoder's length) pads each request to a
@@ -159,7 +175,8 @@ grid if grid is not None else print(f"{m.name} has one varying dimension: no gri
 per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, backend=backend, what_ifs=alternatives)
 report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=bucket_count, plans=plans, curves=curves,
                               token_seconds=token_seconds, trace=trace.describe(), targets=per_target,
-                              grid=grid.to_dict() if grid is not None else None)
+                              grid=grid.to_dict() if grid is not None else None,
+                              generation=served.to_dict() if served is not None else None)
 report
 
 # %%

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from portkit import bucketed, data, economics, grid_costs, results, selection, targets as targets_mod
+from portkit import bucketed, data, economics, generation_buckets, grid_costs, results, selection, targets as targets_mod
 from portkit.errors import BadParameter
-from portkit.progress import headless
 from portkit.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
                              compare, histogram, optimal_table, padded_tokens, plan_auto, plan_buckets,
                              plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, sweep)
+from portkit.bucket_plots import draw_buckets, padding_slider, plot_histogram, plot_padding  # noqa: F401
 from portkit.results import Finding
 from portkit.tables import HtmlTable
 
@@ -44,7 +44,8 @@ STAGE = "buckets"
 # warmup_budget_seconds: 600 s, vLLM Neuron's default compilation timeout (VLLM_NEURON_COMPILATION_TIMEOUT).
 DEFAULTS = {"requests": 100, "bucket_count": 4, "max_batch": 1, "overflow": "truncate", "serve_requests": 100_000,
             "warmup_budget_seconds": 600.0, "neuron_compile_seconds": None, "backend": "auto", "seed": 0,
-            "corpus": "stdlib", "check": True, "compare_every_target": False}
+            "corpus": "stdlib", "check": True, "compare_every_target": False, "workload": "inference",
+            "new_tokens": 16}
 WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half and twice itself
 
 
@@ -96,6 +97,11 @@ def grid(model, corpus, targets, costs: dict[str, economics.CostModel], serve_re
     return grid_costs.compare(model, corpus, targets, costs, serve_requests) if grid_costs.applies(model) else None
 
 
+def serving_plans(model, corpus, costs, token_seconds: float, new_tokens: int, serve_requests: int, max_batch: int = 1):
+    """Workload "generate": prefill and decode buckets per target, auto against pow2 (generation_buckets.fit)."""
+    return generation_buckets.fit(model, corpus, costs, token_seconds, new_tokens, serve_requests, max_batch)
+
+
 def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds: float,
            serve_requests: int = DEFAULTS["serve_requests"],
            warmup_budget_seconds: float | None = DEFAULTS["warmup_budget_seconds"],
@@ -125,80 +131,6 @@ def what_if(hist: Histogram, costs: dict[str, economics.CostModel], token_second
             out[name] = {f: choose(hist, {name: cost.scaled(f)}, token_seconds, serve_requests, warmup_budget_seconds,
                                    max_batch, quiet=True)[name] for f in WHAT_IF}
     return out
-
-
-# ---------------------------------------------------------------- plots and the slider
-PLANNER_COLORS = {"pow2": "#4C72B0", "linear": "#8C8C8C", "padding_bounded": "#DD8452", "optimal": "#55A868",
-                  "auto": "#C44E52"}
-
-
-def plot_padding(curves: dict, chosen: dict[str, BucketPlan] | None = None, k: int | None = None, ax=None):
-    """Padding waste (%) against the number of buckets for every planner; chosen plans starred."""
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
-    for name, points in curves.items():
-        ax.plot([p[0] for p in points], [100 * p[1] for p in points], "o-", ms=3, label=name,
-                color=PLANNER_COLORS.get(name))
-    for target, plan in (chosen or {}).items():
-        ax.plot([plan.k], [100 * plan.waste], "*", ms=16, color=PLANNER_COLORS["auto"], mec="black",
-                label=f"chosen for {target}: {plan.k} buckets")
-    if k is not None:
-        ax.axvline(k, color="black", lw=0.8, ls=":")
-    ax.set_xlabel("number of sequence buckets (compiles per batch size)")
-    ax.set_ylabel("padding (% of computed tokens)")
-    ax.set_title("Padding waste against the number of buckets")
-    ax.legend(fontsize=7)
-    return ax
-
-
-def plot_histogram(hist: Histogram, plans: list[BucketPlan], ax=None):
-    """The length histogram with each plan's boundaries drawn over it."""
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
-    ax.bar(hist.values, hist.counts, width=1.0, color="#B0B0B0")
-    ax.set_yscale("log")
-    for i, plan in enumerate(plans):
-        for j, b in enumerate(plan.boundaries):
-            ax.axvline(b, color=PLANNER_COLORS.get(plan.planner), lw=1.2, ls=("-", "--", ":")[i % 3],
-                       label=f"{plan.planner}: {plan.waste:.1%} padding" if j == 0 else None)
-    ax.set_xlabel("tokens per request")
-    ax.set_ylabel("requests (log)")
-    ax.set_title(f"{hist.requests} requests and their buckets")
-    ax.legend(fontsize=7)
-    return ax
-
-
-def draw_buckets(hist: Histogram, k: int, curves: dict):
-    """Histogram with the k-bucket plans of pow2 and optimal, beside the padding curves at k."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(13, 3.6))
-    plot_histogram(hist, [plan_buckets(hist, "pow2", k=k), plan_buckets(hist, "optimal", k=k)], axes[0])
-    plot_padding(curves, k=k, ax=axes[1])
-    fig.tight_layout()
-    return fig
-
-
-def padding_slider(hist: Histogram, curves: dict, k: int = 4):
-    """An ipywidgets slider for the number of buckets that redraws draw_buckets. Headless runs
-    (papermill, nbval: PORTKIT_HEADLESS=1, set by the runner and the tests) and plain Python get None."""
-    try:
-        import ipywidgets
-        from IPython import get_ipython
-    except ImportError:
-        print("ipywidgets is not installed: the slider is skipped")
-        return None
-    shell = get_ipython()
-    if shell is None or not hasattr(shell, "kernel") or headless():
-        print("headless run: the slider is skipped (open the notebook in JupyterLab to use it)")
-        return None
-    import matplotlib.pyplot as plt
-
-    def redraw(buckets: int):
-        draw_buckets(hist, buckets, curves)
-        plt.show()
-    k_max = max(p[0] for points in curves.values() for p in points)
-    return ipywidgets.interactive(redraw, buckets=ipywidgets.IntSlider(value=min(k, k_max), min=1, max=k_max,
-                                                                       description="buckets"))
 
 
 # ---------------------------------------------------------------- the stage's result
@@ -309,6 +241,7 @@ class BucketReport:
     trace: dict
     targets: dict[str, TargetBuckets]
     grid: dict | None = None          # two varying dimensions: grid_costs.GridComparison.to_dict()
+    generation: dict | None = None    # workload "generate": generation_buckets.ServingPlans.to_dict()
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())
@@ -320,7 +253,8 @@ class BucketReport:
                 "padding_by_buckets": {n: [{"k": k, "padding_waste": w} for k, w in pts]
                                        for n, pts in self.curves.items()},
                 "token_seconds": self.token_seconds, "trace": self.trace,
-                "targets": {n: t.to_dict() for n, t in self.targets.items()}, "grid": self.grid}
+                "targets": {n: t.to_dict() for n, t in self.targets.items()}, "grid": self.grid,
+                "generation": self.generation}
 
     def save(self, path) -> None:
         results.save_result(path, self.to_dict())
@@ -399,9 +333,14 @@ def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucke
                      serve_requests: int = D["serve_requests"], warmup_budget_seconds=D["warmup_budget_seconds"],
                      neuron_compile_seconds=D["neuron_compile_seconds"], seed: int = D["seed"],
                      corpus: str = D["corpus"], backend: str = D["backend"], check: bool = D["check"],
-                     compare_every_target: bool = D["compare_every_target"], targets=("neuron", "tpu")) -> None:
-    """The notebook's validation cell, also run by the runner before anything is written."""
-    from portkit import params
+                     compare_every_target: bool = D["compare_every_target"], targets=("neuron", "tpu"),
+                     workload: str = D["workload"], new_tokens: int = D["new_tokens"], model: str | None = None) -> None:
+    """The notebook's validation cell, also run by the runner before anything is written. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
+    from portkit import generation, models, params
+    if params.workload(workload) == "generate" and model in models.SOURCES:
+        generation.check_causal(models.load(model))
+    params.positive_int("new_tokens", new_tokens, maximum=512)
     params.positive_int("requests", requests)
     params.positive_int("bucket_count", bucket_count, maximum=64)
     params.positive_int("max_batch", max_batch, maximum=1024)

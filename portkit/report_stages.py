@@ -110,6 +110,13 @@ def _buckets(data: dict, t: dict, out) -> None:
                                              f"({row.get('compiles_after_warmup', 0)} after warm-up), "
                                              f"{row.get('total_seconds', 0):.1f} s for "
                                              f"{row.get('requests', '?')} requests")
+    served = ((data.get("generation") or {}).get("targets") or {}).get(out.name)
+    for plan in ("auto", "pow2") if served else ():     # workload "generate": prefill and decode buckets
+        p = served[plan]
+        out.metrics["buckets"][f"generation buckets ({plan})"] = (
+            f"prompt {p['prompt']['boundaries']}, context {p['context']['boundaries']}: {p['compiles']} warm-up "
+            f"compiles, {p['warmup_seconds']:,.0f} s; padding {p['prompt']['padding_waste']:.1%} / "
+            f"{p['context']['padding_waste']:.1%}")
     found = ((data.get("grid") or {}).get("targets") or {}).get(out.name)
     if found:     # two varying dimensions: the grid against the best one-dimensional plan
         g, one = found["grid"], found["one_dimensional"]

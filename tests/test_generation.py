@@ -105,3 +105,27 @@ def test_stage_4_generation_agreement_counts_a_near_tie_apart_from_a_clear_diver
     assert not prompt.near_tie
     judged = generation_accuracy.TargetGeneration("tpu", "default", 0.99, [prompt])
     assert not judged.passed and "FAIL" in judged.summary() and judged.judged_agreement == 0.5
+
+
+def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_powers_of_two(corpus):
+    from portkit import buckets, economics, generation_buckets, report, report_stages
+    gpt2 = models.load("gpt2")
+    costs = {"neuron": economics.neuron_estimate(gpt2.parameters),
+             "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}
+    found = buckets.serving_plans(gpt2, corpus, costs, token_seconds=2e-5, new_tokens=16, serve_requests=100_000)
+    prompts, contexts = generation_buckets.lengths(gpt2, corpus, 16)
+    assert (contexts == prompts + 16).all() and contexts.max() <= gpt2.max_length
+    for name, t in found.targets.items():
+        auto, pow2 = t["auto"], t["pow2"]
+        assert pow2["prompt"]["boundaries"][0] == generation.MIN_PROMPT_BUCKET
+        assert all(b & (b - 1) == 0 for b in pow2["prompt"]["boundaries"][:-1])       # powers of two, then the top
+        assert auto["prompt"]["boundaries"][-1] == prompts.max() and auto["context"]["boundaries"][-1] == contexts.max()
+        assert auto["compiles"] == len(auto["prompt"]["boundaries"]) + len(auto["context"]["boundaries"])
+        # auto minimises warm-up + padding for each set, so it never costs more than pow2 in total
+        assert auto["warmup_seconds"] + auto["padding_seconds"] <= pow2["warmup_seconds"] + pow2["padding_seconds"]
+    assert found.targets["neuron"]["auto"]["compiles"] < found.targets["tpu"]["auto"]["compiles"]   # 20 s a graph
+    out = report.TargetReport("tpu", "TPU", "emulated")
+    report_stages._buckets({"generation": found.to_dict()}, {}, out)
+    assert "warm-up compiles" in out.metrics["buckets"]["generation buckets (auto)"]
+    with pytest.raises(BadParameter, match="causal"):
+        buckets.serving_plans(models.load("minilm"), corpus, costs, 2e-5, 16, 100_000)
