@@ -167,6 +167,9 @@ def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, 
     return replace(found, details={"topology": topology, "problems": problems, "measured": list(sources)})
 
 
+ESTIMATE_PREFIX = "estimate, not measured: "
+
+
 def neuron_estimate(parameters: int, override: float | None = None) -> CostModel:
     """Neuron: seconds per graph, estimated, never measured (no neuronx-cc is installable here).
 
@@ -206,7 +209,14 @@ def cost_model(model, target: str, lengths=(), *, native: bool = False, measured
         what = "the vendor compiler's own times" if native else "Inductor's times on this CPU"
         return fit(target, kind, f"{what}, {len(measured_points)} compile(s) measured here", measured_points)
     if target == "tpu":
-        return xla_model(model, lengths, batch, topology, measure=measure)
+        try:
+            return xla_model(model, lengths, batch, topology, measure=measure)
+        except PortkitError as exc:    # the model does not lower for XLA: an estimate, and it says why
+            stand_in = neuron_estimate(int(model.parameters))
+            rule = stand_in.source.removeprefix(ESTIMATE_PREFIX)
+            return replace(stand_in, target="tpu", details={**stand_in.details, "xla_problem": str(exc)},
+                           source=f"{ESTIMATE_PREFIX}no XLA compile time ({exc}); priced with the Neuron rule as a "
+                                  f"stand-in, {rule}")
     if target == "neuron":
         return neuron_estimate(int(model.parameters), neuron_compile_seconds)
     raise BadParameter("target for compile costs", target, list(targets_mod.TARGETS))

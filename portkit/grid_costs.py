@@ -158,9 +158,13 @@ def compare(model, corpus, targets, costs: dict, serve_requests: int, seed: int 
     per_token = token_seconds(model, corners)
     found = {}
     for name in targets_mod.parse_targets(targets):
+        price = None
         if name == "tpu" and not targets_mod.detect(name).native:
-            price, label = xla_cells(model, corners, topology, measure)
-        else:
+            try:
+                price, label = xla_cells(model, corners, topology, measure)
+            except PortkitError:     # a cell that does not lower: the stage's own cost model, which says so
+                price = None
+        if price is None:
             cost = costs[name]
             price, label = (lambda a, b, c=cost: c.seconds(a)), f"{cost.label()}, at the {dims[0]} length"
         result = grid.compare(arr, dims, price, per_token, requests=serve_requests)

@@ -369,3 +369,13 @@ def test_an_image_model_has_one_fixed_shape_named_in_full_and_no_sequence_to_pri
     cost = economics.xla_model(vit, [], measure=measure)
     assert asked == [{"batch": 1}] and cost.seconds(None) == 1.5
     assert "measured XLA at the model's one input shape (v5e:1x1, batch 1)" in cost.label()
+
+
+def test_a_model_xla_cannot_lower_is_priced_with_a_labelled_stand_in_not_a_failure(small):
+    def refuses(model, shape, topology, dtype):
+        return None, "no XLA compile for v5e:1x1: NO LOWERING for aten::set_.source_Tensor (test stand-in)"
+    cost = economics.cost_model(small, "tpu", [5, 12, 30], measure=refuses)
+    assert cost.target == "tpu" and cost.kind == economics.ESTIMATE and cost.seconds(12) >= 20
+    assert cost.label().startswith("estimate, not measured: no XLA compile time (")
+    assert "aten::set_.source_Tensor" in cost.label() and "Neuron rule as a stand-in" in cost.label()
+    assert "aten::set_" in cost.details["xla_problem"]
