@@ -49,8 +49,10 @@ warmup_budget_seconds = 600.0  # most seconds the warm-up may spend compiling bu
 neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
 backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
 seed = 0  # which texts are sampled
-workload = "inference"  # "inference"; "generate" (causal LMs): also prefill (prompt) and decode (context) buckets
+workload = "inference"  # "inference"; "generate" (causal LMs): prefill and decode buckets; "train": packing
 new_tokens = 16  # tokens each request generates when workload is "generate" (its context: prompt + new_tokens)
+train_batch = 8  # texts per training step when workload is "train"
+train_seq = 128  # tokens per training row when workload is "train" (packed rows, or the padding length)
 
 # %%
 from portkit import buckets, data, economics, environment, models, params, results
@@ -60,7 +62,8 @@ results.skip_if_abstract(model, out, "buckets", targets=targets)  # no weights: 
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
                          serve_requests=serve_requests, warmup_budget_seconds=warmup_budget_seconds,
                          neuron_compile_seconds=neuron_compile_seconds, backend=backend, seed=seed, corpus=corpus,
-                         targets=targets, workload=workload, new_tokens=new_tokens)
+                         targets=targets, workload=workload, new_tokens=new_tokens, train_batch=train_batch,
+                         train_seq=train_seq)
 
 # %%
 print(environment.block(targets))
@@ -146,6 +149,23 @@ if workload == "generate":
 served
 
 # %% [markdown]
+# ## Training (workload "train"): packing against padding
+#
+# A static-shape training step compiles once per batch shape. Packed rows (whole texts one after another,
+# every slot a token; language models) are one shape; so is padding every batch to `train_seq`; padding
+# each batch to the bucket of its longest text costs a compile per bucket used. Per target (its chosen
+# buckets): compiles, real tokens per step, and the fill.
+
+# %%
+layouts = None
+if workload == "train":
+    layouts = buckets.training_layouts(m, texts, chosen, batch_size=train_batch, seq_len=train_seq)
+    for name, rows in layouts.items():
+        for row in rows:
+            print(f"{name}: {row['layout']}: {row['compiles']} compile(s), {row['tokens_per_step']:.0f} real "
+                  f"tokens per step, fill {row['fill']:.0%}")
+
+# %% [markdown]
 # ## Two varying dimensions: a grid of buckets
 #
 # A model that declares two varying dimensions (an encoder's and a decoder's length) pads each request to a
@@ -176,7 +196,7 @@ per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs,
 report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=bucket_count, plans=plans, curves=curves,
                               token_seconds=token_seconds, trace=trace.describe(), targets=per_target,
                               grid=grid.to_dict() if grid is not None else None,
-                              generation=served.to_dict() if served is not None else None)
+                              generation=served.to_dict() if served is not None else None, training=layouts)
 report
 
 # %%

@@ -45,7 +45,7 @@ STAGE = "buckets"
 DEFAULTS = {"requests": 100, "bucket_count": 4, "max_batch": 1, "overflow": "truncate", "serve_requests": 100_000,
             "warmup_budget_seconds": 600.0, "neuron_compile_seconds": None, "backend": "auto", "seed": 0,
             "corpus": "stdlib", "check": True, "compare_every_target": False, "workload": "inference",
-            "new_tokens": 16}
+            "new_tokens": 16, "train_batch": 8, "train_seq": 128}
 WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half and twice itself
 
 
@@ -100,6 +100,13 @@ def grid(model, corpus, targets, costs: dict[str, economics.CostModel], serve_re
 def serving_plans(model, corpus, costs, token_seconds: float, new_tokens: int, serve_requests: int, max_batch: int = 1):
     """Workload "generate": prefill and decode buckets per target, auto against pow2 (generation_buckets.fit)."""
     return generation_buckets.fit(model, corpus, costs, token_seconds, new_tokens, serve_requests, max_batch)
+
+
+def training_layouts(model, corpus, chosen: dict[str, BucketPlan], batch_size: int = 8, seq_len: int = 128):
+    """Workload "train": per target, packed rows against padding to seq_len and to its chosen buckets:
+    compiles, real tokens per step and fill: {target: training.layouts rows}."""
+    from portkit import training
+    return {n: training.layouts(model, corpus, plan.boundaries, batch_size, seq_len) for n, plan in chosen.items()}
 
 
 def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds: float,
@@ -242,6 +249,7 @@ class BucketReport:
     targets: dict[str, TargetBuckets]
     grid: dict | None = None          # two varying dimensions: grid_costs.GridComparison.to_dict()
     generation: dict | None = None    # workload "generate": generation_buckets.ServingPlans.to_dict()
+    training: dict | None = None      # workload "train": per target, training.layouts' rows
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())
@@ -254,7 +262,7 @@ class BucketReport:
                                        for n, pts in self.curves.items()},
                 "token_seconds": self.token_seconds, "trace": self.trace,
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}, "grid": self.grid,
-                "generation": self.generation}
+                "generation": self.generation, "training": self.training}
 
     def save(self, path) -> None:
         results.save_result(path, self.to_dict())
@@ -334,13 +342,16 @@ def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucke
                      neuron_compile_seconds=D["neuron_compile_seconds"], seed: int = D["seed"],
                      corpus: str = D["corpus"], backend: str = D["backend"], check: bool = D["check"],
                      compare_every_target: bool = D["compare_every_target"], targets=("neuron", "tpu"),
-                     workload: str = D["workload"], new_tokens: int = D["new_tokens"], model: str | None = None) -> None:
+                     workload: str = D["workload"], new_tokens: int = D["new_tokens"], train_batch: int = D["train_batch"],
+                     train_seq: int = D["train_seq"], model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     from portkit import generation, models, params
     if params.workload(workload) == "generate" and model in models.SOURCES:
         generation.check_causal(models.load(model))
     params.positive_int("new_tokens", new_tokens, maximum=512)
+    params.positive_int("train_batch", train_batch, maximum=256)
+    params.positive_int("train_seq", train_seq, maximum=4096)
     params.positive_int("requests", requests)
     params.positive_int("bucket_count", bucket_count, maximum=64)
     params.positive_int("max_batch", max_batch, maximum=1024)

@@ -117,6 +117,9 @@ def _buckets(data: dict, t: dict, out) -> None:
             f"prompt {p['prompt']['boundaries']}, context {p['context']['boundaries']}: {p['compiles']} warm-up "
             f"compiles, {p['warmup_seconds']:,.0f} s; padding {p['prompt']['padding_waste']:.1%} / "
             f"{p['context']['padding_waste']:.1%}")
+    for row in (data.get("training") or {}).get(out.name) or []:      # workload "train": packing vs padding
+        out.metrics["buckets"][f"training, {row['layout']}"] = (
+            f"{row['compiles']} compile(s), {row['tokens_per_step']:.0f} real tokens per step, fill {row['fill']:.0%}")
     found = ((data.get("grid") or {}).get("targets") or {}).get(out.name)
     if found:     # two varying dimensions: the grid against the best one-dimensional plan
         g, one = found["grid"], found["one_dimensional"]

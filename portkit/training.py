@@ -187,6 +187,29 @@ def tokens_per_step(model, corpus, batch_size: int = 8, seq_len: int = 128, step
             "padded_texts_per_step": batch_size, "packed_over_padded": slots / padded if padded else math.inf}
 
 
+def layouts(model, corpus, boundaries, batch_size: int = 8, seq_len: int = 128, steps: int = 16,
+            seed: int = 0) -> list[dict]:
+    """Three ways to lay real texts out for static-shape training steps, on the same texts: packed rows of
+    seq_len (one shape, every slot a token; causal LMs), each batch padded to seq_len (one shape), and each
+    batch padded to the bucket of its longest text (`boundaries`: stage 3's plan; one shape per bucket used).
+    Per layout: compiles (shapes), real tokens per step, and the fill (real / computed positions)."""
+    _check(steps, batch_size, seq_len, "padded", model)
+    texts = list(corpus.sample(min(len(corpus), steps * batch_size * 8), seed))
+    groups = [texts[s * batch_size:(s + 1) * batch_size] for s in range(steps)]
+    counted = [[min(len(x), seq_len) for x in model.tokenizer(g, verbose=False)["input_ids"]] for g in groups]
+    edges = sorted({min(int(b), seq_len) for b in boundaries} | {seq_len})
+    buckets = [next(b for b in edges if b >= max(c)) for c in counted]
+    real = sum(map(sum, counted)) / steps
+    rows = [{"layout": f"padded to seq_len {seq_len}", "compiles": 1, "tokens_per_step": real,
+             "fill": real / (batch_size * seq_len)},
+            {"layout": f"padded to stage 3's buckets {edges}", "compiles": len(set(buckets)), "tokens_per_step": real,
+             "fill": real * steps / sum(b * batch_size for b in buckets)}]
+    if model.kind == CAUSAL_LM:      # packing joins texts in a row: a language model's next-token loss
+        rows.insert(0, {"layout": f"packed rows of {seq_len}", "compiles": 1, "tokens_per_step": batch_size * seq_len,
+                        "fill": 1.0})
+    return rows
+
+
 # ---------------------------------------------------------------- the training loop
 @dataclass
 class TrainingRun:

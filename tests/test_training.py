@@ -125,3 +125,17 @@ def test_functional_forms_of_in_place_writes_are_judged_as_the_write_under_compi
     compiled = table.classify("aten::slice_scatter", compiled=True)
     assert (compiled.status, compiled.via) == (table.classify("aten::copy_").status, "aten::copy_")
     assert table.classify("aten::slice_scatter").status == "unsupported"   # eager: the vendor's table as it is
+
+
+def test_packing_against_padding_to_seq_len_and_to_buckets_on_real_texts(gpt2, minilm, corpus):
+    from portkit import buckets
+    from portkit.planner import BucketPlan
+    plan = BucketPlan("auto", (16, 48, 128), 0, 0, 1, "truncate", "test")
+    rows = buckets.training_layouts(gpt2, corpus, {"tpu": plan}, batch_size=4, seq_len=128)["tpu"]
+    packed, padded, bucketed = rows
+    assert packed["compiles"] == padded["compiles"] == 1 and packed["fill"] == 1.0
+    assert packed["tokens_per_step"] == 4 * 128 > padded["tokens_per_step"] == bucketed["tokens_per_step"] > 0
+    assert 1 <= bucketed["compiles"] <= 3 and padded["fill"] <= bucketed["fill"] < 1.0
+    assert "buckets [16, 48, 128]" in bucketed["layout"]
+    embedding = training.layouts(minilm, corpus, (128,), batch_size=4, seq_len=128)
+    assert [r["layout"] for r in embedding] == ["padded to seq_len 128", "padded to stage 3's buckets [128]"]
