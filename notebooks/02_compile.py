@@ -40,7 +40,6 @@ out_dir = "../runs/notebook"  # folder this stage writes compile.json into
 corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
 text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 requests = 100  # real requests streamed through the compiled model, each at its own length
-compile_shapes = 8  # shapes the storm compiles here; later new shapes are counted from Dynamo's refusals. 0: all
 batch_size = 1  # texts per request
 seq_len = 64  # longest request in tokens (longer texts are truncated), and the one fixed shape of the fix
 fullgraph = False  # True compiles with fullgraph as the targets recommend, and a graph break fails the compile
@@ -51,8 +50,6 @@ neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate fr
 workload = "inference"  # "inference"; "train": also the training step compiled; "generate" (causal LMs): KV cache
 new_tokens = 16  # tokens each prompt generates when workload is "generate"
 prompts = 4  # real prompts from the corpus, one batch, when workload is "generate"
-train_steps = 4  # training steps compiled and run when workload is "train" (the first compiles)
-train_batch = 4  # texts per training batch (each padded to seq_len) when workload is "train"
 
 # %%
 from IPython.display import display
@@ -63,8 +60,7 @@ results.skip_if_abstract(model, out, "compile", targets=targets)  # no weights: 
 compiling.check_parameters(requests=requests, batch_size=batch_size, seq_len=seq_len, fullgraph=fullgraph,
                            backend=backend, precision=precision, seed=seed, corpus=corpus,
                            neuron_compile_seconds=neuron_compile_seconds, targets=targets, workload=workload,
-                           new_tokens=new_tokens, prompts=prompts, compile_shapes=compile_shapes,
-                           train_steps=train_steps, train_batch=train_batch)
+                           new_tokens=new_tokens, prompts=prompts)
 
 # %%
 print(environment.block(targets))
@@ -108,7 +104,7 @@ for table in compiling.eager_findings(breaks, out, targets).values():
 # The model compiled with `dynamic=False` (what both targets require) meets the requests one by one.
 # Every compile is counted by a wrapper around the backend; the guard failure that triggered it is
 # Dynamo's own text (the emulated targets share one trace per shape, each checking it). The first
-# `compile_shapes` shapes are compiled here; every later request still goes through Dynamo under
+# 8 shapes (Dynamo's own recompile limit) are compiled here; every later request still goes through Dynamo under
 # `fail_on_recompile`, and a new shape's refusal (its guard failures, in Dynamo's words) is counted as the
 # compile the target would pay, the request then running eagerly ("counted" in the table). The recompile
 # limit is raised so that every compile is paid, as on the targets; the table shows where Dynamo's default
@@ -116,8 +112,7 @@ for table in compiling.eager_findings(breaks, out, targets).values():
 # compiles cost on each target follows below.
 
 # %%
-storms = compiling.recompile_storms(m, stream, targets, precision=precision, backend=backend, fullgraph=fullgraph,
-                                    compile_shapes=compile_shapes or None)
+storms = compiling.recompile_storms(m, stream, targets, precision=precision, backend=backend, fullgraph=fullgraph)
 for storm in storms.values():
     display(storm)
 
@@ -174,8 +169,7 @@ if workload == "generate":
 # %%
 trained = {}
 if workload == "train":
-    trained = compiling.check_training(m, texts, targets, steps=train_steps, batch_size=train_batch,
-                                       seq_len=seq_len, precision=precision, seed=seed)
+    trained = compiling.check_training(m, texts, targets, seq_len=seq_len, precision=precision, seed=seed)
     for found in trained.values():
         print(found.summary())
 

@@ -51,8 +51,6 @@ backend = "auto"  # auto: each target's backend (native with its device, else po
 seed = 0  # which texts are sampled
 workload = "inference"  # "inference"; "generate" (causal LMs): prefill and decode buckets; "train": packing
 new_tokens = 16  # tokens each request generates when workload is "generate" (its context: prompt + new_tokens)
-train_batch = 8  # texts per training step when workload is "train"
-train_seq = 128  # tokens per training row when workload is "train" (packed rows, or the padding length)
 
 # %%
 from portkit import buckets, data, economics, environment, models, params, results
@@ -62,8 +60,7 @@ results.skip_if_abstract(model, out, "buckets", targets=targets)  # no weights: 
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
                          serve_requests=serve_requests, warmup_budget_seconds=warmup_budget_seconds,
                          neuron_compile_seconds=neuron_compile_seconds, backend=backend, seed=seed, corpus=corpus,
-                         targets=targets, workload=workload, new_tokens=new_tokens, train_batch=train_batch,
-                         train_seq=train_seq)
+                         targets=targets, workload=workload, new_tokens=new_tokens)
 
 # %%
 print(environment.block(targets))
@@ -144,7 +141,7 @@ buckets.padding_slider(hist, curves, bucket_count)
 # %%
 served = None
 if workload == "generate":
-    served = buckets.serving_plans(m, texts, costs, token_seconds, new_tokens=new_tokens,
+    served = buckets.serving_plans(m, texts, costs, token_seconds=token_seconds, new_tokens=new_tokens,
                                    serve_requests=serve_requests, max_batch=max_batch)
 served
 
@@ -152,14 +149,14 @@ served
 # ## Training (workload "train"): packing against padding
 #
 # A static-shape training step compiles once per batch shape. Packed rows (whole texts one after another,
-# every slot a token; language models) are one shape; so is padding every batch to `train_seq`; padding
+# every slot a token; language models) are one shape; so is padding every batch to one length (128); padding
 # each batch to the bucket of its longest text costs a compile per bucket used. Per target (its chosen
 # buckets): compiles, real tokens per step, and the fill.
 
 # %%
 layouts = None
 if workload == "train":
-    layouts = buckets.training_layouts(m, texts, chosen, batch_size=train_batch, seq_len=train_seq)
+    layouts = buckets.training_layouts(m, texts, chosen)
     for name, rows in layouts.items():
         for row in rows:
             print(f"{name}: {row['layout']}: {row['compiles']} compile(s), {row['tokens_per_step']:.0f} real "
@@ -176,7 +173,7 @@ if workload == "train":
 # eager slope along each dimension (portkit/grid_costs.py). The replay below buckets the first dimension.
 
 # %%
-grid = buckets.grid(m, texts, targets, costs, serve_requests=serve_requests)
+grid = buckets.grid(m, texts, targets, costs=costs, serve_requests=serve_requests)
 grid if grid is not None else print(f"{m.name} has one varying dimension: no grid to fit")
 
 # %% [markdown]

@@ -45,7 +45,7 @@ STAGE = "buckets"
 DEFAULTS = {"requests": 100, "bucket_count": 4, "max_batch": 1, "overflow": "truncate", "serve_requests": 100_000,
             "warmup_budget_seconds": 600.0, "neuron_compile_seconds": None, "backend": "auto", "seed": 0,
             "corpus": "stdlib", "check": True, "compare_every_target": False, "workload": "inference",
-            "new_tokens": 16, "train_batch": 8, "train_seq": 128}
+            "new_tokens": 16}
 WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half and twice itself
 
 
@@ -342,16 +342,13 @@ def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucke
                      neuron_compile_seconds=D["neuron_compile_seconds"], seed: int = D["seed"],
                      corpus: str = D["corpus"], backend: str = D["backend"], check: bool = D["check"],
                      compare_every_target: bool = D["compare_every_target"], targets=("neuron", "tpu"),
-                     workload: str = D["workload"], new_tokens: int = D["new_tokens"], train_batch: int = D["train_batch"],
-                     train_seq: int = D["train_seq"], model: str | None = None) -> None:
+                     workload: str = D["workload"], new_tokens: int = D["new_tokens"], model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     from portkit import generation, models, params
     if params.workload(workload) == "generate" and model in models.SOURCES:
         generation.check_causal(models.load(model))
     params.positive_int("new_tokens", new_tokens, maximum=512)
-    params.positive_int("train_batch", train_batch, maximum=256)
-    params.positive_int("train_seq", train_seq, maximum=4096)
     params.positive_int("requests", requests)
     params.positive_int("bucket_count", bucket_count, maximum=64)
     params.positive_int("max_batch", max_batch, maximum=1024)

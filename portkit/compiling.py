@@ -50,8 +50,11 @@ STAGE = "compile"
 # (notebooks/02_compile.py, checked equal by tests/test_compiling.py) all use these.
 DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False, "backend": AUTO,
             "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None,
-            "workload": "inference", "new_tokens": 16, "prompts": 4, "compile_shapes": COMPILE_SHAPES,
-            "train_steps": 4, "train_batch": 4}
+            "workload": "inference", "new_tokens": 16, "prompts": 4}
+# Not notebook parameters (the notebook keeps to the choices most runs make), library options with these defaults:
+# the storm's shapes compiled before the rest are counted (storm.COMPILE_SHAPES: Dynamo's own recompile limit),
+# and the training step's steps and texts per batch with workload "train".
+OPTIONS = {"compile_shapes": COMPILE_SHAPES, "train_steps": 4, "train_batch": 4}
 
 
 # What each of the stage's findings costs on the target: the consequence behind its severity (#18).
@@ -135,7 +138,7 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     return out
 
 
-def check_training(model, texts, targets, steps: int = DEFAULTS["train_steps"], batch_size: int = DEFAULTS["train_batch"],
+def check_training(model, texts, targets, steps: int = OPTIONS["train_steps"], batch_size: int = OPTIONS["train_batch"],
                    seq_len: int = DEFAULTS["seq_len"], precision=None, seed: int = DEFAULTS["seed"]):
     """Workload "train": one AdamW step of the model's own loss compiled for each target, `steps` steps on
     real batches of batch_size x seq_len (portkit/compile_training.py)."""
@@ -358,8 +361,7 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
                      corpus: str = DEFAULTS["corpus"], neuron_compile_seconds=DEFAULTS["neuron_compile_seconds"],
                      targets=("neuron", "tpu"), workload: str = DEFAULTS["workload"],
                      new_tokens: int = DEFAULTS["new_tokens"], prompts: int = DEFAULTS["prompts"],
-                     compile_shapes: int = DEFAULTS["compile_shapes"], train_steps: int = DEFAULTS["train_steps"],
-                     train_batch: int = DEFAULTS["train_batch"], model: str | None = None) -> None:
+                     model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     from portkit import data, generation, models, params
@@ -368,9 +370,6 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
     params.positive_int("new_tokens", new_tokens, maximum=512)
     params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("requests", requests, maximum=2000)
-    params.non_negative_int("compile_shapes", compile_shapes)
-    params.positive_int("train_steps", train_steps, maximum=64)
-    params.positive_int("train_batch", train_batch, maximum=64)
     params.positive_int("batch_size", batch_size, maximum=64)
     params.positive_int("seq_len", seq_len, maximum=4096)
     params.boolean("fullgraph", fullgraph)
@@ -393,7 +392,7 @@ def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len:
                   precision=None, backend: str = DEFAULTS["backend"], fullgraph: bool = DEFAULTS["fullgraph"],
                   progress: bool = True, neuron_compile_seconds: float | None = DEFAULTS["neuron_compile_seconds"],
                   costs: dict[str, economics.CostModel] | None = None,
-                  compile_shapes: int = DEFAULTS["compile_shapes"]) -> CompileReport:
+                  compile_shapes: int = OPTIONS["compile_shapes"]) -> CompileReport:
     """The whole stage: graph breaks, the storm and the fixed-shape proof for every target, each
     compile priced with the target's cost (compile_costs, unless `costs` gives them). The storm compiles
     its first `compile_shapes` shapes here and counts the later ones from Dynamo's guard failures (0:

@@ -51,9 +51,7 @@ def test_a_graph_break_and_an_op_without_a_kernel_become_training_findings(gpt2,
     assert found[4] is not None and found[4]["text"]            # the user's source line
 
 
-def test_the_stage_reports_training_findings_and_refuses_bad_training_parameters(gpt2, corpus):
-    with pytest.raises(BadParameter, match="invalid train_steps 0"):
-        compiling.check_parameters(train_steps=0)
-    with pytest.raises(BadParameter, match="train_batch"):
-        compiling.check_parameters(train_batch=1000)
-    assert compiling.DEFAULTS["train_steps"] >= 2       # one compiling step, then at least one under the proof
+def test_the_stage_checks_a_training_step_with_one_compiling_step_then_the_proof(gpt2, corpus):
+    assert compiling.OPTIONS["train_steps"] >= 2       # one compiling step, then at least one under the proof
+    with pytest.raises(BadParameter, match="steps"):
+        compiling.check_training(gpt2, corpus, ["tpu"], steps=0)

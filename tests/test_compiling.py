@@ -286,7 +286,7 @@ def test_a_storm_of_100_real_requests_compiles_once_per_distinct_shape(small, co
     distinct = {tuple(s) for s in stream.shapes()}
     assert len(storm.requests) == 100 and len(distinct) > 8          # more than Dynamo's default limit
     assert storm.compile_count() == len(distinct) == storm.distinct_shapes()
-    assert len(storm.compiles) == compiling.DEFAULTS["compile_shapes"]   # the rest counted from Dynamo's refusals
+    assert len(storm.compiles) == compiling.OPTIONS["compile_shapes"]   # the rest counted from Dynamo's refusals
     assert storm.counted() == len(distinct) - len(storm.compiles)
     assert all(r["reason"] and "size mismatch" in r["reason"] for r in storm.requests if r.get("counted"))
     assert storm.eager_from() is not None and storm.recompile_limit >= 100
@@ -340,7 +340,7 @@ def test_past_compile_shapes_each_new_shape_is_counted_from_dynamos_own_refusal(
         assert third["guard_failures"] == 2          # Dynamo checked both compiled entries' guards
         assert storm.seconds()["compiling"] < full.seconds()["compiling"]
         assert "2 counted from Dynamo's guard failures past the first 2 shapes" in storm.summary()
-    assert compiling.DEFAULTS["compile_shapes"] == torch._dynamo.config.recompile_limit
+    assert compiling.OPTIONS["compile_shapes"] == torch._dynamo.config.recompile_limit
 
 
 def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, stream):
