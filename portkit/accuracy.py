@@ -400,12 +400,22 @@ def _split_by_cause(side, inputs, ref, mask, results, outs) -> None:
                  {k: compare(out[k], cast[k], None, mask) for k in ref}}]
 
 
+# Buckets checked per target and precision: a plan of more (an auto plan for a cheap compiler) is sampled,
+# spread over its boundaries with the largest included; the rest are listed as not checked.
+MAX_CHECKED_BUCKETS = 8
+
+
 def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds, batch_size, seed, cache,
              bar, baseline_for) -> list[dict]:
-    rows = []
+    rows, n = [], len(plan.boundaries)
+    checked = {round(i * (n - 1) / (MAX_CHECKED_BUCKETS - 1)) for i in range(MAX_CHECKED_BUCKETS)} if n > MAX_CHECKED_BUCKETS else range(n)
     side_padding = getattr(model.tokenizer, "padding_side", "right")
-    for low, high, texts, truncated in _bucket_batches(model, corpus, plan.boundaries, batch_size, seed):
+    for i, (low, high, texts, truncated) in enumerate(_bucket_batches(model, corpus, plan.boundaries, batch_size, seed)):
         bar.update()
+        if i not in checked:
+            rows.append({"boundary": high, "skipped": f"not checked: {MAX_CHECKED_BUCKETS} of the plan's {n} buckets are, "
+                                                      "spread over it, the largest included"})
+            continue
         if not texts:
             rows.append({"boundary": high, "skipped": f"no {'text' if model.takes_text else 'item'} of {low + 1}-{high} {model.seq_dim} in the sample"})
             continue

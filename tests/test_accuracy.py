@@ -470,3 +470,17 @@ def test_native_neuron_compares_the_device(minilm, minilm_batch):
     assert neuron.target["mode"] == "native" and neuron.others == []
     assert neuron.chosen.target_side == "compiled with neuron (on neuron)"
     assert neuron.chosen.layers["target_side"] == "native on neuron, eager"
+
+
+def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_included(corpus):
+    from portkit import data, models
+    m = models.load("minilm")
+    boundaries = list(range(16, 16 * 21, 16))            # 20 buckets: more than the checked sample
+    inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=boundaries, batch_size=2,
+                                     all_precisions=False, layers=False, float64_reference=False, progress=False)
+    rows = report.targets["tpu"].buckets
+    checked = [r for r in rows if "skipped" not in r or not r["skipped"].startswith("not checked")]
+    assert len(rows) == 20 and len(checked) == accuracy.MAX_CHECKED_BUCKETS
+    assert checked[0]["boundary"] == 16 and checked[-1]["boundary"] == boundaries[-1]
+    assert "8 of the plan's 20 buckets" in next(r["skipped"] for r in rows if r not in checked)
