@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from portkit import data, economics, grid, inputs, models
+from portkit import data, economics, grid, grid_costs, inputs, models
 
 REQUESTS = 100_000
 CELLS = ((32, 8), (256, 8), (32, 64), (256, 64))
@@ -79,26 +79,9 @@ def pairs_from(corpus) -> list[tuple[str, str]]:
 
 
 def token_seconds(model, repeats: int = 5) -> tuple[float, float]:
-    """Seconds per padded position of each dimension: eager forward slope on this CPU (batch 1), the
-    fastest of `repeats` interleaved rounds after one untimed call per shape (so a burst of load on a
-    shared machine hits every shape alike)."""
-    cells = [(64, 16), (512, 16), (64, 256)]
-    batches = {c: model.declaration.dummy(1, {"source": c[0], "target": c[1]}) for c in cells}
-    best = dict.fromkeys(cells, float("inf"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # one thread: a shared machine's other load cannot stall a thread barrier
-    with torch.no_grad():
-        for cell in cells:
-            model.module(**batches[cell])          # first calls allocate; not timed
-        for _ in range(repeats):
-            for cell in cells:
-                start = time.perf_counter()
-                model.module(**batches[cell])
-                best[cell] = min(best[cell], time.perf_counter() - start)
-    torch.set_num_threads(threads)
-    s = (best[(512, 16)] - best[(64, 16)]) / 448
-    t = (best[(64, 256)] - best[(64, 16)]) / 240
-    return max(s, 1e-9), max(t, 1e-9)
+    """Seconds per padded position of each dimension: the eager forward slope on this CPU (batch 1, one
+    thread), along each dimension from the (64, 16) cell (grid_costs.token_seconds)."""
+    return grid_costs.token_seconds(model, ((64, 512), (16, 256)), repeats)
 
 
 def xla_cells(model) -> tuple[callable, str]:

@@ -223,26 +223,39 @@ def cost_model(model, target: str, lengths=(), *, native: bool = False, measured
 
 
 # ---------------------------------------------------------------- what a padded token costs
-def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
-    """Seconds of compute per token on this machine: the slope of eager forward time against
-    sequence length (batch 1, lengths top/4, top/2, top; the fastest of `repeats` interleaved rounds,
-    so a burst of load on a shared machine hits every length alike). Prices padding for auto."""
-    lengths = sorted({max(2, top // 4), max(2, top // 2), max(2, top)})
+def fastest_seconds(module, batches: dict, repeats: int = 3, threads: int | None = None) -> dict:
+    """{key: the fastest of `repeats` interleaved rounds of module(**batches[key])}, no_grad, after one
+    untimed call per batch (first calls allocate): a burst of load on a shared machine hits every batch
+    alike. threads: intra-op threads while timing (1: another process's load cannot stall a thread barrier)."""
     import time
 
     import torch
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    best = dict.fromkeys(batches, float("inf"))
+    try:
+        with torch.no_grad():
+            for key in batches:
+                module(**batches[key])
+            for _ in range(repeats):
+                for key, batch in batches.items():
+                    start = time.perf_counter()
+                    module(**batch)
+                    best[key] = min(best[key], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return best
+
+
+def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
+    """Seconds of compute per token on this machine: the slope of eager forward time against
+    sequence length (batch 1, lengths top/4, top/2, top; fastest_seconds). Prices padding for auto."""
+    lengths = sorted({max(2, top // 4), max(2, top // 2), max(2, top)})
     # a short real text padded to each length; a model of other data: its declaration's probe inputs
     inputs = {n: model.encode(["Return the sum of a and b."], pad_to=n) if model.takes_text else
               model.declaration.dummy(1, {model.seq_dim: n}) for n in lengths}
-    best = dict.fromkeys(lengths, float("inf"))
-    with torch.no_grad():
-        for n in lengths:
-            model.module(**inputs[n])      # first calls allocate; not timed
-        for _ in range(repeats):
-            for n in lengths:
-                start = time.perf_counter()
-                model.module(**inputs[n])
-                best[n] = min(best[n], time.perf_counter() - start)
+    best = fastest_seconds(model.module, inputs, repeats)
     times = [best[n] for n in lengths]
     slope = float(np.polyfit(lengths, times, 1)[0]) if len(lengths) > 1 else times[0] / lengths[0]
     return max(slope, times[-1] / lengths[-1] / 10)   # noisy timings must not make padding free

@@ -18,7 +18,6 @@ Every figure says where it came from; the plans are priced for `serve_requests` 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,25 +46,11 @@ def lengths(model, corpus, seed: int = 0) -> np.ndarray:
 
 def token_seconds(model, corners: tuple[tuple[int, int], tuple[int, int]], repeats: int = 3) -> tuple[float, float]:
     """Seconds per padded position of each dimension: eager forward slope on this CPU (batch 1)."""
-    import torch
     (lo1, hi1), (lo2, hi2) = corners
     names = model.declaration.varying_names
     cells = [(lo1, lo2), (hi1, lo2), (lo1, hi2)]
     batches = {c: model.declaration.dummy(1, dict(zip(names, c))) for c in cells}
-    best = dict.fromkeys(cells, float("inf"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # one thread: another process's load cannot stall a thread barrier
-    try:
-        with torch.no_grad():
-            for cell in cells:
-                model.module(**batches[cell])          # first calls allocate; not timed
-            for _ in range(repeats):
-                for cell in cells:
-                    start = time.perf_counter()
-                    model.module(**batches[cell])
-                    best[cell] = min(best[cell], time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
+    best = economics.fastest_seconds(model.module, batches, repeats, threads=1)
     floor = best[cells[0]] / max(lo1 + lo2, 1) / 10    # noisy timings must not make padding free
     first = (best[(hi1, lo2)] - best[cells[0]]) / max(hi1 - lo1, 1)
     second = (best[(lo1, hi2)] - best[cells[0]]) / max(hi2 - lo2, 1)
