@@ -280,6 +280,12 @@ def _csv_texts(lines, path: Path, spec: str, column: str) -> list[str]:
     return texts
 
 
+def percentiles(lengths) -> dict[str, int]:
+    """p50, p90, p99 and max of a set of lengths, whole numbers."""
+    q = np.percentile(lengths, [50, 90, 99])
+    return {"p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "max": int(np.max(lengths))}
+
+
 @dataclass
 class LengthDistribution:
     """Lengths of a corpus's items along the model's varying dimension (tokens under one tokenizer for
@@ -291,9 +297,7 @@ class LengthDistribution:
     unit: str = "tokens"     # the varying dimension's name (tokens, samples, frames)
 
     def percentiles(self) -> dict[str, int]:
-        q = np.percentile(self.lengths, [50, 90, 99])
-        return {"p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]),
-                "max": int(self.lengths.max()), "min": int(self.lengths.min())}
+        return {**percentiles(self.lengths), "min": int(self.lengths.min())}
 
     def over_limit(self) -> int:
         return int((self.lengths > self.max_length).sum())

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from portkit import generation
+from portkit import data, generation
 from portkit.planner import BucketPlan, batch_buckets, histogram, plan_auto, plan_pow2
 from portkit.tables import HtmlTable
 
@@ -109,6 +109,5 @@ def fit(model, corpus, costs: dict, token_seconds: float, new_tokens: int, serve
         out[name] = {"compile": cost.label(),
                      "auto": _priced(*auto, cost, token_seconds, len(batches), serve_requests),
                      "pow2": _priced(*pow2, cost, token_seconds, len(batches), serve_requests)}
-    pct = {what: {f"p{q}": int(np.percentile(arr, q)) for q in (50, 90, 99)} | {"max": int(arr.max())}
-           for what, arr in (("prompt", prompts), ("context", contexts))}
+    pct = {"prompt": data.percentiles(prompts), "context": data.percentiles(contexts)}
     return ServingPlans(int(new_tokens), int(serve_requests), tuple(batches), pct, out)

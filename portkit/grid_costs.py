@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from portkit import economics, grid, targets as targets_mod
+from portkit import data, economics, grid, targets as targets_mod
 from portkit.errors import PortkitError
 from portkit.tables import HtmlTable
 
@@ -156,6 +156,5 @@ def compare(model, corpus, targets, costs: dict, serve_requests: int, seed: int 
         found[name] = {"compile": label, "grid": result["grid"].to_dict(),
                        "one_dimensional": result["one_dimensional"].to_dict(), "ratio": float(result["ratio"]),
                        "k_max_binds": result["k_max_binds"]}
-    pct = {d: {f"p{q}": int(np.percentile(arr[:, i], q)) for q in (50, 90, 99)} | {"max": int(arr[:, i].max())}
-           for i, d in enumerate(dims)}
+    pct = {d: data.percentiles(arr[:, i]) for i, d in enumerate(dims)}
     return GridComparison(dims, int(arr.shape[0]), pct, per_token, int(serve_requests), found)
