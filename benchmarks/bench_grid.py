@@ -1,7 +1,7 @@
 """Two varying dimensions: a grid bucket plan (portkit/grid.py) against the best one-dimensional plan, for
 an encoder-decoder model whose source and target lengths both vary with the data.
 
-    .venv/bin/python benchmarks/bench_grid.py          # ~1-2 min: 4 real XLA compiles, eager timings
+    .venv/bin/python benchmarks/bench_grid.py          # ~1-2 min: 4 real XLA compiles, FLOPs counted
 
 The model: portkit's T5 (2+2 layers, random weights) declared with two varying dimensions (portkit/inputs.py):
 `source` (encoder tokens) and `target` (decoder tokens). The data: the standard library's docstrings that
@@ -9,8 +9,9 @@ have a summary paragraph, the summary as the target and the rest as the source (
 tokenizer, at most 512 tokens each). The prices, measured here and labelled:
 - one cell's compile, TPU: the real XLA compile for v5e:1x1 (compile-only) of four cells, fitted as
   a + s1 * source + s2 * target; Neuron: portkit's cited estimate per graph (economics.neuron_estimate);
-- one padded position, per dimension: the slope of eager forward time on this CPU (batch 1, one thread).
-Priced for 100,000 requests (stage 3's serve_requests). Prints each target's grid plan, its best 1-D plan
+- one padded position, per dimension and target: the FLOPs it adds, counted on the graph from the (64, 16)
+  cell, at the chip's peak bf16 (grid_costs.padding_prices: an estimate, labelled).
+Priced for stage 3's default serve_requests. Prints each target's grid plan, its best 1-D plan
 (one dimension bucketed and the other padded to its longest, or one shared length), and the ratio of their
 total costs (warm-up compiles + padded compute), with CPU time beside wall time.
 """
@@ -23,9 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from portkit import data, economics, grid, grid_costs, inputs, models
+from portkit import buckets, data, economics, grid, grid_costs, inputs, models
 
-REQUESTS = 100_000
+REQUESTS = buckets.DEFAULTS["serve_requests"]
+CORNERS = ((64, 512), (16, 256))       # each dimension's short corner and longest size
 CELLS = ((32, 8), (256, 8), (32, 64), (256, 64))
 
 
@@ -78,12 +80,6 @@ def pairs_from(corpus) -> list[tuple[str, str]]:
     return out
 
 
-def token_seconds(model, repeats: int = 5) -> tuple[float, float]:
-    """Seconds per padded position of each dimension: the eager forward slope on this CPU (batch 1, one
-    thread), along each dimension from the (64, 16) cell (grid_costs.token_seconds)."""
-    return grid_costs.token_seconds(model, ((64, 512), (16, 256)), repeats)
-
-
 def xla_cells(model) -> tuple[callable, str]:
     from portkit import xla_compile
     points = []
@@ -112,14 +108,14 @@ def main() -> None:
     p = {d: np.percentile(lengths[:, i], [50, 90, 99]).astype(int).tolist() for i, d in enumerate(("source", "target"))}
     print(f"{len(pairs)} (body, summary) pairs from the stdlib docstrings; tokens p50/p90/p99: source {p['source']}, "
           f"target {p['target']}")
-    per_token = token_seconds(model)
-    print(f"padded position, eager forward on this CPU: source {per_token[0] * 1e6:.2f} us, "
-          f"target {per_token[1] * 1e6:.2f} us")
     tpu, tpu_label = xla_cells(model)
     neuron = economics.neuron_estimate(model.parameters)
     for target, price, label in (("tpu", tpu, tpu_label), ("neuron", lambda a, b: neuron.seconds(a), neuron.label())):
+        prices = grid_costs.padding_prices(model, CORNERS, target)
+        per_token = tuple(p.seconds for p in prices)
         found = grid.compare(lengths, ("source", "target"), price, per_token, requests=REQUESTS)
-        print(f"\n{target} (emulated; compile: {label})")
+        print(f"\n{target} (emulated; compile: {label}; for {REQUESTS:,} requests)")
+        print(f"  padded position: source {prices[0].label()}; target {per_token[1]:.2e} s")
         print(f"  grid plan:        {found['grid']}")
         print(f"  best 1-D plan:    {found['one_dimensional']}")
         print(f"  ratio grid / best 1-D total cost = {found['ratio']:.3f}"

@@ -44,7 +44,7 @@ bucket_count = 4  # buckets every fixed-k planner gets in the comparison and the
 max_batch = 1  # each request batches 1..max_batch texts; batch sizes are bucketed as powers of two
 requests = 100  # requests replayed from the corpus, in random order (each new length is a compile)
 overflow = "truncate"  # inputs longer than the largest bucket: "truncate" to it, or "reject" with an error
-serve_requests = 100000  # requests the chosen plan is priced for: compiles are paid once, padding on every request
+serve_requests = 10000000  # requests one warm-up serves, the plan is priced for: compiles once, padding on each
 warmup_budget_seconds = 600.0  # most seconds the warm-up may spend compiling buckets, per target
 neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
 backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
@@ -99,16 +99,18 @@ buckets.plot_histogram(hist, plans);
 #
 # Each bucket costs one compile per batch size on the target: TPU's is the real XLA compile time for the
 # topology, measured on this host at a few lengths and interpolated; Neuron's is an estimate from public
-# reports (its source is printed), shown again at half and twice itself. Each padded token costs compute
-# (measured here: eager forward time per token). `auto` takes the number of buckets with the least total
+# reports (its source is printed), shown again at half and twice itself. Each padded token costs the
+# target compute: the FLOPs it adds, counted on the model's graph, at the chip's peak (an estimate; measured
+# on the device natively), never this CPU's time. `auto` takes the number of buckets with the least total
 # for the requests to be served (`serve_requests`), within the warm-up budget, and says when the budget binds.
 
 # %%
 curves = buckets.sweep(hist)
-token_seconds = economics.measure_token_seconds(m, hist.top)
+token_seconds = economics.padding_prices(m, targets, hist.top)
 trace = data.make_trace(texts, m, requests, seed=seed, max_batch=max_batch, dist=dist)
 print(trace)
-print(f"padding costs {token_seconds * 1e6:.0f} us per token (eager forward on this CPU)")
+for price in token_seconds.values():
+    print(f"a padded token on {price.target}: {price.label()}")
 
 # %%
 costs = buckets.stage_costs(m, hist, targets, out_dir=out, neuron_compile_seconds=neuron_compile_seconds,
@@ -170,7 +172,8 @@ if workload == "train":
 # (each dimension's exact least-padding boundaries, every k1 x k2) against the best one-dimensional plan
 # (one dimension bucketed and the other padded to its longest, or one shared length), both priced for
 # `serve_requests` requests: the TPU's cell compile measured by XLA at the corner cells, padding by the
-# eager slope along each dimension (portkit/grid_costs.py). The replay below buckets the first dimension.
+# FLOPs a position adds along each dimension at the chip's peak (portkit/grid_costs.py). The replay below
+# buckets the first dimension.
 
 # %%
 grid = buckets.grid(m, texts, targets, costs=costs, serve_requests=serve_requests)

@@ -5,7 +5,8 @@ from the compile economics, and prove that nothing recompiles once every bucket 
     >>> m, corpus = models.load("minilm"), data.load_corpus()
     >>> hist = buckets.histogram(buckets.distribution(corpus, m))   # the model's own tokenizer
     >>> costs = buckets.stage_costs(m, hist, ["neuron", "tpu"])     # measured XLA; the Neuron estimate
-    >>> chosen = buckets.choose(hist, costs, economics.measure_token_seconds(m, hist.top))
+    >>> prices = economics.padding_prices(m, ["neuron", "tpu"], hist.top)   # a padded position on each target
+    >>> chosen = buckets.choose(hist, costs, prices)
     >>> print(chosen["tpu"].why)        # k, warm-up vs padding, whether the warm-up budget binds
     >>> report = buckets.fit_buckets(m, corpus, ["neuron", "tpu"], out_dir="runs/minilm")
     >>> report.save("runs/minilm/buckets.json")    # targets[t]["chosen"]: planner, boundaries, shapes, why
@@ -16,7 +17,8 @@ runtime side (padding, compiling, replaying, checking outputs) in portkit/bucket
 chooses, per target, the number of buckets whose warm-up compiles plus padded compute over
 `serve_requests` cost least (planner.plan_auto), with each bucket's compile priced by the target's
 cost model (portkit/economics.py: measured XLA for TPU, an estimate with its sources for Neuron,
-the vendor's own times natively) and the warm-up bounded by a time budget; where the cost is an
+the vendor's own times natively), a padded position priced on the target (economics.padding_price:
+FLOPs at the chip's peak, or measured natively) and the warm-up bounded by a time budget; where the cost is an
 estimate it shows the plan at half and at twice it. Then it replays real requests per target.
 """
 from __future__ import annotations
@@ -40,9 +42,10 @@ __all__ = ["DEFAULTS", "K_MAX", "OVERFLOW", "PLANNER_NAMES", "PLANNERS", "Bucket
 STAGE = "buckets"
 # The stage's defaults: fit_buckets, check_parameters and the notebook's parameters cell
 # (notebooks/03_buckets.py, checked equal by tests/test_buckets.py) all use these.
-# serve_requests: a deployment's traffic the plan is priced for, not the replay's length.
+# serve_requests: the requests one warm-up serves (a deployment until its next restart) that the plan is
+# priced for, not the replay's length: 10 million is about a day of a service at 116 requests a second.
 # warmup_budget_seconds: 600 s, vLLM Neuron's default compilation timeout (VLLM_NEURON_COMPILATION_TIMEOUT).
-DEFAULTS = {"requests": 100, "bucket_count": 4, "max_batch": 1, "overflow": "truncate", "serve_requests": 100_000,
+DEFAULTS = {"requests": 100, "bucket_count": 4, "max_batch": 1, "overflow": "truncate", "serve_requests": 10_000_000,
             "warmup_budget_seconds": 600.0, "neuron_compile_seconds": None, "backend": "auto", "seed": 0,
             "corpus": "stdlib", "check": True, "compare_every_target": False, "workload": "inference",
             "new_tokens": 16}
@@ -97,7 +100,7 @@ def grid(model, corpus, targets, costs: dict[str, economics.CostModel], serve_re
     return grid_costs.compare(model, corpus, targets, costs, serve_requests) if grid_costs.applies(model) else None
 
 
-def serving_plans(model, corpus, costs, token_seconds: float, new_tokens: int, serve_requests: int, max_batch: int = 1):
+def serving_plans(model, corpus, costs, token_seconds, new_tokens: int, serve_requests: int, max_batch: int = 1):
     """Workload "generate": prefill and decode buckets per target, auto against pow2 (generation_buckets.fit)."""
     return generation_buckets.fit(model, corpus, costs, token_seconds, new_tokens, serve_requests, max_batch)
 
@@ -109,25 +112,27 @@ def training_layouts(model, corpus, chosen: dict[str, BucketPlan], batch_size: i
     return {n: training.layouts(model, corpus, plan.boundaries, batch_size, seq_len) for n, plan in chosen.items()}
 
 
-def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds: float,
+def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds,
            serve_requests: int = DEFAULTS["serve_requests"],
            warmup_budget_seconds: float | None = DEFAULTS["warmup_budget_seconds"],
            max_batch: int = DEFAULTS["max_batch"], quiet: bool = False) -> dict[str, BucketPlan]:
     """The auto plan for every target, each priced with that target's own cost model, for
-    serve_requests requests within the warm-up budget. The one place a plan is chosen: fit_buckets
+    serve_requests requests within the warm-up budget. token_seconds: {target: economics.TokenPrice}
+    (economics.padding_prices) or one figure for all. The one place a plan is chosen: fit_buckets
     and the notebook call it alike."""
     chosen = {}
     for name, cost in costs.items():
-        chosen[name] = plan_buckets(hist, "auto", compile_seconds=cost.seconds, token_seconds=token_seconds,
+        price = economics.price_of(token_seconds, name)
+        chosen[name] = plan_buckets(hist, "auto", compile_seconds=cost.seconds, token_seconds=float(price),
                                     requests=serve_requests, max_batch=max_batch, compile_source=cost.label(),
-                                    budget_seconds=warmup_budget_seconds)
+                                    budget_seconds=warmup_budget_seconds, price_source=economics.price_source(price))
         if not quiet:
             print(f"target {name}: using buckets {list(chosen[name].boundaries)}"
                   f"{'' if max_batch == 1 else f' x batch {list(chosen[name].batch_sizes)}'}: {chosen[name].why}")
     return chosen
 
 
-def what_if(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds: float,
+def what_if(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds,
             serve_requests: int = DEFAULTS["serve_requests"],
             warmup_budget_seconds: float | None = DEFAULTS["warmup_budget_seconds"],
             max_batch: int = 1) -> dict[str, dict[float, BucketPlan]]:
@@ -244,7 +249,7 @@ class BucketReport:
     k: int
     plans: list[BucketPlan]
     curves: dict
-    token_seconds: float
+    token_seconds: dict | float       # per target, what a padded position costs (economics.padding_prices)
     trace: dict
     targets: dict[str, TargetBuckets]
     grid: dict | None = None          # two varying dimensions: grid_costs.GridComparison.to_dict()
@@ -260,7 +265,7 @@ class BucketReport:
                 "k": self.k, "plans": [p.to_dict() for p in self.plans],
                 "padding_by_buckets": {n: [{"k": k, "padding_waste": w} for k, w in pts]
                                        for n, pts in self.curves.items()},
-                "token_seconds": self.token_seconds, "trace": self.trace,
+                "padding_price": economics.prices_to_dict(self.token_seconds), "trace": self.trace,
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}, "grid": self.grid,
                 "generation": self.generation, "training": self.training}
 
@@ -427,7 +432,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 
     dist = distribution(corpus, model)
     hist = histogram(dist, max_seq, overflow)
     plans, curves = compare(hist, k, max_batch), sweep(hist)
-    token_seconds = economics.measure_token_seconds(model, hist.top)
+    token_seconds = economics.padding_prices(model, names, hist.top)
     trace = data.make_trace(corpus, model, requests, seed, max_batch, dist)
     costs = costs or stage_costs(model, hist, names, out_dir, neuron_compile_seconds, max_batch)
     costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison

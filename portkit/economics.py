@@ -248,6 +248,106 @@ def fastest_seconds(module, batches: dict, repeats: int = 3, threads: int | None
     return best
 
 
+# A padded position costs the target the compute it adds. Priced per target (padding_price):
+# - emulated: the FLOPs one more position adds to a forward pass (counted on the model's graph by
+#   capacity.count_flops, no weights read) at the chip's published peak bf16 compute (data/targets/chips.json):
+#   an estimate, and a lower bound (real kernels reach a fraction of peak; the plan at half and twice the
+#   compile estimate, buckets.what_if, shows how the choice moves with the ratio). Batched serving is
+#   compute-bound, so a padded position displaces a real one: the price holds at any batch size.
+# - native: measured on the target's device (capacity.measure_native, the vendor's backend).
+# - a reference target (cpu, cuda): the eager forward on this machine, which is that target.
+PRICE_CHIPS = {"tpu": DEFAULT_TOPOLOGY.split(":")[0], "neuron": "trn1"}
+THIS_MACHINE = "measured on this machine"
+PRICE_KINDS = (ESTIMATE, NATIVE, THIS_MACHINE)
+
+
+@dataclass(frozen=True)
+class TokenPrice:
+    """What one padded position costs a target, in seconds, with what kind of figure it is and its source."""
+    target: str
+    seconds: float
+    kind: str
+    source: str
+
+    def __post_init__(self):
+        if self.kind not in PRICE_KINDS:
+            raise ValueError(f"padding price kind {self.kind!r} is not one of {', '.join(PRICE_KINDS)}")
+
+    def __float__(self) -> float:
+        return float(self.seconds)
+
+    def label(self) -> str:
+        return f"{self.seconds:.2e} s per padded position ({self.source})"
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "seconds": self.seconds, "kind": self.kind, "source": self.source,
+                "label": self.label()}
+
+
+def flops_per_position(model, sizes: dict, dim: str, longer: int) -> float:
+    """FLOPs one more position along `dim` adds to a batch-1 forward, from `sizes` ({dimension: size}) to
+    `longer` positions along dim: the slope of the FLOPs counted on the graph (capacity.count_flops)."""
+    from portkit import capacity
+
+    def flops(at: dict) -> int:
+        spec = {k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
+                for k, v in model.declaration.dummy(1, at).items()}
+        return capacity.count_flops(model.module, spec)[0]
+    return (flops({**sizes, dim: longer}) - flops(sizes)) / max(longer - sizes[dim], 1)
+
+
+def padding_price(model, target: str, top: int, *, native: bool = False) -> TokenPrice:
+    """What a padded position costs `target` (the one place this is decided; see PRICE_CHIPS above):
+    measured on the device natively, on this machine for a reference target, else FLOPs at the chip's peak."""
+    from portkit import capacity, targets as targets_mod
+    t = targets_mod.get(target)
+    if t.reference:
+        return TokenPrice(target, measure_token_seconds(model, top), THIS_MACHINE,
+                          f"{THIS_MACHINE}: eager forward slope, batch 1, lengths {top // 4} to {top}")
+    if native:
+        shapes = [{"batch": 1, "seq": max(2, top // 2)}, {"batch": 1, "seq": top}]
+        lo, hi = capacity.measure_native(model, target, shapes)
+        seconds = max((hi["seconds"] - lo["seconds"]) / max(top - shapes[0]["seq"], 1), hi["seconds"] / top / 10)
+        return TokenPrice(target, seconds, NATIVE, f"{hi['label']}, slope from {shapes[0]['seq']} to {top} positions")
+    return roofline_price(target, flops_per_position(model, {model.seq_dim: max(1, top // 2)}, model.seq_dim, top))
+
+
+def roofline_price(target: str, flops: float) -> TokenPrice:
+    """A padded position of `flops` FLOPs at the peak bf16 compute of the target's chip (PRICE_CHIPS)."""
+    from portkit import capacity
+    name = PRICE_CHIPS[target]
+    spec = capacity.chip(name, target)
+    return TokenPrice(target, flops / spec["peak_bf16_flops"], ESTIMATE,
+                      f"estimate, not measured: {flops / 1e6:.1f} MFLOPs a position (counted on the graph) at "
+                      f"{name}'s peak bf16 {spec['peak_bf16_flops'] / 1e12:.0f} TFLOP/s "
+                      f"({spec['sources']['peak_bf16_flops']})")
+
+
+def padding_prices(model, targets, top: int) -> dict[str, TokenPrice]:
+    """padding_price for each target, native where its device is present."""
+    from portkit import targets as targets_mod
+    return {n: padding_price(model, n, top, native=targets_mod.detect(n).native)
+            for n in targets_mod.parse_targets(targets)}
+
+
+def price_of(prices, target: str):
+    """A target's padding price from {target: TokenPrice or seconds}, or the one figure given for all."""
+    return prices[target] if isinstance(prices, dict) else prices
+
+
+def price_source(price) -> str:
+    """Where a padding price came from: its source, or "parameter" for a bare number."""
+    return price.source if isinstance(price, TokenPrice) else "parameter"
+
+
+def prices_to_dict(prices) -> dict:
+    """{target: TokenPrice.to_dict()} for a result file ({"all": {"seconds": ...}} for one bare figure)."""
+    if not isinstance(prices, dict):
+        return {"all": {"seconds": float(prices), "source": "parameter"}}
+    return {n: p.to_dict() if isinstance(p, TokenPrice) else {"seconds": float(p), "source": "parameter"}
+            for n, p in prices.items()}
+
+
 def measure_token_seconds(model, top: int, repeats: int = 3) -> float:
     """Seconds of compute per token on this machine: the slope of eager forward time against
     sequence length (batch 1, lengths top/4, top/2, top; fastest_seconds). Prices padding for auto."""

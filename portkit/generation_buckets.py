@@ -1,6 +1,6 @@
 """Stage 3 with workload "generate": prompt and context buckets for serving a causal LM, priced per target.
 
-    >>> found = generation_buckets.fit(m, corpus, costs, token_seconds, new_tokens=16, serve_requests=100_000)
+    >>> found = generation_buckets.fit(m, corpus, costs, token_seconds, new_tokens=16, serve_requests=10_000_000)
     >>> found.table()      # per target: prefill (prompt) and decode (context) buckets, auto against pow2
 
 Serving a causal LM with a static KV cache compiles two kinds of graph (portkit/generation.py): a prefill
@@ -9,7 +9,8 @@ tokens generated so far). The prompt lengths are the corpus's real ones (token c
 tokenizer); each request's context reaches its prompt plus `new_tokens`. For each target, with its own
 compile cost (portkit/economics.py: measured XLA for TPU, the cited estimate for Neuron):
 - `auto`: each of the two bucket sets minimises warm-up compiles + padding for `serve_requests` requests
-  (planner.plan_auto); a padded prompt position is priced at `token_seconds` (eager forward on this CPU),
+  (planner.plan_auto); a padded prompt position is priced at the target's `token_seconds`
+  (economics.padding_prices: FLOPs at the chip's peak, an estimate; measured natively),
   and a padded cache position the same, once per request: an upper bound, as a decode step reads the
   padded cache rather than recomputing it;
 - `pow2`: what vLLM-TPU and NxD Inference make, powers of two from MIN_PROMPT_BUCKET (prompts) and twice
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from portkit import data, generation
+from portkit import data, economics, generation
 from portkit.planner import BucketPlan, batch_buckets, histogram, plan_auto, plan_pow2
 from portkit.tables import HtmlTable
 
@@ -93,7 +94,7 @@ def _plan(p: BucketPlan) -> dict:
             max(p.padded_tokens + p.real_tokens, 1), "why": p.why}
 
 
-def fit(model, corpus, costs: dict, token_seconds: float, new_tokens: int, serve_requests: int,
+def fit(model, corpus, costs: dict, token_seconds, new_tokens: int, serve_requests: int,
         max_batch: int = 1, budget_seconds: float | None = None) -> ServingPlans:
     """The auto and pow2 prefill/decode bucket sets per target (see the module docstring)."""
     generation.check_causal(model)
@@ -102,12 +103,15 @@ def fit(model, corpus, costs: dict, token_seconds: float, new_tokens: int, serve
     batches = batch_buckets(max_batch)
     out = {}
     for name, cost in costs.items():
-        auto = [plan_auto(h, cost.seconds, token_seconds, serve_requests, batch_buckets=len(batches),
-                          compile_source=cost.label(), budget_seconds=budget_seconds) for h in hists]
+        price = economics.price_of(token_seconds, name)
+        auto = [plan_auto(h, cost.seconds, float(price), serve_requests, batch_buckets=len(batches),
+                          compile_source=cost.label(), budget_seconds=budget_seconds,
+                          price_source=economics.price_source(price)) for h in hists]
         pow2 = [plan_pow2(hists[0], minimum=generation.MIN_PROMPT_BUCKET),
                 plan_pow2(hists[1], minimum=2 * generation.MIN_PROMPT_BUCKET)]
         out[name] = {"compile": cost.label(),
-                     "auto": _priced(*auto, cost, token_seconds, len(batches), serve_requests),
-                     "pow2": _priced(*pow2, cost, token_seconds, len(batches), serve_requests)}
+                     "auto": _priced(*auto, cost, float(price), len(batches), serve_requests),
+                     "pow2": _priced(*pow2, cost, float(price), len(batches), serve_requests),
+                     "padding_price": economics.prices_to_dict({name: price})[name]}
     pct = {"prompt": data.percentiles(prompts), "context": data.percentiles(contexts)}
     return ServingPlans(int(new_tokens), int(serve_requests), tuple(batches), pct, out)

@@ -1,6 +1,6 @@
 """Stage 3 for a model with two varying dimensions: a grid of buckets on both, priced per target.
 
-    >>> found = grid_costs.compare(m, corpus, ["neuron", "tpu"], costs, serve_requests=100_000)
+    >>> found = grid_costs.compare(m, corpus, ["neuron", "tpu"], costs, serve_requests=10_000_000)
     >>> found.table()          # per target: the grid plan, the best one-dimensional plan, their cost ratio
 
 A model that declares two varying dimensions (an encoder's and a decoder's length: `t5-pairs`) pads each
@@ -8,8 +8,9 @@ request to a bucket on each of them, so every (bucket, bucket) cell is one input
 portkit/grid.py finds the least-cost grid for given prices; this module measures the prices for the model:
 - the real lengths of the corpus's items along both dimensions (the declaration measures them), each cut
   at the dimension's largest size;
-- one padded position per dimension: the slope of eager forward time on this CPU along that dimension,
-  the other held at its shortest (one thread, the fastest of interleaved rounds);
+- one padded position per dimension, per target (padding_prices): the FLOPs it adds to a forward pass,
+  counted on the graph with the other dimension at its short corner, at the chip's peak (an estimate, as in
+  economics.padding_price); for a reference target, the slope of eager forward time on this machine;
 - one cell's compile: for an emulated TPU, the real XLA compile for the stage's topology of the four
   corner cells (each dimension at its 10th percentile and its longest), fitted as a + s1 x d1 + s2 x d2
   (cached like every XLA verdict); for any other target, the stage's own cost model (the cited Neuron
@@ -42,6 +43,22 @@ def lengths(model, corpus, seed: int = 0) -> np.ndarray:
     items = corpus.sample(min(SAMPLE, len(corpus)), seed)
     measured = decl.lengths(items)
     return np.column_stack([np.clip(measured[d.name], 1, d.max) for d in decl.varying])
+
+
+def padding_prices(model, corners, target: str) -> tuple[economics.TokenPrice, economics.TokenPrice]:
+    """What a padded position of each dimension costs `target`: a reference target (cpu, cuda) measured on
+    this machine (token_seconds), a migration target the FLOPs that position adds, counted on the graph from
+    the low corner, at its chip's peak (economics.roofline_price, an estimate; natively too: one cell's
+    timing cannot separate the two dimensions)."""
+    if targets_mod.get(target).reference:
+        how = f"{economics.THIS_MACHINE}: eager forward slope along the dimension, batch 1"
+        measured = token_seconds(model, corners)
+        return tuple(economics.TokenPrice(target, s, economics.THIS_MACHINE, how) for s in measured)
+    (lo1, hi1), (lo2, hi2) = corners
+    names = model.declaration.varying_names
+    low = dict(zip(names, (lo1, lo2)))
+    return (economics.roofline_price(target, economics.flops_per_position(model, low, names[0], hi1)),
+            economics.roofline_price(target, economics.flops_per_position(model, low, names[1], hi2)))
 
 
 def token_seconds(model, corners: tuple[tuple[int, int], tuple[int, int]], repeats: int = 3) -> tuple[float, float]:
@@ -97,7 +114,7 @@ class GridComparison:
     dims: tuple[str, str]
     items: int
     percentiles: dict               # dim -> {p50, p90, p99, max}
-    token_seconds: tuple[float, float]
+    token_seconds: dict             # target -> [each dimension's padding price, TokenPrice.to_dict()]
     requests: int
     targets: dict                   # name -> {"compile", "grid", "one_dimensional", "ratio", "k_max_binds"}
 
@@ -109,7 +126,7 @@ class GridComparison:
 
     def to_dict(self) -> dict:
         return {"dims": list(self.dims), "items": self.items, "percentiles": self.percentiles,
-                "token_seconds": list(self.token_seconds), "requests": self.requests, "targets": self.targets,
+                "padding_price": self.token_seconds, "requests": self.requests, "targets": self.targets,
                 "summary": self.summary()}
 
     def table(self) -> HtmlTable:
@@ -140,9 +157,11 @@ def compare(model, corpus, targets, costs: dict, serve_requests: int, seed: int 
     arr = lengths(model, corpus, seed)
     dims = model.declaration.varying_names
     corners = _corners(arr)
-    per_token = token_seconds(model, corners)
-    found = {}
+    found, prices = {}, {}
     for name in targets_mod.parse_targets(targets):
+        per_token = padding_prices(model, corners, name)
+        prices[name] = [p.to_dict() for p in per_token]
+        per_token = tuple(p.seconds for p in per_token)
         price = None
         if name == "tpu" and not targets_mod.detect(name).native:
             try:
@@ -157,4 +176,4 @@ def compare(model, corpus, targets, costs: dict, serve_requests: int, seed: int 
                        "one_dimensional": result["one_dimensional"].to_dict(), "ratio": float(result["ratio"]),
                        "k_max_binds": result["k_max_binds"]}
     pct = {d: data.percentiles(arr[:, i]) for i, d in enumerate(dims)}
-    return GridComparison(dims, int(arr.shape[0]), pct, per_token, int(serve_requests), found)
+    return GridComparison(dims, int(arr.shape[0]), pct, prices, int(serve_requests), found)

@@ -310,14 +310,15 @@ def plan_optimal(hist: Histogram, k: int = 4) -> BucketPlan:
 
 def plan_auto(hist: Histogram, compile_seconds, token_seconds: float, requests: int | None = None,
               k_max: int = K_MAX, batch_buckets: int = 1, compile_source: str = "parameter",
-              budget_seconds: float | None = None) -> BucketPlan:
+              budget_seconds: float | None = None, price_source: str = "parameter") -> BucketPlan:
     """Choose k by minimising  warm-up compile time  +  padded tokens x token_seconds  over `requests`
     served (default: the histogram's own count), with each k's exact least-padding boundaries.
 
     compile_seconds: one shape's compile time, a number or a function of its sequence length (a
-    cost model, portkit/economics.py); warm-up compiles every boundary at each of `batch_buckets`
-    batch sizes. budget_seconds bounds the warm-up: where the unbounded optimum does not fit, the
-    best k that does is chosen and `why` says that the budget binds. k_max is a sanity bound on the
+    cost model, portkit/economics.py); token_seconds: what a padded position costs on the target
+    (economics.padding_price; price_source says where it came from); warm-up compiles every boundary at
+    each of `batch_buckets` batch sizes. budget_seconds bounds the warm-up: where the unbounded optimum
+    does not fit, the best k that does is chosen and `why` says that the budget binds. k_max is a sanity bound on the
     search (it is named in `why` if it binds), not the decision."""
     per_shape = compile_seconds if callable(compile_seconds) else (lambda seq: float(compile_seconds))
     requests = hist.requests if requests is None else requests
@@ -340,7 +341,8 @@ def plan_auto(hist: Histogram, compile_seconds, token_seconds: float, requests: 
     near = [cost(kk) for kk in (k - 1, k + 1) if 1 <= kk <= ks[-1]]
     why = (f"k={k} minimises warm-up compile + padded compute for {requests:,} requests: {k} x {batch_buckets} "
            f"shape(s) compiled in {warmup[k - 1]:.1f} s ({compile_source}), plus "
-           f"{padding[k] * requests / hist.requests:,.0f} padded tokens x {token_seconds * 1e6:.1f} us = "
+           f"{padding[k] * requests / hist.requests:,.0f} padded tokens x {token_seconds * 1e6:.3g} us "
+           f"({price_source}) = "
            f"{pad_cost[k - 1]:.1f} s; total {total[k - 1]:.1f} s" + (f" (vs {'; '.join(near)})" if near else ""))
     if k != best:
         why += (f". The warm-up budget of {budget_seconds:g} s binds: without it, {cost(best)} would be "
@@ -350,7 +352,7 @@ def plan_auto(hist: Histogram, compile_seconds, token_seconds: float, requests: 
     if best == int(ks[-1]) and ks[-1] < hist.values.size:
         why += f". The search's sanity bound k_max={k_max} binds: more buckets may pay for themselves"
     plan = _plan("auto", bounds[k], hist, why, k=k, requests=requests, k_max=k_max, compile_source=compile_source,
-                 token_seconds=token_seconds, budget_seconds=budget_seconds)
+                 token_seconds=token_seconds, price_source=price_source, budget_seconds=budget_seconds)
     return replace(plan, settings={**plan.settings, "compile_seconds": float(warmup[k - 1] / (k * batch_buckets)),
                                    "warmup_seconds": float(warmup[k - 1]),
                                    "budget_binds": k != best, "unbounded": {"k": best, "boundaries": bounds[best],

@@ -102,6 +102,9 @@ def _buckets(data: dict, t: dict, out) -> None:
         "bucket plan": f"{chosen.get('planner', '?')} {chosen.get('boundaries', [])}",
         "padding waste (planned)": f"{waste:.1%}" if isinstance(waste, (int, float)) else "—",
     }
+    price = (data.get("padding_price") or {}).get(out.name)
+    if price:       # what the plan charged a padded position on this target, and where that came from
+        out.metrics["buckets"]["padded position priced at"] = price.get("label", f"{price['seconds']:.2e} s")
     for row in t.get("replay") or []:
         plan = row.get("plan")
         if plan is None or plan.get("planner") == chosen.get("planner"):

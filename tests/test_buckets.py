@@ -135,6 +135,25 @@ def test_the_neuron_estimate_is_planned_at_half_and_twice_itself(tiny):
     assert buckets.what_if(hist, measured, 1e-4) == {}                   # only an estimate is varied
 
 
+def test_a_padded_position_is_priced_on_the_target_not_on_this_cpu(minilm):
+    prices = economics.padding_prices(minilm, ["neuron", "tpu"], 128)
+    # a transformer's forward costs about 2 FLOPs per weight per token: MiniLM's 21 M non-embedding weights
+    # (its embeddings are lookups, not a matmul)
+    lookup = sum(m.weight.numel() for m in minilm.module.modules() if isinstance(m, torch.nn.Embedding))
+    per_token = 2 * (minilm.parameters - lookup)
+    for name, peak in (("neuron", 190e12), ("tpu", 197e12)):
+        price = prices[name]
+        assert price.kind == "estimate" and price.source.startswith("estimate, not measured")
+        assert price.seconds * peak == pytest.approx(per_token, rel=0.25), name
+    # a reference target is this machine, measured; auto's why names where its price came from
+    cpu = economics.padding_price(minilm, "cpu", 64)
+    assert cpu.kind == economics.THIS_MACHINE and cpu.seconds > 0
+    hist = buckets.histogram(np.random.default_rng(0).integers(1, 128, size=500))
+    costs = {"tpu": economics.CostModel("tpu", "measured XLA", "measured XLA (test)", 3.0)}
+    chosen = buckets.choose(hist, costs, prices, quiet=True)["tpu"]
+    assert "v5e's peak bf16" in chosen.why and chosen.settings["token_seconds"] == prices["tpu"].seconds
+
+
 def test_planning_a_million_lengths_is_fast():
     lengths = np.random.default_rng(0).lognormal(3.3, 1.1, size=1_000_000).astype(int) + 1
     start = time.perf_counter()
@@ -380,6 +399,11 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
         "no buckets", "pow2", "linear", "padding_bounded", "optimal", "auto"]
     assert [r["name"] for r in saved["targets"]["tpu"]["replay"]] == ["auto"]
     assert set(saved["padding_by_buckets"]) == {"optimal", "pow2", "linear", "padding_bounded"}
+    assert {n: p["kind"] for n, p in saved["padding_price"].items()} == {"neuron": "estimate", "tpu": "estimate"}
+    from portkit import report as report_mod, report_stages
+    out = report_mod.TargetReport("tpu", "TPU", "emulated")
+    report_stages._buckets(saved, saved["targets"]["tpu"], out)
+    assert "estimate, not measured" in out.metrics["buckets"]["padded position priced at"]
     assert "no buckets" in str(report) and "<table>" in report._repr_html_()
     assert len(report.plot().axes) == 2
     assert buckets.padding_slider(report.histogram, report.curves) is None   # not in a notebook kernel
@@ -411,8 +435,6 @@ def notebook_code_cells(stage_name: str) -> list[tuple[bool, str]]:
 
 
 def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, monkeypatch, capsys):
-    # token_seconds is measured (noisy); one value for both, so only the code paths can differ
-    monkeypatch.setattr(economics, "measure_token_seconds", lambda model, top, repeats=3: 2e-4)
     real = economics.xla_model
     monkeypatch.setattr(economics, "xla_model", lambda m, lengths, batch=1, topology="v5e:1x1", dtype=None,
                         measure=None: real(m, lengths, batch, topology, dtype, measure=fake_xla))

@@ -77,11 +77,14 @@ def test_stage_3_prices_a_grid_per_target_and_the_report_shows_it(t5_pairs, corp
         return 1.0 + 0.01 * src + 0.02 * tgt, "XLA compile for v5e:1x1, measured now (test stand-in)"
 
     costs = {"neuron": economics.neuron_estimate(t5_pairs.parameters)}
-    found = grid_costs.compare(t5_pairs, corpus, ["neuron", "tpu"], costs, serve_requests=100_000, measure=fake_xla)
+    found = grid_costs.compare(t5_pairs, corpus, ["neuron", "tpu"], costs, serve_requests=10**9,
+                               measure=fake_xla)
     assert found.dims == ("source", "target") and len(asked) == 4      # the four corner cells
     assert {tuple(sorted(a)) for a in asked} == {("attention_mask", "decoder_attention_mask", "decoder_input_ids",
                                                   "input_ids")}
-    assert all(s > 0 for s in found.token_seconds)
+    for name in ("neuron", "tpu"):        # each dimension's padded position, priced on the target's chip
+        assert [p["kind"] for p in found.token_seconds[name]] == ["estimate", "estimate"]
+        assert all(p["seconds"] > 0 for p in found.token_seconds[name])
     tpu, neuron = found.targets["tpu"], found.targets["neuron"]
     assert tpu["compile"].startswith("measured XLA at 4 cells") and "0.0100 x source + 0.0200 x target" in tpu["compile"]
     assert neuron["compile"].startswith("estimate, not measured")
