@@ -39,6 +39,7 @@ batch_size = 1  # batch of the shape checked when no earlier stage chose shapes
 seq_len = 128  # sequence length checked when no earlier stage chose shapes
 max_shapes = 4  # at most this many shapes per target (the largest are kept)
 largest_batch = False  # also search each TPU shape's largest batch that fits HBM (a few more compiles a shape)
+workload = "inference"  # train: also compile the whole training step (loss, AdamW) at batch_size x seq_len
 scale_topologies = ["v5e:1x1", "v5e:2x2", "v5e:2x4"]  # real-size model: topologies tried, fewest chips first
 scale_batch = 8  # real-size model: batch checked (split data-parallel over the devices)
 scale_seq = 1024  # real-size model: sequence length checked
@@ -50,7 +51,8 @@ from portkit import environment, params, xla
 model, targets, out = params.common(model, targets, out_dir)
 xla.check_parameters(model=model, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
                      max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
-                     scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch)
+                     scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch,
+                     workload=workload)
 
 # %%
 print(environment.block(targets))
@@ -84,8 +86,21 @@ xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_sha
 # %%
 stage = xla.run_stage(m, targets, out, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
                       max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
-                      scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch)
+                      scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch,
+                      workload=workload)
 stage
+
+# %% [markdown]
+# ## Training (workload "train"): the whole step compiled for the topology
+#
+# The model's own loss and its gradients (`jax.value_and_grad` over the torchax-converted module), then AdamW
+# in float32 with the weights and moments updated in place, compiled by XLA for `topology` at
+# `batch_size` x `seq_len` of real text (`portkit/xla_training.py`). Its HBM per device in parts that add up
+# to the compiler's total, and the largest micro-batch that fits one device (a compile per try).
+
+# %%
+for name, step in stage.training.items():
+    print(f"{name}: {step['summary']}")
 
 # %% [markdown]
 # ## Save the result for the later stages and the report

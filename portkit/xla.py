@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit import results, targets
-from portkit.errors import MissingPackage
+from portkit.errors import BadParameter, MissingPackage
 from portkit.results import save_result
 from portkit.tables import HtmlTable
 from portkit.xla_compile import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
@@ -55,7 +55,8 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
 
 def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
                      seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",), scale_batch: int = 1,
-                     scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False) -> None:
+                     scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False,
+                     workload: str = "inference") -> None:
     """The notebook's validation cell, also run by the runner before anything is written. The scale_*
     parameters are an abstract model's (a real-size config without weights, `--model llama3-8b`)."""
     from portkit import abstract_models, params, xla_sharded
@@ -70,6 +71,9 @@ def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "f
     params.positive_int("seq_len", seq_len)
     params.positive_int("max_shapes", max_shapes)
     params.boolean("largest_batch", largest_batch)
+    if params.workload(workload) == "train" and abstract_models.is_name(model):
+        raise BadParameter("workload for a real-size model without weights", workload, ["inference"],
+                           hint=f"{model} is checked sharded for inference; train a model with weights")
 
 
 def load(spec: str):
@@ -164,6 +168,7 @@ class XlaStage:
     scale: dict = field(default_factory=dict)   # target -> scale.ScaleCheck (an abstract model's real-size check)
     largest: dict = field(default_factory=dict)  # target -> the largest batch per shape (largest_batch=True)
     measured: dict = field(default_factory=dict)  # native targets: capacity.measure_native's throughput per shape
+    training: dict = field(default_factory=dict)  # workload "train": target -> training_step's result
 
     def summary_for(self, name: str) -> str:
         if name in self.scale:
@@ -184,7 +189,8 @@ class XlaStage:
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
                 f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "
                 f"largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
-                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest)
+                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest
+                + (f"; {self.training[name]['summary']}" if name in self.training else ""))
 
     def summary(self) -> str:
         return " | ".join(self.summary_for(n) for n in self.reports)
@@ -201,7 +207,8 @@ class XlaStage:
                                  "findings": _findings(r) + (scale.findings() if scale else []),
                                  **({"scale": scale.to_dict()} if scale else {}),
                                  **({"largest_batch": self.largest[name]} if name in self.largest else {}),
-                                 **({"measured_throughput": self.measured[name]} if name in self.measured else {})}
+                                 **({"measured_throughput": self.measured[name]} if name in self.measured else {}),
+                                 **({"training_step": self.training[name]} if name in self.training else {})}
         return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
 
     def save(self, path) -> Path:
@@ -216,11 +223,14 @@ class XlaStage:
 
 def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str = "float32",
               batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",),
-              scale_batch: int = 1, scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False) -> XlaStage:
+              scale_batch: int = 1, scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False,
+              workload: str = "inference") -> XlaStage:
     """Run each target's XLA check over the shapes the earlier stages chose. An abstract model (no weights)
     gets the real-size check instead (portkit.scale): sharded over scale_topologies until one fits, the
     largest batch per bucket (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also
-    search each TPU shape's largest batch that fits HBM (portkit.scale.largest_per_shape; a few compiles each)."""
+    search each TPU shape's largest batch that fits HBM (portkit.scale.largest_per_shape; a few compiles each).
+    workload "train": also the whole training step compiled for the TPU topology at batch_size x seq_len,
+    its memory broken down, and the largest micro-batch that fits (training_step)."""
     from portkit.progress import bar as progress_bar
     if is_abstract(model):
         from portkit import abstract_models, scale
@@ -241,5 +251,30 @@ def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: st
         if targets.detect(name).native and not targets.get(name).reference:   # a measurement, not an estimate
             from portkit import capacity
             measured[name] = capacity.measure_native(model, name, shapes)
+    trained = training_step(model, target_names, topology, dtype, batch_size, seq_len) if workload == "train" else {}
     return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources,
-                    largest=largest, measured=measured)
+                    largest=largest, measured=measured, training=trained)
+
+
+def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | None = None, batch_size: int = 1,
+                  seq_len: int = 128) -> dict:
+    """Workload "train", per TPU target: the model's training step (its loss, AdamW) compiled by XLA for the
+    topology at batch_size x seq_len of real text (portkit.xla_training), its memory broken down, and the
+    largest micro-batch that fits one device. Neuron has no compiler here: its entry says so."""
+    from portkit import data, xla_training
+    out = {}
+    for name in targets.parse_targets(target_names):
+        check = targets.get(name).xla_check
+        if check != "compile":
+            out[name] = {"status": "skipped", "summary": f"training step not compiled: {name} has no XLA compiler "
+                         "here (stage 2 classified the step's ops, forward and backward)"}
+            continue
+        spec = xla_training.step_inputs(model, data.load_corpus(), batch_size, seq_len)
+        step = xla_training.compile_step(model, spec, topology, dtype)
+        found = step.to_dict()
+        if step.status == "compiled":
+            n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step)
+            found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
+            found["summary"] += f"; largest micro-batch that fits: {n} x {seq_len}"
+        out[name] = found
+    return out

@@ -1,0 +1,204 @@
+"""Stage 3b with workload "train": the real XLA compile of a whole training step for a TPU topology.
+
+    >>> from portkit import data, models, xla_training
+    >>> m = models.load("gpt2")
+    >>> spec = xla_training.step_inputs(m, data.load_corpus(), batch_size=8, seq_len=128)
+    >>> step = xla_training.compile_step(m, spec, topology="v5e:1x1")
+    >>> step.breakdown          # HBM per device: weights, optimizer state, batch, temporaries ...
+    >>> xla_training.largest_micro_batch(m, spec, "v5e:1x1", first=step)    # (n, {n tried: fits})
+
+The step is the model's own loss (training.loss_for, the same as stage 2 and 4 train with) converted by
+torchax, its gradients by jax.value_and_grad over the trainable weights, and AdamW in float32 (a first and
+second moment per weight, bias correction, decoupled weight decay: torch.optim.AdamW's update), weights and
+moments donated so the compiler updates them in place. It is lowered and compiled for the topology with
+JAX + libtpu, compile-only on this CPU host (nothing runs on a TPU), the verdict cached like every other
+(portkit.xla_cache). The compiler's memory per device (compiled.memory_analysis()) is broken down:
+- weights, optimizer state (AdamW's two float32 moments and its step count) and the batch are the step's
+  arguments, counted from their shapes; the compiler's argument size is checked against their sum;
+- the compiler's temporaries hold the gradients, the activations kept for the backward pass and workspace
+  (XLA fuses AdamW's update into the backward pass, so not every gradient is held at once; the bytes of
+  all of them, counted, are beside it);
+- outputs not written in place (the loss) and the generated code complete the compiler's total exactly.
+The largest micro-batch that fits one device is searched with a compile per try, from the guess the first
+compile's memory gives (xla_sharded.largest_fitting). Parameters sharded FSDP-style over a topology are
+the inference check's (xla_sharded); a step here holds its weights whole on each device.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from portkit import probes, training, xla_cache, xla_compile, xla_sharded
+from portkit.errors import BadParameter
+from portkit.xla_results import GIB, format_bytes
+
+ADAMW = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}   # torch.optim.AdamW's defaults
+BATCH_LIMIT = 4096          # the micro-batch search's upper bound
+
+
+@dataclass
+class StepCompile:
+    """One training step's XLA verdict for a topology, with its memory broken down."""
+    model: str
+    loss: str
+    topology: str
+    inputs: dict                 # {name: [shape, dtype]} as compiled
+    status: str                  # compiled, out_of_hbm, compile_failed, trace_failed, no_lowering
+    compile_seconds: float | None = None
+    cached: bool = False
+    hbm_bytes_per_device: int = 0
+    memory: dict = field(default_factory=dict)        # the compiler's memory_analysis (bytes)
+    breakdown: dict = field(default_factory=dict)     # {part: bytes}, adds up to memory["total"]
+    flops: float | None = None
+    message: str = ""
+    counted: dict = field(default_factory=dict)       # what the arguments are, counted from their shapes
+
+    @property
+    def batch(self) -> int:
+        return int(next(iter(self.inputs.values()))[0][0])
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
+
+    def summary(self) -> str:
+        if self.status != "compiled":
+            return f"training step (batch {self.batch}) on {self.topology}: {self.status}: {self.message[:300]}"
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
+        return (f"training step ({self.loss}, AdamW; batch {self.batch}) compiled for {self.topology} in "
+                f"{self.compile_seconds:.1f} s{' (verdict cache)' if self.cached else ''}: "
+                f"{format_bytes(self.memory['total'])} per device of {format_bytes(self.hbm_bytes_per_device)} "
+                f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "loss": self.loss, "topology": self.topology, "inputs": self.inputs,
+                "status": self.status, "compile_seconds": self.compile_seconds, "cached": self.cached,
+                "hbm_bytes_per_device": self.hbm_bytes_per_device, "memory": self.memory,
+                "breakdown": self.breakdown, "counted": self.counted, "flops": self.flops, "fits": self.fits,
+                "message": self.message, "summary": self.summary()}
+
+
+def step_inputs(model, corpus, batch_size: int = 1, seq_len: int = 128) -> dict:
+    """{input name: (shape, dtype)} of one real training batch of the model (training.batches: the keys its
+    loss reads; an embedding model's are anchor_ and positive_ pairs)."""
+    batch = training.batches(model, corpus, 1, batch_size, seq_len)[0]
+    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items()}
+
+
+def _with_batch(spec: dict, n: int) -> dict:
+    return {k: ((n, *shape[1:]), dtype) for k, (shape, dtype) in spec.items()}
+
+
+def _nbytes(shape, dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None = None) -> StepCompile:
+    """The model's training step compiled by XLA for `topology` at the batch `spec` ({name: (shape, dtype)},
+    step_inputs), compile-only; its memory per device broken down (module docstring)."""
+    xla_compile.check_topology(topology)
+    if dtype is not None and dtype not in xla_compile.DTYPES:
+        raise BadParameter("dtype", dtype, xla_compile.DTYPES)
+    description, loss = training.loss_for(model)
+    jax, torchax = xla_compile.require_xla()   # first: it sets the compile-only environment libtpu reads
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    module = training._WithLoss(model.module, loss)
+    program = xla_compile._Program(module, xla_compile.DTYPES.get(dtype))
+    states, fn = program.states, program.fn
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **xla_compile.TOPOLOGIES[topology])
+    devices = len(topo.devices)
+    replicated = NamedSharding(topologies.make_mesh(topo, (devices,), ("batch",)), PartitionSpec())
+    mappings = torchax.ops.mappings
+
+    def struct(shape, torch_dtype):
+        return jax.ShapeDtypeStruct(tuple(shape), mappings.t2j_dtype(torch_dtype), sharding=replicated)
+
+    narrowed = {k: program.narrow(mappings.j2t_dtype(a.dtype)) for k, a in states.items()}
+    params = {k: struct(a.shape, narrowed[k]) for k, a in states.items() if k in trainable}
+    frozen = {k: struct(a.shape, narrowed[k]) for k, a in states.items() if k not in trainable}
+    moments = {k: struct(a.shape, torch.float32) for k, a in params.items()}
+    count = struct((), torch.float32)
+    inputs = {k: (tuple(s), program.narrow(d)) for k, (s, d) in spec.items()}
+    batch = {k: struct(s, d) for k, (s, d) in inputs.items()}
+    b1, b2 = ADAMW["betas"]
+
+    def step(weights, others, first, second, n, data):
+        value, grads = jax.value_and_grad(lambda w: fn({**others, **w}, (), data))(weights)
+        n = n + 1
+        first = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, first, grads)
+        second = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, second, grads)
+        c1, c2 = 1 - b1 ** n, 1 - b2 ** n
+
+        def update(w, m, v):
+            new = w - ADAMW["lr"] * (m / c1 / (jnp.sqrt(v / c2) + ADAMW["eps"]) + ADAMW["weight_decay"] * w)
+            return new.astype(w.dtype)
+        return value, jax.tree.map(update, weights, first, second), first, second, n
+
+    chips = xla_sharded.chips(topology)
+    found = StepCompile(model.name, description, topology, {k: [list(s), str(d).replace("torch.", "")]
+                                                            for k, (s, d) in inputs.items()}, "compiled",
+                        hbm_bytes_per_device=xla_compile.HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB
+                        * chips // devices)
+    found.counted = {
+        "weights": sum(_nbytes(a.shape, narrowed[k]) for k, a in states.items()),
+        "optimizer state": sum(_nbytes(a.shape, torch.float32) for a in params.values()) * 2 + 4,
+        "batch": sum(_nbytes(s, d) for s, d in inputs.values()),
+        "gradients": sum(_nbytes(a.shape, narrowed[k]) for k, a in params.items()),
+    }
+    try:
+        lowered = jax.jit(step, donate_argnums=(0, 2, 3)).trace(params, frozen, moments, moments, count,
+                                                                batch).lower()
+    except Exception as exc:  # noqa: BLE001 - a step that does not trace is the finding
+        found.status, found.message = "trace_failed", xla_compile._message(exc)
+        if isinstance(exc, torchax.tensor.OperatorNotFound):
+            found.status = "no_lowering"
+        return found
+    context = {"topology": topology, "topology_options": xla_compile.TOPOLOGIES[topology], "devices": devices,
+               "device_kind": topo.devices[0].device_kind, "check": "training step",
+               "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
+               "code": xla_cache.source_digest(compile_step)}
+    verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context)
+    found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
+    found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
+    if verdict.status == "compiled":
+        found.breakdown = breakdown(found.memory, found.counted)
+    return found
+
+
+def breakdown(memory: dict, counted: dict) -> dict:
+    """The compiler's total per device in parts that add up to it: the arguments as counted (weights,
+    optimizer state, batch) and whatever else the compiler holds among them; the temporaries (gradients,
+    activations kept for the backward pass, workspace: XLA fuses AdamW's update into the backward pass, so
+    it need not hold every gradient at once, and memory_analysis does not split them); outputs not written
+    in place; generated code."""
+    args = counted["weights"] + counted["optimizer state"] + counted["batch"]
+    parts = {"weights": counted["weights"], "optimizer state": counted["optimizer state"], "batch": counted["batch"],
+             "other arguments": memory["argument"] - args,
+             "gradients, activations and workspace": memory["temporary"],
+             "outputs not in place": memory["output"] - memory["alias"], "generated code": memory["generated_code"]}
+    return {k: int(v) for k, v in parts.items() if v or k not in ("other arguments", "outputs not in place")}
+
+
+def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None = None,
+                        first: StepCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
+    """The largest micro-batch whose training step fits one device's HBM (compiled per try), galloping from
+    the guess `first`'s memory gives: what one row adds (batch and activations) into the room left."""
+    first, limit = first or compile_step(model, spec, topology, dtype), limit or BATCH_LIMIT
+    guess = None
+    if first.status == "compiled":
+        per_row = (first.breakdown["gradients, activations and workspace"] + first.breakdown["batch"]) / first.batch
+        fixed = first.memory["total"] - per_row * first.batch
+        guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else limit
+    known = {first.batch: first.fits}
+
+    def fits(n: int) -> bool:
+        if n not in known:
+            known[n] = compile_step(model, _with_batch(spec, n), topology, dtype).fits
+        return known[n]
+    return xla_sharded.largest_fitting(fits, limit, min(guess, limit) if guess else None)

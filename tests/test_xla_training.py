@@ -1,0 +1,75 @@
+"""Stage 3b with workload "train" (portkit.xla_training): the whole training step (the model's loss, its
+gradients, AdamW) compiled by XLA for a TPU topology on this CPU host, its memory broken down, and the
+largest micro-batch that fits. Compiles need the xla extra and skip without it."""
+import pytest
+
+from portkit import data, models, probes, report, xla, xla_compile, xla_training
+from portkit.errors import BadParameter
+
+needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+                               reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return models.load("bert")      # 2 layers, hidden 128, random weights: a step compiles in a few seconds
+
+
+@pytest.fixture(scope="module")
+def spec(bert):
+    return xla_training.step_inputs(bert, data.load_corpus(), batch_size=2, seq_len=32)
+
+
+@needs_xla
+def test_the_step_compiles_and_its_memory_parts_add_up_to_the_compilers_total(bert, spec):
+    step = xla_training.compile_step(bert, spec, "v5e:1x1")
+    assert step.status == "compiled" and step.fits and step.batch == 2
+    assert sum(step.breakdown.values()) == step.memory["total"]
+    # the arguments as counted from their shapes are what the compiler holds, up to TPU layout padding
+    counted = step.breakdown["weights"] + step.breakdown["optimizer state"] + step.breakdown["batch"]
+    assert 0 <= step.memory["argument"] - counted <= 0.01 * step.memory["argument"]
+    params = sum(p.numel() for p in bert.module.parameters())
+    buffers = sum(b.numel() for b in bert.module.buffers())             # position ids: int64 compiles as int32
+    assert step.breakdown["weights"] == 4 * (params + buffers)          # float32, each weight once
+    assert step.breakdown["optimizer state"] == 2 * 4 * params + 4      # AdamW's two moments and its step
+    assert step.memory["alias"] >= step.breakdown["weights"] + step.breakdown["optimizer state"]   # in place
+    assert step.flops and step.flops > 0
+    # bfloat16 weights halve the weights, not AdamW's float32 moments
+    half = xla_training.compile_step(bert, spec, "v5e:1x1", dtype="bfloat16")
+    assert half.breakdown["weights"] == 2 * params + 4 * buffers
+    assert half.breakdown["optimizer state"] == step.breakdown["optimizer state"]
+
+
+@needs_xla
+def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, monkeypatch):
+    first = xla_training.compile_step(bert, spec, "v5e:1x1")
+    # a device whose HBM holds the step at 2 rows but not at 16: the search must find where it stops fitting
+    small = (first.memory["total"] + 3 * first.breakdown["gradients, activations and workspace"]) / 2 ** 30
+    monkeypatch.setitem(xla_compile.HBM_GIB_PER_CHIP, "v5e", small)
+    n, tried = xla_training.largest_micro_batch(bert, spec, "v5e:1x1", limit=64)
+    assert 2 <= n < 64 and tried[n] and not tried.get(n + 1, False)
+    assert any(not fits for fits in tried.values())              # a refusal bounds it
+    over = xla_training.compile_step(bert, {k: ((n + 1, *s[1:]), d) for k, (s, d) in spec.items()}, "v5e:1x1")
+    assert not over.fits
+
+
+@needs_xla
+def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(bert, tmp_path, monkeypatch):
+    monkeypatch.setattr(xla_training, "BATCH_LIMIT", 2)
+    stage = xla.run_stage(bert, ["neuron", "tpu"], tmp_path, batch_size=2, seq_len=32, workload="train")
+    stage.save(tmp_path / "xla.json")
+    tpu = stage.to_dict()["targets"]["tpu"]["training_step"]
+    assert tpu["status"] == "compiled" and tpu["largest_micro_batch"] == 2 and tpu["breakdown"]["optimizer state"]
+    assert stage.training["neuron"]["status"] == "skipped"
+    shown = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["xla"]
+    assert shown["training step (XLA)"].startswith("training step (in-batch contrastive")
+    assert "optimizer state" in shown["training step (XLA)"]
+    assert "training_step" not in xla.run_stage(bert, ["tpu"], tmp_path, batch_size=2, seq_len=32).to_dict()[
+        "targets"]["tpu"]                                   # inference: no training compile
+
+
+def test_bad_workload_and_a_weightless_model_are_refused():
+    with pytest.raises(BadParameter, match="workload"):
+        xla.check_parameters(workload="serve")
+    with pytest.raises(BadParameter, match="llama3-8b"):
+        xla.check_parameters(model="llama3-8b", workload="train")
