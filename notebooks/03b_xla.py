@@ -39,7 +39,7 @@ batch_size = 1  # batch of the shape checked when no earlier stage chose shapes
 seq_len = 128  # sequence length checked when no earlier stage chose shapes
 max_shapes = 4  # at most this many shapes per target (the largest are kept)
 largest_batch = False  # also search each TPU shape's largest batch that fits HBM (a few more compiles a shape)
-workload = "inference"  # train: also compile the whole training step (loss, AdamW) at batch_size x seq_len
+workload = "inference"  # train: the whole training step too; generate: prefill and decode with the KV cache
 scale_topologies = ["v5e:1x1", "v5e:2x2", "v5e:2x4"]  # real-size model: topologies tried, fewest chips first
 scale_batch = 8  # real-size model: batch checked (split data-parallel over the devices)
 scale_seq = 1024  # real-size model: sequence length checked
@@ -101,6 +101,18 @@ stage
 # %%
 for name, step in stage.training.items():
     print(f"{name}: {step['summary']}")
+
+# %% [markdown]
+# ## Generation (workload "generate"): prefill and decode with the KV cache in HBM
+#
+# The prefill graph of the largest prompt bucket and the decode step of the largest context bucket of
+# stage 3's serving plan, each the model over a static KV cache it is given and returns updated (donated,
+# so HBM holds it once), compiled for `topology` at `batch_size`; HBM in parts, and the largest batch whose
+# decode step fits one device at that context (`portkit/xla_generation.py`).
+
+# %%
+for name, served in stage.serving.items():
+    print(f"{name}: {served['summary']}")
 
 # %% [markdown]
 # ## Save the result for the later stages and the report

@@ -90,6 +90,9 @@ def _xla(data: dict, t: dict, out) -> None:
          "fits HBM": s.get("fits_hbm"), "GFLOP": round(s["flops"] / 1e9, 2) if s.get("flops") else None,
          "compile s": round(s["compile_seconds"], 2) if s.get("compile_seconds") else None,
          "problem": s.get("message") or ""} for s in shapes]
+    served = t.get("serving")
+    if served:      # workload "generate": prefill and decode compiled by XLA with the KV cache in HBM
+        out.metrics["xla"]["serving graphs (XLA)"] = served.get("summary", served.get("status", "?"))
     step = t.get("training_step")
     if step:        # workload "train": the whole step compiled by XLA, its memory in parts
         out.metrics["xla"]["training step (XLA)"] = step.get("summary", step.get("status", "?"))

@@ -264,6 +264,20 @@ def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
     return str(chosen.get("planner", "")), [_shape(s, "buckets", key, out_dir) for s in shapes]
 
 
+def serving_buckets(out_dir, target: str) -> tuple[list[int], list[int]] | None:
+    """(prompt buckets, context buckets) of stage 3's auto serving plan for `target` (buckets.json, workload
+    "generate"); None when stage 3 made none."""
+    stage = read_stage(out_dir, "buckets") or {}
+    plan = (((stage.get("generation") or {}).get("targets") or {}).get(target) or {}).get("auto")
+    if not isinstance(plan, dict):
+        return None
+    found = []
+    for part in ("prompt", "context"):
+        key = f"generation.targets.{target}.auto.{part}.boundaries"
+        found.append(_positive_ints((plan.get(part) or {}).get("boundaries"), Path(out_dir) / "buckets.json", key))
+    return found[0], found[1]
+
+
 def _shape(value, stage: str, key: str, out_dir) -> dict:
     """{"batch": positive int (1 when absent), "seq": positive int or None}, or UnreadableResult."""
     def positive(v):

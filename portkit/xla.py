@@ -71,7 +71,11 @@ def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "f
     params.positive_int("seq_len", seq_len)
     params.positive_int("max_shapes", max_shapes)
     params.boolean("largest_batch", largest_batch)
-    if params.workload(workload) == "train" and abstract_models.is_name(model):
+    if params.workload(workload) == "generate":
+        from portkit import generation, models
+        if model in models.SOURCES:
+            generation.check_causal(models.load(model))
+    if workload == "train" and abstract_models.is_name(model):
         raise BadParameter("workload for a real-size model without weights", workload, ["inference"],
                            hint=f"{model} is checked sharded for inference; train a model with weights")
 
@@ -169,6 +173,7 @@ class XlaStage:
     largest: dict = field(default_factory=dict)  # target -> the largest batch per shape (largest_batch=True)
     measured: dict = field(default_factory=dict)  # native targets: capacity.measure_native's throughput per shape
     training: dict = field(default_factory=dict)  # workload "train": target -> training_step's result
+    serving: dict = field(default_factory=dict)   # workload "generate": target -> serving_graphs' result
 
     def summary_for(self, name: str) -> str:
         if name in self.scale:
@@ -190,7 +195,8 @@ class XlaStage:
                 f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "
                 f"largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
                 + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest
-                + (f"; {self.training[name]['summary']}" if name in self.training else ""))
+                + (f"; {self.training[name]['summary']}" if name in self.training else "")
+                + (f"; {self.serving[name]['summary']}" if name in self.serving else ""))
 
     def summary(self) -> str:
         return " | ".join(self.summary_for(n) for n in self.reports)
@@ -208,7 +214,8 @@ class XlaStage:
                                  **({"scale": scale.to_dict()} if scale else {}),
                                  **({"largest_batch": self.largest[name]} if name in self.largest else {}),
                                  **({"measured_throughput": self.measured[name]} if name in self.measured else {}),
-                                 **({"training_step": self.training[name]} if name in self.training else {})}
+                                 **({"training_step": self.training[name]} if name in self.training else {}),
+                                 **({"serving": self.serving[name]} if name in self.serving else {})}
         return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
 
     def save(self, path) -> Path:
@@ -230,7 +237,8 @@ def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: st
     largest batch per bucket (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also
     search each TPU shape's largest batch that fits HBM (portkit.scale.largest_per_shape; a few compiles each).
     workload "train": also the whole training step compiled for the TPU topology at batch_size x seq_len,
-    its memory broken down, and the largest micro-batch that fits (training_step)."""
+    its memory broken down, and the largest micro-batch that fits (training_step); workload "generate": the
+    prefill and decode graphs with their KV cache and the largest batch at the context (serving_graphs)."""
     from portkit.progress import bar as progress_bar
     if is_abstract(model):
         from portkit import abstract_models, scale
@@ -252,8 +260,42 @@ def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: st
             from portkit import capacity
             measured[name] = capacity.measure_native(model, name, shapes)
     trained = training_step(model, target_names, topology, dtype, batch_size, seq_len) if workload == "train" else {}
+    served = serving_graphs(model, target_names, out_dir, topology, dtype, batch_size, seq_len) \
+        if workload == "generate" else {}
     return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources,
-                    largest=largest, measured=measured, training=trained)
+                    largest=largest, measured=measured, training=trained, serving=served)
+
+
+def serving_graphs(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str | None = None,
+                   batch_size: int = 1, seq_len: int = 128) -> dict:
+    """Workload "generate", per TPU target: the prefill graph of the largest prompt bucket and the decode step
+    of the largest context bucket of stage 3's serving plan (else a seq_len prompt in a cache twice as long,
+    within the model's length), at batch_size, compiled by XLA with the KV cache in HBM, and the largest batch
+    whose decode step fits one device at that context (portkit.xla_generation)."""
+    from portkit import xla_generation
+    out = {}
+    for name in targets.parse_targets(target_names):
+        if targets.get(name).xla_check != "compile":
+            out[name] = {"status": "skipped", "summary": f"serving graphs not compiled: {name} has no XLA compiler "
+                         "here (stage 2 compiled generation with its emulated backend)"}
+            continue
+        plan = results.serving_buckets(out_dir, name)
+        if plan:
+            prompt, context, source = max(plan[0]), max(plan[1]), "stage 3's serving plan, largest buckets"
+        else:
+            context = min(model.max_length, 2 * seq_len)
+            prompt, source = min(seq_len, context - 1), "parameter seq_len (no serving plan in buckets.json)"
+        graphs = xla_generation.compile_serving(model, batch_size, prompt, context, topology, dtype)
+        found = {g: c.to_dict() for g, c in graphs.items()}
+        found.update(prompt=prompt, context=context, source=source, status=graphs["decode"].status)
+        found["summary"] = "; ".join(c.summary() for c in graphs.values())
+        if graphs["decode"].status == "compiled":
+            n, tried = xla_generation.largest_batch(model, context, topology, dtype, first=graphs["decode"])
+            found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
+            limit = "+ (the search's limit)" if n >= xla_generation.BATCH_LIMIT else ""
+            found["summary"] += f"; largest batch whose decode fits at context {context}: {n}{limit} ({source})"
+        out[name] = found
+    return out
 
 
 def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | None = None, batch_size: int = 1,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit import probes, training, xla_cache, xla_compile, xla_sharded
+from portkit import probes, progress, training, xla_cache, xla_compile, xla_sharded
 from portkit.errors import BadParameter
 from portkit.xla_results import GIB, format_bytes
 
@@ -197,8 +197,11 @@ def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str
         guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else limit
     known = {first.batch: first.fits}
 
-    def fits(n: int) -> bool:
-        if n not in known:
-            known[n] = compile_step(model, _with_batch(spec, n), topology, dtype).fits
-        return known[n]
-    return xla_sharded.largest_fitting(fits, limit, min(guess, limit) if guess else None)
+    with progress.bar(desc="largest micro-batch (an XLA compile a try)", unit="compile") as bar:
+        def fits(n: int) -> bool:
+            if n not in known:
+                bar.set_postfix_str(f"batch {n}")
+                known[n] = compile_step(model, _with_batch(spec, n), topology, dtype).fits
+                bar.update()
+            return known[n]
+        return xla_sharded.largest_fitting(fits, limit, min(guess, limit) if guess else None)
