@@ -31,6 +31,7 @@ text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 batch_size = 8  # texts in the recorded batch
 seq_len = 128  # tokens every text is padded or truncated to
 train = False  # also record the backward pass
+workload = "inference"  # generate (causal LMs): record greedy generation with a static KV cache instead
 seed = 0  # which texts are sampled
 
 # %%
@@ -39,7 +40,8 @@ from portkit import data, environment, fallbacks, models, params, results
 
 model, targets, out = params.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "fallbacks", targets=targets)  # no weights: stage 3b checks it
-fallbacks.check_parameters(batch_size=batch_size, seq_len=seq_len, train=train, seed=seed, corpus=corpus)
+fallbacks.check_parameters(batch_size=batch_size, seq_len=seq_len, train=train, seed=seed, corpus=corpus,
+                           workload=workload, model=model)
 
 # %%
 print(environment.block(targets))
@@ -63,10 +65,14 @@ print(described)
 # *cpu_fallback* (runs on the host and copies back, every call) or *unsupported* (cannot run at all).
 # Each finding names its source line and whose code it is: yours, a library's with a setting, or a
 # library's you cannot change. This is the eager pass: stage 2 checks which findings persist under
-# `torch.compile` and which vanish (traced away), and the report weighs them by that.
+# `torch.compile` and which vanish (traced away), and the report weighs them by that. With `workload`
+# "generate" the pass recorded is greedy generation of a few tokens with a static KV cache (prefill, then
+# decode steps writing the cache), the ops serving runs.
 
 # %%
-report = fallbacks.find_fallbacks(m, inputs, targets, train=train, description=described)
+prompts = list(texts.sample(batch_size, seed)) if workload == "generate" else None   # the batch's texts
+report = fallbacks.find_fallbacks(m, inputs, targets, train=train, description=described, workload=workload,
+                                  prompts=prompts)
 report
 
 # %% [markdown]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from portkit import frames, placement, reconcile, targets as targets_mod
+from portkit.errors import BadParameter
 from portkit.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
 from portkit.recording import OpRecord, Recording, record
 from portkit.results import save_result
@@ -297,11 +298,29 @@ def _tpu_vendor_record(run) -> dict:
 VENDOR_RECORDERS = {"torch_neuronx": _neuron_vendor_record, "torch_tpu": _tpu_vendor_record}
 
 
+# ---------------------------------------------------------------- workload "generate"
+GENERATED_TOKENS = 4       # prefill, then three decode steps: every op a decode step runs, recorded
+
+
+def _generation(model, prompts: list[str], inputs: dict):
+    """A function that generates GENERATED_TOKENS for the batch's prompts with a bucketed static cache, eagerly."""
+    from portkit import generation
+    generation.check_causal(model)
+    lines = list(prompts)[:max(1, len(next(iter(inputs.values()))))]
+    if not lines:
+        raise BadParameter("prompts for workload 'generate'", prompts, hint="give the batch's texts")
+    plan = generation.plan_for(model.token_lengths(lines), GENERATED_TOKENS, len(lines), generation.MAX_PROMPT)
+    return lambda: generation.generate_static(model, lines, GENERATED_TOKENS, plan)
+
+
 # ---------------------------------------------------------------- the stage's verb
 def check_parameters(batch_size: int = 8, seq_len: int = 128, train: bool = False, seed: int = 0,
-                     corpus: str = "stdlib") -> None:
-    """The notebook's validation cell, also run by the runner before anything is written."""
-    from portkit import data, params
+                     corpus: str = "stdlib", workload: str = "inference", model: str | None = None) -> None:
+    """The notebook's validation cell, also run by the runner before anything is written. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
+    from portkit import data, generation, models, params
+    if params.workload(workload) == "generate" and model in models.SOURCES:
+        generation.check_causal(models.load(model))
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.boolean("train", train)
@@ -309,27 +328,33 @@ def check_parameters(batch_size: int = 8, seq_len: int = 128, train: bool = Fals
     data.check_corpus(corpus)
 
 def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"),
-                   train: bool = False, description: str | None = None) -> FallbackReport:
+                   train: bool = False, description: str | None = None, workload: str = "inference",
+                   prompts: list[str] | None = None) -> FallbackReport:
     """Record one eager pass of `model` on `inputs` and classify it for every target.
 
     model: a portkit.models.LoadedModel. inputs: the dict its encode() returns.
     In native mode for a target, its pass is recorded on the device with the live dispatcher table,
-    and the vendor's own fallback record is added.
+    and the vendor's own fallback record is added. workload "generate" (a causal LM): greedy generation of
+    GENERATED_TOKENS from `prompts` with a static KV cache is recorded instead (prefill, then decode steps
+    writing the cache: generation.generate_static), on the CPU in both modes.
     """
+    run = _generation(model, prompts or [], inputs) if workload == "generate" else None
+    if run is not None:
+        description = f"{description or 'prompts'}; generation of {GENERATED_TOKENS} tokens, static KV cache"
     names = targets_mod.parse_targets(targets)
     detected = [targets_mod.detect(n) for n in names]
     cpu_recording = None
     per_target: dict[str, TargetFallbacks] = {}
     records: list[OpRecord] = []
     for d in detected:
-        if d.native and d.target.vendor_module:
+        if d.native and d.target.vendor_module and run is None:
             with placement.on_device(model.module, d.target.device, inputs) as dev_inputs:
                 recording = record(model, dev_inputs, train)
                 with torch.no_grad():
                     vendor = VENDOR_RECORDERS[d.target.vendor_module](lambda: model.module(**dev_inputs))
         else:
             if cpu_recording is None:
-                cpu_recording = record(model, inputs, train)
+                cpu_recording = record(model, inputs, train, run)
             recording, vendor = cpu_recording, None
         result = classify(recording, d)
         result.vendor_record = vendor

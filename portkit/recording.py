@@ -176,8 +176,9 @@ def _label_graph(output, path: str) -> None:
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
 
-def record(model, inputs: dict[str, torch.Tensor], train: bool = False) -> Recording:
-    """Run one eager pass under the op recorder and return what it saw."""
+def record(model, inputs: dict[str, torch.Tensor], train: bool = False, run=None) -> Recording:
+    """Run one eager pass under the op recorder and return what it saw. run: a function that runs the
+    workload instead of one forward pass on `inputs` (a generation: prefill and decode steps), no_grad."""
     module = model.module if hasattr(model, "module") else model
     recording = Recording()
     # Training: each module labels the autograd nodes it creates, so backward ops find their module.
@@ -187,7 +188,7 @@ def record(model, inputs: dict[str, torch.Tensor], train: bool = False) -> Recor
     try:
         start = time.perf_counter()
         with tracker, torch.set_grad_enabled(train), _OpRecorder(recording, tracker):
-            out = module(**inputs)
+            out = module(**inputs) if run is None else run()
             if train:
                 floats = [v for v in (out.values() if isinstance(out, dict) else [out])
                           if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad]

@@ -5,6 +5,7 @@ import torch
 
 from conftest import fixture_model
 from portkit import compiling, data, fallbacks, models, probes, results
+from portkit.errors import BadParameter
 
 
 def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
@@ -233,3 +234,21 @@ def test_an_op_the_neuron_compiler_decomposes_falls_back_eagerly_but_lowers_comp
     assert not any(o["op"] == "aten::elu" for o in checks["neuron"]["not_lowered"])   # not "would not lower"
     assert checks["neuron"]["decomposed"] == {"aten::elu": 1}
     assert checks["tpu"]["decomposed"] == {} and not checks["tpu"]["not_lowered"]   # TPU runs it as elu.out
+
+
+def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(corpus):
+    gpt2 = models.load("gpt2")
+    inputs, described = data.example_batch(gpt2, corpus, batch_size=2, seq_len=32, seed=0)
+    prompts = list(corpus.sample(2, 0))
+    served = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], description=described, workload="generate",
+                                      prompts=prompts)
+    forward = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], description=described)
+    only = {r.op for r in served.records} - {r.op for r in forward.records}
+    # the static cache's writes and greedy decoding's argmax run only when generating
+    assert {"aten::index_copy_", "aten::argmax"} <= only, only
+    assert "generation of 4 tokens, static KV cache" in served.inputs["description"]
+    writes = sum(r.calls for r in served.records if r.op == "aten::index_copy_")
+    layers = gpt2.module.model.config.num_hidden_layers
+    assert writes == 2 * layers * fallbacks.GENERATED_TOKENS       # keys and values, each layer, each step
+    with pytest.raises(BadParameter, match="workload 'inference'"):
+        fallbacks.check_parameters(workload="generate", model="minilm")
