@@ -187,21 +187,25 @@ def breakdown(memory: dict, counted: dict) -> dict:
 
 def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None = None,
                         first: StepCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
-    """The largest micro-batch whose training step fits one device's HBM (compiled per try), galloping from
-    the guess `first`'s memory gives: what one row adds (batch and activations) into the room left."""
+    """The largest micro-batch whose training step fits one device's HBM (a compile per try), galloping
+    from a guess: the memory of `first` and of twice its batch, extended in a line to the device's HBM
+    (what a row adds is its batch and activations; weights, optimizer state and gradients do not grow)."""
     first, limit = first or compile_step(model, spec, topology, dtype), limit or BATCH_LIMIT
-    guess = None
-    if first.status == "compiled":
-        per_row = (first.breakdown["gradients, activations and workspace"] + first.breakdown["batch"]) / first.batch
-        fixed = first.memory["total"] - per_row * first.batch
-        guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else limit
     known = {first.batch: first.fits}
-
     with progress.bar(desc="largest micro-batch (an XLA compile a try)", unit="compile") as bar:
-        def fits(n: int) -> bool:
-            if n not in known:
-                bar.set_postfix_str(f"batch {n}")
-                known[n] = compile_step(model, _with_batch(spec, n), topology, dtype).fits
-                bar.update()
-            return known[n]
-        return xla_sharded.largest_fitting(fits, limit, min(guess, limit) if guess else None)
+        def step_at(n: int) -> StepCompile:
+            bar.set_postfix_str(f"batch {n}")
+            found = compile_step(model, _with_batch(spec, n), topology, dtype)
+            known[n] = found.fits
+            bar.update()
+            return found
+
+        guess = None
+        if first.fits and 2 * first.batch <= limit:
+            second = step_at(2 * first.batch)
+            if second.status == "compiled":
+                per_row = (second.memory["total"] - first.memory["total"]) / first.batch
+                room = second.hbm_bytes_per_device - first.memory["total"]
+                guess = first.batch + int(room // per_row) if per_row > 0 else limit
+        return xla_sharded.largest_fitting(lambda n: known[n] if n in known else step_at(n).fits, limit,
+                                           min(guess, limit) if guess else None)
