@@ -318,5 +318,13 @@ def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | N
             n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step)
             found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
             found["summary"] += f"; largest micro-batch that fits: {n} x {seq_len}"
+            doubled = {k: ((2 * s[0], *s[1:]), d) for k, (s, d) in spec.items()}    # compiled by the search
+            split = xla_training.split_temporaries(step, xla_training.compile_step(model, doubled, topology, dtype))
+            if split:
+                found["temporaries"] = split
+                found["summary"] += (f"; temporaries from batches {split['batches']}: {format_bytes(split['fixed'])} "
+                                     f"that do not grow with the batch (gradients counted: "
+                                     f"{format_bytes(split['gradients_counted'])}; workspace) + "
+                                     f"{format_bytes(split['per_row'])} a row (activations)")
         out[name] = found
     return out

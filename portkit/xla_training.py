@@ -19,9 +19,10 @@ JAX + libtpu, compile-only on this CPU host (nothing runs on a TPU), the verdict
   (XLA fuses AdamW's update into the backward pass, so not every gradient is held at once; the bytes of
   all of them, counted, are beside it);
 - outputs not written in place (the loss) and the generated code complete the compiler's total exactly.
-The largest micro-batch that fits one device is searched with a compile per try, from the guess the first
-compile's memory gives (xla_sharded.largest_fitting). Parameters sharded FSDP-style over a topology are
-the inference check's (xla_sharded); a step here holds its weights whole on each device.
+The largest micro-batch that fits one device is searched with a compile per try, from the guess two
+compiles' memory gives (xla_sharded.largest_fitting). On a topology of several devices the weights and
+AdamW's moments are sharded FSDP-style (each split along its first dimension that divides, as the
+inference check's xla_sharded does) and the batch split data-parallel: memory is per device.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class StepCompile:
     flops: float | None = None
     message: str = ""
     counted: dict = field(default_factory=dict)       # what the arguments are, counted from their shapes
+    sharding: str = "one device"
 
     @property
     def batch(self) -> int:
@@ -67,7 +69,8 @@ class StepCompile:
         if self.status != "compiled":
             return f"training step (batch {self.batch}) on {self.topology}: {self.status}: {self.message[:300]}"
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
-        return (f"training step ({self.loss}, AdamW; batch {self.batch}) compiled for {self.topology} in "
+        return (f"training step ({self.loss}, AdamW; batch {self.batch}; {self.sharding}) compiled for "
+                f"{self.topology} in "
                 f"{self.compile_seconds:.1f} s{' (verdict cache)' if self.cached else ''}: "
                 f"{format_bytes(self.memory['total'])} per device of {format_bytes(self.hbm_bytes_per_device)} "
                 f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
@@ -77,6 +80,7 @@ class StepCompile:
                 "status": self.status, "compile_seconds": self.compile_seconds, "cached": self.cached,
                 "hbm_bytes_per_device": self.hbm_bytes_per_device, "memory": self.memory,
                 "breakdown": self.breakdown, "counted": self.counted, "flops": self.flops, "fits": self.fits,
+                "sharding": self.sharding,
                 "message": self.message, "summary": self.summary()}
 
 
@@ -113,19 +117,33 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **xla_compile.TOPOLOGIES[topology])
     devices = len(topo.devices)
-    replicated = NamedSharding(topologies.make_mesh(topo, (devices,), ("batch",)), PartitionSpec())
+    mesh = topologies.make_mesh(topo, (devices,), ("fsdp",))
+    replicated = NamedSharding(mesh, PartitionSpec())
     mappings = torchax.ops.mappings
+    rows = {s[0] for s, _ in spec.values()}
+    split = devices > 1 and len(rows) == 1 and next(iter(rows)) % devices == 0
 
-    def struct(shape, torch_dtype):
-        return jax.ShapeDtypeStruct(tuple(shape), mappings.t2j_dtype(torch_dtype), sharding=replicated)
+    def struct(shape, torch_dtype, sharded: bool = False, batch: bool = False):
+        """FSDP over several devices: a weight or moment split along its first dimension that divides (else
+        whole on each device, xla_sharded._weight_spec), the batch split data-parallel when its rows divide."""
+        sharding = replicated
+        if sharded and devices > 1:
+            sharding = NamedSharding(mesh, xla_sharded._weight_spec(tuple(shape), devices, PartitionSpec))
+        elif batch and split:
+            sharding = NamedSharding(mesh, PartitionSpec("fsdp"))
+        return jax.ShapeDtypeStruct(tuple(shape), mappings.t2j_dtype(torch_dtype), sharding=sharding)
+
+    def per_device(shape, torch_dtype, sharded: bool) -> int:
+        whole = _nbytes(shape, torch_dtype)
+        return whole // devices if sharded and devices > 1 and any(d % devices == 0 for d in shape) else whole
 
     narrowed = {k: program.narrow(mappings.j2t_dtype(a.dtype)) for k, a in states.items()}
-    params = {k: struct(a.shape, narrowed[k]) for k, a in states.items() if k in trainable}
-    frozen = {k: struct(a.shape, narrowed[k]) for k, a in states.items() if k not in trainable}
-    moments = {k: struct(a.shape, torch.float32) for k, a in params.items()}
+    params = {k: struct(a.shape, narrowed[k], sharded=True) for k, a in states.items() if k in trainable}
+    frozen = {k: struct(a.shape, narrowed[k], sharded=True) for k, a in states.items() if k not in trainable}
+    moments = {k: struct(a.shape, torch.float32, sharded=True) for k, a in params.items()}
     count = struct((), torch.float32)
     inputs = {k: (tuple(s), program.narrow(d)) for k, (s, d) in spec.items()}
-    batch = {k: struct(s, d) for k, (s, d) in inputs.items()}
+    batch = {k: struct(s, d, batch=True) for k, (s, d) in inputs.items()}
     b1, b2 = ADAMW["betas"]
 
     def step(weights, others, first, second, n, data):
@@ -145,22 +163,26 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
                                                             for k, (s, d) in inputs.items()}, "compiled",
                         hbm_bytes_per_device=xla_compile.HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB
                         * chips // devices)
-    found.counted = {
-        "weights": sum(_nbytes(a.shape, narrowed[k]) for k, a in states.items()),
-        "optimizer state": sum(_nbytes(a.shape, torch.float32) for a in params.values()) * 2 + 4,
-        "batch": sum(_nbytes(s, d) for s, d in inputs.values()),
-        "gradients": sum(_nbytes(a.shape, narrowed[k]) for k, a in params.items()),
+    found.sharding = (f"weights and AdamW moments FSDP over {devices} devices, batch "
+                      + ("split" if split else "replicated (its rows do not divide)")) if devices > 1 else "one device"
+    found.counted = {     # per device
+        "weights": sum(per_device(a.shape, narrowed[k], True) for k, a in states.items()),
+        "optimizer state": sum(per_device(a.shape, torch.float32, True) for a in params.values()) * 2 + 4,
+        "batch": sum(_nbytes(s, d) // (devices if split else 1) for s, d in inputs.values()),
+        "gradients": sum(per_device(a.shape, narrowed[k], True) for k, a in params.items()),
     }
-    try:
-        lowered = jax.jit(step, donate_argnums=(0, 2, 3)).trace(params, frozen, moments, moments, count,
-                                                                batch).lower()
+    shardings = lambda tree: jax.tree.map(lambda a: a.sharding, tree)     # noqa: E731
+    try:     # the updated weights and moments keep their shardings and are written in place (donated)
+        lowered = jax.jit(step, donate_argnums=(0, 2, 3), out_shardings=(
+            replicated, shardings(params), shardings(moments), shardings(moments), replicated)).trace(
+            params, frozen, moments, moments, count, batch).lower()
     except Exception as exc:  # noqa: BLE001 - a step that does not trace is the finding
         found.status, found.message = "trace_failed", xla_compile._message(exc)
         if isinstance(exc, torchax.tensor.OperatorNotFound):
             found.status = "no_lowering"
         return found
     context = {"topology": topology, "topology_options": xla_compile.TOPOLOGIES[topology], "devices": devices,
-               "device_kind": topo.devices[0].device_kind, "check": "training step",
+               "device_kind": topo.devices[0].device_kind, "check": "training step", "sharding": found.sharding,
                "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
                "code": xla_cache.source_digest(compile_step)}
     verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context)
@@ -209,3 +231,15 @@ def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str
                 guess = first.batch + int(room // per_row) if per_row > 0 else limit
         return xla_sharded.largest_fitting(lambda n: known[n] if n in known else step_at(n).fits, limit,
                                            min(guess, limit) if guess else None)
+
+
+def split_temporaries(first: StepCompile, second: StepCompile) -> dict | None:
+    """The compiler's temporaries at two batches, in a line: what does not grow with the batch (gradients,
+    the all-gathered weights of a sharded step, workspace) and what one more row adds (its activations).
+    None unless both compiled at different batches."""
+    if first.status != "compiled" or second.status != "compiled" or first.batch == second.batch:
+        return None
+    key = "gradients, activations and workspace"
+    per_row = (second.breakdown[key] - first.breakdown[key]) / (second.batch - first.batch)
+    return {"fixed": int(first.breakdown[key] - per_row * first.batch), "per_row": int(per_row),
+            "gradients_counted": first.counted["gradients"], "batches": [first.batch, second.batch]}

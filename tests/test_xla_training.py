@@ -41,6 +41,18 @@ def test_the_step_compiles_and_its_memory_parts_add_up_to_the_compilers_total(be
 
 
 @needs_xla
+def test_on_several_devices_weights_and_moments_are_sharded_fsdp_style(bert, spec):
+    one = xla_training.compile_step(bert, spec, "v5e:1x1")
+    four = xla_training.compile_step(bert, spec, "v5e:2x2")           # 4 devices, the batch of 2 does not divide
+    assert four.status == "compiled" and "FSDP over 4 devices" in four.sharding and "replicated" in four.sharding
+    assert sum(four.breakdown.values()) == four.memory["total"]
+    # every bert weight has a dimension that divides by 4: each device holds a quarter, moments too
+    assert four.breakdown["weights"] == one.breakdown["weights"] // 4
+    assert four.breakdown["optimizer state"] - 4 == (one.breakdown["optimizer state"] - 4) // 4
+    assert 0 <= four.breakdown.get("other arguments", 0) <= 0.01 * four.memory["argument"]
+
+
+@needs_xla
 def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, monkeypatch):
     first = xla_training.compile_step(bert, spec, "v5e:1x1")
     # a device whose HBM holds the step at 2 rows and not a byte more: the compiler must refuse 3 rows
@@ -56,6 +68,9 @@ def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(ber
     stage.save(tmp_path / "xla.json")
     tpu = stage.to_dict()["targets"]["tpu"]["training_step"]
     assert tpu["status"] == "compiled" and tpu["largest_micro_batch"] == 2 and tpu["breakdown"]["optimizer state"]
+    split = tpu["temporaries"]        # batches 2 and 4: what grows with the batch, and what does not
+    assert split["batches"] == [2, 4] and split["per_row"] > 0 and split["fixed"] > 0
+    assert "a row (activations)" in tpu["summary"]
     assert stage.training["neuron"]["status"] == "skipped"
     shown = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["xla"]
     assert shown["training step (XLA)"].startswith("training step (in-batch contrastive")
