@@ -272,7 +272,7 @@ def serving_graphs(model, target_names, out_dir, topology: str = "v5e:1x1", dtyp
     of the largest context bucket of stage 3's serving plan (else a seq_len prompt in a cache twice as long,
     within the model's length), at batch_size, compiled by XLA with the KV cache in HBM, and the largest batch
     whose decode step fits one device at that context (portkit.xla_generation)."""
-    from portkit import xla_generation
+    from portkit import xla_generation, xla_sharded
     out = {}
     for name in targets.parse_targets(target_names):
         if targets.get(name).xla_check != "compile":
@@ -292,7 +292,7 @@ def serving_graphs(model, target_names, out_dir, topology: str = "v5e:1x1", dtyp
         if graphs["decode"].status == "compiled":
             n, tried = xla_generation.largest_batch(model, context, topology, dtype, first=graphs["decode"])
             found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
-            limit = "+ (the search's limit)" if n >= xla_generation.BATCH_LIMIT else ""
+            limit = "+ (the search's limit)" if n >= xla_sharded.BATCH_LIMIT else ""
             found["summary"] += f"; largest batch whose decode fits at context {context}: {n}{limit} ({source})"
         out[name] = found
     return out

@@ -304,6 +304,34 @@ def check_topology(name: str) -> str:
     return name
 
 
+def hbm_per_device(topology: str, devices: int) -> int:
+    """HBM bytes each of a topology's JAX devices gets: its chips' HBM shared evenly among them."""
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    return int(HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB * chips // devices)
+
+
+def compile_only(topology: str, axis: str = "batch"):
+    """(jax, topology description, its device count, a mesh over its devices on one `axis`, the replicated
+    sharding on it) for compiling without a TPU; every argument needs a sharding on these devices, or JAX
+    compiles for the host CPU (_compiled_platform refuses that)."""
+    check_topology(topology)
+    jax, _ = require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **TOPOLOGIES[topology])
+    mesh = topologies.make_mesh(topo, (len(topo.devices),), (axis,))
+    return jax, topo, len(topo.devices), mesh, NamedSharding(mesh, PartitionSpec())
+
+
+def check_context(topology: str, topo, check: str, **what) -> dict:
+    """The verdict cache's context for a check other than one forward pass (a training step, a serving graph):
+    the topology, the libraries' versions, the check and what else decides the compiler's verdict."""
+    return {"topology": topology, "topology_options": TOPOLOGIES[topology], "devices": len(topo.devices),
+            "device_kind": topo.devices[0].device_kind, "check": check,
+            "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
+            "flags": {k: os.environ.get(k) for k in FLAG_VARIABLES}, **what}
+
+
 def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None = None) -> XlaCompileReport:
     """Compile `model` with XLA for a TPU topology, once per input shape (compile-only, no TPU needed).
 
@@ -329,9 +357,8 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
         from jax.sharding import NamedSharding, PartitionSpec
         topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **TOPOLOGIES[topology])
         devices, device_kind = len(topo.devices), topo.devices[0].device_kind
-    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
     report.topology, report.devices, report.device_kind = topology, devices, device_kind
-    report.hbm_bytes_per_device = HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB * chips // devices
+    report.hbm_bytes_per_device = hbm_per_device(topology, devices)
     report.notes += ["memory per device from compiled.memory_analysis(); FLOPs and bytes accessed per device "
                      "from compiled.cost_analysis()",
                      f"sanity ratio near 1: the program holds the weights once, in {report.dtype}; buffers and "

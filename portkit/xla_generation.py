@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from portkit import generation, probes, progress, xla_cache, xla_compile, xla_sharded
+from portkit import generation, xla_cache, xla_compile, xla_sharded
 from portkit.errors import BadParameter
-from portkit.xla_results import GIB, format_bytes
-
-BATCH_LIMIT = 4096          # the batch search's upper bound
+from portkit.xla_results import format_bytes
 
 
 class _Serving(nn.Module):
@@ -118,17 +116,11 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     if tokens > context:
         raise BadParameter("prompt bucket", tokens, hint=f"longer than the context bucket {context}")
     model = generation.causal_model(lm)
-    jax, torchax = xla_compile.require_xla()   # first: it sets the compile-only environment libtpu reads
-    from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec
-
+    jax, topo, devices, _, replicated = xla_compile.compile_only(topology)
     program = xla_compile._Program(_Serving(model), xla_compile.DTYPES.get(dtype))
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **xla_compile.TOPOLOGIES[topology])
-    devices = len(topo.devices)
-    replicated = NamedSharding(topologies.make_mesh(topo, (devices,), ("batch",)), PartitionSpec())
     spec = graph_inputs(model, batch, tokens, context, program.float_dtype)
-    found = GraphCompile(graph, batch, tokens, context, topology, "compiled", hbm_bytes_per_device=(
-        xla_compile.HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB * xla_sharded.chips(topology) // devices))
+    found = GraphCompile(graph, batch, tokens, context, topology, "compiled",
+                         hbm_bytes_per_device=xla_compile.hbm_per_device(topology, devices))
     states, inputs = program.abstract(spec, replicated, replicated)
     narrowed = {k: program.narrow(d) for k, (_, d) in spec.items()}
     counted = {"weights": sum(math.prod(a.shape) * a.dtype.itemsize for a in states.values()),
@@ -143,10 +135,8 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
         found.status, found.message = "trace_failed", xla_compile._message(exc)
         return found
-    context_key = {"topology": topology, "topology_options": xla_compile.TOPOLOGIES[topology], "devices": devices,
-                   "device_kind": topo.devices[0].device_kind, "check": "serving graph, cache donated",
-                   "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
-                   "code": xla_cache.source_digest(compile_graph)}
+    context_key = xla_compile.check_context(topology, topo, "serving graph, cache donated",
+                                            code=xla_cache.source_digest(compile_graph))
     verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context_key)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
@@ -172,23 +162,17 @@ def compile_serving(lm, batch: int, prompt: int, context: int, topology: str = "
 
 def largest_batch(lm, context: int, topology: str = "v5e:1x1", dtype: str | None = None,
                   first: GraphCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
-    """The largest batch whose decode step at a `context`-position cache fits one device (a compile per try),
-    galloping from the guess `first`'s memory gives: what one row adds (its cache, inputs and temporaries)."""
-    limit = limit or BATCH_LIMIT
+    """The largest batch whose decode step at a `context`-position cache fits one device (a compile per try,
+    at most `limit`, xla_sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:
+    what one row adds (its cache, inputs, temporaries and logits) into the room left."""
     first = first or compile_graph(lm, "decode", 1, 1, context, topology, dtype)
     guess = None
     if first.status == "compiled":
         b = first.breakdown
-        per_row = (b["KV cache"] + b["inputs"] + b["activations and workspace"] + b.get("outputs not in place", 0)) \
-            / first.batch
+        per_row = (b["KV cache"] + b["inputs"] + b["activations and workspace"]
+                   + b.get("outputs not in place", 0)) / first.batch
         fixed = first.memory["total"] - per_row * first.batch
-        guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else limit
-    known = {first.batch: first.fits}
-    with progress.bar(desc=f"largest batch at context {context} (an XLA compile a try)", unit="compile") as bar:
-        def fits(n: int) -> bool:
-            if n not in known:
-                bar.set_postfix_str(f"batch {n}")
-                known[n] = compile_graph(lm, "decode", n, 1, context, topology, dtype).fits
-                bar.update()
-            return known[n]
-        return xla_sharded.largest_fitting(fits, limit, min(guess, limit) if guess else None)
+        guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else None
+    return xla_sharded.search_compiles(lambda n: compile_graph(lm, "decode", n, 1, context, topology, dtype).fits,
+                                       {first.batch: first.fits}, guess,
+                                       f"largest batch at context {context} (an XLA compile a try)", limit)

@@ -18,7 +18,7 @@ import math
 
 from portkit import xla_compile
 from portkit.errors import BadParameter
-from portkit.xla_results import GIB, XlaCompileReport
+from portkit.xla_results import XlaCompileReport
 
 
 def chips(topology: str) -> int:
@@ -47,8 +47,7 @@ def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None 
     devices = len(topo.devices)
     report = xla_compile._new_report(model, "tpu", "compile", program)
     report.topology, report.devices, report.device_kind = topology, devices, topo.devices[0].device_kind
-    report.hbm_bytes_per_device = (xla_compile.HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB
-                                   * chips(topology) // devices)
+    report.hbm_bytes_per_device = xla_compile.hbm_per_device(topology, devices)
     report.notes += [f"weights sharded FSDP-style over {devices} devices (first dimension that divides, else "
                      "whole on each); memory per device from compiled.memory_analysis(); collectives counted "
                      "in the compiled HLO text"]
@@ -145,6 +144,22 @@ def largest_fitting(fits, limit: int, guess: int | None = None) -> tuple[int, di
 
 
 BATCH_LIMIT = 1024   # the largest batch the search tries: beyond it, "fits at least 1024"
+
+
+def search_compiles(compile_fits, known: dict[int, bool], guess: int | None, desc: str,
+                    limit: int | None = None) -> tuple[int, dict[int, bool]]:
+    """largest_fitting where each new batch is a compile (compile_fits(n) -> fits), shown on a progress bar;
+    `known`: verdicts already compiled, filled as the search goes. limit: BATCH_LIMIT unless given."""
+    from portkit import progress
+    limit = limit or BATCH_LIMIT
+    with progress.bar(desc=desc, unit="compile") as bar:
+        def fits(n: int) -> bool:
+            if n not in known:
+                bar.set_postfix_str(f"batch {n}")
+                known[n] = bool(compile_fits(n))
+                bar.update()
+            return known[n]
+        return largest_fitting(fits, limit, min(guess, limit) if guess else None)
 
 
 def largest_batch(model, seq: int, topology: str, limit: int = BATCH_LIMIT, dtype: str | None = None,

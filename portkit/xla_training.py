@@ -31,12 +31,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit import probes, progress, training, xla_cache, xla_compile, xla_sharded
+from portkit import training, xla_cache, xla_compile, xla_sharded
 from portkit.errors import BadParameter
-from portkit.xla_results import GIB, format_bytes
+from portkit.xla_results import format_bytes
 
 ADAMW = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}   # torch.optim.AdamW's defaults
-BATCH_LIMIT = 4096          # the micro-batch search's upper bound
 
 
 @dataclass
@@ -106,20 +105,15 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
     if dtype is not None and dtype not in xla_compile.DTYPES:
         raise BadParameter("dtype", dtype, xla_compile.DTYPES)
     description, loss = training.loss_for(model)
-    jax, torchax = xla_compile.require_xla()   # first: it sets the compile-only environment libtpu reads
+    jax, topo, devices, mesh, replicated = xla_compile.compile_only(topology, "fsdp")
     import jax.numpy as jnp
-    from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
 
     module = training._WithLoss(model.module, loss)
     program = xla_compile._Program(module, xla_compile.DTYPES.get(dtype))
     states, fn = program.states, program.fn
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **xla_compile.TOPOLOGIES[topology])
-    devices = len(topo.devices)
-    mesh = topologies.make_mesh(topo, (devices,), ("fsdp",))
-    replicated = NamedSharding(mesh, PartitionSpec())
-    mappings = torchax.ops.mappings
+    mappings = program.torchax.ops.mappings
     rows = {s[0] for s, _ in spec.values()}
     split = devices > 1 and len(rows) == 1 and next(iter(rows)) % devices == 0
 
@@ -158,11 +152,9 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
             return new.astype(w.dtype)
         return value, jax.tree.map(update, weights, first, second), first, second, n
 
-    chips = xla_sharded.chips(topology)
     found = StepCompile(model.name, description, topology, {k: [list(s), str(d).replace("torch.", "")]
                                                             for k, (s, d) in inputs.items()}, "compiled",
-                        hbm_bytes_per_device=xla_compile.HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB
-                        * chips // devices)
+                        hbm_bytes_per_device=xla_compile.hbm_per_device(topology, devices))
     found.sharding = (f"weights and AdamW moments FSDP over {devices} devices, batch "
                       + ("split" if split else "replicated (its rows do not divide)")) if devices > 1 else "one device"
     found.counted = {     # per device
@@ -178,13 +170,11 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
             params, frozen, moments, moments, count, batch).lower()
     except Exception as exc:  # noqa: BLE001 - a step that does not trace is the finding
         found.status, found.message = "trace_failed", xla_compile._message(exc)
-        if isinstance(exc, torchax.tensor.OperatorNotFound):
+        if isinstance(exc, program.torchax.tensor.OperatorNotFound):
             found.status = "no_lowering"
         return found
-    context = {"topology": topology, "topology_options": xla_compile.TOPOLOGIES[topology], "devices": devices,
-               "device_kind": topo.devices[0].device_kind, "check": "training step", "sharding": found.sharding,
-               "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
-               "code": xla_cache.source_digest(compile_step)}
+    context = xla_compile.check_context(topology, topo, "training step", sharding=found.sharding,
+                                        code=xla_cache.source_digest(compile_step))
     verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
@@ -209,28 +199,21 @@ def breakdown(memory: dict, counted: dict) -> dict:
 
 def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None = None,
                         first: StepCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
-    """The largest micro-batch whose training step fits one device's HBM (a compile per try), galloping
-    from a guess: the memory of `first` and of twice its batch, extended in a line to the device's HBM
-    (what a row adds is its batch and activations; weights, optimizer state and gradients do not grow)."""
-    first, limit = first or compile_step(model, spec, topology, dtype), limit or BATCH_LIMIT
-    known = {first.batch: first.fits}
-    with progress.bar(desc="largest micro-batch (an XLA compile a try)", unit="compile") as bar:
-        def step_at(n: int) -> StepCompile:
-            bar.set_postfix_str(f"batch {n}")
-            found = compile_step(model, _with_batch(spec, n), topology, dtype)
-            known[n] = found.fits
-            bar.update()
-            return found
-
-        guess = None
-        if first.fits and 2 * first.batch <= limit:
-            second = step_at(2 * first.batch)
-            if second.status == "compiled":
-                per_row = (second.memory["total"] - first.memory["total"]) / first.batch
-                room = second.hbm_bytes_per_device - first.memory["total"]
-                guess = first.batch + int(room // per_row) if per_row > 0 else limit
-        return xla_sharded.largest_fitting(lambda n: known[n] if n in known else step_at(n).fits, limit,
-                                           min(guess, limit) if guess else None)
+    """The largest micro-batch whose training step fits one device's HBM (a compile per try, at most `limit`,
+    xla_sharded.BATCH_LIMIT by default), galloping from a guess: the memory of `first` and of twice its batch,
+    extended in a line to the device's HBM (what a row adds is its batch and activations; weights,
+    optimizer state and gradients do not grow)."""
+    first = first or compile_step(model, spec, topology, dtype)
+    known, guess = {first.batch: first.fits}, None
+    if first.fits and 2 * first.batch <= (limit or xla_sharded.BATCH_LIMIT):
+        second = compile_step(model, _with_batch(spec, 2 * first.batch), topology, dtype)
+        known[second.batch] = second.fits
+        if second.status == "compiled":
+            per_row = (second.memory["total"] - first.memory["total"]) / first.batch
+            room = second.hbm_bytes_per_device - first.memory["total"]
+            guess = first.batch + int(room // per_row) if per_row > 0 else limit or xla_sharded.BATCH_LIMIT
+    return xla_sharded.search_compiles(lambda n: compile_step(model, _with_batch(spec, n), topology, dtype).fits,
+                                       known, guess, "largest micro-batch (an XLA compile a try)", limit)
 
 
 def split_temporaries(first: StepCompile, second: StepCompile) -> dict | None:

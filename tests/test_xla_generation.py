@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from portkit import generation, models, probes, report, xla, xla_compile, xla_generation
+from portkit import generation, models, probes, report, xla, xla_compile, xla_generation, xla_sharded
 from portkit.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
@@ -67,7 +67,7 @@ def test_the_largest_batch_is_the_compilers_boundary(gpt2, monkeypatch):
 
 @needs_xla
 def test_stage_3b_compiles_stage_3s_largest_serving_buckets_and_the_report_shows_them(gpt2, tmp_path, monkeypatch):
-    monkeypatch.setattr(xla_generation, "BATCH_LIMIT", 2)
+    monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 2)
     plan = {"prompt": {"boundaries": [16, 48]}, "context": {"boundaries": [32, 80]}}
     (tmp_path / "buckets.json").write_text(json.dumps({"stage": "buckets", "targets": {}, "generation": {
         "targets": {"tpu": {"auto": plan}}}}))

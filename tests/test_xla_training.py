@@ -3,7 +3,7 @@ gradients, AdamW) compiled by XLA for a TPU topology on this CPU host, its memor
 largest micro-batch that fits. Compiles need the xla extra and skip without it."""
 import pytest
 
-from portkit import data, models, probes, report, xla, xla_compile, xla_training
+from portkit import data, models, probes, report, xla, xla_compile, xla_sharded, xla_training
 from portkit.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
@@ -63,7 +63,7 @@ def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, monkeypat
 
 @needs_xla
 def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(bert, tmp_path, monkeypatch):
-    monkeypatch.setattr(xla_training, "BATCH_LIMIT", 2)
+    monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 2)
     stage = xla.run_stage(bert, ["neuron", "tpu"], tmp_path, batch_size=2, seq_len=32, workload="train")
     stage.save(tmp_path / "xla.json")
     tpu = stage.to_dict()["targets"]["tpu"]["training_step"]
