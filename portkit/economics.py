@@ -309,7 +309,13 @@ def padding_price(model, target: str, top: int, *, native: bool = False) -> Toke
         lo, hi = capacity.measure_native(model, target, shapes)
         seconds = max((hi["seconds"] - lo["seconds"]) / max(top - shapes[0]["seq"], 1), hi["seconds"] / top / 10)
         return TokenPrice(target, seconds, NATIVE, f"{hi['label']}, slope from {shapes[0]['seq']} to {top} positions")
-    return roofline_price(target, flops_per_position(model, {model.seq_dim: max(1, top // 2)}, model.seq_dim, top))
+    try:
+        return roofline_price(target, flops_per_position(model, {model.seq_dim: max(1, top // 2)}, model.seq_dim, top))
+    except Exception as exc:  # noqa: BLE001 - a graph the FLOP counter cannot run under fake tensors
+        reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+        return TokenPrice(target, measure_token_seconds(model, top), THIS_MACHINE,
+                          f"{THIS_MACHINE}: the FLOPs could not be counted on the graph ({reason}), so this CPU's "
+                          "eager forward slope stands in: an upper bound on the target's")
 
 
 def roofline_price(target: str, flops: float) -> TokenPrice:

@@ -145,6 +145,16 @@ def test_a_padded_position_is_priced_on_the_target_not_on_this_cpu(minilm):
         price = prices[name]
         assert price.kind == "estimate" and price.source.startswith("estimate, not measured")
         assert price.seconds * peak == pytest.approx(per_token, rel=0.25), name
+    # a graph the FLOP counter cannot run: this CPU's time stands in, and the label says so
+    from portkit import capacity
+
+    def refuse(module, inputs):
+        raise RuntimeError("data-dependent shape")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity, "count_flops", refuse)
+        stand_in = economics.padding_price(minilm, "tpu", 64)
+    assert stand_in.kind == economics.THIS_MACHINE and "data-dependent shape" in stand_in.source
+    assert "upper bound" in stand_in.source and stand_in.seconds > prices["tpu"].seconds
     # a reference target is this machine, measured; auto's why names where its price came from
     cpu = economics.padding_price(minilm, "cpu", 64)
     assert cpu.kind == economics.THIS_MACHINE and cpu.seconds > 0
