@@ -292,8 +292,8 @@ def serving_graphs(model, target_names, out_dir, topology: str = "v5e:1x1", dtyp
         if graphs["decode"].status == "compiled":
             n, tried = xla_generation.largest_batch(model, context, topology, dtype, first=graphs["decode"])
             found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
-            limit = "+ (the search's limit)" if n >= xla_sharded.BATCH_LIMIT else ""
-            found["summary"] += f"; largest batch whose decode fits at context {context}: {n}{limit} ({source})"
+            found["summary"] += (f"; largest batch whose decode fits at context {context}: "
+                                 f"{n}{xla_sharded.bound_text(n, tried)} ({source})")
         out[name] = found
     return out
 
@@ -303,7 +303,7 @@ def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | N
     """Workload "train", per TPU target: the model's training step (its loss, AdamW) compiled by XLA for the
     topology at batch_size x seq_len of real text (portkit.xla_training), its memory broken down, and the
     largest micro-batch that fits one device. Neuron has no compiler here: its entry says so."""
-    from portkit import data, xla_training
+    from portkit import data, xla_sharded, xla_training
     out = {}
     for name in targets.parse_targets(target_names):
         check = targets.get(name).xla_check
@@ -317,9 +317,15 @@ def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | N
         if step.status == "compiled":
             n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step)
             found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
-            found["summary"] += f"; largest micro-batch that fits: {n} x {seq_len}"
+            found["summary"] += (f"; largest micro-batch that fits: {n}{xla_sharded.bound_text(n, tried)} x {seq_len} "
+                                 f"({len(tried)} compiles)")
             doubled = {k: ((2 * s[0], *s[1:]), d) for k, (s, d) in spec.items()}    # compiled by the search
-            split = xla_training.split_temporaries(step, xla_training.compile_step(model, doubled, topology, dtype))
+            second = xla_training.compile_step(model, doubled, topology, dtype)
+            split = xla_training.split_temporaries(step, second)
+            if split is None and second.status == "compiled":
+                key = "gradients, activations and workspace"
+                found["summary"] += (f"; temporaries {format_bytes(step.breakdown[key])} at batch {step.batch}, "
+                                     f"{format_bytes(second.breakdown[key])} at {second.batch}: not a line, no split")
             if split:
                 found["temporaries"] = split
                 found["summary"] += (f"; temporaries from batches {split['batches']}: {format_bytes(split['fixed'])} "

@@ -104,13 +104,14 @@ def check_scale_parameters(topologies, batch: int, seq: int, buckets=()) -> None
         params.positive_int("scale_buckets entry", bucket)
 
 
-def largest_fitting(fits, limit: int, guess: int | None = None) -> tuple[int, dict[int, bool]]:
+def largest_fitting(fits, limit: int, guess: int | None = None, within: float = 0.0) -> tuple[int, dict[int, bool]]:
     """The largest n in 1..limit with fits(n) True, assuming fitting is monotone (what fits at n fits
     below n). Without a guess: doubling from 1 until a refusal or the limit, then bisection between the
     last fit and the first refusal, about 2·log2(n) calls. With a guess (from the memory one compile
     measured): galloping from it in steps of 1, 2, 4, ..., then the same bisection: two calls when the
     guess is right, about 2·log2(its error) otherwise. Returns (n, {n tried: verdict}); n is 0 when even 1 does not fit.
-    Each call of `fits` is a compile."""
+    Each call of `fits` is a compile. within: stop once the smallest refusal is at most this fraction above
+    the largest fit (its first steps from a guess are that fraction of it): fewer compiles, n a lower bound."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise BadParameter("batch limit", limit, hint="a positive integer")
     tried: dict[int, bool] = {}
@@ -126,7 +127,7 @@ def largest_fitting(fits, limit: int, guess: int | None = None) -> tuple[int, di
             good, n = n, n * 2
         bad = n if n <= limit else limit + 1       # the first refusal, or past the limit
     else:
-        n, step = min(guess, limit), 1       # the memory model is close: a step of one first
+        n, step = min(guess, limit), max(1, int(within * guess))    # the memory model is close: a small step
         if ask(n):
             good = n
             while good < limit and ask(min(good + step, limit)):
@@ -137,7 +138,7 @@ def largest_fitting(fits, limit: int, guess: int | None = None) -> tuple[int, di
             while bad > 1 and not ask(max(bad - step, 1)):
                 bad, step = max(bad - step, 1), step * 2
             good = max(bad - step, 1) if bad > 1 and tried.get(max(bad - step, 1)) else 0
-    while bad - good > 1:
+    while bad - good > max(1, int(within * good)):
         mid = (good + bad) // 2
         good, bad = (mid, bad) if ask(mid) else (good, mid)
     return good, tried
@@ -146,10 +147,14 @@ def largest_fitting(fits, limit: int, guess: int | None = None) -> tuple[int, di
 BATCH_LIMIT = 1024   # the largest batch the search tries: beyond it, "fits at least 1024"
 
 
+SEARCH_WITHIN = 1 / 32     # the training and serving batch searches stop within 3% of the boundary
+
+
 def search_compiles(compile_fits, known: dict[int, bool], guess: int | None, desc: str,
                     limit: int | None = None) -> tuple[int, dict[int, bool]]:
-    """largest_fitting where each new batch is a compile (compile_fits(n) -> fits), shown on a progress bar;
-    `known`: verdicts already compiled, filled as the search goes. limit: BATCH_LIMIT unless given."""
+    """largest_fitting where each new batch is a compile (compile_fits(n) -> fits), shown on a progress bar,
+    stopping within SEARCH_WITHIN of the boundary; `known`: verdicts already compiled, filled as the search
+    goes. limit: BATCH_LIMIT unless given. refused_above(n, tried) names the refusal that bounds n."""
     from portkit import progress
     limit = limit or BATCH_LIMIT
     with progress.bar(desc=desc, unit="compile") as bar:
@@ -159,7 +164,15 @@ def search_compiles(compile_fits, known: dict[int, bool], guess: int | None, des
                 known[n] = bool(compile_fits(n))
                 bar.update()
             return known[n]
-        return largest_fitting(fits, limit, min(guess, limit) if guess else None)
+        return largest_fitting(fits, limit, min(guess, limit) if guess else None, SEARCH_WITHIN)
+
+
+def bound_text(n: int, tried: dict, limit: int | None = None) -> str:
+    """How a searched batch is bounded: "+ (the search's limit)", "(N does not fit)", or nothing."""
+    if n >= (limit or BATCH_LIMIT):
+        return "+ (the search's limit)"
+    refused = [k for k, fits in tried.items() if not fits and k > n]
+    return f" ({min(refused)} does not fit)" if refused and min(refused) > n + 1 else ""
 
 
 def largest_batch(model, seq: int, topology: str, limit: int = BATCH_LIMIT, dtype: str | None = None,

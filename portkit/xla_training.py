@@ -219,10 +219,14 @@ def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str
 def split_temporaries(first: StepCompile, second: StepCompile) -> dict | None:
     """The compiler's temporaries at two batches, in a line: what does not grow with the batch (gradients,
     the all-gathered weights of a sharded step, workspace) and what one more row adds (its activations).
-    None unless both compiled at different batches."""
+    None unless both compiled at different batches and the line has no negative part (XLA may keep
+    different temporaries at different batches; then the two figures stand as they are)."""
     if first.status != "compiled" or second.status != "compiled" or first.batch == second.batch:
         return None
     key = "gradients, activations and workspace"
     per_row = (second.breakdown[key] - first.breakdown[key]) / (second.batch - first.batch)
-    return {"fixed": int(first.breakdown[key] - per_row * first.batch), "per_row": int(per_row),
-            "gradients_counted": first.counted["gradients"], "batches": [first.batch, second.batch]}
+    fixed = first.breakdown[key] - per_row * first.batch
+    if per_row < 0 or fixed < 0:      # not a line (the compiler rematerialises differently): no split to sign
+        return None
+    return {"fixed": int(fixed), "per_row": int(per_row), "gradients_counted": first.counted["gradients"],
+            "batches": [first.batch, second.batch]}

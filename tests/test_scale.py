@@ -231,3 +231,24 @@ def test_native_throughput_is_measured_on_the_device(minilm, name):
     rows = capacity.measure_native(minilm, name, [{"batch": 1, "seq": 16}, {"batch": 4, "seq": 64}], repeats=3)
     assert [r["shape"] for r in rows] == [{"batch": 1, "seq": 16}, {"batch": 4, "seq": 64}]
     assert all(r["per_second"] > 0 and r["unit"] == "tokens" and r["label"].startswith("measured on") for r in rows)
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 7, 37, 500, 953, 1024, 5000])
+@pytest.mark.parametrize("guess", [None, 1, 40, 509, 2000])
+def test_a_search_within_a_fraction_stops_close_below_the_boundary_in_fewer_compiles(capacity, guess):
+    def search(within):
+        calls = []
+
+        def fits(batch):
+            calls.append(batch)
+            return batch <= capacity
+        best, tried = xla_sharded.largest_fitting(fits, 1024, guess, within)
+        return best, tried, calls
+    exact, _, exact_calls = search(0.0)
+    near, tried, calls = search(1 / 32)
+    assert exact == min(capacity, 1024) and near <= exact
+    assert near == 0 or tried[near] is True
+    refused = [b for b, ok in tried.items() if not ok and b > near]
+    # what it reports is close: the smallest refusal above it is within 1/32 of it, or it is the exact answer
+    assert near == exact or min(refused) - near <= max(1, near // 32)
+    assert len(calls) <= len(exact_calls) + 1
