@@ -25,7 +25,6 @@ Needs `pip install 'portkit[xla]'`; without it these raise MissingPackage with t
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
 import time
@@ -34,16 +33,13 @@ import warnings
 import torch
 from torch import nn
 
-from portkit import _torch, capacity, probes, xla_cache
+from portkit import _torch, probes, xla_cache
 from portkit.abstract_models import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
 from portkit.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models import LoadedModel
 from portkit.tracking import ModuleTracker
-from portkit.xla_results import GIB, ShapeResult, XlaCompileReport, collectives, compiled_collectives  # noqa: F401
-
-# HBM per chip (GiB) from data/targets/chips.json, each value with its Google Cloud page (portkit.capacity). TPU7x
-# shows each chip as two JAX devices (its two TensorCores); each device gets an even half of the chip's HBM.
-HBM_GIB_PER_CHIP = capacity.hbm_gib_per_chip()
+from portkit.xla_results import (GIB, HBM_GIB_PER_CHIP, ShapeResult, XlaCompileReport, collectives,  # noqa: F401
+                                 compiled_collectives, hbm_per_device)
 # Names jax.experimental.topologies.get_topology_desc accepts with libtpu for compile-only devices
 # (checked on a CPU-only host, jax 0.10); v4 needs megacore.
 TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v5e:2x4": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v6e:2x4": {},
@@ -302,34 +298,6 @@ def check_topology(name: str) -> str:
     if name not in TOPOLOGIES:
         raise BadParameter("TPU topology", name, TOPOLOGIES)
     return name
-
-
-def hbm_per_device(topology: str, devices: int) -> int:
-    """HBM bytes each of a topology's JAX devices gets: its chips' HBM shared evenly among them."""
-    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
-    return int(HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB * chips // devices)
-
-
-def compile_only(topology: str, axis: str = "batch"):
-    """(jax, topology description, its device count, a mesh over its devices on one `axis`, the replicated
-    sharding on it) for compiling without a TPU; every argument needs a sharding on these devices, or JAX
-    compiles for the host CPU (_compiled_platform refuses that)."""
-    check_topology(topology)
-    jax, _ = require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
-    from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **TOPOLOGIES[topology])
-    mesh = topologies.make_mesh(topo, (len(topo.devices),), (axis,))
-    return jax, topo, len(topo.devices), mesh, NamedSharding(mesh, PartitionSpec())
-
-
-def check_context(topology: str, topo, check: str, **what) -> dict:
-    """The verdict cache's context for a check other than one forward pass (a training step, a serving graph):
-    the topology, the libraries' versions, the check and what else decides the compiler's verdict."""
-    return {"topology": topology, "topology_options": TOPOLOGIES[topology], "devices": len(topo.devices),
-            "device_kind": topo.devices[0].device_kind, "check": check,
-            "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
-            "flags": {k: os.environ.get(k) for k in FLAG_VARIABLES}, **what}
 
 
 def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None = None) -> XlaCompileReport:

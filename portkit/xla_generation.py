@@ -116,7 +116,7 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     if tokens > context:
         raise BadParameter("prompt bucket", tokens, hint=f"longer than the context bucket {context}")
     model = generation.causal_model(lm)
-    jax, topo, devices, _, replicated = xla_compile.compile_only(topology)
+    jax, topo, devices, _, replicated = xla_sharded.compile_only(topology)
     program = xla_compile._Program(_Serving(model), xla_compile.DTYPES.get(dtype))
     spec = graph_inputs(model, batch, tokens, context, program.float_dtype)
     found = GraphCompile(graph, batch, tokens, context, topology, "compiled",
@@ -135,7 +135,7 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
         found.status, found.message = "trace_failed", xla_compile._message(exc)
         return found
-    context_key = xla_compile.check_context(topology, topo, "serving graph, cache donated",
+    context_key = xla_sharded.check_context(topology, topo, "serving graph, cache donated",
                                             code=xla_cache.source_digest(compile_graph))
     verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context_key)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message

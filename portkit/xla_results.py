@@ -21,9 +21,19 @@ from pathlib import Path
 
 import torch
 
+from portkit import capacity
 from portkit.results import save_result
 
 GIB = 2 ** 30
+# HBM per chip (GiB) from data/targets/chips.json, each value with its Google Cloud page (portkit.capacity). TPU7x
+# shows each chip as two JAX devices (its two TensorCores); each device gets an even half of the chip's HBM.
+HBM_GIB_PER_CHIP = capacity.hbm_gib_per_chip()
+
+
+def hbm_per_device(topology: str, devices: int) -> int:
+    """HBM bytes each of a topology's JAX devices gets: its chips' HBM (HBM_GIB_PER_CHIP) shared evenly."""
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    return int(HBM_GIB_PER_CHIP[topology.split(":")[0]] * GIB * chips // devices)
 HEADLINES = {
     "compile": "real XLA compile for a TPU topology on a CPU host (compile-only, nothing executed on a TPU)",
     "lowering": "lowering check only (StableHLO export), not a Neuron compile",

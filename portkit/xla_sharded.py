@@ -15,14 +15,37 @@ them in the compiled HLO. Compile-only, no TPU needed; verdicts go through portk
 from __future__ import annotations
 
 import math
+import os
 
-from portkit import xla_compile
+from portkit import probes, xla_compile
 from portkit.errors import BadParameter
 from portkit.xla_results import XlaCompileReport
 
 
 def chips(topology: str) -> int:
     return math.prod(int(d) for d in topology.split(":")[1].split("x"))
+
+
+def compile_only(topology: str, axis: str = "batch"):
+    """(jax, topology description, its device count, a mesh over its devices on one `axis`, the replicated
+    sharding on it) for compiling without a TPU; every argument needs a sharding on these devices, or JAX
+    compiles for the host CPU (xla_compile._compiled_platform refuses that)."""
+    xla_compile.check_topology(topology)
+    jax, _ = xla_compile.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **xla_compile.TOPOLOGIES[topology])
+    mesh = topologies.make_mesh(topo, (len(topo.devices),), (axis,))
+    return jax, topo, len(topo.devices), mesh, NamedSharding(mesh, PartitionSpec())
+
+
+def check_context(topology: str, topo, check: str, **what) -> dict:
+    """The verdict cache's context for a check other than one forward pass (a training step, a serving graph):
+    the topology, the libraries' versions, the check and what else decides the compiler's verdict."""
+    return {"topology": topology, "topology_options": xla_compile.TOPOLOGIES[topology], "devices": len(topo.devices),
+            "device_kind": topo.devices[0].device_kind, "check": check,
+            "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
+            "flags": {k: os.environ.get(k) for k in xla_compile.FLAG_VARIABLES}, **what}
 
 
 def _weight_spec(shape: tuple, devices: int, partition_spec):

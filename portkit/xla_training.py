@@ -105,7 +105,7 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
     if dtype is not None and dtype not in xla_compile.DTYPES:
         raise BadParameter("dtype", dtype, xla_compile.DTYPES)
     description, loss = training.loss_for(model)
-    jax, topo, devices, mesh, replicated = xla_compile.compile_only(topology, "fsdp")
+    jax, topo, devices, mesh, replicated = xla_sharded.compile_only(topology, "fsdp")
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -173,7 +173,7 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
         if isinstance(exc, program.torchax.tensor.OperatorNotFound):
             found.status = "no_lowering"
         return found
-    context = xla_compile.check_context(topology, topo, "training step", sharding=found.sharding,
+    context = xla_sharded.check_context(topology, topo, "training step", sharding=found.sharding,
                                         code=xla_cache.source_digest(compile_step))
     verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
