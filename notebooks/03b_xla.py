@@ -101,6 +101,8 @@ stage
 # %%
 for name, step in stage.training.items():
     print(f"{name}: {step['summary']}")
+    if step.get("breakdown"):
+        xla.plot_hbm({f"training step, batch {step['batch']}": step["breakdown"]}, step["hbm_bytes_per_device"]);
 
 # %% [markdown]
 # ## Generation (workload "generate"): prefill and decode with the KV cache in HBM
@@ -113,6 +115,10 @@ for name, step in stage.training.items():
 # %%
 for name, served in stage.serving.items():
     print(f"{name}: {served['summary']}")
+    graphs = {f"{g} ({served[g]['tokens']} into {served[g]['context']})": served[g]["breakdown"]
+              for g in ("prefill", "decode") if served.get(g, {}).get("breakdown")}
+    if graphs:
+        xla.plot_hbm(graphs, served["decode"]["hbm_bytes_per_device"]);
 
 # %% [markdown]
 # ## Save the result for the later stages and the report

@@ -28,7 +28,7 @@ from portkit.tables import HtmlTable
 from portkit.xla_compile import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
                                  require_installed, require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
                                  input_specs, is_abstract)
-from portkit.xla_results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes  # noqa: F401
+from portkit.xla_results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes, plot_hbm  # noqa: F401
 
 STAGE = "xla"
 

@@ -239,3 +239,22 @@ def compiled_collectives(compiled) -> dict[str, int] | None:
     except RuntimeError:        # jax's JaxRuntimeError: the verdict stands, only the count is missing
         return None
 
+
+
+def plot_hbm(graphs: dict[str, dict], hbm_bytes: int, ax=None):
+    """One stacked bar per compiled graph ({label: {part: bytes}}, parts adding up to the compiler's total
+    per device), in MiB, beside the device's HBM: where a training step's or a serving graph's memory goes."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.6 + 0.5 * len(graphs)))
+    parts = list(dict.fromkeys(p for b in graphs.values() for p in b))
+    left = [0.0] * len(graphs)
+    for part in parts:
+        sizes = [b.get(part, 0) / 2 ** 20 for b in graphs.values()]
+        ax.barh(list(graphs), sizes, left=left, label=part)
+        left = [a + s for a, s in zip(left, sizes)]
+    ax.axvline(hbm_bytes / 2 ** 20, color="black", linestyle="--", label=f"HBM per device ({format_bytes(hbm_bytes)})")
+    ax.set_xlim(0, max(max(left), 1) * 1.15)
+    ax.set_xlabel("MiB per device (compiled.memory_analysis())")
+    ax.legend(fontsize=7, loc="lower right")
+    return ax.figure

@@ -76,6 +76,7 @@ class StepCompile:
 
     def to_dict(self) -> dict:
         return {"model": self.model, "loss": self.loss, "topology": self.topology, "inputs": self.inputs,
+                "batch": self.batch,
                 "status": self.status, "compile_seconds": self.compile_seconds, "cached": self.cached,
                 "hbm_bytes_per_device": self.hbm_bytes_per_device, "memory": self.memory,
                 "breakdown": self.breakdown, "counted": self.counted, "flops": self.flops, "fits": self.fits,

@@ -80,6 +80,15 @@ def test_stage_3b_compiles_stage_3s_largest_serving_buckets_and_the_report_shows
     stage.save(tmp_path / "xla.json")
     shown = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["xla"]
     assert "KV cache" in shown["serving graphs (XLA)"] and "context 80" in shown["serving graphs (XLA)"]
+    # the notebook's plot: one stacked bar per graph, its parts adding up to the compiler's total
+    fig = xla.plot_hbm({g: served[g]["breakdown"] for g in ("prefill", "decode")},
+                       served["decode"]["hbm_bytes_per_device"])
+    bars = fig.axes[0].patches
+    assert len(bars) == 2 * len(set(served["prefill"]["breakdown"]) | set(served["decode"]["breakdown"]))
+    ends = [max(b.get_x() + b.get_width() for b in bars if round(b.get_y() + b.get_height() / 2) == row)
+            for row in (0, 1)]
+    totals = [served[g]["memory"]["total"] / 2 ** 20 for g in ("prefill", "decode")]
+    assert ends == pytest.approx(totals, rel=1e-6)
 
 
 def test_generate_needs_a_causal_lm():
