@@ -30,6 +30,10 @@ _PORTKIT = os.path.dirname(os.path.abspath(__file__))
 # portkit's model wrappers (the sources and their adapters): the user's role
 _WRAPPERS = (os.path.join(_PORTKIT, "models.py"), os.path.join(_PORTKIT, "adapters.py"),
              os.path.join(_PORTKIT, "audio_models.py"))
+# portkit's decoding loop (greedy generation with a KV cache) stands in for a serving stack's: its ops
+# (argmax, the cache's position bookkeeping) belong to the serving loop, not to the model or the user
+_SERVING = (os.path.join(_PORTKIT, "generation.py"),)
+SERVING_LOOP = "serving loop (portkit/generation.py's greedy decoding, standing in for the serving stack's)"
 _TORCH = os.path.join(os.path.dirname(_PORTKIT), "torch")   # replaced below by the installed torch
 _INSTALLED = ("site-packages", "dist-packages")
 _STDLIB = tuple({os.path.realpath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])})
@@ -72,11 +76,13 @@ def _torch_dir() -> str:
 
 @functools.lru_cache(maxsize=4096)   # per file: the recorder asks for every new op of every module
 def _skipped(file: str, torch_dir: str) -> bool:
-    """Machinery, not a place a finding belongs to: torch, portkit (but its model wrappers), the stdlib."""
+    """Machinery, not a place a finding belongs to: torch, portkit (but its model wrappers and its decoding
+    loop), the stdlib."""
     if file.startswith("<"):
         return True
     path = os.path.abspath(file)
-    if path.startswith(torch_dir + os.sep) or (path.startswith(_PORTKIT + os.sep) and path not in _WRAPPERS):
+    if path.startswith(torch_dir + os.sep) or (path.startswith(_PORTKIT + os.sep)
+                                               and path not in _WRAPPERS and path not in _SERVING):
         return True
     return _in_stdlib(path)
 
@@ -152,6 +158,8 @@ def owner(where: dict | None) -> dict:
         return {"owner": USER, "package": package(file), "setting": None, "setting_help": None}
     if file in _WRAPPERS:
         return {"owner": USER, "package": "portkit (model wrapper)", "setting": None, "setting_help": None}
+    if file in _SERVING:
+        return {"owner": LIBRARY, "package": SERVING_LOOP, "setting": None, "setting_help": None}
     name = package(file) or ("python (stdlib)" if _in_stdlib(file) else None)
     if name is None:
         return {"owner": USER, "package": None, "setting": None, "setting_help": None}

@@ -318,7 +318,7 @@ def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | N
             n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step)
             found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
             found["summary"] += (f"; largest micro-batch that fits: {n}{xla_sharded.bound_text(n, tried)} x {seq_len} "
-                                 f"({len(tried)} compiles)")
+                                 f"({len(tried)} compile(s))")
             doubled = {k: ((2 * s[0], *s[1:]), d) for k, (s, d) in spec.items()}    # compiled by the search
             second = xla_training.compile_step(model, doubled, topology, dtype)
             split = xla_training.split_temporaries(step, second)
@@ -329,8 +329,8 @@ def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | N
             if split:
                 found["temporaries"] = split
                 found["summary"] += (f"; temporaries from batches {split['batches']}: {format_bytes(split['fixed'])} "
-                                     f"that do not grow with the batch (gradients counted: "
-                                     f"{format_bytes(split['gradients_counted'])}; workspace) + "
-                                     f"{format_bytes(split['per_row'])} a row (activations)")
+                                     f"that do not grow with the batch (gradients and workspace; every gradient "
+                                     f"at once would be {format_bytes(split['gradients_counted'])}: XLA fuses "
+                                     f"the update) + {format_bytes(split['per_row'])} a row (activations)")
         out[name] = found
     return out

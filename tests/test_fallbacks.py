@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit import compiling, data, fallbacks, models, probes, results
+from portkit import compiling, data, fallbacks, frames, models, probes, results
 from portkit.errors import BadParameter
 
 
@@ -250,5 +250,9 @@ def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(co
     writes = sum(r.calls for r in served.records if r.op == "aten::index_copy_")
     layers = gpt2.module.model.config.num_hidden_layers
     assert writes == 2 * layers * fallbacks.GENERATED_TOKENS       # keys and values, each layer, each step
+    # greedy decoding's argmax belongs to the serving loop (portkit's stands in for the stack's), not the user
+    argmax = next(f for f in served.targets["neuron"].findings if "aten::argmax" in f.message)
+    assert argmax.where["file"].endswith("portkit/generation.py") and "argmax" in argmax.where["code"]
+    assert argmax.owner["package"] == frames.SERVING_LOOP and argmax.owner["owner"] == frames.LIBRARY
     with pytest.raises(BadParameter, match="workload 'inference'"):
         fallbacks.check_parameters(workload="generate", model="minilm")
