@@ -364,9 +364,8 @@ def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEF
                      model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
-    from portkit import data, generation, models, params
-    if params.workload(workload) == "generate" and model in models.SOURCES:
-        generation.check_causal(models.load(model))
+    from portkit import data, generation, params
+    generation.check_workload(workload, model)
     params.positive_int("new_tokens", new_tokens, maximum=512)
     params.positive_int("prompts", prompts, maximum=64)
     params.positive_int("requests", requests, maximum=2000)

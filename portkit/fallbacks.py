@@ -318,9 +318,8 @@ def check_parameters(batch_size: int = 8, seq_len: int = 128, train: bool = Fals
                      corpus: str = "stdlib", workload: str = "inference", model: str | None = None) -> None:
     """The notebook's validation cell, also run by the runner before anything is written. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
-    from portkit import data, generation, models, params
-    if params.workload(workload) == "generate" and model in models.SOURCES:
-        generation.check_causal(models.load(model))
+    from portkit import data, generation, params
+    generation.check_workload(workload, model)
     params.positive_int("batch_size", batch_size)
     params.positive_int("seq_len", seq_len)
     params.boolean("train", train)

@@ -23,6 +23,7 @@ new tokens exceeds the largest context bucket is refused before anything runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -98,6 +99,22 @@ def check_causal(lm) -> None:
         raise BadParameter("workload", "generate",
                            hint=f"greedy generation needs a causal language model; {lm.name} is not one "
                                 f"(its kind: {lm.kind}; use workload 'inference')")
+
+
+def check_workload(workload, model: str | None = None) -> str:
+    """A stage's `workload` parameter (params.WORKLOADS): "generate" needs a causal LM, so a built-in model is
+    loaded to check it (once a process, whichever stage asks first; other models when the stage loads them).
+    Every stage's check_parameters calls this: the runner validates them all before anything is written."""
+    from portkit import models, params
+    if params.workload(workload) == "generate" and model in models.SOURCES:
+        check_causal(_builtin(model))
+    return workload
+
+
+@functools.lru_cache(maxsize=8)
+def _builtin(name: str):
+    from portkit import models
+    return models.load(name)
 
 
 def causal_model(lm) -> torch.nn.Module:

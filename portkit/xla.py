@@ -59,7 +59,7 @@ def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "f
                      workload: str = "inference") -> None:
     """The notebook's validation cell, also run by the runner before anything is written. The scale_*
     parameters are an abstract model's (a real-size config without weights, `--model llama3-8b`)."""
-    from portkit import abstract_models, params, xla_sharded
+    from portkit import abstract_models, generation, params, xla_sharded
     xla_sharded.check_scale_parameters(scale_topologies, scale_batch, scale_seq, scale_buckets)
     if abstract_models.is_name(model):          # its sequence lengths against the config's limit
         module = abstract_models.build(model)
@@ -71,11 +71,7 @@ def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "f
     params.positive_int("seq_len", seq_len)
     params.positive_int("max_shapes", max_shapes)
     params.boolean("largest_batch", largest_batch)
-    if params.workload(workload) == "generate":
-        from portkit import generation, models
-        if model in models.SOURCES:
-            generation.check_causal(models.load(model))
-    if workload == "train" and abstract_models.is_name(model):
+    if generation.check_workload(workload, model) == "train" and abstract_models.is_name(model):
         raise BadParameter("workload for a real-size model without weights", workload, ["inference"],
                            hint=f"{model} is checked sharded for inference; train a model with weights")
 
