@@ -311,12 +311,12 @@ def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | N
         step = xla_training.compile_step(model, spec, topology, dtype)
         found = step.to_dict()
         if step.status == "compiled":
-            n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step)
+            # twice the batch: the search's guess and the temporaries' split both read it, compiled once
+            second = xla_training.compile_step(model, xla_training.with_batch(spec, 2 * step.batch), topology, dtype)
+            n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
             found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
             found["summary"] += (f"; largest micro-batch that fits: {n}{xla_sharded.bound_text(n, tried)} x {seq_len} "
                                  f"({len(tried)} compile(s))")
-            doubled = {k: ((2 * s[0], *s[1:]), d) for k, (s, d) in spec.items()}    # compiled by the search
-            second = xla_training.compile_step(model, doubled, topology, dtype)
             split = xla_training.split_temporaries(step, second)
             if split is None and second.status == "compiled":
                 key = "gradients, activations and workspace"

@@ -91,7 +91,8 @@ def step_inputs(model, corpus, batch_size: int = 1, seq_len: int = 128) -> dict:
     return {k: (tuple(v.shape), v.dtype) for k, v in batch.items()}
 
 
-def _with_batch(spec: dict, n: int) -> dict:
+def with_batch(spec: dict, n: int) -> dict:
+    """The same step inputs with n rows."""
     return {k: ((n, *shape[1:]), dtype) for k, (shape, dtype) in spec.items()}
 
 
@@ -199,21 +200,22 @@ def breakdown(memory: dict, counted: dict) -> dict:
 
 
 def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None = None,
-                        first: StepCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
+                        first: StepCompile | None = None, limit: int | None = None,
+                        second: StepCompile | None = None) -> tuple[int, dict[int, bool]]:
     """The largest micro-batch whose training step fits one device's HBM (a compile per try, at most `limit`,
     xla_sharded.BATCH_LIMIT by default), galloping from a guess: the memory of `first` and of twice its batch,
     extended in a line to the device's HBM (what a row adds is its batch and activations; weights,
-    optimizer state and gradients do not grow)."""
+    optimizer state and gradients do not grow). second: the step at twice first's batch, when compiled already."""
     first = first or compile_step(model, spec, topology, dtype)
     known, guess = {first.batch: first.fits}, None
     if first.fits and 2 * first.batch <= (limit or xla_sharded.BATCH_LIMIT):
-        second = compile_step(model, _with_batch(spec, 2 * first.batch), topology, dtype)
+        second = second or compile_step(model, with_batch(spec, 2 * first.batch), topology, dtype)
         known[second.batch] = second.fits
         if second.status == "compiled":
             per_row = (second.memory["total"] - first.memory["total"]) / first.batch
             room = second.hbm_bytes_per_device - first.memory["total"]
             guess = first.batch + int(room // per_row) if per_row > 0 else limit or xla_sharded.BATCH_LIMIT
-    return xla_sharded.search_compiles(lambda n: compile_step(model, _with_batch(spec, n), topology, dtype).fits,
+    return xla_sharded.search_compiles(lambda n: compile_step(model, with_batch(spec, n), topology, dtype).fits,
                                        known, guess, "largest micro-batch (an XLA compile a try)", limit)
 
 
