@@ -83,35 +83,30 @@ class GraphBreaks:
 
 def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=None,
                       contents: bool = True) -> GraphBreaks:
-    """Explain the model's graph breaks, then capture it with fullgraph=True under each emulated
-    target's checks (no compile: the graphs run eagerly). contents: record each graph's ops with
-    their dtypes and lines (checks[target]["ops"]), which reconcile.py needs (#18)."""
+    """Capture the model with fullgraph=True under each emulated target's checks (no compile: the graphs
+    run eagerly); where one graph cannot hold it, explain its graph breaks (torch._dynamo.explain) and
+    check every piece. A model that captures whole has no break to explain: that trace is the only one.
+    contents: record each graph's ops with their dtypes and lines (checks[target]["ops"]), which
+    reconcile.py needs (#18)."""
     module = model.module if hasattr(model, "module") else model
     names = targets_mod.parse_targets(targets)
-    with torch.no_grad():
-        explained = torch._dynamo.explain(module)(**inputs)
-    breaks = []
-    for r in explained.break_reasons:   # Dynamo restarts a frame after some breaks and reports them again
-        frame = r.user_stack[-1] if r.user_stack else None
-        found = {"reason": (r.reason.strip().splitlines() or ["?"])[0],
-                 "where": _place(frame.filename, frame.lineno, frame.name, frame.line or "") if frame else None,
-                 # the innermost frame outside torch: the line stage 1 names for the same code (#18)
-                 "frame": innermost([_place(f.filename, f.lineno, f.name, f.line or "") for f in r.user_stack or ()])}
-        if found not in breaks:
-            breaks.append(found)
     backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)
                 for n in names if not targets_mod.detect(n).native and not targets_mod.get(n).reference}
-    for backend in backends.values():   # record what the graphs contain, to reconcile stage 1 (#18)
-        backend.contents = [] if contents else None
+    graphs = []
 
     def check_all(gm, example_inputs):
+        graphs.append(gm)
         for backend in backends.values():
             with contextlib.suppress(CompileRefused):   # recorded in backend.checks
                 backend(gm, example_inputs)
         return gm.forward
 
-    fullgraph = {"ok": True}
-    for whole in (True, False):   # without one graph, check every piece
+    fullgraph, breaks, explained = {"ok": True}, [], None
+    for whole in (True, False):   # without one graph, explain the breaks and check every piece
+        for backend in backends.values():   # record what the graphs contain, to reconcile stage 1 (#18)
+            backend.checks.clear()
+            backend.contents = [] if contents else None
+        graphs.clear()
         torch.compiler.reset()
         try:
             with torch.no_grad():
@@ -121,9 +116,10 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
             if not whole:
                 raise
             fullgraph = {"ok": False, **_failure(exc)}
-            for b in backends.values():
-                b.checks.clear()
-                b.contents = [] if contents else None
+            torch.compiler.reset()
+            with torch.no_grad():
+                explained = torch._dynamo.explain(module)(**inputs)
+            breaks = _breaks(explained)
     torch.compiler.reset()
     checks = {}
     for name, backend in backends.items():
@@ -142,7 +138,23 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
                         **({"ops": _merged_contents(backend.contents)} if contents else {})}
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     desc = "inputs " + ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in shapes.items())
-    return GraphBreaks({"description": desc, "shapes": shapes}, explained.graph_count, breaks, fullgraph, checks)
+    count = explained.graph_count if explained is not None else len(graphs)
+    return GraphBreaks({"description": desc, "shapes": shapes}, count, breaks, fullgraph, checks)
+
+
+def _breaks(explained) -> list[dict]:
+    """explain's break reasons, each once, with the line it names (Dynamo restarts a frame after some
+    breaks and reports them again)."""
+    breaks = []
+    for r in explained.break_reasons:
+        frame = r.user_stack[-1] if r.user_stack else None
+        found = {"reason": (r.reason.strip().splitlines() or ["?"])[0],
+                 "where": _place(frame.filename, frame.lineno, frame.name, frame.line or "") if frame else None,
+                 # the innermost frame outside torch: the line stage 1 names for the same code (#18)
+                 "frame": innermost([_place(f.filename, f.lineno, f.name, f.line or "") for f in r.user_stack or ()])}
+        if found not in breaks:
+            breaks.append(found)
+    return breaks
 
 
 def _merged_contents(graphs: list[dict]) -> dict[str, dict]:
