@@ -9,6 +9,8 @@ Each notebook gets the shared parameters (model, targets, out_dir) and those of 
 parameters it declares; a parameter no notebook declares is an error, raised before anything is
 written. `plan` checks everything first (values, the model spec, the corpus file's content, the run
 folder) and makes every path absolute: the notebooks run in notebooks/, not where the user typed it.
+The stages run in one kernel, its namespace cleared between them (portkit/kernels.py): a stage does not
+pay for a new interpreter and its imports.
 
 A run folder is one holding MARKER (written by every run) or only files a run writes; `portkit run`
 refuses any other non-empty folder. A notebook is executed under a partial name and renamed when done,
@@ -30,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit import _io, audio, data, images, params as params_mod, results, runfolder
+from portkit import _io, audio, data, images, kernels, params as params_mod, results, runfolder
 from portkit.errors import BadParameter, StageFailed, StageSkipped
 from portkit.progress import HEADLESS_VARIABLE
 from portkit.runfolder import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
@@ -270,29 +272,8 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
     from tqdm.auto import tqdm
     bar = tqdm(per_stage, desc="portkit", unit="stage", disable=not progress)
-    for stage, values in bar:
-        bar.set_postfix_str(stage.name)
-        # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
-        (out / stage.result).unlink(missing_ok=True)
-        start = time.perf_counter()
-        try:
-            # an abstract model (no weights): a stage that runs values is skipped without starting its notebook
-            results.skip_if_abstract(model_spec, out, stage.name, values["targets"])
-            error = _execute(stage, values, out, user_folder, progress)
-        except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
-            result.seconds[stage.name] = time.perf_counter() - start
-            runfolder.record(out, stage.name, "skipped", result.seconds[stage.name], str(skipped))
-            result.summaries[stage.name] = f"skipped: {skipped}"
-            log(f"[{stage.name}] skipped: {skipped} ({result.seconds[stage.name]:.0f} s)")
-            continue
-        result.seconds[stage.name] = time.perf_counter() - start
-        runfolder.record(out, stage.name, "failed" if error else "ok", result.seconds[stage.name], error or "")
-        if error:
-            result.failures[stage.name] = error
-            log(f"[{stage.name}] FAILED: {error} ({result.seconds[stage.name]:.0f} s)")
-            continue
-        result.summaries[stage.name] = _summary(out / stage.result)
-        log(f"[{stage.name}] {result.summaries[stage.name]} ({result.seconds[stage.name]:.0f} s)")
+    with kernels.SharedKernel() as kernel:   # one kernel for the stages, cleared between them
+        _run_stages(bar, out, model_spec, user_folder, progress, log, result, kernel)
     if rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
         from portkit import report
         try:
@@ -308,7 +289,35 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     return result
 
 
-def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, progress: bool) -> str | None:
+def _run_stages(bar, out: Path, model_spec: str, user_folder: str | None, progress: bool, log, result: RunResult,
+                kernel: kernels.SharedKernel) -> None:
+    for stage, values in bar:
+        bar.set_postfix_str(stage.name)
+        # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
+        (out / stage.result).unlink(missing_ok=True)
+        start = time.perf_counter()
+        try:
+            # an abstract model (no weights): a stage that runs values is skipped without starting its notebook
+            results.skip_if_abstract(model_spec, out, stage.name, values["targets"])
+            error = _execute(stage, values, out, user_folder, progress, kernel)
+        except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
+            result.seconds[stage.name] = time.perf_counter() - start
+            runfolder.record(out, stage.name, "skipped", result.seconds[stage.name], str(skipped))
+            result.summaries[stage.name] = f"skipped: {skipped}"
+            log(f"[{stage.name}] skipped: {skipped} ({result.seconds[stage.name]:.0f} s)")
+            continue
+        result.seconds[stage.name] = time.perf_counter() - start
+        runfolder.record(out, stage.name, "failed" if error else "ok", result.seconds[stage.name], error or "")
+        if error:
+            result.failures[stage.name] = error
+            log(f"[{stage.name}] FAILED: {error} ({result.seconds[stage.name]:.0f} s)")
+            continue
+        result.summaries[stage.name] = _summary(out / stage.result)
+        log(f"[{stage.name}] {result.summaries[stage.name]} ({result.seconds[stage.name]:.0f} s)")
+
+
+def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, progress: bool,
+             kernel: kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -317,7 +326,8 @@ def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, pro
     try:
         with _kernel_path(user_folder):
             papermill.execute_notebook(
-                str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name="python3",
+                str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=kernels.KERNEL,
+                km=kernel.for_stage(),
                 progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
                 # the stage's own progress bars (portkit.progress: text on the kernel's stderr) reach the terminal
                 stderr_file=sys.stderr if progress else None,

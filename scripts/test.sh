@@ -18,6 +18,9 @@ fi
 # nbval, in order (each reads the results of the ones before, in runs/notebook), then the check of
 # the report they wrote; and the unit tests. Extra arguments go to both. The notebooks run with the
 # small parameters of tools/prepare_notebooks.py (papermill injects them; nothing else changes).
+# One thread of torch (OpenMP) each: two processes of two threads on two cores wait on each other (measured
+# on this 2-core machine: 457 s side by side with two threads each, 324 s with one).
+export OMP_NUM_THREADS=1
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null

@@ -149,7 +149,7 @@ def _stub_stages(monkeypatch, failing=()):
     made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described)
     ran = []
 
-    def execute(stage, values, out, user_folder, progress):
+    def execute(stage, values, out, user_folder, progress, kernel):
         ran.append(stage.name)
         if stage.name in failing:
             return f"cell 3 of {stage.notebook} raised CompileRefused: refused on purpose"
@@ -217,10 +217,10 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
     ran = _stub_stages(monkeypatch)
     stub = runner._execute
 
-    def execute(stage, values, out, user_folder, progress):
+    def execute(stage, values, out, user_folder, progress, kernel):
         if stage.name == "buckets":      # the notebook's first step, as 03_buckets runs it
             buckets.skip_unless_it_applies(ImageModel(), out, ["neuron", "tpu"])
-        return stub(stage, values, out, user_folder, progress)
+        return stub(stage, values, out, user_folder, progress, kernel)
     monkeypatch.setattr(runner, "_execute", execute)
     out = tmp_path / "run"
     rc = cli.main(["run", "--model", "lstm", "--out", str(out), "--stages", "fallbacks,buckets", "--no-progress"])
@@ -257,3 +257,30 @@ def test_an_abstract_model_skips_the_stages_that_need_weights_without_starting_t
     results.skip_if_abstract("minilm", out, "fallbacks", ["tpu"])    # a model with weights: no skip
     with pytest.raises(BadParameter, match="unknown model 'llama3-9b'; choose one of: .*llama3-70b, llama3-8b"):
         params.common("llama3-9b", ["tpu"], str(out))
+
+
+def _notebook(path: Path, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_replaced(tmp_path):
+    import papermill
+    from portkit import kernels
+    first = _notebook(tmp_path / "first.ipynb", "import os\nleft_behind = 1\nprint(os.getpid())")
+    later = _notebook(tmp_path / "later.ipynb", "import os\nassert 'left_behind' not in globals()\nprint(os.getpid())")
+
+    def pid(notebook, km) -> int:
+        done = papermill.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), km=km, progress_bar=False,
+                                          kernel_name=kernels.KERNEL)
+        return int(done.cells[0].outputs[0]["text"])
+    with kernels.SharedKernel() as kernel:
+        one = pid(first, kernel.for_stage())
+        assert pid(later, kernel.for_stage()) == one          # the same interpreter, its namespace empty
+        subprocess.run(["kill", "-9", str(one)], check=True)  # a stage that kills its kernel
+        assert pid(later, kernel.for_stage()) != one          # the next stage gets a new one
+        km = kernel.km
+    assert not km.has_kernel                                   # shut down with the run
+
