@@ -16,20 +16,22 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 # Two processes side by side (compiling leaves a core idle much of the time): the notebooks under
 # nbval, in order (each reads the results of the ones before, in runs/notebook), then the check of
-# the report they wrote; and the unit tests. Extra arguments go to both. The notebooks run with the
-# small parameters of tools/prepare_notebooks.py (papermill injects them; nothing else changes).
+# the report they wrote, then the unit tests that run notebooks or a browser themselves (BESIDE: the two
+# halves then take about as long); and the other unit tests. Extra arguments go to both. The notebooks run
+# with the small parameters of tools/prepare_notebooks.py (papermill injects them; nothing else changes).
 # One thread of torch (OpenMP) each: two processes of two threads on two cores wait on each other (measured
 # on this 2-core machine: 457 s side by side with two threads each, 324 s with one).
 export OMP_NUM_THREADS=1
+BESIDE=(tests/test_workbook_report.py tests/test_cli.py tests/test_runner.py tests/test_report_browser.py)
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null
-.venv/bin/python -m pytest test-artifacts/notebooks tests/test_workbook_report.py --nbval-lax --nbval-current-env \
+.venv/bin/python -m pytest test-artifacts/notebooks "${BESIDE[@]}" --nbval-lax --nbval-current-env \
   -p no:cacheprovider "$@" > test-artifacts/notebooks.log 2>&1 &
 notebooks=$!
 status=0
-.venv/bin/python -m pytest tests --ignore=tests/test_workbook_report.py -p no:cacheprovider "$@" || status=$?
+.venv/bin/python -m pytest tests "${BESIDE[@]/#/--ignore=}" -p no:cacheprovider "$@" || status=$?
 wait "$notebooks" || status=$?
-echo; echo "---- notebooks (nbval) and the report they wrote: test-artifacts/notebooks.log"
+echo; echo "---- notebooks (nbval), the report they wrote, and the unit tests that run notebooks: test-artifacts/notebooks.log"
 cat test-artifacts/notebooks.log
 exit "$status"
