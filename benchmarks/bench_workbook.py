@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_workbook.py [--cold] [--out DIR]
 
-Runs the CLI exactly as a user would (a fresh process, papermill kernels per stage) and prints each
+Runs the CLI exactly as a user would (a fresh process, one papermill kernel for the stages) and prints each
 stage's seconds beside the total, so the slowest stage is visible. Without --cold: one run with the
 caches as found. --cold: a run from empty caches, as on a fresh machine (a new portkit cache root,
 so no XLA verdicts, lowerings or derived corpora, and an empty Inductor cache), then a warm rerun in

@@ -8,8 +8,8 @@ A fresh kernel per stage pays for a new interpreter and for importing torch, tra
 about 4 s a stage on 2 cores, against 0.2 s in a kept kernel (papermill on a notebook that only imports the
 stages' modules). The runner keeps one kernel for the whole run and clears it between stages: IPython's
 `%reset -f` empties the namespace (no variable of one stage reaches the next), open figures are closed and
-Dynamo's compiled code dropped (torch.compiler.reset), so a stage starts as it would in a new kernel, with
-its imports already done. The stages seed what they sample, so a kept kernel gives the same results as fresh
+Dynamo's compiled code dropped (torch.compiler.reset) and the cells numbered from 1 again, so a stage starts
+as it would in a new kernel, with its imports already done. The stages seed what they sample, so a kept kernel gives the same results as fresh
 ones. A kernel that died is replaced by a new one for the next stage. Each notebook still runs on its own
 in a fresh kernel (JupyterLab, nbval): nothing in a stage may rely on an earlier stage's kernel.
 """
@@ -29,6 +29,7 @@ if "matplotlib.pyplot" in _sys.modules:
     _sys.modules["matplotlib.pyplot"].close("all")
 if "torch" in _sys.modules:
     _sys.modules["torch"].compiler.reset()
+get_ipython().execution_count = 1   # the stage's cells are numbered from 1, as in a new kernel
 del _gc, _sys
 """
 

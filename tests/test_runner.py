@@ -275,6 +275,7 @@ def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_repl
     def pid(notebook, km) -> int:
         done = papermill.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), km=km, progress_bar=False,
                                           kernel_name=kernels.KERNEL)
+        assert done.cells[0].execution_count == 1            # numbered as in a new kernel
         return int(done.cells[0].outputs[0]["text"])
     with kernels.SharedKernel() as kernel:
         one = pid(first, kernel.for_stage())
