@@ -32,6 +32,9 @@ class Stage:
     notebook: str
     module: str          # its portkit module; its check_parameters() runs before anything is written
     needs_weights: bool = True   # runs the model on values: skipped for an abstract model (no weights, #16)
+    # the earlier stages whose results it reads (portkit.results): it starts once they have ended; its module's
+    # reads(targets), where there is one, narrows them for the targets of a run
+    reads: tuple[str, ...] = ()
 
     @property
     def result(self) -> str:
@@ -40,11 +43,12 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "portkit.fallbacks"),
-    Stage("compile", "02_compile.ipynb", "portkit.compiling"),
-    Stage("buckets", "03_buckets.ipynb", "portkit.buckets"),
-    Stage("xla", "03b_xla.ipynb", "portkit.xla", needs_weights=False),
-    Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy"),
-    Stage("report", "05_report.ipynb", "portkit.report", needs_weights=False),
+    Stage("compile", "02_compile.ipynb", "portkit.compiling", reads=("fallbacks",)),   # eager findings, compiled
+    Stage("buckets", "03_buckets.ipynb", "portkit.buckets", reads=("compile",)),   # compile times natively
+    Stage("xla", "03b_xla.ipynb", "portkit.xla", needs_weights=False, reads=("compile", "buckets")),   # shapes
+    Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy", reads=("buckets",)),   # the bucket plan
+    Stage("report", "05_report.ipynb", "portkit.report", needs_weights=False,
+          reads=("fallbacks", "compile", "buckets", "xla", "accuracy")),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 REPORT = "report"

@@ -213,21 +213,29 @@ class RunResult:
     report_rebuilt: bool = False
 
 
+# OpenMP's threads sleep when idle instead of spinning: two stages side by side, each with torch's threads on
+# a 2-core machine, otherwise spend the cores waiting on each other (the default run's stages 2 and 3 took
+# 96 and 98 s side by side, 34 and 42 s with this; a stage alone is as fast either way: 101 s sequentially)
+KERNEL_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 @contextlib.contextmanager
-def _kernel_path(folder: str | None):
-    """Put `folder` first on the Python path of the kernels started inside the block."""
-    if folder is None:
-        yield
-        return
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before) if p)
+def _kernel_environment(folder: str | None):
+    """The environment of the kernels started inside the block: `folder` first on their Python path, and
+    KERNEL_ENVIRONMENT where the user set none of it. Set once for the run, before any stage starts."""
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", *KERNEL_ENVIRONMENT)}
+    if folder is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before["PYTHONPATH"]) if p)
+    for key, value in KERNEL_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _keep_if_whole(partial: Path, output: Path) -> None:
@@ -249,14 +257,18 @@ def _summary(path: Path) -> str:
 
 
 def run(model: str, targets, out_dir: str, user_params: dict | None = None, stages=None,
-        progress: bool = True, log=print, rebuild_report: bool = True) -> RunResult:
+        progress: bool = True, log=print, rebuild_report: bool = True, lanes: int = kernels.LANES) -> RunResult:
     """Execute the workbook. Raises BadParameter before writing anything.
 
     A stage that fails does not stop the run: its executed notebook shows the error, the run log
     (runfolder.RUN_LOG) records it, the stages after it run on what there is, and the report names the
     gap. After the stages, StageFailed is raised naming every failure (its `result` is the RunResult).
     A run without the report stage rebuilds report.html/report.json from the folder (a few seconds),
-    so the report never describes older results; rebuild_report=False leaves it as it was."""
+    so the report never describes older results; rebuild_report=False leaves it as it was.
+
+    A stage starts once the stages whose results it reads have ended (runfolder.Stage.reads); up to `lanes`
+    stages run at once, each in a kernel of its own, where the machine holds that many kernels with the
+    model (kernels.lanes_for); lanes=1 runs them one after another."""
     chosen, per_stage = plan(model, targets, out_dir, dict(user_params or {}), stages)
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -270,10 +282,8 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     # a validated spec with ":" is file.py:factory (absolute now) or package.module:factory, which the
     # kernel (working in notebooks/) imports from the folder the user ran portkit in
     user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
-    from tqdm.auto import tqdm
-    bar = tqdm(per_stage, desc="portkit", unit="stage", disable=not progress)
-    with kernels.SharedKernel() as kernel:   # one kernel for the stages, cleared between them
-        _run_stages(bar, out, model_spec, user_folder, progress, log, result, kernel)
+    with _kernel_environment(user_folder):
+        _run_stages(per_stage, out, model_spec, progress, log, result, lanes)
     if rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
         from portkit import report
         try:
@@ -289,51 +299,108 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     return result
 
 
-def _run_stages(bar, out: Path, model_spec: str, user_folder: str | None, progress: bool, log, result: RunResult,
-                kernel: kernels.SharedKernel) -> None:
-    for stage, values in bar:
-        bar.set_postfix_str(stage.name)
-        # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
-        (out / stage.result).unlink(missing_ok=True)
-        start = time.perf_counter()
+def _reads(stage: Stage, targets) -> tuple[str, ...]:
+    """The stages whose results `stage` reads in a run for `targets`: its declared ones, narrowed by its
+    module's reads(targets) where it has one."""
+    narrowed = getattr(importlib.import_module(stage.module), "reads", None)
+    return tuple(narrowed(targets)) if narrowed is not None else stage.reads
+
+
+def _model_parameters(out: Path, ended) -> int | None:
+    """The model's parameter count, from the result of a stage that ended in this run."""
+    for name in ended:
+        found = ((results.read_stage(out, name) or {}).get("model") or {}).get("parameters")
+        if isinstance(found, int):
+            return found
+    return None
+
+
+def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, result: RunResult, lanes: int) -> None:
+    """Start each stage once the stages it reads have ended, in order, up to the lanes the machine holds;
+    record each as it ends (this thread alone writes the run log)."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    from tqdm.auto import tqdm
+    selected = {s.name for s, _ in per_stage}
+    targets = per_stage[0][1]["targets"]
+    waits = {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage}
+    pending, running, ended = list(per_stage), {}, []
+    # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
+    free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"])
+            for i in reversed(range(max(1, lanes)))]
+    bar = tqdm(total=len(per_stage), desc="portkit", unit="stage", disable=not progress)
+    with ThreadPoolExecutor(max_workers=len(free)) as pool:
         try:
-            # an abstract model (no weights): a stage that runs values is skipped without starting its notebook
-            results.skip_if_abstract(model_spec, out, stage.name, values["targets"])
-            error = _execute(stage, values, out, user_folder, progress, kernel)
-        except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
-            result.seconds[stage.name] = time.perf_counter() - start
-            runfolder.record(out, stage.name, "skipped", result.seconds[stage.name], str(skipped))
-            result.summaries[stage.name] = f"skipped: {skipped}"
-            log(f"[{stage.name}] skipped: {skipped} ({result.seconds[stage.name]:.0f} s)")
-            continue
-        result.seconds[stage.name] = time.perf_counter() - start
-        runfolder.record(out, stage.name, "failed" if error else "ok", result.seconds[stage.name], error or "")
-        if error:
-            result.failures[stage.name] = error
-            log(f"[{stage.name}] FAILED: {error} ({result.seconds[stage.name]:.0f} s)")
-            continue
-        result.summaries[stage.name] = _summary(out / stage.result)
-        log(f"[{stage.name}] {result.summaries[stage.name]} ({result.seconds[stage.name]:.0f} s)")
+            while pending or running:
+                now = kernels.lanes_for(_model_parameters(out, ended), lanes)
+                for item in [p for p in pending if not waits[p[0].name] - set(ended)]:
+                    if len(running) >= now:
+                        break
+                    stage, values = item
+                    pending.remove(item)
+                    # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
+                    (out / stage.result).unlink(missing_ok=True)
+                    start = time.perf_counter()
+                    try:
+                        # an abstract model (no weights): a stage that runs values is skipped without its notebook
+                        results.skip_if_abstract(model_spec, out, stage.name, values["targets"])
+                    except StageSkipped as skipped:
+                        _ended(stage, start, skipped, out, log, result)
+                        ended.append(stage.name)
+                        bar.update()
+                        continue
+                    kernel = free.pop()
+                    running[pool.submit(_execute, stage, values, out, progress, kernel)] = (
+                        stage, start, kernel)
+                if not running:
+                    continue
+                bar.set_postfix_str(", ".join(s.name for s, _, _ in running.values()))
+                for future in wait(running, return_when=FIRST_COMPLETED)[0]:
+                    stage, start, kernel = running.pop(future)
+                    free.append(kernel)
+                    try:
+                        outcome = future.result()
+                    except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
+                        outcome = skipped
+                    _ended(stage, start, outcome, out, log, result)
+                    ended.append(stage.name)
+                    bar.update()
+        finally:
+            for kernel in [*free, *(k for _, _, k in running.values())]:
+                kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
+    bar.close()
 
 
-def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, progress: bool,
-             kernel: kernels.SharedKernel) -> str | None:
+def _ended(stage: Stage, start: float, outcome, out: Path, log, result: RunResult) -> None:
+    """Record how a stage ended: skipped (outcome is the StageSkipped), failed (its one-line error) or ok (None)."""
+    seconds = result.seconds[stage.name] = time.perf_counter() - start
+    if isinstance(outcome, StageSkipped):
+        runfolder.record(out, stage.name, "skipped", seconds, str(outcome))
+        result.summaries[stage.name] = f"skipped: {outcome}"
+        log(f"[{stage.name}] skipped: {outcome} ({seconds:.0f} s)")
+        return
+    runfolder.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
+    if outcome:
+        result.failures[stage.name] = outcome
+        log(f"[{stage.name}] FAILED: {outcome} ({seconds:.0f} s)")
+        return
+    result.summaries[stage.name] = _summary(out / stage.result)
+    log(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s)")
+
+
+def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
     output = out / stage.notebook
     partial = _io.partial_path(output)
     try:
-        with _kernel_path(user_folder):
-            papermill.execute_notebook(
-                str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=kernels.KERNEL,
-                km=kernel.for_stage(),
-                progress_bar={"desc": f"  {stage.name} cells", "leave": False} if progress else False,
-                # the stage's own progress bars (portkit.progress: text on the kernel's stderr) reach the terminal
-                stderr_file=sys.stderr if progress else None,
-                cwd=str(NOTEBOOKS), request_save_on_cell_execute=True,
-                # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
-                extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        papermill.execute_notebook(
+            str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=kernels.KERNEL,
+            km=kernel.for_stage(),
+            progress_bar={"desc": f"  {stage.name} cells", "leave": False, "position": kernel.lane + 1}
+            if progress else False,
+            # the stage's own progress bars (portkit.progress: text on the kernel's stderr) reach the terminal
+            stderr_file=sys.stderr if progress else None, request_save_on_cell_execute=True)
     except PapermillExecutionError as exc:
         os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows
         last = exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ""
@@ -342,7 +409,10 @@ def _execute(stage: Stage, values: dict, out: Path, user_folder: str | None, pro
         return (f"cell {exc.exec_count} of {stage.notebook} raised {exc.ename}: {last}; "
                 f"the executed notebook is {output}")
     except Exception:
-        _keep_if_whole(partial, output)   # a dead kernel: show how far it got
+        if kernel.closed:
+            partial.unlink(missing_ok=True)   # the run stopped it (an interrupt, another stage's error)
+        else:
+            _keep_if_whole(partial, output)   # a dead kernel: show how far it got
         raise
     except BaseException:
         partial.unlink(missing_ok=True)   # interrupted, perhaps mid-save

@@ -197,8 +197,9 @@ def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
             start = time.perf_counter()
             result["attempts"] = attempt
             try:
+                # one stage at a time: the cell's task holds the CPUs and memory of one (ResourcesPerTask)
                 runner.run(cell.model, [cell.target], str(cell.run_dir), cell.parameters, list(cell.stages),
-                           progress=False, log=lambda line: print(line, flush=True))
+                           progress=False, log=lambda line: print(line, flush=True), lanes=1)
             except StageFailed as exc:   # the run went on past the failed stage; its notebook shows the error
                 result["error"] = str(exc)
                 first = next(iter(exc.result.failures))

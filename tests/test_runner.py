@@ -149,7 +149,7 @@ def _stub_stages(monkeypatch, failing=()):
     made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described)
     ran = []
 
-    def execute(stage, values, out, user_folder, progress, kernel):
+    def execute(stage, values, out, progress, kernel):
         ran.append(stage.name)
         if stage.name in failing:
             return f"cell 3 of {stage.notebook} raised CompileRefused: refused on purpose"
@@ -217,10 +217,10 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
     ran = _stub_stages(monkeypatch)
     stub = runner._execute
 
-    def execute(stage, values, out, user_folder, progress, kernel):
+    def execute(stage, values, out, progress, kernel):
         if stage.name == "buckets":      # the notebook's first step, as 03_buckets runs it
             buckets.skip_unless_it_applies(ImageModel(), out, ["neuron", "tpu"])
-        return stub(stage, values, out, user_folder, progress, kernel)
+        return stub(stage, values, out, progress, kernel)
     monkeypatch.setattr(runner, "_execute", execute)
     out = tmp_path / "run"
     rc = cli.main(["run", "--model", "lstm", "--out", str(out), "--stages", "fallbacks,buckets", "--no-progress"])
