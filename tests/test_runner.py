@@ -285,3 +285,38 @@ def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_repl
         km = kernel.km
     assert not km.has_kernel                                   # shut down with the run
 
+
+
+def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_allows(tmp_path, monkeypatch):
+    import threading
+    from portkit import buckets, kernels
+    _stub_stages(monkeypatch)
+    stub, spans, lock = runner._execute, {}, threading.Lock()
+
+    def execute(stage, values, out, progress, kernel):
+        start = time.monotonic()
+        time.sleep(0.4)
+        error = stub(stage, values, out, progress, kernel)
+        with lock:
+            spans[stage.name] = (start, time.monotonic(), kernel.lane)
+        return error
+    monkeypatch.setattr(runner, "_execute", execute)
+    monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)
+    monkeypatch.setattr(kernels.os, "cpu_count", lambda: 2)
+    assert buckets.reads(["neuron", "tpu"]) == () and buckets.reads(["tpu", "cpu"]) == ("compile",)
+    runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "run"), progress=False, log=lambda line: None)
+    overlap = lambda a, b: spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]   # noqa: E731
+    assert overlap("compile", "buckets")            # neither reads the other (emulated targets): side by side
+    assert spans["compile"][2] != spans["buckets"][2]   # each in a kernel of its own
+    for stage in runner.STAGES:                     # and none starts before what it reads has ended
+        for read in runner._reads(stage, ["neuron", "tpu"]):
+            assert spans[stage.name][0] >= spans[read][1], (stage.name, read)
+    assert runner._reads(runner.runfolder.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
+
+    spans.clear()
+    runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "one"), progress=False, log=lambda line: None, lanes=1)
+    assert not overlap("compile", "buckets")        # one lane: one after another
+    monkeypatch.setattr(kernels, "available_memory", lambda: 3 * 2 ** 30)   # room for one kernel with the model
+    assert kernels.lanes_for(10 ** 6) == 1 and kernels.lanes_for(None) == 1
+    monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)
+    assert kernels.lanes_for(10 ** 6) == 2 and kernels.lanes_for(10 ** 6, lanes=1) == 1
