@@ -361,6 +361,24 @@ def _from_factory(spec: str) -> LoadedModel:
     raise BadParameter(f"return value of {spec}", type(made).__name__, ("LoadedModel", "torch.nn.Module"))
 
 
+# Every built-in model has at most this many parameters (minilm, the largest, 22.7 M; tests/test_runner.py
+# loads each to check it): what the runner may assume of one before it is loaded.
+BUILTIN_MAX_PARAMETERS = 25_000_000
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+def size_hint(spec: str) -> int | None:
+    """At most how many parameters the model of `spec` has, without loading it: a built-in's bound, or a
+    directory's weight files at 2 bytes a parameter (half precision: the larger count of the usual storage
+    dtypes); None where it cannot be told (a factory)."""
+    if spec in SOURCES:
+        return BUILTIN_MAX_PARAMETERS
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return sum(f.stat().st_size for pattern in WEIGHT_FILES for f in path.rglob(pattern)) // 2 or None
+    return None
+
+
 def load(spec: str = DEFAULT) -> LoadedModel:
     """Load a model by name, local directory, or factory spec (see the module docstring)."""
     if spec in SOURCES:

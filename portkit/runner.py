@@ -306,13 +306,15 @@ def _reads(stage: Stage, targets) -> tuple[str, ...]:
     return tuple(narrowed(targets)) if narrowed is not None else stage.reads
 
 
-def _model_parameters(out: Path, ended) -> int | None:
-    """The model's parameter count, from the result of a stage that ended in this run."""
+def _model_parameters(out: Path, ended, model_spec: str) -> int | None:
+    """The model's parameter count, from the result of a stage that ended in this run; before one has, the
+    bound models.size_hint tells without loading it (None where it cannot)."""
     for name in ended:
         found = ((results.read_stage(out, name) or {}).get("model") or {}).get("parameters")
         if isinstance(found, int):
             return found
-    return None
+    from portkit import models
+    return models.size_hint(model_spec)
 
 
 def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, result: RunResult, lanes: int) -> None:
@@ -331,7 +333,7 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
     with ThreadPoolExecutor(max_workers=len(free)) as pool:
         try:
             while pending or running:
-                now = kernels.lanes_for(_model_parameters(out, ended), lanes)
+                now = kernels.lanes_for(_model_parameters(out, ended, model_spec), lanes)
                 for item in [p for p in pending if not waits[p[0].name] - set(ended)]:
                     if len(running) >= now:
                         break

@@ -320,3 +320,12 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     assert kernels.lanes_for(10 ** 6) == 1 and kernels.lanes_for(None) == 1
     monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)
     assert kernels.lanes_for(10 ** 6) == 2 and kernels.lanes_for(10 ** 6, lanes=1) == 1
+
+
+def test_the_size_a_run_assumes_before_loading_a_model_bounds_it(tmp_path):
+    from portkit import models
+    for name in models.SOURCES:                       # a built-in: the bound the runner assumes holds
+        assert models.load(name).parameters <= models.size_hint(name) == models.BUILTIN_MAX_PARAMETERS, name
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(bytes(4000))   # 1000 float32 or 2000 half-precision weights
+    assert models.size_hint(str(tmp_path)) == 2000 and models.size_hint("mine.py:build") is None
