@@ -9,8 +9,8 @@ Each notebook gets the shared parameters (model, targets, out_dir) and those of 
 parameters it declares; a parameter no notebook declares is an error, raised before anything is
 written. `plan` checks everything first (values, the model spec, the corpus file's content, the run
 folder) and makes every path absolute: the notebooks run in notebooks/, not where the user typed it.
-The stages run in one kernel, its namespace cleared between them (portkit/kernels.py): a stage does not
-pay for a new interpreter and its imports.
+The stages run in kept kernels, cleared between stages (portkit/kernels.py): a stage does not pay for a
+new interpreter and its imports; two stages that do not read each other's results run side by side.
 
 A run folder is one holding MARKER (written by every run) or only files a run writes; `portkit run`
 refuses any other non-empty folder. A notebook is executed under a partial name and renamed when done,
@@ -306,26 +306,27 @@ def _reads(stage: Stage, targets) -> tuple[str, ...]:
     return tuple(narrowed(targets)) if narrowed is not None else stage.reads
 
 
-def _model_parameters(out: Path, ended, model_spec: str) -> int | None:
-    """The model's parameter count, from the result of a stage that ended in this run; before one has, the
-    bound models.size_hint tells without loading it (None where it cannot)."""
-    for name in ended:
-        found = ((results.read_stage(out, name) or {}).get("model") or {}).get("parameters")
-        if isinstance(found, int):
-            return found
-    from portkit import models
-    return models.size_hint(model_spec)
+def _model_parameters(out: Path, stage: Stage) -> int | None:
+    """The model's parameter count from a stage's result (None where it has none)."""
+    found = ((results.read_stage(out, stage.name) or {}).get("model") or {}).get("parameters")
+    return found if isinstance(found, int) else None
 
 
 def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, result: RunResult, lanes: int) -> None:
     """Start each stage once the stages it reads have ended, in order, up to the lanes the machine holds;
     record each as it ends (this thread alone writes the run log)."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
     from tqdm.auto import tqdm
+
+    from portkit import models
     selected = {s.name for s, _ in per_stage}
     targets = per_stage[0][1]["targets"]
     waits = {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage}
     pending, running, ended = list(per_stage), {}, []
+    # the model's size for the lanes: a bound before it is loaded (None: one lane), then the stages' own count
+    parameters = models.size_hint(model_spec)
+    counted = False
     # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
     free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"])
             for i in reversed(range(max(1, lanes)))]
@@ -333,7 +334,7 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
     with ThreadPoolExecutor(max_workers=len(free)) as pool:
         try:
             while pending or running:
-                now = kernels.lanes_for(_model_parameters(out, ended, model_spec), lanes)
+                now = kernels.lanes_for(parameters, lanes)
                 for item in [p for p in pending if not waits[p[0].name] - set(ended)]:
                     if len(running) >= now:
                         break
@@ -366,6 +367,8 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
                     _ended(stage, start, outcome, out, log, result)
                     ended.append(stage.name)
                     bar.update()
+                    if not counted and (found := _model_parameters(out, stage)) is not None:
+                        parameters, counted = found, True
         finally:
             for kernel in [*free, *(k for _, _, k in running.values())]:
                 kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
