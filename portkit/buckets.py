@@ -82,7 +82,7 @@ def stage_costs(model, hist: Histogram, targets, out_dir=None, neuron_compile_se
     out = {}
     for name in targets_mod.parse_targets(targets):
         detected = targets_mod.detect(name)
-        if _cost_from_stage_2(detected):
+        if economics.priced_by_measured_compiles(name, detected.native):
             saved = results.compile_cost(out_dir, name) if out_dir is not None else None
             if saved is None:
                 raise BadParameter(f"compile cost for {name} ({detected.mode})", "no compile.json in out_dir",
@@ -94,17 +94,12 @@ def stage_costs(model, hist: Histogram, targets, out_dir=None, neuron_compile_se
     return out
 
 
-def _cost_from_stage_2(detected: targets_mod.DetectedTarget) -> bool:
-    """A compile's cost comes from stage 2's measured compiles natively and for a reference target; an
-    emulated target's is measured (XLA) or estimated here."""
-    return detected.native or detected.target.reference
-
-
 def reads(targets) -> tuple[str, ...]:
     """The earlier stages whose results this stage reads for these targets (runfolder.Stage.reads): stage 2's
     compile times where a target's cost comes from them, else none (the runner may run it beside stage 2)."""
-    return ("compile",) if any(_cost_from_stage_2(targets_mod.detect(n)) for n in targets_mod.parse_targets(targets)) \
-        else ()
+    names = targets_mod.parse_targets(targets)
+    return ("compile",) if any(economics.priced_by_measured_compiles(n, targets_mod.detect(n).native)
+                               for n in names) else ()
 
 
 def grid(model, corpus, targets, costs: dict[str, economics.CostModel], serve_requests: int = DEFAULTS["serve_requests"]):

@@ -113,7 +113,7 @@ def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] |
     for name in targets_mod.parse_targets(targets):
         detected = targets_mod.detect(name)
         measured = ()
-        if storms is not None and (detected.native or detected.target.reference):
+        if storms is not None and economics.priced_by_measured_compiles(name, detected.native):
             measured = [(_measured_length(model, e.shapes) if dim else None, e.seconds)
                         for e in storms[name].compiles]
         out[name] = economics.cost_model(model, name, lengths, native=detected.native, measured_points=measured,

@@ -193,6 +193,14 @@ def neuron_estimate(parameters: int, override: float | None = None) -> CostModel
                      details={"rule": rule, "sources": list(NEURON_SOURCES), "parameters": int(parameters)})
 
 
+def priced_by_measured_compiles(target: str, native: bool = False) -> bool:
+    """Whether `target`'s compiles are priced with the times measured here (stage 2's own compiles): natively
+    (the vendor's compiler) and for a reference target (Inductor); an emulated migration target's are
+    measured by XLA or estimated (cost_model)."""
+    from portkit import targets as targets_mod
+    return native or targets_mod.get(target).reference
+
+
 def cost_model(model, target: str, lengths=(), *, native: bool = False, measured_points=(),
                neuron_compile_seconds: float | None = None, batch: int = 1, topology: str = DEFAULT_TOPOLOGY,
                measure=None) -> CostModel:
@@ -201,8 +209,7 @@ def cost_model(model, target: str, lengths=(), *, native: bool = False, measured
     seconds) of the vendor's or Inductor's compiles); TPU emulated: measured XLA; Neuron emulated:
     the estimate (or its override)."""
     from portkit import targets as targets_mod
-    t = targets_mod.get(target)
-    if native or t.reference:
+    if priced_by_measured_compiles(target, native):
         kind = NATIVE if native else INDUCTOR
         if not measured_points:
             raise PortkitError(f"no {kind} compile time measured for {target}")
