@@ -40,7 +40,7 @@ def _run(out: Path) -> tuple[float, dict, dict]:
         sys.exit(f"portkit run failed with exit code {done.returncode}")
     stages = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\[(\w+)\] .* \((\d+) s\)$", done.stdout, re.M)}
     verdicts = json.loads((out / "report.json").read_text())["targets"]
-    return total, stages, {n: t["verdict"] for n, t in verdicts.items()}
+    return total, stages, {n: f"{t['verdict']} ({t['mode']})" for n, t in verdicts.items()}
 
 
 def main() -> None:
