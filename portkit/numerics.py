@@ -223,26 +223,37 @@ def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
         key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     flat = torch.contiguous_format   # the heads' permuted views would be copied again by matmul
-    scores = torch.matmul(round_to(query, operand, flat), round_to(key, operand, flat).transpose(-2, -1)) * scale
+    # The scale multiplies the rounded query (its fp32 products are the same up to fp32 rounding): a
+    # pass over (query, head dim) rather than over the (query, key) scores.
+    scores = torch.matmul(round_to(query, operand, flat) * scale, round_to(key, operand, flat).transpose(-2, -1))
     if result is not None:
         scores = round_to(scores, result)
-    # Boolean masks become additive ones first (0 or -inf, on the mask's own small shape): one broadcast
-    # add over the scores costs several times less than masked_fill's broadcast, same values.
+    # The masks become one additive bias on their own small shape (no heads): a boolean or causal mask
+    # as 0 or -inf. One broadcast add over the scores costs several times less than masked_fill's.
+    bias = None
     if is_causal:
-        scores = scores + _additive(torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril(),
-                                    scores.dtype)
+        bias = _additive(torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril(), scores.dtype)
     if attn_mask is not None:
-        scores = scores + (_additive(attn_mask, scores.dtype) if attn_mask.dtype == torch.bool else attn_mask)
+        mask = _additive(attn_mask, scores.dtype) if attn_mask.dtype == torch.bool else attn_mask
+        bias = mask if bias is None else bias + mask
+    seen = None   # whether a query sees any key, on the mask's shape
+    if bias is not None:
+        # A query whose every key is masked (a left-padded causal LM's padding rows) attends to nothing,
+        # as in the CPU kernel: zeros, not softmax's NaN (which would reach every later position through
+        # the keys and values of the padding). Found from the bias, not by a pass over the scores: such
+        # a row's bias becomes 0 (finite probabilities) and its output is multiplied by 0.
+        seen = ~bias.isneginf().all(dim=-1, keepdim=True)
+        scores = scores + bias.masked_fill(~seen, 0.0)
     # logsumexp out of place (torch.logsumexp runs an in-place exp_): a retraced graph that does not
     # use it drops it as dead code, which an in-place op would prevent.
     peak = scores.amax(dim=-1, keepdim=True)
-    empty = peak.isneginf()      # a query whose every key is masked (a left-padded causal LM's padding rows)
     peak = peak.masked_fill(peak.isinf(), 0.0)
     lse = (scores - peak).exp().sum(dim=-1).log() + peak.squeeze(-1)
-    # as the CPU kernel does, such a row attends to nothing: zeros, not softmax's NaN (which would reach
-    # every later position through the keys and values of the padding)
-    probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+    probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(round_to(probs, operand, flat), round_to(value, operand, flat))
+    if seen is not None:
+        lse = lse.masked_fill(~seen.squeeze(-1), float("-inf"))
+        out = out * seen.to(out.dtype)
     if result is not None:
         out = round_to(out, result)
     # The CPU kernel's layouts (batch, query, heads, ...) transposed to heads first: a graph traced

@@ -111,14 +111,21 @@ def test_attention_reimplementation_matches_sdpa(case):
     assert lse.shape == (2, 4, 10)
 
 
-def test_a_query_with_every_key_masked_attends_to_nothing_as_the_cpu_kernel_does():
+@pytest.mark.parametrize("given", ["bool", "additive", "bool_and_causal"])
+def test_a_query_with_every_key_masked_attends_to_nothing_as_the_cpu_kernel_does(given):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 3, 4) for _ in range(3))        # (batch, heads, queries, dim)
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
-    mask[..., 0, :] = False                                       # a left-padded causal LM's padding row
+    mask[..., 0] = False                                          # a left-padded causal LM's padding key
     additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=additive)[0]
-    got, _ = numerics._attention(q, k, v, attn_mask=mask, operand=torch.bfloat16)
+    if given == "bool_and_causal":   # the padding as a key mask, the causal part from is_causal
+        got, lse = numerics._attention(q, k, v, attn_mask=torch.tensor([False, True, True]), is_causal=True,
+                                       operand=torch.bfloat16)
+    else:
+        got, lse = numerics._attention(q, k, v, attn_mask=mask if given == "bool" else additive,
+                                       operand=torch.bfloat16)
+    assert lse[:, :, 0].isneginf().all() and lse[:, :, 1:].isfinite().all()
     assert got.shape == kernel.shape == (1, 2, 3, 4) and not got.isnan().any()
     assert torch.equal(got[:, :, 0], torch.zeros(1, 2, 4)) and torch.equal(kernel[:, :, 0], torch.zeros(1, 2, 4))
     torch.testing.assert_close(got[:, :, 1:], kernel[:, :, 1:], rtol=2e-2, atol=2e-2)   # other rows: bf16 operands
