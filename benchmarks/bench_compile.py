@@ -1,6 +1,7 @@
 """Stage 2's cost: portkit's emulated backends (checks + target numerics, no codegen) vs plain eager.
 
     .venv/bin/python benchmarks/bench_compile.py [--rounds 5] [--repeats 15] [--threads 1] [--inductor]
+                                                 [--allocator kernels|default]
 
 minilm (real weights), real stdlib texts, torch.no_grad, dynamic=False, one process, side by side:
 - compile for a new shape: batch 1 at a sequence length no other compile used (64, 65, ...), the
@@ -12,6 +13,8 @@ minilm (real weights), real stdlib texts, torch.no_grad, dynamic=False, one proc
 Aims (#12): backend time for a new shape <= 0.5 s; steady forward <= 1.1x plain eager, the TPU's
 bf16 rounding of matmul operands included (portkit_tpu). portkit_neuron's default precision rounds
 nothing, so its forward shows the cost of running the retraced graph itself.
+--allocator kernels (the default) runs the benchmark, eager included, under the malloc settings of the
+kernels portkit runs its stages in (kernels.ENVIRONMENT); default: this C library's own.
 --inductor adds plain Inductor and the emulated backends with options={"inductor": True} (CPU code
 generation; in an Inductor cache of this run's own, after a warm-up that is not counted); slow.
 """
@@ -19,13 +22,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import sys
 import statistics
 import time
 
 import torch
 from _inductor_cache import own_inductor_cache
 
-from portkit import backends, data, models
+from portkit import backends, data, kernels, models
 
 EMULATED = ("portkit_neuron", "portkit_tpu")
 COMPILE_AIM_S, FORWARD_AIM = 0.5, 1.1
@@ -71,7 +76,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="intra-op threads for the forward timing (the host may be shared)")
     parser.add_argument("--inductor", action="store_true", help="also Inductor code generation (slow)")
+    parser.add_argument("--allocator", choices=("kernels", "default"), default="kernels",
+                        help="malloc settings: those of portkit's stage kernels, or the C library's defaults")
     args = parser.parse_args()
+    allocator = {k: v for k, v in kernels.ENVIRONMENT.items() if k.startswith("MALLOC_")}
+    if args.allocator == "kernels" and any(os.environ.get(k) != v for k, v in allocator.items()):
+        # malloc reads its settings when the process starts: run again with them
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **allocator})
+    if args.allocator == "default" and any(k in os.environ for k in allocator):
+        parser.error(f"--allocator default, but the environment sets {sorted(k for k in allocator if k in os.environ)}")
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -127,7 +140,9 @@ def main() -> None:
     first = {v: statistics.median(s) for v, s in first_s.items()}
     f = {v: statistics.median(s) for v, s in forward_s.items()}
     f_cpu = {v: statistics.median(s) for v, s in forward_cpu_s.items()}
-    print(f"model minilm, torch {torch.__version__}, {args.threads} thread(s); new shape: batch 1, {args.rounds} "
+    print(f"model minilm, torch {torch.__version__}, {args.threads} thread(s), allocator {args.allocator} ("
+          + (", ".join(f"{k}={v}" for k, v in allocator.items()) if args.allocator == "kernels" else "defaults")
+          + f"); new shape: batch 1, {args.rounds} "
           f"fresh lengths per variant; forward: {described}, {args.repeats} interleaved repeats"
           + (f"; Inductor warm-up {warmup:.1f} s (not counted)" if warmup is not None else ""))
     print("wall time, and this thread's CPU time in brackets (the forward runs on this one thread)")

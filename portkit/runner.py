@@ -213,20 +213,14 @@ class RunResult:
     report_rebuilt: bool = False
 
 
-# OpenMP's threads sleep when idle instead of spinning: two stages side by side, each with torch's threads on
-# a 2-core machine, otherwise spend the cores waiting on each other (the default run's stages 2 and 3 took
-# 96 and 98 s side by side, 34 and 42 s with this; a stage alone is as fast either way: 101 s sequentially)
-KERNEL_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
-
-
 @contextlib.contextmanager
 def _kernel_environment(folder: str | None):
     """The environment of the kernels started inside the block: `folder` first on their Python path, and
-    KERNEL_ENVIRONMENT where the user set none of it. Set once for the run, before any stage starts."""
-    before = {k: os.environ.get(k) for k in ("PYTHONPATH", *KERNEL_ENVIRONMENT)}
+    kernels.ENVIRONMENT where the user set none of it. Set once for the run, before any stage starts."""
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", *kernels.ENVIRONMENT)}
     if folder is not None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before["PYTHONPATH"]) if p)
-    for key, value in KERNEL_ENVIRONMENT.items():
+    for key, value in kernels.ENVIRONMENT.items():
         os.environ.setdefault(key, value)
     try:
         yield
