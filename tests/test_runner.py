@@ -3,6 +3,7 @@ killed mid-stage that reruns cleanly, and the same seed giving the same result."
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -167,7 +168,7 @@ def test_a_failed_stage_does_not_stop_the_run_and_the_report_names_it(tmp_path, 
     rc = cli.main(["run", "--model", "lstm", "--out", str(out), "--stages", "fallbacks,compile", "--no-progress"])
     assert rc == 1 and ran == ["fallbacks", "compile"]            # compile ran after the failure
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"portkit: stage fallbacks failed: cell 3 of 01_fallbacks.ipynb raised CompileRefused: "
+    assert err == ["portkit: stage fallbacks failed: cell 3 of 01_fallbacks.ipynb raised CompileRefused: "
                    "refused on purpose"]
     assert not (out / "fallbacks.json").exists()                  # the older result did not survive
     log = json.loads((out / "run.json").read_text())["stages"]
@@ -331,3 +332,18 @@ def test_the_size_a_run_assumes_before_loading_a_model_bounds_it(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(bytes(4000))   # 1000 float32 or 2000 half-precision weights
     assert models.size_hint(str(tmp_path)) == 2000 and models.size_hint("mine.py:build") is None
+
+
+def test_the_kernels_environment_is_set_for_the_run_where_the_user_set_none_and_then_restored(monkeypatch):
+    from portkit import kernels
+    first, *others = kernels.ENVIRONMENT
+    monkeypatch.setenv(first, "mine")
+    for key in others:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    with runner._kernel_environment("/models"):
+        assert os.environ[first] == "mine"                 # the user's own setting is kept
+        assert all(os.environ[key] == kernels.ENVIRONMENT[key] for key in others)
+        assert os.environ["PYTHONPATH"].split(os.pathsep) == ["/models", "/elsewhere"]
+    assert os.environ[first] == "mine" and os.environ["PYTHONPATH"] == "/elsewhere"
+    assert not any(key in os.environ for key in others)
