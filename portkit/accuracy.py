@@ -256,7 +256,8 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     probe = LayerProbe(module, mask, progress) if layers else None
     ref = probe.capture(lambda: module(**inputs)) if probe else target_runs.forward(module, inputs)
     wide = target_runs.float64_model(module)
-    ref64, ref64_note = target_runs.float64_reference(module, inputs) if float64_reference and not wide else \
+    reference64 = target_runs.Float64Reference(module)
+    ref64, ref64_note = reference64(inputs) if float64_reference and not wide else \
         (None, "the reference is the float64 model itself" if wide else "not requested")
     main = _main(model, ref)
     truth = ref if wide else ref64      # float64: the model's own, or the float64 copy
@@ -266,7 +267,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
 
     def baseline_for(batch, batch_ref, batch_mask):
         """A bucket's GPU baseline, against the same kind of float64 truth as the main batch's."""
-        wide_ref = batch_ref if wide else target_runs.float64_reference(module, batch)[0] if truth is not None \
+        wide_ref = batch_ref if wide else reference64(batch)[0] if truth is not None \
             else None
         found = wide_ref if wide_ref is not None else batch_ref
         return _baseline(module, batch, gpu_numerics, found, main, batch_mask, bounds["baseline_factor"],

@@ -91,14 +91,24 @@ def has_float64(module) -> bool:
     return any(t.dtype == torch.float64 for t in _floating(module))
 
 
-def float64_reference(module, inputs) -> tuple[dict | None, str]:
-    """The model in float64 on the CPU, where it runs in float64 (some ops or models do not)."""
-    try:
-        wide = copy.deepcopy(module).double()
-        out = forward(wide, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
-        return out, "float64 eager on the CPU"
-    except (RuntimeError, TypeError, NotImplementedError) as exc:
-        return None, f"not available: the model does not run in float64 ({str(exc).splitlines()[0][:160]})"
+class Float64Reference:
+    """The model in float64 on the CPU, where it runs in float64 (some ops or models do not): one float64
+    copy of the module, made at the first call, for every batch compared (the main batch and each bucket's).
+
+        >>> out, note = Float64Reference(module)(inputs)   # out None where the model does not run in float64
+    """
+
+    def __init__(self, module):
+        self.module, self._wide = module, None
+
+    def __call__(self, inputs) -> tuple[dict | None, str]:
+        try:
+            if self._wide is None:
+                self._wide = copy.deepcopy(self.module).double()
+            out = forward(self._wide, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+            return out, "float64 eager on the CPU"
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            return None, f"not available: the model does not run in float64 ({str(exc).splitlines()[0][:160]})"
 
 
 def compiled_label(detected: targets_mod.DetectedTarget) -> str:

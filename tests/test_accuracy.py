@@ -484,3 +484,27 @@ def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_includ
     assert len(rows) == 20 and len(checked) == accuracy.MAX_CHECKED_BUCKETS
     assert checked[0]["boundary"] == 16 and checked[-1]["boundary"] == boundaries[-1]
     assert "8 of the plan's 20 buckets" in next(r["skipped"] for r in rows if r not in checked)
+
+
+class _Named(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return {"y": self.linear(x)}
+
+
+def test_the_float64_reference_copies_the_model_once_for_every_batch_it_runs(monkeypatch):
+    torch.manual_seed(0)
+    module = _Named()
+    copies = []
+    real = target_runs.copy.deepcopy
+    monkeypatch.setattr(target_runs.copy, "deepcopy", lambda m: copies.append(m) or real(m))
+    reference = target_runs.Float64Reference(module)
+    for rows in (2, 5):
+        x = torch.randn(rows, 4)
+        out, note = reference({"x": x})
+        assert note == "float64 eager on the CPU" and out["y"].dtype == torch.float64
+        torch.testing.assert_close(out["y"], x.double() @ module.linear.weight.double().T + module.linear.bias.double())
+    assert len(copies) == 1 and module.linear.weight.dtype == torch.float32     # the model itself is not touched
