@@ -55,7 +55,7 @@ from portkit.comparison import check, compare, finish, neighbour_agreement, prim
 from portkit.errors import BadParameter
 from portkit.layer_probe import LayerProbe, layer_summary
 from portkit.target_runs import EAGER, TargetSide, compiled_available
-from portkit.tolerance import DEFAULT_TASK_BOUNDS, DEFAULT_TOLERANCES, UPPER_BOUNDS, tolerance_for
+from portkit.tolerance import DEFAULT_TASK_BOUNDS, DEFAULT_TOLERANCES, UPPER_BOUNDS, rounds, tolerance_for
 
 DEFAULT_BUCKETS = (32, 64, 128)
 _BUCKET_POOL = 512       # texts sampled and tokenized to fill the buckets
@@ -261,7 +261,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         (None, "the reference is the float64 model itself" if wide else "not requested")
     main = _main(model, ref)
     truth = ref if wide else ref64      # float64: the model's own, or the float64 copy
-    baseline = _baseline(module, inputs, gpu_numerics, truth if truth is not None else ref, main, mask,
+    baseline = _baseline(module, inputs, ref, gpu_numerics, truth if truth is not None else ref, main, mask,
                          bounds["baseline_factor"], truth is None)
     sample = _neighbour_sample(model, corpus, inputs, seed, neighbour_texts) if kind == models.EMBEDDING else None
 
@@ -270,7 +270,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         wide_ref = batch_ref if wide else reference64(batch)[0] if truth is not None \
             else None
         found = wide_ref if wide_ref is not None else batch_ref
-        return _baseline(module, batch, gpu_numerics, found, main, batch_mask, bounds["baseline_factor"],
+        return _baseline(module, batch, batch_ref, gpu_numerics, found, main, batch_mask, bounds["baseline_factor"],
                          wide_ref is None), found
     if not isinstance(buckets, dict):
         buckets = {n: BucketBoundaries(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
@@ -337,12 +337,17 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
 NEIGHBOURS = 5      # k of top-k nearest-neighbour agreement
 
 
-def _baseline(module, inputs, gpu_numerics, truth, main, mask, factor, no_float64) -> dict:
+def _baseline(module, inputs, plain, gpu_numerics, truth, main, mask, factor, no_float64) -> dict:
     """Today's GPU setup, emulated on the CPU (the cuda target has no dtype rules: float64 stays), and
-    its own error on the main output against float64: what a target's error is held against."""
+    its own error on the main output against float64: what a target's error is held against. `plain`:
+    the model's own outputs for `inputs`, which a setting that rounds nothing (fp32) computes exactly."""
     chosen = numerics.GPU_NUMERICS[gpu_numerics]
-    with torch.no_grad(), numerics.emulate(targets_mod.get("cuda"), chosen):
-        out = module(**inputs)
+    gpu = targets_mod.get("cuda")
+    if rounds(chosen) or gpu.dtype_rules:
+        with torch.no_grad(), numerics.emulate(gpu, chosen):
+            out = module(**inputs)
+    else:
+        out = plain
     found = compare(out[main], truth[main], None, mask)
     return {"gpu_numerics": gpu_numerics, "setting": chosen.setting, "description": chosen.description,
             "label": f"the GPU baseline '{gpu_numerics}'", "factor": factor, "output": main,
@@ -466,7 +471,6 @@ def check_generation(model, corpus, targets=("neuron", "tpu"), *, new_tokens: in
 def training_precisions(targets) -> list[tuple[str, str]]:
     """(target, precision) pairs a training comparison runs: each migration target's precisions that
     round below float32 (the others compute what the fp32 reference computes)."""
-    from portkit.tolerance import rounds
     return [(name, p.name) for name in targets_mod.parse_targets(targets) if not targets_mod.get(name).reference
             for p in targets_mod.get(name).precisions if rounds(p)]
 

@@ -508,3 +508,15 @@ def test_the_float64_reference_copies_the_model_once_for_every_batch_it_runs(mon
         assert note == "float64 eager on the CPU" and out["y"].dtype == torch.float64
         torch.testing.assert_close(out["y"], x.double() @ module.linear.weight.double().T + module.linear.bias.double())
     assert len(copies) == 1 and module.linear.weight.dtype == torch.float32     # the model itself is not touched
+
+
+@pytest.mark.parametrize("gpu_numerics", ["fp32", "tf32"])
+def test_the_gpu_baseline_is_the_model_run_under_the_gpu_setting(gpu_numerics):
+    torch.manual_seed(0)
+    module, x = _Named(), torch.randn(3, 4)
+    plain = target_runs.forward(module, {"x": x})
+    with torch.no_grad(), numerics.emulate(targets.get("cuda"), numerics.GPU_NUMERICS[gpu_numerics]):
+        expect = module(x=x)
+    got = accuracy._baseline(module, {"x": x}, plain, gpu_numerics, plain, "y", None, 2.0, True)["outputs"]
+    assert torch.equal(got["y"], expect["y"])
+    assert torch.equal(got["y"], plain["y"]) == (gpu_numerics == "fp32")   # fp32: the model's own outputs
