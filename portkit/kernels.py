@@ -73,19 +73,35 @@ class SharedKernel:
         self.cwd, self.extra_arguments = cwd, list(extra_arguments)
         self.km: AsyncKernelManager | None = None
         self.closed = False    # the run closed it: a stage that was running in it was stopped
+        self.prepared = False  # cleared (or new) since its last stage: the next one starts at once
 
-    def for_stage(self) -> AsyncKernelManager:
-        if self.km is not None and self.km.has_kernel and run_sync(self.km.is_alive)():
+    def prepare(self) -> None:
+        """Make the kernel ready for a stage: clear the kept one, or start a new one. The runner calls this
+        as soon as a stage has ended, so that the next stage to get this kernel does not wait for it. Once
+        the run has closed the kernel, nothing is started."""
+        if not self.closed and self.km is not None and self.km.has_kernel and run_sync(self.km.is_alive)():
             if run_sync(_clear)(self.km):
-                return self.km
-        self.close()   # none yet, or a dead kernel, or one that could not be cleared: start a new one
-        self.closed = False
+                self.prepared = True
+                return
+        self._stop()   # none yet, or a dead kernel, or one that could not be cleared: start a new one
+        if self.closed:
+            return
         self.km = AsyncKernelManager(kernel_name=self.kernel_name)
         run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments)
+        self.prepared = True
+
+    def for_stage(self) -> AsyncKernelManager:
+        self.closed = False
+        if not (self.prepared and self.km is not None and self.km.has_kernel and run_sync(self.km.is_alive)()):
+            self.prepare()
+        self.prepared = False   # the stage about to run dirties it
         return self.km
 
     def close(self) -> None:
-        self.closed = True
+        self.closed, self.prepared = True, False
+        self._stop()
+
+    def _stop(self) -> None:
         km, self.km = self.km, None
         if km is not None and km.has_kernel:
             run_sync(km.shutdown_kernel)(now=True)

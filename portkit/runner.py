@@ -325,12 +325,13 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
     free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"])
             for i in reversed(range(max(1, lanes)))]
     bar = tqdm(total=len(per_stage), desc="portkit", unit="stage", disable=not progress)
+    clearing: dict = {}   # a kernel being cleared for the next stage as soon as its own stage has ended
     with ThreadPoolExecutor(max_workers=len(free)) as pool:
         try:
             while pending or running:
                 now = kernels.lanes_for(parameters, lanes)
                 for item in [p for p in pending if not waits[p[0].name] - set(ended)]:
-                    if len(running) >= now:
+                    if len(running) >= now or not free:
                         break
                     stage, values = item
                     pending.remove(item)
@@ -345,15 +346,22 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
                         ended.append(stage.name)
                         bar.update()
                         continue
-                    kernel = free.pop()
+                    kernel = next((k for k in reversed(free) if k.prepared), free[-1])   # a cleared one first
+                    free.remove(kernel)
                     running[pool.submit(_execute, stage, values, out, progress, kernel)] = (
                         stage, start, kernel)
-                if not running:
+                if not running and not clearing:
                     continue
                 bar.set_postfix_str(", ".join(s.name for s, _, _ in running.values()))
-                for future in wait(running, return_when=FIRST_COMPLETED)[0]:
+                for future in wait([*running, *clearing], return_when=FIRST_COMPLETED)[0]:
+                    if future in clearing:   # a failed clear leaves the kernel unprepared: its next stage retries
+                        free.append(clearing.pop(future))
+                        continue
                     stage, start, kernel = running.pop(future)
-                    free.append(kernel)
+                    if pending:
+                        clearing[pool.submit(kernel.prepare)] = kernel
+                    else:
+                        free.append(kernel)
                     try:
                         outcome = future.result()
                     except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
@@ -363,8 +371,9 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
                     bar.update()
                     if not counted and (found := _model_parameters(out, stage)) is not None:
                         parameters, counted = found, True
+            wait(clearing)
         finally:
-            for kernel in [*free, *(k for _, _, k in running.values())]:
+            for kernel in [*free, *clearing.values(), *(k for _, _, k in running.values())]:
                 kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
     bar.close()
 

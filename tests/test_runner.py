@@ -157,6 +157,8 @@ def _stub_stages(monkeypatch, failing=()):
         made.save(out / stage.result)   # every stub writes a fallbacks-shaped result under its own name
         return None
     monkeypatch.setattr(runner, "_execute", execute)
+    # clearing a kernel for the next stage, without a kernel
+    monkeypatch.setattr(runner.kernels.SharedKernel, "prepare", lambda kernel: setattr(kernel, "prepared", True))
     return ran
 
 
@@ -295,13 +297,22 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     stub, spans, lock = runner._execute, {}, threading.Lock()
 
     def execute(stage, values, out, progress, kernel):
-        start = time.monotonic()
+        start, prepared = time.monotonic(), kernel.prepared
+        kernel.prepared = False          # as for_stage: the stage dirties its kernel
         time.sleep(0.4)
         error = stub(stage, values, out, progress, kernel)
         with lock:
-            spans[stage.name] = (start, time.monotonic(), kernel.lane)
+            spans[stage.name] = (start, time.monotonic(), kernel.lane, prepared)
         return error
     monkeypatch.setattr(runner, "_execute", execute)
+    cleared = []
+
+    def prepare(kernel):
+        time.sleep(0.1)
+        with lock:
+            cleared.append((time.monotonic(), kernel.lane))
+        kernel.prepared = True
+    monkeypatch.setattr(kernels.SharedKernel, "prepare", prepare)
     monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)
     monkeypatch.setattr(kernels.os, "cpu_count", lambda: 2)
     assert buckets.reads(["neuron", "tpu"]) == () and buckets.reads(["tpu", "cpu"]) == ("compile",)
@@ -315,6 +326,10 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
         for read in runner._reads(stage, ["neuron", "tpu"]):
             assert spans[stage.name][0] >= spans[read][1], (stage.name, read)
     assert runner._reads(runner.runfolder.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
+    # a kernel is cleared as soon as its stage has ended, while the next stage waits for what it reads: the
+    # stages after the first two (new kernels) start in a cleared kernel; none is cleared after the last stage
+    assert {name for name, span in spans.items() if not span[3]} == {"fallbacks", "buckets"}
+    assert len(cleared) < len(spans) and max(t for t, _ in cleared) < spans["report"][1]
 
     spans.clear()
     runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "one"), progress=False, log=lambda line: None, lanes=1)
