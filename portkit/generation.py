@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit import _torch, backends, progress
+from portkit import _torch, progress
 from portkit._torch import default_recompile_limit, unlimited_recompiles
 from portkit.errors import BadParameter
 
@@ -221,6 +221,7 @@ def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=N
     enc, truncated = _encode(lm, texts, plan)
     plan.context_bucket(enc["input_ids"].shape[1] + new_tokens - 1)    # refuse an overflowing context early
     ids, mask = _pad_batch(enc, plan.batch)
+    from portkit import backends   # registers the emulated backends: imports Dynamo, which validation need not
     counter = backends.CompileCounter(backend) if backend is not None else None
     torch.compiler.reset()      # _step's compiled graphs from an earlier generation would count against the limit
     call = torch.compile(_step, backend=counter, dynamic=False) if counter else _step
@@ -250,6 +251,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
     enc = lm.tokenizer(texts, padding="longest", truncation=True, max_length=max_length or lm.max_length,
                        padding_side="left", truncation_side="left", return_tensors="pt")   # as Plan's "truncate"
     ids, mask = enc["input_ids"], enc["attention_mask"]
+    from portkit import backends
     counter = backends.CompileCounter(backend)
     torch.compiler.reset()
     recompiles, tokens, eager_from = default_recompile_limit(), [], None
