@@ -117,6 +117,7 @@ costs = buckets.stage_costs(m, hist, targets, out_dir=out, neuron_compile_second
                             max_batch=max_batch)
 chosen = buckets.choose(hist, costs, token_seconds, serve_requests=serve_requests,
                         warmup_budget_seconds=warmup_budget_seconds, max_batch=max_batch)
+buckets.save_plans(chosen, out)   # stage 4 may start on these while the replay below runs
 alternatives = buckets.what_if(hist, costs, token_seconds, serve_requests=serve_requests,
                                warmup_budget_seconds=warmup_budget_seconds, max_batch=max_batch)
 for name, plans_at in alternatives.items():

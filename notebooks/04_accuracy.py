@@ -75,7 +75,8 @@ print(environment.block(targets))
 # %% [markdown]
 # ## The model, one batch of real inputs, the bucket plan, and how each target runs
 #
-# The bucket boundaries come from stage 3 (`buckets.json` in `out_dir`) when it ran, else from the parameter.
+# The bucket boundaries come from stage 3 (`buckets.json` in `out_dir`) when it ran, or from the plans it chose
+# before its replay (`buckets.plan.json`: a run starts this stage on them), else from the parameter.
 # The chosen precision's outputs and buckets run compiled with the target's backend when stage 2's backends
 # are present; per-layer hooks cannot see inside a compiled graph, so the layers run in eager emulation.
 

@@ -24,8 +24,10 @@ estimate it shows the plan at half and at twice it. Then it replays real request
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from portkit import bucketed, data, economics, generation_buckets, grid_costs, results, selection, targets as targets_mod
+from portkit import (_io, bucketed, data, economics, generation_buckets, grid_costs, results, runfolder, selection,
+                     targets as targets_mod)
 from portkit.errors import BadParameter
 from portkit.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
                              compare, histogram, optimal_table, padded_tokens, plan_auto, plan_buckets,
@@ -425,6 +427,15 @@ def _run_for(runs, plan: BucketPlan):
     return next((r for r in runs if r.plan == plan.to_dict()), None)
 
 
+def save_plans(chosen: dict[str, BucketPlan], out_dir) -> Path:
+    """Write the chosen plans to the stage's early file (runfolder: buckets.plan.json) before the replay: a
+    run starts stage 4, which needs only the plans, while the replay still runs. buckets.json, written at the
+    end, holds the same plans with the replay's proof; results.read_buckets reads it first."""
+    path = Path(out_dir) / runfolder.stage("buckets").early
+    _io.write_json(path, {"targets": {name: {"chosen": plan.to_dict()} for name, plan in chosen.items()}})
+    return path
+
+
 def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = D["bucket_count"],
                 requests: int = D["requests"], max_batch: int = D["max_batch"], max_seq: int | None = None,
                 overflow: str = D["overflow"], seed: int = D["seed"], backend: str = D["backend"],
@@ -444,6 +455,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = 
     costs = costs or stage_costs(model, hist, names, out_dir, neuron_compile_seconds, max_batch)
     costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
     chosen = choose(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
+    save_plans(chosen, out_dir)
     alternatives = what_if(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
     per_target = replay_targets(model, trace, plans, chosen, costs, backend, check, compare_every_target, progress,
                                 alternatives)

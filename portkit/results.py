@@ -184,12 +184,17 @@ class BucketsResult:
 
 
 def read_buckets(out_dir) -> BucketsResult | None:
-    """Stage 3's result in `out_dir` (buckets.json), or None when there is none.
+    """Stage 3's chosen plans in `out_dir`: from its result (buckets.json), or where there is none yet, from
+    the plans it writes before its replay (runfolder's early file, buckets.plan.json); None when neither is there.
 
     A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
     not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult."""
     path = Path(out_dir) / result_file("buckets")
-    saved = read_stage(out_dir, "buckets")
+    if path.exists():
+        saved = read_stage(out_dir, "buckets")
+    else:
+        path = Path(out_dir) / runfolder.stage("buckets").early
+        saved = _read_object(path, "buckets") if path.exists() else None
     if saved is None:
         return None
     per_target = saved.get("targets")
@@ -224,6 +229,11 @@ def read_stage(out_dir, stage: str) -> dict | None:
     path = Path(out_dir) / result_file(stage)
     if not path.exists():
         return None
+    saved = _read_object(path, stage)
+    return None if saved.get(SKIPPED) else saved
+
+
+def _read_object(path: Path, stage: str) -> dict:
     try:
         saved = read_json(path)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -231,7 +241,7 @@ def read_stage(out_dir, stage: str) -> dict | None:
                                f"rerun stage {stage} or remove the file") from None
     if not isinstance(saved, dict):
         raise UnreadableResult(f"{path} holds a {type(saved).__name__}, not a stage result; rerun stage {stage}")
-    return None if saved.get(SKIPPED) else saved
+    return saved
 
 
 def _target_result(out_dir, stage: str, target: str) -> dict:

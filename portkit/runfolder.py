@@ -35,6 +35,10 @@ class Stage:
     # the earlier stages whose results it reads (portkit.results): it starts once they have ended; its module's
     # reads(targets), where there is one, narrows them for the targets of a run
     reads: tuple[str, ...] = ()
+    # a file it writes before it ends, that a later stage may start on (stage 3's chosen plans, before its replay)
+    early: str | None = None
+    # of its reads, those whose early file is all it needs: it may start once that file is written
+    reads_early: tuple[str, ...] = ()
 
     @property
     def result(self) -> str:
@@ -44,9 +48,11 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "portkit.fallbacks"),
     Stage("compile", "02_compile.ipynb", "portkit.compiling", reads=("fallbacks",)),   # eager findings, compiled
-    Stage("buckets", "03_buckets.ipynb", "portkit.buckets", reads=("compile",)),   # compile times natively
+    Stage("buckets", "03_buckets.ipynb", "portkit.buckets", reads=("compile",),   # compile times natively
+          early="buckets.plan.json"),
     Stage("xla", "03b_xla.ipynb", "portkit.xla", needs_weights=False, reads=("compile", "buckets")),   # shapes
-    Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy", reads=("buckets",)),   # the bucket plan
+    Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy", reads=("buckets",),   # the chosen bucket plans
+          reads_early=("buckets",)),
     Stage("report", "05_report.ipynb", "portkit.report", needs_weights=False,
           reads=("fallbacks", "compile", "buckets", "xla", "accuracy")),
 )
@@ -54,7 +60,8 @@ STAGE_NAMES = tuple(s.name for s in STAGES)
 REPORT = "report"
 MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and writes into no foreign folder
 RUN_LOG = "run.json"      # how each stage of the latest run ended
-RUN_FILES = frozenset({MARKER, RUN_LOG, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES)})
+RUN_FILES = frozenset({MARKER, RUN_LOG, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES),
+                       *(s.early for s in STAGES if s.early)})
 
 
 def model_tag(spec: str) -> str:

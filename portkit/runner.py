@@ -330,13 +330,15 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
         try:
             while pending or running:
                 now = kernels.lanes_for(parameters, lanes)
-                for item in [p for p in pending if not waits[p[0].name] - set(ended)]:
+                for item in [p for p in pending if not _unmet(p[0], waits, ended, pending, out)]:
                     if len(running) >= now or not free:
                         break
                     stage, values = item
                     pending.remove(item)
                     # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
                     (out / stage.result).unlink(missing_ok=True)
+                    if stage.early:
+                        (out / stage.early).unlink(missing_ok=True)
                     start = time.perf_counter()
                     try:
                         # an abstract model (no weights): a stage that runs values is skipped without its notebook
@@ -353,7 +355,10 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
                 if not running and not clearing:
                     continue
                 bar.set_postfix_str(", ".join(s.name for s, _, _ in running.values()))
-                for future in wait([*running, *clearing], return_when=FIRST_COMPLETED)[0]:
+                # a stage that may start on a running stage's early file: look for it every quarter second
+                early = any(_unmet(p[0], waits, ended, pending, out) & set(p[0].reads_early) for p in pending)
+                for future in wait([*running, *clearing], timeout=0.25 if early else None,
+                                   return_when=FIRST_COMPLETED)[0]:
                     if future in clearing:   # a failed clear leaves the kernel unprepared: its next stage retries
                         free.append(clearing.pop(future))
                         continue
@@ -378,6 +383,15 @@ def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, resu
     bar.close()
 
 
+def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> set[str]:
+    """The stages `stage` still waits for: those it reads that have not ended, except one whose early file
+    (runfolder.Stage.early) is all it needs and that this run's stage has written."""
+    waiting = {s.name for s, _ in pending}   # not started yet
+    return {read for read in waits[stage.name] - set(ended)
+            if not (read in stage.reads_early and read not in waiting
+                    and (out / runfolder.stage(read).early).exists())}
+
+
 def _ended(stage: Stage, start: float, outcome, out: Path, log, result: RunResult) -> None:
     """Record how a stage ended: skipped (outcome is the StageSkipped), failed (its one-line error) or ok (None)."""
     seconds = result.seconds[stage.name] = time.perf_counter() - start
@@ -397,6 +411,7 @@ def _ended(stage: Stage, start: float, outcome, out: Path, log, result: RunResul
 
 def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
+    km = kernel.for_stage()   # first: a new kernel starts up while papermill is imported
     import papermill
     from papermill.exceptions import PapermillExecutionError
     output = out / stage.notebook
@@ -404,7 +419,7 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
     try:
         papermill.execute_notebook(
             str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=kernels.KERNEL,
-            km=kernel.for_stage(),
+            km=km,
             progress_bar={"desc": f"  {stage.name} cells", "leave": False, "position": kernel.lane + 1}
             if progress else False,
             # the stage's own progress bars (portkit.progress: text on the kernel's stderr) reach the terminal

@@ -212,3 +212,17 @@ def test_read_buckets(tmp_path):
             results.read_buckets(tmp_path)
         assert str(info.value).startswith(str(path)) and problem in str(info.value)
         assert "\n" not in str(info.value) and "rerun stage buckets" in str(info.value)
+
+
+def test_stage_3s_plans_are_read_before_its_result_exists_and_its_result_wins_after(tmp_path):
+    from portkit import buckets, planner, results as results_mod
+    plan = planner.plan_buckets([5, 9, 30, 31, 60], "pow2", k=2)
+    early = buckets.save_plans({"tpu": plan}, tmp_path)
+    assert early.name == results_mod.runfolder.stage("buckets").early
+    found = results_mod.read_buckets(tmp_path)
+    assert found.path == early and found.chosen["tpu"].boundaries == tuple(plan.boundaries)
+    (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {"boundaries": [7]}}}}))
+    assert results_mod.read_buckets(tmp_path).chosen["tpu"].boundaries == (7,)    # the finished result
+    with pytest.raises(results_mod.StageSkipped):
+        results_mod.skip_stage(tmp_path, "buckets", {"name": "m"}, ["tpu"], "one input shape")
+    assert results_mod.read_buckets(tmp_path) is None                              # skipped: no plans either
