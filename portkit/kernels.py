@@ -6,7 +6,7 @@
 
 A fresh kernel per stage pays for a new interpreter and for importing torch, transformers and portkit again:
 about 4 s a stage on 2 cores, against 0.2 s in a kept kernel (papermill on a notebook that only imports the
-stages' modules). A kept kernel is cleared between stages: IPython's `%reset -f` empties the namespace (no
+stages' modules). A kept kernel is cleared between stages: IPython's reset empties the namespace (no
 variable of one stage reaches the next), open figures are closed, Dynamo's compiled code dropped
 (torch.compiler.reset) and the cells numbered from 1 again, so a stage starts as it would in a new kernel,
 with its imports already done. The stages seed what they sample, so kept kernels give the same results as
@@ -50,14 +50,16 @@ BYTES_PER_PARAMETER = 32
 # seconds to wait for the kept kernel to answer, and to clear its namespace (a reset takes well under one)
 READY_SECONDS = 60
 # Run in the kept kernel before each later stage. Nothing here imports a module the stage did not.
+# get_ipython().reset is `%reset -f` in a new history session: the stage's cells are numbered from 1, as in
+# a new kernel (numbering them from 1 in the old session clashes with its saved lines: IPython then prints
+# "Session/line number was not unique in database" into a cell's output).
 CLEAR = """\
-%reset -f
+get_ipython().reset(new_session=True)
 import gc as _gc, sys as _sys
 if "matplotlib.pyplot" in _sys.modules:
     _sys.modules["matplotlib.pyplot"].close("all")
 if "torch" in _sys.modules:
     _sys.modules["torch"].compiler.reset()
-get_ipython().execution_count = 1   # the stage's cells are numbered from 1, as in a new kernel
 del _gc, _sys
 """
 

@@ -112,7 +112,8 @@ def test_bad_parameters_name_the_value():
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):
-    assert runner.Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy", reads=("buckets",)) in runner.STAGES
+    assert runner.Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy", reads=("buckets",),
+                        reads_early=("buckets",)) in runner.STAGES
     with pytest.raises(BadParameter, match="precision for target tpu"):
         runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"precision": {"tpu": "fast"}}, stages=["accuracy"])
     with pytest.raises(BadParameter, match="default_buckets"):
