@@ -6,8 +6,9 @@ Runs the CLI exactly as a user would (a fresh process, one papermill kernel for 
 stage's seconds beside the total, so the slowest stage is visible. Without --cold: one run with the
 caches as found. --cold: a run from empty caches, as on a fresh machine (a new portkit cache root,
 so no XLA verdicts, lowerings or derived corpora, and an empty Inductor cache), then a warm rerun in
-a new run folder with the caches the cold run filled; both side by side. Aim on a 2-core machine:
-120 s or less cold, 60 s or less warm (issue #12).
+a new run folder with the caches the cold run filled; both side by side, with the host's speed at the time
+(one MiniLM Dynamo trace, timed before and after: on a shared machine it varies by half). Aim on a 2-core
+machine: 120 s or less cold, 60 s or less warm (issue #12).
 """
 from __future__ import annotations
 
@@ -43,6 +44,28 @@ def _run(out: Path) -> tuple[float, dict, dict]:
     return total, stages, {n: f"{t['verdict']} ({t['mode']})" for n, t in verdicts.items()}
 
 
+# The host's speed at the time, for reading the seconds above on a shared machine: the same MiniLM Dynamo trace
+# (no backend work) timed in a fresh process before and after the runs; most of a warm run is such tracing.
+_TRACE = """
+import statistics, time, torch
+from portkit import data, models
+m, times = models.load("minilm"), []
+text = data.load_corpus().sample(1, seed=0)
+with torch.no_grad():
+    for length in (40, 41, 42):
+        torch.compiler.reset()
+        start = time.perf_counter()
+        torch.compile(m.module, backend=lambda gm, example: gm.forward, dynamic=False)(**m.encode(text, pad_to=length))
+        times.append(time.perf_counter() - start)
+print(statistics.median(times))
+"""
+
+
+def _trace_seconds() -> float:
+    done = subprocess.run([sys.executable, "-c", _TRACE], capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold", action="store_true",
@@ -61,6 +84,7 @@ def main() -> None:
               f"<= 120 s cold); slowest stage: {slowest}")
         print("verdicts: " + ", ".join(f"{n}: {v}" for n, v in verdicts.items()))
         return
+    trace_before = _trace_seconds()
     cache = tempfile.mkdtemp(prefix="portkit-bench-cache-")
     before = os.environ.get(CACHE_VARIABLE)
     os.environ[CACHE_VARIABLE] = cache          # portkit's cache root: the run inherits it
@@ -82,6 +106,8 @@ def main() -> None:
           f"{cold[0] / warm[0]:.1f}x")
     for name, run in (("cold", cold), ("warm", warm)):
         print(f"verdicts {name}: " + ", ".join(f"{n}: {v}" for n, v in run[2].items()))
+    print(f"host speed: one MiniLM Dynamo trace (no backend work, median of 3) took {trace_before:.2f} s before "
+          f"the runs, {_trace_seconds():.2f} s after")
 
 
 if __name__ == "__main__":
