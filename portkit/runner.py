@@ -307,8 +307,9 @@ def _model_parameters(out: Path, stage: Stage) -> int | None:
 
 
 def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, result: RunResult, lanes: int) -> None:
-    """Start each stage once the stages it reads have ended, in order, up to the lanes the machine holds;
-    record each as it ends (this thread alone writes the run log)."""
+    """Start each stage once the stages it reads have ended (or written the early file it needs: _unmet), in
+    order, up to the lanes the machine holds, each in a kernel cleared when its last stage ended; record each
+    as it ends (this thread alone writes the run log)."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     from tqdm.auto import tqdm
