@@ -234,6 +234,7 @@ def read_stage(out_dir, stage: str) -> dict | None:
 
 
 def _read_object(path: Path, stage: str) -> dict:
+    """A JSON object `stage` wrote (its result, or its early file); UnreadableResult naming the file otherwise."""
     try:
         saved = read_json(path)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
