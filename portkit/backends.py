@@ -392,12 +392,19 @@ portkit_tpu = EmulatedBackend(targets_mod.get("tpu"))
 REGISTERED: dict[str, EmulatedBackend] = {"neuron": portkit_neuron, "tpu": portkit_tpu}
 
 
+ENTRY_POINTS = "torch_dynamo_backends"   # the group Dynamo reads backend names from (pyproject.toml)
+
+
 def register() -> list[str]:
     """Register with Dynamo the backend names it does not already know, and return them. Idempotent:
     names from the entry points (installed package), or from an earlier call, are left alone, so the
-    registry's "duplicate name" assertion cannot fire when an entry point loads this module."""
-    known = _torch.known_backends()   # includes the entry points
-    added = [b for b in REGISTERED.values() if b.__name__ not in known]
+    registry's "duplicate name" assertion cannot fire when an entry point loads this module. Where the
+    entry points name every backend, Dynamo (whose import takes seconds) is not imported here."""
+    import importlib.metadata
+    points = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINTS)}
+    missing = [b for b in REGISTERED.values() if b.__name__ not in points]
+    known = _torch.known_backends() if missing else points   # Dynamo's own list includes the entry points
+    added = [b for b in missing if b.__name__ not in known]
     for backend in added:
         _torch.register_backend(backend, name=backend.__name__)
     return [b.__name__ for b in added]

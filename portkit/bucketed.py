@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch._dynamo.backends.registry import lookup_backend
 
 from portkit import _torch, numerics, placement, tolerance
 from portkit.backends import CompileCounter, EmulatedBackend, call_counting_recompiles, warm_inductor
@@ -42,7 +41,7 @@ def compile_backend(backend, inductor: bool = False):
     emulated target backend (portkit_neuron, portkit_tpu) becomes a fresh EmulatedBackend with Inductor
     codegen only when asked: the replay checks and emulates each graph, then runs it eagerly."""
     if isinstance(backend, str):
-        found = lookup_backend(backend) if backend in torch._dynamo.list_backends(exclude_tags=()) else None
+        found = _torch.backend_by_name(backend) if backend in torch._dynamo.list_backends(exclude_tags=()) else None
         if isinstance(found, EmulatedBackend):
             return EmulatedBackend(found.target, found.precision.name, inductor=inductor)
         if found is None:
@@ -59,7 +58,7 @@ def _emulated(backend) -> EmulatedBackend | None:
     """The emulated backend behind `backend` (an object or a registered name), or None for any other."""
     if isinstance(backend, EmulatedBackend):
         return backend
-    found = lookup_backend(backend) if isinstance(backend, str) and backend in torch._dynamo.list_backends(
+    found = _torch.backend_by_name(backend) if isinstance(backend, str) and backend in torch._dynamo.list_backends(
         exclude_tags=()) else None
     return found if isinstance(found, EmulatedBackend) else None
 

@@ -22,8 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-import torch
-import torch._dynamo
+import torch   # torch._dynamo is imported on first use (seconds): the runner's checks import this module
 
 from portkit import targets as targets_mod
 from portkit.backends import (CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
