@@ -41,12 +41,12 @@ def compile_backend(backend, inductor: bool = False):
     emulated target backend (portkit_neuron, portkit_tpu) becomes a fresh EmulatedBackend with Inductor
     codegen only when asked: the replay checks and emulates each graph, then runs it eagerly."""
     if isinstance(backend, str):
-        found = _torch.backend_by_name(backend) if backend in torch._dynamo.list_backends(exclude_tags=()) else None
+        known = _torch.known_backends()
+        found = _torch.backend_by_name(backend) if backend in known else None
         if isinstance(found, EmulatedBackend):
             return EmulatedBackend(found.target, found.precision.name, inductor=inductor)
         if found is None:
-            raise BadParameter("compile backend", backend, torch._dynamo.list_backends(exclude_tags=()),
-                               hint="see torch._dynamo.list_backends()")
+            raise BadParameter("compile backend", backend, sorted(known), hint="see torch._dynamo.list_backends()")
     return backend
 
 
@@ -58,8 +58,7 @@ def _emulated(backend) -> EmulatedBackend | None:
     """The emulated backend behind `backend` (an object or a registered name), or None for any other."""
     if isinstance(backend, EmulatedBackend):
         return backend
-    found = _torch.backend_by_name(backend) if isinstance(backend, str) and backend in torch._dynamo.list_backends(
-        exclude_tags=()) else None
+    found = _torch.backend_by_name(backend) if isinstance(backend, str) and backend in _torch.known_backends() else None
     return found if isinstance(found, EmulatedBackend) else None
 
 

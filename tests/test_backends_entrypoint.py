@@ -15,7 +15,7 @@ import portkit
 from conftest import ROOT
 from portkit import backends, targets
 
-GROUP = "torch_dynamo_backends"
+GROUP = backends.ENTRY_POINTS   # the group portkit reads its own entry points from: pyproject.toml's
 
 
 def python(code: str) -> subprocess.CompletedProcess:
