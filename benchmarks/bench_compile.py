@@ -14,7 +14,8 @@ Aims (#12): backend time for a new shape <= 0.5 s; steady forward <= 1.1x plain 
 bf16 rounding of matmul operands included (portkit_tpu). portkit_neuron's default precision rounds
 nothing, so its forward shows the cost of running the retraced graph itself.
 --allocator kernels (the default) runs the benchmark, eager included, under the malloc settings of the
-kernels portkit runs its stages in (kernels.ENVIRONMENT); default: this C library's own.
+kernels portkit runs its stages in (portkit.allocator, which the emulated backends also apply with mallopt in
+any other process); default: this C library's own (the backends' mallopt turned off).
 --inductor adds plain Inductor and the emulated backends with options={"inductor": True} (CPU code
 generation; in an Inductor cache of this run's own, after a warm-up that is not counted); slow.
 """
@@ -30,7 +31,7 @@ import time
 import torch
 from _inductor_cache import own_inductor_cache
 
-from portkit import backends, data, kernels, models
+from portkit import allocator, backends, data, models
 
 EMULATED = ("portkit_neuron", "portkit_tpu")
 COMPILE_AIM_S, FORWARD_AIM = 0.5, 1.1
@@ -79,12 +80,14 @@ def main() -> None:
     parser.add_argument("--allocator", choices=("kernels", "default"), default="kernels",
                         help="malloc settings: those of portkit's stage kernels, or the C library's defaults")
     args = parser.parse_args()
-    allocator = {k: v for k, v in kernels.ENVIRONMENT.items() if k.startswith("MALLOC_")}
-    if args.allocator == "kernels" and any(os.environ.get(k) != v for k, v in allocator.items()):
+    settings = allocator.ENVIRONMENT
+    if args.allocator == "kernels" and any(os.environ.get(k) != v for k, v in settings.items()):
         # malloc reads its settings when the process starts: run again with them
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **allocator})
-    if args.allocator == "default" and any(k in os.environ for k in allocator):
-        parser.error(f"--allocator default, but the environment sets {sorted(k for k in allocator if k in os.environ)}")
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **settings})
+    if args.allocator == "default":
+        if set_here := sorted(k for k in settings if k in os.environ):
+            parser.error(f"--allocator default, but the environment sets {set_here}")
+        allocator.tune = lambda: False   # the emulated backends' mallopt, off: the C library's own settings
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -141,7 +144,7 @@ def main() -> None:
     f = {v: statistics.median(s) for v, s in forward_s.items()}
     f_cpu = {v: statistics.median(s) for v, s in forward_cpu_s.items()}
     print(f"model minilm, torch {torch.__version__}, {args.threads} thread(s), allocator {args.allocator} ("
-          + (", ".join(f"{k}={v}" for k, v in allocator.items()) if args.allocator == "kernels" else "defaults")
+          + (", ".join(f"{k}={v}" for k, v in settings.items()) if args.allocator == "kernels" else "defaults")
           + f"); new shape: batch 1, {args.rounds} "
           f"fresh lengths per variant; forward: {described}, {args.repeats} interleaved repeats"
           + (f"; Inductor warm-up {warmup:.1f} s (not counted)" if warmup is not None else ""))

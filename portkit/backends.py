@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx.traceback as fx_traceback
 
-from portkit import _torch, frames, numerics, targets as targets_mod
+from portkit import _torch, allocator, frames, numerics, targets as targets_mod
 from portkit.errors import BadParameter, CompileRefused
 from portkit.targets import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
 
@@ -155,6 +155,7 @@ class EmulatedBackend:
         return f"EmulatedBackend({self.target.name}, precision={self.precision.name}, inductor={self.inductor})"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
+        allocator.tune()   # once a process: the retraced graphs' many fresh tensors, without page faults
         options = dict(options or {})
         precision = numerics.emulate(self.target, options.pop("precision", self.precision)).precision
         inductor = _inductor_flag(self.target, options.pop("inductor", self.inductor))

@@ -23,17 +23,15 @@ import os
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
+from portkit import allocator
+
 # The kernels' environment, set by the runner where the user has not:
 # - OpenMP's threads sleep when idle instead of spinning: two stages side by side, each with torch's threads
 #   on a 2-core machine, otherwise spend the cores waiting on each other (the default run's stages 2 and 3
 #   took 96 and 98 s side by side, 34 and 42 s with this; a stage alone is as fast either way);
-# - glibc's malloc keeps up to 64 MiB of freed memory and serves blocks under 32 MiB from it. By default it
-#   hands the top of its heap back to the system whenever twice the largest freed block lies free there,
-#   and the emulated targets' graphs (many fresh activation-sized tensors: the TPU's bf16 rounding,
-#   attention as two matmuls) took ~3,000 page faults a MiniLM forward for it, 1.15x eager's time against
-#   1.09x (benchmarks/bench_compile.py --allocator default|kernels). Other C libraries ignore the names.
-ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE",
-               "MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+# - glibc's malloc serves blocks under 32 MiB from its heap and keeps up to 64 MiB of freed memory
+#   (portkit.allocator: why, and the values' one owner). Other C libraries ignore the names.
+ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", **allocator.ENVIRONMENT}
 
 KERNEL = "python3"
 # Stages a run may hold at once, each in a kernel of its own (runner: a stage starts once the stages it reads
