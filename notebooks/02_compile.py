@@ -124,9 +124,8 @@ for storm in storms.values():
 # recorded (request, shape, the guard that failed), then paid and counted: a finding, not a crash.
 
 # %%
-fixed = {t: compiling.check_fixed_shape(m, stream, t, seq_len=seq_len, precision=precision, backend=backend,
-                                        fullgraph=fullgraph)
-         for t in targets}
+fixed = compiling.check_fixed_shapes(m, stream, targets, seq_len=seq_len, precision=precision, backend=backend,
+                                     fullgraph=fullgraph)
 for result in fixed.values():
     print(result)
 

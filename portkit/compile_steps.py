@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch   # torch._dynamo is imported on first use (seconds): the runner's checks import this module
 
-from portkit import targets as targets_mod
-from portkit.backends import (CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
+from portkit import placement, selection, targets as targets_mod
+from portkit.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
                               refused_recompile)
 from portkit.errors import CompileRefused
 from portkit.frames import innermost, place as _place
@@ -214,39 +214,134 @@ class FixedShape:
         return {**dataclasses.asdict(self), "summary": self.summary()}
 
 
+@dataclass
+class _Side:
+    """One target's part of the fixed-shape check: how it calls the compiled model, and what it found."""
+    call: object                     # call(inputs) -> outputs
+    counter: CompileCounter
+    detected: targets_mod.DetectedTarget
+    times: list = field(default_factory=list)
+    late: list = field(default_factory=list)
+    failure: dict | None = None
+    warm: int = 0
+    armed: str | None = None
+
+
+class _Dispatch:
+    """One Dynamo pass for several emulated targets' fixed-shape checks (they compile the same graphs: static
+    shapes, one graph per shape): each graph Dynamo captures goes to every target's counted backend, and the
+    compiled code runs the graph of the target whose turn it is. A target that refuses a graph raises its
+    refusal when its turn comes; the others go on."""
+
+    def __init__(self, counters: dict[str, CompileCounter]):
+        self.counters, self.turn = counters, None
+        self.__name__ = "+".join(c.__name__ for c in counters.values())
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        compiled = {}
+        for name, counter in self.counters.items():
+            try:
+                compiled[name] = counter(gm, example_inputs)
+            except CompileRefused as exc:
+                compiled[name] = exc
+
+        def run(*args):
+            graph = compiled[self.turn]
+            if isinstance(graph, CompileRefused):
+                raise graph
+            return graph(*args)
+        return run
+
+
+def _fixed_runs(sides: dict[str, _Side], inputs: list[dict], probe: dict | None) -> None:
+    """Warm up on the first input, then every input under fail_on_recompile, then the probe, each side in turn
+    (sides sharing one Dynamo pass share its compiles: one a side's call pays is every side's)."""
+    for side in sides.values():
+        try:
+            side.call(inputs[0])
+        except CompileRefused as exc:          # this target's own refusal (a shared pass): the others go on
+            side.failure = _failure(exc, 0)
+        except torch._dynamo.exc.TorchDynamoException as exc:   # Dynamo's: the same for every side
+            for each in sides.values():
+                each.failure = each.failure or _failure(exc, 0)
+            break
+        side.warm = len(side.counter.events)
+    live = [side for side in sides.values() if side.failure is None]
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for i, x in enumerate(inputs):
+            paid = None   # the compile this request's first side paid
+            for side in live:             # a side's call compiles for every side
+                side.counter.request = i
+            for side in live:
+                refused = len(side.late)
+                start = time.perf_counter()
+                call_counting_recompiles(side.call, x, side.late, i)
+                if len(side.late) > refused:
+                    paid = side.late[-1]
+                elif paid is not None:
+                    side.late.append(paid)    # compiled for this side too, in the same call
+                else:                         # a compile is not a run time
+                    side.times.append(time.perf_counter() - start)
+        for side in live:
+            side.counter.request = None
+            if probe is not None:
+                try:
+                    side.call(probe)
+                except RuntimeError as exc:
+                    if refused_recompile(exc) is None:
+                        raise
+                    side.armed = str(exc).strip().splitlines()[0]
+
+
 def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64, precision=None,
                       backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
     """Pad every request to seq_len, compile once, and run them all under fail_on_recompile; a
     request the stance refuses is recorded in FixedShape.late, then compiled and counted."""
+    return check_fixed_shapes(model, requests, [target], seq_len, precision, backend, fullgraph)[target]
+
+
+def check_fixed_shapes(model, requests: Requests, targets, seq_len: int = 64, precision=None,
+                       backend: str = AUTO, fullgraph: bool = False) -> dict[str, FixedShape]:
+    """check_fixed_shape for every target; the emulated targets share one Dynamo pass (a shape traced once,
+    checked and run by each target), as the storm does (storm.recompile_storms)."""
+    names = targets_mod.parse_targets(targets)
     size = requests.fixed_size(seq_len)       # tokens: seq_len; another varying dimension: the stream's longest
     inputs = requests.padded(size)
-    shape = list(next(iter(inputs[0].values())).shape)
     probe = requests.padded(size + 1 if size < 2 else size - 1)[0] if size is not None else None
-    times, armed, failure, warm, late = [], None, None, 0, []
-    with _compiled(model, target, backend, precision, fullgraph) as (call, counter, detected, _):
+    chosen = {n: selection.backend_for(targets_mod.detect(n), backend, _precision_for(precision, n))[0]
+              for n in names}
+    shared = [n for n in names if isinstance(chosen[n], EmulatedBackend)]
+    shared = shared if len(shared) > 1 else []
+    sides = {}
+    for name in names:
+        if name in shared:
+            continue
+        with _compiled(model, name, backend, precision, fullgraph) as (call, counter, detected, _):
+            sides[name] = _Side(call, counter, detected)
+            _fixed_runs({name: sides[name]}, inputs, probe)
+    if shared:
+        counters = {n: CompileCounter(chosen[n]) for n in shared}
+        dispatch = _Dispatch(counters)
+        module = model.module if hasattr(model, "module") else model
+        torch.compiler.reset()
+        fn = torch._dynamo.optimize(dispatch, nopython=fullgraph, dynamic=False)(module)
+
+        def turn(name):
+            def call(x):
+                dispatch.turn = name
+                return fn(**x)
+            return call
         try:
-            call(inputs[0])
-        except torch._dynamo.exc.TorchDynamoException as exc:
-            failure = _failure(exc, 0)
-        warm = len(counter.events)
-        if failure is None:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                for i, x in enumerate(inputs):
-                    counter.request, refused = i, len(late)
-                    start = time.perf_counter()
-                    call_counting_recompiles(call, x, late, i)
-                    if len(late) == refused:   # a compile is not a run time
-                        times.append(time.perf_counter() - start)
-                counter.request = None
-                if probe is not None:
-                    try:
-                        call(probe)
-                    except RuntimeError as exc:
-                        if refused_recompile(exc) is None:
-                            raise
-                        armed = str(exc).strip().splitlines()[0]
+            with placement.on_device(module, "cpu"), torch.no_grad():
+                for n in shared:
+                    sides[n] = _Side(turn(n), counters[n], targets_mod.detect(n))
+                _fixed_runs({n: sides[n] for n in shared}, inputs, probe)
+        finally:
+            torch.compiler.reset()
+    shape = list(next(iter(inputs[0].values())).shape)
     seq = requests.model.declaration.size_of(inputs[0], requests.model.seq_dim) if size is not None else None
-    return FixedShape(detected.to_dict(), counter.__name__, {"batch": shape[0], "seq": seq, "dims": shape}, warm,
-                      len(counter.events) - warm, len(inputs) if failure is None else 0,
-                      statistics.median(times) if times else 0.0, armed, counter.events, failure, late,
-                      probed=probe is not None)
+    return {n: FixedShape(s.detected.to_dict(), s.counter.__name__, {"batch": shape[0], "seq": seq, "dims": shape},
+                          s.warm, len(s.counter.events) - s.warm, len(inputs) if s.failure is None else 0,
+                          statistics.median(s.times) if s.times else 0.0, s.armed, s.counter.events, s.failure,
+                          s.late, probed=probe is not None)
+            for n, s in ((n, sides[n]) for n in names)}

@@ -34,14 +34,14 @@ from portkit import compile_generation, compile_training, economics, frames, rec
 from portkit.backends import _text
 from portkit.compile_steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm, _eager_from,
                                    _failure_text,
-                                   check_fixed_shape, find_graph_breaks, make_requests,
+                                   check_fixed_shape, check_fixed_shapes, find_graph_breaks, make_requests,
                                    recompile_storm, recompile_storms)
 from portkit.errors import BadParameter
 from portkit.results import Finding, save_result
 from portkit.tables import HtmlTable
 
 __all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
-           "check_fixed_shape", "check_generation", "check_parameters", "compile_costs", "compile_model",
+           "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_parameters", "compile_costs", "compile_model",
            "check_training", "eager_findings", "find_graph_breaks",
            "make_requests", "recompile_storm", "recompile_storms"]
 
@@ -401,6 +401,6 @@ def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len:
     breaks = find_graph_breaks(model, requests.inputs[0], names, precision)
     storms = recompile_storms(model, requests, names, precision, backend, fullgraph, progress,
                               compile_shapes or None)
-    fixed = {n: check_fixed_shape(model, requests, n, seq_len, precision, backend, fullgraph) for n in names}
+    fixed = check_fixed_shapes(model, requests, names, seq_len, precision, backend, fullgraph)
     costs = costs or compile_costs(model, requests, names, storms, neuron_compile_seconds)
     return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

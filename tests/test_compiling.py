@@ -108,6 +108,36 @@ def test_a_request_outside_the_fixed_shape_is_counted_with_its_guard(report, sma
     assert not [f for f in report.findings("tpu") if f["kind"] == "recompile_after_warmup"]   # one shape: none
 
 
+def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small, stream, monkeypatch):
+    uneven = compiling.Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
+    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, seq_len=24)
+    for name in MIGRATION:
+        alone, shared = compiling.check_fixed_shape(small, uneven, name, seq_len=24), both[name]
+        assert shared.backend == alone.backend and shared.target["name"] == name
+        assert (shared.warmup_compiles, shared.compiles_after, shared.requests) == (1, 1, 3)
+        assert [(e.request, e.shapes) for e in shared.compiles] == [(e.request, e.shapes) for e in alone.compiles]
+        assert [(x["request"], x["reason"]) for x in shared.late] == [(x["request"], x["reason"]) for x in alone.late]
+        assert "fail_on_recompile" in shared.armed
+        assert shared.compiles[0].check.numerics == alone.compiles[0].check.numerics   # each target's own rules
+    assert both["tpu"].compiles[0].check.numerics != both["neuron"].compiles[0].check.numerics
+    # a target that refuses the graph fails alone; the other is checked as before
+    from portkit import compile_steps
+    from portkit.errors import CompileRefused
+    real = compile_steps.selection.backend_for
+
+    class Refusing(backends.EmulatedBackend):
+        def __call__(self, gm, example_inputs, options=None):
+            raise CompileRefused("refused on purpose", None)
+
+    def backend_for(detected, backend, precision=None, **kwargs):
+        chosen, device = real(detected, backend, precision, **kwargs)
+        return (Refusing(chosen.target) if detected.name == "neuron" else chosen), device
+    monkeypatch.setattr(compile_steps.selection, "backend_for", backend_for)
+    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, seq_len=24)
+    assert both["neuron"].failure["kind"] == "refused" and both["neuron"].requests == 0
+    assert both["tpu"].failure is None and both["tpu"].requests == 3 and "fail_on_recompile" in both["tpu"].armed
+
+
 def test_report_json_keeps_the_contract(report, tmp_path):
     report.save(tmp_path / "compile.json")
     saved = json.loads((tmp_path / "compile.json").read_text())
