@@ -278,10 +278,10 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         (sum(len(buckets[n].boundaries) for n in names) if corpus is not None and model.seq_dim else 0)
     bar = progress_bars.bar(total=steps, desc="accuracy", unit="pass", disable=not progress)
     bucket_refs: dict = {}
-    per_target = {}
+    per_target, shared = {}, target_runs.SharedCompile.for_targets(module, names, precision, compiled)
     for name in names:
         detected = targets_mod.detect(name)
-        target, side = detected.target, TargetSide(detected, module, emulation, compiled)
+        target, side = detected.target, TargetSide(detected, module, emulation, compiled, shared)
         chosen = target.precision((precision or {}).get(name, target.default_precision.name))
         # natively, a precision is a flag set before the process starts: only the one in effect is measured
         settings = [chosen] + ([p for p in target.precisions if p != chosen] if all_precisions and not detected.native else [])

@@ -118,12 +118,73 @@ def compiled_label(detected: targets_mod.DetectedTarget) -> str:
     return f"compiled with {detected.backend} ({where})"
 
 
+class SharedCompile:
+    """One Dynamo pass for the emulated targets' compiled runs: each graph Dynamo captures is compiled by every
+    target's emulated backend at the precision judged, and the compiled code runs the graph of the target whose
+    turn it is (a target's refusal is raised in its own turn). Stage 2's storm and fixed shape share theirs the
+    same way: a shape is traced once, not once a target.
+
+        >>> shared = SharedCompile.for_targets(module, ["neuron", "tpu"], None, compiled=True)
+        >>> TargetSide(targets.detect("tpu"), module, numerics.emulate, True, shared)
+    """
+
+    def __init__(self, module, precisions: dict):
+        from portkit import backends           # stage 2: registers portkit_neuron / portkit_tpu
+        self.backends = {n: backends.emulated_backend(n, p) for n, p in precisions.items()}
+        self.precisions, self.turn, self.shapes = precisions, None, set()
+        self._changed = {n: collections.Counter() for n in precisions}   # the rules' changes in this call's compiles
+        self.numerics: dict[str, dict] = {n: {} for n in precisions}     # target -> input shape -> its rules' changes
+        torch.compiler.reset()
+        self.fn = torch.compile(module, backend=self, dynamic=False)
+
+    @classmethod
+    def for_targets(cls, module, names, precision: dict | None, compiled: bool) -> SharedCompile | None:
+        """One for the emulated targets of `names` at their chosen precisions; None where fewer than two."""
+        chosen = {n: targets_mod.get(n).precision((precision or {}).get(n, targets_mod.get(n).default_precision.name))
+                  for n in names if not targets_mod.detect(n).native}
+        return cls(module, chosen) if compiled and len(chosen) > 1 else None
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        compiled = {}
+        for name, backend in self.backends.items():
+            before = len(backend.checks)
+            try:
+                compiled[name] = backend(gm, example_inputs)
+            except CompileRefused as exc:
+                compiled[name] = exc
+            for check in list(backend.checks)[before:]:
+                self._changed[name].update(check.numerics)
+
+        def run(*args):
+            graph = compiled[self.turn]
+            if isinstance(graph, CompileRefused):
+                raise graph
+            return graph(*args)
+        return run
+
+    def run(self, name: str, inputs: dict) -> tuple[dict, dict | None]:
+        """(outputs, what the target's rules changed in the graphs of this input shape, whichever target's
+        call compiled them; None where none was compiled)."""
+        self.turn, shape = name, input_shape(inputs)
+        self.shapes.add(shape)
+        with torch.no_grad(), _torch.recompile_limit(len(self.shapes)):   # every shape compiles (see TargetSide)
+            out = self.fn(**inputs)
+        for target, changed in self._changed.items():
+            if changed:
+                self.numerics[target][shape] = dict(changed)
+                changed.clear()
+        return out, self.numerics[name].get(shape)
+
+
 class TargetSide:
     """How one target's outputs are produced: eager under the emulation mode, or compiled with the
-    target's backend (stage 2's emulated one, its graph run eagerly on the CPU); natively, on the device."""
+    target's backend (stage 2's emulated one, its graph run eagerly on the CPU; with `shared`, in one Dynamo
+    pass with the other emulated targets); natively, on the device."""
 
-    def __init__(self, detected: targets_mod.DetectedTarget, module, emulation, compiled: bool):
+    def __init__(self, detected: targets_mod.DetectedTarget, module, emulation, compiled: bool,
+                 shared: SharedCompile | None = None):
         self.detected, self.module, self.emulation, self.compiled = detected, module, emulation, compiled
+        self.shared = shared if shared is not None and detected.name in shared.backends else None
         self.eager_label = f"native on {detected.target.device}, eager" if detected.native else EAGER
         if not detected.native and getattr(emulation, "__name__", "emulate") != "emulate":
             self.eager_label = f"{EAGER}, {emulation.__name__}"
@@ -169,6 +230,11 @@ class TargetSide:
                 dict(mode.float64_ops) if mode else {})
 
     def _run_compiled(self, inputs, precision) -> dict:
+        if self.shared is not None and self.shared.precisions[self.detected.name] == precision:
+            out, changed = self.shared.run(self.detected.name, inputs)
+            if changed is not None:
+                self._numerics[input_shape(inputs)] = changed
+            return placement.to_device(out, "cpu")
         if self._fn is None:
             # One target's graphs at a time (torch.compiler.reset docs: reset between unrelated compilations).
             torch.compiler.reset()

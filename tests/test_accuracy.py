@@ -262,6 +262,39 @@ def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path
         torch.testing.assert_close(pairs[name], ones[name], rtol=1e-2, atol=1e-3)
 
 
+def test_the_targets_compiled_in_one_dynamo_pass_give_what_each_gives_alone(corpus):
+    m = models.load(fixture_model("tiny_encoder"))
+    module, names = m.module.eval(), ["neuron", "tpu"]
+    batch, _ = data.example_batch(m, corpus, 3, 16, seed=0)
+    shared = target_runs.SharedCompile.for_targets(module, names, {"neuron": "matmult"}, compiled=True)
+    together = {n: target_runs.TargetSide(targets.detect(n), module, numerics.emulate, True, shared) for n in names}
+    chosen = {n: shared.precisions[n] for n in names}
+    got = {n: together[n].run(batch, chosen[n], compiled=True, batch=1) for n in names}
+    assert all(len(b.checks) == 1 for b in shared.backends.values())     # one shape, one compile a target
+    assert target_runs.SharedCompile.for_targets(module, ["tpu"], None, compiled=True) is None
+    for n in names:
+        alone = target_runs.TargetSide(targets.detect(n), module, numerics.emulate, True)
+        out, _, _, changed, _ = alone.run(batch, chosen[n], compiled=True, batch=1)
+        assert got[n][3] == changed and changed                          # each target's own rules, recorded
+        for key in out:
+            torch.testing.assert_close(got[n][0][key], out[key], rtol=0, atol=0)
+    assert got["neuron"][3] != got["tpu"][3]
+    # a target whose compiler refuses the graph is refused alone, in its own turn; the other runs compiled
+    shared = target_runs.SharedCompile.for_targets(module, names, None, compiled=True)
+
+    class Refusing:
+        checks = []
+
+        def __call__(self, gm, example_inputs):
+            raise CompileRefused("refused on purpose", None)
+    shared.backends["neuron"] = Refusing()
+    sides = {n: target_runs.TargetSide(targets.detect(n), module, numerics.emulate, True, shared) for n in names}
+    runs = {n: sides[n].run(batch, shared.precisions[n], compiled=True, batch=1) for n in names}
+    assert "refused on purpose" in sides["neuron"].refused.message and sides["tpu"].refused is None
+    assert runs["tpu"][3] == got["tpu"][3] and "int64 ops run as int32" in runs["neuron"][3]   # eager emulation
+    assert sides["neuron"].label(True).startswith("eager emulation (compiled path refused: refused on purpose")
+
+
 # ---------------------------------------------------------------- a deliberately wrong target
 @pytest.mark.parametrize("op,call,module", [
     ("aten::gelu", 3, "encoder.encoder.layer.2.intermediate.intermediate_act_fn"),
