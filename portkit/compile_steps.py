@@ -33,6 +33,7 @@ from portkit.storm import (AUTO, COMPILE_SHAPES, Storm, _compiled, _eager_from, 
                            _failure_text, _precision_for, recompile_storm, recompile_storms)  # stage's steps)
 from portkit.streams import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
 from portkit.tables import HtmlTable
+from portkit.turns import Turns
 
 
 # ---------------------------------------------------------------- step 1: graph breaks
@@ -227,32 +228,6 @@ class _Side:
     armed: str | None = None
 
 
-class _Dispatch:
-    """One Dynamo pass for several emulated targets' fixed-shape checks (they compile the same graphs: static
-    shapes, one graph per shape): each graph Dynamo captures goes to every target's counted backend, and the
-    compiled code runs the graph of the target whose turn it is. A target that refuses a graph raises its
-    refusal when its turn comes; the others go on."""
-
-    def __init__(self, counters: dict[str, CompileCounter]):
-        self.counters, self.turn = counters, None
-        self.__name__ = "+".join(c.__name__ for c in counters.values())
-
-    def __call__(self, gm, example_inputs, **kwargs):
-        compiled = {}
-        for name, counter in self.counters.items():
-            try:
-                compiled[name] = counter(gm, example_inputs)
-            except CompileRefused as exc:
-                compiled[name] = exc
-
-        def run(*args):
-            graph = compiled[self.turn]
-            if isinstance(graph, CompileRefused):
-                raise graph
-            return graph(*args)
-        return run
-
-
 def _fixed_runs(sides: dict[str, _Side], inputs: list[dict], probe: dict | None) -> None:
     """Warm up on the first input, then every input under fail_on_recompile, then the probe, each side in turn
     (sides sharing one Dynamo pass share its compiles: one a side's call pays is every side's)."""
@@ -321,7 +296,7 @@ def check_fixed_shapes(model, requests: Requests, targets, seq_len: int = 64, pr
             _fixed_runs({name: sides[name]}, inputs, probe)
     if shared:
         counters = {n: CompileCounter(chosen[n]) for n in shared}
-        dispatch = _Dispatch(counters)
+        dispatch = Turns(counters)
         module = model.module if hasattr(model, "module") else model
         torch.compiler.reset()
         fn = torch._dynamo.optimize(dispatch, nopython=fullgraph, dynamic=False)(module)

@@ -29,6 +29,7 @@ from portkit import _torch, placement, probes, targets as targets_mod
 from portkit.errors import CompileRefused
 from portkit.layer_probe import LayerProbe
 from portkit.tolerance import Tolerance
+from portkit.turns import Turns
 
 EAGER = "eager emulation"
 
@@ -119,10 +120,9 @@ def compiled_label(detected: targets_mod.DetectedTarget) -> str:
 
 
 class SharedCompile:
-    """One Dynamo pass for the emulated targets' compiled runs: each graph Dynamo captures is compiled by every
-    target's emulated backend at the precision judged, and the compiled code runs the graph of the target whose
-    turn it is (a target's refusal is raised in its own turn). Stage 2's storm and fixed shape share theirs the
-    same way: a shape is traced once, not once a target.
+    """The emulated targets' compiled runs in one Dynamo pass (portkit.turns), each target's backend at the
+    precision judged: a shape is traced once, not once a target; what each target's rules changed is recorded
+    per input shape, whichever target's call compiled it.
 
         >>> shared = SharedCompile.for_targets(module, ["neuron", "tpu"], None, compiled=True)
         >>> TargetSide(targets.detect("tpu"), module, numerics.emulate, True, shared)
@@ -131,11 +131,12 @@ class SharedCompile:
     def __init__(self, module, precisions: dict):
         from portkit import backends           # stage 2: registers portkit_neuron / portkit_tpu
         self.backends = {n: backends.emulated_backend(n, p) for n, p in precisions.items()}
-        self.precisions, self.turn, self.shapes = precisions, None, set()
-        self._changed = {n: collections.Counter() for n in precisions}   # the rules' changes in this call's compiles
+        self.counters = {n: backends.CompileCounter(b) for n, b in self.backends.items()}
+        self.turns = Turns(self.counters)
+        self.precisions, self.shapes = precisions, set()
         self.numerics: dict[str, dict] = {n: {} for n in precisions}     # target -> input shape -> its rules' changes
         torch.compiler.reset()
-        self.fn = torch.compile(module, backend=self, dynamic=False)
+        self.fn = torch.compile(module, backend=self.turns, dynamic=False)
 
     @classmethod
     def for_targets(cls, module, names, precision: dict | None, compiled: bool) -> SharedCompile | None:
@@ -144,35 +145,22 @@ class SharedCompile:
                   for n in names if not targets_mod.detect(n).native}
         return cls(module, chosen) if compiled and len(chosen) > 1 else None
 
-    def __call__(self, gm, example_inputs, **kwargs):
-        compiled = {}
-        for name, backend in self.backends.items():
-            before = len(backend.checks)
-            try:
-                compiled[name] = backend(gm, example_inputs)
-            except CompileRefused as exc:
-                compiled[name] = exc
-            for check in list(backend.checks)[before:]:
-                self._changed[name].update(check.numerics)
-
-        def run(*args):
-            graph = compiled[self.turn]
-            if isinstance(graph, CompileRefused):
-                raise graph
-            return graph(*args)
-        return run
-
     def run(self, name: str, inputs: dict) -> tuple[dict, dict | None]:
         """(outputs, what the target's rules changed in the graphs of this input shape, whichever target's
         call compiled them; None where none was compiled)."""
-        self.turn, shape = name, input_shape(inputs)
+        shape, before = input_shape(inputs), {n: len(c.events) for n, c in self.counters.items()}
+        self.turns.turn = name
         self.shapes.add(shape)
-        with torch.no_grad(), _torch.recompile_limit(len(self.shapes)):   # every shape compiles (see TargetSide)
-            out = self.fn(**inputs)
-        for target, changed in self._changed.items():
-            if changed:
-                self.numerics[target][shape] = dict(changed)
-                changed.clear()
+        try:
+            with torch.no_grad(), _torch.recompile_limit(len(self.shapes)):   # every shape compiles (see TargetSide)
+                out = self.fn(**inputs)
+        finally:   # also where this target refused: the others compiled in its call
+            for target, counter in self.counters.items():
+                if len(counter.events) > before[target]:
+                    changed = collections.Counter()
+                    for event in counter.events[before[target]:]:
+                        changed.update(event.check.numerics)
+                    self.numerics[target][shape] = dict(changed)
         return out, self.numerics[name].get(shape)
 
 

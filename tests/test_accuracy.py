@@ -287,7 +287,7 @@ def test_the_targets_compiled_in_one_dynamo_pass_give_what_each_gives_alone(corp
 
         def __call__(self, gm, example_inputs):
             raise CompileRefused("refused on purpose", None)
-    shared.backends["neuron"] = Refusing()
+    shared.counters["neuron"].backend = Refusing()
     sides = {n: target_runs.TargetSide(targets.detect(n), module, numerics.emulate, True, shared) for n in names}
     runs = {n: sides[n].run(batch, shared.precisions[n], compiled=True, batch=1) for n in names}
     assert "refused on purpose" in sides["neuron"].refused.message and sides["tpu"].refused is None

@@ -368,7 +368,8 @@ def test_past_compile_shapes_each_new_shape_is_counted_from_dynamos_own_refusal(
         third = storm.requests[2]
         assert re.fullmatch(r"tensor '\w+' size mismatch at index 1\. expected 17, actual 24", third["reason"]), third
         assert third["guard_failures"] == 2          # Dynamo checked both compiled entries' guards
-        assert storm.seconds()["compiling"] < full.seconds()["compiling"]
+        # a counted shape costs nothing compiling here (a timing comparison with the full storm would flake)
+        assert storm.seconds()["compiling"] == sum(r["wall"] - r["run"] for r in storm.requests[:2])
         assert "2 counted from Dynamo's guard failures past the first 2 shapes" in storm.summary()
     assert compiling.OPTIONS["compile_shapes"] == torch._dynamo.config.recompile_limit
 
