@@ -16,7 +16,11 @@ import time
 
 import torch
 
-from portkit import accuracy, data, models, numerics, targets
+from portkit.stages.accuracy import stage as accuracy
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
+from portkit.targets import numerics
+from portkit.targets import specs as targets
 
 
 def main() -> None:

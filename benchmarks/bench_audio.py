@@ -17,7 +17,10 @@ import time
 
 import numpy as np
 
-from portkit import audio, audio_models, data, planner
+from portkit.corpora import audio
+from portkit.models import audio as audio_models
+from portkit.corpora import corpus as data
+from portkit.planning import planner
 
 RATE = 16000
 

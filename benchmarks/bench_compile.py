@@ -14,7 +14,7 @@ Aims (#12): backend time for a new shape <= 0.5 s; steady forward <= 1.1x plain 
 bf16 rounding of matmul operands included (portkit_tpu). portkit_neuron's default precision rounds
 nothing, so its forward shows the cost of running the retraced graph itself.
 --allocator kernels (the default) runs the benchmark, eager included, under the malloc settings of the
-kernels portkit runs its stages in (portkit.allocator, which the emulated backends also apply with mallopt in
+kernels portkit runs its stages in (portkit.targets.allocator, which the emulated backends also apply with mallopt in
 any other process); default: this C library's own (the backends' mallopt turned off).
 --inductor adds plain Inductor and the emulated backends with options={"inductor": True} (CPU code
 generation; in an Inductor cache of this run's own, after a warm-up that is not counted); slow.
@@ -31,7 +31,10 @@ import time
 import torch
 from _inductor_cache import own_inductor_cache
 
-from portkit import allocator, backends, data, models
+from portkit.targets import allocator
+from portkit.targets import backends
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
 
 EMULATED = ("portkit_neuron", "portkit_tpu")
 COMPILE_AIM_S, FORWARD_AIM = 0.5, 1.1

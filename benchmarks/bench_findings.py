@@ -16,7 +16,11 @@ import collections
 import statistics
 import time
 
-from portkit import compiling, data, fallbacks, models, reconcile
+from portkit.stages.compile import stage as compiling
+from portkit.corpora import corpus as data
+from portkit.stages.fallbacks import stage as fallbacks
+from portkit.models import registry as models
+from portkit.core import reconcile
 
 MODELS = ("minilm", "gpt2", "llama", "t5", "bert")
 

@@ -6,7 +6,7 @@ target against the bucketed static cache, compiles and total time side by side, 
 Dynamic: every decode step is a new cache length, so a compile (the recompile limit lifted, as on a
 static-shape target with no eager fallback). Static: transformers' StaticCache, one prefill per prompt
 bucket and one decode per context bucket compiled in warm-up, then the generation under
-fail_on_recompile. Model: from a small config with seeded weights (portkit.models), labelled so.
+fail_on_recompile. Model: from a small config with seeded weights (portkit.models.registry), labelled so.
 Timings on a shared CPU are noisy; the ratio is what the run measured.
 """
 from __future__ import annotations
@@ -16,7 +16,10 @@ import argparse
 import torch
 from _inductor_cache import own_inductor_cache
 
-from portkit import backends, data, generation, models
+from portkit.targets import backends
+from portkit.corpora import corpus as data
+from portkit.workloads import generation
+from portkit.models import registry as models
 
 
 def main() -> None:

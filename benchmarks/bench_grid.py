@@ -1,9 +1,9 @@
-"""Two varying dimensions: a grid bucket plan (portkit/grid.py) against the best one-dimensional plan, for
+"""Two varying dimensions: a grid bucket plan (portkit/planning/grid.py) against the best one-dimensional plan, for
 an encoder-decoder model whose source and target lengths both vary with the data.
 
     .venv/bin/python benchmarks/bench_grid.py          # ~1-2 min: 4 real XLA compiles, FLOPs counted
 
-The model: portkit's T5 (2+2 layers, random weights) declared with two varying dimensions (portkit/inputs.py):
+The model: portkit's T5 (2+2 layers, random weights) declared with two varying dimensions (portkit/models/inputs.py):
 `source` (encoder tokens) and `target` (decoder tokens). The data: the standard library's docstrings that
 have a summary paragraph, the summary as the target and the rest as the source (real pairs, MiniLM's
 tokenizer, at most 512 tokens each). The prices, measured here and labelled:
@@ -24,7 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from portkit import buckets, data, economics, grid, grid_costs, inputs, models
+from portkit.stages.buckets import stage as buckets
+from portkit.corpora import corpus as data
+from portkit.planning import economics
+from portkit.planning import grid
+from portkit.stages.buckets import grid as grid_costs
+from portkit.models import inputs
+from portkit.models import registry as models
 
 REQUESTS = buckets.DEFAULTS["serve_requests"]
 CORNERS = ((64, 512), (16, 256))       # each dimension's short corner and longest size
@@ -81,7 +87,7 @@ def pairs_from(corpus) -> list[tuple[str, str]]:
 
 
 def xla_cells(model) -> tuple[callable, str]:
-    from portkit import xla_compile
+    from portkit.xla import compiler as xla_compile
     points = []
     for a, b in CELLS:
         shape = {"input_ids": ((1, a), "int64"), "attention_mask": ((1, a), "int64"),

@@ -9,7 +9,9 @@ Aim: 0.6 or less.
 """
 from __future__ import annotations
 
-from portkit import buckets, data, models
+from portkit.stages.buckets import stage as buckets
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
 
 
 def main() -> None:

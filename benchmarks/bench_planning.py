@@ -14,7 +14,9 @@ import time
 
 import numpy as np
 
-from portkit import buckets, data, models
+from portkit.stages.buckets import stage as buckets
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
 
 
 def main() -> None:

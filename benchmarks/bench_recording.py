@@ -4,7 +4,7 @@
 
 minilm (real weights), batch 8, sequence 128, real stdlib texts, torch.no_grad, interleaved runs
 after warm-up; the medians are compared. Aim: ratio 1.2 or less. Also the share of the recording
-that naming each op's source frame costs (#18): the recorder with portkit.frames.caller as it is,
+that naming each op's source frame costs (#18): the recorder with portkit.core.frames.caller as it is,
 against the same recorder with it stubbed out, interleaved in the same run.
 """
 from __future__ import annotations
@@ -15,7 +15,11 @@ import time
 
 import torch
 
-from portkit import data, fallbacks, frames, models, recording
+from portkit.corpora import corpus as data
+from portkit.stages.fallbacks import stage as fallbacks
+from portkit.core import frames
+from portkit.models import registry as models
+from portkit.stages.fallbacks import recording
 
 
 def main() -> None:

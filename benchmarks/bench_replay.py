@@ -19,7 +19,11 @@ import time
 import torch
 from _inductor_cache import own_inductor_cache
 
-from portkit import bucketed, buckets, data, economics, models
+from portkit.stages.buckets import bucketed
+from portkit.stages.buckets import stage as buckets
+from portkit.corpora import corpus as data
+from portkit.planning import economics
+from portkit.models import registry as models
 
 
 def cold_compile_seconds(model, lengths=(7, 13)) -> float:

@@ -1,5 +1,5 @@
 """Stage 2's recompile storm: every shape compiled here against the first COMPILE_SHAPES compiled and the
-rest counted from Dynamo's own refusals (portkit/storm.py), side by side in one run.
+rest counted from Dynamo's own refusals (portkit/stages/compile/storm.py), side by side in one run.
 
     .venv/bin/python benchmarks/bench_storm.py [--requests 100] [--model minilm]
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from portkit import compiling, data, models
+from portkit.stages.compile import stage as compiling
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_sweep.py [--stages fallbacks] [--target neuron] [--out DIR]
 
-Both sides run the same workbooks (portkit.runner.run: papermill, a kernel per stage) on four small
+Both sides run the same workbooks (portkit.run.runner.run: papermill, a kernel per stage) on four small
 fixture models (tests/fixtures/models.py). Prints each side's wall time, their ratio, the CPU
 utilisation of each side (the CPU seconds of this process and everything it started, sampled every
 0.2 s, over wall time × cores; and the whole machine's, which other work on it also loads), and the
@@ -25,7 +25,9 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from portkit import runfolder, runner, sweep  # noqa: E402
+from portkit.runfolder import layout as runfolder  # noqa: E402
+from portkit.run import runner  # noqa: E402
+from portkit.run import sweep  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "models.py"
 MODELS = ["tiny_encoder", "gru_model", "small_encoder_model", "float64_model"]

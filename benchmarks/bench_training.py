@@ -22,7 +22,9 @@ import time
 
 import torch
 
-from portkit import data, models, training
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
+from portkit.workloads import training
 
 STEP_AIM = 1.2
 VARIANTS = (("eager", None, False), ("eager under tpu numerics", "tpu", False),

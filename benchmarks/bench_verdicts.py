@@ -4,7 +4,7 @@ assert_close alone would have said (the verdict before #15), per target at its d
     .venv/bin/python benchmarks/bench_verdicts.py [--models minilm gpt2 ...] [--gpu-numerics fp32]
 
 minilm has its real weights; the others are Hugging Face architectures built from small configs with
-seeded random weights (portkit.models). Real stdlib texts, batch 4 x 64 tokens, buckets [32, 64], every
+seeded random weights (portkit.models.registry). Real stdlib texts, batch 4 x 64 tokens, buckets [32, 64], every
 precision setting measured, eager emulation. Prints one line per model and target: verdict, what it
 rests on, the element-wise result, and each precision setting's task metrics with its vendor-stated cost.
 """
@@ -15,7 +15,10 @@ import time
 
 import torch
 
-from portkit import accuracy, data, models, numerics
+from portkit.stages.accuracy import stage as accuracy
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
+from portkit.targets import numerics
 
 
 def main() -> None:

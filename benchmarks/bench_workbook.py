@@ -26,7 +26,7 @@ from pathlib import Path
 from _inductor_cache import own_inductor_cache
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE_VARIABLE = "PORTKIT_CACHE_DIR"      # portkit.data.CACHE_VARIABLE: portkit's cache root
+CACHE_VARIABLE = "PORTKIT_CACHE_DIR"      # portkit.corpora.corpus.CACHE_VARIABLE: portkit's cache root
 
 
 def _run(out: Path) -> tuple[float, dict, dict]:
@@ -48,7 +48,8 @@ def _run(out: Path) -> tuple[float, dict, dict]:
 # (no backend work) timed in a fresh process before and after the runs; most of a warm run is such tracing.
 _TRACE = """
 import statistics, time, torch
-from portkit import data, models
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
 m, times = models.load("minilm"), []
 text = data.load_corpus().sample(1, seed=0)
 with torch.no_grad():

@@ -6,7 +6,7 @@
 Each run is its own fresh process, as a rerun of `portkit run` is, with the same new, empty-at-start
 cache root ($PORTKIT_CACHE_DIR, removed at exit). In both, what every run pays before the stage
 (the torch, transformers, jax and torchax imports, the model load, libtpu's start-up) is charged to
-neither; the time is portkit.xla.run_stage alone: cold, per target the torchax conversion and per
+neither; the time is portkit.stages.xla.stage.run_stage alone: cold, per target the torchax conversion and per
 shape the trace and lowering to StableHLO, then the XLA TPU compile; warm, per shape the program key
 (model source digests, weight shapes, inputs, versions) and the read of the cached verdict or lowering
 figures, with no conversion and no lowering. A second pair of runs (--processes) times each whole
@@ -30,7 +30,9 @@ TARGET_RATIO = 20       # issue #12: a rerun of the xla stage at least 20x faste
 
 def _child(args) -> None:
     """One run of the stage in this process; prints one JSON line with its timings."""
-    from portkit import models, xla, xla_compile
+    from portkit.models import registry as models
+    from portkit.stages.xla import stage as xla
+    from portkit.xla import compiler as xla_compile
     model = models.load(args.model)
     if not args.no_preload:
         from jax.experimental import topologies
@@ -57,7 +59,7 @@ def _child(args) -> None:
 
 
 def _run(args, cache: str, preload: bool = True) -> dict:
-    env = {**os.environ, "PORTKIT_CACHE_DIR": cache}   # portkit.data.CACHE_VARIABLE
+    env = {**os.environ, "PORTKIT_CACHE_DIR": cache}   # portkit.corpora.corpus.CACHE_VARIABLE
     command = [sys.executable, __file__, "--child", "--model", args.model, "--topology", args.topology,
                "--run", args.run, "--targets", *args.targets] + ([] if preload else ["--no-preload"])
     start = time.perf_counter()

@@ -9,7 +9,7 @@ model is loaded (paid once, shared, charged to neither side):
 - XLA start-up and conversion: the jax and torchax imports, libtpu's start-up, the weights copied into
   JAX (torchax), and the shape traced and lowered to StableHLO. Compile: the XLA TPU compiler alone.
 - Inductor start-up: its C++ toolchain (precompiled header, compile workers), paid by compiling a one-op
-  function (portkit.backends.warm_inductor). Compile: the first call of torch.compile(module,
+  function (portkit.targets.backends.warm_inductor). Compile: the first call of torch.compile(module,
   backend="inductor", dynamic=False) on real text: Dynamo trace, code generation, C++ compile and one
   forward pass (timed apart on a second call, and printed).
 Every run has fresh caches, so a second run measures the same thing: Inductor's on-disk caches and
@@ -30,7 +30,11 @@ os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 import torch  # noqa: E402
 
-from portkit import backends, data, models, xla, xla_compile  # noqa: E402
+from portkit.targets import backends  # noqa: E402
+from portkit.corpora import corpus as data  # noqa: E402
+from portkit.models import registry as models  # noqa: E402
+from portkit.stages.xla import stage as xla  # noqa: E402
+from portkit.xla import compiler as xla_compile  # noqa: E402
 
 os.environ[data.CACHE_VARIABLE] = CACHE        # read at each compile: no XLA verdict comes from a past run
 

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from portkit import inputs, models
+from portkit.models import inputs
+from portkit.models import registry as models
 
 RATE = 16_000
 WINDOW, HOP = 400, 160          # 25 ms windows every 10 ms

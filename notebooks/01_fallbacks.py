@@ -20,10 +20,10 @@
 # CPU** or **not run at all** on each target? Also: the features the vendors name as unsupported or
 # slow (float64, LSTM/GRU, sparse, NestedTensor, data-dependent shapes, custom kernels, attention masks).
 #
-# Logic: `portkit/fallbacks.py`. Headless: `portkit run --stages fallbacks`.
+# Logic: `portkit/stages/fallbacks/stage.py`. Headless: `portkit run --stages fallbacks`.
 
 # %% tags=["parameters"]
-model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
+model = "minilm"  # model: a portkit name (see portkit.models.registry.SOURCES), a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # targets to check: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder this stage writes fallbacks.json into
 corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
@@ -36,12 +36,17 @@ seed = 0  # which texts are sampled
 
 # %%
 from IPython.display import display
-from portkit import data, environment, fallbacks, models, params, results
+from portkit import models
+from portkit.runfolder import environment, results
+from portkit.stages import options
+from portkit.corpora import corpus as data
+from portkit.stages.fallbacks import stage as fallbacks
 
-model, targets, out = params.common(model, targets, out_dir)
+# %%
+model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "fallbacks", targets=targets)  # no weights: stage 3b checks it
-fallbacks.check_parameters(batch_size=batch_size, seq_len=seq_len, train=train, seed=seed, corpus=corpus,
-                           workload=workload, model=model)
+opts = fallbacks.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts
 
 # %%
 print(environment.block(targets))
@@ -54,8 +59,8 @@ m = models.load(model)
 print(m.summary())
 
 # %%
-texts = data.corpus_for(m, corpus, text_column)
-inputs, described = data.example_batch(m, texts, batch_size=batch_size, seq_len=seq_len, seed=seed)
+texts = data.corpus_for(m, opts.corpus, opts.text_column)
+inputs, described = data.example_batch(m, texts, batch_size=opts.batch_size, seq_len=opts.seq_len, seed=opts.seed)
 print(described)
 
 # %% [markdown]
@@ -70,9 +75,9 @@ print(described)
 # decode steps writing the cache), the ops serving runs.
 
 # %%
-prompts = list(texts.sample(batch_size, seed)) if workload == "generate" else None   # the batch's texts
-report = fallbacks.find_fallbacks(m, inputs, targets, train=train, description=described, workload=workload,
-                                  prompts=prompts)
+prompts = list(texts.sample(opts.batch_size, opts.seed)) if opts.workload == "generate" else None   # its texts
+report = fallbacks.find_fallbacks(m, inputs, targets, train=opts.train, description=described,
+                                  workload=opts.workload, prompts=prompts)
 report
 
 # %% [markdown]

@@ -31,10 +31,11 @@
 # is then priced with the target's own compile cost, and says where it came from: **measured XLA** for TPU
 # (the real XLA compiler for the topology, on this host), an **estimate** with its public sources for Neuron
 # (no Neuron compiler is installable here; `neuron_compile_seconds` overrides it), the **vendor's own time**
-# in native mode. Logic: `portkit/compiling.py`, `portkit/economics.py`. Headless: `portkit run --stages compile`.
+# in native mode. Logic: `portkit/stages/compile/stage.py`, `portkit/planning/economics.py`.
+# Headless: `portkit run --stages compile`.
 
 # %% tags=["parameters"]
-model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
+model = "minilm"  # model: a portkit name (see portkit.models.registry.SOURCES), a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # targets to compile for: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder this stage writes compile.json into
 corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
@@ -46,16 +47,21 @@ fullgraph = False  # True compiles with fullgraph as the targets recommend, and 
 backend = "auto"  # auto picks the native backend with its device, else portkit's emulated one; or name one
 precision = {}  # per target, e.g. {"neuron": "matmult", "tpu": "highest"}; a target left out uses its default
 seed = 4  # which texts are sampled
-neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
+neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (planning/economics)
 workload = "inference"  # "inference"; "train": also the training step compiled; "generate" (causal LMs): KV cache
 new_tokens = 16  # tokens each prompt generates when workload is "generate"
 prompts = 4  # real prompts from the corpus, one batch, when workload is "generate"
 
 # %%
 from IPython.display import display
-from portkit import compiling, data, environment, models, params, results
+from portkit import models
+from portkit.runfolder import environment, results
+from portkit.stages import options
+from portkit.stages.compile import stage as compiling
+from portkit.corpora import corpus as data
 
-model, targets, out = params.common(model, targets, out_dir)
+# %%
+model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "compile", targets=targets)  # no weights: stage 3b checks it
 compiling.check_parameters(requests=requests, batch_size=batch_size, seq_len=seq_len, fullgraph=fullgraph,
                            backend=backend, precision=precision, seed=seed, corpus=corpus,

@@ -30,8 +30,9 @@
 # and counted (`torch.compiler.set_stance("fail_on_recompile")`), and checks every bucket's outputs at the
 # real positions against unpadded eager outputs.
 #
-# Logic: `portkit/planner.py` (planning), `portkit/economics.py` (compile costs), `portkit/bucketed.py`
-# (padding, compiling, replay) and `portkit/buckets.py` (the stage).
+# Logic: `portkit/planning/planner.py` (planning), `portkit/planning/economics.py` (compile costs),
+# `portkit/stages/buckets/bucketed.py`
+# (padding, compiling, replay) and `portkit/stages/buckets/stage.py` (the stage).
 # Headless: `portkit run --stages buckets`.
 
 # %% tags=["parameters"]
@@ -46,16 +47,22 @@ requests = 100  # requests replayed from the corpus, in random order (each new l
 overflow = "truncate"  # inputs longer than the largest bucket: "truncate" to it, or "reject" with an error
 serve_requests = 10000000  # requests one warm-up serves, the plan is priced for: compiles once, padding on each
 warmup_budget_seconds = 600.0  # most seconds the warm-up may spend compiling buckets, per target
-neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (portkit.economics)
+neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (planning/economics)
 backend = "auto"  # auto: each target's backend (native with its device, else portkit's emulated one); or name one
 seed = 0  # which texts are sampled
 workload = "inference"  # "inference"; "generate" (causal LMs): prefill and decode buckets; "train": packing
 new_tokens = 16  # tokens each request generates when workload is "generate" (its context: prompt + new_tokens)
 
 # %%
-from portkit import buckets, data, economics, environment, models, params, results
+from portkit import models
+from portkit.planning import economics
+from portkit.runfolder import environment, results
+from portkit.stages import options
+from portkit.stages.buckets import stage as buckets
+from portkit.corpora import corpus as data
 
-model, targets, out = params.common(model, targets, out_dir)
+# %%
+model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "buckets", targets=targets)  # no weights: stage 3b checks it
 buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
                          serve_requests=serve_requests, warmup_budget_seconds=warmup_budget_seconds,
@@ -173,7 +180,7 @@ if workload == "train":
 # (each dimension's exact least-padding boundaries, every k1 x k2) against the best one-dimensional plan
 # (one dimension bucketed and the other padded to its longest, or one shared length), both priced for
 # `serve_requests` requests: the TPU's cell compile measured by XLA at the corner cells, padding by the
-# FLOPs a position adds along each dimension at the chip's peak (portkit/grid_costs.py). The replay below
+# FLOPs a position adds along each dimension at the chip's peak (portkit/stages/buckets/grid.py). The replay below
 # buckets the first dimension.
 
 # %%

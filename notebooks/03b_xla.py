@@ -26,7 +26,8 @@
 # a rerun reads a shape's verdict back instead of compiling it again, and says so, with the compile
 # seconds measured the first time.
 #
-# Logic: `portkit/xla.py` (compiles: `portkit/xla_compile.py`). Needs `pip install 'portkit[xla]'`; without
+# Logic: `portkit/stages/xla/stage.py` (compiles: `portkit/xla/compiler.py`).
+# Needs `pip install 'portkit[xla]'`; without
 # it this stage says so and skips.
 
 # %% tags=["parameters"]
@@ -46,9 +47,12 @@ scale_seq = 1024  # real-size model: sequence length checked
 scale_buckets = []  # real-size model: sequence buckets whose largest fitting batch is searched ([]: scale_seq)
 
 # %%
-from portkit import environment, params, xla
+from portkit.runfolder import environment
+from portkit.stages import options
+from portkit.stages.xla import stage as xla
 
-model, targets, out = params.common(model, targets, out_dir)
+# %%
+model, targets, out = options.common(model, targets, out_dir)
 xla.check_parameters(model=model, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
                      max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
                      scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch,
@@ -63,7 +67,7 @@ print(environment.block(targets))
 # A real-size model named by its published config (`llama3-8b`, `llama3-70b`) is built on the meta device:
 # shapes and dtypes, no weights in memory. The stages that need values skipped it; here it is compiled
 # with its weights sharded FSDP-style and the batch split data-parallel over each of `scale_topologies`,
-# fewest chips first, until one fits (`portkit/scale.py`).
+# fewest chips first, until one fits (`portkit/stages/xla/realsize.py`).
 
 # %%
 m = xla.load(model)
@@ -95,7 +99,7 @@ stage
 #
 # The model's own loss and its gradients (`jax.value_and_grad` over the torchax-converted module), then AdamW
 # in float32 with the weights and moments updated in place, compiled by XLA for `topology` at
-# `batch_size` x `seq_len` of real text (`portkit/xla_training.py`). Its HBM per device in parts that add up
+# `batch_size` x `seq_len` of real text (`portkit/stages/xla/training.py`). Its HBM per device in parts that add up
 # to the compiler's total, and the largest micro-batch that fits one device (a compile per try).
 
 # %%
@@ -110,7 +114,7 @@ for name, step in stage.training.items():
 # The prefill graph of the largest prompt bucket and the decode step of the largest context bucket of
 # stage 3's serving plan, each the model over a static KV cache it is given and returns updated (donated,
 # so HBM holds it once), compiled for `topology` at `batch_size`; HBM in parts, and the largest batch whose
-# decode step fits one device at that context (`portkit/xla_generation.py`).
+# decode step fits one device at that context (`portkit/stages/xla/generation.py`).
 
 # %%
 for name, served in stage.serving.items():

@@ -36,11 +36,11 @@
 # compiler refuses the model (a dynamic shape after a graph break, say), that refusal is a blocker for
 # the report and the numerics are judged in eager emulation, labelled so.
 #
-# Logic: `portkit/accuracy.py`; its tolerance policy: `portkit/tolerance.py`.
+# Logic: `portkit/stages/accuracy/stage.py`; its tolerance policy: `portkit/targets/tolerance.py`.
 # Headless: `portkit run --stages accuracy`.
 
 # %% tags=["parameters"]
-model = "minilm"  # model: a portkit name (see portkit.models.SOURCES), a local HF directory, or module:factory
+model = "minilm"  # model: a portkit name (see portkit.models.registry.SOURCES), a local HF directory, or module:factory
 targets = ["neuron", "tpu"]  # targets to check: neuron, tpu, cpu, cuda
 out_dir = "../runs/notebook"  # folder holding earlier stages' JSON (buckets.json); accuracy.json is written here
 corpus = "stdlib"  # stdlib docstrings, a .txt/.jsonl/.csv file (audio models: spoken), a folder of .wav/.flac or images
@@ -59,9 +59,16 @@ train_steps = 20  # AdamW steps (one batch of batch_size x seq_len real texts ea
 
 # %%
 from IPython.display import display
-from portkit import accuracy, data, environment, models, params, results, streaming, tolerance
+from portkit import models
+from portkit.runfolder import environment, results
+from portkit.stages import options
+from portkit.targets import tolerance
+from portkit.workloads import streaming
+from portkit.stages.accuracy import stage as accuracy
+from portkit.corpora import corpus as data
 
-model, targets, out = params.common(model, targets, out_dir)
+# %%
+model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "accuracy", targets=targets)  # no weights: stage 3b checks it
 accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
                           tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,

@@ -20,7 +20,7 @@
 # Neuron and TPU side by side, and the checklist of work a migration needs. Built only from the stage
 # results already in `out_dir`: a missing or unreadable stage is named as a gap.
 #
-# Logic: `portkit/report.py`. Headless: `portkit report DIR` (no stage is rerun).
+# Logic: `portkit/stages/report/stage.py`. Headless: `portkit report DIR` (no stage is rerun).
 
 # %% tags=["parameters"]
 model = "minilm"  # model the run folder was made for (shown in the report)
@@ -28,9 +28,11 @@ targets = ["neuron", "tpu"]  # targets to report on, side by side
 out_dir = "../runs/notebook"  # run folder holding the stage results; report.html and report.json go here
 
 # %%
-from portkit import params, report
+from portkit.stages import options
+from portkit.stages.report import stage as report
 
-model, targets, out = params.common(model, targets, out_dir)
+# %%
+model, targets, out = options.common(model, targets, out_dir)
 
 # %% [markdown]
 # ## Verdicts, side by side

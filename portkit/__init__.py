@@ -1,26 +1,26 @@
 """portkit: a migration workbook that moves a PyTorch model from NVIDIA GPUs to AWS Trainium
 (TorchNeuron) and Google TPU (TorchTPU), one stage at a time.
 
-    >>> import portkit, portkit.data, portkit.models
+    >>> import portkit, portkit.corpora.corpus, portkit.models
     >>> model = portkit.models.load("minilm")
-    >>> inputs = model.encode(portkit.data.load_corpus().sample(8, seed=0), pad_to=128)
+    >>> inputs = model.encode(portkit.corpora.corpus.load_corpus().sample(8, seed=0), pad_to=128)
     >>> report = portkit.find_fallbacks(model, inputs, targets=["neuron", "tpu"])
     >>> print(report)
 
 One verb per stage; the notebooks in notebooks/ teach each one. Importing portkit imports nothing
 else (PEP 562): each verb loads its stage's module, and torch, on first use, so `portkit --version`
 stays fast. torch.compile finds the emulated backends by name without `import portkit` (the
-`torch_dynamo_backends` entry points, portkit/backends.py).
+`torch_dynamo_backends` entry points, portkit/targets/backends.py).
 """
 __version__ = "0.1.0"
 
 # verb -> the stage module that defines it
 _VERBS = {
-    "find_fallbacks": "fallbacks",   # stage 1
-    "compile_model": "compiling",    # stage 2
-    "fit_buckets": "buckets",        # stage 3
-    "check_accuracy": "accuracy",    # stage 4
-    "build_report": "report",        # stage 5
+    "find_fallbacks": "stages.fallbacks.stage",   # stage 1
+    "compile_model": "stages.compile.stage",      # stage 2
+    "fit_buckets": "stages.buckets.stage",        # stage 3
+    "check_accuracy": "stages.accuracy.stage",    # stage 4
+    "build_report": "stages.report.stage",        # stage 5
 }
 __all__ = ["__version__", *_VERBS]
 

@@ -16,7 +16,7 @@ import os
 import sys
 
 from portkit import __version__
-from portkit.errors import NeedsNetwork, PortkitError, StageFailed
+from portkit.core.errors import NeedsNetwork, PortkitError, StageFailed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,9 +63,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from portkit import runner
+    from portkit.run import runner
     targets = args.targets or ["neuron", "tpu"]
-    from portkit.runfolder import model_tag
+    from portkit.runfolder.layout import model_tag
     # --out "" is refused, not defaulted
     out = args.out if args.out is not None else os.path.join("runs", model_tag(args.model))
     declared = runner.all_parameters(runner.select_stages(args.stages))
@@ -109,8 +109,9 @@ def _print_verdicts(run_dir) -> None:
 
 def _report(args) -> int:
     from pathlib import Path
-    from portkit import report, targets as targets_mod
-    from portkit.errors import BadParameter
+    from portkit.stages.report import stage as report
+    from portkit.targets import specs as targets_mod
+    from portkit.core.errors import BadParameter
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise BadParameter("run folder", args.run_dir, hint="no such folder; give one written by `portkit run`")
@@ -124,7 +125,8 @@ def _report(args) -> int:
 
 
 def _sweep(args) -> int:
-    from portkit import runner, sweep
+    from portkit.run import runner
+    from portkit.run import sweep
     sweep.require_ray()   # the install line before anything else
     declared = runner.all_parameters()
     user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
@@ -146,7 +148,7 @@ def _sweep(args) -> int:
 
 
 def _targets() -> int:
-    from portkit import environment
+    from portkit.runfolder import environment
     print(environment.block(["neuron", "tpu", "cpu", "cuda"]))
     return 0
 
@@ -154,7 +156,7 @@ def _targets() -> int:
 def _params() -> int:
     """Each parameter once, with its default; where stages declare different defaults, one line per
     default, naming the stages that use it (what `-p` overrides in each)."""
-    from portkit import runner
+    from portkit.run import runner
     for name, per_stage in runner.parameters_by_stage().items():
         if name in runner.SHARED:
             continue

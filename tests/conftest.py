@@ -11,14 +11,15 @@ os.environ.setdefault("PORTKIT_HEADLESS", "1")   # notebook kernels started by n
 
 
 def _session_cache_root() -> str:
-    """A fresh portkit cache root for this test session (portkit.data.cache_root).
+    """A fresh portkit cache root for this test session (portkit.corpora.corpus.cache_root).
 
     Set in os.environ at import, so the notebook kernels and subprocesses the tests start inherit it:
     no test reads or writes the user's XLA verdicts or lowerings, every session compiles for real once, and
     within a session no shape is compiled twice. The user's other portkit caches (the standard
     library's docstrings, keyed by Python version and path) are copied in: they do not depend on
     anything a test changes, and re-reading the standard library would cost seconds per session."""
-    from portkit import data, xla_cache
+    from portkit.corpora import corpus as data
+    from portkit.xla import cache as xla_cache
     user_root, root = data.cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
     if user_root.is_dir():
         shutil.copytree(user_root, root, dirs_exist_ok=True,
@@ -41,29 +42,29 @@ def fixture_model(name: str) -> str:
 @pytest.fixture(autouse=True)
 def emulated_unless_native(request, monkeypatch):
     """Tests not marked `native` check the emulated path, which a host with a vendor device would
-    otherwise replace by the native one (portkit.targets.MODE_VARIABLE). Tests that read what the
+    otherwise replace by the native one (portkit.targets.specs.MODE_VARIABLE). Tests that read what the
     notebooks wrote follow whatever mode those ran in."""
     if not (request.node.get_closest_marker("native") or request.node.get_closest_marker("after_notebooks")):
-        from portkit import targets
+        from portkit.targets import specs as targets
         monkeypatch.setenv(targets.MODE_VARIABLE, "emulated")
 
 
 @pytest.fixture(scope="session")
 def corpus():
-    from portkit import data
+    from portkit.corpora import corpus as data
     return data.load_corpus("stdlib")
 
 
 @pytest.fixture(scope="session")
 def minilm():
-    from portkit import models
+    from portkit.models import registry as models
     return models.load("minilm")
 
 
 @pytest.fixture(scope="session")
 def gpt2():
     """The seeded GPT-2 architecture (2 layers): a causal LM built from a Hugging Face config."""
-    from portkit import models
+    from portkit.models import registry as models
     return models.load("gpt2")
 
 

@@ -5,10 +5,19 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit import accuracy, comparison, data, models, numerics, probes, results, runner, target_runs, targets
-from portkit.errors import BadParameter, CompileRefused
-from portkit.report import build_report
-from portkit.tolerance import DEFAULT_TASK_BOUNDS, tolerance_for
+from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.accuracy import comparison
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
+from portkit.targets import numerics
+from portkit.core import availability as probes
+from portkit.runfolder import results
+from portkit.run import runner
+from portkit.stages.accuracy import target_runs
+from portkit.targets import specs as targets
+from portkit.core.errors import BadParameter, CompileRefused
+from portkit.stages.report.stage import build_report
+from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, tolerance_for
 
 TPU, NEURON = targets.get("tpu"), targets.get("neuron")
 
@@ -112,7 +121,7 @@ def test_bad_parameters_name_the_value():
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):
-    assert runner.Stage("accuracy", "04_accuracy.ipynb", "portkit.accuracy", reads=("buckets",),
+    assert runner.Stage("accuracy", "04_accuracy.ipynb", "portkit.stages.accuracy.stage", reads=("buckets",),
                         reads_early=("buckets",)) in runner.STAGES
     with pytest.raises(BadParameter, match="precision for target tpu"):
         runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"precision": {"tpu": "fast"}}, stages=["accuracy"])
@@ -507,7 +516,8 @@ def test_native_neuron_compares_the_device(minilm, minilm_batch):
 
 
 def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_included(corpus):
-    from portkit import data, models
+    from portkit.corpora import corpus as data
+    from portkit.models import registry as models
     m = models.load(fixture_model("tiny_encoder"))        # which buckets are checked does not depend on the model
     boundaries = list(range(16, 16 * 21, 16))            # 20 buckets: more than the checked sample
     inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)

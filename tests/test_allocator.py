@@ -1,11 +1,12 @@
-"""portkit.allocator: malloc's settings, applied in a running process where the environment sets none."""
+"""portkit.targets.allocator: malloc's settings, applied in a running process where the environment sets none."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from portkit import allocator, kernels
+from portkit.targets import allocator
+from portkit.run import jupyter_kernels as kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +25,7 @@ def test_the_kernels_start_with_the_same_settings():
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
                     reason="mallopt's settings are glibc's")
 def test_an_emulated_backend_applies_them_at_its_first_compile_unless_the_environment_sets_them():
-    compile_once = ("import torch\nfrom portkit import allocator, backends\n"
+    compile_once = ("import torch\nfrom portkit.targets import allocator, backends\n"
                     "f = torch.compile(torch.nn.Linear(4, 4), backend=backends.emulated_backend('tpu'))\n"
                     "before = allocator.tune.cache_info().misses\nf(torch.ones(2, 4))\n"
                     "print(before, allocator.tune.cache_info().misses, allocator.tune())")

@@ -57,14 +57,16 @@ def test_lint_imports_passes(linted):
 def test_a_broken_layer_is_reported(tmp_path):
     """The linter does fail: a foundation importing a stage breaks the layers contract, named by module."""
     package = tmp_path / "portkit"
-    package.mkdir()
-    for module in sorted((ROOT / "portkit").glob("*.py")):
-        (package / module.name).write_text(module.read_text())
-    with (package / "errors.py").open("a") as errors:
-        errors.write("\n\ndef _upwards():\n    from portkit import report  # noqa: F401\n")
+    for module in sorted((ROOT / "portkit").rglob("*.py")):
+        copy = package / module.relative_to(ROOT / "portkit")
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(module.read_text())
+    with (package / "core" / "errors.py").open("a") as errors:
+        errors.write("\n\ndef _upwards():\n    from portkit.stages.report import stage  # noqa: F401\n")
     result = lint_imports(tmp_path, "--contract", "layers")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "portkit.errors is not allowed to import portkit.report" in result.stdout, result.stdout
+    assert "portkit.core is not allowed to import portkit.stages" in result.stdout, result.stdout
+    assert "portkit.core.errors -> portkit.stages.report.stage" in result.stdout, result.stdout
 
 
 def test_no_module_over_the_line_limit():

@@ -7,9 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from portkit import audio, audio_models, comparison, models, streaming
-from portkit.errors import BadParameter
-from portkit.tolerance import DEFAULT_TASK_BOUNDS
+from portkit.corpora import audio
+from portkit.models import audio as audio_models
+from portkit.stages.accuracy import comparison
+from portkit.models import registry as models
+from portkit.workloads import streaming
+from portkit.core.errors import BadParameter
+from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
 
 soundfile = pytest.importorskip("soundfile", reason="the audio extra is not installed (pip install 'portkit[audio]')")
 needs_alsa = pytest.mark.skipif(not audio.ALSA_FOLDER.is_dir(), reason="Debian's alsa-utils is not installed")
@@ -187,7 +191,7 @@ def test_bad_stream_input_is_one_line():
 
 
 def test_corpus_spec_takes_a_folder_of_recordings(tmp_path):
-    from portkit import data
+    from portkit.corpora import corpus as data
     soundfile.write(tmp_path / "one.wav", _tone(200, 0.3, 8000), 8000)
     assert data.check_corpus(str(tmp_path)) == str(tmp_path)
     corpus = data.audio_corpus(str(tmp_path))
@@ -200,7 +204,7 @@ def test_corpus_spec_takes_a_folder_of_recordings(tmp_path):
 @needs_alsa
 @needs_espeak
 def test_the_text_corpus_is_spoken_beside_the_recordings(tmp_path):
-    from portkit import data
+    from portkit.corpora import corpus as data
     texts = tmp_path / "texts.txt"
     texts.write_text("Open a file.\nReturn the sum of a and b, then close it.\n")
     corpus = data.audio_corpus(str(texts), clips=2)

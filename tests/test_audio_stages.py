@@ -6,7 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from portkit import accuracy, buckets, compiling, data, economics, fallbacks, models
+from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.buckets import stage as buckets
+from portkit.stages.compile import stage as compiling
+from portkit.corpora import corpus as data
+from portkit.planning import economics
+from portkit.stages.fallbacks import stage as fallbacks
+from portkit.models import registry as models
 
 soundfile = pytest.importorskip("soundfile", reason="the audio extra is not installed (pip install 'portkit[audio]')")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchcrepe") is None,

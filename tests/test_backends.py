@@ -5,8 +5,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import FIXTURES, fixture_model
-from portkit import backends, models, numerics, targets
-from portkit.errors import BadParameter
+from portkit.targets import backends
+from portkit.models import registry as models
+from portkit.targets import numerics
+from portkit.targets import specs as targets
+from portkit.core.errors import BadParameter
 
 TPU = targets.get("tpu")
 

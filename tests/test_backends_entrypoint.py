@@ -13,7 +13,8 @@ from torch._dynamo.backends.registry import lookup_backend
 
 import portkit
 from conftest import ROOT
-from portkit import backends, targets
+from portkit.targets import backends
+from portkit.targets import specs as targets
 
 GROUP = backends.ENTRY_POINTS   # the group portkit reads its own entry points from: pyproject.toml's
 
@@ -67,14 +68,14 @@ import sys, torch
 assert "portkit" not in sys.modules
 compiled = torch.compile(lambda x: x + 1, backend="portkit_tpu", dynamic=False)
 with torch.no_grad():
-    print(compiled(torch.ones(2)).tolist(), "portkit.backends" in sys.modules)
-from portkit import backends
+    print(compiled(torch.ones(2)).tolist(), "portkit.targets.backends" in sys.modules)
+from portkit.targets import backends
 print(backends.REGISTERED["tpu"].checks[-1].target, backends.register())
 """
 
 
 def test_torch_compile_finds_a_backend_by_entry_point_without_import_portkit():
-    # Loading the entry point imports portkit.backends, whose import-time register() must leave the
+    # Loading the entry point imports portkit.targets.backends, whose import-time register() must leave the
     # name to the entry point (Dynamo's registry asserts on a duplicate name).
     assert python(FAKE_ENTRY_POINTS + COMPILE_BY_NAME).splitlines() == ["[2.0, 2.0] True", "tpu []"]
 
@@ -98,7 +99,11 @@ print(sorted(m for m in ("torch", "numpy") if m in sys.modules))
 
 
 def test_portkit_exposes_one_verb_per_stage_loaded_on_first_use():
-    from portkit import accuracy, buckets, compiling, fallbacks, report
+    from portkit.stages.accuracy import stage as accuracy
+    from portkit.stages.buckets import stage as buckets
+    from portkit.stages.compile import stage as compiling
+    from portkit.stages.fallbacks import stage as fallbacks
+    from portkit.stages.report import stage as report
     assert portkit.find_fallbacks is fallbacks.find_fallbacks and portkit.compile_model is compiling.compile_model
     assert portkit.fit_buckets is buckets.fit_buckets and portkit.check_accuracy is accuracy.check_accuracy
     assert portkit.build_report is report.build_report

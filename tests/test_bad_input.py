@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from portkit import cli, data
+from portkit import cli
+from portkit.corpora import corpus as data
 
 DIR = object()
 OUT = "run"   # the --out of every case that is not about --out

@@ -12,8 +12,14 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import fixture_model
-from portkit import bucketed, buckets, data, economics, models, planner, results
-from portkit.errors import BadParameter
+from portkit.stages.buckets import bucketed
+from portkit.stages.buckets import stage as buckets
+from portkit.corpora import corpus as data
+from portkit.planning import economics
+from portkit.models import registry as models
+from portkit.planning import planner
+from portkit.runfolder import results
+from portkit.core.errors import BadParameter
 
 lengths_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=40)
 
@@ -146,7 +152,7 @@ def test_a_padded_position_is_priced_on_the_target_not_on_this_cpu(minilm):
         assert price.kind == "estimate" and price.source.startswith("estimate, not measured")
         assert price.seconds * peak == pytest.approx(per_token, rel=0.25), name
     # a graph the FLOP counter cannot run: this CPU's time stands in, and the label says so
-    from portkit import capacity
+    from portkit.targets import capacity
 
     def refuse(module, inputs):
         raise RuntimeError("data-dependent shape")
@@ -360,7 +366,9 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
 
 
 def test_backend_is_the_targets_own_unless_named():
-    from portkit import backends, selection, targets
+    from portkit.targets import backends
+    from portkit.targets import selection
+    from portkit.targets import specs as targets
     tpu = targets.detect("tpu")
     assert selection.check_backend(tpu, "auto") == "portkit_tpu"       # the emulated backend, one rule for both stages
     with pytest.raises(BadParameter, match="compile backend for target neuron"):
@@ -377,7 +385,7 @@ def test_backend_is_the_targets_own_unless_named():
 def test_padding_check_on_the_emulated_tpu_backend(tiny, trace):
     bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 30], "optimal", k=1), backend="portkit_tpu")
     bm.warm_up()
-    from portkit import tolerance
+    from portkit.targets import tolerance
     wide, narrow = tolerance.PADDING_TOLERANCE_BF16, tolerance.PADDING_TOLERANCE
     assert bm.compiles == 1 and (bucketed.padding_tolerance("portkit_tpu").rtol,
                                  bucketed.padding_tolerance("portkit_tpu").atol) == wide
@@ -410,7 +418,8 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     assert [r["name"] for r in saved["targets"]["tpu"]["replay"]] == ["auto"]
     assert set(saved["padding_by_buckets"]) == {"optimal", "pow2", "linear", "padding_bounded"}
     assert {n: p["kind"] for n, p in saved["padding_price"].items()} == {"neuron": "estimate", "tpu": "estimate"}
-    from portkit import report as report_mod, report_stages
+    from portkit.stages.report import stage as report_mod
+    from portkit.stages.report import sections as report_stages
     out = report_mod.TargetReport("tpu", "TPU", "emulated")
     report_stages._buckets(saved, saved["targets"]["tpu"], out)
     assert "estimate, not measured" in out.metrics["buckets"]["padded position priced at"]
@@ -422,7 +431,8 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
 @pytest.mark.native
 @pytest.mark.parametrize("target,module,device", [("neuron", "torch_neuronx", "neuron"), ("tpu", "torch_tpu", "tpu")])
 def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, tmp_path):
-    from portkit import probes, targets
+    from portkit.core import availability as probes
+    from portkit.targets import specs as targets
     if not probes.device_available(module, device):
         pytest.skip(f"needs {module} and a {device} device")
     report = buckets.fit_buckets(tiny, corpus, [target], tmp_path, k=1, requests=3, max_seq=32, progress=False)
@@ -433,7 +443,7 @@ def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, 
 
 def notebook_code_cells(stage_name: str) -> list[tuple[bool, str]]:
     """(is the parameters cell, source) of every code cell of a stage's notebook, as the runner finds it."""
-    from portkit import runner
+    from portkit.run import runner
     path = runner.NOTEBOOKS / next(s for s in runner.STAGES if s.name == stage_name).notebook
     if path.suffix == ".ipynb":
         import nbformat
@@ -469,7 +479,7 @@ def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, mon
 
 
 def test_the_notebook_parameters_are_the_stage_defaults():
-    from portkit import runner
+    from portkit.run import runner
     stage = next(s for s in runner.STAGES if s.name == "buckets")
     declared = runner.declared_parameters(stage)
     for name, value in buckets.DEFAULTS.items():
@@ -485,5 +495,5 @@ def test_the_planner_is_pure_numpy():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert "torch" not in imported and imported <= {"__future__", "inspect", "math", "dataclasses", "numpy",
-                                                     "portkit.errors"}, imported
+                                                     "portkit.core.errors"}, imported
     assert results.compile_cost("/nonexistent", "tpu") is None

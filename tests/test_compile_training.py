@@ -1,11 +1,13 @@
-"""Stage 2 with workload "train" (portkit/compile_training.py): the training step compiled per target."""
+"""Stage 2 with workload "train" (portkit/stages/compile/training.py): the training step compiled per target."""
 import json
 
 import pytest
 
 from conftest import fixture_model
-from portkit import compile_training, compiling, models
-from portkit.errors import BadParameter
+from portkit.stages.compile import training as compile_training
+from portkit.stages.compile import stage as compiling
+from portkit.models import registry as models
+from portkit.core.errors import BadParameter
 
 
 def _own_loss(module, batch):

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from conftest import FIXTURES, fixture_model
-from portkit import backends, compiling, economics, models, numerics, probes, runner, targets
-from portkit.errors import BadParameter
+from portkit.targets import backends
+from portkit.stages.compile import stage as compiling
+from portkit.planning import economics
+from portkit.models import registry as models
+from portkit.targets import numerics
+from portkit.core import availability as probes
+from portkit.run import runner
+from portkit.targets import specs as targets
+from portkit.core.errors import BadParameter
 
 MIGRATION = ("neuron", "tpu")
 
@@ -121,8 +128,8 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
         assert shared.compiles[0].check.numerics == alone.compiles[0].check.numerics   # each target's own rules
     assert both["tpu"].compiles[0].check.numerics != both["neuron"].compiles[0].check.numerics
     # a target that refuses the graph fails alone; the other is checked as before
-    from portkit import compile_steps
-    from portkit.errors import CompileRefused
+    from portkit.stages.compile import steps as compile_steps
+    from portkit.core.errors import CompileRefused
     real = compile_steps.selection.backend_for
 
     class Refusing(backends.EmulatedBackend):

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from portkit import accuracy, buckets, compiling, data, economics, fallbacks, models, report
+from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.buckets import stage as buckets
+from portkit.stages.compile import stage as compiling
+from portkit.corpora import corpus as data
+from portkit.planning import economics
+from portkit.stages.fallbacks import stage as fallbacks
+from portkit.models import registry as models
+from portkit.stages.report import stage as report
 
 ROOT = Path(__file__).resolve().parents[1]
 AUDIO = f"{ROOT / 'examples' / 'audio_classifier.py'}:build"

@@ -4,8 +4,14 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit import compiling, data, fallbacks, frames, models, probes, results
-from portkit.errors import BadParameter
+from portkit.stages.compile import stage as compiling
+from portkit.corpora import corpus as data
+from portkit.stages.fallbacks import stage as fallbacks
+from portkit.core import frames
+from portkit.models import registry as models
+from portkit.core import availability as probes
+from portkit.runfolder import results
+from portkit.core.errors import BadParameter
 
 
 def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
@@ -88,7 +94,7 @@ def test_plain_rnn_layers_and_cells_are_found_by_type_as_info():
 
 
 def report_features(spec):
-    from portkit import recording
+    from portkit.stages.fallbacks import recording
     m = models.load(spec)
     return recording.record(m.module, m.encode(["one two three"], pad_to=4)).features
 
@@ -252,7 +258,7 @@ def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(co
     assert writes == 2 * layers * fallbacks.GENERATED_TOKENS       # keys and values, each layer, each step
     # greedy decoding's argmax belongs to the serving loop (portkit's stands in for the stack's), not the user
     argmax = next(f for f in served.targets["neuron"].findings if "aten::argmax" in f.message)
-    assert argmax.where["file"].endswith("portkit/generation.py") and "argmax" in argmax.where["code"]
+    assert argmax.where["file"].endswith("portkit/workloads/generation.py") and "argmax" in argmax.where["code"]
     assert argmax.owner["package"] == frames.SERVING_LOOP and argmax.owner["owner"] == frames.LIBRARY
     with pytest.raises(BadParameter, match="workload 'inference'"):
-        fallbacks.check_parameters(workload="generate", model="minilm")
+        fallbacks.Options.of({"workload": "generate"}, model="minilm")

@@ -3,8 +3,10 @@ the overflow policy. Tiny from-config llama (seeded weights), real corpus prompt
 import pytest
 import torch
 
-from portkit import backends, generation, models
-from portkit.errors import BadParameter
+from portkit.targets import backends
+from portkit.workloads import generation
+from portkit.models import registry as models
+from portkit.core.errors import BadParameter
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,9 @@ def test_dynamic_cache_compiles_every_token_until_the_recompile_limit(llama):
 
 
 def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
-    from portkit import compiling, report, report_stages
+    from portkit.stages.compile import stage as compiling
+    from portkit.stages.report import stage as report
+    from portkit.stages.report import sections as report_stages
     found = compiling.check_generation(llama, corpus, ["tpu"], new_tokens=6, prompts=2)
     tpu = found["tpu"]
     assert tpu.backend == "portkit_tpu" and tpu.plan["prompt_buckets"][0] == generation.MIN_PROMPT_BUCKET
@@ -70,7 +74,7 @@ def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
 
 
 def test_the_generate_workload_needs_a_causal_lm_and_says_so_before_the_run():
-    from portkit import compiling
+    from portkit.stages.compile import stage as compiling
     with pytest.raises(BadParameter, match="workload .generate.*minilm is not one \\(its kind: embedding;"):
         compiling.check_parameters(workload="generate", model="minilm")
     with pytest.raises(BadParameter, match="unknown workload 'decode'; choose one of: inference, generate, train"):
@@ -81,13 +85,15 @@ def test_the_generate_workload_needs_a_causal_lm_and_says_so_before_the_run():
 
 
 def test_stage_4_generation_agreement_counts_a_near_tie_apart_from_a_clear_divergence(llama, corpus):
-    from portkit import accuracy, generation_accuracy
+    from portkit.stages.accuracy import stage as accuracy
+    from portkit.stages.accuracy import generation as generation_accuracy
     found = accuracy.check_generation(llama, corpus, ["neuron", "tpu"], new_tokens=6, prompts=2)
     for name, result in found.targets.items():     # left-padded prompts: no NaN under either target's numerics
         assert all(e == e for p in result.prompts for e in p.step_errors), name
     assert found.targets["neuron"].agreement == 1.0 and found.targets["neuron"].passed   # fp32 matmuls
     assert found.to_dict()["targets"]["tpu"]["precision"] == "default"
-    from portkit import report, report_stages
+    from portkit.stages.report import stage as report
+    from portkit.stages.report import sections as report_stages
     out = report.TargetReport("neuron", "Trainium", "emulated")
     report_stages._accuracy({"generation": found.to_dict()}, {}, out)
     assert out.metrics["accuracy"]["generation (greedy tokens)"] == "PASS: agree 100.0%, 100.0% with near-ties apart"
@@ -108,7 +114,11 @@ def test_stage_4_generation_agreement_counts_a_near_tie_apart_from_a_clear_diver
 
 
 def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_powers_of_two(corpus):
-    from portkit import buckets, economics, generation_buckets, report, report_stages
+    from portkit.stages.buckets import stage as buckets
+    from portkit.planning import economics
+    from portkit.stages.buckets import generation as generation_buckets
+    from portkit.stages.report import stage as report
+    from portkit.stages.report import sections as report_stages
     gpt2 = models.load("gpt2")
     costs = {"neuron": economics.neuron_estimate(gpt2.parameters),
              "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}

@@ -1,12 +1,19 @@
-"""Grid bucket plans over two varying dimensions (portkit/grid.py): exact padding, costs priced together."""
+"""Grid bucket plans over two varying dimensions (portkit/planning/grid.py): exact padding, costs priced together."""
 import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from portkit import buckets, economics, grid, grid_costs, models, report, report_stages, seq2seq
-from portkit.errors import BadParameter
+from portkit.stages.buckets import stage as buckets
+from portkit.planning import economics
+from portkit.planning import grid
+from portkit.stages.buckets import grid as grid_costs
+from portkit.models import registry as models
+from portkit.stages.report import stage as report
+from portkit.stages.report import sections as report_stages
+from portkit.models import seq2seq
+from portkit.core.errors import BadParameter
 
 
 def _brute(arr, first, second):
@@ -48,7 +55,7 @@ def test_compiles_and_padding_are_priced_together():
         grid.plans([[3, 0]], ("a", "b"), lambda a, b: 1.0, 1e-3)
 
 
-# ---------------------------------------------------------------- the grid in stage 3 (portkit/grid_costs.py)
+# ---------------------------------------------------------------- the grid in stage 3 (portkit/stages/buckets/grid.py)
 @pytest.fixture(scope="module")
 def t5_pairs():
     return models.load("t5-pairs")

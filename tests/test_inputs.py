@@ -1,11 +1,12 @@
-"""The input contract (portkit/inputs.py): a declaration builds batches from items, measures them, pads
+"""The input contract (portkit/models/inputs.py): a declaration builds batches from items, measures them, pads
 and cuts built batches, and says which dimensions vary; text and image models are two instances."""
 import numpy as np
 import pytest
 import torch
 
-from portkit import inputs, models
-from portkit.errors import BadParameter
+from portkit.models import inputs
+from portkit.models import registry as models
+from portkit.core.errors import BadParameter
 
 
 def _waves():
@@ -98,7 +99,7 @@ def test_text_and_image_models_are_two_instances_of_the_contract(minilm):
 
 
 def test_xla_input_shapes_and_dtypes_come_from_the_declaration():
-    from portkit import xla_compile
+    from portkit.xla import compiler as xla_compile
     two = inputs.Declaration(
         (inputs.TensorSpec("input_ids", torch.long, ("batch", "source")),
          inputs.TensorSpec("decoder_input_ids", torch.long, ("batch", "target"))),

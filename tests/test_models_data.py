@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit import data, images, models
-from portkit.errors import BadParameter, NeedsNetwork
+from portkit.corpora import corpus as data
+from portkit.corpora import images
+from portkit.models import registry as models
+from portkit.core.errors import BadParameter, NeedsNetwork
 
 
 def test_minilm_gives_real_sentence_embeddings(minilm):

@@ -72,7 +72,7 @@ def test_library_and_notebook_code_pass_ruff():
 
 
 def test_runner_knows_every_notebook():
-    from portkit import runner
+    from portkit.run import runner
     assert sorted(s.notebook for s in runner.STAGES) == sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from portkit import numerics, targets
+from portkit.targets import numerics
+from portkit.targets import specs as targets
 
 TPU, NEURON = targets.get("tpu"), targets.get("neuron")
 

@@ -7,9 +7,13 @@ import torch
 from torch import nn
 from torch.testing._comparison import default_tolerances
 
-from portkit import _torch, placement, results, targets, tolerance
-from portkit.tables import HtmlTable
-from portkit.tracking import ModuleTracker
+from portkit.core import torch_private as _torch
+from portkit.core import placement
+from portkit.runfolder import results
+from portkit.targets import specs as targets
+from portkit.targets import tolerance
+from portkit.core.tables import HtmlTable
+from portkit.core.module_stack import ModuleTracker
 
 TPU, NEURON = targets.get("tpu"), targets.get("neuron")
 
@@ -195,7 +199,7 @@ def test_finding_keeps_the_report_keys():
 
 
 def test_read_buckets(tmp_path):
-    from portkit import runner
+    from portkit.run import runner
     assert all(s.result == results.result_file(s.name) for s in runner.STAGES)   # one naming rule
     assert results.read_buckets(tmp_path) is None
     path = tmp_path / "buckets.json"
@@ -215,7 +219,9 @@ def test_read_buckets(tmp_path):
 
 
 def test_stage_3s_plans_are_read_before_its_result_exists_and_its_result_wins_after(tmp_path):
-    from portkit import buckets, planner, results as results_mod
+    from portkit.stages.buckets import stage as buckets
+    from portkit.planning import planner
+    from portkit.runfolder import results as results_mod
     plan = planner.plan_buckets([5, 9, 30, 31, 60], "pow2", k=2)
     early = buckets.save_plans({"tpu": plan}, tmp_path)
     assert early.name == results_mod.runfolder.stage("buckets").early

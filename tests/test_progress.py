@@ -1,4 +1,4 @@
-"""Progress bars (portkit.progress): text on stderr in headless runs, tqdm.auto's choice otherwise, and
+"""Progress bars (portkit.core.progress): text on stderr in headless runs, tqdm.auto's choice otherwise, and
 the long loops (tokenizing a corpus, per-layer passes, accuracy's passes and buckets) show one."""
 import re
 
@@ -8,7 +8,10 @@ import tqdm.auto
 import tqdm.std
 
 from conftest import fixture_model
-from portkit import accuracy, data, models, progress
+from portkit.stages.accuracy import stage as accuracy
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
+from portkit.core import progress
 
 
 @pytest.mark.parametrize("value,headless", [("1", True), ("0", False), ("", False)])

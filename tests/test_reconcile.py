@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from conftest import FIXTURES, fixture_model
-from portkit import compiling, data, fallbacks, frames, models, reconcile, report, results
-from portkit.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, VANISHES, WORK
+from portkit.stages.compile import stage as compiling
+from portkit.corpora import corpus as data
+from portkit.stages.fallbacks import stage as fallbacks
+from portkit.core import frames
+from portkit.models import registry as models
+from portkit.core import reconcile
+from portkit.stages.report import stage as report
+from portkit.runfolder import results
+from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, VANISHES, WORK
 
 
 def line_of(marker: str) -> int:

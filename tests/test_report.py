@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from portkit import cli, data, fallbacks, models, report, results
+from portkit import cli
+from portkit.corpora import corpus as data
+from portkit.stages.fallbacks import stage as fallbacks
+from portkit.models import registry as models
+from portkit.stages.report import stage as report
+from portkit.runfolder import results
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +227,7 @@ def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_pa
     """The target's compiler refuses the model: the accuracy stage judges it in eager emulation, says so,
     and the run goes on to a report that shows the refusal as a blocker (issue #19)."""
     from conftest import fixture_model
-    from portkit import targets
+    from portkit.targets import specs as targets
     out = tmp_path / "run"
     rc = cli.main(["run", "--model", fixture_model("dynamic_after_break_model"), "--target", "tpu", "--out", str(out),
                    "--stages", "accuracy,report", "--no-progress", "-p", "batch_size", "2", "-p", "seq_len", "16",
@@ -240,10 +245,11 @@ def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_pa
     assert "refuses the compiled model" in page and "compiled path refused" in page
 
 
-@pytest.mark.skipif(not __import__("portkit.probes").probes.xla_tpu_compile_available(),
+@pytest.mark.skipif(not __import__("portkit.core.availability").core.availability.xla_tpu_compile_available(),
                     reason="needs jax, jaxlib, libtpu and torchax (pip install 'portkit[xla]')")
 def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_path):
-    from portkit import runfolder, xla
+    from portkit.runfolder import layout as runfolder
+    from portkit.stages.xla import stage as xla
     out = tmp_path / "run"
     out.mkdir()
     for stage in runfolder.STAGES:       # what `portkit run --model tiny-llama` leaves of the stages with values

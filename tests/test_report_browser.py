@@ -2,7 +2,8 @@
 import pytest
 
 from conftest import ROOT
-from portkit import probes, runner
+from portkit.core import availability as probes
+from portkit.run import runner
 
 ARTIFACTS = ROOT / "test-artifacts"
 
@@ -50,9 +51,12 @@ def test_report_renders_in_chromium(tmp_path, corpus):
 def _accuracy_verdicts_report(out, corpus):
     """report.html of a stage 4 result with one PASS (neuron) and one FAIL (tpu under a wrong addmm)."""
     from conftest import fixture_model
-    from portkit import accuracy, data, models, numerics
-    from portkit.accuracy_report import AccuracyReport
-    from portkit.report import build_report
+    from portkit.stages.accuracy import stage as accuracy
+    from portkit.corpora import corpus as data
+    from portkit.models import registry as models
+    from portkit.targets import numerics
+    from portkit.stages.accuracy.result import AccuracyReport
+    from portkit.stages.report.stage import build_report
     m = models.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
     run = {"all_precisions": False, "compiled": False, "progress": False, "float64_reference": False}
@@ -72,7 +76,10 @@ def test_an_abstract_models_scale_sections_render_in_chromium(tmp_path):
     """An abstract model's report (stage 3b alone, the other stages skipped): its scale and capacity tables show."""
     import contextlib
 
-    from portkit import report, results, runfolder, xla
+    from portkit.stages.report import stage as report
+    from portkit.runfolder import results
+    from portkit.runfolder import layout as runfolder
+    from portkit.stages.xla import stage as xla
     sync_api = pytest.importorskip("playwright.sync_api")
     out = tmp_path / "run"
     out.mkdir()

@@ -14,7 +14,9 @@ import nbformat
 import pytest
 
 from conftest import ROOT, fixture_model
-from portkit import _io, cli, runner
+from portkit.core import atomic_io as _io
+from portkit import cli
+from portkit.run import runner
 
 # Keys whose values are measured times or shares of a measured time: two runs with one seed differ there
 # and nowhere else. A list whose order is by time (the op and module tables) is compared as a multiset.
@@ -144,7 +146,9 @@ def test_the_same_seed_gives_the_same_result_apart_from_times(tmp_path):
 def _stub_stages(monkeypatch, failing=()):
     """Stage execution without kernels: a stage in `failing` fails as a notebook cell would; the others
     write the stage 1 result of the lstm model (a real one, made once per test)."""
-    from portkit import data, fallbacks, models
+    from portkit.corpora import corpus as data
+    from portkit.stages.fallbacks import stage as fallbacks
+    from portkit.models import registry as models
     m = models.load("lstm")
     inputs, described = data.example_batch(m, data.load_corpus(), 2, 8)
     made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described)
@@ -210,7 +214,8 @@ def test_params_shows_each_stages_own_default(capsys):
 
 
 def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_path, monkeypatch, capsys):
-    from portkit import buckets, results
+    from portkit.stages.buckets import stage as buckets
+    from portkit.runfolder import results
 
     class ImageModel:        # what the stage reads of a model that takes one fixed image shape
         name, seq_dim = "vit", None      # no dimension of its inputs varies with the data
@@ -241,8 +246,9 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
 
 
 def test_an_abstract_model_skips_the_stages_that_need_weights_without_starting_them(tmp_path, monkeypatch, capsys):
-    from portkit import params, results
-    from portkit.errors import BadParameter
+    from portkit.stages import options
+    from portkit.runfolder import results
+    from portkit.core.errors import BadParameter
     ran = []
     monkeypatch.setattr(runner, "_execute", lambda stage, *args: ran.append(stage.name))
     out = tmp_path / "run"
@@ -259,7 +265,7 @@ def test_an_abstract_model_skips_the_stages_that_need_weights_without_starting_t
     results.skip_if_abstract("tiny-llama", out, "xla", ["tpu"])      # stage 3b runs it: no skip
     results.skip_if_abstract("minilm", out, "fallbacks", ["tpu"])    # a model with weights: no skip
     with pytest.raises(BadParameter, match="unknown model 'llama3-9b'; choose one of: .*llama3-70b, llama3-8b"):
-        params.common("llama3-9b", ["tpu"], str(out))
+        options.common("llama3-9b", ["tpu"], str(out))
 
 
 def _notebook(path: Path, *cells: str) -> Path:
@@ -271,7 +277,7 @@ def _notebook(path: Path, *cells: str) -> Path:
 
 def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_replaced(tmp_path):
     import papermill
-    from portkit import kernels
+    from portkit.run import jupyter_kernels as kernels
     first = _notebook(tmp_path / "first.ipynb", "import os\nleft_behind = 1\nprint(os.getpid())")
     later = _notebook(tmp_path / "later.ipynb", "import os\nassert 'left_behind' not in globals()\nprint(os.getpid())")
 
@@ -292,7 +298,8 @@ def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_repl
 
 def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_allows(tmp_path, monkeypatch):
     import threading
-    from portkit import buckets, kernels
+    from portkit.stages.buckets import stage as buckets
+    from portkit.run import jupyter_kernels as kernels
     _stub_stages(monkeypatch)
     stub, spans, lock = runner._execute, {}, threading.Lock()
 
@@ -349,7 +356,7 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
 
 
 def test_the_size_a_run_assumes_before_loading_a_model_bounds_it(tmp_path):
-    from portkit import models
+    from portkit.models import registry as models
     for name in models.SOURCES:                       # a built-in: the bound the runner assumes holds
         assert models.load(name).parameters <= models.size_hint(name) == models.BUILTIN_MAX_PARAMETERS, name
     (tmp_path / "config.json").write_text("{}")
@@ -358,7 +365,7 @@ def test_the_size_a_run_assumes_before_loading_a_model_bounds_it(tmp_path):
 
 
 def test_the_kernels_environment_is_set_for_the_run_where_the_user_set_none_and_then_restored(monkeypatch):
-    from portkit import kernels
+    from portkit.run import jupyter_kernels as kernels
     first, *others = kernels.ENVIRONMENT
     monkeypatch.setenv(first, "mine")
     for key in others:

@@ -7,8 +7,11 @@ import json
 
 import pytest
 import torch
-from portkit import abstract_models, probes, xla_compile, xla_sharded
-from portkit.errors import BadParameter
+from portkit.models import abstract as abstract_models
+from portkit.core import availability as probes
+from portkit.xla import compiler as xla_compile
+from portkit.xla import sharded as xla_sharded
+from portkit.core.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax (pip install 'portkit[xla]')")
@@ -51,7 +54,7 @@ def test_collectives_are_counted_once_per_op_not_per_reference():
 
 
 def test_an_unprintable_compiled_module_keeps_its_verdict_without_a_collective_count():
-    from portkit import xla_results
+    from portkit.xla import results as xla_results
 
     class Unprintable:             # what libtpu gave for Llama-3-70B on v5p:2x2x1: compiled, as_text() fails
         def as_text(self):
@@ -78,7 +81,7 @@ def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
 
 
 def test_scale_parameters_are_checked_before_any_compile():
-    from portkit import xla
+    from portkit.stages.xla import stage as xla
     with pytest.raises(BadParameter, match="v5e:3x3"):
         xla_sharded.check_scale_parameters(["v5e:3x3"], 1, 8)
     with pytest.raises(BadParameter, match="scale_topologies"):
@@ -92,7 +95,7 @@ def test_scale_parameters_are_checked_before_any_compile():
 
 @needs_xla
 def test_the_real_size_check_stops_at_the_smallest_topology_that_fits_and_searches_the_batch():
-    from portkit import scale
+    from portkit.stages.xla import realsize as scale
     m = abstract_models.build("tiny-llama")
     checks = scale.run(m, ["neuron", "tpu", "cpu"], ["v5e:2x2", "v5e:1x1"], batch=4, seq=16)
     tpu = checks["tpu"]
@@ -162,7 +165,7 @@ def test_the_compilers_out_of_hbm_verdict_is_the_boundary():
 def test_roofline_is_an_estimate_bound_by_the_slower_of_compute_and_hbm():
     from types import SimpleNamespace
 
-    from portkit import capacity
+    from portkit.targets import capacity
     report = SimpleNamespace(topology="v5e:2x2", hbm_bytes_per_device=16 * 2**30)
     result = SimpleNamespace(status="compiled", flops=197e12, bytes_accessed=819e9 / 2,
                              memory={"total": 5 * 2**30})
@@ -175,7 +178,7 @@ def test_roofline_is_an_estimate_bound_by_the_slower_of_compute_and_hbm():
 
 
 def test_every_chip_value_names_its_source_and_the_compile_check_reads_the_same_hbm():
-    from portkit import capacity
+    from portkit.targets import capacity
     table = json.loads(capacity.CHIPS.read_text())
     assert "_provenance" in table
     for name, spec in capacity.chips().items():
@@ -190,7 +193,7 @@ def test_every_chip_value_names_its_source_and_the_compile_check_reads_the_same_
 
 
 def test_neuron_capacity_counts_llama3_8b_flops_on_the_graph_without_weights():
-    from portkit import capacity
+    from portkit.targets import capacity
     m = abstract_models.build("llama3-8b")
     found = capacity.neuron_capacity(m, abstract_models.text_shape(m, 8, 1024))
     c = m.config
@@ -211,12 +214,13 @@ def test_neuron_capacity_counts_llama3_8b_flops_on_the_graph_without_weights():
 
 
 def _native(name: str) -> bool:
-    from portkit import targets
+    from portkit.targets import specs as targets
     return targets.detect(name).native
 
 
 def test_an_emulated_target_gets_no_measured_throughput_only_estimates(minilm):
-    from portkit import capacity, targets
+    from portkit.targets import capacity
+    from portkit.targets import specs as targets
     if targets.detect("tpu").native:
         pytest.skip("a TPU is present: the measurement runs (test_native_throughput_is_measured_on_the_device)")
     with pytest.raises(BadParameter, match="invalid target for a measured throughput 'tpu': needs its device"):
@@ -227,7 +231,7 @@ def test_an_emulated_target_gets_no_measured_throughput_only_estimates(minilm):
 def test_native_throughput_is_measured_on_the_device(minilm, name):
     if not _native(name):
         pytest.skip(f"needs {name}'s vendor package and device (native mode); emulated here")
-    from portkit import capacity
+    from portkit.targets import capacity
     rows = capacity.measure_native(minilm, name, [{"batch": 1, "seq": 16}, {"batch": 4, "seq": 64}], repeats=3)
     assert [r["shape"] for r in rows] == [{"batch": 1, "seq": 16}, {"batch": 4, "seq": 64}]
     assert all(r["per_second"] > 0 and r["unit"] == "tokens" and r["label"].startswith("measured on") for r in rows)

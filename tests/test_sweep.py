@@ -9,7 +9,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import fixture_model
-from portkit import cli, report, sweep
+from portkit import cli
+from portkit.stages.report import stage as report
+from portkit.run import sweep
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install 'portkit[sweep]')")

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from portkit import probes, targets
-from portkit.errors import BadParameter
+from portkit.core import availability as probes
+from portkit.targets import specs as targets
+from portkit.core.errors import BadParameter
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "data" / "sources"     # the snapshots the op tables are built from, shipped in the repo

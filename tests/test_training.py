@@ -1,9 +1,13 @@
-"""portkit.training: a real training step (the model's own loss, AdamW) and its compiled form."""
+"""portkit.workloads.training: a real training step (the model's own loss, AdamW) and its compiled form."""
 import pytest
 import torch
 
-from portkit import models, numerics, targets, tolerance, training
-from portkit.errors import BadParameter
+from portkit.models import registry as models
+from portkit.targets import numerics
+from portkit.targets import specs as targets
+from portkit.targets import tolerance
+from portkit.workloads import training
+from portkit.core.errors import BadParameter
 
 
 def _decreases(run, distinct: int) -> bool:
@@ -128,8 +132,8 @@ def test_functional_forms_of_in_place_writes_are_judged_as_the_write_under_compi
 
 
 def test_packing_against_padding_to_seq_len_and_to_buckets_on_real_texts(gpt2, minilm, corpus):
-    from portkit import buckets
-    from portkit.planner import BucketPlan
+    from portkit.stages.buckets import stage as buckets
+    from portkit.planning.planner import BucketPlan
     plan = BucketPlan("auto", (16, 48, 128), 0, 0, 1, "truncate", "test")
     rows = buckets.training_layouts(gpt2, corpus, {"tpu": plan}, batch_size=4, seq_len=128)["tpu"]
     packed, padded, bucketed = rows

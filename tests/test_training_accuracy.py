@@ -1,9 +1,13 @@
 """Stage 4 for training: where a target precision's loss and gradients part from fp32, and the advice."""
 import pytest
 
-from portkit import accuracy, report, report_stages, runner, training
-from portkit.errors import BadParameter
-from portkit.training_accuracy import TrainingComparison, diverge, measured_master_weights
+from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.report import stage as report
+from portkit.stages.report import sections as report_stages
+from portkit.run import runner
+from portkit.workloads import training
+from portkit.core.errors import BadParameter
+from portkit.stages.accuracy.training import TrainingComparison, diverge, measured_master_weights
 
 
 def _run(target, precision, losses, norms):

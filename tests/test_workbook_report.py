@@ -25,7 +25,7 @@ def test_minilm_report_holds_every_section(request):
     report = json.loads(path.read_text())
     assert report["model"]["name"] == "minilm" and report["gaps"] == []
     assert all(report["stages"][s]["status"] == "ok" for s in STAGES)
-    from portkit import targets
+    from portkit.targets import specs as targets
     for name in ("neuron", "tpu"):
         t = report["targets"][name]
         assert t["mode"] == targets.detect(name).mode and t["based_on"] == STAGES

@@ -1,4 +1,4 @@
-"""portkit.xla (stage 3b) and its machinery (portkit.xla_compile, xla_results, xla_cache): real XLA
+"""portkit.stages.xla.stage (stage 3b) and its machinery (portkit.xla.compiler, xla_results, xla_cache): real XLA
 compiles for TPU topologies on this CPU host, the verdict cache, and the Neuron lowering check.
 
 Tests that compile need jax, jaxlib, libtpu and torchax (`pip install 'portkit[xla]'`) and skip
@@ -16,8 +16,16 @@ import pytest
 import torch
 from torch import nn
 
-from portkit import data, models, probes, results, runner, targets, xla, xla_cache, xla_compile
-from portkit.errors import BadParameter, MissingPackage, PortkitError
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
+from portkit.core import availability as probes
+from portkit.runfolder import results
+from portkit.run import runner
+from portkit.targets import specs as targets
+from portkit.stages.xla import stage as xla
+from portkit.xla import cache as xla_cache
+from portkit.xla import compiler as xla_compile
+from portkit.core.errors import BadParameter, MissingPackage, PortkitError
 
 needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
@@ -84,7 +92,7 @@ def test_small_model_compiles_for_v5e_with_hbm_and_flops(bert, tmp_path):
     assert "real XLA compile" in text and "compile-only" in text and "nothing executed on a TPU" in text
     assert "sanity: argument bytes" in text
     assert "nothing executed on a TPU" in report._repr_html_()
-    saved = json.loads(report.save(tmp_path / "xla.json").read_text())
+    saved = json.loads(json.dumps(report.to_dict()))
     assert saved["ok"] is True and saved["shapes"][0]["memory"]["total"] == one.memory["total"]
     assert "optimal_seconds" not in json.dumps(saved)     # can be negative: never reported
 
@@ -319,7 +327,7 @@ time.sleep(300)
 """
 _COMPILE_TINY = """
 import os, torch
-from portkit import xla
+from portkit.stages.xla import stage as xla
 report = xla.compile_for_tpu(torch.nn.Linear(8, 8), [{"input": ((2, 8), "float32")}], topology="v5e:1x1")
 print(report.shapes[0].status, report.shapes[0].platform, os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD"))
 """
@@ -329,7 +337,7 @@ print(report.shapes[0].status, report.shapes[0].platform, os.environ.get("ALLOW_
 def test_compiles_while_another_process_holds_libtpu():
     if probes.tpu_chip_count() != 0:
         pytest.skip("TPU chips on this host (or JAX cannot scan for them): there the lockfile guards a device")
-    # Neither process is told about the lockfile: portkit.xla must allow the second load itself.
+    # Neither process is told about the lockfile: portkit.stages.xla.stage must allow the second load itself.
     env = {k: v for k, v in os.environ.items() if k not in xla.COMPILE_ONLY_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LIBTPU], env={**env, "TPU_WORKER_HOSTNAMES": "localhost"},
@@ -459,7 +467,8 @@ def test_stage_turns_failures_into_findings(bert, tmp_path):
 
 @needs_xla
 def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_path, monkeypatch):
-    from portkit import report, xla_sharded
+    from portkit.stages.report import stage as report
+    from portkit.xla import sharded as xla_sharded
     monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
     stage = xla.run_stage(bert, ["tpu"], tmp_path, batch_size=1, seq_len=32, largest_batch=True)
     (found,) = stage.largest["tpu"]

@@ -1,4 +1,4 @@
-"""Stage 3b with workload "generate" (portkit.xla_generation): a causal LM's prefill and decode graphs over a
+"""Stage 3b with workload "generate" (portkit.stages.xla.generation): a causal LM's prefill and decode graphs over a
 static KV cache, compiled by XLA for a TPU topology with the cache in HBM, and the largest batch that fits at
 a context. Compiles need the xla extra and skip without it; the graph itself is checked eagerly everywhere."""
 import json
@@ -6,8 +6,15 @@ import json
 import pytest
 import torch
 
-from portkit import generation, models, probes, report, xla, xla_compile, xla_generation, xla_sharded
-from portkit.errors import BadParameter
+from portkit.workloads import generation
+from portkit.models import registry as models
+from portkit.core import availability as probes
+from portkit.stages.report import stage as report
+from portkit.stages.xla import stage as xla
+from portkit.xla import compiler as xla_compile
+from portkit.stages.xla import generation as xla_generation
+from portkit.xla import sharded as xla_sharded
+from portkit.core.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")

@@ -1,10 +1,17 @@
-"""Stage 3b with workload "train" (portkit.xla_training): the whole training step (the model's loss, its
+"""Stage 3b with workload "train" (portkit.stages.xla.training): the whole training step (the model's loss, its
 gradients, AdamW) compiled by XLA for a TPU topology on this CPU host, its memory broken down, and the
 largest micro-batch that fits. Compiles need the xla extra and skip without it."""
 import pytest
 
-from portkit import data, models, probes, report, xla, xla_compile, xla_sharded, xla_training
-from portkit.errors import BadParameter
+from portkit.corpora import corpus as data
+from portkit.models import registry as models
+from portkit.core import availability as probes
+from portkit.stages.report import stage as report
+from portkit.stages.xla import stage as xla
+from portkit.xla import compiler as xla_compile
+from portkit.xla import sharded as xla_sharded
+from portkit.stages.xla import training as xla_training
+from portkit.core.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from portkit._io import write_json  # noqa: E402
+from portkit.core.atomic_io import write_json  # noqa: E402
 
 DEFAULT_SOURCE = ROOT / "data" / "sources" / "neuron_ops_devtree_2026-04.json"
 RELEASE_TABLE = "aws-neuron/torch-neuronx docs/torch_api_compatibility.md"

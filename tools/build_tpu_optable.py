@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from portkit._io import write_json  # noqa: E402
+from portkit.core.atomic_io import write_json  # noqa: E402
 
 DEFAULT_COMPARE = ROOT / "data" / "sources" / "torch_tpu_0.2.0_dispatcher_ops.json"
 

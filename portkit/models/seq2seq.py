@@ -1,0 +1,70 @@
+"""An encoder-decoder model whose two lengths vary apart: T5 fed (text, its first sentence) pairs.
+
+    >>> m = models.load("t5-pairs")                     # T5 2+2 layers, random weights, two varying dimensions
+    >>> m.declaration.lengths(texts)                    # {"source": [...], "target": [...]}, tokens each
+
+Summarisation is the task an encoder-decoder is migrated for, and its two lengths vary with the data
+apart: the document (encoder, `source`) and the summary (decoder, `target`, teacher-forced). Each corpus
+text is one item: the whole text is the source and its first sentence, within its first line, the target
+(for the standard library's docstrings, the summary line PEP 257 asks a docstring to open with), so any
+text corpus serves, the user's own included. Stage 3 fits a grid of bucket boundaries on both lengths
+(portkit/planning/grid.py).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from portkit.models import inputs
+
+SOURCE, TARGET = "source", "target"
+MAX_TOKENS = 512      # each dimension: T5's relative positions take any length; the tokenizer's limit
+
+
+def pair(text: str) -> tuple[str, str]:
+    """(source, target): the whole text, and its first sentence within its first line."""
+    line = text.strip().split("\n")[0]
+    head, dot, _ = line.partition(". ")
+    return text, head + dot.strip()
+
+
+class T5Pairs(nn.Module):
+    """T5 with its decoder fed the target (teacher forcing): a dict with the logits per target token."""
+
+    def __init__(self, t5: nn.Module):
+        super().__init__()
+        self.model = t5
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask):
+        return {"logits": self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                     decoder_input_ids=decoder_input_ids,
+                                     decoder_attention_mask=decoder_attention_mask, use_cache=False).logits}
+
+
+def declaration(tokenizer, max_tokens: int = MAX_TOKENS) -> inputs.Declaration:
+    """Texts as (source, target) pairs: `source` and `target` vary, each with its attention mask."""
+    def tokens(texts, size):
+        return tokenizer(list(texts), padding="max_length", max_length=size, truncation=True, return_tensors="pt")
+
+    def build(items, sizes):
+        pairs = [pair(t) for t in items]
+        src, tgt = tokens((s for s, _ in pairs), sizes[SOURCE]), tokens((t for _, t in pairs), sizes[TARGET])
+        return {"input_ids": src["input_ids"], "attention_mask": src["attention_mask"],
+                "decoder_input_ids": tgt["input_ids"], "decoder_attention_mask": tgt["attention_mask"]}
+
+    def measure(items):
+        pairs = [pair(t) for t in items]
+        counted = tokenizer([s for s, _ in pairs] + [t for _, t in pairs], verbose=False)["input_ids"]
+        return {SOURCE: [len(x) for x in counted[:len(pairs)]], TARGET: [len(x) for x in counted[len(pairs):]]}
+
+    spec = inputs.TensorSpec
+    return inputs.Declaration(
+        inputs=(spec("input_ids", torch.long, (inputs.BATCH, SOURCE)),
+                spec("attention_mask", torch.long, (inputs.BATCH, SOURCE)),
+                spec("decoder_input_ids", torch.long, (inputs.BATCH, TARGET)),
+                spec("decoder_attention_mask", torch.long, (inputs.BATCH, TARGET))),
+        dims=(inputs.Dim(inputs.BATCH, batch=True), inputs.Dim(SOURCE, varies=True, max=max_tokens),
+              inputs.Dim(TARGET, varies=True, max=max_tokens)),
+        build=build, measure=measure, outputs=(inputs.Output("logits", inputs.SEQ2SEQ_LM),), data=inputs.TEXT,
+        masks={SOURCE: "attention_mask", TARGET: "decoder_attention_mask"},
+        item_label="texts as (text, first sentence) pairs")

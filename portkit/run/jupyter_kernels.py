@@ -1,0 +1,153 @@
+"""The kernels a run's stages execute in: one per lane, kept for the run.
+
+    >>> with kernels.SharedKernel() as kernel:
+    ...     papermill.execute_notebook(a, a_out, km=kernel.for_stage())   # starts the kernel
+    ...     papermill.execute_notebook(b, b_out, km=kernel.for_stage())   # the same kernel, its namespace cleared
+
+A fresh kernel per stage pays for a new interpreter and for importing torch, transformers and portkit again:
+about 4 s a stage on 2 cores, against 0.2 s in a kept kernel (papermill on a notebook that only imports the
+stages' modules). A kept kernel is cleared between stages: IPython's reset empties the namespace (no
+variable of one stage reaches the next), open figures are closed, Dynamo's compiled code dropped
+(torch.compiler.reset) and the cells numbered from 1 again, so a stage starts as it would in a new kernel,
+with its imports already done. The stages seed what they sample, so kept kernels give the same results as
+fresh ones. A kernel that died is replaced for the next stage. Each notebook still runs on its own in a
+fresh kernel (JupyterLab, nbval): nothing in a stage may rely on an earlier stage's kernel.
+
+Two stages that do not read each other's results run at once, each in its own kernel (a lane), where the
+machine has the cores and the memory for both (lanes_for).
+"""
+from __future__ import annotations
+
+import os
+
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
+
+from portkit.targets import allocator
+
+# The kernels' environment, set by the runner where the user has not:
+# - OpenMP's threads sleep when idle instead of spinning: two stages side by side, each with torch's threads
+#   on a 2-core machine, otherwise spend the cores waiting on each other (the default run's stages 2 and 3
+#   took 96 and 98 s side by side, 34 and 42 s with this; a stage alone is as fast either way);
+# - glibc's malloc serves blocks under 32 MiB from its heap and keeps up to 64 MiB of freed memory
+#   (portkit.targets.allocator: why, and the values' one owner). Other C libraries ignore the names.
+ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", **allocator.ENVIRONMENT}
+
+KERNEL = "python3"
+# Stages a run may hold at once, each in a kernel of its own (runner: a stage starts once the stages it reads
+# have ended). Two: stage 2's storm and stage 3's replay are each bound to one core by Dynamo's tracing
+# (Python), so on a 2-core machine they run side by side in about the time of the longer one.
+LANES = 2
+# What a kernel may take while it runs a stage, to decide whether two fit in memory: the interpreter with
+# torch, transformers and jax imported and the stage's working memory (the default run's kernels peaked at
+# 1178 MiB resident with MiniLM's 22.7 M parameters, sampled from /proc; 445 MiB after the imports alone), with
+# margin; and per parameter the float32 weights, stage 4's float64 copy and room for activations, optimizer
+# state and copies (about 2.5 times those 12 bytes).
+KERNEL_BYTES = 2 * 2 ** 30
+BYTES_PER_PARAMETER = 32
+# seconds to wait for the kept kernel to answer, and to clear its namespace (a reset takes well under one)
+READY_SECONDS = 60
+# Run in the kept kernel before each later stage. Nothing here imports a module the stage did not.
+# get_ipython().reset is `%reset -f` in a new history session: the stage's cells are numbered from 1, as in
+# a new kernel (numbering them from 1 in the old session clashes with its saved lines: IPython then prints
+# "Session/line number was not unique in database" into a cell's output).
+CLEAR = """\
+get_ipython().reset(new_session=True)
+import gc as _gc, sys as _sys
+if "matplotlib.pyplot" in _sys.modules:
+    _sys.modules["matplotlib.pyplot"].close("all")
+if "torch" in _sys.modules:
+    _sys.modules["torch"].compiler.reset()
+del _gc, _sys
+"""
+
+
+class SharedKernel:
+    """The kernel manager papermill gets for each stage (`km=`): a kernel started for the first stage, the same
+    kernel, cleared, for the later ones."""
+
+    def __init__(self, kernel_name: str = KERNEL, lane: int = 0, cwd: str | None = None, extra_arguments=()):
+        self.kernel_name, self.lane = kernel_name, lane
+        # where a new kernel works, and its command-line arguments (set here, not by papermill: its cwd= would
+        # change this whole process's folder, which two stages side by side would leave wrong)
+        self.cwd, self.extra_arguments = cwd, list(extra_arguments)
+        self.km: AsyncKernelManager | None = None
+        self.closed = False    # the run closed it: a stage that was running in it was stopped
+        self.prepared = False  # cleared (or new) since its last stage: the next one starts at once
+
+    def prepare(self) -> None:
+        """Make the kernel ready for a stage: clear the kept one, or start a new one. The runner calls this
+        as soon as a stage has ended, so that the next stage to get this kernel does not wait for it. Once
+        the run has closed the kernel, nothing is started."""
+        if not self.closed and self.km is not None and self.km.has_kernel and run_sync(self.km.is_alive)():
+            if run_sync(_clear)(self.km):
+                self.prepared = True
+                return
+        self._stop()   # none yet, or a dead kernel, or one that could not be cleared: start a new one
+        if self.closed:
+            return
+        self.km = AsyncKernelManager(kernel_name=self.kernel_name)
+        run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments)
+        self.prepared = True
+
+    def for_stage(self) -> AsyncKernelManager:
+        self.closed = False
+        if not (self.prepared and self.km is not None and self.km.has_kernel and run_sync(self.km.is_alive)()):
+            self.prepare()
+        self.prepared = False   # the stage about to run dirties it
+        return self.km
+
+    def close(self) -> None:
+        self.closed, self.prepared = True, False
+        self._stop()
+
+    def _stop(self) -> None:
+        km, self.km = self.km, None
+        if km is not None and km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+
+    def __enter__(self) -> SharedKernel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def _clear(km: AsyncKernelManager) -> bool:
+    """Clear the kernel's namespace (CLEAR); True when it answered ok."""
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=READY_SECONDS)
+        reply = await kc.execute_interactive(CLEAR, store_history=False, allow_stdin=False, timeout=READY_SECONDS,
+                                             output_hook=lambda msg: None)
+        return reply["content"]["status"] == "ok"
+    except (RuntimeError, TimeoutError):   # the kernel did not answer in time: the caller starts a new one
+        return False
+    finally:
+        kc.stop_channels()
+
+
+def lanes_for(parameters: int | None, lanes: int = LANES) -> int:
+    """How many stages may run at once: `lanes` where this machine has the cores and the memory available for
+    that many kernels with a model of `parameters`; 1 while the model's size is not known yet."""
+    if lanes <= 1 or parameters is None:
+        return 1
+    fits = available_memory() // (KERNEL_BYTES + BYTES_PER_PARAMETER * parameters)
+    return max(1, min(lanes, os.cpu_count() or 1, fits))
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new processes (Linux's MemAvailable; elsewhere the free pages); 0 unknown."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+

@@ -1,0 +1,131 @@
+"""The run folder: which stage writes which file, how a run folder is recognised, and the run log.
+
+    >>> from portkit import runfolder
+    >>> [s.name for s in runfolder.STAGES]
+    ['fallbacks', 'compile', 'buckets', 'xla', 'accuracy', 'report']
+    >>> runfolder.read_log("runs/minilm")["stages"]["compile"]["status"]      # "ok" or "failed"
+    'ok'
+
+A foundation: the runner, the report and the sweep read the layout from here, so no stage or
+orchestrator imports another to learn it. The run log (RUN_LOG) records how each stage of the latest
+`portkit run` ended; a stage that failed leaves no result file, and the report names the failure from
+the log rather than only calling the result "missing".
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from portkit.core import atomic_io as _io
+
+
+def result_file(name: str) -> str:
+    """The file a stage writes its result to in the run folder: <stage>.json."""
+    return f"{name}.json"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    notebook: str
+    module: str          # its portkit module; its check_parameters() runs before anything is written
+    needs_weights: bool = True   # runs the model on values: skipped for an abstract model (no weights, #16)
+    # the earlier stages whose results it reads (portkit.runfolder.results): it starts once they have
+    # ended; its module's reads(targets), where there is one, narrows them for the targets of a run
+    reads: tuple[str, ...] = ()
+    # a file it writes before it ends, that a later stage may start on (stage 3's chosen plans, before its replay)
+    early: str | None = None
+    # of its reads, those whose early file is all it needs: it may start once that file is written
+    reads_early: tuple[str, ...] = ()
+
+    @property
+    def result(self) -> str:
+        return result_file(self.name)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("fallbacks", "01_fallbacks.ipynb", "portkit.stages.fallbacks.stage"),
+    # compile: eager findings, compiled
+    Stage("compile", "02_compile.ipynb", "portkit.stages.compile.stage", reads=("fallbacks",)),
+    Stage("buckets", "03_buckets.ipynb", "portkit.stages.buckets.stage", reads=("compile",),   # compile times natively
+          early="buckets.plan.json"),
+    # xla: shapes
+    Stage("xla", "03b_xla.ipynb", "portkit.stages.xla.stage", needs_weights=False, reads=("compile", "buckets")),
+    # accuracy: the chosen bucket plans
+    Stage("accuracy", "04_accuracy.ipynb", "portkit.stages.accuracy.stage", reads=("buckets",),
+          reads_early=("buckets",)),
+    Stage("report", "05_report.ipynb", "portkit.stages.report.stage", needs_weights=False,
+          reads=("fallbacks", "compile", "buckets", "xla", "accuracy")),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+REPORT = "report"
+MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and writes into no foreign folder
+RUN_LOG = "run.json"      # how each stage of the latest run ended
+RUN_FILES = frozenset({MARKER, RUN_LOG, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES),
+                       *(s.early for s in STAGES if s.early)})
+
+
+def model_tag(spec: str) -> str:
+    """The folder name of a model's runs (runs/<tag>): the last part of its name or path."""
+    return os.path.basename(os.path.normpath(spec)).replace(":", "-") or "model"
+
+
+def stage(name: str) -> Stage:
+    return next(s for s in STAGES if s.name == name)
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A folder `portkit run` may write into: it holds MARKER, or nothing but files a run writes (an
+    empty folder, one the notebooks wrote on their own, one written before the marker existed)."""
+    folder = Path(folder)
+    if (folder / MARKER).is_file():
+        return True
+    return all(entry.name in RUN_FILES or _io.is_partial(entry.name) for entry in folder.iterdir())
+
+
+def read_log(folder) -> dict:
+    """The run log, or an empty one where no run wrote it (notebooks run by hand) or it is unreadable."""
+    try:
+        log = json.loads((Path(folder) / RUN_LOG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"stages": {}}
+    return log if isinstance(log, dict) and isinstance(log.get("stages"), dict) else {"stages": {}}
+
+
+def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
+    """Record how one stage ended ("ok", "skipped" or "failed", with the reason or error in one line), atomically."""
+    log = read_log(folder)
+    log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
+                           "notebook": stage(name).notebook}
+    _io.write_json(Path(folder) / RUN_LOG, log)
+
+
+def failure(folder, name: str) -> str | None:
+    """The error a stage failed with in the latest run, or None."""
+    entry = read_log(folder)["stages"].get(name)
+    return entry.get("error") or "failed" if isinstance(entry, dict) and entry.get("status") == "failed" else None
+
+
+def notebook_images(run_dir, stages) -> tuple[list[tuple[str, str]], list[str]]:
+    """PNG plots (base64) from the executed notebooks of `stages` (names) in the run folder, in that order,
+    each labelled "stage (notebook)"; and a line for each notebook that is there but cannot be read."""
+    images, gaps = [], []
+    for name in stages:
+        notebook = stage(name).notebook
+        path = Path(run_dir) / notebook
+        if not path.exists():
+            continue
+        try:
+            nb = json.loads(path.read_text(encoding="utf-8"))
+            for cell in nb.get("cells", []):
+                for output in cell.get("outputs", []):
+                    png = output.get("data", {}).get("image/png")
+                    if png:
+                        data = "".join(png) if isinstance(png, list) else png
+                        images.append((f"{name} ({notebook})", data.replace("\n", "")))
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+            gaps.append(f"{notebook} cannot be read, its plots are left out ({why})")
+    return images, gaps

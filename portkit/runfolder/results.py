@@ -1,0 +1,318 @@
+"""Stage results: how they are written (stamped with their environment) and typed readers of the run folder.
+
+Every stage result carries the environment that produced it (issue #10). That environment names each
+target's detected mode, so this module sits above targets and environment, not among the foundations;
+the findings a result carries (portkit.core.findings) are a foundation, re-exported here as results.Finding.
+
+A run folder can be reported on another machine (`portkit report DIR` on a laptop, for a run made on a
+Trainium host), so the report must describe the machine that ran the stages, not the one building the
+report. Every stage saves its result through `save_result`, which adds an "environment" key (the
+dict of environment.environment(): python, platform, torch build, packages, and per target its mode,
+reason, backend, precision and op table source); the report reads it back with `run_environment`.
+
+    >>> from portkit import results
+    >>> results.save_result("runs/minilm/fallbacks.json", report.to_dict())   # adds "environment"
+    >>> env = results.run_environment({"fallbacks.json": data}, ["neuron", "tpu"])
+    >>> env.info["targets"]["neuron"]["mode"], env.source, env.gaps
+    >>> results.read_buckets("runs/minilm").chosen["tpu"].boundaries      # stage 3's plan, or None
+    >>> results.fixed_shape("runs/minilm", "tpu")        # stage 2's {"batch": 1, "seq": 64}, or None
+
+A stage reads an earlier stage's result only through a reader here (read_buckets, fixed_shape,
+bucket_shapes, read_stage), never by opening its JSON itself: the reader names what is wrong with a
+damaged file in one line (UnreadableResult).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from portkit.models import abstract as abstract_models
+from portkit.runfolder import environment
+from portkit.runfolder import layout as runfolder
+from portkit.targets import specs as targets_mod
+from portkit.core.atomic_io import read_json, write_json
+from portkit.core.errors import PortkitError, StageSkipped
+from portkit.core.findings import ROOT, Finding  # noqa: F401 (re-exported: results.Finding, results.ROOT)
+
+KEY = "environment"
+REQUIRED = ("python", "platform", "torch_build", "packages", "targets")   # what environment.render reads
+NOT_RECORDED = "environment not recorded; detected at report time"
+
+
+def target_names(result: dict) -> list[str]:
+    """The known targets a stage result covers: the keys of its "targets", or its single "target"."""
+    names = list(result.get("targets") or {}) if isinstance(result.get("targets"), dict) else [result.get("target")]
+    return [n for n in names if n in targets_mod.TARGETS]
+
+
+def stamp(result: dict) -> dict:
+    """`result` with the environment of this process, for the targets it covers."""
+    return {**result, KEY: environment.environment(target_names(result))}
+
+
+SKIPPED = "skipped"    # a stage result's key: why the stage does not apply to the model (skip_stage)
+
+
+def skip_stage(out_dir, stage: str, model: dict, targets, reason: str):
+    """Save `stage`'s result as skipped, with the reason, and raise StageSkipped: the notebook stops there,
+    the runner records the stage as skipped (not failed), the report shows the reason, and later stages
+    read the stage as absent (read_stage)."""
+    save_result(Path(out_dir) / result_file(stage), {"model": model, SKIPPED: reason, "summary": f"skipped: {reason}",
+                                                     "targets": {name: {SKIPPED: reason} for name in targets}})
+    raise StageSkipped(reason)
+
+
+ABSTRACT = "abstract model: no weights"
+
+
+def skip_if_abstract(model: str, out_dir, stage: str, targets) -> None:
+    """A stage that runs the model on values (runfolder.Stage.needs_weights) has nothing to run for an abstract
+    model (a real-size config without weights, portkit.models.abstract): it is saved as skipped with the reason
+    and stops (skip_stage). The runner skips such a stage without starting its notebook; a notebook run by
+    hand stops here."""
+    if abstract_models.is_name(model) and runfolder.stage(stage).needs_weights:
+        skip_stage(out_dir, stage, {"name": model, "abstract": True}, targets,
+                   f"{ABSTRACT}: {model} is a published config on the meta device, so stage {stage} has no values "
+                   "to run; stage 3b (xla) checks it")
+
+
+def save_result(path, result: dict) -> Path:
+    """Write a stage's result dict as JSON, atomically, stamped with the environment it ran in."""
+    return write_json(path, stamp(result))
+
+
+def recorded(result: dict) -> tuple[dict | None, str]:
+    """(the environment a stage result recorded, ""), or (None, what is wrong with it)."""
+    info = result.get(KEY)
+    if info is None:
+        return None, "environment not recorded"
+    if not isinstance(info, dict):
+        return None, f"environment is a {type(info).__name__}, not an object"
+    missing = [k for k in REQUIRED if k not in info]
+    if missing:
+        return None, "environment lacks " + ", ".join(missing)
+    if not isinstance(info["packages"], dict) or not isinstance(info["targets"], dict):
+        return None, "environment's packages or targets is not an object"
+    bad = [n for n, t in info["targets"].items() if not isinstance(t, dict) or not isinstance(t.get("mode"), str)]
+    if bad:
+        return None, "environment has no mode for target " + ", ".join(bad)
+    return info, ""
+
+
+@dataclass
+class RunEnvironment:
+    """The environment a run folder's stages recorded, merged; where it came from; what did not fit."""
+    info: dict
+    source: str
+    gaps: list[str] = field(default_factory=list)
+
+
+def run_environment(stage_results: dict[str, dict], names) -> RunEnvironment:
+    """Merge the environments recorded by `stage_results` ({file name: result dict}).
+
+    Stages that disagree (another platform, another package version, another mode for a target) are
+    named as a gap. Only what no stage recorded is detected on this machine, and the source says so.
+    """
+    found, unrecorded, gaps = {}, [], []
+    for file, result in stage_results.items():
+        info, problem = recorded(result)
+        if info is not None:
+            found[file] = info
+        elif KEY in result:
+            gaps.append(f"{file}: {problem}")
+        else:
+            unrecorded.append(file)      # written before stages recorded their environment
+    if not found:
+        if unrecorded:
+            gaps.append(f"{', '.join(unrecorded)}: {NOT_RECORDED}")
+        info = environment.environment([n for n in names if n in targets_mod.TARGETS])
+        return RunEnvironment(info, NOT_RECORDED, gaps)
+    first_file, first = next(iter(found.items()))
+    if unrecorded:
+        gaps.append(f"{', '.join(unrecorded)}: environment not recorded; the report uses the one in {first_file}")
+    merged = {**{k: v for k, v in first.items() if k != "targets"}, "targets": {}}
+    for file, info in found.items():
+        theirs, ours = _flat(info), _flat(first)
+        for key in [k for k in dict.fromkeys([*ours, *theirs]) if ours.get(k) != theirs.get(k)]:
+            gaps.append(f"stage results disagree on the environment: {key} is {_short(ours.get(key))} in "
+                        f"{first_file} but {_short(theirs.get(key))} in {file}")
+        for name, t in info["targets"].items():
+            seen = merged["targets"].setdefault(name, {**t, "recorded_in": file})
+            for key in [k for k in t if k in seen and t[k] != seen[k]]:
+                gaps.append(f"stage results disagree on target {name}: {key} is {_short(seen[key])} in "
+                            f"{seen['recorded_in']} but {_short(t[key])} in {file}")
+    missing = [n for n in names if n in targets_mod.TARGETS and n not in merged["targets"]]
+    if missing:
+        detected = environment.environment(missing)["targets"]
+        merged["targets"].update({n: {**t, "recorded_in": NOT_RECORDED} for n, t in detected.items()})
+        gaps.append(f"target {', '.join(missing)}: {NOT_RECORDED}")
+    return RunEnvironment(merged, "recorded at run time by " + ", ".join(found), gaps)
+
+
+def _flat(info: dict) -> dict:
+    """The machine-wide fields of an environment, one level of nesting spelled out ("packages.torch")."""
+    flat = {}
+    for key, value in info.items():
+        if key != "targets":
+            flat.update({f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value})
+    return flat
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------- typed readers of the run folder
+result_file = runfolder.result_file   # the run folder's layout has one owner
+
+
+class UnreadableResult(PortkitError):
+    """A stage result in the run folder exists but cannot be used; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class ChosenBuckets:
+    """Stage 3's chosen plan for one target."""
+    planner: str
+    boundaries: tuple[int, ...]              # ascending sequence lengths
+    batch_sizes: tuple[int, ...] | None      # batch buckets; None: every call takes the whole batch
+
+
+@dataclass(frozen=True)
+class BucketsResult:
+    """What later stages read of buckets.json: the chosen plan of each target that has one."""
+    path: Path
+    chosen: dict[str, ChosenBuckets]
+
+
+def read_buckets(out_dir) -> BucketsResult | None:
+    """Stage 3's chosen plans in `out_dir`: from its result (buckets.json), or where there is none yet, from
+    the plans it writes before its replay (runfolder's early file, buckets.plan.json); None when neither is there.
+
+    A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
+    not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult."""
+    path = Path(out_dir) / result_file("buckets")
+    if path.exists():
+        saved = read_stage(out_dir, "buckets")
+    else:
+        path = Path(out_dir) / runfolder.stage("buckets").early
+        saved = _read_object(path, "buckets") if path.exists() else None
+    if saved is None:
+        return None
+    per_target = saved.get("targets")
+    if not isinstance(per_target, dict):
+        raise UnreadableResult(f"{path} has no per-target results (no \"targets\" object); rerun stage buckets")
+    chosen = {}
+    for name, result in per_target.items():
+        plan = result.get("chosen") if isinstance(result, dict) else None
+        if not isinstance(plan, dict) or not plan.get("boundaries"):
+            continue
+        boundaries = _positive_ints(plan["boundaries"], path, f"targets.{name}.chosen.boundaries")
+        batches = plan.get("batch_sizes")
+        chosen[name] = ChosenBuckets(str(plan.get("planner", "?")), tuple(sorted(boundaries)),
+                                     tuple(_positive_ints(batches, path, f"targets.{name}.chosen.batch_sizes"))
+                                     if batches else None)
+    return BucketsResult(path, chosen)
+
+
+def _positive_ints(values, path: Path, key: str) -> list[int]:
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                               for v in values):
+        raise UnreadableResult(f"{path}: {key} is {_short(values)}, not a list of positive integers; "
+                               "rerun stage buckets")
+    return values
+
+
+def read_stage(out_dir, stage: str) -> dict | None:
+    """The result `stage` saved in `out_dir`, or None when there is none or the stage was skipped (it does
+    not apply to the model: skip_stage). Its file is <stage>.json, the
+    name the run folder's layout (runfolder) gives every stage's result. A file that is not a JSON object raises
+    UnreadableResult naming the file."""
+    path = Path(out_dir) / result_file(stage)
+    if not path.exists():
+        return None
+    saved = _read_object(path, stage)
+    return None if saved.get(SKIPPED) else saved
+
+
+def _read_object(path: Path, stage: str) -> dict:
+    """A JSON object `stage` wrote (its result, or its early file); UnreadableResult naming the file otherwise."""
+    try:
+        saved = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UnreadableResult(f"{path} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
+                               f"rerun stage {stage} or remove the file") from None
+    if not isinstance(saved, dict):
+        raise UnreadableResult(f"{path} holds a {type(saved).__name__}, not a stage result; rerun stage {stage}")
+    return saved
+
+
+def _target_result(out_dir, stage: str, target: str) -> dict:
+    """targets[target] of a stage's result; {} when the stage or the target has none."""
+    per_target = (read_stage(out_dir, stage) or {}).get("targets")
+    found = per_target.get(target) if isinstance(per_target, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def fixed_shape(out_dir, target: str) -> dict | None:
+    """Stage 2's fixed input shape for `target` (compile.json): {"batch": B, "seq": S}, seq None for an
+    image model; None when stage 2 recorded none."""
+    shape = _target_result(out_dir, "compile", target).get("fixed_shape")
+    if shape is None:
+        return None
+    return _shape(shape, "compile", f"targets.{target}.fixed_shape", out_dir)
+
+
+def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
+    """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
+    when stage 3 chose none."""
+    chosen = _target_result(out_dir, "buckets", target).get("chosen")
+    if not isinstance(chosen, dict) or not chosen.get("shapes"):
+        return None
+    shapes = chosen["shapes"]
+    if not isinstance(shapes, list):
+        raise UnreadableResult(f"{Path(out_dir) / 'buckets.json'}: targets.{target}.chosen.shapes is "
+                               f"{_short(shapes)}, not a list; rerun stage buckets")
+    key = f"targets.{target}.chosen.shapes"
+    return str(chosen.get("planner", "")), [_shape(s, "buckets", key, out_dir) for s in shapes]
+
+
+def serving_buckets(out_dir, target: str) -> tuple[list[int], list[int]] | None:
+    """(prompt buckets, context buckets) of stage 3's auto serving plan for `target` (buckets.json, workload
+    "generate"); None when stage 3 made none."""
+    stage = read_stage(out_dir, "buckets") or {}
+    plan = (((stage.get("generation") or {}).get("targets") or {}).get(target) or {}).get("auto")
+    if not isinstance(plan, dict):
+        return None
+    found = []
+    for part in ("prompt", "context"):
+        key = f"generation.targets.{target}.auto.{part}.boundaries"
+        found.append(_positive_ints((plan.get(part) or {}).get("boundaries"), Path(out_dir) / "buckets.json", key))
+    return found[0], found[1]
+
+
+def _shape(value, stage: str, key: str, out_dir) -> dict:
+    """{"batch": positive int (1 when absent), "seq": positive int or None}, or UnreadableResult."""
+    def positive(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+    if isinstance(value, dict) and positive(value.get("batch", 1)) and (value.get("seq") is None
+                                                                          or positive(value["seq"])):
+        return {"batch": value.get("batch", 1), "seq": value.get("seq")}
+    raise UnreadableResult(f"{Path(out_dir) / f'{stage}.json'}: {key} has {_short(value)}, not "
+                           f"{{\"batch\": positive int, \"seq\": positive int}}; rerun stage {stage}")
+
+
+def compile_cost(out_dir, target: str) -> dict | None:
+    """Stage 2's compile cost model for `target` (compile.json: targets[t].compile_cost, as
+    economics.CostModel.to_dict writes it), or None when stage 2 recorded none. A model without a kind,
+    a source or a numeric intercept raises UnreadableResult."""
+    cost = _target_result(out_dir, "compile", target).get("compile_cost")
+    if cost is None:
+        return None
+    if not (isinstance(cost, dict) and isinstance(cost.get("kind"), str) and isinstance(cost.get("source"), str)
+            and isinstance(cost.get("intercept"), (int, float)) and isinstance(cost.get("target"), str)):
+        raise UnreadableResult(f"{Path(out_dir) / result_file('compile')}: targets.{target}.compile_cost is "
+                               f"{_short(cost)}, not a cost model (target, kind, source, intercept); "
+                               "rerun stage compile")
+    return cost

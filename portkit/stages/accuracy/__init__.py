@@ -1,0 +1,2 @@
+"""Stage 4, accuracy (notebooks/04_accuracy.py): stage.py; result.py (the verdict, tables, advice),
+comparison.py, localize.py (where the error enters), target_runs.py, training.py, generation.py."""

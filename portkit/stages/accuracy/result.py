@@ -1,0 +1,452 @@
+"""Stage 4's result: per target and precision setting, what was measured, the verdict, and what to change.
+
+    >>> report = accuracy.check_accuracy(model, inputs, ["tpu"])      # an AccuracyReport
+    >>> print(report)                  # verdict, reasons, suggestions per target
+    >>> report.outputs_table(), report.precision_table(), report.bucket_table(), report.layer_table("tpu")
+    >>> report.plot()                  # error against depth, one line per precision; max error per bucket
+    >>> report.save("runs/minilm/accuracy.json")
+    >>> report.targets["tpu"].findings()          # findings.Finding: the report's terms
+
+The suggestions come from what was measured: a higher precision's measured error, norm layers that are
+out of tolerance only when every op is rounded, float64 ops that ran as float32 (quoting the error the
+cast alone causes, error_by_cause), the atol a task-level pass needs, buckets that fail while the main
+batch passes. A compiler that refused the model is a blocker finding (kind "compile_refused").
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import torch
+
+from portkit.targets import specs as targets_mod
+from portkit.stages.accuracy.comparison import primary_output
+from portkit.core.findings import BLOCKER, WORK, Finding
+from portkit.targets.numerics import precision_cost
+from portkit.runfolder.results import save_result
+from portkit.core.tables import HtmlTable
+from portkit.targets.tolerance import compute_dtype
+
+STAGE = "accuracy"
+CAST_CAUSE = "float64 run as float32"      # error_by_cause's name for the target's dtype rules alone
+NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
+
+
+def against_baseline(b: dict) -> str:
+    """A result's error against float64 next to the GPU baseline's own, in words."""
+    if b["ratio"] is None:
+        return f"relative L2 error {b['target_error']:.2g} against {b['truth']} where {b['label']} has none"
+    return f"error against {b['truth']} {b['ratio']:.3g}x that of {b['label']}"
+
+
+@dataclass
+class PrecisionResult:
+    """One precision setting of one target on the main batch."""
+    precision: dict            # Precision.to_dict(): name, the flag to set on hardware, what it rounds
+    target_side: str
+    outputs: dict[str, dict]
+    task: dict
+    vs_float64: dict | None
+    layers: dict | None
+    numerics: dict             # what the emulation changed, by kind (NumericsMode.stats)
+    float64_ops: dict
+    compiled_vs_eager: dict | None = None   # compiled outputs against eager emulation, per output
+    # where float64 ran as float32: [{"cause", "measured", "outputs"}], the cast alone, then the precision
+    error_by_cause: list[dict] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.precision["name"]
+
+    baseline: dict | None = None   # this error against float64, as a ratio to the GPU setup's own (see accuracy)
+
+    @property
+    def within_baseline(self) -> bool:
+        """No regression against today's GPU deployment: the error is within baseline_factor times its own."""
+        return bool(self.baseline and self.baseline["within"])
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the verdict fails: task metrics outside their budget, unless the error is no worse than
+        the GPU setup's own (baseline_factor); the element-wise comparison is detail (`details`)."""
+        if self.task["passed"] or self.within_baseline:
+            return []
+        ratio = f"; {against_baseline(self.baseline)} (no-regression factor {self.baseline['factor']:g}x)" \
+            if self.baseline else ""
+        return [f"task: {self.task['reason']}{ratio}"]
+
+    @property
+    def details(self) -> list[str]:
+        """Element-wise misses of the dtype tolerance (assert_close): detail, not the verdict."""
+        return [f"{name}: {o['reason']}" for name, o in self.outputs.items() if not o["passed"]]
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def basis(self) -> str:
+        """What the verdict rests on, in words: the task metrics with their budgets, and the baseline."""
+        checks = "; ".join(f"{c['label']} {c['value']:.6g} ({c['budget']})" for c in self.task.get("checks", []))
+        b = self.baseline
+        against = (f"{against_baseline(b)} ("
+                   + (f"no regression: within {b['factor']:g}x)" if b["within"] else
+                      f"beyond {b['factor']:g}x of today's error, so the task metrics decide)")) if b else \
+            "no GPU baseline measured"
+        if self.passed and not self.task["passed"]:
+            return f"PASS against {b['label']}: no regression, {against}, although {self.task['reason']}"
+        return f"{'PASS' if self.passed else 'FAIL'}: {checks}; {against}"
+
+    def to_dict(self) -> dict:
+        return {"precision": self.precision, "target_side": self.target_side, "passed": self.passed,
+                "reasons": self.reasons, "details": self.details, "basis": self.basis(), "baseline": self.baseline,
+                "outputs": self.outputs, "task": self.task,
+                "vs_float64": self.vs_float64, "layers": self.layers, "numerics": self.numerics,
+                "float64_ops": self.float64_ops, "compiled_vs_eager": self.compiled_vs_eager,
+                "error_by_cause": self.error_by_cause}
+
+    def cause(self, name: str, output: str) -> dict | None:
+        """error_by_cause's comparison of `output` for the cause starting with `name`, or None."""
+        found = next((c for c in self.error_by_cause or [] if c["cause"].startswith(name)), None)
+        return found["outputs"].get(output) if found else None
+
+
+@dataclass
+class TargetAccuracy:
+    target: dict               # DetectedTarget.to_dict()
+    chosen: PrecisionResult
+    others: list[PrecisionResult]
+    bucket_plan: dict
+    buckets: list[dict]
+    suggestions: list[str] = field(default_factory=list)
+    compile_refused: dict | None = None      # target_runs.Refusal.to_dict(): the compiled path was refused
+
+    @property
+    def name(self) -> str:
+        return self.target["name"]
+
+    @property
+    def reasons(self) -> list[str]:
+        """Task metrics outside their budget (main batch, then buckets), each naming the first module out
+        of tolerance where the per-layer hooks ran."""
+        first = (self.chosen.layers or {}).get("first_failing")
+        where = f"; the error enters at `{first['module']}` ({first['type']}), the first module out of " \
+            "tolerance" if first else ""
+        found = self.chosen.reasons + [f"bucket {b['boundary']}: {'; '.join(b['reasons'])}"
+                                       for b in self.buckets if not b.get("skipped") and not b["passed"]]
+        return [r + where for r in found]
+
+    @property
+    def details(self) -> list[str]:
+        return self.chosen.details + [f"bucket {b['boundary']}: {d}" for b in self.buckets if not b.get("skipped")
+                                      for d in b.get("details", [])]
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.reasons else "pass"
+
+    def summary(self) -> str:
+        p, task = self.chosen, self.chosen.task
+        metric = {k: v for k, v in task.items() if isinstance(v, float)}
+        shown = ", ".join(f"{k} {v:.6g}" for k, v in list(metric.items())[:2])
+        first = (p.layers or {}).get("first_failing")
+        return (f"{self.name} ({self.target['mode']}, {p.target_side}, precision {p.name}): "
+                f"{self.verdict.upper()}; {shown}; {len(self.reasons)} reasons"
+                + (f"; {against_baseline(p.baseline)}" if p.baseline else "")
+                + (f"; first module out of tolerance: {first['module']}" if first else "")
+                + ("; BLOCKER: the target's compiler refuses the model" if self.compile_refused else ""))
+
+    def advice(self) -> list[dict]:
+        """Per precision setting: what its task metrics measured here and what it costs in matmul throughput
+        as the vendor documents it (numerics.precision_cost, with the source URL): what a higher precision
+        buys and what it costs."""
+        rows = []
+        for r in (self.chosen, *self.others):
+            cost = precision_cost(self.name, r.name)
+            checks = ", ".join(f"{c['label']} {c['value']:.6g} ({c['budget']})" for c in r.task.get("checks", []))
+            rows.append({"precision": r.name, "setting": r.precision["setting"], "chosen": r is self.chosen,
+                         "verdict": "pass" if r.passed else "fail", "task": checks,
+                         "error_vs_baseline": r.baseline["ratio"] if r.baseline else None,
+                         "relative_matmul_cost": cost["relative_matmul_cost"] if cost else None,
+                         "cost_stated": cost["stated"] if cost else "not stated by the vendor",
+                         "cost_source": cost["source"] if cost else None})
+        return rows
+
+    def advice_lines(self) -> list[str]:
+        return [f"precision '{a['precision']}'{' (chosen)' if a['chosen'] else ''}: {a['verdict'].upper()}, "
+                f"{a['task']}; vendor-stated matmul cost "
+                + (f"{a['relative_matmul_cost']:g}x the fastest setting ({a['cost_stated']}; {a['cost_source']})"
+                   if a["relative_matmul_cost"] is not None else a["cost_stated"]) for a in self.advice()]
+
+    def findings(self) -> list[Finding]:
+        """This stage's findings in the report's terms. A task metric outside its budget that another
+        precision setting brings back is work; one outside at every precision measured is a blocker, and so
+        is a compiler that refuses the model. An element-wise miss while the task metrics hold is no finding."""
+        found = [self._refusal()] if self.compile_refused else []
+        if self.verdict == "pass":
+            return found
+        passing = [r for r in self.others if r.passed]
+        fixable = bool(passing)
+        advice = (f"set {passing[0].precision['setting']} (precision '{passing[0].name}' passes)" if passing else
+                  "; ".join(self.suggestions[:2]) or "see the accuracy notebook's suggestions")
+        return found + [Finding("accuracy", WORK if fixable else BLOCKER,
+                                f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
+                                f"{'; '.join(self.reasons)[:400]}", advice)]
+
+    def _refusal(self) -> Finding:
+        refused = self.compile_refused
+        where = f" at {refused['where']}" if refused.get("where") and refused["where"] not in refused["message"] else ""
+        return Finding("compile_refused", BLOCKER,
+                       f"{refused['backend']} refuses the compiled model{where}: {refused['message'][:400]}",
+                       "make the shapes static there (stage 2's graph breaks show where a graph ends); the "
+                       f"numerics were judged in {self.chosen.target_side} instead")
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "summary": self.summary(), "verdict": self.verdict,
+                "findings": [f.to_dict() for f in self.findings()], "compile_refused": self.compile_refused,
+                "error_by_cause": self.chosen.error_by_cause,
+                "reasons": self.reasons, "details": self.details, "basis": self.chosen.basis(),
+                "baseline": self.chosen.baseline, "advice": self.advice(),
+                "suggestions": self.suggestions, "target_side": self.chosen.target_side,
+                "precision": self.chosen.precision, "tolerance": next(iter(self.chosen.outputs.values()))["tolerance"],
+                "outputs": self.chosen.outputs, "task": self.chosen.task, "vs_float64": self.chosen.vs_float64,
+                "layers": self.chosen.layers, "numerics": self.chosen.numerics,
+                "float64_ops": self.chosen.float64_ops, "bucket_plan": self.bucket_plan, "buckets": self.buckets,
+                "precisions": [r.to_dict() for r in (self.chosen, *self.others)]}
+
+
+@dataclass
+class AccuracyReport:
+    """Stage 4's result: the references, and each target's comparison with them."""
+    model: dict
+    inputs: dict
+    reference: dict
+    targets: dict[str, TargetAccuracy]
+    training: object = None    # training_accuracy.TrainingComparison where the workload is "train"
+    generation: object = None  # generation_accuracy.GenerationComparison where the workload is "generate"
+    stream: object = None      # streaming.StreamResult where the model has a streaming step (its state's drift)
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if all(t.verdict == "pass" for t in self.targets.values()) else "fail"
+
+    def summary(self) -> str:
+        return " | ".join(t.summary() for t in self.targets.values())
+
+    def to_dict(self) -> dict:
+        return {"stage": STAGE, "model": self.model, "inputs": self.inputs, "reference": self.reference,
+                "summary": self.summary(), "verdict": self.verdict,
+                "reasons": [f"{n}: {r}" for n, t in self.targets.items() for r in t.reasons],
+                "targets": {n: t.to_dict() for n, t in self.targets.items()},
+                "training": self.training.to_dict() if self.training is not None else None,
+                "generation": self.generation.to_dict() if self.generation is not None else None,
+                "stream": self.stream.to_dict() if self.stream is not None else None}
+
+    def save(self, path) -> None:
+        save_result(path, self.to_dict())
+
+    def __str__(self) -> str:
+        lines = [f"Accuracy of {self.model['name']} ({self.inputs['description']}): {self.verdict.upper()}; "
+                 f"reference {self.reference['description']}, second reference {self.reference['float64']}"]
+        for t in self.targets.values():
+            lines.append("  " + t.summary())
+            lines.append(f"    verdict: {t.chosen.basis()}")
+            lines += [f"    reason: {r}" for r in t.reasons]
+            lines += [f"    detail (element-wise, not the verdict): {d}" for d in t.details]
+            lines += [f"    advice: {a}" for a in t.advice_lines()]
+            lines += [f"    suggestion: {s}" for s in t.suggestions]
+        if self.training is not None:
+            lines.append(str(self.training))
+        if self.generation is not None:
+            lines.append(str(self.generation))
+        if self.stream is not None:
+            lines.append(str(self.stream))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><b>Accuracy</b> of <code>{html.escape(self.model['name'])}</code> "
+                 f"({html.escape(self.inputs['description'])}): <b>{self.verdict.upper()}</b>. Reference: "
+                 f"{html.escape(self.reference['description'])}; second reference: "
+                 f"{html.escape(self.reference['float64'])}.</p>"]
+        for t in self.targets.values():
+            parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{t.target['mode']}</i>, "
+                         f"{html.escape(t.chosen.target_side)}</h4><p>{html.escape(t.summary())}</p>"
+                         f"<p>{html.escape(t.chosen.basis())}</p>")
+            rows = [["reason", r] for r in t.reasons] + [["suggestion", s] for s in t.suggestions] + \
+                [["detail (element-wise, not the verdict)", d] for d in t.details] + \
+                [["precision advice", a] for a in t.advice_lines()]
+            if rows:
+                parts.append(HtmlTable(["", ""], rows)._repr_html_())
+        return "\n".join(parts)
+
+    # -- tables and plots for the notebook
+    def outputs_table(self) -> HtmlTable:
+        rows = []
+        for t in self.targets.values():
+            for name, o in t.chosen.outputs.items():
+                rows.append([t.name, t.chosen.name, t.chosen.target_side, name, f"{o['max_abs']:.3g}",
+                             f"{o['max_rel']:.3g}",
+                             f"{o['rel_l2']:.3g}", f"{o['cosine_min']:.7f}",
+                             f"{o['tolerance']['dtype']} ({o['tolerance']['rtol']:g}, {o['tolerance']['atol']:g})",
+                             "pass" if o["passed"] else "FAIL", "every change the target makes"])
+                for cause in t.chosen.error_by_cause or []:   # the same error, split by what caused it
+                    c = cause["outputs"][name]
+                    rows.append([t.name, t.chosen.name, cause["measured"], name, f"{c['max_abs']:.3g}",
+                                 f"{c['max_rel']:.3g}", f"{c['rel_l2']:.3g}", f"{c['cosine_min']:.7f}", "-", "-",
+                                 cause["cause"]])
+        return HtmlTable(["target", "precision", "run as", "output", "max abs", "max rel", "rel L2", "cosine min",
+                          "tolerance (rtol, atol)", "assert_close", "error caused by"], rows,
+                         f"outputs at real positions vs the reference ({self.reference['description']})")
+
+    def precision_table(self) -> HtmlTable:
+        rows = []
+        for t in self.targets.values():
+            for r, a in zip((t.chosen, *t.others), t.advice()):
+                o = r.outputs[primary_output(self.model["kind"], r.outputs)]
+                first = (r.layers or {}).get("first_failing")
+                cost = f"{a['relative_matmul_cost']:g}x ({a['cost_source']})" if a["cost_source"] else a["cost_stated"]
+                rows.append([t.name, r.name, r.precision["setting"], r.target_side, a["task"],
+                             against_baseline(r.baseline) if r.baseline else "-", f"{o['max_abs']:.3g}",
+                             first["module"] if first else "-", cost, "pass" if r.passed else "FAIL"])
+        return HtmlTable(["target", "precision", "set on hardware with", "run as", "task metrics (budget)",
+                          "against today's GPU", "max abs (main output)", "first module out of tolerance (eager)",
+                          "matmul cost, vendor-stated", "verdict"], rows,
+                         "every precision setting of each target (chosen first): what it buys, what it costs")
+
+    def bucket_table(self) -> HtmlTable:
+        rows = []
+        for t in self.targets.values():
+            for b in t.buckets:
+                if b.get("skipped"):
+                    rows.append([t.name, b["boundary"], 0, "-", "-", "-", b["skipped"]])
+                    continue
+                o = b["outputs"][b["primary"]]
+                task = ", ".join(f"{k} {v:.5g}" for k, v in b["task"].items() if isinstance(v, float))
+                rows.append([t.name, b["boundary"], b["texts"], f"{b['padding']:.0%}", f"{o['max_abs']:.3g}", task,
+                             "pass" if b["passed"] else "FAIL: " + "; ".join(b["reasons"])[:120]])
+        return HtmlTable(["target", "bucket", "texts", "padding", "max abs", "task", "verdict"], rows,
+                         "per bucket: reference unpadded (as on the GPU), target padded to the bucket")
+
+    def layer_table(self, target: str, limit: int = 12) -> HtmlTable:
+        r = self.targets[target].chosen
+        mods = [m for m in (r.layers or {}).get("modules", []) if m.get("compared")]
+        first = next((i for i, m in enumerate(mods) if not m["passed"]), None)
+        if first is None:
+            shown, caption = sorted(mods, key=lambda m: -m["rel_l2"])[:limit], "none out of tolerance; largest errors"
+        else:
+            shown, caption = mods[first:first + limit], "execution order from the first module out of tolerance"
+        rows = [[m["index"], m["module"], m["type"], f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
+                 f"{m['mismatched']}/{m['numel']}", ", ".join(f"{k} x{v}" for k, v in m.get("changes", {}).items())]
+                for m in shown]
+        return HtmlTable(["#", "module", "type", "max abs", "rel L2", "out of tolerance", "changed by the target"],
+                         rows, f"{target} ({r.name}, {(r.layers or {}).get('target_side', r.target_side)}): {caption}")
+
+    def plot(self):
+        """Left: relative L2 error of every module's output against depth, one line per precision.
+        Right: the main output's max abs error per bucket."""
+        import matplotlib.pyplot as plt
+        names = list(self.targets)
+        fig, axes = plt.subplots(len(names), 2, figsize=(13, 3.4 * len(names)), squeeze=False,
+                                 gridspec_kw={"width_ratios": [3, 1]})
+        floor = 1e-10
+        for row, name in enumerate(names):
+            t, ax = self.targets[name], axes[row][0]
+            for r in (t.chosen, *t.others):
+                mods = [m for m in (r.layers or {}).get("modules", []) if m.get("compared")]
+                if mods:
+                    ax.plot([m["index"] for m in mods], [max(m["rel_l2"], floor) for m in mods], lw=1,
+                            label=f"{r.name}{' (chosen)' if r is t.chosen else ''}")
+            first = (t.chosen.layers or {}).get("first_failing")
+            if first:
+                ax.axvline(first["index"], color="#C44E52", ls="--", lw=1)
+                ax.text(first["index"], ax.get_ylim()[1], f" first out of tolerance: {first['module']}",
+                        color="#C44E52", fontsize=7, va="top")
+            ax.set_yscale("log")
+            ax.set_xlabel("module, in execution order")
+            ax.set_ylabel(f"rel. L2 error (floor {floor:g})")
+            ax.set_title(f"{name} ({t.target['mode']}, layers in {(t.chosen.layers or {}).get('target_side', '-')}): "
+                         "error against depth", fontsize=10)
+            ax.legend(fontsize=7, loc="lower right")
+            done = [b for b in t.buckets if not b.get("skipped")]
+            axes[row][1].bar([str(b["boundary"]) for b in done],
+                             [b["outputs"][b["primary"]]["max_abs"] for b in done],
+                             color=["#55A868" if b["passed"] else "#C44E52" for b in done])
+            axes[row][1].set_title(f"{name}: max abs error per bucket", fontsize=9)
+            axes[row][1].set_xlabel("bucket (tokens)")
+        fig.tight_layout()
+        return fig
+
+
+# ---------------------------------------------------------------- suggestions from what was measured
+def suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[str]:
+    """What to change, drawn only from what was measured (see the module docstring)."""
+    out: list[str] = []
+    chosen, results = t.chosen, (t.chosen, *t.others)
+    measured = {r.name: r for r in results}
+    fp32 = next((p for p in target.precisions if compute_dtype(p) == torch.float32), None)
+    main = primary_output(kind, chosen.outputs)
+    first = (chosen.layers or {}).get("first_failing")
+    if first and not chosen.passed:     # where the error enters matters once a task metric is out of budget
+        row = chosen.layers["modules"][first["index"]]
+        changed = ", ".join(f"{k} x{v}" for k, v in row.get("changes", {}).items()) or "nothing counted"
+        if compute_dtype(target.precision(chosen.name)) != torch.float32 and fp32 is not None:
+            text = (f"error first exceeds the {chosen.layers['tolerance']['dtype']} tolerance in `{first['module']}` "
+                    f"({first['type']}; the target changed: {changed}): run it at precision '{fp32.name}' "
+                    f"({fp32.setting})")
+            if fp32.name in measured:
+                r = measured[fp32.name]
+                text += (f"; the whole model at '{fp32.name}' measured max abs error "
+                         f"{r.outputs[main]['max_abs']:.2g} "
+                         f"({'passes' if r.passed else 'still fails'}; {r.target_side})")
+            out.append(text)
+        else:
+            out.append(f"error first exceeds the tolerance in `{first['module']}` ({first['type']}) although "
+                       f"precision '{chosen.name}' computes in float32: the target changed {changed} there; "
+                       "check that module's ops on the target")
+    for r in results:   # norm layers out of tolerance only because a setting rounds every op, not just matmuls
+        p = target.precision(r.name)
+        sibling = next((q for q in target.precisions if q.all_ops is None and q.matmul_inputs == p.matmul_inputs
+                        and q.name in measured and measured[q.name].layers), None) if p.all_ops else None
+        if sibling is None or not r.layers:
+            continue
+        fine = {m["module"]: m for m in measured[sibling.name].layers["modules"] if m.get("compared") and m["passed"]}
+        norms = [m for m in r.layers["modules"] if m.get("compared") and not m["passed"] and m["module"] in fine
+                 and any(n in m["type"] for n in NORM_TYPES)]
+        if norms:
+            m = norms[0]
+            out.append(f"{'with' if r is chosen else 'if you use'} precision '{r.name}' ({p.setting}): keep "
+                       f"{', '.join(sorted({n['type'] for n in norms}))} in float32: {len(norms)} norm module(s) are "
+                       f"out of tolerance only under it, first `{m['module']}` (rel. L2 error {m['rel_l2']:.2g}, "
+                       f"{fine[m['module']]['rel_l2']:.2g} under '{sibling.name}', {sibling.setting}, which rounds "
+                       "only matmuls)")
+    rows = [m for m in (chosen.layers or {}).get("modules", []) if m.get("float64_ops")]
+    cast, rounding = chosen.cause(CAST_CAUSE, main), chosen.cause("precision", main)
+    if cast:
+        effect = f"measured effect of {CAST_CAUSE} alone on `{main}`: max abs error {cast['max_abs']:.2g}" + \
+            (f" (precision '{chosen.name}' rounding adds {rounding['max_abs']:.2g} on its own)" if rounding else "")
+    else:
+        effect = f"max abs error on `{main}` with every change together: {chosen.outputs[main]['max_abs']:.2g}"
+    for m in rows:
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(m["float64_ops"].items()))
+        out.append(f"avoid float64 in `{m['module']}` ({m['type']}): {sum(m['float64_ops'].values())} float64 ops ran "
+                   f"as float32 on {target.name} ({ops}); make it float32 (.float()) on the GPU too, so the "
+                   f"reference is what the target runs; {effect}")
+    if not rows and chosen.float64_ops:
+        out.append(f"avoid float64: {sum(chosen.float64_ops.values())} float64 ops ran as float32 on {target.name} "
+                   f"({', '.join(sorted(chosen.float64_ops))}); run with layers=True to find their modules; {effect}")
+    failing = [o for o in chosen.outputs.values() if not o["passed"]]
+    if failing and chosen.task["passed"]:   # detail a reader may ask about; the verdict rests on the task
+        tol = failing[0]["tolerance"]
+        out.append(f"element-wise, outputs differ beyond assert_close's {tol['dtype']} tolerance (max abs "
+                   f"{max(o['max_abs'] for o in failing):.2g}) while every task metric holds: rounding the task does "
+                   "not see; no change needed for the verdict")
+    for b in t.buckets:
+        if not b.get("skipped") and not b["passed"] and chosen.passed:
+            out.append(f"bucket {b['boundary']} fails while the main batch passes ({b['reasons'][0][:100]}): padding "
+                       "changes the result; check that the model masks padded positions, or choose buckets that "
+                       "pad less")
+    if not out and t.verdict == "pass":
+        out.append(f"no change needed at precision '{chosen.name}': task metrics hold on the batch and every bucket"
+                   + (" (emulated: confirm on hardware)" if t.target["mode"] == "emulated" else ""))
+    return out

@@ -1,0 +1,274 @@
+"""How a target's outputs are produced for the accuracy comparison, and the float64 reference.
+
+    >>> from portkit import numerics, targets
+    >>> from portkit.stages.accuracy.target_runs import TargetSide
+    >>> side = TargetSide(targets.detect("tpu"), model.module.eval(), numerics.emulate, compiled=True)
+    >>> out, rows, reason, changed, f64 = side.run(inputs, targets.get("tpu").default_precision)
+    >>> out, *_ = side.run(inputs, precision, compiled=True, batch=4)     # stage 2's emulated backend
+    >>> side.refused               # a Refusal when the target's compiler refused the model, else None
+    >>> side.label(True)           # "compiled with portkit_tpu (retraced ATen graph, eager on the CPU)"
+
+Eager, the model runs under the target's numerics mode (numerics.emulate) or, natively, on the device;
+compiled, it runs through the target's backend in calls of the deployment's batch. Outputs always come
+back on the CPU, and the model is left where it was (portkit.core.placement).
+
+A compiler that refuses the model (a symbolic shape after a graph break, say) is a finding, not a
+crash: the side records the refusal, in the compiler's own words with the user's source line, and runs
+eagerly from then on; its label says so ("eager emulation (compiled path refused: ...)").
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from portkit.core import torch_private as _torch
+from portkit.core import placement
+from portkit.core import availability as probes
+from portkit.targets import specs as targets_mod
+from portkit.core.errors import CompileRefused
+from portkit.stages.accuracy.localize import LayerProbe
+from portkit.targets.tolerance import Tolerance
+from portkit.targets.shared_pass import Turns
+
+EAGER = "eager emulation"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The target's compiler refused the model: its message, and the user's source line when known."""
+    backend: str
+    message: str
+    where: str | None = None
+
+    @property
+    def short(self) -> str:
+        """The compiler's message up to its first detail, for labels."""
+        return self.message.split(" (")[0].split(". ")[0][:100]
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "message": self.message, "where": self.where}
+
+
+def refusal(exc: BaseException, backend: str, native: bool) -> Refusal | None:
+    """The refusal inside `exc`, or None for any other error. torch.compile wraps a backend's exception
+    in torch._dynamo.exc.BackendCompilerFailed (its inner_exception, and __cause__); emulated, the
+    refusal is portkit's CompileRefused; natively, whatever the vendor's compiler raised."""
+    seen, inner = set(), exc
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        if isinstance(inner, CompileRefused):
+            return Refusal(backend, str(inner), inner.where["text"] if inner.where else None)
+        wrapped = getattr(inner, "inner_exception", None)
+        if native and wrapped is not None and type(inner).__name__ == "BackendCompilerFailed":
+            return Refusal(backend, f"{type(wrapped).__name__}: {' '.join(str(wrapped).split())[:400]}")
+        inner = wrapped or inner.__cause__
+    return None
+
+
+def forward(module, inputs) -> dict:
+    """One eager pass without autograd."""
+    with torch.no_grad():
+        return module(**inputs)
+
+
+# The target's dtype rules alone (float64 run as float32), no rounding: what the cast alone changes.
+DTYPE_RULES_ONLY = targets_mod.Precision("dtype rules only", "(none: the dtype rules apply at every setting)",
+                                         "float64 run as float32, no rounding")
+
+
+def _floating(module) -> list[torch.Tensor]:
+    return [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
+
+
+def float64_model(module) -> bool:
+    """Whether the model is a float64 model: every floating parameter and buffer is float64."""
+    found = _floating(module)
+    return bool(found) and all(t.dtype == torch.float64 for t in found)
+
+
+def has_float64(module) -> bool:
+    """Whether any floating parameter or buffer is float64."""
+    return any(t.dtype == torch.float64 for t in _floating(module))
+
+
+class Float64Reference:
+    """The model in float64 on the CPU, where it runs in float64 (some ops or models do not): one float64
+    copy of the module, made at the first call, for every batch compared (the main batch and each bucket's).
+
+        >>> out, note = Float64Reference(module)(inputs)   # out None where the model does not run in float64
+    """
+
+    def __init__(self, module):
+        self.module, self._wide = module, None
+
+    def __call__(self, inputs) -> tuple[dict | None, str]:
+        try:
+            if self._wide is None:
+                self._wide = copy.deepcopy(self.module).double()
+            out = forward(self._wide, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+            return out, "float64 eager on the CPU"
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            return None, f"not available: the model does not run in float64 ({str(exc).splitlines()[0][:160]})"
+
+
+def compiled_label(detected: targets_mod.DetectedTarget) -> str:
+    """How a target's compiled outputs are produced, in words. Emulated, stage 2's backend runs its
+    retraced ATen graph (the target's casts and rounding included) eagerly: no code generation."""
+    where = f"on {detected.target.device}" if detected.native else "retraced ATen graph, eager on the CPU"
+    return f"compiled with {detected.backend} ({where})"
+
+
+class SharedCompile:
+    """The emulated targets' compiled runs in one Dynamo pass (portkit.targets.shared_pass), each target's backend
+    at the
+    precision judged: a shape is traced once, not once a target; what each target's rules changed is recorded
+    per input shape, whichever target's call compiled it.
+
+        >>> shared = SharedCompile.for_targets(module, ["neuron", "tpu"], None, compiled=True)
+        >>> TargetSide(targets.detect("tpu"), module, numerics.emulate, True, shared)
+    """
+
+    def __init__(self, module, precisions: dict):
+        from portkit.targets import backends  # stage 2: registers portkit_neuron / portkit_tpu
+        self.backends = {n: backends.emulated_backend(n, p) for n, p in precisions.items()}
+        self.counters = {n: backends.CompileCounter(b) for n, b in self.backends.items()}
+        self.turns = Turns(self.counters)
+        self.precisions, self.shapes = precisions, set()
+        self.numerics: dict[str, dict] = {n: {} for n in precisions}     # target -> input shape -> its rules' changes
+        torch.compiler.reset()
+        self.fn = torch.compile(module, backend=self.turns, dynamic=False)
+
+    @classmethod
+    def for_targets(cls, module, names, precision: dict | None, compiled: bool) -> SharedCompile | None:
+        """One for the emulated targets of `names` at their chosen precisions; None where fewer than two."""
+        chosen = {n: targets_mod.get(n).precision((precision or {}).get(n, targets_mod.get(n).default_precision.name))
+                  for n in names if not targets_mod.detect(n).native}
+        return cls(module, chosen) if compiled and len(chosen) > 1 else None
+
+    def run(self, name: str, inputs: dict) -> tuple[dict, dict | None]:
+        """(outputs, what the target's rules changed in the graphs of this input shape, whichever target's
+        call compiled them; None where none was compiled)."""
+        shape, before = input_shape(inputs), {n: len(c.events) for n, c in self.counters.items()}
+        self.turns.turn = name
+        self.shapes.add(shape)
+        try:
+            with torch.no_grad(), _torch.recompile_limit(len(self.shapes)):   # every shape compiles (see TargetSide)
+                out = self.fn(**inputs)
+        finally:   # also where this target refused: the others compiled in its call
+            for target, counter in self.counters.items():
+                if len(counter.events) > before[target]:
+                    changed = collections.Counter()
+                    for event in counter.events[before[target]:]:
+                        changed.update(event.check.numerics)
+                    self.numerics[target][shape] = dict(changed)
+        return out, self.numerics[name].get(shape)
+
+
+class TargetSide:
+    """How one target's outputs are produced: eager under the emulation mode, or compiled with the
+    target's backend (stage 2's emulated one, its graph run eagerly on the CPU; with `shared`, in one Dynamo
+    pass with the other emulated targets); natively, on the device."""
+
+    def __init__(self, detected: targets_mod.DetectedTarget, module, emulation, compiled: bool,
+                 shared: SharedCompile | None = None):
+        self.detected, self.module, self.emulation, self.compiled = detected, module, emulation, compiled
+        self.shared = shared if shared is not None and detected.name in shared.backends else None
+        self.eager_label = f"native on {detected.target.device}, eager" if detected.native else EAGER
+        if not detected.native and getattr(emulation, "__name__", "emulate") != "emulate":
+            self.eager_label = f"{EAGER}, {emulation.__name__}"
+        self.compiled_label = compiled_label(detected)
+        self._fn, self._backend, self._numerics, self._shapes = None, None, {}, set()
+        self.refused: Refusal | None = None
+
+    def label(self, compiled: bool) -> str:
+        if compiled and self.refused is not None:
+            return f"{self.eager_label} (compiled path refused: {self.refused.short})"
+        return self.compiled_label if compiled else self.eager_label
+
+    def run(self, inputs, precision, probe: LayerProbe | None = None, tol: Tolerance | None = None,
+            compiled: bool = False, batch: int | None = None):
+        """Returns (outputs on the CPU, layer rows or None, first layer reason, what the target's rules
+        changed, float64 ops run as float32). Compiled, `batch` rows go in each call (see chunks); once the
+        target's compiler has refused the model, compiled runs are eager (see `refused`)."""
+        device = self.detected.target.device if self.detected.native else "cpu"
+        with placement.on_device(self.module, device, inputs) as inputs:
+            if compiled and self.refused is None:
+                try:
+                    calls = list(chunks(inputs, batch))
+                    parts = [self._run_compiled(chunk, precision) for chunk in calls]
+                except Exception as exc:   # only a refusal is kept; any other error propagates
+                    self.refused = refusal(exc, self.detected.backend, self.detected.native)
+                    if self.refused is None:
+                        raise
+                else:
+                    rows = len(next(iter(inputs.values())))
+                    out = {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
+                    return out, None, None, self._numerics.get(input_shape(calls[0]), {}), {}
+            mode = None if self.detected.native else self.emulation(self.detected.target, precision)
+
+            def fn():
+                with mode or contextlib.nullcontext():
+                    return self.module(**inputs)
+            if probe is None:
+                with torch.no_grad():
+                    out, rows, reason = fn(), None, None
+            else:
+                out, rows, reason = probe.compare(fn, tol, mode)
+        return (placement.to_device(out, "cpu"), rows, reason, dict(mode.stats) if mode else {},
+                dict(mode.float64_ops) if mode else {})
+
+    def _run_compiled(self, inputs, precision) -> dict:
+        if self.shared is not None and self.shared.precisions[self.detected.name] == precision:
+            out, changed = self.shared.run(self.detected.name, inputs)
+            if changed is not None:
+                self._numerics[input_shape(inputs)] = changed
+            return placement.to_device(out, "cpu")
+        if self._fn is None:
+            # One target's graphs at a time (torch.compiler.reset docs: reset between unrelated compilations).
+            torch.compiler.reset()
+            if self.detected.native:
+                self._backend = self.detected.backend   # the vendor's compiler; its precision is its flag
+            else:
+                from portkit.targets import backends  # stage 2: registers portkit_neuron / portkit_tpu
+                self._backend = backends.emulated_backend(self.detected.name, precision)
+            self._fn = torch.compile(self.module, backend=self._backend, dynamic=False)
+        checks = getattr(self._backend, "checks", None)
+        before = len(checks) if checks is not None else 0
+        # Dynamo runs a function eagerly after recompile_limit shapes (pytorch/pytorch#114511): an
+        # uncompiled bucket would pass for a compiled one, so every shape this side runs must compile.
+        self._shapes.add(input_shape(inputs))
+        with torch.no_grad(), _torch.recompile_limit(len(self._shapes)):
+            out = self._fn(**inputs)
+        if checks is not None and len(checks) > before:
+            changed = collections.Counter()
+            for check in list(checks)[before:]:
+                changed.update(check.numerics)
+            self._numerics[input_shape(inputs)] = dict(changed)
+        return placement.to_device(out, "cpu")
+
+
+def chunks(inputs: dict, batch: int | None):
+    """The batch in calls of `batch` rows, the last one filled with copies of its first row, as a
+    bucketed deployment calls its compiled graphs (bucketed.BucketedModel). The same shapes as stage 2's
+    fixed shape and stage 3's buckets are the same graphs, checked as the deployment's were."""
+    rows = len(next(iter(inputs.values())))
+    if not batch or batch == rows:
+        yield inputs
+        return
+    for start in range(0, rows, batch):
+        chunk = {k: v[start:start + batch] for k, v in inputs.items()}
+        short = batch - len(next(iter(chunk.values())))
+        yield {k: torch.cat([v, v[:1].expand(short, *v.shape[1:])]) if short else v for k, v in chunk.items()}
+
+
+def input_shape(inputs: dict) -> tuple:
+    return tuple((k, tuple(v.shape)) for k, v in inputs.items())
+
+
+def compiled_available() -> bool:
+    """Whether stage 2's emulated backends are present (portkit/targets/backends.py)."""
+    return probes.module_available("portkit.targets.backends")

@@ -1,0 +1,119 @@
+"""Stage 3 with workload "generate": prompt and context buckets for serving a causal LM, priced per target.
+
+    >>> found = generation_buckets.fit(m, corpus, costs, token_seconds, new_tokens=16, serve_requests=10_000_000)
+    >>> found.table()      # per target: prefill (prompt) and decode (context) buckets, auto against pow2
+
+Serving a causal LM with a static KV cache compiles two kinds of graph (portkit/workloads/generation.py): a prefill
+graph per prompt bucket, and a decode step per context bucket (the cache's length: the prompt plus the
+tokens generated so far). The prompt lengths are the corpus's real ones (token counts under the model's
+tokenizer); each request's context reaches its prompt plus `new_tokens`. For each target, with its own
+compile cost (portkit/planning/economics.py: measured XLA for TPU, the cited estimate for Neuron):
+- `auto`: each of the two bucket sets minimises warm-up compiles + padding for `serve_requests` requests
+  (planner.plan_auto); a padded prompt position is priced at the target's `token_seconds`
+  (economics.padding_prices: FLOPs at the chip's peak, an estimate; measured natively),
+  and a padded cache position the same, once per request: an upper bound, as a decode step reads the
+  padded cache rather than recomputing it;
+- `pow2`: what vLLM-TPU and NxD Inference make, powers of two from MIN_PROMPT_BUCKET (prompts) and twice
+  that (contexts) up to the longest.
+Batch buckets multiply both sets (planner.batch_buckets(max_batch)). Every compile is priced; both plans
+are shown side by side with their warm-up compiles and seconds and their padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from portkit.corpora import corpus as data
+from portkit.planning import economics
+from portkit.workloads import generation
+from portkit.planning.planner import BucketPlan, batch_buckets, histogram, plan_auto, plan_pow2
+from portkit.core.tables import HtmlTable
+
+
+def lengths(model, corpus, new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, context lengths): each corpus text's tokens, cut so that its context (prompt +
+    new_tokens) fits the model; the context is the prompt plus new_tokens."""
+    counted = np.array([len(x) for x in model.tokenizer(list(corpus.texts), verbose=False)["input_ids"]])
+    prompts = np.clip(counted, 1, max(1, model.max_length - new_tokens))
+    return prompts, prompts + new_tokens
+
+
+@dataclass
+class ServingPlans:
+    """Per target: the auto and pow2 prefill and decode bucket sets, each priced."""
+    new_tokens: int
+    serve_requests: int
+    batch_sizes: tuple[int, ...]
+    percentiles: dict
+    targets: dict           # name -> {"compile": label, "auto": {...}, "pow2": {...}}
+
+    def summary(self) -> str:
+        parts = []
+        for name, t in self.targets.items():
+            a, p = t["auto"], t["pow2"]
+            parts.append(f"{name}: auto {a['prompt']['k']} prompt x {a['context']['k']} context buckets, "
+                         f"{a['compiles']} warm-up compiles ({a['warmup_seconds']:,.0f} s) against pow2 "
+                         f"{p['prompt']['k']} x {p['context']['k']}, {p['compiles']} compiles "
+                         f"({p['warmup_seconds']:,.0f} s)")
+        return f"generation of {self.new_tokens} tokens, {self.serve_requests:,} requests: " + " | ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"new_tokens": self.new_tokens, "serve_requests": self.serve_requests,
+                "batch_sizes": list(self.batch_sizes), "percentiles": self.percentiles, "targets": self.targets,
+                "summary": self.summary()}
+
+    def table(self) -> HtmlTable:
+        rows = []
+        for name, t in self.targets.items():
+            for plan in ("auto", "pow2"):
+                p = t[plan]
+                rows.append([name, plan, str(p["prompt"]["boundaries"]), f"{p['prompt']['padding_waste']:.1%}",
+                             str(p["context"]["boundaries"]), f"{p['context']['padding_waste']:.1%}", p["compiles"],
+                             f"{p['warmup_seconds']:,.0f}", f"{p['padding_seconds']:,.0f}",
+                             f"{p['warmup_seconds'] + p['padding_seconds']:,.0f}",
+                             t["compile"] if plan == "auto" else ""])
+        return HtmlTable(["target", "plan", "prompt buckets (prefill)", "prompt padding", "context buckets (decode)",
+                          "context padding", "warm-up compiles", "warm-up s", "padding s", "total s",
+                          "one compile"], rows, self.summary())
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+
+def _priced(prompt: BucketPlan, context: BucketPlan, cost, token_seconds: float, batches: int, requests: int) -> dict:
+    warmup = batches * sum(cost.seconds(b) for b in (*prompt.boundaries, *context.boundaries))
+    padded = prompt.padded_tokens * requests / prompt.requests + context.padded_tokens * requests / context.requests
+    return {"prompt": _plan(prompt), "context": _plan(context), "compiles": batches * (prompt.k + context.k),
+            "warmup_seconds": float(warmup), "padding_seconds": float(padded * token_seconds)}
+
+
+def _plan(p: BucketPlan) -> dict:
+    return {"boundaries": list(p.boundaries), "k": p.k, "padding_waste": p.padded_tokens /
+            max(p.padded_tokens + p.real_tokens, 1), "why": p.why}
+
+
+def fit(model, corpus, costs: dict, token_seconds, new_tokens: int, serve_requests: int,
+        max_batch: int = 1, budget_seconds: float | None = None) -> ServingPlans:
+    """The auto and pow2 prefill/decode bucket sets per target (see the module docstring)."""
+    generation.check_causal(model)
+    prompts, contexts = lengths(model, corpus, new_tokens)
+    hists = histogram(prompts), histogram(contexts)
+    batches = batch_buckets(max_batch)
+    out = {}
+    for name, cost in costs.items():
+        price = economics.price_of(token_seconds, name)
+        auto = [plan_auto(h, cost.seconds, float(price), serve_requests, batch_buckets=len(batches),
+                          compile_source=cost.label(), budget_seconds=budget_seconds,
+                          price_source=economics.price_source(price)) for h in hists]
+        pow2 = [plan_pow2(hists[0], minimum=generation.MIN_PROMPT_BUCKET),
+                plan_pow2(hists[1], minimum=2 * generation.MIN_PROMPT_BUCKET)]
+        out[name] = {"compile": cost.label(),
+                     "auto": _priced(*auto, cost, float(price), len(batches), serve_requests),
+                     "pow2": _priced(*pow2, cost, float(price), len(batches), serve_requests),
+                     "padding_price": economics.prices_to_dict({name: price})[name]}
+    pct = {"prompt": data.percentiles(prompts), "context": data.percentiles(contexts)}
+    return ServingPlans(int(new_tokens), int(serve_requests), tuple(batches), pct, out)

@@ -1,0 +1,473 @@
+"""Stage 3, shape bucketing: fit sequence buckets to the real length distribution, choose how many
+from the compile economics, and prove that nothing recompiles once every bucket is warm.
+
+    >>> from portkit import buckets, data, economics, models
+    >>> m, corpus = models.load("minilm"), data.load_corpus()
+    >>> hist = buckets.histogram(buckets.distribution(corpus, m))   # the model's own tokenizer
+    >>> costs = buckets.stage_costs(m, hist, ["neuron", "tpu"])     # measured XLA; the Neuron estimate
+    >>> prices = economics.padding_prices(m, ["neuron", "tpu"], hist.top)   # a padded position on each target
+    >>> chosen = buckets.choose(hist, costs, prices)
+    >>> print(chosen["tpu"].why)        # k, warm-up vs padding, whether the warm-up budget binds
+    >>> report = buckets.fit_buckets(m, corpus, ["neuron", "tpu"], out_dir="runs/minilm")
+    >>> report.save("runs/minilm/buckets.json")    # targets[t]["chosen"]: planner, boundaries, shapes, why
+
+Targets that compile one graph per input shape pay one compile for every distinct length they see
+(pytorch/xla#2422: 27 compiles in step 0). The planners are in portkit/planning/planner.py (pure numpy); the
+runtime side (padding, compiling, replaying, checking outputs) in portkit/stages/buckets/bucketed.py. This stage
+chooses, per target, the number of buckets whose warm-up compiles plus padded compute over
+`serve_requests` cost least (planner.plan_auto), with each bucket's compile priced by the target's
+cost model (portkit/planning/economics.py: measured XLA for TPU, an estimate with its sources for Neuron,
+the vendor's own times natively), a padded position priced on the target (economics.padding_price:
+FLOPs at the chip's peak, or measured natively) and the warm-up bounded by a time budget; where the cost is an
+estimate it shows the plan at half and at twice it. Then it replays real requests per target.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from portkit.core import atomic_io as _io
+from portkit.stages.buckets import bucketed
+from portkit.corpora import corpus as data
+from portkit.planning import economics
+from portkit.stages.buckets import generation as generation_buckets
+from portkit.stages.buckets import grid as grid_costs
+from portkit.runfolder import results
+from portkit.runfolder import layout as runfolder
+from portkit.targets import selection
+from portkit.targets import specs as targets_mod
+from portkit.core.errors import BadParameter
+from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
+                             compare, histogram, optimal_table, padded_tokens, plan_auto, plan_buckets,
+                             plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, sweep)
+from portkit.stages.buckets.plots import draw_buckets, padding_slider, plot_histogram, plot_padding  # noqa: F401
+from portkit.runfolder.results import Finding
+from portkit.core.tables import HtmlTable
+
+__all__ = ["DEFAULTS", "K_MAX", "OVERFLOW", "PLANNER_NAMES", "PLANNERS", "BucketPlan", "BucketReport", "Histogram",
+           "TargetBuckets", "batch_buckets", "check_parameters", "choose", "compare", "distribution", "fit_buckets",
+           "histogram", "optimal_table", "padded_tokens", "plan_auto", "plan_buckets", "plan_linear", "plan_optimal",
+           "plan_padding_bounded", "plan_pow2", "replay_targets", "stage_costs", "sweep"]
+
+STAGE = "buckets"
+# The stage's defaults: fit_buckets, check_parameters and the notebook's parameters cell
+# (notebooks/03_buckets.py, checked equal by tests/test_buckets.py) all use these.
+# serve_requests: the requests one warm-up serves (a deployment until its next restart) that the plan is
+# priced for, not the replay's length: 10 million is about a day of a service at 116 requests a second.
+# warmup_budget_seconds: 600 s, vLLM Neuron's default compilation timeout (VLLM_NEURON_COMPILATION_TIMEOUT).
+DEFAULTS = {"requests": 100, "bucket_count": 4, "max_batch": 1, "overflow": "truncate", "serve_requests": 10_000_000,
+            "warmup_budget_seconds": 600.0, "neuron_compile_seconds": None, "backend": "auto", "seed": 0,
+            "corpus": "stdlib", "check": True, "compare_every_target": False, "workload": "inference",
+            "new_tokens": 16}
+WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half and twice itself
+
+
+# ---------------------------------------------------------------- the distribution
+NOTHING_TO_BUCKET = ("takes one input shape: no dimension of its inputs but the batch varies with the data "
+                     "(its declaration, portkit/models/inputs.py), so one compile and nothing to bucket")
+
+
+def skip_unless_it_applies(model, out_dir, targets) -> None:
+    """The stage's first step: a model whose inputs do not vary with the data has nothing to bucket, so the
+    stage saves itself as skipped with the reason and stops (results.skip_stage raises StageSkipped)."""
+    if model.seq_dim is None:
+        results.skip_stage(out_dir, "buckets", model.describe(), targets_mod.parse_targets(targets),
+                           f"{model.name} {NOTHING_TO_BUCKET}")
+
+
+def distribution(corpus, model):
+    """Each item's length along the model's varying dimension (tokens under its own tokenizer for text;
+    data.length_distribution), with a clear error for a model that takes one input shape."""
+    if model.seq_dim is None:
+        raise BadParameter("model for shape bucketing", model.name, hint=f"{model.name} {NOTHING_TO_BUCKET}")
+    return data.length_distribution(corpus, model)
+
+
+# ---------------------------------------------------------------- costs a plan is priced with
+def stage_costs(model, hist: Histogram, targets, out_dir=None, neuron_compile_seconds=None,
+                max_batch: int = 1) -> dict[str, economics.CostModel]:
+    """Per target, what one bucket's compile costs (economics.cost_model): TPU measured by XLA over
+    the histogram's lengths, the Neuron estimate (or its override); natively, and for a reference
+    target, the compile times stage 2 measured (compile.json in out_dir, read by results.compile_cost)."""
+    out = {}
+    for name in targets_mod.parse_targets(targets):
+        detected = targets_mod.detect(name)
+        if economics.priced_by_measured_compiles(name, detected.native):
+            saved = results.compile_cost(out_dir, name) if out_dir is not None else None
+            if saved is None:
+                raise BadParameter(f"compile cost for {name} ({detected.mode})", "no compile.json in out_dir",
+                                   hint="run stage compile first: it measures the compiler's own times")
+            out[name] = economics.CostModel.from_dict(saved)
+        else:
+            out[name] = economics.cost_model(model, name, hist.values.tolist(), batch=max_batch,
+                                             neuron_compile_seconds=neuron_compile_seconds)
+    return out
+
+
+def reads(targets) -> tuple[str, ...]:
+    """The earlier stages whose results this stage reads for these targets (runfolder.Stage.reads): stage 2's
+    compile times where a target's cost comes from them, else none (the runner may run it beside stage 2)."""
+    names = targets_mod.parse_targets(targets)
+    return ("compile",) if any(economics.priced_by_measured_compiles(n, targets_mod.detect(n).native)
+                               for n in names) else ()
+
+
+def grid(model, corpus, targets, costs: dict[str, economics.CostModel], serve_requests: int = DEFAULTS["serve_requests"]):
+    """A model with two varying dimensions: per target, the least-cost grid of buckets on both against the
+    best one-dimensional plan, with the prices measured for the model (grid_costs.compare); None otherwise."""
+    return grid_costs.compare(model, corpus, targets, costs, serve_requests) if grid_costs.applies(model) else None
+
+
+def serving_plans(model, corpus, costs, token_seconds, new_tokens: int, serve_requests: int, max_batch: int = 1):
+    """Workload "generate": prefill and decode buckets per target, auto against pow2 (generation_buckets.fit)."""
+    return generation_buckets.fit(model, corpus, costs, token_seconds, new_tokens, serve_requests, max_batch)
+
+
+def training_layouts(model, corpus, chosen: dict[str, BucketPlan], batch_size: int = 8, seq_len: int = 128):
+    """Workload "train": per target, packed rows against padding to seq_len and to its chosen buckets:
+    compiles, real tokens per step and fill: {target: training.layouts rows}."""
+    from portkit.workloads import training
+    return {n: training.layouts(model, corpus, plan.boundaries, batch_size, seq_len) for n, plan in chosen.items()}
+
+
+def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds,
+           serve_requests: int = DEFAULTS["serve_requests"],
+           warmup_budget_seconds: float | None = DEFAULTS["warmup_budget_seconds"],
+           max_batch: int = DEFAULTS["max_batch"], quiet: bool = False) -> dict[str, BucketPlan]:
+    """The auto plan for every target, each priced with that target's own cost model, for
+    serve_requests requests within the warm-up budget. token_seconds: {target: economics.TokenPrice}
+    (economics.padding_prices) or one figure for all. The one place a plan is chosen: fit_buckets
+    and the notebook call it alike."""
+    chosen = {}
+    for name, cost in costs.items():
+        price = economics.price_of(token_seconds, name)
+        chosen[name] = plan_buckets(hist, "auto", compile_seconds=cost.seconds, token_seconds=float(price),
+                                    requests=serve_requests, max_batch=max_batch, compile_source=cost.label(),
+                                    budget_seconds=warmup_budget_seconds, price_source=economics.price_source(price))
+        if not quiet:
+            print(f"target {name}: using buckets {list(chosen[name].boundaries)}"
+                  f"{'' if max_batch == 1 else f' x batch {list(chosen[name].batch_sizes)}'}: {chosen[name].why}")
+    return chosen
+
+
+def what_if(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds,
+            serve_requests: int = DEFAULTS["serve_requests"],
+            warmup_budget_seconds: float | None = DEFAULTS["warmup_budget_seconds"],
+            max_batch: int = 1) -> dict[str, dict[float, BucketPlan]]:
+    """For each target whose compile cost is an estimate: the auto plan at WHAT_IF times the estimate."""
+    out = {}
+    for name, cost in costs.items():
+        if cost.kind == economics.ESTIMATE:
+            out[name] = {f: choose(hist, {name: cost.scaled(f)}, token_seconds, serve_requests, warmup_budget_seconds,
+                                   max_batch, quiet=True)[name] for f in WHAT_IF}
+    return out
+
+
+# ---------------------------------------------------------------- the stage's result
+@dataclass
+class TargetBuckets:
+    """One target's chosen plan, what its compiles cost there, and its replays."""
+    target: dict                  # DetectedTarget.to_dict()
+    backend: str                  # the torch.compile backend the replays used
+    chosen: BucketPlan
+    cost: economics.CostModel     # one shape's compile on this target, and where the figure came from
+    runs: list = field(default_factory=list)      # bucketed.ReplayRun, the first without buckets
+    what_if: dict = field(default_factory=dict)   # {factor: the auto plan at factor x an estimated cost}
+
+    @property
+    def name(self) -> str:
+        return self.target["name"]
+
+    def run_for(self, plan: BucketPlan):
+        return _run_for(self.runs, plan)
+
+    def priced(self, run) -> float:
+        """Seconds the run's compiles take on this target (every graph it compiled, at the target's cost)."""
+        return self.cost.total(run.compiled_seqs)
+
+    def summary(self) -> str:
+        mode = self.target["mode"]
+        text = (f"{self.name} ({mode}, {self.backend}): {_n(self.chosen.k, 'bucket')} {list(self.chosen.boundaries)}, "
+                f"{self.chosen.waste:.1%} padding over the corpus, warm-up "
+                f"{self.chosen.settings.get('warmup_seconds', 0):.0f} s ({self.cost.kind})")
+        if self.chosen.settings.get("budget_binds"):
+            text += " (the warm-up budget binds)"
+        mine, base = self.run_for(self.chosen), next((r for r in self.runs if r.plan is None), None)
+        if mine is not None:
+            text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
+                     f"{mine.compiles_after_warmup} after warm-up")
+            if base is not None:
+                counted = " (counted: one per distinct shape)" if base.note.startswith("counted") else ""
+                text += (f"; without buckets {base.compiles} compiles{counted}, {self.priced(base):.0f} s compiling on "
+                         f"{self.name} vs {self.priced(mine):.0f} s with the plan")
+            checks = [r.padding_ok for r in self.runs if r.padding_ok is not None]
+            text += f"; padding check {'passed' if all(checks) else 'FAILED'}" if checks else ""
+        return text
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    __repr__ = __str__
+
+    def findings(self) -> list[dict]:
+        """This stage's findings in the report's terms (severity, message, advice)."""
+        out = []
+        failed = [r for r in self.runs if r.padding_ok is False]
+        if failed:
+            out.append(Finding("padding", "blocker",
+                               f"padding to a bucket changes the outputs at real positions ({failed[0].name})",
+                               "the model does not mask padded positions: fix the attention mask handling "
+                               "before bucketing", source="vllm-project/tpu-inference#3466").to_dict())
+        late = sum(r.compiles_after_warmup for r in self.runs)
+        if late:
+            run = next(r for r in self.runs if r.compiles_after_warmup)
+            first = (run.late_compiles or [{}])[0]
+            where = (f"request {first['request'] + 1}" if first.get("request") is not None else "the padding check")
+            shape = "x".join(map(str, first.get("shape") or ())) or "?"
+            out.append(Finding("recompile_after_warmup", "work",
+                               f"{late} compiles after warm-up under the bucket plan; first in {run.name}: "
+                               f"{where}, shape {shape}, guard failure: {first.get('reason', '?')}",
+                               "a shape the warm-up did not compile reached the model: warm up every "
+                               "(batch, seq) bucket and pad every input the model takes to one of them").to_dict())
+        mine = self.run_for(self.chosen)
+        out.append(Finding("bucket_plan", "info",
+                           f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"
+                           + (f" x batch {list(self.chosen.batch_sizes)}" if self.chosen.batch_sizes != (1,) else "")
+                           + f": {self.chosen.waste:.1%} padding, {_n(self.chosen.compiles, 'compile')}"
+                           + (f", {mine.compiles_after_warmup} after warm-up in the replay" if mine else ""),
+                           self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
+        return out
+
+    def what_if_text(self) -> str:
+        """How the plan changes at WHAT_IF times an estimated compile cost ("" for a measured one)."""
+        return "".join(f". At {f:g}x the estimate ({self.cost.seconds(self.chosen.top) * f:.0f} s a compile): "
+                       f"{_n(p.k, 'bucket')} {list(p.boundaries)}, {p.waste:.1%} padding"
+                       for f, p in self.what_if.items())
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "summary": self.summary(), "backend": self.backend,
+                "findings": self.findings(), "chosen": self.chosen.to_dict(),
+                "compile_cost": self.cost.to_dict(),
+                "compile_seconds_per_bucket": {"value": self.chosen.settings.get("compile_seconds"),
+                                               "source": self.cost.label(), "kind": self.cost.kind},
+                "what_if": {str(f): {"k": p.k, "boundaries": list(p.boundaries), "padding_waste": p.waste,
+                                     "warmup_seconds": p.settings.get("warmup_seconds")} for f, p in self.what_if.items()},
+                "compiles_after_warmup": sum(r.compiles_after_warmup for r in self.runs),
+                "padding_ok": all(r.padding_ok for r in self.runs if r.padding_ok is not None),
+                "replay": [r.to_dict() for r in self.runs]}
+
+
+@dataclass
+class BucketReport:
+    """Stage 3's result: the distribution, the planners side by side, and per target the chosen
+    plan with its replays."""
+    model: dict
+    distribution: dict
+    histogram: Histogram
+    k: int
+    plans: list[BucketPlan]
+    curves: dict
+    token_seconds: dict | float       # per target, what a padded position costs (economics.padding_prices)
+    trace: dict
+    targets: dict[str, TargetBuckets]
+    grid: dict | None = None          # two varying dimensions: grid_costs.GridComparison.to_dict()
+    generation: dict | None = None    # workload "generate": generation_buckets.ServingPlans.to_dict()
+    training: dict | None = None      # workload "train": per target, training.layouts' rows
+
+    def summary(self) -> str:
+        return " | ".join(t.summary() for t in self.targets.values())
+
+    def to_dict(self) -> dict:
+        return {"stage": STAGE, "model": self.model, "summary": self.summary(),
+                "distribution": {**self.distribution, "histogram": self.histogram.to_dict()},
+                "k": self.k, "plans": [p.to_dict() for p in self.plans],
+                "padding_by_buckets": {n: [{"k": k, "padding_waste": w} for k, w in pts]
+                                       for n, pts in self.curves.items()},
+                "padding_price": economics.prices_to_dict(self.token_seconds), "trace": self.trace,
+                "targets": {n: t.to_dict() for n, t in self.targets.items()}, "grid": self.grid,
+                "generation": self.generation, "training": self.training}
+
+    def save(self, path) -> None:
+        results.save_result(path, self.to_dict())
+
+    def table(self, target: str | None = None):
+        """Per replay run: compiles, padding, compile time on the target (priced) and here, run time."""
+        t = self.targets[target or next(iter(self.targets))]
+        rows = [[r.name + (" (chosen)" if r.plan == t.chosen.to_dict() else "") + (
+                    " (counted, not compiled)" if r.note.startswith("counted") else ""),
+                 "-" if r.plan is None else str(r.plan["boundaries"]), r.compiles, r.compiles_after_warmup,
+                 f"{r.waste:.1%}", f"{t.priced(r):.0f}", f"{r.compile_seconds:.1f}", f"{r.run_seconds:.2f}",
+                 {None: "-", True: "ok", False: "FAILED"}[r.padding_ok]] for r in t.runs]
+        return HtmlTable(["run", "buckets", "compiles", "after warm-up", "padding", f"compile s on {t.name}",
+                          "compiling here s", "run here s", "padding check"], rows,
+                         f"{t.name} ({t.target['mode']}), backend {t.backend}: replay of {self.trace['requests']} "
+                         f"requests; compile on {t.name}: {t.cost.label()}")
+
+    def padding_table(self):
+        """Per target, plan and bucket shape: the padding check against unpadded eager outputs."""
+        rows = []
+        for t in self.targets.values():
+            for r in t.runs:
+                for c in r.padding_checks:
+                    rows.append([t.name, f"{r.name} [{r.backend}]", f"{c['batch']} x {c['seq']}",
+                                 ", ".join(map(str, c["lengths"])), f"{c['max_abs_error']:.1e}",
+                                 f"{c['rtol']:g} / {c['atol']:g}", "ok" if c["ok"] else "FAILED: " + c["failures"][0]])
+        return HtmlTable(["target", "plan [backend]", "bucket (batch x seq)", "real lengths", "max abs error",
+                          "rtol / atol", "result"], rows,
+                         "outputs at real positions, padded and compiled, vs unpadded eager under the same numerics")
+
+    def plot(self):
+        """Padding against buckets (chosen plans starred), and each run's compile + run time."""
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(13, 3.8))
+        plot_padding(self.curves, {n: t.chosen for n, t in self.targets.items()}, self.k, axes[0])
+        t = next(iter(self.targets.values()))
+        names = [r.name for r in t.runs]
+        priced = [t.priced(r) for r in t.runs]
+        axes[1].barh(names, priced, color="#C44E52", label=f"compile on {t.name} ({t.cost.kind})")
+        axes[1].barh(names, [r.run_seconds for r in t.runs], left=priced, color="#4C72B0", label="run (this CPU)")
+        axes[1].set_xlabel("seconds")
+        axes[1].set_title(f"{t.name} ({t.target['mode']}, {t.backend}): replay of {self.trace['requests']} requests")
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    def __str__(self) -> str:
+        lines = [f"Shape buckets for {self.model['name']}: {self.distribution.get('count')} texts, p50 "
+                 f"{self.distribution.get('p50')}, p99 {self.distribution.get('p99')}, max "
+                 f"{self.distribution.get('max')}; {self.histogram}"]
+        lines += ["  " + str(p) for p in self.plans]
+        for t in self.targets.values():
+            lines.append("  " + t.summary())
+            lines += ["    " + str(r) for r in t.runs]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+        parts = [f"<p><b>Shape buckets</b> for <code>{html.escape(self.model['name'])}</code>: "
+                 f"{html.escape(str(self.histogram))}</p>"]
+        for t in self.targets.values():
+            parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{t.target['mode']}</i></h4>"
+                         f"<p>{html.escape(t.summary())}</p><p><i>why:</i> {html.escape(t.chosen.why + t.what_if_text())}</p>"
+                         + self.table(t.name)._repr_html_())
+        return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- the stage's verbs
+D = DEFAULTS
+
+
+def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucket_count"],
+                     max_batch: int = D["max_batch"], max_seq: int = 512, overflow: str = D["overflow"],
+                     serve_requests: int = D["serve_requests"], warmup_budget_seconds=D["warmup_budget_seconds"],
+                     neuron_compile_seconds=D["neuron_compile_seconds"], seed: int = D["seed"],
+                     corpus: str = D["corpus"], backend: str = D["backend"], check: bool = D["check"],
+                     compare_every_target: bool = D["compare_every_target"], targets=("neuron", "tpu"),
+                     workload: str = D["workload"], new_tokens: int = D["new_tokens"], model: str | None = None) -> None:
+    """The notebook's validation cell, also run by the runner before anything is written. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
+    from portkit.workloads import generation
+    from portkit.core import checks
+    generation.check_workload(workload, model)
+    checks.positive_int("new_tokens", new_tokens, maximum=512)
+    checks.positive_int("requests", requests)
+    checks.positive_int("bucket_count", bucket_count, maximum=64)
+    checks.positive_int("max_batch", max_batch, maximum=1024)
+    checks.positive_int("max_seq", max_seq)
+    checks.choice("overflow", overflow, OVERFLOW)
+    checks.positive_int("serve_requests", serve_requests)
+    if warmup_budget_seconds is not None:
+        checks.positive_float("warmup_budget_seconds", warmup_budget_seconds)
+    if neuron_compile_seconds is not None:
+        checks.positive_float("neuron_compile_seconds", neuron_compile_seconds)
+    checks.non_negative_int("seed", seed)
+    checks.boolean("check", check)
+    checks.boolean("compare_every_target", compare_every_target)
+    data.check_corpus(corpus)
+    selection.check_parameter(backend, targets_mod.parse_targets(targets))
+
+
+def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, BucketPlan],
+                   costs: dict[str, economics.CostModel], backend: str = D["backend"], check: bool = D["check"],
+                   compare_every_target: bool = D["compare_every_target"], progress: bool = True,
+                   what_ifs: dict | None = None, compile_all: bool = False) -> dict[str, TargetBuckets]:
+    """Replay the trace per target with its compile backend (selection.check_backend; an emulated one
+    checks and emulates each graph, no codegen). The first target's backend replays without buckets
+    and with every plan; each target replays its own chosen plan (warm-up, then recompiles forbidden,
+    then the padding check). compare_every_target repeats the whole comparison on every target's backend.
+    The replay without buckets counts its compiles (one per distinct shape; stage 2 compiled that storm) and
+    the compared plans count theirs (one per bucket shape): only the chosen plans are compiled, replayed
+    under fail_on_recompile and padding-checked, unless compile_all compiles every run as before."""
+    out, done = {}, {}     # done: backend -> its runs so far, reused by any plan with the same shapes
+    proven = {(tuple(p.boundaries), tuple(p.batch_sizes)) for p in chosen.values()}   # never only counted
+    for i, name in enumerate(chosen):
+        detected = targets_mod.detect(name)
+        be = selection.check_backend(detected, backend)
+        compare = i == 0 or compare_every_target
+        runs = done.setdefault(be, [])
+        wanted = [*plans, chosen[name]] if compare else [chosen[name]]
+        missing = [p for p in wanted if _same_shapes(runs, p) is None]
+        baseline = compare and not any(r.plan is None for r in runs)
+        if missing or baseline:
+            runs += bucketed.replay(model, trace, missing, backend=be, baseline=baseline, check=check,
+                                    progress=progress, device=detected.target.device if detected.native else "cpu",
+                                    inductor=False, count_baseline=not compile_all,
+                                    count=() if compile_all else tuple(
+                                        p for p in missing if (tuple(p.boundaries), tuple(p.batch_sizes)) not in proven))
+        mine = [r for r in runs if r.plan is None] if compare else []
+        for plan in wanted:
+            run = _same_shapes(runs, plan)
+            if run.plan != plan.to_dict():
+                run = replace(run, name=plan.planner, plan=plan.to_dict(), note=f"same shapes as {run.name}: replayed once")
+            mine.append(run)
+        out[name] = TargetBuckets(detected.to_dict(), be, chosen[name], costs[name], mine, (what_ifs or {}).get(name, {}))
+    return out
+
+
+def _same_shapes(runs, plan: BucketPlan):
+    """The first run that compiled exactly this plan's shapes."""
+    return next((r for r in runs if r.plan is not None and r.plan["boundaries"] == list(plan.boundaries)
+                 and r.plan["batch_sizes"] == list(plan.batch_sizes)), None)
+
+
+def _run_for(runs, plan: BucketPlan):
+    return next((r for r in runs if r.plan == plan.to_dict()), None)
+
+
+def save_plans(chosen: dict[str, BucketPlan], out_dir) -> Path:
+    """Write the chosen plans to the stage's early file (runfolder: buckets.plan.json) before the replay: a
+    run starts stage 4, which needs only the plans, while the replay still runs. buckets.json, written at the
+    end, holds the same plans with the replay's proof; results.read_buckets reads it first."""
+    path = Path(out_dir) / runfolder.stage("buckets").early
+    _io.write_json(path, {"targets": {name: {"chosen": plan.to_dict()} for name, plan in chosen.items()}})
+    return path
+
+
+def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = D["bucket_count"],
+                requests: int = D["requests"], max_batch: int = D["max_batch"], max_seq: int | None = None,
+                overflow: str = D["overflow"], seed: int = D["seed"], backend: str = D["backend"],
+                check: bool = D["check"], compare_every_target: bool = D["compare_every_target"],
+                progress: bool = True, serve_requests: int = D["serve_requests"],
+                warmup_budget_seconds=D["warmup_budget_seconds"], neuron_compile_seconds=D["neuron_compile_seconds"],
+                costs: dict[str, economics.CostModel] | None = None) -> BucketReport:
+    """The whole stage in one call (the notebook walks the same steps one by one, with the same calls).
+    The chosen plan is priced for serve_requests requests; `requests` only sets the replay's length.
+    `costs` (per target) replaces stage_costs' cost models."""
+    names = targets_mod.parse_targets(targets)
+    dist = distribution(corpus, model)
+    hist = histogram(dist, max_seq, overflow)
+    plans, curves = compare(hist, k, max_batch), sweep(hist)
+    token_seconds = economics.padding_prices(model, names, hist.top)
+    trace = data.make_trace(corpus, model, requests, seed, max_batch, dist)
+    costs = costs or stage_costs(model, hist, names, out_dir, neuron_compile_seconds, max_batch)
+    costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
+    chosen = choose(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
+    save_plans(chosen, out_dir)
+    alternatives = what_if(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
+    per_target = replay_targets(model, trace, plans, chosen, costs, backend, check, compare_every_target, progress,
+                                alternatives)
+    found = grid(model, corpus, names, costs, serve_requests)
+    return BucketReport(model.describe(), dist.to_dict(), hist, k, plans, curves, token_seconds, trace.describe(),
+                        per_target, found.to_dict() if found else None)

@@ -1,0 +1,88 @@
+"""Stage 2 with `-p workload generate`: greedy generation compiled for each target, the dynamic KV cache
+against the bucketed static one (issue #14).
+
+    >>> from portkit import compile_generation, data, models
+    >>> lm = models.load("gpt2")
+    >>> found = compile_generation.check(lm, data.load_corpus().sample(4, seed=0), ["neuron", "tpu"])
+    >>> found["tpu"].summary()
+
+Per target, on its compile backend (selection.backend_for: emulated here, the vendor's natively):
+- the model's default DynamicCache, every step compiled at static shapes as the targets require: every
+  generated token is a new cache length, so a guard failure and a compile, until Dynamo's recompile limit
+  runs the step eagerly (where that happens is measured, not assumed);
+- the fix: transformers' StaticCache with prompts left-padded to powers-of-two prompt buckets and the cache
+  in powers-of-two context buckets (generation.plan_for), every graph compiled in a warm-up, then the whole
+  generation under set_stance("fail_on_recompile"): any compile there raises, so "0 after warm-up" is
+  PyTorch's word, not portkit's.
+The two runs' tokens are compared (the same greedy decoding, so they should agree where the numerics do).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from portkit.workloads import generation
+from portkit.targets import selection
+from portkit.targets import specs as targets_mod
+
+
+@dataclass
+class TargetGeneration:
+    target: dict                       # DetectedTarget.to_dict()
+    backend: str
+    prompts: int
+    new_tokens: int
+    plan: dict                         # the static cache's buckets
+    dynamic: generation.Generation
+    static: generation.Generation
+
+    @property
+    def agreement(self) -> float:
+        """Share of generated tokens the dynamic and static runs agree on."""
+        return float((self.dynamic.tokens == self.static.tokens).float().mean())
+
+    def summary(self) -> str:
+        d, s = self.dynamic, self.static
+        eager = (f"; from token {d.eager_from_step + 1} the decode step ran eagerly (Dynamo's recompile limit)"
+                 if d.eager_from_step is not None else "")
+        return (f"{self.target['name']} ({self.target['mode']}, {self.backend}): {self.prompts} prompts x "
+                f"{self.new_tokens} new tokens; dynamic cache: {d.compiles} compiles "
+                f"({d.compiles_per_token:.2f} per generated token){eager}; static cache "
+                f"(prompt buckets {self.plan['prompt_buckets']}, context buckets {self.plan['context_buckets']}): "
+                f"{s.warmup_compiles} compiles in warm-up ({s.warmup_seconds:.1f} s here), {s.compiles} during "
+                f"the generation under fail_on_recompile; tokens agree {self.agreement:.0%}")
+
+    __str__ = __repr__ = summary
+
+    def to_dict(self) -> dict:
+        def run(g: generation.Generation) -> dict:
+            return {"compiles": g.compiles, "compiles_per_token": g.compiles_per_token, "seconds": g.seconds,
+                    "warmup_compiles": g.warmup_compiles, "warmup_seconds": g.warmup_seconds,
+                    "eager_from_step": g.eager_from_step, "truncated": g.truncated,
+                    "first_guard_failure": g.guard_failures[0] if g.guard_failures else None}
+        return {"target": self.target, "backend": self.backend, "prompts": self.prompts,
+                "new_tokens": self.new_tokens, "plan": self.plan, "dynamic": run(self.dynamic),
+                "static": run(self.static), "token_agreement": self.agreement, "summary": self.summary()}
+
+
+def check(lm, texts: list[str], targets, new_tokens: int = 16, backend: str = selection.AUTO,
+          precision=None) -> dict[str, TargetGeneration]:
+    """Greedy generation of `new_tokens` for the `texts` (one batch) on every target's compile backend,
+    with the dynamic cache and with the bucketed static cache."""
+    generation.check_causal(lm)
+    plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
+    out = {}
+    for name in targets_mod.parse_targets(targets):
+        detected = targets_mod.detect(name)
+        chosen, _ = selection.backend_for(detected, backend, (precision or {}).get(name))
+        label = chosen if isinstance(chosen, str) else getattr(chosen, "__name__", type(chosen).__name__)
+        dynamic = generation.generate_dynamic(lm, texts, new_tokens, chosen, max_length=generation.MAX_PROMPT)
+        fresh, _ = selection.backend_for(detected, backend, (precision or {}).get(name))   # its own record
+        static = generation.generate_static(lm, texts, new_tokens, plan, backend=fresh)
+        out[name] = TargetGeneration(detected.to_dict(), label, len(texts), new_tokens,
+                                     {"prompt_buckets": list(plan.prompt_buckets),
+                                      "context_buckets": list(plan.context_buckets), "batch": plan.batch,
+                                      "overflow": plan.overflow}, dynamic, static)
+    torch.compiler.reset()
+    return out

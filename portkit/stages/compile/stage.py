@@ -1,0 +1,414 @@
+"""Stage 2, compile for the target: graph breaks, compiles, and the recompile storm on real data.
+
+    >>> from portkit import compiling, data, models
+    >>> m = models.load("minilm")
+    >>> stream = compiling.make_requests(m, data.load_corpus(), n=compiling.DEFAULTS["requests"])
+    >>> report = compiling.compile_model(m, stream, targets=["neuron", "tpu"], seq_len=64)
+    >>> print(report)            # per target: compiles against requests, what they cost on the target, the fix
+    >>> report.plot()
+    >>> report.save("runs/minilm/compile.json")
+
+Both targets compile one graph per input shape (awsdocs-neuron torch/compile/reference-torch-compile.html;
+torch_tpu _backend.py). The stage finds the graph breaks (torch._dynamo.explain) and whether
+fullgraph=True captures the model; streams at least 100 real requests through the model compiled with
+dynamic=False, counting every compile with a wrapper around the backend (torch 2.13 never increments
+counters["recompiles"], checked), the guard failure behind each one, and where Dynamo's recompile
+limit would fall back to eager; then warms up one fixed shape and runs the requests under
+set_stance("fail_on_recompile"): a compile it refuses is recorded (request, shape, guard failure),
+paid with the stance lifted and counted, so a recompile after warm-up is a finding, not a crash.
+The steps are in portkit/stages/compile/steps.py.
+
+Every compile of the storm is priced with the target's compile cost (portkit/planning/economics.py), and says
+where that figure came from: measured XLA for TPU, an estimate with its sources for Neuron, the vendor
+compiler's own time in native mode, Inductor on this CPU for a reference target. In emulated mode the
+backends check the target's rules and numerics and run the graph eagerly: no Inductor codegen, whose
+times no target pays.
+"""
+from __future__ import annotations
+
+import html
+import statistics
+from dataclasses import dataclass, field
+
+from portkit.stages.compile import generation as compile_generation
+from portkit.stages.compile import training as compile_training
+from portkit.planning import economics
+from portkit.core import frames
+from portkit.core import reconcile
+from portkit.targets import selection
+from portkit.targets import specs as targets_mod
+from portkit.targets.backends import _text
+from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm, _eager_from,
+                                   _failure_text,
+                                   check_fixed_shape, check_fixed_shapes, find_graph_breaks, make_requests,
+                                   recompile_storm, recompile_storms)
+from portkit.core.errors import BadParameter
+from portkit.runfolder.results import Finding, save_result
+from portkit.core.tables import HtmlTable
+
+__all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
+           "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_parameters", "compile_costs", "compile_model",
+           "check_training", "eager_findings", "find_graph_breaks",
+           "make_requests", "recompile_storm", "recompile_storms"]
+
+STAGE = "compile"
+# The stage's defaults: compile_model, check_parameters and the notebook's parameters cell
+# (notebooks/02_compile.py, checked equal by tests/test_compiling.py) all use these.
+DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False, "backend": AUTO,
+            "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None,
+            "workload": "inference", "new_tokens": 16, "prompts": 4}
+# Not notebook parameters (the notebook keeps to the choices most runs make), library options with these defaults:
+# the storm's shapes compiled before the rest are counted (storm.COMPILE_SHAPES: Dynamo's own recompile limit),
+# and the training step's steps and texts per batch with workload "train".
+OPTIONS = {"compile_shapes": COMPILE_SHAPES, "train_steps": 4, "train_batch": 4}
+
+
+# What each of the stage's findings costs on the target: the consequence behind its severity (#18).
+CONSEQUENCES = {
+    "compile_refused": "blocker: the target's compiler refuses the graph, so the model does not compile there",
+    "not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so it cannot run",
+                    "work": "work: the op runs on the host CPU, a round trip out of the compiled graph per call"},
+    "compile_failed": "blocker: the model does not compile for the target",
+    "graph_break": "work: each break is one more graph compiled per input shape, with Python run between graphs",
+    "fullgraph": "work: fullgraph=True, which the vendors recommend, fails; the model compiles in pieces",
+    "recompile_storm": "work: one compile per new input shape, each paid at the target's compile time above",
+    "recompile_after_warmup": "work: compiles after warm-up at one fixed shape, each paid at request time",
+    "fixed_shape": "work: a fixed shape is not proven to compile once",
+    "train_refused": "blocker: the target's compiler refuses the training step, so training does not compile there",
+    "train_not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so the step cannot run",
+                          "work": "work: the op runs on the host CPU, a round trip out of the compiled step per call"},
+    "train_graph_break": "work: each graph of the step has its own backward, compiled and run apart",
+    "train_recompile": "work: the step compiles again during training, each compile paid mid-run",
+}
+
+
+def _finding(kind: str, severity: str, message: str, advice: str, where: dict | None = None) -> dict:
+    """A finding with its consequence; with `where`, it names whose code that is and phrases the advice
+    for them (#18)."""
+    consequence = CONSEQUENCES.get(kind)
+    consequence = consequence.get(severity) if isinstance(consequence, dict) else consequence
+    owner = frames.owner(where) if where is not None else None
+    found = Finding(kind, severity, message, advice, where=where, owner=owner, consequence=consequence).to_dict()
+    if owner is not None:
+        found["advice"] = reconcile.advice_for(found, owner)
+    return found
+
+
+def _seq(shape) -> int | None:
+    return shape[1] if len(shape) > 1 else None
+
+
+def _measured_length(model, shapes: dict) -> int | None:
+    """A compiled graph's length along the model's varying dimension, from its inputs' shapes; a graph
+    after a break takes other inputs: then its first input's second dimension, as before declarations."""
+    try:
+        return model.declaration.size_of(shapes, model.seq_dim)
+    except BadParameter:
+        return _seq(next(iter(shapes.values()), [0]))
+
+
+def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] | None = None,
+                  neuron_compile_seconds: float | None = None) -> dict[str, economics.CostModel]:
+    """Per target, what one compile costs there (economics.cost_model): measured XLA over the stream's
+    lengths for TPU, the Neuron estimate, or, natively and for reference targets, the times the storm
+    measured (pass `storms`)."""
+    # a fixed-shape model's shapes have no varying dimension (an image's second is the channels)
+    dim = model.seq_dim
+    lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None] if dim else []
+    out = {}
+    for name in targets_mod.parse_targets(targets):
+        detected = targets_mod.detect(name)
+        measured = ()
+        if storms is not None and economics.priced_by_measured_compiles(name, detected.native):
+            measured = [(_measured_length(model, e.shapes) if dim else None, e.seconds)
+                        for e in storms[name].compiles]
+        out[name] = economics.cost_model(model, name, lengths, native=detected.native, measured_points=measured,
+                                         neuron_compile_seconds=neuron_compile_seconds,
+                                         batch=requests.shapes()[0][0] if requests.inputs else 1)
+    return out
+
+
+def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable]:
+    """Per target, stage 1's eager findings (its fallbacks.json in `out_dir`) against the graphs that
+    find_graph_breaks just captured: what persists under torch.compile, what vanishes (reconcile.py)."""
+    from portkit.runfolder.results import read_stage
+    saved = (read_stage(out_dir, "fallbacks") or {}).get("targets") or {}
+    compiled = {"graph_breaks": breaks.to_dict()}
+    out = {}
+    for name in targets_mod.parse_targets(targets):
+        findings = reconcile.reconcile((saved.get(name) or {}).get("findings") or [], compiled, name)
+        gone = reconcile.vanished_line(findings)
+        out[name] = reconcile.table(findings, f"{name}: {len(findings)} eager finding(s) from stage 1"
+                                    + (f"; {gone}" if gone else "") if saved else
+                                    f"{name}: no stage 1 result in {out_dir} to reconcile")
+    return out
+
+
+def check_training(model, texts, targets, steps: int = OPTIONS["train_steps"], batch_size: int = OPTIONS["train_batch"],
+                   seq_len: int = DEFAULTS["seq_len"], precision=None, seed: int = DEFAULTS["seed"]):
+    """Workload "train": one AdamW step of the model's own loss compiled for each target, `steps` steps on
+    real batches of batch_size x seq_len (portkit/stages/compile/training.py)."""
+    return compile_training.check(model, texts, targets, steps, batch_size, seq_len, precision, seed)
+
+
+def check_generation(model, texts, targets, new_tokens: int = DEFAULTS["new_tokens"],
+                     prompts: int = DEFAULTS["prompts"], backend: str = DEFAULTS["backend"], precision=None,
+                     seed: int = DEFAULTS["seed"]):
+    """Workload "generate": `prompts` real prompts from the corpus, greedy generation of `new_tokens`, with
+    the dynamic cache and the bucketed static cache, per target (portkit/stages/compile/generation.py)."""
+    return compile_generation.check(model, texts.sample(prompts, seed), targets, new_tokens, backend, precision)
+
+
+# ---------------------------------------------------------------- the stage's result
+@dataclass
+class CompileReport:
+    """Stage 2's result: graph breaks, and per target the storm and the fixed-shape proof."""
+    model: dict
+    requests: dict
+    breaks: GraphBreaks
+    storms: dict[str, Storm]
+    fixed: dict[str, FixedShape]
+    costs: dict[str, economics.CostModel]    # per target: what one compile costs there, and why
+    generation: dict = field(default_factory=dict)   # workload "generate": compile_generation.check's result
+    training: dict = field(default_factory=dict)     # workload "train": compile_training.check's result
+
+    @classmethod
+    def from_steps(cls, model, requests: Requests, breaks: GraphBreaks, storms: dict[str, Storm],
+                   fixed: dict[str, FixedShape], costs: dict[str, economics.CostModel],
+                   generation: dict | None = None, training: dict | None = None) -> CompileReport:
+        return cls(model.describe(), requests.to_dict(), breaks, storms, fixed, costs, generation or {},
+                   training or {})
+
+    def compile_seconds(self, name: str) -> dict:
+        """What one compile costs on the target (the cost model, over the storm's compiled shapes),
+        with its kind and source; `measured_here` is what the compiling calls took on this CPU."""
+        cost = self.costs[name]
+        priced = [cost.seconds(_seq(r["shape"])) for r in self.storms[name].requests if r["new_compiles"]]
+        here = [e.seconds for e in self.storms[name].compiles + self.fixed[name].compiles]
+        return {"median": statistics.median(priced) if priced else cost.seconds(None),
+                "first": priced[0] if priced else None, "count": len(priced), "kind": cost.kind,
+                "source": cost.label(), "measured_here_median": statistics.median(here) if here else None,
+                "measured_here_what": "Dynamo trace + the target's check, no codegen" if cost.kind in
+                (economics.MEASURED_XLA, economics.ESTIMATE) else cost.kind}
+
+    def priced(self, name: str) -> dict:
+        """The measured storm priced on the target: every compile it paid, at the target's cost."""
+        cost, storm = self.costs[name], self.storms[name]
+        seconds = sum(cost.seconds(_seq(r["shape"])) * r["new_compiles"] for r in storm.requests)
+        return {"requests": len(storm.requests), "compiles": storm.compile_count(), "seconds": seconds,
+                "kind": cost.kind, "source": cost.label()}
+
+    def projection(self, name: str) -> dict:
+        """The storm the whole stream would bring: its shapes are tokenized, not run, and each new
+        shape is priced with the target's compile cost. A projection, and labelled as one."""
+        stream, cost = self.requests["stream_shapes"], self.costs[name]
+        distinct = sorted(set(map(tuple, stream)))
+        return {"requests": len(stream), "distinct_shapes": len(distinct),
+                "eager_from_request": _eager_from(stream, self.storms[name].default_limit),
+                "median_compile_seconds": self.compile_seconds(name)["median"],
+                "compile_seconds": cost.total(_seq(s) for s in distinct), "source": cost.label(),
+                "kind": "projection: shapes tokenized, not run"}
+
+    def findings(self, name: str) -> list[dict]:
+        """What this stage found for one target, in the report's terms (severity, message, advice)."""
+        out, check = [], (self.breaks.checks.get(name) or {})
+        storm, fixed = self.storms[name], self.fixed[name]
+        if check.get("refused"):
+            out.append(_finding("compile_refused", "blocker", check["refused"],
+                                "make the graph static: dynamic=False, no data-dependent shapes, pad to buckets"))
+        for op in check.get("not_lowered", []):
+            where = "; ".join(w["text"] for w in op["where"][:2]) or "(no source line)"
+            out.append(_finding("not_lowered", "blocker" if op["status"] == "unsupported" else "work",
+                                f"{op['op']} would not lower ({op['status']}: {op['detail']}) at {where}",
+                                "replace the op, or write a kernel for it on the target"))
+        for failure in (storm.failure, fixed.failure):
+            if failure:
+                out.append(_finding("compile_failed", "blocker", _failure_text(failure),
+                                    failure.get("hint") or "fix the model so the target's backend compiles it"))
+        if self.breaks.breaks:
+            first = self.breaks.breaks[0]
+            out.append(_finding("graph_break", "work", f"{len(self.breaks.breaks)} graph break(s); first: "
+                                f"{first['reason']} at {_text(first['where'])} "
+                                f"({frames.owner(first['where'])['owner']} code)",
+                                "every break is a separate graph to compile per shape: remove it, then "
+                                "compile with fullgraph=True as the vendors recommend", first["where"]))
+        elif not self.breaks.fullgraph.get("ok", True):
+            out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(self.breaks.fullgraph)}",
+                                "the vendors recommend fullgraph=True: remove what stops it",
+                                self.breaks.fullgraph.get("where")))
+        if storm.requests and storm.compile_count() > 1:
+            priced = self.priced(name)
+            out.append(_finding("recompile_storm", "work",
+                                f"{storm.compile_count()} compiles for {len(storm.requests)} requests of varying "
+                                f"length, {priced['seconds']:.0f} s compiling on {name} ({priced['source']})",
+                                "pad to a few fixed shapes: use stage 3's bucket plan"))
+        if not fixed.failure and fixed.compiles_after:
+            out.append(_finding("recompile_after_warmup", "work",
+                                f"{fixed.compiles_after} compile(s) after warm-up at one fixed shape "
+                                f"{fixed.label}: {fixed.late_text()}",
+                                "a fixed shape should compile once and never again: pad every input to it, "
+                                "and check the model for Python code that depends on its inputs"))
+        if not fixed.failure and fixed.probed and not fixed.armed:
+            out.append(_finding("fixed_shape", "work", fixed.summary(),
+                                "a fixed shape should compile once and never again: check the model for "
+                                "shape-dependent Python code"))
+        if name in self.training:
+            out += [_finding(*found) for found in self.training[name].findings()]
+        return out
+
+    def target_summary(self, name: str) -> str:
+        priced = self.priced(name)
+        text = f"{self.storms[name].summary()}; {self.fixed[name].summary()}"
+        if priced["compiles"]:
+            text += (f"; on {name} these {priced['compiles']} compiles cost {priced['seconds']:.0f} s "
+                     f"({priced['source']})")
+        return text
+
+    def summary(self) -> str:
+        return " | ".join(self.target_summary(n) + (f"; generation: {self.generation[n].summary()}"
+                                                    if n in self.generation else "")
+                          + (f"; {self.training[n].summary()}" if n in self.training else "") for n in self.storms)
+
+    def to_dict(self) -> dict:
+        per_target = {name: {"target": storm.target, "backend": storm.backend, "precision": storm.precision,
+                             "summary": self.target_summary(name), "compile_seconds": self.compile_seconds(name),
+                             "compile_cost": self.costs[name].to_dict(), "priced_storm": self.priced(name),
+                             "fixed_shape": self.fixed[name].shape, "checks": self.breaks.checks.get(name),
+                             "findings": self.findings(name),
+                             "projection": self.projection(name), "storm": storm.to_dict(),
+                             "fixed": self.fixed[name].to_dict(),
+                             **({"generation": self.generation[name].to_dict()} if name in self.generation else {}),
+                             **({"training": self.training[name].to_dict()} if name in self.training else {})}
+                      for name, storm in self.storms.items()}
+        return {"stage": STAGE, "model": self.model, "requests": self.requests, "summary": self.summary(),
+                "graph_breaks": self.breaks.to_dict(),
+                "targets": per_target}
+
+    def save(self, path) -> None:
+        save_result(path, self.to_dict())
+
+    def __str__(self) -> str:
+        lines = [f"Compile for the targets: {self.model['name']}, {self.requests['count']} requests from "
+                 f"{self.requests['source']}", "  " + str(self.breaks).replace("\n", "\n  ")]
+        lines += [f"  {self.target_summary(name)}" for name in self.storms]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for name, storm in self.storms.items():
+            c, s, p, eager = self.compile_seconds(name), storm.seconds(), self.projection(name), storm.eager_from()
+            rows.append([name, storm.target["mode"], storm.backend, len(storm.requests), storm.distinct_shapes(),
+                         storm.compile_count(), f"{c['median']:.1f} ({c['kind']})",
+                         f"{self.priced(name)['seconds']:.0f}",
+                         f"{s['compiling']:.1f}", f"{s['running']:.2f}", "" if eager is None else eager + 1,
+                         self.fixed[name].compiles_after, "yes" if self.fixed[name].armed else "no",
+                         f"{p['distinct_shapes']} / {p['requests']}",
+                         "" if p["eager_from_request"] is None else p["eager_from_request"] + 1])
+        table = HtmlTable(["target", "mode", "backend", "requests", "shapes", "compiles",
+                           "compile s per shape on the target", "storm's compiles on the target s",
+                           "compiling here s", "running here s", "eager from request", "compiles after warm-up",
+                           "fail_on_recompile armed", "stream: shapes / requests (projected)",
+                           "stream: eager from request"], rows)
+        return (f"<p><b>Compile for the targets</b>: <code>{html.escape(self.model['name'])}</code>, "
+                f"{self.requests['count']} requests. {html.escape(self.breaks.summary())}.</p>"
+                + table._repr_html_() + "".join(f"<p>{html.escape(self.target_summary(n))}</p>" for n in self.storms)
+                + "<p>Compile cost per target: " + "; ".join(f"<b>{n}</b>: {html.escape(c.label())}"
+                                                             for n, c in self.costs.items()) + "</p>")
+
+    def plot(self):
+        """Compiles against requests, measured (left) and projected over the whole stream (middle);
+        time compiling vs running per target (right)."""
+        import matplotlib.pyplot as plt
+        fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 3.6), gridspec_kw={"width_ratios": [3, 3, 2]})
+        names = list(self.storms)
+        for i, name in enumerate(names):
+            rows = self.storms[name].requests
+            left.plot([r["index"] + 1 for r in rows], [r["compiles"] for r in rows], drawstyle="steps-post",
+                      lw=4 - 1.5 * i, ls=("-", "--", ":")[i % 3],
+                      label=f"{name} ({self.storms[name].target['mode']}): graphs compiled")
+        seen, distinct = set(), []
+        for shape in map(tuple, self.requests["stream_shapes"]):
+            seen.add(shape)
+            distinct.append(len(seen))
+        measured = self.requests["count"]
+        left.plot(range(1, measured + 1), distinct[:measured], "ko", ms=4, label="distinct shapes so far")
+        middle.plot(range(1, len(distinct) + 1), distinct, "k-", drawstyle="steps-post",
+                    label="distinct shapes = compiles (projected)")
+        middle.axvspan(0.5, measured + 0.5, color="#4C72B0", alpha=0.3, label=f"measured here ({measured})")
+        limit = self.storms[names[0]].default_limit
+        eager = _eager_from(self.requests["stream_shapes"], limit)
+        if eager is not None:
+            middle.axvline(eager + 1, color="#C44E52", lw=1)
+            middle.annotate(f"request {eager + 1}: shape {limit + 1}, Dynamo falls back to eager", (eager + 1, limit + 1),
+                            xytext=(6, 8), textcoords="offset points", fontsize=7, color="#C44E52")
+        for ax in (left, middle):
+            ax.axhline(limit, color="#C44E52", ls="--", lw=1, label=f"default recompile_limit={limit}")
+            ax.set_xlabel("request")
+            ax.set_ylabel("cumulative compiles")
+            ax.legend(fontsize=7, loc="upper left")
+        left.set_title("Measured: compiles against requests (dynamic=False)")
+        middle.set_title(f"Projected over {len(distinct)} requests of the same stream (shapes only)")
+        priced = [self.priced(n) for n in names]
+        right.bar([f"{n}\n({p['kind']})" for n, p in zip(names, priced)], [p["seconds"] for p in priced],
+                  color="#DD8452", label="the storm's compiles, priced on the target")
+        right.set_ylabel("seconds")
+        right.set_title(f"Compile time of {measured} requests on the target", fontsize=9)
+        right.legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+
+# ---------------------------------------------------------------- parameters and the stage's verb
+def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEFAULTS["batch_size"],
+                     seq_len: int = DEFAULTS["seq_len"], fullgraph: bool = DEFAULTS["fullgraph"],
+                     backend: str = DEFAULTS["backend"], precision=None, seed: int = DEFAULTS["seed"],
+                     corpus: str = DEFAULTS["corpus"], neuron_compile_seconds=DEFAULTS["neuron_compile_seconds"],
+                     targets=("neuron", "tpu"), workload: str = DEFAULTS["workload"],
+                     new_tokens: int = DEFAULTS["new_tokens"], prompts: int = DEFAULTS["prompts"],
+                     model: str | None = None) -> None:
+    """The notebook's validation cell, also run by the runner before anything is written. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
+    from portkit.corpora import corpus as data
+    from portkit.workloads import generation
+    from portkit.core import checks
+    generation.check_workload(workload, model)
+    checks.positive_int("new_tokens", new_tokens, maximum=512)
+    checks.positive_int("prompts", prompts, maximum=64)
+    checks.positive_int("requests", requests, maximum=2000)
+    checks.positive_int("batch_size", batch_size, maximum=64)
+    checks.positive_int("seq_len", seq_len, maximum=4096)
+    checks.boolean("fullgraph", fullgraph)
+    checks.non_negative_int("seed", seed)
+    if neuron_compile_seconds is not None:
+        checks.positive_float("neuron_compile_seconds", neuron_compile_seconds)
+    data.check_corpus(corpus)
+    names = targets_mod.parse_targets(targets)
+    selection.check_parameter(backend, names)
+    if precision is not None and not isinstance(precision, (str, dict)):
+        raise BadParameter("precision", precision, hint="give a dict {target: precision name}")
+    for name, value in (precision.items() if isinstance(precision, dict) else ((n, precision) for n in names)):
+        if name not in names:
+            raise BadParameter("target in precision", name, names)
+        if value is not None:
+            targets_mod.get(name).precision(value)
+
+
+def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len: int = DEFAULTS["seq_len"],
+                  precision=None, backend: str = DEFAULTS["backend"], fullgraph: bool = DEFAULTS["fullgraph"],
+                  progress: bool = True, neuron_compile_seconds: float | None = DEFAULTS["neuron_compile_seconds"],
+                  costs: dict[str, economics.CostModel] | None = None,
+                  compile_shapes: int = OPTIONS["compile_shapes"]) -> CompileReport:
+    """The whole stage: graph breaks, the storm and the fixed-shape proof for every target, each
+    compile priced with the target's cost (compile_costs, unless `costs` gives them). The storm compiles
+    its first `compile_shapes` shapes here and counts the later ones from Dynamo's guard failures (0:
+    compile every shape; portkit/stages/compile/storm.py)."""
+    names = targets_mod.parse_targets(targets)
+    selection.check_parameter(backend, names)
+    breaks = find_graph_breaks(model, requests.inputs[0], names, precision)
+    storms = recompile_storms(model, requests, names, precision, backend, fullgraph, progress,
+                              compile_shapes or None)
+    fixed = check_fixed_shapes(model, requests, names, seq_len, precision, backend, fullgraph)
+    costs = costs or compile_costs(model, requests, names, storms, neuron_compile_seconds)
+    return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

@@ -1,0 +1,324 @@
+"""Stage 2's steps: real requests, graph breaks, the recompile storm (storm.py), and one fixed shape.
+
+    >>> from portkit import compile_steps, data, models
+    >>> m = models.load("minilm")
+    >>> stream = compile_steps.make_requests(m, data.load_corpus(), n=100)   # each text at its own length
+    >>> storm = compile_steps.recompile_storm(m, stream, "tpu")     # every compile, and the guard behind it
+    >>> fixed = compile_steps.check_fixed_shape(m, stream, "tpu", seq_len=64)   # fail_on_recompile proof
+
+The model is compiled with dynamic=False (both targets compile one graph per input shape) behind a
+CompileCounter, the ground truth for compiles. In emulated mode the backend checks each graph against
+the target's rules and numerics and runs it eagerly, without Inductor codegen: a new shape costs
+Dynamo's trace and the check here, and what it costs on the target is priced by portkit/planning/economics.py.
+The stage (portkit/stages/compile/stage.py) puts the steps together into its result.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import html
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch   # torch._dynamo is imported on first use (seconds): the runner's checks import this module
+
+from portkit.core import placement
+from portkit.targets import selection
+from portkit.targets import specs as targets_mod
+from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
+                              refused_recompile)
+from portkit.core.errors import CompileRefused
+from portkit.core.frames import innermost, place as _place
+from portkit.stages.compile.storm import (AUTO, COMPILE_SHAPES, Storm, _compiled, _eager_from, _failure,  # noqa: F401 (the
+                           _failure_text, _precision_for, recompile_storm, recompile_storms)  # stage's steps)
+from portkit.corpora.requests import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
+from portkit.core.tables import HtmlTable
+from portkit.targets.shared_pass import Turns
+
+
+# ---------------------------------------------------------------- step 1: graph breaks
+@dataclass
+class GraphBreaks:
+    """Graph breaks (torch._dynamo.explain), whether fullgraph=True captures the model, and per
+    emulated target what its compiler would refuse or not lower."""
+    inputs: dict
+    graphs: int
+    breaks: list[dict]               # reason, where
+    fullgraph: dict                  # {"ok": bool, ...why not}
+    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, decomposed, numerics, ops (contents)
+
+    def summary(self) -> str:
+        full = "fullgraph=True captures it in one graph" if self.fullgraph["ok"] else "fullgraph=True fails"
+        if refused := [n for n, c in self.checks.items() if c["refused"]]:
+            full += f", which {' and '.join(refused)} refuse"
+        return f"{len(self.breaks)} graph breaks, {self.graphs} graphs; {full}"
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "summary": self.summary()}
+
+    def __str__(self) -> str:
+        lines = [f"Graph breaks ({self.inputs['description']}): {self.summary()}"]
+        lines += [f"  break {i + 1}: {b['reason']} at {_text(b['where'])}" for i, b in enumerate(self.breaks)]
+        if not self.fullgraph["ok"]:
+            lines.append(f"  fullgraph=True: {_failure_text(self.fullgraph)}")
+        for name, c in self.checks.items():
+            rounded = ", ".join(f"{k} ({v})" for k, v in c["numerics"].items()) or "no casts or rounding"
+            lines.append(f"  {name} (emulated): " + (f"refused: {c['refused']}" if c["refused"] else
+                         f"{c['graphs']} graphs accepted, {len(c['not_lowered'])} ops would not lower; "
+                         f"numerics: {rounded}"))
+            if decomposed := c.get("decomposed"):   # they lower: the target's compiler rewrites them
+                lines.append("    decomposed by its compiler: " + ", ".join(f"{op} ({n} calls)"
+                                                                       for op, n in decomposed.items()))
+            lines += [f"    not lowered: {o['op']} ({o['status']}, {o['calls']} calls) at "
+                      + "; ".join(w["text"] for w in o["where"][:3]) for o in c["not_lowered"]]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        table = HtmlTable(["#", "graph break", "user source line"],
+                          [[i + 1, b["reason"], _text(b["where"])] for i, b in enumerate(self.breaks)])
+        return f"<pre>{html.escape(str(self))}</pre>" + (table._repr_html_() if self.breaks else "")
+
+
+def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=None,
+                      contents: bool = True) -> GraphBreaks:
+    """Capture the model with fullgraph=True under each emulated target's checks (no compile: the graphs
+    run eagerly); where one graph cannot hold it, explain its graph breaks (torch._dynamo.explain) and
+    check every piece. A model that captures whole has no break to explain: that trace is the only one.
+    contents: record each graph's ops with their dtypes and lines (checks[target]["ops"]), which
+    reconcile.py needs (#18)."""
+    module = model.module if hasattr(model, "module") else model
+    names = targets_mod.parse_targets(targets)
+    backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)
+                for n in names if not targets_mod.detect(n).native and not targets_mod.get(n).reference}
+    graphs = []
+
+    def check_all(gm, example_inputs):
+        graphs.append(gm)
+        for backend in backends.values():
+            with contextlib.suppress(CompileRefused):   # recorded in backend.checks
+                backend(gm, example_inputs)
+        return gm.forward
+
+    fullgraph, breaks, explained = {"ok": True}, [], None
+    for whole in (True, False):   # without one graph, explain the breaks and check every piece
+        for backend in backends.values():   # record what the graphs contain, to reconcile stage 1 (#18)
+            backend.checks.clear()
+            backend.contents = [] if contents else None
+        graphs.clear()
+        torch.compiler.reset()
+        try:
+            with torch.no_grad():
+                torch.compile(module, backend=check_all, fullgraph=whole, dynamic=False)(**inputs)
+            break
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not capturable
+            if not whole:
+                raise
+            fullgraph = {"ok": False, **_failure(exc)}
+            torch.compiler.reset()
+            with torch.no_grad():
+                explained = torch._dynamo.explain(module)(**inputs)
+            breaks = _breaks(explained)
+    torch.compiler.reset()
+    checks = {}
+    for name, backend in backends.items():
+        merged: dict[str, dict] = {}
+        for c in backend.checks:
+            for o in c.not_lowered:
+                entry = merged.setdefault(o["op"], {**o, "calls": 0, "where": []})
+                entry["calls"] += o["calls"]
+                entry["where"] += [w for w in o["where"] if w not in entry["where"]]
+        decomposed = sum((collections.Counter(c.decomposed) for c in backend.checks), collections.Counter())
+        checks[name] = {"graphs": len(backend.checks), "not_lowered": list(merged.values()),
+                        "decomposed": dict(sorted(decomposed.items())),
+                        "refused": next((c.refused for c in backend.checks if c.refused), None),
+                        "numerics": dict(sum((collections.Counter(c.numerics) for c in backend.checks),
+                                             collections.Counter())),
+                        **({"ops": _merged_contents(backend.contents)} if contents else {})}
+    shapes = {k: list(v.shape) for k, v in inputs.items()}
+    desc = "inputs " + ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in shapes.items())
+    count = explained.graph_count if explained is not None else len(graphs)
+    return GraphBreaks({"description": desc, "shapes": shapes}, count, breaks, fullgraph, checks)
+
+
+def _breaks(explained) -> list[dict]:
+    """explain's break reasons, each once, with the line it names (Dynamo restarts a frame after some
+    breaks and reports them again)."""
+    breaks = []
+    for r in explained.break_reasons:
+        frame = r.user_stack[-1] if r.user_stack else None
+        found = {"reason": (r.reason.strip().splitlines() or ["?"])[0],
+                 "where": _place(frame.filename, frame.lineno, frame.name, frame.line or "") if frame else None,
+                 # the innermost frame outside torch: the line stage 1 names for the same code (#18)
+                 "frame": innermost([_place(f.filename, f.lineno, f.name, f.line or "") for f in r.user_stack or ()])}
+        if found not in breaks:
+            breaks.append(found)
+    return breaks
+
+
+def _merged_contents(graphs: list[dict]) -> dict[str, dict]:
+    """The ops of all captured graphs (frames.graph_contents), merged: calls, dtypes, source frames."""
+    merged: dict[str, dict] = {}
+    for graph in graphs:
+        for op, found in graph.items():
+            entry = merged.setdefault(op, {"calls": 0, "dtypes": [], "where": []})
+            entry["calls"] += found["calls"]
+            entry["dtypes"] = sorted(set(entry["dtypes"]) | set(found["dtypes"]))
+            entry["where"] += [w for w in found["where"] if w not in entry["where"]][:3 - len(entry["where"])]
+    return dict(sorted(merged.items()))
+
+
+# ---------------------------------------------------------------- step 3: one fixed shape
+@dataclass
+class FixedShape:
+    """One fixed shape warmed up, then the requests under set_stance("fail_on_recompile")."""
+    target: dict
+    backend: str
+    shape: dict                      # {"batch": b, "seq": s}
+    warmup_compiles: int
+    compiles_after: int              # graphs the backend compiled for the requests after warm-up
+    requests: int
+    run_seconds: float               # median per request that did not compile
+    armed: str | None                # what the stance raised for a shape outside the warm-up
+    compiles: list[CompileEvent] = field(default_factory=list)
+    failure: dict | None = None
+    late: list[dict] = field(default_factory=list)   # each compile the stance refused: request, shape, guard
+    probed: bool = True              # False: the model takes one input shape, so no other shape was tried
+
+    @property
+    def label(self) -> str:
+        """The fixed shape as it is called, e.g. 1x64, or 1x3x224x224 for an image model."""
+        return "x".join(map(str, self.shape.get("dims") or [self.shape["batch"], self.shape["seq"]]))
+
+    def late_text(self) -> str:
+        """The first compile after warm-up: which request, its shape, and the guard that failed."""
+        if not self.late:
+            return ""
+        first = self.late[0]
+        return (f"request {first['request'] + 1} (shape {'x'.join(map(str, first['shape']))}) compiled after "
+                f"warm-up: {first['reason']}" + (f" (and {len(self.late) - 1} more)" if len(self.late) > 1 else ""))
+
+    def summary(self) -> str:
+        head = f"{self.target['name']} fixed {self.label}"
+        if self.failure:
+            return f"{head}: cannot compile: {_failure_text(self.failure)}"
+        return (f"{head}: {self.warmup_compiles} compile in warm-up, {self.compiles_after} compiles for "
+                f"{self.requests} requests under fail_on_recompile (median {self.run_seconds * 1e3:.1f} ms each); "
+                + (self.late_text() + "; " if self.late else "")
+                + ("no other shape tried: the model takes one input shape" if not self.probed else
+                   "a new shape " + ("raises, so the check is armed" if self.armed else "did NOT raise")))
+
+    __str__ = __repr__ = summary
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "summary": self.summary()}
+
+
+@dataclass
+class _Side:
+    """One target's part of the fixed-shape check: how it calls the compiled model, and what it found."""
+    call: object                     # call(inputs) -> outputs
+    counter: CompileCounter
+    detected: targets_mod.DetectedTarget
+    times: list = field(default_factory=list)
+    late: list = field(default_factory=list)
+    failure: dict | None = None
+    warm: int = 0
+    armed: str | None = None
+
+
+def _fixed_runs(sides: dict[str, _Side], inputs: list[dict], probe: dict | None) -> None:
+    """Warm up on the first input, then every input under fail_on_recompile, then the probe, each side in turn
+    (sides sharing one Dynamo pass share its compiles: one a side's call pays is every side's)."""
+    for side in sides.values():
+        try:
+            side.call(inputs[0])
+        except CompileRefused as exc:          # this target's own refusal (a shared pass): the others go on
+            side.failure = _failure(exc, 0)
+        except torch._dynamo.exc.TorchDynamoException as exc:   # Dynamo's: the same for every side
+            for each in sides.values():
+                each.failure = each.failure or _failure(exc, 0)
+            break
+        side.warm = len(side.counter.events)
+    live = [side for side in sides.values() if side.failure is None]
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for i, x in enumerate(inputs):
+            paid = None   # the compile this request's first side paid
+            for side in live:             # a side's call compiles for every side
+                side.counter.request = i
+            for side in live:
+                refused = len(side.late)
+                start = time.perf_counter()
+                call_counting_recompiles(side.call, x, side.late, i)
+                if len(side.late) > refused:
+                    paid = side.late[-1]
+                elif paid is not None:
+                    side.late.append(paid)    # compiled for this side too, in the same call
+                else:                         # a compile is not a run time
+                    side.times.append(time.perf_counter() - start)
+        for side in live:
+            side.counter.request = None
+            if probe is not None:
+                try:
+                    side.call(probe)
+                except RuntimeError as exc:
+                    if refused_recompile(exc) is None:
+                        raise
+                    side.armed = str(exc).strip().splitlines()[0]
+
+
+def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64, precision=None,
+                      backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
+    """Pad every request to seq_len, compile once, and run them all under fail_on_recompile; a
+    request the stance refuses is recorded in FixedShape.late, then compiled and counted."""
+    return check_fixed_shapes(model, requests, [target], seq_len, precision, backend, fullgraph)[target]
+
+
+def check_fixed_shapes(model, requests: Requests, targets, seq_len: int = 64, precision=None,
+                       backend: str = AUTO, fullgraph: bool = False) -> dict[str, FixedShape]:
+    """check_fixed_shape for every target; the emulated targets share one Dynamo pass (a shape traced once,
+    checked and run by each target), as the storm does (storm.recompile_storms)."""
+    names = targets_mod.parse_targets(targets)
+    size = requests.fixed_size(seq_len)       # tokens: seq_len; another varying dimension: the stream's longest
+    inputs = requests.padded(size)
+    probe = requests.padded(size + 1 if size < 2 else size - 1)[0] if size is not None else None
+    chosen = {n: selection.backend_for(targets_mod.detect(n), backend, _precision_for(precision, n))[0]
+              for n in names}
+    shared = [n for n in names if isinstance(chosen[n], EmulatedBackend)]
+    shared = shared if len(shared) > 1 else []
+    sides = {}
+    for name in names:
+        if name in shared:
+            continue
+        with _compiled(model, name, backend, precision, fullgraph) as (call, counter, detected, _):
+            sides[name] = _Side(call, counter, detected)
+            _fixed_runs({name: sides[name]}, inputs, probe)
+    if shared:
+        counters = {n: CompileCounter(chosen[n]) for n in shared}
+        dispatch = Turns(counters)
+        module = model.module if hasattr(model, "module") else model
+        torch.compiler.reset()
+        fn = torch._dynamo.optimize(dispatch, nopython=fullgraph, dynamic=False)(module)
+
+        def turn(name):
+            def call(x):
+                dispatch.turn = name
+                return fn(**x)
+            return call
+        try:
+            with placement.on_device(module, "cpu"), torch.no_grad():
+                for n in shared:
+                    sides[n] = _Side(turn(n), counters[n], targets_mod.detect(n))
+                _fixed_runs({n: sides[n] for n in shared}, inputs, probe)
+        finally:
+            torch.compiler.reset()
+    shape = list(next(iter(inputs[0].values())).shape)
+    seq = requests.model.declaration.size_of(inputs[0], requests.model.seq_dim) if size is not None else None
+    return {n: FixedShape(s.detected.to_dict(), s.counter.__name__, {"batch": shape[0], "seq": seq, "dims": shape},
+                          s.warm, len(s.counter.events) - s.warm, len(inputs) if s.failure is None else 0,
+                          statistics.median(s.times) if s.times else 0.0, s.armed, s.counter.events, s.failure,
+                          s.late, probed=probe is not None)
+            for n, s in ((n, sides[n]) for n in names)}

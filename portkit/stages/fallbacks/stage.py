@@ -1,0 +1,381 @@
+"""Stage 1, fallback discovery: which ATen ops a model calls, from which module, and which of
+them would fall back to the CPU or not run at all on each target.
+
+    >>> from portkit import fallbacks, models, data
+    >>> model = models.load("minilm")
+    >>> inputs = model.encode(data.load_corpus().sample(8, seed=0), pad_to=128)
+    >>> report = fallbacks.find_fallbacks(model, inputs, targets=["neuron", "tpu"])
+    >>> print(report)                      # per target: op counts by status, findings
+    >>> report.plot()                      # per-module bars, coloured by status
+    >>> report.save("runs/minilm/fallbacks.json")
+
+One eager pass (forward, or forward and backward with train=True) is recorded below autograd with
+a `TorchDispatchMode`: every ATen call, its count, dtypes, time, and the `nn.Module` that made it
+(backward calls are traced to their module through the autograd graph). Each op is then classified
+against the target's op table (targets.OpTable.classify), and the model is scanned for the features
+the vendors name as unsupported or slow. The recording runs on the CPU in emulated mode; in native
+mode it runs on the device and the vendor's own fallback record is collected beside it.
+The recording itself is portkit/stages/fallbacks/recording.py; this module classifies it and reports.
+"""
+from __future__ import annotations
+
+import collections
+import html
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from portkit.core import frames
+from portkit.core import placement
+from portkit.core import checks, reconcile
+from portkit.stages import options
+from portkit.targets import specs as targets_mod
+from portkit.core.errors import BadParameter
+from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
+from portkit.stages.fallbacks.recording import OpRecord, Recording, record
+from portkit.runfolder.results import save_result
+from portkit.core.tables import HtmlTable, html_table
+from portkit.targets.specs import COMPOSITE, CPU_FALLBACK, NATIVE, STATUSES, UNSUPPORTED
+
+STAGE = "fallbacks"
+STATUS_COLORS = {NATIVE: "#55A868", COMPOSITE: "#8CC084", CPU_FALLBACK: "#DD8452", UNSUPPORTED: "#C44E52"}
+
+
+# ---------------------------------------------------------------- classification and report
+@dataclass
+class TargetFallbacks:
+    """One target's view of the recording."""
+    target: dict               # DetectedTarget.to_dict(): name, mode, reason, op table provenance
+    ops: list[dict]            # per op: status, detail, via, calls, seconds, share, modules
+    modules: list[dict]        # per module: calls and time by status
+    findings: list[Finding]
+    vendor_record: dict | None = None
+
+    @property
+    def name(self) -> str:
+        return self.target["name"]
+
+    def counts(self) -> dict[str, int]:
+        c = collections.Counter(o["status"] for o in self.ops)
+        return {s: c.get(s, 0) for s in STATUSES}
+
+    def calls(self) -> dict[str, int]:
+        c = collections.Counter()
+        for o in self.ops:
+            c[o["status"]] += o["calls"]
+        return {s: c.get(s, 0) for s in STATUSES}
+
+    def time_share(self) -> dict[str, float]:
+        c = collections.Counter()
+        for o in self.ops:
+            c[o["status"]] += o["share"]
+        return {s: round(c.get(s, 0.0), 4) for s in STATUSES}
+
+    def severity_counts(self) -> dict[str, int]:
+        c = collections.Counter(f.severity for f in self.findings)
+        return {s: c.get(s, 0) for s in SEVERITIES}
+
+    def summary(self) -> str:
+        n, s = self.counts(), self.severity_counts()
+        return (f"{self.name} ({self.target['mode']}): {sum(n.values())} distinct ops, {n[NATIVE]} native, "
+                f"{n[COMPOSITE]} composite, {n[CPU_FALLBACK]} CPU fallback, {n[UNSUPPORTED]} cannot run; "
+                f"findings: {s[BLOCKER]} blocker, {s[WORK]} work, {s[INFO]} info")
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "summary": self.summary(), "counts": self.counts(),
+                "calls": self.calls(), "time_share": self.time_share(),
+                "severity_counts": self.severity_counts(), "ops": self.ops, "modules": self.modules,
+                "findings": [f.to_dict() for f in self.findings], "vendor_record": self.vendor_record}
+
+
+def classify(recording: Recording, detected: targets_mod.DetectedTarget) -> TargetFallbacks:
+    table, rules = detected.op_table, detected.target.features
+    total = sum(r.seconds for r in recording.records.values()) or 1.0
+    by_op: dict[str, dict] = {}
+    by_module: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for rec in recording.records.values():
+        cls = table.classify(rec.op)
+        entry = by_op.setdefault(rec.op, {"op": rec.op, "status": cls.status, "detail": cls.detail,
+                                          "via": cls.via, "calls": 0, "seconds": 0.0, "modules": set(),
+                                          "phases": set(), "dtypes": set(), "where": rec.where})
+        entry["calls"] += rec.calls
+        entry["seconds"] += rec.seconds
+        entry["modules"].add(rec.module)
+        entry["phases"].add(rec.phase)
+        entry["dtypes"] |= rec.dtypes
+        entry["where"] = entry["where"] or rec.where
+        counter = by_module[rec.module]
+        counter["calls"] += rec.calls
+        counter[cls.status] += rec.calls
+        counter["seconds"] += rec.seconds
+        counter[f"{cls.status}_seconds"] += rec.seconds
+    ops = []
+    for entry in sorted(by_op.values(), key=lambda e: -e["seconds"]):
+        entry["share"] = entry["seconds"] / total
+        for key in ("modules", "phases", "dtypes"):
+            entry[key] = sorted(entry[key])
+        ops.append(entry)
+    modules = [{"module": m, "calls": c["calls"], "seconds": c["seconds"], "share": c["seconds"] / total,
+                **{s: c.get(s, 0) for s in STATUSES},
+                "fallback_share": (c.get(f"{CPU_FALLBACK}_seconds", 0.0)
+                                   + c.get(f"{UNSUPPORTED}_seconds", 0.0)) / total}
+               for m, c in sorted(by_module.items())]
+    return TargetFallbacks(detected.to_dict(), ops, modules, _findings(recording, ops, table, rules))
+
+
+def _pattern(module: str) -> str:
+    return ".".join("*" if part.isdigit() else part for part in module.split("."))
+
+
+def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Finding]:
+    findings: list[Finding] = []
+    # Repeated blocks (layer.0 ... layer.11) make one finding each, and info findings one per kind.
+    grouped: dict[tuple[str, str], list] = collections.defaultdict(list)
+    for kind, module, op, detail in recording.features:
+        rule = rules.get(kind)
+        if rule is None:
+            continue
+        pattern = "" if rule.severity == INFO else _pattern(module)
+        grouped[(kind, pattern)].append((module, op, detail))
+    for (kind, pattern), items in grouped.items():
+        rule = rules[kind]
+        severity = rule.severity
+        if kind == "recurrent" and table.classify(items[0][1]).status == UNSUPPORTED:
+            severity = BLOCKER   # the device's cell op has no kernel anywhere
+        modules = sorted({m for m, _, _ in items})
+        where = (modules[0] if len(modules) == 1 else f"{pattern} ({len(modules)} modules)" if pattern
+                 else f"{len(modules)} modules")
+        op_names = sorted({op for _, op, _ in items})
+        details = "; ".join(sorted({d for _, _, d in items})[:3])
+        frame = next((recording.frames.get((kind, m, op)) for m, op, _ in items
+                      if recording.frames.get((kind, m, op))), None)
+        at = f" at {frame['text']}" if frame else ""
+        findings.append(Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
+                                f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}",
+                                rule.advice, module=where, ops=op_names, source=rule.source,
+                                where=frame, owner=frames.owner(frame)))
+    for entry in ops:
+        if entry["status"] in (CPU_FALLBACK, UNSUPPORTED) and entry["status"] in rules:
+            rule = rules[entry["status"]]
+            verb = "falls back to the CPU" if entry["status"] == CPU_FALLBACK else "cannot run"
+            where = ", ".join(sorted({_pattern(m) for m in entry["modules"]})[:3])
+            findings.append(Finding(entry["status"], rule.severity,
+                                    f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls, "
+                                    f"{entry['share']:.1%} of op time, from {where}"
+                                    + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
+                                    module=where, ops=[entry["op"]], source=rule.source, where=entry["where"],
+                                    owner=frames.owner(entry["where"])))
+    for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper (#18)
+        f.advice = reconcile.advice_for(f.to_dict(), f.owner)
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module))
+
+
+@dataclass
+class FallbackReport:
+    """Stage 1's result: the recording, and each target's classification of it."""
+    model: dict
+    inputs: dict
+    train: bool
+    recorded: dict
+    records: list[OpRecord]
+    targets: dict[str, TargetFallbacks]
+
+    def summary(self) -> str:
+        return " | ".join(t.summary() for t in self.targets.values())
+
+    def to_dict(self) -> dict:
+        return {"stage": STAGE, "model": self.model, "inputs": self.inputs, "train": self.train,
+                "recorded": self.recorded, "summary": self.summary(),
+                "targets": {n: t.to_dict() for n, t in self.targets.items()},
+                "records": [r.to_dict() for r in self.records]}
+
+    def save(self, path) -> None:
+        save_result(path, self.to_dict())
+
+    def __str__(self) -> str:
+        lines = [f"Fallback discovery for {self.model['name']} ({self.inputs['description']}, "
+                 f"{'forward+backward' if self.train else 'forward'}): {self.recorded['calls']} ATen calls, "
+                 f"{self.recorded['distinct_ops']} distinct ops"]
+        for t in self.targets.values():
+            lines.append("  " + t.summary())
+            for f in t.findings:
+                lines.append(f"    [{f.severity}] {f.message}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><b>Fallback discovery</b> for <code>{html.escape(self.model['name'])}</code> "
+                 f"({html.escape(self.inputs['description'])}): {self.recorded['calls']} ATen calls, "
+                 f"{self.recorded['distinct_ops']} distinct ops.</p>"]
+        for t in self.targets.values():
+            mode = t.target["mode"]
+            parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{mode}</i></h4>"
+                         f"<p>{html.escape(t.summary())}</p>")
+            if t.findings:
+                parts.append(html_table(["severity", "finding", "whose code", "what to do"],
+                                         [[f.severity, f.message, (f.owner or {}).get("owner", ""), f.advice]
+                                          for f in t.findings]))
+        return "\n".join(parts)
+
+    def op_table(self, target: str, limit: int = 25) -> HtmlTable:
+        t = self.targets[target]
+        rows = [[o["op"], o["status"], o["calls"], f"{o['share']:.1%}", ", ".join(o["modules"][:2])
+                 + (" ..." if len(o["modules"]) > 2 else ""), o["detail"]] for o in t.ops[:limit]]
+        return HtmlTable(["op", "status", "calls", "time", "modules", "why"], rows,
+                         f"{target}: top {min(limit, len(t.ops))} of {len(t.ops)} ops by time")
+
+    def module_table(self, target: str, depth: int = 4) -> HtmlTable:
+        rows = _modules_at_depth(self.targets[target].modules, depth)
+        return HtmlTable(["module", "calls", *STATUSES, "time"],
+                         [[m, c["calls"], *[c[s] for s in STATUSES], f"{c['share']:.1%}"] for m, c in rows],
+                         f"{target}: calls per module (depth {depth})")
+
+    def plot(self, depth: int = 4, top: int = 12):
+        """Per target: calls per module by status (left) and the ops that take the most time (right)."""
+        import matplotlib.pyplot as plt
+        names = list(self.targets)
+        fig, axes = plt.subplots(len(names), 2, figsize=(13, 3.2 * len(names)), squeeze=False)
+        for row, name in enumerate(names):
+            t = self.targets[name]
+            mods = _modules_at_depth(t.modules, depth)[-top:]
+            left = [0] * len(mods)
+            for status in STATUSES:
+                vals = [c[status] for _, c in mods]
+                axes[row][0].barh([m for m, _ in mods], vals, left=left, color=STATUS_COLORS[status],
+                                  label=status)
+                left = [a + b for a, b in zip(left, vals)]
+            axes[row][0].set_title(f"{name} ({t.target['mode']}): ATen calls per module")
+            axes[row][0].tick_params(axis="y", labelsize=7)
+            ops = t.ops[:top][::-1]
+            axes[row][1].barh([o["op"].replace("aten::", "") for o in ops], [100 * o["share"] for o in ops],
+                              color=[STATUS_COLORS[o["status"]] for o in ops])
+            axes[row][1].set_title(f"{name}: top ops by share of op time (%)")
+            axes[row][1].tick_params(axis="y", labelsize=7)
+        axes[0][0].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        return fig
+
+
+def _modules_at_depth(modules: list[dict], depth: int) -> list[tuple[str, collections.Counter]]:
+    merged: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for m in modules:
+        key = ".".join(m["module"].split(".")[:depth])
+        for k in ("calls", *STATUSES):
+            merged[key][k] += m[k]
+        merged[key]["share"] += m["share"]
+    return sorted(merged.items(), key=lambda kv: kv[1]["calls"])
+
+
+# ---------------------------------------------------------------- native mode: the vendor's own record
+def _neuron_vendor_record(run) -> dict:
+    import torch_neuronx
+    torch_neuronx.clear_op_tracking()
+    run()
+    return {"source": "torch_neuronx.get_fallback_ops() / get_executed_ops()",
+            "fallback_ops": sorted(torch_neuronx.get_fallback_ops()),
+            "executed_ops": sorted(torch_neuronx.get_executed_ops())}
+
+
+def _tpu_vendor_record(run) -> dict:
+    # TorchTPU has no fallback API; its missing-op fallback warns "'<op>' is not implemented for TPU.
+    # Falling back to CPU" (torch_tpu missing-op fallback; data/sources/torch_tpu_0.2.0_dispatcher_ops.json).
+    import logging
+    messages: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, rec):
+            messages.append(rec.getMessage())
+    handler = Catch()
+    logging.getLogger().addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    messages += [str(w.message) for w in caught]
+    hits = sorted({m for m in messages if "is not implemented for TPU" in m})
+    return {"source": "TorchTPU missing-op fallback messages", "fallback_messages": hits}
+
+
+VENDOR_RECORDERS = {"torch_neuronx": _neuron_vendor_record, "torch_tpu": _tpu_vendor_record}
+
+
+# ---------------------------------------------------------------- workload "generate"
+GENERATED_TOKENS = 4       # prefill, then three decode steps: every op a decode step runs, recorded
+
+
+def _generation(model, prompts: list[str], inputs: dict):
+    """A function that generates GENERATED_TOKENS for the batch's prompts with a bucketed static cache, eagerly."""
+    from portkit.workloads import generation
+    generation.check_causal(model)
+    lines = list(prompts)[:max(1, len(next(iter(inputs.values()))))]
+    if not lines:
+        raise BadParameter("prompts for workload 'generate'", prompts, hint="give the batch's texts")
+    plan = generation.plan_for(model.token_lengths(lines), GENERATED_TOKENS, len(lines), generation.MAX_PROMPT)
+    return lambda: generation.generate_static(model, lines, GENERATED_TOKENS, plan)
+
+
+# ---------------------------------------------------------------- the stage's verb
+def _corpus(name: str, value) -> str:
+    from portkit.corpora import corpus as data
+    return data.check_corpus(value)
+
+
+class Options(options.StageOptions):
+    """Stage 1's options: the parameters cell of notebooks/01_fallbacks.py, each field checked. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
+    NOTEBOOK = "01_fallbacks.ipynb"
+    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.positive_int,
+              "seq_len": checks.positive_int, "train": checks.boolean, "workload": checks.one_of(checks.WORKLOADS),
+              "seed": checks.non_negative_int}
+
+    def check(self, model: str | None) -> None:
+        from portkit.workloads import generation
+        generation.check_workload(self.workload, model)
+
+
+def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"),
+                   train: bool = False, description: str | None = None, workload: str = "inference",
+                   prompts: list[str] | None = None) -> FallbackReport:
+    """Record one eager pass of `model` on `inputs` and classify it for every target.
+
+    model: a portkit.models.registry.LoadedModel. inputs: the dict its encode() returns.
+    In native mode for a target, its pass is recorded on the device with the live dispatcher table,
+    and the vendor's own fallback record is added. workload "generate" (a causal LM): greedy generation of
+    GENERATED_TOKENS from `prompts` with a static KV cache is recorded instead (prefill, then decode steps
+    writing the cache: generation.generate_static), on the CPU in both modes.
+    """
+    run = _generation(model, prompts or [], inputs) if workload == "generate" else None
+    if run is not None:
+        description = f"{description or 'prompts'}; generation of {GENERATED_TOKENS} tokens, static KV cache"
+    names = targets_mod.parse_targets(targets)
+    detected = [targets_mod.detect(n) for n in names]
+    cpu_recording = None
+    per_target: dict[str, TargetFallbacks] = {}
+    records: list[OpRecord] = []
+    for d in detected:
+        if d.native and d.target.vendor_module and run is None:
+            with placement.on_device(model.module, d.target.device, inputs) as dev_inputs:
+                recording = record(model, dev_inputs, train)
+                with torch.no_grad():
+                    vendor = VENDOR_RECORDERS[d.target.vendor_module](lambda: model.module(**dev_inputs))
+        else:
+            if cpu_recording is None:
+                cpu_recording = record(model, inputs, train, run)
+            recording, vendor = cpu_recording, None
+        result = classify(recording, d)
+        result.vendor_record = vendor
+        per_target[d.name] = result
+        if not records:
+            records = sorted(recording.records.values(), key=lambda r: -r.seconds)
+    shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    first = next(iter(shapes.values()), [])
+    desc = description or ("batch " + " x ".join(str(s) for s in first) if first else "no tensor inputs")
+    calls = sum(r.calls for r in records)
+    return FallbackReport(
+        model=model.describe(), inputs={"description": desc, "shapes": shapes}, train=train,
+        recorded={"calls": calls, "distinct_ops": len({r.op for r in records}),
+                  "seconds": cpu_recording.seconds if cpu_recording else None},
+        records=records, targets=per_target)

@@ -1,0 +1,214 @@
+"""What each stage's result adds to a target's report (portkit/stages/report/stage.py): its metrics, the kernels to
+write, the rewrites, the bucket and precision checklists, and the detail tables. One reader per stage,
+each taking the stage's JSON, the target's part of it and the TargetReport it fills.
+"""
+from __future__ import annotations
+
+from portkit.stages.report import realsize as report_scale
+from portkit.targets import specs as targets_mod
+from portkit.core.findings import INFO
+
+STAGE_FALLBACKS = "fallbacks"
+LAYER_ROWS = 5   # modules with the largest error shown per target, after the first one out of tolerance
+REWRITE_KINDS = ("float64", "recurrent", "data_dependent", "host_sync", "sparse", "nested", "custom_op",
+                 "int64_overflow", "attention_mask")
+
+
+def _fallbacks(data: dict, t: dict, out) -> None:
+    counts, share = t.get("counts", {}), t.get("time_share", {})
+    out.metrics["fallbacks"] = {
+        "distinct ops": sum(counts.values()),
+        "native / composite": f"{counts.get('native', 0)} / {counts.get('composite', 0)}",
+        "CPU fallback ops (time share)": f"{counts.get('cpu_fallback', 0)} ({share.get('cpu_fallback', 0):.1%})",
+        "ops that cannot run": counts.get("unsupported", 0),
+    }
+    language = targets_mod.get(out.name).kernel_language if out.name in targets_mod.TARGETS else "a kernel"
+    for op in t.get("ops", []):
+        if op.get("status") in ("cpu_fallback", "unsupported") and op.get("op") not in out.vanished_ops:
+            # name the op the device runs (the CPU recording may show its CPU-only twin)
+            name = op["via"] if op.get("via") else op["op"]
+            out.kernels.append({"op": name, "recorded_as": op["op"], "status": op["status"],
+                                "share": float(op.get("share", 0.0)), "calls": op.get("calls", 0),
+                                "modules": [str(m) for m in op.get("modules", [])[:3]], "language": language})
+    for f in out.findings:   # reconciled: what vanishes under compile is no rewrite
+        if f["stage"] == STAGE_FALLBACKS and f["kind"] in REWRITE_KINDS and f["severity"] != INFO:
+            out.rewrite.append(f"{f['message']}: {f['advice']}")
+
+
+def _compile(data: dict, t: dict, out) -> None:
+    breaks = data.get("graph_breaks", {})
+    storm, fixed, seconds = t.get("storm", {}), t.get("fixed", {}), t.get("compile_seconds") or {}
+    median = seconds.get("median")
+    counted = f"; {storm['counted']} counted from Dynamo's guard failures" if storm.get("counted") else ""
+    out.metrics["compile"] = {
+        "graph breaks": len(breaks.get("breaks", [])),
+        "fullgraph=True": "captures the model" if breaks.get("fullgraph", {}).get("ok") else "fails",
+        "compiles without buckets": f"{storm.get('compile_count', len(storm.get('compiles', [])))} for "
+                                    f"{len(storm.get('requests', []))} requests ({storm.get('distinct_shapes', '?')} "
+                                    f"shapes{counted})",
+        "compile per shape on the target": (f"{median:.1f} s ({seconds.get('source') or 'CPU Inductor'})"
+                                            if median else "—"),
+        "compiles after warm-up, fixed shape": fixed.get("compiles_after", "—"),
+    }
+    if gen := t.get("generation"):       # workload "generate": the dynamic KV cache against the static one
+        d, s, plan = gen["dynamic"], gen["static"], gen["plan"]
+        eager = f", eager from token {d['eager_from_step'] + 1}" if d.get("eager_from_step") is not None else ""
+        out.metrics["compile"]["generation, dynamic cache"] = (
+            f"{d['compiles']} compiles for {gen['new_tokens']} tokens ({d['compiles_per_token']:.2f} per token){eager}")
+        out.metrics["compile"]["generation, static cache"] = (
+            f"prompt buckets {plan['prompt_buckets']}, context buckets {plan['context_buckets']}: "
+            f"{s['warmup_compiles']} warm-up compiles, {s['compiles']} after; "
+            f"tokens agree {gen['token_agreement']:.0%}")
+    if tr := t.get("training"):         # workload "train": the training step compiled
+        out.metrics["compile"]["training step"] = (
+            f"refused: {tr['refused']['message']}" if tr.get("refused") else
+            f"{tr['joint_graphs']} graph(s) ({tr['graphs'].get('forward', 0)} forward, "
+            f"{tr['graphs'].get('backward', 0)} backward), {len(tr['not_lowered'])} op(s) not lowered, "
+            f"{len(tr['late'])} compile(s) after the first of {tr['steps']} steps")
+
+
+def _xla(data: dict, t: dict, out) -> None:
+    report_scale.read(t, out)       # an abstract model's real-size check, when there is one
+    if t.get("skipped"):
+        out.metrics["xla"] = {"XLA check": f"skipped: {t.get('reason', '')}"}
+        return
+    shapes = t.get("shapes", [])
+    ok = sum(bool(s.get("ok")) for s in shapes)
+    peak = max((s["memory"]["total"] for s in shapes if s.get("memory")), default=None)
+    flops = max((s["flops"] for s in shapes if s.get("flops")), default=None)
+    check = t.get("check")
+    out.metrics["xla"] = {
+        "XLA check": (f"real compile for {t.get('topology')} (no TPU needed)" if check == "compile"
+                      else "StableHLO lowering only"),
+        "shapes passing": f"{ok}/{len(shapes)}",
+        "peak HBM per device": f"{peak / 2 ** 20:.0f} MiB of {t['hbm_bytes_per_device'] / 2 ** 30:.0f} GiB"
+                               if peak and t.get("hbm_bytes_per_device") else "—",
+        "GFLOP, largest shape": f"{flops / 1e9:.1f}" if flops else "—",
+    }
+    out.details["xla shapes"] = [
+        {"shape": s.get("label"), "status": s.get("status"),
+         "HBM MiB": round(s["memory"]["total"] / 2 ** 20, 1) if s.get("memory") else None,
+         "fits HBM": s.get("fits_hbm"), "GFLOP": round(s["flops"] / 1e9, 2) if s.get("flops") else None,
+         "compile s": round(s["compile_seconds"], 2) if s.get("compile_seconds") else None,
+         "problem": s.get("message") or ""} for s in shapes]
+    served = t.get("serving")
+    if served:      # workload "generate": prefill and decode compiled by XLA with the KV cache in HBM
+        out.metrics["xla"]["serving graphs (XLA)"] = served.get("summary", served.get("status", "?"))
+    step = t.get("training_step")
+    if step:        # workload "train": the whole step compiled by XLA, its memory in parts
+        out.metrics["xla"]["training step (XLA)"] = step.get("summary", step.get("status", "?"))
+    for m in t.get("measured_throughput") or []:       # native mode: measured on the device, not estimated
+        out.metrics["xla"][f"{m['unit']}/s per chip at {m['shape']}"] = f"{m['per_second']:,.0f} ({m['label']})"
+
+
+def _buckets(data: dict, t: dict, out) -> None:
+    chosen = t.get("chosen") or {}
+    out.buckets = {k: chosen.get(k) for k in ("planner", "boundaries", "batch_sizes", "why")}
+    waste = chosen.get("padding_waste", chosen.get("waste"))
+    out.metrics["buckets"] = {
+        "bucket plan": f"{chosen.get('planner', '?')} {chosen.get('boundaries', [])}",
+        "padding waste (planned)": f"{waste:.1%}" if isinstance(waste, (int, float)) else "—",
+    }
+    price = (data.get("padding_price") or {}).get(out.name)
+    if price:       # what the plan charged a padded position on this target, and where that came from
+        out.metrics["buckets"]["padded position priced at"] = price.get("label", f"{price['seconds']:.2e} s")
+    for row in t.get("replay") or []:
+        plan = row.get("plan")
+        if plan is None or plan.get("planner") == chosen.get("planner"):
+            label = "replay without buckets" if plan is None else "replay with the chosen plan"
+            out.metrics["buckets"][label] = (f"{row.get('compiles', '?')} compiles "
+                                             f"({row.get('compiles_after_warmup', 0)} after warm-up), "
+                                             f"{row.get('total_seconds', 0):.1f} s for "
+                                             f"{row.get('requests', '?')} requests")
+    served = ((data.get("generation") or {}).get("targets") or {}).get(out.name)
+    for plan in ("auto", "pow2") if served else ():     # workload "generate": prefill and decode buckets
+        p = served[plan]
+        out.metrics["buckets"][f"generation buckets ({plan})"] = (
+            f"prompt {p['prompt']['boundaries']}, context {p['context']['boundaries']}: {p['compiles']} warm-up "
+            f"compiles, {p['warmup_seconds']:,.0f} s; padding {p['prompt']['padding_waste']:.1%} / "
+            f"{p['context']['padding_waste']:.1%}")
+    for row in (data.get("training") or {}).get(out.name) or []:      # workload "train": packing vs padding
+        out.metrics["buckets"][f"training, {row['layout']}"] = (
+            f"{row['compiles']} compile(s), {row['tokens_per_step']:.0f} real tokens per step, fill {row['fill']:.0%}")
+    found = ((data.get("grid") or {}).get("targets") or {}).get(out.name)
+    if found:     # two varying dimensions: the grid against the best one-dimensional plan
+        g, one = found["grid"], found["one_dimensional"]
+        out.metrics["buckets"][f"grid plan ({' x '.join(g['dims'])})"] = (
+            f"{' x '.join(str(b) for b in g['boundaries'])}: {g['compiles']} cells, {g['padding_waste']:.1%} padding, "
+            f"{g['total_seconds']:,.0f} s for {g['requests']:,} requests; best one-dimensional ({one['family']}) "
+            f"{one['total_seconds']:,.0f} s; ratio {found['ratio']:.3f} (cell compile: {found['compile']})")
+
+
+def _accuracy(data: dict, t: dict, out) -> None:
+    out.precision = {"name": (t.get("precision") or {}).get("name"),
+                     "setting": (t.get("precision") or {}).get("setting"),
+                     "verdict": t.get("verdict"), "suggestions": [str(x) for x in t.get("suggestions", [])],
+                     "basis": t.get("basis"), "reasons": [str(x) for x in t.get("reasons", [])]}
+    main = next(iter((t.get("outputs") or {}).items()), None)
+    task = t.get("task") or {}
+    out.metrics["accuracy"] = {
+        "precision": (t.get("precision") or {}).get("setting", "—"),
+        "verdict (task metrics)": t.get("basis") or t.get("verdict", "—"),
+        f"max abs error ({main[0]})" if main else "max abs error": f"{main[1].get('max_abs', 0):.2g}" if main else "—",
+        "task metric": task.get("metric", "—"),
+        **{f"task: {c['label']}": f"{c['value']:.6g} ({c['budget']}): {'within' if c['passed'] else 'OUT OF BUDGET'}"
+           for c in task.get("checks", [])},
+        "buckets passing": f"{sum(bool(b.get('passed')) for b in t.get('buckets', []))}/{len(t.get('buckets', []))}",
+        **({"generation (greedy tokens)": f"{'PASS' if gen['passed'] else 'FAIL'}: agree {gen['agreement']:.1%}, "
+            f"{gen['judged_agreement']:.1%} with near-ties apart"} if (gen := ((data.get("generation") or {}).get(
+                "targets") or {}).get(out.name)) else {}),
+        **({"state over a stream": f"{'PASS' if st['passed'] else 'FAIL'}: error vs float64 "
+                                   f"{st['state_error_last']:.2g} "
+            f"at the end, growth {st['drift_growth']:.2f}x, {st['late_compiles']} compiles after warm-up"}
+           if (st := next((r for r in (data.get("stream") or {}).get("runs", []) if r["target"] == out.name), None))
+           else {}),
+        "judged on": t.get("target_side", "—"),
+    }
+    baseline = t.get("baseline")
+    if baseline:
+        ratio = f"{baseline['ratio']:.3g}x" if baseline.get("ratio") is not None else "more than (it has none)"
+        out.metrics["accuracy"]["error vs today's GPU"] = (
+            f"{ratio} the error of GPU '{baseline['gpu_numerics']}' against {baseline['truth']} "
+            f"(no regression within {baseline['factor']:g}x)")
+    for cause in t.get("error_by_cause") or []:   # float64 run as float32, then the precision's rounding
+        found = (cause.get("outputs") or {}).get(main[0]) if main else None
+        if found:
+            out.metrics["accuracy"][f"max abs error from {cause['cause']}"] = f"{found.get('max_abs', 0):.2g}"
+    out.details["accuracy outputs"] = [_error_row({"output": name}, o) for name, o in (t.get("outputs") or {}).items()]
+    out.details["accuracy buckets"] = [
+        _error_row({"bucket": b.get("boundary"), "texts": b.get("texts"),
+                    "padding": f"{b['padding']:.0%}" if isinstance(b.get("padding"), (int, float)) else None,
+                    "output": b.get("primary")}, (b.get("outputs") or {}).get(b.get("primary"), {}),
+                   passed=b.get("passed")) for b in t.get("buckets", [])]
+    out.details["accuracy layers"] = _layer_rows(t.get("layers") or {})
+    training = (data.get("training") or {}).get("verdicts", {}).get(out.name)
+    if training is not None:
+        out.training = {k: training[k] for k in ("verdict", "precision", "numerics", "blockers", "work", "advice")}
+
+
+def _layer_rows(layers: dict) -> list[dict]:
+    """The first module out of tolerance, then the LAYER_ROWS modules with the largest error."""
+    modules = [m for m in layers.get("modules", []) if m.get("compared")]
+    worst = sorted((m for m in modules if m.get("rel_l2")), key=lambda m: -m["rel_l2"])[:LAYER_ROWS]
+    if modules and not worst:
+        return [{"module": f"all {len(modules)} modules compared", "type": None, "rel L2": "0", "max abs": "0",
+                 "mismatched": None, "passed": all(m.get("passed") for m in modules), "note": "no error at any layer"}]
+    first = (layers.get("first_failing") or {}).get("module")
+    return [{"module": m["module"], "type": m.get("type"), "rel L2": _g(m.get("rel_l2")),
+             "max abs": _g(m.get("max_abs")),
+             "mismatched": f"{m.get('mismatched', 0)}/{m.get('numel', 0)}", "passed": m.get("passed"),
+             "note": "first out of tolerance" if m["module"] == first else ""}
+            for m in [m for m in modules if m["module"] == first][:1] + [m for m in worst if m["module"] != first]]
+
+
+def _g(value) -> str | None:
+    return f"{value:.2g}" if isinstance(value, (int, float)) else None
+
+
+def _error_row(row: dict, o: dict, passed=None) -> dict:
+    return {**row, "max abs": _g(o.get("max_abs")), "rel L2": _g(o.get("rel_l2")),
+            "cosine min": f"{o['cosine_min']:.6f}" if isinstance(o.get("cosine_min"), (int, float)) else None,
+            "passed": o.get("passed") if passed is None else passed}
+
+
+READERS = {"fallbacks": _fallbacks, "compile": _compile, "buckets": _buckets, "xla": _xla, "accuracy": _accuracy}

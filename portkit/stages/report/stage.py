@@ -1,0 +1,343 @@
+"""Stage 5, the migration report: a verdict per target, side by side, with the work it takes.
+
+    >>> from portkit import report
+    >>> r = report.build_report("runs/minilm")       # reads the stage results already in the folder
+    >>> r.verdicts()                                  # {'neuron': 'ready with work', 'tpu': 'ready'}
+    >>> r.save("runs/minilm")                         # report.html (self-contained) and report.json
+
+`portkit report DIR` does the same from the command line, without rerunning any stage, on any machine:
+each target's mode and the environment come from the stage results, which recorded them when they ran
+(portkit/runfolder/results.py); only a run folder written before that is described by this machine, and says so.
+A stage result that is missing, unreadable or of the wrong shape becomes a named gap, never a traceback; a folder
+with no stage result at all is bad input (BadParameter). The HTML is a Jinja2 template (templates/report.html.j2)
+with autoescape on, so no value reaches the page unescaped.
+
+report.json keys (stable; a CI job can gate on them):
+- "schema": "portkit.report/1"; "created"; "run_dir"; "model"
+- "environment": as the stages recorded it (environment.environment() at run time); "environment_source":
+  "recorded at run time by fallbacks.json, ..." or results.NOT_RECORDED
+- "stages": {stage: {"file", "status": "ok" | "skipped" | "missing" | "failed" | "unreadable" | "incomplete",
+  "problem", "summary"}}: "failed" where the run log says the stage failed in the latest run; "skipped" (problem:
+  why) where it does not apply to the model
+- "gaps": [text, ...]: what the report could not read, one line each
+- "targets": {name: {
+    "mode": "native" | "emulated" (as recorded at run time), "title",
+    "verdict": "ready" | "ready with work" | "blocked" | "not assessed" (no stage result for it),
+    "verdict_reason": text, "based_on": [stages read],
+    "training": null, or (workload "train") the training verdict beside the inference one: {"verdict", "precision",
+                "numerics": text, "blockers", "work", "advice": [text]} (training_accuracy.TrainingComparison.verdicts),
+    "precision": the precision setting used, "compiler_flags": text,
+    "findings": [{"stage", "severity", "kind", "message", "advice", "notebook", "eager", "compiled",
+                  "compiled_detail", "owner", "where", "consequence"}], ordered by consequence (blocker, work,
+               info): "eager" is stage 1's severity in the eager pass ("" for the other stages), "compiled"
+               whether it persists under torch.compile, vanishes or was not checked (reconcile.py), "owner"
+               whose code ("user", "configurable library", "library"; "" where no frame), "where" its line
+    "vanished": a line counting the eager findings that vanish under torch.compile, or null; "first": the
+                findings that matter first (blockers, then work), at most FIRST_ROWS
+    "checklist": {"kernels": [{"op", "status", "share", "calls", "modules", "language"}],
+                  "rewrite": [text], "buckets": {...} | null, "precision": {...} | null,
+                  "measure_on_hardware": [text]},
+    "metrics": {stage: {label: value}}: accuracy's include "judged on" (compiled, or eager emulation where
+               the compiler refused the model) and, where float64 ran as float32, the error by cause
+    "details": {table: [{column: value}]}: "xla shapes" (per compiled shape: HBM, fit, GFLOP); for an abstract
+               model (no weights) metrics "scale" and tables "scale topologies" and "capacity (estimate, not
+               measured)", documented in portkit/stages/report/realsize.py;
+               "accuracy outputs", "accuracy buckets", "accuracy layers" (first module out of tolerance
+               and the modules with the largest error)}}
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from portkit.runfolder import environment
+from portkit.core import reconcile
+from portkit.stages.report import sections as report_stages
+from portkit.runfolder import results
+from portkit.runfolder import layout as runfolder
+from portkit.targets import specs as targets_mod
+from portkit.core.atomic_io import write_json, write_text
+from portkit.core.errors import BadParameter
+from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
+
+SCHEMA = "portkit.report/1"
+STAGE = "report"
+READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED = "ready", "ready with work", "blocked", "not assessed"
+VERDICT_COLORS = {READY: "#2e7d32", READY_WITH_WORK: "#b26a00", BLOCKED: "#c62828", NOT_ASSESSED: "#616161"}
+FIRST_ROWS = 5   # findings the report opens with, per target, most consequential first
+
+
+def _stages():
+    return [s for s in runfolder.STAGES if s.name != STAGE]
+
+
+@dataclass
+class StageResult:
+    name: str
+    file: str
+    notebook: str
+    status: str                 # ok, skipped (problem: why), missing, failed, unreadable, incomplete
+    problem: str = ""
+    data: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "notebook": self.notebook, "status": self.status, "problem": self.problem,
+                "summary": (self.data or {}).get("summary")}
+
+    def flag(self, problem: str) -> None:
+        """Part of a readable result could not be read: the stage is incomplete, the problem a gap."""
+        self.status = "incomplete"
+        self.problem = "; ".join(filter(None, [self.problem, f"{self.file}: {problem}"]))
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as a short single line, for a gap."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+
+
+def read_stage(run_dir: Path, stage) -> StageResult:
+    path = run_dir / stage.result
+    if not path.exists():
+        if failed := runfolder.failure(run_dir, stage.name):   # the latest run's log says why
+            return StageResult(stage.name, stage.result, stage.notebook, "failed",
+                               f"stage {stage.name} failed in the latest run: {failed}")
+        return StageResult(stage.name, stage.result, stage.notebook, "missing", f"{stage.result} is missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return StageResult(stage.name, stage.result, stage.notebook, "unreadable",
+                           f"{stage.result} cannot be read ({_why(exc)})")
+    if not isinstance(data, dict):
+        return StageResult(stage.name, stage.result, stage.notebook, "incomplete",
+                           f"{stage.result} holds a JSON {type(data).__name__}, not an object")
+    if isinstance(data.get(results.SKIPPED), str):   # the stage does not apply to the model: not a gap
+        return StageResult(stage.name, stage.result, stage.notebook, "skipped", data[results.SKIPPED])
+    if not isinstance(data.get("targets"), dict):
+        return StageResult(stage.name, stage.result, stage.notebook, "incomplete",
+                           f"{stage.result} has no per-target results (no \"targets\" object)")
+    return StageResult(stage.name, stage.result, stage.notebook, "ok", data=data)
+
+
+# ---------------------------------------------------------------- per-stage readers
+
+
+# ---------------------------------------------------------------- the report
+@dataclass
+class TargetReport:
+    name: str
+    title: str
+    mode: str
+    findings: list[dict] = field(default_factory=list)
+    metrics: dict[str, dict] = field(default_factory=dict)
+    kernels: list[dict] = field(default_factory=list)
+    rewrite: list[str] = field(default_factory=list)
+    buckets: dict | None = None
+    precision: dict | None = None
+    compiler_flags: str = ""
+    based_on: list[str] = field(default_factory=list)
+    measure_on_hardware: list[str] = field(default_factory=list)
+    details: dict[str, list[dict]] = field(default_factory=dict)
+    vanished_ops: set = field(default_factory=set)   # ops of eager findings that vanish under compile
+    training: dict | None = None      # the training verdict (accuracy.json's "training"), beside the inference one
+
+    def training_reason(self) -> str:
+        return "; ".join((t := self.training or {}).get("blockers", []) + t.get("work", [])) or t.get("numerics", "")
+
+    @property
+    def verdict(self) -> str:
+        if not self.based_on:
+            return NOT_ASSESSED
+        severities = {f["severity"] for f in self.findings}
+        return BLOCKED if BLOCKER in severities else READY_WITH_WORK if WORK in severities else READY
+
+    def verdict_reason(self) -> str:
+        if not self.based_on:
+            return "no stage result holds this target"
+        blockers, work = ([f for f in self.findings if f["severity"] == s] for s in (BLOCKER, WORK))
+        if blockers:
+            return f"{len(blockers)} blocker(s), first: {blockers[0]['message']}"
+        return (f"no blockers; {len(work)} item(s) of work, first: {work[0]['message']}" if work
+                else "no blockers and no work found in the stages read")
+
+    def first(self) -> list[dict]:
+        """The findings that matter first: blockers, then work, most consequential first."""
+        return [f for f in self.findings if f["severity"] != INFO][:FIRST_ROWS]
+
+    @property
+    def vanished(self) -> str | None:
+        return reconcile.vanished_line(self.findings)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
+                "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "training": self.training,
+                "first": self.first(), "vanished": self.vanished, "precision": self.precision,
+                "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
+                "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
+                              "rewrite": self.rewrite, "buckets": self.buckets, "precision": self.precision,
+                              "measure_on_hardware": self.measure_on_hardware},
+                "details": self.details}
+
+
+@dataclass
+class MigrationReport:
+    run_dir: Path
+    model: dict
+    stages: dict[str, StageResult]
+    targets: dict[str, TargetReport]
+    environment: dict                  # the run's, as its stages recorded it (results.run_environment)
+    images: list[tuple[str, str]]      # (caption, base64 PNG) taken from the executed notebooks
+    environment_source: str = results.NOT_RECORDED
+    other_gaps: list[str] = field(default_factory=list)   # environment and notebooks; stage gaps live in stages
+    created: str = field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
+
+    @property
+    def gaps(self) -> list[str]:
+        return [s.problem for s in self.stages.values() if s.status not in ("ok", "skipped")] + self.other_gaps
+
+    def verdicts(self) -> dict[str, str]:
+        return {n: t.verdict for n, t in self.targets.items()}
+
+    def summary(self) -> str:
+        parts = [f"{n} ({t.mode}): {t.verdict}" for n, t in self.targets.items()]
+        if self.gaps:
+            parts.append(f"{len(self.gaps)} gap(s) in the stage results")
+        return "; ".join(parts) or "no target results found"
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "stage": STAGE, "created": self.created, "run_dir": str(self.run_dir),
+                "model": self.model, "summary": self.summary(), "environment": self.environment,
+                "environment_source": self.environment_source,
+                "stages": {n: s.to_dict() for n, s in self.stages.items()}, "gaps": self.gaps,
+                "targets": {n: t.to_dict() for n, t in self.targets.items()}}
+
+    def save(self, folder=None) -> Path:
+        folder = Path(folder or self.run_dir)
+        write_json(folder / "report.json", self.to_dict())
+        return write_text(folder / "report.html", self.html())
+
+    def __str__(self) -> str:
+        lines = [f"Migration report for {self.model.get('name', '?')}: {self.summary()}"]
+        for gap in self.gaps:
+            lines.append(f"  gap: {gap}")
+        for name, t in self.targets.items():
+            lines.append(f"  {name} ({t.mode}): {t.verdict.upper()} — {t.verdict_reason()}")
+            lines += [f"    [{f['severity']}] {f['message']} — {f['consequence']}" for f in t.first()]
+            if t.vanished:
+                lines.append(f"    {t.vanished}")
+            if t.training:
+                lines.append(f"  {name} training: {t.training['verdict'].upper()} — {t.training_reason()}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        return _render(self, standalone=False)
+
+    def html(self) -> str:
+        return _render(self, standalone=True)
+
+
+def build_report(run_dir, target_names=None) -> MigrationReport:
+    """Read every stage result in `run_dir` and assemble the report; unreadable parts become gaps."""
+    run_dir = Path(run_dir)
+    stages = {s.name: read_stage(run_dir, s) for s in _stages()}
+    if all(s.status == "missing" for s in stages.values()):
+        raise BadParameter("run folder", str(run_dir), hint="it holds no stage result ("
+                           + ", ".join(s.file for s in stages.values()) + "); give one written by `portkit run`")
+    present = [s for s in stages.values() if s.status == "ok"]
+    names = list(target_names or dict.fromkeys(n for s in present for n in s.data["targets"]))
+    model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
+    run_env = results.run_environment({s.file: s.data for s in present}, names)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}) for name in names}
+    images, notebook_gaps = runfolder.notebook_images(run_dir, [s.name for s in stages.values()])
+    return MigrationReport(run_dir, model, stages, reports, run_env.info, images, run_env.source,
+                           run_env.gaps + notebook_gaps)
+
+
+def _target_report(name: str, present: list[StageResult], recorded: dict) -> TargetReport:
+    """One target's report from the readable stage results; `recorded` is its run-time environment."""
+    title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
+    tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
+    compiled = next((s.data for s in present if s.name == "compile"), None)
+    for stage in present:
+        t = stage.data["targets"].get(name)
+        if t is None:
+            continue
+        if not isinstance(t, dict):
+            stage.flag(f"targets.{name} is a JSON {type(t).__name__}, not an object")
+            continue
+        # read into a copy: a result of the wrong shape leaves nothing half-read in the report
+        scratch = copy.deepcopy(tr)
+        try:
+            _read_target(stage, t, scratch, compiled)
+        except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
+        else:
+            tr = scratch
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    # by consequence: severity, then what persists under compile before what was not checked or vanishes
+    later = {PERSISTS: 0, "": 0, NOT_CHECKED: 1, VANISHES: 2}
+    tr.findings.sort(key=lambda f: (order.get(f["severity"], 9), later.get(f["compiled"], 1)))
+    return tr
+
+
+def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict | None = None) -> None:
+    tr.based_on.append(stage.name)
+    if tr.mode == "emulated":
+        tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
+    findings = t.get("findings", [])
+    if stage.name == report_stages.STAGE_FALLBACKS:   # eager findings, each against the compiled graphs (#18)
+        findings = reconcile.reconcile(findings, compiled, tr.name)
+        tr.vanished_ops |= {op for f in findings if f["compiled"] == VANISHES for op in f.get("ops") or ()}
+    for f in findings:
+        tr.findings.append({"stage": stage.name, "notebook": stage.notebook,
+                            **{k: str(f.get(k, "")) for k in ("severity", "kind", "message", "advice")},
+                            "eager": str(f.get("eager_severity", "")), "compiled": str(f.get("compiled", "")),
+                            "compiled_detail": str(f.get("compiled_detail", "")),
+                            "owner": str((f.get("owner") or {}).get("owner", "")),
+                            "where": str((f.get("where") or {}).get("text", "")),
+                            "consequence": str(f.get("consequence") or _consequence(f))})
+    if stage.name in report_stages.READERS:
+        report_stages.READERS[stage.name](stage.data, t, tr)
+
+
+def _consequence(f: dict) -> str:
+    """The consequence of a finding that no reconciliation phrased (stages 2 to 4): its severity's meaning."""
+    return {BLOCKER: "blocker: cannot run or compile on the target as it is",
+            WORK: "work: runs, with the cost named in the finding", INFO: "info: noted, no cost found"}.get(
+        f.get("severity"), "")
+
+
+# ---------------------------------------------------------------- HTML
+@functools.cache
+def _template() -> jinja2.Template:
+    loader = jinja2.PackageLoader("portkit.stages.report", "templates")
+    env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    return env.get_template("report.html.j2")
+
+
+def _render(r: MigrationReport, standalone: bool) -> str:
+    """The report as HTML: a whole page, or the body alone for the notebook."""
+    names = list(r.targets)
+    labels = list(dict.fromkeys((stage, label) for t in r.targets.values()
+                                for stage, metrics in t.metrics.items() for label in metrics))
+    side_by_side = [[stage, label, *[r.targets[n].metrics.get(stage, {}).get(label, "—") for n in names]]
+                    for stage, label in labels]
+    details = []
+    for table in dict.fromkeys(k for t in r.targets.values() for k in t.details):
+        rows = [{"target": n, **row} for n, t in r.targets.items() for row in t.details.get(table, [])]
+        columns = list(dict.fromkeys(c for row in rows for c in row))
+        details.append((table, columns, [["—" if row.get(c) is None else row[c] for c in columns] for row in rows]))
+    return _template().render(
+        r=r, standalone=standalone, names=names, side_by_side=side_by_side, details=details,
+        emulated=[n for n, t in r.targets.items() if t.mode != "native"], colors=VERDICT_COLORS,
+        environment_text=environment.render(r.environment),
+        kernel_rows={n: [[k["op"], k["status"], f"{k['share']:.1%}", k["calls"], ", ".join(k["modules"]), k["language"]]
+                         for k in sorted(t.kernels, key=lambda k: -k["share"])] for n, t in r.targets.items()},
+        stage_rows=[[n, s.file, s.status if s.status == "ok" else f"{s.status}: {s.problem}",
+                     (s.data or {}).get("summary", "")] for n, s in r.stages.items()])

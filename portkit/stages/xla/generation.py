@@ -1,0 +1,181 @@
+"""Stage 3b with workload "generate": the real XLA compile of a causal LM's prefill and decode graphs with a
+static KV cache, for a TPU topology, the cache in HBM, and the largest batch that fits at a context.
+
+    >>> from portkit import models, xla_generation
+    >>> lm = models.load("gpt2")
+    >>> found = xla_generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
+    >>> found["decode"].breakdown      # HBM per device: weights, KV cache, inputs, temporaries, logits, code
+    >>> xla_generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
+
+Serving with a static cache (portkit/workloads/generation.py) compiles one prefill graph per (batch, prompt bucket)
+and one decode step per (batch, context bucket); the cache's length is the context bucket. Here each graph
+is the model with transformers' StaticCache built over the cache tensors it is given (keys and values per
+layer: batch x key-value heads x context x head size) and returning them updated, converted by torchax and
+compiled by JAX + libtpu for the topology, compile-only on this CPU host (nothing runs on a TPU). The cache
+is donated, as a serving stack updates it in place, so HBM holds it once. The compiler's memory per device
+(compiled.memory_analysis()) is broken down into parts that add up to its total: the weights, the KV cache
+and the inputs counted from their shapes (the compiler's argument size is checked against their sum), the
+temporaries (activations and workspace), outputs not written in place (the logits) and the generated code.
+Verdicts are cached like every XLA verdict (portkit.xla.cache).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from portkit.workloads import generation
+from portkit.xla import cache as xla_cache
+from portkit.xla import compiler as xla_compile
+from portkit.xla import sharded as xla_sharded
+from portkit.core.errors import BadParameter
+from portkit.xla.results import format_bytes
+
+
+class _Serving(nn.Module):
+    """A prefill or decode step over an explicit KV cache: (logits of the last position, keys, values)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, cache_position, keys, values):
+        from transformers import StaticCache
+        cache = StaticCache(config=self.model.config, max_cache_len=keys.shape[3])
+        for i, layer in enumerate(cache.layers):    # the given cache, filled up to the first new position
+            layer.lazy_initialization(keys[i], values[i])
+            layer.keys, layer.values = keys[i].clone(), values[i].clone()
+            layer.cumulative_length = cache_position[0].clone()
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         cache_position=cache_position, cache=cache, use_cache=True)
+        return (out.logits[:, -1], torch.stack([layer.keys for layer in cache.layers]),
+                torch.stack([layer.values for layer in cache.layers]))
+
+
+def cache_shape(model: nn.Module, batch: int, context: int) -> tuple[int, ...]:
+    """(layers, batch, key-value heads, context, head size) of one of the keys or values tensors."""
+    config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return (config.num_hidden_layers, batch, kv_heads, context, head_dim)
+
+
+def graph_inputs(model: nn.Module, batch: int, tokens: int, context: int, dtype=torch.float32) -> dict:
+    """{name: (shape, dtype)} of a step feeding `tokens` new positions (the prompt for prefill, 1 for decode)
+    into a cache of `context` positions."""
+    kv = cache_shape(model, batch, context)
+    return {"input_ids": ((batch, tokens), torch.int64), "attention_mask": ((batch, context), torch.int64),
+            "position_ids": ((batch, tokens), torch.int64), "cache_position": ((tokens,), torch.int64),
+            "keys": (kv, dtype), "values": (kv, dtype)}
+
+
+@dataclass
+class GraphCompile:
+    """One serving graph's XLA verdict for a topology, with its memory broken down."""
+    graph: str                       # "prefill" or "decode"
+    batch: int
+    tokens: int
+    context: int
+    topology: str
+    status: str
+    compile_seconds: float | None = None
+    cached: bool = False
+    hbm_bytes_per_device: int = 0
+    memory: dict = field(default_factory=dict)
+    breakdown: dict = field(default_factory=dict)
+    flops: float | None = None
+    message: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
+
+    def summary(self) -> str:
+        what = f"{self.graph} (batch {self.batch}, {self.tokens} token(s) into a {self.context}-position cache)"
+        if self.status != "compiled":
+            return f"{what}: {self.status}: {self.message[:300]}"
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
+        return (f"{what} compiled for {self.topology} in {self.compile_seconds:.1f} s"
+                f"{' (verdict cache)' if self.cached else ''}: {format_bytes(self.memory['total'])} per device "
+                f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
+
+    def to_dict(self) -> dict:
+        return {"graph": self.graph, "batch": self.batch, "tokens": self.tokens, "context": self.context,
+                "topology": self.topology, "status": self.status, "compile_seconds": self.compile_seconds,
+                "cached": self.cached, "hbm_bytes_per_device": self.hbm_bytes_per_device, "memory": self.memory,
+                "breakdown": self.breakdown, "flops": self.flops, "fits": self.fits, "message": self.message,
+                "summary": self.summary()}
+
+
+def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topology: str = "v5e:1x1",
+                  dtype: str | None = None) -> GraphCompile:
+    """One prefill (tokens = the prompt bucket) or decode (tokens = 1) graph compiled for `topology`."""
+    xla_compile.check_topology(topology)
+    if dtype is not None and dtype not in xla_compile.DTYPES:
+        raise BadParameter("dtype", dtype, xla_compile.DTYPES)
+    if tokens > context:
+        raise BadParameter("prompt bucket", tokens, hint=f"longer than the context bucket {context}")
+    model = generation.causal_model(lm)
+    jax, topo, devices, _, replicated = xla_sharded.compile_only(topology)
+    program = xla_compile._Program(_Serving(model), xla_compile.DTYPES.get(dtype))
+    spec = graph_inputs(model, batch, tokens, context, program.float_dtype)
+    found = GraphCompile(graph, batch, tokens, context, topology, "compiled",
+                         hbm_bytes_per_device=xla_compile.hbm_per_device(topology, devices))
+    states, inputs = program.abstract(spec, replicated, replicated)
+    narrowed = {k: program.narrow(d) for k, (_, d) in spec.items()}
+    counted = {"weights": sum(math.prod(a.shape) * a.dtype.itemsize for a in states.values()),
+               "KV cache": 2 * math.prod(spec["keys"][0]) * _itemsize(narrowed["keys"]),
+               "inputs": sum(math.prod(s) * _itemsize(narrowed[k]) for k, (s, _) in spec.items()
+                             if k not in ("keys", "values"))}
+    fn = program.fn
+    try:
+        cache = {k: inputs[k] for k in ("keys", "values")}          # donated: the only buffers updated in place
+        rest = {k: v for k, v in inputs.items() if k not in cache}
+        lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,)).trace(states, cache, rest).lower()
+    except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
+        found.status, found.message = "trace_failed", xla_compile._message(exc)
+        return found
+    context_key = xla_sharded.check_context(topology, topo, "serving graph, cache donated",
+                                            code=xla_cache.source_digest(compile_graph))
+    verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context_key)
+    found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
+    found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
+    if verdict.status == "compiled":
+        m = found.memory
+        parts = {**counted, "arguments beyond those counted": m["argument"] - sum(counted.values()),
+                 "activations and workspace": m["temporary"], "outputs not in place": m["output"] - m["alias"],
+                 "generated code": m["generated_code"]}
+        found.breakdown = {k: int(v) for k, v in parts.items() if v or k != "arguments beyond those counted"}
+    return found
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def compile_serving(lm, batch: int, prompt: int, context: int, topology: str = "v5e:1x1",
+                    dtype: str | None = None) -> dict[str, GraphCompile]:
+    """The prefill graph of a prompt bucket and the decode step of a context bucket, at `batch`."""
+    return {"prefill": compile_graph(lm, "prefill", batch, prompt, context, topology, dtype),
+            "decode": compile_graph(lm, "decode", batch, 1, context, topology, dtype)}
+
+
+def largest_batch(lm, context: int, topology: str = "v5e:1x1", dtype: str | None = None,
+                  first: GraphCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
+    """The largest batch whose decode step at a `context`-position cache fits one device (a compile per try,
+    at most `limit`, xla_sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:
+    what one row adds (its cache, inputs, temporaries and logits) into the room left."""
+    first = first or compile_graph(lm, "decode", 1, 1, context, topology, dtype)
+    guess = None
+    if first.status == "compiled":
+        b = first.breakdown
+        per_row = (b["KV cache"] + b["inputs"] + b["activations and workspace"]
+                   + b.get("outputs not in place", 0)) / first.batch
+        fixed = first.memory["total"] - per_row * first.batch
+        guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else None
+    return xla_sharded.search_compiles(lambda n: compile_graph(lm, "decode", n, 1, context, topology, dtype).fits,
+                                       {first.batch: first.fits}, guess,
+                                       f"largest batch at context {context} (an XLA compile a try)", limit)

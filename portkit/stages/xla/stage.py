@@ -1,0 +1,341 @@
+"""Stage 3b (notebook 03b_xla): the real XLA compiler's verdict, per target, over the shapes the workbook uses.
+
+For TPU every shape stage 2 fixed and stage 3 bucketed is compiled for a real TPU topology on this CPU
+host (JAX + libtpu, compile-only: nothing executes on a TPU); for Neuron it is lowered to StableHLO (a
+lowering check, not a Neuron compile). The machinery is portkit.xla.compiler; a verdict compiled once
+comes back from portkit's verdict cache (portkit.xla.cache) on a rerun, and the summary says how many.
+
+    >>> from portkit import models, xla
+    >>> m = models.load("minilm")
+    >>> xla.check_parameters(topology="v5e:1x1")
+    >>> stage = xla.run_stage(m, ["neuron", "tpu"], "runs/minilm", topology="v5e:1x1")
+    >>> xla.shape_table("runs/minilm", ["neuron", "tpu"], m, batch_size=1, seq_len=128)   # what will be checked
+    >>> stage.save("runs/minilm/xla.json"); print(stage.summary())
+    >>> xla.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])     # one target, one line in a notebook cell
+
+`xla.compile_for_tpu`, `xla.check_lowering`, `xla.compile_seconds` and the result classes are
+portkit.xla.compiler's and portkit.xla.results', reachable from here for notebooks and scripts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from portkit.runfolder import results
+from portkit.targets import specs as targets
+from portkit.core.errors import BadParameter, MissingPackage
+from portkit.runfolder.results import save_result
+from portkit.core.tables import HtmlTable
+from portkit.xla.compiler import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
+                                 require_installed, require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
+                                 input_specs, is_abstract)
+from portkit.xla.results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes, plot_hbm  # noqa: F401
+
+STAGE = "xla"
+
+
+def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
+                dtype: str | None = None) -> XlaCompileReport | XlaSkipped:
+    """One notebook line: the target's XLA check (TPU compile or Neuron lowering), or why it was skipped.
+
+    model: a LoadedModel, an nn.Module, or a name for portkit.models.registry.load."""
+    check = targets.get(target_name).xla_check
+    check_topology(topology)
+    if check is None:
+        return XlaSkipped(target_name, f"XLA check skipped: {target_name} is a reference platform, not an XLA target")
+    if isinstance(model, str):
+        from portkit.models import registry as models
+        model = models.load(model)
+    try:        # jax and torchax load only when a shape is not in the cache
+        if check == "compile":
+            return compile_for_tpu(model, shapes, topology=topology, dtype=dtype)
+        return check_lowering(model, shapes, dtype=dtype)
+    except MissingPackage as exc:
+        return XlaSkipped(target_name, str(exc))
+
+
+def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
+                     seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",), scale_batch: int = 1,
+                     scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False,
+                     workload: str = "inference") -> None:
+    """The notebook's validation cell, also run by the runner before anything is written. The scale_*
+    parameters are an abstract model's (a real-size config without weights, `--model llama3-8b`)."""
+    from portkit.models import abstract as abstract_models
+    from portkit.workloads import generation
+    from portkit.core import checks
+    from portkit.xla import sharded as xla_sharded
+    xla_sharded.check_scale_parameters(scale_topologies, scale_batch, scale_seq, scale_buckets)
+    if abstract_models.is_name(model):          # its sequence lengths against the config's limit
+        module = abstract_models.build(model)
+        for seq in [scale_seq, *scale_buckets]:
+            abstract_models.text_shape(module, scale_batch, seq)
+    check_topology(topology)
+    checks.choice("dtype", dtype, DTYPES)
+    checks.positive_int("batch_size", batch_size)
+    checks.positive_int("seq_len", seq_len)
+    checks.positive_int("max_shapes", max_shapes)
+    checks.boolean("largest_batch", largest_batch)
+    if generation.check_workload(workload, model) == "train" and abstract_models.is_name(model):
+        raise BadParameter("workload for a real-size model without weights", workload, ["inference"],
+                           hint=f"{model} is checked sharded for inference; train a model with weights")
+
+
+def load(spec: str):
+    """The model of stage 3b: a portkit.models.registry spec (a LoadedModel), or an abstract model's name (its
+    architecture on the meta device, no weights: portkit.models.abstract)."""
+    from portkit.models import abstract as abstract_models
+    from portkit.models import registry as models
+    return abstract_models.build(spec) if abstract_models.is_name(spec) else models.load(spec)
+
+
+def describe(model) -> str:
+    from portkit.models import abstract as abstract_models
+    return abstract_models.summary(model) if is_abstract(model) else model.summary()
+
+
+def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int = 128,
+                 max_shapes: int = 4) -> tuple[list[dict], list[str]]:
+    """The shapes the workbook uses for `target`: stage 2's fixed shape and stage 3's buckets (read from
+    the run folder through portkit.runfolder.results), else the parameters. Returns (shapes, where each came from).
+    An abstract model's shapes are its scale_batch x scale_seq, sharded (run_stage)."""
+    if is_abstract(model):
+        return [{"batch": batch_size, "seq": seq_len}], ["parameters scale_batch/scale_seq (abstract model, sharded)"]
+    dim = getattr(model, "seq_dim", "tokens")     # the varying dimension; None: the model takes one shape
+    text = dim is not None
+    found: list[tuple[dict, str]] = []
+    recorded = [(results.fixed_shape(out_dir, target), "stage 2's fixed shape")]
+    planner, buckets = results.bucket_shapes(out_dir, target) or ("", [])
+    recorded += [(shape, f"stage 3's {planner} bucket".replace("  ", " ")) for shape in buckets]
+    for shape, source in recorded:
+        if shape is not None and (shape["seq"] or not text):      # a text model needs a sequence length
+            found.append((shape if text else {"batch": shape["batch"]}, source))
+    if not found and dim not in (None, "tokens"):    # seq_len counts tokens: another dimension at its largest
+        found = [({"batch": batch_size, "seq": model.max_length},
+                  f"parameter batch_size and the largest {dim} the model takes (no compile.json or buckets.json)")]
+    if not found:
+        found = [({"batch": batch_size, "seq": seq_len} if text else {"batch": batch_size},
+                  "parameters batch_size/seq_len (no compile.json or buckets.json)")]
+    unique: dict[tuple, tuple[dict, str]] = {}
+    for shape, source in found:
+        unique.setdefault(tuple(sorted(shape.items())), (shape, source))
+    ordered = sorted(unique.values(), key=lambda s: (s[0].get("seq", 0), s[0].get("batch", 0)))
+    if len(ordered) > max_shapes:   # keep the largest: HBM fit is decided by them
+        ordered = ordered[-max_shapes:]
+    return [s for s, _ in ordered], [src for _, src in ordered]
+
+
+def shape_table(out_dir, target_names, model, *, batch_size: int = 1, seq_len: int = 128,
+                max_shapes: int = 4, scale_batch: int = 1, scale_seq: int = 128) -> HtmlTable:
+    """The shapes run_stage will check for each target, and where each came from (stage_shapes)."""
+    if is_abstract(model):
+        batch_size, seq_len = scale_batch, scale_seq
+    rows = []
+    for name in targets.parse_targets(target_names):
+        shapes, sources = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
+                                       max_shapes=max_shapes)
+        rows += [[name, " ".join(f"{k}={v}" for k, v in shape.items()), source]
+                 for shape, source in zip(shapes, sources)]
+    return HtmlTable(["target", "shape", "from"], rows, "shapes to check")
+
+
+def _findings(report) -> list[dict]:
+    if isinstance(report, XlaSkipped):
+        return []
+    out = []
+    for s in report.shapes:
+        if s.ok:
+            continue
+        text = f"{s.label}: {s.describe(report.hbm_bytes_per_device)}"
+        if report.check == "lowering":
+            out.append({"kind": "xla_lowering", "severity": "work", "message": f"StableHLO lowering check: {text}",
+                        "advice": "the op or module has no StableHLO form through torchax; check it with "
+                                  "neuronx-cc on a Trainium host, or rewrite it"})
+        elif s.status == "no_lowering":
+            out.append({"kind": "xla_lowering", "severity": "work", "message": f"XLA compile for {report.topology}: {text}",
+                        "advice": "torchax has no JAX lowering for this op; TorchTPU's own lowering may differ, so "
+                                  "check it on a TPU, or replace the op"})
+        elif s.status == "out_of_hbm" or s.fits_hbm is False:
+            out.append({"kind": "hbm", "severity": "blocker", "message": f"{report.topology}: {text}",
+                        "advice": "does not fit this topology's HBM: choose a larger topology (parameter "
+                                  "topology), shard the model, or use smaller buckets/batches"})
+        else:
+            out.append({"kind": "xla_compile", "severity": "blocker", "message": f"XLA compile for {report.topology}: {text}",
+                        "advice": "the real XLA TPU compiler rejects this shape; read its message above"})
+    return out
+
+
+@dataclass
+class XlaStage:
+    """Stage 3b: the XLA check of every target over the workbook's shapes."""
+    model: dict
+    reports: dict                   # target -> XlaCompileReport | XlaSkipped
+    sources: dict                   # target -> where each shape came from
+    scale: dict = field(default_factory=dict)   # target -> scale.ScaleCheck (an abstract model's real-size check)
+    largest: dict = field(default_factory=dict)  # target -> the largest batch per shape (largest_batch=True)
+    measured: dict = field(default_factory=dict)  # native targets: capacity.measure_native's throughput per shape
+    training: dict = field(default_factory=dict)  # workload "train": target -> training_step's result
+    serving: dict = field(default_factory=dict)   # workload "generate": target -> serving_graphs' result
+
+    def summary_for(self, name: str) -> str:
+        if name in self.scale:
+            return self.scale[name].summary()
+        r = self.reports[name]
+        largest = "".join(f"; largest batch that fits, {b['shape'].split()[-1]}: {b['batch']}"
+                          + ("+" if b["batch"] >= b["limit"] else "") for b in self.largest.get(name, []))
+        largest += "".join(f"; {m['per_second']:,.0f} {m['unit']}/s per chip at {m['shape']} ({m['label']})"
+                           for m in self.measured.get(name, []))
+        if isinstance(r, XlaSkipped):
+            return f"{name}: skipped ({r.reason})"
+        done = sum(s.ok for s in r.shapes)
+        if r.check == "lowering":
+            return (f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to "
+                    f"StableHLO; {r.cached_shapes} read from the lowering cache"
+                    + (" (figures as measured when first lowered)" if r.cached_shapes else ""))
+        peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
+        return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
+                f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "
+                f"largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
+                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest
+                + (f"; {self.training[name]['summary']}" if name in self.training else "")
+                + (f"; {self.serving[name]['summary']}" if name in self.serving else ""))
+
+    def summary(self) -> str:
+        return " | ".join(self.summary_for(n) for n in self.reports)
+
+    def to_dict(self) -> dict:
+        targets_out = {}
+        for name, r in self.reports.items():
+            detected = targets.detect(name)
+            # The XLA check runs the real compiler (TPU) or exporter (Neuron) on this CPU host whatever
+            # the target's mode; "target" is the detected target, as in every stage's JSON.
+            scale = self.scale.get(name)
+            targets_out[name] = {**r.to_dict(), "target": detected.to_dict(), "summary": self.summary_for(name),
+                                 "shape_sources": self.sources.get(name, []),
+                                 "findings": _findings(r) + (scale.findings() if scale else []),
+                                 **({"scale": scale.to_dict()} if scale else {}),
+                                 **({"largest_batch": self.largest[name]} if name in self.largest else {}),
+                                 **({"measured_throughput": self.measured[name]} if name in self.measured else {}),
+                                 **({"training_step": self.training[name]} if name in self.training else {}),
+                                 **({"serving": self.serving[name]} if name in self.serving else {})}
+        return {"stage": STAGE, "model": self.model, "summary": self.summary(), "targets": targets_out}
+
+    def save(self, path) -> Path:
+        return save_result(path, self.to_dict())
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(self.scale.get(n, r)) for n, r in self.reports.items())
+
+    def _repr_html_(self) -> str:
+        return "".join(self.scale.get(n, r)._repr_html_() for n, r in self.reports.items())
+
+
+def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str = "float32",
+              batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",),
+              scale_batch: int = 1, scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False,
+              workload: str = "inference") -> XlaStage:
+    """Run each target's XLA check over the shapes the earlier stages chose. An abstract model (no weights)
+    gets the real-size check instead (portkit.stages.xla.realsize): sharded over scale_topologies until one fits, the
+    largest batch per bucket (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also
+    search each TPU shape's largest batch that fits HBM (portkit.stages.xla.realsize.largest_per_shape; a few compiles each).
+    workload "train": also the whole training step compiled for the TPU topology at batch_size x seq_len,
+    its memory broken down, and the largest micro-batch that fits (training_step); workload "generate": the
+    prefill and decode graphs with their KV cache and the largest batch at the context (serving_graphs)."""
+    from portkit.core.progress import bar as progress_bar
+    if is_abstract(model):
+        from portkit.models import abstract as abstract_models
+        from portkit.stages.xla import realsize as scale
+        checks = scale.run(model, target_names, scale_topologies, scale_batch, scale_seq, scale_buckets)
+        names = targets.parse_targets(target_names)
+        reports = {n: checks[n].main if n in checks else XlaSkipped(
+            n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
+        sources = {n: stage_shapes(out_dir, n, model, scale_batch, scale_seq)[1] for n in names}
+        return XlaStage(abstract_models.describe(model), reports, sources, checks)
+    reports, sources, largest, measured = {}, {}, {}, {}
+    for name in progress_bar(list(target_names), desc="XLA checks", unit="target"):
+        shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
+                                             max_shapes=max_shapes)
+        reports[name] = xla_section(model, name, shapes, topology=topology, dtype=dtype)
+        if largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
+            from portkit.stages.xla import realsize as scale
+            largest[name] = scale.largest_per_shape(model, shapes, reports[name], dtype)
+        if targets.detect(name).native and not targets.get(name).reference:   # a measurement, not an estimate
+            from portkit.targets import capacity
+            measured[name] = capacity.measure_native(model, name, shapes)
+    trained = training_step(model, target_names, topology, dtype, batch_size, seq_len) if workload == "train" else {}
+    served = serving_graphs(model, target_names, out_dir, topology, dtype, batch_size, seq_len) \
+        if workload == "generate" else {}
+    return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources,
+                    largest=largest, measured=measured, training=trained, serving=served)
+
+
+def serving_graphs(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str | None = None,
+                   batch_size: int = 1, seq_len: int = 128) -> dict:
+    """Workload "generate", per TPU target: the prefill graph of the largest prompt bucket and the decode step
+    of the largest context bucket of stage 3's serving plan (else a seq_len prompt in a cache twice as long,
+    within the model's length), at batch_size, compiled by XLA with the KV cache in HBM, and the largest batch
+    whose decode step fits one device at that context (portkit.stages.xla.generation)."""
+    from portkit.stages.xla import generation as xla_generation
+    from portkit.xla import sharded as xla_sharded
+    out = {}
+    for name in targets.parse_targets(target_names):
+        if targets.get(name).xla_check != "compile":
+            out[name] = {"status": "skipped", "summary": f"serving graphs not compiled: {name} has no XLA compiler "
+                         "here (stage 2 compiled generation with its emulated backend)"}
+            continue
+        plan = results.serving_buckets(out_dir, name)
+        if plan:
+            prompt, context, source = max(plan[0]), max(plan[1]), "stage 3's serving plan, largest buckets"
+        else:
+            context = min(model.max_length, 2 * seq_len)
+            prompt, source = min(seq_len, context - 1), "parameter seq_len (no serving plan in buckets.json)"
+        graphs = xla_generation.compile_serving(model, batch_size, prompt, context, topology, dtype)
+        found = {g: c.to_dict() for g, c in graphs.items()}
+        found.update(prompt=prompt, context=context, source=source, status=graphs["decode"].status)
+        found["summary"] = "; ".join(c.summary() for c in graphs.values())
+        if graphs["decode"].status == "compiled":
+            n, tried = xla_generation.largest_batch(model, context, topology, dtype, first=graphs["decode"])
+            found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
+            found["summary"] += (f"; largest batch whose decode fits at context {context}: "
+                                 f"{n}{xla_sharded.bound_text(n, tried)} ({source})")
+        out[name] = found
+    return out
+
+
+def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | None = None, batch_size: int = 1,
+                  seq_len: int = 128) -> dict:
+    """Workload "train", per TPU target: the model's training step (its loss, AdamW) compiled by XLA for the
+    topology at batch_size x seq_len of real text (portkit.stages.xla.training), its memory broken down, and the
+    largest micro-batch that fits one device. Neuron has no compiler here: its entry says so."""
+    from portkit.corpora import corpus as data
+    from portkit.xla import sharded as xla_sharded
+    from portkit.stages.xla import training as xla_training
+    out = {}
+    for name in targets.parse_targets(target_names):
+        check = targets.get(name).xla_check
+        if check != "compile":
+            out[name] = {"status": "skipped", "summary": f"training step not compiled: {name} has no XLA compiler "
+                         "here (stage 2 classified the step's ops, forward and backward)"}
+            continue
+        spec = xla_training.step_inputs(model, data.load_corpus(), batch_size, seq_len)
+        step = xla_training.compile_step(model, spec, topology, dtype)
+        found = step.to_dict()
+        if step.status == "compiled":
+            # twice the batch: the search's guess and the temporaries' split both read it, compiled once
+            second = xla_training.compile_step(model, xla_training.with_batch(spec, 2 * step.batch), topology, dtype)
+            n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
+            found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
+            found["summary"] += (f"; largest micro-batch that fits: {n}{xla_sharded.bound_text(n, tried)} x {seq_len} "
+                                 f"({len(tried)} compile(s))")
+            split = xla_training.split_temporaries(step, second)
+            if split is None and second.status == "compiled":
+                key = "gradients, activations and workspace"
+                found["summary"] += (f"; temporaries {format_bytes(step.breakdown[key])} at batch {step.batch}, "
+                                     f"{format_bytes(second.breakdown[key])} at {second.batch}: not a line, no split")
+            if split:
+                found["temporaries"] = split
+                found["summary"] += (f"; temporaries from batches {split['batches']}: {format_bytes(split['fixed'])} "
+                                     f"that do not grow with the batch (gradients and workspace; every gradient "
+                                     f"at once would be {format_bytes(split['gradients_counted'])}: XLA fuses "
+                                     f"the update) + {format_bytes(split['per_row'])} a row (activations)")
+        out[name] = found
+    return out

@@ -1,0 +1,283 @@
+"""Greedy generation of causal LMs: prefill then one decode step per token, compiled for a target.
+
+    >>> from portkit import generation, models
+    >>> lm = models.load("llama")
+    >>> plan = generation.Plan(prompt_buckets=(16, 32), context_buckets=(32, 64), batch=4)
+    >>> static = generation.generate_static(lm, texts, new_tokens=16, plan=plan, backend=backend)
+    >>> dynamic = generation.generate_dynamic(lm, texts, new_tokens=16, backend=backend)
+
+Two ways to run the same greedy generation:
+- dynamic: the model's default DynamicCache, every step compiled with dynamic=False as a static-shape
+  target requires, so every generated token is a new cache length, a guard failure and a compile, until
+  Dynamo's recompile limit (_torch.default_recompile_limit) makes the step run eagerly.
+- static: transformers' StaticCache, prompts left-padded to a prompt bucket and prefilled by one graph per
+  prompt bucket; decode is one graph per context bucket (the cache length) at the plan's batch. When the
+  context outgrows its bucket the cache moves into the next bucket's cache (a copy, no compile). After
+  warm_up the whole generation runs under set_stance("fail_on_recompile"): a compile there raises.
+
+Overflow policy (Plan.overflow): a prompt longer than the largest prompt bucket is cut to its last
+`largest` tokens ("truncate", the default, what a serving stack does with a context window; counted in
+`truncated`) or refused with a one-line BadParameter ("error"). A generation whose prompt bucket plus
+new tokens exceeds the largest context bucket is refused before anything runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from portkit.core import torch_private as _torch
+from portkit.core import progress
+from portkit.core.torch_private import default_recompile_limit, unlimited_recompiles
+from portkit.core.errors import BadParameter
+
+OVERFLOW = ("truncate", "error")
+
+
+@dataclass(frozen=True)
+class Plan:
+    prompt_buckets: tuple[int, ...]
+    context_buckets: tuple[int, ...]
+    batch: int
+    overflow: str = "truncate"
+
+    def __post_init__(self):
+        if self.overflow not in OVERFLOW:
+            raise BadParameter("overflow", self.overflow, list(OVERFLOW))
+
+    def prompt_bucket(self, length: int) -> int:
+        return next((b for b in sorted(self.prompt_buckets) if b >= length), max(self.prompt_buckets))
+
+    def context_bucket(self, length: int) -> int:
+        for b in sorted(self.context_buckets):
+            if b >= length:
+                return b
+        raise BadParameter("context length", length,
+                           hint=f"longer than the largest context bucket {max(self.context_buckets)}")
+
+
+MIN_PROMPT_BUCKET = 16     # the smallest prompt bucket plan_for makes (a prefill graph per bucket above it)
+# The workbook's generation checks (stages 2 and 4) cut prompts to their last MAX_PROMPT tokens: each prompt
+# bucket is one prefill graph to warm up, so they bound them.
+MAX_PROMPT = 64
+
+
+def plan_for(prompt_lengths, new_tokens: int, batch: int, max_prompt: int) -> Plan:
+    """Powers-of-two buckets, as the serving stacks make them: prompt buckets from MIN_PROMPT_BUCKET up to
+    the longest prompt (at most max_prompt; longer prompts are truncated), context buckets from twice the
+    smallest prompt bucket up to the longest prompt bucket plus the new tokens."""
+    longest, prompts = min(max(prompt_lengths), max_prompt), [MIN_PROMPT_BUCKET]
+    while prompts[-1] < longest:
+        prompts.append(prompts[-1] * 2)
+    contexts = [2 * MIN_PROMPT_BUCKET]
+    while contexts[-1] < prompts[-1] + new_tokens - 1:
+        contexts.append(contexts[-1] * 2)
+    return Plan(tuple(prompts), tuple(contexts), batch)
+
+
+@dataclass
+class Generation:
+    mode: str                          # "static" or "dynamic"
+    tokens: torch.Tensor               # (prompts, new_tokens)
+    compiles: int                      # graphs compiled during the generation (after warm-up for static)
+    compiles_per_token: float
+    seconds: float                     # the generation, warm-up excluded
+    warmup_compiles: int = 0
+    warmup_seconds: float = 0.0
+    truncated: int = 0                 # prompts cut by the overflow policy
+    eager_from_step: int | None = None  # dynamic: the first token whose decode step ran eagerly (limit)
+    guard_failures: list[str] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)   # per step, (prompts, vocab)
+
+
+def check_causal(lm) -> None:
+    """The generate workload needs a causal language model; one line naming the model's kind otherwise."""
+    from portkit.models.registry import CAUSAL_LM
+    if lm.kind != CAUSAL_LM:
+        raise BadParameter("workload", "generate",
+                           hint=f"greedy generation needs a causal language model; {lm.name} is not one "
+                                f"(its kind: {lm.kind}; use workload 'inference')")
+
+
+def check_workload(workload, model: str | None = None) -> str:
+    """A stage's `workload` parameter (checks.WORKLOADS): "generate" needs a causal LM, so a built-in model is
+    loaded to check it (once a process, whichever stage asks first; other models when the stage loads them).
+    Every stage's check_parameters calls this: the runner validates them all before anything is written."""
+    from portkit.models import registry as models
+    from portkit.core import checks
+    if checks.workload(workload) == "generate" and model in models.SOURCES:
+        check_causal(_builtin(model))
+    return workload
+
+
+@functools.lru_cache(maxsize=8)
+def _builtin(name: str):
+    from portkit.models import registry as models
+    return models.load(name)
+
+
+def causal_model(lm) -> torch.nn.Module:
+    """The Hugging Face causal LM inside the workbook's adapter."""
+    model = getattr(lm.module, "model", lm.module)
+    if not hasattr(model, "generation_config"):
+        raise BadParameter("model", lm.name, hint="generation needs a Hugging Face causal LM")
+    return model
+
+
+def _step(model, ids, mask, positions, cache_position, cache):
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache_position=cache_position,
+                cache=cache, use_cache=True)
+    return out.logits[:, -1].float()
+
+
+def _encode(lm, texts: list[str], plan: Plan) -> tuple[dict, int]:
+    lengths = lm.token_lengths(texts)
+    largest = max(plan.prompt_buckets)
+    truncated = sum(n > largest for n in lengths)
+    if truncated and plan.overflow == "error":
+        longest = max(lengths)
+        raise BadParameter("prompt length", longest,
+                           hint=f"longer than the largest prompt bucket {largest} and overflow is 'error'")
+    bucket = plan.prompt_bucket(min(max(lengths), largest))
+    enc = lm.tokenizer(texts, padding="max_length", max_length=bucket, truncation=True,
+                       padding_side="left", truncation_side="left", return_tensors="pt")
+    return enc, truncated
+
+
+def _new_cache(model, length: int, like=None):
+    from transformers import StaticCache
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    if like is not None:      # move a filled cache into a larger bucket
+        for new, old in zip(cache.layers, like.layers):
+            shape = list(old.keys.shape)
+            shape[2] = length
+            new.lazy_initialization(old.keys.new_zeros(shape), old.values.new_zeros(shape))
+            new.keys[:, :, :old.keys.shape[2]].copy_(old.keys)
+            new.values[:, :, :old.values.shape[2]].copy_(old.values)
+            new.cumulative_length.copy_(old.cumulative_length)
+    return cache
+
+
+def _pad_batch(enc: dict, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    if ids.shape[0] > batch:
+        raise BadParameter("batch", ids.shape[0], hint=f"more prompts than the plan's batch {batch}")
+    extra = batch - ids.shape[0]      # padding rows: one real token so no attention row is empty
+    ids = torch.cat([ids, ids.new_zeros(extra, ids.shape[1])])
+    mask = torch.cat([mask, mask.new_zeros(extra, mask.shape[1])])
+    mask[ids.shape[0] - extra:, -1] = 1
+    return ids, mask
+
+
+def _run_static(model, call, ids, mask, new_tokens: int, plan: Plan, keep_logits: bool):
+    batch, prompt = ids.shape
+    context = plan.context_bucket(prompt + 1)
+    full = torch.zeros(batch, context, dtype=mask.dtype)
+    full[:, :prompt] = mask
+    cache = _new_cache(model, context)
+    positions = (full.cumsum(-1) - 1).clamp(min=0)
+    logits = call(model, ids, full, positions[:, :prompt], torch.arange(prompt), cache)
+    tokens, kept = [], []
+    for step in range(new_tokens):
+        kept.append(logits) if keep_logits else None
+        nxt = logits.argmax(-1)
+        tokens.append(nxt)
+        if step == new_tokens - 1:
+            break
+        at = prompt + step
+        if at >= context:       # the context outgrows its bucket: move the cache, no compile
+            context = plan.context_bucket(at + 1)
+            cache = _new_cache(model, context, like=cache)
+            full = torch.cat([full, full.new_zeros(batch, context - full.shape[1])], dim=1)
+        full[:, at] = 1
+        positions = full.cumsum(-1)[:, at:at + 1] - 1
+        logits = call(model, nxt[:, None], full, positions, torch.tensor([at]), cache)
+    return torch.stack(tokens, 1), kept, cache
+
+
+def warm_up(model, call, plan: Plan) -> None:
+    """Compile every graph a generation under `plan` can need, at the plan's batch: per prompt bucket
+    one prefill (into a fresh cache of the smallest context bucket that holds it) and its first decode;
+    then one decode per larger context bucket, into a filled cache moved there as generation moves it."""
+    cache = None
+    for prompt in progress.bar(sorted(plan.prompt_buckets), desc="warm-up prefill"):
+        ids = torch.ones(plan.batch, prompt, dtype=torch.long)
+        _, _, cache = _run_static(model, call, ids, torch.ones_like(ids), 2, plan, False)
+    filled = cache.layers[0].keys.shape[2]
+    for context in progress.bar(sorted(plan.context_buckets), desc="warm-up decode"):
+        if context <= filled:
+            continue
+        moved = _new_cache(model, context, like=cache)
+        mask = torch.ones(plan.batch, context, dtype=torch.long)
+        call(model, torch.ones(plan.batch, 1, dtype=torch.long), mask, torch.zeros(plan.batch, 1, dtype=torch.long),
+             torch.tensor([filled]), moved)
+
+
+def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=None,
+                    keep_logits: bool = False) -> Generation:
+    """Greedy generation with a bucketed StaticCache; backend None runs eagerly (the reference)."""
+    model = causal_model(lm)
+    enc, truncated = _encode(lm, texts, plan)
+    plan.context_bucket(enc["input_ids"].shape[1] + new_tokens - 1)    # refuse an overflowing context early
+    ids, mask = _pad_batch(enc, plan.batch)
+    from portkit.targets import backends  # registers the emulated backends: imports Dynamo, which validation need not
+    counter = backends.CompileCounter(backend) if backend is not None else None
+    torch.compiler.reset()      # _step's compiled graphs from an earlier generation would count against the limit
+    call = torch.compile(_step, backend=counter, dynamic=False) if counter else _step
+    with torch.no_grad():
+        start = time.perf_counter()
+        if counter:
+            warm_up(model, call, plan)
+        warm_seconds, warm_compiles = time.perf_counter() - start, len(counter.events) if counter else 0
+        start = time.perf_counter()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            tokens, kept, _ = _run_static(model, call, ids, mask, new_tokens, plan, keep_logits)
+        seconds = time.perf_counter() - start
+    compiles = (len(counter.events) - warm_compiles) if counter else 0
+    rows = len(texts)
+    return Generation("static", tokens[:rows], compiles, compiles / new_tokens, seconds, warm_compiles,
+                      warm_seconds, truncated, logits=[x[:rows] for x in kept])
+
+
+def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length: int | None = None,
+                     limit: bool = True) -> Generation:
+    """Greedy generation with the default DynamicCache, every step compiled at static shapes.
+
+    limit: Dynamo's recompile limit applies (past it a step runs eagerly: eager_from_step); False lifts
+    it, so every new shape compiles, as on a static-shape target that has no eager fallback."""
+    from transformers import DynamicCache
+    model = causal_model(lm)
+    enc = lm.tokenizer(texts, padding="longest", truncation=True, max_length=max_length or lm.max_length,
+                       padding_side="left", truncation_side="left", return_tensors="pt")   # as Plan's "truncate"
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    from portkit.targets import backends
+    counter = backends.CompileCounter(backend)
+    torch.compiler.reset()
+    recompiles, tokens, eager_from = default_recompile_limit(), [], None
+    _torch.guard_failures(clear=True)
+    with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
+        call = torch.compile(_step, backend=counter, dynamic=False)   # it keeps the config it is made under
+        start = time.perf_counter()
+        cache = DynamicCache(config=model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        prompt = ids.shape[1]
+        logits = call(model, ids, mask, positions, torch.arange(prompt), cache)
+        for step in progress.bar(range(new_tokens), desc="dynamic-cache decode"):
+            nxt = logits.argmax(-1)
+            tokens.append(nxt)
+            if step == new_tokens - 1:
+                break
+            before = len(counter.events)
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            positions = mask.cumsum(-1)[:, -1:] - 1
+            logits = call(model, nxt[:, None], mask, positions, torch.tensor([prompt + step]), cache)
+            if eager_from is None and len(counter.events) == before and len(counter.events) >= recompiles:
+                eager_from = step + 1
+        seconds = time.perf_counter() - start
+    failures = _torch.guard_failures()
+    compiles = len(counter.events)
+    return Generation("dynamic", torch.stack(tokens, 1), compiles, compiles / new_tokens, seconds,
+                      eager_from_step=eager_from, guard_failures=failures)
