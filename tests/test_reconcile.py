@@ -1,4 +1,4 @@
-"""Eager findings against the compiled graphs, whose code they are, and severity by consequence (#18)."""
+"""Eager findings against the compiled graphs, whose code they are, and severity by consequence."""
 import os
 import sysconfig
 
@@ -160,3 +160,18 @@ def test_int64_sentinels_of_a_masked_cast_are_a_check_not_a_blocker():
     assert saturated["int64_saturated"].where["file"] == __file__
     overflow = neuron_findings(BigIds())
     assert overflow["int64_overflow"].severity == BLOCKER and "to 21990232555520" in overflow["int64_overflow"].message
+
+
+def test_a_cpu_trace_never_clears_a_fused_recurrent_cell():
+    """LSTMCell and GRUCell decompose into matmuls in a CPU trace, while a PrivateUse1 device runs the fused cell:
+    the compiled CPU graphs cannot show the cell gone, so the eager blocker stands as "not checked"."""
+    m = models.load(fixture_model("cell_only_model"))
+    inputs = m.encode(["Return x."], pad_to=6)
+    eager, compiled = eager_and_compiled(m, inputs, ["neuron"])
+    found = reconciled(eager, compiled, "neuron", "recurrent")
+    assert found, "the cell tagger's recurrent modules are findings"
+    assert all(f["severity"] == BLOCKER for f in found)
+    assert all(f["compiled"] != VANISHES for f in found)
+    cells = [f for f in found if f["compiled"] == NOT_CHECKED]
+    assert cells and all("the device takes another path" in f["compiled_detail"] for f in cells)
+    assert "vanish" not in (reconcile.vanished_line(found) or "")

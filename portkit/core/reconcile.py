@@ -1,6 +1,7 @@
 """Each eager finding (stage 1) against the compiled graphs (stage 2): persists, vanishes or not checked.
 
-    >>> from portkit import reconcile, results
+    >>> from portkit.core import reconcile
+    >>> from portkit.runfolder import results
     >>> eager = results.read_fallbacks("runs/minilm").targets["tpu"]       # stage 1's dict for a target
     >>> compiled = results.read_compile("runs/minilm").data               # stage 2's whole result
     >>> for f in reconcile.reconcile(eager["findings"], compiled, "tpu"):
@@ -27,11 +28,13 @@ from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITI
 DTYPE_KINDS = {"float64": "float64", "int64": "int64", "int64_overflow": "int64", "int64_saturated": "int64"}
 # The recurrence itself: the CPU graph holds the CPU form of the cell, the device runs its own.
 RECURRENT_OPS = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::_thnn_fused")
+DEVICE_PATH = ("not checked: the device takes another path (the CPU trace decomposes the recurrent cell; on the "
+               "device the same call runs the fused cell)")
 OP_KINDS = ("cpu_fallback", "unsupported")   # about the op wherever it runs: any line of the graph counts
 LINE_EDITS = ("host_sync", "data_dependent")   # kinds whose target advice is an edit of the line itself
 HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 
-# What each kind costs on the target when it persists, by severity: the consequence behind it (#18).
+# What each kind costs on the target when it persists, by severity: the consequence behind it.
 COSTS = {
     "host_sync": "a device-to-host copy on every call, and Python code between two compiled graphs",
     "cpu_fallback": "a CPU round trip on every call: inputs copied to the host and the result back",
@@ -94,6 +97,11 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
         broken = [b for b in view["breaks"] if any(w in (b.get("reason") or "") for w in ("RNN", "LSTM", "GRU"))]
         if broken:
             return PERSISTS, f"a graph break: {broken[0]['reason']}; the cell runs eagerly on the device"
+        if kind == "recurrent" and not any(op in view["ops"] for op in ops):
+            # The graphs were traced on the CPU, where at::lstm_cell and at::gru_cell decompose into matmuls and
+            # nonlinearities; on a PrivateUse1 tensor the same call dispatches to the fused cell
+            # (aten/src/ATen/native/RNN.cpp), so a CPU trace without the cell proves nothing about the device.
+            return NOT_CHECKED, DEVICE_PATH
     elif kind == "host_sync":
         ops = [op for op in ops if op in HOST_SYNC_OPS]
     dtype = DTYPE_KINDS.get(kind)
