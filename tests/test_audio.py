@@ -210,3 +210,29 @@ def test_the_text_corpus_is_spoken_beside_the_recordings(tmp_path):
     corpus = data.audio_corpus(str(texts), clips=2)
     assert corpus.label == "recorded and synthetic" and corpus.describe()["synthetic"] == 2
     assert corpus.describe()["recorded"] == 8
+
+
+def _run_with_errors(errors):
+    return streaming.TargetStream("tpu", "emulated", "portkit_tpu", "default", [], 0, list(errors), list(errors), 1.0)
+
+
+def test_a_flat_noisy_state_error_is_no_drift():
+    """A state error flat at 3.6e-6 with noise, whose last chunk happens to be over 3x the first ten chunks' median
+    (what the old end-against-start ratio failed): the windows' medians stay near 1x and the rank test sees noise."""
+    errors = 3.6e-6 * np.exp(np.random.default_rng(64).normal(0, 0.4, 120))
+    assert errors[-1] / np.median(errors[:10]) > 3                     # the old statistic's false drift
+    check = streaming.drift_check(_run_with_errors(errors), DEFAULT_TASK_BOUNDS)
+    assert check["passed"] and not check["trend"]["rising"] and check["value"] < DEFAULT_TASK_BOUNDS["drift_growth"]
+
+
+def test_flat_noise_is_almost_never_drift():
+    """Over 200 streams of flat noise the check fails at most at the rank test's stated rate."""
+    failed = sum(not streaming.drift_check(_run_with_errors(np.exp(np.random.default_rng(s).normal(0, 1.0, 60))),
+                                           DEFAULT_TASK_BOUNDS)["passed"] for s in range(200))
+    assert failed <= 2 * streaming.DRIFT_P * 200
+
+
+def test_a_steadily_rising_state_error_is_drift():
+    errors = 1e-6 * np.exp(np.linspace(0, 6, 120)) * np.exp(np.random.default_rng(1).normal(0, 0.3, 120))
+    check = streaming.drift_check(_run_with_errors(errors), DEFAULT_TASK_BOUNDS)
+    assert not check["passed"] and check["trend"]["rising"] and check["value"] > 10 * DEFAULT_TASK_BOUNDS["drift_growth"]

@@ -1,6 +1,6 @@
 """The tolerance policy: how close a target's result must be to the reference to count as the same.
 
-    >>> from portkit import targets, tolerance
+    >>> from portkit.targets import specs as targets, tolerance
     >>> tol = tolerance.tolerance_for(targets.get("tpu").default_precision)   # bf16 matmul operands
     >>> tol.dtype, tol.rtol, tol.atol
     ('bfloat16', 0.016, 1e-05)
@@ -46,8 +46,8 @@ TASK_BOUND_REASONS = {
              "of the 50-cent window within which raw pitch accuracy (mir_eval; CREPE's own evaluation) counts a "
              "frame as right, and half of one 20-cent CREPE bin",
     "voicing": "lowest share of frames whose voiced/unvoiced decision equals the reference's: 0.99",
-    "drift_growth": "highest ratio of a streamed state's error at the end of a real stream to its median error "
-                    "over the stream's first chunks: 2; an error that accumulates across steps (the classic "
+    "drift_growth": "highest ratio of a streamed state's median error over a real stream's second half to its "
+                    "median over the stream's first chunks: 2; an error that accumulates across steps (the classic "
                     "recurrent failure) keeps growing with the stream's length, a bounded one stays within "
                     "its own spread",
     "baseline_factor": "a target whose error against float64 is within this many times the GPU setup's own "
