@@ -32,7 +32,7 @@ from portkit.stages.buckets import grid as grid_costs
 from portkit.models import inputs
 from portkit.models import registry as models
 
-REQUESTS = buckets.DEFAULTS["serve_requests"]
+REQUESTS = buckets.Options.defaults().serve_requests     # the notebook's default
 CORNERS = ((64, 512), (16, 256))       # each dimension's short corner and longest size
 CELLS = ((32, 8), (256, 8), (32, 64), (256, 64))
 

@@ -17,6 +17,7 @@ import numpy as np
 from portkit.stages.buckets import stage as buckets
 from portkit.corpora import corpus as data
 from portkit.models import registry as models
+from portkit.planning import planner
 
 
 def main() -> None:
@@ -33,8 +34,7 @@ def main() -> None:
         best = buckets.plan_buckets(lengths, "optimal", k=args.k, max_seq=model.max_length)
         times["optimal"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        auto = buckets.plan_buckets(lengths, "auto", max_seq=model.max_length, compile_seconds=10.0,
-                                    token_seconds=2e-4)
+        auto = buckets.plan_buckets(lengths, "auto", max_seq=model.max_length, prices=planner.Prices(10.0, 2e-4))
         times["auto"].append(time.perf_counter() - start)
     hist = buckets.histogram(lengths, model.max_length)
     print(f"{lengths.size:,} lengths, {hist.values.size} distinct after the cap at {model.max_length}; "

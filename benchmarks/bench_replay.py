@@ -24,6 +24,7 @@ from portkit.stages.buckets import stage as buckets
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.models import registry as models
+from portkit.planning import planner
 
 
 def cold_compile_seconds(model, lengths=(7, 13)) -> float:
@@ -56,12 +57,13 @@ def main() -> None:
     compile_seconds = args.compile_seconds or cold_compile_seconds(model)
     source = "--compile-seconds" if args.compile_seconds else "measured cold compile of one minilm shape"
     trace = data.make_trace(corpus, model, args.requests, args.seed, dist=dist)
-    auto = buckets.plan_buckets(hist, "auto", compile_seconds=compile_seconds, token_seconds=token_seconds,
-                                requests=trace.texts, compile_source=source)
+    prices = planner.Prices(compile_seconds, token_seconds, compile_source=source)
+    auto = buckets.plan_buckets(hist, "auto", prices=prices, requests=len(trace.texts))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend inductor")
     print(trace)
     print(f"auto: {auto}\n  why: {auto.why}")
-    base, mine = bucketed.replay(model, trace, [auto], backend="inductor", progress=False, fresh_caches=True)
+    base, mine = bucketed.replay(model, trace, [auto], backend="inductor",
+                                 settings=bucketed.ReplaySettings(progress=False, fresh_caches=True))
     for run in (base, mine):
         print(run)
     print(f"padding check per bucket: {'ok' if mine.padding_ok else 'FAILED'} "

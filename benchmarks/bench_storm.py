@@ -19,17 +19,19 @@ from portkit.models import registry as models
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=compiling.DEFAULTS["requests"])
+    defaults = compiling.Options.defaults()          # the notebook's parameters cell
+    parser.add_argument("--requests", type=int, default=defaults.requests)
     parser.add_argument("--model", default="minilm")
     args = parser.parse_args()
     m = models.load(args.model)
     stream = compiling.make_requests(m, data.load_corpus(), args.requests, batch_size=1,
-                                     max_tokens=compiling.DEFAULTS["seq_len"], seed=compiling.DEFAULTS["seed"])
+                                     max_tokens=defaults.seq_len, seed=defaults.seed)
     results = {}
-    for label, shapes in (("counted past the first shapes", compiling.DEFAULTS["compile_shapes"]),
+    for label, shapes in (("counted past the first shapes", compiling.COMPILE_SHAPES),
                           ("every shape compiled", None)):
         start = time.perf_counter()
-        storms = compiling.recompile_storms(m, stream, ["neuron", "tpu"], progress=False, compile_shapes=shapes)
+        storms = compiling.recompile_storms(m, stream, ["neuron", "tpu"], defaults, progress=False,
+                                            compile_shapes=shapes)
         results[label] = (time.perf_counter() - start, storms)
         counts = ", ".join(f"{n}: {s.compile_count()} compiles ({len(s.compiles)} made here, {s.counted()} counted)"
                            for n, s in storms.items())

@@ -1,5 +1,5 @@
 """Stage 4's verdicts on real architectures: what the task metrics decide, next to what the element-wise
-assert_close alone would have said (the verdict before #15), per target at its default precision.
+assert_close alone would have said (the verdict before the task metrics), per target at its default precision.
 
     .venv/bin/python benchmarks/bench_verdicts.py [--models minilm gpt2 ...] [--gpu-numerics fp32]
 
@@ -24,7 +24,8 @@ from portkit.targets import numerics
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["minilm", "bert", "gpt2", "llama", "t5", "vit", "lstm"])
-    parser.add_argument("--gpu-numerics", default="fp32", choices=list(numerics.GPU_NUMERICS))
+    parser.add_argument("--gpu-numerics", default=accuracy.Options.defaults().gpu_numerics,
+                        choices=list(numerics.GPU_NUMERICS))
     args = parser.parse_args()
     corpus = data.load_corpus()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GPU baseline {args.gpu_numerics}")
@@ -32,9 +33,9 @@ def main() -> None:
         start = time.perf_counter()
         m = models.load(name)
         inputs, described = data.example_batch(m, corpus if m.takes_text else None, 4, 64, seed=0)
-        report = accuracy.check_accuracy(m, inputs, ["neuron", "tpu"], corpus=corpus, buckets=[32, 64],
-                                         batch_size=4, compiled=False, progress=False, description=described,
-                                         gpu_numerics=args.gpu_numerics)
+        opts = accuracy.Options.of({"batch_size": 4, "gpu_numerics": args.gpu_numerics})
+        report = accuracy.check_accuracy(m, inputs, ["neuron", "tpu"], opts, corpus=corpus, buckets=[32, 64],
+                                         description=described, scope=accuracy.Scope(compiled=False, progress=False))
         print(f"\n{name} ({m.kind}, {m.origin}); {described}; {time.perf_counter() - start:.0f} s")
         for t in report.targets.values():
             elementwise = "FAIL" if t.details else "pass"

@@ -1,4 +1,4 @@
-"""The XLA verdict cache (issue #12): stage 3b run cold (empty verdict cache) then rerun warm, wall times and ratio.
+"""The XLA verdict cache: stage 3b run cold (empty verdict cache) then rerun warm, wall times and ratio.
 
     python benchmarks/bench_xla_cache.py                    # minilm, targets neuron and tpu, v5e:1x1
     python benchmarks/bench_xla_cache.py --targets tpu --run runs/minilm    # the shapes of a real run folder
@@ -25,7 +25,7 @@ import tempfile
 import time
 
 BUCKETS = [64, 128, 256, 512]
-TARGET_RATIO = 20       # issue #12: a rerun of the xla stage at least 20x faster than its cold run
+TARGET_RATIO = 20       # a rerun of the xla stage at least 20x faster than its cold run
 
 
 def _child(args) -> None:
@@ -50,7 +50,7 @@ def _child(args) -> None:
 
     xla.xla_section = timed                          # run_stage calls it once per target
     start = time.perf_counter()
-    stage = xla.run_stage(model, args.targets, args.run, topology=args.topology)
+    stage = xla.run_stage(model, args.targets, args.run, xla.Options.of({"topology": args.topology}))
     wall = time.perf_counter() - start
     shapes = {name: [{"label": s.label, "status": s.status, "cached": s.cached, "lower": s.lower_seconds,
                       "compile": s.compile_seconds} for s in r.shapes]

@@ -63,10 +63,9 @@ from portkit.corpora import corpus as data
 # %%
 model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "compile", targets=targets)  # no weights: stage 3b checks it
-compiling.check_parameters(requests=requests, batch_size=batch_size, seq_len=seq_len, fullgraph=fullgraph,
-                           backend=backend, precision=precision, seed=seed, corpus=corpus,
-                           neuron_compile_seconds=neuron_compile_seconds, targets=targets, workload=workload,
-                           new_tokens=new_tokens, prompts=prompts)
+opts = compiling.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts.check_targets(targets)                            # the backend and the precision, for each target
+opts
 
 # %%
 print(environment.block(targets))
@@ -78,8 +77,9 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
-texts = data.corpus_for(m, corpus, text_column)   # the items its declaration builds batches from
-stream = compiling.make_requests(m, texts, requests, batch_size=batch_size, max_tokens=seq_len, seed=seed)
+texts = data.corpus_for(m, opts.corpus, opts.text_column)   # the items its declaration builds batches from
+stream = compiling.make_requests(m, texts, opts.requests, batch_size=opts.batch_size, max_tokens=opts.seq_len,
+                                 seed=opts.seed)
 print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
 print(stream)
 
@@ -90,7 +90,7 @@ print(stream)
 # capture runs every emulated target's checks (no compile yet).
 
 # %%
-breaks = compiling.find_graph_breaks(m, stream.inputs[0], targets, precision=precision)
+breaks = compiling.find_graph_breaks(m, stream.inputs[0], targets, precision=opts.precision)
 breaks
 
 # %% [markdown]
@@ -118,7 +118,7 @@ for table in compiling.eager_findings(breaks, out, targets).values():
 # compiles cost on each target follows below.
 
 # %%
-storms = compiling.recompile_storms(m, stream, targets, precision=precision, backend=backend, fullgraph=fullgraph)
+storms = compiling.recompile_storms(m, stream, targets, options=opts)
 for storm in storms.values():
     display(storm)
 
@@ -130,8 +130,7 @@ for storm in storms.values():
 # recorded (request, shape, the guard that failed), then paid and counted: a finding, not a crash.
 
 # %%
-fixed = compiling.check_fixed_shapes(m, stream, targets, seq_len=seq_len, precision=precision, backend=backend,
-                                     fullgraph=fullgraph)
+fixed = compiling.check_fixed_shapes(m, stream, targets, options=opts)
 for result in fixed.values():
     print(result)
 
@@ -143,9 +142,9 @@ for result in fixed.values():
 # plot carries the same stream on (tokenized, not run): the compiles keep growing with the distinct lengths.
 
 # %%
-costs = compiling.compile_costs(m, stream, targets, storms=storms, neuron_compile_seconds=neuron_compile_seconds)
+costs = compiling.compile_costs(m, stream, targets, options=opts, storms=storms)
 for name, cost in costs.items():
-    print(f"{name}: {cost.seconds(seq_len):.1f} s to compile one {seq_len}-token shape ({cost.label()})")
+    print(f"{name}: {cost.seconds(opts.seq_len):.1f} s to compile one {opts.seq_len}-token shape ({cost.label()})")
 
 # %% [markdown]
 # ## Generation (workload "generate"): the dynamic KV cache against the bucketed static one
@@ -157,9 +156,8 @@ for name, cost in costs.items():
 
 # %%
 generated = {}
-if workload == "generate":
-    generated = compiling.check_generation(m, texts, targets, new_tokens=new_tokens, prompts=prompts,
-                                           backend=backend, precision=precision, seed=seed)
+if opts.workload == "generate":
+    generated = compiling.check_generation(m, texts, targets, options=opts)
     for found in generated.values():
         print(found)
 
@@ -173,8 +171,8 @@ if workload == "generate":
 
 # %%
 trained = {}
-if workload == "train":
-    trained = compiling.check_training(m, texts, targets, seq_len=seq_len, precision=precision, seed=seed)
+if opts.workload == "train":
+    trained = compiling.check_training(m, texts, targets, options=opts)
     for found in trained.values():
         print(found.summary())
 

@@ -64,10 +64,9 @@ from portkit.corpora import corpus as data
 # %%
 model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "buckets", targets=targets)  # no weights: stage 3b checks it
-buckets.check_parameters(requests=requests, bucket_count=bucket_count, max_batch=max_batch, overflow=overflow,
-                         serve_requests=serve_requests, warmup_budget_seconds=warmup_budget_seconds,
-                         neuron_compile_seconds=neuron_compile_seconds, backend=backend, seed=seed, corpus=corpus,
-                         targets=targets, workload=workload, new_tokens=new_tokens)
+opts = buckets.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts.check_targets(targets)   # the backend, for every target
+opts
 
 # %%
 print(environment.block(targets))
@@ -81,9 +80,9 @@ print(environment.block(targets))
 # %%
 m = models.load(model)
 buckets.skip_unless_it_applies(m, out, targets)   # a model with one input shape has nothing to bucket
-texts = data.corpus_for(m, corpus, text_column)
+texts = data.corpus_for(m, opts.corpus, opts.text_column)
 dist = buckets.distribution(texts, m)
-hist = buckets.histogram(dist, overflow=overflow)
+hist = buckets.histogram(dist, overflow=opts.overflow)
 print(dist)
 print(hist)
 dist.plot();
@@ -96,7 +95,7 @@ dist.plot();
 # dynamic programming over the histogram).
 
 # %%
-plans = buckets.compare(hist, bucket_count, max_batch)
+plans = buckets.compare(hist, opts.bucket_count, opts.max_batch)
 for plan in plans:
     print(plan)
 buckets.plot_histogram(hist, plans);
@@ -114,32 +113,29 @@ buckets.plot_histogram(hist, plans);
 # %%
 curves = buckets.sweep(hist)
 token_seconds = economics.padding_prices(m, targets, hist.top)
-trace = data.make_trace(texts, m, requests, seed=seed, max_batch=max_batch, dist=dist)
+trace = data.make_trace(texts, m, opts.requests, seed=opts.seed, max_batch=opts.max_batch, dist=dist)
 print(trace)
 for price in token_seconds.values():
     print(f"a padded token on {price.target}: {price.label()}")
 
 # %%
-costs = buckets.stage_costs(m, hist, targets, out_dir=out, neuron_compile_seconds=neuron_compile_seconds,
-                            max_batch=max_batch)
-chosen = buckets.choose(hist, costs, token_seconds, serve_requests=serve_requests,
-                        warmup_budget_seconds=warmup_budget_seconds, max_batch=max_batch)
+costs = buckets.stage_costs(m, hist, targets, out_dir=out, options=opts)
+chosen = buckets.choose(hist, costs, token_seconds, options=opts)
 buckets.save_plans(chosen, out)   # stage 4 may start on these while the replay below runs
-alternatives = buckets.what_if(hist, costs, token_seconds, serve_requests=serve_requests,
-                               warmup_budget_seconds=warmup_budget_seconds, max_batch=max_batch)
+alternatives = buckets.what_if(hist, costs, token_seconds, options=opts)
 for name, plans_at in alternatives.items():
     for factor, plan in plans_at.items():
         print(f"{name} at {factor:g}x the estimate: {plan}")
 
 # %%
-buckets.plot_padding(curves, chosen, bucket_count);
+buckets.plot_padding(curves, chosen, opts.bucket_count);
 
 # %% [markdown]
 # In JupyterLab, move the slider to redraw the buckets and the padding for another number of buckets
 # (headless runs skip it).
 
 # %%
-buckets.padding_slider(hist, curves, bucket_count)
+buckets.padding_slider(hist, curves, opts.bucket_count)
 
 # %% [markdown]
 # ## Generation (workload "generate"): prefill and decode buckets
@@ -150,9 +146,8 @@ buckets.padding_slider(hist, curves, bucket_count)
 
 # %%
 served = None
-if workload == "generate":
-    served = buckets.serving_plans(m, texts, costs, token_seconds=token_seconds, new_tokens=new_tokens,
-                                   serve_requests=serve_requests, max_batch=max_batch)
+if opts.workload == "generate":
+    served = buckets.serving_plans(m, texts, costs, token_seconds=token_seconds, options=opts)
 served
 
 # %% [markdown]
@@ -165,7 +160,7 @@ served
 
 # %%
 layouts = None
-if workload == "train":
+if opts.workload == "train":
     layouts = buckets.training_layouts(m, texts, chosen)
     for name, rows in layouts.items():
         for row in rows:
@@ -184,7 +179,7 @@ if workload == "train":
 # buckets the first dimension.
 
 # %%
-grid = buckets.grid(m, texts, targets, costs=costs, serve_requests=serve_requests)
+grid = buckets.grid(m, texts, targets, costs=costs, options=opts)
 grid if grid is not None else print(f"{m.name} has one varying dimension: no grid to fit")
 
 # %% [markdown]
@@ -196,12 +191,13 @@ grid if grid is not None else print(f"{m.name} has one varying dimension: no gri
 # after warm-up: each is counted, with its request, shape and guard failure. Each shape's compile is
 # charged at its first measured time, so the order of
 # the runs favours no plan. The comparison runs on the first target's backend; every target replays
-# its own chosen plan on its own backend (`buckets.replay_targets(..., compare_every_target=True)`
-# compares on all of them). In emulated mode every time is this CPU's, never the target's.
+# its own chosen plan on its own backend (`buckets.replay_targets(...,
+# replay=buckets.Replay(compare_every_target=True))` compares on all of them). In emulated mode every time is
+# this CPU's, never the target's.
 
 # %%
-per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, backend=backend, what_ifs=alternatives)
-report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=bucket_count, plans=plans, curves=curves,
+per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, options=opts, what_ifs=alternatives)
+report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=opts.bucket_count, plans=plans, curves=curves,
                               token_seconds=token_seconds, trace=trace.describe(), targets=per_target,
                               grid=grid.to_dict() if grid is not None else None,
                               generation=served.to_dict() if served is not None else None, training=layouts)

@@ -53,10 +53,8 @@ from portkit.stages.xla import stage as xla
 
 # %%
 model, targets, out = options.common(model, targets, out_dir)
-xla.check_parameters(model=model, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
-                     max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
-                     scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch,
-                     workload=workload)
+opts = xla.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts
 
 # %%
 print(environment.block(targets))
@@ -74,8 +72,7 @@ m = xla.load(model)
 print(xla.describe(m))
 
 # %%
-xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_shapes=max_shapes,
-                scale_batch=scale_batch, scale_seq=scale_seq)
+xla.shape_table(out, targets, m, opts=opts)
 
 # %% [markdown]
 # ## Compile (TPU) or lower (Neuron) every shape
@@ -84,14 +81,10 @@ xla.shape_table(out, targets, m, batch_size=batch_size, seq_len=seq_len, max_sha
 # topology that fits, the largest batch per bucket that fits HBM
 # (a search over compiles whose boundary is the compiler's own out-of-HBM verdict), and capacity per chip,
 # TPU from the compiler's cost analysis, Neuron from the FLOPs counted on the graph: estimates, not
-# measurements. Llama-3-8B on v5e 2x4 takes about 1.5 min a compile on a 2-core host and under 4 GiB of
-# host memory (`benchmarks/bench_sharded.py`).
+# measurements. `benchmarks/bench_sharded.py` measures what such a compile takes on this host (time and memory).
 
 # %%
-stage = xla.run_stage(m, targets, out, topology=topology, dtype=dtype, batch_size=batch_size, seq_len=seq_len,
-                      max_shapes=max_shapes, scale_topologies=scale_topologies, scale_batch=scale_batch,
-                      scale_seq=scale_seq, scale_buckets=scale_buckets, largest_batch=largest_batch,
-                      workload=workload)
+stage = xla.run_stage(m, targets, out, opts=opts)
 stage
 
 # %% [markdown]

@@ -70,11 +70,9 @@ from portkit.corpora import corpus as data
 # %%
 model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "accuracy", targets=targets)  # no weights: stage 3b checks it
-accuracy.check_parameters(targets, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                          tolerances=tolerances, task_bounds=task_bounds, default_buckets=default_buckets, seed=seed,
-                          corpus=corpus, gpu_numerics=gpu_numerics, workload=workload,
-                          train_steps=train_steps, new_tokens=new_tokens)
-print(tolerance.describe(tolerances, task_bounds))
+opts = accuracy.Options.of(globals(), model=model)   # this stage's parameters, checked
+print(tolerance.describe(opts.tolerances, opts.task_bounds))
+opts
 
 # %%
 print(environment.block(targets))
@@ -92,12 +90,12 @@ m = models.load(model)
 print(m.summary())
 
 # %%
-texts = data.corpus_for(m, corpus, text_column)
-inputs, described = data.example_batch(m, texts, batch_size=batch_size, seq_len=seq_len, seed=seed)
+texts = data.corpus_for(m, opts.corpus, opts.text_column)
+inputs, described = data.example_batch(m, texts, batch_size=opts.batch_size, seq_len=opts.seq_len, seed=opts.seed)
 print(described)
 
 # %%
-plan = accuracy.bucket_plan(out, targets, default_buckets)
+plan = accuracy.bucket_plan(out, targets, opts.default_buckets)
 
 # %%
 compiled = accuracy.target_side(targets)
@@ -111,9 +109,8 @@ compiled = accuracy.target_side(targets)
 # failed verdict and what to change, from what was measured.
 
 # %%
-report = accuracy.check_accuracy(m, inputs, targets, precision=precision, tolerances=tolerances,
-                                 task_bounds=task_bounds, corpus=texts, buckets=plan, batch_size=batch_size,
-                                 seed=seed, compiled=compiled, description=described, gpu_numerics=gpu_numerics)
+report = accuracy.check_accuracy(m, inputs, targets, options=opts, corpus=texts, buckets=plan, description=described,
+                                 scope=accuracy.Scope(compiled=compiled))
 report
 
 # %% [markdown]
@@ -160,8 +157,8 @@ print(f"wrote {out / 'accuracy.json'}")
 streamed = None
 if m.stream is not None:
     stream = streaming.speech_stream(clips=texts.texts, source=texts.source)   # the run's recordings, end to end
-    streamed = streaming.check_stream(m.stream, stream, targets,
-                                      task_bounds=task_bounds, precision=precision)
+    streamed = streaming.check_stream(m.stream, stream, targets, task_bounds=opts.task_bounds,
+                                      precision=opts.precision)
     report.stream = streamed
     report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
 streamed
@@ -179,9 +176,8 @@ if streamed is not None:
 
 # %%
 generated = None
-if workload == "generate":
-    generated = accuracy.check_generation(m, texts, targets, new_tokens=new_tokens, prompts=batch_size, seed=seed,
-                                          precision=precision, task_bounds=task_bounds)
+if opts.workload == "generate":
+    generated = accuracy.check_generation(m, texts, targets, options=opts)
     report.generation = generated
     report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
 generated
@@ -197,9 +193,8 @@ generated
 
 # %%
 training = None
-if workload == "train":
-    training = accuracy.check_training(m, texts, targets, steps=train_steps, batch_size=batch_size,
-                                       seq_len=seq_len, seed=seed, precision=precision)
+if opts.workload == "train":
+    training = accuracy.check_training(m, texts, targets, options=opts)
     report.training = training
     report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
 training

@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="a notebook parameter, e.g. -p batch_size 4 (see `portkit params`)")
     run.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--no-progress", action="store_true",
+                     help="no progress bars (there are none where stdout is not a terminal)")
     run.add_argument("--no-report", action="store_true",
                      help="do not rebuild report.html/report.json after a run that leaves the report stage out")
     rep = sub.add_parser("report", help="rebuild report.html and report.json from a run folder")
@@ -57,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--address", default=None, help="an existing Ray cluster (default: a local Ray for the sweep)")
     sw.add_argument("--cpus-per-task", type=float, default=1.0, help="CPUs each run asks Ray for (default 1)")
     sw.add_argument("--memory-per-task", type=float, default=3.0, help="GiB each run asks Ray for (default 3)")
-    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.add_argument("--no-progress", action="store_true",
+                    help="no progress bar (there is none where stdout is not a terminal)")
     sub.add_parser("params", help="list the notebooks' parameters")
     return parser
 
@@ -73,7 +75,7 @@ def _run(args) -> int:
     user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
     try:
         result = runner.run(args.model, targets, out, user, args.stages, progress=not args.no_progress,
-                            rebuild_report=not args.no_report)
+                            settings=runner.RunSettings(rebuild_report=not args.no_report))
     except StageFailed as exc:   # the other stages ran; the report names the gap
         print(f"results: {exc.result.out_dir}")
         _print_verdicts(exc.result.out_dir)
@@ -87,7 +89,7 @@ def _run(args) -> int:
 
 def _print_verdicts(run_dir) -> None:
     """The last lines of a run: where the report is, each target's verdict, the findings that matter
-    first (by consequence) and the count of eager findings that vanish under torch.compile (#18)."""
+    first (by consequence) and the count of eager findings that vanish under torch.compile."""
     import json
     from pathlib import Path
     path = Path(run_dir) / "report.json"

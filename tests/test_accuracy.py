@@ -31,9 +31,9 @@ def minilm_batch(minilm, corpus):
 @pytest.fixture(scope="module")
 def minilm_report(minilm, minilm_batch, corpus):
     inputs, described = minilm_batch
-    return accuracy.check_accuracy(minilm, inputs, ["neuron", "tpu"], corpus=corpus, buckets=[16, 32],
-                                   batch_size=2, compiled=False, description=described, progress=False,
-                                   neighbour_texts=8)
+    return accuracy.check_accuracy(minilm, inputs, ["neuron", "tpu"], accuracy.Options.of({"batch_size": 2}),
+                                   corpus=corpus, buckets=[16, 32], description=described,
+                                   scope=accuracy.Scope(compiled=False, progress=False, neighbour_texts=8))
 
 
 # ---------------------------------------------------------------- comparisons
@@ -115,9 +115,9 @@ def test_bad_parameters_name_the_value():
              ({"batch_size": 0}, "must be a positive whole number")]
     for kwargs, message in cases:
         with pytest.raises(BadParameter) as info:
-            accuracy.check_parameters(**kwargs)
+            accuracy.Options.of(kwargs)
         assert message in str(info.value)
-    accuracy.check_parameters(tolerances={}, task_bounds={}, default_buckets=None)   # the notebook's defaults
+    accuracy.Options.of({"tolerances": {}, "task_bounds": {}, "default_buckets": None})   # the notebook's defaults
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):
@@ -166,8 +166,9 @@ def test_the_gpu_baseline_is_emulated_and_a_target_within_its_factor_is_no_regre
     assert numerics.round_to(x, numerics.TF32).tolist() == [1.0, 1.0 + 2 ** -9, float("inf")]   # ties to even
     # today's GPU runs bf16 autocast: the TPU's bf16 operands are within 2x of that error, a PASS against it
     # even under a cosine budget neither meets
-    report = accuracy.check_accuracy(minilm, inputs, ["tpu"], all_precisions=False, layers=False, progress=False,
-                                     compiled=False, gpu_numerics="bf16_autocast", task_bounds={"cosine": 0.9999999})
+    opts = accuracy.Options.of({"gpu_numerics": "bf16_autocast", "task_bounds": {"cosine": 0.9999999}})
+    report = accuracy.check_accuracy(minilm, inputs, ["tpu"], opts, scope=accuracy.Scope(
+        all_precisions=False, layers=False, progress=False, compiled=False))
     tpu = report.targets["tpu"]
     b = tpu.chosen.baseline
     assert b["gpu_numerics"] == "bf16_autocast" and b["truth"] == "the float64 reference"
@@ -223,9 +224,9 @@ def test_report_json_contract_and_rendering(minilm_report, tmp_path):
 def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corpus):
     m = models.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2,
-                                     float64_reference=False, progress=False)      # compiled: auto
-    tpu = report.targets["tpu"]
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
+                                     buckets=[16], scope=accuracy.Scope(float64_reference=False, progress=False))
+    tpu = report.targets["tpu"]      # compiled: auto
     assert accuracy.compiled_available()
     assert tpu.chosen.target_side == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU)"
     assert tpu.chosen.numerics["matmul operands rounded to bfloat16"] >= 1        # counted in the graph
@@ -238,15 +239,17 @@ def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corp
     assert tpu.buckets[0]["target"] == "eager emulation, padded to 16 tokens; compiled and padding-checked in stage 3"
     assert tpu.buckets[0]["texts"] == 2
     assert "compiled with portkit_tpu" in report.to_dict()["summary"]
-    again = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2, progress=False,
-                                    float64_reference=False, all_precisions=False, layers=False, compiled_buckets=True)
+    again = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
+                                    buckets=[16], scope=accuracy.Scope(progress=False, float64_reference=False,
+                                                                       all_precisions=False, layers=False,
+                                                                       compiled_buckets=True))
     bucket = again.targets["tpu"].buckets[0]
     assert bucket["target"] == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU), padded to 16 tokens"
     for name, found in tpu.buckets[0]["outputs"].items():    # the same numerics rules, compiled or eager
         assert found["max_abs"] == pytest.approx(bucket["outputs"][name]["max_abs"], rel=0.5, abs=1e-6)
     with pytest.raises(BadParameter, match="runs eagerly only"):
-        accuracy.check_accuracy(m, inputs, ["tpu"], compiled=True, emulation=numerics.wrong_op_TESTING_ONLY(),
-                                progress=False)
+        accuracy.check_accuracy(m, inputs, ["tpu"], scope=accuracy.Scope(
+            compiled=True, emulation=numerics.wrong_op_TESTING_ONLY(), progress=False))
 
 
 def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path):
@@ -312,8 +315,9 @@ def test_the_targets_compiled_in_one_dynamo_pass_give_what_each_gives_alone(corp
 def test_a_wrong_op_fails_the_stage_and_is_named(minilm, minilm_batch, op, call, module):
     inputs, _ = minilm_batch
     wrong = numerics.wrong_op_TESTING_ONLY(op, call=call, error=5.0)
-    report = accuracy.check_accuracy(minilm, inputs, ["tpu"], precision={"tpu": "highest"}, all_precisions=False,
-                                     float64_reference=False, emulation=wrong, progress=False)
+    report = accuracy.check_accuracy(minilm, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
+                                     scope=accuracy.Scope(all_precisions=False, float64_reference=False,
+                                                          emulation=wrong, progress=False))
     tpu = report.targets["tpu"]
     assert tpu.verdict == "fail" and report.verdict == "fail"
     assert tpu.chosen.layers["first_failing"]["module"] == module
@@ -331,8 +335,8 @@ def test_a_wrong_op_fails_the_stage_and_is_named(minilm, minilm_batch, op, call,
 def test_a_float64_classifier_whose_cast_to_float32_changes_a_decision():
     m = models.load(fixture_model("near_tie_model"))    # two logits 1e-12 apart: a tie in float32
     inputs = {"pixel_values": torch.ones(4, 3, dtype=torch.float64)}
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], precision={"tpu": "highest"}, all_precisions=False,
-                                     compiled=False, progress=False)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
+                                     scope=accuracy.Scope(all_precisions=False, compiled=False, progress=False))
     tpu = report.targets["tpu"]
     assert report.reference["description"].startswith("float64 eager")
     assert tpu.chosen.float64_ops and tpu.chosen.task["argmax_agreement"] == 0.0
@@ -344,8 +348,8 @@ def test_a_float64_classifier_whose_cast_to_float32_changes_a_decision():
 def test_float64_running_as_float32_is_found_in_its_module(corpus):
     m = models.load(fixture_model("float64_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], precision={"tpu": "highest"}, all_precisions=False,
-                                     compiled=False, progress=False)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
+                                     scope=accuracy.Scope(all_precisions=False, compiled=False, progress=False))
     tpu = report.targets["tpu"].chosen
     rows = {r["module"]: r for r in tpu.layers["modules"]}
     assert rows["model.head"]["float64_ops"]["aten::addmm"] == 1 and not rows["model.body"]["float64_ops"]
@@ -358,7 +362,8 @@ def test_float64_running_as_float32_is_found_in_its_module(corpus):
 def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(corpus, tmp_path):
     m = models.load(fixture_model("float64_encoder_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], all_precisions=False, compiled=False, progress=False)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], scope=accuracy.Scope(all_precisions=False, compiled=False,
+                                                                              progress=False))
     # the reference is the float64 model: no float32-against-float64 comparison that can only read 0
     assert report.reference["description"].startswith("float64 eager")
     assert report.reference["float32_vs_float64"] is None
@@ -381,8 +386,9 @@ def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(cor
 def test_a_compile_the_target_refuses_is_a_blocker_and_judged_eagerly(corpus, tmp_path):
     m = models.load(fixture_model("dynamic_after_break_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2,
-                                     all_precisions=False, float64_reference=False, progress=False)  # compiled: auto
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
+                                     buckets=[16], scope=accuracy.Scope(all_precisions=False, float64_reference=False,
+                                                                        progress=False))  # compiled: auto
     tpu = report.targets["tpu"]
     refused = tpu.compile_refused
     assert refused["backend"] == "portkit_tpu" and refused["message"].startswith(TPU.dynamic_shape_error)
@@ -413,15 +419,16 @@ def test_only_a_refusal_is_caught_on_the_compiled_path():
 def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
     gpt2 = models.load("gpt2")
     inputs, _ = data.example_batch(gpt2, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(gpt2, inputs, ["tpu"], all_precisions=False, float64_reference=False,
-                                     compiled=False, progress=False)
+    report = accuracy.check_accuracy(gpt2, inputs, ["tpu"], scope=accuracy.Scope(
+        all_precisions=False, float64_reference=False, compiled=False, progress=False))
     task = report.targets["tpu"].chosen.task
     assert task["positions"] == int(inputs["attention_mask"].sum())
     assert task["top1_agreement"] > 0.9 and task["top5_agreement"] >= task["top1_agreement"] and task["kl_mean"] > 0
     vit = models.load("vit")
     inputs, _ = data.example_batch(vit, None, 2, 0, seed=0)
-    report = accuracy.check_accuracy(vit, inputs, ["neuron"], precision={"neuron": "matmult"}, all_precisions=False,
-                                     layers=False, corpus=corpus, compiled=False, progress=False)
+    opts = accuracy.Options.of({"precision": {"neuron": "matmult"}})
+    report = accuracy.check_accuracy(vit, inputs, ["neuron"], opts, corpus=corpus, scope=accuracy.Scope(
+        all_precisions=False, layers=False, compiled=False, progress=False))
     t = report.targets["neuron"]
     assert t.chosen.task["decisions"] == 2 and t.chosen.layers is None
     assert t.buckets[0]["skipped"].startswith("no buckets: the model takes one input shape")
@@ -432,8 +439,8 @@ def test_float32_emulation_keeps_in_place_and_view_semantics(corpus):
     # casts int64 to int32 must still write through them (it once lost them: top-1 agreement 0.07).
     t5 = models.load("t5")
     inputs, _ = data.example_batch(t5, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(t5, inputs, ["neuron"], all_precisions=False, layers=False,
-                                     float64_reference=False, compiled=False, progress=False)
+    report = accuracy.check_accuracy(t5, inputs, ["neuron"], scope=accuracy.Scope(
+        all_precisions=False, layers=False, float64_reference=False, compiled=False, progress=False))
     neuron = report.targets["neuron"].chosen
     assert neuron.numerics["int64 ops run as int32"] > 0
     assert neuron.passed and neuron.outputs["logits"]["max_abs"] == 0 and neuron.task["top1_agreement"] == 1.0
@@ -481,9 +488,9 @@ def test_native_mode_measures_the_precision_in_effect_on_the_device(monkeypatch,
     _detect_native(monkeypatch, "tpu", device="cpu", backend="eager")
     m = models.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=[16], batch_size=2,
-                                     float64_reference=False, progress=False)      # compiled: auto
-    tpu = report.targets["tpu"]
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
+                                     buckets=[16], scope=accuracy.Scope(float64_reference=False, progress=False))
+    tpu = report.targets["tpu"]      # compiled: auto
     assert tpu.target["mode"] == "native" and tpu.others == []     # a precision is a flag set before start
     assert tpu.chosen.target_side == "compiled with eager (on cpu)"
     assert tpu.chosen.layers["target_side"] == "native on cpu, eager"
@@ -497,7 +504,7 @@ def test_native_mode_measures_the_precision_in_effect_on_the_device(monkeypatch,
 @pytest.mark.native
 @pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_compares_the_device(minilm, minilm_batch):
-    report = accuracy.check_accuracy(minilm, minilm_batch[0], ["tpu"], progress=False)
+    report = accuracy.check_accuracy(minilm, minilm_batch[0], ["tpu"], scope=accuracy.Scope(progress=False))
     tpu = report.targets["tpu"]
     assert tpu.target["mode"] == "native" and tpu.others == []
     assert tpu.chosen.target_side == "compiled with tpu (on tpu)"
@@ -508,7 +515,7 @@ def test_native_tpu_compares_the_device(minilm, minilm_batch):
 @pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
                     reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_compares_the_device(minilm, minilm_batch):
-    report = accuracy.check_accuracy(minilm, minilm_batch[0], ["neuron"], progress=False)
+    report = accuracy.check_accuracy(minilm, minilm_batch[0], ["neuron"], scope=accuracy.Scope(progress=False))
     neuron = report.targets["neuron"]
     assert neuron.target["mode"] == "native" and neuron.others == []
     assert neuron.chosen.target_side == "compiled with neuron (on neuron)"
@@ -521,8 +528,9 @@ def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_includ
     m = models.load(fixture_model("tiny_encoder"))        # which buckets are checked does not depend on the model
     boundaries = list(range(16, 16 * 21, 16))            # 20 buckets: more than the checked sample
     inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], corpus=corpus, buckets=boundaries, batch_size=2,
-                                     all_precisions=False, layers=False, float64_reference=False, progress=False)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
+                                     buckets=boundaries, scope=accuracy.Scope(all_precisions=False, layers=False,
+                                                                              float64_reference=False, progress=False))
     rows = report.targets["tpu"].buckets
     checked = [r for r in rows if "skipped" not in r or not r["skipped"].startswith("not checked")]
     assert len(rows) == 20 and len(checked) == accuracy.MAX_CHECKED_BUCKETS
@@ -561,6 +569,7 @@ def test_the_gpu_baseline_is_the_model_run_under_the_gpu_setting(gpu_numerics):
     plain = target_runs.forward(module, {"x": x})
     with torch.no_grad(), numerics.emulate(targets.get("cuda"), numerics.GPU_NUMERICS[gpu_numerics]):
         expect = module(x=x)
-    got = accuracy._baseline(module, {"x": x}, plain, gpu_numerics, plain, "y", None, 2.0, True)["outputs"]
+    opts = accuracy.Options.of({"gpu_numerics": gpu_numerics, "task_bounds": {"baseline_factor": 2.0}})
+    got = accuracy._baseline(module, {"x": x}, plain, None, "y", None, opts)["outputs"]   # no float64 run
     assert torch.equal(got["y"], expect["y"])
     assert torch.equal(got["y"], plain["y"]) == (gpu_numerics == "fp32")   # fp32: the model's own outputs

@@ -59,18 +59,20 @@ def test_crepe_runs_through_the_stages_on_a_folder_of_recordings(tmp_path, recor
     hist = buckets.histogram(dist)
     plans = buckets.compare(hist, 2, 1)
     trace = data.make_trace(items, m, 4, seed=0, dist=dist)
-    chosen = buckets.choose(hist, costs, 1e-7, serve_requests=1000, quiet=True)
+    chosen = buckets.choose(hist, costs, 1e-7, buckets.Options.of({"serve_requests": 1000}), quiet=True)
     # stages 3 and 4 for TPU alone (their per-target code is shared; one target keeps the test short)
     chosen = {"tpu": chosen["tpu"]}
-    per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, backend="auto", progress=False)
+    per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs,
+                                        replay=buckets.Replay(progress=False))     # backend "auto", the default
     for t in chosen:
         assert all(c["ok"] for r in per_target[t].runs for c in r.padding_checks)
     bucketed = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=2, plans=plans, curves=buckets.sweep(hist),
                                     token_seconds=1e-7, trace=trace.describe(), targets=per_target)
     bucketed.save(tmp_path / "buckets.json")
     # stage 4: the pitch judged in cents on voiced frames, and the voicing, per bucket too
-    judged = accuracy.check_accuracy(m, batch, ["tpu"], corpus=items, buckets=accuracy.bucket_plan(tmp_path, ["tpu"]),
-                                     batch_size=2, seed=0, compiled=False, description=described, progress=False)
+    judged = accuracy.check_accuracy(m, batch, ["tpu"], accuracy.Options.of({"batch_size": 2, "seed": 0}), corpus=items,
+                                     buckets=accuracy.bucket_plan(tmp_path, ["tpu"]), description=described,
+                                     scope=accuracy.Scope(compiled=False, progress=False))
     task = judged.targets["tpu"].chosen.task
     assert task["metric"].startswith("pitch error in cents") and task["voiced_reference"] > 0
     assert {c["metric"] for c in task["checks"]} == {"cents", "voicing"}

@@ -1,6 +1,6 @@
 """Every class of bad input to `portkit run`, as one table: each case exits 2 with one line on stderr that
 names the bad value, shows no traceback, and writes nothing. All of them fail in the plan step (no
-notebook runs), so the table is fast. The classes are listed in the README ("Bad input").
+notebook runs), so the table is fast. The classes are listed in docs/guides/bad-input.md.
 
 A case is (id, command line, files to make first, text the error line holds). The test runs in a fresh
 folder that is also the working directory, so the relative paths below are the user's relative paths.

@@ -54,6 +54,6 @@ def test_a_graph_break_and_an_op_without_a_kernel_become_training_findings(gpt2,
 
 
 def test_the_stage_checks_a_training_step_with_one_compiling_step_then_the_proof(gpt2, corpus):
-    assert compiling.OPTIONS["train_steps"] >= 2       # one compiling step, then at least one under the proof
+    assert compile_training.STEPS >= 2                 # one compiling step, then at least one under the proof
     with pytest.raises(BadParameter, match="steps"):
         compiling.check_training(gpt2, corpus, ["tpu"], steps=0)

@@ -48,7 +48,8 @@ def costs_for(m, lengths=(8, 16, 24)):
 def report(small, stream):
     # A default recompile limit of 2 stands in for Dynamo's 8: the storm must still pay every compile.
     with torch._dynamo.config.patch(recompile_limit=2):
-        return compiling.compile_model(small, stream, MIGRATION, seq_len=24, progress=False, costs=costs_for(small))
+        return compiling.compile_model(small, stream, MIGRATION, compiling.Options.of({"seq_len": 24}), progress=False,
+                                       costs=costs_for(small))
 
 
 def test_compiles_equal_distinct_shapes_without_bucketing(report, stream):
@@ -102,7 +103,7 @@ def test_fixed_shape_compiles_once_and_fail_on_recompile_proves_it(report, strea
 def test_a_request_outside_the_fixed_shape_is_counted_with_its_guard(report, small, stream):
     # The last request batches two texts: padded to the same length, it is still a new shape.
     uneven = compiling.Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
-    fixed = compiling.check_fixed_shape(small, uneven, "tpu", seq_len=24)
+    fixed = compiling.check_fixed_shape(small, uneven, "tpu", compiling.Options.of({"seq_len": 24}))
     assert fixed.warmup_compiles == 1 and fixed.compiles_after == 1 and fixed.requests == 3
     (late,) = fixed.late
     assert late["request"] == 2 and late["shape"] == [2, 24] and fixed.compiles[-1].request == 2
@@ -117,9 +118,10 @@ def test_a_request_outside_the_fixed_shape_is_counted_with_its_guard(report, sma
 
 def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small, stream, monkeypatch):
     uneven = compiling.Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
-    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, seq_len=24)
+    opts = compiling.Options.of({"seq_len": 24})
+    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, opts)
     for name in MIGRATION:
-        alone, shared = compiling.check_fixed_shape(small, uneven, name, seq_len=24), both[name]
+        alone, shared = compiling.check_fixed_shape(small, uneven, name, opts), both[name]
         assert shared.backend == alone.backend and shared.target["name"] == name
         assert (shared.warmup_compiles, shared.compiles_after, shared.requests) == (1, 1, 3)
         assert [(e.request, e.shapes) for e in shared.compiles] == [(e.request, e.shapes) for e in alone.compiles]
@@ -140,7 +142,7 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
         chosen, device = real(detected, backend, precision, **kwargs)
         return (Refusing(chosen.target) if detected.name == "neuron" else chosen), device
     monkeypatch.setattr(compile_steps.selection, "backend_for", backend_for)
-    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, seq_len=24)
+    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, opts)
     assert both["neuron"].failure["kind"] == "refused" and both["neuron"].requests == 0
     assert both["tpu"].failure is None and both["tpu"].requests == 3 and "fail_on_recompile" in both["tpu"].armed
 
@@ -254,8 +256,8 @@ def test_graph_break_is_found_at_its_line():
 def test_a_model_that_cannot_compile_gives_a_report(corpus):
     m = models.load(fixture_model("branch_model"))
     stream = compiling.make_requests(m, corpus, n=2, max_tokens=16, seed=0, horizon=10)
-    report = compiling.compile_model(m, stream, ["tpu"], seq_len=8, fullgraph=True, progress=False,
-                                     costs=costs_for(m))
+    report = compiling.compile_model(m, stream, ["tpu"], compiling.Options.of({"seq_len": 8, "fullgraph": True}),
+                                     progress=False, costs=costs_for(m))
     storm, fixed = report.storms["tpu"], report.fixed["tpu"]
     assert storm.failure["kind"] == "graph break" and storm.failure["where"]["line"] == line_of("if h.mean() > 0:")
     assert not storm.compiles and not storm.requests
@@ -283,15 +285,15 @@ def test_an_op_missing_from_the_table_is_reported_with_its_line():
 
 def test_unknown_backend_names_fail_with_the_valid_names():
     with pytest.raises(BadParameter) as caught:
-        compiling.check_parameters(backend="portkit_trn", targets=["neuron", "tpu"])
+        compiling.Options.of({"backend": "portkit_trn"}).check_targets(["neuron", "tpu"])
     assert str(caught.value) == ("unknown compile backend for target neuron 'portkit_trn'; "
                                  "choose one of: auto, portkit_neuron")
     with pytest.raises(BadParameter, match="needs torch-tpu and a tpu device"):
-        compiling.check_parameters(backend="tpu", targets=["tpu"])
+        compiling.Options.of({"backend": "tpu"}).check_targets(["tpu"])
     with pytest.raises(BadParameter, match="choose one of: default, highest"):
-        compiling.check_parameters(precision={"tpu": "fp8"}, targets=["tpu"])
+        compiling.Options.of({"precision": {"tpu": "fp8"}}).check_targets(["tpu"])
     with pytest.raises(BadParameter, match="unknown target in precision 'cuda'"):
-        compiling.check_parameters(precision={"cuda": "fp32"}, targets=["tpu"])
+        compiling.Options.of({"precision": {"cuda": "fp32"}}).check_targets(["tpu"])
     with pytest.raises(BadParameter, match="unknown option of backend portkit_tpu 'mode'"):
         backends.emulated_backend("tpu")(torch.fx.symbolic_trace(torch.nn.ReLU()), [], options={"mode": "x"})
 
@@ -306,24 +308,24 @@ def test_the_runner_runs_the_stage_after_fallbacks():
 @pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
                     reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
-    storm = compiling.recompile_storm(small, stream, "neuron", progress=False)
+    storm = compiling.recompile_storm(small, stream, "neuron", compiling.Options.defaults(), progress=False)
     assert storm.backend == "neuron" and "torch_neuronx:get_dynamo_metrics" in storm.vendor_metrics
 
 
 @pytest.mark.native
 @pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_reads_the_compile_cache_stats(small, stream):
-    storm = compiling.recompile_storm(small, stream, "tpu", progress=False)
+    storm = compiling.recompile_storm(small, stream, "tpu", compiling.Options.defaults(), progress=False)
     assert storm.backend == "tpu" and "torch.tpu:_get_cache_stats" in storm.vendor_metrics
 
 
 def test_a_storm_of_100_real_requests_compiles_once_per_distinct_shape(small, corpus):
     stream = compiling.make_requests(small, corpus, n=100, max_tokens=24, seed=3, horizon=100)
-    storm = compiling.recompile_storm(small, stream, "tpu", progress=False)
+    storm = compiling.recompile_storm(small, stream, "tpu", compiling.Options.defaults(), progress=False)
     distinct = {tuple(s) for s in stream.shapes()}
     assert len(storm.requests) == 100 and len(distinct) > 8          # more than Dynamo's default limit
     assert storm.compile_count() == len(distinct) == storm.distinct_shapes()
-    assert len(storm.compiles) == compiling.OPTIONS["compile_shapes"]   # the rest counted from Dynamo's refusals
+    assert len(storm.compiles) == compiling.COMPILE_SHAPES   # the rest counted from Dynamo's refusals
     assert storm.counted() == len(distinct) - len(storm.compiles)
     assert all(r["reason"] and "size mismatch" in r["reason"] for r in storm.requests if r.get("counted"))
     assert storm.eager_from() is not None and storm.recompile_limit >= 100
@@ -340,7 +342,7 @@ def test_the_neuron_estimate_is_labelled_cited_and_overridable(small):
     with pytest.raises(BadParameter, match="neuron_compile_seconds"):
         economics.neuron_estimate(small.parameters, override=-1)
     with pytest.raises(BadParameter, match="invalid neuron_compile_seconds 0"):
-        compiling.check_parameters(neuron_compile_seconds=0, targets=["neuron"])
+        compiling.Options.of({"neuron_compile_seconds": 0}).check_targets(["neuron"])
 
 
 def test_the_xla_cost_model_interpolates_a_few_measured_shapes(small):
@@ -358,14 +360,17 @@ def test_the_xla_cost_model_interpolates_a_few_measured_shapes(small):
 def test_the_notebook_parameters_are_the_stage_defaults():
     stage = next(s for s in runner.STAGES if s.name == "compile")
     declared = runner.declared_parameters(stage)
-    for name, value in compiling.DEFAULTS.items():
-        assert eval(declared[name]["default"]) == value, name        # noqa: S307 (the notebook's own literal)
+    defaults = compiling.Options.defaults()
+    for name in (f.name for f in dataclasses.fields(defaults)):
+        assert eval(declared[name]["default"]) == getattr(defaults, name), name   # noqa: S307 (the notebook's literal)
 
 
 def test_past_compile_shapes_each_new_shape_is_counted_from_dynamos_own_refusal(report, small, stream):
     # lengths 21, 17, 24, 10, 24: two shapes compiled, then 24 and 10 refused by Dynamo and counted, 24 again free
-    shared = compiling.recompile_storms(small, stream, MIGRATION, progress=False, compile_shapes=2)
-    alone = compiling.recompile_storm(small, stream, "neuron", progress=False, compile_shapes=2)
+    shared = compiling.recompile_storms(small, stream, MIGRATION, compiling.Options.defaults(), progress=False,
+                                         compile_shapes=2)
+    alone = compiling.recompile_storm(small, stream, "neuron", compiling.Options.defaults(), progress=False,
+                                      compile_shapes=2)
     for storm in (shared["neuron"], shared["tpu"], alone):
         full = report.storms[storm.target["name"]]
         assert len(storm.compiles) == 2 and storm.counted() == 2
@@ -378,11 +383,11 @@ def test_past_compile_shapes_each_new_shape_is_counted_from_dynamos_own_refusal(
         # a counted shape costs nothing compiling here (a timing comparison with the full storm would flake)
         assert storm.seconds()["compiling"] == sum(r["wall"] - r["run"] for r in storm.requests[:2])
         assert "2 counted from Dynamo's guard failures past the first 2 shapes" in storm.summary()
-    assert compiling.OPTIONS["compile_shapes"] == torch._dynamo.config.recompile_limit
+    assert compiling.COMPILE_SHAPES == torch._dynamo.config.recompile_limit
 
 
 def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, stream):
-    alone = compiling.recompile_storm(small, stream, "neuron", progress=False)
+    alone = compiling.recompile_storm(small, stream, "neuron", compiling.Options.defaults(), progress=False)
     shared = report.storms["neuron"]
     assert [r["compiles"] for r in shared.requests] == [r["compiles"] for r in alone.requests]
     assert [r["shape"] for r in shared.requests] == [r["shape"] for r in alone.requests]
@@ -393,7 +398,7 @@ def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, str
 def test_an_image_model_has_one_fixed_shape_named_in_full_and_no_sequence_to_price():
     vit = models.load("vit")
     requests = compiling.make_requests(vit, None, 3)
-    fixed = compiling.check_fixed_shape(vit, requests, "tpu")
+    fixed = compiling.check_fixed_shape(vit, requests, "tpu", compiling.Options.defaults())
     dims = list(next(iter(requests.inputs[0].values())).shape)
     assert len(dims) == 4 and fixed.label == "x".join(map(str, dims))         # 1x3xHxW, not "1x3"
     assert fixed.shape == {"batch": 1, "seq": None, "dims": dims} and not fixed.probed and fixed.armed is None

@@ -36,8 +36,9 @@ def _stages(spec: str, out: Path, seq_len: int = 32):
     found.save(out / "fallbacks.json")
     stream = compiling.make_requests(m, items, 4, batch_size=1, max_tokens=seq_len, seed=4, horizon=16)
     breaks = compiling.find_graph_breaks(m, stream.inputs[0], TARGETS)
-    storms = compiling.recompile_storms(m, stream, TARGETS, progress=False)
-    fixed = {t: compiling.check_fixed_shape(m, stream, t, seq_len=seq_len) for t in TARGETS}
+    opts = compiling.Options.of({"seq_len": seq_len})
+    storms = compiling.recompile_storms(m, stream, TARGETS, opts, progress=False)
+    fixed = {t: compiling.check_fixed_shape(m, stream, t, opts) for t in TARGETS}
     costs = {"tpu": economics.xla_model(m, [s[1] for s in stream.shapes()], measure=fake_xla),
              "neuron": economics.neuron_estimate(m.parameters)}
     compiled = compiling.CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs)
@@ -46,13 +47,15 @@ def _stages(spec: str, out: Path, seq_len: int = 32):
     hist = buckets.histogram(dist)
     plans = buckets.compare(hist, 2, 1)
     trace = data.make_trace(items, m, 6, seed=0, dist=dist)
-    chosen = buckets.choose(hist, costs, 1e-7, serve_requests=1000, quiet=True)
-    per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, backend="auto", progress=False)
+    chosen = buckets.choose(hist, costs, 1e-7, buckets.Options.of({"serve_requests": 1000}), quiet=True)
+    per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs,
+                                        replay=buckets.Replay(progress=False))     # backend "auto", the default
     bucketed = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=2, plans=plans, curves=buckets.sweep(hist),
                                     token_seconds=1e-7, trace=trace.describe(), targets=per_target)
     bucketed.save(out / "buckets.json")
-    judged = accuracy.check_accuracy(m, batch, TARGETS, corpus=items, buckets=accuracy.bucket_plan(out, TARGETS),
-                                     batch_size=2, seed=0, compiled=False, description=described, progress=False)
+    judged = accuracy.check_accuracy(m, batch, TARGETS, accuracy.Options.of({"batch_size": 2, "seed": 0}), corpus=items,
+                                     buckets=accuracy.bucket_plan(out, TARGETS), description=described,
+                                     scope=accuracy.Scope(compiled=False, progress=False))
     judged.save(out / "accuracy.json")
     return m, found, stream, breaks, fixed, dist, per_target, judged, report.build_report(out, TARGETS)
 

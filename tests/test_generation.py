@@ -1,4 +1,4 @@
-"""Generation with a bucketed static KV cache (#14): same tokens as eager, no compile after warm-up,
+"""Generation with a bucketed static KV cache: same tokens as eager, no compile after warm-up,
 the overflow policy. Tiny from-config llama (seeded weights), real corpus prompts."""
 import pytest
 import torch
@@ -59,7 +59,7 @@ def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
     from portkit.stages.compile import stage as compiling
     from portkit.stages.report import stage as report
     from portkit.stages.report import sections as report_stages
-    found = compiling.check_generation(llama, corpus, ["tpu"], new_tokens=6, prompts=2)
+    found = compiling.check_generation(llama, corpus, ["tpu"], compiling.Options.of({"new_tokens": 6, "prompts": 2}))
     tpu = found["tpu"]
     assert tpu.backend == "portkit_tpu" and tpu.plan["prompt_buckets"][0] == generation.MIN_PROMPT_BUCKET
     assert tpu.dynamic.compiles > 1 and tpu.dynamic.tokens.shape == tpu.static.tokens.shape == (2, 6)
@@ -76,10 +76,10 @@ def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
 def test_the_generate_workload_needs_a_causal_lm_and_says_so_before_the_run():
     from portkit.stages.compile import stage as compiling
     with pytest.raises(BadParameter, match="workload .generate.*minilm is not one \\(its kind: embedding;"):
-        compiling.check_parameters(workload="generate", model="minilm")
+        compiling.Options.of({"workload": "generate"}, model="minilm")
     with pytest.raises(BadParameter, match="unknown workload 'decode'; choose one of: inference, generate, train"):
-        compiling.check_parameters(workload="decode")
-    compiling.check_parameters(workload="generate", model="gpt2")
+        compiling.Options.of({"workload": "decode"})
+    compiling.Options.of({"workload": "generate"}, model="gpt2")
     plan = generation.plan_for([5, 40, 300], new_tokens=16, batch=3, max_prompt=64)
     assert (plan.prompt_buckets, plan.context_buckets) == ((16, 32, 64), (32, 64, 128))
 
@@ -87,7 +87,8 @@ def test_the_generate_workload_needs_a_causal_lm_and_says_so_before_the_run():
 def test_stage_4_generation_agreement_counts_a_near_tie_apart_from_a_clear_divergence(llama, corpus):
     from portkit.stages.accuracy import stage as accuracy
     from portkit.stages.accuracy import generation as generation_accuracy
-    found = accuracy.check_generation(llama, corpus, ["neuron", "tpu"], new_tokens=6, prompts=2)
+    found = accuracy.check_generation(llama, corpus, ["neuron", "tpu"],
+                                      accuracy.Options.of({"new_tokens": 6, "batch_size": 2}))   # 2 prompts
     for name, result in found.targets.items():     # left-padded prompts: no NaN under either target's numerics
         assert all(e == e for p in result.prompts for e in p.step_errors), name
     assert found.targets["neuron"].agreement == 1.0 and found.targets["neuron"].passed   # fp32 matmuls
@@ -122,7 +123,8 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     gpt2 = models.load("gpt2")
     costs = {"neuron": economics.neuron_estimate(gpt2.parameters),
              "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}
-    found = buckets.serving_plans(gpt2, corpus, costs, token_seconds=2e-5, new_tokens=16, serve_requests=100_000)
+    found = buckets.serving_plans(gpt2, corpus, costs, token_seconds=2e-5,
+                                  options=buckets.Options.of({"new_tokens": 16, "serve_requests": 100_000}))
     prompts, contexts = generation_buckets.lengths(gpt2, corpus, 16)
     assert (contexts == prompts + 16).all() and contexts.max() <= gpt2.max_length
     for name, t in found.targets.items():
@@ -138,4 +140,5 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     report_stages._buckets({"generation": found.to_dict()}, {}, out)
     assert "warm-up compiles" in out.metrics["buckets"]["generation buckets (auto)"]
     with pytest.raises(BadParameter, match="causal"):
-        buckets.serving_plans(models.load("minilm"), corpus, costs, 2e-5, 16, 100_000)
+        buckets.serving_plans(models.load("minilm"), corpus, costs, 2e-5,
+                              buckets.Options.of({"new_tokens": 16, "serve_requests": 100_000}))

@@ -6,6 +6,9 @@ from portkit.targets import numerics
 from portkit.targets import specs as targets
 
 TPU, NEURON = targets.get("tpu"), targets.get("neuron")
+# _attention's rounding, as a target's precision gives it: operands kept in float32, or rounded to bfloat16
+FP32_OPERANDS = targets.Precision("fp32 operands", "test", "matmul operands in float32", matmul_inputs=torch.float32)
+BF16_OPERANDS = targets.Precision("bf16 operands", "test", "matmul operands in bf16", matmul_inputs=torch.bfloat16)
 
 
 def bf16(x):
@@ -107,7 +110,7 @@ def test_attention_reimplementation_matches_sdpa(case):
     if case == "causal":
         kwargs["is_causal"] = True
     expect = F.scaled_dot_product_attention(q, k, v, enable_gqa=case == "gqa", **kwargs)
-    got, lse = numerics._attention(q, k, v, operand=torch.float32, **kwargs)
+    got, lse = numerics._attention(q, k, v, precision=FP32_OPERANDS, **kwargs)
     torch.testing.assert_close(got, expect)
     assert lse.shape == (2, 4, 10)
 
@@ -122,10 +125,10 @@ def test_a_query_with_every_key_masked_attends_to_nothing_as_the_cpu_kernel_does
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=additive)[0]
     if given == "bool_and_causal":   # the padding as a key mask, the causal part from is_causal
         got, lse = numerics._attention(q, k, v, attn_mask=torch.tensor([False, True, True]), is_causal=True,
-                                       operand=torch.bfloat16)
+                                       precision=BF16_OPERANDS)
     else:
         got, lse = numerics._attention(q, k, v, attn_mask=mask if given == "bool" else additive,
-                                       operand=torch.bfloat16)
+                                       precision=BF16_OPERANDS)
     assert lse[:, :, 0].isneginf().all() and lse[:, :, 1:].isfinite().all()
     assert got.shape == kernel.shape == (1, 2, 3, 4) and not got.isnan().any()
     assert torch.equal(got[:, :, 0], torch.zeros(1, 2, 4)) and torch.equal(kernel[:, :, 0], torch.zeros(1, 2, 4))
@@ -158,6 +161,6 @@ def test_attention_logsumexp_matches_torch(case):
     mask = torch.ones(1, 1, 6, 6, dtype=torch.bool)
     if case == "masked_row":
         mask[..., 2, :] = False                       # a row that attends to nothing: -inf everywhere
-    _, lse = numerics._attention(q, k, v, attn_mask=mask, operand=torch.float32)
+    _, lse = numerics._attention(q, k, v, attn_mask=mask, precision=FP32_OPERANDS)
     scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~mask, float("-inf"))
     torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1))

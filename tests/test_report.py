@@ -31,7 +31,12 @@ def run_dir(tmp_path_factory):
 
 def test_verdicts_and_checklist(run_dir):
     r = report.build_report(run_dir)
-    assert r.verdicts() == {"neuron": "blocked", "tpu": "ready with work"}
+    # stage 1 alone: its blocker decides neuron; tpu's stage 1 found only work, and the stages that could still
+    # find a blocker did not run, so tpu is not assessed (never ready) and the reason names them
+    assert r.verdicts() == {"neuron": "blocked", "tpu": "not assessed"}
+    tpu = r.to_dict()["targets"]["tpu"]
+    assert tpu["unassessed"] == ["compile", "buckets", "xla", "accuracy"] and tpu["based_on"] == ["fallbacks"]
+    assert tpu["verdict_reason"].startswith("stage(s) compile, buckets, xla, accuracy did not assess tpu")
     neuron = r.to_dict()["targets"]["neuron"]
     assert neuron["mode"] == "emulated" and "fallbacks" in neuron["based_on"]
     kernels = neuron["checklist"]["kernels"]
@@ -51,7 +56,7 @@ def test_saved_files_are_self_contained(run_dir, tmp_path):
     assert page.startswith("<!DOCTYPE html>") and "http://" not in page and "https://" not in page
     assert "portkit environment" in page and "Emulated:" in page and "blocked" in page
     saved = json.loads((folder / "report.json").read_text())
-    assert saved["targets"]["tpu"]["verdict"] == "ready with work"
+    assert saved["targets"]["tpu"]["verdict"] == "not assessed"
 
 
 def _copy(run_dir, tmp_path) -> Path:
@@ -197,10 +202,10 @@ def test_damaged_run_folder_is_reported_with_its_gaps(run_dir, tmp_path, capsys,
     if tpu_read is False:       # the whole file is unreadable: no target to report on
         assert verdicts == {} and saved["stages"]["fallbacks"]["status"] in ("unreadable", "incomplete")
     elif tpu_read:              # one target's half is unreadable: the other is still assessed
-        assert verdicts == {"neuron": "not assessed", "tpu": "ready with work"}
+        assert verdicts == {"neuron": "not assessed", "tpu": "not assessed"}
         assert saved["stages"]["fallbacks"]["status"] == "incomplete"
     else:
-        assert verdicts == {"neuron": "blocked", "tpu": "ready with work"}
+        assert verdicts == {"neuron": "blocked", "tpu": "not assessed"}
 
 
 def test_folder_without_stage_results_is_bad_input(tmp_path, capsys):
@@ -225,7 +230,7 @@ def test_cli_report_from_any_folder(run_dir, tmp_path):
 @pytest.mark.slow
 def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_path):
     """The target's compiler refuses the model: the accuracy stage judges it in eager emulation, says so,
-    and the run goes on to a report that shows the refusal as a blocker (issue #19)."""
+    and the run goes on to a report that shows the refusal as a blocker."""
     from conftest import fixture_model
     from portkit.targets import specs as targets
     out = tmp_path / "run"
@@ -256,8 +261,8 @@ def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_p
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
     m = xla.load("tiny-llama")           # the same shapes as tests/test_scale.py: the verdict cache serves them
-    xla.run_stage(m, ["neuron", "tpu"], out, scale_topologies=["v5e:2x2", "v5e:1x1"], scale_batch=4,
-                  scale_seq=16).save(out / "xla.json")
+    xla.run_stage(m, ["neuron", "tpu"], out, xla.Options.of(
+        {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16})).save(out / "xla.json")
     r = report.build_report(out)
     saved = r.to_dict()
     assert saved["gaps"] == [] and saved["model"]["abstract"] is True

@@ -194,7 +194,7 @@ def test_a_run_of_one_stage_rebuilds_the_report_unless_told_not_to(tmp_path, mon
     before = (out / "report.json").stat().st_mtime_ns
     assert before != first
     kept = runner.run("lstm", ["neuron", "tpu"], str(out), {}, "fallbacks", progress=False, log=lambda line: None,
-                      rebuild_report=False)
+                      settings=runner.RunSettings(rebuild_report=False))
     assert not kept.report_rebuilt and (out / "report.json").stat().st_mtime_ns == before
 
 
@@ -301,54 +301,74 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     from portkit.stages.buckets import stage as buckets
     from portkit.run import jupyter_kernels as kernels
     _stub_stages(monkeypatch)
-    stub, spans, lock = runner._execute, {}, threading.Lock()
+    # the order of events, not their times: each stage's start and end and each kernel cleared, as they happen;
+    # a stage in `beside` waits at a barrier that the stage that must run beside it reaches too (a scheduler
+    # that runs them one after another breaks the barrier and fails the run)
+    stub, events, lock, beside = runner._execute, [], threading.Lock(), {}
+
+    def record(*event):
+        with lock:
+            events.append(event)
 
     def execute(stage, values, out, progress, kernel):
-        start, prepared = time.monotonic(), kernel.prepared
+        record("start", stage.name, kernel.lane, kernel.prepared)
         kernel.prepared = False          # as for_stage: the stage dirties its kernel
         if stage.early:                  # stage 3: its chosen plans first, then a long replay
             assert not (Path(out) / stage.early).exists()      # an earlier run's plans are gone
             (Path(out) / stage.early).write_text("{}")
-        time.sleep(1.5 if stage.early else 0.4)
+        for barrier in beside.get(stage.name, ()):
+            barrier.wait()
         error = stub(stage, values, out, progress, kernel)
-        with lock:
-            spans[stage.name] = (start, time.monotonic(), kernel.lane, prepared)
+        record("end", stage.name, kernel.lane)
         return error
     monkeypatch.setattr(runner, "_execute", execute)
-    cleared = []
 
     def prepare(kernel):
-        time.sleep(0.1)
-        with lock:
-            cleared.append((time.monotonic(), kernel.lane))
+        record("cleared", kernel.lane)
         kernel.prepared = True
     monkeypatch.setattr(kernels.SharedKernel, "prepare", prepare)
     monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)
     monkeypatch.setattr(kernels.os, "cpu_count", lambda: 2)
     assert buckets.reads(["neuron", "tpu"]) == () and buckets.reads(["tpu", "cpu"]) == ("compile",)
+    # stage 3 reads neither stage 1 nor (emulated targets) stage 2: it runs beside stage 1, a built-in model
+    # being known to be small before it is loaded; stage 4 needs stage 3's plans only: it runs while stage 3
+    # still replays
+    first, plans = threading.Barrier(2, timeout=120), threading.Barrier(2, timeout=120)
+    beside.update(fallbacks=[first], buckets=[first, plans], accuracy=[plans])
     runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "run"), progress=False, log=lambda line: None)
-    overlap = lambda a, b: spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]   # noqa: E731
-    # stage 3 reads neither stage 1 nor (emulated targets) stage 2: it starts beside stage 1, a built-in model
-    # being known to be small before it is loaded
+
+    def spans():   # stage: (index of its start event, of its end event, its kernel's lane, its kernel cleared)
+        starts = {e[1]: (i, e[2], e[3]) for i, e in enumerate(events) if e[0] == "start"}
+        ends = {e[1]: i for i, e in enumerate(events) if e[0] == "end"}
+        return {name: (start, ends[name], lane, prepared) for name, (start, lane, prepared) in starts.items()}
+    ran = spans()
+    assert sorted(ran) == sorted(s.name for s in runner.STAGES)
+    overlap = lambda a, b: ran[a][0] < ran[b][1] and ran[b][0] < ran[a][1]   # noqa: E731
     assert overlap("fallbacks", "buckets")
-    assert spans["fallbacks"][2] != spans["buckets"][2]   # each in a kernel of its own
+    assert ran["fallbacks"][2] != ran["buckets"][2]   # each in a kernel of its own
     for stage in runner.STAGES:                     # and none starts before what it reads has ended,
         for read in runner._reads(stage, ["neuron", "tpu"]):
             if read in stage.reads_early:           # or for stage 4, before stage 3 has written its plans
-                assert spans[stage.name][0] > spans[read][0], (stage.name, read)
+                assert ran[stage.name][0] > ran[read][0], (stage.name, read)
             else:
-                assert spans[stage.name][0] >= spans[read][1], (stage.name, read)
-    # stage 4 needs stage 3's plans only: it starts in the kernel stage 2 leaves, while stage 3 still replays
-    assert overlap("accuracy", "buckets") and spans["accuracy"][0] >= spans["compile"][1]
+                assert ran[stage.name][0] > ran[read][1], (stage.name, read)
+    # stage 4 starts in the kernel stage 2 leaves, while stage 3 still replays
+    assert overlap("accuracy", "buckets") and ran["accuracy"][0] > ran["compile"][1]
+    assert ran["accuracy"][2] == ran["compile"][2]
     assert runner._reads(runner.runfolder.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
     # a kernel is cleared as soon as its stage has ended, while the next stage waits for what it reads: the
     # stages after the first two (new kernels) start in a cleared kernel; none is cleared after the last stage
-    assert {name for name, span in spans.items() if not span[3]} == {"fallbacks", "buckets"}
-    assert len(cleared) < len(spans) and max(t for t, _ in cleared) < spans["report"][1]
+    assert {name for name, span in ran.items() if not span[3]} == {"fallbacks", "buckets"}
+    cleared = [i for i, e in enumerate(events) if e[0] == "cleared"]
+    assert len(cleared) < len(ran) and max(cleared) < ran["report"][1]
 
-    spans.clear()
-    runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "one"), progress=False, log=lambda line: None, lanes=1)
+    events.clear()
+    beside.clear()
+    runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "one"), progress=False, log=lambda line: None,
+               settings=runner.RunSettings(lanes=1))
+    ran = spans()
     assert not overlap("fallbacks", "buckets")      # one lane: one after another
+    assert all(not overlap(a, b) for a in ran for b in ran if a != b)
     monkeypatch.setattr(kernels, "available_memory", lambda: 3 * 2 ** 30)   # room for one kernel with the model
     assert kernels.lanes_for(10 ** 6) == 1 and kernels.lanes_for(None) == 1
     monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)

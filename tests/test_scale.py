@@ -1,5 +1,5 @@
 """Real-size models without weights (meta device) through the XLA compile-only check, sharded over
-multi-chip TPU topologies (#16). Compiles use tiny configs; the Llama-3 sizes are checked by shape only
+multi-chip TPU topologies. Compiles use tiny configs; the Llama-3 sizes are checked by shape only
 here (building them on the meta device allocates no weight), and compiled in benchmarks/bench_sharded.py."""
 from __future__ import annotations
 
@@ -82,22 +82,22 @@ def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
 
 def test_scale_parameters_are_checked_before_any_compile():
     from portkit.stages.xla import stage as xla
-    with pytest.raises(BadParameter, match="v5e:3x3"):
-        xla_sharded.check_scale_parameters(["v5e:3x3"], 1, 8)
-    with pytest.raises(BadParameter, match="scale_topologies"):
-        xla_sharded.check_scale_parameters([], 1, 8)
-    with pytest.raises(BadParameter, match="scale_buckets entry"):
-        xla_sharded.check_scale_parameters(["v5e:1x1"], 1, 8, [64, 0])
+    for values, words in (({"scale_topologies": ["v5e:3x3"]}, "v5e:3x3"), ({"scale_topologies": []},
+                          "scale_topologies"), ({"scale_buckets": [64, 0]}, "scale_buckets entry")):
+        with pytest.raises(BadParameter, match=words):                  # the stage's options
+            xla.Options.of(values)
     with pytest.raises(BadParameter, match="at most 8192 tokens"):       # what `portkit run --model` preflights
-        xla.check_parameters(model="llama3-8b", scale_seq=1024, scale_buckets=[16384])
-    xla.check_parameters(model="minilm", scale_seq=16384)     # a loaded model: the scale_* shape is not used
+        xla.Options.of({"scale_seq": 1024, "scale_buckets": [16384]}, model="llama3-8b")
+    xla.Options.of({"scale_seq": 16384}, model="minilm")     # a loaded model: the scale_* shape is not used
 
 
 @needs_xla
 def test_the_real_size_check_stops_at_the_smallest_topology_that_fits_and_searches_the_batch():
     from portkit.stages.xla import realsize as scale
+    from portkit.stages.xla import stage as xla
     m = abstract_models.build("tiny-llama")
-    checks = scale.run(m, ["neuron", "tpu", "cpu"], ["v5e:2x2", "v5e:1x1"], batch=4, seq=16)
+    checks = scale.run(m, ["neuron", "tpu", "cpu"], xla.Options.of(
+        {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}))
     tpu = checks["tpu"]
     assert tpu.smallest == "v5e:1x1" and [r.topology for r in tpu.tried] == ["v5e:1x1"]   # 2x2 never compiled
     row = tpu.rows()[0]

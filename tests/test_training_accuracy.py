@@ -45,8 +45,8 @@ def test_bf16_updates_call_for_fp32_master_weights_with_the_measured_gap():
 def test_check_training_runs_each_rounding_precision_on_real_batches(gpt2, corpus):
     assert accuracy.training_precisions(["neuron", "tpu", "cpu"]) == [("neuron", "matmult"), ("neuron", "all"),
                                                                       ("tpu", "default")]
-    found = accuracy.check_training(gpt2, corpus, ["tpu"], steps=3, batch_size=2, seq_len=16, lr=1e-3,
-                                    layout="packed", ops=False)
+    opts = accuracy.Options.of({"train_steps": 3, "batch_size": 2, "seq_len": 16})
+    found = accuracy.check_training(gpt2, corpus, ["tpu"], opts, lr=1e-3, layout="packed", ops=False)
     assert [(r.target, r.precision) for r in found.runs] == [("tpu", "default")]
     assert len(found.reference.losses) == 3 and found.reference.losses[-1] < found.reference.losses[0]
     assert len(found.runs[0].max_grad_gap) == 3 and found.to_dict()["runs"][0]["run"]["target"] == "tpu"

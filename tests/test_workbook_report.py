@@ -41,7 +41,7 @@ def test_minilm_report_holds_every_section(request):
         assert len(details["accuracy buckets"]) == len(buckets["boundaries"])
         assert all(float(row["max abs"]) >= 0 for row in details["accuracy outputs"])
         assert details["accuracy layers"] and details["xla shapes"]
-    # transformers' eager-only mask shortcut (padding_mask.all()) vanishes under compile: counted, not work (#18)
+    # transformers' eager-only mask shortcut (padding_mask.all()) vanishes under compile: counted, not work
     tpu = report["targets"]["tpu"]
     assert "host sync" in tpu["vanished"] and not any(f["kind"] == "host_sync" for f in tpu["first"])
     tpu_shapes = report["targets"]["tpu"]["details"]["xla shapes"]

@@ -70,7 +70,7 @@ class Dense(nn.Module):
 
 @pytest.fixture(scope="module")
 def bert():
-    return models.load("bert")      # 2 layers, hidden 128, random weights: compiles in about 2 s
+    return models.load("bert")      # 2 layers, hidden 128, random weights: a graph small enough to compile quickly
 
 
 # ---------------------------------------------------------------- compiles (need jax + libtpu + torchax)
@@ -177,7 +177,7 @@ def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
     assert torch.equal(double(torch.ones(3)), torch.full((3,), 3.0))
 
 
-# ---------------------------------------------------------------- the verdict cache (issue #12)
+# ------------------------------------------------------- the verdict cache: a shape never compiles twice
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
     """An empty cache root of this test's own, and a count of the XLA compiles actually run."""
@@ -378,7 +378,7 @@ def test_bad_topology_is_one_line_naming_the_choices(bert):
     assert message == ("unknown TPU topology 'v5e:3x3'; choose one of: v5e:1x1, v5e:2x2, v5e:2x4, v6e:1x1, "
                        "v6e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2, v4:2x2x1, tpu7x:2x2x1")
     with pytest.raises(BadParameter, match="v5e:3x3"):
-        xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}], topology="v5e:3x3")
+        xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}], xla.Options.of({"topology": "v5e:3x3"}))
 
 
 @pytest.mark.parametrize("shape, words", [
@@ -419,16 +419,19 @@ def test_reference_targets_have_no_xla_check(bert):
 
 
 def test_stage_shapes_come_from_the_earlier_stages(bert, tmp_path):
-    assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48)[0] == [{"batch": 2, "seq": 48}]
+    assert xla.stage_shapes(tmp_path, "tpu", bert, xla.Options.of({"batch_size": 2, "seq_len": 48}))[0] == [
+        {"batch": 2, "seq": 48}]
     (tmp_path / "compile.json").write_text(json.dumps({"targets": {"tpu": {"fixed_shape": {"batch": 1, "seq": 64}}}}))
     (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {
         "planner": "auto", "shapes": [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]}}}}))
-    shapes, sources = xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=3)
+    shapes, sources = xla.stage_shapes(tmp_path, "tpu", bert,
+                                       xla.Options.of({"batch_size": 2, "seq_len": 48, "max_shapes": 3}))
     assert shapes == [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]
     assert sources[1] == "stage 2's fixed shape" and "auto bucket" in sources[2]
-    assert xla.stage_shapes(tmp_path, "tpu", bert, 2, 48, max_shapes=1)[0] == [{"batch": 1, "seq": 256}]
+    assert xla.stage_shapes(tmp_path, "tpu", bert, xla.Options.of(
+        {"batch_size": 2, "seq_len": 48, "max_shapes": 1}))[0] == [{"batch": 1, "seq": 256}]
     with pytest.raises(BadParameter, match="invalid max_shapes 0: must be a positive whole number"):
-        xla.check_parameters(max_shapes=0)
+        xla.Options.of({"max_shapes": 0})
 
 
 @pytest.mark.parametrize("file, text, words", [
@@ -456,7 +459,7 @@ def test_readers_name_each_stage_result_as_the_runner_does(tmp_path):
 
 @needs_xla
 def test_stage_turns_failures_into_findings(bert, tmp_path):
-    stage = xla.run_stage(bert, ["tpu", "cpu"], tmp_path, batch_size=4096, seq_len=512)
+    stage = xla.run_stage(bert, ["tpu", "cpu"], tmp_path, xla.Options.of({"batch_size": 4096, "seq_len": 512}))
     saved = stage.to_dict()
     tpu = saved["targets"]["tpu"]
     assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == targets.detect("tpu").mode
@@ -470,7 +473,8 @@ def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_p
     from portkit.stages.report import stage as report
     from portkit.xla import sharded as xla_sharded
     monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
-    stage = xla.run_stage(bert, ["tpu"], tmp_path, batch_size=1, seq_len=32, largest_batch=True)
+    stage = xla.run_stage(bert, ["tpu"], tmp_path,
+                          xla.Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}))
     (found,) = stage.largest["tpu"]
     # the memory model puts bert's boundary far past the search's limit: one compile, at the limit, fits
     assert found["guess"] > 4 and found["tried"] == {"4": True} and found["batch"] == 4
@@ -478,5 +482,5 @@ def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_p
     stage.save(tmp_path / "xla.json")
     scale = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["scale"]
     assert scale == {"largest batch that fits HBM, seq 32": "4+ (the search's limit) on v5e:1x1 (1 compiles)"}
-    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], tmp_path, batch_size=1, seq_len=32).to_dict()[
-        "targets"]["tpu"]                                       # off by default: no extra compile
+    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], tmp_path, xla.Options.of(
+        {"batch_size": 1, "seq_len": 32})).to_dict()["targets"]["tpu"]      # off by default: no extra compile

@@ -22,7 +22,7 @@ needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return models.load("gpt2")      # GPT-2's architecture from its config, 2 layers: a graph compiles in ~1 s
+    return models.load("gpt2")      # GPT-2's architecture from its config, 2 layers: small graphs that compile quickly
 
 
 def test_the_compiled_graph_is_generation_with_a_static_cache(gpt2):
@@ -47,7 +47,7 @@ def test_the_compiled_graph_is_generation_with_a_static_cache(gpt2):
 
 @needs_xla
 def test_prefill_and_decode_compile_with_the_cache_in_hbm(gpt2):
-    graphs = xla_generation.compile_serving(gpt2, batch=4, prompt=32, context=64)
+    graphs = xla_generation.compile_serving(gpt2, batch=4, prompt=32, context=64, topology="v5e:1x1")
     config = generation.causal_model(gpt2).config
     head = config.hidden_size // config.num_attention_heads
     cache_bytes = 2 * config.num_hidden_layers * 4 * config.num_attention_heads * 64 * head * 4
@@ -57,18 +57,18 @@ def test_prefill_and_decode_compile_with_the_cache_in_hbm(gpt2):
         assert graph.breakdown["KV cache"] == cache_bytes
         assert graph.memory["alias"] >= cache_bytes          # donated: updated in place, held once
     assert graphs["prefill"].tokens == 32 and graphs["decode"].tokens == 1
-    longer = xla_generation.compile_graph(gpt2, "decode", 4, 1, 128)
+    longer = xla_generation.compile_graph(gpt2, "decode", 4, 1, 128, "v5e:1x1")
     assert longer.breakdown["KV cache"] == 2 * cache_bytes
     with pytest.raises(BadParameter, match="prompt bucket"):
-        xla_generation.compile_graph(gpt2, "prefill", 1, 65, 64)
+        xla_generation.compile_graph(gpt2, "prefill", 1, 65, 64, "v5e:1x1")
 
 
 @needs_xla
 def test_the_largest_batch_is_the_compilers_boundary(gpt2, monkeypatch):
-    first = xla_generation.compile_graph(gpt2, "decode", 1, 1, 256)
+    first = xla_generation.compile_graph(gpt2, "decode", 1, 1, 256, "v5e:1x1")
     per_row = first.breakdown["KV cache"] + first.breakdown.get("outputs not in place", 0)
     monkeypatch.setitem(xla_compile.HBM_GIB_PER_CHIP, "v5e", (first.memory["total"] + 6 * per_row) / 2 ** 30)
-    n, tried = xla_generation.largest_batch(gpt2, 256, limit=64)
+    n, tried = xla_generation.largest_batch(gpt2, 256, "v5e:1x1", limit=64)
     assert 1 <= n < 64 and tried[n] is True and tried[n + 1] is False    # the compiler's own boundary
 
 
@@ -78,7 +78,8 @@ def test_stage_3b_compiles_stage_3s_largest_serving_buckets_and_the_report_shows
     plan = {"prompt": {"boundaries": [16, 48]}, "context": {"boundaries": [32, 80]}}
     (tmp_path / "buckets.json").write_text(json.dumps({"stage": "buckets", "targets": {}, "generation": {
         "targets": {"tpu": {"auto": plan}}}}))
-    stage = xla.run_stage(gpt2, ["neuron", "tpu"], tmp_path, batch_size=2, seq_len=32, workload="generate")
+    stage = xla.run_stage(gpt2, ["neuron", "tpu"], tmp_path,
+                          xla.Options.of({"batch_size": 2, "seq_len": 32, "workload": "generate"}))
     served = stage.serving["tpu"]
     assert (served["prompt"], served["context"], served["status"]) == (48, 80, "compiled")
     assert served["prefill"]["batch"] == 2 and served["largest_batch"] == 2
@@ -100,4 +101,4 @@ def test_stage_3b_compiles_stage_3s_largest_serving_buckets_and_the_report_shows
 
 def test_generate_needs_a_causal_lm():
     with pytest.raises(BadParameter, match="workload 'inference'"):
-        xla.check_parameters(model="minilm", workload="generate")
+        xla.Options.of({"workload": "generate"}, model="minilm")

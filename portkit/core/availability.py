@@ -1,6 +1,6 @@
 """Availability probes, all in one place: small, cached, and False rather than raising.
 
-    >>> from portkit import probes
+    >>> from portkit.core import availability as probes
     >>> probes.module_available("torch")
     True
     >>> probes.device_available("torch_tpu", "tpu")   # False on a host without a TPU

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 ROOT = "<model>"          # how results name the model's own module where they name a module path
 
-# Severity by consequence (#18): blocker: cannot run or cannot compile on the target; work: runs, with a
+# Severity by consequence on the target: blocker: cannot run or cannot compile on the target; work: runs, with a
 # named cost (a CPU round trip per call, a recompile per shape, a precision loss the task sees); info:
 # noted, no cost found.
 BLOCKER, WORK, INFO = "blocker", "work", "info"
@@ -27,7 +27,7 @@ COMPILED_STATUSES = (PERSISTS, VANISHES, NOT_CHECKED)
 
 @dataclass
 class Finding:
-    """One thing a stage found (report.py reads kind, severity, message, advice).
+    """One thing a stage found (portkit/stages/report/stage.py reads kind, severity, message, advice).
 
     severity: one of SEVERITIES. module, ops, source: where in the model, which ATen ops, and the
     document or issue behind the advice. where: the source frame (portkit.core.frames.place); owner: whose

@@ -1,6 +1,6 @@
 """Whose code a finding comes from: the source frame behind an op, and who can change it.
 
-    >>> from portkit import frames
+    >>> from portkit.core import frames
     >>> where = frames.caller()          # innermost frame outside torch, portkit and the stdlib
     >>> frames.owner(where)["owner"]     # "user", "configurable library" or "library"
     'user'
@@ -9,8 +9,8 @@
 
 A frame is the user's code when its file is outside the installed packages and the standard library
 (the model's own file, a `file.py:factory` or a project on the path), in the module or package of the
-model's factory wherever it is installed (claim), or in portkit's model wrappers (portkit/models/registry.py,
-adapters.py and audio_models.py, which stand in for the user's own model code). A frame in an installed
+model's factory wherever it is installed (claim), or in portkit's model wrappers (portkit/models/: registry.py,
+adapters.py and audio.py, which stand in for the user's own model code). A frame in an installed
 package is a library's: "configurable" where the library has a setting that changes the path (SETTINGS
 names it), otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
 "rewrite this line". A foundation: it imports no other portkit module.
@@ -172,7 +172,7 @@ def owner(where: dict | None) -> dict:
 
 
 def graph_contents(calls, op_dtypes: dict | None, limit: int = 3) -> dict[str, dict]:
-    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (reconcile.py, #18).
+    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (for portkit/core/reconcile.py).
     calls: (op, node stack trace) -> count; op_dtypes: op -> the input dtypes seen, or None."""
     found: dict[str, dict] = {}
     for (op, trace), count in calls.items():

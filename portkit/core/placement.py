@@ -1,6 +1,6 @@
 """Run a module on a device and put it back: the one "move, run, restore" of portkit.
 
-    >>> from portkit import placement
+    >>> from portkit.core import placement
     >>> with placement.on_device(model.module, "tpu", inputs) as moved:   # module and inputs on the TPU
     ...     out = model.module(**moved)
     >>> out = placement.to_device(out, "cpu")                             # back for comparison

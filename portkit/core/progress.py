@@ -1,11 +1,12 @@
 """Progress bars for portkit's long loops: the one place that decides which bar a loop shows.
 
-    >>> from portkit import progress
+    >>> from portkit.core import progress
     >>> for chunk in progress.bar(chunks, desc="tokenizing", unit="chunk", total=len(chunks)):
     ...     ...
     >>> with progress.bar(total=12, desc="accuracy", unit="pass") as bar:
     ...     bar.update()
     >>> progress.headless()        # True under `portkit run` and the tests (PORTKIT_HEADLESS=1)
+    >>> progress.watched()         # stdout is a terminal (or Jupyter): `portkit run` and `sweep` draw bars
 
 In JupyterLab a loop shows tqdm's widget (tqdm.auto picks it). In a headless run (`portkit run`,
 papermill, nbval: PORTKIT_HEADLESS=1, which the runner and the tests set) nobody sees a widget, so the
@@ -25,6 +26,19 @@ HEADLESS_INTERVAL = 2.0    # seconds between redraws of a headless bar: a 5-minu
 def headless() -> bool:
     """Whether this process runs a stage nobody watches interactively (PORTKIT_HEADLESS set, not "0")."""
     return os.environ.get(HEADLESS_VARIABLE, "") not in ("", "0")
+
+
+def watched(stream=None) -> bool:
+    """Whether someone watches `stream` (default: stdout) redraw a bar: a terminal, or a Jupyter front end
+    (tqdm.auto's widget; not a headless kernel). A file or a pipe gets plain lines, no redraws."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        if stream.isatty():
+            return True
+    except (AttributeError, ValueError):     # no isatty, or a closed stream
+        return False
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {}) and not headless()
 
 
 def bar(iterable=None, *, desc: str, unit: str = "it", total: int | None = None, disable: bool = False,

@@ -1,6 +1,6 @@
 """The one boundary to PyTorch's private APIs: a torch upgrade that renames one breaks this file only.
 
-    >>> from portkit import _torch
+    >>> from portkit.core import torch_private as _torch
     >>> with _torch.recompile_limit(shapes=12):      # a static-shape target compiles all 12 shapes
     ...     for inputs in requests:
     ...         compiled(**inputs)

@@ -1,28 +1,22 @@
 """Real audio for the workbook: recordings a distribution package installs, speech synthesized from the
 workbook's text corpus, or the user's own folder of WAV/FLAC files, each resampled to a model's rate.
 
-    >>> from portkit import audio
+    >>> from portkit.corpora import audio
     >>> real = audio.alsa_recordings()                     # Debian alsa-utils' spoken channel names
     >>> real.lengths(16000)                                # samples per clip at 16 kHz
     array([22848, 23681, ...])
-    >>> real.clips[0].load(16000).dtype                    # read with soundfile, resampled with scipy
-    dtype('float32')
     >>> spoken = audio.synthesize(["Return the sum of a and b."], folder, "stdlib")   # espeak-ng, synthetic
     >>> mine = audio.folder_corpus("path/to/recordings")   # every .wav/.flac below the folder
 
 Three sources, each labelled in what it returns:
-- **recorded**: the spoken test files of Debian's `alsa-utils` (`/usr/share/sounds/alsa`, "Front Left" ...,
-  48 kHz, 1.3-1.5 s; the `Noise.wav` beside them is not speech and is left out), or the user's folder.
-- **synthetic**: texts of the workbook's corpus spoken by `espeak-ng` (Debian), each its first paragraph (one
-  utterance): a realistic, long-tailed distribution of durations (stdlib docstrings: median 3.3 s, p90 7.6 s,
-  the longest over 20 s, like the utterances of public speech corpora), but synthesized speech, never a
-  recording. Clips are cached as FLAC under the
-  caller's folder (keyed by the text and espeak-ng's version), so a text is spoken once.
-- Reading and resampling use well-kept libraries: `soundfile` (libsndfile) and `scipy.signal.resample_poly`
-  (polyphase, anti-aliased); multi-channel files are mixed down to mono by their mean.
-
-A clip is read only when its samples are needed: a corpus holds each file's rate and length, so its
-durations (what stage 3 buckets) cost no decoding.
+- **recorded**: Debian `alsa-utils`' spoken test files (`/usr/share/sounds/alsa`, 48 kHz; `Noise.wav`, not
+  speech, is left out), or the user's folder.
+- **synthetic**: each text's first paragraph spoken by `espeak-ng`: a realistic, long-tailed distribution of
+  durations, like the utterances of public speech corpora, but never a recording. Clips are cached as FLAC
+  under the caller's folder (keyed by the text and espeak-ng's version), so a text is spoken once.
+Files are read with `soundfile` and resampled with `scipy.signal.resample_poly` (anti-aliased); multi-channel
+files are mixed down to mono. A clip is decoded only when its samples are needed: a corpus holds each file's
+rate and length, so its durations (what stage 3 buckets) cost no decoding.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Real inputs for the workbook: text corpora, images, tokenized batches, length distributions.
 
-    >>> from portkit import data, models
+    >>> from portkit import models
+    >>> from portkit.corpora import corpus as data
     >>> corpus = data.load_corpus("stdlib")            # docstrings of this Python's standard library
     >>> model = models.load("minilm")
     >>> dist = data.length_distribution(corpus, model)

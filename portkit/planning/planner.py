@@ -1,33 +1,22 @@
 """The bucket planner: sequence buckets fitted to a length histogram, and what they cost. Pure numpy.
 
-    >>> from portkit import planner
+    >>> from portkit.planning import planner
     >>> hist = planner.histogram([12, 40, 41, 300, 512], max_seq=512)
     >>> plan = planner.plan_buckets(hist, "optimal", k=2)          # least padded tokens with 2 buckets
-    >>> plan.boundaries, f"{plan.waste:.1%}"
-    >>> auto = planner.plan_buckets(hist, "auto", compile_seconds=lambda seq: 2 + seq / 100,
-    ...                             token_seconds=2e-4, requests=100_000, budget_seconds=60)
+    >>> prices = planner.Prices(compile_seconds=lambda seq: 2 + seq / 100, token_seconds=2e-4)
+    >>> auto = planner.plan_buckets(hist, "auto", prices=prices, requests=100_000, budget_seconds=60)
     >>> print(auto.why)            # the k chosen, what it costs, whether the warm-up budget binds
 
 Targets that compile one graph per input shape (TorchNeuron: awsdocs-neuron
-torch/compile/reference-torch-compile.html; TorchTPU: torch_tpu _backend.py) pay one compile
-for every distinct length they see (pytorch/xla#2422: 27 compiles in step 0). Bucketing pads every
-input up to one of a few lengths. Planners, one interface (`plan_buckets`), each returning a
-`BucketPlan`:
-
-- pow2: powers of two from a minimum up to the maximum, plus the maximum (NxD Inference's
-  generate_buckets(128, max_length), transformers-neuronx, vLLM-TPU);
-- linear: fixed steps of `gap` tokens;
-- padding_bounded: geometric growth that keeps every request's padding under `pad_percent`, then
-  linear steps of at most `max_step` (vllm-gaudi's pad_percent / pad_max ramps);
-- optimal: for k buckets, the boundaries with the least padded tokens over the histogram, exactly
-  (dynamic programming over the distinct lengths);
-- auto: the k whose warm-up compiles plus the compute spent on padding over the requests to serve
-  cost least, within a warm-up time budget (the economics are the caller's: portkit/planning/economics.py).
-
-Inputs longer than the largest bucket follow the plan's `overflow` policy: "truncate" (cut to the
-largest bucket, counted in the plan) or "reject" (a BadParameter naming the length). This module
-imports numpy and portkit's foundations only; the runtime side is portkit/stages/buckets/bucketed.py, the stage
-portkit/stages/buckets/stage.py.
+torch/compile/reference-torch-compile.html; TorchTPU: torch_tpu _backend.py) pay one compile for every
+distinct length (pytorch/xla#2422: 27 compiles in step 0); bucketing pads every input up to one of a few lengths.
+Planners, one interface (`plan_buckets`, returning a `BucketPlan`): pow2 (NxD Inference's generate_buckets,
+vLLM-TPU), linear (steps of `gap`), padding_bounded (padding under `pad_percent`, steps of at most
+`max_step`: vllm-gaudi), optimal (least padded tokens for k buckets, exactly, by dynamic programming) and
+auto (the k whose warm-up compiles plus padded compute cost least within a warm-up budget; the economics
+are the caller's: portkit/planning/economics.py). Inputs longer than the largest bucket follow `overflow`:
+"truncate" (counted in the plan) or "reject" (BadParameter). Imports numpy and portkit's foundations only;
+the runtime side is portkit/stages/buckets/bucketed.py.
 """
 from __future__ import annotations
 
@@ -308,18 +297,30 @@ def plan_optimal(hist: Histogram, k: int = 4) -> BucketPlan:
                  f"{hist.values.size} distinct lengths)", k=k)
 
 
-def plan_auto(hist: Histogram, compile_seconds, token_seconds: float, requests: int | None = None,
-              k_max: int = K_MAX, batch_buckets: int = 1, compile_source: str = "parameter",
-              budget_seconds: float | None = None, price_source: str = "parameter") -> BucketPlan:
-    """Choose k by minimising  warm-up compile time  +  padded tokens x token_seconds  over `requests`
-    served (default: the histogram's own count), with each k's exact least-padding boundaries.
+@dataclass(frozen=True)
+class Prices:
+    """What plan_auto weighs, each figure with where it came from (said in the plan's `why`).
 
-    compile_seconds: one shape's compile time, a number or a function of its sequence length (a
-    cost model, portkit/planning/economics.py); token_seconds: what a padded position costs on the target
-    (economics.padding_price; price_source says where it came from); warm-up compiles every boundary at
-    each of `batch_buckets` batch sizes. budget_seconds bounds the warm-up: where the unbounded optimum
-    does not fit, the best k that does is chosen and `why` says that the budget binds. k_max is a sanity bound on the
-    search (it is named in `why` if it binds), not the decision."""
+    compile_seconds: one shape's compile time, a number or a function of its sequence length (a cost model,
+    portkit/planning/economics.py); token_seconds: what a padded position costs on the target
+    (economics.padding_price)."""
+    compile_seconds: object              # a number, or a function of the sequence length
+    token_seconds: float
+    compile_source: str = "parameter"
+    price_source: str = "parameter"
+
+
+def plan_auto(hist: Histogram, prices: Prices, requests: int | None = None, k_max: int = K_MAX,
+              batch_buckets: int = 1, budget_seconds: float | None = None) -> BucketPlan:
+    """Choose k by minimising  warm-up compile time  +  padded tokens x prices.token_seconds  over
+    `requests` served (default: the histogram's own count), with each k's exact least-padding boundaries.
+
+    Warm-up compiles every boundary at each of `batch_buckets` batch sizes, at prices.compile_seconds
+    each. budget_seconds bounds the warm-up: where the unbounded optimum does not fit, the best k that
+    does is chosen and `why` says that the budget binds. k_max is a sanity bound on the search (it is
+    named in `why` if it binds), not the decision."""
+    compile_seconds, token_seconds = prices.compile_seconds, prices.token_seconds
+    compile_source, price_source = prices.compile_source, prices.price_source
     per_shape = compile_seconds if callable(compile_seconds) else (lambda seq: float(compile_seconds))
     requests = hist.requests if requests is None else requests
     padding, arg = optimal_table(hist, k_max)
@@ -374,7 +375,7 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
 def plan_buckets(lengths, planner: str = "optimal", *, max_seq: int | None = None, overflow: str = "truncate",
                  max_batch: int = 1, **settings) -> BucketPlan:
     """One interface for every planner. `lengths`: a Histogram, a data.LengthDistribution or an array.
-    settings go to the planner (k, minimum, gap, pad_percent, compile_seconds, ...)."""
+    settings go to the planner (k, minimum, gap, pad_percent, prices, ...)."""
     if planner not in PLANNERS:
         raise BadParameter("planner", planner, PLANNER_NAMES)
     hist = lengths if isinstance(lengths, Histogram) else histogram(lengths, max_seq, overflow)

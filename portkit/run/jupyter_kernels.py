@@ -4,10 +4,9 @@
     ...     papermill.execute_notebook(a, a_out, km=kernel.for_stage())   # starts the kernel
     ...     papermill.execute_notebook(b, b_out, km=kernel.for_stage())   # the same kernel, its namespace cleared
 
-A fresh kernel per stage pays for a new interpreter and for importing torch, transformers and portkit again:
-about 4 s a stage on 2 cores, against 0.2 s in a kept kernel (papermill on a notebook that only imports the
-stages' modules). A kept kernel is cleared between stages: IPython's reset empties the namespace (no
-variable of one stage reaches the next), open figures are closed, Dynamo's compiled code dropped
+A fresh kernel per stage pays for a new interpreter and for importing torch, transformers and portkit again;
+a kept kernel pays for them once per run. A kept kernel is cleared between stages: IPython's reset empties
+the namespace (no variable of one stage reaches the next), open figures are closed, Dynamo's compiled code dropped
 (torch.compiler.reset) and the cells numbered from 1 again, so a stage starts as it would in a new kernel,
 with its imports already done. The stages seed what they sample, so kept kernels give the same results as
 fresh ones. A kernel that died is replaced for the next stage. Each notebook still runs on its own in a
@@ -27,8 +26,8 @@ from portkit.targets import allocator
 
 # The kernels' environment, set by the runner where the user has not:
 # - OpenMP's threads sleep when idle instead of spinning: two stages side by side, each with torch's threads
-#   on a 2-core machine, otherwise spend the cores waiting on each other (the default run's stages 2 and 3
-#   took 96 and 98 s side by side, 34 and 42 s with this; a stage alone is as fast either way);
+#   on a 2-core machine, otherwise spend the cores waiting on each other, so stages side by side are then
+#   much slower than with this (a stage alone is as fast either way);
 # - glibc's malloc serves blocks under 32 MiB from its heap and keeps up to 64 MiB of freed memory
 #   (portkit.targets.allocator: why, and the values' one owner). Other C libraries ignore the names.
 ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", **allocator.ENVIRONMENT}

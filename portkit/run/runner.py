@@ -1,6 +1,6 @@
 """The workbook runner: execute the stage notebooks in order with papermill into one run folder.
 
-    >>> from portkit import audio, runner
+    >>> from portkit.run import runner
     >>> result = runner.run("minilm", ["neuron", "tpu"], "runs/minilm", {"batch_size": 4})
     >>> result.summaries
     {'fallbacks': 'neuron (emulated): ...'}
@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
-import inspect
 import json
 import os
 import sys
@@ -41,7 +40,7 @@ from portkit.runfolder import results
 from portkit.runfolder import layout as runfolder
 from portkit.core.errors import BadParameter, StageFailed, StageSkipped
 from portkit.core.locations import NOTEBOOKS
-from portkit.core.progress import HEADLESS_VARIABLE
+from portkit.core.progress import HEADLESS_VARIABLE, watched
 from portkit.runfolder.layout import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
 
 SHARED = ("model", "targets", "out_dir")
@@ -119,7 +118,7 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
         mine = declared_parameters(stage)
         values = {"model": model, "targets": names, "out_dir": str(out)}
         values.update({k: v for k, v in user_params.items() if k in mine})
-        _preflight(stage, mine, values)
+        _preflight(stage, values)
         per_stage.append((stage, values))
     _check_corpora(per_stage, model)
     check_out_dir(out)   # last: its probe is the one step that touches the disk
@@ -137,23 +136,11 @@ def _default(declared: dict, name: str):
         return _NO_DEFAULT
 
 
-def _preflight(stage: Stage, declared: dict, values: dict) -> None:
-    """Run the stage's own parameter checks on its defaults overridden by the user's values."""
-    module = importlib.import_module(stage.module)
-    if hasattr(module, "Options"):
-        module.Options.of(values, model=values.get("model"))
-        return
-    check = getattr(module, "check_parameters", None)
-    if check is None:
-        return
-    accepted = inspect.signature(check).parameters
-    merged = {}
-    for name in accepted:
-        if name in values:
-            merged[name] = values[name]
-        elif name in declared and _default(declared, name) is not _NO_DEFAULT:
-            merged[name] = _default(declared, name)
-    check(**merged)
+def _preflight(stage: Stage, values: dict) -> None:
+    """Check the stage's options (its notebook's defaults overridden by the user's values) and its rules on the
+    run's targets, before anything is written."""
+    chosen = importlib.import_module(stage.module).Options.of(values, model=values.get("model"))
+    chosen.check_targets(values["targets"])
 
 
 def _check_corpora(per_stage, model: str) -> None:
@@ -252,19 +239,31 @@ def _summary(path: Path) -> str:
         return "(its result file is missing or unreadable)"
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """How a run goes beyond what its stages compute: up to `lanes` stages side by side (run's docstring), and
+    whether a run without the report stage rebuilds report.html/report.json after its stages."""
+    lanes: int = kernels.LANES
+    rebuild_report: bool = True
+
+
 def run(model: str, targets, out_dir: str, user_params: dict | None = None, stages=None,
-        progress: bool = True, log=print, rebuild_report: bool = True, lanes: int = kernels.LANES) -> RunResult:
+        progress: bool = True, log=print, settings: RunSettings = RunSettings()) -> RunResult:
     """Execute the workbook. Raises BadParameter before writing anything.
+
+    Each stage that ends gets one line through `log`. progress=True draws progress bars where someone watches
+    stdout (progress.watched: a terminal, not a file or a pipe), each stage's line then printed on a line of
+    its own above the run's bar.
 
     A stage that fails does not stop the run: its executed notebook shows the error, the run log
     (runfolder.RUN_LOG) records it, the stages after it run on what there is, and the report names the
     gap. After the stages, StageFailed is raised naming every failure (its `result` is the RunResult).
     A run without the report stage rebuilds report.html/report.json from the folder (a few seconds),
-    so the report never describes older results; rebuild_report=False leaves it as it was.
+    so the report never describes older results; settings.rebuild_report=False leaves it as it was.
 
-    A stage starts once the stages whose results it reads have ended (runfolder.Stage.reads); up to `lanes`
+    A stage starts once the stages whose results it reads have ended (runfolder.Stage.reads); up to settings.lanes
     stages run at once, each in a kernel of its own, where the machine holds that many kernels with the
-    model (kernels.lanes_for); lanes=1 runs them one after another."""
+    model (kernels.lanes_for); RunSettings(lanes=1) runs them one after another."""
     chosen, per_stage = plan(model, targets, out_dir, dict(user_params or {}), stages)
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -272,6 +271,8 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
         _io.write_text(out / MARKER, "A portkit run folder: `portkit run` writes its stage results here.\n")
     _io.remove_partials(out)   # what a killed run left
     result = RunResult(out)
+    # bars where someone watches (asked before this process is marked headless); a log file gets lines alone
+    shown = progress and watched()
     # The kernels papermill starts inherit this: nobody watches them, so stages skip widgets.
     os.environ.setdefault(HEADLESS_VARIABLE, "1")
     model_spec = per_stage[0][1]["model"]
@@ -279,8 +280,9 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     # kernel (working in notebooks/) imports from the folder the user ran portkit in
     user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
     with _kernel_environment(user_folder):
-        _run_stages(per_stage, out, model_spec, progress, log, result, lanes)
-    if rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
+        _run_stages(per_stage, _Run(out, model_spec, shown, _Printer(len(per_stage), shown, log), result),
+                    settings.lanes)
+    if settings.rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
         from portkit.stages.report import stage as report
         try:
             report.build_report(out, per_stage[0][1]["targets"]).save(out)
@@ -308,82 +310,150 @@ def _model_parameters(out: Path, stage: Stage) -> int | None:
     return found if isinstance(found, int) else None
 
 
-def _run_stages(per_stage, out: Path, model_spec: str, progress: bool, log, result: RunResult, lanes: int) -> None:
+class _Printer:
+    """What a run shows as its stages end: each one's line through `log`; where progress is shown, a bar of
+    the stages besides, cleared (with the stages' cell bars) before each line so that the line starts a line
+    of its own, not glued onto a bar, and drawn again below it."""
+
+    def __init__(self, total: int, progress: bool, log):
+        from tqdm.auto import tqdm
+        self.log = log
+        self.bar = tqdm(total=total, desc="portkit", unit="stage", disable=not progress)
+
+    def running(self, names) -> None:
+        self.bar.set_postfix_str(", ".join(names))
+
+    def ended(self, line: str) -> None:
+        if self.bar.disable:
+            self.log(line)
+        else:
+            with type(self.bar).external_write_mode():
+                self.log(line)
+        self.bar.update()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@dataclass
+class _Run:
+    """What starting, running and recording a stage read: the run folder, the model, whether progress shows,
+    the printer and the result being filled in."""
+    out: Path
+    model_spec: str
+    progress: bool
+    printer: _Printer
+    result: RunResult
+
+
+@dataclass
+class _Schedule:
+    """The stages of a run: waiting (pending, each with the stages it reads: waits), running ({future: (stage,
+    start, kernel)}) and ended; the kernels free or being cleared ({future: kernel}); and the model's size for
+    the lanes: a bound before it is loaded (None: one lane), then the first count a stage reports (counted)."""
+    pending: list
+    waits: dict
+    free: list
+    parameters: int | None
+    running: dict = field(default_factory=dict)
+    clearing: dict = field(default_factory=dict)
+    ended: list = field(default_factory=list)
+    counted: bool = False
+
+    def ready(self, out: Path) -> list:
+        """The waiting stages whose reads have ended (or written the early file they need), in order."""
+        return [p for p in self.pending if not _unmet(p[0], self.waits, self.ended, self.pending, out)]
+
+    def polls_early(self, out: Path) -> bool:
+        """Whether a waiting stage may start on a running stage's early file (which nothing signals)."""
+        return any(_unmet(p[0], self.waits, self.ended, self.pending, out) & set(p[0].reads_early)
+                   for p in self.pending)
+
+    def take_kernel(self) -> kernels.SharedKernel:
+        kernel = next((k for k in reversed(self.free) if k.prepared), self.free[-1])   # a cleared one first
+        self.free.remove(kernel)
+        return kernel
+
+    def all_kernels(self) -> list:
+        return [*self.free, *self.clearing.values(), *(k for _, _, k in self.running.values())]
+
+
+def _run_stages(per_stage, run: _Run, lanes: int) -> None:
     """Start each stage once the stages it reads have ended (or written the early file it needs: _unmet), in
     order, up to the lanes the machine holds, each in a kernel cleared when its last stage ended; record each
     as it ends (this thread alone writes the run log)."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-    from tqdm.auto import tqdm
-
     from portkit.models import registry as models
     selected = {s.name for s, _ in per_stage}
     targets = per_stage[0][1]["targets"]
-    waits = {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage}
-    pending, running, ended = list(per_stage), {}, []
-    # the model's size for the lanes: a bound before it is loaded (None: one lane), then the stages' own count
-    parameters = models.size_hint(model_spec)
-    counted = False
     # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
     free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"])
             for i in reversed(range(max(1, lanes)))]
-    bar = tqdm(total=len(per_stage), desc="portkit", unit="stage", disable=not progress)
-    clearing: dict = {}   # a kernel being cleared for the next stage as soon as its own stage has ended
+    schedule = _Schedule(list(per_stage), {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage},
+                         free, models.size_hint(run.model_spec))
     with ThreadPoolExecutor(max_workers=len(free)) as pool:
         try:
-            while pending or running:
-                now = kernels.lanes_for(parameters, lanes)
-                for item in [p for p in pending if not _unmet(p[0], waits, ended, pending, out)]:
-                    if len(running) >= now or not free:
-                        break
-                    stage, values = item
-                    pending.remove(item)
-                    # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
-                    (out / stage.result).unlink(missing_ok=True)
-                    if stage.early:
-                        (out / stage.early).unlink(missing_ok=True)
-                    start = time.perf_counter()
-                    try:
-                        # an abstract model (no weights): a stage that runs values is skipped without its notebook
-                        results.skip_if_abstract(model_spec, out, stage.name, values["targets"])
-                    except StageSkipped as skipped:
-                        _ended(stage, start, skipped, out, log, result)
-                        ended.append(stage.name)
-                        bar.update()
-                        continue
-                    kernel = next((k for k in reversed(free) if k.prepared), free[-1])   # a cleared one first
-                    free.remove(kernel)
-                    running[pool.submit(_execute, stage, values, out, progress, kernel)] = (
-                        stage, start, kernel)
-                if not running and not clearing:
+            while schedule.pending or schedule.running:
+                _start_ready(schedule, pool, run, lanes)
+                if not schedule.running and not schedule.clearing:
                     continue
-                bar.set_postfix_str(", ".join(s.name for s, _, _ in running.values()))
+                run.printer.running(s.name for s, _, _ in schedule.running.values())
                 # a stage that may start on a running stage's early file: look for it every quarter second
-                early = any(_unmet(p[0], waits, ended, pending, out) & set(p[0].reads_early) for p in pending)
-                for future in wait([*running, *clearing], timeout=0.25 if early else None,
-                                   return_when=FIRST_COMPLETED)[0]:
-                    if future in clearing:   # a failed clear leaves the kernel unprepared: its next stage retries
-                        free.append(clearing.pop(future))
-                        continue
-                    stage, start, kernel = running.pop(future)
-                    if pending:
-                        clearing[pool.submit(kernel.prepare)] = kernel
-                    else:
-                        free.append(kernel)
-                    try:
-                        outcome = future.result()
-                    except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
-                        outcome = skipped
-                    _ended(stage, start, outcome, out, log, result)
-                    ended.append(stage.name)
-                    bar.update()
-                    if not counted and (found := _model_parameters(out, stage)) is not None:
-                        parameters, counted = found, True
-            wait(clearing)
+                for future in wait([*schedule.running, *schedule.clearing], return_when=FIRST_COMPLETED,
+                                   timeout=0.25 if schedule.polls_early(run.out) else None)[0]:
+                    _collect(future, schedule, pool, run)
+            wait(schedule.clearing)
         finally:
-            for kernel in [*free, *clearing.values(), *(k for _, _, k in running.values())]:
+            for kernel in schedule.all_kernels():
                 kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
-    bar.close()
+    run.printer.close()
+
+
+def _start_ready(schedule: _Schedule, pool, run: _Run, lanes: int) -> None:
+    """Start the stages that are ready, in order, while a lane and a kernel are free; a stage an abstract
+    model (no weights) cannot run ends skipped without its notebook."""
+    now = kernels.lanes_for(schedule.parameters, lanes)
+    for item in schedule.ready(run.out):
+        if len(schedule.running) >= now or not schedule.free:
+            break
+        stage, values = item
+        schedule.pending.remove(item)
+        # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
+        (run.out / stage.result).unlink(missing_ok=True)
+        if stage.early:
+            (run.out / stage.early).unlink(missing_ok=True)
+        start = time.perf_counter()
+        try:
+            results.skip_if_abstract(run.model_spec, run.out, stage.name, values["targets"])
+        except StageSkipped as skipped:
+            _ended(stage, start, skipped, run)
+            schedule.ended.append(stage.name)
+            continue
+        kernel = schedule.take_kernel()
+        schedule.running[pool.submit(_execute, stage, values, run.out, run.progress, kernel)] = (stage, start, kernel)
+
+
+def _collect(future, schedule: _Schedule, pool, run: _Run) -> None:
+    """A future that finished: a cleared kernel is free again (a failed clear leaves it unprepared: its next
+    stage retries); a stage that ended is recorded, its kernel cleared for the next stage, and the first count
+    of the model's parameters it reports sizes the lanes from then on."""
+    if future in schedule.clearing:
+        schedule.free.append(schedule.clearing.pop(future))
+        return
+    stage, start, kernel = schedule.running.pop(future)
+    if schedule.pending:
+        schedule.clearing[pool.submit(kernel.prepare)] = kernel
+    else:
+        schedule.free.append(kernel)
+    try:
+        outcome = future.result()
+    except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
+        outcome = skipped
+    _ended(stage, start, outcome, run)
+    schedule.ended.append(stage.name)
+    if not schedule.counted and (found := _model_parameters(run.out, stage)) is not None:
+        schedule.parameters, schedule.counted = found, True
 
 
 def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> set[str]:
@@ -395,21 +465,22 @@ def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> 
                     and (out / runfolder.stage(read).early).exists())}
 
 
-def _ended(stage: Stage, start: float, outcome, out: Path, log, result: RunResult) -> None:
+def _ended(stage: Stage, start: float, outcome, run: _Run) -> None:
     """Record how a stage ended: skipped (outcome is the StageSkipped), failed (its one-line error) or ok (None)."""
+    out, result = run.out, run.result
     seconds = result.seconds[stage.name] = time.perf_counter() - start
     if isinstance(outcome, StageSkipped):
         runfolder.record(out, stage.name, "skipped", seconds, str(outcome))
         result.summaries[stage.name] = f"skipped: {outcome}"
-        log(f"[{stage.name}] skipped: {outcome} ({seconds:.0f} s)")
+        run.printer.ended(f"[{stage.name}] skipped: {outcome} ({seconds:.0f} s)")
         return
     runfolder.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
     if outcome:
         result.failures[stage.name] = outcome
-        log(f"[{stage.name}] FAILED: {outcome} ({seconds:.0f} s)")
+        run.printer.ended(f"[{stage.name}] FAILED: {outcome} ({seconds:.0f} s)")
         return
     result.summaries[stage.name] = _summary(out / stage.result)
-    log(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s)")
+    run.printer.ended(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s)")
 
 
 def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kernels.SharedKernel) -> str | None:

@@ -1,6 +1,6 @@
 """Sweeps: one workbook run per model × target × option set, as Ray tasks, and a sweep report.
 
-    >>> from portkit import sweep
+    >>> from portkit.run import sweep
     >>> cells = sweep.plan_sweep(["minilm", "gpt2"], ["neuron", "tpu"], "runs/sweep", stages="fallbacks")
     >>> outcome = sweep.run_sweep(cells, "runs/sweep")   # writes runs/sweep/sweep.html and sweep.json
     >>> outcome.counts()                                  # {'finished': 4, 'skipped': 0, 'failed': 0}
@@ -8,33 +8,14 @@
 A local Ray is started for the sweep and shut down after it; sweep.Resources(address="HOST:6379")
 joins an existing cluster instead (portkit installed on its workers).
 
-Each cell is the same papermill run as `portkit run --model M --target T` (portkit.run.runner.run, called
-inside a Ray task: its notebooks run in kernels of their own, so a task shares nothing with another),
-into the run folder <out>/<model tag>/<target>/, or <out>/<model tag>/<target>/<options> when the
-sweep has several option sets; every run leaves a report.json (the runner rebuilds it when the report
-stage is left out), which the sweep report reads. The sweep's own record of each cell (cell.json: its
-inputs, attempts and times; run.log: what the task printed) lives apart, under <out>/.sweep/, so a run
-folder holds only what `portkit run` writes. Every cell's plan is checked before Ray starts: bad input
-writes nothing. A run that finished before with the same inputs (its cell.json matches and its
-report.json has an "ok" result for every stage asked for) is skipped. A run with a failed stage is
-retried once inside the task, then recorded with the executed notebook that shows the error; a task
-whose worker dies is retried once by Ray (max_retries), then recorded.
+Each cell is the same papermill run as `portkit run --model M --target T` (portkit.run.runner.run, inside a
+Ray task, its notebooks in kernels of their own), into <out>/<model tag>/<target>[/<options>]; every run
+leaves a report.json, which the sweep report reads. The sweep's own record of each cell (cell.json, run.log)
+lives apart, under <out>/.sweep/. Every cell's plan is checked before Ray starts: bad input writes nothing.
+A run that finished before with the same inputs is skipped; a failed stage is retried once inside the task,
+a dead worker once by Ray (max_retries), then the cell is recorded as failed.
 
-sweep.json keys (stable; the conventions of report.json):
-- "schema": "portkit.sweep/1"; "created"; "out_dir"; "models"; "targets"; "option_sets"; "stages"
-- "engine": {"name": "ray", "ray_version", "address": "local" or the cluster's, "cluster_cpus",
-             "cpus_per_task", "memory_per_task_gib", "start_seconds"}
-- "wall_seconds"; "counts": {"finished", "skipped", "failed"}
-- "cells": [{"model", "model_tag", "target", "options": {name: value}, "options_label",
-    "status": "finished" | "skipped" (finished by an earlier sweep) | "failed", "attempts",
-    "run_dir", "report", "notebook", "log" (paths relative to out_dir, null when absent; a failed run
-    has a report too, naming the failed stage as a gap),
-    "error": text | null, "seconds" (workbook time, all attempts), "cpu_seconds" (the task and its kernels),
-    "queue_seconds", "task_seconds", "result_seconds" (submit to task start, task start to end, task end
-    to the sweep: the task's own time beyond "seconds" is the sweep's; null when skipped),
-    "mode": "native" | "emulated" | null, "verdict": report verdict | null (no readable report), "verdict_reason",
-    "blockers": [message], "bucket_plan": {"planner", "boundaries", "batch_sizes"} | null,
-    "hbm": {"peak_mib", "fits", "per_device"} | null, "accuracy": {"verdict", "setting", "output", "max_abs"} | null}]
+sweep.json's keys are stable (the conventions of report.json) and documented in docs/reference/sweep-json.md.
 """
 from __future__ import annotations
 
@@ -59,6 +40,7 @@ from portkit.runfolder import layout as runfolder
 from portkit.run import runner
 from portkit.core.atomic_io import read_json, write_json, write_text
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError, StageFailed
+from portkit.core.progress import watched
 
 SCHEMA = "portkit.sweep/1"
 CELL_SCHEMA = "portkit.run.sweep-cell/1"
@@ -200,7 +182,8 @@ def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
             try:
                 # one stage at a time: the cell's task holds the CPUs and memory of one (ResourcesPerTask)
                 runner.run(cell.model, [cell.target], str(cell.run_dir), cell.parameters, list(cell.stages),
-                           progress=False, log=lambda line: print(line, flush=True), lanes=1)
+                           progress=False, log=lambda line: print(line, flush=True),
+                           settings=runner.RunSettings(lanes=1))
             except StageFailed as exc:   # the run went on past the failed stage; its notebook shows the error
                 result["error"] = str(exc)
                 first = next(iter(exc.result.failures))
@@ -258,7 +241,8 @@ class SweepOutcome:
 
 def run_sweep(cells: list[Cell], out_dir, resources: Resources = Resources(), progress: bool = True,
               log=print) -> SweepOutcome:
-    """Run every cell not finished before as a Ray task; wait for all; return their records."""
+    """Run every cell not finished before as a Ray task; wait for all; return their records. progress=True: a
+    bar of the runs where someone watches stdout (progress.watched), none in a file or a pipe."""
     start = time.perf_counter()
     out = Path(out_dir).expanduser().resolve()
     records: list[dict | None] = [None] * len(cells)
@@ -315,7 +299,8 @@ def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress
         submitted = {}
         for k, cell in enumerate(cells):
             submitted[task.remote(cell, environ, os.getcwd())] = (k, time.time())
-        bar = tqdm(total=total, initial=total - len(cells), desc="sweep", unit="run", disable=not progress)
+        bar = tqdm(total=total, initial=total - len(cells), desc="sweep", unit="run",
+                   disable=not (progress and watched()))
         waiting = list(submitted)
         while waiting:
             ready, waiting = ray.wait(waiting, num_returns=1)

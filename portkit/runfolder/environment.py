@@ -1,6 +1,6 @@
 """The environment block every stage and report opens with, ready to paste into an issue.
 
-    >>> from portkit import environment
+    >>> from portkit.runfolder import environment
     >>> print(environment.block(["neuron", "tpu"]))
 """
 from __future__ import annotations

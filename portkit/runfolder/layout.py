@@ -1,6 +1,6 @@
 """The run folder: which stage writes which file, how a run folder is recognised, and the run log.
 
-    >>> from portkit import runfolder
+    >>> from portkit.runfolder import layout as runfolder
     >>> [s.name for s in runfolder.STAGES]
     ['fallbacks', 'compile', 'buckets', 'xla', 'accuracy', 'report']
     >>> runfolder.read_log("runs/minilm")["stages"]["compile"]["status"]      # "ok" or "failed"
@@ -30,8 +30,8 @@ def result_file(name: str) -> str:
 class Stage:
     name: str
     notebook: str
-    module: str          # its portkit module; its check_parameters() runs before anything is written
-    needs_weights: bool = True   # runs the model on values: skipped for an abstract model (no weights, #16)
+    module: str          # its portkit module; its Options are checked before anything is written
+    needs_weights: bool = True   # runs the model on values: skipped for an abstract model (no weights)
     # the earlier stages whose results it reads (portkit.runfolder.results): it starts once they have
     # ended; its module's reads(targets), where there is one, narrows them for the targets of a run
     reads: tuple[str, ...] = ()

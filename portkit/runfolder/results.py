@@ -1,16 +1,13 @@
 """Stage results: how they are written (stamped with their environment) and typed readers of the run folder.
 
-Every stage result carries the environment that produced it (issue #10). That environment names each
-target's detected mode, so this module sits above targets and environment, not among the foundations;
-the findings a result carries (portkit.core.findings) are a foundation, re-exported here as results.Finding.
+Every stage result carries the environment that produced it, because a run folder can be reported on
+another machine (`portkit report DIR` on a laptop, for a run made on a Trainium host) and the report must
+describe the machine that ran the stages. `save_result` adds an "environment" key (environment.environment():
+python, platform, torch build, packages, and per target its mode, reason, backend, precision and op table
+source); the report reads it back with `run_environment`. Target modes make this module sit above targets
+and environment; portkit.core.findings is re-exported here as results.Finding.
 
-A run folder can be reported on another machine (`portkit report DIR` on a laptop, for a run made on a
-Trainium host), so the report must describe the machine that ran the stages, not the one building the
-report. Every stage saves its result through `save_result`, which adds an "environment" key (the
-dict of environment.environment(): python, platform, torch build, packages, and per target its mode,
-reason, backend, precision and op table source); the report reads it back with `run_environment`.
-
-    >>> from portkit import results
+    >>> from portkit.runfolder import results
     >>> results.save_result("runs/minilm/fallbacks.json", report.to_dict())   # adds "environment"
     >>> env = results.run_environment({"fallbacks.json": data}, ["neuron", "tpu"])
     >>> env.info["targets"]["neuron"]["mode"], env.source, env.gaps

@@ -71,6 +71,9 @@ class StageOptions:
     def check(self, model: str | None) -> None:
         """Rules across fields, or on the model spec (override); a single field's rule belongs in CHECKS."""
 
+    def check_targets(self, targets) -> None:
+        """Rules on the run's targets, e.g. a backend or a precision each target accepts (override)."""
+
     @classmethod
     def parameters(cls) -> tuple[Parameter, ...]:
         return tuple(p for p in notebook_parameters(cls.NOTEBOOK) if p.name not in SHARED)

@@ -3,9 +3,9 @@
 The emulated targets' graphs make many fresh activation-sized tensors (the TPU's bf16 rounding, attention as
 two matmuls). By default glibc's malloc serves a block above an adaptive threshold (128 KiB, rising up to
 32 MiB) with mmap, and hands the top of its heap back to the system once twice the largest freed block lies
-free there: ~3,000 page faults a MiniLM forward (resource.getrusage), portkit_tpu's forward 1.13x-1.19x
-eager's against 1.05x-1.07x with blocks under 32 MiB served from the heap and up to 64 MiB of freed memory
-kept (benchmarks/bench_compile.py --allocator default|kernels, on the 2-core host of 2026-12-04).
+free there: thousands of page faults a forward, which slow the emulated forward against eager's; serving
+blocks under 32 MiB from the heap and keeping up to 64 MiB of freed memory removes most of that overhead
+(benchmarks/bench_compile.py --allocator default|kernels measures both).
 
 - ENVIRONMENT: the settings as the variables malloc reads when a process starts (the stage kernels:
   kernels.ENVIRONMENT);

@@ -1,34 +1,23 @@
 """portkit's emulated compile backends, and a counter of compiles around any backend.
 
-    >>> import torch                                # no `import portkit` needed: Dynamo finds the
-    >>> compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)   # names by entry point
+    >>> compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)   # no `import portkit` needed
     >>> compiled = torch.compile(module, backend="portkit_neuron", options={"precision": "matmult"})
     >>> compiled = torch.compile(module, backend="portkit_tpu", options={"inductor": True})  # CPU codegen
     >>> counter = backends.CompileCounter("portkit_tpu")   # every compile, timed, with what it found
     >>> compiled = torch.compile(module, backend=counter, dynamic=False)
-    >>> late = []                                   # compiles refused by fail_on_recompile, then paid
-    >>> with torch.compiler.set_stance("fail_on_recompile"):
-    ...     backends.call_counting_recompiles(lambda x: compiled(**x), inputs, late)
+    >>> with torch.compiler.set_stance("fail_on_recompile"):    # a refused recompile is paid, and listed
+    ...     backends.call_counting_recompiles(lambda x: compiled(**x), inputs, late := [])
 
-Each emulated backend stands in for its target's compiler (torch.compile(backend="neuron" / "tpu")) where a
-migration feels it:
-1. a graph with a symbolic shape is refused with the vendor's own message (Target.dynamic_shape_error; both
-   targets need dynamic=False and static shapes);
-2. the Dynamo graph is retraced to ATen with make_fx while numerics.emulate(target, precision) is active, so
-   the target's dtype rules and matmul rounding become nodes of the graph (numerics.py implements them);
-3. every ATen op is classified with the target's op table as torch.compile sees it; ops that would not lower
-   (CPU fallback, unsupported) are reported with the user's source line, and ops the target's compiler
-   decomposes (targets.DECOMPOSED) are counted apart: they lower as other ops;
-4. the retraced graph, the target's casts and rounding included, runs eagerly op by op: no code generation,
-   so a new shape costs the checks and the retrace only. With inductor=True (or options={"inductor": True})
-   Inductor compiles that graph for this CPU: faster forwards, real CPU compile times (never the vendor's).
-A graph that needs gradients (a training step) is split by AOTAutograd into its forward and backward ATen
-graphs (_torch.aot_autograd); each half goes through steps 2-4 as its own graph (GraphCheck.part).
-
-Names. The installed package declares portkit_neuron and portkit_tpu as `torch_dynamo_backends` entry points
-(pyproject.toml), so Dynamo's registry finds them in any interpreter and loads this module on first use; that
-is the one registration. From a source tree on PYTHONPATH without installed package metadata, importing this
-module registers the names Dynamo does not know (register()).
+Each emulated backend stands in for its target's compiler where a migration feels it: (1) a graph with a
+symbolic shape is refused with the vendor's own message (both targets need dynamic=False); (2) the graph is
+retraced to ATen while numerics.emulate(target, precision) is active, so the target's dtype rules and matmul
+rounding become graph nodes; (3) every ATen op is classified with the target's op table: ops that would not
+lower are reported with the user's source line, ops the target's compiler decomposes are counted apart;
+(4) the retraced graph runs eagerly op by op, no code generation, unless inductor=True compiles it for this
+CPU (real CPU compile times, never the vendor's). A training graph is split by AOTAutograd into forward and
+backward, each checked as its own graph. Dynamo finds portkit_neuron and portkit_tpu through the installed
+package's `torch_dynamo_backends` entry points (pyproject.toml); from a bare source tree, importing this
+module registers them (register()).
 """
 from __future__ import annotations
 
@@ -495,7 +484,7 @@ def call_counting_recompiles(call, inputs: dict, late: list[dict], request: int 
 @functools.cache
 def warm_inductor() -> float:
     """Compile a one-op function once per process, so that Inductor's C++ toolchain start-up
-    (precompiled header, compile workers; ~20 s cold, measured on a 2-core CPU) is not charged to a real
+    (precompiled header, compile workers: a cold start far longer than a small graph's compile) is not charged to a real
     compile. Only for paths that compile with Inductor (backend="inductor", an emulated backend with
     inductor=True): the emulated backends' default runs no code generation."""
     start = time.perf_counter()

@@ -11,7 +11,7 @@ A step takes at least max(FLOPs / peak FLOP/s, bytes / HBM bandwidth): the roofl
 throughput is lower (collectives, the host, kernel efficiency); every figure here says LABEL. In native
 mode a measurement replaces it.
 
-    >>> from portkit import capacity
+    >>> from portkit.targets import capacity
     >>> capacity.roofline(report, report.shapes[0], tokens=8 * 1024)   # a compile_for_tpu/compile_sharded result
     >>> capacity.neuron_capacity(meta_model, {"input_ids": ((8, 1024), "int64")})   # trn1, trn2, inf2 rows
 """

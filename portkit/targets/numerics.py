@@ -1,6 +1,6 @@
 """A target's numerics on the CPU: its dtype rules and matmul precision, applied op by op.
 
-    >>> from portkit import numerics, targets
+    >>> from portkit.targets import numerics, specs as targets
     >>> tpu = targets.get("tpu")
     >>> with numerics.emulate(tpu, "default") as mode:   # matmul operands rounded to bf16, fp32 accumulate
     ...     out = model(**inputs)
@@ -81,7 +81,7 @@ def round_to(x: torch.Tensor, dtype: torch.dtype, layout=torch.preserve_format) 
     layout=torch.contiguous_format also makes the copy contiguous (the same copies), which a batched
     matmul then reads without another copy. The narrowing keeps the tensor's own layout and the widening
     copy reorders: ATen's float32 -> bfloat16 conversion is several times slower through a permuted
-    view (an attention head's query: 0.73 ms against 0.14 ms, MiniLM batch 8 x 128 on this CPU)."""
+    view (an attention head's query, say) than on contiguous memory."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == dtype:
         return x
     if dtype == TF32:
@@ -158,7 +158,7 @@ class NumericsMode(TorchDispatchMode):
         p = self.precision
         if func is FUSED_ATTENTION and p.matmul_inputs is not None:
             self.stats[f"attention products rounded to {_name(p.matmul_inputs)}"] += 1
-            out = _attention(*args, **kwargs, operand=p.matmul_inputs, result=p.matmul_output)
+            out = _attention(*args, **kwargs, precision=p)
         elif func in MATMUL_OPERANDS and p.matmul_inputs is not None:
             positions = MATMUL_OPERANDS[func]
             args = tuple(round_to(a, p.matmul_inputs) if i in positions else a for i, a in enumerate(args))
@@ -213,11 +213,13 @@ def _restore(value, wide: torch.dtype, narrow: torch.dtype):
 
 
 def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None,
-               operand=torch.bfloat16, result=None):
-    """The CPU's fused attention as its two matmuls, with the target's rounding on each product.
+               precision: Precision):
+    """The CPU's fused attention as its two matmuls, with the target's rounding on each product: operands
+    to precision.matmul_inputs, products to precision.matmul_output (when set).
 
     Returns (output, logsumexp) like aten::_scaled_dot_product_flash_attention_for_cpu.
     Inference only: dropout must be 0, as in the workbook's eval-mode passes."""
+    operand, result = precision.matmul_inputs, precision.matmul_output
     if dropout_p:
         raise NotImplementedError("precision emulation of attention dropout; run the model in eval mode")
     if key.shape[-3] != query.shape[-3]:   # grouped-query attention: share each key/value head

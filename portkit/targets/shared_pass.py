@@ -1,8 +1,8 @@
 """Several targets' compile backends in one Dynamo pass, the graph run chosen by whose turn it is.
 
 A static-shape target compiles one graph per input shape, so the emulated targets compile the same graphs:
-tracing a shape once for all of them, not once a target, saves Dynamo's trace (a second or more a MiniLM
-shape on 2 cores) per shape and target. Stage 2's fixed shape (compile_steps.check_fixed_shapes) and stage 4's
+tracing a shape once for all of them, not once a target, saves one Dynamo trace per shape for every
+target after the first. Stage 2's fixed shape (compile_steps.check_fixed_shapes) and stage 4's
 compiled runs (target_runs.SharedCompile) use it; stage 2's storm shares its pass the same way but runs
 Dynamo's graph as captured (storm.recompile_storms).
 """

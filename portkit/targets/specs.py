@@ -1,6 +1,6 @@
 """The targets portkit moves models to, as data: one frozen entry per target, one `detect()`.
 
-    >>> from portkit import targets
+    >>> from portkit.targets import specs as targets
     >>> t = targets.detect("tpu")
     >>> t.mode, t.target.static_shapes, t.target.default_precision.name
     ('emulated', True, 'default')
@@ -211,12 +211,12 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
         dynamic_shape_error="TPU backend: does not support dynamic shape",
         features={
             "float64": FeatureRule(WORK, "TPUs have no float64: it runs as float32; keep this module in float32 "
-                                   "and check stage 4's accuracy", "pytorch/xla#1369, #8719"),
+                                   "and check stage 4's accuracy", "pytorch/xla#1369, pytorch/xla#8719"),
             "recurrent_loop": FeatureRule(INFO, _PLAIN_RNN_ADVICE, _PLAIN_RNN_SOURCE),
             "recurrent": FeatureRule(WORK, "LSTM/GRU are experimental on TorchTPU: measure them, or rewrite the "
                                      "recurrence (lax.scan-style loop) if they are slow", "torch_tpu README"),
             "sparse": FeatureRule(BLOCKER, "no sparse tensors on TPU: use dense tensors or a Pallas kernel",
-                                  "pytorch/xla#1369, #7142"),
+                                  "pytorch/xla#1369, pytorch/xla#7142"),
             "nested": FeatureRule(WORK, "ragged tensors are experimental on TorchTPU: pad to a bucket (stage 3)",
                                   "torch_tpu README"),
             "data_dependent": FeatureRule(WORK, "output size depends on the data: a SymInt in the graph, which "

@@ -1,6 +1,7 @@
 """Greedy generation of causal LMs: prefill then one decode step per token, compiled for a target.
 
-    >>> from portkit import generation, models
+    >>> from portkit import models
+    >>> from portkit.workloads import generation
     >>> lm = models.load("llama")
     >>> plan = generation.Plan(prompt_buckets=(16, 32), context_buckets=(32, 64), batch=4)
     >>> static = generation.generate_static(lm, texts, new_tokens=16, plan=plan, backend=backend)
@@ -11,14 +12,12 @@ Two ways to run the same greedy generation:
   target requires, so every generated token is a new cache length, a guard failure and a compile, until
   Dynamo's recompile limit (_torch.default_recompile_limit) makes the step run eagerly.
 - static: transformers' StaticCache, prompts left-padded to a prompt bucket and prefilled by one graph per
-  prompt bucket; decode is one graph per context bucket (the cache length) at the plan's batch. When the
-  context outgrows its bucket the cache moves into the next bucket's cache (a copy, no compile). After
-  warm_up the whole generation runs under set_stance("fail_on_recompile"): a compile there raises.
+  prompt bucket; decode is one graph per context bucket at the plan's batch (an outgrown cache is copied
+  into the next bucket's, no compile). After warm_up, set_stance("fail_on_recompile"): a compile raises.
 
-Overflow policy (Plan.overflow): a prompt longer than the largest prompt bucket is cut to its last
-`largest` tokens ("truncate", the default, what a serving stack does with a context window; counted in
-`truncated`) or refused with a one-line BadParameter ("error"). A generation whose prompt bucket plus
-new tokens exceeds the largest context bucket is refused before anything runs.
+Overflow (Plan.overflow): a prompt longer than the largest prompt bucket is cut to its last tokens
+("truncate", the default, counted in `truncated`) or refused with a one-line BadParameter ("error"); a
+prompt bucket plus new tokens beyond the largest context bucket is refused before anything runs.
 """
 from __future__ import annotations
 
@@ -105,7 +104,7 @@ def check_causal(lm) -> None:
 def check_workload(workload, model: str | None = None) -> str:
     """A stage's `workload` parameter (checks.WORKLOADS): "generate" needs a causal LM, so a built-in model is
     loaded to check it (once a process, whichever stage asks first; other models when the stage loads them).
-    Every stage's check_parameters calls this: the runner validates them all before anything is written."""
+    Every stage's options check calls this: the runner validates them all before anything is written."""
     from portkit.models import registry as models
     from portkit.core import checks
     if checks.workload(workload) == "generate" and model in models.SOURCES:

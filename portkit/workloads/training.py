@@ -1,27 +1,22 @@
 """A real training step: the model's own loss on real data, AdamW, N steps from the loaded weights.
 
-    >>> from portkit import data, models, training
+    >>> from portkit import models
+    >>> from portkit.corpora import corpus as data
+    >>> from portkit.workloads import training
     >>> m, corpus = models.load("gpt2"), data.load_corpus("stdlib")
     >>> batches = training.batches(m, corpus, steps=10, batch_size=4, seq_len=64, layout="packed")
     >>> run = training.train(m, batches, lr=1e-3)                        # eager float32, the reference
-    >>> run.losses, run.grad_norms[0]["model.transformer.h.0.attn.c_attn"]
-    >>> tpu = training.train(m, batches, lr=1e-3, target="tpu")          # eager, under TPU's numerics
     >>> tpu = training.train(m, batches, lr=1e-3, target="tpu", compiled=True)  # torch.compile(portkit_tpu)
-    >>> training.tokens_per_step(m, corpus, batch_size=8, seq_len=128)   # packed against padded rows
 
-The loss is the model's own (loss_for): next-token cross-entropy for causal language models; for
-embedding models (MiniLM) an in-batch contrastive loss (sentence-transformers' multiple-negatives
-ranking loss, scale 20) over pairs cut from each text, its first paragraph against the rest (the
-summary line of a docstring against its body); teacher-forced reconstruction for the seq2seq models;
-or the `loss` a user's factory declares on its LoadedModel. Other kinds are refused, naming them.
-
-Every run starts from a copy of the loaded weights (the model itself is never changed) with dropout
-off (eval mode, gradients on), so runs under different numerics see the same batches and differ only
-by the numerics: under a target, numerics.emulate applies its dtype rules and precision to the
-forward pass, the backward pass and the optimizer step alike (an all-ops bf16 setting therefore also
-rounds the weights' updates, as bf16 weights without fp32 master copies would). With compiled=True the
-forward pass and loss run through torch.compile with the target's emulated backend, which compiles the
-joint forward/backward graph (backends.py); the optimizer step stays eager.
+The loss is the model's own (loss_for): next-token cross-entropy for causal LMs; for embedding models an
+in-batch contrastive loss (sentence-transformers' multiple-negatives ranking loss) over each text's first
+paragraph against the rest; teacher-forced reconstruction for seq2seq; or the `loss` a user's LoadedModel
+declares. Other kinds are refused, naming them. Every run starts from a copy of the loaded weights with
+dropout off, so runs under different numerics see the same batches and differ only by the numerics: under a
+target, numerics.emulate applies to the forward pass, the backward pass and the optimizer step alike (an
+all-ops bf16 setting also rounds the weights' updates). With compiled=True the forward pass and loss go
+through torch.compile with the target's emulated backend (portkit/targets/backends.py); the optimizer step
+stays eager.
 """
 from __future__ import annotations
 

@@ -1,30 +1,22 @@
 """portkit's on-disk cache of XLA TPU compile verdicts: a rerun, or a later stage, never compiles a shape twice.
 
-JAX's own persistent compilation cache cannot serve compile-only executables: entries are written, but
-reading one back needs a PjRt client with devices, which a compile-only topology has not got, so every
-run misses. portkit therefore keeps the verdict itself, not the executable: compiled or refused, the
-compile seconds as measured, HBM per device, FLOPs and bytes accessed. That is all a report needs.
+JAX's persistent compilation cache cannot serve compile-only executables (reading an entry back needs a
+PjRt client with devices), so portkit keeps the verdict itself: compiled or refused, the compile seconds as
+measured, HBM per device, FLOPs and bytes accessed. That is all a report needs.
 
-    >>> from portkit import xla_cache
+    >>> from portkit.xla import cache as xla_cache
     >>> key = xla_cache.verdict_key(lowered.as_text(), {"topology": "v5e:1x1", "versions": {...}})
     >>> xla_cache.load(key)           # a Verdict, or None (absent, or damaged: compile again)
     >>> xla_cache.store(key, verdict)  # one JSON file per key, written atomically
 
-The key is the SHA-256 of the lowered StableHLO module (text, which holds every shape, dtype and
-sharding) together with whatever else decides the compiler's answer: jax, jaxlib and libtpu versions,
-the topology, the dtype, XLA_FLAGS and LIBTPU_INIT_ARGS, and the compile options (portkit.xla.compiler
-builds that context). Lowering is cheap; the compile is what the cache saves. The folder is
-`xla-verdicts` under portkit's cache root (portkit.corpora.corpus.cache_root: $PORTKIT_CACHE_DIR, else
-$XDG_CACHE_HOME/portkit, else ~/.cache/portkit). Deleting it only costs recompiles.
-
-A rerun should not even lower: `program_key` keys a shape by what decides its lowered module before
-any lowering (the model's classes and the SHA-256 of their source files, its parameter and buffer
-names, shapes and dtypes, its config, the input shapes and dtypes, the check and its compile context,
-the torch/transformers/torchax/jax/jaxlib/libtpu versions and portkit's own lowering code). Its entry
-(folder `xla-programs`) names the verdict key the lowering gave, with the lowering's own figures as
-measured then; a hit reads the verdict with no jax import, no torchax conversion and no lowering.
-A model whose classes have no readable source file (defined in a notebook cell) gets no program key
-and is lowered every time, as before.
+The key is the SHA-256 of the lowered StableHLO text with everything else that decides the compiler's
+answer (jax/jaxlib/libtpu versions, topology, dtype, XLA_FLAGS, LIBTPU_INIT_ARGS, compile options: built by
+portkit.xla.compiler). The folder is `xla-verdicts` under portkit.corpora.corpus.cache_root ($PORTKIT_CACHE_DIR,
+else $XDG_CACHE_HOME/portkit, else ~/.cache/portkit); deleting it only costs recompiles. `program_key` lets a
+rerun skip even the lowering: it keys a shape by what decides its lowered module (the model's classes and
+their source files' SHA-256, parameter names, shapes and dtypes, config, input shapes, the check, the
+versions and portkit's lowering code), and its entry (`xla-programs`) names the verdict key. A model whose
+classes have no readable source file (a notebook cell) has no program key and is lowered every time.
 """
 from __future__ import annotations
 

@@ -6,19 +6,16 @@ without a TPU still gets the real compiler's verdict per input shape: compiled o
 device, FLOPs, and whether it fits. Nothing is executed on a TPU. For Neuron (neuronx-cc is not
 installable here) the same conversion stops at StableHLO: a lowering check, not a Neuron compile.
 
-    >>> from portkit import models, xla_compile
+    >>> from portkit import models
+    >>> from portkit.xla import compiler as xla_compile
     >>> m = models.load("minilm")
     >>> report = xla_compile.compile_for_tpu(m, shapes=[{"batch": 8, "seq": 128}], topology="v5e:1x1")
     >>> print(report)                 # per shape: compiled?, seconds, HBM per device, FLOPs, fits
     >>> xla_compile.check_lowering(m, [{"batch": 8, "seq": 128}])     # Neuron: StableHLO only
-    >>> xla_compile.compile_seconds(m, {"batch": 8, "seq": 128}, "v5e:1x1")  # (seconds, where from)
 
-Every TPU compile verdict is kept in portkit's verdict cache (portkit.xla.cache), keyed by the lowered
-module and the compile context: a shape compiled once is never compiled again, by a rerun or by
-another stage pricing it; its ShapeResult says `cached` and keeps the seconds measured then. A
-program key (xla_cache.program_key: the model's source, weights' shapes, inputs, context, versions)
-names the verdict before any lowering, so a rerun neither imports jax nor converts nor lowers; the
-Neuron lowering check's figures are kept the same way.
+Every TPU compile verdict is kept in portkit's verdict cache (portkit.xla.cache), keyed by the lowered module
+and the compile context: a shape is never compiled twice, by a rerun or another stage (its ShapeResult says
+`cached`); a program key names the verdict before any lowering, so a rerun does not even import jax.
 Shapes are {"batch": B, "seq": S} (text), {"batch": B} (images), or {input_name: (shape, dtype)}.
 Needs `pip install 'portkit[xla]'`; without it these raise MissingPackage with the one line to run.
 """
@@ -200,7 +197,7 @@ class _Program:
                 # torchax finds weights by reading every attribute of every submodule, which trips
                 # deprecated Hugging Face properties (is_gradient_checkpointing); the user's code did not.
                 warnings.simplefilter("ignore", FutureWarning)
-                if is_abstract(self.module):   # meta weights: shapes and dtypes only (scale work, #16)
+                if is_abstract(self.module):   # meta weights: shapes and dtypes only (a real-size model)
                     states, fn = _extract_abstract(jax, torchax, self.module)
                 else:
                     states, fn = torchax.extract_jax(self.module)

@@ -6,7 +6,8 @@ Each weight is split over the topology's devices along its first dimension that 
 compiler inserts the collectives this needs (all-gathers of weights, reductions); each result counts
 them in the compiled HLO. Compile-only, no TPU needed; verdicts go through portkit's verdict cache.
 
-    >>> from portkit import abstract_models, xla_sharded
+    >>> from portkit.models import abstract as abstract_models
+    >>> from portkit.xla import sharded as xla_sharded
     >>> m = abstract_models.build("llama3-8b")
     >>> r = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 8, 1024)], "v5e:2x4")
     >>> r.shapes[0].memory["total"], r.shapes[0].collectives
@@ -110,22 +111,6 @@ def smallest_fitting(model, shape: dict, candidates, dtype: str | None = None) -
         if report.shapes[0].ok and report.shapes[0].status == "compiled":
             return name, tried
     return None, tried
-
-
-def check_scale_parameters(topologies, batch: int, seq: int, buckets=()) -> None:
-    """The real-size check's parameters (an abstract model's stage 3b), each bad one a one-line BadParameter."""
-    from portkit.core import checks
-
-    if not isinstance(topologies, (list, tuple)) or not topologies:
-        raise BadParameter("scale_topologies", topologies, xla_compile.TOPOLOGIES)
-    for topology in topologies:
-        xla_compile.check_topology(topology)
-    checks.positive_int("scale_batch", batch)
-    checks.positive_int("scale_seq", seq)
-    if not isinstance(buckets, (list, tuple)):
-        raise BadParameter("scale_buckets", buckets, hint="a list of sequence lengths, e.g. [512, 2048]")
-    for bucket in buckets:
-        checks.positive_int("scale_buckets entry", bucket)
 
 
 def largest_fitting(fits, limit: int, guess: int | None = None, within: float = 0.0) -> tuple[int, dict[int, bool]]:

@@ -1,7 +1,7 @@
 """Stage 4 with `-p workload generate`: greedy generation under each target's numerics against the float32
-eager reference (issue #14).
+eager reference.
 
-    >>> found = generation_accuracy.compare(lm, texts, ["neuron", "tpu"], new_tokens=16)
+    >>> found = generation_accuracy.compare(lm, texts, ["neuron", "tpu"], accuracy.Options.of({"new_tokens": 16}))
     >>> found.targets["tpu"].summary()
 
 Both runs use the same bucketed static cache (generation.plan_for) and run eagerly: the reference in
@@ -11,7 +11,7 @@ there (after it the two runs continue different texts, so their logits are no lo
 
 A greedy token can flip on a near-tie: where the reference's top-1 and top-2 logits differ by less than the
 target's own logit error at that step, the pick between them is decided by rounding, not by the model. Such a
-divergence is counted as a near-tie and the agreement is judged without it (tolerance.TASK_BOUNDS
+divergence is counted as a near-tie and the agreement is judged without it (tolerance.DEFAULT_TASK_BOUNDS
 "agreement"); a divergence with a clear reference margin is a failure.
 """
 from __future__ import annotations
@@ -23,8 +23,6 @@ import torch
 from portkit.workloads import generation
 from portkit.targets import numerics
 from portkit.targets import specs as targets_mod
-from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
-
 
 
 @dataclass
@@ -111,11 +109,11 @@ def _prompt(ref_tokens, ref_logits, tokens, logits, row: int) -> PromptResult:
                         errors[-1] if first is not None else None, errors)
 
 
-def compare(lm, texts: list[str], targets, new_tokens: int = 16, precision=None,
-            task_bounds: dict | None = None) -> GenerationComparison:
-    """Greedy generation of `new_tokens` for `texts` (one batch) in float32 and under each migration target's
-    numerics (precision: {target: name}, default the target's own), judged against task_bounds["agreement"]."""
-    budget = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}["agreement"]
+def compare(lm, texts: list[str], targets, options) -> GenerationComparison:
+    """Greedy generation of options.new_tokens for `texts` (one batch) in float32 and under each migration
+    target's numerics (options.precision: {target: name}, default the target's own), judged against the
+    task bound "agreement" (options.bounds). options: the stage's options (stage.Options)."""
+    new_tokens, precision, budget = options.new_tokens, options.precision, options.bounds["agreement"]
     plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
     ref = generation.generate_static(lm, texts, new_tokens, plan, keep_logits=True)
     found = GenerationComparison(lm.name, new_tokens, {"prompt_buckets": list(plan.prompt_buckets),

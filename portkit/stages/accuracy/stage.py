@@ -1,61 +1,40 @@
 """Stage 4, accuracy: the target's numerics against a reference, per output, per bucket and per layer.
 
-    >>> from portkit import accuracy, data, models
-    >>> model, corpus = models.load("minilm"), data.load_corpus()
-    >>> inputs, _ = data.example_batch(model, corpus, batch_size=4, seq_len=64)
+    >>> opts = accuracy.Options.of({"batch_size": 4})             # notebooks/04_accuracy.py's parameters, checked
+    >>> inputs, described = data.example_batch(model, corpus, opts.batch_size, opts.seq_len)
     >>> plan = accuracy.bucket_plan("runs/minilm", ["tpu"])      # stage 3's buckets.json, else [32, 64, 128]
-    >>> report = accuracy.check_accuracy(model, inputs, ["tpu"], corpus=corpus, buckets=plan)
-    >>> print(report)          # verdict, reasons, the first module out of tolerance, suggestions
-    >>> report.plot()          # error against depth (module execution order), one line per precision
-    >>> report.save("runs/minilm/accuracy.json")
+    >>> report = accuracy.check_accuracy(model, inputs, ["tpu"], opts, corpus=corpus, buckets=plan)
+    >>> print(report); report.plot(); report.save("runs/minilm/accuracy.json")
 
-Reference: the model as written, eager on the CPU (float32, and float64 where the model computes in
-float64), and the model in float64 where it runs in float64 (a second reference that shows how far
-float32 itself is from exact; a float64 model is its own float64 reference). Target: in native mode the device; in
-emulated mode the CPU under `numerics.emulate(target, precision)`, the target's documented dtype rules
-and matmul precision, on the same real inputs. Every result names its precision (with the flag that
-selects it on hardware) and its target side ("eager emulation", or the device).
+Reference: the model eager on the CPU as written, and a float64 copy (how far float32 is from exact). Target:
+the device natively; emulated, the CPU under `numerics.emulate(target, precision)`. The verdict is the task's:
+each output kind's task metrics (comparison.TASK_METRICS) within their budgets (`task_bounds`), or an error
+against float64 within `baseline_factor` times that of today's GPU setup (`gpu_numerics`, emulated too).
+`torch.testing.assert_close` at the dtype's tolerance is detail; only real positions count (the mask). Per
+layer, hooks name the first module out of tolerance; float64 run as float32 is split from the rounding. A
+target whose compiler refuses the model is judged in eager emulation, the refusal a blocker finding.
 
-The verdict is the task's: each output kind's task metrics (comparison.TASK_METRICS: embeddings, cosine
-to the reference and top-5 nearest-neighbour agreement over a corpus sample; classifiers, top-1
-agreement; language models, greedy-token agreement, KL and the perplexity change on the batch's own
-text), each against its budget (tolerance.DEFAULT_TASK_BOUNDS, a parameter). The baseline is today's GPU
-deployment (`gpu_numerics`, numerics.GPU_NUMERICS, emulated on the CPU): each result's error against
-float64 is given as a ratio to that setup's own, and within `baseline_factor` times it is no regression,
-a PASS against that baseline whatever the budgets say. `torch.testing.assert_close` at the tolerance of
-the dtype the target computes in stays as detail. Only real positions count: the attention mask selects
-them. Each precision setting is measured and shown next to the matmul cost its vendor documents
-(numerics.precision_cost).
-
-Per layer, hooks on every module keep the reference activations and compare the target's as soon as
-they are produced; the first module (in execution order) whose output is out of tolerance is named,
-and the suggestions are drawn from what was measured (a higher precision's measured error, norm
-layers that amplify the error, float64 ops that ran as float32, the atol a task-level pass needs).
-Where the target ran float64 ops as float32, the error is split by cause: the target's dtype rules
-alone (float64 run as float32, no rounding) against the reference, and the precision's rounding
-against that; each figure names its cause, and the float64 advice quotes the first.
-
-A target whose compiler refuses the model (target_runs.Refusal) is judged in eager emulation, labelled
-so, and its result carries the refusal as a blocker finding; the stage goes on.
-
-The parts: the tolerance policy is portkit/targets/tolerance.py, the comparisons portkit/stages/accuracy/comparison.py, the
-per-layer hooks portkit/stages/accuracy/localize.py, how each target side runs portkit/stages/accuracy/target_runs.py, and the
-result object with its tables, plots and suggestions portkit/stages/accuracy/result.py. This module is the
-stage's verb and its parameters, and the bucket batches it checks.
+The parts: tolerances portkit/targets/tolerance.py; comparisons comparison.py; per-layer hooks localize.py;
+how each target side runs target_runs.py; the result, tables, plots and suggestions result.py. This module:
+the stage's options, its verb, the reference set-up and the bucket batches it checks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from portkit.models import registry as models
 from portkit.targets import numerics
+from portkit.core import checks
 from portkit.core import progress as progress_bars
 from portkit.runfolder import results
+from portkit.stages import options
 from portkit.stages.accuracy import target_runs
 from portkit.targets import specs as targets_mod
-from portkit.stages.accuracy.result import CAST_CAUSE, AccuracyReport, against_baseline, PrecisionResult, TargetAccuracy, suggest
+from portkit.stages.accuracy.result import (CAST_CAUSE, AccuracyReport, PrecisionResult, TargetAccuracy,
+                                            against_baseline, suggest)
 from portkit.stages.accuracy.comparison import check, compare, finish, neighbour_agreement, primary_output, task_metrics
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy.localize import LayerProbe, layer_summary
@@ -64,6 +43,10 @@ from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, DEFAULT_TOLERANCES, U
 
 DEFAULT_BUCKETS = (32, 64, 128)
 _BUCKET_POOL = 512       # texts sampled and tokenized to fill the buckets
+# Buckets checked per target: a plan of more (an auto plan for a cheap compiler) is sampled, spread over its
+# boundaries with the largest included; the rest are listed as not checked.
+MAX_CHECKED_BUCKETS = 8
+NEIGHBOURS = 5           # k of top-k nearest-neighbour agreement
 
 
 # ---------------------------------------------------------------- per layer, alone
@@ -96,7 +79,8 @@ class BucketBoundaries:
 
 def bucket_plan(out_dir, targets, default=None) -> dict[str, BucketBoundaries]:
     """Per target: stage 3's chosen boundaries from out_dir/buckets.json when present, else `default`
-    (None: DEFAULT_BUCKETS). A damaged buckets.json raises results.UnreadableResult, naming the file and what is wrong."""
+    (None: DEFAULT_BUCKETS). A damaged buckets.json raises results.UnreadableResult, naming the file and what is
+    wrong."""
     saved = results.read_buckets(out_dir) if out_dir is not None else None
     plans = {}
     for name in targets_mod.parse_targets(targets):
@@ -170,194 +154,256 @@ def target_side(targets, compiled: bool | None = None) -> bool:
 
 
 
-# ---------------------------------------------------------------- the stage's verb
-def check_parameters(targets=None, batch_size: int = 4, seq_len: int = 64, precision=None, tolerances=None,
-                     task_bounds=None, default_buckets=None, seed: int = 0, corpus: str = "stdlib",
-                     all_precisions: bool = True, layers: bool = True, float64_reference: bool = True,
-                     gpu_numerics: str = "fp32", workload: str = "inference", train_steps: int = 20,
-                     new_tokens: int = 16) -> None:
-    """The notebook's validation cell, also run by the runner before anything is written."""
+# ---------------------------------------------------------------- the stage's options
+def _corpus(name: str, value) -> str:
     from portkit.corpora import corpus as data
-    from portkit.core import checks
-    checks.choice("gpu_numerics", gpu_numerics, numerics.GPU_NUMERICS)
-    checks.workload(workload)
-    checks.positive_int("train_steps", train_steps)
-    checks.positive_int("new_tokens", new_tokens, maximum=512)
-    checks.positive_int("batch_size", batch_size)
-    checks.positive_int("seq_len", seq_len)
-    checks.non_negative_int("seed", seed)
-    data.check_corpus(corpus)
-    for name, value in (("all_precisions", all_precisions), ("layers", layers), ("float64_reference", float64_reference)):
-        checks.boolean(name, value)
-    if targets is not None:
-        targets_mod.parse_targets(targets)
-    for name, value, hint in (("precision", precision, "target name -> precision name, e.g. {'tpu': 'highest'}"),
-                              ("tolerances", tolerances, "dtype -> [rtol, atol]"),
-                              ("task_bounds", task_bounds, f"with keys {', '.join(DEFAULT_TASK_BOUNDS)}")):
-        if not isinstance(value or {}, dict):
-            raise BadParameter(name, value, hint=f"give a dict of {hint}")
-    for name, value in (precision or {}).items():
-        targets_mod.get(name).precision(value)
-    for dtype, pair in (tolerances or {}).items():
+    return data.check_corpus(value)
+
+
+def _new_tokens(name: str, value) -> int:
+    return checks.positive_int(name, value, maximum=512)
+
+
+def _dict_of(name: str, value, hint: str) -> None:
+    if not isinstance(value or {}, dict):
+        raise BadParameter(name, value, hint=f"give a dict of {hint}")
+
+
+def _precision(name: str, value):
+    """{target: precision name}: each one of that target's precisions."""
+    _dict_of(name, value, "target name -> precision name, e.g. {'tpu': 'highest'}")
+    for target, chosen in (value or {}).items():
+        targets_mod.get(target).precision(chosen)
+    return value
+
+
+def _tolerances(name: str, value):
+    """{compute dtype: [rtol, atol]}, two numbers >= 0 for a dtype of tolerance.DEFAULT_TOLERANCES."""
+    _dict_of(name, value, "dtype -> [rtol, atol]")
+    for dtype, pair in (value or {}).items():
         checks.choice("tolerance dtype", dtype, DEFAULT_TOLERANCES)
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in pair)):
             raise BadParameter(f"tolerance for {dtype}", pair, hint="give [rtol, atol], two numbers >= 0")
-    for key, value in (task_bounds or {}).items():
+    return value
+
+
+def _task_bounds(name: str, value):
+    """{bound: value} for bounds of tolerance.DEFAULT_TASK_BOUNDS: cosine and agreement in [0, 1], kl and
+    perplexity >= 0, baseline_factor >= 1."""
+    _dict_of(name, value, f"with keys {', '.join(DEFAULT_TASK_BOUNDS)}")
+    for key, bound in (value or {}).items():
         checks.choice("task bound", key, DEFAULT_TASK_BOUNDS)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
-                (key not in UPPER_BOUNDS and value > 1) or (key == "baseline_factor" and value < 1):
-            raise BadParameter(f"task bound {key}", value, hint="cosine and agreement lie in [0, 1]; kl and "
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound < 0 or \
+                (key not in UPPER_BOUNDS and bound > 1) or (key == "baseline_factor" and bound < 1):
+            raise BadParameter(f"task bound {key}", bound, hint="cosine and agreement lie in [0, 1]; kl and "
                                "perplexity are >= 0; baseline_factor is >= 1")
-    if default_buckets is not None:    # None, the notebook's default: DEFAULT_BUCKETS
-        _check_boundaries(default_buckets)
+    return value
 
 
-def _check_boundaries(default_buckets) -> None:
-    from portkit.core import checks
-    if not isinstance(default_buckets, (list, tuple)) or not default_buckets:
-        raise BadParameter("default_buckets", default_buckets, hint="give a list of sequence lengths, e.g. [16, 32]")
-    for boundary in default_buckets:
+def _boundaries(name: str, value):
+    """Bucket boundaries: ascending, distinct sequence lengths; None (the notebook's default): DEFAULT_BUCKETS."""
+    if value is None:
+        return value
+    if not isinstance(value, (list, tuple)) or not value:
+        raise BadParameter(name, value, hint="give a list of sequence lengths, e.g. [16, 32]")
+    for boundary in value:
         checks.positive_int("bucket boundary", boundary)
-    if list(default_buckets) != sorted(set(default_buckets)):
-        raise BadParameter("default_buckets", default_buckets, hint="boundaries must be ascending and distinct")
+    if list(value) != sorted(set(value)):
+        raise BadParameter(name, value, hint="boundaries must be ascending and distinct")
+    return value
 
 
-def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"), *, precision=None,
-                   all_precisions: bool = True, tolerances=None, task_bounds=None, corpus=None, buckets=None,
-                   batch_size: int = 4, layers: bool = True, float64_reference: bool = True, seed: int = 0,
-                   emulation=numerics.emulate, compiled: bool | None = None, description: str | None = None,
-                   progress: bool = True, gpu_numerics: str = "fp32",
-                   neighbour_texts: int = 24, compiled_buckets: bool = False) -> AccuracyReport:
+class Options(options.StageOptions):
+    """Stage 4's options: the parameters cell of notebooks/04_accuracy.py, each field checked."""
+    NOTEBOOK = "04_accuracy.ipynb"
+    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.positive_int,
+              "seq_len": checks.positive_int, "seed": checks.non_negative_int, "precision": _precision,
+              "tolerances": _tolerances, "task_bounds": _task_bounds,
+              "gpu_numerics": checks.one_of(numerics.GPU_NUMERICS), "default_buckets": _boundaries,
+              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _new_tokens,
+              "train_steps": checks.positive_int}
+
+    @property
+    def bounds(self) -> dict:
+        """The verdict's budgets: task_bounds over tolerance.DEFAULT_TASK_BOUNDS."""
+        return {**DEFAULT_TASK_BOUNDS, **(self.task_bounds or {})}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What check_accuracy measures beyond the notebook's options, and how it runs (the API's and the tests'
+    settings; the notebook runs the defaults)."""
+    all_precisions: bool = True      # each target's other precisions too (natively: only the one in effect)
+    layers: bool = True              # per-layer hooks: the first module out of tolerance
+    float64_reference: bool = True   # the model in float64 as a second reference
+    neighbour_texts: int = 24        # corpus texts embedded for top-5 nearest-neighbour agreement (embeddings)
+    compiled: bool | None = None     # the chosen precision judged compiled by its backend; None: when present
+    compiled_buckets: bool = False   # emulated buckets compiled too (see check_accuracy)
+    emulation: Callable = numerics.emulate   # the eager numerics; tests pass numerics.wrong_op_TESTING_ONLY(...)
+    progress: bool = True            # progress bars
+
+    def __post_init__(self) -> None:
+        for name in ("all_precisions", "layers", "float64_reference", "compiled_buckets", "progress"):
+            checks.boolean(name, getattr(self, name))
+        checks.positive_int("neighbour_texts", self.neighbour_texts)
+        if self.compiled and self.emulation is not numerics.emulate:
+            raise BadParameter("compiled", self.compiled,
+                               hint=f"{self.emulation.__name__} runs eagerly only; pass compiled=False")
+
+    def judged_compiled(self) -> bool:
+        """`compiled`; None: whether stage 2's backends are present (and the emulation is the targets' own)."""
+        if self.compiled is None:
+            return compiled_available() and self.emulation is numerics.emulate
+        return self.compiled
+
+
+# ---------------------------------------------------------------- the stage's verb
+def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"), options: Options | None = None,
+                   *, corpus=None, buckets=None, description: str | None = None,
+                   scope: Scope | None = None) -> AccuracyReport:
     """Compare every target's numerics with the float32 (and float64) reference on `inputs`.
 
     model: a portkit.models.registry.LoadedModel; inputs: the dict its encode() returns.
-    precision: {target: precision name}; a target not named uses its default.
-    buckets: bucket_plan()'s result, or one list of boundaries for every target; needs `corpus`.
-    emulation: a callable like numerics.emulate (tests pass numerics.wrong_op_TESTING_ONLY(...)).
-    compiled: judge the chosen precision's outputs and buckets with the model compiled by the target's
-    backend (stage 2's emulated one); None: when those backends are present. The other precisions and
-    the per-layer hooks run eagerly (hooks cannot see inside a compiled graph); every result says which.
-    gpu_numerics: how the model runs on the GPU today (numerics.GPU_NUMERICS), the baseline: each result's
-    error against float64 is reported as a ratio to that setup's own, emulated on the CPU.
-    neighbour_texts: corpus texts embedded for top-5 nearest-neighbour agreement (embeddings only).
-    compiled_buckets: also compile every bucket for the per-bucket comparison when emulated (natively, the
-    vendor's compiler always compiles them). By default emulated buckets run in eager emulation, padded to the bucket: the compiled graph applies the same numerics rules op by op
-    (the chosen precision's compiled_vs_eager measures it on the main batch), and stage 3 compiled every
-    bucket and checked its padded outputs against unpadded eager ones under the target's numerics.
-    Compiling each bucket again cost ~3.6 s a bucket on 2 cores (39 buckets, ~150 s of the default run).
+    options: the notebook's parameters (Options.of(...); None: Options.defaults()): each target's precision
+    (one not named uses its default), tolerances, task_bounds, gpu_numerics (how the model runs on the GPU
+    today, the baseline: each result's error against float64 is a ratio to that setup's own, emulated on
+    the CPU), and the batch_size and seed of each bucket's batch.
+    corpus: what the bucket batches and the neighbour sample are drawn from. buckets: bucket_plan()'s result,
+    or one list of boundaries for every target (None: options.default_buckets, else DEFAULT_BUCKETS); they
+    need `corpus`. description: the batch, in words. scope: what is measured and how (None: Scope()).
+
+    The chosen precision is judged with the model compiled by the target's backend (stage 2's emulated one)
+    where scope.compiled says so (None: when those backends are present). The other precisions and the
+    per-layer hooks run eagerly (hooks cannot see inside a compiled graph); every result says which. Emulated
+    buckets run in eager emulation padded to the bucket unless scope.compiled_buckets: the compiled graph
+    applies the same numerics rules op by op (the chosen precision's compiled_vs_eager measures it on the
+    main batch), and stage 3 compiled every bucket and checked its padded outputs against unpadded eager ones
+    under the target's numerics. Natively, the vendor's compiler compiles every bucket.
     """
+    options = options if options is not None else Options.defaults()
+    scope = scope if scope is not None else Scope()
     names = targets_mod.parse_targets(targets)
-    check_parameters(names, batch_size=batch_size, precision=precision, tolerances=tolerances,
-                     task_bounds=task_bounds, seed=seed, all_precisions=all_precisions, layers=layers,
-                     float64_reference=float64_reference, gpu_numerics=gpu_numerics,
-                     default_buckets=DEFAULT_BUCKETS if isinstance(buckets, dict) else list(buckets or DEFAULT_BUCKETS))
-    if compiled is None:
-        compiled = compiled_available() and emulation is numerics.emulate
-    elif compiled and emulation is not numerics.emulate:
-        raise BadParameter("compiled", compiled, hint=f"{emulation.__name__} runs eagerly only; pass compiled=False")
-    bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
-    module, kind = model.module.eval(), model.declaration.primary.metric
-    mask = _mask(model, inputs)
-    probe = LayerProbe(module, mask, progress) if layers else None
-    ref = probe.capture(lambda: module(**inputs)) if probe else target_runs.forward(module, inputs)
-    wide = target_runs.float64_model(module)
-    reference64 = target_runs.Float64Reference(module)
-    ref64, ref64_note = reference64(inputs) if float64_reference and not wide else \
-        (None, "the reference is the float64 model itself" if wide else "not requested")
-    main = _main(model, ref)
-    truth = ref if wide else ref64      # float64: the model's own, or the float64 copy
-    baseline = _baseline(module, inputs, ref, gpu_numerics, truth if truth is not None else ref, main, mask,
-                         bounds["baseline_factor"], truth is None)
-    sample = _neighbour_sample(model, corpus, inputs, seed, neighbour_texts) if kind == models.EMBEDDING else None
-
-    def baseline_for(batch, batch_ref, batch_mask):
-        """A bucket's GPU baseline, against the same kind of float64 truth as the main batch's."""
-        wide_ref = batch_ref if wide else reference64(batch)[0] if truth is not None \
-            else None
-        found = wide_ref if wide_ref is not None else batch_ref
-        return _baseline(module, batch, batch_ref, gpu_numerics, found, main, batch_mask, bounds["baseline_factor"],
-                         wide_ref is None), found
-    if not isinstance(buckets, dict):
-        buckets = {n: BucketBoundaries(list(buckets or DEFAULT_BUCKETS), "parameter") for n in names}
-    steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * all_precisions for n in names) + \
-        (sum(len(buckets[n].boundaries) for n in names) if corpus is not None and model.seq_dim else 0)
-    bar = progress_bars.bar(total=steps, desc="accuracy", unit="pass", disable=not progress)
-    bucket_refs: dict = {}
-    per_target, shared = {}, target_runs.SharedCompile.for_targets(module, names, precision, compiled)
-    for name in names:
-        detected = targets_mod.detect(name)
-        target, side = detected.target, TargetSide(detected, module, emulation, compiled, shared)
-        chosen = target.precision((precision or {}).get(name, target.default_precision.name))
-        # natively, a precision is a flag set before the process starts: only the one in effect is measured
-        settings = [chosen] + ([p for p in target.precisions if p != chosen] if all_precisions and not detected.native else [])
-        results, outs = [], []
-        for p in settings:
-            bar.set_postfix_str(f"{name} {p.name}")
-            tol = tolerance_for(p, tolerances)
-            out, rows, reason, changed, f64 = side.run(inputs, p, probe, tol)
-            judged_by, vs_eager = side.label(False), None
-            if compiled and p == chosen:
-                eager, (out, _, _, changed, _) = out, side.run(inputs, p, compiled=True, batch=buckets[name].batch)
-                judged_by = side.label(True)
-                vs_eager = None if side.refused else {k: compare(out[k], eager[k], None, mask) for k in ref}
-                if side.refused:
-                    bar.write(f"target {name}: {side.refused.backend} refuses the compiled model "
-                              f"({side.refused.message}); judged in {side.label(False)} instead")
-            results.append(PrecisionResult(
-                precision=p.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
-                outputs={k: compare(out[k], ref[k], tolerance_for(p, tolerances, ref[k].dtype), mask) for k in ref},
-                task=_task(kind, out[main], ref[main], mask, bounds, inputs, side, p, sample),
-                baseline=_versus(baseline, out[main], truth if truth is not None else ref, main, mask),
-                vs_float64={k: compare(out[k], ref64[k], None, mask) for k in ref} if ref64 else None,
-                layers=layer_summary(rows, reason, tol, p, side.label(False)) if rows is not None else None,
-                numerics=changed, float64_ops=f64))
-            outs.append(out)
-            bar.update()
-        if results[0].float64_ops:
-            _split_by_cause(side, inputs, ref, mask, results, outs)
-        plan = buckets[name]
-        bucket_rows = _buckets(model, corpus, plan, chosen, side, compiled and (compiled_buckets or detected.native), tolerances, bounds, batch_size, seed,
-                               bucket_refs, bar, baseline_for) if corpus is not None and model.seq_dim else \
-            [{"boundary": None, "skipped": "no buckets: the model takes one input shape" if not model.seq_dim
-              else "no corpus given"}]
-        result = TargetAccuracy(detected.to_dict(), results[0], results[1:],
-                                {"boundaries": plan.boundaries, "source": plan.source}, bucket_rows,
-                                compile_refused=side.refused.to_dict() if side.refused else None)
-        result.suggestions = suggest(target, result, kind)
-        per_target[name] = result
+    plans = _plans(buckets, options, names)
+    ref = Reference.build(model, inputs, options, scope, corpus)
+    steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * scope.all_precisions for n in names) + \
+        (sum(len(plans[n].boundaries) for n in names) if corpus is not None and model.seq_dim else 0)
+    bar = progress_bars.bar(total=steps, desc="accuracy", unit="pass", disable=not scope.progress)
+    shared = target_runs.SharedCompile.for_targets(ref.module, names, options.precision, ref.compiled)
+    per_target = {name: _check_target(ref, name, plans[name], shared, bar) for name in names}
     bar.close()
-    mixed = wide or any(t.chosen.float64_ops for t in per_target.values()) or target_runs.has_float64(module)
-    reference = {"description": "float64 eager on the CPU (the model is float64)" if wide else
-                 "eager on the CPU as written: float32, and float64 where the model computes in float64" if mixed
-                 else "eager float32 on the CPU", "float64": ref64_note,
-                 "float32_vs_float64": {k: compare(ref[k], ref64[k], None, mask) for k in ref} if ref64 else None}
-    shapes = {k: list(v.shape) for k, v in inputs.items()}
-    first = next(iter(shapes.values()), [])
-    reference["gpu_baseline"] = {k: v for k, v in baseline.items() if k != "outputs"}
-    return AccuracyReport(model.describe(), {"description": description or "batch " + " x ".join(map(str, first)),
-                                             "shapes": shapes}, reference, per_target)
+    return _report(ref, per_target, description)
 
 
-# ---------------------------------------------------------------- the baseline and the task
-NEIGHBOURS = 5      # k of top-k nearest-neighbour agreement
+def _plans(buckets, options: Options, names: list[str]) -> dict[str, BucketBoundaries]:
+    """Per target: bucket_plan()'s result as given, else the one list of boundaries for every target."""
+    if isinstance(buckets, dict):
+        return buckets
+    boundaries = _boundaries("buckets", list(buckets or options.default_buckets or DEFAULT_BUCKETS))
+    return {n: BucketBoundaries(list(boundaries), "parameter") for n in names}
 
 
-def _baseline(module, inputs, plain, gpu_numerics, truth, main, mask, factor, no_float64) -> dict:
-    """Today's GPU setup, emulated on the CPU (the cuda target has no dtype rules: float64 stays), and
-    its own error on the main output against float64: what a target's error is held against. `plain`:
-    the model's own outputs for `inputs`, which a setting that rounds nothing (fp32) computes exactly."""
-    chosen = numerics.GPU_NUMERICS[gpu_numerics]
-    gpu = targets_mod.get("cuda")
+# ---------------------------------------------------------------- (a) the reference, shared by every target
+@dataclass
+class Reference:
+    """What every target is held against: the model's own outputs on the batch (float32 as written, and in
+    float64), today's GPU setup on it, the corpus sample for neighbour agreement, and each bucket's batch
+    at its own length with its reference and baseline (computed once, for every target)."""
+    model: object
+    inputs: dict
+    options: Options
+    scope: Scope
+    corpus: object
+    compiled: bool                   # the chosen precision judged compiled (Scope.judged_compiled)
+    mask: torch.Tensor | None        # the real positions
+    probe: LayerProbe | None         # the per-layer reference activations
+    outputs: dict                    # eager on the CPU, as written
+    wide: bool                       # the model computes in float64: it is its own float64 reference
+    float64: target_runs.Float64Reference
+    outputs64: dict | None           # the float64 copy's outputs (None: not run)
+    note64: str
+    main: str                        # the output judged by the task metric
+    baseline: dict = field(default_factory=dict)
+    sample: tuple | None = None      # (corpus batch, its reference) for neighbour agreement
+    buckets: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, model, inputs: dict, options: Options, scope: Scope, corpus=None) -> Reference:
+        compiled = scope.judged_compiled()
+        module = model.module.eval()
+        mask = _mask(model, inputs)
+        probe = LayerProbe(module, mask, scope.progress) if scope.layers else None
+        out = probe.capture(lambda: module(**inputs)) if probe else target_runs.forward(module, inputs)
+        wide = target_runs.float64_model(module)
+        float64 = target_runs.Float64Reference(module)
+        out64, note64 = float64(inputs) if scope.float64_reference and not wide else \
+            (None, "the reference is the float64 model itself" if wide else "not requested")
+        ref = cls(model=model, inputs=inputs, options=options, scope=scope, corpus=corpus, compiled=compiled,
+                  mask=mask, probe=probe, outputs=out, wide=wide, float64=float64, outputs64=out64, note64=note64,
+                  main=_main(model, out))
+        ref.baseline = _baseline(module, inputs, out, ref.truth, ref.main, mask, options)
+        if ref.kind == models.EMBEDDING:
+            ref.sample = _neighbour_sample(model, corpus, inputs, options.seed, scope.neighbour_texts)
+        return ref
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.model.module
+
+    @property
+    def kind(self) -> str:
+        return self.model.declaration.primary.metric
+
+    @property
+    def truth(self) -> dict | None:
+        """The float64 reference: the model's own, or the float64 copy's; None: not run."""
+        return self.outputs if self.wide else self.outputs64
+
+    def bucket(self, high: int, texts: list, padded: dict, padding_side: str) -> tuple:
+        """A bucket's batch at its own longest length (as an eager GPU run sees it), its reference, its GPU
+        baseline and the truth that baseline is measured against (float64 as for the main batch)."""
+        key = (high, _key(texts))
+        if key not in self.buckets:
+            plain = _unpadded(self.model, padded, padding_side)
+            out = target_runs.forward(self.module, plain)
+            wide = out if self.wide else self.float64(plain)[0] if self.truth is not None else None
+            baseline = _baseline(self.module, plain, out, wide, self.main, _mask(self.model, plain), self.options)
+            self.buckets[key] = (plain, out, baseline, wide if wide is not None else out)
+        return self.buckets[key]
+
+    def task(self, out: torch.Tensor, side: TargetSide, precision) -> dict:
+        """The output kind's task metrics on the main output; embeddings add top-k neighbour agreement over
+        the corpus sample, run on `side` at `precision`."""
+        bounds = self.options.bounds
+        found = task_metrics(self.kind, out, self.outputs[self.main], self.mask, bounds, self.inputs)
+        if self.sample is not None:
+            batch, expected = self.sample
+            main = primary_output(self.kind, expected)
+            got = side.run(batch, precision)[0][main]
+            agreement = neighbour_agreement(got, expected[main], NEIGHBOURS)
+            found["neighbour_agreement"] = agreement
+            found["checks"].append(check("neighbours", f"top-{NEIGHBOURS} nearest-neighbour agreement over "
+                                         f"{len(batch['input_ids'])} corpus texts", agreement, bounds))
+            found = finish(found, found["checks"])
+        return found
+
+
+def _baseline(module, batch: dict, plain: dict, truth: dict | None, main: str, mask, options: Options) -> dict:
+    """Today's GPU setup (options.gpu_numerics), emulated on the CPU (the cuda target has no dtype rules:
+    float64 stays), and its own error on the `main` output against `truth` (None: against `plain`): what a
+    target's error is held against. `plain`: the model's own outputs for `batch`, which a setting that
+    rounds nothing (fp32) computes exactly."""
+    name = options.gpu_numerics
+    chosen, gpu = numerics.GPU_NUMERICS[name], targets_mod.get("cuda")
     if rounds(chosen) or gpu.dtype_rules:
         with torch.no_grad(), numerics.emulate(gpu, chosen):
-            out = module(**inputs)
+            out = module(**batch)
     else:
         out = plain
-    found = compare(out[main], truth[main], None, mask)
-    return {"gpu_numerics": gpu_numerics, "setting": chosen.setting, "description": chosen.description,
-            "label": f"the GPU baseline '{gpu_numerics}'", "factor": factor, "output": main,
-            "truth": "the float32 reference (no float64 run)" if no_float64 else "the float64 reference",
+    found = compare(out[main], (truth if truth is not None else plain)[main], None, mask)
+    return {"gpu_numerics": name, "setting": chosen.setting, "description": chosen.description,
+            "label": f"the GPU baseline '{name}'", "factor": options.bounds["baseline_factor"], "output": main,
+            "truth": "the float32 reference (no float64 run)" if truth is None else "the float64 reference",
             "gpu_error": found["rel_l2"], "gpu_max_abs": found["max_abs"], "outputs": out}
 
 
@@ -372,8 +418,6 @@ def _versus(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask) -> 
 
 def _neighbour_sample(model, corpus, inputs, seed, size):
     """A corpus sample for nearest-neighbour agreement, at the main batch's length, with its reference."""
-    from portkit.core import checks
-    checks.positive_int("neighbour_texts", size)
     if corpus is None or not model.takes_text or "attention_mask" not in inputs:
         return None
     texts = corpus.sample(min(len(corpus), size), seed + 1)
@@ -383,98 +427,160 @@ def _neighbour_sample(model, corpus, inputs, seed, size):
     return batch, target_runs.forward(model.module, batch)
 
 
-def _task(kind, out, ref, mask, bounds, inputs, side, precision, sample) -> dict:
-    """The output kind's task metrics; embeddings add top-k neighbour agreement over a corpus sample."""
-    found = task_metrics(kind, out, ref, mask, bounds, inputs)
-    if sample is not None:
-        batch, expected = sample
-        main = primary_output(kind, expected)
-        got = side.run(batch, precision)[0][main]
-        agreement = neighbour_agreement(got, expected[main], NEIGHBOURS)
-        found["neighbour_agreement"] = agreement
-        found["checks"].append(check("neighbours", f"top-{NEIGHBOURS} nearest-neighbour agreement over "
-                                     f"{len(batch['input_ids'])} corpus texts", agreement, bounds))
-        found = finish(found, found["checks"])
-    return found
+# ---------------------------------------------------------------- (b) one target against the reference
+def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar) -> TargetAccuracy:
+    """One target: its chosen precision (compiled where judged so) and, emulated, its other precisions, each
+    on the main batch with the per-layer hooks; then the chosen one on every bucket; the suggestions."""
+    detected = targets_mod.detect(name)
+    target, side = detected.target, TargetSide(detected, ref.module, ref.scope.emulation, ref.compiled, shared)
+    chosen = target.precision((ref.options.precision or {}).get(name, target.default_precision.name))
+    # natively, a precision is a flag set before the process starts: only the one in effect is measured
+    others = [p for p in target.precisions if p != chosen] if ref.scope.all_precisions and not detected.native else []
+    found, outs = [], []
+    for p in [chosen, *others]:
+        bar.set_postfix_str(f"{name} {p.name}")
+        result, out = _precision_result(ref, side, p, ref.compiled and p == chosen, plan.batch, bar)
+        found.append(result)
+        outs.append(out)
+        bar.update()
+    if found[0].float64_ops:
+        _split_by_cause(ref, side, found, outs)
+    rows = _buckets(ref, plan, chosen, side, bar)
+    result = TargetAccuracy(detected.to_dict(), found[0], found[1:],
+                            {"boundaries": plan.boundaries, "source": plan.source}, rows,
+                            compile_refused=side.refused.to_dict() if side.refused else None)
+    result.suggestions = suggest(target, result, ref.kind)
+    return result
 
 
-def _split_by_cause(side, inputs, ref, mask, results, outs) -> None:
+def _precision_result(ref: Reference, side: TargetSide, precision, compiled: bool, batch: int | None, bar):
+    """One precision on the main batch: eager with the per-layer hooks, then, where `compiled`, judged on the
+    compiled model (its outputs against the eager ones kept as compiled_vs_eager). Returns the
+    PrecisionResult and the outputs judged."""
+    tolerances, mask, expected = ref.options.tolerances, ref.mask, ref.outputs
+    tol = tolerance_for(precision, tolerances)
+    per_dtype = {k: tolerance_for(precision, tolerances, r.dtype) for k, r in expected.items()}
+    out, rows, reason, changed, f64 = side.run(ref.inputs, precision, ref.probe, tol)
+    judged_by, vs_eager = side.label(False), None
+    if compiled:
+        eager, (out, _, _, changed, _) = out, side.run(ref.inputs, precision, compiled=True, batch=batch)
+        judged_by = side.label(True)
+        vs_eager = None if side.refused else {k: compare(out[k], eager[k], None, mask) for k in expected}
+        if side.refused:
+            bar.write(f"target {side.detected.name}: {side.refused.backend} refuses the compiled model "
+                      f"({side.refused.message}); judged in {side.label(False)} instead")
+    truth = ref.truth if ref.truth is not None else expected
+    result = PrecisionResult(
+        precision=precision.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
+        outputs={k: compare(out[k], expected[k], per_dtype[k], mask) for k in expected},
+        task=ref.task(out[ref.main], side, precision),
+        baseline=_versus(ref.baseline, out[ref.main], truth, ref.main, mask),
+        vs_float64={k: compare(out[k], ref.outputs64[k], None, mask) for k in expected} if ref.outputs64 else None,
+        layers=layer_summary(rows, reason, tol, precision, side.label(False)) if rows is not None else None,
+        numerics=changed, float64_ops=f64)
+    return result, out
+
+
+def _split_by_cause(ref: Reference, side: TargetSide, results: list[PrecisionResult], outs: list[dict]) -> None:
     """Each precision's error split by cause: float64 run as float32 (the target's dtype rules alone,
     no rounding) against the reference, and the precision's rounding against that run."""
-    cast = side.run(inputs, target_runs.DTYPE_RULES_ONLY)[0]
-    cast_effect = {k: compare(cast[k], ref[k], None, mask) for k in ref}
+    expected, mask = ref.outputs, ref.mask
+    cast = side.run(ref.inputs, target_runs.DTYPE_RULES_ONLY)[0]
+    cast_effect = {k: compare(cast[k], expected[k], None, mask) for k in expected}
     for r, out in zip(results, outs):
         r.error_by_cause = [
             {"cause": CAST_CAUSE, "measured": "the target's dtype rules alone, no rounding, against the reference",
              "outputs": cast_effect},
             {"cause": f"precision '{r.name}' rounding",
              "measured": f"{r.target_side} ({r.precision['description']}) against the dtype rules alone", "outputs":
-                 {k: compare(out[k], cast[k], None, mask) for k in ref}}]
+                 {k: compare(out[k], cast[k], None, mask) for k in expected}}]
 
 
-# Buckets checked per target and precision: a plan of more (an auto plan for a cheap compiler) is sampled,
-# spread over its boundaries with the largest included; the rest are listed as not checked.
-MAX_CHECKED_BUCKETS = 8
-
-
-def _buckets(model, corpus, plan, precision, side, compiled, tolerances, bounds, batch_size, seed, cache,
-             bar, baseline_for) -> list[dict]:
-    rows, n = [], len(plan.boundaries)
-    checked = {round(i * (n - 1) / (MAX_CHECKED_BUCKETS - 1)) for i in range(MAX_CHECKED_BUCKETS)} if n > MAX_CHECKED_BUCKETS else range(n)
-    side_padding = getattr(model.tokenizer, "padding_side", "right")
-    for i, (low, high, texts, truncated) in enumerate(_bucket_batches(model, corpus, plan.boundaries, batch_size, seed)):
+def _buckets(ref: Reference, plan: BucketBoundaries, precision, side: TargetSide, bar) -> list[dict]:
+    """The chosen precision on each bucket of the plan (at most MAX_CHECKED_BUCKETS, spread over it): real
+    texts of the bucket's lengths padded to it on the target, against the same texts unpadded."""
+    model, n = ref.model, len(plan.boundaries)
+    if ref.corpus is None or not model.seq_dim:
+        return [{"boundary": None, "skipped": "no buckets: the model takes one input shape" if not model.seq_dim
+                 else "no corpus given"}]
+    # natively the vendor's compiler compiles every bucket; emulated, only on request (see check_accuracy)
+    compiled = ref.compiled and (ref.scope.compiled_buckets or side.detected.native)
+    checked = {round(i * (n - 1) / (MAX_CHECKED_BUCKETS - 1)) for i in range(MAX_CHECKED_BUCKETS)} \
+        if n > MAX_CHECKED_BUCKETS else range(n)
+    rows = []
+    batches = _bucket_batches(model, ref.corpus, plan.boundaries, ref.options.batch_size, ref.options.seed)
+    for i, (low, high, texts, truncated) in enumerate(batches):
         bar.update()
         if i not in checked:
-            rows.append({"boundary": high, "skipped": f"not checked: {MAX_CHECKED_BUCKETS} of the plan's {n} buckets are, "
-                                                      "spread over it, the largest included"})
-            continue
-        if not texts:
-            rows.append({"boundary": high, "skipped": f"no {'text' if model.takes_text else 'item'} of {low + 1}-{high} {model.seq_dim} in the sample"})
-            continue
-        padded = model.encode(texts, pad_to=high)
-        if (high, _key(texts)) not in cache:
-            plain = _unpadded(model, padded, side_padding)
-            ref = target_runs.forward(model.module, plain)
-            cache[(high, _key(texts))] = (plain, ref, *baseline_for(plain, ref, _mask(model, plain)))
-        plain, ref, baseline, truth = cache[(high, _key(texts))]
-        out = side.run(padded, precision, compiled=compiled, batch=plan.batch)[0]
-        mask, dim = _mask(model, plain), model.seq_dim
-        outputs = {k: compare(_align(out[k], ref[k], side_padding), ref[k],
-                              tolerance_for(precision, tolerances, ref[k].dtype), mask) for k in ref}
-        main = _main(model, ref)
-        task = task_metrics(model.declaration.primary.metric, _align(out[main], ref[main], side_padding), ref[main], mask, bounds, plain)
-        details = [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]]
-        versus = _versus(baseline, _align(out[main], ref[main], side_padding), truth, main, mask)
-        reasons = [f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
-                   f"{versus['factor']:g}x)"] if not (task["passed"] or versus["within"]) else []
-        real = sum(model.declaration.real_lengths(padded)[dim])
-        rows.append({"boundary": high, "lengths": [low + 1, high], "texts": len(texts), "truncated": truncated,
-                     "padding": 1 - real / (len(texts) * model.declaration.size_of(padded, dim)), "primary": main,
-                     "precision": precision.to_dict(),
-                     "reference": f"eager float32 at the batch's own length "
-                                  f"({model.declaration.size_of(plain, dim)} {dim})",
-                     "target": f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}" + (
-                         "; compiled and padding-checked in stage 3" if side.compiled and not compiled
-                         and side.refused is None else ""),
-                     "outputs": outputs, "task": task,
-                     "passed": not reasons, "reasons": reasons, "details": details, "baseline": versus})
+            rows.append({"boundary": high, "skipped": f"not checked: {MAX_CHECKED_BUCKETS} of the plan's {n} "
+                                                      "buckets are, spread over it, the largest included"})
+        elif not texts:
+            items = "text" if model.takes_text else "item"
+            rows.append({"boundary": high, "skipped": f"no {items} of {low + 1}-{high} {model.seq_dim} in the sample"})
+        else:
+            rows.append(_bucket_row(ref, (low, high, texts, truncated), precision, side, compiled, plan.batch))
     return rows
 
 
-# ---------------------------------------------------------------- generation (issue #14)
-def check_generation(model, corpus, targets=("neuron", "tpu"), *, new_tokens: int = 16, prompts: int = 4,
-                     seed: int = 0, precision=None, task_bounds=None):
-    """Workload "generate": greedy generation of `prompts` real prompts under each target's numerics against
-    the float32 reference: token agreement, first divergence, logit error per step, near-ties
-    (portkit/stages/accuracy/generation.py)."""
+def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, compiled: bool, batch: int | None) -> dict:
+    """One bucket: its texts padded to the boundary on the target, against the reference at their own length."""
+    model, dim, (low, high, texts, truncated) = ref.model, ref.model.seq_dim, bucket
+    padding_side = getattr(model.tokenizer, "padding_side", "right")
+    padded = model.encode(texts, pad_to=high)
+    plain, expected, baseline, truth = ref.bucket(high, texts, padded, padding_side)
+    out = side.run(padded, precision, compiled=compiled, batch=batch)[0]
+    out = {k: _align(out[k], r, padding_side) for k, r in expected.items()}
+    mask, main = _mask(model, plain), _main(model, expected)
+    outputs = {k: compare(out[k], r, tolerance_for(precision, ref.options.tolerances, r.dtype), mask)
+               for k, r in expected.items()}
+    task = task_metrics(model.declaration.primary.metric, out[main], expected[main], mask, ref.options.bounds, plain)
+    versus = _versus(baseline, out[main], truth, main, mask)
+    reasons = [f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
+               f"{versus['factor']:g}x)"] if not (task["passed"] or versus["within"]) else []
+    real = sum(model.declaration.real_lengths(padded)[dim])
+    target = f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}"
+    if side.compiled and not compiled and side.refused is None:
+        target += "; compiled and padding-checked in stage 3"
+    return {"boundary": high, "lengths": [low + 1, high], "texts": len(texts), "truncated": truncated,
+            "padding": 1 - real / (len(texts) * model.declaration.size_of(padded, dim)), "primary": main,
+            "precision": precision.to_dict(),
+            "reference": f"eager float32 at the batch's own length ({model.declaration.size_of(plain, dim)} {dim})",
+            "target": target, "outputs": outputs, "task": task, "passed": not reasons, "reasons": reasons,
+            "details": [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]], "baseline": versus}
+
+
+# ---------------------------------------------------------------- (c) the result
+def _report(ref: Reference, per_target: dict[str, TargetAccuracy], description: str | None) -> AccuracyReport:
+    """The report: the reference described (float32 or float64, the float64 copy, the GPU baseline) beside
+    every target's result."""
+    expected, out64, mask = ref.outputs, ref.outputs64, ref.mask
+    mixed = ref.wide or any(t.chosen.float64_ops for t in per_target.values()) or target_runs.has_float64(ref.module)
+    reference = {"description": "float64 eager on the CPU (the model is float64)" if ref.wide else
+                 "eager on the CPU as written: float32, and float64 where the model computes in float64" if mixed
+                 else "eager float32 on the CPU", "float64": ref.note64,
+                 "float32_vs_float64": {k: compare(expected[k], out64[k], None, mask) for k in expected}
+                 if out64 else None}
+    shapes = {k: list(v.shape) for k, v in ref.inputs.items()}
+    first = next(iter(shapes.values()), [])
+    reference["gpu_baseline"] = {k: v for k, v in ref.baseline.items() if k != "outputs"}
+    return AccuracyReport(ref.model.describe(), {"description": description or "batch " + " x ".join(map(str, first)),
+                                                 "shapes": shapes}, reference, per_target)
+
+
+# ---------------------------------------------------------------- generation
+def check_generation(model, corpus, targets=("neuron", "tpu"), options: Options | None = None):
+    """Workload "generate": greedy generation of options.new_tokens from options.batch_size real prompts
+    (sampled with options.seed) under each target's numerics (options.precision) against the float32
+    reference: token agreement, first divergence, logit error per step, near-ties, judged against
+    options.task_bounds (portkit/stages/accuracy/generation.py). None: Options.defaults()."""
     from portkit.workloads import generation
     from portkit.stages.accuracy import generation as generation_accuracy
+    options = options if options is not None else Options.defaults()
     generation.check_causal(model)
-    return generation_accuracy.compare(model, corpus.sample(prompts, seed), targets, new_tokens, precision,
-                                       task_bounds)
+    return generation_accuracy.compare(model, corpus.sample(options.batch_size, options.seed), targets, options)
 
 
-# ---------------------------------------------------------------- training (issue #17)
+# ---------------------------------------------------------------- training
 def training_precisions(targets) -> list[tuple[str, str]]:
     """(target, precision) pairs a training comparison runs: each migration target's precisions that
     round below float32 (the others compute what the fp32 reference computes)."""
@@ -482,17 +588,20 @@ def training_precisions(targets) -> list[tuple[str, str]]:
             for p in targets_mod.get(name).precisions if rounds(p)]
 
 
-def check_training(model, corpus, targets=("neuron", "tpu"), *, steps: int = 20, batch_size: int = 4,
-                   seq_len: int = 64, lr: float = 1e-4, layout: str = "padded", seed: int = 0, precision=None,
-                   ops: bool = True):
-    """N AdamW steps of `model`'s own loss on real batches, fp32 against each target precision that
-    rounds (training_precisions): the loss curves, per-layer gradient norms, where they part, advice.
-    precision: {target: name}, the precision each target's training verdict is judged at (default:
-    the target's own); ops=True also compiles one step per target and classifies its ops."""
+def check_training(model, corpus, targets=("neuron", "tpu"), options: Options | None = None, *, lr: float = 1e-4,
+                   layout: str = "padded", ops: bool = True):
+    """options.train_steps AdamW steps of `model`'s own loss on real batches (options.batch_size texts of
+    options.seq_len tokens, sampled with options.seed), fp32 against each target precision that rounds
+    (training_precisions): the loss curves, per-layer gradient norms, where they part, advice.
+    options.precision: {target: name}, the precision each target's training verdict is judged at (default:
+    the target's own); ops=True also compiles one step per target and classifies its ops. None:
+    Options.defaults()."""
     from portkit.workloads import training
     from portkit.stages.accuracy.training import TrainingComparison, diverge, measured_master_weights
+    options = options if options is not None else Options.defaults()
+    steps, precision = options.train_steps, options.precision
     names = [n for n in targets_mod.parse_targets(targets) if not targets_mod.get(n).reference]
-    batches = training.batches(model, corpus, steps, batch_size, seq_len, layout, seed)
+    batches = training.batches(model, corpus, steps, options.batch_size, options.seq_len, layout, options.seed)
     reference = training.train(model, batches, lr)
     chosen = {n: (precision or {}).get(n) or targets_mod.get(n).default_precision.name for n in names}
     for n, name in chosen.items():

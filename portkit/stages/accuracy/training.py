@@ -1,7 +1,8 @@
 """Stage 4 for training: loss curves and per-layer gradient norms under each target's numerics against fp32.
 
     >>> from portkit import accuracy, data, models
-    >>> found = accuracy.check_training(models.load("gpt2"), data.load_corpus(), ["neuron", "tpu"], steps=20)
+    >>> opts = accuracy.Options.of({"train_steps": 20})
+    >>> found = accuracy.check_training(models.load("gpt2"), data.load_corpus(), ["neuron", "tpu"], opts)
     >>> print(found)        # per target and precision: where the loss and the gradients part, and the advice
     >>> found.plot()        # the loss curves side by side; the largest per-layer gradient-norm gap per step
 

@@ -66,8 +66,8 @@ def _emulated(backend) -> EmulatedBackend | None:
 
 
 def _warm(backend) -> None:
-    # Inductor's first compile in a process also starts its toolchain (~20 s, measured on a 2-core CPU): pay it
-    # before any run is timed, when the replay compiles with Inductor at all.
+    # Inductor's first compile in a process also starts its toolchain: pay it before any run is timed, when the
+    # replay compiles with Inductor at all.
     emulated = _emulated(backend)
     if backend == "inductor" or (emulated is not None and emulated.inductor):
         warm_inductor()
@@ -356,9 +356,9 @@ def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> Repl
         raise RuntimeError(f"{len(shapes)} distinct shapes but only {len(counter.events)} compiles: Dynamo fell "
                            "back to eager; raise torch._dynamo.config.recompile_limit")
     seqs = [_seq_of(model, e.shapes) for e in counter.events if e.shapes]
-    return ReplayRun(NO_BUCKETS, _name(backend), None, len(encoded), len(counter.events), 0, _real_tokens(model, encoded),
-                     sum(_computed(model, i) for i in encoded), charged, compile_wall, run,
-                     compiled_seqs=seqs)
+    return ReplayRun(NO_BUCKETS, _name(backend), None, len(encoded), len(counter.events), 0,
+                     _real_tokens(model, encoded), sum(_computed(model, i) for i in encoded), charged, compile_wall,
+                     run, compiled_seqs=seqs)
 
 
 def _counted(model, encoded, backend, runs: list[ReplayRun], progress, device, plan=None) -> ReplayRun:
@@ -414,8 +414,25 @@ def _seq_of(model, shapes) -> int:
         return int(next(iter(shapes.values()))[1])
 
 
-def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference, rtol, atol, device):
+@dataclass(frozen=True)
+class ReplaySettings:
+    """How `replay` runs (see its docstring): which runs, the padding check's reference and tolerance, where."""
+    baseline: bool = True             # also replay without buckets, first
+    check: bool = True                # the padding check of every bucket shape
+    reference: object = None          # a context manager factory for the eager reference (reference_numerics)
+    rtol: float | None = None         # the padding check's tolerance (padding_tolerance)
+    atol: float | None = None
+    progress: bool = True
+    fresh_caches: bool = False        # every run from an empty Inductor cache, as a fresh deployment
+    device: str = "cpu"               # the target's device in native mode
+    inductor: bool = False            # Inductor's code behind an emulated target's backend
+    count_baseline: bool = False      # count the baseline's compiles instead of compiling them
+    count: tuple = ()                 # plans counted (one compile per bucket shape) instead of compiled
+
+
+def _replay_plan(model, plan, encoded, trace, backend, costs, settings: ReplaySettings):
     from portkit.core.progress import bar as progress_bar
+    progress, device = settings.progress, settings.device
     bm = BucketedModel(model, plan, backend, device)
     warm = bm.warm_up(progress, costs)
     after_warmup = bm.compiles
@@ -423,7 +440,8 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
     run, computed = 0.0, 0
     # From here PyTorch refuses every compile; each refusal is recorded (bm.late), then paid and counted.
     with torch.compiler.set_stance("fail_on_recompile"):
-        for i, inputs in enumerate(progress_bar(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False)):
+        bar = progress_bar(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False)
+        for i, inputs in enumerate(bar):
             padded, rows, length = bm.pad(inputs)
             computed += _computed(model, padded)
             before, start = bm.compiles, time.perf_counter()
@@ -434,33 +452,16 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, r
                 charged += _charge(costs, model, _name(backend), padded, seconds)
             else:
                 run += seconds
-        checks = check_padding(bm, trace, reference, rtol, atol) if check else []
+        checks = check_padding(bm, trace, settings.reference, settings.rtol, settings.atol) if settings.check else []
     return ReplayRun(plan.planner, _name(backend), plan.to_dict(), len(encoded), bm.compiles,
-                     bm.compiles - after_warmup, _real_tokens(model, encoded), computed, charged, compile_wall, run, checks,
-                     late_compiles=bm.late,
+                     bm.compiles - after_warmup, _real_tokens(model, encoded), computed, charged, compile_wall, run,
+                     checks, late_compiles=bm.late,
                      compiled_seqs=[_seq_of(model, e.shapes) for e in bm.counter.events if e.shapes])
 
 
-def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", baseline: bool = True,
-           check: bool = True, reference=None, rtol: float | None = None, atol: float | None = None,
-           progress: bool = True, costs: dict | None = None, fresh_caches: bool = False,
-           device: str = "cpu", inductor: bool = False, count_baseline: bool = False,
-           count: tuple = ()) -> list[ReplayRun]:
-    """Replay the trace through the compiled model: without buckets (if baseline), then with each plan.
-
-    Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
-    tokenized up front (cut at the plans' largest bucket under "truncate"); timing covers the model
-    calls only. With check, every bucket shape's outputs are compared with unpadded eager outputs,
-    run under `reference` (default: reference_numerics(backend), the emulated target's numerics)
-    within rtol/atol (default: padding_tolerance(backend)). An emulated target's backend checks and
-    emulates every graph and runs it eagerly unless `inductor` asks for Inductor's code (compile_backend).
-
-    Compile time: by default each shape is charged its first measured compile in this session (see
-    _charge), so runs that share a shape cost the same whatever their order. fresh_caches starts every
-    run from an empty Inductor cache instead, as a fresh deployment would (slower; for benchmarks).
-    count_baseline: count the baseline's compiles (one per distinct shape) instead of compiling them, and
-    `count`: plans counted (one compile per bucket shape) instead of compiled (_counted); the stage counts
-    all but the chosen plans, as stage 2 already measured the storm and the proof needs the chosen ones only."""
+def _encoded(model, trace: Trace, plans: list[BucketPlan]) -> list[dict]:
+    """The trace's requests tokenized up front, cut at the plans' largest bucket under "truncate"; under
+    "reject" the longer ones are left out, and said so."""
     top = max((p.top for p in plans), default=model.max_length)
     policy = plans[0].overflow if plans else "truncate"
     kept = [texts for texts, lengths in zip(trace.requests, trace.lengths)
@@ -468,34 +469,60 @@ def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", bas
     if len(kept) < len(trace.requests):
         print(f"overflow policy 'reject': {len(trace.requests) - len(kept)} requests longer than {top} tokens "
               "are rejected and left out of every run")
-    encoded = [model.encode(texts, max_length=top) for texts in kept]
-    costs = None if fresh_caches else {} if costs is None else costs
-    backend = compile_backend(backend, inductor)
-    reference = reference or reference_numerics(backend)
+    return [model.encode(texts, max_length=top) for texts in kept]
+
+
+def replay(model, trace: Trace, plans: list[BucketPlan], backend="inductor", settings: ReplaySettings | None = None,
+           costs: dict | None = None) -> list[ReplayRun]:
+    """Replay the trace through the compiled model: without buckets (if settings.baseline), then with each plan.
+
+    Dynamo is reset before every run, so each run counts its own compiles from zero. Requests are
+    tokenized up front (cut at the plans' largest bucket under "truncate"); timing covers the model
+    calls only. With settings.check, every bucket shape's outputs are compared with unpadded eager outputs,
+    run under settings.reference (default: reference_numerics(backend), the emulated target's numerics)
+    within rtol/atol (default: padding_tolerance(backend)). An emulated target's backend checks and emulates
+    every graph and runs it eagerly unless settings.inductor asks for Inductor's code (compile_backend).
+
+    Compile time: by default each shape is charged its first measured compile in this session (see
+    _charge; `costs` holds those charges, shared between calls), so runs that share a shape cost the same
+    whatever their order. settings.fresh_caches starts every run from an empty Inductor cache instead, as a
+    fresh deployment would (slower; for benchmarks). settings.count_baseline: count the baseline's compiles
+    (one per distinct shape) instead of compiling them, and settings.count: plans counted (one compile per
+    bucket shape) instead of compiled (_counted); the stage counts all but the chosen plans, as stage 2
+    already measured the storm and the proof needs the chosen ones only."""
+    settings = settings or ReplaySettings()
+    encoded = _encoded(model, trace, plans)
+    costs = None if settings.fresh_caches else {} if costs is None else costs
+    backend = compile_backend(backend, settings.inductor)
     _warm(backend)
-    runs = []
-    with placement.on_device(model.module, device):   # native mode: the target's device (as stage 2)
-        if baseline and not count_baseline:
-            torch.compiler.reset()
-            with _compile_cache(fresh_caches):
-                runs.append(_replay_unbucketed(model, encoded, backend, costs, progress, device))
-        done = {}   # (boundaries, batch sizes) -> the run that compiled (or counted) those shapes
-        for plan in plans:
-            shapes = (plan.boundaries, plan.batch_sizes)
-            if shapes in done or plan in count:
-                continue
-            torch.compiler.reset()
-            with _compile_cache(fresh_caches):
-                done[shapes] = _replay_plan(model, plan, encoded, trace, backend, costs, progress, check, reference,
-                                            rtol, atol, device)
-        compiled = list(done.values())    # counted runs state their compile time from these
-        for plan in (p for p in plans if (p.boundaries, p.batch_sizes) not in done):
-            done[plan.boundaries, plan.batch_sizes] = _counted(model, encoded, backend, compiled, progress, device, plan)
-        for plan in plans:    # in the plans' order; the same shapes as an earlier plan: the same run
-            first = done[plan.boundaries, plan.batch_sizes]
-            runs.append(first if first.plan == plan.to_dict() else dataclasses.replace(
-                first, name=plan.planner, plan=plan.to_dict(), note=f"same shapes as {first.name}: replayed once"))
-        if baseline and count_baseline:
-            runs.insert(0, _counted(model, encoded, backend, compiled, progress, device))
+    with placement.on_device(model.module, settings.device):   # native mode: the target's device (as stage 2)
+        runs = _replay_runs(model, encoded, trace, plans, backend, costs, settings)
     torch.compiler.reset()
+    return runs
+
+
+def _replay_runs(model, encoded, trace, plans, backend, costs, settings: ReplaySettings) -> list[ReplayRun]:
+    """replay's runs, in order: the baseline (compiled or counted), then each plan's (compiled or counted)."""
+    progress, device, runs = settings.progress, settings.device, []
+    if settings.baseline and not settings.count_baseline:
+        torch.compiler.reset()
+        with _compile_cache(settings.fresh_caches):
+            runs.append(_replay_unbucketed(model, encoded, backend, costs, progress, device))
+    done = {}   # (boundaries, batch sizes) -> the run that compiled (or counted) those shapes
+    for plan in plans:
+        shapes = (plan.boundaries, plan.batch_sizes)
+        if shapes in done or plan in settings.count:
+            continue
+        torch.compiler.reset()
+        with _compile_cache(settings.fresh_caches):
+            done[shapes] = _replay_plan(model, plan, encoded, trace, backend, costs, settings)
+    compiled = list(done.values())    # counted runs state their compile time from these
+    for plan in (p for p in plans if (p.boundaries, p.batch_sizes) not in done):
+        done[plan.boundaries, plan.batch_sizes] = _counted(model, encoded, backend, compiled, progress, device, plan)
+    for plan in plans:    # in the plans' order; the same shapes as an earlier plan: the same run
+        first = done[plan.boundaries, plan.batch_sizes]
+        runs.append(first if first.plan == plan.to_dict() else dataclasses.replace(
+            first, name=plan.planner, plan=plan.to_dict(), note=f"same shapes as {first.name}: replayed once"))
+    if settings.baseline and settings.count_baseline:
+        runs.insert(0, _counted(model, encoded, backend, compiled, progress, device))
     return runs

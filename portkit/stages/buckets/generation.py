@@ -1,6 +1,7 @@
 """Stage 3 with workload "generate": prompt and context buckets for serving a causal LM, priced per target.
 
-    >>> found = generation_buckets.fit(m, corpus, costs, token_seconds, new_tokens=16, serve_requests=10_000_000)
+    >>> found = generation_buckets.fit(m, corpus, costs, token_seconds, new_tokens=16, serve_requests=10_000_000,
+    ...                                max_batch=1)      # the stage passes its options (buckets.serving_plans)
     >>> found.table()      # per target: prefill (prompt) and decode (context) buckets, auto against pow2
 
 Serving a causal LM with a static KV cache compiles two kinds of graph (portkit/workloads/generation.py): a prefill
@@ -27,7 +28,7 @@ import numpy as np
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.workloads import generation
-from portkit.planning.planner import BucketPlan, batch_buckets, histogram, plan_auto, plan_pow2
+from portkit.planning.planner import BucketPlan, Prices, batch_buckets, histogram, plan_auto, plan_pow2
 from portkit.core.tables import HtmlTable
 
 
@@ -97,7 +98,7 @@ def _plan(p: BucketPlan) -> dict:
 
 
 def fit(model, corpus, costs: dict, token_seconds, new_tokens: int, serve_requests: int,
-        max_batch: int = 1, budget_seconds: float | None = None) -> ServingPlans:
+        max_batch: int, budget_seconds: float | None = None) -> ServingPlans:
     """The auto and pow2 prefill/decode bucket sets per target (see the module docstring)."""
     generation.check_causal(model)
     prompts, contexts = lengths(model, corpus, new_tokens)
@@ -106,9 +107,9 @@ def fit(model, corpus, costs: dict, token_seconds, new_tokens: int, serve_reques
     out = {}
     for name, cost in costs.items():
         price = economics.price_of(token_seconds, name)
-        auto = [plan_auto(h, cost.seconds, float(price), serve_requests, batch_buckets=len(batches),
-                          compile_source=cost.label(), budget_seconds=budget_seconds,
-                          price_source=economics.price_source(price)) for h in hists]
+        prices = Prices(cost.seconds, float(price), cost.label(), economics.price_source(price))
+        auto = [plan_auto(h, prices, serve_requests, batch_buckets=len(batches), budget_seconds=budget_seconds)
+                for h in hists]
         pow2 = [plan_pow2(hists[0], minimum=generation.MIN_PROMPT_BUCKET),
                 plan_pow2(hists[1], minimum=2 * generation.MIN_PROMPT_BUCKET)]
         out[name] = {"compile": cost.label(),

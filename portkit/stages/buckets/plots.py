@@ -57,8 +57,8 @@ def draw_buckets(hist: Histogram, k: int, curves: dict):
     return fig
 
 
-def padding_slider(hist: Histogram, curves: dict, k: int = 4):
-    """An ipywidgets slider for the number of buckets that redraws draw_buckets. Headless runs
+def padding_slider(hist: Histogram, curves: dict, k: int):
+    """An ipywidgets slider for the number of buckets, starting at k, that redraws draw_buckets. Headless runs
     (papermill, nbval: PORTKIT_HEADLESS=1, set by the runner and the tests) and plain Python get None."""
     try:
         import ipywidgets

@@ -3,30 +3,28 @@ from the compile economics, and prove that nothing recompiles once every bucket 
 
     >>> from portkit import buckets, data, economics, models
     >>> m, corpus = models.load("minilm"), data.load_corpus()
+    >>> opts = buckets.Options.of({"bucket_count": 4})      # the notebook's parameters over its defaults, checked
     >>> hist = buckets.histogram(buckets.distribution(corpus, m))   # the model's own tokenizer
-    >>> costs = buckets.stage_costs(m, hist, ["neuron", "tpu"])     # measured XLA; the Neuron estimate
+    >>> costs = buckets.stage_costs(m, hist, ["neuron", "tpu"], options=opts)   # measured XLA; Neuron's estimate
     >>> prices = economics.padding_prices(m, ["neuron", "tpu"], hist.top)   # a padded position on each target
-    >>> chosen = buckets.choose(hist, costs, prices)
-    >>> print(chosen["tpu"].why)        # k, warm-up vs padding, whether the warm-up budget binds
-    >>> report = buckets.fit_buckets(m, corpus, ["neuron", "tpu"], out_dir="runs/minilm")
+    >>> print(buckets.choose(hist, costs, prices, opts)["tpu"].why)   # k, warm-up vs padding, the budget
+    >>> report = buckets.fit_buckets(m, corpus, ["neuron", "tpu"], "runs/minilm", opts)   # the whole stage
     >>> report.save("runs/minilm/buckets.json")    # targets[t]["chosen"]: planner, boundaries, shapes, why
 
 Targets that compile one graph per input shape pay one compile for every distinct length they see
-(pytorch/xla#2422: 27 compiles in step 0). The planners are in portkit/planning/planner.py (pure numpy); the
-runtime side (padding, compiling, replaying, checking outputs) in portkit/stages/buckets/bucketed.py. This stage
-chooses, per target, the number of buckets whose warm-up compiles plus padded compute over
-`serve_requests` cost least (planner.plan_auto), with each bucket's compile priced by the target's
-cost model (portkit/planning/economics.py: measured XLA for TPU, an estimate with its sources for Neuron,
-the vendor's own times natively), a padded position priced on the target (economics.padding_price:
-FLOPs at the chip's peak, or measured natively) and the warm-up bounded by a time budget; where the cost is an
-estimate it shows the plan at half and at twice it. Then it replays real requests per target.
+(pytorch/xla#2422: 27 compiles in step 0). Per target, `auto` takes the number of buckets whose warm-up
+compiles plus padded compute over `serve_requests` cost least within the warm-up budget (planner.plan_auto):
+a compile priced by the target's cost model, a padded position on the target (portkit/planning/economics.py);
+an estimated cost is also planned at half and twice itself. Then real requests are replayed per target
+(portkit/stages/buckets/bucketed.py: padding, compiling, replaying, checking outputs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from portkit.core import atomic_io as _io
+from portkit.core import checks
 from portkit.stages.buckets import bucketed
 from portkit.corpora import corpus as data
 from portkit.planning import economics
@@ -34,32 +32,79 @@ from portkit.stages.buckets import generation as generation_buckets
 from portkit.stages.buckets import grid as grid_costs
 from portkit.runfolder import results
 from portkit.runfolder import layout as runfolder
+from portkit.stages.options import StageOptions
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter
-from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, _n, batch_buckets,
-                             compare, histogram, optimal_table, padded_tokens, plan_auto, plan_buckets,
-                             plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, sweep)
+from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, Prices,
+                                      _n, batch_buckets, compare, histogram, optimal_table, padded_tokens, plan_auto,
+                                      plan_buckets, plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, sweep)
 from portkit.stages.buckets.plots import draw_buckets, padding_slider, plot_histogram, plot_padding  # noqa: F401
 from portkit.runfolder.results import Finding
 from portkit.core.tables import HtmlTable
 
-__all__ = ["DEFAULTS", "K_MAX", "OVERFLOW", "PLANNER_NAMES", "PLANNERS", "BucketPlan", "BucketReport", "Histogram",
-           "TargetBuckets", "batch_buckets", "check_parameters", "choose", "compare", "distribution", "fit_buckets",
+__all__ = ["K_MAX", "OVERFLOW", "PLANNER_NAMES", "PLANNERS", "BucketPlan", "BucketReport", "Histogram", "Options",
+           "Replay", "TargetBuckets", "batch_buckets", "choose", "compare", "distribution", "fit_buckets",
            "histogram", "optimal_table", "padded_tokens", "plan_auto", "plan_buckets", "plan_linear", "plan_optimal",
            "plan_padding_bounded", "plan_pow2", "replay_targets", "stage_costs", "sweep"]
 
 STAGE = "buckets"
-# The stage's defaults: fit_buckets, check_parameters and the notebook's parameters cell
-# (notebooks/03_buckets.py, checked equal by tests/test_buckets.py) all use these.
-# serve_requests: the requests one warm-up serves (a deployment until its next restart) that the plan is
-# priced for, not the replay's length: 10 million is about a day of a service at 116 requests a second.
-# warmup_budget_seconds: 600 s, vLLM Neuron's default compilation timeout (VLLM_NEURON_COMPILATION_TIMEOUT).
-DEFAULTS = {"requests": 100, "bucket_count": 4, "max_batch": 1, "overflow": "truncate", "serve_requests": 10_000_000,
-            "warmup_budget_seconds": 600.0, "neuron_compile_seconds": None, "backend": "auto", "seed": 0,
-            "corpus": "stdlib", "check": True, "compare_every_target": False, "workload": "inference",
-            "new_tokens": 16}
 WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half and twice itself
+
+
+# ---------------------------------------------------------------- the stage's options
+def _up_to(maximum: int):
+    """A check (name, value) -> value: a positive whole number no larger than `maximum`."""
+    return lambda name, value: checks.positive_int(name, value, maximum=maximum)
+
+
+def _seconds_or_none(name: str, value):
+    """None (no figure given), or a positive number of seconds, kept as given."""
+    if value is not None:
+        checks.positive_float(name, value)
+    return value
+
+
+def _corpus(name: str, value) -> str:
+    return data.check_corpus(value)
+
+
+class Options(StageOptions):
+    """Stage 3's options: the parameters cell of notebooks/03_buckets.py, each field checked. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them).
+
+    serve_requests is what the plan is priced for (the requests one warm-up serves: a deployment until its next
+    restart), not the replay's length (`requests`): 10 million is about a day of a service at 116 requests a
+    second. warmup_budget_seconds' 600 s is vLLM Neuron's default compilation timeout
+    (VLLM_NEURON_COMPILATION_TIMEOUT). `backend` is checked against the targets by check_targets, where they
+    are known (the runner's preflight, the notebook's validation cell, fit_buckets; replay_targets per target)."""
+    NOTEBOOK = "03_buckets.ipynb"
+    CHECKS = {"corpus": _corpus, "text_column": checks.text, "bucket_count": _up_to(64), "max_batch": _up_to(1024),
+              "requests": checks.positive_int, "overflow": checks.one_of(OVERFLOW),
+              "serve_requests": checks.positive_int, "warmup_budget_seconds": _seconds_or_none,
+              "neuron_compile_seconds": _seconds_or_none, "backend": checks.text, "seed": checks.non_negative_int,
+              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _up_to(512)}
+
+    def check(self, model: str | None) -> None:
+        from portkit.workloads import generation
+        generation.check_workload(self.workload, model)
+
+    def check_targets(self, targets) -> None:
+        """`backend` against every target the stage compiles for (selection.check_parameter)."""
+        selection.check_parameter(self.backend, targets_mod.parse_targets(targets))
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How replay_targets proves the plans: settings of the library call, not of the notebook."""
+    check: bool = True                   # the padding check of every chosen plan's bucket shapes
+    compare_every_target: bool = False   # the planners' comparison on every target's backend, not the first's
+    compile_all: bool = False            # compile every compared run instead of counting its compiles
+    progress: bool = True                # progress bars
+
+    def __post_init__(self):
+        for f in fields(self):
+            checks.boolean(f.name, getattr(self, f.name))
 
 
 # ---------------------------------------------------------------- the distribution
@@ -84,11 +129,12 @@ def distribution(corpus, model):
 
 
 # ---------------------------------------------------------------- costs a plan is priced with
-def stage_costs(model, hist: Histogram, targets, out_dir=None, neuron_compile_seconds=None,
-                max_batch: int = 1) -> dict[str, economics.CostModel]:
-    """Per target, what one bucket's compile costs (economics.cost_model): TPU measured by XLA over
-    the histogram's lengths, the Neuron estimate (or its override); natively, and for a reference
-    target, the compile times stage 2 measured (compile.json in out_dir, read by results.compile_cost)."""
+def stage_costs(model, hist: Histogram, targets, out_dir=None,
+                options: Options | None = None) -> dict[str, economics.CostModel]:
+    """Per target, what one bucket's compile costs (economics.cost_model) at options.max_batch: TPU measured
+    by XLA over the histogram's lengths, the Neuron estimate (or options.neuron_compile_seconds); natively, and
+    for a reference target, the compile times stage 2 measured (compile.json in out_dir, results.compile_cost)."""
+    options = options or Options.defaults()
     out = {}
     for name in targets_mod.parse_targets(targets):
         detected = targets_mod.detect(name)
@@ -99,8 +145,8 @@ def stage_costs(model, hist: Histogram, targets, out_dir=None, neuron_compile_se
                                    hint="run stage compile first: it measures the compiler's own times")
             out[name] = economics.CostModel.from_dict(saved)
         else:
-            out[name] = economics.cost_model(model, name, hist.values.tolist(), batch=max_batch,
-                                             neuron_compile_seconds=neuron_compile_seconds)
+            out[name] = economics.cost_model(model, name, hist.values.tolist(), batch=options.max_batch,
+                                             neuron_compile_seconds=options.neuron_compile_seconds)
     return out
 
 
@@ -112,15 +158,21 @@ def reads(targets) -> tuple[str, ...]:
                                for n in names) else ()
 
 
-def grid(model, corpus, targets, costs: dict[str, economics.CostModel], serve_requests: int = DEFAULTS["serve_requests"]):
+def grid(model, corpus, targets, costs: dict[str, economics.CostModel], options: Options | None = None):
     """A model with two varying dimensions: per target, the least-cost grid of buckets on both against the
-    best one-dimensional plan, with the prices measured for the model (grid_costs.compare); None otherwise."""
-    return grid_costs.compare(model, corpus, targets, costs, serve_requests) if grid_costs.applies(model) else None
+    best one-dimensional plan for options.serve_requests, with the prices measured for the model
+    (grid_costs.compare); None otherwise."""
+    if not grid_costs.applies(model):
+        return None
+    return grid_costs.compare(model, corpus, targets, costs, (options or Options.defaults()).serve_requests)
 
 
-def serving_plans(model, corpus, costs, token_seconds, new_tokens: int, serve_requests: int, max_batch: int = 1):
-    """Workload "generate": prefill and decode buckets per target, auto against pow2 (generation_buckets.fit)."""
-    return generation_buckets.fit(model, corpus, costs, token_seconds, new_tokens, serve_requests, max_batch)
+def serving_plans(model, corpus, costs, token_seconds, options: Options | None = None):
+    """Workload "generate": prefill and decode buckets per target for options.new_tokens, serve_requests and
+    max_batch, auto against pow2 (generation_buckets.fit)."""
+    options = options or Options.defaults()
+    return generation_buckets.fit(model, corpus, costs, token_seconds, options.new_tokens, options.serve_requests,
+                                  options.max_batch)
 
 
 def training_layouts(model, corpus, chosen: dict[str, BucketPlan], batch_size: int = 8, seq_len: int = 128):
@@ -130,20 +182,20 @@ def training_layouts(model, corpus, chosen: dict[str, BucketPlan], batch_size: i
     return {n: training.layouts(model, corpus, plan.boundaries, batch_size, seq_len) for n, plan in chosen.items()}
 
 
-def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds,
-           serve_requests: int = DEFAULTS["serve_requests"],
-           warmup_budget_seconds: float | None = DEFAULTS["warmup_budget_seconds"],
-           max_batch: int = DEFAULTS["max_batch"], quiet: bool = False) -> dict[str, BucketPlan]:
+def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds, options: Options | None = None,
+           quiet: bool = False) -> dict[str, BucketPlan]:
     """The auto plan for every target, each priced with that target's own cost model, for
-    serve_requests requests within the warm-up budget. token_seconds: {target: economics.TokenPrice}
-    (economics.padding_prices) or one figure for all. The one place a plan is chosen: fit_buckets
-    and the notebook call it alike."""
+    options.serve_requests requests within options.warmup_budget_seconds, at batch sizes up to
+    options.max_batch. token_seconds: {target: economics.TokenPrice} (economics.padding_prices) or one
+    figure for all. The one place a plan is chosen: fit_buckets and the notebook call it alike."""
+    options = options or Options.defaults()
+    max_batch = options.max_batch
     chosen = {}
     for name, cost in costs.items():
         price = economics.price_of(token_seconds, name)
-        chosen[name] = plan_buckets(hist, "auto", compile_seconds=cost.seconds, token_seconds=float(price),
-                                    requests=serve_requests, max_batch=max_batch, compile_source=cost.label(),
-                                    budget_seconds=warmup_budget_seconds, price_source=economics.price_source(price))
+        prices = Prices(cost.seconds, float(price), cost.label(), economics.price_source(price))
+        chosen[name] = plan_buckets(hist, "auto", prices=prices, requests=options.serve_requests,
+                                    max_batch=max_batch, budget_seconds=options.warmup_budget_seconds)
         if not quiet:
             print(f"target {name}: using buckets {list(chosen[name].boundaries)}"
                   f"{'' if max_batch == 1 else f' x batch {list(chosen[name].batch_sizes)}'}: {chosen[name].why}")
@@ -151,15 +203,14 @@ def choose(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds
 
 
 def what_if(hist: Histogram, costs: dict[str, economics.CostModel], token_seconds,
-            serve_requests: int = DEFAULTS["serve_requests"],
-            warmup_budget_seconds: float | None = DEFAULTS["warmup_budget_seconds"],
-            max_batch: int = 1) -> dict[str, dict[float, BucketPlan]]:
-    """For each target whose compile cost is an estimate: the auto plan at WHAT_IF times the estimate."""
+            options: Options | None = None) -> dict[str, dict[float, BucketPlan]]:
+    """For each target whose compile cost is an estimate: the auto plan (choose) at WHAT_IF times the estimate."""
+    options = options or Options.defaults()
     out = {}
     for name, cost in costs.items():
         if cost.kind == economics.ESTIMATE:
-            out[name] = {f: choose(hist, {name: cost.scaled(f)}, token_seconds, serve_requests, warmup_budget_seconds,
-                                   max_batch, quiet=True)[name] for f in WHAT_IF}
+            out[name] = {f: choose(hist, {name: cost.scaled(f)}, token_seconds, options, quiet=True)[name]
+                         for f in WHAT_IF}
     return out
 
 
@@ -251,7 +302,8 @@ class TargetBuckets:
                 "compile_seconds_per_bucket": {"value": self.chosen.settings.get("compile_seconds"),
                                                "source": self.cost.label(), "kind": self.cost.kind},
                 "what_if": {str(f): {"k": p.k, "boundaries": list(p.boundaries), "padding_waste": p.waste,
-                                     "warmup_seconds": p.settings.get("warmup_seconds")} for f, p in self.what_if.items()},
+                                     "warmup_seconds": p.settings.get("warmup_seconds")}
+                            for f, p in self.what_if.items()},
                 "compiles_after_warmup": sum(r.compiles_after_warmup for r in self.runs),
                 "padding_ok": all(r.padding_ok for r in self.runs if r.padding_ok is not None),
                 "replay": [r.to_dict() for r in self.runs]}
@@ -350,80 +402,65 @@ class BucketReport:
                  f"{html.escape(str(self.histogram))}</p>"]
         for t in self.targets.values():
             parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{t.target['mode']}</i></h4>"
-                         f"<p>{html.escape(t.summary())}</p><p><i>why:</i> {html.escape(t.chosen.why + t.what_if_text())}</p>"
+                         f"<p>{html.escape(t.summary())}</p>"
+                         f"<p><i>why:</i> {html.escape(t.chosen.why + t.what_if_text())}</p>"
                          + self.table(t.name)._repr_html_())
         return "\n".join(parts)
 
 
 # ---------------------------------------------------------------- the stage's verbs
-D = DEFAULTS
-
-
-def check_parameters(requests: int = D["requests"], bucket_count: int = D["bucket_count"],
-                     max_batch: int = D["max_batch"], max_seq: int = 512, overflow: str = D["overflow"],
-                     serve_requests: int = D["serve_requests"], warmup_budget_seconds=D["warmup_budget_seconds"],
-                     neuron_compile_seconds=D["neuron_compile_seconds"], seed: int = D["seed"],
-                     corpus: str = D["corpus"], backend: str = D["backend"], check: bool = D["check"],
-                     compare_every_target: bool = D["compare_every_target"], targets=("neuron", "tpu"),
-                     workload: str = D["workload"], new_tokens: int = D["new_tokens"], model: str | None = None) -> None:
-    """The notebook's validation cell, also run by the runner before anything is written. With workload
-    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
-    from portkit.workloads import generation
-    from portkit.core import checks
-    generation.check_workload(workload, model)
-    checks.positive_int("new_tokens", new_tokens, maximum=512)
-    checks.positive_int("requests", requests)
-    checks.positive_int("bucket_count", bucket_count, maximum=64)
-    checks.positive_int("max_batch", max_batch, maximum=1024)
-    checks.positive_int("max_seq", max_seq)
-    checks.choice("overflow", overflow, OVERFLOW)
-    checks.positive_int("serve_requests", serve_requests)
-    if warmup_budget_seconds is not None:
-        checks.positive_float("warmup_budget_seconds", warmup_budget_seconds)
-    if neuron_compile_seconds is not None:
-        checks.positive_float("neuron_compile_seconds", neuron_compile_seconds)
-    checks.non_negative_int("seed", seed)
-    checks.boolean("check", check)
-    checks.boolean("compare_every_target", compare_every_target)
-    data.check_corpus(corpus)
-    selection.check_parameter(backend, targets_mod.parse_targets(targets))
-
-
 def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, BucketPlan],
-                   costs: dict[str, economics.CostModel], backend: str = D["backend"], check: bool = D["check"],
-                   compare_every_target: bool = D["compare_every_target"], progress: bool = True,
-                   what_ifs: dict | None = None, compile_all: bool = False) -> dict[str, TargetBuckets]:
-    """Replay the trace per target with its compile backend (selection.check_backend; an emulated one
-    checks and emulates each graph, no codegen). The first target's backend replays without buckets
-    and with every plan; each target replays its own chosen plan (warm-up, then recompiles forbidden,
-    then the padding check). compare_every_target repeats the whole comparison on every target's backend.
-    The replay without buckets counts its compiles (one per distinct shape; stage 2 compiled that storm) and
-    the compared plans count theirs (one per bucket shape): only the chosen plans are compiled, replayed
-    under fail_on_recompile and padding-checked, unless compile_all compiles every run as before."""
+                   costs: dict[str, economics.CostModel], options: Options | None = None, *,
+                   what_ifs: dict | None = None, replay: Replay | None = None) -> dict[str, TargetBuckets]:
+    """Replay the trace per target with its compile backend (options.backend, selection.check_backend; an
+    emulated one checks and emulates each graph, no codegen). The first target's backend replays without
+    buckets and with every plan; each target replays its own chosen plan (warm-up, then recompiles forbidden,
+    then the padding check). replay.compare_every_target repeats the whole comparison on every target's
+    backend. The replay without buckets counts its compiles (one per distinct shape; stage 2 compiled that
+    storm) and the compared plans count theirs (one per bucket shape): only the chosen plans are compiled,
+    replayed under fail_on_recompile and padding-checked, unless replay.compile_all compiles every run."""
+    options, replay = options or Options.defaults(), replay or Replay()
     out, done = {}, {}     # done: backend -> its runs so far, reused by any plan with the same shapes
-    proven = {(tuple(p.boundaries), tuple(p.batch_sizes)) for p in chosen.values()}   # never only counted
+    proven = {_shapes(p) for p in chosen.values()}   # never only counted
     for i, name in enumerate(chosen):
         detected = targets_mod.detect(name)
-        be = selection.check_backend(detected, backend)
-        compare = i == 0 or compare_every_target
+        be = selection.check_backend(detected, options.backend)
+        compare = i == 0 or replay.compare_every_target
         runs = done.setdefault(be, [])
         wanted = [*plans, chosen[name]] if compare else [chosen[name]]
         missing = [p for p in wanted if _same_shapes(runs, p) is None]
         baseline = compare and not any(r.plan is None for r in runs)
         if missing or baseline:
-            runs += bucketed.replay(model, trace, missing, backend=be, baseline=baseline, check=check,
-                                    progress=progress, device=detected.target.device if detected.native else "cpu",
-                                    inductor=False, count_baseline=not compile_all,
-                                    count=() if compile_all else tuple(
-                                        p for p in missing if (tuple(p.boundaries), tuple(p.batch_sizes)) not in proven))
-        mine = [r for r in runs if r.plan is None] if compare else []
-        for plan in wanted:
-            run = _same_shapes(runs, plan)
-            if run.plan != plan.to_dict():
-                run = replace(run, name=plan.planner, plan=plan.to_dict(), note=f"same shapes as {run.name}: replayed once")
-            mine.append(run)
-        out[name] = TargetBuckets(detected.to_dict(), be, chosen[name], costs[name], mine, (what_ifs or {}).get(name, {}))
+            counted = () if replay.compile_all else tuple(p for p in missing if _shapes(p) not in proven)
+            runs += bucketed.replay(model, trace, missing, be, _settings(replay, detected, baseline, counted))
+        out[name] = TargetBuckets(detected.to_dict(), be, chosen[name], costs[name], _runs_for(runs, wanted, compare),
+                                  (what_ifs or {}).get(name, {}))
     return out
+
+
+def _settings(replay: Replay, detected, baseline: bool, counted: tuple) -> bucketed.ReplaySettings:
+    """The stage's settings of one bucketed.replay on a target: the baseline counted (never compiled) unless
+    replay.compile_all, the plans in `counted` counted, on the target's device natively, no Inductor code."""
+    return bucketed.ReplaySettings(baseline=baseline, check=replay.check, progress=replay.progress,
+                                   device=detected.target.device if detected.native else "cpu", inductor=False,
+                                   count_baseline=not replay.compile_all, count=counted)
+
+
+def _runs_for(runs, wanted: list[BucketPlan], compare: bool) -> list:
+    """A target's runs: the baseline where it compares, then each wanted plan's run (a plan whose shapes an
+    earlier plan already replayed shares that run, renamed)."""
+    mine = [r for r in runs if r.plan is None] if compare else []
+    for plan in wanted:
+        run = _same_shapes(runs, plan)
+        if run.plan != plan.to_dict():
+            run = replace(run, name=plan.planner, plan=plan.to_dict(),
+                          note=f"same shapes as {run.name}: replayed once")
+        mine.append(run)
+    return mine
+
+
+def _shapes(plan: BucketPlan) -> tuple:
+    return tuple(plan.boundaries), tuple(plan.batch_sizes)
 
 
 def _same_shapes(runs, plan: BucketPlan):
@@ -445,29 +482,27 @@ def save_plans(chosen: dict[str, BucketPlan], out_dir) -> Path:
     return path
 
 
-def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", k: int = D["bucket_count"],
-                requests: int = D["requests"], max_batch: int = D["max_batch"], max_seq: int | None = None,
-                overflow: str = D["overflow"], seed: int = D["seed"], backend: str = D["backend"],
-                check: bool = D["check"], compare_every_target: bool = D["compare_every_target"],
-                progress: bool = True, serve_requests: int = D["serve_requests"],
-                warmup_budget_seconds=D["warmup_budget_seconds"], neuron_compile_seconds=D["neuron_compile_seconds"],
-                costs: dict[str, economics.CostModel] | None = None) -> BucketReport:
+def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", options: Options | None = None, *,
+                max_seq: int | None = None, costs: dict[str, economics.CostModel] | None = None,
+                replay: Replay | None = None) -> BucketReport:
     """The whole stage in one call (the notebook walks the same steps one by one, with the same calls).
-    The chosen plan is priced for serve_requests requests; `requests` only sets the replay's length.
-    `costs` (per target) replaces stage_costs' cost models."""
+    options: the notebook's parameters (None: its defaults). The chosen plan is priced for
+    options.serve_requests requests; options.requests only sets the replay's length. max_seq caps the
+    lengths (histogram; None: the model's). `costs` (per target) replaces stage_costs' cost models."""
+    options = options or Options.defaults()
     names = targets_mod.parse_targets(targets)
+    options.check_targets(names)
     dist = distribution(corpus, model)
-    hist = histogram(dist, max_seq, overflow)
-    plans, curves = compare(hist, k, max_batch), sweep(hist)
+    hist = histogram(dist, max_seq, options.overflow)
+    plans, curves = compare(hist, options.bucket_count, options.max_batch), sweep(hist)
     token_seconds = economics.padding_prices(model, names, hist.top)
-    trace = data.make_trace(corpus, model, requests, seed, max_batch, dist)
-    costs = costs or stage_costs(model, hist, names, out_dir, neuron_compile_seconds, max_batch)
+    trace = data.make_trace(corpus, model, options.requests, options.seed, options.max_batch, dist)
+    costs = costs or stage_costs(model, hist, names, out_dir, options)
     costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
-    chosen = choose(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
+    chosen = choose(hist, costs, token_seconds, options)
     save_plans(chosen, out_dir)
-    alternatives = what_if(hist, costs, token_seconds, serve_requests, warmup_budget_seconds, max_batch)
-    per_target = replay_targets(model, trace, plans, chosen, costs, backend, check, compare_every_target, progress,
-                                alternatives)
-    found = grid(model, corpus, names, costs, serve_requests)
-    return BucketReport(model.describe(), dist.to_dict(), hist, k, plans, curves, token_seconds, trace.describe(),
-                        per_target, found.to_dict() if found else None)
+    alternatives = what_if(hist, costs, token_seconds, options)
+    per_target = replay_targets(model, trace, plans, chosen, costs, options, what_ifs=alternatives, replay=replay)
+    found = grid(model, corpus, names, costs, options)
+    return BucketReport(model.describe(), dist.to_dict(), hist, options.bucket_count, plans, curves, token_seconds,
+                        trace.describe(), per_target, found.to_dict() if found else None)

@@ -1,9 +1,9 @@
 """Stage 2 with `-p workload generate`: greedy generation compiled for each target, the dynamic KV cache
-against the bucketed static one (issue #14).
+against the bucketed static one.
 
-    >>> from portkit import compile_generation, data, models
+    >>> from portkit.stages.compile import generation as compile_generation
     >>> lm = models.load("gpt2")
-    >>> found = compile_generation.check(lm, data.load_corpus().sample(4, seed=0), ["neuron", "tpu"])
+    >>> found = compile_generation.check(lm, texts.sample(4, seed=0), ["neuron", "tpu"], 16, "auto")
     >>> found["tpu"].summary()
 
 Per target, on its compile backend (selection.backend_for: emulated here, the vendor's natively):
@@ -66,10 +66,10 @@ class TargetGeneration:
                 "static": run(self.static), "token_agreement": self.agreement, "summary": self.summary()}
 
 
-def check(lm, texts: list[str], targets, new_tokens: int = 16, backend: str = selection.AUTO,
-          precision=None) -> dict[str, TargetGeneration]:
-    """Greedy generation of `new_tokens` for the `texts` (one batch) on every target's compile backend,
-    with the dynamic cache and with the bucketed static cache."""
+def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precision=None) -> dict[str, TargetGeneration]:
+    """Greedy generation of `new_tokens` for the `texts` (one batch) on every target's compile backend
+    (`backend`: "auto" or a backend name, selection.py), with the dynamic cache and with the bucketed static
+    cache. The stage passes its options (stage.check_generation)."""
     generation.check_causal(lm)
     plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
     out = {}

@@ -1,69 +1,59 @@
 """Stage 2, compile for the target: graph breaks, compiles, and the recompile storm on real data.
 
-    >>> from portkit import compiling, data, models
-    >>> m = models.load("minilm")
-    >>> stream = compiling.make_requests(m, data.load_corpus(), n=compiling.DEFAULTS["requests"])
-    >>> report = compiling.compile_model(m, stream, targets=["neuron", "tpu"], seq_len=64)
+    >>> from portkit.stages.compile import stage as compiling
+    >>> opts = compiling.Options.of({"seq_len": 64})         # the notebook's defaults, these values over them
+    >>> stream = compiling.make_requests(m, texts, opts.requests, max_tokens=opts.seq_len, seed=opts.seed)
+    >>> report = compiling.compile_model(m, stream, ["neuron", "tpu"], opts)
     >>> print(report)            # per target: compiles against requests, what they cost on the target, the fix
-    >>> report.plot()
     >>> report.save("runs/minilm/compile.json")
 
 Both targets compile one graph per input shape (awsdocs-neuron torch/compile/reference-torch-compile.html;
-torch_tpu _backend.py). The stage finds the graph breaks (torch._dynamo.explain) and whether
-fullgraph=True captures the model; streams at least 100 real requests through the model compiled with
-dynamic=False, counting every compile with a wrapper around the backend (torch 2.13 never increments
-counters["recompiles"], checked), the guard failure behind each one, and where Dynamo's recompile
-limit would fall back to eager; then warms up one fixed shape and runs the requests under
-set_stance("fail_on_recompile"): a compile it refuses is recorded (request, shape, guard failure),
-paid with the stance lifted and counted, so a recompile after warm-up is a finding, not a crash.
-The steps are in portkit/stages/compile/steps.py.
-
-Every compile of the storm is priced with the target's compile cost (portkit/planning/economics.py), and says
-where that figure came from: measured XLA for TPU, an estimate with its sources for Neuron, the vendor
-compiler's own time in native mode, Inductor on this CPU for a reference target. In emulated mode the
-backends check the target's rules and numerics and run the graph eagerly: no Inductor codegen, whose
-times no target pays.
+torch_tpu _backend.py). The stage finds the graph breaks (torch._dynamo.explain), streams real requests
+through the model compiled with dynamic=False counting every compile and the guard failure behind it
+(storm.py), then proves one fixed shape under set_stance("fail_on_recompile") (steps.py). Every compile is
+priced with the target's compile cost (portkit/planning/economics.py), which says where its figure came
+from. In emulated mode the backends check the target's rules and numerics and run each graph eagerly.
+The options are the parameters cell of notebooks/02_compile.py (Options); the other workloads compiled are
+generation.py and training.py.
 """
 from __future__ import annotations
 
+import functools
 import html
 import statistics
 from dataclasses import dataclass, field
 
+from portkit.stages import options
 from portkit.stages.compile import generation as compile_generation
 from portkit.stages.compile import training as compile_training
 from portkit.planning import economics
+from portkit.core import checks
 from portkit.core import frames
 from portkit.core import reconcile
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
 from portkit.targets.backends import _text
 from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm, _eager_from,
-                                   _failure_text,
-                                   check_fixed_shape, check_fixed_shapes, find_graph_breaks, make_requests,
-                                   recompile_storm, recompile_storms)
+                                          _failure_text, check_fixed_shape, check_fixed_shapes,
+                                          find_graph_breaks, make_requests, recompile_storm, recompile_storms)
 from portkit.core.errors import BadParameter
 from portkit.runfolder.results import Finding, save_result
 from portkit.core.tables import HtmlTable
 
-__all__ = ["AUTO", "DEFAULTS", "CompileReport", "FixedShape", "GraphBreaks", "Requests", "Storm",
-           "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_parameters", "compile_costs", "compile_model",
-           "check_training", "eager_findings", "find_graph_breaks",
-           "make_requests", "recompile_storm", "recompile_storms"]
+__all__ = ["AUTO", "COMPILE_SHAPES", "CompileReport", "FixedShape", "GraphBreaks", "Options", "Requests", "Storm",
+           "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_training", "compile_costs",
+           "compile_model", "eager_findings", "find_graph_breaks", "make_requests", "recompile_storm",
+           "recompile_storms"]
 
 STAGE = "compile"
-# The stage's defaults: compile_model, check_parameters and the notebook's parameters cell
-# (notebooks/02_compile.py, checked equal by tests/test_compiling.py) all use these.
-DEFAULTS = {"requests": 100, "batch_size": 1, "seq_len": 64, "fullgraph": False, "backend": AUTO,
-            "precision": {}, "seed": 4, "corpus": "stdlib", "neuron_compile_seconds": None,
-            "workload": "inference", "new_tokens": 16, "prompts": 4}
-# Not notebook parameters (the notebook keeps to the choices most runs make), library options with these defaults:
-# the storm's shapes compiled before the rest are counted (storm.COMPILE_SHAPES: Dynamo's own recompile limit),
-# and the training step's steps and texts per batch with workload "train".
-OPTIONS = {"compile_shapes": COMPILE_SHAPES, "train_steps": 4, "train_batch": 4}
 
 
-# What each of the stage's findings costs on the target: the consequence behind its severity (#18).
+def _options(options: Options | None) -> Options:
+    """The stage's options as given, or the notebook's defaults for None."""
+    return Options.defaults() if options is None else options
+
+
+# What each of the stage's findings costs on the target: the consequence behind its severity.
 CONSEQUENCES = {
     "compile_refused": "blocker: the target's compiler refuses the graph, so the model does not compile there",
     "not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so it cannot run",
@@ -75,7 +65,8 @@ CONSEQUENCES = {
     "recompile_after_warmup": "work: compiles after warm-up at one fixed shape, each paid at request time",
     "fixed_shape": "work: a fixed shape is not proven to compile once",
     "train_refused": "blocker: the target's compiler refuses the training step, so training does not compile there",
-    "train_not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so the step cannot run",
+    "train_not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so the step "
+                                     "cannot run",
                           "work": "work: the op runs on the host CPU, a round trip out of the compiled step per call"},
     "train_graph_break": "work: each graph of the step has its own backward, compiled and run apart",
     "train_recompile": "work: the step compiles again during training, each compile paid mid-run",
@@ -84,7 +75,7 @@ CONSEQUENCES = {
 
 def _finding(kind: str, severity: str, message: str, advice: str, where: dict | None = None) -> dict:
     """A finding with its consequence; with `where`, it names whose code that is and phrases the advice
-    for them (#18)."""
+    for them."""
     consequence = CONSEQUENCES.get(kind)
     consequence = consequence.get(severity) if isinstance(consequence, dict) else consequence
     owner = frames.owner(where) if where is not None else None
@@ -107,11 +98,12 @@ def _measured_length(model, shapes: dict) -> int | None:
         return _seq(next(iter(shapes.values()), [0]))
 
 
-def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] | None = None,
-                  neuron_compile_seconds: float | None = None) -> dict[str, economics.CostModel]:
+def compile_costs(model, requests: Requests, targets, options: Options | None = None, *,
+                  storms: dict[str, Storm] | None = None) -> dict[str, economics.CostModel]:
     """Per target, what one compile costs there (economics.cost_model): measured XLA over the stream's
-    lengths for TPU, the Neuron estimate, or, natively and for reference targets, the times the storm
-    measured (pass `storms`)."""
+    lengths for TPU, the Neuron estimate (options.neuron_compile_seconds overrides it), or, natively and
+    for reference targets, the times the storm measured (pass `storms`)."""
+    neuron_compile_seconds = _options(options).neuron_compile_seconds
     # a fixed-shape model's shapes have no varying dimension (an image's second is the channels)
     dim = model.seq_dim
     lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None] if dim else []
@@ -122,7 +114,8 @@ def compile_costs(model, requests: Requests, targets, storms: dict[str, Storm] |
         if storms is not None and economics.priced_by_measured_compiles(name, detected.native):
             measured = [(_measured_length(model, e.shapes) if dim else None, e.seconds)
                         for e in storms[name].compiles]
-        out[name] = economics.cost_model(model, name, lengths, native=detected.native, measured_points=measured,
+        out[name] = economics.cost_model(model, name, lengths,
+                                         measured=economics.MeasuredCompiles(tuple(measured), detected.native),
                                          neuron_compile_seconds=neuron_compile_seconds,
                                          batch=requests.shapes()[0][0] if requests.inputs else 1)
     return out
@@ -144,19 +137,22 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     return out
 
 
-def check_training(model, texts, targets, steps: int = OPTIONS["train_steps"], batch_size: int = OPTIONS["train_batch"],
-                   seq_len: int = DEFAULTS["seq_len"], precision=None, seed: int = DEFAULTS["seed"]):
+def check_training(model, texts, targets, options: Options | None = None, *, steps: int = compile_training.STEPS,
+                   batch_size: int = compile_training.BATCH):
     """Workload "train": one AdamW step of the model's own loss compiled for each target, `steps` steps on
-    real batches of batch_size x seq_len (portkit/stages/compile/training.py)."""
-    return compile_training.check(model, texts, targets, steps, batch_size, seq_len, precision, seed)
+    real batches of batch_size x options.seq_len (portkit/stages/compile/training.py)."""
+    opts = _options(options)
+    return compile_training.check(model, texts, targets, steps, batch_size, seq_len=opts.seq_len,
+                                  precision=opts.precision, seed=opts.seed)
 
 
-def check_generation(model, texts, targets, new_tokens: int = DEFAULTS["new_tokens"],
-                     prompts: int = DEFAULTS["prompts"], backend: str = DEFAULTS["backend"], precision=None,
-                     seed: int = DEFAULTS["seed"]):
-    """Workload "generate": `prompts` real prompts from the corpus, greedy generation of `new_tokens`, with
-    the dynamic cache and the bucketed static cache, per target (portkit/stages/compile/generation.py)."""
-    return compile_generation.check(model, texts.sample(prompts, seed), targets, new_tokens, backend, precision)
+def check_generation(model, texts, targets, options: Options | None = None):
+    """Workload "generate": options.prompts real prompts from the corpus, greedy generation of
+    options.new_tokens, with the dynamic cache and the bucketed static cache, per target
+    (portkit/stages/compile/generation.py)."""
+    opts = _options(options)
+    return compile_generation.check(model, texts.sample(opts.prompts, opts.seed), targets, opts.new_tokens,
+                                    opts.backend, opts.precision)
 
 
 # ---------------------------------------------------------------- the stage's result
@@ -341,8 +337,9 @@ class CompileReport:
         eager = _eager_from(self.requests["stream_shapes"], limit)
         if eager is not None:
             middle.axvline(eager + 1, color="#C44E52", lw=1)
-            middle.annotate(f"request {eager + 1}: shape {limit + 1}, Dynamo falls back to eager", (eager + 1, limit + 1),
-                            xytext=(6, 8), textcoords="offset points", fontsize=7, color="#C44E52")
+            middle.annotate(f"request {eager + 1}: shape {limit + 1}, Dynamo falls back to eager",
+                            (eager + 1, limit + 1), xytext=(6, 8), textcoords="offset points", fontsize=7,
+                            color="#C44E52")
         for ax in (left, middle):
             ax.axhline(limit, color="#C44E52", ls="--", lw=1, label=f"default recompile_limit={limit}")
             ax.set_xlabel("request")
@@ -361,54 +358,76 @@ class CompileReport:
 
 
 # ---------------------------------------------------------------- parameters and the stage's verb
-def check_parameters(requests: int = DEFAULTS["requests"], batch_size: int = DEFAULTS["batch_size"],
-                     seq_len: int = DEFAULTS["seq_len"], fullgraph: bool = DEFAULTS["fullgraph"],
-                     backend: str = DEFAULTS["backend"], precision=None, seed: int = DEFAULTS["seed"],
-                     corpus: str = DEFAULTS["corpus"], neuron_compile_seconds=DEFAULTS["neuron_compile_seconds"],
-                     targets=("neuron", "tpu"), workload: str = DEFAULTS["workload"],
-                     new_tokens: int = DEFAULTS["new_tokens"], prompts: int = DEFAULTS["prompts"],
-                     model: str | None = None) -> None:
-    """The notebook's validation cell, also run by the runner before anything is written. With workload
-    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
+def _corpus(name: str, value) -> str:
     from portkit.corpora import corpus as data
-    from portkit.workloads import generation
-    from portkit.core import checks
-    generation.check_workload(workload, model)
-    checks.positive_int("new_tokens", new_tokens, maximum=512)
-    checks.positive_int("prompts", prompts, maximum=64)
-    checks.positive_int("requests", requests, maximum=2000)
-    checks.positive_int("batch_size", batch_size, maximum=64)
-    checks.positive_int("seq_len", seq_len, maximum=4096)
-    checks.boolean("fullgraph", fullgraph)
-    checks.non_negative_int("seed", seed)
-    if neuron_compile_seconds is not None:
-        checks.positive_float("neuron_compile_seconds", neuron_compile_seconds)
-    data.check_corpus(corpus)
-    names = targets_mod.parse_targets(targets)
-    selection.check_parameter(backend, names)
-    if precision is not None and not isinstance(precision, (str, dict)):
-        raise BadParameter("precision", precision, hint="give a dict {target: precision name}")
-    for name, value in (precision.items() if isinstance(precision, dict) else ((n, precision) for n in names)):
-        if name not in names:
-            raise BadParameter("target in precision", name, names)
-        if value is not None:
-            targets_mod.get(name).precision(value)
+    return data.check_corpus(value)
 
 
-def compile_model(model, requests: Requests, targets=("neuron", "tpu"), seq_len: int = DEFAULTS["seq_len"],
-                  precision=None, backend: str = DEFAULTS["backend"], fullgraph: bool = DEFAULTS["fullgraph"],
-                  progress: bool = True, neuron_compile_seconds: float | None = DEFAULTS["neuron_compile_seconds"],
-                  costs: dict[str, economics.CostModel] | None = None,
-                  compile_shapes: int = OPTIONS["compile_shapes"]) -> CompileReport:
+def _backend(name: str, value) -> str:
+    """A backend name; which names each target accepts is Options.check_targets' rule (selection.py)."""
+    if not isinstance(value, str):
+        raise BadParameter(name, value, hint="give a backend name, or 'auto'")
+    return value
+
+
+def _precision(name: str, value):
+    """One precision name for every target, or {target: precision name}; each checked by check_targets."""
+    if value is not None and not isinstance(value, (str, dict)):
+        raise BadParameter(name, value, hint="give a dict {target: precision name}")
+    return value
+
+
+def _seconds(name: str, value):
+    """None (the estimate from public reports), or the seconds one Neuron graph takes to compile."""
+    if value is not None:
+        checks.positive_float(name, value)
+    return value
+
+
+def _at_most(maximum: int):
+    return functools.partial(checks.positive_int, maximum=maximum)
+
+
+class Options(options.StageOptions):
+    """Stage 2's options: the parameters cell of notebooks/02_compile.py, each field checked. With workload
+    "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them).
+    The backend and the precision are checked against the chosen targets by check_targets."""
+    NOTEBOOK = "02_compile.ipynb"
+    CHECKS = {"corpus": _corpus, "text_column": checks.text, "requests": _at_most(2000), "batch_size": _at_most(64),
+              "seq_len": _at_most(4096), "fullgraph": checks.boolean, "backend": _backend, "precision": _precision,
+              "seed": checks.non_negative_int, "neuron_compile_seconds": _seconds,
+              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _at_most(512), "prompts": _at_most(64)}
+
+    def check(self, model: str | None) -> None:
+        from portkit.workloads import generation
+        generation.check_workload(self.workload, model)
+
+    def check_targets(self, targets) -> list[str]:
+        """The rules on the chosen targets (the runner checks them before a run): the backend is one every
+        target accepts, and the precision names only chosen targets, each with one of its precisions.
+        Returns the targets' names."""
+        names = targets_mod.parse_targets(targets)
+        selection.check_parameter(self.backend, names)
+        precision = self.precision
+        for name, value in (precision.items() if isinstance(precision, dict) else ((n, precision) for n in names)):
+            if name not in names:
+                raise BadParameter("target in precision", name, names)
+            if value is not None:
+                targets_mod.get(name).precision(value)
+        return names
+
+
+def compile_model(model, requests: Requests, targets=("neuron", "tpu"), options: Options | None = None, *,
+                  costs: dict[str, economics.CostModel] | None = None, progress: bool = True,
+                  compile_shapes: int = COMPILE_SHAPES) -> CompileReport:
     """The whole stage: graph breaks, the storm and the fixed-shape proof for every target, each
-    compile priced with the target's cost (compile_costs, unless `costs` gives them). The storm compiles
-    its first `compile_shapes` shapes here and counts the later ones from Dynamo's guard failures (0:
-    compile every shape; portkit/stages/compile/storm.py)."""
-    names = targets_mod.parse_targets(targets)
-    selection.check_parameter(backend, names)
-    breaks = find_graph_breaks(model, requests.inputs[0], names, precision)
-    storms = recompile_storms(model, requests, names, precision, backend, fullgraph, progress,
-                              compile_shapes or None)
-    fixed = check_fixed_shapes(model, requests, names, seq_len, precision, backend, fullgraph)
-    costs = costs or compile_costs(model, requests, names, storms, neuron_compile_seconds)
+    compile priced with the target's cost (compile_costs, unless `costs` gives them). `options`: the
+    notebook's parameters (None: its defaults). The storm compiles its first `compile_shapes` shapes here
+    and counts the later ones from Dynamo's guard failures (0: compile every shape; storm.py)."""
+    opts = _options(options)
+    names = opts.check_targets(targets)
+    breaks = find_graph_breaks(model, requests.inputs[0], names, opts.precision)
+    storms = recompile_storms(model, requests, names, opts, progress=progress, compile_shapes=compile_shapes or None)
+    fixed = check_fixed_shapes(model, requests, names, opts)
+    costs = costs or compile_costs(model, requests, names, opts, storms=storms)
     return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

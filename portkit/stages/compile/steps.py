@@ -1,10 +1,9 @@
 """Stage 2's steps: real requests, graph breaks, the recompile storm (storm.py), and one fixed shape.
 
-    >>> from portkit import compile_steps, data, models
-    >>> m = models.load("minilm")
-    >>> stream = compile_steps.make_requests(m, data.load_corpus(), n=100)   # each text at its own length
-    >>> storm = compile_steps.recompile_storm(m, stream, "tpu")     # every compile, and the guard behind it
-    >>> fixed = compile_steps.check_fixed_shape(m, stream, "tpu", seq_len=64)   # fail_on_recompile proof
+    >>> from portkit.stages.compile import steps
+    >>> stream = steps.make_requests(m, texts, n=100)              # each text at its own length
+    >>> storm = steps.recompile_storm(m, stream, "tpu", opts)       # every compile, and the guard behind it
+    >>> fixed = steps.check_fixed_shape(m, stream, "tpu", opts)     # fail_on_recompile proof (opts: stage.Options)
 
 The model is compiled with dynamic=False (both targets compile one graph per input shape) behind a
 CompileCounter, the ground truth for compiles. In emulated mode the backend checks each graph against
@@ -28,11 +27,12 @@ from portkit.core import placement
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
 from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
-                              refused_recompile)
+                                      refused_recompile)
 from portkit.core.errors import CompileRefused
 from portkit.core.frames import innermost, place as _place
-from portkit.stages.compile.storm import (AUTO, COMPILE_SHAPES, Storm, _compiled, _eager_from, _failure,  # noqa: F401 (the
-                           _failure_text, _precision_for, recompile_storm, recompile_storms)  # stage's steps)
+from portkit.stages.compile.storm import (AUTO, COMPILE_SHAPES, Storm, _compiled, _eager_from,  # noqa: F401 (the
+                                          _failure, _failure_text, _precision_for,  # stage's steps)
+                                          recompile_storm, recompile_storms)
 from portkit.corpora.requests import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
 from portkit.core.tables import HtmlTable
 from portkit.targets.shared_pass import Turns
@@ -88,8 +88,8 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
     """Capture the model with fullgraph=True under each emulated target's checks (no compile: the graphs
     run eagerly); where one graph cannot hold it, explain its graph breaks (torch._dynamo.explain) and
     check every piece. A model that captures whole has no break to explain: that trace is the only one.
-    contents: record each graph's ops with their dtypes and lines (checks[target]["ops"]), which
-    reconcile.py needs (#18)."""
+    precision: the stage's option (None: each target's default). contents: record each graph's ops with
+    their dtypes and lines (checks[target]["ops"]), which reconcile.py needs."""
     module = model.module if hasattr(model, "module") else model
     names = targets_mod.parse_targets(targets)
     backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)
@@ -105,7 +105,7 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
 
     fullgraph, breaks, explained = {"ok": True}, [], None
     for whole in (True, False):   # without one graph, explain the breaks and check every piece
-        for backend in backends.values():   # record what the graphs contain, to reconcile stage 1 (#18)
+        for backend in backends.values():   # record what the graphs contain, to reconcile stage 1
             backend.checks.clear()
             backend.contents = [] if contents else None
         graphs.clear()
@@ -152,7 +152,7 @@ def _breaks(explained) -> list[dict]:
         frame = r.user_stack[-1] if r.user_stack else None
         found = {"reason": (r.reason.strip().splitlines() or ["?"])[0],
                  "where": _place(frame.filename, frame.lineno, frame.name, frame.line or "") if frame else None,
-                 # the innermost frame outside torch: the line stage 1 names for the same code (#18)
+                 # the innermost frame outside torch: the line stage 1 names for the same code
                  "frame": innermost([_place(f.filename, f.lineno, f.name, f.line or "") for f in r.user_stack or ()])}
         if found not in breaks:
             breaks.append(found)
@@ -233,9 +233,22 @@ class _Side:
 def _fixed_runs(sides: dict[str, _Side], inputs: list[dict], probe: dict | None) -> None:
     """Warm up on the first input, then every input under fail_on_recompile, then the probe, each side in turn
     (sides sharing one Dynamo pass share its compiles: one a side's call pays is every side's)."""
+    _warm_up(sides, inputs[0])
+    live = [side for side in sides.values() if side.failure is None]
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for i, x in enumerate(inputs):
+            _fixed_request(live, i, x)
+        for side in live:
+            side.counter.request = None
+            if probe is not None:
+                _probe(side, probe)
+
+
+def _warm_up(sides: dict[str, _Side], first: dict) -> None:
+    """Each side's warm-up call on the first input: a target's refusal is its own, Dynamo's is every side's."""
     for side in sides.values():
         try:
-            side.call(inputs[0])
+            side.call(first)
         except CompileRefused as exc:          # this target's own refusal (a shared pass): the others go on
             side.failure = _failure(exc, 0)
         except torch._dynamo.exc.TorchDynamoException as exc:   # Dynamo's: the same for every side
@@ -243,44 +256,47 @@ def _fixed_runs(sides: dict[str, _Side], inputs: list[dict], probe: dict | None)
                 each.failure = each.failure or _failure(exc, 0)
             break
         side.warm = len(side.counter.events)
-    live = [side for side in sides.values() if side.failure is None]
-    with torch.compiler.set_stance("fail_on_recompile"):
-        for i, x in enumerate(inputs):
-            paid = None   # the compile this request's first side paid
-            for side in live:             # a side's call compiles for every side
-                side.counter.request = i
-            for side in live:
-                refused = len(side.late)
-                start = time.perf_counter()
-                call_counting_recompiles(side.call, x, side.late, i)
-                if len(side.late) > refused:
-                    paid = side.late[-1]
-                elif paid is not None:
-                    side.late.append(paid)    # compiled for this side too, in the same call
-                else:                         # a compile is not a run time
-                    side.times.append(time.perf_counter() - start)
-        for side in live:
-            side.counter.request = None
-            if probe is not None:
-                try:
-                    side.call(probe)
-                except RuntimeError as exc:
-                    if refused_recompile(exc) is None:
-                        raise
-                    side.armed = str(exc).strip().splitlines()[0]
 
 
-def check_fixed_shape(model, requests: Requests, target: str, seq_len: int = 64, precision=None,
-                      backend: str = AUTO, fullgraph: bool = False) -> FixedShape:
-    """Pad every request to seq_len, compile once, and run them all under fail_on_recompile; a
-    request the stance refuses is recorded in FixedShape.late, then compiled and counted."""
-    return check_fixed_shapes(model, requests, [target], seq_len, precision, backend, fullgraph)[target]
+def _fixed_request(live: list[_Side], i: int, x: dict) -> None:
+    """Request `i` through every live side under fail_on_recompile: a refused compile is recorded as late
+    (for every side: one side's call compiles for all), a call that compiled nothing is timed."""
+    paid = None   # the compile this request's first side paid
+    for side in live:             # a side's call compiles for every side
+        side.counter.request = i
+    for side in live:
+        refused = len(side.late)
+        start = time.perf_counter()
+        call_counting_recompiles(side.call, x, side.late, i)
+        if len(side.late) > refused:
+            paid = side.late[-1]
+        elif paid is not None:
+            side.late.append(paid)    # compiled for this side too, in the same call
+        else:                         # a compile is not a run time
+            side.times.append(time.perf_counter() - start)
 
 
-def check_fixed_shapes(model, requests: Requests, targets, seq_len: int = 64, precision=None,
-                       backend: str = AUTO, fullgraph: bool = False) -> dict[str, FixedShape]:
+def _probe(side: _Side, probe: dict) -> None:
+    """A shape outside the warm-up, under fail_on_recompile: the stance must refuse it (side.armed)."""
+    try:
+        side.call(probe)
+    except RuntimeError as exc:
+        if refused_recompile(exc) is None:
+            raise
+        side.armed = str(exc).strip().splitlines()[0]
+
+
+def check_fixed_shape(model, requests: Requests, target: str, options) -> FixedShape:
+    """Pad every request to options.seq_len, compile once (options.backend, precision, fullgraph: the stage's
+    Options), and run them all under fail_on_recompile; a request the stance refuses is recorded in
+    FixedShape.late, then compiled and counted."""
+    return check_fixed_shapes(model, requests, [target], options)[target]
+
+
+def check_fixed_shapes(model, requests: Requests, targets, options) -> dict[str, FixedShape]:
     """check_fixed_shape for every target; the emulated targets share one Dynamo pass (a shape traced once,
     checked and run by each target), as the storm does (storm.recompile_storms)."""
+    seq_len, precision, backend, fullgraph = options.seq_len, options.precision, options.backend, options.fullgraph
     names = targets_mod.parse_targets(targets)
     size = requests.fixed_size(seq_len)       # tokens: seq_len; another varying dimension: the stream's longest
     inputs = requests.padded(size)

@@ -1,8 +1,8 @@
 """Stage 2's recompile storm: real requests through the model compiled for each target, every compile and
 the guard failure behind it, and the compile plumbing the fixed-shape check shares.
 
-    >>> storm = storm.recompile_storm(m, stream, "tpu")            # 100 requests, the first 8 shapes compiled
-    >>> storms = storm.recompile_storms(m, stream, ["neuron", "tpu"], compile_shapes=None)   # every shape compiled
+    >>> storm = storm.recompile_storm(m, stream, "tpu", opts)      # 100 requests, the first 8 shapes compiled
+    >>> storms = storm.recompile_storms(m, stream, ["neuron", "tpu"], opts, compile_shapes=None)   # all compiled
 
 The model is compiled with dynamic=False (both targets compile one graph per input shape) behind a
 CompileCounter, the ground truth for compiles. The first `compile_shapes` distinct shapes (default
@@ -31,7 +31,7 @@ from portkit.core import placement
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
 from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, refused_recompile,
-                              warm_inductor)
+                                      warm_inductor)
 from portkit.core.errors import CompileRefused
 from portkit.core.frames import place as _place
 from portkit.corpora.requests import Requests
@@ -246,13 +246,14 @@ def _counted_row(i: int, shape, graphs: int, total: int, run: float, guards: lis
             "counted": True}
 
 
-def recompile_storm(model, requests: Requests, target: str, precision=None, backend: str = AUTO,
-                    fullgraph: bool = False, progress: bool = True,
+def recompile_storm(model, requests: Requests, target: str, options, *, progress: bool = True,
                     compile_shapes: int | None = COMPILE_SHAPES) -> Storm:
-    """Stream the requests through the model compiled for `target` and record every compile (made here
-    for the first `compile_shapes` shapes, then counted from Dynamo's refusals), the guard failure that
-    triggered it, and the time spent compiling and running."""
+    """Stream the requests through the model compiled for `target` with the stage's options (stage.Options:
+    backend, precision, fullgraph) and record every compile (made here for the first `compile_shapes` shapes,
+    then counted from Dynamo's refusals), the guard failure that triggered it, and the time spent compiling
+    and running."""
     from portkit.core.progress import bar as progress_bar
+    precision, backend, fullgraph = options.precision, options.backend, options.fullgraph
     default = _torch.default_recompile_limit()
     reasons: list[str] = []
     rows, failure, counted = [], None, 0
@@ -310,28 +311,87 @@ class _Shared:
         return gm.forward
 
 
-def recompile_storms(model, requests: Requests, targets, precision=None, backend: str = AUTO,
-                     fullgraph: bool = False, progress: bool = True,
+def recompile_storms(model, requests: Requests, targets, options, *, progress: bool = True,
                      compile_shapes: int | None = COMPILE_SHAPES) -> dict[str, Storm]:
     """recompile_storm for every target; the emulated targets share one Dynamo pass (tracing a shape
-    once, checking it once per target), which halves the storm's time on this CPU for two targets."""
-    from portkit.core.progress import bar as progress_bar
+    once, checking it once per target: _shared_storms)."""
     names = targets_mod.parse_targets(targets)
     shared = {}
     for name in names:
-        chosen, _ = selection.backend_for(targets_mod.detect(name), backend, _precision_for(precision, name))
+        chosen, _ = selection.backend_for(targets_mod.detect(name), options.backend,
+                                          _precision_for(options.precision, name))
         if isinstance(chosen, EmulatedBackend):
             shared[name] = chosen
-    alone = lambda n: recompile_storm(model, requests, n, precision, backend, fullgraph, progress,   # noqa: E731
-                                      compile_shapes)
+    alone = lambda n: recompile_storm(model, requests, n, options, progress=progress,   # noqa: E731
+                                      compile_shapes=compile_shapes)
     if len(shared) < 2:
         return {n: alone(n) for n in names}
     out = {n: alone(n) for n in names if n not in shared}
+    out.update(_shared_storms(model, requests, shared, options.fullgraph, progress, compile_shapes))
+    return {n: out[n] for n in names}
+
+
+class _SharedRows:
+    """The shared pass's record, per target: its rows, the compiles counted from Dynamo's refusals, and
+    its failure (a target that failed is left out of the later requests)."""
+
+    def __init__(self, counters: dict[str, CompileCounter], fan: _Shared, reasons: list[str]):
+        self.counters, self.fan, self.reasons = counters, fan, reasons
+        self.rows: dict[str, list] = {n: [] for n in counters}
+        self.counted = dict.fromkeys(counters, 0)
+        self.failures: dict[str, dict | None] = dict.fromkeys(counters)
+
+    def request(self, replay: _Replay, i: int, inputs: dict) -> bool:
+        """Request `i` through the shared pass, recorded for every live target; False: stop the storm."""
+        live = [n for n in self.counters if self.failures[n] is None]
+        if not live:
+            return False
+        before = {n: len(self.counters[n].events) for n in live}
+        for counter in self.counters.values():
+            counter.request = i
+        self.reasons.clear()
+        shape = next(iter(inputs.values())).shape
+        try:
+            wall, guards = replay.call(inputs, tuple(shape))
+        except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
+            self.failures.update({n: _failure(exc, i) for n in live})
+            return False
+        if guards is not None:
+            for n in live:
+                self.counted[n] += replay.graphs_per_shape()
+                self.rows[n].append(_counted_row(i, shape, replay.graphs_per_shape(),
+                                                 len(self.counters[n].events) + self.counted[n], wall, guards))
+            return True
+        run = wall
+        if any(len(self.counters[n].events) > before[n] for n in live):
+            if any(before.values()):
+                replay.graphs.append(max(len(self.counters[n].events) - before[n] for n in live))
+            start = time.perf_counter()
+            replay.fn(**inputs)
+            run = time.perf_counter() - start
+        self._compiled(live, before, i, shape, wall, run)
+        return True
+
+    def _compiled(self, live: list[str], before: dict[str, int], i: int, shape, wall: float, run: float) -> None:
+        """Each live target's row for a request Dynamo ran (compiled or cached); a refusal is its failure."""
+        for n in live:
+            if n in self.fan.refused:
+                self.failures[n] = _failure(self.fan.refused[n], i)
+                continue
+            new = self.counters[n].events[before[n]:]
+            others = sum(e.seconds for m in live if m != n for e in self.counters[m].events[before[m]:])
+            row = _row(i, shape, new, len(self.counters[n].events) + self.counted[n], wall - others, run,
+                       self.reasons)
+            self.rows[n].append({**row, "cache_hits": 0})
+
+
+def _shared_storms(model, requests: Requests, shared: dict[str, EmulatedBackend], fullgraph: bool, progress: bool,
+                   compile_shapes: int | None) -> dict[str, Storm]:
+    """The storms of the emulated targets in `shared`, in one Dynamo pass (_Shared)."""
+    from portkit.core.progress import bar as progress_bar
     counters = {n: CompileCounter(b) for n, b in shared.items()}
     fan, reasons = _Shared(counters), []
-    rows: dict[str, list] = {n: [] for n in shared}
-    counted = dict.fromkeys(shared, 0)
-    failures: dict[str, dict | None] = dict.fromkeys(shared)
+    record = _SharedRows(counters, fan, reasons)
     module = model.module if hasattr(model, "module") else model
     default = _torch.default_recompile_limit()
     torch.compiler.reset()
@@ -343,43 +403,10 @@ def recompile_storms(model, requests: Requests, targets, precision=None, backend
             with placement.on_device(module, "cpu"), torch.no_grad():
                 for i, inputs in enumerate(progress_bar(requests.inputs, desc=f"{'+'.join(shared)} requests",
                                                         disable=not progress)):
-                    live = [n for n in shared if failures[n] is None]
-                    if not live:
+                    if not record.request(replay, i, inputs):
                         break
-                    before = {n: len(counters[n].events) for n in live}
-                    for counter in counters.values():
-                        counter.request = i
-                    reasons.clear()
-                    shape = next(iter(inputs.values())).shape
-                    try:
-                        wall, guards = replay.call(inputs, tuple(shape))
-                    except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
-                        failures.update({n: _failure(exc, i) for n in live})
-                        break
-                    if guards is not None:
-                        for n in live:
-                            counted[n] += replay.graphs_per_shape()
-                            rows[n].append(_counted_row(i, shape, replay.graphs_per_shape(),
-                                                        len(counters[n].events) + counted[n], wall, guards))
-                        continue
-                    run = wall
-                    if any(len(counters[n].events) > before[n] for n in live):
-                        if any(before.values()):
-                            replay.graphs.append(max(len(counters[n].events) - before[n] for n in live))
-                        start = time.perf_counter()
-                        fn(**inputs)
-                        run = time.perf_counter() - start
-                    for n in live:
-                        if n in fan.refused:
-                            failures[n] = _failure(fan.refused[n], i)
-                            continue
-                        new = counters[n].events[before[n]:]
-                        others = sum(e.seconds for m in live if m != n for e in counters[m].events[before[m]:])
-                        row = _row(i, shape, new, len(counters[n].events) + counted[n], wall - others, run, reasons)
-                        rows[n].append({**row, "cache_hits": 0})
         finally:
             torch.compiler.reset()
-    for n, b in shared.items():
-        out[n] = Storm(targets_mod.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
-                       default, rows[n], counters[n].events, failures[n], None, compile_shapes)
-    return {n: out[n] for n in names}
+    return {n: Storm(targets_mod.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
+                     default, record.rows[n], counters[n].events, record.failures[n], None, compile_shapes)
+            for n, b in shared.items()}

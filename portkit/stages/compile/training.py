@@ -1,6 +1,6 @@
 """Stage 2 with workload "train": the training step compiled for each target.
 
-    >>> found = compile_training.check(m, corpus, ["neuron", "tpu"], steps=4, batch_size=4, seq_len=64)
+    >>> found = compile_training.check(m, corpus, ["neuron", "tpu"], seq_len=64)   # STEPS steps of BATCH texts
     >>> found["tpu"].summary()      # graphs, what the backward does not lower, compiles after the first step
 
 One AdamW step (forward, the model's own loss, backward, optimizer; training.TrainingStep) is compiled with
@@ -28,6 +28,10 @@ from portkit.workloads import training
 from portkit.core.errors import CompileRefused
 
 PARTS = ("forward", "backward")
+# Not notebook parameters (the notebook keeps to the choices most runs make): the steps checked, one that
+# compiles and the rest under fail_on_recompile, and the texts per batch.
+STEPS = 4
+BATCH = 4
 
 
 @dataclass
@@ -153,9 +157,10 @@ def check_target(model, batches: list[dict], target: str, precision=None) -> Tra
     return found
 
 
-def check(model, corpus, targets, steps: int = 4, batch_size: int = 4, seq_len: int = 64, precision=None,
+def check(model, corpus, targets, steps: int = STEPS, batch_size: int = BATCH, *, seq_len: int, precision=None,
           seed: int = 0) -> dict[str, TrainCompile]:
-    """check_target for every target on the same real batches (training.batches: padded, one text a row)."""
+    """check_target for every target on the same real batches of batch_size x seq_len (training.batches:
+    padded, one text a row). The stage passes its options (stage.check_training)."""
     batches = training.batches(model, corpus, steps, batch_size, seq_len, seed=seed)
     names = targets_mod.parse_targets(targets)
     return {n: check_target(model, batches, n, precision.get(n) if isinstance(precision, dict) else precision)

@@ -1,6 +1,6 @@
 """Record one eager pass: every ATen call, its count, dtypes and time, and the nn.Module that made it.
 
-    >>> from portkit import recording
+    >>> from portkit.stages.fallbacks import recording
     >>> found = recording.record(model, inputs, train=True)     # forward and backward
     >>> [(r.op, r.module, r.phase, r.calls) for r in found.records.values()][:3]
     >>> found.features          # (kind, module, op, detail): float64, int64, sparse, data-dependent, ...
@@ -108,6 +108,12 @@ class _OpRecorder(TorchDispatchMode):
             self.recording.frames[key] = frames.caller(3)
 
     def _scan(self, op, func, module, args, kwargs, tensors) -> None:
+        """Every feature this call shows: in its tensors, then in the op itself."""
+        self._scan_tensors(op, module, tensors)
+        self._scan_op(op, func, module, args, kwargs)
+
+    def _scan_tensors(self, op, module, tensors) -> None:
+        """Dtypes, layouts and nested tensors a target handles apart (float64, int64 ranges, sparse, nested)."""
         for t in tensors:
             if t.dtype == torch.float64:
                 self._feature("float64", module, op, "float64 tensors")
@@ -119,6 +125,10 @@ class _OpRecorder(TorchDispatchMode):
                 self._feature("sparse", module, op, f"layout {str(t.layout).replace('torch.', '')}")
             if t.is_nested:
                 self._feature("nested", module, op, "NestedTensor")
+
+    def _scan_op(self, op, func, module, args, kwargs) -> None:
+        """What the op itself is: outside aten, data-dependent in its output size or indexing, a host read, or an
+        attention with a mask."""
         if func.namespace not in CORE_NAMESPACES:
             self._feature("custom_op", module, op, f"operator outside aten ({func.namespace}::)")
         base = op.split(".")[0]
@@ -145,7 +155,7 @@ class _OpRecorder(TorchDispatchMode):
         if not (outside & (t > -_NEAR_SENTINEL) & (t < _NEAR_SENTINEL)).any():
             # only the sentinels a float->int cast of +-inf or NaN gives, or values a few steps from them
             # (T5's log(0) relative positions, then + max_exact): int32 saturates at +-2**31 instead, which
-            # matters only where they are not masked out afterwards (#18)
+            # matters only where they are not masked out afterwards
             self._feature("int64_saturated", module, op, "int64 values at or next to +-2**63, what a "
                           "float->int cast of +-inf or NaN gives")
         else:

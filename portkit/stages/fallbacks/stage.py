@@ -1,7 +1,9 @@
 """Stage 1, fallback discovery: which ATen ops a model calls, from which module, and which of
 them would fall back to the CPU or not run at all on each target.
 
-    >>> from portkit import fallbacks, models, data
+    >>> from portkit import models
+    >>> from portkit.corpora import corpus as data
+    >>> from portkit.stages.fallbacks import stage as fallbacks
     >>> model = models.load("minilm")
     >>> inputs = model.encode(data.load_corpus().sample(8, seed=0), pad_to=128)
     >>> report = fallbacks.find_fallbacks(model, inputs, targets=["neuron", "tpu"])
@@ -166,7 +168,7 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
                                     + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
                                     module=where, ops=[entry["op"]], source=rule.source, where=entry["where"],
                                     owner=frames.owner(entry["where"])))
-    for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper (#18)
+    for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper, never a rewrite
         f.advice = reconcile.advice_for(f.to_dict(), f.owner)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module))

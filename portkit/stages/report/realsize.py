@@ -13,7 +13,7 @@ report.json keys it adds to a target (stable):
 - "details"["capacity (estimate, not measured)"]: Neuron, one row per chip: "chip", "instance",
   "tokens/s per chip", "bound", "NeuronCores per copy", "copies per chip", "copies per instance".
 
-    >>> from portkit import report_scale
+    >>> from portkit.stages.report import realsize as report_scale
     >>> report_scale.read(xla_json["targets"]["tpu"], target_report)   # no "scale" key: nothing added
 """
 from __future__ import annotations

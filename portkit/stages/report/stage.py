@@ -1,6 +1,6 @@
 """Stage 5, the migration report: a verdict per target, side by side, with the work it takes.
 
-    >>> from portkit import report
+    >>> from portkit.stages.report import stage as report
     >>> r = report.build_report("runs/minilm")       # reads the stage results already in the folder
     >>> r.verdicts()                                  # {'neuron': 'ready with work', 'tpu': 'ready'}
     >>> r.save("runs/minilm")                         # report.html (self-contained) and report.json
@@ -12,38 +12,10 @@ A stage result that is missing, unreadable or of the wrong shape becomes a named
 with no stage result at all is bad input (BadParameter). The HTML is a Jinja2 template (templates/report.html.j2)
 with autoescape on, so no value reaches the page unescaped.
 
-report.json keys (stable; a CI job can gate on them):
-- "schema": "portkit.report/1"; "created"; "run_dir"; "model"
-- "environment": as the stages recorded it (environment.environment() at run time); "environment_source":
-  "recorded at run time by fallbacks.json, ..." or results.NOT_RECORDED
-- "stages": {stage: {"file", "status": "ok" | "skipped" | "missing" | "failed" | "unreadable" | "incomplete",
-  "problem", "summary"}}: "failed" where the run log says the stage failed in the latest run; "skipped" (problem:
-  why) where it does not apply to the model
-- "gaps": [text, ...]: what the report could not read, one line each
-- "targets": {name: {
-    "mode": "native" | "emulated" (as recorded at run time), "title",
-    "verdict": "ready" | "ready with work" | "blocked" | "not assessed" (no stage result for it),
-    "verdict_reason": text, "based_on": [stages read],
-    "training": null, or (workload "train") the training verdict beside the inference one: {"verdict", "precision",
-                "numerics": text, "blockers", "work", "advice": [text]} (training_accuracy.TrainingComparison.verdicts),
-    "precision": the precision setting used, "compiler_flags": text,
-    "findings": [{"stage", "severity", "kind", "message", "advice", "notebook", "eager", "compiled",
-                  "compiled_detail", "owner", "where", "consequence"}], ordered by consequence (blocker, work,
-               info): "eager" is stage 1's severity in the eager pass ("" for the other stages), "compiled"
-               whether it persists under torch.compile, vanishes or was not checked (reconcile.py), "owner"
-               whose code ("user", "configurable library", "library"; "" where no frame), "where" its line
-    "vanished": a line counting the eager findings that vanish under torch.compile, or null; "first": the
-                findings that matter first (blockers, then work), at most FIRST_ROWS
-    "checklist": {"kernels": [{"op", "status", "share", "calls", "modules", "language"}],
-                  "rewrite": [text], "buckets": {...} | null, "precision": {...} | null,
-                  "measure_on_hardware": [text]},
-    "metrics": {stage: {label: value}}: accuracy's include "judged on" (compiled, or eager emulation where
-               the compiler refused the model) and, where float64 ran as float32, the error by cause
-    "details": {table: [{column: value}]}: "xla shapes" (per compiled shape: HBM, fit, GFLOP); for an abstract
-               model (no weights) metrics "scale" and tables "scale topologies" and "capacity (estimate, not
-               measured)", documented in portkit/stages/report/realsize.py;
-               "accuracy outputs", "accuracy buckets", "accuracy layers" (first module out of tolerance
-               and the modules with the largest error)}}
+report.json's keys are stable (a CI job can gate on them); each is documented in docs/reference/report-json.md:
+"schema" ("portkit.report/1"), "created", "run_dir", "model", "environment", "environment_source", "stages"
+({stage: {"file", "status", "problem", "summary"}}), "gaps", and "targets" ({name: {"mode", "verdict",
+"findings", "checklist", "metrics", "details", ...}}).
 """
 from __future__ import annotations
 
@@ -58,6 +30,7 @@ import jinja2
 
 from portkit.runfolder import environment
 from portkit.core import reconcile
+from portkit.stages import options
 from portkit.stages.report import sections as report_stages
 from portkit.runfolder import results
 from portkit.runfolder import layout as runfolder
@@ -71,6 +44,12 @@ STAGE = "report"
 READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED = "ready", "ready with work", "blocked", "not assessed"
 VERDICT_COLORS = {READY: "#2e7d32", READY_WITH_WORK: "#b26a00", BLOCKED: "#c62828", NOT_ASSESSED: "#616161"}
 FIRST_ROWS = 5   # findings the report opens with, per target, most consequential first
+
+
+class Options(options.StageOptions):
+    """Stage 5's options: notebooks/05_report.py declares only the shared model, targets and run folder."""
+    NOTEBOOK = "05_report.ipynb"
+    CHECKS = {}
 
 
 def _stages():
@@ -145,16 +124,21 @@ class TargetReport:
     details: dict[str, list[dict]] = field(default_factory=dict)
     vanished_ops: set = field(default_factory=set)   # ops of eager findings that vanish under compile
     training: dict | None = None      # the training verdict (accuracy.json's "training"), beside the inference one
+    # the stages that could find a blocker and did not assess this target (not run, failed, unreadable, or their
+    # result holds no readable half for it): with no blocker found, the target is not assessed, never ready
+    unassessed: list[str] = field(default_factory=list)
 
     def training_reason(self) -> str:
         return "; ".join((t := self.training or {}).get("blockers", []) + t.get("work", [])) or t.get("numerics", "")
 
     @property
     def verdict(self) -> str:
-        if not self.based_on:
-            return NOT_ASSESSED
         severities = {f["severity"] for f in self.findings}
-        return BLOCKED if BLOCKER in severities else READY_WITH_WORK if WORK in severities else READY
+        if BLOCKER in severities:
+            return BLOCKED      # a blocker found is a blocker, whatever else did not run
+        if not self.based_on or self.unassessed:
+            return NOT_ASSESSED
+        return READY_WITH_WORK if WORK in severities else READY
 
     def verdict_reason(self) -> str:
         if not self.based_on:
@@ -162,8 +146,12 @@ class TargetReport:
         blockers, work = ([f for f in self.findings if f["severity"] == s] for s in (BLOCKER, WORK))
         if blockers:
             return f"{len(blockers)} blocker(s), first: {blockers[0]['message']}"
-        return (f"no blockers; {len(work)} item(s) of work, first: {work[0]['message']}" if work
-                else "no blockers and no work found in the stages read")
+        found = (f"{len(work)} item(s) of work, first: {work[0]['message']}" if work
+                 else "no work found")
+        if self.unassessed:
+            return (f"stage(s) {', '.join(self.unassessed)} did not assess {self.name} (see the gaps), so a blocker "
+                    f"may be missed; based on {', '.join(self.based_on)}: no blockers, {found}")
+        return f"no blockers; {found}" if work else "no blockers and no work found in the stages read"
 
     def first(self) -> list[dict]:
         """The findings that matter first: blockers, then work, most consequential first."""
@@ -175,7 +163,8 @@ class TargetReport:
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
-                "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "training": self.training,
+                "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "unassessed": self.unassessed,
+                "training": self.training,
                 "first": self.first(), "vanished": self.vanished, "precision": self.precision,
                 "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
                 "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
@@ -252,14 +241,17 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     names = list(target_names or dict.fromkeys(n for s in present for n in s.data["targets"]))
     model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
     run_env = results.run_environment({s.file: s.data for s in present}, names)
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}) for name in names}
+    assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing)
+               for name in names}
     images, notebook_gaps = runfolder.notebook_images(run_dir, [s.name for s in stages.values()])
     return MigrationReport(run_dir, model, stages, reports, run_env.info, images, run_env.source,
                            run_env.gaps + notebook_gaps)
 
 
-def _target_report(name: str, present: list[StageResult], recorded: dict) -> TargetReport:
-    """One target's report from the readable stage results; `recorded` is its run-time environment."""
+def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str]) -> TargetReport:
+    """One target's report from the readable stage results; `recorded` is its run-time environment, `assessing`
+    the stages that apply to the model (each must have read this target for a verdict of ready)."""
     title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
     compiled = next((s.data for s in present if s.name == "compile"), None)
@@ -278,6 +270,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict) -> Tar
             stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
+    tr.unassessed = [s for s in assessing if s not in tr.based_on]
     order = {s: i for i, s in enumerate(SEVERITIES)}
     # by consequence: severity, then what persists under compile before what was not checked or vanishes
     later = {PERSISTS: 0, "": 0, NOT_CHECKED: 1, VANISHES: 2}
@@ -290,7 +283,7 @@ def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict |
     if tr.mode == "emulated":
         tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
     findings = t.get("findings", [])
-    if stage.name == report_stages.STAGE_FALLBACKS:   # eager findings, each against the compiled graphs (#18)
+    if stage.name == report_stages.STAGE_FALLBACKS:   # eager findings, each against the compiled graphs
         findings = reconcile.reconcile(findings, compiled, tr.name)
         tr.vanished_ops |= {op for f in findings if f["compiled"] == VANISHES for op in f.get("ops") or ()}
     for f in findings:

@@ -1,7 +1,8 @@
 """Stage 3b with workload "generate": the real XLA compile of a causal LM's prefill and decode graphs with a
 static KV cache, for a TPU topology, the cache in HBM, and the largest batch that fits at a context.
 
-    >>> from portkit import models, xla_generation
+    >>> from portkit.models import registry as models
+    >>> from portkit.stages.xla import generation as xla_generation
     >>> lm = models.load("gpt2")
     >>> found = xla_generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
     >>> found["decode"].breakdown      # HBM per device: weights, KV cache, inputs, temporaries, logits, code
@@ -110,7 +111,7 @@ class GraphCompile:
                 "summary": self.summary()}
 
 
-def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topology: str = "v5e:1x1",
+def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topology: str,
                   dtype: str | None = None) -> GraphCompile:
     """One prefill (tokens = the prompt bucket) or decode (tokens = 1) graph compiled for `topology`."""
     xla_compile.check_topology(topology)
@@ -156,14 +157,14 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def compile_serving(lm, batch: int, prompt: int, context: int, topology: str = "v5e:1x1",
+def compile_serving(lm, batch: int, prompt: int, context: int, topology: str,
                     dtype: str | None = None) -> dict[str, GraphCompile]:
     """The prefill graph of a prompt bucket and the decode step of a context bucket, at `batch`."""
     return {"prefill": compile_graph(lm, "prefill", batch, prompt, context, topology, dtype),
             "decode": compile_graph(lm, "decode", batch, 1, context, topology, dtype)}
 
 
-def largest_batch(lm, context: int, topology: str = "v5e:1x1", dtype: str | None = None,
+def largest_batch(lm, context: int, topology: str, dtype: str | None = None,
                   first: GraphCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
     """The largest batch whose decode step at a `context`-position cache fits one device (a compile per try,
     at most `limit`, xla_sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:

@@ -8,9 +8,10 @@ out-of-HBM verdict (seeded from the memory the first compile measured); the roof
 Neuron: the StableHLO lowering check, and capacity per Trainium/Inferentia chip from the FLOPs counted
 on the graph (portkit.targets.capacity). Every verdict goes through the verdict cache: a rerun compiles nothing.
 
-    >>> from portkit import abstract_models, scale
+    >>> from portkit.models import abstract as abstract_models
+    >>> from portkit.stages.xla import realsize as scale, stage as xla
     >>> m = abstract_models.build("llama3-8b")
-    >>> checks = scale.run(m, ["neuron", "tpu"], ["v5e:1x1", "v5e:2x2", "v5e:2x4"], batch=8, seq=1024)
+    >>> checks = scale.run(m, ["neuron", "tpu"], xla.Options.of({"scale_batch": 8, "scale_seq": 1024}))
     >>> checks["tpu"].smallest, checks["tpu"].largest      # 'v5e:2x2', [{'seq': 1024, 'batch': ...}]
 """
 from __future__ import annotations
@@ -181,13 +182,14 @@ def _neuron(module, batch: int, seq: int) -> ScaleCheck:
     return check
 
 
-def run(module, target_names, topologies, batch: int, seq: int, buckets=()) -> dict:
-    """Each target's real-size check ({target: ScaleCheck}); reference targets (cpu, cuda) have none."""
+def run(module, target_names, opts) -> dict:
+    """Each target's real-size check ({target: ScaleCheck}) at the options' (stage.Options) scale_batch x
+    scale_seq, over scale_topologies and scale_buckets; reference targets (cpu, cuda) have none."""
     checks = {}
     for name in targets.parse_targets(target_names):
         check = targets.get(name).xla_check
         if check == "compile":
-            checks[name] = _tpu(module, topologies, batch, seq, buckets)
+            checks[name] = _tpu(module, opts.scale_topologies, opts.scale_batch, opts.scale_seq, opts.scale_buckets)
         elif check == "lowering":
-            checks[name] = _neuron(module, batch, seq)
+            checks[name] = _neuron(module, opts.scale_batch, opts.scale_seq)
     return checks

@@ -5,11 +5,12 @@ host (JAX + libtpu, compile-only: nothing executes on a TPU); for Neuron it is l
 lowering check, not a Neuron compile). The machinery is portkit.xla.compiler; a verdict compiled once
 comes back from portkit's verdict cache (portkit.xla.cache) on a rerun, and the summary says how many.
 
-    >>> from portkit import models, xla
+    >>> from portkit import models
+    >>> from portkit.stages.xla import stage as xla
     >>> m = models.load("minilm")
-    >>> xla.check_parameters(topology="v5e:1x1")
-    >>> stage = xla.run_stage(m, ["neuron", "tpu"], "runs/minilm", topology="v5e:1x1")
-    >>> xla.shape_table("runs/minilm", ["neuron", "tpu"], m, batch_size=1, seq_len=128)   # what will be checked
+    >>> opts = xla.Options.of({"topology": "v5e:1x1"}, model="minilm")   # the notebook's defaults, checked
+    >>> xla.shape_table("runs/minilm", ["neuron", "tpu"], m, opts)       # what will be checked
+    >>> stage = xla.run_stage(m, ["neuron", "tpu"], "runs/minilm", opts)
     >>> stage.save("runs/minilm/xla.json"); print(stage.summary())
     >>> xla.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])     # one target, one line in a notebook cell
 
@@ -21,26 +22,72 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from portkit.core import checks
 from portkit.runfolder import results
+from portkit.stages import options
 from portkit.targets import specs as targets
 from portkit.core.errors import BadParameter, MissingPackage
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
 from portkit.xla.compiler import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
-                                 require_installed, require_xla, check_topology, check_lowering, compile_for_tpu, compile_seconds,
-                                 input_specs, is_abstract)
+                                 require_installed, require_xla, check_topology, check_lowering, compile_for_tpu,
+                                 compile_seconds, input_specs, is_abstract)
 from portkit.xla.results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes, plot_hbm  # noqa: F401
 
 STAGE = "xla"
 
 
-def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
-                dtype: str | None = None) -> XlaCompileReport | XlaSkipped:
-    """One notebook line: the target's XLA check (TPU compile or Neuron lowering), or why it was skipped.
+def _topology(name: str, value) -> str:
+    return check_topology(value)
+
+
+def _topologies(name: str, value) -> list:
+    """scale_topologies: a non-empty list of TPU topologies, tried fewest chips first."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise BadParameter(name, value, TOPOLOGIES)
+    for topology in value:
+        check_topology(topology)
+    return value
+
+
+def _buckets(name: str, value) -> list:
+    """scale_buckets: a list of sequence lengths ([]: scale_seq alone)."""
+    if not isinstance(value, (list, tuple)):
+        raise BadParameter(name, value, hint="a list of sequence lengths, e.g. [512, 2048]")
+    for bucket in value:
+        checks.positive_int(f"{name} entry", bucket)
+    return value
+
+
+class Options(options.StageOptions):
+    """Stage 3b's options: the parameters cell of notebooks/03b_xla.py, each field checked. The scale_*
+    fields are an abstract model's (a real-size config without weights, `--model llama3-8b`): its sequence
+    lengths are checked against the config's limit, and it is checked for inference only."""
+    NOTEBOOK = "03b_xla.ipynb"
+    CHECKS = {"topology": _topology, "dtype": checks.one_of(DTYPES), "batch_size": checks.positive_int,
+              "seq_len": checks.positive_int, "max_shapes": checks.positive_int, "largest_batch": checks.boolean,
+              "workload": checks.one_of(checks.WORKLOADS), "scale_topologies": _topologies,
+              "scale_batch": checks.positive_int, "scale_seq": checks.positive_int, "scale_buckets": _buckets}
+
+    def check(self, model: str | None) -> None:
+        from portkit.models import abstract as abstract_models
+        from portkit.workloads import generation
+        if abstract_models.is_name(model):          # its sequence lengths against the config's limit
+            module = abstract_models.build(model)
+            for seq in [self.scale_seq, *self.scale_buckets]:
+                abstract_models.text_shape(module, self.scale_batch, seq)
+        if generation.check_workload(self.workload, model) == "train" and abstract_models.is_name(model):
+            raise BadParameter("workload for a real-size model without weights", self.workload, ["inference"],
+                               hint=f"{model} is checked sharded for inference; train a model with weights")
+
+
+def xla_section(model, target_name: str, shapes, opts: Options | None = None) -> XlaCompileReport | XlaSkipped:
+    """One notebook line: the target's XLA check (TPU compile or Neuron lowering) at the options' topology
+    and dtype (None: the notebook's defaults), or why it was skipped.
 
     model: a LoadedModel, an nn.Module, or a name for portkit.models.registry.load."""
+    opts = Options.defaults() if opts is None else opts
     check = targets.get(target_name).xla_check
-    check_topology(topology)
     if check is None:
         return XlaSkipped(target_name, f"XLA check skipped: {target_name} is a reference platform, not an XLA target")
     if isinstance(model, str):
@@ -48,36 +95,10 @@ def xla_section(model, target_name: str, shapes, topology: str = "v5e:1x1",
         model = models.load(model)
     try:        # jax and torchax load only when a shape is not in the cache
         if check == "compile":
-            return compile_for_tpu(model, shapes, topology=topology, dtype=dtype)
-        return check_lowering(model, shapes, dtype=dtype)
+            return compile_for_tpu(model, shapes, topology=opts.topology, dtype=opts.dtype)
+        return check_lowering(model, shapes, dtype=opts.dtype)
     except MissingPackage as exc:
         return XlaSkipped(target_name, str(exc))
-
-
-def check_parameters(model: str = "", topology: str = "v5e:1x1", dtype: str = "float32", batch_size: int = 1,
-                     seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",), scale_batch: int = 1,
-                     scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False,
-                     workload: str = "inference") -> None:
-    """The notebook's validation cell, also run by the runner before anything is written. The scale_*
-    parameters are an abstract model's (a real-size config without weights, `--model llama3-8b`)."""
-    from portkit.models import abstract as abstract_models
-    from portkit.workloads import generation
-    from portkit.core import checks
-    from portkit.xla import sharded as xla_sharded
-    xla_sharded.check_scale_parameters(scale_topologies, scale_batch, scale_seq, scale_buckets)
-    if abstract_models.is_name(model):          # its sequence lengths against the config's limit
-        module = abstract_models.build(model)
-        for seq in [scale_seq, *scale_buckets]:
-            abstract_models.text_shape(module, scale_batch, seq)
-    check_topology(topology)
-    checks.choice("dtype", dtype, DTYPES)
-    checks.positive_int("batch_size", batch_size)
-    checks.positive_int("seq_len", seq_len)
-    checks.positive_int("max_shapes", max_shapes)
-    checks.boolean("largest_batch", largest_batch)
-    if generation.check_workload(workload, model) == "train" and abstract_models.is_name(model):
-        raise BadParameter("workload for a real-size model without weights", workload, ["inference"],
-                           hint=f"{model} is checked sharded for inference; train a model with weights")
 
 
 def load(spec: str):
@@ -93,13 +114,16 @@ def describe(model) -> str:
     return abstract_models.summary(model) if is_abstract(model) else model.summary()
 
 
-def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int = 128,
-                 max_shapes: int = 4) -> tuple[list[dict], list[str]]:
+def stage_shapes(out_dir, target: str, model, opts: Options | None = None) -> tuple[list[dict], list[str]]:
     """The shapes the workbook uses for `target`: stage 2's fixed shape and stage 3's buckets (read from
-    the run folder through portkit.runfolder.results), else the parameters. Returns (shapes, where each came from).
+    the run folder through portkit.runfolder.results), else the options' batch_size and seq_len, at most
+    max_shapes of them (None: the notebook's defaults). Returns (shapes, where each came from).
     An abstract model's shapes are its scale_batch x scale_seq, sharded (run_stage)."""
+    opts = Options.defaults() if opts is None else opts
     if is_abstract(model):
-        return [{"batch": batch_size, "seq": seq_len}], ["parameters scale_batch/scale_seq (abstract model, sharded)"]
+        return ([{"batch": opts.scale_batch, "seq": opts.scale_seq}],
+                ["parameters scale_batch/scale_seq (abstract model, sharded)"])
+    batch_size, seq_len, max_shapes = opts.batch_size, opts.seq_len, opts.max_shapes
     dim = getattr(model, "seq_dim", "tokens")     # the varying dimension; None: the model takes one shape
     text = dim is not None
     found: list[tuple[dict, str]] = []
@@ -124,15 +148,11 @@ def stage_shapes(out_dir, target: str, model, batch_size: int = 1, seq_len: int 
     return [s for s, _ in ordered], [src for _, src in ordered]
 
 
-def shape_table(out_dir, target_names, model, *, batch_size: int = 1, seq_len: int = 128,
-                max_shapes: int = 4, scale_batch: int = 1, scale_seq: int = 128) -> HtmlTable:
+def shape_table(out_dir, target_names, model, opts: Options | None = None) -> HtmlTable:
     """The shapes run_stage will check for each target, and where each came from (stage_shapes)."""
-    if is_abstract(model):
-        batch_size, seq_len = scale_batch, scale_seq
     rows = []
     for name in targets.parse_targets(target_names):
-        shapes, sources = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
-                                       max_shapes=max_shapes)
+        shapes, sources = stage_shapes(out_dir, name, model, opts)
         rows += [[name, " ".join(f"{k}={v}" for k, v in shape.items()), source]
                  for shape, source in zip(shapes, sources)]
     return HtmlTable(["target", "shape", "from"], rows, "shapes to check")
@@ -151,7 +171,8 @@ def _findings(report) -> list[dict]:
                         "advice": "the op or module has no StableHLO form through torchax; check it with "
                                   "neuronx-cc on a Trainium host, or rewrite it"})
         elif s.status == "no_lowering":
-            out.append({"kind": "xla_lowering", "severity": "work", "message": f"XLA compile for {report.topology}: {text}",
+            out.append({"kind": "xla_lowering", "severity": "work",
+                        "message": f"XLA compile for {report.topology}: {text}",
                         "advice": "torchax has no JAX lowering for this op; TorchTPU's own lowering may differ, so "
                                   "check it on a TPU, or replace the op"})
         elif s.status == "out_of_hbm" or s.fits_hbm is False:
@@ -159,7 +180,8 @@ def _findings(report) -> list[dict]:
                         "advice": "does not fit this topology's HBM: choose a larger topology (parameter "
                                   "topology), shard the model, or use smaller buckets/batches"})
         else:
-            out.append({"kind": "xla_compile", "severity": "blocker", "message": f"XLA compile for {report.topology}: {text}",
+            out.append({"kind": "xla_compile", "severity": "blocker",
+                        "message": f"XLA compile for {report.topology}: {text}",
                         "advice": "the real XLA TPU compiler rejects this shape; read its message above"})
     return out
 
@@ -193,8 +215,8 @@ class XlaStage:
                     + (" (figures as measured when first lowered)" if r.cached_shapes else ""))
         peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
-                f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per device; "
-                f"largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
+                f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per "
+                f"device; largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
                 + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest
                 + (f"; {self.training[name]['summary']}" if name in self.training else "")
                 + (f"; {self.serving[name]['summary']}" if name in self.serving else ""))
@@ -229,113 +251,136 @@ class XlaStage:
         return "".join(self.scale.get(n, r)._repr_html_() for n, r in self.reports.items())
 
 
-def run_stage(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str = "float32",
-              batch_size: int = 1, seq_len: int = 128, max_shapes: int = 4, scale_topologies=("v5e:1x1",),
-              scale_batch: int = 1, scale_seq: int = 128, scale_buckets=(), largest_batch: bool = False,
-              workload: str = "inference") -> XlaStage:
-    """Run each target's XLA check over the shapes the earlier stages chose. An abstract model (no weights)
-    gets the real-size check instead (portkit.stages.xla.realsize): sharded over scale_topologies until one fits, the
-    largest batch per bucket (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also
-    search each TPU shape's largest batch that fits HBM (portkit.stages.xla.realsize.largest_per_shape; a few compiles each).
-    workload "train": also the whole training step compiled for the TPU topology at batch_size x seq_len,
-    its memory broken down, and the largest micro-batch that fits (training_step); workload "generate": the
-    prefill and decode graphs with their KV cache and the largest batch at the context (serving_graphs)."""
+def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaStage:
+    """Run each target's XLA check over the shapes the earlier stages chose (opts None: the notebook's
+    defaults). An abstract model (no weights) gets the real-size check instead (portkit.stages.xla.realsize):
+    sharded over scale_topologies until one fits, the largest batch per bucket (scale_buckets, default
+    [scale_seq]), capacity per chip. largest_batch: also search each TPU shape's largest batch that fits HBM
+    (portkit.stages.xla.realsize.largest_per_shape; a few compiles each). workload "train": also the whole
+    training step compiled for the TPU topology at batch_size x seq_len, its memory broken down, and the
+    largest micro-batch that fits (training_step); workload "generate": the prefill and decode graphs with
+    their KV cache and the largest batch at the context (serving_graphs)."""
     from portkit.core.progress import bar as progress_bar
+    opts = Options.defaults() if opts is None else opts
     if is_abstract(model):
-        from portkit.models import abstract as abstract_models
-        from portkit.stages.xla import realsize as scale
-        checks = scale.run(model, target_names, scale_topologies, scale_batch, scale_seq, scale_buckets)
-        names = targets.parse_targets(target_names)
-        reports = {n: checks[n].main if n in checks else XlaSkipped(
-            n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
-        sources = {n: stage_shapes(out_dir, n, model, scale_batch, scale_seq)[1] for n in names}
-        return XlaStage(abstract_models.describe(model), reports, sources, checks)
+        return _real_size(model, target_names, out_dir, opts)
     reports, sources, largest, measured = {}, {}, {}, {}
     for name in progress_bar(list(target_names), desc="XLA checks", unit="target"):
-        shapes, sources[name] = stage_shapes(out_dir, name, model, batch_size=batch_size, seq_len=seq_len,
-                                             max_shapes=max_shapes)
-        reports[name] = xla_section(model, name, shapes, topology=topology, dtype=dtype)
-        if largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
+        shapes, sources[name] = stage_shapes(out_dir, name, model, opts)
+        reports[name] = xla_section(model, name, shapes, opts)
+        if opts.largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
             from portkit.stages.xla import realsize as scale
-            largest[name] = scale.largest_per_shape(model, shapes, reports[name], dtype)
+            largest[name] = scale.largest_per_shape(model, shapes, reports[name], opts.dtype)
         if targets.detect(name).native and not targets.get(name).reference:   # a measurement, not an estimate
             from portkit.targets import capacity
             measured[name] = capacity.measure_native(model, name, shapes)
-    trained = training_step(model, target_names, topology, dtype, batch_size, seq_len) if workload == "train" else {}
-    served = serving_graphs(model, target_names, out_dir, topology, dtype, batch_size, seq_len) \
-        if workload == "generate" else {}
+    trained = training_step(model, target_names, opts) if opts.workload == "train" else {}
+    served = serving_graphs(model, target_names, out_dir, opts) if opts.workload == "generate" else {}
     return XlaStage(model.describe() if hasattr(model, "describe") else {"name": str(model)}, reports, sources,
                     largest=largest, measured=measured, training=trained, serving=served)
 
 
-def serving_graphs(model, target_names, out_dir, topology: str = "v5e:1x1", dtype: str | None = None,
-                   batch_size: int = 1, seq_len: int = 128) -> dict:
+def _real_size(model, target_names, out_dir, opts: Options) -> XlaStage:
+    """An abstract model's stage: each target's real-size check (portkit.stages.xla.realsize)."""
+    from portkit.models import abstract as abstract_models
+    from portkit.stages.xla import realsize as scale
+    checks = scale.run(model, target_names, opts)
+    names = targets.parse_targets(target_names)
+    reports = {n: checks[n].main if n in checks else XlaSkipped(
+        n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
+    sources = {n: stage_shapes(out_dir, n, model, opts)[1] for n in names}
+    return XlaStage(abstract_models.describe(model), reports, sources, checks)
+
+
+def serving_graphs(model, target_names, out_dir, opts: Options | None = None) -> dict:
     """Workload "generate", per TPU target: the prefill graph of the largest prompt bucket and the decode step
     of the largest context bucket of stage 3's serving plan (else a seq_len prompt in a cache twice as long,
     within the model's length), at batch_size, compiled by XLA with the KV cache in HBM, and the largest batch
-    whose decode step fits one device at that context (portkit.stages.xla.generation)."""
-    from portkit.stages.xla import generation as xla_generation
-    from portkit.xla import sharded as xla_sharded
+    whose decode step fits one device at that context (portkit.stages.xla.generation). opts None: the
+    notebook's defaults."""
+    opts = Options.defaults() if opts is None else opts
     out = {}
     for name in targets.parse_targets(target_names):
         if targets.get(name).xla_check != "compile":
             out[name] = {"status": "skipped", "summary": f"serving graphs not compiled: {name} has no XLA compiler "
                          "here (stage 2 compiled generation with its emulated backend)"}
-            continue
-        plan = results.serving_buckets(out_dir, name)
-        if plan:
-            prompt, context, source = max(plan[0]), max(plan[1]), "stage 3's serving plan, largest buckets"
         else:
-            context = min(model.max_length, 2 * seq_len)
-            prompt, source = min(seq_len, context - 1), "parameter seq_len (no serving plan in buckets.json)"
-        graphs = xla_generation.compile_serving(model, batch_size, prompt, context, topology, dtype)
-        found = {g: c.to_dict() for g, c in graphs.items()}
-        found.update(prompt=prompt, context=context, source=source, status=graphs["decode"].status)
-        found["summary"] = "; ".join(c.summary() for c in graphs.values())
-        if graphs["decode"].status == "compiled":
-            n, tried = xla_generation.largest_batch(model, context, topology, dtype, first=graphs["decode"])
-            found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
-            found["summary"] += (f"; largest batch whose decode fits at context {context}: "
-                                 f"{n}{xla_sharded.bound_text(n, tried)} ({source})")
-        out[name] = found
+            out[name] = _serving(model, results.serving_buckets(out_dir, name), opts)
     return out
 
 
-def training_step(model, target_names, topology: str = "v5e:1x1", dtype: str | None = None, batch_size: int = 1,
-                  seq_len: int = 128) -> dict:
+def _serving(model, plan, opts: Options) -> dict:
+    """One TPU target's prefill and decode graphs at the plan's largest buckets (plan: stage 3's serving
+    plan, (prompt buckets, context buckets), or None), and the largest batch whose decode step fits."""
+    from portkit.stages.xla import generation as xla_generation
+    from portkit.xla import sharded as xla_sharded
+    if plan:
+        prompt, context, source = max(plan[0]), max(plan[1]), "stage 3's serving plan, largest buckets"
+    else:
+        context = min(model.max_length, 2 * opts.seq_len)
+        prompt, source = min(opts.seq_len, context - 1), "parameter seq_len (no serving plan in buckets.json)"
+    graphs = xla_generation.compile_serving(model, opts.batch_size, prompt, context, opts.topology, opts.dtype)
+    found = {g: c.to_dict() for g, c in graphs.items()}
+    found.update(prompt=prompt, context=context, source=source, status=graphs["decode"].status)
+    found["summary"] = "; ".join(c.summary() for c in graphs.values())
+    if graphs["decode"].status == "compiled":
+        n, tried = xla_generation.largest_batch(model, context, opts.topology, opts.dtype, first=graphs["decode"])
+        found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
+        found["summary"] += (f"; largest batch whose decode fits at context {context}: "
+                             f"{n}{xla_sharded.bound_text(n, tried)} ({source})")
+    return found
+
+
+def training_step(model, target_names, opts: Options | None = None) -> dict:
     """Workload "train", per TPU target: the model's training step (its loss, AdamW) compiled by XLA for the
     topology at batch_size x seq_len of real text (portkit.stages.xla.training), its memory broken down, and the
-    largest micro-batch that fits one device. Neuron has no compiler here: its entry says so."""
+    largest micro-batch that fits one device. Neuron has no compiler here: its entry says so. opts None: the
+    notebook's defaults."""
     from portkit.corpora import corpus as data
-    from portkit.xla import sharded as xla_sharded
-    from portkit.stages.xla import training as xla_training
+    opts = Options.defaults() if opts is None else opts
     out = {}
     for name in targets.parse_targets(target_names):
-        check = targets.get(name).xla_check
-        if check != "compile":
+        if targets.get(name).xla_check != "compile":
             out[name] = {"status": "skipped", "summary": f"training step not compiled: {name} has no XLA compiler "
                          "here (stage 2 classified the step's ops, forward and backward)"}
-            continue
-        spec = xla_training.step_inputs(model, data.load_corpus(), batch_size, seq_len)
-        step = xla_training.compile_step(model, spec, topology, dtype)
-        found = step.to_dict()
-        if step.status == "compiled":
-            # twice the batch: the search's guess and the temporaries' split both read it, compiled once
-            second = xla_training.compile_step(model, xla_training.with_batch(spec, 2 * step.batch), topology, dtype)
-            n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
-            found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
-            found["summary"] += (f"; largest micro-batch that fits: {n}{xla_sharded.bound_text(n, tried)} x {seq_len} "
-                                 f"({len(tried)} compile(s))")
-            split = xla_training.split_temporaries(step, second)
-            if split is None and second.status == "compiled":
-                key = "gradients, activations and workspace"
-                found["summary"] += (f"; temporaries {format_bytes(step.breakdown[key])} at batch {step.batch}, "
-                                     f"{format_bytes(second.breakdown[key])} at {second.batch}: not a line, no split")
-            if split:
-                found["temporaries"] = split
-                found["summary"] += (f"; temporaries from batches {split['batches']}: {format_bytes(split['fixed'])} "
-                                     f"that do not grow with the batch (gradients and workspace; every gradient "
-                                     f"at once would be {format_bytes(split['gradients_counted'])}: XLA fuses "
-                                     f"the update) + {format_bytes(split['per_row'])} a row (activations)")
-        out[name] = found
+        else:
+            out[name] = _training(model, data.load_corpus(), opts)
     return out
+
+
+def _training(model, corpus, opts: Options) -> dict:
+    """One TPU target's training step, the largest micro-batch that fits, and its temporaries split into what
+    grows with the batch and what does not."""
+    from portkit.xla import sharded as xla_sharded
+    from portkit.stages.xla import training as xla_training
+    topology, dtype = opts.topology, opts.dtype
+    spec = xla_training.step_inputs(model, corpus, opts.batch_size, opts.seq_len)
+    step = xla_training.compile_step(model, spec, topology, dtype)
+    found = step.to_dict()
+    if step.status != "compiled":
+        return found
+    # twice the batch: the search's guess and the temporaries' split both read it, compiled once
+    second = xla_training.compile_step(model, xla_training.with_batch(spec, 2 * step.batch), topology, dtype)
+    n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
+    found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
+    found["summary"] += (f"; largest micro-batch that fits: {n}{xla_sharded.bound_text(n, tried)} x {opts.seq_len} "
+                         f"({len(tried)} compile(s))")
+    split = xla_training.split_temporaries(step, second)
+    if split:
+        found["temporaries"] = split
+    found["summary"] += _temporaries(step, second, split)
+    return found
+
+
+def _temporaries(step, second, split: dict | None) -> str:
+    """The summary's words on the compiler's temporaries at the two batches (training.split_temporaries)."""
+    if split:
+        return (f"; temporaries from batches {split['batches']}: {format_bytes(split['fixed'])} "
+                f"that do not grow with the batch (gradients and workspace; every gradient "
+                f"at once would be {format_bytes(split['gradients_counted'])}: XLA fuses "
+                f"the update) + {format_bytes(split['per_row'])} a row (activations)")
+    if second.status == "compiled":
+        key = "gradients, activations and workspace"
+        return (f"; temporaries {format_bytes(step.breakdown[key])} at batch {step.batch}, "
+                f"{format_bytes(second.breakdown[key])} at {second.batch}: not a line, no split")
+    return ""

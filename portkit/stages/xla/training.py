@@ -1,6 +1,8 @@
 """Stage 3b with workload "train": the real XLA compile of a whole training step for a TPU topology.
 
-    >>> from portkit import data, models, xla_training
+    >>> from portkit.corpora import corpus as data
+    >>> from portkit.models import registry as models
+    >>> from portkit.stages.xla import training as xla_training
     >>> m = models.load("gpt2")
     >>> spec = xla_training.step_inputs(m, data.load_corpus(), batch_size=8, seq_len=128)
     >>> step = xla_training.compile_step(m, spec, topology="v5e:1x1")
@@ -87,7 +89,7 @@ class StepCompile:
                 "message": self.message, "summary": self.summary()}
 
 
-def step_inputs(model, corpus, batch_size: int = 1, seq_len: int = 128) -> dict:
+def step_inputs(model, corpus, batch_size: int, seq_len: int) -> dict:
     """{input name: (shape, dtype)} of one real training batch of the model (training.batches: the keys its
     loss reads; an embedding model's are anchor_ and positive_ pairs)."""
     batch = training.batches(model, corpus, 1, batch_size, seq_len)[0]
@@ -103,7 +105,28 @@ def _nbytes(shape, dtype) -> int:
     return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
-def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None = None) -> StepCompile:
+def _adamw_step(jax, fn):
+    """One training step as a JAX function of (trainable weights, frozen weights, first and second moments,
+    step count, batch): the loss `fn` computes and its gradients (jax.value_and_grad), then torch.optim.AdamW's
+    update (bias-corrected moments, decoupled weight decay). Returns (loss, weights, moments, count)."""
+    import jax.numpy as jnp
+    b1, b2 = ADAMW["betas"]
+
+    def step(weights, others, first, second, n, data):
+        value, grads = jax.value_and_grad(lambda w: fn({**others, **w}, (), data))(weights)
+        n = n + 1
+        first = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, first, grads)
+        second = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, second, grads)
+        c1, c2 = 1 - b1 ** n, 1 - b2 ** n
+
+        def update(w, m, v):
+            new = w - ADAMW["lr"] * (m / c1 / (jnp.sqrt(v / c2) + ADAMW["eps"]) + ADAMW["weight_decay"] * w)
+            return new.astype(w.dtype)
+        return value, jax.tree.map(update, weights, first, second), first, second, n
+    return step
+
+
+def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> StepCompile:
     """The model's training step compiled by XLA for `topology` at the batch `spec` ({name: (shape, dtype)},
     step_inputs), compile-only; its memory per device broken down (module docstring)."""
     xla_compile.check_topology(topology)
@@ -111,7 +134,6 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
         raise BadParameter("dtype", dtype, xla_compile.DTYPES)
     description, loss = training.loss_for(model)
     jax, topo, devices, mesh, replicated = xla_sharded.compile_only(topology, "fsdp")
-    import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
     module = training._WithLoss(model.module, loss)
@@ -143,20 +165,7 @@ def compile_step(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None
     count = struct((), torch.float32)
     inputs = {k: (tuple(s), program.narrow(d)) for k, (s, d) in spec.items()}
     batch = {k: struct(s, d, batch=True) for k, (s, d) in inputs.items()}
-    b1, b2 = ADAMW["betas"]
-
-    def step(weights, others, first, second, n, data):
-        value, grads = jax.value_and_grad(lambda w: fn({**others, **w}, (), data))(weights)
-        n = n + 1
-        first = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, first, grads)
-        second = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, second, grads)
-        c1, c2 = 1 - b1 ** n, 1 - b2 ** n
-
-        def update(w, m, v):
-            new = w - ADAMW["lr"] * (m / c1 / (jnp.sqrt(v / c2) + ADAMW["eps"]) + ADAMW["weight_decay"] * w)
-            return new.astype(w.dtype)
-        return value, jax.tree.map(update, weights, first, second), first, second, n
-
+    step = _adamw_step(jax, fn)
     found = StepCompile(model.name, description, topology, {k: [list(s), str(d).replace("torch.", "")]
                                                             for k, (s, d) in inputs.items()}, "compiled",
                         hbm_bytes_per_device=xla_compile.hbm_per_device(topology, devices))
@@ -202,7 +211,7 @@ def breakdown(memory: dict, counted: dict) -> dict:
     return {k: int(v) for k, v in parts.items() if v or k not in ("other arguments", "outputs not in place")}
 
 
-def largest_micro_batch(model, spec: dict, topology: str = "v5e:1x1", dtype: str | None = None,
+def largest_micro_batch(model, spec: dict, topology: str, dtype: str | None = None,
                         first: StepCompile | None = None, limit: int | None = None,
                         second: StepCompile | None = None) -> tuple[int, dict[int, bool]]:
     """The largest micro-batch whose training step fits one device's HBM (a compile per try, at most `limit`,

@@ -1,0 +1,106 @@
+"""The docs: README.md stays short and holds the set-up commands, the generated pages of docs/ are current
+(tools/build_docs.py, regenerated into a temporary folder and compared), and the MkDocs site builds with
+`--strict` (a broken link, a missing page or a page left out of the nav fails it).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+README = ROOT / "README.md"
+SETUP = ("```bash\nscripts/run.sh\n```", "```bash\nscripts/test.sh\n```")
+
+
+def _build_docs():
+    spec = importlib.util.spec_from_file_location("build_docs", ROOT / "tools" / "build_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mkdocs_build(config, site) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
+                           "--site-dir", str(site)], capture_output=True, text=True, timeout=300, env=env)
+
+
+needs_mkdocs = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None or
+                                  importlib.util.find_spec("material") is None,
+                                  reason="mkdocs and mkdocs-material are not installed (pip install -e '.[test]')")
+
+
+def test_readme_is_short_and_holds_the_setup_commands():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) < 150, f"README.md has {len(lines)} lines: move detail into docs/"
+    long = [n for n, line in enumerate(lines, 1) if len(line) > 200]
+    assert not long, f"README.md lines over 200 characters: {long}"
+    for block in SETUP:
+        assert block in text, f"README.md lost its set-up command {block.splitlines()[1]!r}"
+    assert "never a hardware measurement" in text
+
+
+def test_readme_links_resolve():
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    missing = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_generated_pages_are_current(tmp_path):
+    build_docs = _build_docs()
+    build_docs.build(tmp_path)
+    stale = [relative for relative in build_docs.PAGES
+             if not (ROOT / "docs" / relative).exists()
+             or (ROOT / "docs" / relative).read_text() != (tmp_path / relative).read_text()]
+    assert not stale, f"generated pages not current: {stale}; run: python tools/build_docs.py"
+
+
+def test_parameters_page_names_every_stage_parameter():
+    """Each stage's parameters, whether read from its Options or from its notebook, appear on the page."""
+    build_docs = _build_docs()
+    from portkit.runfolder.layout import STAGES
+    page = (ROOT / "docs" / "reference" / "parameters.md").read_text()
+    for stage in STAGES:
+        section = page.split(f"\n## {stage.name}\n", 1)[1].split("\n## ", 1)[0]
+        missing = [p.name for p in build_docs.stage_parameters(stage) if f"| `{p.name}` |" not in section]
+        assert not missing, f"docs/reference/parameters.md, {stage.name}: {missing}"
+
+
+def test_commands_page_names_every_command_and_option():
+    from portkit import cli
+    page = (ROOT / "docs" / "reference" / "commands.md").read_text()
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, command in sub.choices.items():
+        assert f"## `portkit {name}`" in page
+        flags = [f for a in command._actions for f in a.option_strings if f not in ("-h", "--help")]
+        missing = [f for f in flags if f"`{f}" not in page and f", {f}" not in page]
+        assert not missing, f"docs/reference/commands.md, portkit {name}: {missing}"
+
+
+@needs_mkdocs
+def test_site_builds_strict(tmp_path):
+    result = mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+
+
+@needs_mkdocs
+def test_a_broken_link_fails_the_build(tmp_path):
+    """strict + validation: a link to a page that does not exist is an error, not a silent 404."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    with (tmp_path / "docs" / "index.md").open("a") as index:
+        index.write("\n[gone](guides/no-such-page.md)\n")
+    result = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode != 0
+    assert "no-such-page.md" in result.stdout + result.stderr
