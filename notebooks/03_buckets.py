@@ -75,7 +75,8 @@ print(environment.block(targets))
 # ## The real length distribution, under the model's own tokenizer
 #
 # Every text of the corpus tokenized by the model's tokenizer, before truncation. The largest bucket is
-# the model's `max_length` (or the longest text, if shorter); longer texts follow the `overflow` policy.
+# the model's `max_length` (or the longest text, if shorter); longer texts follow the `overflow` policy:
+# how many are cut, and the share of their tokens lost, is a finding (work when any text is cut).
 
 # %%
 m = models.load(model)
@@ -83,8 +84,10 @@ buckets.skip_unless_it_applies(m, out, targets)   # a model with one input shape
 texts = data.corpus_for(m, opts.corpus, opts.text_column)
 dist = buckets.distribution(texts, m)
 hist = buckets.histogram(dist, overflow=opts.overflow)
+cut = buckets.truncation(dist, hist)   # what the overflow policy cuts: a finding of its own
 print(dist)
 print(hist)
+print(buckets.truncation_finding(cut)["message"])
 dist.plot();
 
 # %% [markdown]
@@ -200,7 +203,8 @@ per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs,
 report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=opts.bucket_count, plans=plans, curves=curves,
                               token_seconds=token_seconds, trace=trace.describe(), targets=per_target,
                               grid=grid.to_dict() if grid is not None else None,
-                              generation=served.to_dict() if served is not None else None, training=layouts)
+                              generation=served.to_dict() if served is not None else None, training=layouts,
+                              truncation=cut)
 report
 
 # %%

@@ -18,7 +18,9 @@
 #
 # A verdict per target — **ready**, **ready with work** or **blocked** — with the findings that decide it,
 # Neuron and TPU side by side, and the checklist of work a migration needs. Built only from the stage
-# results already in `out_dir`: a missing or unreadable stage is named as a gap.
+# results already in `out_dir`: a missing or unreadable stage is named as a gap. Each figure says what it counts
+# and over which requests (stage 2's storm and stage 3's replay each have their own); a recompile storm that
+# stage 3's plan serves with no compile after warm-up is shown resolved by that plan, not as work.
 #
 # Logic: `portkit/stages/report/stage.py`. Headless: `portkit report DIR` (no stage is rerun).
 

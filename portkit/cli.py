@@ -5,6 +5,8 @@
     portkit targets              # each target's mode on this machine, and why
     portkit params               # every parameter the stage notebooks take
     portkit sweep --model a --model b --target neuron --target tpu --out runs/sweep   # Ray tasks (portkit[sweep])
+    portkit export runs/minilm --to pytorch      # the bucket plan as a serving stack's config (pytorch, vllm, nxdi)
+    portkit check runs/new --baseline runs/old   # CI regression gate: exit 1 on a regression
 
 Bad input gets one line naming the bad value and the valid choices, exit code 2, and nothing written.
 A failed stage exits 1 and names the notebook and the cell.
@@ -24,18 +26,66 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"portkit: error: {message}\n")
 
 
+class _Once(argparse.Action):
+    """An option that takes one value: given twice, it is an error (argparse keeps the last one silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = namespace.__dict__.setdefault("_given", set())
+        if self.dest in seen:
+            parser.error(f"argument {'/'.join(self.option_strings)}: given twice ({getattr(namespace, self.dest)!r}, "
+                         f"then {values!r}); give it once")
+        seen.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+def _unique(what: str, values):
+    """`values` without repeats, in order; a note on stdout names what was dropped."""
+    if values is None:
+        return None
+    kept = list(dict.fromkeys(values))
+    if len(kept) < len(values):
+        print(f"portkit: note: {what} given more than once; using {', '.join(map(str, kept))}")
+    return kept
+
+
+def _stage_list(text):
+    """--stages without repeats or empty names (a trailing comma), a note naming what was dropped."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if "" in names and any(names):
+        print(f"portkit: note: empty stage name in --stages {text!r} ignored")
+    kept = _unique("stage", [n for n in names if n])
+    return ",".join(kept) if kept else text
+
+
+def _param_values(pairs) -> dict:
+    """-p NAME VALUE pairs as {name: raw}; a name given twice is an error (it takes one value)."""
+    given: dict = {}
+    for name, raw in pairs:
+        if name in given:
+            from portkit.core.errors import BadParameter
+            raise BadParameter("parameter", name, hint=f"given twice (-p {name} {given[name]}, then -p {name} {raw}); "
+                                                       "give it once")
+        given[name] = raw
+    return given
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="portkit", description="Move a PyTorch model to Trainium and TPU, stage by stage.")
     parser.add_argument("--version", action="version", version=f"portkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="execute the workbook's notebooks into a run folder")
-    run.add_argument("--model", default="minilm", help="portkit model name, local HF directory, or module:factory")
+    run.add_argument("--model", default="minilm", action=_Once,
+                     help="portkit model name, local HF directory, or module:factory")
     run.add_argument("--target", action="append", dest="targets", metavar="TARGET",
                      help="neuron, tpu, cpu or cuda; repeat for several (default: neuron and tpu)")
-    run.add_argument("--out", default=None, help="run folder (default: runs/<model>)")
+    run.add_argument("--out", default=None, action=_Once, help="run folder (default: runs/<model>)")
     run.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="a notebook parameter, e.g. -p batch_size 4 (see `portkit params`)")
-    run.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
+    run.add_argument("--stages", default=None, action=_Once, help="comma-separated subset of the stages to run")
+    run.add_argument("--lanes", type=int, default=None, action=_Once,
+                     help="stages run at once, each in a kernel of its own (default 2; 1 needs the least memory)")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bars (there are none where stdout is not a terminal)")
     run.add_argument("--no-report", action="store_true",
@@ -49,33 +99,60 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--model", action="append", dest="models", metavar="MODEL", help="repeat for several")
     sw.add_argument("--target", action="append", dest="targets", metavar="TARGET",
                     help="repeat for several (default: neuron and tpu); one run per model and target")
-    sw.add_argument("--out", default=os.path.join("runs", "sweep"), help="sweep folder (default: runs/sweep)")
+    sw.add_argument("--out", default=os.path.join("runs", "sweep"), action=_Once,
+                    help="sweep folder (default: runs/sweep)")
     sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="a notebook parameter for every run")
     sw.add_argument("--options", action="append", default=[], metavar="'NAME=VALUE ...'",
                     help="an option set; repeat for several (one run per set per model and target)")
-    sw.add_argument("--stages", default=None, help="comma-separated subset of the stages to run")
-    sw.add_argument("--address", default=None, help="an existing Ray cluster (default: a local Ray for the sweep)")
-    sw.add_argument("--cpus-per-task", type=float, default=1.0, help="CPUs each run asks Ray for (default 1)")
-    sw.add_argument("--memory-per-task", type=float, default=3.0, help="GiB each run asks Ray for (default 3)")
+    sw.add_argument("--stages", default=None, action=_Once, help="comma-separated subset of the stages to run")
+    sw.add_argument("--address", default=None, action=_Once,
+                    help="an existing Ray cluster (default: a local Ray for the sweep)")
+    sw.add_argument("--cpus-per-task", type=float, default=1.0, action=_Once,
+                    help="CPUs each run asks Ray for (default 1)")
+    sw.add_argument("--memory-per-task", type=float, default=3.0, action=_Once,
+                    help="GiB each run asks Ray for (default 3)")
     sw.add_argument("--no-progress", action="store_true",
                     help="no progress bar (there is none where stdout is not a terminal)")
     sub.add_parser("params", help="list the notebooks' parameters")
+    _deploy_parsers(sub)
     return parser
+
+
+def _deploy_parsers(sub) -> None:
+    """`portkit export` and `portkit check` (portkit/deploy)."""
+    ex = sub.add_parser("export", help="write a run's bucket plan as a serving stack's configuration")
+    ex.add_argument("run_dir", help="a folder written by `portkit run`")
+    ex.add_argument("--to", required=True, choices=("pytorch", "vllm", "nxdi"), dest="stack",
+                    help="pytorch (a generated wrapper), vllm or nxdi (NxD Inference) configuration")
+    ex.add_argument("--target", action="append", dest="targets", metavar="TARGET",
+                    help="targets to export (default: every target with a bucket plan)")
+    ex.add_argument("--out", default=None, help="folder for the files (default: RUN/deploy/STACK)")
+    ex.add_argument("--prices", default=None, metavar="FILE",
+                    help='JSON {target: {"usd_per_chip_hour", "source", "date"}} you supply: adds the cost per '
+                         "million requests (an estimate); portkit holds no prices")
+    ck = sub.add_parser("check", help="regression gate for CI: compare a run with a baseline (exit 1 on a regression)")
+    ck.add_argument("run_dir", help="the new run folder")
+    ck.add_argument("--baseline", required=True, metavar="OLD", help="the baseline run folder")
+    ck.add_argument("--junit", default=None, metavar="FILE", help="also write the checks as JUnit XML (atomically)")
 
 
 def _run(args) -> int:
     from portkit.run import runner
-    targets = args.targets or ["neuron", "tpu"]
+    from portkit.core import checks
+    targets = _unique("target", args.targets) or ["neuron", "tpu"]
+    stages = _stage_list(args.stages)
     from portkit.runfolder.layout import model_tag
     # --out "" is refused, not defaulted
     out = args.out if args.out is not None else os.path.join("runs", model_tag(args.model))
-    declared = runner.all_parameters(runner.select_stages(args.stages))
+    declared = runner.all_parameters(runner.select_stages(stages))
     # Unknown names pass through as text; runner.plan rejects them with the valid list.
-    user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
+    user = {name: runner.coerce(name, raw, declared) if name in declared else raw
+            for name, raw in _param_values(args.param).items()}
+    lanes = runner.RunSettings.lanes if args.lanes is None else checks.positive_int("lanes", args.lanes, maximum=64)
     try:
-        result = runner.run(args.model, targets, out, user, args.stages, progress=not args.no_progress,
-                            settings=runner.RunSettings(rebuild_report=not args.no_report))
+        result = runner.run(args.model, targets, out, user, stages, progress=not args.no_progress,
+                            settings=runner.RunSettings(lanes=lanes, rebuild_report=not args.no_report))
     except StageFailed as exc:   # the other stages ran; the report names the gap
         print(f"results: {exc.result.out_dir}")
         _print_verdicts(exc.result.out_dir)
@@ -90,12 +167,15 @@ def _run(args) -> int:
 def _print_verdicts(run_dir) -> None:
     """The last lines of a run: where the report is, each target's verdict, the findings that matter
     first (by consequence) and the count of eager findings that vanish under torch.compile."""
-    import json
     from pathlib import Path
-    path = Path(run_dir) / "report.json"
-    if not path.exists():
+    from portkit.runfolder import layout
+    try:
+        saved = layout.read_report(run_dir)
+    except FileNotFoundError:
         return
-    saved = json.loads(path.read_text())
+    except ValueError as exc:   # an interrupted save, or a damaged file: no verdict from it
+        print(f"report: none ({exc})")
+        return
     print(f"report: {Path(run_dir) / 'report.html'}")
     for name, t in saved["targets"].items():
         print(f"verdict {name} ({t['mode']}): {t['verdict'].upper()} — {t['verdict_reason']}")
@@ -114,16 +194,30 @@ def _report(args) -> int:
     from portkit.stages.report import stage as report
     from portkit.targets import specs as targets_mod
     from portkit.core.errors import BadParameter
+    from portkit.core import checks
     run_dir = Path(args.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise BadParameter("run folder", args.run_dir, hint="it is a file, not a folder; give the folder `portkit run` "
+                                                            "wrote (the one holding report.json and the stage results)")
     if not run_dir.is_dir():
-        raise BadParameter("run folder", args.run_dir, hint="no such folder; give one written by `portkit run`")
+        raise BadParameter("run folder", args.run_dir, hint=f"{checks.missing_path(run_dir)}; give one written by "
+                                                            "`portkit run`")
     names = targets_mod.parse_targets(args.targets) if args.targets else None
     r = report.build_report(run_dir, names)
     r.save(run_dir)
     for gap in r.gaps:
         print(f"gap: {gap}")
     _print_verdicts(run_dir)
+    # a result there that cannot be read whole is damage (exit 1); a stage that never ran or failed is a gap only
+    damaged = [s.file for s in r.stages.values() if s.status in DAMAGED]
+    if damaged:
+        print(f"portkit: damaged result(s) in {run_dir}: {', '.join(damaged)} (the report names the gap); rerun "
+              "their stages", file=sys.stderr)
+        return 1
     return 0
+
+
+DAMAGED = ("unreadable", "incomplete")   # a stage result's status in the report (report.stage.StageResult)
 
 
 def _sweep(args) -> int:
@@ -131,10 +225,12 @@ def _sweep(args) -> int:
     from portkit.run import sweep
     sweep.require_ray()   # the install line before anything else
     declared = runner.all_parameters()
-    user = {name: runner.coerce(name, raw, declared) if name in declared else raw for name, raw in args.param}
+    user = {name: runner.coerce(name, raw, declared) if name in declared else raw
+            for name, raw in _param_values(args.param).items()}
     resources = sweep.Resources(args.cpus_per_task, args.memory_per_task, args.address)
-    cells = sweep.plan_sweep(args.models or ["minilm"], args.targets or ["neuron", "tpu"], args.out, user,
-                             [sweep.parse_options(text, declared) for text in args.options], args.stages)
+    cells = sweep.plan_sweep(_unique("model", args.models) or ["minilm"], _unique("target", args.targets) or
+                             ["neuron", "tpu"], args.out, user,
+                             [sweep.parse_options(text, declared) for text in args.options], _stage_list(args.stages))
     outcome = sweep.run_sweep(cells, args.out, resources, progress=not args.no_progress)
     for c in outcome.to_dict()["cells"]:
         where = f"{c['model_tag']}/{c['target']}" + (f" [{c['options_label']}]" if c["options_label"] else "")
@@ -175,6 +271,27 @@ def _params() -> int:
     return 0
 
 
+def _deploy(args) -> int:
+    """`portkit export` (exit 0) and `portkit check` (exit 1 on a regression)."""
+    from portkit.deploy import cost, export, gate
+    if args.command == "check":
+        result = gate.compare(args.run_dir, args.baseline)
+        print(result.summary())
+        if args.junit:
+            print(f"junit: {gate.write_junit(result, args.junit)}")
+        return 1 if result.failed else 0
+    prices = cost.read_prices(args.prices) if args.prices else None
+    written, skipped = export.export(args.run_dir, args.stack, args.out, args.targets)
+    for item in written:
+        print(f"{item.target}: {item.path}")
+        for lost in item.lost:
+            print(f"  lost: {lost}")
+        if prices is not None:
+            print("  " + cost.line(cost.estimate(args.run_dir, item.target, prices)))
+    for line in skipped:
+        print(line)
+    return 0
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = _parser().parse_args(argv)
@@ -187,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             return _targets()
         if args.command == "sweep":
             return _sweep(args)
+        if args.command in ("export", "check"):
+            return _deploy(args)
         return _params()
     except StageFailed as exc:
         print(f"portkit: {exc}", file=sys.stderr)

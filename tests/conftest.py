@@ -68,6 +68,18 @@ def gpt2():
     return models.load("gpt2")
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The whole workbook on the tiny encoder, both targets, as `portkit run` writes it: one run for every test
+    that reads a complete run folder (the report's figures, the deployment exports and the CI gate)."""
+    from portkit import cli
+    out = tmp_path_factory.mktemp("tiny_run")
+    args = ["run", "--model", fixture_model("tiny_encoder"), "--target", "neuron", "--target", "tpu",
+            "--out", str(out), "--no-progress"]
+    assert cli.main(args) == 0
+    return out
+
+
 def pytest_configure(config):
     config.portkit_started = time.time()
 

@@ -31,9 +31,10 @@ def minilm_batch(minilm, corpus):
 @pytest.fixture(scope="module")
 def minilm_report(minilm, minilm_batch, corpus):
     inputs, described = minilm_batch
-    return accuracy.check_accuracy(minilm, inputs, ["neuron", "tpu"], accuracy.Options.of({"batch_size": 2}),
+    return accuracy.check_accuracy(minilm, inputs, ["neuron", "tpu"],
+                                   accuracy.Options.of({"batch_size": 2}),
                                    corpus=corpus, buckets=[16, 32], description=described,
-                                   scope=accuracy.Scope(compiled=False, progress=False, neighbour_texts=8))
+                                   scope=accuracy.Scope(task_items=16, compiled=False, progress=False))
 
 
 # ---------------------------------------------------------------- comparisons
@@ -64,7 +65,8 @@ def test_only_real_positions_count():
     wrong = logits.clone()
     wrong[1, 3:] = -logits[1, 3:]               # other next tokens, but only at padded positions
     task = comparison.task_metrics(models.CAUSAL_LM, wrong, logits, mask, DEFAULT_TASK_BOUNDS)
-    assert task["positions"] == 8 and task["top1_agreement"] == 1.0 and task["passed"]
+    assert task["positions"] == 8 and task["top1_agreement"] == 1.0
+    assert task["decision"] == "inconclusive"       # eight agreeing positions cannot decide a 0.99 budget
     unmasked = comparison.task_metrics(models.CAUSAL_LM, wrong, logits, None, DEFAULT_TASK_BOUNDS)
     assert unmasked["top1_agreement"] == 0.8
 
@@ -88,13 +90,14 @@ def test_task_metrics_by_model_kind():
     lm = comparison.task_metrics(models.CAUSAL_LM, swapped, ref, None, bounds)
     assert lm["top1_agreement"] == 0.75 and lm["top5_agreement"] == 1.0
     assert lm["kl_max"] > 0 and not lm["passed"]
-    assert "greedy-token agreement 0.75 outside its budget >= 0.99" in lm["reason"]
+    assert "greedy-token agreement 0.750 [0.301, 0.954] on 4 token positions outside its budget >= 0.99" in lm["reason"]
     # perplexity of the batch's own next tokens: changes when the target's logits move them
     ids = torch.tensor([[0, 1, 0, 1]])
     ppl = comparison.task_metrics(models.CAUSAL_LM, swapped, ref, None, bounds, {"input_ids": ids})
     assert ppl["perplexity_change"] > bounds["perplexity"] and "perplexity change" in ppl["reason"]
     same = comparison.task_metrics(models.CAUSAL_LM, ref, ref, None, bounds, {"input_ids": ids})
-    assert same["perplexity_change"] == 0 and same["passed"]
+    assert same["perplexity_change"] == 0 and not any(c["decision"] == "fail" for c in same["checks"])
+    assert same["decision"] == "inconclusive"       # four agreeing positions cannot decide a 0.99 budget
     cls = comparison.task_metrics(models.IMAGE_CLASSIFIER, swapped[0], ref[0], None, bounds)
     assert cls["argmax_agreement"] == 0.75 and not cls["passed"]
     emb = comparison.task_metrics(models.EMBEDDING, ref[0] * 3, ref[0], None, bounds)
@@ -140,7 +143,8 @@ def test_bf16_matmuls_change_minilm_a_little_and_the_task_passes_against_the_gpu
     assert tpu.chosen.task["cosine_min"] > 0.9999       # ... while the task sees nothing
     checks = {c["metric"]: c for c in tpu.chosen.task["checks"]}
     assert checks["cosine"]["budget"] == "budget >= 0.999" and checks["cosine"]["passed"]
-    assert checks["neighbours"]["value"] >= 0.9 and "over 8 corpus texts" in checks["neighbours"]["label"]
+    assert checks["neighbours"]["value"] >= 0.9 and checks["neighbours"]["n"] == 16   # over the task sample
+    assert tpu.chosen.task["sample"]["items"] == 16 and checks["cosine"]["unit"] == "texts"
     assert tpu.chosen.numerics["matmul operands rounded to bfloat16"] == 37
     highest = next(r for r in tpu.others if r.name == "highest")
     assert highest.outputs["embedding"]["max_abs"] == 0 and highest.passed
@@ -214,7 +218,7 @@ def test_report_json_contract_and_rendering(minilm_report, tmp_path):
     assert [p["precision"]["name"] for p in tpu["precisions"]] == ["default", "highest"]
     assert "emulated" in saved["summary"] and "eager emulation" in saved["summary"]
     assert "PASS" in str(minilm_report) and "eager emulation" in minilm_report._repr_html_()
-    assert "detail (element-wise, not the verdict)" in str(minilm_report)
+    assert "detail (element-wise assert_close, does not decide)" in str(minilm_report)
     assert "layer.0.attention.self.query" in str(minilm_report.layer_table("tpu"))
     table = " ".join(str(c) for row in minilm_report.precision_table().rows for c in row)
     assert "NEURON_CC_FLAGS" in table and "trainium.html" in table and "budget >= 0.999" in table
@@ -224,8 +228,9 @@ def test_report_json_contract_and_rendering(minilm_report, tmp_path):
 def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corpus):
     m = models.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
-                                     buckets=[16], scope=accuracy.Scope(float64_reference=False, progress=False))
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+                                     corpus=corpus, buckets=[16],
+                                     scope=accuracy.Scope(task_items=8, float64_reference=False, progress=False))
     tpu = report.targets["tpu"]      # compiled: auto
     assert accuracy.compiled_available()
     assert tpu.chosen.target_side == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU)"
@@ -239,10 +244,10 @@ def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corp
     assert tpu.buckets[0]["target"] == "eager emulation, padded to 16 tokens; compiled and padding-checked in stage 3"
     assert tpu.buckets[0]["texts"] == 2
     assert "compiled with portkit_tpu" in report.to_dict()["summary"]
-    again = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
-                                    buckets=[16], scope=accuracy.Scope(progress=False, float64_reference=False,
-                                                                       all_precisions=False, layers=False,
-                                                                       compiled_buckets=True))
+    again = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+                                    corpus=corpus, buckets=[16],
+                                    scope=accuracy.Scope(progress=False, float64_reference=False, task_items=8,
+                                                         all_precisions=False, layers=False, compiled_buckets=True))
     bucket = again.targets["tpu"].buckets[0]
     assert bucket["target"] == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU), padded to 16 tokens"
     for name, found in tpu.buckets[0]["outputs"].items():    # the same numerics rules, compiled or eager
@@ -340,7 +345,9 @@ def test_a_float64_classifier_whose_cast_to_float32_changes_a_decision():
     tpu = report.targets["tpu"]
     assert report.reference["description"].startswith("float64 eager")
     assert tpu.chosen.float64_ops and tpu.chosen.task["argmax_agreement"] == 0.0
-    assert tpu.verdict == "fail" and "top-1 agreement 0 outside its budget >= 0.99" in tpu.reasons[0]
+    assert tpu.verdict == "fail"
+    assert "top-1 agreement 0.000 [0.000, 0.490] on 4 inputs built by the caller outside its budget >= 0.99" \
+        in tpu.reasons[0]
     assert "where the GPU baseline 'fp32' has none" in tpu.reasons[0]    # the GPU runs float64 as written
 
 
@@ -386,9 +393,10 @@ def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(cor
 def test_a_compile_the_target_refuses_is_a_blocker_and_judged_eagerly(corpus, tmp_path):
     m = models.load(fixture_model("dynamic_after_break_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
-                                     buckets=[16], scope=accuracy.Scope(all_precisions=False, float64_reference=False,
-                                                                        progress=False))  # compiled: auto
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+                                     corpus=corpus, buckets=[16],
+                                     scope=accuracy.Scope(task_items=8, all_precisions=False, float64_reference=False,
+                                                          progress=False))  # compiled: auto
     tpu = report.targets["tpu"]
     refused = tpu.compile_refused
     assert refused["backend"] == "portkit_tpu" and refused["message"].startswith(TPU.dynamic_shape_error)
@@ -428,9 +436,10 @@ def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
     inputs, _ = data.example_batch(vit, None, 2, 0, seed=0)
     opts = accuracy.Options.of({"precision": {"neuron": "matmult"}})
     report = accuracy.check_accuracy(vit, inputs, ["neuron"], opts, corpus=corpus, scope=accuracy.Scope(
-        all_precisions=False, layers=False, compiled=False, progress=False))
+        task_items=4, all_precisions=False, layers=False, compiled=False, progress=False))
     t = report.targets["neuron"]
-    assert t.chosen.task["decisions"] == 2 and t.chosen.layers is None
+    assert t.chosen.task["decisions"] == 4 and t.chosen.layers is None     # decided on the crops of the task sample
+    assert t.chosen.task["sample"]["source"].startswith("real image crops")
     assert t.buckets[0]["skipped"].startswith("no buckets: the model takes one input shape")
 
 
@@ -488,8 +497,9 @@ def test_native_mode_measures_the_precision_in_effect_on_the_device(monkeypatch,
     _detect_native(monkeypatch, "tpu", device="cpu", backend="eager")
     m = models.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
-                                     buckets=[16], scope=accuracy.Scope(float64_reference=False, progress=False))
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+                                     corpus=corpus, buckets=[16],
+                                     scope=accuracy.Scope(task_items=8, float64_reference=False, progress=False))
     tpu = report.targets["tpu"]      # compiled: auto
     assert tpu.target["mode"] == "native" and tpu.others == []     # a precision is a flag set before start
     assert tpu.chosen.target_side == "compiled with eager (on cpu)"
@@ -528,9 +538,10 @@ def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_includ
     m = models.load(fixture_model("tiny_encoder"))        # which buckets are checked does not depend on the model
     boundaries = list(range(16, 16 * 21, 16))            # 20 buckets: more than the checked sample
     inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}), corpus=corpus,
-                                     buckets=boundaries, scope=accuracy.Scope(all_precisions=False, layers=False,
-                                                                              float64_reference=False, progress=False))
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+                                     corpus=corpus, buckets=boundaries, scope=accuracy.Scope(
+                                         task_items=8, all_precisions=False, layers=False, float64_reference=False,
+                                         progress=False))
     rows = report.targets["tpu"].buckets
     checked = [r for r in rows if "skipped" not in r or not r["skipped"].startswith("not checked")]
     assert len(rows) == 20 and len(checked) == accuracy.MAX_CHECKED_BUCKETS

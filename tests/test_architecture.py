@@ -102,3 +102,11 @@ def test_size_is_ruled_by_complexity():
     assert ruff["mccabe"]["max-complexity"] <= 12 and ruff["pylint"]["max-args"] <= 8
     exempt = [path for path, rules in ruff["per-file-ignores"].items() if path.startswith("portkit")]
     assert not exempt, f"portkit modules exempted from ruff: {exempt}"
+
+
+def test_module_docstrings_are_short():
+    """A module's docstring says its purpose and usage in a few lines; the detail lives in docs/."""
+    import ast
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "portkit").rglob("*.py"))
+            if (n := len((ast.get_docstring(ast.parse(p.read_text())) or "").splitlines())) > 20}
+    assert not long, f"module docstrings over 20 lines: {long}"

@@ -104,7 +104,9 @@ def test_pitch_metric_measures_cents_on_voiced_frames_and_voicing():
     def metric(actual):
         return comparison.task_metrics(models.PITCH, actual, ref, mask, DEFAULT_TASK_BOUNDS)
     same = metric(ref.clone())
-    assert same["passed"] and same["cents_p95"] == 0 and same["voicing_agreement"] == 1 and same["frames"] == 3
+    assert same["cents_p95"] == 0 and same["voicing_agreement"] == 1 and same["frames"] == 3
+    # identical, yet 3 frames cannot decide a 0.99 voicing budget: inconclusive, never a pass
+    assert same["decision"] == "inconclusive" and not same["passed"] and "on 3 frames" in same["reason"]
     sharp = ref.clone()
     sharp[0, :2, 0] += 30                      # 30 cents sharp on both voiced frames
     sharp[0, 2, 0] += 900                      # an unvoiced frame's pitch does not count

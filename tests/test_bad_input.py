@@ -4,7 +4,7 @@ notebook runs), so the table is fast. The classes are listed in docs/guides/bad-
 
 A case is (id, command line, files to make first, text the error line holds). The test runs in a fresh
 folder that is also the working directory, so the relative paths below are the user's relative paths.
-Files: name -> bytes, DIR (a folder), or an int (a sparse file of that many bytes).
+Files: name -> bytes, DIR (a folder), an int (a sparse file of that many bytes), or Link(target) (a symlink).
 """
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ from portkit import cli
 from portkit.corpora import corpus as data
 
 DIR = object()
+
+
+class Link(str):
+    """A symbolic link to this target (a loop where it names itself)."""
+
 OUT = "run"   # the --out of every case that is not about --out
 
 
@@ -126,6 +131,41 @@ CASES = [
     ("out-under-file", run(out="notes.txt/run"), {"notes.txt": b"mine"}, "notes.txt is a file, not a folder"),
     ("out-foreign-folder", run(out="photos"), {"photos": DIR, "photos/cat.jpg": b"\xff\xd8"},
      "photos': it holds files that are not a portkit run's"),
+    ("out-symlink-loop", run(out="loop"), {"loop": Link("loop")}, "invalid out_dir 'loop': a symlink loop"),
+    # a whole number past its bound (the model's maximum, memory, numpy's seed range): refused in the plan step
+    ("int-huge", run("-p", "batch_size", "99999999999999999999999"), {},
+     "invalid batch_size 99999999999999999999999: must be at most 4096"),
+    ("seq-huge", run("-p", "seq_len", "100000000"), {}, "invalid seq_len 100000000: must be at most 1048576"),
+    ("seq-above-model-maximum", run("--stages", "fallbacks", "-p", "seq_len", "1000"), {},
+     "invalid seq_len 1000: minilm takes at most 512 tokens"),
+    ("seed-above-maximum", run("-p", "seed", "4294967296"), {}, "invalid seed 4294967296: must be at most 4294967295"),
+    ("requests-huge", run("--stages", "buckets", "-p", "requests", "10000000"), {},
+     "invalid requests 10000000: must be at most 100000"),
+    ("lanes-zero", run("--lanes", "0"), {}, "invalid lanes 0: must be a positive whole number"),
+    # a message that names what is actually wrong
+    ("list-given-text", run("-p", "scale_topologies", "v5e:1x1"), {},
+     "invalid scale_topologies 'v5e:1x1': must be a list, not a single value; e.g. -p scale_topologies"),
+    ("list-of-text-checked", run("--stages", "xla", "-p", "scale_topologies", '"v5e:1x1"'), {},
+     "invalid scale_topologies 'v5e:1x1': must be a non-empty list, not a string"),
+    ("json-malformed", run("--stages", "compile", "-p", "precision", '{"tpu": "highest"'), {},
+     "invalid precision '{\"tpu\": \"highest\"': malformed JSON (line 1 column 18: Expecting ',' delimiter)"),
+    ("model-hub-url", run("--model", "https://huggingface.co/org/name/tree/main"), {},
+     "Hugging Face Hub URL (repository org/name), and portkit does not download; fetch it on a machine with network "
+     "(huggingface-cli download org/name --local-dir DIR)"),
+    ("corpus-symlink-loop", run("-p", "corpus", "loop.txt"), {"loop.txt": Link("loop.txt")},
+     "loop.txt': a symlink loop (too many levels of symbolic links)"),
+    ("corpus-broken-symlink", run("-p", "corpus", "gone.txt"), {"gone.txt": Link("nowhere.txt")},
+     "gone.txt': a broken symlink (to nowhere.txt)"),
+    ("report-on-file", ["report", "notes.txt"], {"notes.txt": b"mine"},
+     "invalid run folder 'notes.txt': it is a file, not a folder"),
+    ("report-symlink-loop", ["report", "loop"], {"loop": Link("loop")}, "invalid run folder 'loop': a symlink loop"),
+    # an option that takes one value, given twice (argparse would keep the last one)
+    ("model-repeated", run("--model", "minilm", "--model", "gpt2"), {},
+     "argument --model: given twice ('minilm', then 'gpt2'); give it once"),
+    ("out-repeated", ["run", "--out", "a", "--out", "b"], {}, "argument --out: given twice ('a', then 'b')"),
+    ("stages-repeated", run("--stages", "fallbacks", "--stages", "compile"), {}, "argument --stages: given twice"),
+    ("param-repeated", run("-p", "batch_size", "2", "-p", "batch_size", "4"), {},
+     "invalid parameter 'batch_size': given twice (-p batch_size 2, then -p batch_size 4); give it once"),
 ]
 
 
@@ -134,6 +174,8 @@ def _make(root: Path, files: dict) -> None:
         path = root / name
         if content is DIR:
             path.mkdir(parents=True)
+        elif isinstance(content, Link):
+            path.symlink_to(content)
         elif isinstance(content, int):
             with open(path, "wb") as handle:
                 handle.truncate(content)   # sparse: the size is real, the disk blocks are not
@@ -142,7 +184,7 @@ def _make(root: Path, files: dict) -> None:
 
 
 def _snapshot(root: Path) -> dict[str, tuple]:
-    return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns))
+    return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.lstat().st_size, p.lstat().st_mtime_ns))
             for p in root.rglob("*")}
 
 

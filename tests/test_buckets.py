@@ -94,6 +94,33 @@ def test_overflow_is_truncated_or_rejected_never_silent():
         strict.bucket_for(21)
 
 
+def test_truncation_counts_the_items_cut_and_the_share_of_their_tokens_lost():
+    dist = data.LengthDistribution(np.array([10, 20, 600, 1024]), "tok", "texts", max_length=512)
+    cut = buckets.truncation(dist, buckets.histogram(dist))
+    assert (cut["limit"], cut["items"], cut["over"], cut["over_tokens"], cut["lost_tokens"]) == (512, 4, 2, 1624, 600)
+    assert cut["lost_share_of_over"] == pytest.approx(600 / 1624) and cut["lost_share"] == pytest.approx(600 / 1654)
+    found = buckets.truncation_finding(cut)
+    assert found["kind"] == "truncation" and found["severity"] == "work"
+    assert found["message"].startswith("2 of 4 texts (50.0%) are longer than 512 tokens (the model's maximum)")
+    assert "they lose 36.9% of their tokens (600 of 1,624; 36.3% of the corpus's 1,654)" in found["message"]
+    assert all(x in found["advice"] for x in ("sliding windows of 512 tokens", "larger maximum", "-p overflow reject"))
+    rejected = buckets.truncation(dist, buckets.histogram(dist, overflow="reject"))
+    assert rejected["over"] == 2 and rejected["lost_tokens"] == 1624    # a rejected text loses every token
+    assert buckets.truncation_finding(rejected)["severity"] == "info"
+    assert "rejected (overflow reject)" in buckets.truncation_finding(rejected)["message"]
+    short = data.LengthDistribution(np.array([10, 20]), "tok", "texts", max_length=512)
+    none = buckets.truncation(short, buckets.histogram(short))
+    assert none["over"] == 0 and none["lost_share"] == 0.0
+    assert buckets.truncation_finding(none)["severity"] == "info"
+    assert "nothing is cut" in buckets.truncation_finding(none)["message"]
+
+
+def test_a_parameter_count_reads_as_people_write_it():
+    assert economics.parameter_count(9610) == "9,610 parameters"
+    assert economics.parameter_count(22_713_216) == "22.7 M parameters"
+    assert "20 s per graph for 9,610 parameters (" in economics.neuron_estimate(9610).label()
+
+
 def test_auto_prices_compiles_against_padding(tmp_path):
     hist = buckets.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
     few = buckets.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), requests=50)
@@ -431,6 +458,11 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     out = report_mod.TargetReport("tpu", "TPU", "emulated")
     report_stages._buckets(saved, saved["targets"]["tpu"], out)
     assert "estimate, not measured" in out.metrics["buckets"]["padded position priced at"]
+    # the truncation finding leads each target's findings; the replay rows carry their compile time on the target
+    assert all(saved["targets"][n]["findings"][0]["kind"] == "truncation" for n in ("neuron", "tpu"))
+    assert saved["truncation"]["limit"] == 48 and saved["truncation"]["items"] == len(corpus.texts)
+    row = saved["targets"]["tpu"]["replay"][0]
+    assert row["target_compile_seconds"] == pytest.approx(report.targets["tpu"].priced(report.targets["tpu"].runs[0]))
     assert "no buckets" in str(report) and "<table>" in report._repr_html_()
     assert len(report.plot().axes) == 2
     assert buckets.padding_slider(report.histogram, report.curves, report.k) is None   # not in a notebook kernel

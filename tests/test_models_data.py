@@ -175,8 +175,12 @@ def test_example_batch(corpus, minilm):
 def test_validate_makes_paths_absolute_without_running_user_code(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
+    # a config save_pretrained could write (no weights: a real-size model built on the meta device)
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
     assert models.validate("m") == str(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("{}")
+    with pytest.raises(BadParameter, match="no model_type"):
+        models.validate("m")
     (tmp_path / "f.py").write_text("raise SystemExit('never run by validate')\nfrom elsewhere import *\n")
     assert models.validate("f.py:anything") == f"{tmp_path / 'f.py'}:anything"   # a star import may define it
     assert models.validate("minilm") == "minilm"

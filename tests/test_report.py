@@ -189,9 +189,15 @@ DAMAGE = [
 def test_damaged_run_folder_is_reported_with_its_gaps(run_dir, tmp_path, capsys, damage, expected, tpu_read):
     folder = _copy(run_dir, tmp_path)
     damage(folder / "fallbacks.json")
-    assert cli.main(["report", str(folder)]) == 0
+    code = cli.main(["report", str(folder)])
     captured = capsys.readouterr()
-    assert captured.err == ""
+    damaged = json.loads((folder / "report.json").read_text())["stages"]["fallbacks"]["status"] in cli.DAMAGED
+    # a damaged result exits 1 naming it (the report still written); missing stages and notebooks' plots do not
+    assert code == (1 if damaged else 0)
+    assert captured.err.strip().splitlines() == ([f"portkit: damaged result(s) in {folder}: fallbacks.json (the "
+                                                  "report names the gap); rerun their stages"] if damaged else [])
+    if tpu_read is not None:   # the result file itself is damaged
+        assert damaged
     gap_lines = [line for line in captured.out.splitlines() if line.startswith("gap: ")]
     assert any(expected in line for line in gap_lines), captured.out
     assert "gap: compile.json is missing" in gap_lines and len(gap_lines) == len(set(gap_lines))
@@ -281,3 +287,29 @@ def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_p
     page = r.html()
     assert "scale topologies" in page and "capacity (estimate, not measured)" in page and "trn2.48xlarge" in page
     assert "No op falls back" not in page and "Ops not checked: stage 1 (fallbacks) has no result" in page
+
+
+def _storm_finding() -> dict:
+    return {"stage": "compile", "kind": "recompile_storm", "severity": "work", "resolved_by": "",
+            "message": "36 compiles for 100 requests of varying length, 49 s compiling on tpu", "consequence": "work"}
+
+
+def test_a_storm_the_bucket_plan_resolves_is_shown_resolved_and_one_it_does_not_stays_work():
+    from portkit.stages.report import sections
+    chosen = {"planner": "auto", "boundaries": [17, 35, 512]}
+    replay = [{"plan": None, "compiles": 55, "compiles_after_warmup": 0, "requests": 100},
+              {"plan": dict(chosen), "compiles": 3, "compiles_after_warmup": 0, "requests": 100}]
+    storm = _storm_finding()
+    sections.resolve_storm([storm], {"chosen": chosen, "replay": replay})
+    assert storm["severity"] == "info" and storm["consequence"].startswith("resolved")
+    assert storm["resolved_by"] == ("stage 3's plan auto [17, 35, 512]: 3 compiles in warm-up, 0 after "
+                                    "(its replay of 100 requests)")
+    assert storm["message"].endswith("; resolved by " + storm["resolved_by"])
+    late = _storm_finding()
+    replay[1] = {**replay[1], "compiles": 5, "compiles_after_warmup": 2}
+    sections.resolve_storm([late], {"chosen": chosen, "replay": replay})
+    assert late["severity"] == "work" and not late["resolved_by"]
+    assert "not resolved by stage 3's plan auto [17, 35, 512]: 3 compiles in warm-up, 2 after" in late["message"]
+    alone = _storm_finding()
+    sections.resolve_storm([alone], None)        # stage 3 skipped or missing: stage 2's finding as it is
+    assert alone == _storm_finding()

@@ -233,3 +233,19 @@ def test_portkit_mode_forces_emulation_and_rejects_other_values(monkeypatch):
     monkeypatch.setenv(targets.MODE_VARIABLE, "fast")
     with pytest.raises(BadParameter, match="unknown PORTKIT_MODE 'fast'; choose one of: auto, emulated"):
         targets.detect("tpu")
+
+
+def test_vendor_lists_and_requirements_are_data_with_their_source_and_date():
+    lists, required = targets.vendor_lists(), targets.requirements()
+    assert set(lists) == set(required) == set(targets.MIGRATION_TARGETS)
+    for name, lst in {**lists, **required}.items():
+        assert lst["source"].startswith("the vendors' launch documentation") and lst["read"] == "2026-12-04"
+    tpu = {e["feature"]: e for e in lists["tpu"]["entries"]}
+    assert set(tpu) == {"symbolic integers", "ragged tensors", "LSTM", "GRU", "Mamba-family models", "FSDPv2"}
+    assert {(e["status"], e["severity"]) for e in tpu.values()} == {("experimental", "work")}
+    neuron = {e["feature"]: (e["status"], e["severity"]) for e in lists["neuron"]["entries"]}
+    assert neuron.pop("FP8 quantization through TorchAO") == ("private beta", "work")
+    assert set(neuron.values()) == {("unsupported", "blocker")} and len(neuron) == 5
+    assert required["neuron"]["torch"] == {"pin": "2.14.0"} and required["neuron"]["python"] == {"min": "3.12",
+                                                                                                  "max": "3.14"}
+    assert required["tpu"]["torch"] is None and required["neuron"]["transformers"] is None

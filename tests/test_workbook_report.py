@@ -36,6 +36,12 @@ def test_minilm_report_holds_every_section(request):
         buckets = t["checklist"]["buckets"]
         assert buckets["boundaries"] and buckets["boundaries"] == sorted(buckets["boundaries"])
         assert "(0 after warm-up)" in t["metrics"]["buckets"]["replay with the chosen plan"]
+        # stage 3's plan serves the requests with no compile after warm-up: stage 2's storm is shown resolved,
+        # and the first work item is what remains (the texts cut to 512 tokens, or stage 1's work)
+        storm = next(f for f in t["findings"] if f["kind"] == "recompile_storm")
+        assert storm["severity"] == "info" and "resolved by stage 3's plan" in storm["message"]
+        assert all(f["kind"] != "recompile_storm" for f in t["first"])
+        assert any(f["kind"] == "truncation" and f["severity"] == "work" for f in t["first"])
         assert t["checklist"]["precision"]["setting"] and t["checklist"]["measure_on_hardware"]
         details = t["details"]
         assert len(details["accuracy buckets"]) == len(buckets["boundaries"])
@@ -47,6 +53,8 @@ def test_minilm_report_holds_every_section(request):
     tpu_shapes = report["targets"]["tpu"]["details"]["xla shapes"]
     assert all(s["status"] == "compiled" and s["HBM MiB"] > 0 and s["GFLOP"] > 0 and s["fits HBM"] for s in tpu_shapes)
     page = (RUN / "report.html").read_text()
+    import report_numbers      # every number in the metric and finding cells is a stage figure
+    assert report_numbers.unowned(RUN) == []
     for heading in ("Verdicts", "First, by consequence", "Side by side", "Migration checklist",
                     "Details, side by side", "Findings", "Stages"):
         assert f"<h2>{heading}</h2>" in page

@@ -27,7 +27,9 @@ COMPILED_STATUSES = (PERSISTS, VANISHES, NOT_CHECKED)
 
 @dataclass
 class Finding:
-    """One thing a stage found (portkit/stages/report/stage.py reads kind, severity, message, advice).
+    """One cause a stage found (portkit/stages/report/stage.py reads kind, severity, message, advice): the
+    verdict counts findings, so every occurrence of one cause (each module, each call) is listed inside its
+    finding (occurrences), never made a finding of its own; cause is its cause_key.
 
     severity: one of SEVERITIES. module, ops, source: where in the model, which ATen ops, and the
     document or issue behind the advice. where: the source frame (portkit.core.frames.place); owner: whose
@@ -45,7 +47,10 @@ class Finding:
     compiled: str | None = None
     compiled_detail: str | None = None
     consequence: str | None = None
-    OPTIONAL = ("module", "ops", "source", "where", "owner", "compiled", "compiled_detail", "consequence")
+    cause: str | None = None          # cause_key(...): what the finding is about, one finding per cause
+    occurrences: dict | None = None   # where the cause shows: modules, calls, count (and merged ops or steps)
+    OPTIONAL = ("module", "ops", "source", "where", "owner", "compiled", "compiled_detail", "consequence", "cause",
+                "occurrences")
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
@@ -57,5 +62,35 @@ class Finding:
         found = {"kind": self.kind, "severity": self.severity, "module": self.module, "ops": self.ops,
                  "message": self.message, "advice": self.advice, "source": self.source, "where": self.where,
                  "owner": self.owner, "compiled": self.compiled, "compiled_detail": self.compiled_detail,
-                 "consequence": self.consequence}
+                 "consequence": self.consequence, "cause": self.cause, "occurrences": self.occurrences}
         return {k: v for k, v in found.items() if v is not None or k not in self.OPTIONAL}
+
+
+def cause_key(kind: str, subject: str, where: dict | None = None) -> str:
+    """The one key a finding's cause is known by: `subject` (a module class such as "nn.LSTM", an ATen op, or
+    the feature's kind with its ops) of `kind`, at the source line `where` names (file:line), when it has one.
+    Two findings of one target never share it: what shares it is one finding with its occurrences."""
+    line = f"{where['file']}:{where['line']}" if where and where.get("file") else None
+    return f"{kind}: {subject}" + (f" at {line}" if line else "")
+
+
+def merge_occurrences(into: dict | None, other: dict | None) -> dict:
+    """Two findings' occurrences as one: counts and calls added, modules, ops and steps joined (sorted)."""
+    merged = dict(into or {})
+    for key, value in (other or {}).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, list, dict)):
+            merged.setdefault(key, value)
+        elif isinstance(value, list):
+            merged[key] = sorted(set(merged.get(key, [])) | set(value))
+        elif isinstance(value, dict):
+            merged[key] = {**merged.get(key, {}), **value}
+        else:
+            merged[key] = merged.get(key, 0) + value
+    return merged
+
+
+def cause_of(finding: dict) -> str:
+    """A finding dict's cause: the one its stage gave it, else its kind with its ops (or module) at its line."""
+    return finding.get("cause") or cause_key(finding.get("kind", "?"), ", ".join(finding.get("ops") or [])
+                                             or finding.get("module") or finding.get("message", ""),
+                                             finding.get("where"))

@@ -33,6 +33,13 @@ DEVICE_PATH = ("not checked: the device takes another path (the CPU trace decomp
 OP_KINDS = ("cpu_fallback", "unsupported")   # about the op wherever it runs: any line of the graph counts
 LINE_EDITS = ("host_sync", "data_dependent")   # kinds whose target advice is an edit of the line itself
 HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
+# Found by stage 1's source scan (portkit/stages/fallbacks/source_scan.py) in the source or the model's modules, not
+# in the recording: torch.compile does not change them, so they are not checked against the graphs.
+SCANNED_KINDS = ("gpu_kernel", "gpu_package", "gpu_device", "vendor_list")
+SCANNED = "not checked: found in the source or the model's modules, which torch.compile does not change"
+# About the inputs every stage builds (the tokenizer's text), not about the model's ops: compiling does not change it.
+INPUT_KINDS = ("tokenizer_roundtrip",)
+INPUTS = "not checked: about the model's inputs, which torch.compile does not change"
 
 # What each kind costs on the target when it persists, by severity: the consequence behind it.
 COSTS = {
@@ -53,6 +60,11 @@ COSTS = {
     "attention_mask": "an explicit attention mask keeps attention off the target's fused flash kernel",
     "sparse": "sparse tensors have no kernels on the target", "nested": "NestedTensor has no kernels on the target",
     "custom_op": "a custom kernel does not carry over to the target",
+    "tokenizer_roundtrip": "the inputs every stage measured are not the text the model was trained on",
+    "gpu_kernel": "a GPU-only kernel (Triton or CUDA) does not run on the target",
+    "gpu_package": "a GPU-only package's kernels do not run on the target",
+    "gpu_device": "code written for CUDA devices fails or takes another path off NVIDIA",
+    "vendor_list": "on the vendor's list of experimental or unsupported features",
 }
 
 
@@ -82,6 +94,10 @@ def compiled_view(compiled: dict | None, target: str) -> tuple[dict | None, str]
 def status_of(finding: dict, view: dict) -> tuple[str, str]:
     """(persists, vanishes or not checked; why) for one eager finding against the compiled graphs."""
     where, kind = finding.get("where"), finding.get("kind")
+    if kind in SCANNED_KINDS:
+        return NOT_CHECKED, SCANNED
+    if kind in INPUT_KINDS:
+        return NOT_CHECKED, INPUTS
     if not view["graphs"] and not view.get("refused"):
         full = view.get("fullgraph") or {}
         return PERSISTS, ("Dynamo captured no graph: under torch.compile the whole model runs eagerly"

@@ -31,6 +31,7 @@ import numpy as np
 
 from portkit.corpora import audio
 from portkit.corpora import images
+from portkit.core import checks
 from portkit.core import progress
 from portkit.core.atomic_io import write_json
 from portkit.core.errors import BadParameter, MissingPackage
@@ -41,6 +42,11 @@ CORPUS_TYPES = (".txt", ".jsonl", ".csv")
 # A larger file is refused before it is read: stage 3 tokenizes every text of the corpus, and a
 # sample of this size already gives its length distribution.
 MAX_CORPUS_BYTES = 256 * 2**20
+# A longer text is cut to this many characters when the corpus is read (the plan step says so), before any
+# tokenizer sees it: at about 4 characters a token (OpenAI's tokenizer rule of thumb) it is some 50,000 tokens,
+# beyond the maximum of the models portkit loads, so every cut text still reads as over the limit; a tokenizer
+# otherwise tokenizes a whole multi-megabyte line before truncating it.
+MAX_TEXT_CHARS = 200_000
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 
 
@@ -127,6 +133,8 @@ def check_corpus(spec: str) -> str:
         raise BadParameter("corpus", spec, CORPUS_CHOICES)
     path = Path(spec).expanduser()
     if not path.exists():
+        if path.is_symlink():    # a loop or a broken link: say which, not "no such file"
+            raise BadParameter("corpus", spec, hint=checks.missing_path(path))
         raise BadParameter("corpus", spec, CORPUS_CHOICES, hint="no such file")
     if path.is_dir():
         if audio.holds_audio(path) or images.holds_images(path):
@@ -162,7 +170,17 @@ def load_corpus(spec: str = "stdlib", column: str = "text") -> Corpus:
     texts = tuple(t for t in texts if t and t.strip())
     if not texts:
         raise BadParameter("corpus", spec, hint="the file holds no non-empty texts")
-    return Corpus(path.stem, str(path.resolve()), texts)
+    return Corpus(path.stem, str(path.resolve()), _cut_long(texts, path))
+
+
+def _cut_long(texts: tuple[str, ...], path: Path) -> tuple[str, ...]:
+    """`texts` with each one longer than MAX_TEXT_CHARS cut to it, and a line saying how many were cut."""
+    long = [len(t) for t in texts if len(t) > MAX_TEXT_CHARS]
+    if not long:
+        return texts
+    print(f"corpus {path.name}: {len(long)} text(s) longer than {MAX_TEXT_CHARS:,} characters (the longest "
+          f"{max(long):,}) cut to {MAX_TEXT_CHARS:,} before tokenizing; the model reads at most its maximum anyway")
+    return tuple(t[:MAX_TEXT_CHARS] for t in texts)
 
 
 def is_folder(spec) -> bool:

@@ -18,6 +18,7 @@ from torch import nn
 
 from portkit.core.errors import BadParameter
 from portkit.core.locations import DATA
+from portkit.models import huggingface
 
 CONFIGS = DATA / "models" / "configs.json"
 
@@ -32,13 +33,16 @@ def names() -> list[str]:
 
 
 def is_name(spec) -> bool:
-    """True when `spec` names an abstract model (data/models/configs.json): a real-size model without weights."""
-    return isinstance(spec, str) and spec in _table()
+    """True when `spec` names an abstract model: a name of data/models/configs.json, or a model spec as the
+    plan step returns it (an absolute directory, a Hub id pinned to a commit) whose folder holds a config and
+    no weights, of a text task (portkit.models.huggingface.config_only): a real-size model without weights."""
+    return isinstance(spec, str) and (spec in _table() or huggingface.config_only(spec) is not None)
 
 
 def source(name: str) -> str:
     """Where the config of `name` was copied from."""
-    return _entry(name)["source"]
+    found = huggingface.config_only(name)
+    return found[2] if found else _entry(name)["source"]
 
 
 def _entry(name: str) -> dict:
@@ -53,6 +57,8 @@ def build(name: str) -> nn.Module:
     config's dtype; its `portkit_abstract` attribute names it and its source."""
     import transformers
 
+    if (found := huggingface.config_only(name)) is not None:
+        return _from_config(*found)
     entry = _entry(name)
     values = dict(entry["config"])
     dtype = getattr(torch, values.pop("torch_dtype", "float32"))
@@ -61,6 +67,24 @@ def build(name: str) -> nn.Module:
     with torch.device("meta"):
         module = cls(config).to(dtype).eval()
     module.portkit_abstract = {"name": name, "source": entry["source"]}
+    return module
+
+
+def _from_config(path, name: str, source: str) -> nn.Module:
+    """A directory's config.json (its first architecture, in the config's dtype) on the meta device."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    config.use_cache = False    # a forward pass, no KV cache returned
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    cls = getattr(transformers, config.architectures[0])
+    with torch.device("meta"):
+        module = cls(config).to(dtype).eval()
+    module.portkit_abstract = {"name": name, "source": source,
+                               "kind": "causal-lm" if huggingface.task_of(config.to_dict()) == "causal-lm"
+                               else "embedding"}
     return module
 
 
@@ -79,7 +103,8 @@ def describe(module: nn.Module) -> dict:
     """The stage results' "model" entry for an abstract model (as LoadedModel.describe for a loaded one)."""
     info = module.portkit_abstract
     dtype = next(p.dtype for p in module.parameters())
-    return {"name": info["name"], "kind": "causal-lm", "origin": f"published config, no weights: {info['source']}",
+    return {"name": info["name"], "kind": info.get("kind", "causal-lm"),
+            "origin": f"published config, no weights: {info['source']}",
             "parameters": sum(p.numel() for p in module.parameters()), "inputs": ["input_ids"],
             "dtype": str(dtype).replace("torch.", ""), "abstract": True,
             "max_length": module.config.max_position_embeddings}

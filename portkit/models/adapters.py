@@ -60,10 +60,70 @@ class Seq2SeqAdapter(nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask):
-        decoder_input_ids = self.model._shift_right(input_ids)
+        decoder_input_ids = shift_right(self.model, input_ids)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                          decoder_input_ids=decoder_input_ids, use_cache=False)
         return {"logits": out.logits}
+
+
+def shift_right(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's teacher-forced input: the ids one place to the right, the config's decoder_start_token_id
+    first and -100 read as padding (T5's own _shift_right where the model has one; BART's shift_tokens_right)."""
+    if hasattr(model, "_shift_right"):
+        return model._shift_right(input_ids)
+    cfg = model.config
+    start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else cfg.bos_token_id or 0
+    shifted = torch.full_like(input_ids, int(start))
+    shifted[:, 1:] = input_ids[:, :-1]
+    return shifted.masked_fill(shifted == -100, int(cfg.pad_token_id or 0))
+
+
+class TextTaskAdapter(nn.Module):
+    """A Hugging Face text model of any task (classifier, tagger, masked or causal LM): its `output` tensor
+    (logits) from the tokenizer's inputs; token_type_ids passed only where the tokenizer made them."""
+
+    def __init__(self, model: nn.Module, output: str = "logits", cache_flag: bool = False):
+        super().__init__()
+        self.model = model
+        self.output = output
+        self.cache_flag = cache_flag
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        extra = {"use_cache": False} if self.cache_flag else {}
+        if token_type_ids is not None:
+            extra["token_type_ids"] = token_type_ids
+        return {"logits": getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra),
+                                  self.output)}
+
+
+class SpeechSeq2SeqAdapter(nn.Module):
+    """A speech encoder-decoder (Whisper) on its feature extractor's input_features: the decoder reads the
+    config's decoder_start_token_id, and the logits of the first token it predicts come out (one label a clip)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features):
+        start = torch.full((input_features.shape[0], 1), int(self.model.config.decoder_start_token_id),
+                           dtype=torch.long, device=input_features.device)
+        out = self.model(input_features=input_features, decoder_input_ids=start, use_cache=False)
+        return {"logits": out.logits[:, -1]}
+
+
+class ZeroShotImageAdapter(nn.Module):
+    """A vision-language encoder (CLIP, SigLIP) as a zero-shot image classifier: fixed captions, tokenized
+    once and kept as buffers; images in, each image's similarity to every caption out (logits_per_image)."""
+
+    def __init__(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("caption_ids", input_ids, persistent=False)
+        self.register_buffer("caption_mask", attention_mask, persistent=False)
+
+    def forward(self, pixel_values):
+        out = self.model(input_ids=self.caption_ids, attention_mask=self.caption_mask, pixel_values=pixel_values)
+        return {"logits": out.logits_per_image}
 
 
 class ImageAdapter(nn.Module):

@@ -198,16 +198,20 @@ class CTCAdapter(nn.Module):
     convolutional front end (stride 320) gives exactly one output frame per input frame; the frame mask
     becomes the sample mask wav2vec2 reads. Out: per 20 ms frame, label logits."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, stride: int = W2V_STRIDE, tail: int = W2V_TAIL, masked: bool = True):
         super().__init__()
         self.model = model
+        # another front end's stride and tail; masked=False for a group-norm front end, which must not be
+        # given an attention mask (Wav2Vec2FeatureExtractor's return_attention_mask documents it)
+        self.stride, self.tail, self.masked = stride, tail, masked
 
     def forward(self, frames, frame_mask):
         rows, count = frames.shape[:2]
-        wave = F.pad(frames.reshape(rows, -1), (0, W2V_TAIL))
-        real = frame_mask.sum(1, keepdim=True) * W2V_STRIDE + W2V_TAIL
+        wave = F.pad(frames.reshape(rows, -1), (0, self.tail))
+        real = frame_mask.sum(1, keepdim=True) * self.stride + self.tail
         mask = (torch.arange(wave.shape[1], device=wave.device) < real).to(frame_mask.dtype)
-        return {"logits": self.model(input_values=wave, attention_mask=mask).logits}
+        extra = {"attention_mask": mask} if self.masked else {}
+        return {"logits": self.model(input_values=wave, **extra).logits}
 
 
 def _w2v_frames(wave: torch.Tensor) -> torch.Tensor:
@@ -220,6 +224,24 @@ def wav2vec2_declaration(max_seconds: float = W2V_MAX_SECONDS) -> inputs.Declara
     return _framed_declaration("frames", W2V_STRIDE, lambda n: -(-n // W2V_STRIDE), _w2v_frames,
                                int(max_seconds * RATE) // W2V_STRIDE, inputs.Output("logits", inputs.TOKEN_CLASSIFIER),
                                min_frames=4)
+
+
+def waveform_declaration(stride: int, output: inputs.Output, normalize: bool = False,
+                         max_seconds: float = W2V_MAX_SECONDS) -> inputs.Declaration:
+    """A Hugging Face wav2vec2-family model's contract (CTC or a clip classifier): `stride`-sample frames of
+    the waveform, `frames` varying; normalize: each clip to zero mean and unit variance first, as its feature
+    extractor's do_normalize does (Wav2Vec2FeatureExtractor.zero_mean_unit_var_norm, variance + 1e-7)."""
+    def frame(wave: torch.Tensor) -> torch.Tensor:
+        if normalize:
+            wave = (wave - wave.mean()) / torch.sqrt(wave.var(unbiased=False) + 1e-7)
+        return F.pad(wave, (0, -wave.numel() % stride)).reshape(-1, stride)
+    return _framed_declaration("frames", stride, lambda n: -(-n // stride), frame, int(max_seconds * RATE) // stride,
+                               output, min_frames=4)
+
+
+def waveform(item, rate: int = RATE) -> torch.Tensor:
+    """A data item (an audio.Clip, or a 1-D waveform) as a float32 waveform at `rate`."""
+    return _waveform(item, rate)
 
 
 def wav2vec2_ctc() -> CTCAdapter:

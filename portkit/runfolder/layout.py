@@ -13,6 +13,7 @@ the log rather than only calling the result "missing".
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -63,7 +64,8 @@ STAGE_NAMES = tuple(s.name for s in STAGES)
 REPORT = "report"
 MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and writes into no foreign folder
 RUN_LOG = "run.json"      # how each stage of the latest run ended
-RUN_FILES = frozenset({MARKER, RUN_LOG, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES),
+LOCK = ".portkit-lock"    # held by the run writing into the folder (hold), naming its process id
+RUN_FILES = frozenset({MARKER, RUN_LOG, LOCK, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES),
                        *(s.early for s in STAGES if s.early)})
 
 
@@ -83,6 +85,60 @@ def is_run_folder(folder: Path) -> bool:
     if (folder / MARKER).is_file():
         return True
     return all(entry.name in RUN_FILES or _io.is_partial(entry.name) for entry in folder.iterdir())
+
+
+REPORT_JSON, REPORT_HTML = "report.json", "report.html"
+
+
+def read_report(folder) -> dict:
+    """The run folder's report.json, where its report.html is there too: the report stage's save writes the pair
+    under partial names and renames the HTML first, the JSON last, so a JSON without its HTML is an interrupted
+    save. FileNotFoundError without report.json, IncompleteReport without its HTML, ValueError if unreadable."""
+    folder = Path(folder)
+    saved = _io.read_json(folder / REPORT_JSON)
+    if not (folder / REPORT_HTML).is_file():
+        raise IncompleteReport(f"{folder / REPORT_JSON} has no {REPORT_HTML} beside it (an interrupted save); "
+                               "rebuild it with `portkit report`")
+    return saved
+
+
+class IncompleteReport(ValueError):
+    """report.json without report.html: a save that did not finish."""
+
+
+class FolderInUse(Exception):
+    """Another live process holds the run folder's LOCK; `pid` is its process id (None where unreadable)."""
+
+    def __init__(self, folder, pid):
+        self.folder, self.pid = folder, pid
+        super().__init__(f"{folder} is in use by another run (process {pid if pid is not None else '?'})")
+
+
+@contextlib.contextmanager
+def hold(folder):
+    """Hold the run folder for one run: an exclusive flock on LOCK, which names this process. The kernel drops a
+    flock when its process ends however it ends (flock(2)), so the lock of a killed run is stale at once and is
+    taken over here; another live holder raises FolderInUse with its process id."""
+    import fcntl
+    path = Path(folder) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderInUse(folder, _lock_pid(fd)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)   # releases the flock; the file stays (removing it would race the next run's open)
+
+
+def _lock_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def read_log(folder) -> dict:

@@ -21,7 +21,7 @@ import functools
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from portkit.core.errors import BadParameter
+from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.core.locations import NOTEBOOKS
 from portkit.models import abstract as abstract_models
 from portkit.models import registry as models
@@ -123,9 +123,34 @@ def _copy(value):
     return ast.literal_eval(repr(value))   # a fresh list or dict for each instance
 
 
+HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
+
+
+def _refuse_url(model) -> None:
+    """A URL given as the model: NeedsNetwork naming the Hub repository id in it (huggingface.co/ORG/NAME/...,
+    the Hub's URL scheme), which is what `huggingface-cli download` takes, or saying that another site's URL
+    is no model spec at all."""
+    from urllib.parse import urlparse
+    if not isinstance(model, str) or not model.startswith(("http://", "https://")):
+        return
+    url = urlparse(model)
+    parts = [p for p in url.path.split("/") if p]
+    if parts[:1] in (["models"], ["datasets"], ["spaces"]):
+        parts = parts[1:] if parts[0] == "models" else []
+    if url.hostname in HUB_HOSTS and len(parts) >= 2:
+        repo = "/".join(parts[:2])
+        raise NeedsNetwork(f"model {model!r} looks like a Hugging Face Hub URL (repository {repo}), and portkit does "
+                           f"not download; fetch it on a machine with network (huggingface-cli download {repo} "
+                           "--local-dir DIR) and pass DIR")
+    raise NeedsNetwork(f"model {model!r} looks like a URL of {url.hostname or 'a web site'}, not a model spec, and "
+                       "portkit does not download; download the model yourself and pass its folder (with "
+                       "config.json), or give a Hugging Face Hub repository id (ORG/NAME) to fetch it by")
+
+
 def common(model: str, targets, out_dir: str) -> tuple[str, list[str], Path]:
     """Validate the parameters every stage shares; print the decisions a user should see. A model is a
     portkit.models spec, or an abstract model's name (a real-size config without weights: llama3-8b)."""
+    _refuse_url(model)
     if not abstract_models.is_name(model):
         try:
             model = models.validate(model)
@@ -136,7 +161,11 @@ def common(model: str, targets, out_dir: str) -> tuple[str, list[str], Path]:
     names = targets_mod.parse_targets(targets)
     if not isinstance(out_dir, str) or not out_dir:
         raise BadParameter("out_dir", out_dir, hint="give a folder path")
-    out = Path(out_dir).expanduser().resolve()
+    try:
+        out = Path(out_dir).expanduser().resolve()
+    except (OSError, RuntimeError):   # pathlib raises RuntimeError on a symlink loop (Python < 3.13)
+        from portkit.core import checks
+        raise BadParameter("out_dir", out_dir, hint=checks.missing_path(Path(out_dir).expanduser())) from None
     for name in names:
         print(targets_mod.detect(name))
     return model, names, out

@@ -100,6 +100,26 @@ def _symbolic(value) -> bool:
     return False
 
 
+# A size read from a tensor's values (.item(), .tolist(), int(tensor)) is an unbacked symbol: no compile option
+# or padding of the inputs makes it static. The fixes, from PyTorch's "Backed vs Unbacked Symints" and
+# "Troubleshooting GuardOnDataDependentSymNode Errors" (docs.pytorch.org/docs/main/compile/
+# dynamic_shapes_backed_unbacked.html): compute the size from static metadata, or bound it with torch._check.
+DATA_DEPENDENT_SIZE = (
+    "data-dependent size at {}; a value read from a tensor with .item(), .tolist() or int(tensor) is used as a "
+    "size, so the graph's shape is known only at run time; torch.compile(dynamic=False), which portkit already "
+    "uses, and padding the inputs to buckets cannot make it static). Compute the size from static metadata "
+    "(.shape or a config value) or pass it as a Python int argument; or mark the region with torch._check / "
+    "torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs Unbacked Symints: "
+    "docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
+
+
+def _data_dependent(value) -> bool:
+    """Whether a symbolic value's shape rests on an unbacked symbol: a size read from a tensor's values."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return any(free_unbacked_symbols(leaf) for leaf in _torch.tree_leaves(value)
+               if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)))
+
+
 def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list[dict]:
     found: dict[str, dict] = {}
     for (op, trace), count in calls.items():
@@ -186,11 +206,17 @@ class EmulatedBackend:
         t = self.target
         node = next((n for n in gm.graph.nodes if _symbolic(n.meta.get("example_value"))), None)
         if t.static_shapes and node is not None:
-            where = _from_trace(node.meta.get("stack_trace"))
-            check.refused = (f"{t.dynamic_shape_error} ({self.__name__}, emulated: symbolic shape in "
-                             f"{_text(where) if where else 'input ' + node.name}). {t.title} compiles static "
-                             "shapes only: use torch.compile(..., dynamic=False) and pad inputs to fixed shapes "
-                             "(stage 3 buckets)")
+            trace = node.meta.get("stack_trace")
+            # the first frame outside torch names the user's or the library's line, not torch's own (F.pad's)
+            found = frames.innermost(frames.from_trace(trace))
+            where = {k: v for k, v in found.items() if k != "line_key"} if found else _from_trace(trace)
+            at = _text(where) if where else "input " + node.name
+            if _data_dependent(node.meta.get("example_value")):
+                check.refused = f"{t.dynamic_shape_error} ({self.__name__}, emulated: {DATA_DEPENDENT_SIZE.format(at)}"
+            else:
+                check.refused = (f"{t.dynamic_shape_error} ({self.__name__}, emulated: symbolic shape in {at}). "
+                                 f"{t.title} compiles static shapes only: use torch.compile(..., dynamic=False) and "
+                                 "pad inputs to fixed shapes (stage 3 buckets)")
             raise CompileRefused(check.refused, where)
 
     def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:

@@ -476,3 +476,27 @@ def parse_targets(names) -> list[str]:
     for n in names:
         get(n)
     return names
+
+
+# ---------------------------------------------------------------- the vendors' lists and version requirements
+VENDOR_LISTS = "vendor_lists.json"   # each list and requirement with its source and the date it was read
+
+
+@functools.cache
+def _vendor_data() -> dict:
+    return json.loads((DATA / VENDOR_LISTS).read_text())
+
+
+def vendor_lists() -> dict[str, dict]:
+    """Target name -> what its vendor lists as experimental, private beta or unsupported: {"vendor", "source",
+    "document", "read", "entries": [{"feature", "status", "note", "detect", "severity"}]}. The severity follows
+    the status (data/targets/vendor_lists.json "statuses": unsupported is a blocker, the others work)."""
+    raw = _vendor_data()
+    return {name: {**lst, "entries": [{**e, "severity": raw["statuses"][e["status"]]} for e in lst["entries"]]}
+            for name, lst in raw["lists"].items()}
+
+
+def requirements() -> dict[str, dict]:
+    """Target name -> the torch, Python and transformers versions its vendor states (None: states none),
+    with "vendor", "source", "document", "read" and an optional "note"."""
+    return dict(_vendor_data()["requirements"])

@@ -1,2 +1,3 @@
 """Stage 4, accuracy (notebooks/04_accuracy.py): stage.py; result.py (the verdict, tables, advice),
-comparison.py, localize.py (where the error enters), target_runs.py, training.py, generation.py."""
+comparison.py, sample.py (the task metrics' n, 95% intervals and decision), localize.py (where the error enters),
+target_runs.py, training.py, generation.py."""

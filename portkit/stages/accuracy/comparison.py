@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from portkit.models import inputs
 from portkit.models import registry as models
 from portkit.core.errors import BadParameter
+from portkit.stages.accuracy import sample
 from portkit.targets.tolerance import TASK_BOUND_REASONS, Tolerance, budget_text, within
 
 
@@ -61,53 +62,101 @@ def primary_output(kind: str, names) -> str:
     return wanted if wanted in names else names[0]
 
 
-def check(key: str, label: str, value: float, bounds: dict) -> dict:
-    """One task metric's measurement against its budget (tolerance.DEFAULT_TASK_BOUNDS' key)."""
-    return {"metric": key, "label": label, "value": value, "budget": budget_text(key, bounds),
-            "bound": bounds[key], "passed": within(key, value, bounds), "why": TASK_BOUND_REASONS[key]}
+def check(key: str, label: str, value: float, bounds: dict, n: int | None = None, ci95=None,
+          unit: str | None = None) -> dict:
+    """One task metric's measurement against its budget (tolerance.DEFAULT_TASK_BOUNDS' key), with the items it
+    was decided on (`n`, `unit`) and its 95% interval (sample.py): "decision" is pass only where the whole
+    interval lies inside the budget, inconclusive where it straddles it; without an interval, the point decides."""
+    interval = [float(ci95[0]), float(ci95[1])] if ci95 is not None else None
+    decision = sample.decide(interval or (value, value), key, bounds)
+    return {"metric": key, "label": label, "value": value, "n": n, "unit": unit, "ci95": interval,
+            "budget": budget_text(key, bounds), "bound": bounds[key], "decision": decision,
+            "passed": decision == sample.PASS, "within": within(key, value, bounds), "why": TASK_BOUND_REASONS[key]}
 
 
-def _embedding(a, e, mask, bounds, inputs):
-    cos = F.cosine_similarity(_rows(a), _rows(e), dim=1)
-    found = {"metric": "cosine to the reference", "cosine_min": cos.min().item(), "cosine_mean": cos.mean().item()}
-    return found, [check("cosine", "lowest cosine to the reference", found["cosine_min"], bounds)]
+def _rate(key: str, label: str, hits: torch.Tensor, bounds: dict, unit: str) -> dict:
+    """A share of decisions that agree, with its Wilson interval."""
+    n = int(hits.numel())
+    return check(key, label, hits.double().mean().item() if n else 1.0, bounds, n,
+                 sample.wilson(int(hits.sum()), n), unit)
 
 
-def _language_model(a3, e3, mask, bounds, inputs):
+# ---------------------------------------------------------------- per-item values, then the metrics over them
+# Each kind's task metric is computed from per-item values (one per text, decision, position or frame), so a
+# sample measured in batches is judged as one: item_values per batch, joined (join_values), then summarize.
+def _embedding_items(a, e, mask, inputs):
+    return {"cosine": F.cosine_similarity(_rows(a), _rows(e), dim=1), "actual": _rows(a), "expected": _rows(e)}
+
+
+def _embedding(v, bounds, unit):
+    cos = v["cosine"]
+    found = {"metric": "cosine to the reference", "cosine_min": cos.min().item(), "cosine_mean": cos.mean().item(),
+             "items": int(cos.numel())}
+    return found, [check("cosine", "lowest cosine to the reference", found["cosine_min"], bounds, found["items"],
+                         sample.bootstrap(cos, sample.MIN), unit)]
+
+
+def _language_model_items(a3, e3, mask, inputs):
     """a3, e3: the whole (batch, seq, vocab) logits; agreement and KL count real positions only."""
     a, e = real_positions(a3, mask), real_positions(e3, mask)
     a, e = a.reshape(-1, a.shape[-1]), e.reshape(-1, e.shape[-1])
-    top1 = (a.argmax(-1) == e.argmax(-1)).double().mean().item()
-    top5 = (a.topk(min(5, a.shape[-1]), -1).indices == e.argmax(-1, keepdim=True)).any(-1).double().mean().item()
-    kl = F.kl_div(F.log_softmax(a, -1), F.log_softmax(e, -1), log_target=True, reduction="none").sum(-1)
-    found = {"metric": "greedy next-token agreement at real positions", "top1_agreement": top1,
-             "top5_agreement": top5, "kl_mean": kl.mean().item(), "kl_max": kl.max().item(), "positions": a.shape[0]}
-    checks = [check("agreement", "greedy-token agreement", top1, bounds),
-              check("kl", "mean KL(reference || target)", found["kl_mean"], bounds)]
+    top = e.argmax(-1, keepdim=True)
+    values = {"agree": a.argmax(-1) == top[:, 0],
+              "top5": (a.topk(min(5, a.shape[-1]), -1).indices == top).any(-1),
+              "kl": F.kl_div(F.log_softmax(a, -1), F.log_softmax(e, -1), log_target=True, reduction="none").sum(-1)}
     ids = (inputs or {}).get("input_ids")
     if ids is not None and a3.dim() == 3 and tuple(ids.shape) == tuple(a3.shape[:2]) and ids.shape[1] > 1:
         ids = ids.cpu()
         keep = (mask[:, 1:] if mask is not None else torch.ones_like(ids[:, 1:])).to(torch.bool)
-        def ppl(logits):
-            return F.cross_entropy(logits[:, :-1][keep], ids[:, 1:][keep]).exp().item()
-        found["perplexity_reference"], found["perplexity_target"] = ppl(e3), ppl(a3)
+        for name, logits in (("ce_reference", e3), ("ce_target", a3)):
+            values[name] = F.cross_entropy(logits[:, :-1][keep], ids[:, 1:][keep], reduction="none")
+    return values
+
+
+def _ppl_change(d: torch.Tensor) -> torch.Tensor:
+    """|perplexity_target / perplexity_reference - 1| from per-position cross-entropy differences."""
+    return (d.mean(-1).exp() - 1).abs()
+
+
+def _language_model(v, bounds, unit):
+    kl, positions = v["kl"], int(v["agree"].numel())
+    found = {"metric": "greedy next-token agreement at real positions",
+             "top1_agreement": v["agree"].double().mean().item(), "top5_agreement": v["top5"].double().mean().item(),
+             "kl_mean": kl.mean().item(), "kl_max": kl.max().item(), "positions": positions}
+    checks = [_rate("agreement", "greedy-token agreement", v["agree"], bounds, "token positions"),
+              check("kl", "mean KL(reference || target)", found["kl_mean"], bounds, positions,
+                    sample.bootstrap(kl, sample.MEAN), "token positions")]
+    if "ce_reference" in v:
+        found["perplexity_reference"] = v["ce_reference"].mean().exp().item()
+        found["perplexity_target"] = v["ce_target"].mean().exp().item()
         found["perplexity_change"] = abs(found["perplexity_target"] / found["perplexity_reference"] - 1)
+        d = v["ce_target"] - v["ce_reference"]
         checks.append(check("perplexity", "relative perplexity change on the batch's own text",
-                            found["perplexity_change"], bounds))
+                            found["perplexity_change"], bounds, int(d.numel()), sample.bootstrap(d, _ppl_change),
+                            "token positions"))
     else:
         found["perplexity_note"] = "perplexity not measured: the logits do not predict the input ids"
     return found, checks
 
 
-def _classifier(a, e, mask, bounds, inputs):   # one label per image, or per real token
-    agree = (a.argmax(-1) == e.argmax(-1)).double()
-    found = {"metric": "top-1 agreement", "argmax_agreement": agree.mean().item(), "decisions": agree.numel()}
-    checks = [check("agreement", "top-1 agreement", found["argmax_agreement"], bounds)]
+def _classifier_items(a, e, mask, inputs):   # one label per image, or per real token
+    values = {"agree": a.argmax(-1).reshape(-1) == e.argmax(-1).reshape(-1)}
     labels = (inputs or {}).get("labels")
-    if labels is not None and labels.numel() == agree.numel():
-        labels = labels.reshape(-1)
-        found["accuracy_reference"] = (e.argmax(-1).reshape(-1) == labels).double().mean().item()
-        found["accuracy_target"] = (a.argmax(-1).reshape(-1) == labels).double().mean().item()
+    if labels is not None and labels.numel() == values["agree"].numel():
+        labels = labels.reshape(-1).cpu()
+        values["correct_reference"] = e.argmax(-1).reshape(-1) == labels
+        values["correct_target"] = a.argmax(-1).reshape(-1) == labels
+    return values
+
+
+def _classifier(v, bounds, unit):
+    agree = v["agree"]
+    found = {"metric": "top-1 agreement", "argmax_agreement": agree.double().mean().item(),
+             "decisions": int(agree.numel())}
+    checks = [_rate("agreement", "top-1 agreement", agree, bounds, unit or "decisions")]
+    if "correct_reference" in v:
+        found["accuracy_reference"] = v["correct_reference"].double().mean().item()
+        found["accuracy_target"] = v["correct_target"].double().mean().item()
         found["accuracy_change"] = found["accuracy_target"] - found["accuracy_reference"]
     else:
         found["accuracy_note"] = "accuracy change not measured: the inputs carry no labels"
@@ -118,16 +167,21 @@ def _classifier(a, e, mask, bounds, inputs):   # one label per image, or per rea
 PITCH_VOICED = 0.21
 
 
-def _pitch(a, e, mask, bounds, inputs):
-    """a, e: (frames, 2) at real frames, each row (cents, confidence): the cents error on frames voiced in
-    both runs, and how many frames keep their voiced/unvoiced decision."""
-    voiced_a, voiced_e = a[..., 1] >= PITCH_VOICED, e[..., 1] >= PITCH_VOICED
+def _pitch_items(a, e, mask, inputs):
+    """a, e: (frames, 2) at real frames, each row (cents, confidence)."""
+    voiced_a, voiced_e = (a[..., 1] >= PITCH_VOICED).reshape(-1), (e[..., 1] >= PITCH_VOICED).reshape(-1)
     both = voiced_a & voiced_e
-    error = (a[..., 0][both] - e[..., 0][both]).abs()
-    voicing = (voiced_a == voiced_e).double().mean().item() if voiced_e.numel() else 1.0
+    return {"cents": (a[..., 0].reshape(-1)[both] - e[..., 0].reshape(-1)[both]).abs(),
+            "voicing": voiced_a == voiced_e, "voiced_reference": voiced_e}
+
+
+def _pitch(v, bounds, unit):
+    """The cents error on frames voiced in both runs, and how many frames keep their voiced/unvoiced decision."""
+    error = v["cents"]
     found = {"metric": "pitch error in cents on voiced frames, and voicing agreement",
-             "frames": int(voiced_e.numel()), "voiced_reference": int(voiced_e.sum()), "voiced_both": int(both.sum()),
-             "voicing_agreement": voicing, "voiced_threshold": PITCH_VOICED}
+             "frames": int(v["voicing"].numel()), "voiced_reference": int(v["voiced_reference"].sum()),
+             "voiced_both": int(error.numel()), "voiced_threshold": PITCH_VOICED,
+             "voicing_agreement": v["voicing"].double().mean().item() if v["voicing"].numel() else 1.0}
     if error.numel():
         q = torch.quantile(error, torch.tensor([0.5, 0.95], dtype=error.dtype))
         found.update(cents_median=q[0].item(), cents_p95=q[1].item(), cents_max=error.max().item())
@@ -135,44 +189,74 @@ def _pitch(a, e, mask, bounds, inputs):
         found.update(cents_median=0.0, cents_p95=0.0, cents_max=0.0,
                      cents_note="no frame is voiced in both runs: the pitch error is not measured")
     return found, [check("cents", "95th-percentile absolute pitch error (cents, voiced frames)", found["cents_p95"],
-                         bounds),
-                   check("voicing", "voiced/unvoiced agreement", voicing, bounds)]
+                         bounds, int(error.numel()), sample.bootstrap(error, sample.quantile(0.95))
+                         if error.numel() else None, "voiced frames"),
+                   _rate("voicing", "voiced/unvoiced agreement", v["voicing"], bounds, "frames")]
 
 
-# Task metrics by output kind (models' kind strings; a model declaration names one of these keys).
-TASK_METRICS = {models.EMBEDDING: _embedding, models.CAUSAL_LM: _language_model, models.SEQ2SEQ_LM: _language_model,
-                models.IMAGE_CLASSIFIER: _classifier, models.TOKEN_CLASSIFIER: _classifier,
-                inputs.CLASSIFIER: _classifier, inputs.PITCH: _pitch}
+# Task metrics by output kind (models' kind strings; a model declaration names one of these keys): the per-item
+# values of one batch, and the metrics with their checks over the values of every batch.
+TASK_METRICS = {models.EMBEDDING: (_embedding_items, _embedding),
+                models.CAUSAL_LM: (_language_model_items, _language_model),
+                models.SEQ2SEQ_LM: (_language_model_items, _language_model),
+                models.IMAGE_CLASSIFIER: (_classifier_items, _classifier),
+                models.TOKEN_CLASSIFIER: (_classifier_items, _classifier),
+                inputs.CLASSIFIER: (_classifier_items, _classifier), inputs.PITCH: (_pitch_items, _pitch)}
 
 
-def task_metrics(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, bounds: dict,
-                 inputs: dict | None = None) -> dict:
-    """The output kind's task metrics against the reference, each with its budget ("checks"), and
-    whether all hold. `inputs` (the batch) gives language models their tokens for the perplexity."""
+def item_values(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, inputs: dict | None = None) -> dict:
+    """One batch's per-item values of the output kind's task metrics (see TASK_METRICS), in float64."""
     if kind not in TASK_METRICS:
         raise BadParameter("output kind", kind, list(TASK_METRICS))
     a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
     mask = mask.cpu() if mask is not None else None
     if kind in (models.CAUSAL_LM, models.SEQ2SEQ_LM):
-        found, checks = _language_model(a, e, mask, bounds, inputs)
-    else:
-        found, checks = TASK_METRICS[kind](real_positions(a, mask), real_positions(e, mask), mask, bounds, inputs)
+        return _language_model_items(a, e, mask, inputs)
+    return TASK_METRICS[kind][0](real_positions(a, mask), real_positions(e, mask), mask, inputs)
+
+
+def join_values(batches: list[dict]) -> dict:
+    """Several batches' item_values as one sample (a value only some batches have is dropped)."""
+    keys = set.intersection(*(set(b) for b in batches)) if batches else set()
+    return {k: torch.cat([b[k] for b in batches]) for k in batches[0] if k in keys} if batches else {}
+
+
+def summarize(kind: str, values: dict, bounds: dict, unit: str | None = None) -> dict:
+    """The task metrics over item_values (one batch's, or join_values' sample): each check with its n and ci95."""
+    found, checks = TASK_METRICS[kind][1](values, bounds, unit)
     return finish(found, checks)
 
 
+def task_metrics(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, bounds: dict,
+                 inputs: dict | None = None, unit: str | None = None) -> dict:
+    """The output kind's task metrics against the reference, each with its budget, n and interval ("checks"), and
+    whether all hold. `inputs` (the batch) gives language models their tokens for the perplexity."""
+    return summarize(kind, item_values(kind, actual, expected, mask, inputs), bounds, unit)
+
+
 def finish(found: dict, checks: list[dict]) -> dict:
-    """A task result's verdict and reasons from its checks (also after more checks are added)."""
-    fails = [f"{c['label']} {c['value']:.6g} outside its {c['budget']}" for c in checks if not c["passed"]]
-    found.update(checks=checks, passed=not fails, reason="; ".join(fails) or None)
+    """A task result's decision and reasons from its checks (also after more checks are added): fail where any
+    check fails, inconclusive where none fails and one straddles its budget, else pass."""
+    fails = [f"{sample.described(c)} outside its {c['budget']}" for c in checks if c["decision"] == sample.FAIL]
+    open_ = [f"{sample.described(c)} straddles its {c['budget']}: inconclusive" for c in checks
+             if c["decision"] == sample.INCONCLUSIVE]
+    decision = sample.FAIL if fails else sample.INCONCLUSIVE if open_ else sample.PASS
+    found.update(checks=checks, decision=decision, passed=decision == sample.PASS,
+                 reason="; ".join(fails + open_) or None)
     return found
 
 
-def neighbour_agreement(actual: torch.Tensor, expected: torch.Tensor, k: int = 5) -> float:
-    """Mean share of each row's k nearest neighbours (cosine, itself excluded) that the target keeps."""
+def neighbour_shares(actual: torch.Tensor, expected: torch.Tensor, k: int = 5) -> torch.Tensor:
+    """Per row, the share of its k nearest neighbours (cosine, itself excluded) that the target keeps."""
     def top(x):
         x = F.normalize(_rows(x.detach().cpu().double()), dim=1)
         sims = x @ x.T
         sims.fill_diagonal_(-2.0)
         return sims.topk(k, dim=1).indices
     a, e = top(actual), top(expected)
-    return sum(len(set(r.tolist()) & set(q.tolist())) for r, q in zip(a, e)) / (k * a.shape[0])
+    return torch.tensor([len(set(r.tolist()) & set(q.tolist())) / k for r, q in zip(a, e)], dtype=torch.float64)
+
+
+def neighbour_agreement(actual: torch.Tensor, expected: torch.Tensor, k: int = 5) -> float:
+    """Mean share of each row's k nearest neighbours (cosine, itself excluded) that the target keeps."""
+    return neighbour_shares(actual, expected, k).mean().item()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portkit.targets import specs as targets_mod
+from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
 from portkit.core.findings import BLOCKER, WORK, Finding
 from portkit.targets.numerics import precision_cost
@@ -29,6 +30,8 @@ from portkit.targets.tolerance import compute_dtype
 
 STAGE = "accuracy"
 CAST_CAUSE = "float64 run as float32"      # error_by_cause's name for the target's dtype rules alone
+DETAIL = "detail (element-wise assert_close, does not decide)"
+ASSERT_CLOSE = "element-wise assert_close (detail, does not decide)"
 NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
 
 
@@ -37,6 +40,18 @@ def against_baseline(b: dict) -> str:
     if b["ratio"] is None:
         return f"relative L2 error {b['target_error']:.2g} against {b['truth']} where {b['label']} has none"
     return f"error against {b['truth']} {b['ratio']:.3g}x that of {b['label']}"
+
+
+def baseline_role(b: dict) -> str:
+    """Whether the GPU comparison decides, in words. It decides only within its factor: an error no worse than
+    today's deployment's is no regression, a PASS whatever the task metrics say. Beyond it, the task metrics decide:
+    the ratio is to the GPU setup's own error, and an fp32 GPU's is float32 rounding alone (relative ~1e-7), so any
+    reduced-precision rounding reads as thousands of times it without being a regression by itself."""
+    if b["within"]:
+        return f"within {b['factor']:g}x: no regression against today's GPU, so this decides (PASS)"
+    own = f"its own error is {b['gpu_error']:.1g}" if b.get("gpu_error") else "it has no error of its own"
+    return (f"beyond {b['factor']:g}x of today's error, so the task metrics decide; a ratio to {b['label']} is no "
+            f"regression by itself: {own}, so any rounding below float32 reads as a large multiple of it")
 
 
 @dataclass
@@ -66,14 +81,29 @@ class PrecisionResult:
         return bool(self.baseline and self.baseline["within"])
 
     @property
-    def reasons(self) -> list[str]:
-        """Why the verdict fails: task metrics outside their budget, unless the error is no worse than
-        the GPU setup's own (baseline_factor); the element-wise comparison is detail (`details`)."""
-        if self.task["passed"] or self.within_baseline:
-            return []
+    def decision(self) -> str:
+        """pass, fail or inconclusive: the task metrics' decision on their sample (sample.py: a check whose 95%
+        interval straddles its budget is inconclusive, never a pass), unless the error is no worse than the GPU
+        setup's own (baseline_factor): then pass."""
+        if self.within_baseline:
+            return stats.PASS
+        return self.task.get("decision") or (stats.PASS if self.task["passed"] else stats.FAIL)
+
+    def _why(self) -> list[str]:
         ratio = f"; {against_baseline(self.baseline)} (no-regression factor {self.baseline['factor']:g}x)" \
             if self.baseline else ""
         return [f"task: {self.task['reason']}{ratio}"]
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the verdict fails: task metrics outside their budget, unless the error is no worse than
+        the GPU setup's own (baseline_factor); the element-wise comparison is detail (`details`)."""
+        return self._why() if self.decision == stats.FAIL else []
+
+    @property
+    def undecided(self) -> list[str]:
+        """Why the verdict is inconclusive: task metrics whose interval straddles their budget."""
+        return self._why() if self.decision == stats.INCONCLUSIVE else []
 
     @property
     def details(self) -> list[str]:
@@ -82,22 +112,29 @@ class PrecisionResult:
 
     @property
     def passed(self) -> bool:
-        return not self.reasons
+        return self.decision == stats.PASS
+
+    def checks_text(self) -> str:
+        """Each task check with its sample and budget, e.g. 'top-1 agreement 1.000 [0.998, 1.000] on 1,797
+        images (budget >= 0.99)'; a check that does not pass says how it was decided."""
+        return "; ".join(f"{stats.described(c)} ({c['budget']}"
+                         + (")" if c.get("decision", "pass") == stats.PASS else f": {c['decision'].upper()})")
+                         for c in self.task.get("checks", []))
 
     def basis(self) -> str:
-        """What the verdict rests on, in words: the task metrics with their budgets, and the baseline."""
-        checks = "; ".join(f"{c['label']} {c['value']:.6g} ({c['budget']})" for c in self.task.get("checks", []))
+        """What the verdict rests on, in words: the task metrics with their samples and budgets, and the GPU
+        baseline with whether it decides (baseline_role)."""
         b = self.baseline
-        against = (f"{against_baseline(b)} ("
-                   + (f"no regression: within {b['factor']:g}x)" if b["within"] else
-                      f"beyond {b['factor']:g}x of today's error, so the task metrics decide)")) if b else \
-            "no GPU baseline measured"
+        against = f"{against_baseline(b)} ({baseline_role(b)})" if b else "no GPU baseline measured"
+        sample = (self.task.get("sample") or {}).get("text")
+        on = f" (task sample: {sample})" if sample else ""
         if self.passed and not self.task["passed"]:
             return f"PASS against {b['label']}: no regression, {against}, although {self.task['reason']}"
-        return f"{'PASS' if self.passed else 'FAIL'}: {checks}; {against}"
+        return f"{self.decision.upper()}: {self.checks_text()}{on}; {against}"
 
     def to_dict(self) -> dict:
         return {"precision": self.precision, "target_side": self.target_side, "passed": self.passed,
+                "decision": self.decision,
                 "reasons": self.reasons, "details": self.details, "basis": self.basis(), "baseline": self.baseline,
                 "outputs": self.outputs, "task": self.task,
                 "vs_float64": self.vs_float64, "layers": self.layers, "numerics": self.numerics,
@@ -136,21 +173,29 @@ class TargetAccuracy:
         return [r + where for r in found]
 
     @property
+    def undecided(self) -> list[str]:
+        """Task metrics of the chosen precision whose interval straddles their budget (the verdict inconclusive)."""
+        return self.chosen.undecided
+
+    @property
     def details(self) -> list[str]:
         return self.chosen.details + [f"bucket {b['boundary']}: {d}" for b in self.buckets if not b.get("skipped")
                                       for d in b.get("details", [])]
 
     @property
     def verdict(self) -> str:
-        return "fail" if self.reasons else "pass"
+        """fail (a reason), inconclusive (no reason, a task metric undecided on its sample), or pass."""
+        return stats.FAIL if self.reasons else stats.INCONCLUSIVE if self.undecided else stats.PASS
 
     def summary(self) -> str:
         p, task = self.chosen, self.chosen.task
         metric = {k: v for k, v in task.items() if isinstance(v, float)}
         shown = ", ".join(f"{k} {v:.6g}" for k, v in list(metric.items())[:2])
         first = (p.layers or {}).get("first_failing")
+        sample = (task.get("sample") or {}).get("text")
         return (f"{self.name} ({self.target['mode']}, {p.target_side}, precision {p.name}): "
-                f"{self.verdict.upper()}; {shown}; {len(self.reasons)} reasons"
+                f"{self.verdict.upper()}; {shown}" + (f" on {sample}" if sample else "") +
+                f"; {len(self.reasons)} reasons"
                 + (f"; {against_baseline(p.baseline)}" if p.baseline else "")
                 + (f"; first module out of tolerance: {first['module']}" if first else "")
                 + ("; BLOCKER: the target's compiler refuses the model" if self.compile_refused else ""))
@@ -162,9 +207,8 @@ class TargetAccuracy:
         rows = []
         for r in (self.chosen, *self.others):
             cost = precision_cost(self.name, r.name)
-            checks = ", ".join(f"{c['label']} {c['value']:.6g} ({c['budget']})" for c in r.task.get("checks", []))
             rows.append({"precision": r.name, "setting": r.precision["setting"], "chosen": r is self.chosen,
-                         "verdict": "pass" if r.passed else "fail", "task": checks,
+                         "verdict": r.decision, "task": r.checks_text(),
                          "error_vs_baseline": r.baseline["ratio"] if r.baseline else None,
                          "relative_matmul_cost": cost["relative_matmul_cost"] if cost else None,
                          "cost_stated": cost["stated"] if cost else "not stated by the vendor",
@@ -182,7 +226,9 @@ class TargetAccuracy:
         precision setting brings back is work; one outside at every precision measured is a blocker, and so
         is a compiler that refuses the model. An element-wise miss while the task metrics hold is no finding."""
         found = [self._refusal()] if self.compile_refused else []
-        if self.verdict == "pass":
+        if self.verdict == stats.INCONCLUSIVE:
+            return found + [self._inconclusive()]
+        if self.verdict == stats.PASS:
             return found
         passing = [r for r in self.others if r.passed]
         fixable = bool(passing)
@@ -191,6 +237,18 @@ class TargetAccuracy:
         return found + [Finding("accuracy", WORK if fixable else BLOCKER,
                                 f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
                                 f"{'; '.join(self.reasons)[:400]}", advice)]
+
+    def _inconclusive(self) -> Finding:
+        """An undecided verdict is work, not a pass and not a blocker: the model runs and nothing measured is out of
+        budget, but its sample cannot tell the budget apart; what remains is to measure on more items."""
+        sample = self.chosen.task.get("sample") or {}
+        more = ("give a larger corpus (parameter corpus)" if sample.get("of", 0) <= sample.get("items", 0)
+                else "raise the task sample (Scope.task_items) so it covers more of the corpus")
+        return Finding("accuracy_inconclusive", WORK,
+                       f"precision '{self.chosen.name}' ({self.chosen.target_side}): undecided on its sample: "
+                       f"{'; '.join(self.undecided)[:400]}",
+                       f"{more}: with every decision agreeing, a rate's 95% interval clears a 0.99 budget from 381 "
+                       "items on")
 
     def _refusal(self) -> Finding:
         refused = self.compile_refused
@@ -227,16 +285,35 @@ class AccuracyReport:
 
     @property
     def verdict(self) -> str:
-        return "pass" if all(t.verdict == "pass" for t in self.targets.values()) else "fail"
+        """fail where a target fails or its stream drifts; inconclusive where one is undecided; else pass."""
+        found = {t.verdict for t in self.targets.values()}
+        if stats.FAIL in found or any(self.stream_findings(n) for n in self.targets):
+            return stats.FAIL
+        return stats.INCONCLUSIVE if stats.INCONCLUSIVE in found else stats.PASS
+
+    def stream_findings(self, name: str) -> list[Finding]:
+        """The target's stream runs that fail their drift check, as findings (stream_drift)."""
+        runs = (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
+        return [stream_drift(r) for r in runs if r["target"] == name and not r["passed"]]
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())
 
+    def _target(self, name: str, t: TargetAccuracy) -> dict:
+        found = t.to_dict()
+        drift = self.stream_findings(name)
+        if drift:      # the inference verdict stands; the stream's failure is the target's finding beside it
+            found["findings"] += [f.to_dict() for f in drift]
+            found["reasons"] = found["reasons"] + [f.message for f in drift]
+        return found
+
     def to_dict(self) -> dict:
+        targets = {n: self._target(n, t) for n, t in self.targets.items()}
         return {"stage": STAGE, "model": self.model, "inputs": self.inputs, "reference": self.reference,
                 "summary": self.summary(), "verdict": self.verdict,
-                "reasons": [f"{n}: {r}" for n, t in self.targets.items() for r in t.reasons],
-                "targets": {n: t.to_dict() for n, t in self.targets.items()},
+                "reasons": [f"{n}: {r}" for n, t in targets.items() for r in t["reasons"]],
+                "undecided": [f"{n}: {r}" for n, t in self.targets.items() for r in t.undecided],
+                "targets": targets,
                 "training": self.training.to_dict() if self.training is not None else None,
                 "generation": self.generation.to_dict() if self.generation is not None else None,
                 "stream": self.stream.to_dict() if self.stream is not None else None}
@@ -251,7 +328,9 @@ class AccuracyReport:
             lines.append("  " + t.summary())
             lines.append(f"    verdict: {t.chosen.basis()}")
             lines += [f"    reason: {r}" for r in t.reasons]
-            lines += [f"    detail (element-wise, not the verdict): {d}" for d in t.details]
+            lines += [f"    inconclusive: {r}" for r in t.undecided]
+            lines += [f"    reason (stream): {f.message}" for f in self.stream_findings(t.name)]
+            lines += [f"    {DETAIL}: {d}" for d in t.details]
             lines += [f"    advice: {a}" for a in t.advice_lines()]
             lines += [f"    suggestion: {s}" for s in t.suggestions]
         if self.training is not None:
@@ -273,8 +352,9 @@ class AccuracyReport:
             parts.append(f"<h4>{html.escape(t.target['title'])} — <i>{t.target['mode']}</i>, "
                          f"{html.escape(t.chosen.target_side)}</h4><p>{html.escape(t.summary())}</p>"
                          f"<p>{html.escape(t.chosen.basis())}</p>")
-            rows = [["reason", r] for r in t.reasons] + [["suggestion", s] for s in t.suggestions] + \
-                [["detail (element-wise, not the verdict)", d] for d in t.details] + \
+            rows = [["reason", r] for r in t.reasons] + [["inconclusive", r] for r in t.undecided] + \
+                [["reason (stream)", f.message] for f in self.stream_findings(t.name)] + \
+                [["suggestion", s] for s in t.suggestions] + [[DETAIL, d] for d in t.details] + \
                 [["precision advice", a] for a in t.advice_lines()]
             if rows:
                 parts.append(HtmlTable(["", ""], rows)._repr_html_())
@@ -296,8 +376,9 @@ class AccuracyReport:
                                  f"{c['max_rel']:.3g}", f"{c['rel_l2']:.3g}", f"{c['cosine_min']:.7f}", "-", "-",
                                  cause["cause"]])
         return HtmlTable(["target", "precision", "run as", "output", "max abs", "max rel", "rel L2", "cosine min",
-                          "tolerance (rtol, atol)", "assert_close", "error caused by"], rows,
-                         f"outputs at real positions vs the reference ({self.reference['description']})")
+                          "tolerance (rtol, atol)", ASSERT_CLOSE, "error caused by"], rows,
+                         f"outputs at real positions vs the reference ({self.reference['description']}); the "
+                         "verdict is the task metrics' against their budgets (see the verdict), not this table")
 
     def precision_table(self) -> HtmlTable:
         rows = []
@@ -307,10 +388,11 @@ class AccuracyReport:
                 first = (r.layers or {}).get("first_failing")
                 cost = f"{a['relative_matmul_cost']:g}x ({a['cost_source']})" if a["cost_source"] else a["cost_stated"]
                 rows.append([t.name, r.name, r.precision["setting"], r.target_side, a["task"],
-                             against_baseline(r.baseline) if r.baseline else "-", f"{o['max_abs']:.3g}",
-                             first["module"] if first else "-", cost, "pass" if r.passed else "FAIL"])
-        return HtmlTable(["target", "precision", "set on hardware with", "run as", "task metrics (budget)",
-                          "against today's GPU", "max abs (main output)", "first module out of tolerance (eager)",
+                             f"{against_baseline(r.baseline)} ({baseline_role(r.baseline)})" if r.baseline else "-",
+                             f"{o['max_abs']:.3g}", first["module"] if first else "-", cost, r.decision.upper()])
+        return HtmlTable(["target", "precision", "set on hardware with", "run as", "task metrics [95% interval] on "
+                          "their sample (budget): they decide", "against today's GPU (decides only within its "
+                          "factor)", "max abs (main output)", "first module out of tolerance (eager)",
                           "matmul cost, vendor-stated", "verdict"], rows,
                          "every precision setting of each target (chosen first): what it buys, what it costs")
 
@@ -322,9 +404,12 @@ class AccuracyReport:
                     rows.append([t.name, b["boundary"], 0, "-", "-", "-", b["skipped"]])
                     continue
                 o = b["outputs"][b["primary"]]
-                task = ", ".join(f"{k} {v:.5g}" for k, v in b["task"].items() if isinstance(v, float))
+                task = "; ".join(stats.described(c) for c in b["task"].get("checks", []))
+                decided = b["task"].get("decision", "pass")
                 rows.append([t.name, b["boundary"], b["texts"], f"{b['padding']:.0%}", f"{o['max_abs']:.3g}", task,
-                             "pass" if b["passed"] else "FAIL: " + "; ".join(b["reasons"])[:120]])
+                             "FAIL: " + "; ".join(b["reasons"])[:120] if not b["passed"] else
+                             "pass" if decided == stats.PASS else
+                             "not failed: too few items to decide, the task sample decides"])
         return HtmlTable(["target", "bucket", "texts", "padding", "max abs", "task", "verdict"], rows,
                          "per bucket: reference unpadded (as on the GPU), target padded to the bucket")
 
@@ -481,3 +566,25 @@ def _padding(t: TargetAccuracy) -> list[str]:
     return [f"bucket {b['boundary']} fails while the main batch passes ({b['reasons'][0][:100]}): padding "
             "changes the result; check that the model masks padded positions, or choose buckets that pad less"
             for b in t.buckets if not b.get("skipped") and not b["passed"] and t.chosen.passed]
+
+
+def stream_drift(run: dict) -> Finding:
+    """A stream run (streaming.TargetStream.to_dict()) that fails its drift check, as the target's finding.
+    A blocker: its state's error grows with the stream's length beyond noise, so a long enough stream goes wrong
+    in deployment, and no precision setting was measured that brings it back (this stage's rule: a budget miss
+    that no measured setting fixes is a blocker)."""
+    failed = next(c for c in run["checks"] if not c["passed"])
+    p = (failed.get("trend") or run.get("drift_trend") or {}).get("p")
+    target = targets_mod.get(run["target"]) if run["target"] in targets_mod.TARGETS else None
+    fp32 = next((q for q in target.precisions if compute_dtype(q) == torch.float32), None) if target else None
+    keep = (f"precision '{fp32.name}' ({fp32.setting}) for the step" if fp32 and fp32.name != run["precision"] else
+            "float32 for the recurrent matmuls")
+    return Finding("stream_drift", BLOCKER,
+                   f"streamed state drifts at precision '{run['precision']}' ({run['backend']}): its error against "
+                   f"float64 grows {failed['value']:.2f}x over the stream ({failed['budget']}), a rise beyond noise "
+                   f"(Mann-Whitney U p = {p:.2g})" if p is not None else
+                   f"streamed state drifts at precision '{run['precision']}': growth {failed['value']:.2f}x "
+                   f"({failed['budget']})",
+                   f"keep the carried state in float32: {keep}, or cast the state to float32 where it is carried "
+                   "from step to step; a state rounded every step accumulates the rounding (recompute the stream "
+                   "check after the change)")

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from portkit.corpora import images
 from portkit.models import registry as models
 from portkit.targets import numerics
 from portkit.core import checks
@@ -35,7 +36,9 @@ from portkit.stages.accuracy import target_runs
 from portkit.targets import specs as targets_mod
 from portkit.stages.accuracy.result import (CAST_CAUSE, AccuracyReport, PrecisionResult, TargetAccuracy,
                                             against_baseline, suggest)
-from portkit.stages.accuracy.comparison import check, compare, finish, neighbour_agreement, primary_output, task_metrics
+from portkit.stages.accuracy import sample as stats
+from portkit.stages.accuracy.comparison import (check, compare, finish, item_values, join_values, neighbour_shares,
+                                                primary_output, summarize, task_metrics)
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy.localize import LayerProbe, layer_summary
 from portkit.stages.accuracy.target_runs import EAGER, TargetSide, compiled_available
@@ -47,6 +50,14 @@ _BUCKET_POOL = 512       # texts sampled and tokenized to fill the buckets
 # boundaries with the largest included; the rest are listed as not checked.
 MAX_CHECKED_BUCKETS = 8
 NEIGHBOURS = 5           # k of top-k nearest-neighbour agreement
+# The task sample: the items the task metrics are decided on, drawn from the user's corpus (else real image crops),
+# at most TASK_ITEMS, run in batches of TASK_BATCH; the main batch keeps the element-wise and per-layer detail.
+# Perfect agreement on n items puts the Wilson 95% lower bound, n / (n + 1.96^2), above the default agreement
+# budget of 0.99 only from n = 381: the sample is 400 items (Scope.task_items changes it), the same on every host
+# and every run, so a verdict does not depend on the machine's speed.
+TASK_ITEMS = 400
+TASK_BATCH = 32
+REFERENCE_BYTES = 256 * 2**20   # reference outputs kept for every pass up to this, recomputed beyond (LM logits)
 
 
 # ---------------------------------------------------------------- per layer, alone
@@ -107,6 +118,11 @@ def _bucket_batches(model, corpus, boundaries, batch_size, seed):
         chosen = [(t, n) for t, n in sized if n > low and (n <= high or last)][:batch_size]
         yield low, high, [t for t, _ in chosen], sum(n > high for _, n in chosen)
         low = high
+
+
+def _rows_like(inputs: dict, other: dict) -> bool:
+    """Whether `other`'s rows have the shapes of `inputs`' rows (the same inputs, one row for another)."""
+    return set(inputs) == set(other) and all(tuple(inputs[k].shape[1:]) == tuple(other[k].shape[1:]) for k in inputs)
 
 
 def _mask(model, inputs: dict):
@@ -208,7 +224,7 @@ def _boundaries(name: str, value):
     if not isinstance(value, (list, tuple)) or not value:
         raise BadParameter(name, value, hint="give a list of sequence lengths, e.g. [16, 32]")
     for boundary in value:
-        checks.positive_int("bucket boundary", boundary)
+        checks.positive_int("bucket boundary", boundary, maximum=checks.MAX_SEQ)
     if list(value) != sorted(set(value)):
         raise BadParameter(name, value, hint="boundaries must be ascending and distinct")
     return value
@@ -217,12 +233,12 @@ def _boundaries(name: str, value):
 class Options(options.StageOptions):
     """Stage 4's options: the parameters cell of notebooks/04_accuracy.py, each field checked."""
     NOTEBOOK = "04_accuracy.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.positive_int,
-              "seq_len": checks.positive_int, "seed": checks.non_negative_int, "precision": _precision,
+    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
+              "seq_len": checks.up_to(checks.MAX_SEQ), "seed": checks.seed, "precision": _precision,
               "tolerances": _tolerances, "task_bounds": _task_bounds,
               "gpu_numerics": checks.one_of(numerics.GPU_NUMERICS), "default_buckets": _boundaries,
               "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _new_tokens,
-              "train_steps": checks.positive_int}
+              "train_steps": checks.up_to(checks.MAX_STEPS)}
 
     @property
     def bounds(self) -> dict:
@@ -237,16 +253,16 @@ class Scope:
     all_precisions: bool = True      # each target's other precisions too (natively: only the one in effect)
     layers: bool = True              # per-layer hooks: the first module out of tolerance
     float64_reference: bool = True   # the model in float64 as a second reference
-    neighbour_texts: int = 24        # corpus texts embedded for top-5 nearest-neighbour agreement (embeddings)
     compiled: bool | None = None     # the chosen precision judged compiled by its backend; None: when present
     compiled_buckets: bool = False   # emulated buckets compiled too (see check_accuracy)
     emulation: Callable = numerics.emulate   # the eager numerics; tests pass numerics.wrong_op_TESTING_ONLY(...)
     progress: bool = True            # progress bars
+    task_items: int = TASK_ITEMS     # the task sample's cap: items of the corpus the task metrics are decided on
 
     def __post_init__(self) -> None:
         for name in ("all_precisions", "layers", "float64_reference", "compiled_buckets", "progress"):
             checks.boolean(name, getattr(self, name))
-        checks.positive_int("neighbour_texts", self.neighbour_texts)
+        checks.positive_int("task_items", self.task_items)
         if self.compiled and self.emulation is not numerics.emulate:
             raise BadParameter("compiled", self.compiled,
                                hint=f"{self.emulation.__name__} runs eagerly only; pass compiled=False")
@@ -324,7 +340,7 @@ class Reference:
     note64: str
     main: str                        # the output judged by the task metric
     baseline: dict = field(default_factory=dict)
-    sample: tuple | None = None      # (corpus batch, its reference) for neighbour agreement
+    sample: TaskSample | None = None   # the items the task metrics are decided on (None: the main batch)
     buckets: dict = field(default_factory=dict)
 
     @classmethod
@@ -342,8 +358,7 @@ class Reference:
                   mask=mask, probe=probe, outputs=out, wide=wide, float64=float64, outputs64=out64, note64=note64,
                   main=_main(model, out))
         ref.baseline = _baseline(module, inputs, out, ref.truth, ref.main, mask, options)
-        if ref.kind == models.EMBEDDING:
-            ref.sample = _neighbour_sample(model, corpus, inputs, options.seed, scope.neighbour_texts)
+        ref.sample = TaskSample.build(model, corpus, inputs, options.seed, scope.task_items)
         return ref
 
     @property
@@ -371,21 +386,100 @@ class Reference:
             self.buckets[key] = (plain, out, baseline, wide if wide is not None else out)
         return self.buckets[key]
 
-    def task(self, out: torch.Tensor, side: TargetSide, precision) -> dict:
-        """The output kind's task metrics on the main output; embeddings add top-k neighbour agreement over
-        the corpus sample, run on `side` at `precision`."""
-        bounds = self.options.bounds
-        found = task_metrics(self.kind, out, self.outputs[self.main], self.mask, bounds, self.inputs)
-        if self.sample is not None:
-            batch, expected = self.sample
-            main = primary_output(self.kind, expected)
-            got = side.run(batch, precision)[0][main]
-            agreement = neighbour_agreement(got, expected[main], NEIGHBOURS)
-            found["neighbour_agreement"] = agreement
-            found["checks"].append(check("neighbours", f"top-{NEIGHBOURS} nearest-neighbour agreement over "
-                                         f"{len(batch['input_ids'])} corpus texts", agreement, bounds))
+    def task(self, out: torch.Tensor, side: TargetSide, precision, compiled: bool = False,
+             batch: int | None = None, sampled: bool = True) -> dict:
+        """The output kind's task metrics, each check with its n and 95% interval: over the task sample where there
+        is one and `sampled` (the precision judged; run on `side` at `precision`, compiled where `compiled` and the
+        sample's rows have the main batch's shape, in calls of `batch` rows), else over the main batch's outputs
+        `out`. Embeddings add top-k neighbour agreement over the sample."""
+        bounds, unit = self.options.bounds, self.unit
+        if self.sample is None or not sampled:
+            values = item_values(self.kind, out, self.outputs[self.main], self.mask, self.inputs)
+            found = summarize(self.kind, values, bounds, unit)
+            rows = len(next(iter(self.inputs.values())))
+            why = "no corpus given" if self.sample is None else "the task sample decides the precision judged only"
+            found["sample"] = {"items": rows, "of": rows, "source": "the main batch", "run": side.label(compiled),
+                               "text": f"the main batch ({rows} {self.model.declaration.items}; {why})"}
+            return found
+        values, described = self.sample.run(self, side, precision, compiled, batch)
+        found = summarize(self.kind, values, bounds, unit)
+        if self.kind == models.EMBEDDING and len(values["cosine"]) > NEIGHBOURS:
+            shares = neighbour_shares(values["actual"], values["expected"], NEIGHBOURS)
+            found["neighbour_agreement"] = shares.mean().item()
+            # the k decisions of one item are not independent: a bootstrap over the items, not a Wilson interval
+            found["checks"].append(check("neighbours", f"top-{NEIGHBOURS} nearest-neighbour agreement within the "
+                                         "sample", found["neighbour_agreement"], bounds,
+                                         len(shares), stats.bootstrap(shares, stats.MEAN), unit))
             found = finish(found, found["checks"])
+        found["sample"] = described
         return found
+
+    @property
+    def unit(self) -> str:
+        """What the task metrics count: the declaration's items, or tokens for a per-token classifier."""
+        return "tokens" if self.kind == models.TOKEN_CLASSIFIER else self.model.declaration.items
+
+
+@dataclass
+class TaskSample:
+    """The task sample: up to Scope.task_items items of the user's data in batches of TASK_BATCH (encoded when a
+    pass reaches them), each with its reference output (kept up to REFERENCE_BYTES, else recomputed a pass)."""
+    items: list
+    encode: Callable                     # a list of items -> the model's inputs
+    source: str
+    fixed_rows: bool                     # every row has the main batch's shape: compiled calls reuse its graphs
+    expected: list = field(default_factory=list)   # per batch: the reference's main output, or None
+
+    @classmethod
+    def build(cls, model, corpus, inputs: dict, seed: int, cap: int) -> TaskSample | None:
+        """The sample from `corpus` when its items are the model's kind (text models: padded to the main batch's
+        length), else real image crops for an image model; None where there is no data beyond the main batch."""
+        if corpus is not None and len(corpus) and isinstance(corpus.texts[0], str) == model.takes_text:
+            items, source = corpus.sample(min(len(corpus), cap), seed), corpus.name
+        elif model.declaration.data == "image" and model.image_size and _rows_like(inputs, model.encode(
+                images.sample_images(1, model.image_size, seed))):      # the main batch is crops too
+
+            def crops(ids):     # made when a pass reaches them: a thousand crops at once would not fit lightly
+                return model.encode(images.sample_images(len(ids), model.image_size, seed + 1 + ids[0]))
+            return cls(list(range(cap)), crops, "real image crops (no folder of images given)", True)
+        else:
+            return None
+        tokens = model.seq_dim == "tokens" and "attention_mask" in inputs
+        length = model.declaration.size_of(inputs, model.seq_dim) if tokens else None
+        return cls(items, lambda chunk: model.encode(chunk, pad_to=length) if tokens else model.encode(chunk),
+                   source, model.seq_dim in (None, "tokens"))
+
+    @property
+    def batches(self) -> int:
+        return -(-len(self.items) // TASK_BATCH)
+
+    def batch(self, i: int) -> dict:
+        return self.encode(self.items[i * TASK_BATCH:(i + 1) * TASK_BATCH])
+
+    def reference(self, ref: Reference, i: int) -> torch.Tensor:
+        """Batch i's reference main output (the model as written, eager on the CPU)."""
+        if i < len(self.expected) and self.expected[i] is not None:
+            return self.expected[i]
+        out = target_runs.forward(ref.module, self.batch(i))[ref.main]
+        kept = sum(e.numel() * e.element_size() for e in self.expected if e is not None)
+        if i == len(self.expected):
+            self.expected.append(out if kept + out.numel() * out.element_size() <= REFERENCE_BYTES else None)
+        return out
+
+    def run(self, ref: Reference, side: TargetSide, precision, compiled: bool, batch: int | None) -> tuple:
+        """One precision's pass: per-item values of every batch of the sample; (the joined values, what was run in
+        words). Compiled where judged so, in calls of TASK_BATCH rows (the last padded to them: one graph shape
+        more than the main batch's, compiled once)."""
+        compiled = compiled and self.fixed_rows and side.refused is None
+        values = []
+        for i in range(self.batches):
+            inputs = self.batch(i)
+            out = side.run(inputs, precision, compiled=compiled, batch=TASK_BATCH if compiled else None)[0][ref.main]
+            values.append(item_values(ref.kind, out, self.reference(ref, i), _mask(ref.model, inputs), inputs))
+        done = len(self.items)
+        return join_values(values), {
+            "items": done, "of": done, "source": self.source, "batch": TASK_BATCH, "run": side.label(compiled),
+            "text": f"{done:,} {ref.model.declaration.items} from {self.source}"}
 
 
 def _baseline(module, batch: dict, plain: dict, truth: dict | None, main: str, mask, options: Options) -> dict:
@@ -416,17 +510,6 @@ def _versus(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask) -> 
             "within": ratio is not None and ratio <= baseline["factor"]}
 
 
-def _neighbour_sample(model, corpus, inputs, seed, size):
-    """A corpus sample for nearest-neighbour agreement, at the main batch's length, with its reference."""
-    if corpus is None or not model.takes_text or "attention_mask" not in inputs:
-        return None
-    texts = corpus.sample(min(len(corpus), size), seed + 1)
-    if len(texts) <= NEIGHBOURS:
-        return None
-    batch = model.encode(texts, pad_to=inputs["attention_mask"].shape[1])
-    return batch, target_runs.forward(model.module, batch)
-
-
 # ---------------------------------------------------------------- (b) one target against the reference
 def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar) -> TargetAccuracy:
     """One target: its chosen precision (compiled where judged so) and, emulated, its other precisions, each
@@ -439,7 +522,7 @@ def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar
     found, outs = [], []
     for p in [chosen, *others]:
         bar.set_postfix_str(f"{name} {p.name}")
-        result, out = _precision_result(ref, side, p, ref.compiled and p == chosen, plan.batch, bar)
+        result, out = _precision_result(ref, side, p, (ref.compiled and p == chosen, p == chosen), plan.batch, bar)
         found.append(result)
         outs.append(out)
         bar.update()
@@ -453,10 +536,12 @@ def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar
     return result
 
 
-def _precision_result(ref: Reference, side: TargetSide, precision, compiled: bool, batch: int | None, bar):
-    """One precision on the main batch: eager with the per-layer hooks, then, where `compiled`, judged on the
-    compiled model (its outputs against the eager ones kept as compiled_vs_eager). Returns the
-    PrecisionResult and the outputs judged."""
+def _precision_result(ref: Reference, side: TargetSide, precision, how: tuple[bool, bool], batch: int | None, bar):
+    """One precision on the main batch: eager with the per-layer hooks, then, where compiled (how[0]), judged on
+    the compiled model (its outputs against the eager ones kept as compiled_vs_eager); its task metrics over the
+    task sample where judged (how[1]: the chosen precision; the others are measured on the main batch, beside
+    their vendor-stated cost). Returns the PrecisionResult and the outputs judged."""
+    compiled, judged = how
     tolerances, mask, expected = ref.options.tolerances, ref.mask, ref.outputs
     tol = tolerance_for(precision, tolerances)
     per_dtype = {k: tolerance_for(precision, tolerances, r.dtype) for k, r in expected.items()}
@@ -473,7 +558,7 @@ def _precision_result(ref: Reference, side: TargetSide, precision, compiled: boo
     result = PrecisionResult(
         precision=precision.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
         outputs={k: compare(out[k], expected[k], per_dtype[k], mask) for k in expected},
-        task=ref.task(out[ref.main], side, precision),
+        task=ref.task(out[ref.main], side, precision, compiled and side.refused is None, batch, sampled=judged),
         baseline=_versus(ref.baseline, out[ref.main], truth, ref.main, mask),
         vs_float64={k: compare(out[k], ref.outputs64[k], None, mask) for k in expected} if ref.outputs64 else None,
         layers=layer_summary(rows, reason, tol, precision, side.label(False)) if rows is not None else None,
@@ -533,10 +618,13 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
     mask, main = _mask(model, plain), _main(model, expected)
     outputs = {k: compare(out[k], r, tolerance_for(precision, ref.options.tolerances, r.dtype), mask)
                for k, r in expected.items()}
-    task = task_metrics(model.declaration.primary.metric, out[main], expected[main], mask, ref.options.bounds, plain)
+    task = task_metrics(model.declaration.primary.metric, out[main], expected[main], mask, ref.options.bounds, plain,
+                        ref.unit)
     versus = _versus(baseline, out[main], truth, main, mask)
+    # a bucket's batch is a handful of items: it fails the verdict where its interval lies outside a budget; one
+    # that straddles it decides nothing (the task sample decides)
     reasons = [f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
-               f"{versus['factor']:g}x)"] if not (task["passed"] or versus["within"]) else []
+               f"{versus['factor']:g}x)"] if task["decision"] == stats.FAIL and not versus["within"] else []
     real = sum(model.declaration.real_lengths(padded)[dim])
     target = f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}"
     if side.compiled and not compiled and side.refused is None:

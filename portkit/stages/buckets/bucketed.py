@@ -390,8 +390,8 @@ def _counted(model, encoded, backend, runs: list[ReplayRun], progress, device, p
             "counts every new shape)")
     note = (f"counted, not compiled: {what}; each distinct shape ran once eagerly under the backend's numerics, "
             "its time charged to every request of that shape; "
-            + (f"compiling here estimated at {per:.2f} s a shape, the mean of this replay's "
-               f"{sum(r.compiles for r in measured)} measured compiles" if measured else "no compile measured here"))
+            + (f"compiling here estimated per shape as the mean of this replay's {sum(r.compiles for r in measured)} "
+               "measured compiles (in its compile seconds)" if measured else "no compile measured here"))
     return ReplayRun(plan.planner if plan else NO_BUCKETS, _name(backend), plan.to_dict() if plan else None,
                      len(encoded), len(seqs), 0, _real_tokens(model, encoded), computed, per * len(seqs), 0.0, run,
                      note=note, compiled_seqs=seqs)

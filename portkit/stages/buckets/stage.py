@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+import numpy as np
+
 from portkit.core import atomic_io as _io
 from portkit.core import checks
 from portkit.stages.buckets import bucketed
@@ -46,7 +48,8 @@ from portkit.core.tables import HtmlTable
 __all__ = ["K_MAX", "OVERFLOW", "PLANNER_NAMES", "PLANNERS", "BucketPlan", "BucketReport", "Histogram", "Options",
            "Replay", "TargetBuckets", "batch_buckets", "choose", "compare", "distribution", "fit_buckets",
            "histogram", "optimal_table", "padded_tokens", "plan_auto", "plan_buckets", "plan_linear", "plan_optimal",
-           "plan_padding_bounded", "plan_pow2", "replay_targets", "stage_costs", "sweep"]
+           "plan_padding_bounded", "plan_pow2", "replay_targets", "stage_costs", "sweep", "truncation",
+           "truncation_finding"]
 
 STAGE = "buckets"
 WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half and twice itself
@@ -80,9 +83,9 @@ class Options(StageOptions):
     are known (the runner's preflight, the notebook's validation cell, fit_buckets; replay_targets per target)."""
     NOTEBOOK = "03_buckets.ipynb"
     CHECKS = {"corpus": _corpus, "text_column": checks.text, "bucket_count": _up_to(64), "max_batch": _up_to(1024),
-              "requests": checks.positive_int, "overflow": checks.one_of(OVERFLOW),
-              "serve_requests": checks.positive_int, "warmup_budget_seconds": _seconds_or_none,
-              "neuron_compile_seconds": _seconds_or_none, "backend": checks.text, "seed": checks.non_negative_int,
+              "requests": _up_to(checks.MAX_STEPS), "overflow": checks.one_of(OVERFLOW),
+              "serve_requests": _up_to(checks.MAX_SERVED), "warmup_budget_seconds": _seconds_or_none,
+              "neuron_compile_seconds": _seconds_or_none, "backend": checks.text, "seed": checks.seed,
               "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _up_to(512)}
 
     def check(self, model: str | None) -> None:
@@ -126,6 +129,56 @@ def distribution(corpus, model):
     if model.seq_dim is None:
         raise BadParameter("model for shape bucketing", model.name, hint=f"{model.name} {NOTHING_TO_BUCKET}")
     return data.length_distribution(corpus, model)
+
+
+# A tokenizer called with truncation=True cuts a text past the model's maximum without a word, and
+# sentence-transformers embeds only the first max_seq_length tokens of a longer text
+# (https://www.sbert.net/examples/sentence_transformer/applications/computing-embeddings/README.html, "Input Sequence
+# Length"); return_overflowing_tokens with a stride splits it into overlapping windows instead
+# (https://huggingface.co/docs/transformers/pad_truncation).
+TRUNCATION_ADVICE = ("embed long {noun} in sliding windows of {limit} {unit} with an overlap (the tokenizer's "
+                     "return_overflowing_tokens and stride) and pool the windows' outputs; or take a model with a "
+                     "larger maximum; or refuse them with `-p overflow reject`, so that none is cut without a word")
+TRUNCATION_SOURCE = "https://huggingface.co/docs/transformers/pad_truncation"
+
+
+def truncation(dist, hist: Histogram) -> dict:
+    """What the overflow policy costs the corpus: the items longer than the largest bucket (hist.top: the model's
+    maximum, or less), and the tokens they lose (cut off under "truncate", every one of them under "reject"),
+    as a count, a share of those items' tokens and a share of the corpus's. Stage 3's one owner of these figures:
+    buckets.json's "truncation", its finding (truncation_finding) and the report read them."""
+    lengths = np.asarray(dist.lengths, dtype=np.int64)
+    over = lengths[lengths > hist.top]
+    lost = int((over - hist.top).sum()) if hist.overflow == "truncate" else int(over.sum())
+    total = int(lengths.sum())
+    return {"overflow": hist.overflow, "limit": int(hist.top), "max_length": dist.max_length, "unit": dist.unit,
+            "items": int(lengths.size), "over": int(over.size), "over_share": over.size / max(lengths.size, 1),
+            "over_tokens": int(over.sum()), "lost_tokens": lost, "tokens": total,
+            "lost_share_of_over": lost / int(over.sum()) if over.size else 0.0, "lost_share": lost / max(total, 1)}
+
+
+def truncation_finding(cut: dict) -> dict:
+    """Stage 3's finding on truncation (kind "truncation"): work when any item is cut, info when none is (or the
+    longer ones are rejected, as the overflow policy asks); its figures are truncation's, unchanged."""
+    noun = "texts" if cut["unit"] == "tokens" else "items"
+    limit, unit = cut["limit"], cut["unit"]
+    where = (f"{limit} {unit} (the model's maximum)" if limit == cut["max_length"]
+             else f"{limit} {unit} (the largest bucket; the model takes {cut['max_length']})")
+    advice = TRUNCATION_ADVICE.format(noun=noun, limit=limit, unit=unit)
+    if not cut["over"]:
+        return Finding("truncation", "info", f"none of the {cut['items']:,} {noun} is longer than {where}: "
+                       "nothing is cut", advice, source=TRUNCATION_SOURCE).to_dict()
+    share = (f"{cut['over']:,} of {cut['items']:,} {noun} ({cut['over_share']:.1%}) are longer than {where}")
+    if cut["overflow"] != "truncate":
+        return Finding("truncation", "info", f"{share} and are rejected (overflow {cut['overflow']}): "
+                       f"{cut['lost_tokens']:,} {unit}, {cut['lost_share']:.1%} of the corpus's {cut['tokens']:,}, "
+                       "are never served", advice, source=TRUNCATION_SOURCE).to_dict()
+    return Finding("truncation", "work",
+                   f"{share} and are cut to {limit}: they lose {cut['lost_share_of_over']:.1%} of their {unit} "
+                   f"({cut['lost_tokens']:,} of {cut['over_tokens']:,}; {cut['lost_share']:.1%} of the corpus's "
+                   f"{cut['tokens']:,})", advice, source=TRUNCATION_SOURCE,
+                   consequence="work: the cut part of each long text never reaches the model, so its output "
+                               "describes only the beginning").to_dict()
 
 
 # ---------------------------------------------------------------- costs a plan is priced with
@@ -248,9 +301,10 @@ class TargetBuckets:
             text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
                      f"{mine.compiles_after_warmup} after warm-up")
             if base is not None:
-                counted = " (counted: one per distinct shape)" if base.note.startswith("counted") else ""
-                text += (f"; without buckets {base.compiles} compiles{counted}, {self.priced(base):.0f} s compiling on "
-                         f"{self.name} vs {self.priced(mine):.0f} s with the plan")
+                counted = "; counted, not compiled" if base.note.startswith("counted") else ""
+                text += (f"; without buckets {base.compiles} compiles (one per distinct length among these "
+                         f"requests{counted}), {self.priced(base):.0f} s compiling on {self.name} vs "
+                         f"{self.priced(mine):.0f} s with the plan")
             checks = [r.padding_ok for r in self.runs if r.padding_ok is not None]
             text += f"; padding check {'passed' if all(checks) else 'FAILED'}" if checks else ""
         return text
@@ -306,7 +360,7 @@ class TargetBuckets:
                             for f, p in self.what_if.items()},
                 "compiles_after_warmup": sum(r.compiles_after_warmup for r in self.runs),
                 "padding_ok": all(r.padding_ok for r in self.runs if r.padding_ok is not None),
-                "replay": [r.to_dict() for r in self.runs]}
+                "replay": [{**r.to_dict(), "target_compile_seconds": self.priced(r)} for r in self.runs]}
 
 
 @dataclass
@@ -325,6 +379,7 @@ class BucketReport:
     grid: dict | None = None          # two varying dimensions: grid_costs.GridComparison.to_dict()
     generation: dict | None = None    # workload "generate": generation_buckets.ServingPlans.to_dict()
     training: dict | None = None      # workload "train": per target, training.layouts' rows
+    truncation: dict | None = None    # what the overflow policy cuts from the corpus (truncation)
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())
@@ -336,8 +391,15 @@ class BucketReport:
                 "padding_by_buckets": {n: [{"k": k, "padding_waste": w} for k, w in pts]
                                        for n, pts in self.curves.items()},
                 "padding_price": economics.prices_to_dict(self.token_seconds), "trace": self.trace,
-                "targets": {n: t.to_dict() for n, t in self.targets.items()}, "grid": self.grid,
-                "generation": self.generation, "training": self.training}
+                "targets": {n: self._target_dict(t) for n, t in self.targets.items()}, "grid": self.grid,
+                "generation": self.generation, "training": self.training, "truncation": self.truncation}
+
+    def _target_dict(self, t: TargetBuckets) -> dict:
+        """One target's result, with the truncation finding first (the corpus's, the same for every target)."""
+        out = t.to_dict()
+        if self.truncation:
+            out["findings"].insert(0, truncation_finding(self.truncation))
+        return out
 
     def save(self, path) -> None:
         results.save_result(path, self.to_dict())
@@ -505,4 +567,5 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", options: 
     per_target = replay_targets(model, trace, plans, chosen, costs, options, what_ifs=alternatives, replay=replay)
     found = grid(model, corpus, names, costs, options)
     return BucketReport(model.describe(), dist.to_dict(), hist, options.bucket_count, plans, curves, token_seconds,
-                        trace.describe(), per_target, found.to_dict() if found else None)
+                        trace.describe(), per_target, found.to_dict() if found else None,
+                        truncation=truncation(dist, hist))

@@ -50,7 +50,7 @@ class TargetGeneration:
                 f"{self.new_tokens} new tokens; dynamic cache: {d.compiles} compiles "
                 f"({d.compiles_per_token:.2f} per generated token){eager}; static cache "
                 f"(prompt buckets {self.plan['prompt_buckets']}, context buckets {self.plan['context_buckets']}): "
-                f"{s.warmup_compiles} compiles in warm-up ({s.warmup_seconds:.1f} s here), {s.compiles} during "
+                f"{s.warmup_compiles} compiles in warm-up, {s.compiles} during "
                 f"the generation under fail_on_recompile; tokens agree {self.agreement:.0%}")
 
     __str__ = __repr__ = summary

@@ -37,6 +37,7 @@ from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, Grap
                                           _failure_text, check_fixed_shape, check_fixed_shapes,
                                           find_graph_breaks, make_requests, recompile_storm, recompile_storms)
 from portkit.core.errors import BadParameter
+from portkit.core.findings import cause_key
 from portkit.runfolder.results import Finding, save_result
 from portkit.core.tables import HtmlTable
 
@@ -73,16 +74,77 @@ CONSEQUENCES = {
 }
 
 
-def _finding(kind: str, severity: str, message: str, advice: str, where: dict | None = None) -> dict:
+def _finding(kind: str, severity: str, message: str, advice: str, where: dict | None = None, *,
+             cause: str | None = None, occurrences: dict | None = None) -> dict:
     """A finding with its consequence; with `where`, it names whose code that is and phrases the advice
-    for them."""
+    for them. cause: its core.findings.cause_key (by default its kind at its line)."""
     consequence = CONSEQUENCES.get(kind)
     consequence = consequence.get(severity) if isinstance(consequence, dict) else consequence
     owner = frames.owner(where) if where is not None else None
-    found = Finding(kind, severity, message, advice, where=where, owner=owner, consequence=consequence).to_dict()
+    found = Finding(kind, severity, message, advice, where=where, owner=owner, consequence=consequence,
+                    cause=cause or cause_key(kind, kind, where), occurrences=occurrences).to_dict()
     if owner is not None:
         found["advice"] = reconcile.advice_for(found, owner)
     return found
+
+
+DATA_DEPENDENT_ADVICE = (
+    "compute the size from static metadata (.shape or a config value) or pass it as a Python int argument; or "
+    "mark the region with torch._check / torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs "
+    "Unbacked Symints: docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
+
+
+def _compile_failures(check: dict, *failures) -> list[dict]:
+    """The target's compile refusal and failures, one finding per cause: the graph capture, the storm and the fixed
+    shape stopped by one refusal are one finding, the steps it stopped its occurrences (the verdict counts causes)."""
+    causes: dict[str, dict] = {}
+    found = [("graph capture", check["refused"], None)] if check.get("refused") else []
+    found += [(step, f["message"] if f["kind"] == "refused" else _failure_text(f), f)
+              for step, f in zip(("recompile storm", "fixed shape"), failures) if f]
+    for step, text, failure in found:
+        entry = causes.setdefault(text, {"steps": [], "failure": None})
+        entry["steps"].append(step)
+        entry["failure"] = entry["failure"] or failure
+    out = []
+    for text, entry in causes.items():
+        failure, refused = entry["failure"] or {}, entry["steps"][0] == "graph capture"
+        where = failure.get("where")
+        if "data-dependent size at" in text:   # a size read from values: no compile option or padding fixes it
+            advice = DATA_DEPENDENT_ADVICE
+        elif refused:
+            advice = "make the graph static: dynamic=False, no data-dependent shapes, pad to buckets"
+        else:
+            advice = failure.get("hint") or "fix the model so the target's backend compiles it"
+        kind = "compile_refused" if refused or failure.get("kind") == "refused" else "compile_failed"
+        out.append(_finding(kind, "blocker", text if refused else _failure_text(failure), advice, where,
+                            cause=cause_key("compile", "refused" if kind == "compile_refused" else failure["kind"],
+                                            where) + ("" if where else f": {text[:120]}"),
+                            occurrences={"steps": entry["steps"], "count": len(entry["steps"])}))
+    return out
+
+
+def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
+    """One finding per graph break cause (its source line), its reasons listed; the graphs Dynamo made are counted
+    as graphs, apart from the causes. Without a break, what stops fullgraph=True."""
+    by_line: dict[str | None, list[dict]] = {}
+    for b in breaks.breaks:
+        by_line.setdefault(frames.line_key(b.get("frame") or b["where"]), []).append(b)
+    out = []
+    for found in by_line.values():
+        first = found[0]
+        where = first.get("frame") or first["where"]
+        reasons = sorted({b["reason"] for b in found})
+        out.append(_finding("graph_break", "work", f"graph break at {_text(where)} ({frames.owner(where)['owner']} "
+                            f"code): {'; '.join(reasons[:3])}; {len(by_line)} break cause(s) split the model into "
+                            f"{breaks.graphs} graphs per input shape",
+                            "every break is a separate graph to compile per shape: remove it, then "
+                            "compile with fullgraph=True as the vendors recommend", where,
+                            occurrences={"reasons": reasons, "count": len(found), "graphs": breaks.graphs}))
+    if not out and not breaks.fullgraph.get("ok", True):
+        out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(breaks.fullgraph)}",
+                            "the vendors recommend fullgraph=True: remove what stops it",
+                            breaks.fullgraph.get("where")))
+    return out
 
 
 def _seq(shape) -> int | None:
@@ -209,35 +271,25 @@ class CompileReport:
         """What this stage found for one target, in the report's terms (severity, message, advice)."""
         out, check = [], (self.breaks.checks.get(name) or {})
         storm, fixed = self.storms[name], self.fixed[name]
-        if check.get("refused"):
-            out.append(_finding("compile_refused", "blocker", check["refused"],
-                                "make the graph static: dynamic=False, no data-dependent shapes, pad to buckets"))
+        out += _compile_failures(check, storm.failure, fixed.failure)
         for op in check.get("not_lowered", []):
             where = "; ".join(w["text"] for w in op["where"][:2]) or "(no source line)"
             out.append(_finding("not_lowered", "blocker" if op["status"] == "unsupported" else "work",
                                 f"{op['op']} would not lower ({op['status']}: {op['detail']}) at {where}",
-                                "replace the op, or write a kernel for it on the target"))
-        for failure in (storm.failure, fixed.failure):
-            if failure:
-                out.append(_finding("compile_failed", "blocker", _failure_text(failure),
-                                    failure.get("hint") or "fix the model so the target's backend compiles it"))
-        if self.breaks.breaks:
-            first = self.breaks.breaks[0]
-            out.append(_finding("graph_break", "work", f"{len(self.breaks.breaks)} graph break(s); first: "
-                                f"{first['reason']} at {_text(first['where'])} "
-                                f"({frames.owner(first['where'])['owner']} code)",
-                                "every break is a separate graph to compile per shape: remove it, then "
-                                "compile with fullgraph=True as the vendors recommend", first["where"]))
-        elif not self.breaks.fullgraph.get("ok", True):
-            out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(self.breaks.fullgraph)}",
-                                "the vendors recommend fullgraph=True: remove what stops it",
-                                self.breaks.fullgraph.get("where")))
+                                "replace the op, or write a kernel for it on the target",
+                                cause=cause_key("not_lowered", op["op"], (op["where"] or [None])[0]),
+                                occurrences={"calls": op.get("calls", 0), "count": len(op["where"])}))
+        out += _graph_breaks(self.breaks)
         if storm.requests and storm.compile_count() > 1:
             priced = self.priced(name)
+            # the priced seconds rest on measured compile times: a numeric field, never the text
             out.append(_finding("recompile_storm", "work",
                                 f"{storm.compile_count()} compiles for {len(storm.requests)} requests of varying "
-                                f"length, {priced['seconds']:.0f} s compiling on {name} ({priced['source']})",
-                                "pad to a few fixed shapes: use stage 3's bucket plan"))
+                                f"length, each priced on {name} ({priced['source']})",
+                                "pad to a few fixed shapes: use stage 3's bucket plan", cause=cause_key(
+                                    "recompile_storm", "one compile per input shape"),
+                                occurrences={"count": storm.compile_count(), "requests": len(storm.requests),
+                                             "compile_seconds": priced["seconds"]}))
         if not fixed.failure and fixed.compiles_after:
             out.append(_finding("recompile_after_warmup", "work",
                                 f"{fixed.compiles_after} compile(s) after warm-up at one fixed shape "
@@ -255,9 +307,8 @@ class CompileReport:
     def target_summary(self, name: str) -> str:
         priced = self.priced(name)
         text = f"{self.storms[name].summary()}; {self.fixed[name].summary()}"
-        if priced["compiles"]:
-            text += (f"; on {name} these {priced['compiles']} compiles cost {priced['seconds']:.0f} s "
-                     f"({priced['source']})")
+        if priced["compiles"]:   # their price rests on measured compile times: priced_storm holds the seconds
+            text += f"; on {name} these {priced['compiles']} compiles are priced by {priced['source']}"
         return text
 
     def summary(self) -> str:
@@ -395,7 +446,7 @@ class Options(options.StageOptions):
     NOTEBOOK = "02_compile.ipynb"
     CHECKS = {"corpus": _corpus, "text_column": checks.text, "requests": _at_most(2000), "batch_size": _at_most(64),
               "seq_len": _at_most(4096), "fullgraph": checks.boolean, "backend": _backend, "precision": _precision,
-              "seed": checks.non_negative_int, "neuron_compile_seconds": _seconds,
+              "seed": checks.seed, "neuron_compile_seconds": _seconds,
               "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _at_most(512), "prompts": _at_most(64)}
 
     def check(self, model: str | None) -> None:

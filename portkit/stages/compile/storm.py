@@ -148,11 +148,11 @@ class Storm:
         head = f"{self.target['name']} ({self.target['mode']}, {self.backend})"
         if self.failure and not self.requests:
             return f"{head}: cannot compile: {_failure_text(self.failure)}"
-        s, eager, counted = self.seconds(), self.eager_from(), self.counted()
+        eager, counted = self.eager_from(), self.counted()
         made = (f" ({len(self.compiles)} compiled here, {counted} counted from Dynamo's guard failures past the first "
                 f"{self.compile_shapes} shapes)" if counted else "")
         text = (f"{head}: {len(self.requests)} requests, {self.distinct_shapes()} shapes -> {self.compile_count()} "
-                f"compiles{made}; {s['compiling']:.1f} s compiling here vs {s['running']:.2f} s running")
+                f"compiles{made}")   # the times here are measured: seconds() holds them, the text does not
         if eager is not None:
             text += (f"; at the default recompile_limit={self.default_limit}, request {eager + 1} and every later "
                      "new shape would silently run eagerly")

@@ -63,6 +63,9 @@ class Recording:
     features: list[tuple[str, str, str, str]] = field(default_factory=list)   # (kind, module, op, detail)
     # (kind, module, op) -> the source frame where the feature was first seen (portkit.core.frames.place)
     frames: dict[tuple[str, str, str], dict | None] = field(default_factory=dict)
+    # (kind, module, op) -> the calls that showed the feature: a finding's occurrences, not findings of their own
+    feature_calls: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict)   # module -> its class, for the module-class features
     seconds: float = 0.0       # wall time of the recorded pass
 
 
@@ -73,6 +76,7 @@ class _OpRecorder(TorchDispatchMode):
         super().__init__()
         self.recording, self.tracker = recording, tracker
         self._seen_features: set = set()
+        self._this_call: set = set()
 
     def _module(self) -> tuple[str, str]:
         node = current_autograd_node()
@@ -97,11 +101,15 @@ class _OpRecorder(TorchDispatchMode):
         tensors = _tensors(args, kwargs, out)
         for t in tensors:
             rec.dtypes.add(str(t.dtype).replace("torch.", ""))
+        self._this_call = set()
         self._scan(op, func, module, args, kwargs, tensors)
         return out
 
     def _feature(self, kind: str, module: str, op: str, detail: str) -> None:
         key = (kind, module, op)
+        if key not in self._this_call:   # a call counts once, however many of its tensors show the feature
+            self._this_call.add(key)
+            self.recording.feature_calls[key] = self.recording.feature_calls.get(key, 0) + 1
         if key not in self._seen_features:
             self._seen_features.add(key)
             self.recording.features.append((kind, module, op, detail))
@@ -211,16 +219,24 @@ def record(model, inputs: dict[str, torch.Tensor], train: bool = False, run=None
     for m_name, sub in module.named_modules():   # device dispatch the CPU recording cannot show
         if fused := device_paths.fused_cell_ops(sub):
             kind, op = fused[:2]
+            recording.classes[m_name or ROOT] = _class_name(sub)
             recording.features.append(("recurrent", m_name or ROOT, op,
                                        f"nn.{kind}: runs {op} on PrivateUse1 devices (ATen RNN.cpp)"))
             recording.frames[("recurrent", m_name or ROOT, op)] = _defined_in(module, m_name)
         elif plain := device_paths.plain_recurrent_op(sub):
             kind, op = plain
+            recording.classes[m_name or ROOT] = _class_name(sub)
             recording.features.append(("recurrent_loop", m_name or ROOT, op,
                                        f"nn.{kind}: no fused cell on any device: each step runs as a matmul and "
                                        f"{sub.nonlinearity} (ATen RNN.cpp)"))
             recording.frames[("recurrent_loop", m_name or ROOT, op)] = _defined_in(module, m_name)
     return recording
+
+
+def _class_name(module: torch.nn.Module) -> str:
+    """A module's class as its finding names it: nn.LSTM for torch's own, the module path for a user's."""
+    cls = type(module)
+    return f"nn.{cls.__name__}" if cls.__module__.startswith("torch.nn") else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _defined_in(root: torch.nn.Module, name: str) -> dict | None:

@@ -34,7 +34,9 @@ from portkit.core import checks, reconcile
 from portkit.stages import options
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter
+from portkit.core import findings as findings_mod
 from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
+from portkit.stages.fallbacks import source_scan
 from portkit.stages.fallbacks.recording import OpRecord, Recording, record
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable, html_table
@@ -113,7 +115,8 @@ def classify(recording: Recording, detected: targets_mod.DetectedTarget) -> Targ
         counter["seconds"] += rec.seconds
         counter[f"{cls.status}_seconds"] += rec.seconds
     ops = []
-    for entry in sorted(by_op.values(), key=lambda e: -e["seconds"]):
+    # ordered by the op, not by its measured time: the same input gives the same result, run after run
+    for entry in sorted(by_op.values(), key=lambda e: e["op"]):
         entry["share"] = entry["seconds"] / total
         for key in ("modules", "phases", "dtypes"):
             entry[key] = sorted(entry[key])
@@ -130,48 +133,108 @@ def _pattern(module: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in module.split("."))
 
 
-def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Finding]:
-    findings: list[Finding] = []
-    # Repeated blocks (layer.0 ... layer.11) make one finding each, and info findings one per kind.
-    grouped: dict[tuple[str, str], list] = collections.defaultdict(list)
+MODULE_CLASS_KINDS = ("recurrent", "recurrent_loop")   # found by a module's type: its class is the cause
+
+
+def _label(modules: list[str]) -> str:
+    """The modules a finding's cause shows in: one by name, repeated blocks (layer.0 ... layer.11) as a pattern."""
+    if len(modules) == 1:
+        return modules[0]
+    patterns = sorted({_pattern(m) for m in modules})
+    return f"{', '.join(patterns[:3])}{', ...' if len(patterns) > 3 else ''} ({len(modules)} modules)"
+
+
+def _causes(recording: Recording, rules) -> dict[tuple, list]:
+    """The recorded features grouped by cause (core.findings.cause_key): a module class for the recurrent kinds,
+    the kind alone for info, else the kind at one source line, split where its ops come from disjoint modules
+    (a parent's float64 casts and its child's float64 matmul on one line are two causes)."""
+    by_line: dict[tuple, list] = collections.defaultdict(list)
     for kind, module, op, detail in recording.features:
         rule = rules.get(kind)
         if rule is None:
             continue
-        pattern = "" if rule.severity == INFO else _pattern(module)
-        grouped[(kind, pattern)].append((module, op, detail))
-    for (kind, pattern), items in grouped.items():
-        rule = rules[kind]
-        severity = rule.severity
-        if kind == "recurrent" and table.classify(items[0][1]).status == UNSUPPORTED:
-            severity = BLOCKER   # the device's cell op has no kernel anywhere
-        modules = sorted({m for m, _, _ in items})
-        where = (modules[0] if len(modules) == 1 else f"{pattern} ({len(modules)} modules)" if pattern
-                 else f"{len(modules)} modules")
-        op_names = sorted({op for _, op, _ in items})
-        details = "; ".join(sorted({d for _, _, d in items})[:3])
-        frame = next((recording.frames.get((kind, m, op)) for m, op, _ in items
-                      if recording.frames.get((kind, m, op))), None)
-        at = f" at {frame['text']}" if frame else ""
-        findings.append(Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
-                                f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}",
-                                rule.advice, module=where, ops=op_names, source=rule.source,
-                                where=frame, owner=frames.owner(frame)))
+        if kind in MODULE_CLASS_KINDS:
+            key = (kind, recording.classes.get(module, module), None)
+        else:
+            where = recording.frames.get((kind, module, op))
+            key = (kind, "", None if rule.severity == INFO else frames.line_key(where))
+        by_line[key].append((module, op, detail))
+    groups: dict[tuple, list] = {}
+    for (kind, subject, line), items in by_line.items():
+        if subject or line is None:   # a module class, or an info kind: one cause
+            groups[(kind, subject or kind, line)] = items
+            continue
+        clusters: list[tuple[set, list]] = []   # ops joined where they share a module
+        for item in items:
+            hit = [c for c in clusters if item[1] in {op for _, op, _ in c[1]} or item[0] in c[0]]
+            merged = (set().union({item[0]}, *(c[0] for c in hit)), [x for c in hit for x in c[1]] + [item])
+            clusters = [c for c in clusters if c not in hit] + [merged]
+        for _, members in clusters:
+            ops = sorted({op for _, op, _ in members})
+            groups[(kind, subject or ", ".join(ops), line)] = members
+    return groups
+
+
+def _feature_finding(recording: Recording, kind: str, subject: str, items: list, table, rules) -> Finding:
+    rule = rules[kind]
+    severity = rule.severity
+    if kind == "recurrent" and table.classify(items[0][1]).status == UNSUPPORTED:
+        severity = BLOCKER   # the device's cell op has no kernel anywhere
+    modules = sorted({m for m, _, _ in items})
+    where = _label(modules) if rule.severity != INFO or len(modules) == 1 else f"{len(modules)} modules"
+    op_names = sorted({op for _, op, _ in items})
+    details = "; ".join(sorted({d for _, _, d in items})[:3])
+    frame = next((recording.frames.get((kind, m, op)) for m, op, _ in sorted(items)
+                  if recording.frames.get((kind, m, op))), None)
+    at = f" at {frame['text']}" if frame else ""
+    calls = sum(recording.feature_calls.get((kind, m, op), 0) for m, op, _ in items)
+    occurrences = {"modules": modules, "count": len(items), **({"calls": calls} if calls else {})}
+    line_of = None if rule.severity == INFO or kind in MODULE_CLASS_KINDS else frame   # a class, a kind: no line
+    cause = findings_mod.cause_key(kind, subject, line_of)
+    return Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
+                   f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}"
+                   + (f"; {calls} calls" if calls > 1 else ""), rule.advice, module=where, ops=op_names,
+                   source=rule.source, where=frame, owner=frames.owner(frame), cause=cause, occurrences=occurrences)
+
+
+def _device_path_host(entry: dict, found: list[Finding]) -> Finding | None:
+    """The module finding an op finding belongs to: the op is the CPU form of the fused cell a recurrent
+    module runs on the device (its `via`), recorded at that module's line or in that module."""
+    for f in found:
+        if f.kind in MODULE_CLASS_KINDS and entry.get("via") in (f.ops or []) and (
+                frames.line_key(f.where) == frames.line_key(entry["where"])
+                or set(entry["modules"]) & set((f.occurrences or {}).get("modules", []))):
+            return f
+    return None
+
+
+def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Finding]:
+    """One finding per cause (core.findings.cause_key), each with its occurrences."""
+    findings = [_feature_finding(recording, kind, subject, items, table, rules)
+                for (kind, subject, _), items in _causes(recording, rules).items()]
+    order = {s: i for i, s in enumerate(SEVERITIES)}
     for entry in ops:
         if entry["status"] in (CPU_FALLBACK, UNSUPPORTED) and entry["status"] in rules:
             rule = rules[entry["status"]]
+            occurrence = {"modules": list(entry["modules"]), "count": len(entry["modules"]), "calls": entry["calls"],
+                          "ops": {entry["op"]: entry["calls"]}}
+            if host := _device_path_host(entry, findings):   # the module's own cause, seen on the CPU
+                host.occurrences = findings_mod.merge_occurrences(host.occurrences, {"ops": occurrence["ops"]})
+                host.message += f"; recorded on the CPU as {entry['op']} ({entry['calls']} calls)"
+                host.severity = min(host.severity, rule.severity, key=order.get)
+                continue
             verb = "falls back to the CPU" if entry["status"] == CPU_FALLBACK else "cannot run"
             where = ", ".join(sorted({_pattern(m) for m in entry["modules"]})[:3])
+            # the share of op time is a measured figure: it stays in the op's numeric "share", not in the text
             findings.append(Finding(entry["status"], rule.severity,
-                                    f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls, "
-                                    f"{entry['share']:.1%} of op time, from {where}"
+                                    f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls from {where}"
                                     + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
                                     module=where, ops=[entry["op"]], source=rule.source, where=entry["where"],
-                                    owner=frames.owner(entry["where"])))
+                                    owner=frames.owner(entry["where"]), occurrences=occurrence,
+                                    cause=findings_mod.cause_key(entry["status"], entry["op"], entry["where"])))
     for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper, never a rewrite
         f.advice = reconcile.advice_for(f.to_dict(), f.owner)
-    order = {s: i for i, s in enumerate(SEVERITIES)}
-    return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module))
+    return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module or "", f.cause or ""))
 
 
 @dataclass
@@ -223,7 +286,7 @@ class FallbackReport:
     def op_table(self, target: str, limit: int = 25) -> HtmlTable:
         t = self.targets[target]
         rows = [[o["op"], o["status"], o["calls"], f"{o['share']:.1%}", ", ".join(o["modules"][:2])
-                 + (" ..." if len(o["modules"]) > 2 else ""), o["detail"]] for o in t.ops[:limit]]
+                 + (" ..." if len(o["modules"]) > 2 else ""), o["detail"]] for o in _by_time(t.ops)[:limit]]
         return HtmlTable(["op", "status", "calls", "time", "modules", "why"], rows,
                          f"{target}: top {min(limit, len(t.ops))} of {len(t.ops)} ops by time")
 
@@ -249,7 +312,7 @@ class FallbackReport:
                 left = [a + b for a, b in zip(left, vals)]
             axes[row][0].set_title(f"{name} ({t.target['mode']}): ATen calls per module")
             axes[row][0].tick_params(axis="y", labelsize=7)
-            ops = t.ops[:top][::-1]
+            ops = _by_time(t.ops)[:top][::-1]
             axes[row][1].barh([o["op"].replace("aten::", "") for o in ops], [100 * o["share"] for o in ops],
                               color=[STATUS_COLORS[o["status"]] for o in ops])
             axes[row][1].set_title(f"{name}: top ops by share of op time (%)")
@@ -257,6 +320,11 @@ class FallbackReport:
         axes[0][0].legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         return fig
+
+
+def _by_time(ops: list[dict]) -> list[dict]:
+    """Ops by their share of the measured time, for the tables and plots (results keep them by name)."""
+    return sorted(ops, key=lambda o: (-o["share"], o["op"]))
 
 
 def _modules_at_depth(modules: list[dict], depth: int) -> list[tuple[str, collections.Counter]]:
@@ -329,49 +397,64 @@ class Options(options.StageOptions):
     """Stage 1's options: the parameters cell of notebooks/01_fallbacks.py, each field checked. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     NOTEBOOK = "01_fallbacks.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.positive_int,
-              "seq_len": checks.positive_int, "train": checks.boolean, "workload": checks.one_of(checks.WORKLOADS),
-              "seed": checks.non_negative_int}
+    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
+              "seq_len": checks.up_to(checks.MAX_SEQ), "train": checks.boolean,
+              "workload": checks.one_of(checks.WORKLOADS), "seed": checks.seed}
 
     def check(self, model: str | None) -> None:
         from portkit.workloads import generation
         generation.check_workload(self.workload, model)
 
 
+def _tokenizer_findings(model, texts) -> list[Finding]:
+    """A tokenizer that does not give the corpus back (portkit.models.huggingface.tokenizer_roundtrip): one finding."""
+    from portkit.models import huggingface
+    found = huggingface.tokenizer_roundtrip(model, texts) if texts and model.takes_text else None
+    if found is None:
+        return []
+    return [Finding(found["kind"], found["severity"], found["message"], found["advice"],
+                    cause=findings_mod.cause_key(found["kind"], "tokenizer"),
+                    occurrences={"texts": found["texts"], "lost": found["lost"]})]
+
+
 def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"),
                    train: bool = False, description: str | None = None, workload: str = "inference",
-                   prompts: list[str] | None = None) -> FallbackReport:
+                   prompts: list[str] | None = None, texts: list[str] | None = None) -> FallbackReport:
     """Record one eager pass of `model` on `inputs` and classify it for every target.
 
     model: a portkit.models.registry.LoadedModel. inputs: the dict its encode() returns.
     In native mode for a target, its pass is recorded on the device with the live dispatcher table,
     and the vendor's own fallback record is added. workload "generate" (a causal LM): greedy generation of
     GENERATED_TOKENS from `prompts` with a static KV cache is recorded instead (prefill, then decode steps
-    writing the cache: generation.generate_static), on the CPU in both modes.
+    writing the cache: generation.generate_static), on the CPU in both modes. texts: the corpus the batch came
+    from, checked to round-trip through the model's tokenizer (a tokenizer that loses the text is a finding).
     """
     run = _generation(model, prompts or [], inputs) if workload == "generate" else None
     if run is not None:
         description = f"{description or 'prompts'}; generation of {GENERATED_TOKENS} tokens, static KV cache"
     names = targets_mod.parse_targets(targets)
     detected = [targets_mod.detect(n) for n in names]
+    scan = source_scan.scan_model(model)   # before recording: a model that cannot run here still gets its findings
     cpu_recording = None
     per_target: dict[str, TargetFallbacks] = {}
     records: list[OpRecord] = []
     for d in detected:
         if d.native and d.target.vendor_module and run is None:
             with placement.on_device(model.module, d.target.device, inputs) as dev_inputs:
-                recording = record(model, dev_inputs, train)
+                recording = source_scan.noted(scan, record, model, dev_inputs, train)
                 with torch.no_grad():
                     vendor = VENDOR_RECORDERS[d.target.vendor_module](lambda: model.module(**dev_inputs))
         else:
             if cpu_recording is None:
-                cpu_recording = record(model, inputs, train, run)
+                cpu_recording = source_scan.noted(scan, record, model, inputs, train, run)
             recording, vendor = cpu_recording, None
         result = classify(recording, d)
+        result.findings = source_scan.merge(result.findings, scan, d.name) + _tokenizer_findings(model, texts)
         result.vendor_record = vendor
         per_target[d.name] = result
         if not records:
-            records = sorted(recording.records.values(), key=lambda r: -r.seconds)
+            records = sorted(recording.records.values(),
+                             key=lambda r: (r.op, r.module, r.phase, frames.line_key(r.where) or ""))
     shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     first = next(iter(shapes.values()), [])
     desc = description or ("batch " + " x ".join(str(s) for s in first) if first else "no tensor inputs")

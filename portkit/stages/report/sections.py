@@ -4,6 +4,8 @@ each taking the stage's JSON, the target's part of it and the TargetReport it fi
 """
 from __future__ import annotations
 
+import re
+
 from portkit.stages.report import realsize as report_scale
 from portkit.targets import specs as targets_mod
 from portkit.core.findings import INFO
@@ -35,18 +37,29 @@ def _fallbacks(data: dict, t: dict, out) -> None:
             out.rewrite.append(f"{f['message']}: {f['advice']}")
 
 
+def _storm(data: dict, storm: dict) -> str:
+    """Stage 2's storm: its compiles, one per distinct shape among its own requests (compile.json's "requests":
+    not stage 3's), or why there is none (a storm that failed before its first request counts nothing)."""
+    asked = len(storm.get("requests") or [])
+    if not asked:
+        return f"none measured: {storm.get('summary') or 'the storm ran no request'}"
+    counted = f"; {storm['counted']} counted from Dynamo's guard failures" if storm.get("counted") else ""
+    source = (data.get("requests") or {}).get("source")
+    return (f"{_compiles(storm.get('compile_count', '?'))}: one per distinct shape "
+            f"({storm.get('distinct_shapes', '?')}) among stage 2's {asked} requests"
+            f"{f' ({source})' if source else ''}{counted}")
+
+
 def _compile(data: dict, t: dict, out) -> None:
     breaks = data.get("graph_breaks", {})
     storm, fixed, seconds = t.get("storm", {}), t.get("fixed", {}), t.get("compile_seconds") or {}
     median = seconds.get("median")
-    counted = f"; {storm['counted']} counted from Dynamo's guard failures" if storm.get("counted") else ""
     out.metrics["compile"] = {
         "graph breaks": len(breaks.get("breaks", [])),
         "fullgraph=True": "captures the model" if breaks.get("fullgraph", {}).get("ok") else "fails",
-        "compiles without buckets": f"{storm.get('compile_count', len(storm.get('compiles', [])))} for "
-                                    f"{len(storm.get('requests', []))} requests ({storm.get('distinct_shapes', '?')} "
-                                    f"shapes{counted})",
-        "compile per shape on the target": (f"{median:.1f} s ({seconds.get('source') or 'CPU Inductor'})"
+        "compiles without buckets (stage 2's requests)": _storm(data, storm),
+        "compile per shape on the target": (f"{median:.1f} s (median over stage 2's {seconds.get('count', '?')} "
+                                            f"compiles; {seconds.get('source') or 'CPU Inductor'})"
                                             if median else "—"),
         "compiles after warm-up, fixed shape": fixed.get("compiles_after", "—"),
     }
@@ -73,17 +86,16 @@ def _xla(data: dict, t: dict, out) -> None:
         out.metrics["xla"] = {"XLA check": f"skipped: {t.get('reason', '')}"}
         return
     shapes = t.get("shapes", [])
-    ok = sum(bool(s.get("ok")) for s in shapes)
     peak = max((s["memory"]["total"] for s in shapes if s.get("memory")), default=None)
     flops = max((s["flops"] for s in shapes if s.get("flops")), default=None)
     check = t.get("check")
     out.metrics["xla"] = {
         "XLA check": (f"real compile for {t.get('topology')} (no TPU needed)" if check == "compile"
                       else "StableHLO lowering only"),
-        "shapes passing": f"{ok}/{len(shapes)}",
-        "peak HBM per device": f"{peak / 2 ** 20:.0f} MiB of {t['hbm_bytes_per_device'] / 2 ** 30:.0f} GiB"
+        "shapes passing": _xla_shapes(shapes, out.buckets),
+        "peak HBM per device": f"{peak / 2 ** 20:.3g} MiB of {t['hbm_bytes_per_device'] / 2 ** 30:.0f} GiB"
                                if peak and t.get("hbm_bytes_per_device") else "—",
-        "GFLOP, largest shape": f"{flops / 1e9:.1f}" if flops else "—",
+        "GFLOP, largest shape": f"{flops / 1e9:.3g}" if flops else "—",
     }
     out.details["xla shapes"] = [
         {"shape": s.get("label"), "status": s.get("status"),
@@ -101,25 +113,71 @@ def _xla(data: dict, t: dict, out) -> None:
         out.metrics["xla"][f"{m['unit']}/s per chip at {m['shape']}"] = f"{m['per_second']:,.0f} ({m['label']})"
 
 
+_SEQ = re.compile(r"\bseq=(\d+)")
+
+
+def _xla_shapes(shapes: list[dict], plan: dict | None) -> str:
+    """Stage 3b's shapes that passed, by sequence length, and the chosen plan's buckets it did not compile (a
+    bucket the XLA check never saw is unchecked, and says so)."""
+    ok = sum(bool(s.get("ok")) for s in shapes)
+    seqs = [int(m.group(1)) for s in shapes if (m := _SEQ.search(str(s.get("label") or "")))]
+    text = f"{ok}/{len(shapes)}" + (f" (seq {', '.join(map(str, seqs))})" if len(seqs) == len(shapes) > 0 else "")
+    boundaries = (plan or {}).get("boundaries") or []
+    missed = [b for b in boundaries if b not in seqs]
+    if seqs and missed:
+        text += (f"; {len(missed)} of stage 3's {len(boundaries)} buckets not checked by XLA "
+                 f"(seq {', '.join(map(str, missed))})")
+    return text
+
+
+def _replay(row: dict, data: dict, name: str) -> str:
+    """One row of stage 3's replay: its compiles over stage 3's own requests (buckets.json's "trace", not stage
+    2's), and what they cost on the target (target_compile_seconds, priced by stage 3)."""
+    trace = data.get("trace") or {}
+    priced = row.get("target_compile_seconds")
+    cost = f"; {priced:,.0f} s compiling on {name}" if isinstance(priced, (int, float)) else ""
+    what = "one per distinct length among" if row.get("plan") is None else "one per bucket shape, for"
+    return (f"{_compiles(row.get('compiles', '?'))} ({row.get('compiles_after_warmup', 0)} after warm-up): {what} "
+            f"stage 3's {row.get('requests', '?')} requests ({trace.get('source', '?')}, longest "
+            f"{trace.get('max_length', '?')}){cost}")
+
+
+def _compiles(n) -> str:
+    return f"{n} compile" + ("" if n == 1 else "s")
+
+
+def _truncation(cut: dict) -> str:
+    """Stage 3's truncation figures (buckets.json's "truncation"), as its finding states them."""
+    if not cut.get("over"):
+        return f"none of {cut.get('items', 0):,} longer than {cut.get('limit')}"
+    verb = "cut" if cut.get("overflow") == "truncate" else "rejected"
+    return (f"{cut['over']:,} of {cut['items']:,} ({cut['over_share']:.1%}) {verb} at {cut['limit']}; "
+            f"{cut['lost_share_of_over']:.1%} of their {cut.get('unit', 'tokens')} lost")
+
+
 def _buckets(data: dict, t: dict, out) -> None:
     chosen = t.get("chosen") or {}
     out.buckets = {k: chosen.get(k) for k in ("planner", "boundaries", "batch_sizes", "why")}
     waste = chosen.get("padding_waste", chosen.get("waste"))
+    per_bucket = t.get("compile_seconds_per_bucket") or {}
     out.metrics["buckets"] = {
         "bucket plan": f"{chosen.get('planner', '?')} {chosen.get('boundaries', [])}",
         "padding waste (planned)": f"{waste:.1%}" if isinstance(waste, (int, float)) else "—",
+        "compile per bucket on the target": (f"{per_bucket['value']:.1f} s (stage 3, over the corpus's lengths; "
+                                             f"{per_bucket.get('source', '?')})"
+                                             if isinstance(per_bucket.get("value"), (int, float)) else "—"),
     }
+    if data.get("truncation"):
+        out.metrics["buckets"]["longer than the largest bucket"] = _truncation(data["truncation"])
     price = (data.get("padding_price") or {}).get(out.name)
     if price:       # what the plan charged a padded position on this target, and where that came from
         out.metrics["buckets"]["padded position priced at"] = price.get("label", f"{price['seconds']:.2e} s")
     for row in t.get("replay") or []:
         plan = row.get("plan")
-        if plan is None or plan.get("planner") == chosen.get("planner"):
-            label = "replay without buckets" if plan is None else "replay with the chosen plan"
-            out.metrics["buckets"][label] = (f"{row.get('compiles', '?')} compiles "
-                                             f"({row.get('compiles_after_warmup', 0)} after warm-up), "
-                                             f"{row.get('total_seconds', 0):.1f} s for "
-                                             f"{row.get('requests', '?')} requests")
+        if plan is None or plan.get("boundaries") == chosen.get("boundaries"):
+            label = ("replay without buckets (stage 3's requests, not stage 2's)" if plan is None
+                     else "replay with the chosen plan")
+            out.metrics["buckets"].setdefault(label, _replay(row, data, out.name))
     served = ((data.get("generation") or {}).get("targets") or {}).get(out.name)
     for plan in ("auto", "pow2") if served else ():     # workload "generate": prefill and decode buckets
         p = served[plan]
@@ -139,6 +197,38 @@ def _buckets(data: dict, t: dict, out) -> None:
             f"{one['total_seconds']:,.0f} s; ratio {found['ratio']:.3f} (cell compile: {found['compile']})")
 
 
+def resolve_storm(findings: list[dict], buckets: dict | None) -> None:
+    """Stage 2's recompile storm against stage 3's replay with the chosen plan, where the report has both: a plan
+    that compiled nothing after warm-up resolves the storm (the finding says by which plan, at what warm-up, and
+    is info: no longer work); one that still compiled after warm-up leaves it work and says so."""
+    chosen = (buckets or {}).get("chosen") or {}
+    row = next((r for r in (buckets or {}).get("replay") or []
+                if (r.get("plan") or {}).get("boundaries") == chosen.get("boundaries")), None)
+    storms = [f for f in findings if f["stage"] == "compile" and f["kind"] == "recompile_storm"]
+    after = (row or {}).get("compiles_after_warmup") or 0
+    if row is None or not storms or not isinstance(row.get("compiles"), int) or not isinstance(after, int):
+        return
+    plan = (f"stage 3's plan {chosen.get('planner')} {chosen.get('boundaries')}: {_compiles(row['compiles'] - after)} "
+            f"in warm-up, {after} after (its replay of {row.get('requests', '?')} requests)")
+    for f in storms:
+        if after:
+            f["message"] += f"; not resolved by {plan}"
+            continue
+        f["resolved_by"] = plan
+        f["message"] += f"; resolved by {plan}"
+        f["severity"] = INFO
+        f["consequence"] = "resolved: the bucket plan pads every request to a shape compiled in warm-up"
+
+
+def _accuracy_check(c: dict) -> str:
+    """One task check with the sample it was decided on (accuracy.json's n, unit and ci95) and its decision."""
+    ci = f" [{c['ci95'][0]:.6g}, {c['ci95'][1]:.6g}]" if c.get("ci95") else ""
+    n = f" on {c['n']:,} {c.get('unit') or 'items'}" if isinstance(c.get("n"), int) else ""
+    decision = c.get("decision") or ("pass" if c.get("passed") else "fail")
+    said = {"pass": "within", "fail": "OUT OF BUDGET", "inconclusive": "INCONCLUSIVE (the interval straddles it)"}
+    return f"{c['value']:.6g}{ci}{n} ({c['budget']}): {said.get(decision, decision)}"
+
+
 def _accuracy(data: dict, t: dict, out) -> None:
     out.precision = {"name": (t.get("precision") or {}).get("name"),
                      "setting": (t.get("precision") or {}).get("setting"),
@@ -151,8 +241,8 @@ def _accuracy(data: dict, t: dict, out) -> None:
         "verdict (task metrics)": t.get("basis") or t.get("verdict", "—"),
         f"max abs error ({main[0]})" if main else "max abs error": f"{main[1].get('max_abs', 0):.2g}" if main else "—",
         "task metric": task.get("metric", "—"),
-        **{f"task: {c['label']}": f"{c['value']:.6g} ({c['budget']}): {'within' if c['passed'] else 'OUT OF BUDGET'}"
-           for c in task.get("checks", [])},
+        **{f"task: {c['label']}": _accuracy_check(c) for c in task.get("checks", [])},
+        "task sample": (task.get("sample") or {}).get("text", "the main batch"),
         "buckets passing": f"{sum(bool(b.get('passed')) for b in t.get('buckets', []))}/{len(t.get('buckets', []))}",
         **({"generation (greedy tokens)": f"{'PASS' if gen['passed'] else 'FAIL'}: agree {gen['agreement']:.1%}, "
             f"{gen['judged_agreement']:.1%} with near-ties apart"} if (gen := ((data.get("generation") or {}).get(
@@ -167,20 +257,28 @@ def _accuracy(data: dict, t: dict, out) -> None:
     baseline = t.get("baseline")
     if baseline:
         ratio = f"{baseline['ratio']:.3g}x" if baseline.get("ratio") is not None else "more than (it has none)"
+        # it decides only within its factor (a PASS whatever the task metrics); beyond it the task metrics decide
+        own = f"{baseline['gpu_error']:.1g}" if baseline.get("gpu_error") else "none"
         out.metrics["accuracy"]["error vs today's GPU"] = (
-            f"{ratio} the error of GPU '{baseline['gpu_numerics']}' against {baseline['truth']} "
-            f"(no regression within {baseline['factor']:g}x)")
+            f"{ratio} the error of GPU '{baseline['gpu_numerics']}' against {baseline['truth']}: " +
+            (f"within {baseline['factor']:g}x, no regression: this decides (PASS)" if baseline.get("within") else
+             f"beyond {baseline['factor']:g}x, so it does not decide (the task metrics do); the GPU's own error is "
+             f"{own}, so a large ratio to it is no regression by itself"))
     for cause in t.get("error_by_cause") or []:   # float64 run as float32, then the precision's rounding
         found = (cause.get("outputs") or {}).get(main[0]) if main else None
         if found:
             out.metrics["accuracy"][f"max abs error from {cause['cause']}"] = f"{found.get('max_abs', 0):.2g}"
-    out.details["accuracy outputs"] = [_error_row({"output": name}, o) for name, o in (t.get("outputs") or {}).items()]
+    detail = "element-wise assert_close (detail, does not decide)"
+    out.details["accuracy outputs"] = [{(detail if k == "passed" else k): v
+                                        for k, v in _error_row({"output": name}, o).items()}
+                                       for name, o in (t.get("outputs") or {}).items()]
     out.details["accuracy buckets"] = [
         _error_row({"bucket": b.get("boundary"), "texts": b.get("texts"),
                     "padding": f"{b['padding']:.0%}" if isinstance(b.get("padding"), (int, float)) else None,
                     "output": b.get("primary")}, (b.get("outputs") or {}).get(b.get("primary"), {}),
                    passed=b.get("passed")) for b in t.get("buckets", [])]
-    out.details["accuracy layers"] = _layer_rows(t.get("layers") or {})
+    out.details["accuracy layers"] = [{("within tolerance (detail, does not decide)" if k == "passed" else k): v
+                                       for k, v in row.items()} for row in _layer_rows(t.get("layers") or {})]
     training = (data.get("training") or {}).get("verdicts", {}).get(out.name)
     if training is not None:
         out.training = {k: training[k] for k in ("verdict", "precision", "numerics", "blockers", "work", "advice")}

@@ -206,9 +206,18 @@ class MigrationReport:
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}}
 
     def save(self, folder=None) -> Path:
+        """Write report.html and report.json as a pair: both under partial names first, then renamed, the HTML
+        first and the JSON last, so a reader that finds report.json finds its report.html (runfolder.read_report
+        treats a JSON without its HTML as an interrupted save); a kill leaves only partial names behind."""
+        import os
+        from portkit.core.atomic_io import partial_path
         folder = Path(folder or self.run_dir)
-        write_json(folder / "report.json", self.to_dict())
-        return write_text(folder / "report.html", self.html())
+        html, data = folder / runfolder.REPORT_HTML, folder / runfolder.REPORT_JSON
+        html_partial = write_text(partial_path(html), self.html())
+        json_partial = write_json(partial_path(data), self.to_dict())
+        os.replace(html_partial, html)
+        os.replace(json_partial, data)
+        return html
 
     def __str__(self) -> str:
         lines = [f"Migration report for {self.model.get('name', '?')}: {self.summary()}"]
@@ -271,6 +280,8 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
         else:
             tr = scratch
     tr.unassessed = [s for s in assessing if s not in tr.based_on]
+    bucketed = next((s.data["targets"].get(name) for s in present if s.name == "buckets"), None)
+    report_stages.resolve_storm(tr.findings, bucketed if isinstance(bucketed, dict) else None)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     # by consequence: severity, then what persists under compile before what was not checked or vanishes
     later = {PERSISTS: 0, "": 0, NOT_CHECKED: 1, VANISHES: 2}
@@ -292,7 +303,7 @@ def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict |
                             "eager": str(f.get("eager_severity", "")), "compiled": str(f.get("compiled", "")),
                             "compiled_detail": str(f.get("compiled_detail", "")),
                             "owner": str((f.get("owner") or {}).get("owner", "")),
-                            "where": str((f.get("where") or {}).get("text", "")),
+                            "where": str((f.get("where") or {}).get("text", "")), "resolved_by": "",
                             "consequence": str(f.get("consequence") or _consequence(f))})
     if stage.name in report_stages.READERS:
         report_stages.READERS[stage.name](stage.data, t, tr)

@@ -55,7 +55,7 @@ def _buckets(name: str, value) -> list:
     if not isinstance(value, (list, tuple)):
         raise BadParameter(name, value, hint="a list of sequence lengths, e.g. [512, 2048]")
     for bucket in value:
-        checks.positive_int(f"{name} entry", bucket)
+        checks.positive_int(f"{name} entry", bucket, maximum=checks.MAX_SEQ)
     return value
 
 
@@ -64,10 +64,12 @@ class Options(options.StageOptions):
     fields are an abstract model's (a real-size config without weights, `--model llama3-8b`): its sequence
     lengths are checked against the config's limit, and it is checked for inference only."""
     NOTEBOOK = "03b_xla.ipynb"
-    CHECKS = {"topology": _topology, "dtype": checks.one_of(DTYPES), "batch_size": checks.positive_int,
-              "seq_len": checks.positive_int, "max_shapes": checks.positive_int, "largest_batch": checks.boolean,
-              "workload": checks.one_of(checks.WORKLOADS), "scale_topologies": _topologies,
-              "scale_batch": checks.positive_int, "scale_seq": checks.positive_int, "scale_buckets": _buckets}
+    CHECKS = {"topology": _topology, "dtype": checks.one_of(DTYPES), "batch_size": checks.up_to(checks.MAX_BATCH),
+              "seq_len": checks.up_to(checks.MAX_SEQ), "max_shapes": checks.up_to(checks.MAX_STEPS),
+              "largest_batch": checks.boolean, "workload": checks.one_of(checks.WORKLOADS),
+              "scale_topologies": checks.list_of(lambda name, value: check_topology(value), "['v5e:1x1']"),
+              "scale_batch": checks.up_to(checks.MAX_BATCH), "scale_seq": checks.up_to(checks.MAX_SEQ),
+              "scale_buckets": _buckets}
 
     def check(self, model: str | None) -> None:
         from portkit.models import abstract as abstract_models

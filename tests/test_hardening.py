@@ -1,0 +1,152 @@
+"""Hardening, round two: a stage whose kernel dies, two runs into one folder, the report's JSON and HTML as a
+pair, repeated options, cut corpus texts, and the sweep on a host where Ray does not start or kills a worker."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, fixture_model
+from portkit import cli
+from portkit.corpora import corpus as data
+from portkit.run import runner
+from portkit.runfolder import layout
+
+DYING = f"{ROOT / 'tests' / 'fixtures' / 'dying.py'}:killed_model"
+CHEAP = ["--target", "neuron", "--stages", "fallbacks", "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8"]
+
+
+def test_a_stage_whose_kernel_dies_fails_in_one_line_and_the_report_names_the_gap(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["run", "--model", DYING, "--out", str(out), *CHEAP]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("portkit: stage fallbacks failed: the kernel running stage fallbacks "
+                               "(01_fallbacks.ipynb) died, likely out of memory (the run's processes had reached ")
+    assert "run with less: one kernel at a time (--lanes 1) or a smaller -p batch_size" in lines[0]
+    assert "Traceback" not in captured.err + captured.out and "DeadKernelError" not in captured.err
+    assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "failed"
+    saved = json.loads((out / "report.json").read_text())
+    assert any("the kernel running stage fallbacks" in gap for gap in saved["gaps"]), saved["gaps"]
+
+
+def _hold_in_another_process(out: Path) -> subprocess.Popen:
+    code = (f"import time\nfrom portkit.runfolder import layout\nwith layout.hold({str(out)!r}):\n"
+            "    print('held', flush=True)\n    time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_run_folder_in_use_by_another_run_is_refused_and_a_stale_lock_taken_over(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = _hold_in_another_process(out)
+    try:
+        before = sorted(p.name for p in out.iterdir())
+        assert cli.main(["run", "--model", fixture_model("tiny_encoder"), "--out", str(out), *CHEAP]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines == [f"portkit: error: invalid out folder '{out}': in use by another run (process {holder.pid}); "
+                         "wait for it to end, or give another --out"]
+        assert sorted(p.name for p in out.iterdir()) == before   # nothing written
+    finally:
+        holder.send_signal(signal.SIGKILL)   # a killed run: its lock file stays, naming a process that is gone
+        holder.wait()
+    assert (out / layout.LOCK).read_text().strip() == str(holder.pid)
+    with layout.hold(out):                   # the stale lock is taken over
+        assert (out / layout.LOCK).read_text().strip() == str(os.getpid())
+    assert layout.is_run_folder(out)
+
+
+def test_the_report_pair_is_written_html_first_json_last_and_a_json_alone_is_incomplete(tmp_path, monkeypatch,
+                                                                                        capsys):
+    from portkit.stages.report import stage as report
+    renamed = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
+    (tmp_path / "fallbacks.json").write_text('{"stage": "fallbacks", "targets": {}}')
+    r = report.build_report(tmp_path, ["neuron"])
+    r.save(tmp_path)
+    assert renamed[-2:] == ["report.html", "report.json"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no partial name left
+    assert layout.read_report(tmp_path)["targets"]
+    (tmp_path / "report.html").unlink()       # a save killed between its two renames, the other way round
+    with pytest.raises(layout.IncompleteReport, match="has no report.html beside it"):
+        layout.read_report(tmp_path)
+    cli._print_verdicts(tmp_path)
+    assert capsys.readouterr().out.startswith("report: none (")
+
+
+def test_repeated_lists_are_deduplicated_with_a_note(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(runner, "run", lambda model, targets, out, user, stages, **kw: seen.update(
+        targets=targets, stages=stages, user=user) or runner.RunResult(Path(out)))
+    assert cli.main(["run", "--target", "tpu", "--target", "tpu", "--stages", "fallbacks,fallbacks,",
+                     "--out", "nowhere-written", "-p", "batch_size", "2"]) == 0
+    assert seen == {"targets": ["tpu"], "stages": "fallbacks", "user": {"batch_size": 2}}
+    out = capsys.readouterr().out
+    assert "portkit: note: target given more than once; using tpu" in out
+    assert "portkit: note: stage given more than once; using fallbacks" in out
+    assert "portkit: note: empty stage name in --stages 'fallbacks,fallbacks,' ignored" in out
+
+
+def test_a_text_far_beyond_any_models_maximum_is_cut_in_the_plan_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "long.txt").write_text("short text\n" + "word " * (data.MAX_TEXT_CHARS // 2) + "\n")
+    runner.plan("minilm", ["neuron"], "run", {"corpus": "long.txt"}, "fallbacks")
+    assert (f"corpus long.txt: 1 text(s) longer than {data.MAX_TEXT_CHARS:,} characters (the longest "
+            f"{data.MAX_TEXT_CHARS * 5 // 2 - 1:,}) cut to {data.MAX_TEXT_CHARS:,}") in capsys.readouterr().out
+    assert max(len(t) for t in data.load_corpus(str(tmp_path / "long.txt")).texts) == data.MAX_TEXT_CHARS
+    assert not (tmp_path / "run").exists()
+
+
+needs_ray = pytest.mark.skipif(__import__("importlib").util.find_spec("ray") is None, reason="Ray is not installed")
+
+
+@needs_ray
+def test_ray_that_does_not_start_is_one_line_and_its_temporary_folder_is_removed(tmp_path, monkeypatch, capsys):
+    import ray
+    from portkit.run import sweep
+    made = []
+    real_mkdtemp = sweep.tempfile.mkdtemp
+    monkeypatch.setattr(sweep.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Failed to start the GCS server.\nIt exited with code 1.")
+    monkeypatch.setattr(ray, "init", refuse)
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "--out", str(out), "--model", fixture_model("tiny_encoder"), "--memory-per-task", "1",
+                     *CHEAP]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["portkit: error: Ray did not start on this machine (RuntimeError: Failed to start the GCS server. "
+                     "It exited with code 1.); try --address of a running Ray cluster, or fewer workers at once (a "
+                     "larger --cpus-per-task or --memory-per-task), or free memory and rerun"]
+    assert made and not any(Path(m).exists() for m in made)
+
+
+@needs_ray
+def test_a_worker_killed_by_rays_memory_monitor_is_recorded_as_such(tmp_path):
+    import ray
+    from portkit.run import sweep
+
+    class FakeRay:
+        exceptions = ray.exceptions
+
+        @staticmethod
+        def get(ref):
+            raise ray.exceptions.OutOfMemoryError("Task was killed due to the node running low on memory.\n"
+                                                  "Memory on the node (IP: 10.0.0.1, ID: abc) ... Refer to the "
+                                                  "documentation on how to address the out of memory issue")
+    cell = sweep.plan_sweep([fixture_model("tiny_encoder")], ["neuron"], tmp_path / "sweep", stages="fallbacks")[0]
+    record = sweep._collect(FakeRay, object(), time.time(), cell)
+    assert record["status"] == "failed" and record["attempts"] == sweep.SYSTEM_RETRIES + 1
+    assert record["error"].startswith("Ray's memory monitor killed the run's worker (the node ran low on memory), "
+                                      "2 attempt(s); give each run more memory (--memory-per-task)")
+    assert "Refer to the documentation" not in record["error"]
