@@ -52,8 +52,8 @@ TARGETS = ("neuron", "tpu")
 STAGE_ORDER = tuple(s.name for s in runfolder.STAGES)
 # Small parameters of every stage; each run gets those its stages declare.
 PARAMETERS = {"batch_size": 2, "seq_len": 16, "requests": 10, "bucket_count": 2, "max_shapes": 2,
-              "task_items": 16, "task_seconds": 5.0, "train_steps": 2}
-QUICK_PARAMETERS = {**PARAMETERS, "requests": 4, "max_shapes": 1, "task_items": 8}
+              "train_steps": 2}
+QUICK_PARAMETERS = {**PARAMETERS, "requests": 4, "max_shapes": 1}
 QUICK = ("bert", "gpt2", "t5", "wav2vec2", "vit", "clip")     # one of each family, the cheapest
 ZOO_MARKER = ".portkit-zoo"     # in the runs folder: a folder the zoo may clear before it runs again
 HIDDEN, LAYERS, HEADS, FFN, POSITIONS = 32, 2, 2, 64, 128
