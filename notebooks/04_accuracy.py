@@ -32,8 +32,8 @@
 # GPU** (`gpu_numerics`, emulated too): a target whose error against float64 is within `baseline_factor`
 # times the GPU setup's own is no regression and passes; beyond it the task metrics decide (a large ratio to
 # an fp32 GPU, whose own error is float32 rounding, is no regression by itself). The task metrics are
-# decided on a sample of the corpus (up to `accuracy.TASK_ITEMS` items, `accuracy.TASK_SECONDS` s a
-# precision), each with its n and 95% interval (Wilson for a rate, a seeded bootstrap otherwise); one whose
+# decided on a sample of the corpus (`accuracy.TASK_ITEMS` items, for the precision judged), each with its n
+# and 95% interval (Wilson for a rate, a seeded bootstrap otherwise); one whose
 # interval straddles its budget is **inconclusive**, never a pass. A FAIL names the metric, its budget and
 # the first module where the error enters; `torch.testing.assert_close` at the dtype tolerance stays as
 # detail and does not decide. A stream whose state drifts is a blocker finding of its target. Each

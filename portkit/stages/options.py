@@ -16,6 +16,7 @@ is checked by `common`.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import functools
 from pathlib import Path
@@ -110,17 +111,13 @@ def options_for(cls: type) -> type:
     if unchecked or unknown:
         raise TypeError(f"{cls.__qualname__}: parameters without a check {unchecked}, checks without a parameter "
                         f"{unknown} (notebooks/{cls.NOTEBOOK})")
-    fields = [(p.name, Any, dataclasses.field(default_factory=functools.partial(_copy, p.default),
+    fields = [(p.name, Any, dataclasses.field(default_factory=functools.partial(copy.deepcopy, p.default),
                                               metadata={"help": p.help, "default": p.source}))
               for p in params]
     built = dataclasses.make_dataclass(cls.__name__, fields, bases=(cls,), frozen=True,
                                        namespace={"__post_init__": _post_init, "__module__": cls.__module__,
                                                   "__doc__": cls.__doc__})
     return built
-
-
-def _copy(value):
-    return ast.literal_eval(repr(value))   # a fresh list or dict for each instance
 
 
 HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")

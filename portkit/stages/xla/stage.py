@@ -19,6 +19,7 @@ portkit.xla.compiler's and portkit.xla.results', reachable from here for noteboo
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -301,14 +302,16 @@ def serving_graphs(model, target_names, out_dir, opts: Options | None = None) ->
     whose decode step fits one device at that context (portkit.stages.xla.generation). opts None: the
     notebook's defaults."""
     opts = Options.defaults() if opts is None else opts
-    out = {}
-    for name in targets.parse_targets(target_names):
-        if targets.get(name).xla_check != "compile":
-            out[name] = {"status": "skipped", "summary": f"serving graphs not compiled: {name} has no XLA compiler "
-                         "here (stage 2 compiled generation with its emulated backend)"}
-        else:
-            out[name] = _serving(model, results.serving_buckets(out_dir, name), opts)
-    return out
+    return _per_compiler(target_names, "serving graphs", "stage 2 compiled generation with its emulated backend",
+                         lambda name: _serving(model, results.serving_buckets(out_dir, name), opts))
+
+
+def _per_compiler(target_names, what: str, instead: str, check) -> dict:
+    """{target: check(target)} for each target with an XLA compiler here; the others say `what` was not compiled
+    and what stage 2 did `instead`."""
+    return {name: check(name) if targets.get(name).xla_check == "compile" else
+            {"status": "skipped", "summary": f"{what} not compiled: {name} has no XLA compiler here ({instead})"}
+            for name in targets.parse_targets(target_names)}
 
 
 def _serving(model, plan, opts: Options) -> dict:
@@ -340,14 +343,9 @@ def training_step(model, target_names, opts: Options | None = None) -> dict:
     notebook's defaults."""
     from portkit.corpora import corpus as data
     opts = Options.defaults() if opts is None else opts
-    out = {}
-    for name in targets.parse_targets(target_names):
-        if targets.get(name).xla_check != "compile":
-            out[name] = {"status": "skipped", "summary": f"training step not compiled: {name} has no XLA compiler "
-                         "here (stage 2 classified the step's ops, forward and backward)"}
-        else:
-            out[name] = _training(model, data.load_corpus(), opts)
-    return out
+    corpus = functools.cache(data.load_corpus)      # read once, and only where a target compiles
+    return _per_compiler(target_names, "training step", "stage 2 classified the step's ops, forward and backward",
+                         lambda name: _training(model, corpus(), opts))
 
 
 def _training(model, corpus, opts: Options) -> dict:
