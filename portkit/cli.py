@@ -129,8 +129,9 @@ def _deploy_parsers(sub) -> None:
                     help="targets to export (default: every target with a bucket plan)")
     ex.add_argument("--out", default=None, help="folder for the files (default: RUN/deploy/STACK)")
     ex.add_argument("--prices", default=None, metavar="FILE",
-                    help='JSON {target: {"usd_per_chip_hour", "source", "date"}} you supply: adds the cost per '
-                         "million requests (an estimate); portkit holds no prices")
+                    help='JSON {target or chip: {"usd_per_chip_hour", "source", "date"}}: replaces the prices of '
+                         "data/targets/prices.json (third parties' reports of list prices) in the cost per million "
+                         "requests, an estimate")
     ck = sub.add_parser("check", help="regression gate for CI: compare a run with a baseline (exit 1 on a regression)")
     ck.add_argument("run_dir", help="the new run folder")
     ck.add_argument("--baseline", required=True, metavar="OLD", help="the baseline run folder")
@@ -286,8 +287,7 @@ def _deploy(args) -> int:
         print(f"{item.target}: {item.path}")
         for lost in item.lost:
             print(f"  lost: {lost}")
-        if prices is not None:
-            print("  " + cost.line(cost.estimate(args.run_dir, item.target, prices)))
+        print("  " + cost.line(cost.estimate(args.run_dir, item.target, prices)))
     for line in skipped:
         print(line)
     return 0

@@ -124,6 +124,51 @@ def test_export_command_with_prices_prints_an_estimate(run_dir, tmp_path, capsys
     assert usd["at twice the throughput"] == pytest.approx(usd["estimate"] / 2)
     prices.write_text("{}" + "x")
     assert cli.main(["export", str(run_dir), "--to", "vllm", "--prices", str(prices)]) == 2
+    prices.write_text(json.dumps({"v5e": {"usd_per_chip_hour": "cheap"}}))
+    assert cli.main(["export", str(run_dir), "--to", "vllm", "--prices", str(prices)]) == 2
+    assert "v5e" in capsys.readouterr().err
+
+
+def test_cost_compares_each_target_with_named_gpus_from_sourced_prices(run_dir):
+    from portkit.planning import cost as planning_cost
+    found = cost.comparison(run_dir, ["neuron", "tpu"])
+    assert set(found["gpus"]) == set(planning_cost.GPUS) and found["label"] == "estimate, not measured"
+    for side in [*found["targets"].values(), *found["gpus"].values()]:
+        assert side["chip_seconds_per_million_requests"] > 0 and side["label"] == "estimate, not measured"
+        if "usd_per_million_requests" in side:        # every price names its page and its date
+            assert side["price"]["source"].startswith("https://") and side["price"]["date"]
+    # the same FLOPs a position on every side: an H100 takes less time than a trn1 in proportion to their peaks
+    neuron, h100 = found["targets"]["neuron"], found["gpus"]["H100"]
+    assert neuron["seconds_per_position"] / h100["seconds_per_position"] == pytest.approx(989 / 190, rel=1e-6)
+    assert "no price" in found["gpus"]["H200"]["problem"]                    # no source found: said, not invented
+    # a user's price for a chip replaces the table's, and instance prices divide by the chips they hold
+    mine = cost.comparison(run_dir, ["neuron"], {"trn1": {"usd_per_instance_hour": 16.0, "chips_per_instance": 16,
+                                                           "source": "our contract", "date": "2026-12-01"}})
+    usd = mine["targets"]["neuron"]["usd_per_million_requests"]["estimate"]
+    assert usd == pytest.approx(neuron["chip_seconds_per_million_requests"] / 3600 * 1.0)
+    assert mine["targets"]["neuron"]["price"]["supplied_by"] == "the user (--prices)"
+
+
+def test_every_price_names_its_page_and_date():
+    from portkit.planning import cost as planning_cost
+    from portkit.targets import capacity
+    table = json.loads(planning_cost.PRICES.read_text())
+    assert "_provenance" in table
+    for chip, entry in planning_cost.price_table().items():
+        assert entry["source"].startswith("https://") and entry["as_of"], chip
+        assert chip in capacity.chips(), chip                 # a price for a chip whose peak portkit knows
+    assert set(planning_cost.GPUS) <= set(capacity.chips("gpu"))
+
+
+def test_report_json_has_a_verdict_per_target_numbers_and_the_cost(run_dir):
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdicts"] == {n: t["verdict"] for n, t in report["targets"].items()}
+    numbers = report["targets"]["tpu"]["numbers"]
+    assert isinstance(numbers["compiles"], int) and isinstance(numbers["hbm_bytes"], int)
+    assert all(isinstance(c["value"], float) for c in numbers["task_checks"].values())
+    assert set(report["cost"]["targets"]) == set(report["targets"]) and report["cost"]["assumptions"]
+    html = (run_dir / "report.html").read_text()
+    assert 'id="cost"' in html and "estimate, not measured" in html
 
 
 # ---------------------------------------------------------------- check
@@ -178,6 +223,20 @@ def test_each_regression_fails_the_gate(copies, tmp_path, capsys, name, change, 
     assert suite.get("failures") == "1"
     assert not list(tmp_path.glob("*.partial*")) and not [p for p in tmp_path.iterdir() if p.name != "check.xml"
                                                           and p.name not in ("new", "old")]
+
+
+def test_a_metric_that_moved_below_the_baselines_interval_fails_though_within_budget(copies, capsys):
+    new, old = copies
+    check = json.loads((old / "accuracy.json").read_text())["targets"]["tpu"]["task"]["checks"][0]
+    low, high = check["ci95"]
+
+    def moved(accuracy):     # still passing its budget, but below what the baseline's sample allows
+        found = accuracy["targets"]["tpu"]["task"]["checks"][0]
+        found["value"] = low - max((high - low), 1e-9)
+    _edit(new, "accuracy.json", moved)
+    assert cli.main(["check", str(new), "--baseline", str(old)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL tpu     task metric" in out and "95% interval" in out
 
 
 def test_an_improvement_passes(copies):

@@ -267,19 +267,31 @@ def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
         assert kept["severity"] == "blocker"
 
 
-def test_offset_positions_and_spectrogram_classifiers():
-    """RoBERTa-style models start their positions after the padding id: 514 positions hold 512 tokens (indexing
-    position 514 fails inside the model); an audio classifier on spectrogram features is refused in the plan step."""
+def test_offset_positions_follow_the_embeddings_padding_index():
+    """RoBERTa-style models start their positions after the padding id: 514 positions hold 512 tokens; MPNet fixes
+    its padding index at 1 whatever the config says. Checked on the real MPNet: the longest sequence portkit allows
+    runs, one more token indexes past the position table."""
+    from transformers import MPNetConfig, MPNetModel
     assert hf.position_offset({"model_type": "roberta", "pad_token_id": 1, "max_position_embeddings": 514}) == 2
-    assert hf.position_offset({"model_type": "mpnet", "pad_token_id": 1}) == 2
     assert hf.position_offset({"model_type": "bert", "pad_token_id": 0}) == 0
+    config = MPNetConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=24, pad_token_id=0)
+    model = MPNetModel(config).eval()
+    longest = config.max_position_embeddings - hf.position_offset(config.to_dict())
+    model(input_ids=torch.full((1, longest), 5))
+    with pytest.raises(IndexError):
+        model(input_ids=torch.full((1, longest + 1), 5))
 
 
-def test_a_spectrogram_audio_classifier_is_refused_in_the_plan_step(tmp_path):
+def test_a_spectrogram_audio_classifier_runs_on_its_feature_extractors_window(tmp_path):
     from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification
     folder = tmp_path / "ast"
-    ASTForAudioClassification(ASTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    ASTForAudioClassification(ASTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_labels=3,
                                         intermediate_size=64, max_length=64, num_mel_bins=32)).save_pretrained(folder)
     ASTFeatureExtractor(num_mel_bins=32, max_length=64).save_pretrained(folder)
-    with pytest.raises(BadParameter, match="classifies audio from spectrogram features"):
-        models.validate(str(folder))
+    models.validate(str(folder))
+    m = models.load(str(folder))
+    waves = [np.sin(np.linspace(0, 300, n)).astype(np.float32) for n in (8000, 16000)]
+    batch = m.declaration.batch(waves)
+    assert tuple(batch["input_values"].shape) == (2, 64, 32)              # one fixed window: nothing varies
+    assert tuple(m.module(**batch)["logits"].shape) == (2, 3)

@@ -4,8 +4,9 @@
     >>> result = gate.compare("runs/new", "runs/old")
     >>> result.failed, print(result.summary()); gate.write_junit(result, "portkit-check.xml")
 
-It fails (exit 1) on a new blocker, a verdict that got worse, a task metric that crossed its budget, more compiles
-after warm-up, or a larger HBM need; a value the baseline had and the new run lacks fails too (coverage lost).
+It fails (exit 1) on a new blocker, a verdict that got worse, a task metric that crossed its budget or moved below
+the baseline's own 95% interval, more compiles after warm-up, or a larger HBM need; a value the baseline had and the new
+run lacks fails too (coverage lost). The numbers are read by portkit.runfolder.numbers, as report.json's are.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from portkit.runfolder import results
+from portkit.runfolder import numbers, results
 from portkit.core import atomic_io as _io
 from portkit.core.errors import BadParameter
 
@@ -105,11 +106,17 @@ def _blockers(name: str, new: _Run, old: _Run) -> list[Check]:
     return [Check(name, "new blockers", FAIL, f"[{f.get('stage')}] {f.get('message')}") for f in fresh]
 
 
+def _below_interval(now: dict, was: dict | None) -> bool:
+    """The new value fell below the baseline's own 95% interval, in the direction its budget guards (every task
+    budget is a floor, "budget >= x", or a ceiling, "budget <= x"): a move its sampling noise does not explain."""
+    ci, value, budget = (was or {}).get("ci95"), now.get("value"), str(now.get("budget", ""))
+    if not (isinstance(ci, (list, tuple)) and len(ci) == 2 and isinstance(value, (int, float))):
+        return False
+    return value > ci[1] if "<=" in budget else value < ci[0]
+
+
 def _task_metrics(name: str, new: _Run, old: _Run) -> list[Check]:
-    def checks(run):
-        task = run.target("accuracy", name).get("task") or {}
-        return {c.get("label") or c.get("metric"): c for c in task.get("checks") or [] if isinstance(c, dict)}
-    before, after = checks(old), checks(new)
+    before, after = numbers.task_checks(old.stages, name), numbers.task_checks(new.stages, name)
     out = []
     for label in dict.fromkeys([*before, *after]):
         was, now = before.get(label), after.get(label)
@@ -117,23 +124,21 @@ def _task_metrics(name: str, new: _Run, old: _Run) -> list[Check]:
             out.append(Check(name, f"task metric {label}", FAIL, "measured in the baseline, not in the new run"))
             continue
         crossed = now.get("passed") is False and (was is None or was.get("passed") is not False)
-        status = FAIL if crossed else PASS
+        moved = not crossed and _below_interval(now, was)
+        status = FAIL if crossed or moved else PASS
         old_text = f"{was.get('value')} -> " if was else ""
+        why = " crossed" if crossed else f" outside the baseline's 95% interval {was.get('ci95')}" if moved else ""
         out.append(Check(name, f"task metric {label}", status,
-                         f"{old_text}{now.get('value')} ({now.get('budget', '')})" + (" crossed" if crossed else "")))
+                         f"{old_text}{now.get('value')} ({now.get('budget', '')}){why}"))
     return out
 
 
 def _compiles_after_warmup(run: _Run, name: str) -> int | None:
-    found = [v for v in (run.target("buckets", name).get("compiles_after_warmup"),
-                         (run.target("compile", name).get("fixed") or {}).get("compiles_after")) if isinstance(v, int)]
-    return sum(found) if found else None
+    return numbers.compiles_after_warmup(run.stages, name)
 
 
 def _hbm_bytes(run: _Run, name: str) -> int | None:
-    totals = [(s.get("memory") or {}).get("total") for s in run.target("xla", name).get("shapes") or []]
-    totals = [t for t in totals if isinstance(t, (int, float))]
-    return int(max(totals)) if totals else None
+    return numbers.hbm_bytes(run.stages, name)
 
 
 def _more(check: str, read, unit: str):

@@ -111,6 +111,17 @@ class SpeechSeq2SeqAdapter(nn.Module):
         return {"logits": out.logits[:, -1]}
 
 
+class SpectrogramAdapter(nn.Module):
+    """An audio classifier on its feature extractor's spectrogram (AST's input_values: frames x mel bins)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_values):
+        return {"logits": self.model(input_values=input_values).logits}
+
+
 class ZeroShotImageAdapter(nn.Module):
     """A vision-language encoder (CLIP, SigLIP) as a zero-shot image classifier: fixed captions, tokenized
     once and kept as buffers; images in, each image's similarity to every caption out (logits_per_image)."""

@@ -187,12 +187,14 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
                                hint=f"its feature extractor makes {frames} frames and its encoder takes {wanted} "
                                     "(2 x max_source_positions); save the feature extractor it was trained with")
     elif task in ("ctc", "audio-classification"):
-        if "conv_kernel" not in config:   # a waveform front end (wav2vec2's family); AST and others take spectrograms
+        # a waveform front end (wav2vec2's family: conv_kernel), or a fixed spectrogram window (AST's extractor
+        # pads or cuts every clip to max_length frames of num_mel_bins); anything else cannot be fed
+        if "conv_kernel" not in config and not _fixed_spectrogram(feature_extractor(path)):
             raise BadParameter("model directory", spec,
-                               hint=f"model type '{config.get('model_type')}' classifies audio from spectrogram "
-                                    "features, which portkit does not build yet; waveform models (wav2vec2, HuBERT, "
-                                    "WavLM) load as directories; declare this one with --model file.py:build "
-                                    "returning a LoadedModel (docs/guides/declaring-a-model.md)")
+                               hint=f"model type '{config.get('model_type')}' classifies audio from features "
+                                    "portkit does not build (neither a waveform front end nor a fixed spectrogram "
+                                    "window); declare it with --model file.py:build returning a LoadedModel "
+                                    "(docs/guides/declaring-a-model.md)")
         rate = getattr(feature_extractor(path), "sampling_rate", 16000)
         if rate != 16000:
             raise BadParameter("model directory", spec,
@@ -282,9 +284,18 @@ OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mp
                     "roberta-prelayernorm", "xmod", "ibert", "markuplm", "layoutlmv3")
 
 
+# MPNet's embeddings fix their padding index at 1 whatever the config's pad_token_id (transformers,
+# models/mpnet/modeling_mpnet.py: MPNetEmbeddings sets self.padding_idx = 1), so its offset is 2.
+FIXED_PADDING_IDX = {"mpnet": 1}
+
+
 def position_offset(config: dict) -> int:
-    """The positions a sequence cannot use: pad_token_id + 1 for the models in OFFSET_POSITIONS, else 0."""
-    return int(config.get("pad_token_id") or 0) + 1 if config.get("model_type") in OFFSET_POSITIONS else 0
+    """The positions a sequence cannot use: the padding index + 1 for the models in OFFSET_POSITIONS (the index
+    their embeddings fix, FIXED_PADDING_IDX, else the config's pad_token_id), else 0."""
+    kind = config.get("model_type")
+    if kind not in OFFSET_POSITIONS:
+        return 0
+    return FIXED_PADDING_IDX.get(kind, int(config.get("pad_token_id") or 0)) + 1
 
 
 def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
@@ -316,6 +327,9 @@ def _audio(path: Path, config: dict, task: str, model) -> dict:
     if task == "speech-seq2seq":
         return {"kind": inputs.CLASSIFIER, "module": adapters.SpeechSeq2SeqAdapter(model),
                 "declaration": speech_declaration(extractor)}
+    if "conv_kernel" not in config:       # a spectrogram classifier (AST), admitted by _processor_fits
+        return {"kind": inputs.CLASSIFIER, "module": adapters.SpectrogramAdapter(model).eval(),
+                "declaration": spectrogram_declaration(extractor)}
     stride, field = 1, 1
     for kernel, step in zip(reversed(config["conv_kernel"]), reversed(config["conv_stride"])):
         field, stride = (field - 1) * step + kernel, stride * step
@@ -339,6 +353,26 @@ def speech_declaration(extractor) -> inputs.Declaration:
 
     dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("mels", size=mels), inputs.Dim("frames", size=frames))
     return inputs.Declaration((inputs.TensorSpec("input_features", torch.float32, (inputs.BATCH, "mels", "frames")),),
+                              dims, build, lambda items: {}, (inputs.Output("logits", inputs.CLASSIFIER),),
+                              inputs.AUDIO, sample_rate=rate)
+
+
+def _fixed_spectrogram(extractor) -> bool:
+    return all(isinstance(getattr(extractor, k, None), int) for k in ("max_length", "num_mel_bins"))
+
+
+def spectrogram_declaration(extractor) -> inputs.Declaration:
+    """An AST-style classifier's contract: each clip as its feature extractor's log-mel filterbank, padded (or cut)
+    to the extractor's fixed window of max_length frames: one shape, nothing varies."""
+    from portkit.models import audio as audio_models
+    rate, frames, mels = extractor.sampling_rate, extractor.max_length, extractor.num_mel_bins
+
+    def build(items, sizes):
+        waves = [audio_models.waveform(item, rate).numpy() for item in items]
+        return {"input_values": extractor(waves, sampling_rate=rate, return_tensors="pt")["input_values"].float()}
+
+    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("frames", size=frames), inputs.Dim("mels", size=mels))
+    return inputs.Declaration((inputs.TensorSpec("input_values", torch.float32, (inputs.BATCH, "frames", "mels")),),
                               dims, build, lambda items: {}, (inputs.Output("logits", inputs.CLASSIFIER),),
                               inputs.AUDIO, sample_rate=rate)
 

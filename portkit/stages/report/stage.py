@@ -14,8 +14,9 @@ with autoescape on, so no value reaches the page unescaped.
 
 report.json's keys are stable (a CI job can gate on them); each is documented in docs/reference/report-json.md:
 "schema" ("portkit.report/1"), "created", "run_dir", "model", "environment", "environment_source", "stages"
-({stage: {"file", "status", "problem", "summary"}}), "gaps", and "targets" ({name: {"mode", "verdict",
-"findings", "checklist", "metrics", "details", ...}}).
+({stage: {"file", "status", "problem", "summary"}}), "gaps", "verdicts" ({name: verdict}, for a script), "cost"
+(per million requests on each target and on named GPUs: an estimate, portkit.planning.cost) and "targets" ({name:
+{"mode", "verdict", "numbers" (the stages' numbers, runfolder.numbers), "findings", "checklist", "metrics", ...}}).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import jinja2
 
-from portkit.runfolder import environment
+from portkit.planning import cost as cost_mod
+from portkit.runfolder import environment, numbers
 from portkit.core import reconcile
 from portkit.stages import options
 from portkit.stages.report import sections as report_stages
@@ -127,6 +129,7 @@ class TargetReport:
     # the stages that could find a blocker and did not assess this target (not run, failed, unreadable, or their
     # result holds no readable half for it): with no blocker found, the target is not assessed, never ready
     unassessed: list[str] = field(default_factory=list)
+    numbers: dict = field(default_factory=dict)       # the stages' numbers for this target (runfolder.numbers.of)
 
     def training_reason(self) -> str:
         return "; ".join((t := self.training or {}).get("blockers", []) + t.get("work", [])) or t.get("numerics", "")
@@ -164,7 +167,7 @@ class TargetReport:
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
                 "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "unassessed": self.unassessed,
-                "training": self.training,
+                "training": self.training, "numbers": self.numbers,
                 "first": self.first(), "vanished": self.vanished, "precision": self.precision,
                 "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
                 "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
@@ -183,6 +186,7 @@ class MigrationReport:
     images: list[tuple[str, str]]      # (caption, base64 PNG) taken from the executed notebooks
     environment_source: str = results.NOT_RECORDED
     other_gaps: list[str] = field(default_factory=list)   # environment and notebooks; stage gaps live in stages
+    cost: dict | None = None           # planning.cost.comparison of the run's stage 3 and 3b results
     created: str = field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
 
     @property
@@ -203,6 +207,7 @@ class MigrationReport:
                 "model": self.model, "summary": self.summary(), "environment": self.environment,
                 "environment_source": self.environment_source,
                 "stages": {n: s.to_dict() for n, s in self.stages.items()}, "gaps": self.gaps,
+                "verdicts": self.verdicts(), "cost": self.cost,
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}}
 
     def save(self, folder=None) -> Path:
@@ -253,9 +258,19 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
     reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing)
                for name in names}
+    data = {s.name: s.data for s in present}
+    for name, report in reports.items():
+        report.numbers = numbers.of(data, name)
     images, notebook_gaps = runfolder.notebook_images(run_dir, [s.name for s in stages.values()])
     return MigrationReport(run_dir, model, stages, reports, run_env.info, images, run_env.source,
-                           run_env.gaps + notebook_gaps)
+                           run_env.gaps + notebook_gaps, cost=_cost(data, names))
+
+
+def _cost(data: dict, names: list[str]) -> dict | None:
+    """The cost per million requests where stage 3 planned buckets (None otherwise): an estimate."""
+    if not data.get("buckets"):
+        return None
+    return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names)
 
 
 def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str]) -> TargetReport:
@@ -325,6 +340,29 @@ def _template() -> jinja2.Template:
     return env.get_template("report.html.j2")
 
 
+COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million requests", "$ per million (estimate)",
+                "at 2x / 0.5x throughput", "price per chip-hour", "price source", "method")
+
+
+def _cost_rows(found: dict | None) -> list[list]:
+    """The cost comparison's rows: each target, then each named GPU (planning.cost.comparison)."""
+    rows = []
+    for side, est in [*((found or {}).get("targets") or {}).items(),
+                      *((f"GPU {g}", e) for g, e in ((found or {}).get("gpus") or {}).items())]:
+        if "chip_seconds_per_million_requests" not in est:
+            rows.append([side, "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
+            continue
+        usd, price = est.get("usd_per_million_requests"), est.get("price") or {}
+        rows.append([side, est["chip"], f"{est['positions_per_request']:.1f}",
+                     f"{est['chip_seconds_per_million_requests']:.3g}",
+                     f"${usd['estimate']:.3g}" if usd else est.get("problem", "—"),
+                     f"${usd['at twice the throughput']:.3g} to ${usd['at half the throughput']:.3g}" if usd else "—",
+                     f"${price['usd_per_chip_hour']:.3g}" if price else "—",
+                     f"{price.get('source', '—')} ({price.get('date', '?')}; {price.get('supplied_by', '?')})"
+                     if price else "—", est["method"]])
+    return rows
+
+
 def _render(r: MigrationReport, standalone: bool) -> str:
     """The report as HTML: a whole page, or the body alone for the notebook."""
     names = list(r.targets)
@@ -339,6 +377,7 @@ def _render(r: MigrationReport, standalone: bool) -> str:
         details.append((table, columns, [["—" if row.get(c) is None else row[c] for c in columns] for row in rows]))
     return _template().render(
         r=r, standalone=standalone, names=names, side_by_side=side_by_side, details=details,
+        cost_rows=_cost_rows(r.cost), cost_columns=list(COST_COLUMNS),
         emulated=[n for n, t in r.targets.items() if t.mode != "native"], colors=VERDICT_COLORS,
         environment_text=environment.render(r.environment),
         kernel_rows={n: [[k["op"], k["status"], f"{k['share']:.1%}", k["calls"], ", ".join(k["modules"]), k["language"]]
