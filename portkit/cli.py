@@ -7,6 +7,7 @@
     portkit sweep --model a --model b --target neuron --target tpu --out runs/sweep   # Ray tasks (portkit[sweep])
     portkit export runs/minilm --to pytorch      # the bucket plan as a serving stack's config (pytorch, vllm, nxdi)
     portkit check runs/new --baseline runs/old   # CI regression gate: exit 1 on a regression
+    portkit scan org/name        # static scan of a model's code (remote code too): GPU-only code, vendor lists
 
 Bad input gets one line naming the bad value and the valid choices, exit code 2, and nothing written.
 A failed stage exits 1 and names the notebook and the cell.
@@ -95,6 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--target", action="append", dest="targets", metavar="TARGET",
                      help="targets to report on (default: those in the stage results)")
     sub.add_parser("targets", help="show each target's mode on this machine")
+    sc = sub.add_parser("scan", help="static scan of a model's code for GPU-only code and the vendors' lists, "
+                                     "without importing or running it")
+    sc.add_argument("source", help="a model directory (its *.py: remote code), a Hub id in the cache, or a .py file")
+    sc.add_argument("--target", action="append", dest="targets", metavar="TARGET",
+                    help="targets to scan for (default: neuron and tpu)")
     sw = sub.add_parser("sweep", help="one workbook run per model x target x option set, as Ray tasks")
     sw.add_argument("--model", action="append", dest="models", metavar="MODEL", help="repeat for several")
     sw.add_argument("--target", action="append", dest="targets", metavar="TARGET",
@@ -272,6 +278,33 @@ def _params() -> int:
     return 0
 
 
+def _scan(args) -> int:
+    """`portkit scan SOURCE`: stage 1's static scan alone, on code portkit will not run (a Hub model's remote
+    code), by target and severity; exit 0 whatever it finds (the findings are the result)."""
+    from pathlib import Path
+
+    from portkit.core.errors import BadParameter
+    from portkit.models import huggingface
+    from portkit.stages.fallbacks import source_scan
+    from portkit.targets import specs as targets_mod
+    targets = targets_mod.parse_targets(args.targets or list(targets_mod.MIGRATION_TARGETS))
+    path = Path(args.source).expanduser()
+    if not path.exists() and huggingface.is_hub_id(args.source):
+        path = huggingface.resolve(args.source).path          # the cached snapshot, pinned to its commit
+    if not (path.is_dir() or path.suffix == ".py" and path.is_file()):
+        raise BadParameter("source to scan", args.source, hint="a model directory, a cached Hub id or a .py file")
+    scan = source_scan.scan_paths([path])
+    print(f"scanned {len(scan.files)} file(s) under {path} statically (nothing imported or run)")
+    for error in scan.errors:
+        print(f"  not parsed: {error}")
+    for target in targets:
+        found = source_scan.findings(scan, target)
+        print(f"{target}: {len(found)} finding(s)")
+        for f in found:
+            print(f"  [{f.severity}] {f.message}" + (f" — {f.advice}" if f.advice else ""))
+    return 0
+
+
 def _deploy(args) -> int:
     """`portkit export` (exit 0) and `portkit check` (exit 1 on a regression)."""
     from portkit.deploy import cost, export, gate
@@ -302,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if args.command == "targets":
             return _targets()
+        if args.command == "scan":
+            return _scan(args)
         if args.command == "sweep":
             return _sweep(args)
         if args.command in ("export", "check"):

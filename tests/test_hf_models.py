@@ -1,6 +1,7 @@
 """Hugging Face models as users save them: a directory of every common task (small configs of real
 architectures, random weights, their own processors built without downloads), a Hub id served from a
 cache the test lays out, a config without weights, and the inputs refused in the plan step."""
+import json
 import shutil
 
 import numpy as np
@@ -295,3 +296,44 @@ def test_a_spectrogram_audio_classifier_runs_on_its_feature_extractors_window(tm
     batch = m.declaration.batch(waves)
     assert tuple(batch["input_values"].shape) == (2, 64, 32)              # one fixed window: nothing varies
     assert tuple(m.module(**batch)["logits"].shape) == (2, 3)
+
+
+REMOTE_CODE = '''import torch
+from torch import nn
+try:
+    from flash_attn import flash_attn_func
+except ImportError:
+    flash_attn_func = None
+
+
+class TinyCustomModel(nn.Module):
+    def __init__(self, config=None):
+        super().__init__()
+        self.proj = nn.Linear(8, 8).cuda()
+
+    def forward(self, x):
+        with torch.cuda.amp.autocast():
+            return self.proj(x)
+'''
+
+
+def test_a_hub_models_remote_code_is_scanned_without_running_it(tmp_path, monkeypatch, capsys):
+    """A Hub model whose config maps to its own code: the plan step refuses to run it (pointing at `portkit scan`),
+    and `portkit scan org/custom` reads that code statically from the cache: the hard-coded .cuda(), the
+    torch.cuda.amp autocast and the optional flash-attn import, each with its line."""
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "tiny-custom", "architectures": ["TinyCustomModel"],
+        "auto_map": {"AutoModel": "modeling_custom.TinyCustomModel"}}))
+    (folder / "modeling_custom.py").write_text(REMOTE_CODE)
+    cache, _ = _hub_cache(tmp_path, folder, "org/custom")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    with pytest.raises(BadParameter, match="portkit scan"):
+        models.validate("org/custom")
+    assert cli.main(["scan", "org/custom", "--target", "tpu"]) == 0
+    out = capsys.readouterr().out
+    assert "scanned 1 file(s)" in out and "nothing imported or run" in out
+    assert "modeling_custom.py:12" in out and "[blocker] .cuda()" in out     # the .cuda() in __init__
+    assert "flash" in out.lower() and "amp" in out
+    assert cli.main(["scan", str(tmp_path / "nowhere.txt")]) == 2

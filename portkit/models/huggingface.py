@@ -82,9 +82,11 @@ def task_of(config: dict, spec: str = "") -> str:
                            hint="it names no model type; save the model with save_pretrained, which writes it")
     if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
         import transformers
+        code = " (its config maps to its own code, auto_map: see what it holds with `portkit scan`)" \
+            if config.get("auto_map") else ""
         raise BadParameter(f"model_type of {what}", model_type,
                            hint=f"transformers {transformers.__version__} knows no such model type (custom code "
-                                f"is not run); {DECLARE}")
+                                f"is not run{code}); {DECLARE}")
     archs = config.get("architectures") or []
     if not archs:
         raise BadParameter(f"config.json of {what}", "no architectures",
