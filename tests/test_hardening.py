@@ -118,16 +118,21 @@ def test_ray_that_does_not_start_is_one_line_and_its_temporary_folder_is_removed
     real_mkdtemp = sweep.tempfile.mkdtemp
     monkeypatch.setattr(sweep.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
 
+    tries = []
+
     def refuse(*args, **kwargs):
+        tries.append(1)
         raise RuntimeError("Failed to start the GCS server.\nIt exited with code 1.")
     monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(sweep, "START_PAUSE_SECONDS", 0)
     out = tmp_path / "sweep"
     assert cli.main(["sweep", "--out", str(out), "--model", fixture_model("tiny_encoder"), "--memory-per-task", "1",
                      *CHEAP]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["portkit: error: Ray did not start on this machine (RuntimeError: Failed to start the GCS server. "
-                     "It exited with code 1.); try --address of a running Ray cluster, or fewer workers at once (a "
-                     "larger --cpus-per-task or --memory-per-task), or free memory and rerun"]
+    assert lines == ["portkit: error: Ray did not start on this machine in 3 tries (RuntimeError: Failed to start the "
+                     "GCS server. It exited with code 1.); try --address of a running Ray cluster, or fewer workers at "
+                     "once (a larger --cpus-per-task or --memory-per-task), or free memory and rerun"]
+    assert len(tries) == sweep.START_ATTEMPTS       # a start a loaded machine missed is tried again
     assert made and not any(Path(m).exists() for m in made)
 
 

@@ -314,19 +314,29 @@ def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress
             shutil.rmtree(temp, ignore_errors=True)
 
 
+# Ray gives a starting node a fixed 30 s to register with its GCS (ray/_private/node.py, not configurable), which a
+# loaded machine can miss: the start is tried this many times, with a pause between, before it is a failure.
+START_ATTEMPTS, START_PAUSE_SECONDS = 3, 10
+
+
 def _start_local(ray, temp: str) -> None:
-    """Start a local Ray in `temp` (removed by the caller however this ends); a start that fails is one line: what
-    Ray said and what to try (the processes it started are shut down first)."""
-    try:
-        ray.init(include_dashboard=False, _temp_dir=temp, log_to_driver=False, logging_level="ERROR",
-                 object_store_memory=OBJECT_STORE_BYTES)
-    except Exception as exc:   # noqa: BLE001 (Ray raises many kinds here: RuntimeError, ConnectionError, ...)
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-        said = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise PortkitError(f"Ray did not start on this machine ({type(exc).__name__}: {said}); try --address of a "
-                           "running Ray cluster, or fewer workers at once (a larger --cpus-per-task or "
-                           "--memory-per-task), or free memory and rerun") from None
+    """Start a local Ray in `temp` (removed by the caller however this ends); a start that fails START_ATTEMPTS
+    times is one line: what Ray said and what to try (the processes it started are shut down first)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            ray.init(include_dashboard=False, _temp_dir=temp, log_to_driver=False, logging_level="ERROR",
+                     object_store_memory=OBJECT_STORE_BYTES)
+            return
+        except Exception as exc:   # noqa: BLE001 (Ray raises many kinds here: RuntimeError, ConnectionError, ...)
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if attempt < START_ATTEMPTS:
+                time.sleep(START_PAUSE_SECONDS)
+                continue
+            said = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise PortkitError(f"Ray did not start on this machine in {START_ATTEMPTS} tries ({type(exc).__name__}: "
+                               f"{said}); try --address of a running Ray cluster, or fewer workers at once (a larger "
+                               "--cpus-per-task or --memory-per-task), or free memory and rerun") from None
 
 
 def _check_reachable(address: str, seconds: float = 5.0) -> None:
