@@ -8,6 +8,7 @@ import torch
 from conftest import FIXTURES, fixture_model
 from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
+from portkit.stages.fallbacks import recording
 from portkit.stages.fallbacks import stage as fallbacks
 from portkit.core import frames
 from portkit.models import registry as models
@@ -160,6 +161,21 @@ def test_int64_sentinels_of_a_masked_cast_are_a_check_not_a_blocker():
     assert saturated["int64_saturated"].where["file"] == __file__
     overflow = neuron_findings(BigIds())
     assert overflow["int64_overflow"].severity == BLOCKER and "to 21990232555520" in overflow["int64_overflow"].message
+
+
+def test_uninitialized_memory_is_never_an_int64_overflow():
+    """Mixtral's grouped experts allocate an index permutation with torch.empty_like and fill it after
+    (transformers/integrations/moe.py): the allocation holds whatever the memory held (heap pointers, here), which
+    is not the model's value and never an overflow; the values the model writes are still checked (BigIds)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from portkit.models.adapters import LogitsAdapter
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2)
+    module = LogitsAdapter(MixtralForCausalLM(config).eval())
+    found = neuron_findings(module)
+    assert "int64" in found and "int64_overflow" not in found
+    assert recording.UNINITIALIZED >= {"aten::empty", "aten::empty_like", "aten::new_empty"}
 
 
 def test_a_cpu_trace_never_clears_a_fused_recurrent_cell():

@@ -127,7 +127,9 @@ class _OpRecorder(TorchDispatchMode):
                 self._feature("float64", module, op, "float64 tensors")
             elif t.dtype == torch.int64 and t.numel() and t.device.type != "meta":
                 self._feature("int64", module, op, "int64 tensors")
-                if t.numel() <= 1 << 20:   # value check is cheap for the index-sized tensors it is for
+                # value check is cheap for the index-sized tensors it is for; an allocation's values are
+                # whatever the memory held (torch.empty: "uninitialized data"), never the model's
+                if t.numel() <= 1 << 20 and op.split(".")[0] not in UNINITIALIZED:
                     self._int64_range(t, module, op)
             if t.layout != torch.strided:
                 self._feature("sparse", module, op, f"layout {str(t.layout).replace('torch.', '')}")
@@ -170,6 +172,10 @@ class _OpRecorder(TorchDispatchMode):
             self._feature("int64_overflow", module, op, f"values from {low} to {high}")
 
 
+# Ops whose output holds uninitialized memory (https://pytorch.org/docs/stable/generated/torch.empty.html): Mixtral's
+# grouped experts allocate an index permutation with torch.empty_like and fill it after (transformers/integrations/moe.py)
+UNINITIALIZED = frozenset({"aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
+                           "aten::new_empty_strided", "aten::empty_permuted"})
 _NEAR_SENTINEL = 1 << 62   # no index or count gets this far; a cast of +-inf lands at +-2**63
 
 
