@@ -172,8 +172,9 @@ class _OpRecorder(TorchDispatchMode):
             self._feature("int64_overflow", module, op, f"values from {low} to {high}")
 
 
-# Ops whose output holds uninitialized memory (https://pytorch.org/docs/stable/generated/torch.empty.html): Mixtral's
-# grouped experts allocate an index permutation with torch.empty_like and fill it after (transformers/integrations/moe.py)
+# Ops whose output holds uninitialized memory (https://pytorch.org/docs/stable/generated/torch.empty.html):
+# Mixtral's grouped experts allocate an index permutation with torch.empty_like and fill it after
+# (transformers/integrations/moe.py)
 UNINITIALIZED = frozenset({"aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
                            "aten::new_empty_strided", "aten::empty_permuted"})
 _NEAR_SENTINEL = 1 << 62   # no index or count gets this far; a cast of +-inf lands at +-2**63
