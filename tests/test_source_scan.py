@@ -125,6 +125,28 @@ def test_stage_one_reports_the_scan_beside_the_recorded_findings():
     assert reconcile.status_of(mamba.to_dict(), view)[0] == NOT_CHECKED
 
 
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lstm, self.head = nn.Embedding(50, 8), nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 3)
+
+    def forward(self, input_ids, attention_mask):
+        hidden, _ = self.lstm(self.emb(input_ids))
+        return {"logits": self.head(hidden)}
+
+
+def test_an_lstm_is_one_cause_on_tpu_with_the_vendor_lists_word_in_it():
+    """The recording finds the nn.LSTM (its fused cell on the device) and TorchTPU's list calls LSTM experimental:
+    one module, one cause, one finding that says both; a count by cause counts it once."""
+    m = models.LoadedModel("tagger", models.TOKEN_CLASSIFIER, Tagger().eval(), "test", tokenizer=None)
+    ids = {"input_ids": torch.tensor([[1, 3, 9, 20]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    tpu = fallbacks.find_fallbacks(m, ids, ["tpu"]).targets["tpu"].findings
+    about = [f for f in tpu if f.module == "lstm"]
+    assert len(about) == 1 and about[0].kind == "recurrent"
+    assert "TorchTPU lists LSTM as experimental" in about[0].message and about[0].severity == WORK
+    assert not any(f.kind == "vendor_list" for f in tpu)
+
+
 @pytest.mark.parametrize("here,ok,line", [
     ({"torch": "2.13.0+cpu", "python": "3.11.7", "transformers": "5.24.0"}, [False, False, None],
      "torch 2.13.0+cpu here; TorchNeuron needs torch 2.14.0 (TorchNeuron release notes, read 2026-12-04): upgrade "

@@ -648,7 +648,24 @@ def findings(scan: Scan, target: str) -> list[Finding]:
 def merge(recorded: list[Finding], scan: Scan, target: str) -> list[Finding]:
     """Stage 1's findings for `target`: the recorded ones and the scan's, ordered by severity."""
     order = {s: i for i, s in enumerate(SEVERITIES)}
-    return sorted(recorded + findings(scan, target), key=lambda f: order[f.severity])
+    listed = [f for f in findings(scan, target) if not _folded(f, recorded, order)]
+    return sorted(recorded + listed, key=lambda f: order[f.severity])
+
+
+def _folded(listed: Finding, recorded: list[Finding], order: dict) -> bool:
+    """A vendor-list entry about the very modules a recorded finding already names (TorchTPU's "LSTM:
+    experimental" beside the nn.LSTM the recording found) is one cause: its sentence joins that finding, the
+    more severe of the two severities stands, and it is not counted again."""
+    if listed.kind != VENDOR_LIST:
+        return False
+    same = next((f for f in recorded if f.module and f.module == listed.module
+                 and (f.cause or "").endswith(f".{listed.cause.split(': ', 1)[-1]}")), None)
+    if same is None:
+        return False
+    same.message += "; " + listed.message.split(": ", 1)[-1]
+    same.severity = min(same.severity, listed.severity, key=order.get)
+    same.source = "; ".join(s for s in (same.source, listed.source) if s)
+    return True
 
 
 def noted(scan: Scan, run, *args):
