@@ -76,7 +76,7 @@ def test_a_declaration_refuses_what_it_cannot_mean():
     decl = inputs.Declaration((inputs.TensorSpec("x", torch.float32, ("batch", "time")),),
                               (inputs.Dim("batch", batch=True), inputs.Dim("time", varies=True, max=9)),
                               lambda i, s: {}, lambda items: {"frames": []}, (inputs.Output("y", "classifier"),),
-                              inputs.AUDIO)
+                              inputs.AUDIO, sample_rate=8000)
     with pytest.raises(BadParameter, match="lengths from measure.*none for 'time'"):
         decl.lengths([1])
 

@@ -15,8 +15,9 @@ Three sources, each labelled in what it returns:
   durations, like the utterances of public speech corpora, but never a recording. Clips are cached as FLAC
   under the caller's folder (keyed by the text and espeak-ng's version), so a text is spoken once.
 Files are read with `soundfile` and resampled with `scipy.signal.resample_poly` (anti-aliased); multi-channel
-files are mixed down to mono. A clip is decoded only when its samples are needed: a corpus holds each file's
-rate and length, so its durations (what stage 3 buckets) cost no decoding.
+files are mixed down to mono. A corpus holds each file's rate and length (its durations cost no decoding);
+a declaration's build and measure take waveforms (`waveform(item, rate)`), kept once decoded, by path and rate
+(WAVEFORM_CACHE_BYTES), so the batches built from measured clips decode nothing again.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import random
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +46,12 @@ AUDIO_TYPES = (".wav", ".flac")
 # changes no bucket and keeps the cache small.
 MAX_SPOKEN_CHARS = 600
 ESPEAK = "espeak-ng"
+# Decoded waveforms kept for reuse (least recently used dropped first): a declaration's measure() reads every
+# clip of the corpus (stage 3 measures them all) and its build() reads clips of the same corpus again. 256 MiB
+# holds about 70 minutes of float32 audio at 16 kHz (64,000 bytes a second), above the default corpus (the
+# alsa-utils words and 256 spoken docstrings, each at most MAX_SPOKEN_CHARS), while a larger folder stays
+# bounded: its oldest clips are decoded again when needed.
+WAVEFORM_CACHE_BYTES = 256 * 2**20
 _INSTALL_HINT = "apt-get install alsa-utils espeak-ng (scripts/bootstrap.sh does it where apt is available)"
 
 
@@ -95,12 +104,57 @@ class Clip:
         return resampled_length(self.frames, self.rate, rate)
 
     def load(self, rate: int) -> np.ndarray:
-        """The clip as float32 mono samples in [-1, 1] at `rate` Hz."""
-        try:
-            data, native = _soundfile().read(self.path, dtype="float32", always_2d=True)
-        except RuntimeError as exc:   # soundfile's LibsndfileError: a file that is not audio
-            raise BadParameter("audio file", self.path, hint=f"cannot read it ({exc})") from None
-        return resample(data.mean(axis=1), native, rate)
+        """The clip as float32 mono samples in [-1, 1] at `rate` Hz: decoded once, then from the cache of
+        decoded waveforms while it holds them (a copy: the caller may change it)."""
+        key = (self.path, self.rate, self.frames, int(rate))   # the header's rate and length: the same file
+        return _DECODED.get(key, lambda: _decode(self.path, rate)).copy()
+
+
+def _decode(path: str, rate: int) -> np.ndarray:
+    """A file's samples mixed down to mono, as float32 at `rate` Hz."""
+    try:
+        data, native = _soundfile().read(path, dtype="float32", always_2d=True)
+    except RuntimeError as exc:   # soundfile's LibsndfileError: a file that is not audio
+        raise BadParameter("audio file", path, hint=f"cannot read it ({exc})") from None
+    return resample(data.mean(axis=1), native, rate)
+
+
+class _WaveformCache:
+    """Decoded waveforms by key, at most `limit` bytes in all, the least recently used dropped first."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+        self._waves: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, decode) -> np.ndarray:
+        with self._lock:
+            if key in self._waves:
+                self._waves.move_to_end(key)
+                return self._waves[key]
+        wave = decode()
+        wave.setflags(write=False)          # handed out as copies only
+        with self._lock:
+            if key not in self._waves and wave.nbytes <= self.limit:
+                self._waves[key] = wave
+                self.held += wave.nbytes
+                while self.held > self.limit:
+                    self.held -= self._waves.popitem(last=False)[1].nbytes
+        return wave
+
+    def clear(self) -> None:
+        with self._lock:
+            self._waves.clear()
+            self.held = 0
+
+
+_DECODED = _WaveformCache(WAVEFORM_CACHE_BYTES)
+
+
+def waveform(item, rate: int) -> np.ndarray:
+    """A data item as an audio declaration's build and measure take it: a Clip as its 1-D float32 waveform at
+    `rate` Hz (Clip.load, cached); any other item (a waveform a declaration's own_items gives) as it is."""
+    return item.load(rate) if isinstance(item, Clip) else item
 
 
 @dataclass(frozen=True)

@@ -378,16 +378,23 @@ def corpus_for(model, spec: str = "stdlib", column: str = "text") -> Corpus | No
         if is_folder(spec):
             raise BadParameter("corpus", spec, hint=f"a folder; {model.name} takes text (a .txt/.jsonl/.csv file)")
         return load_corpus(spec, column)
-    if declared.data == "audio":         # the clips themselves are the items: read when a batch is built
+    if declared.data == "audio":   # the clips are the items: the declaration decodes them for build and measure
         clips = audio_corpus(spec, column)
         return Corpus(clips.name, f"{clips} ({clips.label})", clips.clips)
     if declared.data == "image":
         if not is_folder(spec):
             return None
-        name, source, pictures = images.folder_images(spec, model.image_size)
+        name, source, pictures = images.folder_images(spec, model.image_size, channels=image_channels(model))
         return Corpus(name, source, pictures)
     raise BadParameter(f"data for {model.name}", declared.data,
                        hint="give its declaration own_items() (portkit.models.inputs), or a corpus of its kind")
+
+
+def image_channels(model) -> int:
+    """The channels an image model's items carry: its declaration's `channels` dimension where that is one
+    images.to_channels makes (image_declaration's), else 3 (RGB, what any other image declaration reads)."""
+    size = next((d.size for d in model.declaration.dims if d.name == "channels"), None)
+    return size if size in images.CHANNELS else 3
 
 
 def example_batch(model, corpus: Corpus | None, batch_size: int, seq_len: int, seed: int = 0):
@@ -395,7 +402,7 @@ def example_batch(model, corpus: Corpus | None, batch_size: int, seq_len: int, s
     truncated) to seq_len tokens, real image crops for an image model, any other items padded to the
     longest of them (seq_len counts tokens). Returns (inputs, description)."""
     if corpus is None and not model.takes_text:
-        crops = images.sample_images(batch_size, model.image_size, seed)
+        crops = images.sample_images(batch_size, model.image_size, seed, channels=image_channels(model))
         return model.encode(crops), f"{batch_size} image crops of {model.image_size}x{model.image_size}"
     if corpus is None:
         raise BadParameter("corpus", None, CORPUS_CHOICES)

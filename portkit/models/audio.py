@@ -24,14 +24,17 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import importlib.util
+import re
 import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import nn
 
 from portkit.corpora import audio
@@ -120,13 +123,10 @@ def crepe_network(capacity: str = "tiny") -> nn.Module:
     return network.eval()
 
 
-def _samples(item, rate: int) -> int:
-    """A data item's length in samples at `rate`: an audio.Clip (from its header) or a 1-D waveform."""
-    return item.length(rate) if isinstance(item, audio.Clip) else int(np.asarray(item).shape[-1])
-
-
 def _waveform(item, rate: int) -> torch.Tensor:
-    return torch.from_numpy(item.load(rate) if isinstance(item, audio.Clip) else np.asarray(item, np.float32))
+    """A data item as a float32 tensor: what an audio declaration's build receives (a 1-D waveform at `rate`,
+    Declaration.batch decodes recordings first), or an audio.Clip given directly, decoded here the same way."""
+    return torch.from_numpy(np.asarray(audio.waveform(item, rate), np.float32))
 
 
 def crepe_frames(waveform: torch.Tensor, window: int = 1024) -> torch.Tensor:
@@ -165,18 +165,18 @@ class CrepePitch(nn.Module):
 
 def _framed_declaration(name: str, width: int, count, frame, max_frames: int, output: inputs.Output,
                         min_frames: int) -> inputs.Declaration:
-    """Audio items (audio.Clip or 1-D waveforms at RATE) as (batch, frames, width) frames and a frame mask:
+    """Items (1-D float32 waveforms at RATE) as (batch, frames, width) frames and a frame mask:
     `count(samples)` frames per item, `frame(waveform)` making them; padding frames are zeros."""
-    def build(items, sizes):
+    def build(waves, sizes):
         n = sizes[FRAMES]
-        out, mask = torch.zeros(len(items), n, width), torch.zeros(len(items), n, dtype=torch.long)
-        for row, item in enumerate(items):
-            made = frame(_waveform(item, RATE))[:n]
+        out, mask = torch.zeros(len(waves), n, width), torch.zeros(len(waves), n, dtype=torch.long)
+        for row, wave in enumerate(waves):
+            made = frame(torch.from_numpy(np.asarray(wave, np.float32)))[:n]
             out[row, :len(made)], mask[row, :len(made)] = made, 1
         return {name: out, "frame_mask": mask}
 
-    def measure(items):
-        return {FRAMES: [count(_samples(item, RATE)) for item in items]}
+    def measure(waves):
+        return {FRAMES: [count(len(wave)) for wave in waves]}
     dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim(FRAMES, varies=True, max=max_frames, min=min_frames),
             inputs.Dim("window", size=width))
     return inputs.Declaration(
@@ -240,7 +240,8 @@ def waveform_declaration(stride: int, output: inputs.Output, normalize: bool = F
 
 
 def waveform(item, rate: int = RATE) -> torch.Tensor:
-    """A data item (an audio.Clip, or a 1-D waveform) as a float32 waveform at `rate`."""
+    """A data item (a 1-D waveform, as an audio declaration's build receives it, or an audio.Clip) as a
+    float32 waveform tensor at `rate`."""
     return _waveform(item, rate)
 
 
@@ -293,24 +294,141 @@ class LogMelGRU(nn.Module):
         return self.head(out), state
 
 
+# A PROBABILITY output's default decision threshold: silero-vad's get_speech_timestamps (src/silero_vad/utils_vad.py)
+# counts a chunk as speech at probability >= 0.5, and at 0.5 the decision is the argmax of (1 - p, p).
+DECISION_THRESHOLD = 0.5
+STATE = "state"                # the step's state argument; the name of its one leaf where the state is one tensor
+
+
+@dataclass(frozen=True)
+class StreamOutput(inputs.Output):
+    """An output the step gives per chunk, the metric kind it is compared with (inputs.CLASSIFIER,
+    TOKEN_CLASSIFIER, IMAGE_CLASSIFIER: argmax over the last axis; PROBABILITY: a probability per element;
+    EMBEDDING: a vector along the last axis), and a PROBABILITY's decision threshold (p >= threshold)."""
+    threshold: float = DECISION_THRESHOLD
+
+    def __post_init__(self):
+        value = self.threshold
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise BadParameter(f"threshold of stream output {self.name!r}", value,
+                               hint="give a probability strictly between 0 and 1")
+
+
+def _is_shape(node) -> bool:
+    """A leaf of a state's shape declaration: a tuple or list of ints (torch.Size too); any other tuple, list or
+    dict is a container of such shapes (torch.utils._pytree's is_leaf)."""
+    return isinstance(node, (tuple, list)) and all(isinstance(d, int) and not isinstance(d, bool) for d in node)
+
+
+def _leaf_name(path) -> str:
+    """A state leaf's name from its pytree path: 'state' for a lone tensor, else e.g. 'state_lstm_0' for
+    state["lstm"][0]: a name that works as a keyword argument and an output name."""
+    keys = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_")
+    return f"{STATE}_{keys}" if keys else STATE
+
+
 @dataclass
 class StreamStep:
-    """A streaming step: the module, the chunk it takes, and the state it starts from."""
+    """A streaming step `module(chunk, state) -> (outputs, new_state)`: the module, the chunk it takes, its state's
+    layout and what it gives per chunk.
+
+    state_shape: the state's shape with -1 marking its batch axis, e.g. (1, -1, 64) for a GRU's hidden state, or a
+    pytree of such shapes (tuple, list, dict, nested) for a state of several tensors, e.g. an LSTM cell beside a
+    context buffer: {"lstm": ((-1, 64), (-1, 64)), "context": (-1, 64)}. The step takes and returns its state in
+    that structure; every leaf is a float tensor starting at `initial_value`.
+    outputs: what the step returns first, one tensor for one output, else a tuple in the declared order or a dict
+    by name; each is compared over the stream with its metric kind (StreamOutput; an inputs.Output is read as a
+    StreamOutput with the default threshold)."""
     name: str
     module: nn.Module
     chunk: int                     # samples per chunk
-    state_shape: tuple[int, ...]   # the state's shape with the batch as -1
+    state_shape: Any               # the state's shape, or a pytree of shapes, each with its batch axis as -1
     origin: str
     rate: int = RATE
     initial_value: float = 0.0     # every element of the state before the first chunk
+    outputs: tuple[inputs.Output, ...] = (StreamOutput("logits", inputs.TOKEN_CLASSIFIER),)
 
-    def initial_state(self, batch: int = 1, dtype=torch.float32) -> torch.Tensor:
-        return torch.full([batch if d == -1 else d for d in self.state_shape], self.initial_value, dtype=dtype)
+    def __post_init__(self):
+        self.outputs = tuple(o if isinstance(o, StreamOutput) else StreamOutput(o.name, o.metric)
+                             for o in self.outputs)
+        paths, self._tree = pytree.tree_flatten_with_path(self.state_shape, is_leaf=_is_shape)
+        if not paths:
+            raise BadParameter(f"state shape of step {self.name!r}", self.state_shape,
+                               hint="declare at least one tensor's shape, with -1 marking its batch axis")
+        names = [_leaf_name(path) for path, _ in paths]
+        for name, (_, shape) in zip(names, paths):
+            _check_shape(name, shape)
+        if len(set(names)) != len(names):
+            raise BadParameter(f"state leaf names of step {self.name!r}", names,
+                               hint="give the state's containers keys that stay apart once made names")
+        self._leaves = {name: tuple(shape) for name, (_, shape) in zip(names, paths)}
+        self._paths = [pytree.keystr(path) for path, _ in paths]
+        names = [o.name for o in self.outputs]
+        if not names or len(set(names) | set(self._leaves)) != len(names) + len(self._leaves):
+            raise BadParameter(f"outputs of step {self.name!r}", names,
+                               hint=f"name each output once, apart from the state's leaves {list(self._leaves)}")
+
+    @property
+    def state_leaves(self) -> dict[str, tuple[int, ...]]:
+        """Each leaf of the state by name (_leaf_name), in its pytree order: its shape with the batch as -1."""
+        return dict(self._leaves)
+
+    def initial_state(self, batch: int = 1, dtype=torch.float32):
+        """The state before the first chunk, in the declared structure: a tensor, or a pytree of tensors."""
+        return pytree.tree_map(lambda shape: torch.full([batch if d == -1 else d for d in shape], self.initial_value,
+                                                        dtype=dtype), self.state_shape, is_leaf=_is_shape)
+
+    def flat_state(self, state) -> dict[str, torch.Tensor]:
+        """A state the step gave, its leaves by name (state_leaves' order). A state of the declared structure but
+        with its dict keys in another order, or a list for a tuple, is matched leaf by leaf on its paths."""
+        leaves, tree = pytree.tree_flatten(state)
+        if tree == self._tree:
+            return dict(zip(self._leaves, leaves))
+        found = {pytree.keystr(path): leaf for path, leaf in pytree.tree_flatten_with_path(state)[0]}
+        if set(found) != set(self._paths):
+            raise BadParameter(f"state returned by step {self.name!r}", sorted(found),
+                               hint=f"return the state in the declared structure, leaves {self._paths}")
+        return {name: found[path] for name, path in zip(self._leaves, self._paths)}
+
+    def state_from(self, leaves: dict[str, torch.Tensor]):
+        """The state in its declared structure from its leaves by name (what StreamAdapter takes)."""
+        return pytree.tree_unflatten([leaves[n] for n in self._leaves], self._tree)
+
+    def named_outputs(self, out) -> dict[str, torch.Tensor]:
+        """What the step gave first, by declared output name."""
+        names = [o.name for o in self.outputs]
+        if isinstance(out, torch.Tensor) and len(names) == 1:
+            return {names[0]: out}
+        if isinstance(out, dict) and set(out) >= set(names):
+            return {n: out[n] for n in names}
+        if isinstance(out, (tuple, list)) and len(out) == len(names):
+            return dict(zip(names, out))
+        got = sorted(out) if isinstance(out, dict) else type(out).__name__
+        raise BadParameter(f"outputs of step {self.name!r}", got,
+                           hint=f"return one tensor per declared output {names}: a tensor for one, a tuple in that "
+                                "order or a dict by name for several")
 
     def describe(self) -> dict:
         return {"name": self.name, "chunk_samples": self.chunk, "chunk_seconds": self.chunk / self.rate,
-                "state_shape": list(self.state_shape), "origin": self.origin, "rate": self.rate,
+                "state_shape": pytree.tree_map(list, self.state_shape, is_leaf=_is_shape),
+                "state_leaves": {n: list(s) for n, s in self._leaves.items()},
+                "outputs": [{"name": o.name, "metric": o.metric,
+                             **({"threshold": o.threshold} if o.metric == inputs.PROBABILITY else {})}
+                            for o in self.outputs],
+                "origin": self.origin, "rate": self.rate,
                 "parameters": sum(p.numel() for p in self.module.parameters())}
+
+
+def _check_shape(name: str, shape: tuple) -> None:
+    """A state leaf's shape: positive sizes and exactly one batch axis, marked -1."""
+    if not _is_shape(shape):
+        raise BadParameter(f"state shape {name}", shape, hint="give a tuple of ints with -1 marking the batch axis")
+    batch = sum(d == -1 for d in shape)
+    if batch != 1:
+        raise BadParameter(f"state shape {name}", tuple(shape),
+                           hint=f"mark the batch axis with -1 exactly once (found {batch or 'none'})")
+    if any(d < 1 and d != -1 for d in shape):
+        raise BadParameter(f"state shape {name}", tuple(shape), hint="every size but the batch's -1 must be positive")
 
 
 def gru_step(chunk_ms: int = 100) -> StreamStep:
@@ -325,33 +443,35 @@ def gru_step(chunk_ms: int = 100) -> StreamStep:
 
 
 class StreamAdapter(nn.Module):
-    """A streaming step as the workbook calls a model: named inputs in, a dict of named outputs out."""
+    """A streaming step as the workbook calls a model: the chunk and each state leaf by name in
+    (stream_declaration's inputs), a dict out: each declared output and each leaf of the new state."""
 
-    def __init__(self, step: nn.Module):
+    def __init__(self, step: StreamStep):
         super().__init__()
-        self.step = step
+        self.step = step.module
+        self.spec = step
 
-    def forward(self, chunk, state):
-        logits, state = self.step(chunk, state)
-        return {"logits": logits, "state": state}
+    def forward(self, chunk, **state):
+        out, state = self.step(chunk, self.spec.state_from(state))
+        return {**self.spec.named_outputs(out), **self.spec.flat_state(state)}
 
 
 def stream_declaration(step: StreamStep) -> inputs.Declaration:
-    """One call of the step: the first chunk of each item (padded with silence) and the initial state.
-    No dimension varies (a stream is cut into chunks of one size), so stage 3 has nothing to bucket; the
-    stream itself is checked by portkit/workloads/streaming.py."""
-    layers, _, hidden = step.state_shape
-
+    """One call of the step: the first chunk of each item (padded with silence) and the initial state, one input
+    per state leaf (StreamStep.state_leaves), each with its batch axis where the step declares it. No dimension
+    varies (a stream is cut into chunks of one size), so stage 3 has nothing to bucket; the stream itself is
+    checked by portkit/workloads/streaming.py."""
     def build(items, sizes):
         chunk = torch.zeros(len(items), step.chunk)
         for row, item in enumerate(items):
             wave = _waveform(item, step.rate)[:step.chunk]
             chunk[row, :len(wave)] = wave
-        return {"chunk": chunk, "state": step.initial_state(len(items))}
-    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("samples", size=step.chunk),
-            inputs.Dim("layers", size=layers), inputs.Dim("hidden", size=hidden))
-    return inputs.Declaration(
-        (inputs.TensorSpec("chunk", torch.float32, (inputs.BATCH, "samples")),
-         inputs.TensorSpec("state", torch.float32, ("layers", inputs.BATCH, "hidden"))),
-        dims, build, lambda items: {}, (inputs.Output("logits", inputs.TOKEN_CLASSIFIER),), inputs.AUDIO,
-        sample_rate=step.rate, item_label="first chunks of recordings")
+        return {"chunk": chunk, **step.flat_state(step.initial_state(len(items)))}
+    dims = [inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("samples", size=step.chunk)]
+    specs = [inputs.TensorSpec("chunk", torch.float32, (inputs.BATCH, "samples"))]
+    for name, shape in step.state_leaves.items():
+        dims += [inputs.Dim(f"{name}_{axis}", size=d) for axis, d in enumerate(shape) if d != -1]
+        specs.append(inputs.TensorSpec(name, torch.float32, tuple(inputs.BATCH if d == -1 else f"{name}_{axis}"
+                                                                  for axis, d in enumerate(shape))))
+    return inputs.Declaration(tuple(specs), tuple(dims), build, lambda items: {}, step.outputs, inputs.AUDIO,
+                              sample_rate=step.rate, item_label="first chunks of recordings")

@@ -13,9 +13,11 @@ may return a `models.LoadedModel` carrying its own declaration:
     >>> decl.batch(waves, sizes={"samples": 1024})      # every varying dim padded (or cut) to the bucket
 
 Rules: `build(items, sizes)` pads or cuts every varying dim to exactly `sizes[dim]`; `measure(items)` gives
-each item's length along every varying dim; a varying `Dim` needs `max`. A declaration that cannot mean
-anything raises BadParameter naming the value. The API is stable (extended, never renamed); the full
-reference and a worked waveform example are in docs/guides/declaring-a-model.md.
+each item's length along every varying dim; a varying `Dim` needs `max`. Both receive, by `data`: TEXT, texts;
+IMAGE, float32 HxWxC arrays in [0, 1] (C: the `channels` dim, RGB or BT.601 luminance); AUDIO, 1-D float32
+waveforms at `sample_rate` (required), each recording decoded once for both (portkit/corpora/audio.py), an
+own_items() item that is not a recording as it is. A declaration that cannot mean anything raises BadParameter
+naming the value. The API is stable (extended, never renamed); docs/guides/declaring-a-model.md has it all.
 """
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
+from portkit.corpora import audio, images
 from portkit.core.errors import BadParameter
 
 # Metric kinds: the keys of portkit.stages.accuracy.comparison.TASK_METRICS (each output is compared with its own).
@@ -32,6 +36,9 @@ EMBEDDING, CAUSAL_LM, SEQ2SEQ_LM, IMAGE_CLASSIFIER, TOKEN_CLASSIFIER = (
     "embedding", "causal-lm", "seq2seq-lm", "image-classifier", "token-classifier")
 CLASSIFIER = "classifier"        # one label per item (a clip, a row): top-1 agreement, like an image classifier
 PITCH = "pitch"                  # per frame (cents, confidence): cents error on voiced frames, voicing agreement
+PROBABILITY = "probability"      # a probability per item or frame: absolute error, decision agreement at a threshold
+WAVEFORM = "waveform"            # audio samples: SNR and SI-SDR in dB
+CODES = "codes"                  # discrete tokens (VQ codes, CTC labels): code agreement
 # What a model's data items are, and so where the stages draw them from.
 TEXT, IMAGE, AUDIO = "text", "image", "audio"
 DATA_KINDS = (TEXT, IMAGE, AUDIO)
@@ -71,9 +78,47 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Output:
-    """An output to compare, and the metric kind it is compared with (a TASK_METRICS key)."""
+    """An output to compare, and the metric kind it is compared with (a TASK_METRICS key).
+
+    An output with fewer positions than its input along the varying dimension (a frame per hop of samples, a code
+    per chunk) declares how they follow the input: one output position per `stride` input positions, the first
+    reading `window` of them (default: the stride). positions(n), its real positions for n real input positions, is
+    then (n - window) // stride + 1, at least 0: torch.nn.Conv1d's L_out with window = dilation * (kernel_size - 1)
+    + 1 - 2 * padding (https://pytorch.org/docs/stable/generated/torch.nn.Conv1d.html); torch.stft's frames with
+    center=True are window=0 (https://pytorch.org/docs/stable/generated/torch.stft.html). ceil=True counts a partial
+    last window too, as a model that pads its input to whole windows does (EnCodec: ceil(n / hop)). Stage 3 slices
+    such an output to positions(real length) when it checks padding; the defaults mean one position per input
+    position, or whatever stage 3's probe finds."""
     name: str
     metric: str
+    stride: int = 1                  # input positions per output position along the varying dimension
+    window: int | None = None        # input positions the first output position reads; None: the stride
+    ceil: bool = False               # a partial last window gives a position too
+
+    def __post_init__(self):
+        if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 1:
+            raise BadParameter(f"stride of output {self.name!r}", self.stride,
+                               hint="a whole number of input positions per output position, 1 or more")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)):
+            raise BadParameter(f"window of output {self.name!r}", self.window,
+                               hint="a whole number of input positions (kernel - 2 * padding), or None for the stride")
+        if not isinstance(self.ceil, bool):
+            raise BadParameter(f"ceil of output {self.name!r}", self.ceil, [True, False])
+
+    @property
+    def strided(self) -> bool:
+        """Whether it declares anything but one output position per input position."""
+        return (self.stride, self.window, self.ceil) != (1, None, False)
+
+    def positions(self, n: int) -> int:
+        """Its real positions along the varying dimension for n real input positions (see the class docstring)."""
+        return self.count(n, self.stride, self.stride if self.window is None else self.window, self.ceil)
+
+    @staticmethod
+    def count(n: int, stride: int, window: int, ceil: bool = False) -> int:
+        """Output positions for n input positions at `stride`, the first reading `window`: the one formula."""
+        span = n - window
+        return max(0, (-(-span // stride) if ceil else span // stride) + 1)
 
 
 @dataclass(frozen=True)
@@ -105,6 +150,10 @@ class Declaration:
         for dim, name in self.masks.items():
             if dim not in self.varying_names or name not in self.input_names:
                 raise BadParameter(f"mask for {dim!r}", name, hint="needs a varying dimension and a declared input")
+        if self.data == AUDIO and (isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int)
+                                   or self.sample_rate <= 0):
+            raise BadParameter("sample_rate of an audio declaration", self.sample_rate,
+                               hint="give sample_rate=, the samples per second its build and measure take")
 
     # ------------------------------------------------------------ what it declares
     @property
@@ -140,9 +189,16 @@ class Declaration:
         raise BadParameter("dimension", name, [d.name for d in self.dims])
 
     # ------------------------------------------------------------ from items to tensors
+    def _items(self, items) -> list:
+        """The items as build and measure take them: an audio model's recordings as 1-D float32 waveforms
+        at its sample rate (audio.waveform), every other item as it is."""
+        if self.data == AUDIO:
+            return [audio.waveform(item, self.sample_rate) for item in items]
+        return list(items)
+
     def lengths(self, items: list) -> dict[str, list[int]]:
         """Each item's length along each varying dimension: {dim: [one per item]}."""
-        measured = self.measure(list(items)) if self.varying else {}
+        measured = self.measure(self._items(items)) if self.varying else {}
         out = {}
         for d in self.varying:
             if d.name not in measured:
@@ -158,6 +214,7 @@ class Declaration:
         """The input tensors for `items`, every varying dimension padded to `sizes[dim]` exactly (a bucket),
         or without a size to the longest item, cut at `limits[dim]` (the largest bucket) or the dimension's
         `max`. truncate=False raises BadParameter for an item longer than that instead of cutting it."""
+        items = self._items(items)            # once: measuring and building see the same waveforms
         sizes, limits = dict(sizes or {}), dict(limits or {})
         unknown = [n for n in (*sizes, *limits) if n not in self.varying_names]
         if unknown:
@@ -177,7 +234,7 @@ class Declaration:
                 raise BadParameter("input length", longest,
                                    hint=f"longer than {limit} {d.name} and truncation is off")
             resolved[d.name] = int(sizes[d.name]) if d.name in sizes else max(min(longest, limit or longest), d.min)
-        return self.build(list(items), resolved)
+        return self.build(items, resolved)
 
     def fit(self, batch: Mapping[str, torch.Tensor], sizes: Mapping[str, int], rows: int | None = None,
             pad: bool = True) -> dict[str, torch.Tensor]:
@@ -310,14 +367,36 @@ def text_declaration(tokenizer, input_names: Sequence[str], max_length: int,
                        masks={TOKENS: "attention_mask"} if "attention_mask" in names else {})
 
 
-def image_declaration(size: int, outputs: Sequence[Output], name: str = "pixel_values",
-                      channels: int = 3) -> Declaration:
-    """An image model's contract: items are float32 HxWx3 arrays in [0, 1] at `size`, stacked into one
-    (batch, channels, height, width) input; no dimension but the batch varies."""
+def image_declaration(size: int, outputs: Sequence[Output], name: str = "pixel_values", channels: int = 3,
+                      mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Declaration:
+    """An image model's contract: items are float32 HxWxC arrays in [0, 1] at `size`, stacked into one
+    (batch, channels, height, width) input; no dimension but the batch varies. channels: 3 (RGB) or 1
+    (luminance); an item with the other count is converted (images.to_channels). mean, std: the model's own
+    normalisation, one value per channel, applied as (x - mean) / std (a processor's image_mean, image_std)."""
+    if channels not in images.CHANNELS:
+        raise BadParameter("image channels", channels, images.CHANNELS)
+    scale = {}
+    for what, values in (("mean", mean), ("std", std)):
+        if values is None:
+            continue
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise BadParameter(f"image {what}", values, hint=f"give one number per channel ({channels})") from None
+        if len(values) != channels:
+            raise BadParameter(f"image {what}", values, hint=f"give one value per channel ({channels})")
+        if what == "std" and not all(v > 0 for v in values):
+            raise BadParameter("image std", values, hint="every value must be positive (it divides)")
+        scale[what] = torch.tensor(values, dtype=torch.float32).reshape(1, channels, 1, 1)
+
     def build(items, sizes):
-        import numpy as np
-        pixels = torch.as_tensor(np.stack(items)).permute(0, 3, 1, 2)
-        return {name: pixels.contiguous().float()}
+        stacked = np.stack([images.to_channels(item, channels) for item in items])
+        pixels = torch.as_tensor(stacked).permute(0, 3, 1, 2).contiguous().float()
+        if "mean" in scale:
+            pixels = pixels - scale["mean"]
+        if "std" in scale:
+            pixels = pixels / scale["std"]
+        return {name: pixels}
 
     dims = (Dim(BATCH, batch=True), Dim("channels", size=channels), Dim("height", size=size), Dim("width", size=size))
     return Declaration((TensorSpec(name, torch.float32, (BATCH, "channels", "height", "width")),), dims, build,

@@ -266,7 +266,7 @@ def _wav2vec2() -> LoadedModel:
 def _gru_stream() -> LoadedModel:
     from portkit.models import audio as audio_models
     step = audio_models.gru_step()
-    return LoadedModel("gru-stream", TOKEN_CLASSIFIER, audio_models.StreamAdapter(step.module).eval(), step.origin,
+    return LoadedModel("gru-stream", TOKEN_CLASSIFIER, audio_models.StreamAdapter(step).eval(), step.origin,
                        declaration=audio_models.stream_declaration(step), stream=step)
 
 

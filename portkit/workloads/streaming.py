@@ -8,16 +8,14 @@ real stream, and the state's drift against float64 measured over the whole strea
     >>> result = streaming.check_stream(step, stream, ["neuron", "tpu"])
     >>> print(result)        # per target: compiles per chunk shape, the state's error chunk by chunk, its growth
 
-A streaming step is a module called as `step(chunk, state) -> (output, state)`. Each step's rounding is
-small, but the state carries it on and a recurrence can amplify it, so each target's run carries its own
-state and at every chunk is measured against a float64 run of the same stream; the error of one step alone
-(from the float64 state) shows how much of the drift is carried. A drift fails the budget
-(tolerance.DEFAULT_TASK_BOUNDS["drift_growth"]) where the error over the stream's second half grows beyond it
-against the first chunks' and a rank test says that rise is no noise (drift_check).
-
-The step is compiled per target with the backend `selection` picks (native, else emulated): once per chunk
-shape (the full chunk and the stream's shorter tail), warmed up on silence, then the whole stream runs under
-`set_stance("fail_on_recompile")`, so any further compile is caught and counted.
+A step is `step(chunk, state) -> (outputs, state)`, its state one tensor or a pytree of them (an LSTM cell's
+(h, c) beside a context buffer) with each leaf's batch axis declared (StreamStep). A state carries each step's
+rounding on, so each target's run carries its own state and at every chunk is measured against a float64 run,
+per leaf (the worst leaf reported; see TargetStream.drift_leaf), beside one step's error from the float64 state.
+A drift fails the budget (tolerance.DEFAULT_TASK_BOUNDS["drift_growth"]) where a leaf's error grows beyond it
+over the stream and a rank test says the rise is no noise (drift_check). Each declared output is judged by its
+metric kind over the stream (STREAM_METRICS). The step compiles once per chunk shape, warmed up on silence; the
+stream then runs under `set_stance("fail_on_recompile")`, so any further compile is caught and counted.
 """
 from __future__ import annotations
 
@@ -27,13 +25,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 from portkit.corpora import audio
 from portkit.targets import backends
 from portkit.corpora import corpus as data
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
-from portkit.models.audio import RATE, StreamStep
+from portkit.models import inputs
+from portkit.models.audio import RATE, STATE, StreamStep
 from portkit.core.errors import BadParameter
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, within
 
@@ -89,6 +89,117 @@ def _relative(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.detach().double() - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
 
 
+def _moved(state, device=None, floats=None):
+    """A state (a tensor or any pytree of tensors) on `device`, its floating leaves cast to `floats` if given."""
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=floats if floats is not None and t.is_floating_point() else None)
+    return pytree.tree_map(move, state)
+
+
+def _leaf_errors(step: StreamStep, state, ref) -> dict[str, float]:
+    """Each floating leaf's relative error against the float64 state's (StreamStep.state_leaves' names)."""
+    truth = step.flat_state(ref)
+    return {n: _relative(t.cpu(), truth[n]) for n, t in step.flat_state(state).items() if t.is_floating_point()}
+
+
+def _growth(errors) -> float:
+    """The median error over the stream's second half against the median over the first START_CHUNKS: medians of
+    windows, so one low or high chunk does not make a flat error look like drift."""
+    first = float(np.median(errors[:START_CHUNKS]))
+    last = float(np.median(errors[len(errors) // 2:]))
+    return last / first if first > 0 else (1.0 if last == 0 else math.inf)
+
+
+def _trend(errors) -> dict:
+    """Whether the error over the stream's second half is higher than at its start beyond what noise explains: a
+    one-sided Mann-Whitney U test of the two windows' errors (scipy.stats.mannwhitneyu). Noise around a flat error
+    makes the windows exchangeable, so it reads "rising" with probability DRIFT_P."""
+    from scipy import stats
+    first, last = errors[:START_CHUNKS], errors[len(errors) // 2:]
+    p = float(stats.mannwhitneyu(last, first, alternative="greater").pvalue)
+    return {"test": f"Mann-Whitney U, the second half's chunks > the first {START_CHUNKS}", "p": p,
+            "rising": p < DRIFT_P}
+
+
+# ---------------------------------------------------------------- each streamed output, by its metric kind
+# Every check compares one measurement with its budget in tolerance.DEFAULT_TASK_BOUNDS (tolerance.within), the
+# budgets a batch output of the same kind is held to: a decision (top-1 label, a probability's side of its threshold)
+# to "agreement", a probability's mean absolute error to "probability_mae", a vector to "cosine". The stream is the
+# whole population measured, not a sample of one, so a measurement is compared as it is, without an interval.
+def _check(key: str, label: str, value: float, bounds: dict, output: str | None = None) -> dict:
+    """One check of a stream: a measurement against its budget."""
+    return {"metric": key, "output": output, "label": label, "value": value, "budget": budget_text(key, bounds),
+            "bound": bounds[key], "passed": within(key, value, bounds), "why": TASK_BOUND_REASONS[key]}
+
+
+def _rows(chunks: list[torch.Tensor]) -> torch.Tensor:
+    """Every chunk's output as rows along its last axis, in float64: (decisions or vectors, last axis)."""
+    return torch.cat([c.detach().cpu().double().reshape(-1, c.shape[-1] if c.dim() else 1) for c in chunks])
+
+
+def _labels(actual: list, expected: list, output, bounds: dict) -> tuple[dict, list[dict]]:
+    """Logits along the last axis: the share of top-1 labels (argmax) equal to float64's."""
+    a, e = _rows(actual), _rows(expected)
+    found = {"metric": "top-1 agreement", "decisions": int(e.shape[0]), "classes": int(e.shape[-1])}
+    if e.shape[-1] < 2:       # argmax over one entry is always 0: it would agree whatever the numbers
+        found["note"] = ("one entry on the last axis: argmax agrees whatever the values, so nothing is measured; "
+                         "declare one probability per decision as inputs.PROBABILITY")
+        found["summary"] = "not measured (one class)"
+        return found, []
+    found["agreement"] = (a.argmax(-1) == e.argmax(-1)).double().mean().item()
+    found["summary"] = f"top-1 agreement {found['agreement']:.2%} of {found['decisions']} decisions"
+    return found, [_check("agreement", "top-1 labels equal to float64's", found["agreement"], bounds, output.name)]
+
+
+def _probability(actual: list, expected: list, output, bounds: dict) -> tuple[dict, list[dict]]:
+    """A probability per element, held as a batch's is: its mean absolute error ("probability_mae"), and the share
+    of decisions (p >= threshold) equal to float64's ("agreement")."""
+    a, e, t = _rows(actual).reshape(-1), _rows(expected).reshape(-1), output.threshold
+    error, flips = (a - e).abs(), (a >= t) != (e >= t)
+    found = {"metric": f"absolute error, and decisions at p >= {t:g}", "threshold": t, "mae": error.mean().item(),
+             "max_abs": error.max().item(), "decision_agreement": 1.0 - flips.double().mean().item(),
+             "flips": int(flips.sum()), "decisions": int(flips.numel())}
+    if e.min() < 0 or e.max() > 1:
+        found["note"] = (f"float64 gives values in [{e.min().item():.3g}, {e.max().item():.3g}], outside [0, 1]: not a "
+                         "probability; declare logits over classes as inputs.CLASSIFIER")
+    found["summary"] = (f"decisions at {t:g} agree {found['decision_agreement']:.2%} ({found['flips']} of "
+                        f"{found['decisions']} flip), absolute error mean {found['mae']:.2g}, "
+                        f"max {found['max_abs']:.2g}")
+    return found, [_check("probability_mae", "mean absolute probability error", found["mae"], bounds, output.name),
+                   _check("agreement", f"decisions (p >= {t:g}) equal to float64's", found["decision_agreement"],
+                          bounds, output.name)]
+
+
+def _embedding(actual: list, expected: list, output, bounds: dict) -> tuple[dict, list[dict]]:
+    """Vectors along the last axis: each one's cosine to float64's and its relative error; the lowest cosine decides."""
+    a, e = _rows(actual), _rows(expected)
+    cosine = torch.nn.functional.cosine_similarity(a, e, dim=-1)
+    relative = (a - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-300)
+    found = {"metric": "cosine and relative error per vector", "vectors": int(e.shape[0]),
+             "cosine_min": cosine.min().item(), "cosine_mean": cosine.mean().item(),
+             "relative_error_max": relative.max().item()}
+    found["summary"] = (f"lowest cosine {found['cosine_min']:.6f} over {found['vectors']} vectors, relative error "
+                        f"max {found['relative_error_max']:.2g}")
+    return found, [_check("cosine", "lowest cosine of a streamed vector to float64's", found["cosine_min"], bounds,
+                          output.name)]
+
+
+# The stream-level metric of each output kind (portkit.models.inputs' kinds): its measurements and its checks.
+STREAM_METRICS = {inputs.CLASSIFIER: _labels, inputs.TOKEN_CLASSIFIER: _labels, inputs.IMAGE_CLASSIFIER: _labels,
+                  inputs.PROBABILITY: _probability, inputs.EMBEDDING: _embedding}
+
+
+def output_metrics(step: StreamStep, actual: list[dict], expected: list[dict], bounds: dict) -> dict[str, dict]:
+    """Each declared output over the stream (per chunk {name: tensor}, the target's and float64's), by its kind."""
+    found = {}
+    for output in step.outputs:
+        values, checks = STREAM_METRICS[output.metric]([a[output.name] for a in actual],
+                                                       [e[output.name] for e in expected], output, bounds)
+        found[output.name] = {"kind": output.metric, **values, "checks": checks,
+                              "passed": all(c["passed"] for c in checks)}
+    return found
+
+
 @dataclass
 class TargetStream:
     """One target's run over the stream."""
@@ -98,34 +209,43 @@ class TargetStream:
     precision: str
     compiles: list[dict]                      # each compile: the chunk shape and when (warm-up or stream)
     late_compiles: int                        # compiles the fail_on_recompile stance caught during the stream
-    state_error: list[float]                  # per chunk: carried state vs float64
-    step_error: list[float]                   # per chunk: one step from the float64 state vs float64
-    agreement: float                          # frame labels (argmax) equal to float64's, over the stream
+    state_error: list[float]                  # per chunk: carried state vs float64, its worst leaf
+    step_error: list[float]                   # per chunk: one step from the float64 state vs float64, its worst leaf
+    agreement: float | None                   # the first decision output's decisions equal to float64's
     not_lowered: list[str] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)
+    leaf_errors: dict[str, list[float]] = field(default_factory=dict)   # per state leaf: carried error per chunk
+    outputs: dict[str, dict] = field(default_factory=dict)              # per declared output: output_metrics
+
+    @property
+    def leaves(self) -> dict[str, list[float]]:
+        """Each state leaf's carried error per chunk; a run given only state_error has the one leaf 'state'."""
+        return self.leaf_errors or {STATE: self.state_error}
+
+    @property
+    def drift_leaf(self) -> str:
+        """The leaf the drift check judges: one whose error rises beyond noise before one whose does not, then the
+        fastest growing. Drift is judged per leaf, as a small leaf's growing error would vanish in a norm over all
+        leaves beside a large flat one; so if any leaf drifts beyond the budget, this one does."""
+        return max(self.leaves, key=lambda n: (_trend(self.leaves[n])["rising"], _growth(self.leaves[n])))
 
     @property
     def growth(self) -> float:
-        """The state's median error over the stream's second half against its median over the first START_CHUNKS:
-        medians of windows, so one low or high chunk does not make a flat error look like drift."""
-        first = float(np.median(self.state_error[:START_CHUNKS]))
-        last = float(np.median(self.state_error[len(self.state_error) // 2:]))
-        return last / first if first > 0 else (1.0 if last == 0 else math.inf)
+        """The drift leaf's growth (_growth)."""
+        return _growth(self.leaves[self.drift_leaf])
 
     @property
     def trend(self) -> dict:
-        """Whether the error over the stream's second half is higher than at its start beyond what noise explains: a
-        one-sided Mann-Whitney U test of the two windows' errors (scipy.stats.mannwhitneyu). Noise around a flat error
-        makes the windows exchangeable, so it reads "rising" with probability DRIFT_P."""
-        from scipy import stats
-        first, last = self.state_error[:START_CHUNKS], self.state_error[len(self.state_error) // 2:]
-        p = float(stats.mannwhitneyu(last, first, alternative="greater").pvalue)
-        return {"test": f"Mann-Whitney U, the second half's chunks > the first {START_CHUNKS}", "p": p,
-                "rising": p < DRIFT_P}
+        """The drift leaf's trend (_trend)."""
+        return _trend(self.leaves[self.drift_leaf])
 
     @property
     def passed(self) -> bool:
         return all(c["passed"] for c in self.checks)
+
+    def leaf_summary(self) -> dict[str, dict]:
+        return {n: {"error_first": e[0], "error_last": e[-1], "error_max": max(e), "growth": _growth(e),
+                    "rising": _trend(e)["rising"]} for n, e in self.leaves.items()}
 
     def to_dict(self) -> dict:
         return {"target": self.target, "mode": self.mode, "backend": self.backend, "precision": self.precision,
@@ -134,9 +254,25 @@ class TargetStream:
                 "state_error_first": self.state_error[0], "state_error_last": self.state_error[-1],
                 "state_error_max": max(self.state_error), "step_error_median": float(np.median(self.step_error)),
                 "carried_over_step": self.state_error[-1] / max(float(np.median(self.step_error)), 1e-300),
-                "drift_growth": self.growth, "drift_trend": self.trend, "label_agreement": self.agreement,
+                "drift_growth": self.growth, "drift_trend": self.trend, "drift_leaf": self.drift_leaf,
+                "leaves": self.leaf_summary(), "label_agreement": self.agreement, "outputs": self.outputs,
                 "state_error": self.state_error, "step_error": self.step_error,
                 "not_lowered": self.not_lowered, "checks": self.checks, "passed": self.passed}
+
+    def __str__(self) -> str:
+        d = self.to_dict()
+        leaves = f" (worst of {len(self.leaves)} leaves: {self.drift_leaf})" if len(self.leaves) > 1 else ""
+        lines = [f"{self.target} ({self.mode}, {self.backend}, precision {self.precision}): "
+                 f"{len(self.compiles)} compiles for {len(d['compiled_shapes'])} chunk shapes, "
+                 f"{self.late_compiles} during the stream; state error vs float64{leaves} "
+                 f"{d['state_error_first']:.2e} at the first chunk, {d['state_error_last']:.2e} at the "
+                 f"last (one step alone: {d['step_error_median']:.2e}); growth {d['drift_growth']:.2f}x "
+                 f"-> {'PASS' if self.passed else 'FAIL'}"]
+        for name, o in self.outputs.items():
+            verdict = ("PASS" if o["passed"] else "FAIL") if o["checks"] else "not judged"
+            lines.append(f"    {name} ({o['kind']}): {o['summary']} -> {verdict}")
+            lines += [f"      note: {o['note']}"] if "note" in o else []
+        return "\n".join(lines)
 
 
 @dataclass
@@ -154,14 +290,7 @@ class StreamResult:
         lines = [f"streaming step {self.step['name']} ({self.step['origin']}): {self.chunks} chunks of "
                  f"{self.step['chunk_seconds'] * 1000:g} ms over {self.stream['seconds']:.1f} s of "
                  f"{self.stream['label']} audio ({self.stream['source']})"]
-        for r in self.runs:
-            d = r.to_dict()
-            lines.append(f"  {r.target} ({r.mode}, {r.backend}, precision {r.precision}): "
-                         f"{len(r.compiles)} compiles for {len(d['compiled_shapes'])} chunk shapes, "
-                         f"{r.late_compiles} during the stream; state error vs float64 "
-                         f"{d['state_error_first']:.2e} at the first chunk, {d['state_error_last']:.2e} at the "
-                         f"last (one step alone: {d['step_error_median']:.2e}); growth {d['drift_growth']:.2f}x "
-                         f"-> {'PASS' if r.passed else 'FAIL'}; frame labels agree {r.agreement:.2%}")
+        lines += [f"  {r}" for r in self.runs]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -173,48 +302,66 @@ class StreamResult:
             ax.semilogy(r.state_error, label=f"{r.target}: carried state")
             ax.semilogy(r.step_error, ls=":", label=f"{r.target}: one step from the float64 state")
         ax.set_xlabel("chunk")
-        ax.set_ylabel("relative error vs float64")
+        ax.set_ylabel("relative error vs float64 (worst leaf)")
         ax.set_title("State drift over the stream")
         ax.legend(fontsize=7)
         return ax
 
 
-def _reference(step: StreamStep, chunks) -> tuple[list, list]:
-    """float64 outputs and states along the stream (the truth every target is measured against)."""
+def _reference(step: StreamStep, chunks) -> tuple[list[dict], list]:
+    """float64 outputs (by name) and states along the stream (the truth every target is measured against)."""
     module = copy.deepcopy(step.module).double()
     state, outs, states = step.initial_state(dtype=torch.float64), [], []
     with torch.no_grad():
         for chunk in chunks:
             out, state = module(chunk.double(), state)
-            outs.append(out)
+            outs.append(step.named_outputs(out))
             states.append(state)
     return outs, states
 
 
-def _run_target(step: StreamStep, name: str, chunks, ref_outs, ref_states, bounds, precision=None):
+def _by_leaf(per_chunk: list[dict]) -> dict[str, list[float]]:
+    return {n: [c[n] for c in per_chunk] for n in per_chunk[0]}
+
+
+def _carry(step: StreamStep, compiled, chunks, device, ref_states, counter, late: list) -> tuple[list, dict, dict]:
+    """The stream through the compiled step: per chunk its outputs by name (on the CPU); per state leaf its error
+    carried, and from one step off the float64 state."""
+    def call(x):
+        return compiled(**x)
+    state, outs, carried, single = _moved(step.initial_state(), device), [], [], []
+    for i, chunk in enumerate(chunks):
+        counter.request = i
+        out, state = backends.call_counting_recompiles(call, {"chunk": chunk.to(device), "state": state}, late, i)
+        outs.append({n: t.detach().cpu() for n, t in step.named_outputs(out).items()})
+        carried.append(_leaf_errors(step, state, ref_states[i]))
+        prior = _moved(ref_states[i - 1], device, torch.float32) if i else _moved(step.initial_state(), device)
+        one = backends.call_counting_recompiles(call, {"chunk": chunk.to(device), "state": prior}, late, i)[1]
+        single.append(_leaf_errors(step, one, ref_states[i]))
+    return outs, _by_leaf(carried), _by_leaf(single)
+
+
+def _worst(leaves: dict[str, list[float]]) -> list[float]:
+    """Per chunk, the largest error of any leaf."""
+    return [max(errors) for errors in zip(*leaves.values())]
+
+
+def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list], bounds, precision=None):
     detected = targets_mod.detect(name)
     backend, device = selection.backend_for(detected, "auto", precision=precision)
     counter = backends.CompileCounter(backend)
-    module = step.module.to(device)
-    compiled = torch.compile(module, backend=counter, dynamic=False)
+    # One target's graphs at a time (torch.compiler.reset docs: reset between unrelated compilations): Dynamo keeps
+    # its graphs per code object, so steps of one class checked before would count against its recompile limit
+    # and past it the step would run eagerly, uncompiled, as if it were compiled.
+    torch.compiler.reset()
+    compiled = torch.compile(step.module.to(device), backend=counter, dynamic=False)
     late: list[dict] = []
     with torch.no_grad():
         for shape in dict.fromkeys(tuple(c.shape) for c in chunks):      # warm-up: one compile per shape
-            compiled(torch.zeros(shape, device=device), step.initial_state().to(device))
+            compiled(torch.zeros(shape, device=device), _moved(step.initial_state(), device))
         warm = len(counter.events)
-        state, errors, single, same, frames = step.initial_state().to(device), [], [], 0, 0
         with torch.compiler.set_stance("fail_on_recompile"):
-            for i, chunk in enumerate(chunks):
-                counter.request = i
-                inputs = {"chunk": chunk.to(device), "state": state}
-                out, state = backends.call_counting_recompiles(lambda x: compiled(**x), inputs, late, i)
-                errors.append(_relative(state.cpu(), ref_states[i]))
-                prior = ref_states[i - 1].float().to(device) if i else step.initial_state().to(device)
-                one = backends.call_counting_recompiles(lambda x: compiled(**x),
-                                                        {"chunk": chunk.to(device), "state": prior}, late, i)[1]
-                single.append(_relative(one.cpu(), ref_states[i]))
-                same += int((out.cpu().argmax(-1) == ref_outs[i].argmax(-1)).sum())
-                frames += ref_outs[i].shape[0] * ref_outs[i].shape[1]
+            outs, carried, single = _carry(step, compiled, chunks, device, reference[1], counter, late)
     step.module.to("cpu")
     compiles = [{"shape": e.shapes.get("chunk") or next(iter(e.shapes.values()), []),
                  "when": "warm-up" if e.index < warm else f"chunk {e.request}", "seconds": e.seconds}
@@ -222,27 +369,30 @@ def _run_target(step: StreamStep, name: str, chunks, ref_outs, ref_states, bound
     not_lowered = sorted({f"{n['op']} ({n['status']})" for e in counter.events if e.check
                           for n in e.check.not_lowered})
     precision_name = getattr(getattr(backend, "precision", None), "name", detected.target.default_precision.name)
-    run = TargetStream(name, detected.mode, counter.__name__, precision_name, compiles, len(late), errors, single,
-                       same / max(frames, 1), not_lowered)
-    run.checks = [drift_check(run, bounds)]
+    outputs = output_metrics(step, outs, reference[0], bounds)
+    checks = [c for o in outputs.values() for c in o["checks"]]
+    agreement = next((c["value"] for c in checks if c["metric"] == "agreement"), None)
+    run = TargetStream(name, detected.mode, counter.__name__, precision_name, compiles, len(late), _worst(carried),
+                       _worst(single), agreement, not_lowered, leaf_errors=carried, outputs=outputs)
+    run.checks = [drift_check(run, bounds), *checks]
     return run
 
 
 def drift_check(run: TargetStream, bounds: dict) -> dict:
-    """The stream's drift check: it fails only where the error grows beyond the budget (run.growth) and the
-    second half's errors are higher than the start's beyond noise (run.trend)."""
-    trend = run.trend
-    passed = within("drift_growth", run.growth, bounds) or not trend["rising"]
-    return {"metric": "drift_growth", "label": "state error's median over the stream's second half / over its first "
-            f"{START_CHUNKS} chunks, failing only where it is higher beyond noise ({trend['test']}: "
-            f"p = {trend['p']:.2g})", "value": run.growth, "budget": budget_text("drift_growth", bounds),
-            "bound": bounds["drift_growth"], "passed": passed, "trend": trend,
-            "why": TASK_BOUND_REASONS["drift_growth"]}
+    """The stream's drift check: it fails only where the drift leaf's error grows beyond the budget (run.growth) and
+    the second half's errors are higher than the start's beyond noise (run.trend)."""
+    trend, leaf = run.trend, run.drift_leaf
+    where = f" (state leaf {leaf}, the worst of {len(run.leaves)})" if len(run.leaves) > 1 else ""
+    check = _check("drift_growth", f"state error's median over the stream's second half / over its first "
+                   f"{START_CHUNKS} chunks{where}, failing only where it is higher beyond noise ({trend['test']}: "
+                   f"p = {trend['p']:.2g})", run.growth, bounds)
+    return {**check, "passed": check["passed"] or not trend["rising"], "trend": trend, "leaf": leaf}
 
 
 def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | None = None,
                  precision: dict | None = None) -> StreamResult:
-    """Each target's compiled step carried over the stream, its state against float64 chunk by chunk.
+    """Each target's compiled step carried over the stream, its state against float64 chunk by chunk and each
+    declared output by its kind (STREAM_METRICS, which names the kinds a stream output may declare).
     precision: {target: setting} (stage 4's parameter); a target not named runs its default."""
     names = targets_mod.parse_targets(names)
     if stream.rate != step.rate:
@@ -251,8 +401,11 @@ def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | No
     if len(chunks) < MIN_CHUNKS:
         raise BadParameter("stream length", f"{stream.seconds:g} s",
                            hint=f"give at least {MIN_CHUNKS} chunks of {step.chunk} samples")
+    unknown = next((o for o in step.outputs if o.metric not in STREAM_METRICS), None)
+    if unknown is not None:
+        raise BadParameter(f"metric of stream output {unknown.name!r}", unknown.metric, list(STREAM_METRICS))
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
-    ref_outs, ref_states = _reference(step, chunks)
-    runs = [_run_target(step, n, chunks, ref_outs, ref_states, bounds, (precision or {}).get(n)) for n in names]
+    reference = _reference(step, chunks)
+    runs = [_run_target(step, n, chunks, reference, bounds, (precision or {}).get(n)) for n in names]
     return StreamResult(step.describe(), {"seconds": stream.seconds, "source": stream.source,
                                           "label": stream.label, "rate": stream.rate}, len(chunks), runs)
