@@ -12,7 +12,8 @@ Three decisions live here and nowhere else:
   defaults; a result is held to the lowest dtype its precision setting computes in (tolerance_for).
 - DEFAULT_TASK_BOUNDS: the budget of each task metric (cosine, nearest-neighbour agreement, top-1
   agreement, KL, perplexity change; for pitch, the cents error and the voicing agreement; for a streamed
-  state, the growth of its drift) and how many times the GPU baseline's own error a target may carry
+  state, the growth of its drift; for audio, SNR and SI-SDR floors in dB; discrete codes' agreement; probabilities'
+  mean absolute error) and how many times the GPU baseline's own error a target may carry
   (baseline_factor); TASK_BOUND_REASONS says why each default is what it is. The task metrics decide a
   verdict; assert_close at the dtype tolerance is detail.
 - padding_tolerance: what stage 3's padding check allows between a compiled bucket and the unpadded
@@ -30,15 +31,19 @@ DEFAULT_TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "floa
 # The budget of each task metric (lowest cosine, neighbour and top-1 agreement; highest mean KL and relative
 # perplexity change) and the no-regression factor against the GPU baseline's own error.
 DEFAULT_TASK_BOUNDS = {"cosine": 0.999, "neighbours": 0.9, "agreement": 0.99, "kl": 0.01, "perplexity": 0.01,
-                       "cents": 10.0, "voicing": 0.99, "drift_growth": 2.0, "baseline_factor": 2.0}
+                       "cents": 10.0, "voicing": 0.99, "drift_growth": 2.0, "baseline_factor": 2.0,
+                       "snr_db": 30.0, "si_sdr_db": 30.0, "codes": 0.95, "probability_mae": 0.01}
 # a measurement above these fails; below the others
-UPPER_BOUNDS = ("kl", "perplexity", "cents", "drift_growth", "baseline_factor")
+UPPER_BOUNDS = ("kl", "perplexity", "cents", "drift_growth", "baseline_factor", "probability_mae")
+# budgets in decibels (floors >= 0); the other floors are shares in [0, 1]
+DECIBEL_BOUNDS = ("snr_db", "si_sdr_db")
 TASK_BOUND_REASONS = {
     "cosine": "lowest cosine of any embedding to the reference: 0.999 keeps similarity scores within 0.001 of "
               "today's, below the score gaps a ranking or a threshold acts on",
     "neighbours": "lowest mean share of each text's top-k nearest neighbours (over a corpus sample) that stay "
                   "the same: 0.9 allows one swap in ten among near-ties, what retrieval users do not notice",
-    "agreement": "lowest share of decisions (top-1 label, greedy next token) equal to the reference's: 0.99",
+    "agreement": "lowest share of decisions (top-1 label, greedy next token, a probability's side of its "
+                 "threshold) equal to the reference's: 0.99",
     "kl": "highest mean KL(reference || target) of next-token distributions, in nats: 0.01",
     "perplexity": "highest relative change of the corpus perplexity: 0.01 (1%), below the run-to-run spread "
                   "of fine-tuning",
@@ -52,6 +57,21 @@ TASK_BOUND_REASONS = {
                     "its own spread",
     "baseline_factor": "a target whose error against float64 is within this many times the GPU setup's own "
                        "error is no regression against today's deployment: 2",
+    "snr_db": "lowest SNR of any recording against the reference, in dB, over real samples: 30 (portkit's choice), "
+              "20 dB below the ~50 dB that one rounding of the output to bfloat16 leaves (8 significant bits; the "
+              "quantization-noise rule 6.02 N + 1.76 dB for N bits, Bennett 1948, which also puts 16-bit PCM at "
+              "~98 dB, beyond any bf16 pipeline), so a bf16 decoder of some depth passes and an error near the "
+              "signal's own power (a broken op, ~0 dB) fails",
+    "si_sdr_db": "lowest scale-invariant SDR (Le Roux et al. 2019, 'SDR - half-baked or well done?') of any "
+                 "recording, in dB: 30, the SNR's floor; a gain change alone lowers the SNR but not the SI-SDR, so "
+                 "the two together say whether the target changed the loudness or the waveform",
+    "codes": "lowest share of discrete codes (VQ codebook indices, CTC labels) equal to the reference's: 0.95 "
+             "(portkit's choice); a code whose encoder output lies near a tie between two codebook entries flips "
+             "under any rounding, and residual VQ carries one flipped code into the later codebooks of its frame, "
+             "so exact agreement is not to be expected; declare the decoded output too to judge what is heard",
+    "probability_mae": "highest mean absolute error of probabilities in [0, 1]: 0.01, about the expected "
+                       "calibration error temperature scaling leaves (Guo et al. 2017, 'On Calibration of Modern "
+                       "Neural Networks'), so the target moves the probabilities less than they were off already",
 }
 # Padding checks compare a compiled bucket with the unpadded eager outputs. Compiled kernels may sum in
 # another order, so allow more than assert_close's float32 default. Where the precision rounds to bf16
@@ -139,4 +159,4 @@ def within(key: str, value: float, bounds: dict) -> bool:
 
 def budget_text(key: str, bounds: dict) -> str:
     """A budget in words, e.g. 'budget >= 0.999': what the report prints next to the measurement."""
-    return f"budget {'<=' if key in UPPER_BOUNDS else '>='} {bounds[key]:g}"
+    return f"budget {'<=' if key in UPPER_BOUNDS else '>='} {bounds[key]:g}{' dB' if key in DECIBEL_BOUNDS else ''}"

@@ -5,29 +5,61 @@
     >>> found = comparison.compare(actual, expected, tol, mask=inputs["attention_mask"])
     >>> found["max_abs"], found["passed"], found["reason"]        # reason: assert_close's message, or None
     >>> comparison.task_metrics(models.EMBEDDING, actual, expected, mask, tolerance.DEFAULT_TASK_BOUNDS)
+    >>> comparison.snr_db(decoded, reference_audio), comparison.si_sdr_db(decoded, reference_audio)   # in dB
 
 Only real positions count: a (batch, seq, ...) tensor is cut to its real tokens by the attention mask.
-Errors are measured in float64, so the measurement adds no rounding of its own.
+Errors are measured in float64, so the measurement adds no rounding of its own. An output whose shape on the
+target differs from the reference's is not compared: compare() says so ("shape_mismatch") and task_metrics()
+returns an unmeasured result that fails, for the stage to report as a finding.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from portkit.models import inputs
 from portkit.models import registry as models
+from portkit.models.inputs import CODES, PROBABILITY, WAVEFORM
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy import sample
 from portkit.targets.tolerance import TASK_BOUND_REASONS, Tolerance, budget_text, within
 
 
-def real_positions(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def real_positions(t: torch.Tensor, mask: torch.Tensor | None, per_position: bool = False) -> torch.Tensor:
     """Real positions only: a (batch, seq, features...) tensor becomes (tokens, features...) under the
     attention mask. A 2-d tensor is (batch, features), a pooled embedding say, and is kept whole even when
-    its width equals the sequence length."""
-    if mask is not None and t.dim() >= 3 and tuple(t.shape[:2]) == tuple(mask.shape):
+    its width equals the sequence length, unless the output kind has one value per position (`per_position`:
+    codes, probabilities), where a (batch, seq) tensor of the mask's shape is cut to its real positions too."""
+    if mask is not None and (t.dim() >= 3 or per_position and t.dim() == 2) and tuple(t.shape[:2]) == tuple(mask.shape):
         return t[mask.to(t.device, torch.bool)]
     return t
+
+
+def recordings(t: torch.Tensor, mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """A waveform output as one flat tensor per item, each cut to its real samples: rows of a (batch, [channels,]
+    samples) or (batch, samples, channels) output, the mask's (batch, samples) along the axis of its length (an
+    output of another length, a hop's frames say, is kept whole); a 1-d output is one recording."""
+    if t.dim() <= 1:
+        return [t.reshape(-1)]
+    rows = [t[i] for i in range(t.shape[0])]
+    if mask is None or mask.dim() != 2 or mask.shape[0] != t.shape[0]:
+        return [r.reshape(-1) for r in rows]
+    keep = mask.to(t.device, torch.bool)
+    if t.shape[-1] == mask.shape[1]:
+        return [r[..., k].reshape(-1) for r, k in zip(rows, keep)]
+    if t.shape[1] == mask.shape[1]:
+        return [r[k].reshape(-1) for r, k in zip(rows, keep)]
+    return [r.reshape(-1) for r in rows]
+
+
+def shape_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> dict | None:
+    """The two shapes where a target's output has another shape than the reference's (a decoder whose output
+    length rounds with the input's, say), else None: elementwise, nothing can be compared then."""
+    if tuple(actual.shape) == tuple(expected.shape):
+        return None
+    return {"shape": list(actual.shape), "reference_shape": list(expected.shape)}
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -36,7 +68,16 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None, mask=None) -> dict:
     """Max absolute/relative error, relative L2 error and cosine per row on real positions; with a
-    tolerance, pass/fail and the reason from assert_close."""
+    tolerance, pass/fail and the reason from assert_close. Shapes that differ: every error is nan and
+    "shape_mismatch" holds both shapes (with a tolerance, a fail whose reason says so)."""
+    differs = shape_mismatch(actual, expected)
+    if differs is not None:
+        nan = math.nan
+        found = {"shape": differs["shape"], "shape_mismatch": differs, "real_elements": 0, "max_abs": nan,
+                 "max_rel": nan, "rel_l2": nan, "cosine_min": nan, "cosine_mean": nan}
+        if tol is not None:
+            found.update(passed=False, reason=mismatch_text(differs), tolerance=tol.to_dict(), atol_to_pass=nan)
+        return found
     a, e = real_positions(actual.detach().cpu(), mask), real_positions(expected.detach().cpu(), mask)
     a64, e64 = a.double(), e.double()
     diff = torch.where(a64 == e64, 0.0, a64 - e64).abs()
@@ -54,6 +95,14 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None,
                      # the smallest atol that passes at this rtol: a concrete number for a looser policy
                      atol_to_pass=max(0.0, (diff - tol.rtol * e64.abs()).max().item()) if a.numel() else 0.0)
     return found
+
+
+def mismatch_text(differs: dict, name: str | None = None) -> str:
+    """A shape mismatch in words, e.g. "output 'audio' has shape [1, 23936] on the target, [1, 24000] in the
+    reference: not compared"."""
+    what = f"output {name!r}" if name else "the output"
+    return f"{what} has shape {differs['shape']} on the target, {differs['reference_shape']} in the reference: " \
+        "not compared"
 
 
 def primary_output(kind: str, names) -> str:
@@ -194,25 +243,139 @@ def _pitch(v, bounds, unit):
                    _rate("voicing", "voiced/unvoiced agreement", v["voicing"], bounds, "frames")]
 
 
+# float64 resolves an amplitude ratio down to its machine epsilon: beyond 20 log10(1 / eps) ~ 313 dB two signals
+# are the same as far as the measurement can tell, so a ratio in dB is held within +-DB_LIMIT (identical signals,
+# and silence on both sides, read +DB_LIMIT; an error against a silent reference -DB_LIMIT).
+DB_LIMIT = 20 * math.log10(1 / torch.finfo(torch.float64).eps)
+
+
+def _db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) of two energies, within +-DB_LIMIT."""
+    if noise == 0:
+        return DB_LIMIT
+    if signal == 0:
+        return -DB_LIMIT
+    return max(-DB_LIMIT, min(DB_LIMIT, 10 * math.log10(signal / noise)))
+
+
+def snr_db(estimate: torch.Tensor, reference: torch.Tensor) -> float:
+    """Signal-to-noise ratio of `estimate` against `reference`, in dB: 10 log10(|s|^2 / |estimate - s|^2), the
+    noise being every difference (a gain change included), in float64."""
+    s, x = reference.detach().cpu().double().reshape(-1), estimate.detach().cpu().double().reshape(-1)
+    return _db(float(s.square().sum()), float((x - s).square().sum()))
+
+
+def si_sdr_db(estimate: torch.Tensor, reference: torch.Tensor) -> float:
+    """Scale-invariant signal-to-distortion ratio in dB (Le Roux, Wisdom, Erdogan & Hershey 2019, "SDR - half-baked
+    or well done?", ICASSP, eq. 4): the reference scaled to its projection on the estimate, alpha s with
+    alpha = <estimate, s> / |s|^2, against what the scaling cannot explain. Any gain of the estimate leaves it
+    unchanged. Not made zero-mean first (torchmetrics' default): a DC offset the target adds counts as distortion."""
+    s, x = reference.detach().cpu().double().reshape(-1), estimate.detach().cpu().double().reshape(-1)
+    energy = float(s.square().sum())
+    target = s * (float(x @ s) / energy) if energy > 0 else torch.zeros_like(s)
+    return _db(float(target.square().sum()), float((x - target).square().sum()))
+
+
+def _waveform_items(a, e, mask, inputs):
+    """a, e: the whole outputs; one SNR and one SI-SDR per recording, over its real samples (recordings())."""
+    pairs = list(zip(recordings(a, mask), recordings(e, mask)))
+    return {"snr_db": torch.tensor([snr_db(x, s) for x, s in pairs], dtype=torch.float64),
+            "si_sdr_db": torch.tensor([si_sdr_db(x, s) for x, s in pairs], dtype=torch.float64),
+            "samples": torch.tensor([s.numel() for _, s in pairs], dtype=torch.float64)}
+
+
+def _waveform(v, bounds, unit):
+    """The lowest SNR and SI-SDR of any recording (as an embedding's lowest cosine), each with its interval."""
+    snr, sdr = v["snr_db"], v["si_sdr_db"]
+    found = {"metric": "SNR and SI-SDR against the reference, in dB, over real samples", "items": int(snr.numel()),
+             "samples": int(v["samples"].sum()), "snr_db_min": snr.min().item(), "snr_db_mean": snr.mean().item(),
+             "si_sdr_db_min": sdr.min().item(), "si_sdr_db_mean": sdr.mean().item()}
+    return found, [check("snr_db", "lowest SNR (dB)", found["snr_db_min"], bounds, found["items"],
+                         sample.bootstrap(snr, sample.MIN), unit),
+                   check("si_sdr_db", "lowest SI-SDR (dB)", found["si_sdr_db_min"], bounds, found["items"],
+                         sample.bootstrap(sdr, sample.MIN), unit)]
+
+
+def codes(t: torch.Tensor) -> torch.Tensor:
+    """Discrete codes: an integer (or bool) tensor as it is, float logits as their argmax over the last axis."""
+    return t.argmax(-1) if t.is_floating_point() or t.is_complex() else t
+
+
+def _codes_items(a, e, mask, inputs):     # a, e: codes at real positions (item_values)
+    return {"agree": (a == e).reshape(-1)}
+
+
+def _codes(v, bounds, unit):
+    agree = v["agree"]
+    found = {"metric": "code agreement at real positions", "code_agreement": agree.double().mean().item()
+             if agree.numel() else 1.0, "codes": int(agree.numel())}
+    return found, [_rate("codes", "code agreement", agree, bounds, "codes")]
+
+
+# A probability's decision: the positive side from 0.5 on, where a calibrated binary classifier's expected cost
+# of either error is equal (the Bayes decision rule for equal costs).
+PROBABILITY_THRESHOLD = 0.5
+
+
+def _probability_items(a, e, mask, inputs):     # a, e: probabilities at real positions (item_values)
+    a, e = a.reshape(-1), e.reshape(-1)
+    return {"abs_error": (a - e).abs(), "decision": (a >= PROBABILITY_THRESHOLD) == (e >= PROBABILITY_THRESHOLD),
+            "in_range": (e >= 0) & (e <= 1)}
+
+
+def _probability(v, bounds, unit):
+    """Mean absolute error of the probabilities, and how many keep their side of PROBABILITY_THRESHOLD."""
+    error, n = v["abs_error"], int(v["abs_error"].numel())
+    found = {"metric": "probability error and decision agreement", "values": n, "threshold": PROBABILITY_THRESHOLD,
+             "mae": error.mean().item() if n else 0.0, "max_abs": error.max().item() if n else 0.0,
+             "decision_agreement": v["decision"].double().mean().item() if n else 1.0}
+    outside = int((~v["in_range"]).sum())
+    if outside:
+        found["range_note"] = (f"{outside} of the reference's {n} values lie outside [0, 1]: not probabilities; "
+                               "declare logits as a classifier output")
+    return found, [check("probability_mae", "mean absolute probability error", found["mae"], bounds, n,
+                         sample.bootstrap(error, sample.MEAN) if n else None, "probabilities"),
+                   _rate("agreement", f"decision agreement at {PROBABILITY_THRESHOLD:g}", v["decision"], bounds,
+                         "probabilities")]
+
+
 # Task metrics by output kind (models' kind strings; a model declaration names one of these keys): the per-item
 # values of one batch, and the metrics with their checks over the values of every batch.
+#   embedding: lowest cosine; top-k neighbour agreement over the task sample
+#   causal-lm, seq2seq-lm: greedy-token agreement, mean KL, perplexity change on the batch's own text
+#   image-classifier, token-classifier, classifier: top-1 agreement
+#   pitch: 95th-percentile cents error on voiced frames, voicing agreement
+#   waveform: lowest SNR and SI-SDR of any recording in dB, over its real samples
+#   codes: agreement of discrete codes (integer tensors; float logits by their argmax) at real positions
+#   probability: mean absolute error of values in [0, 1], and agreement of their side of PROBABILITY_THRESHOLD
 TASK_METRICS = {models.EMBEDDING: (_embedding_items, _embedding),
                 models.CAUSAL_LM: (_language_model_items, _language_model),
                 models.SEQ2SEQ_LM: (_language_model_items, _language_model),
                 models.IMAGE_CLASSIFIER: (_classifier_items, _classifier),
                 models.TOKEN_CLASSIFIER: (_classifier_items, _classifier),
-                inputs.CLASSIFIER: (_classifier_items, _classifier), inputs.PITCH: (_pitch_items, _pitch)}
+                inputs.CLASSIFIER: (_classifier_items, _classifier), inputs.PITCH: (_pitch_items, _pitch),
+                WAVEFORM: (_waveform_items, _waveform), CODES: (_codes_items, _codes),
+                PROBABILITY: (_probability_items, _probability)}
+# Kinds whose per-item values take the whole outputs and the mask (the others get the real positions only), and
+# those with one value per position (a (batch, seq) output of the mask's shape is cut to its real positions).
+_WHOLE = (models.CAUSAL_LM, models.SEQ2SEQ_LM, WAVEFORM)
+_PER_POSITION = (CODES, PROBABILITY)
 
 
 def item_values(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, inputs: dict | None = None) -> dict:
-    """One batch's per-item values of the output kind's task metrics (see TASK_METRICS), in float64."""
+    """One batch's per-item values of the output kind's task metrics (see TASK_METRICS), in float64. The shapes
+    must match (shape_mismatch; task_metrics checks it)."""
     if kind not in TASK_METRICS:
         raise BadParameter("output kind", kind, list(TASK_METRICS))
-    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if kind == CODES:       # codes before the cast: an integer code stays exact, logits become their argmax
+        a, e = codes(a), codes(e)
+    a, e = a.double(), e.double()
     mask = mask.cpu() if mask is not None else None
-    if kind in (models.CAUSAL_LM, models.SEQ2SEQ_LM):
-        return _language_model_items(a, e, mask, inputs)
-    return TASK_METRICS[kind][0](real_positions(a, mask), real_positions(e, mask), mask, inputs)
+    if kind in _WHOLE:
+        return TASK_METRICS[kind][0](a, e, mask, inputs)
+    each = kind in _PER_POSITION
+    return TASK_METRICS[kind][0](real_positions(a, mask, each), real_positions(e, mask, each), mask, inputs)
 
 
 def join_values(batches: list[dict]) -> dict:
@@ -228,10 +391,24 @@ def summarize(kind: str, values: dict, bounds: dict, unit: str | None = None) ->
 
 
 def task_metrics(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, bounds: dict,
-                 inputs: dict | None = None, unit: str | None = None) -> dict:
+                 inputs: dict | None = None, unit: str | None = None, name: str | None = None) -> dict:
     """The output kind's task metrics against the reference, each with its budget, n and interval ("checks"), and
-    whether all hold. `inputs` (the batch) gives language models their tokens for the perplexity."""
+    whether all hold. `inputs` (the batch) gives language models their tokens for the perplexity. An output of
+    another shape than the reference's is not measured (unmeasured(); `name` names it)."""
+    differs = shape_mismatch(actual, expected)
+    if differs is not None:
+        return unmeasured(kind, differs, name)
     return summarize(kind, item_values(kind, actual, expected, mask, inputs), bounds, unit)
+
+
+def unmeasured(kind: str, differs: dict, name: str | None = None) -> dict:
+    """The task result of an output whose shape on the target differs from the reference's: nothing measured, and a
+    fail, since what the deployment passes on has another shape than today's; "shape_mismatch" holds both
+    shapes and the output's name, for the stage's finding."""
+    if kind not in TASK_METRICS:
+        raise BadParameter("output kind", kind, list(TASK_METRICS))
+    return {"metric": f"{kind}: not measured", "shape_mismatch": {**differs, "output": name}, "checks": [],
+            "decision": sample.FAIL, "passed": False, "reason": mismatch_text(differs, name)}
 
 
 def finish(found: dict, checks: list[dict]) -> dict:

@@ -10,7 +10,9 @@
 The suggestions come from what was measured: a higher precision's measured error, norm layers that are
 out of tolerance only when every op is rounded, float64 ops that ran as float32 (quoting the error the
 cast alone causes, error_by_cause), the atol a task-level pass needs, buckets that fail while the main
-batch passes. A compiler that refused the model is a blocker finding (kind "compile_refused").
+batch passes. A compiler that refused the model is a blocker finding (kind "compile_refused"); an output whose
+shape on the target differs from the reference's is a work finding per output (kind "output_shape"), its
+comparison left out while the other outputs and targets are compared.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 from portkit.targets import specs as targets_mod
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
-from portkit.core.findings import BLOCKER, WORK, Finding
+from portkit.core.findings import BLOCKER, WORK, Finding, cause_key
 from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
@@ -37,6 +39,8 @@ NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
 
 def against_baseline(b: dict) -> str:
     """A result's error against float64 next to the GPU baseline's own, in words."""
+    if b["target_error"] != b["target_error"]:      # nan: the output's shape differs, nothing was compared
+        return f"no error against {b['truth']}: the output's shape differs from it"
     if b["ratio"] is None:
         return f"relative L2 error {b['target_error']:.2g} against {b['truth']} where {b['label']} has none"
     return f"error against {b['truth']} {b['ratio']:.3g}x that of {b['label']}"
@@ -74,6 +78,8 @@ class PrecisionResult:
         return self.precision["name"]
 
     baseline: dict | None = None   # this error against float64, as a ratio to the GPU setup's own (see accuracy)
+    # the other declared outputs' task metrics on the main batch, each with its own metric kind: {output: task}
+    output_tasks: dict[str, dict] = field(default_factory=dict)
 
     @property
     def within_baseline(self) -> bool:
@@ -81,13 +87,24 @@ class PrecisionResult:
         return bool(self.baseline and self.baseline["within"])
 
     @property
-    def decision(self) -> str:
-        """pass, fail or inconclusive: the task metrics' decision on their sample (sample.py: a check whose 95%
-        interval straddles its budget is inconclusive, never a pass), unless the error is no worse than the GPU
-        setup's own (baseline_factor): then pass."""
+    def main_decision(self) -> str:
+        """The judged output's decision: its task metrics' on their sample (sample.py: a check whose 95% interval
+        straddles its budget is inconclusive, never a pass), unless the error is no worse than the GPU setup's own
+        (baseline_factor): then pass. An output of another shape than the reference's fails (nothing compared)."""
+        if self.task.get("shape_mismatch"):
+            return stats.FAIL
         if self.within_baseline:
             return stats.PASS
         return self.task.get("decision") or (stats.PASS if self.task["passed"] else stats.FAIL)
+
+    @property
+    def decision(self) -> str:
+        """pass, fail or inconclusive: the judged output's (main_decision), failed by any other declared output
+        that fails its own metrics; those are measured on the main batch only, so one that straddles its budget
+        decides nothing (as a bucket's)."""
+        if any(t["decision"] == stats.FAIL for t in self.output_tasks.values()):
+            return stats.FAIL
+        return self.main_decision
 
     def _why(self) -> list[str]:
         ratio = f"; {against_baseline(self.baseline)} (no-regression factor {self.baseline['factor']:g}x)" \
@@ -95,10 +112,23 @@ class PrecisionResult:
         return [f"task: {self.task['reason']}{ratio}"]
 
     @property
+    def shape_reasons(self) -> list[str]:
+        """Outputs not compared because their shape on the target differs from the reference's (a finding each)."""
+        return [t["reason"] for t in (self.task, *self.output_tasks.values()) if t.get("shape_mismatch")]
+
+    @property
+    def metric_reasons(self) -> list[str]:
+        """Task metrics outside their budget: the judged output's (unless its error is no worse than the GPU
+        setup's own), then the other declared outputs'."""
+        main = self._why() if self.main_decision == stats.FAIL and not self.task.get("shape_mismatch") else []
+        return main + [f"output {name!r}: {t['reason']}" for name, t in self.output_tasks.items()
+                       if t["decision"] == stats.FAIL and not t.get("shape_mismatch")]
+
+    @property
     def reasons(self) -> list[str]:
-        """Why the verdict fails: task metrics outside their budget, unless the error is no worse than
-        the GPU setup's own (baseline_factor); the element-wise comparison is detail (`details`)."""
-        return self._why() if self.decision == stats.FAIL else []
+        """Why the verdict fails: task metrics outside their budget (metric_reasons) and outputs of another shape
+        (shape_reasons); the element-wise comparison is detail (`details`)."""
+        return self.metric_reasons + self.shape_reasons
 
     @property
     def undecided(self) -> list[str]:
@@ -116,10 +146,16 @@ class PrecisionResult:
 
     def checks_text(self) -> str:
         """Each task check with its sample and budget, e.g. 'top-1 agreement 1.000 [0.998, 1.000] on 1,797
-        images (budget >= 0.99)'; a check that does not pass says how it was decided."""
-        return "; ".join(f"{stats.described(c)} ({c['budget']}"
-                         + (")" if c.get("decision", "pass") == stats.PASS else f": {c['decision'].upper()})")
-                         for c in self.task.get("checks", []))
+        images (budget >= 0.99)'; a check that does not pass says how it was decided; the other declared outputs'
+        checks follow, named by their output; an output not compared says why."""
+        def text(task: dict, prefix: str = "") -> list[str]:
+            if task.get("shape_mismatch"):
+                return [task["reason"]]
+            return [f"{prefix}{stats.described(c)} ({c['budget']}"
+                    + (")" if c.get("decision", "pass") == stats.PASS else f": {c['decision'].upper()})")
+                    for c in task.get("checks", [])]
+        return "; ".join(text(self.task) + [t for name, task in self.output_tasks.items()
+                                            for t in text(task, f"{name}: ")])
 
     def basis(self) -> str:
         """What the verdict rests on, in words: the task metrics with their samples and budgets, and the GPU
@@ -128,6 +164,8 @@ class PrecisionResult:
         against = f"{against_baseline(b)} ({baseline_role(b)})" if b else "no GPU baseline measured"
         sample = (self.task.get("sample") or {}).get("text")
         on = f" (task sample: {sample})" if sample else ""
+        if self.task.get("shape_mismatch"):
+            return f"FAIL: {self.checks_text()}"
         if self.passed and not self.task["passed"]:
             return f"PASS against {b['label']}: no regression, {against}, although {self.task['reason']}"
         return f"{self.decision.upper()}: {self.checks_text()}{on}; {against}"
@@ -136,7 +174,7 @@ class PrecisionResult:
         return {"precision": self.precision, "target_side": self.target_side, "passed": self.passed,
                 "decision": self.decision,
                 "reasons": self.reasons, "details": self.details, "basis": self.basis(), "baseline": self.baseline,
-                "outputs": self.outputs, "task": self.task,
+                "outputs": self.outputs, "task": self.task, "output_tasks": self.output_tasks,
                 "vs_float64": self.vs_float64, "layers": self.layers, "numerics": self.numerics,
                 "float64_ops": self.float64_ops, "compiled_vs_eager": self.compiled_vs_eager,
                 "error_by_cause": self.error_by_cause}
@@ -162,15 +200,64 @@ class TargetAccuracy:
         return self.target["name"]
 
     @property
-    def reasons(self) -> list[str]:
+    def metric_reasons(self) -> list[str]:
         """Task metrics outside their budget (main batch, then buckets), each naming the first module out
         of tolerance where the per-layer hooks ran."""
         first = (self.chosen.layers or {}).get("first_failing")
         where = f"; the error enters at `{first['module']}` ({first['type']}), the first module out of " \
             "tolerance" if first else ""
-        found = self.chosen.reasons + [f"bucket {b['boundary']}: {'; '.join(b['reasons'])}"
-                                       for b in self.buckets if not b.get("skipped") and not b["passed"]]
+        buckets = [(b, [r for r in b["reasons"] if r not in b.get("shape_reasons", [])]) for b in self._checked()]
+        found = self.chosen.metric_reasons + [f"bucket {b['boundary']}: {'; '.join(r)}" for b, r in buckets if r]
         return [r + where for r in found]
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the verdict fails: metric_reasons, then the outputs not compared for their shape (main batch,
+        buckets)."""
+        return self.metric_reasons + self.chosen.shape_reasons + [
+            f"bucket {b['boundary']}: {r}" for b in self._checked() for r in b.get("shape_reasons", [])]
+
+    def _checked(self) -> list[dict]:
+        return [b for b in self.buckets if not b.get("skipped")]
+
+    def shape_mismatches(self) -> dict[str, dict]:
+        """Per output whose shape on the target differs from the reference's: both shapes (the first seen) and
+        where it differed (the main batch, the task sample, each bucket), from every comparison made."""
+        seen: dict[str, dict] = {}
+
+        def note(name: str, differs: dict, where: str) -> None:
+            entry = seen.setdefault(name, {"shape": differs["shape"], "reference_shape": differs["reference_shape"],
+                                           "where": []})
+            if where not in entry["where"]:
+                entry["where"].append(where)
+        for r in (self.chosen, *self.others):
+            for name, o in r.outputs.items():
+                if o.get("shape_mismatch"):
+                    note(name, o["shape_mismatch"], f"main batch, precision '{r.name}'")
+            for task in (r.task, *r.output_tasks.values()):
+                differs = task.get("shape_mismatch")
+                if differs and (task.get("sample") or {}).get("shape_mismatch"):
+                    note(differs["output"], differs, f"task sample, precision '{r.name}'")
+        for b in self._checked():
+            for name, o in b["outputs"].items():
+                if o.get("shape_mismatch"):
+                    note(name, o["shape_mismatch"], f"bucket {b['boundary']}")
+        return seen
+
+    def _shape_findings(self) -> list[Finding]:
+        """One work finding per output of another shape on the target: its comparison is left out there. The
+        usual cause is a length that rounds with the input's (a codec's hop, a strided convolution's frames): the
+        target's graph (padded to a bucket, or rounding a length computed in float) rounds it otherwise."""
+        return [Finding("output_shape", WORK,
+                        f"output {name!r} has shape {m['shape']} on {self.name} but {m['reference_shape']} in the "
+                        f"reference ({'; '.join(m['where'])}): stage 4 could not compare it there",
+                        "the output's length depends on how the input length rounds: pad the input to a multiple "
+                        "of the model's hop (declare its varying dimension in frames of the hop, as "
+                        "portkit.models.audio.waveform_declaration does with its stride), so every target computes "
+                        "the same length",
+                        cause=cause_key("output_shape", name), occurrences={"where": m["where"],
+                                                                             "count": len(m["where"])})
+                for name, m in self.shape_mismatches().items()]
 
     @property
     def undecided(self) -> list[str]:
@@ -225,10 +312,10 @@ class TargetAccuracy:
         """This stage's findings in the report's terms. A task metric outside its budget that another
         precision setting brings back is work; one outside at every precision measured is a blocker, and so
         is a compiler that refuses the model. An element-wise miss while the task metrics hold is no finding."""
-        found = [self._refusal()] if self.compile_refused else []
+        found = ([self._refusal()] if self.compile_refused else []) + self._shape_findings()
         if self.verdict == stats.INCONCLUSIVE:
             return found + [self._inconclusive()]
-        if self.verdict == stats.PASS:
+        if self.verdict == stats.PASS or not self.metric_reasons:
             return found
         passing = [r for r in self.others if r.passed]
         fixable = bool(passing)
@@ -236,7 +323,7 @@ class TargetAccuracy:
                   "; ".join(self.suggestions[:2]) or "see the accuracy notebook's suggestions")
         return found + [Finding("accuracy", WORK if fixable else BLOCKER,
                                 f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
-                                f"{'; '.join(self.reasons)[:400]}", advice)]
+                                f"{'; '.join(self.metric_reasons)[:400]}", advice)]
 
     def _inconclusive(self) -> Finding:
         """An undecided verdict is work, not a pass and not a blocker: the model runs and nothing measured is out of
@@ -292,9 +379,11 @@ class AccuracyReport:
         return stats.INCONCLUSIVE if stats.INCONCLUSIVE in found else stats.PASS
 
     def stream_findings(self, name: str) -> list[Finding]:
-        """The target's stream runs that fail their drift check, as findings (stream_drift)."""
+        """The target's stream checks that fail, as findings: its state's drift (stream_drift), each streamed
+        output outside its budget (stream_output)."""
         runs = (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
-        return [stream_drift(r) for r in runs if r["target"] == name and not r["passed"]]
+        return [stream_drift(r) if c["metric"] == "drift_growth" else stream_output(r, c)
+                for r in runs if r["target"] == name for c in r["checks"] if not c["passed"]]
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())
@@ -568,23 +657,39 @@ def _padding(t: TargetAccuracy) -> list[str]:
             for b in t.buckets if not b.get("skipped") and not b["passed"] and t.chosen.passed]
 
 
+def _keep_float32(run: dict) -> str:
+    """What keeps a stream run's step in float32 on its target: its float32 precision setting where it has one."""
+    target = targets_mod.get(run["target"]) if run["target"] in targets_mod.TARGETS else None
+    fp32 = next((q for q in target.precisions if compute_dtype(q) == torch.float32), None) if target else None
+    return (f"precision '{fp32.name}' ({fp32.setting}) for the step" if fp32 and fp32.name != run["precision"] else
+            "float32 for the recurrent matmuls")
+
+
 def stream_drift(run: dict) -> Finding:
     """A stream run (streaming.TargetStream.to_dict()) that fails its drift check, as the target's finding.
     A blocker: its state's error grows with the stream's length beyond noise, so a long enough stream goes wrong
     in deployment, and no precision setting was measured that brings it back (this stage's rule: a budget miss
     that no measured setting fixes is a blocker)."""
-    failed = next(c for c in run["checks"] if not c["passed"])
+    failed = next(c for c in run["checks"] if c["metric"] == "drift_growth")
     p = (failed.get("trend") or run.get("drift_trend") or {}).get("p")
-    target = targets_mod.get(run["target"]) if run["target"] in targets_mod.TARGETS else None
-    fp32 = next((q for q in target.precisions if compute_dtype(q) == torch.float32), None) if target else None
-    keep = (f"precision '{fp32.name}' ({fp32.setting}) for the step" if fp32 and fp32.name != run["precision"] else
-            "float32 for the recurrent matmuls")
+    leaf = f" in state leaf {failed['leaf']}" if len(run.get("leaves") or {}) > 1 else ""
     return Finding("stream_drift", BLOCKER,
                    f"streamed state drifts at precision '{run['precision']}' ({run['backend']}): its error against "
-                   f"float64 grows {failed['value']:.2f}x over the stream ({failed['budget']}), a rise beyond noise "
-                   f"(Mann-Whitney U p = {p:.2g})" if p is not None else
+                   f"float64{leaf} grows {failed['value']:.2f}x over the stream ({failed['budget']}), a rise beyond "
+                   f"noise (Mann-Whitney U p = {p:.2g})" if p is not None else
                    f"streamed state drifts at precision '{run['precision']}': growth {failed['value']:.2f}x "
                    f"({failed['budget']})",
-                   f"keep the carried state in float32: {keep}, or cast the state to float32 where it is carried "
-                   "from step to step; a state rounded every step accumulates the rounding (recompute the stream "
-                   "check after the change)")
+                   f"keep the carried state in float32: {_keep_float32(run)}, or cast the state to float32 where it "
+                   "is carried from step to step; a state rounded every step accumulates the rounding (recompute the "
+                   "stream check after the change)")
+
+
+def stream_output(run: dict, check: dict) -> Finding:
+    """A streamed output outside its budget (a check of streaming.output_metrics) as the target's finding: a
+    blocker by the same rule as the drift, since the stream runs at one precision setting and none was measured
+    that brings it back."""
+    return Finding("stream_output", BLOCKER,
+                   f"streamed output '{check['output']}' at precision '{run['precision']}' ({run['backend']}): "
+                   f"{check['label']} {check['value']:.4g} over the stream ({check['budget']})",
+                   f"run the step in float32 ({_keep_float32(run)}) and recompute the stream check: the target's "
+                   "rounding, carried in the state, changes what the stream decides")

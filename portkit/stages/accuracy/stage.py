@@ -27,7 +27,7 @@ import torch
 
 from portkit.corpora import images
 from portkit.models import registry as models
-from portkit.targets import numerics
+from portkit.targets import gpu_baseline, numerics
 from portkit.core import checks
 from portkit.core import progress as progress_bars
 from portkit.runfolder import results
@@ -38,11 +38,12 @@ from portkit.stages.accuracy.result import (CAST_CAUSE, AccuracyReport, Precisio
                                             against_baseline, suggest)
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import (check, compare, finish, item_values, join_values, neighbour_shares,
-                                                primary_output, summarize, task_metrics)
+                                                primary_output, shape_mismatch, summarize, task_metrics, unmeasured)
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy.localize import LayerProbe, layer_summary
 from portkit.stages.accuracy.target_runs import EAGER, TargetSide, compiled_available
-from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, DEFAULT_TOLERANCES, UPPER_BOUNDS, rounds, tolerance_for
+from portkit.targets.tolerance import (DECIBEL_BOUNDS, DEFAULT_TASK_BOUNDS, DEFAULT_TOLERANCES, UPPER_BOUNDS, rounds,
+                                       tolerance_for)
 
 DEFAULT_BUCKETS = (32, 64, 128)
 _BUCKET_POOL = 512       # texts sampled and tokenized to fill the buckets
@@ -205,15 +206,17 @@ def _tolerances(name: str, value):
 
 
 def _task_bounds(name: str, value):
-    """{bound: value} for bounds of tolerance.DEFAULT_TASK_BOUNDS: cosine and agreement in [0, 1], kl and
-    perplexity >= 0, baseline_factor >= 1."""
+    """{bound: value} for bounds of tolerance.DEFAULT_TASK_BOUNDS: shares (cosine, agreement, codes) in [0, 1],
+    floors in dB (snr_db, si_sdr_db) and ceilings (kl, perplexity, probability_mae) >= 0, baseline_factor >= 1."""
     _dict_of(name, value, f"with keys {', '.join(DEFAULT_TASK_BOUNDS)}")
     for key, bound in (value or {}).items():
         checks.choice("task bound", key, DEFAULT_TASK_BOUNDS)
         if isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound < 0 or \
-                (key not in UPPER_BOUNDS and bound > 1) or (key == "baseline_factor" and bound < 1):
-            raise BadParameter(f"task bound {key}", bound, hint="cosine and agreement lie in [0, 1]; kl and "
-                               "perplexity are >= 0; baseline_factor is >= 1")
+                (key not in UPPER_BOUNDS + DECIBEL_BOUNDS and bound > 1) or (key == "baseline_factor" and bound < 1):
+            raise BadParameter(f"task bound {key}", bound, hint="cosine and agreement lie in [0, 1], as do "
+                               "neighbours, voicing and codes; kl, perplexity, cents, drift_growth and "
+                               "probability_mae are >= 0; snr_db and si_sdr_db are floors in dB, >= 0; "
+                               "baseline_factor is >= 1")
     return value
 
 
@@ -394,14 +397,16 @@ class Reference:
         `out`. Embeddings add top-k neighbour agreement over the sample."""
         bounds, unit = self.options.bounds, self.unit
         if self.sample is None or not sampled:
-            values = item_values(self.kind, out, self.outputs[self.main], self.mask, self.inputs)
-            found = summarize(self.kind, values, bounds, unit)
+            found = task_metrics(self.kind, out, self.outputs[self.main], self.mask, bounds, self.inputs, unit,
+                                 self.main)
             rows = len(next(iter(self.inputs.values())))
             why = "no corpus given" if self.sample is None else "the task sample decides the precision judged only"
             found["sample"] = {"items": rows, "of": rows, "source": "the main batch", "run": side.label(compiled),
                                "text": f"the main batch ({rows} {self.model.declaration.items}; {why})"}
             return found
         values, described = self.sample.run(self, side, precision, compiled, batch)
+        if values is None:      # a batch of the sample came out in another shape than the reference's
+            return {**unmeasured(self.kind, described["shape_mismatch"], self.main), "sample": described}
         found = summarize(self.kind, values, bounds, unit)
         if self.kind == models.EMBEDDING and len(values["cosine"]) > NEIGHBOURS:
             shares = neighbour_shares(values["actual"], values["expected"], NEIGHBOURS)
@@ -416,8 +421,12 @@ class Reference:
 
     @property
     def unit(self) -> str:
-        """What the task metrics count: the declaration's items, or tokens for a per-token classifier."""
-        return "tokens" if self.kind == models.TOKEN_CLASSIFIER else self.model.declaration.items
+        return _unit(self.model, self.kind)
+
+
+def _unit(model, kind: str) -> str:
+    """What an output kind's task metrics count: the declaration's items, or tokens for a per-token classifier."""
+    return "tokens" if kind == models.TOKEN_CLASSIFIER else model.declaration.items
 
 
 @dataclass
@@ -469,43 +478,55 @@ class TaskSample:
     def run(self, ref: Reference, side: TargetSide, precision, compiled: bool, batch: int | None) -> tuple:
         """One precision's pass: per-item values of every batch of the sample; (the joined values, what was run in
         words). Compiled where judged so, in calls of TASK_BATCH rows (the last padded to them: one graph shape
-        more than the main batch's, compiled once)."""
+        more than the main batch's, compiled once). A batch whose output has another shape than its reference's
+        ends the pass: (None, the words with "shape_mismatch")."""
         compiled = compiled and self.fixed_rows and side.refused is None
         values = []
+        described = {"of": len(self.items), "source": self.source, "batch": TASK_BATCH, "run": side.label(compiled)}
         for i in range(self.batches):
             inputs = self.batch(i)
             out = side.run(inputs, precision, compiled=compiled, batch=TASK_BATCH if compiled else None)[0][ref.main]
-            values.append(item_values(ref.kind, out, self.reference(ref, i), _mask(ref.model, inputs), inputs))
+            expected = self.reference(ref, i)
+            differs = shape_mismatch(out, expected)
+            if differs is not None:
+                return None, {**described, "items": i * TASK_BATCH, "shape_mismatch": differs,
+                              "text": f"task sample batch {i + 1} of {self.batches} from {self.source}"}
+            values.append(item_values(ref.kind, out, expected, _mask(ref.model, inputs), inputs))
         done = len(self.items)
-        return join_values(values), {
-            "items": done, "of": done, "source": self.source, "batch": TASK_BATCH, "run": side.label(compiled),
-            "text": f"{done:,} {ref.model.declaration.items} from {self.source}"}
+        return join_values(values), {**described, "items": done,
+                                     "text": f"{done:,} {ref.model.declaration.items} from {self.source}"}
 
 
 def _baseline(module, batch: dict, plain: dict, truth: dict | None, main: str, mask, options: Options) -> dict:
-    """Today's GPU setup (options.gpu_numerics), emulated on the CPU (the cuda target has no dtype rules:
-    float64 stays), and its own error on the `main` output against `truth` (None: against `plain`): what a
-    target's error is held against. `plain`: the model's own outputs for `batch`, which a setting that
-    rounds nothing (fp32) computes exactly."""
+    """Today's GPU setup (options.gpu_numerics), and its own error on the `main` output against `truth` (None:
+    against `plain`): what a target's error is held against. Native where a GPU is present (gpu_baseline: a
+    float32 copy run on it under the real flags or autocast, unless PORTKIT_MODE=emulated); else emulated on the
+    CPU (the cuda target has no dtype rules: float64 stays). `plain`: the model's own outputs for `batch`, which an
+    emulated setting that rounds nothing (fp32) computes exactly."""
     name = options.gpu_numerics
     chosen, gpu = numerics.GPU_NUMERICS[name], targets_mod.get("cuda")
-    if rounds(chosen) or gpu.dtype_rules:
+    mode, measured = "emulated", gpu_baseline.emulated_label()
+    if gpu_baseline.present():
+        (out, measured), mode = gpu_baseline.measure(module, batch, name), "native"
+    elif rounds(chosen) or gpu.dtype_rules:
         with torch.no_grad(), numerics.emulate(gpu, chosen):
             out = module(**batch)
     else:
         out = plain
     found = compare(out[main], (truth if truth is not None else plain)[main], None, mask)
     return {"gpu_numerics": name, "setting": chosen.setting, "description": chosen.description,
-            "label": f"the GPU baseline '{name}'", "factor": options.bounds["baseline_factor"], "output": main,
+            "label": f"the GPU baseline '{name}'", "mode": mode, "measured": measured,
+            "factor": options.bounds["baseline_factor"], "output": main,
             "truth": "the float32 reference (no float64 run)" if truth is None else "the float64 reference",
             "gpu_error": found["rel_l2"], "gpu_max_abs": found["max_abs"], "outputs": out}
 
 
 def _versus(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask) -> dict:
     """A target's error against float64 (relative L2 on the main output) as a ratio to the GPU setup's."""
-    error = compare(out, truth[main], None, mask)["rel_l2"]
+    error = compare(out, truth[main], None, mask)["rel_l2"]     # nan where the shapes differ
     gpu = baseline["gpu_error"]
     ratio = error / gpu if gpu > 0 else (1.0 if error == 0 else None)    # None: the GPU setup has no error
+    ratio = None if error != error else ratio                            # nothing compared: no ratio
     return {**{k: v for k, v in baseline.items() if k != "outputs"}, "target_error": error, "ratio": ratio,
             "within": ratio is not None and ratio <= baseline["factor"]}
 
@@ -559,11 +580,21 @@ def _precision_result(ref: Reference, side: TargetSide, precision, how: tuple[bo
         precision=precision.to_dict(), target_side=judged_by, compiled_vs_eager=vs_eager,
         outputs={k: compare(out[k], expected[k], per_dtype[k], mask) for k in expected},
         task=ref.task(out[ref.main], side, precision, compiled and side.refused is None, batch, sampled=judged),
+        output_tasks=_other_outputs(ref, out),
         baseline=_versus(ref.baseline, out[ref.main], truth, ref.main, mask),
         vs_float64={k: compare(out[k], ref.outputs64[k], None, mask) for k in expected} if ref.outputs64 else None,
         layers=layer_summary(rows, reason, tol, precision, side.label(False)) if rows is not None else None,
         numerics=changed, float64_ops=f64)
     return result, out
+
+
+def _other_outputs(ref: Reference, out: dict) -> dict[str, dict]:
+    """The task metrics of each declared output beside the judged one, each with its own metric kind, on the main
+    batch (an output the model did not return is left out)."""
+    declared = {o.name: o.metric for o in ref.model.declaration.outputs if o.name != ref.main}
+    return {name: task_metrics(kind, out[name], ref.outputs[name], ref.mask, ref.options.bounds, ref.inputs,
+                               _unit(ref.model, kind), name)
+            for name, kind in declared.items() if name in out and name in ref.outputs}
 
 
 def _split_by_cause(ref: Reference, side: TargetSide, results: list[PrecisionResult], outs: list[dict]) -> None:
@@ -619,12 +650,14 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
     outputs = {k: compare(out[k], r, tolerance_for(precision, ref.options.tolerances, r.dtype), mask)
                for k, r in expected.items()}
     task = task_metrics(model.declaration.primary.metric, out[main], expected[main], mask, ref.options.bounds, plain,
-                        ref.unit)
+                        ref.unit, main)
     versus = _versus(baseline, out[main], truth, main, mask)
     # a bucket's batch is a handful of items: it fails the verdict where its interval lies outside a budget; one
-    # that straddles it decides nothing (the task sample decides)
-    reasons = [f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
-               f"{versus['factor']:g}x)"] if task["decision"] == stats.FAIL and not versus["within"] else []
+    # that straddles it decides nothing (the task sample decides); an output of another shape fails it (a finding)
+    shape_reasons = [task["reason"]] if task.get("shape_mismatch") else []
+    reasons = shape_reasons or ([f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
+                                 f"{versus['factor']:g}x)"] if task["decision"] == stats.FAIL and not versus["within"]
+                                else [])
     real = sum(model.declaration.real_lengths(padded)[dim])
     target = f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}"
     if side.compiled and not compiled and side.refused is None:
@@ -634,6 +667,7 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
             "precision": precision.to_dict(),
             "reference": f"eager float32 at the batch's own length ({model.declaration.size_of(plain, dim)} {dim})",
             "target": target, "outputs": outputs, "task": task, "passed": not reasons, "reasons": reasons,
+            "shape_reasons": shape_reasons,
             "details": [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]], "baseline": versus}
 
 

@@ -239,7 +239,7 @@ def _accuracy(data: dict, t: dict, out) -> None:
     out.metrics["accuracy"] = {
         "precision": (t.get("precision") or {}).get("setting", "—"),
         "verdict (task metrics)": t.get("basis") or t.get("verdict", "—"),
-        f"max abs error ({main[0]})" if main else "max abs error": f"{main[1].get('max_abs', 0):.2g}" if main else "—",
+        f"max abs error ({main[0]})" if main else "max abs error": (_g(main[1].get("max_abs")) or "—") if main else "—",
         "task metric": task.get("metric", "—"),
         **{f"task: {c['label']}": _accuracy_check(c) for c in task.get("checks", [])},
         "task sample": (task.get("sample") or {}).get("text", "the main batch"),
@@ -260,14 +260,15 @@ def _accuracy(data: dict, t: dict, out) -> None:
         # it decides only within its factor (a PASS whatever the task metrics); beyond it the task metrics decide
         own = f"{baseline['gpu_error']:.1g}" if baseline.get("gpu_error") else "none"
         out.metrics["accuracy"]["error vs today's GPU"] = (
-            f"{ratio} the error of GPU '{baseline['gpu_numerics']}' against {baseline['truth']}: " +
+            f"{ratio} the error of GPU '{baseline['gpu_numerics']}' ({baseline.get('measured', 'emulated on the CPU')})"
+            f" against {baseline['truth']}: " +
             (f"within {baseline['factor']:g}x, no regression: this decides (PASS)" if baseline.get("within") else
              f"beyond {baseline['factor']:g}x, so it does not decide (the task metrics do); the GPU's own error is "
              f"{own}, so a large ratio to it is no regression by itself"))
     for cause in t.get("error_by_cause") or []:   # float64 run as float32, then the precision's rounding
         found = (cause.get("outputs") or {}).get(main[0]) if main else None
         if found:
-            out.metrics["accuracy"][f"max abs error from {cause['cause']}"] = f"{found.get('max_abs', 0):.2g}"
+            out.metrics["accuracy"][f"max abs error from {cause['cause']}"] = _g(found.get("max_abs", 0)) or "—"
     detail = "element-wise assert_close (detail, does not decide)"
     out.details["accuracy outputs"] = [{(detail if k == "passed" else k): v
                                         for k, v in _error_row({"output": name}, o).items()}
