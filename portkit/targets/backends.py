@@ -37,6 +37,7 @@ from portkit.core import frames
 from portkit.targets import numerics
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter, CompileRefused
+from portkit.core.findings import cause_key
 from portkit.targets.specs import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
 
 NOT_LOWERED = (CPU_FALLBACK, UNSUPPORTED)
@@ -469,6 +470,34 @@ class CompileCounter:
                                         sum(n.op == "call_function" for n in gm.graph.nodes),
                                         _torch.inductor_cache_hits() > hits, checks[-1] if checks else None))
         return compiled
+
+
+def compile_failure(exc: BaseException, request: int | None = None) -> dict:
+    """Why and where a compile failed, from Dynamo's or portkit's exception (not a traceback): kind ("refused":
+    the target's CompileRefused; "graph break"; else the exception's type), its first line, Dynamo's explanation and
+    hint, the source frame. The one reading of a compile's exception: stage 2 records it, stage 3 reports it."""
+    inner = getattr(exc, "inner_exception", None) or exc
+    where, stack = getattr(inner, "where", None), getattr(exc, "real_stack", None)
+    if where is None and stack:
+        where = frames.place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
+    lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()]
+    field_of = lambda label: next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(label)), "")  # noqa: E731
+    kind = ("refused" if isinstance(inner, CompileRefused) else
+            "graph break" if isinstance(exc, torch._dynamo.exc.Unsupported) else type(inner).__name__)
+    return {"kind": kind, "message": lines[0] if lines else type(inner).__name__,
+            "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
+
+
+def failure_text(f: dict) -> str:
+    """A compile_failure in one line: kind, message, explanation, where."""
+    return f"{f['kind']}: {f['message']}" + (f" ({f['explanation']})" if f.get("explanation") else "") + \
+        f" at {_text(f['where'])}"
+
+
+def compile_cause(what: str, where: dict | None, text: str) -> str:
+    """A compile failure's cause (core.findings.cause_key): "refused" or the failure's kind, at its source line;
+    without a line, the start of its message. Stages 2 and 3 give the one refusal this one cause."""
+    return cause_key("compile", what, where) + ("" if where else f": {text[:120]}")
 
 
 # What torch 2.13 raises when set_stance("fail_on_recompile") refuses a compile: a plain RuntimeError

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,9 +30,12 @@ import torch
 
 from portkit.core import torch_private as _torch
 from portkit.targets import numerics
+from portkit.core import frames
 from portkit.core import placement
+from portkit.models import inputs
 from portkit.targets import tolerance
-from portkit.targets.backends import CompileCounter, EmulatedBackend, call_counting_recompiles, warm_inductor
+from portkit.targets.backends import (CompileCounter, EmulatedBackend, call_counting_recompiles, compile_failure,
+                                      failure_text, warm_inductor)
 from portkit.core.errors import BadParameter
 from portkit.corpora.corpus import Trace
 from portkit.planning.planner import BucketPlan
@@ -88,24 +93,109 @@ def reference_numerics(backend):
     return lambda: numerics.emulate(emulated.target, emulated.precision.name)
 
 
-def output_dims(model, device: str = "cpu") -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Which dims of each output follow the batch and the sequence, from two tiny eager runs of the
-    declaration's probe inputs (Declaration.dummy) with 2 then 3 rows of 3 then 5 positions (or the
-    dimension's smallest size and 2 more): a dim that reads 2 then 3 is a batch dim, the two lengths a
-    sequence dim. Pooled outputs (minilm's "embedding") have no sequence dim and are never sliced."""
+# The probe's second length: up to this many times the first (within the dimension's largest), far enough apart that
+# an output with one position per chunk of input positions still grows between them (a chunk of 512 probed at 512 and
+# 514 samples did not). It is taken coprime to the first, so no stride above 1 divides both: with window = stride, a
+# whole-windows (floor) and a padded-last-window (ceil) output then differ at one of them, and at most one of the two
+# explains both probes (_probed_stride).
+PROBE_SPAN = 16
+FOLLOWS_ADVICE = ("declare how the output follows the input: portkit.inputs.Output(name, metric, stride=input "
+                  "positions per output position, window=positions the first one reads, ceil=True where a partial "
+                  "last window counts), so that the padding check compares the output's real positions only")
+
+
+@dataclass(frozen=True)
+class OutputDims:
+    """How one output follows the model's input: its dims that follow the batch and the varying dimension, and how
+    many of its positions along the latter are real for n real input positions (positions: inputs.Output.count at
+    stride and window). `how` says where that came from: "declared" (the Output's stride), "one per position",
+    "probed stride", "pooled" (no dim varies with the input); `unchecked` says why the padding check cannot tell its
+    real positions (None where it can)."""
+    batch: tuple[int, ...] = ()
+    seq: tuple[int, ...] = ()
+    stride: int = 1
+    window: int = 1
+    ceil: bool = False
+    how: str = "one per position"
+    unchecked: str | None = None
+
+    def positions(self, n: int) -> int:
+        return inputs.Output.count(n, self.stride, self.window, self.ceil)
+
+
+def probe_lengths(dim) -> tuple[int, int]:
+    """The two lengths output_dims probes a varying dimension at: its smallest size (at least 3), then the largest
+    length up to PROBE_SPAN times that plus one, within its largest, that shares no factor with the first (at least
+    2 more than the first)."""
+    short = max(3, dim.min)
+    cap = max(short + 2, min(dim.max or short + 2, PROBE_SPAN * short + 1))
+    return short, next((n for n in range(cap, short + 1, -1) if math.gcd(n, short) == 1), short + 2)
+
+
+def _probed_stride(n: tuple[int, int], size: tuple[int, int]) -> tuple[int, bool] | None:
+    """The stride (window = stride, floor or ceil) that gives `size` output positions at both probe lengths `n`:
+    the slope's, where exactly one rounding reproduces both probes; None where none (or both) does."""
+    if size[1] <= size[0]:
+        return None
+    stride = round((n[1] - n[0]) / (size[1] - size[0]))
+    if stride < 2:
+        return None
+    fits = [c for c in (False, True) if all(inputs.Output.count(k, stride, stride, c) == m for k, m in zip(n, size))]
+    return (stride, fits[0]) if len(fits) == 1 else None
+
+
+def _follows(name: str, a: tuple, b: tuple, n: tuple[int, int], declared) -> OutputDims:
+    """One output's OutputDims from its shapes `a` (2 rows, n[0] positions) and `b` (3 rows, n[1])."""
+    batch = tuple(d for d in range(len(a)) if (a[d], b[d]) == (2, 3))
+    rest = [d for d in range(len(a)) if d not in batch]
+    if len(a) != len(b):
+        return OutputDims(batch, how="unknown", unchecked=f"output {name!r} has {len(a)} dims at {n[0]} input "
+                          f"positions and {len(b)} at {n[1]}: {FOLLOWS_ADVICE}")
+    if declared is not None and declared.strided:
+        window = declared.stride if declared.window is None else declared.window
+        want = tuple(declared.positions(k) for k in n)
+        seq = tuple(d for d in rest if (a[d], b[d]) == want)
+        if not seq:
+            return OutputDims(batch, how="declared", unchecked=(
+                f"output {name!r} declares stride {declared.stride}, window {window}, ceil {declared.ceil} "
+                f"({want[0]} then {want[1]} positions), but reads {a} then {b} at {n[0]} then {n[1]} input "
+                f"positions: {FOLLOWS_ADVICE}"))
+        return OutputDims(batch, seq, declared.stride, window, declared.ceil, "declared")
+    seq = tuple(d for d in rest if (a[d], b[d]) == n)
+    if seq:
+        return OutputDims(batch, seq)
+    grows = [d for d in rest if a[d] != b[d]]
+    if not grows:
+        return OutputDims(batch, how="pooled")
+    probed = {d: _probed_stride(n, (a[d], b[d])) for d in grows}
+    rules = {r for r in probed.values() if r is not None}
+    if len(rules) != 1:
+        return OutputDims(batch, how="unknown", unchecked=(
+            f"output {name!r} reads {a} then {b} at {n[0]} then {n[1]} input positions, and no one stride explains "
+            f"which dim follows the input: {FOLLOWS_ADVICE}"))
+    (stride, ceil), = rules
+    return OutputDims(batch, tuple(d for d, r in probed.items() if r == (stride, ceil)), stride, stride, ceil,
+                      "probed stride")
+
+
+def output_dims(model, device: str = "cpu") -> dict[str, OutputDims]:
+    """Which dims of each output follow the batch and the varying dimension, from two tiny eager runs of the
+    declaration's probe inputs (Declaration.dummy): 2 rows at the dimension's smallest size (at least 3), then 3
+    rows at PROBE_SPAN times that plus one (probe_lengths). A dim that reads 2 then 3 is a batch dim. An output
+    that declares a stride (inputs.Output) has the dims that read its positions at both lengths; any other, the
+    dims that read the two lengths, else the dims a stride explains exactly (_probed_stride). Pooled outputs
+    (minilm's "embedding") have no such dim and are never sliced; an output whose dims no rule explains is marked
+    unchecked, with what to declare."""
     decl, dim = model.declaration, model.seq_dim
-    short = max(3, decl.dim(dim).min)
+    n = probe_lengths(decl.dim(dim))
     shapes = []
-    for rows, length in ((2, short), (3, short + 2)):
+    for rows, length in zip((2, 3), n):
         with torch.no_grad():
             outputs = model.module(**decl.dummy(rows, {dim: length}, device=device))
             shapes.append({k: tuple(v.shape) for k, v in outputs.items()})
-    dims = {}
-    for name, a in shapes[0].items():
-        b = shapes[1][name]
-        dims[name] = (tuple(d for d in range(len(a)) if (a[d], b[d]) == (2, 3)),
-                      tuple(d for d in range(len(a)) if (a[d], b[d]) == (short, short + 2)))
-    return dims
+    declared = {o.name: o for o in decl.outputs}
+    return {name: _follows(name, a, shapes[1].get(name, ()), n, declared.get(name))
+            for name, a in shapes[0].items()}
 
 
 class BucketedModel:
@@ -125,7 +215,8 @@ class BucketedModel:
         self.compiled = torch.compile(model.module, backend=self.counter, dynamic=False)
         self.declaration, self.dim = model.declaration, model.seq_dim
         self.device = device             # the target's device in native mode; the module must be there
-        self.dims = output_dims(model, device)
+        self.follows = output_dims(model, device)     # per output: its batch and varying dims, its real positions
+        self.dims = {name: (o.batch, o.seq) for name, o in self.follows.items()}
 
     @property
     def compiles(self) -> int:
@@ -147,16 +238,19 @@ class BucketedModel:
         return {name: _dense(t).to(self.device) for name, t in padded.items()}, rows, length
 
     def unpad(self, outputs: dict[str, torch.Tensor], rows: int, length: int) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, t in outputs.items():
-            batch_dims, seq_dims = self.dims.get(name, ((), ()))
-            index = [slice(None)] * t.dim()
-            for d in batch_dims:
-                index[d] = slice(0, rows)
-            for d in seq_dims:
-                index[d] = slice(0, length)
-            out[name] = t[tuple(index)]
-        return out
+        """Outputs cut to the true rows and, along the dims that follow the input, the real positions of
+        `length` input positions (OutputDims.positions: `length` itself, or a strided output's frames)."""
+        return {name: self.real_part(name, t, slice(0, rows), length) for name, t in outputs.items()}
+
+    def real_part(self, name: str, t: torch.Tensor, rows: slice, length: int) -> torch.Tensor:
+        """Output `name` at the given rows (along its batch dims) and its real positions for `length`."""
+        follows = self.follows.get(name, OutputDims())
+        index = [slice(None)] * t.dim()
+        for d in follows.batch:
+            index[d] = rows
+        for d in follows.seq:
+            index[d] = slice(0, follows.positions(length))
+        return t[tuple(index)]
 
     def run_padded(self, padded: dict[str, torch.Tensor], request: int | None = None) -> dict[str, torch.Tensor]:
         """The compiled module on inputs already padded to a bucket. Under fail_on_recompile a compile
@@ -249,7 +343,12 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
     """Per bucket shape: the bucketed (padded, compiled) outputs at real positions against the
     unpadded eager outputs, with torch.testing.assert_close. `reference` is a context manager factory
     the eager run happens under (default: reference_numerics(bm.backend), the emulated target's
-    numerics); rtol/atol default to padding_tolerance(bm.backend)."""
+    numerics); rtol/atol default to padding_tolerance(bm.backend).
+
+    Real positions are each output's OutputDims.positions of the row's length. An output whose real positions
+    cannot be told (OutputDims.unchecked, or a padded output whose real part is not the unpadded output's shape)
+    is not compared: it is listed in "unchecked" with why, and the shape's "ok" is None unless another output
+    failed (False) — a padding check that could not run is no evidence that padding changes the outputs."""
     reference = reference or reference_numerics(bm.backend)
     if rtol is None or atol is None:
         tol = padding_tolerance(bm.backend)
@@ -259,29 +358,41 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
     for bi in range(1, len(batches)):
         for si in range(1, len(seqs)):
             rows, lengths = check_inputs(bm, trace, batches[bi], seqs[si], batches[bi - 1], seqs[si - 1])
-            batch = bm.declaration.stack(rows)
-            got = bm(batch)
-            worst, failures = 0.0, []
+            got = bm(bm.declaration.stack(rows))
+            found = {"worst": 0.0, "failures": [], "unchecked": {}}
             for r, (row, length) in enumerate(zip(rows, lengths)):
                 with torch.no_grad(), reference():
                     want = bm.model.module(**{k: v.to(bm.device) for k, v in row.items()})
                 for name, expected in want.items():
-                    _, seq_dims = bm.dims.get(name, ((), ()))
-                    actual, expected = got[name][r:r + 1].cpu(), expected.cpu()
-                    index = [slice(None)] * actual.dim()
-                    for d in seq_dims:
-                        index[d] = slice(0, length)
-                    actual = actual[tuple(index)]
-                    if actual.is_floating_point():
-                        worst = max(worst, float((actual - expected).abs().max()))
-                    try:
-                        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
-                    except AssertionError as exc:
-                        failures.append(f"{name} (row {r}, length {length}): {str(exc).splitlines()[0]}")
+                    _compare(bm, name, got[name], expected.cpu(), (r, length), (rtol, atol), found)
+            failures, unchecked = found["failures"], found["unchecked"]
             results.append({"batch": batches[bi], "seq": seqs[si], "rows": len(rows), "lengths": lengths,
-                            "max_abs_error": worst, "ok": not failures, "failures": failures,
-                            "rtol": rtol, "atol": atol})
+                            "max_abs_error": found["worst"], "ok": False if failures else None if unchecked else True,
+                            "failures": failures, "unchecked": unchecked, "rtol": rtol, "atol": atol})
     return results
+
+
+def _compare(bm: BucketedModel, name: str, padded: torch.Tensor, expected: torch.Tensor, row: tuple[int, int],
+             tol: tuple[float, float], found: dict) -> None:
+    """One output of one row of the padding check: its real part of the padded output against the unpadded
+    output, into found["failures"], found["unchecked"] (why it could not be compared) and found["worst"]."""
+    (r, length), follows = row, bm.follows.get(name, OutputDims())
+    if follows.unchecked:
+        found["unchecked"].setdefault(name, follows.unchecked)
+        return
+    actual = bm.real_part(name, padded, slice(r, r + 1), length).cpu()
+    if actual.shape != expected.shape:
+        found["unchecked"].setdefault(name, (
+            f"output {name!r} at {length} real input positions: the padded run's real part is "
+            f"{tuple(actual.shape)}, the unpadded run's {tuple(expected.shape)} (its dims read as {follows.how}): "
+            + FOLLOWS_ADVICE))
+        return
+    if actual.is_floating_point() and actual.numel():
+        found["worst"] = max(found["worst"], float((actual - expected).abs().max()))
+    try:
+        torch.testing.assert_close(actual, expected, rtol=tol[0], atol=tol[1])
+    except AssertionError as exc:
+        found["failures"].append(f"{name} (row {r}, length {length}): {str(exc).splitlines()[0]}")
 
 
 # ---------------------------------------------------------------- replay
@@ -303,6 +414,7 @@ class ReplayRun:
     note: str = ""
     late_compiles: list[dict] = field(default_factory=list)   # request, shape, guard failures behind each
     compiled_seqs: list = field(default_factory=list)          # the sequence length of every graph compiled
+    failure: dict | None = None       # why the run could not be measured (_failed_run): the model refused or raised
 
     @property
     def waste(self) -> float:
@@ -318,7 +430,25 @@ class ReplayRun:
 
     @property
     def padding_ok(self) -> bool | None:
-        return all(c["ok"] for c in self.padding_checks) if self.padding_checks else None
+        """False where padding changed an output at real positions; None where nothing was checked, or some
+        output could not be (padding_unchecked); else True."""
+        oks = [c["ok"] for c in self.padding_checks]
+        return False if False in oks else None if not oks or None in oks else True
+
+    @property
+    def not_measured(self) -> str:
+        """Why the run could not be measured ("" where it was): the failure in one line, and its step."""
+        f = self.failure
+        return f"not measured: {failure_text(f)} (in the {f['step']})" if f else ""
+
+    @property
+    def padding_unchecked(self) -> dict[str, str]:
+        """The outputs the padding check could not compare, and why (the first reason for each)."""
+        found: dict[str, str] = {}
+        for c in self.padding_checks:
+            for name, why in (c.get("unchecked") or {}).items():
+                found.setdefault(name, why)
+        return found
 
     def to_dict(self) -> dict:
         return {"name": self.name, "backend": self.backend, "plan": self.plan, "requests": self.requests,
@@ -328,9 +458,12 @@ class ReplayRun:
                 "compile_wall_seconds": self.compile_wall_seconds, "run_seconds": self.run_seconds,
                 "total_seconds": self.total_seconds, "requests_per_second": self.requests_per_second,
                 "padding_ok": self.padding_ok, "padding_checks": self.padding_checks, "note": self.note,
-                "late_compiles": self.late_compiles, "compiled_seqs": self.compiled_seqs}
+                "late_compiles": self.late_compiles, "compiled_seqs": self.compiled_seqs,
+                "padding_unchecked": self.padding_unchecked, "failure": self.failure}
 
     def __str__(self) -> str:
+        if self.failure:
+            return f"{self.name:>16} [{self.backend}]: {self.not_measured}"
         return (f"{self.name:>16} [{self.backend}]: {self.compiles:3d} compiles, {self.waste:6.1%} padding, "
                 f"compile {self.compile_seconds:7.1f} s + run {self.run_seconds:6.2f} s = "
                 f"{self.total_seconds:7.1f} s, {self.requests_per_second:7.2f} requests/s")
@@ -430,14 +563,19 @@ class ReplaySettings:
     count: tuple = ()                 # plans counted (one compile per bucket shape) instead of compiled
 
 
-def _replay_plan(model, plan, encoded, trace, backend, costs, settings: ReplaySettings):
+def _replay_plan(model, plan, encoded, trace, backend, costs, settings: ReplaySettings, at: list[str]):
+    """One plan compiled: warm-up, the replay under fail_on_recompile, the padding check. `at` holds the step
+    running (for _failed_run, where the model refuses or raises)."""
     from portkit.core.progress import bar as progress_bar
     progress, device = settings.progress, settings.device
+    at[0] = "probe of the outputs"
     bm = BucketedModel(model, plan, backend, device)
+    at[0] = "warm-up"
     warm = bm.warm_up(progress, costs)
     after_warmup = bm.compiles
     charged, compile_wall = sum(w["charged_seconds"] for w in warm), sum(w["seconds"] for w in warm if w["graphs"])
     run, computed = 0.0, 0
+    at[0] = "replay"
     # From here PyTorch refuses every compile; each refusal is recorded (bm.late), then paid and counted.
     with torch.compiler.set_stance("fail_on_recompile"):
         bar = progress_bar(encoded, desc=f"replay {plan.planner}", disable=not progress, leave=False)
@@ -452,11 +590,40 @@ def _replay_plan(model, plan, encoded, trace, backend, costs, settings: ReplaySe
                 charged += _charge(costs, model, _name(backend), padded, seconds)
             else:
                 run += seconds
+        at[0] = "padding check"
         checks = check_padding(bm, trace, settings.reference, settings.rtol, settings.atol) if settings.check else []
     return ReplayRun(plan.planner, _name(backend), plan.to_dict(), len(encoded), bm.compiles,
                      bm.compiles - after_warmup, _real_tokens(model, encoded), computed, charged, compile_wall, run,
                      checks, late_compiles=bm.late,
                      compiled_seqs=[_seq_of(model, e.shapes) for e in bm.counter.events if e.shapes])
+
+
+def _measured(run, model, encoded, plan, backend) -> ReplayRun:
+    """run(at) -> ReplayRun, or, where the model refuses to compile or raises, the run not measured (_failed_run).
+    What the model does inside the stage is a result, never a crash of the stage: the other runs and targets go
+    on. A BadParameter is the user's input, not the model's behaviour: it still stops the stage."""
+    at = ["run"]
+    try:
+        return run(at)
+    except BadParameter:
+        raise
+    except Exception as exc:   # the model's own code: whatever it raises is recorded
+        return _failed_run(model, encoded, plan, backend, exc, at[0])
+
+
+def _failed_run(model, encoded, plan, backend, exc: BaseException, step: str) -> ReplayRun:
+    """A run the model stopped in `step`: why (backends.compile_failure, stage 2's reading of the same exception:
+    a refusal of the target's compiler, or what the model raised) and where (the refused node's line, or the
+    innermost frame of the model's code in the traceback); nothing measured."""
+    failure = {**compile_failure(exc), "step": step}
+    if failure["where"] is None:
+        found = frames.innermost([frames.place(f.filename, f.lineno, f.name, f.line or "")
+                                  for f in traceback.extract_tb(exc.__traceback__)])
+        failure["where"] = {k: v for k, v in found.items() if k != "line_key"} if found else None
+    torch.compiler.reset()   # what Dynamo kept of the failed compile is no later run's
+    run = ReplayRun(plan.planner if plan else NO_BUCKETS, _name(backend), plan.to_dict() if plan else None,
+                    len(encoded), 0, 0, _real_tokens(model, encoded), 0, 0.0, 0.0, 0.0, failure=failure)
+    return dataclasses.replace(run, note=run.not_measured)
 
 
 def _encoded(model, trace: Trace, plans: list[BucketPlan]) -> list[dict]:
@@ -507,7 +674,8 @@ def _replay_runs(model, encoded, trace, plans, backend, costs, settings: ReplayS
     if settings.baseline and not settings.count_baseline:
         torch.compiler.reset()
         with _compile_cache(settings.fresh_caches):
-            runs.append(_replay_unbucketed(model, encoded, backend, costs, progress, device))
+            runs.append(_measured(lambda at: _replay_unbucketed(model, encoded, backend, costs, progress, device),
+                                  model, encoded, None, backend))
     done = {}   # (boundaries, batch sizes) -> the run that compiled (or counted) those shapes
     for plan in plans:
         shapes = (plan.boundaries, plan.batch_sizes)
@@ -515,14 +683,18 @@ def _replay_runs(model, encoded, trace, plans, backend, costs, settings: ReplayS
             continue
         torch.compiler.reset()
         with _compile_cache(settings.fresh_caches):
-            done[shapes] = _replay_plan(model, plan, encoded, trace, backend, costs, settings)
+            done[shapes] = _measured(lambda at: _replay_plan(model, plan, encoded, trace, backend, costs, settings, at),
+                                     model, encoded, plan, backend)
     compiled = list(done.values())    # counted runs state their compile time from these
     for plan in (p for p in plans if (p.boundaries, p.batch_sizes) not in done):
-        done[plan.boundaries, plan.batch_sizes] = _counted(model, encoded, backend, compiled, progress, device, plan)
+        done[plan.boundaries, plan.batch_sizes] = _measured(
+            lambda at: _counted(model, encoded, backend, compiled, progress, device, plan), model, encoded, plan,
+            backend)
     for plan in plans:    # in the plans' order; the same shapes as an earlier plan: the same run
         first = done[plan.boundaries, plan.batch_sizes]
         runs.append(first if first.plan == plan.to_dict() else dataclasses.replace(
             first, name=plan.planner, plan=plan.to_dict(), note=f"same shapes as {first.name}: replayed once"))
     if settings.baseline and settings.count_baseline:
-        runs.insert(0, _counted(model, encoded, backend, compiled, progress, device))
+        runs.insert(0, _measured(lambda at: _counted(model, encoded, backend, compiled, progress, device),
+                                 model, encoded, None, backend))
     return runs

@@ -27,6 +27,7 @@ import numpy as np
 
 from portkit.core import atomic_io as _io
 from portkit.core import checks
+from portkit.core import frames
 from portkit.stages.buckets import bucketed
 from portkit.corpora import corpus as data
 from portkit.planning import economics
@@ -43,6 +44,8 @@ from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, 
                                       plan_buckets, plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, sweep)
 from portkit.stages.buckets.plots import draw_buckets, padding_slider, plot_histogram, plot_padding  # noqa: F401
 from portkit.runfolder.results import Finding
+from portkit.stages.buckets.bucketed import FOLLOWS_ADVICE
+from portkit.targets.backends import compile_cause, failure_text
 from portkit.core.tables import HtmlTable
 
 __all__ = ["K_MAX", "OVERFLOW", "PLANNER_NAMES", "PLANNERS", "BucketPlan", "BucketReport", "Histogram", "Options",
@@ -268,6 +271,13 @@ def what_if(hist: Histogram, costs: dict[str, economics.CostModel], token_second
 
 
 # ---------------------------------------------------------------- the stage's result
+def padding_ok(runs) -> bool | None:
+    """The runs' padding checks together: False where padding changed an output at real positions, None where no
+    run was checked or some output could not be (ReplayRun.padding_ok), else True."""
+    oks = [r.padding_ok for r in runs if r.padding_checks]
+    return False if False in oks else None if not oks or None in oks else True
+
+
 @dataclass
 class TargetBuckets:
     """One target's chosen plan, what its compiles cost there, and its replays."""
@@ -305,9 +315,25 @@ class TargetBuckets:
                 text += (f"; without buckets {base.compiles} compiles (one per distinct length among these "
                          f"requests{counted}), {self.priced(base):.0f} s compiling on {self.name} vs "
                          f"{self.priced(mine):.0f} s with the plan")
-            checks = [r.padding_ok for r in self.runs if r.padding_ok is not None]
-            text += f"; padding check {'passed' if all(checks) else 'FAILED'}" if checks else ""
+            if mine.failure:
+                text += f"; the chosen plan was {mine.not_measured}"
+            ok = padding_ok(self.runs)
+            text += {True: "; padding check passed", False: "; padding check FAILED", None: ""}[ok]
+        unchecked = self.padding_unchecked()
+        if unchecked:
+            text += f"; could not check padding of output(s) {', '.join(unchecked)} (their real positions are unknown)"
+        failed = [r.name for r in self.runs if r.failure and r is not mine]
+        if failed:
+            text += f"; not measured: {', '.join(failed)}"
         return text
+
+    def padding_unchecked(self) -> dict[str, tuple[str, list[str]]]:
+        """The outputs no padding check could compare: {output: (why, the runs)}."""
+        found: dict[str, tuple[str, list[str]]] = {}
+        for r in self.runs:
+            for name, why in r.padding_unchecked.items():
+                found.setdefault(name, (why, []))[1].append(r.name)
+        return found
 
     def __str__(self) -> str:
         return self.summary()
@@ -323,6 +349,14 @@ class TargetBuckets:
                                f"padding to a bucket changes the outputs at real positions ({failed[0].name})",
                                "the model does not mask padded positions: fix the attention mask handling "
                                "before bucketing", source="vllm-project/tpu-inference#3466").to_dict())
+        out += self._not_measured()
+        for name, (why, runs) in self.padding_unchecked().items():
+            out.append(Finding("padding_unchecked", "work",
+                               f"could not check padding of output {name!r} ({', '.join(runs)}): "
+                               + why.removesuffix(": " + FOLLOWS_ADVICE),
+                               FOLLOWS_ADVICE, source="https://pytorch.org/docs/stable/generated/torch.nn.Conv1d.html",
+                               consequence="work: the bucket plan is not proven to leave this output's real "
+                                           "positions unchanged until its stride is declared").to_dict())
         late = sum(r.compiles_after_warmup for r in self.runs)
         if late:
             run = next(r for r in self.runs if r.compiles_after_warmup)
@@ -343,6 +377,32 @@ class TargetBuckets:
                            self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
         return out
 
+    def _not_measured(self) -> list[dict]:
+        """One finding per cause that stopped a run (a refusal of the target's compiler, or what the model raised):
+        its cause is stage 2's for the same failure (backends.compile_cause), the runs it stopped its occurrences."""
+        causes: dict[str, dict] = {}
+        for r in self.runs:
+            if r.failure:
+                f = r.failure
+                text = f["message"] if f["kind"] == "refused" else failure_text(f)    # as stage 2 words it
+                entry = causes.setdefault(compile_cause(f["kind"], f["where"], text), {"failure": f, "runs": []})
+                entry["runs"].append(f"{r.name} ({f['step']})")
+        out = []
+        for cause, entry in causes.items():
+            f, runs = entry["failure"], entry["runs"]
+            refused = f["kind"] == "refused"
+            out.append(Finding(
+                "compile_refused" if refused else "compile_failed", "blocker",
+                f"{', '.join(runs)} could not be measured on {self.name}: {failure_text(f)}",
+                f.get("hint") or ("the target's compiler refuses the graph (stage 2 names the same cause): make it "
+                                  "static (dynamic=False, no data-dependent shapes), then replay the buckets"
+                                  if refused else "fix the model where it raises, then replay the buckets"),
+                where=f["where"], owner=frames.owner(f["where"]) if f["where"] else None, cause=cause,
+                consequence=("blocker: the target's compiler refuses the model, so no bucket plan runs there"
+                             if refused else "blocker: the model raises at these bucket shapes"),
+                occurrences={"runs": runs, "count": len(runs)}).to_dict())
+        return out
+
     def what_if_text(self) -> str:
         """How the plan changes at WHAT_IF times an estimated compile cost ("" for a measured one)."""
         return "".join(f". At {f:g}x the estimate ({self.cost.seconds(self.chosen.top) * f:.0f} s a compile): "
@@ -359,7 +419,9 @@ class TargetBuckets:
                                      "warmup_seconds": p.settings.get("warmup_seconds")}
                             for f, p in self.what_if.items()},
                 "compiles_after_warmup": sum(r.compiles_after_warmup for r in self.runs),
-                "padding_ok": all(r.padding_ok for r in self.runs if r.padding_ok is not None),
+                "padding_ok": padding_ok(self.runs), "padding_unchecked": {
+                    name: {"why": why, "runs": runs} for name, (why, runs) in self.padding_unchecked().items()},
+                "not_measured": [{"run": r.name, **r.failure} for r in self.runs if r.failure],
                 "replay": [{**r.to_dict(), "target_compile_seconds": self.priced(r)} for r in self.runs]}
 
 
@@ -411,7 +473,8 @@ class BucketReport:
                     " (counted, not compiled)" if r.note.startswith("counted") else ""),
                  "-" if r.plan is None else str(r.plan["boundaries"]), r.compiles, r.compiles_after_warmup,
                  f"{r.waste:.1%}", f"{t.priced(r):.0f}", f"{r.compile_seconds:.1f}", f"{r.run_seconds:.2f}",
-                 {None: "-", True: "ok", False: "FAILED"}[r.padding_ok]] for r in t.runs]
+                 "not measured" if r.failure else "-" if not r.padding_checks else
+                 {None: "could not check", True: "ok", False: "FAILED"}[r.padding_ok]] for r in t.runs]
         return HtmlTable(["run", "buckets", "compiles", "after warm-up", "padding", f"compile s on {t.name}",
                           "compiling here s", "run here s", "padding check"], rows,
                          f"{t.name} ({t.target['mode']}), backend {t.backend}: replay of {self.trace['requests']} "
@@ -425,7 +488,7 @@ class BucketReport:
                 for c in r.padding_checks:
                     rows.append([t.name, f"{r.name} [{r.backend}]", f"{c['batch']} x {c['seq']}",
                                  ", ".join(map(str, c["lengths"])), f"{c['max_abs_error']:.1e}",
-                                 f"{c['rtol']:g} / {c['atol']:g}", "ok" if c["ok"] else "FAILED: " + c["failures"][0]])
+                                 f"{c['rtol']:g} / {c['atol']:g}", _check_result(c)])
         return HtmlTable(["target", "plan [backend]", "bucket (batch x seq)", "real lengths", "max abs error",
                           "rtol / atol", "result"], rows,
                          "outputs at real positions, padded and compiled, vs unpadded eager under the same numerics")
@@ -468,6 +531,13 @@ class BucketReport:
                          f"<p><i>why:</i> {html.escape(t.chosen.why + t.what_if_text())}</p>"
                          + self.table(t.name)._repr_html_())
         return "\n".join(parts)
+
+
+def _check_result(check: dict) -> str:
+    """One bucket shape's padding check in a word and its first reason."""
+    if check["ok"] is None:
+        return "could not check: " + ", ".join(check.get("unchecked") or {})
+    return "ok" if check["ok"] else "FAILED: " + check["failures"][0]
 
 
 # ---------------------------------------------------------------- the stage's verbs

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from portkit.stages import options
 from portkit.stages.compile import generation as compile_generation
+from portkit.stages.compile import loops
 from portkit.stages.compile import training as compile_training
 from portkit.planning import economics
 from portkit.core import checks
@@ -32,7 +33,7 @@ from portkit.core import frames
 from portkit.core import reconcile
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
-from portkit.targets.backends import _text
+from portkit.targets.backends import _text, compile_cause
 from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm, _eager_from,
                                           _failure_text, check_fixed_shape, check_fixed_shapes,
                                           find_graph_breaks, make_requests, recompile_storm, recompile_storms)
@@ -117,8 +118,8 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
             advice = failure.get("hint") or "fix the model so the target's backend compiles it"
         kind = "compile_refused" if refused or failure.get("kind") == "refused" else "compile_failed"
         out.append(_finding(kind, "blocker", text if refused else _failure_text(failure), advice, where,
-                            cause=cause_key("compile", "refused" if kind == "compile_refused" else failure["kind"],
-                                            where) + ("" if where else f": {text[:120]}"),
+                            cause=compile_cause("refused" if kind == "compile_refused" else failure["kind"], where,
+                                                text),
                             occurrences={"steps": entry["steps"], "count": len(entry["steps"])}))
     return out
 
@@ -281,15 +282,7 @@ class CompileReport:
                                 occurrences={"calls": op.get("calls", 0), "count": len(op["where"])}))
         out += _graph_breaks(self.breaks)
         if storm.requests and storm.compile_count() > 1:
-            priced = self.priced(name)
-            # the priced seconds rest on measured compile times: a numeric field, never the text
-            out.append(_finding("recompile_storm", "work",
-                                f"{storm.compile_count()} compiles for {len(storm.requests)} requests of varying "
-                                f"length, each priced on {name} ({priced['source']})",
-                                "pad to a few fixed shapes: use stage 3's bucket plan", cause=cause_key(
-                                    "recompile_storm", "one compile per input shape"),
-                                occurrences={"count": storm.compile_count(), "requests": len(storm.requests),
-                                             "compile_seconds": priced["seconds"]}))
+            out.append(self._storm_finding(name))
         if not fixed.failure and fixed.compiles_after:
             out.append(_finding("recompile_after_warmup", "work",
                                 f"{fixed.compiles_after} compile(s) after warm-up at one fixed shape "
@@ -303,6 +296,27 @@ class CompileReport:
         if name in self.training:
             out += [_finding(*found) for found in self.training[name].findings()]
         return out
+
+    def _storm_finding(self, name: str) -> dict:
+        """The storm as one finding: its cause named where stage 2 found it (a Python loop over the input
+        length, loops.py: the storm's compiles are that loop's graphs, so one finding, not two), else one compile
+        per input shape. Either is stage 3's to resolve with its bucket plan (report/sections.resolve_storm)."""
+        storm, priced = self.storms[name], self.priced(name)
+        # the priced seconds rest on measured compile times: a numeric field, never the text
+        occurrences = {"count": storm.compile_count(), "requests": len(storm.requests),
+                       "compile_seconds": priced["seconds"]}
+        if storm.loop:
+            loop = storm.loop
+            return _finding("recompile_storm", "work", f"{loops.CAUSE}: {loops.describe(loop)}, each priced on "
+                            f"{name} ({priced['source']})", loops.ADVICE, loop["where"],
+                            cause=cause_key("recompile_storm", loops.CAUSE, loop["where"]),
+                            occurrences={**occurrences, "graphs": loop["graphs"], "guard": loop["guard"],
+                                         "loops": [w["text"] for w in loop["loops"]],
+                                         "lengths": loop["lengths"], "nodes": loop["nodes"]})
+        return _finding("recompile_storm", "work", f"{storm.compile_count()} compiles for {len(storm.requests)} "
+                        f"requests of varying length, each priced on {name} ({priced['source']})",
+                        "pad to a few fixed shapes: use stage 3's bucket plan",
+                        cause=cause_key("recompile_storm", "one compile per input shape"), occurrences=occurrences)
 
     def target_summary(self, name: str) -> str:
         priced = self.priced(name)

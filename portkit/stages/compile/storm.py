@@ -12,7 +12,8 @@ its guards and refuse the recompile, naming the guard failures; that refusal is 
 would pay, counted (with the graphs a compiled shape took) and priced like the compiled ones, and the
 request runs eagerly (set_stance("force_eager")). A shape already counted runs eagerly again, as a
 compiled shape would hit its cache. So a storm of hundreds of requests costs a few real compiles on this
-CPU, and every count in it is Dynamo's own verdict on a real request, not a projection.
+CPU, and every count in it is Dynamo's own verdict on a real request, not a projection. Where the compiled
+graphs grow with the length and the model's source loops over it, the storm names that loop (loops.py).
 """
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ import torch   # torch._dynamo is imported on first use (seconds): the runner's 
 
 from portkit.core import torch_private as _torch
 from portkit.core import placement
+from portkit.stages.compile import loops
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
-from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, refused_recompile,
+from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, refused_recompile,
                                       warm_inductor)
+from portkit.targets.backends import compile_failure as _failure, failure_text as _failure_text  # noqa: F401
 from portkit.core.errors import CompileRefused
-from portkit.core.frames import place as _place
 from portkit.corpora.requests import Requests
 from portkit.core.tables import HtmlTable
 from portkit.targets.specs import Target
@@ -85,25 +87,6 @@ def _compiled(model, target: str, backend: str, precision, fullgraph: bool, **dy
         torch.compiler.reset()
 
 
-def _failure(exc: BaseException, request: int | None = None) -> dict:
-    """Why and where a compile failed, from Dynamo's or portkit's exception (not a traceback)."""
-    inner = getattr(exc, "inner_exception", None) or exc
-    where, stack = getattr(inner, "where", None), getattr(exc, "real_stack", None)
-    if where is None and stack:
-        where = _place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
-    lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()]
-    field_of = lambda label: next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(label)), "")  # noqa: E731
-    kind = ("refused" if isinstance(inner, CompileRefused) else
-            "graph break" if isinstance(exc, torch._dynamo.exc.Unsupported) else type(inner).__name__)
-    return {"kind": kind, "message": lines[0] if lines else type(inner).__name__,
-            "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
-
-
-def _failure_text(f: dict) -> str:
-    return f"{f['kind']}: {f['message']}" + (f" ({f['explanation']})" if f.get("explanation") else "") + \
-        f" at {_text(f['where'])}"
-
-
 
 # ---------------------------------------------------------------- the recompile storm
 @dataclass
@@ -121,6 +104,7 @@ class Storm:
     failure: dict | None = None
     vendor_metrics: dict | None = None
     compile_shapes: int | None = None   # shapes compiled before the rest were counted; None: all compiled
+    loop: dict | None = None            # the Python loop over the input length behind it (loops.length_loop)
 
     def distinct_shapes(self) -> int:
         return len({tuple(r["shape"]) for r in self.requests})
@@ -156,6 +140,8 @@ class Storm:
         if eager is not None:
             text += (f"; at the default recompile_limit={self.default_limit}, request {eager + 1} and every later "
                      "new shape would silently run eagerly")
+        if self.loop:
+            text += f"; {loops.CAUSE}, at {self.loop['where']['text']}"
         return text
 
     def table(self) -> HtmlTable:
@@ -285,9 +271,11 @@ def recompile_storm(model, requests: Requests, target: str, options, *, progress
                 run = time.perf_counter() - start
             rows.append(_row(i, shape, new, len(counter.events) + counted, wall, run, reasons))
     precision_name = counter.backend.precision.name if isinstance(counter.backend, EmulatedBackend) else None
-    return Storm(detected.to_dict(), counter.__name__, precision_name, fullgraph, limit, default, rows,
-                 counter.events, failure, _vendor_metrics(detected.target) if device != "cpu" else None,
-                 compile_shapes)
+    storm = Storm(detected.to_dict(), counter.__name__, precision_name, fullgraph, limit, default, rows,
+                  counter.events, failure, _vendor_metrics(detected.target) if device != "cpu" else None,
+                  compile_shapes)
+    storm.loop = loops.length_loop(model.module if hasattr(model, "module") else model, storm)
+    return storm
 
 
 class _Shared:
@@ -407,6 +395,9 @@ def _shared_storms(model, requests: Requests, shared: dict[str, EmulatedBackend]
                         break
         finally:
             torch.compiler.reset()
-    return {n: Storm(targets_mod.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
-                     default, record.rows[n], counters[n].events, record.failures[n], None, compile_shapes)
-            for n, b in shared.items()}
+    storms = {n: Storm(targets_mod.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
+                       default, record.rows[n], counters[n].events, record.failures[n], None, compile_shapes)
+              for n, b in shared.items()}
+    for storm in storms.values():
+        storm.loop = loops.length_loop(module, storm)
+    return storms
