@@ -9,6 +9,7 @@ from torch import nn
 from portkit.core.errors import BadParameter
 from portkit.models import audio as audio_models
 from portkit.models import inputs
+from portkit.models import registry as models
 from portkit.stages.accuracy import result as accuracy_result
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
 from portkit.workloads import streaming
@@ -170,3 +171,17 @@ def test_a_state_returned_with_its_keys_reordered_is_matched_by_path():
     assert flat["state_lstm_1"] is c and flat["state_context"] is context
     with pytest.raises(BadParameter, match=r"invalid state returned by step 'vad' .*declared structure"):
         step.flat_state({"lstm": (h,)})
+
+
+def test_stage_four_compiled_keeps_a_state_whose_batch_axis_is_not_the_first():
+    """gru-stream's state is (layers, batch, hidden): split into calls of a few rows along axis 0 it reached the GRU
+    as (29, 4, 64) and stage 4 crashed; a batch whose inputs do not all lead with the batch goes in one call."""
+    from portkit.corpora import corpus as data
+    from portkit.stages.accuracy import stage as accuracy
+    m = models.load("gru-stream")
+    items = data.corpus_for(m)
+    batch, described = data.example_batch(m, items, batch_size=4, seq_len=32, seed=0)
+    found = accuracy.check_accuracy(m, batch, ["tpu"], accuracy.Options.of({"batch_size": 4, "seed": 0}),
+                                    corpus=items, description=described,
+                                    scope=accuracy.Scope(compiled=True, progress=False))
+    assert "compiled with portkit_tpu" in str(found)

@@ -294,9 +294,7 @@ class LogMelGRU(nn.Module):
         return self.head(out), state
 
 
-# A PROBABILITY output's default decision threshold: silero-vad's get_speech_timestamps (src/silero_vad/utils_vad.py)
-# counts a chunk as speech at probability >= 0.5, and at 0.5 the decision is the argmax of (1 - p, p).
-DECISION_THRESHOLD = 0.5
+DECISION_THRESHOLD = inputs.DECISION_THRESHOLD   # one owner: portkit.models.inputs
 STATE = "state"                # the step's state argument; the name of its one leaf where the state is one tensor
 
 

@@ -39,6 +39,10 @@ PITCH = "pitch"                  # per frame (cents, confidence): cents error on
 PROBABILITY = "probability"      # a probability per item or frame: absolute error, decision agreement at a threshold
 WAVEFORM = "waveform"            # audio samples: SNR and SI-SDR in dB
 CODES = "codes"                  # discrete tokens (VQ codes, CTC labels): code agreement
+# A PROBABILITY output's decision: the positive side from 0.5 on, where a calibrated binary classifier's expected
+# cost of either error is equal (the Bayes rule for equal costs); silero-vad's get_speech_timestamps counts a chunk as
+# speech at probability >= 0.5 too (src/silero_vad/utils_vad.py). A stream output may declare its own.
+DECISION_THRESHOLD = 0.5
 # What a model's data items are, and so where the stages draw them from.
 TEXT, IMAGE, AUDIO = "text", "image", "audio"
 DATA_KINDS = (TEXT, IMAGE, AUDIO)

@@ -312,9 +312,7 @@ def _codes(v, bounds, unit):
     return found, [_rate("codes", "code agreement", agree, bounds, "codes")]
 
 
-# A probability's decision: the positive side from 0.5 on, where a calibrated binary classifier's expected cost
-# of either error is equal (the Bayes decision rule for equal costs).
-PROBABILITY_THRESHOLD = 0.5
+PROBABILITY_THRESHOLD = inputs.DECISION_THRESHOLD     # one owner: portkit.models.inputs
 
 
 def _probability_items(a, e, mask, inputs):     # a, e: probabilities at real positions (item_values)

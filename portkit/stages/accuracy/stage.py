@@ -27,6 +27,7 @@ import torch
 
 from portkit.corpora import images
 from portkit.models import registry as models
+from portkit.models.inputs import BATCH
 from portkit.targets import gpu_baseline, numerics
 from portkit.core import checks
 from portkit.core import progress as progress_bars
@@ -537,6 +538,7 @@ def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar
     on the main batch with the per-layer hooks; then the chosen one on every bucket; the suggestions."""
     detected = targets_mod.detect(name)
     target, side = detected.target, TargetSide(detected, ref.module, ref.scope.emulation, ref.compiled, shared)
+    side.batch_first = all(s.dims.index(BATCH) == 0 for s in ref.model.declaration.inputs if BATCH in s.dims)
     chosen = target.precision((ref.options.precision or {}).get(name, target.default_precision.name))
     # natively, a precision is a flag set before the process starts: only the one in effect is measured
     others = [p for p in target.precisions if p != chosen] if ref.scope.all_precisions and not detected.native else []

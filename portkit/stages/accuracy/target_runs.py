@@ -183,6 +183,9 @@ class TargetSide:
         self.compiled_label = compiled_label(detected)
         self._fn, self._backend, self._numerics, self._shapes = None, None, {}, set()
         self.refused: Refusal | None = None
+        # rows split into calls of `batch` only where every input's batch axis is its first (a recurrent state
+        # is (layers, batch, hidden)): otherwise the whole batch goes in one call
+        self.batch_first = True
 
     def label(self, compiled: bool) -> str:
         if compiled and self.refused is not None:
@@ -198,7 +201,7 @@ class TargetSide:
         with placement.on_device(self.module, device, inputs) as inputs:
             if compiled and self.refused is None:
                 try:
-                    calls = list(chunks(inputs, batch))
+                    calls = list(chunks(inputs, batch if self.batch_first else None))
                     parts = [self._run_compiled(chunk, precision) for chunk in calls]
                 except Exception as exc:   # only a refusal is kept; any other error propagates
                     self.refused = refusal(exc, self.detected.backend, self.detected.native)
