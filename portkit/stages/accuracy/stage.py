@@ -9,7 +9,8 @@
 Reference: the model eager on the CPU as written, and a float64 copy (how far float32 is from exact). Target:
 the device natively; emulated, the CPU under `numerics.emulate(target, precision)`. The verdict is the task's:
 each output kind's task metrics (comparison.TASK_METRICS) within their budgets (`task_bounds`), or an error
-against float64 within `baseline_factor` times that of today's GPU setup (`gpu_numerics`, emulated too).
+against float64 within `baseline_factor` times that of today's GPU setup (`gpu_numerics`: measured on the GPU
+where one is present, else emulated).
 `torch.testing.assert_close` at the dtype's tolerance is detail; only real positions count (the mask). Per
 layer, hooks name the first module out of tolerance; float64 run as float32 is split from the rounding. A
 target whose compiler refuses the model is judged in eager emulation, the refusal a blocker finding.
