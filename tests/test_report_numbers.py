@@ -49,6 +49,7 @@ def test_truncation_is_a_finding_and_a_resolved_storm_is_shown_resolved(run_dir)
         plan = buckets["targets"][name]["chosen"]["boundaries"]
         assert storm["severity"] == "info" and f"resolved by stage 3's plan auto {plan}" in storm["message"]
         assert re.search(r"\d+ compiles? in warm-up, 0 after", storm["resolved_by"])
+        assert "portkit export RUN --to" in storm["message"]            # the command that serves the plan
         assert all(f["kind"] != "recompile_storm" for f in t["first"])
         assert t["first"][0]["kind"] == "truncation" or t["first"][0]["stage"] == "fallbacks"
         metrics = t["metrics"]

@@ -215,7 +215,7 @@ def resolve_storm(findings: list[dict], buckets: dict | None) -> None:
             f["message"] += f"; not resolved by {plan}"
             continue
         f["resolved_by"] = plan
-        f["message"] += f"; resolved by {plan}"
+        f["message"] += f"; resolved by {plan}; serve it with `portkit export RUN --to pytorch|vllm|nxdi`"
         f["severity"] = INFO
         f["consequence"] = "resolved: the bucket plan pads every request to a shape compiled in warm-up"
 
