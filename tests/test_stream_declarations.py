@@ -185,3 +185,13 @@ def test_stage_four_compiled_keeps_a_state_whose_batch_axis_is_not_the_first():
                                     corpus=items, description=described,
                                     scope=accuracy.Scope(compiled=True, progress=False))
     assert "compiled with portkit_tpu" in str(found)
+
+
+def test_a_stream_that_does_not_divide_into_chunks_ends_in_a_padded_whole_chunk():
+    """gru-stream's STFT reads 400 samples: a remainder shorter than that raised inside the step; padded with
+    silence to the chunk size, the last chunk has the warm-up's shape and the stream runs to its end."""
+    from portkit.workloads import streaming
+    stream = streaming.Stream(np.arange(1000, dtype=np.float32) / 1000, 16000, "test", "test")
+    chunks = stream.chunks(300)
+    assert [tuple(c.shape) for c in chunks] == [(1, 300)] * 4
+    assert float(chunks[-1][0, 99]) == pytest.approx(0.999) and float(chunks[-1][0, 100:].abs().sum()) == 0

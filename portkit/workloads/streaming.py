@@ -56,8 +56,11 @@ class Stream:
         return self.samples.size / self.rate
 
     def chunks(self, size: int) -> list[torch.Tensor]:
-        """(1, size) chunks in order; the last is shorter where the stream does not divide evenly."""
+        """(1, size) chunks in order; where the stream does not divide evenly, the last is padded with silence
+        (zeros) to `size`, as a streaming service pads its final partial chunk: one shape, the warm-up's, and a
+        front end whose window is longer than the remainder (an STFT) still reads a whole chunk."""
         whole = torch.from_numpy(self.samples).float().unsqueeze(0)
+        whole = torch.nn.functional.pad(whole, (0, -whole.shape[1] % size))
         # each chunk its own buffer, as a stream delivers it (a view of the whole would carry other strides)
         return [whole[:, i:i + size].clone(memory_format=torch.contiguous_format)
                 for i in range(0, whole.shape[1], size)]
