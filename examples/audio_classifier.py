@@ -6,19 +6,19 @@ The factory returns a `portkit.models.LoadedModel` carrying a declaration (`port
 the waveform and a mask of its real samples, both (batch, samples); `samples` varies with the recording,
 so stage 3 fits buckets to the recordings' real durations. The weights are random (seeded); the data are
 real: the spoken words of the recordings Debian's alsa-utils installs (/usr/share/sounds/alsa), cut at
-their silences and resampled to 16 kHz, so their durations vary as speech does. Another folder of WAV
-files: set PORTKIT_EXAMPLE_WAVS.
+their silences and resampled to 16 kHz, so their durations vary as speech does. Another folder of WAV or
+FLAC files: set PORTKIT_EXAMPLE_WAVS. `build_batch` and the measure receive 1-D float32 waveforms at the
+declaration's sample_rate, as portkit.inputs documents.
 """
 from __future__ import annotations
 
 import os
-import wave
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from portkit.corpora import audio
 from portkit.models import inputs
 from portkit.models import registry as models
 
@@ -49,34 +49,23 @@ class AudioClassifier(nn.Module):
         return {"logits": self.head(pooled)}
 
 
-def build_batch(items, sizes):
+def build_batch(waves, sizes):
     """Waveforms padded with zeros (or cut) to sizes["samples"], and the mask of their real samples."""
     n = sizes["samples"]
-    wave_ = torch.zeros(len(items), n)
-    mask = torch.zeros(len(items), n, dtype=torch.long)
-    for row, clip in enumerate(items):
-        cut = torch.as_tensor(np.asarray(clip[:n], dtype=np.float32))
-        wave_[row, :len(cut)], mask[row, :len(cut)] = cut, 1
-    return {"waveform": wave_, "mask": mask}
-
-
-def _read(path: Path) -> np.ndarray:
-    """A mono 16-bit WAV as float32 in [-1, 1] at 16 kHz (averaged over each resampling step)."""
-    with wave.open(str(path)) as f:
-        raw = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").astype(np.float32) / 32768
-        raw = raw.reshape(-1, f.getnchannels()).mean(1)
-        step = f.getframerate() // RATE
-    return raw[: len(raw) // step * step].reshape(-1, step).mean(1) if step > 1 else raw
+    wave = torch.zeros(len(waves), n)
+    mask = torch.zeros(len(waves), n, dtype=torch.long)
+    for row, samples in enumerate(waves):
+        cut = torch.from_numpy(samples[:n])
+        wave[row, :len(cut)], mask[row, :len(cut)] = cut, 1
+    return {"waveform": wave, "mask": mask}
 
 
 def spoken_words(folder: str = WAVS, quiet: float = 0.02, gap: float = 0.12) -> list[np.ndarray]:
-    """Each recording cut at its silences (10 ms frames below `quiet` RMS for `gap` seconds): the words."""
-    files = sorted(Path(folder).glob("*.wav"))
-    if not files:
-        raise FileNotFoundError(f"no .wav files in {folder} (install alsa-utils, or set PORTKIT_EXAMPLE_WAVS)")
+    """Each recording, mono at 16 kHz, cut at its silences (10 ms frames below `quiet` RMS for `gap` seconds):
+    the words, then the whole recording."""
     words = []
-    for path in files:
-        sound = _read(path)
+    for clip in audio.folder_corpus(folder).clips:   # an empty or missing folder is refused, naming it
+        sound = clip.load(RATE)
         frames = sound[: len(sound) // HOP * HOP].reshape(-1, HOP)
         loud = np.sqrt((frames ** 2).mean(1)) >= quiet
         start, silent = None, 0
@@ -86,9 +75,9 @@ def spoken_words(folder: str = WAVS, quiet: float = 0.02, gap: float = 0.12) -> 
             elif start is not None:
                 silent += 1
                 if silent * HOP >= gap * RATE:
-                    clip = sound[start * HOP:(i - silent + 1) * HOP]
-                    if len(clip) >= WINDOW:
-                        words.append(np.ascontiguousarray(clip, dtype=np.float32))
+                    word = sound[start * HOP:(i - silent + 1) * HOP]
+                    if len(word) >= WINDOW:
+                        words.append(np.ascontiguousarray(word, dtype=np.float32))
                     start, silent = None, 0
         words.append(np.ascontiguousarray(sound, dtype=np.float32))     # and the whole recording
     return words
@@ -99,7 +88,7 @@ DECLARATION = inputs.Declaration(
             inputs.TensorSpec("mask", torch.long, ("batch", "samples"))),
     dims=(inputs.Dim("batch", batch=True), inputs.Dim("samples", varies=True, max=LONGEST, min=WINDOW)),
     build=build_batch,
-    measure=lambda items: {"samples": [len(clip) for clip in items]},
+    measure=lambda waves: {"samples": [len(wave) for wave in waves]},
     outputs=(inputs.Output("logits", inputs.CLASSIFIER),),
     data=inputs.AUDIO, masks={"samples": "mask"}, sample_rate=RATE,
     own_items=spoken_words, item_label="spoken words")
