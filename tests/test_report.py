@@ -304,7 +304,8 @@ def test_a_storm_the_bucket_plan_resolves_is_shown_resolved_and_one_it_does_not_
     assert storm["severity"] == "info" and storm["consequence"].startswith("resolved")
     assert storm["resolved_by"] == ("stage 3's plan auto [17, 35, 512]: 3 compiles in warm-up, 0 after "
                                     "(its replay of 100 requests)")
-    assert storm["message"].endswith("; resolved by " + storm["resolved_by"])
+    assert storm["message"].endswith("; resolved by " + storm["resolved_by"]
+                                     + "; serve it with `portkit export RUN --to pytorch|vllm|nxdi`")
     late = _storm_finding()
     replay[1] = {**replay[1], "compiles": 5, "compiles_after_warmup": 2}
     sections.resolve_storm([late], {"chosen": chosen, "replay": replay})
