@@ -337,10 +337,16 @@ class OpTable:
                 return OpClass(COMPOSITE, "composite kernel: runs as other ATen ops")
             return OpClass(UNSUPPORTED, "no kernel on this platform")
         if has("CompositeExplicitAutogradNonFunctional"):
-            # A structured op: its functional/in-place form allocates and calls the out= overload.
-            out = _out_variant(op, self.native)
+            # A structured op: its functional/in-place form allocates and calls the out= overload. An op with
+            # no out= overload in ATen at all is not structured: its kernel is written once for every backend
+            # (as_strided_ sets a view's sizes and strides) and runs as it is.
+            outs = _out_overloads(op)
+            out = next((o for o in outs if o in self.native), None)
             if out:
                 return OpClass(COMPOSITE, f"runs as {out}", via=out)
+            if not outs:
+                return OpClass(COMPOSITE, "composite kernel for every backend (not a structured op: ATen has no "
+                                          "out= overload of it)")
             return OpClass(CPU_FALLBACK if has("CPU") else UNSUPPORTED,
                            "structured op whose out= overload has no kernel on the target")
         if has("CompositeExplicitAutograd") or has("CompositeImplicitAutograd"):
@@ -366,24 +372,21 @@ def _has_kernel(op: str, key: str) -> bool:
         return False
 
 
-def _out_variant(op: str, native: frozenset[str]) -> str | None:
-    """The out= overload a structured op calls on a backend, found by matching schemas: same base
-    name (in-place ops drop their trailing '_'), same arguments, plus the out tensors."""
+def _out_overloads(op: str) -> list[str]:
+    """The out= overloads ATen has for `op`, found by matching schemas: same base name (in-place ops drop their
+    trailing '_'), same arguments, plus the out tensors; [] for an op that has none (not a structured op)."""
     name, _, overload = op.partition(".")
     try:
         schemas = torch._C._jit_get_schemas_for_operator(name)
         mine = next(s for s in schemas if s.overload_name == overload)
     except (RuntimeError, StopIteration):
-        return None
+        return []
     signature = [(a.name, str(a.type)) for a in mine.arguments]
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-    for schema in torch._C._jit_get_schemas_for_operator(base):
-        args = schema.arguments
-        if any(a.is_out for a in args) and [(a.name, str(a.type)) for a in args if not a.is_out] == signature:
-            candidate = f"{base}.{schema.overload_name}" if schema.overload_name else base
-            if candidate in native:
-                return candidate
-    return None
+    return [f"{base}.{schema.overload_name}" if schema.overload_name else base
+            for schema in torch._C._jit_get_schemas_for_operator(base)
+            if any(a.is_out for a in schema.arguments)
+            and [(a.name, str(a.type)) for a in schema.arguments if not a.is_out] == signature]
 
 
 @dataclass(frozen=True)
