@@ -106,6 +106,12 @@ def test_an_output_declares_its_stride_and_bad_declarations_name_the_value():
         assert inputs.Output("f", "x", stride=3, window=3).strided
         assert conv(torch.zeros(1, 1, n)).shape[-1] == inputs.Output("f", "x", stride=3, window=3).positions(n)
     assert not inputs.Output("logits", inputs.CLASSIFIER).strided
+    declared = inputs.Declaration((inputs.TensorSpec("wave", torch.float32, ("batch", "samples")),),
+                                  (inputs.Dim("batch", batch=True), inputs.Dim("samples", varies=True, max=64)),
+                                  lambda items, sizes: {}, lambda items: {"samples": []}, (frames,), inputs.AUDIO,
+                                  sample_rate=8000)
+    assert declared.to_dict()["outputs"] == [{"name": "frames", "metric": inputs.WAVEFORM, "stride": 4,
+                                              "window": None, "ceil": False}]        # the run records it
     for bad in ({"stride": 0}, {"stride": 2.5}, {"window": "8"}, {"ceil": "yes"}):
         with pytest.raises(BadParameter, match=f"{next(iter(bad))} of output 'f' {bad[next(iter(bad))]!r}"):
             inputs.Output("f", "x", **bad)

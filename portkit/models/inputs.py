@@ -338,7 +338,9 @@ class Declaration:
                 "dims": [{"name": d.name, "role": "batch" if d.batch else "varies" if d.varies else "fixed",
                           "size": d.size, "max": d.max} for d in self.dims],
                 "varying": list(self.varying_names),
-                "outputs": [{"name": o.name, "metric": o.metric} for o in self.outputs],
+                "outputs": [{"name": o.name, "metric": o.metric,
+                             **({"stride": o.stride, "window": o.window, "ceil": o.ceil} if o.strided else {})}
+                            for o in self.outputs],
                 "masks": dict(self.masks)}
 
 
