@@ -195,3 +195,23 @@ def test_a_stream_that_does_not_divide_into_chunks_ends_in_a_padded_whole_chunk(
     chunks = stream.chunks(300)
     assert [tuple(c.shape) for c in chunks] == [(1, 300)] * 4
     assert float(chunks[-1][0, 99]) == pytest.approx(0.999) and float(chunks[-1][0, 100:].abs().sum()) == 0
+
+
+def test_a_state_returned_as_a_view_recompiles_mid_stream_and_the_finding_says_how_to_copy_it():
+    """_VAD hands its context back as x[:, -CONTEXT:], a view with x's strides: Dynamo guards on strides, so the
+    second chunk compiles again. That compile is a finding naming the guard and the copy that keeps the layout;
+    the same step returning a fresh buffer compiles nothing during the stream."""
+    from portkit.stages.accuracy import result as accuracy_result
+
+    class Copied(_VAD):
+        def forward(self, chunk, state):
+            out, new = super().forward(chunk, state)
+            return out, {**new, "context": new["context"].clone(memory_format=torch.contiguous_format)}
+
+    viewed = streaming.check_stream(_vad_step(), _stream(), ["tpu"]).runs[0].to_dict()
+    assert viewed["late_compiles"] >= 1
+    found = accuracy_result.stream_recompile(viewed)
+    assert found.severity == "work" and "stride" in found.message and "contiguous_format" in found.advice
+    step = audio_models.StreamStep("vad", Copied().eval(), CHUNK, STATE, "test LSTM cell VAD",
+                                   outputs=(inputs.Output("speech", inputs.PROBABILITY),))
+    assert streaming.check_stream(step, _stream(), ["tpu"]).runs[0].late_compiles == 0

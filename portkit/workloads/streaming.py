@@ -219,6 +219,7 @@ class TargetStream:
     checks: list[dict] = field(default_factory=list)
     leaf_errors: dict[str, list[float]] = field(default_factory=dict)   # per state leaf: carried error per chunk
     outputs: dict[str, dict] = field(default_factory=dict)              # per declared output: output_metrics
+    late: list[dict] = field(default_factory=list)   # each late compile: its chunk and Dynamo's first guard failure
 
     @property
     def leaves(self) -> dict[str, list[float]]:
@@ -252,7 +253,7 @@ class TargetStream:
 
     def to_dict(self) -> dict:
         return {"target": self.target, "mode": self.mode, "backend": self.backend, "precision": self.precision,
-                "compiles": self.compiles, "late_compiles": self.late_compiles,
+                "compiles": self.compiles, "late_compiles": self.late_compiles, "late": self.late,
                 "compiled_shapes": sorted({tuple(c["shape"]) for c in self.compiles}),
                 "state_error_first": self.state_error[0], "state_error_last": self.state_error[-1],
                 "state_error_max": max(self.state_error), "step_error_median": float(np.median(self.step_error)),
@@ -376,7 +377,8 @@ def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list
     checks = [c for o in outputs.values() for c in o["checks"]]
     agreement = next((c["value"] for c in checks if c["metric"] == "agreement"), None)
     run = TargetStream(name, detected.mode, counter.__name__, precision_name, compiles, len(late), _worst(carried),
-                       _worst(single), agreement, not_lowered, leaf_errors=carried, outputs=outputs)
+                       _worst(single), agreement, not_lowered, leaf_errors=carried, outputs=outputs,
+                       late=[{"chunk": e["request"], "reason": e["reason"]} for e in late])
     run.checks = [drift_check(run, bounds), *checks]
     return run
 

@@ -381,9 +381,11 @@ class AccuracyReport:
     def stream_findings(self, name: str) -> list[Finding]:
         """The target's stream checks that fail, as findings: its state's drift (stream_drift), each streamed
         output outside its budget (stream_output)."""
-        runs = (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
+        runs = [r for r in (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
+                if r["target"] == name]
         return [stream_drift(r) if c["metric"] == "drift_growth" else stream_output(r, c)
-                for r in runs if r["target"] == name for c in r["checks"] if not c["passed"]]
+                for r in runs for c in r["checks"] if not c["passed"]] + \
+            [stream_recompile(r) for r in runs if r.get("late_compiles")]
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())
@@ -682,6 +684,23 @@ def stream_drift(run: dict) -> Finding:
                    f"keep the carried state in float32: {_keep_float32(run)}, or cast the state to float32 where it "
                    "is carried from step to step; a state rounded every step accumulates the rounding (recompute the "
                    "stream check after the change)")
+
+
+def stream_recompile(run: dict) -> Finding:
+    """Compiles during the stream, after warm-up: each is a compile paid mid-stream on the device. Where Dynamo's
+    guard names a stride, the step hands a state part back as a view of a larger tensor (a slice of the chunk
+    it read): its strides differ from the warm-up's fresh state, and Dynamo guards on strides."""
+    first = (run.get("late") or [{}])[0]
+    reason = first.get("reason") or "?"
+    strided = "stride" in reason
+    advice = ("return each state part as a fresh buffer: x[:, -n:].clone(memory_format=torch.contiguous_format) "
+              "(a plain clone() keeps a view's strides), so every chunk feeds the layout the warm-up compiled"
+              if strided else "warm up every chunk shape and state layout the stream feeds the step, and keep them "
+                                  "the same from chunk to chunk")
+    return Finding("stream_recompile", WORK,
+                   f"{run['late_compiles']} compile(s) during the stream after warm-up ({run['backend']}), first at "
+                   f"chunk {first.get('chunk', '?')}: {reason}", advice,
+                   consequence="each is a compile paid in the middle of a stream on the device")
 
 
 def stream_output(run: dict, check: dict) -> Finding:
