@@ -189,3 +189,30 @@ def test_the_report_lists_the_loop_once_with_its_line(chunked, tmp_path):
     assert len(found) == 1 and found[0]["stage"] == "compile" and found[0]["severity"] == "work"
     assert f"test_loop_finding.py:{line_of('# the length loop')} in forward" in found[0]["where"]
     assert "StreamStep" in found[0]["advice"]
+
+
+def test_a_library_loop_a_config_switches_on_is_named_with_the_setting_that_switches_it_off():
+    """BERT with chunk_size_feed_forward > 0 (a real transformers setting): apply_chunking_to_forward splits the
+    sequence into x.chunk(length // chunk) pieces and runs the feed-forward on each, so every length is a new,
+    larger graph. The finding points into transformers and says which config key to set; the same model
+    without the setting compiles one graph per length that does not grow, and gets the plain storm."""
+    from transformers import BertConfig, BertModel
+
+    def bert(chunk: int) -> nn.Module:
+        model = BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, chunk_size_feed_forward=chunk)).eval()
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bert = model
+
+            def forward(self, input_ids, attention_mask):
+                return {"out": self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state}
+        return Encoder()
+
+    [found] = storm_findings(report_of(bert(4)))
+    assert found["message"].startswith(loops.CAUSE) and "apply_chunking_to_forward" in found["message"]
+    assert "chunk_size_feed_forward to 0" in found["advice"] and found["where"]["file"].endswith("pytorch_utils.py")
+    [plain] = storm_findings(report_of(bert(0)))
+    assert not plain["message"].startswith(loops.CAUSE)

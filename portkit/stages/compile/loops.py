@@ -10,8 +10,9 @@ Dynamo traces Python into a linear sequence of tensor operations guarded by the 
 `for` over range(x.shape[-1] ...) is unrolled, and under dynamic=False every length is a new graph holding one
 copy of the body per chunk. Both signals are read, neither guessed alone: the storm's compiled graphs grow with
 the length (graph_growth: more sizes than one shape-dependent branch gives), and a forward of the model's
-modules, or a function it calls from its own module, loops on an input's .shape, .size(), .numel(), len() or
-.split() pieces (source_loops). What is the model's code, not machinery, is portkit.core.frames' rule.
+modules, or a function it calls (its own module's, or an imported one that is not torch's: transformers'
+apply_chunking_to_forward), loops on an input's .shape, .size(), .numel(), len(), .split() or .chunk() pieces
+(source_loops). What is the model's code, not machinery, is portkit.core.frames' rule.
 """
 from __future__ import annotations
 
@@ -33,7 +34,14 @@ ADVICE = ("declare a streaming step instead (portkit.models.audio.StreamStep), o
 SIZE_ATTRIBUTES = ("shape",)
 SIZE_METHODS = ("size", "numel")
 # Pieces of a tensor whose number follows its size: x.split(512, dim=-1) is ceil(length / 512) chunks.
-PIECE_METHODS = ("split", "unbind", "tensor_split")
+PIECE_METHODS = ("split", "unbind", "tensor_split", "chunk")
+# Wrappers whose iteration is their arguments' pieces: zip(*chunks), enumerate(chunks), tuple(...) of pieces.
+PIECE_WRAPPERS = ("zip", "enumerate", "tuple", "list", "reversed")
+# Loops in libraries' code that a setting switches off, by the function that holds the loop: transformers chunks
+# a layer's feed-forward over the sequence where the config's chunk_size_feed_forward > 0
+# (transformers/pytorch_utils.py: apply_chunking_to_forward).
+LIBRARY_SETTINGS = {"apply_chunking_to_forward": "set the model config's chunk_size_feed_forward to 0 (transformers "
+                                                 "then runs the feed-forward over the whole sequence at once)"}
 # The loops Dynamo unrolls: for, while, and the comprehensions that stand for a for.
 LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 FOLLOW_DEPTH = 3     # functions followed from a forward: forward -> helper -> its helper
@@ -98,17 +106,21 @@ class _Taint:
         params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
         self.tensors = {p for p in params if p not in ("self", "cls")}
         self.sizes: set[str] = set()
+        self.piece_names: set[str] = set()     # names bound to an input's pieces (x.chunk(n), as many as its size)
         bindings = []
         for node in ast.walk(fn_node):
             if isinstance(node, ast.Assign):
                 bindings += [(t, node.value) for t in node.targets]
             elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and node.value is not None:
                 bindings.append((node.target, node.value))
+            elif isinstance(node, ast.comprehension):     # `for t in inputs` binds t to an input
+                bindings.append((node.target, node.iter))
         changed = True
         while changed:
             changed = False
             for target, value in bindings:
-                into = self.sizes if self.reads_size(value) else self.tensors if _names(value) & self.tensors else None
+                into = self.sizes if self.reads_size(value) else self.piece_names if self.pieces(value) \
+                    else self.tensors if _names(value) & self.tensors else None
                 new = set(_targets(target)) - (into if into is not None else set())
                 if into is not None and new:
                     into |= new
@@ -138,12 +150,24 @@ class _Taint:
         return None
 
     def pieces(self, node) -> bool:
-        """Whether the expression is an input's pieces, as many as its size has: x.split(512), torch.split(x, 512)."""
-        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        """Whether the expression is an input's pieces, as many as its size has: x.split(512), torch.split(x, 512),
+        x.chunk(x.shape[1] // 4), a name bound to those, zip(*pieces), a tuple of them."""
+        if isinstance(node, ast.Name):
+            return node.id in self.piece_names
+        if isinstance(node, ast.Starred):
+            return self.pieces(node.value)
+        if isinstance(node, (ast.GeneratorExp, ast.ListComp)):
+            return self.pieces(node.elt)
+        if not isinstance(node, ast.Call):
             return False
-        if node.func.attr not in PIECE_METHODS:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in PIECE_WRAPPERS:
+            return any(self.pieces(a) for a in node.args)
+        if not isinstance(func, ast.Attribute) or func.attr not in PIECE_METHODS:
             return False
-        return self.mentions_input(node.func.value) or any(self.mentions_input(a) for a in node.args[:1])
+        if func.attr == "chunk":     # x.chunk(n): n pieces, a length's only where n reads the size
+            return self.mentions_input(func.value) and any(self.reads_size(a) for a in node.args[:1])
+        return self.mentions_input(func.value) or any(self.mentions_input(a) for a in node.args[:1])
 
     def loop_reads(self, node) -> ast.AST | None:
         """The expression by which a loop's trip count follows an input's size, or None: a for, a while, or a
@@ -161,7 +185,8 @@ class _Taint:
 
 
 def _callees(fn, fn_node: ast.FunctionDef, owner_cls) -> list:
-    """The Python functions `fn` calls from its own module: self.method(...) of its class, name(...) of its module."""
+    """The Python functions `fn` calls: self.method(...) of its class, name(...) of its module, and a function
+    it imports that is the model's code or a library's (transformers' apply_chunking_to_forward), not torch's."""
     found = []
     module = getattr(fn, "__module__", None)
     scope = getattr(fn, "__globals__", {})
@@ -174,7 +199,7 @@ def _callees(fn, fn_node: ast.FunctionDef, owner_cls) -> list:
             callee = getattr(callee, "__func__", callee)        # a staticmethod or classmethod
         elif isinstance(func, ast.Name):
             callee = scope.get(func.id)
-        if inspect.isfunction(callee) and callee.__module__ == module:
+        if inspect.isfunction(callee) and (callee.__module__ == module or _models_code(callee)):
             found.append(callee)
     return found
 
@@ -196,7 +221,7 @@ def _function_loops(fn, owner_cls, seen: set, depth: int = 0) -> list[dict]:
         if reads is not None:
             line = loop.lineno
             where = frames.place(file, line, node.name, lines[line - 1] if 0 < line <= len(lines) else "")
-            out.append({**where, "reads": ast.unparse(reads)})
+            out.append({**where, "reads": ast.unparse(reads), "setting": LIBRARY_SETTINGS.get(node.name)})
     for callee in _callees(fn, node, owner_cls):
         out += _function_loops(callee, owner_cls, seen, depth + 1)
     return out
@@ -217,6 +242,8 @@ def source_loops(module: nn.Module) -> list[dict]:
     found: dict[str, dict] = {}
     for cls in dict.fromkeys(type(m) for m in module.modules()):
         forward = inspect.getattr_static(cls, "forward", None)
+        # the def itself, under a decorator that wraps it (transformers' gradient-checkpointing layers do)
+        forward = inspect.unwrap(forward) if inspect.isfunction(forward) else forward
         if inspect.isfunction(forward) and _models_code(forward):
             for loop in _function_loops(forward, cls, seen):
                 found.setdefault(frames.line_key(loop), loop)

@@ -308,7 +308,8 @@ class CompileReport:
         if storm.loop:
             loop = storm.loop
             return _finding("recompile_storm", "work", f"{loops.CAUSE}: {loops.describe(loop)}, each priced on "
-                            f"{name} ({priced['source']})", loops.ADVICE, loop["where"],
+                            f"{name} ({priced['source']})", loop["where"].get("setting") or loops.ADVICE,
+                            loop["where"],
                             cause=cause_key("recompile_storm", loops.CAUSE, loop["where"]),
                             occurrences={**occurrences, "graphs": loop["graphs"], "guard": loop["guard"],
                                          "loops": [w["text"] for w in loop["loops"]],
