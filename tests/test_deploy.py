@@ -168,7 +168,7 @@ def test_report_json_has_a_verdict_per_target_numbers_and_the_cost(run_dir):
     assert all(isinstance(c["value"], float) for c in numbers["task_checks"].values())
     assert set(report["cost"]["targets"]) == set(report["targets"]) and report["cost"]["assumptions"]
     html = (run_dir / "report.html").read_text()
-    assert 'id="cost"' in html and "estimate, not measured" in html
+    assert 'id="cost"' in html and "estimate, not measured" in html and 'class="cost-plot"' in html
 
 
 # ---------------------------------------------------------------- check

@@ -344,6 +344,40 @@ COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million reque
                 "at 2x / 0.5x throughput", "price per chip-hour", "price source", "method")
 
 
+def cost_plot(found: dict | None) -> str | None:
+    """The cost comparison as a bar chart (base64 PNG): dollars per million requests on each target and each
+    named GPU with a price, the bar at the estimate and its whisker from twice to half the throughput; a log
+    scale, since the sides differ by orders of magnitude. None where nothing is priced."""
+    import base64
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sides = [(f"{side} ({est['chip']})" if not side.startswith("GPU ") else side, est["usd_per_million_requests"])
+             for side, est in
+             [*((found or {}).get("targets") or {}).items(),
+              *((f"GPU {g}", e) for g, e in ((found or {}).get("gpus") or {}).items())]
+             if est.get("usd_per_million_requests")]
+    if not sides:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(sides) + 1.2))
+    names, usd = [s for s, _ in sides], [u["estimate"] for _, u in sides]
+    low = [u["estimate"] - u["at twice the throughput"] for _, u in sides]
+    high = [u["at half the throughput"] - u["estimate"] for _, u in sides]
+    colors = ["#1565c0" if not n.startswith("GPU ") else "#9e9e9e" for n in names]
+    ax.barh(names, usd, xerr=[low, high], color=colors, capsize=3)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("$ per million requests (estimate; whiskers: at 2x to 0.5x the throughput)")
+    ax.set_title("Cost per million requests: each target beside today's GPUs", fontsize=10)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def _cost_rows(found: dict | None) -> list[list]:
     """The cost comparison's rows: each target, then each named GPU (planning.cost.comparison)."""
     rows = []
@@ -377,7 +411,7 @@ def _render(r: MigrationReport, standalone: bool) -> str:
         details.append((table, columns, [["—" if row.get(c) is None else row[c] for c in columns] for row in rows]))
     return _template().render(
         r=r, standalone=standalone, names=names, side_by_side=side_by_side, details=details,
-        cost_rows=_cost_rows(r.cost), cost_columns=list(COST_COLUMNS),
+        cost_rows=_cost_rows(r.cost), cost_columns=list(COST_COLUMNS), cost_png=cost_plot(r.cost),
         emulated=[n for n, t in r.targets.items() if t.mode != "native"], colors=VERDICT_COLORS,
         environment_text=environment.render(r.environment),
         kernel_rows={n: [[k["op"], k["status"], f"{k['share']:.1%}", k["calls"], ", ".join(k["modules"]), k["language"]]
