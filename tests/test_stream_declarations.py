@@ -183,7 +183,8 @@ def test_stage_four_compiled_keeps_a_state_whose_batch_axis_is_not_the_first():
     batch, described = data.example_batch(m, items, batch_size=4, seq_len=32, seed=0)
     found = accuracy.check_accuracy(m, batch, ["tpu"], accuracy.Options.of({"batch_size": 4, "seed": 0}),
                                     corpus=items, description=described,
-                                    scope=accuracy.Scope(compiled=True, progress=False))
+                                    scope=accuracy.Scope(compiled=True, progress=False, task_items=8,
+                                                         all_precisions=False, layers=False))
     assert "compiled with portkit_tpu" in str(found)
 
 

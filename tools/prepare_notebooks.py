@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_DIR = ROOT / "runs" / "notebook"
 # Small values, one place: enough requests for a storm with several shapes and a plan of a few buckets.
 QUICK = {
-    "02_compile": {"requests": 16},
-    "03_buckets": {"requests": 16, "warmup_budget_seconds": 40.0},
+    "02_compile": {"requests": 12},
+    "03_buckets": {"requests": 12, "warmup_budget_seconds": 40.0},
     "03b_xla": {"max_shapes": 2},
 }
 
