@@ -344,6 +344,12 @@ COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million reque
                 "at 2x / 0.5x throughput", "price per chip-hour", "price source", "method")
 
 
+def _cost_sides(found: dict | None) -> list[tuple[str, dict]]:
+    """The comparison's sides in order: each target by name, then each named GPU as "GPU <name>"."""
+    return [*((found or {}).get("targets") or {}).items(),
+            *((f"GPU {g}", e) for g, e in ((found or {}).get("gpus") or {}).items())]
+
+
 def cost_plot(found: dict | None) -> str | None:
     """The cost comparison as a bar chart (base64 PNG): dollars per million requests on each target and each
     named GPU with a price, the bar at the estimate and its whisker from twice to half the throughput; a log
@@ -355,10 +361,7 @@ def cost_plot(found: dict | None) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     sides = [(f"{side} ({est['chip']})" if not side.startswith("GPU ") else side, est["usd_per_million_requests"])
-             for side, est in
-             [*((found or {}).get("targets") or {}).items(),
-              *((f"GPU {g}", e) for g, e in ((found or {}).get("gpus") or {}).items())]
-             if est.get("usd_per_million_requests")]
+             for side, est in _cost_sides(found) if est.get("usd_per_million_requests")]
     if not sides:
         return None
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(sides) + 1.2))
@@ -381,8 +384,7 @@ def cost_plot(found: dict | None) -> str | None:
 def _cost_rows(found: dict | None) -> list[list]:
     """The cost comparison's rows: each target, then each named GPU (planning.cost.comparison)."""
     rows = []
-    for side, est in [*((found or {}).get("targets") or {}).items(),
-                      *((f"GPU {g}", e) for g, e in ((found or {}).get("gpus") or {}).items())]:
+    for side, est in _cost_sides(found):
         if "chip_seconds_per_million_requests" not in est:
             rows.append([side, "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
             continue
