@@ -64,10 +64,6 @@ class _Run:
         self.report = _io.read_json(report)
         self.stages = {s: results.read_stage(self.folder, s) or {} for s in ("buckets", "xla", "accuracy", "compile")}
 
-    def target(self, stage: str, name: str) -> dict:
-        found = (self.stages[stage].get("targets") or {}).get(name)
-        return found if isinstance(found, dict) else {}
-
     def targets(self) -> list[str]:
         return list(self.report.get("targets") or {})
 

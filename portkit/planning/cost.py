@@ -18,6 +18,7 @@ parties' reports of list prices, each with its page and date) or the user's `--p
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -40,8 +41,9 @@ ASSUMPTIONS = (
 )
 
 
+@functools.cache
 def price_table() -> dict:
-    """portkit's prices by chip (data/targets/prices.json), without the provenance note."""
+    """portkit's prices by chip (data/targets/prices.json), without the provenance note; read once a process."""
     return {k: v for k, v in json.loads(PRICES.read_text(encoding="utf-8")).items() if not k.startswith("_")}
 
 
