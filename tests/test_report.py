@@ -191,7 +191,7 @@ def test_damaged_run_folder_is_reported_with_its_gaps(run_dir, tmp_path, capsys,
     damage(folder / "fallbacks.json")
     code = cli.main(["report", str(folder)])
     captured = capsys.readouterr()
-    damaged = json.loads((folder / "report.json").read_text())["stages"]["fallbacks"]["status"] in cli.DAMAGED
+    damaged = json.loads((folder / "report.json").read_text())["stages"]["fallbacks"]["status"] in report.DAMAGED
     # a damaged result exits 1 naming it (the report still written); missing stages and notebooks' plots do not
     assert code == (1 if damaged else 0)
     assert captured.err.strip().splitlines() == ([f"portkit: damaged result(s) in {folder}: fallbacks.json (the "

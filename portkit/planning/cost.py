@@ -2,7 +2,7 @@
 measurement, until a device measured the throughput.
 
     >>> from portkit.planning import cost
-    >>> table = cost.comparison(buckets, xla, ["neuron", "tpu"])     # buckets.json and xla.json as dicts
+    >>> table = cost.comparison(figures, ["neuron", "tpu"])   # cost.Figures: runfolder.results.cost_figures
     >>> table["targets"]["tpu"]["usd_per_million_requests"]["estimate"], table["gpus"]["H100"]
 
 Time per request: the positions a request computes times the chip-seconds a position takes.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit.core.errors import BadParameter
@@ -92,31 +93,62 @@ def chip_price(chip: str, target: str | None = None, prices: dict | None = None)
             "instance": entry["instance"], "region": entry["region"]}
 
 
-def _chosen(buckets: dict, target: str) -> dict:
-    return (((buckets or {}).get("targets") or {}).get(target) or {}).get("chosen") or {}
+@dataclass(frozen=True)
+class Plan:
+    """One target's bucket plan as the estimate reads it (buckets.json's targets[t].chosen)."""
+    shapes: tuple[tuple[int, int | None], ...] = ()     # (batch, seq) of each shape it compiles
+    real_tokens: float | None = None                     # over the request distribution
+    padded_tokens: float | None = None
+    padding_waste: float | None = None
+    warmup_seconds: float | None = None
 
 
-def flops_per_position(buckets: dict, target: str) -> float | None:
+@dataclass(frozen=True)
+class PaddingPrice:
+    """What stage 3 charged a padded position on a target (economics.roofline_price or measured)."""
+    kind: str | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """Stage 3b's cost analysis of one target: its topology and the FLOPs of each compiled shape, by label."""
+    topology: str | None = None
+    flops: tuple[tuple[str | None, float | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A run's figures the estimate reads, produced by the run folder's readers (portkit.runfolder.results
+    .cost_figures from buckets.json and xla.json): the request count, each target's plan and padding price, and
+    stage 3b's cost analysis. A target stage 3 holds without a plan has an empty Plan."""
+    requests: int | None = None
+    plans: dict[str, Plan] = field(default_factory=dict)
+    padding_price: dict[str, PaddingPrice] = field(default_factory=dict)
+    compiled: dict[str, Compiled] = field(default_factory=dict)
+
+
+def flops_per_position(run: Figures, target: str) -> float | None:
     """The FLOPs a position adds to a forward pass, from stage 3's padding price where it is the FLOPs estimate
     (economics.roofline_price: seconds = FLOPs / the price chip's peak); None for a measured price."""
-    price = ((buckets or {}).get("padding_price") or {}).get(target) or {}
-    if price.get("kind") != economics.ESTIMATE or not isinstance(price.get("seconds"), (int, float)):
+    price = run.padding_price.get(target, PaddingPrice())
+    if price.kind != economics.ESTIMATE or price.seconds is None:
         return None
     chip = economics.PRICE_CHIPS.get(target)
-    return price["seconds"] * capacity.chip(chip, target)["peak_bf16_flops"] if chip else None
+    return price.seconds * capacity.chip(chip, target)["peak_bf16_flops"] if chip else None
 
 
-def _xla_seconds(xla: dict, target: str, shapes) -> tuple[float, str, str] | None:
+def _xla_seconds(run: Figures, target: str, shapes) -> tuple[float, str, str] | None:
     """Chip-seconds a padded position takes from xla.json's cost analysis of the plan's shapes, its chip, source."""
-    found = ((xla or {}).get("targets") or {}).get(target) or {}
-    topology = found.get("topology")
+    found = run.compiled.get(target, Compiled())
+    topology = found.topology
     wanted = {f"batch={b} seq={s}": b * s for b, s in shapes}
     per = []
-    for shape in found.get("shapes") or []:
-        if topology and shape.get("label") in wanted and shape.get("flops"):
+    for label, flops in found.flops:
+        if topology and label in wanted and flops:
             # the compute term only, as for every other side: batched serving amortises the weights' reads
             chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
-            per.append(shape["flops"] / capacity.chip(topology)["peak_bf16_flops"] * chips / wanted[shape["label"]])
+            per.append(flops / capacity.chip(topology)["peak_bf16_flops"] * chips / wanted[label])
     if not per:
         return None
     chip = topology.split(":")[0]
@@ -135,36 +167,34 @@ def _priced(out: dict, chip: str, target: str | None, prices: dict | None) -> di
     return out
 
 
-def estimate(buckets: dict, xla: dict, target: str, prices: dict | None = None) -> dict:
+def estimate(run: Figures, target: str, prices: dict | None = None) -> dict:
     """Chip-seconds and dollars per million requests of `target`'s bucket plan (see the module docstring)."""
-    chosen, requests = _chosen(buckets, target), ((buckets or {}).get("distribution") or {}).get("count")
-    if not chosen.get("shapes") or not requests:
+    chosen, requests = run.plans.get(target, Plan()), run.requests
+    if not chosen.shapes or not requests:
         return {"target": target, "label": LABEL, "problem": "no bucket plan over a request distribution (stage 3)"}
-    shapes = [(s.get("batch", 1), s["seq"]) for s in chosen["shapes"] if s.get("seq")]
-    found = _xla_seconds(xla, target, shapes)
+    shapes = [(batch, seq) for batch, seq in chosen.shapes if seq]
+    found = _xla_seconds(run, target, shapes)
     if found is None:
-        flops, chip = flops_per_position(buckets, target), economics.PRICE_CHIPS.get(target)
+        flops, chip = flops_per_position(run, target), economics.PRICE_CHIPS.get(target)
         if flops is None or chip is None:
             return {"target": target, "label": LABEL, "problem": "no cost analysis (xla.json) and no FLOPs estimate"}
         peak = capacity.chip(chip, target)["peak_bf16_flops"]
         found = (flops / peak, chip, f"{flops / 1e6:.1f} MFLOPs a position (stage 3, counted on the graph) at {chip}'s "
                  f"published peak bf16 {peak / 1e12:.0f} TFLOP/s")
     per_position, chip, source = found
-    positions = (chosen.get("real_tokens", 0) + chosen.get("padded_tokens", 0)) / requests
-    warmup = (chosen.get("settings") or {}).get("warmup_seconds")
+    positions = ((chosen.real_tokens or 0) + (chosen.padded_tokens or 0)) / requests
     out = {"target": target, "chip": chip, "label": LABEL, "positions_per_request": positions,
-           "padding_waste": chosen.get("padding_waste"), "seconds_per_position": per_position, "method": source,
+           "padding_waste": chosen.padding_waste, "seconds_per_position": per_position, "method": source,
            "chip_seconds_per_million_requests": positions * per_position * MILLION,
-           "warmup_chip_seconds": warmup if isinstance(warmup, (int, float)) else None}
+           "warmup_chip_seconds": chosen.warmup_seconds}
     return _priced(out, chip, target, prices)
 
 
-def gpu_estimate(buckets: dict, gpu: str, flops: float | None, prices: dict | None = None) -> dict:
+def gpu_estimate(run: Figures, gpu: str, flops: float | None, prices: dict | None = None) -> dict:
     """The same requests on one `gpu` (a name of GPUS): real positions only, `flops` a position at its peak."""
     spec = capacity.chip(gpu, "gpu")
-    requests = ((buckets or {}).get("distribution") or {}).get("count")
-    real = next((c.get("real_tokens") for c in (_chosen(buckets, t) for t in (buckets or {}).get("targets") or {})
-                 if c.get("real_tokens")), None)
+    requests = run.requests
+    real = next((p.real_tokens for p in run.plans.values() if p.real_tokens), None)
     if flops is None or not requests or not real:
         return {"gpu": gpu, "label": LABEL, "problem": "no FLOPs estimate or no request distribution (stage 3)"}
     per_position = flops / spec["peak_bf16_flops"]
@@ -176,11 +206,11 @@ def gpu_estimate(buckets: dict, gpu: str, flops: float | None, prices: dict | No
     return _priced(out, gpu, None, prices)
 
 
-def comparison(buckets: dict, xla: dict, targets, prices: dict | None = None) -> dict:
+def comparison(run: Figures, targets, prices: dict | None = None) -> dict:
     """Each target's estimate and each named GPU's, side by side, with the method's assumptions."""
-    found = {t: estimate(buckets, xla, t, prices) for t in targets}
-    flops = next((f for f in (flops_per_position(buckets, t) for t in targets) if f is not None), None)
-    return {"label": LABEL, "targets": found, "gpus": {g: gpu_estimate(buckets, g, flops, prices) for g in GPUS},
+    found = {t: estimate(run, t, prices) for t in targets}
+    flops = next((f for f in (flops_per_position(run, t) for t in targets) if f is not None), None)
+    return {"label": LABEL, "targets": found, "gpus": {g: gpu_estimate(run, g, flops, prices) for g in GPUS},
             "assumptions": list(ASSUMPTIONS), "sensitivity": list(SENSITIVITY)}
 
 

@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit.models import abstract as abstract_models
-from portkit.runfolder import environment
+from portkit.planning import cost
+from portkit.runfolder import (accuracy_result, buckets_result, compile_result, environment, fallbacks_result, reading,
+                               xla_result)
 from portkit.runfolder import layout as runfolder
 from portkit.targets import specs as targets_mod
-from portkit.core.atomic_io import read_json, write_json
-from portkit.core.errors import PortkitError, StageSkipped
+from portkit.core.atomic_io import write_json
+from portkit.core.errors import StageSkipped
 from portkit.core.findings import ROOT, Finding  # noqa: F401 (re-exported: results.Finding, results.ROOT)
 
 KEY = "environment"
@@ -164,8 +166,7 @@ def _short(value) -> str:
 result_file = runfolder.result_file   # the run folder's layout has one owner
 
 
-class UnreadableResult(PortkitError):
-    """A stage result in the run folder exists but cannot be used; the message names the file and why."""
+UnreadableResult = reading.UnreadableResult   # the one class, raised by every reader
 
 
 @dataclass(frozen=True)
@@ -233,16 +234,23 @@ def read_stage(out_dir, stage: str) -> dict | None:
     return None if saved.get(SKIPPED) else saved
 
 
-def _read_object(path: Path, stage: str) -> dict:
-    """A JSON object `stage` wrote (its result, or its early file); UnreadableResult naming the file otherwise."""
-    try:
-        saved = read_json(path)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UnreadableResult(f"{path} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
-                               f"rerun stage {stage} or remove the file") from None
-    if not isinstance(saved, dict):
-        raise UnreadableResult(f"{path} holds a {type(saved).__name__}, not a stage result; rerun stage {stage}")
-    return saved
+_read_object = reading.read_object
+
+# each stage result's typed reader (its from_dict validates as it reads)
+TYPED = {"fallbacks": fallbacks_result.Result, "compile": compile_result.Result, "buckets": buckets_result.Result,
+         "xla": xla_result.Result, "accuracy": accuracy_result.Result}
+
+
+def typed(stage: str, data: dict, path):
+    """`data`, the result `stage` saved at `path`, read as its type (TYPED); UnreadableResult naming the damage."""
+    return TYPED[stage].from_dict(data, Path(path))
+
+
+def load(out_dir, stage: str):
+    """The result `stage` saved in `out_dir` read as its type (fallbacks_result.Result, compile_result.Result,
+    ...), or None when there is none or the stage was skipped; UnreadableResult naming the file, key and damage."""
+    saved = read_stage(out_dir, stage)
+    return None if saved is None else typed(stage, saved, Path(out_dir) / result_file(stage))
 
 
 def _target_result(out_dir, stage: str, target: str) -> dict:
@@ -313,3 +321,14 @@ def compile_cost(out_dir, target: str) -> dict | None:
                                f"{_short(cost)}, not a cost model (target, kind, source, intercept); "
                                "rerun stage compile")
     return cost
+
+
+def cost_figures(buckets, xla) -> cost.Figures:
+    """What the cost estimate (portkit.planning.cost) reads of a run: stage 3's typed result (buckets_result.Result)
+    and stage 3b's (xla_result.Result, or None)."""
+    plans = {name: cost.Plan(t.chosen.shapes, t.chosen.real_tokens, t.chosen.padded_tokens, t.chosen.padding_waste,
+                             t.chosen.warmup_seconds) for name, t in buckets.targets.items()}
+    prices = {name: cost.PaddingPrice(p.kind, p.seconds) for name, p in buckets.padding_price.items()}
+    compiled = {name: cost.Compiled(t.topology, tuple((s.label, s.flops) for s in t.shapes))
+                for name, t in (xla.targets.items() if xla is not None else ())}
+    return cost.Figures(buckets.distribution_count, plans, prices, compiled)
