@@ -246,6 +246,15 @@ def typed(stage: str, data: dict, path):
     return TYPED[stage].from_dict(data, Path(path))
 
 
+def model_parameters(out_dir, stage: str) -> int | None:
+    """The model's parameter count a stage's result in `out_dir` records ("model"."parameters"), None where it
+    has none (no result, a skipped stage, no count)."""
+    saved = read_stage(out_dir, stage)
+    model = saved.get("model") if saved is not None else None
+    found = model.get("parameters") if isinstance(model, dict) else None
+    return found if reading.is_int(found) else None
+
+
 def load(out_dir, stage: str):
     """The result `stage` saved in `out_dir` read as its type (fallbacks_result.Result, compile_result.Result,
     ...), or None when there is none or the stage was skipped; UnreadableResult naming the file, key and damage."""

@@ -293,7 +293,7 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     model = next((s.result.model for s in present if s.result.model is not None), {})
     run_env = results.run_environment({s.file: s.result.stamp() for s in present}, names)
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name, {}), assessing)
                for name in names}
     typed = {s.name: s.result for s in present}
     for name, report in reports.items():
@@ -391,8 +391,9 @@ COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million reque
 
 def _cost_sides(found: dict | None) -> list[tuple[str, dict]]:
     """The comparison's sides in order: each target by name, then each named GPU as "GPU <name>"."""
-    return [*((found or {}).get("targets") or {}).items(),
-            *((f"GPU {g}", e) for g, e in ((found or {}).get("gpus") or {}).items())]
+    if found is None:
+        return []
+    return [*found["targets"].items(), *((f"GPU {g}", e) for g, e in found["gpus"].items())]
 
 
 def cost_plot(found: dict | None) -> str | None:
@@ -433,7 +434,7 @@ def _cost_rows(found: dict | None) -> list[list]:
         if "chip_seconds_per_million_requests" not in est:
             rows.append([side, "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
             continue
-        usd, price = est.get("usd_per_million_requests"), est.get("price") or {}
+        usd, price = est.get("usd_per_million_requests"), est.get("price")
         rows.append([side, est["chip"], f"{est['positions_per_request']:.1f}",
                      f"{est['chip_seconds_per_million_requests']:.3g}",
                      f"${usd['estimate']:.3g}" if usd else est.get("problem", "—"),
