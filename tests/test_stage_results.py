@@ -61,7 +61,7 @@ DAMAGED = [
     (compile_result.Result, {"targets": {"tpu": {"compile_seconds": {"median": "1 s"}}}},
      "targets.tpu.compile_seconds.median", "not a number"),
     (buckets_result.Result, {"targets": {"tpu": {"chosen": {"boundaries": [16, "64"]}}}},
-     "targets.tpu.chosen.boundaries.1", "is '64', not an integer"),
+     "targets.tpu.chosen.boundaries", "is [16, '64'], not a list of positive integers"),
     (buckets_result.Result, {"targets": {}, "padding_price": {"tpu": 3}}, "padding_price.tpu", "not an object"),
     (xla_result.Result, {"targets": {"tpu": {"shapes": [{"memory": {"peak": 1}}]}}},
      "targets.tpu.shapes.0.memory.total", "not a number of bytes"),

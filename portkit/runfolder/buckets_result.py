@@ -18,17 +18,6 @@ from portkit.runfolder import reading
 STAGE = "buckets"
 
 
-def ints(node: reading.Node, key: str) -> list[int] | None:
-    """The list of integers under `key` (None where absent)."""
-    if node.at(key).value is None:
-        return None
-    found = node.items(key)
-    for n in found:
-        if not reading.is_int(n.value):
-            n.fail("an integer")
-    return [n.value for n in found]
-
-
 @dataclass(frozen=True)
 class Chosen:
     """The bucket plan stage 3 chose for a target (every field None where it chose none)."""
@@ -47,9 +36,10 @@ class Chosen:
     def from_dict(cls, node: reading.Node) -> Chosen:
         # "waste" is the name an older result gave the padding waste
         waste = node.number("padding_waste") if node.has("padding_waste") else node.number("waste")
-        shapes = tuple((s.integer("batch", 1), s.integer("seq")) for s in node.objects("shapes"))
-        return cls(node.text("planner"), ints(node, "boundaries"), ints(node, "batch_sizes"), node.text("why"), waste,
-                   shapes, node.number("real_tokens"), node.number("padded_tokens"), node.text("overflow"),
+        shapes = tuple(reading.shape(s, node.at("shapes").key) for s in node.items("shapes"))
+        return cls(node.text("planner"), reading.positive_ints(node, "boundaries"),
+                   reading.positive_ints(node, "batch_sizes"), node.text("why"), waste, shapes,
+                   node.number("real_tokens"), node.number("padded_tokens"), node.text("overflow"),
                    node.obj("settings").number("warmup_seconds"))
 
 
@@ -70,7 +60,7 @@ class ReplayRow:
     def from_dict(cls, node: reading.Node) -> ReplayRow:
         plan = node.obj("plan") if node.at("plan").value is not None else None
         if plan is not None:
-            ints(plan, "boundaries")
+            reading.positive_ints(plan, "boundaries")
         return cls(None if plan is None else dict(plan.value), node.integer("requests"), node.integer("compiles"),
                    node.integer("compiles_after_warmup"), node.number("target_compile_seconds"))
 
@@ -114,6 +104,7 @@ class Result(reading.StageFile):
     padding_price: dict[str, PaddingPrice]
     truncation: dict | None
     generation: dict[str, dict]                # workload "generate": per target, its serving plans
+    serving: dict[str, tuple[list[int], list[int]]]   # per target, the auto serving plan's prompt and context buckets
     training: dict[str, list[dict]]            # workload "train": per target, packing against padding
     grid: dict[str, dict]                      # two varying dimensions: per target, the grid plan
 
@@ -127,6 +118,20 @@ class Result(reading.StageFile):
                    padding_price={k: PaddingPrice.from_dict(root.obj("padding_price").obj(k))
                                   for k in root.records("padding_price")},
                    truncation=root.record("truncation"),
-                   generation=root.obj("generation").records("targets"), training=training,
+                   generation=root.obj("generation").records("targets"), serving=_serving(root), training=training,
                    grid=root.obj("grid").records("targets"))
 
+
+
+def _serving(root: reading.Node) -> dict[str, tuple[list[int], list[int]]]:
+    """(prompt buckets, context buckets) of each target's auto serving plan (generation.targets[t].auto)."""
+    found = {}
+    for name, plan in root.obj("generation").entries("targets").items():
+        auto = plan.at("auto") if isinstance(plan.value, dict) else None
+        if auto is not None and isinstance(auto.value, dict):
+            prompt, context = (reading.positive_ints(auto.obj(part), "boundaries") for part in ("prompt", "context"))
+            for part, boundaries in (("prompt", prompt), ("context", context)):
+                if boundaries is None:
+                    auto.obj(part).at("boundaries").fail("a list of positive integers")
+            found[name] = (prompt, context)
+    return found

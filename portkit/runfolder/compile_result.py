@@ -54,13 +54,30 @@ class Target(reading.TargetPart):
     compile_seconds: CompileSeconds
     generation: dict | None              # workload "generate": dynamic against static KV cache
     training: dict | None                # workload "train": the training step compiled
+    fixed_shape: dict | None             # the fixed input shape {"batch": B, "seq": S}, seq None for an image model
+    compile_cost: dict | None            # the compile cost model (economics.CostModel.to_dict)
 
     @classmethod
     def from_dict(cls, t: reading.Node) -> Target:
+        shape = t.at("fixed_shape")
+        fixed = None if shape.value is None else reading.shape(shape, shape.key)
         return cls(**cls.common(t), storm=Storm.from_dict(t.obj("storm")),
                    fixed_compiles_after=t.obj("fixed").integer("compiles_after"),
                    compile_seconds=CompileSeconds.from_dict(t.obj("compile_seconds")),
-                   generation=t.record("generation"), training=t.record("training"))
+                   generation=t.record("generation"), training=t.record("training"),
+                   fixed_shape=None if fixed is None else {"batch": fixed[0], "seq": fixed[1]},
+                   compile_cost=_cost(t.at("compile_cost")))
+
+
+def _cost(node: reading.Node) -> dict | None:
+    """A compile cost model with its target, kind, source and numeric intercept; None where absent."""
+    cost = node.value
+    if cost is None:
+        return None
+    if not (isinstance(cost, dict) and isinstance(cost.get("kind"), str) and isinstance(cost.get("source"), str)
+            and reading.is_number(cost.get("intercept")) and isinstance(cost.get("target"), str)):
+        node.fail("a cost model (target, kind, source, intercept)")
+    return dict(cost)
 
 
 def _graph_breaks(node: reading.Node) -> dict:

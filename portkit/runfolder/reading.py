@@ -157,6 +157,34 @@ class Node:
         return {k: n.value for k, n in found.items()}
 
 
+SHAPE = '{"batch": positive int, "seq": positive int}'
+
+
+def is_positive(value) -> bool:
+    return is_int(value) and value > 0
+
+
+def positive_ints(node: Node, key) -> list[int] | None:
+    """The list of positive integers under `key` (bucket boundaries, batch sizes); None where absent."""
+    found = node.at(key)
+    if found.value is None:
+        return None
+    if not isinstance(found.value, list) or not all(is_positive(v) for v in found.value):
+        found.fail("a list of positive integers")
+    return list(found.value)
+
+
+def shape(node: Node, key: str) -> tuple[int, int | None]:
+    """(batch, seq) of an input shape {"batch": positive int (1 when absent), "seq": positive int or None (an image
+    model)}; `key` names it in the message (its list, or the shape itself)."""
+    value = node.value
+    if isinstance(value, dict) and is_positive(value.get("batch", 1)) and (value.get("seq") is None
+                                                                           or is_positive(value["seq"])):
+        return value.get("batch", 1), value.get("seq")
+    raise UnreadableResult(f"{node.path}: {key} has {short(value)}, not {SHAPE}; "
+                           f"{node.remedy or f'rerun stage {node.stage}'}")
+
+
 def targets_of(root: Node, read_target) -> tuple[dict, dict[str, str]]:
     """({target: read_target(its node)}, {target: why it cannot be read}) of a result's "targets" object: one
     target's damage leaves the others readable."""

@@ -14,9 +14,10 @@ and environment; portkit.core.findings is re-exported here as results.Finding.
     >>> results.read_buckets("runs/minilm").chosen["tpu"].boundaries      # stage 3's plan, or None
     >>> results.fixed_shape("runs/minilm", "tpu")        # stage 2's {"batch": 1, "seq": 64}, or None
 
-A stage reads an earlier stage's result only through a reader here (read_buckets, fixed_shape,
-bucket_shapes, read_stage), never by opening its JSON itself: the reader names what is wrong with a
-damaged file in one line (UnreadableResult).
+A stage reads an earlier stage's result only through a reader here (load, read_buckets, fixed_shape,
+bucket_shapes), never by opening its JSON itself: each result has one typed reader (TYPED: fallbacks_result,
+compile_result, buckets_result, xla_result, accuracy_result), which names what is wrong with a damaged file in
+one line, with its key (UnreadableResult).
 """
 from __future__ import annotations
 
@@ -189,37 +190,23 @@ def read_buckets(out_dir) -> BucketsResult | None:
     the plans it writes before its replay (runfolder's early file, buckets.plan.json); None when neither is there.
 
     A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
-    not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult."""
+    not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult
+    (buckets_result reads both files)."""
     path = Path(out_dir) / result_file("buckets")
     if path.exists():
-        saved = read_stage(out_dir, "buckets")
+        found = load(out_dir, "buckets")
     else:
         path = Path(out_dir) / runfolder.stage("buckets").early
-        saved = _read_object(path, "buckets") if path.exists() else None
-    if saved is None:
+        found = typed("buckets", _read_object(path, "buckets"), path) if path.exists() else None
+    if found is None:
         return None
-    per_target = saved.get("targets")
-    if not isinstance(per_target, dict):
-        raise UnreadableResult(f"{path} has no per-target results (no \"targets\" object); rerun stage buckets")
     chosen = {}
-    for name, result in per_target.items():
-        plan = result.get("chosen") if isinstance(result, dict) else None
-        if not isinstance(plan, dict) or not plan.get("boundaries"):
-            continue
-        boundaries = _positive_ints(plan["boundaries"], path, f"targets.{name}.chosen.boundaries")
-        batches = plan.get("batch_sizes")
-        chosen[name] = ChosenBuckets(str(plan.get("planner", "?")), tuple(sorted(boundaries)),
-                                     tuple(_positive_ints(batches, path, f"targets.{name}.chosen.batch_sizes"))
-                                     if batches else None)
+    for name in found.names:
+        plan = found.target(name).chosen       # UnreadableResult where this target's part is damaged
+        if plan.boundaries:
+            chosen[name] = ChosenBuckets("?" if plan.planner is None else plan.planner, tuple(sorted(plan.boundaries)),
+                                         tuple(plan.batch_sizes) if plan.batch_sizes else None)
     return BucketsResult(path, chosen)
-
-
-def _positive_ints(values, path: Path, key: str) -> list[int]:
-    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                               for v in values):
-        raise UnreadableResult(f"{path}: {key} is {_short(values)}, not a list of positive integers; "
-                               "rerun stage buckets")
-    return values
 
 
 def read_stage(out_dir, stage: str) -> dict | None:
@@ -262,74 +249,41 @@ def load(out_dir, stage: str):
     return None if saved is None else typed(stage, saved, Path(out_dir) / result_file(stage))
 
 
-def _target_result(out_dir, stage: str, target: str) -> dict:
-    """targets[target] of a stage's result; {} when the stage or the target has none."""
-    per_target = (read_stage(out_dir, stage) or {}).get("targets")
-    found = per_target.get(target) if isinstance(per_target, dict) else None
-    return found if isinstance(found, dict) else {}
+def _target(out_dir, stage: str, target: str):
+    """The typed part of `target` in `stage`'s result; None where the stage or the target has none."""
+    found = load(out_dir, stage)
+    return None if found is None else found.target(target)
 
 
 def fixed_shape(out_dir, target: str) -> dict | None:
     """Stage 2's fixed input shape for `target` (compile.json): {"batch": B, "seq": S}, seq None for an
     image model; None when stage 2 recorded none."""
-    shape = _target_result(out_dir, "compile", target).get("fixed_shape")
-    if shape is None:
-        return None
-    return _shape(shape, "compile", f"targets.{target}.fixed_shape", out_dir)
+    found = _target(out_dir, "compile", target)
+    return None if found is None else found.fixed_shape
 
 
 def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
     """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
     when stage 3 chose none."""
-    chosen = _target_result(out_dir, "buckets", target).get("chosen")
-    if not isinstance(chosen, dict) or not chosen.get("shapes"):
+    found = _target(out_dir, "buckets", target)
+    if found is None or not found.chosen.shapes:
         return None
-    shapes = chosen["shapes"]
-    if not isinstance(shapes, list):
-        raise UnreadableResult(f"{Path(out_dir) / 'buckets.json'}: targets.{target}.chosen.shapes is "
-                               f"{_short(shapes)}, not a list; rerun stage buckets")
-    key = f"targets.{target}.chosen.shapes"
-    return str(chosen.get("planner", "")), [_shape(s, "buckets", key, out_dir) for s in shapes]
+    return found.chosen.planner or "", [{"batch": batch, "seq": seq} for batch, seq in found.chosen.shapes]
 
 
 def serving_buckets(out_dir, target: str) -> tuple[list[int], list[int]] | None:
     """(prompt buckets, context buckets) of stage 3's auto serving plan for `target` (buckets.json, workload
     "generate"); None when stage 3 made none."""
-    stage = read_stage(out_dir, "buckets") or {}
-    plan = (((stage.get("generation") or {}).get("targets") or {}).get(target) or {}).get("auto")
-    if not isinstance(plan, dict):
-        return None
-    found = []
-    for part in ("prompt", "context"):
-        key = f"generation.targets.{target}.auto.{part}.boundaries"
-        found.append(_positive_ints((plan.get(part) or {}).get("boundaries"), Path(out_dir) / "buckets.json", key))
-    return found[0], found[1]
-
-
-def _shape(value, stage: str, key: str, out_dir) -> dict:
-    """{"batch": positive int (1 when absent), "seq": positive int or None}, or UnreadableResult."""
-    def positive(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v > 0
-    if isinstance(value, dict) and positive(value.get("batch", 1)) and (value.get("seq") is None
-                                                                          or positive(value["seq"])):
-        return {"batch": value.get("batch", 1), "seq": value.get("seq")}
-    raise UnreadableResult(f"{Path(out_dir) / f'{stage}.json'}: {key} has {_short(value)}, not "
-                           f"{{\"batch\": positive int, \"seq\": positive int}}; rerun stage {stage}")
+    found = load(out_dir, "buckets")
+    return None if found is None else found.serving.get(target)
 
 
 def compile_cost(out_dir, target: str) -> dict | None:
     """Stage 2's compile cost model for `target` (compile.json: targets[t].compile_cost, as
     economics.CostModel.to_dict writes it), or None when stage 2 recorded none. A model without a kind,
     a source or a numeric intercept raises UnreadableResult."""
-    cost = _target_result(out_dir, "compile", target).get("compile_cost")
-    if cost is None:
-        return None
-    if not (isinstance(cost, dict) and isinstance(cost.get("kind"), str) and isinstance(cost.get("source"), str)
-            and isinstance(cost.get("intercept"), (int, float)) and isinstance(cost.get("target"), str)):
-        raise UnreadableResult(f"{Path(out_dir) / result_file('compile')}: targets.{target}.compile_cost is "
-                               f"{_short(cost)}, not a cost model (target, kind, source, intercept); "
-                               "rerun stage compile")
-    return cost
+    found = _target(out_dir, "compile", target)
+    return None if found is None else found.compile_cost
 
 
 def cost_figures(buckets, xla) -> cost.Figures:
