@@ -133,6 +133,8 @@ def _xla_shapes(shapes: list[dict], plan: dict | None) -> str:
 def _replay(row: dict, data: dict, name: str) -> str:
     """One row of stage 3's replay: its compiles over stage 3's own requests (buckets.json's "trace", not stage
     2's), and what they cost on the target (target_compile_seconds, priced by stage 3)."""
+    if row.get("failure"):      # stopped: nothing it was to count is known
+        return f"not assessed: {row.get('note') or 'the run could not be measured'}"
     trace = data.get("trace") or {}
     priced = row.get("target_compile_seconds")
     cost = f"; {priced:,.0f} s compiling on {name}" if isinstance(priced, (int, float)) else ""
