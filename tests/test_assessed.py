@@ -131,6 +131,32 @@ def test_a_conversion_failure_is_portkits_one_finding_per_cause_and_leaves_the_f
 
 
 @needs_xla
+def test_longformers_boolean_index_is_a_conversion_gap_not_a_compiler_blocker():
+    """Rule (a real architecture, transformers' Longformer at a tiny size): its boolean-index write into the
+    attention mask stops portkit's converter (jax takes no tensor index there); that is portkit's finding at
+    Longformer's own line, the HBM fit not assessed, never "the real XLA TPU compiler rejects this shape"."""
+    from transformers import LongformerConfig, LongformerModel
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.longformer = LongformerModel(LongformerConfig(
+                hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=256,
+                attention_window=4))
+
+        def forward(self, input_ids):
+            return {"h": self.longformer(input_ids=input_ids).last_hidden_state}
+
+    torch.manual_seed(0)
+    tpu = xla.compile_for_tpu(Encoder().eval(), [{"input_ids": ((1, 16), "int64")}])
+    saved = xla.XlaStage({"name": "longformer"}, {"tpu": tpu}, {"tpu": ["test"]}).to_dict()["targets"]["tpu"]
+    (found,) = saved["findings"]
+    assert (found["kind"], found["severity"], found["owner"]["owner"]) == ("xla_conversion", "info", assessed.PORTKIT)
+    assert found["where"]["file"].endswith("modeling_longformer.py") and "attention_mask == 2" in found["where"]["code"]
+    assert "conversion failed" in found["message"] and saved[assessed.KEY][0]["question"].startswith("HBM fit")
+
+
+@needs_xla
 def test_the_lowering_check_failing_in_the_converter_is_not_work():
     """Rule: Neuron's StableHLO lowering check stopped by portkit's converter is portkit's finding, the lowering
     "not assessed", never "work: runs, with the cost named in the finding" (no cost is named)."""

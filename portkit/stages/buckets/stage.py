@@ -331,7 +331,9 @@ class TargetBuckets:
         elif mine is not None:
             text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
                      f"{mine.compiles_after_warmup} after warm-up")
-            if base is not None:
+            if base is not None and base.failure:
+                text += f"; without buckets {assessed.NOT_ASSESSED} ({base.not_measured})"
+            elif base is not None:
                 counted = "; counted, not compiled" if base.note.startswith("counted") else ""
                 text += (f"; without buckets {base.compiles} compiles (one per distinct length among these "
                          f"requests{counted}), {self.priced(base):.0f} s compiling on {self.name} vs "
