@@ -168,6 +168,17 @@ def test_the_lowering_check_failing_in_the_converter_is_not_work():
     assert "NOT ASSESSED" in stage.summary() and "0/1 shapes lowered" not in stage.summary()
 
 
+def test_a_training_step_the_converter_stopped_leaves_its_fit_open():
+    """Rule: workload "train" or "generate" whose graph portkit's converter stopped leaves that graph's HBM fit
+    not assessed; a compiled one leaves nothing open."""
+    skipped = xla.XlaSkipped("tpu", "not part of this test")
+    stopped = {"status": "trace_failed", "summary": "training step (batch 2) on v5e:1x1: trace_failed: View"}
+    stage = xla.XlaStage({"name": "t"}, {"tpu": skipped}, {}, training={"tpu": stopped},
+                         serving={"tpu": {"status": "compiled", "summary": "decode compiled"}})
+    (q,) = stage.to_dict()["targets"]["tpu"][assessed.KEY]
+    assert q["question"] == "HBM fit of the training step" and "trace_failed" in q["why"]
+
+
 @needs_xla
 def test_a_cache_set_up_in_forward_survives_the_flop_count_and_the_xla_pricing():
     """Rule: a trace that runs forward on tensors that are not the model's (fake tensors counting FLOPs, the XLA

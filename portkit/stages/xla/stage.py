@@ -295,6 +295,17 @@ class XlaStage:
     def summary(self) -> str:
         return " | ".join(self.summary_for(n) for n in self.reports)
 
+    def workload_questions(self, name: str) -> list[dict]:
+        """The training step's or serving graphs' HBM fit, open where portkit's conversion stopped them before the
+        compiler (core.assessed)."""
+        found = []
+        for what, graph in (("training step", self.training.get(name)), ("serving graphs", self.serving.get(name))):
+            if isinstance(graph, dict) and graph.get("status") in CONVERTED:
+                found.append(assessed.open_question(
+                    f"HBM fit of the {what}", f"portkit's {CONVERSION} stopped it before the compiler: "
+                                              f"{str(graph.get('summary', ''))[:300]}"))
+        return found
+
     def to_dict(self) -> dict:
         targets_out = {}
         for name, r in self.reports.items():
@@ -305,7 +316,7 @@ class XlaStage:
             targets_out[name] = {**r.to_dict(), "target": detected.to_dict(), "summary": self.summary_for(name),
                                  "shape_sources": self.sources.get(name, []),
                                  "findings": _findings(r) + (scale.findings() if scale else []),
-                                 assessed.KEY: open_questions(r),
+                                 assessed.KEY: open_questions(r) + self.workload_questions(name),
                                  **({"scale": scale.to_dict()} if scale else {}),
                                  **({"largest_batch": self.largest[name]} if name in self.largest else {}),
                                  **({"measured_throughput": self.measured[name]} if name in self.measured else {}),
