@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit.core import assessed, checks
+from portkit.core import assessed, checks, grading
 from portkit.core.findings import cause_key
 from portkit.runfolder import results
 from portkit.stages import options
@@ -203,7 +203,7 @@ def _conversion_finding(report, cause: str, s: ShapeResult, labels: list[str]) -
     check = "the lowering check" if report.check == "lowering" else f"the XLA compile for {report.topology}"
     on_device = ("check the model with neuronx-cc on a Trainium host" if report.check == "lowering" else
                  "check the model on a TPU (TorchTPU lowers through its own path, not torchax)")
-    return {"kind": "xla_conversion", "severity": "info",
+    return {"kind": "xla_conversion", "severity": grading.severity("xla_conversion"),
             "message": f"portkit's {CONVERSION} stopped {check}, so the compiler never saw the graph: "
                        f"{_stopped_by(s)}{module}{where} ({len(labels)} shape(s): {', '.join(labels)})",
             "advice": f"a gap in portkit's converter, not a verdict on the model: {on_device}; rewriting the model's "
@@ -223,11 +223,11 @@ def _findings(report) -> list[dict]:
             continue
         text = f"{s.label}: {s.describe(report.hbm_bytes_per_device)}"
         if s.status == "out_of_hbm" or s.fits_hbm is False:
-            out.append({"kind": "hbm", "severity": "blocker", "message": f"{report.topology}: {text}",
+            out.append({"kind": "hbm", "severity": grading.severity("hbm"), "message": f"{report.topology}: {text}",
                         "advice": "does not fit this topology's HBM: choose a larger topology (parameter "
                                   "topology), shard the model, or use smaller buckets/batches"})
         else:
-            out.append({"kind": "xla_compile", "severity": "blocker",
+            out.append({"kind": "xla_compile", "severity": grading.severity("xla_compile"),
                         "message": f"XLA compile for {report.topology}: {text}",
                         "advice": "the real XLA TPU compiler rejects this shape; read its message above"})
     return out
