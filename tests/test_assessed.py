@@ -231,6 +231,9 @@ def test_a_warm_up_the_compiler_refused_leaves_the_plan_not_assessed(waves):
     (row,) = [r for r in saved["replay"] if r["plan"]]
     assert row["compiles"] is None and row["compiles_after_warmup"] is None and row["target_compile_seconds"] is None
     assert sections._replay(row, {}, "tpu").startswith("not assessed")
+    storm = {"stage": "compile", "kind": "recompile_storm", "severity": "work", "message": "a storm"}
+    sections.resolve_storm([storm], saved)          # a refused plan resolves no storm
+    assert storm["severity"] == "work" and "resolved" not in storm["message"]
     plan = next(f for f in saved["findings"] if f["kind"] == "bucket_plan")
     assert "after warm-up in the replay" not in plan["message"] and "not assessed" in plan["message"]
     assert [f["kind"] for f in saved["findings"] if f["severity"] == "blocker"] == ["compile_refused"]
