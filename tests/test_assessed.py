@@ -219,7 +219,7 @@ def test_a_warm_up_the_compiler_refused_leaves_the_plan_not_assessed(waves):
     from test_bucket_strides import HOP, RefusedWhenLong, declared, stage3
     m = declared(RefusedWhenLong(), inputs.Output("frames", inputs.WAVEFORM, stride=HOP))
     tpu = stage3(m, waves, {"tpu": [64, 256]})["tpu"]
-    assert tpu.refused()["kind"] == "refused"
+    assert tpu.replay_failure()["kind"] == "refused"
     summary = tpu.summary()
     assert "warm-up not assessed" in summary and "replay of the chosen plan not assessed" in summary
     assert "after warm-up;" not in summary and "with the plan" in summary and " s with the plan" not in summary

@@ -5,8 +5,8 @@
     ...     out = model.module(**moved)
     >>> out = placement.to_device(out, "cpu")                             # back for comparison
     # here model.module is where it was before (the CPU, where portkit loads models)
-    >>> with placement.tensors_kept(model.module):     # a trace that runs forward on fake or converted tensors
-    ...     capacity.count_flops(model.module, spec)   # tensors forward stored on the modules are put back after
+    >>> with placement.tensors_kept(model.module):    # forward on fake (or converted) tensors
+    ...     model.module(**fake_inputs)               # a tensor forward stores on a module is put back after
 
 Stages run on the CPU in emulated mode and on the target's device in native mode; a stage that moves
 the model must leave it where it found it, also when the run raises, or the next stage (or the next

@@ -299,7 +299,7 @@ class TargetBuckets:
         """Seconds the run's compiles take on this target (every graph it compiled, at the target's cost)."""
         return self.cost.total(run.compiled_seqs)
 
-    def refused(self) -> dict | None:
+    def replay_failure(self) -> dict | None:
         """Why the chosen plan's replay could not be measured (its run's failure: the target's compiler refused it,
         or the model raised), or None where it was: then what the replay was to establish is not assessed."""
         mine = self.run_for(self.chosen)
@@ -319,7 +319,7 @@ class TargetBuckets:
     def summary(self) -> str:
         mode = self.target["mode"]
         warmup = (f"warm-up {self.chosen.settings.get('warmup_seconds', 0):.0f} s ({self.cost.kind})"
-                  if not self.refused() else f"warm-up {assessed.NOT_ASSESSED}")
+                  if not self.replay_failure() else f"warm-up {assessed.NOT_ASSESSED}")
         text = (f"{self.name} ({mode}, {self.backend}): {_n(self.chosen.k, 'bucket')} {list(self.chosen.boundaries)}, "
                 f"{self.chosen.waste:.1%} padding over the corpus, {warmup}")
         if self.chosen.settings.get("budget_binds"):
@@ -440,7 +440,8 @@ class TargetBuckets:
                 "what_if": {str(f): {"k": p.k, "boundaries": list(p.boundaries), "padding_waste": p.waste,
                                      "warmup_seconds": p.settings.get("warmup_seconds")}
                             for f, p in self.what_if.items()},
-                "compiles_after_warmup": None if self.refused() else sum(r.compiles_after_warmup for r in self.runs),
+                "compiles_after_warmup": (None if self.replay_failure()
+                                          else sum(r.compiles_after_warmup for r in self.runs)),
                 assessed.KEY: self.open_questions(),
                 "padding_ok": padding_ok(self.runs), "padding_unchecked": {
                     name: {"why": why, "runs": runs} for name, (why, runs) in self.padding_unchecked().items()},
