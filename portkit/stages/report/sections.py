@@ -22,7 +22,8 @@ def _fallbacks(data: dict, t: dict, out) -> None:
         "distinct ops": sum(counts.values()),
         "native / composite": f"{counts.get('native', 0)} / {counts.get('composite', 0)}",
         "CPU fallback ops (time share)": f"{counts.get('cpu_fallback', 0)} ({share.get('cpu_fallback', 0):.1%})",
-        "ops that cannot run": counts.get("unsupported", 0),
+        # the op table's status; what cannot run is counted by the findings (blockers), as stage 1's summary says
+        "ops with no kernel in the op table": counts.get("unsupported", 0),
     }
     language = targets_mod.get(out.name).kernel_language if out.name in targets_mod.TARGETS else "a kernel"
     for op in t.get("ops", []):
