@@ -72,6 +72,9 @@ POLICY: tuple[Grade, ...] = (
     _g("buckets", "bucket_plan", ANY, INFO, "the plan itself: what to serve with"),
     _g("xla", "hbm", ANY, BLOCKER, "the compiled shape does not fit the topology's HBM per device"),
     _g("xla", "xla_compile", ANY, BLOCKER, "the real XLA TPU compiler rejects the shape"),
+    _g("xla", "xla_conversion", ANY, INFO,
+       "portkit's own PyTorch-to-JAX conversion stopped before the compiler: portkit's gap, owned by portkit, one "
+       "finding per cause; the question the check was to answer (the HBM fit, the lowering) is open"),
     _g("xla", "abstract_model", ANY, WORK, "a real-size model without weights: its numerics are not measured"),
     _g("accuracy", "accuracy", FIXED_BY_SETTING, WORK,
        "a task metric outside its budget at the target's default precision, brought back by a precision setting "
