@@ -51,6 +51,8 @@ class ReplayRow:
     compiles: int | None
     compiles_after_warmup: int | None
     target_compile_seconds: float | None       # its compiles priced on the target
+    failure: object = None                     # why it was stopped (falsy: it ran); nothing it counts is known then
+    note: str | None = None
 
     @property
     def plan_boundaries(self) -> list | None:
@@ -62,7 +64,8 @@ class ReplayRow:
         if plan is not None:
             reading.positive_ints(plan, "boundaries")
         return cls(None if plan is None else dict(plan.value), node.integer("requests"), node.integer("compiles"),
-                   node.integer("compiles_after_warmup"), node.number("target_compile_seconds"))
+                   node.integer("compiles_after_warmup"), node.number("target_compile_seconds"),
+                   node.raw("failure"), node.text("note"))
 
 
 @dataclass(frozen=True)

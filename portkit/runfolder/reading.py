@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from portkit.core import assessed
 from portkit.core.atomic_io import read_json
 from portkit.core.errors import PortkitError
 
@@ -250,17 +251,25 @@ class StageFile:
 
 @dataclass(frozen=True)
 class TargetPart:
-    """What every stage records per target: its one-line summary and its findings (each a JSON object, passed on
-    to the report and portkit.core.reconcile as they are)."""
+    """What every stage records per target: its one-line summary, its findings (each a JSON object, passed on
+    to the report and portkit.core.reconcile as they are), and the questions it left open (core.assessed)."""
     summary: str | None
     findings: tuple[dict, ...]
+    not_assessed: tuple[dict, ...]      # {"question", "why"}: what the stage could not assess for the target
 
     @staticmethod
     def common(t: Node) -> dict:
         findings = t.objects("findings")
         for f in findings:      # the parts the report and reconcile read inside a finding
             f.obj("owner"), f.obj("where")
-        return {"summary": t.text("summary"), "findings": tuple(dict(f.value) for f in findings)}
+        questions = []
+        for q in t.objects(assessed.KEY):
+            question, why = q.text("question"), q.text("why")
+            if not question or not why:
+                q.fail('an open question {"question": text, "why": text}')
+            questions.append(assessed.open_question(question, why))
+        return {"summary": t.text("summary"), "findings": tuple(dict(f.value) for f in findings),
+                "not_assessed": tuple(questions)}
 
 
 @dataclass(frozen=True)

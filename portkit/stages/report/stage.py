@@ -157,6 +157,9 @@ class TargetReport:
     # the stages that could find a blocker and did not assess this target (not run, failed, unreadable, or their
     # result holds no readable half for it): with no blocker found, the target is not assessed, never ready
     unassessed: list[str] = field(default_factory=list)
+    # the questions a stage read for this target left open ({"stage", "question", "why"}: core.assessed); each is
+    # also in `unassessed` as "stage: question"
+    open_questions: list[dict] = field(default_factory=list)
     numbers: dict = field(default_factory=dict)       # the stages' numbers for this target (runfolder.numbers.of)
 
     def training_reason(self) -> str:
@@ -180,8 +183,13 @@ class TargetReport:
         found = (f"{len(work)} item(s) of work, first: {work[0]['message']}" if work
                  else "no work found")
         if self.unassessed:
-            return (f"stage(s) {', '.join(self.unassessed)} did not assess {self.name} (see the gaps), so a blocker "
-                    f"may be missed; based on {', '.join(self.based_on)}: no blockers, {found}")
+            questions = {f"{q['stage']}: {q['question']}" for q in self.open_questions}
+            stages = [s for s in self.unassessed if s not in questions]
+            missed = (f"stage(s) {', '.join(stages)} did not assess {self.name} (see the gaps), so a blocker may be "
+                      "missed" if stages else "")
+            asked = "; ".join(f"{q['stage']}: {q['question']} not assessed ({q['why']})" for q in self.open_questions)
+            return (f"{'; '.join(filter(None, [missed, asked]))}; based on {', '.join(self.based_on)}: no blockers, "
+                    f"{found}")
         return f"no blockers; {found}" if work else "no blockers and no work found in the stages read"
 
     def first(self) -> list[dict]:
@@ -195,6 +203,7 @@ class TargetReport:
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
                 "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "unassessed": self.unassessed,
+                "open_questions": self.open_questions,
                 "training": self.training, "numbers": self.numbers,
                 "first": self.first(), "vanished": self.vanished, "precision": self.precision,
                 "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
@@ -330,10 +339,11 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
         try:
             _read_target(stage, t, scratch, compiled)
         except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
-            stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
+            stage.flag(f"{stage.file}: targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
     tr.unassessed = [s for s in assessing if s not in tr.based_on]
+    tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
     bucketed = next((s.result.targets.get(name) for s in present if s.name == "buckets"), None)
     report_stages.resolve_storm(tr.findings, bucketed)
     order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -352,6 +362,7 @@ def _inner(finding: dict, key: str, inner: str) -> str:
 def _read_target(stage: StageResult, t, tr: TargetReport, compiled: dict | None = None) -> None:
     """Add stage `stage`'s typed part for one target (`t`, reading.TargetPart) to its TargetReport."""
     tr.based_on.append(stage.name)
+    tr.open_questions += [{"stage": stage.name, **q} for q in t.not_assessed]   # what it could not assess
     if tr.mode == "emulated":
         tr.measure_on_hardware.append(f"{stage.name}: {t.summary or 'emulated on the CPU'}")
     findings = list(t.findings)
