@@ -9,11 +9,11 @@
 
 A frame is the user's code when its file is outside the installed packages and the standard library
 (the model's own file, a `file.py:factory` or a project on the path), in the module or package of the
-model's factory wherever it is installed (claim). A frame in portkit's model wrappers (portkit/models/: registry.py,
-adapters.py and audio.py, which call the model the way the user's code would) is portkit's: a finding is located
-there, never attributed to the user, whose file it is not. A frame in an installed package is a library's: "configurable" where the library has a setting that changes the path (SETTINGS
-names it), otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
-"rewrite this line". A foundation: it imports no other portkit module.
+model's factory wherever it is installed (claim). A frame in portkit's model wrappers (portkit/models/:
+registry.py, adapters.py and audio.py, which call the model as the user's code would) is portkit's, never the
+user's. A frame in an installed package is a library's: "configurable" where the library has a setting that
+changes the path (SETTINGS names it), otherwise one the user cannot change, whose advice is an upgrade, a
+setting or a wrapper, never "rewrite this line". A foundation: it imports no other portkit module.
 """
 from __future__ import annotations
 

@@ -217,8 +217,9 @@ def _data_dependent_errors() -> tuple[type, ...]:
     return DynamicOutputShapeException, DataDependentOutputException, GuardOnDataDependentSymNode
 
 
-# What a fake kernel raises where its output's size, or a branch, needs a tensor's values (torch._subclasses.fake_tensor;
-# symbolic_shapes' guard on an unbacked symbol): PyTorch's own statement that the op is data-dependent.
+# What a fake kernel raises where its output's size, or a branch, needs a tensor's values
+# (torch._subclasses.fake_tensor; symbolic_shapes' guard on an unbacked symbol): PyTorch's own statement that the
+# op is data-dependent.
 DATA_DEPENDENT_ERRORS = _data_dependent_errors()
 
 
@@ -243,9 +244,11 @@ def fakes_like(mode, value):
 
 
 def unbacked_sizes(value) -> bool:
-    """Whether a tensor in `value` has a size that rests on an unbacked symbol: one read from a tensor's values."""
+    """Whether a tensor's size or a symbolic number in `value` rests on an unbacked symbol: one read from a tensor's
+    values (.item(), .tolist(), nonzero's count)."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    return any(isinstance(t, torch.Tensor) and free_unbacked_symbols(t) for t in tree_leaves(value))
+    return any(free_unbacked_symbols(leaf) for leaf in tree_leaves(value)
+               if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)))
 
 
 def output_size_follows_values(func, args, kwargs) -> bool | None:

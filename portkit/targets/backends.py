@@ -84,7 +84,7 @@ class _OpLog(_torch.TorchDispatchMode):
         super().__init__()
         self.calls: collections.Counter = collections.Counter()
         self.dtypes: dict[str, set] | None = collections.defaultdict(set) if dtypes else None
-        self.foreign: dict[str, tuple] = {}   # an op outside PyTorch's namespaces -> (op, args, kwargs) of its first call
+        self.foreign: dict[str, tuple] = {}   # an op outside PyTorch's namespaces -> (op, args, kwargs), first call
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace != "prim":   # prim::device, prim::layout: metadata queries of fake tensors
@@ -123,9 +123,7 @@ DATA_DEPENDENT_SIZE = (
 
 def _data_dependent(value) -> bool:
     """Whether a symbolic value's shape rests on an unbacked symbol: a size read from a tensor's values."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    return any(free_unbacked_symbols(leaf) for leaf in _torch.tree_leaves(value)
-               if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)))
+    return _torch.unbacked_sizes(value)
 
 
 def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list[dict]:

@@ -73,6 +73,9 @@ class GraphBreaks:
                                                                        for op, n in decomposed.items()))
             lines += [f"    not lowered: {o['op']} ({o['status']}, {o['calls']} calls) at "
                       + "; ".join(w["text"] for w in o["where"][:3]) for o in c["not_lowered"]]
+            lines += [f"    not an ATen op: {o['op']} ({o['calls']} calls) at "
+                      + ("; ".join(w["text"] for w in o["where"][:3]) or "(no source line)")
+                      for o in c.get("foreign_ops", [])]
         return "\n".join(lines)
 
     __repr__ = __str__
