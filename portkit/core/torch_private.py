@@ -258,13 +258,13 @@ def output_size_follows_values(func, args, kwargs) -> bool | None:
     the fake kernel cannot say (it fails for another reason). Runs on fake copies: no value is read or changed."""
     with no_dispatch_modes():
         mode = symbolic_fake_mode()
-        fake_args, fake_kwargs = fakes_like(mode, (tuple(args), dict(kwargs or {})))
         try:
+            fake_args, fake_kwargs = fakes_like(mode, (tuple(args), dict(kwargs or {})))
             with mode:
                 out = func(*fake_args, **fake_kwargs)
         except DATA_DEPENDENT_ERRORS:
             return True
-        except Exception:   # noqa: BLE001 - no fake kernel, or one that rejects fakes: PyTorch does not say
+        except Exception:   # noqa: BLE001 - no fake kernel, a tensor without strides (sparse): PyTorch does not say
             return None
         return unbacked_sizes(out)
 

@@ -88,8 +88,8 @@ def look_inside(func, args, kwargs, table) -> dict:
     recorder = _Inside()
     with _torch.no_dispatch_modes(), _torch.outside_dynamo_tracing():
         mode = _torch.symbolic_fake_mode()
-        fake_args, fake_kwargs = _torch.fakes_like(mode, (tuple(args), dict(kwargs or {})))
         try:
+            fake_args, fake_kwargs = _torch.fakes_like(mode, (tuple(args), dict(kwargs or {})))
             with mode, recorder:
                 fn(*fake_args, **fake_kwargs)
             found["traced"] = True
