@@ -24,9 +24,10 @@ from portkit.core import frames
 from portkit.core import torch_private as _torch
 from portkit.core.reconcile import HOST_SYNC_OPS
 
-# The dispatcher namespaces of PyTorch's own ops: ATen, its primitives and its collectives. Any other namespace is a
-# library's or the user's (torch.library: "mylib::op").
-CORE_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d"})
+# The dispatcher namespaces of PyTorch's own ops: ATen, its primitives, its collectives and its higher-order ops
+# (torch.ops.higher_order: cond, flex_attention). Any other namespace is a library's or the user's (torch.library:
+# "mylib::op"). Stage 1's recorder reads the same set.
+CORE_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d", "higher_order"})
 KEEP = 3   # source lines kept per thing found inside
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portkit.targets import device_paths
+from portkit.targets import foreign_ops
 from portkit.core import frames
 from portkit.core.torch_private import TorchDispatchMode, current_autograd_node, output_size_follows_values
 from portkit.core.findings import ROOT
@@ -30,7 +31,6 @@ SDPA_OPS = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu",
                       "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_efficient_attention",
                       "aten::_scaled_dot_product_flash_attention",
                       "aten::_scaled_dot_product_fused_attention_overrideable"})
-CORE_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d"})
 _MODULE_KEY = "portkit_module"   # autograd node metadata: the module that created it
 
 
@@ -133,7 +133,7 @@ class _OpRecorder(TorchDispatchMode):
     def _scan_op(self, op, func, module, args, kwargs) -> None:
         """What the op itself is: outside aten, data-dependent in its output size or indexing, a host read, or an
         attention with a mask."""
-        if func.namespace not in CORE_NAMESPACES:
+        if foreign_ops.is_foreign(func):
             self._feature("custom_op", module, op, f"operator outside aten ({func.namespace}::)")
         if op in HOST_SYNC:   # a scalar read on the host, not an output size: its own kind
             self._feature("host_sync", module, op, "tensor value read on the host (.item() or a branch)")
