@@ -31,6 +31,13 @@ def _(x, scale):
     return torch.empty_like(x)
 
 
+def _keep_scale(ctx, inputs, output):
+    ctx.scale = inputs[1]
+
+
+scaled.register_autograd(lambda ctx, grad: (grad * ctx.scale, None), setup_context=_keep_scale)
+
+
 GROUPED_LIBRARY = '''
     """A library that registers a grouped-matmul fallback as a torch.library custom op."""
     import torch
@@ -121,6 +128,35 @@ def test_every_non_aten_op_in_a_compiled_graph_is_a_finding_with_its_owner_and_w
         # the same cause stage 1 gives the op at the same call: one cause, one finding
         assert lib["cause"].startswith("custom_op: portkit_test_lib::grouped_mm at ")
         assert lib["cause"].endswith(f"{__file__}:{line_of('# the library' + chr(39) + 's op')}")
+
+
+class ScaledTagger(nn.Module):
+    """The user's op in a model that trains: an embedding, a linear layer, the op."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(30522, 8)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.proj(self.embed(input_ids))
+        return {"logits": scaled(h, attention_mask.sum().to(h.dtype))}
+
+
+def test_a_non_aten_op_in_the_training_steps_graphs_is_one_finding_too(corpus):
+    """Rule: the training step's compiled graphs are compiled graphs too: an op outside PyTorch's namespaces there
+    is listed and becomes the stage's one finding for that op (not one per graph or workload)."""
+    from portkit.stages.compile import training as compile_training
+    m = models.LoadedModel("scaled", models.TOKEN_CLASSIFIER, ScaledTagger(), "test module",
+                           tokenizer=models.minilm_tokenizer())
+    m.loss = lambda module, batch: module(**batch)["logits"].square().mean()
+    found = compile_training.check(m, corpus, ["neuron"], steps=2, batch_size=2, seq_len=8)["neuron"]
+    assert [op["op"] for op in found.foreign_ops] == ["portkit_test_user::scaled"] and found.refused is None
+    inference = {"foreign_ops": found.foreign_ops}   # the same op in the inference graphs: still one finding
+    for check in ({}, inference):
+        [finding] = compiling._foreign_ops(check, found, "neuron")
+        assert finding["owner"]["owner"] == frames.USER and finding["kind"] == "custom_op"
+        assert finding["message"].startswith("portkit_test_user::scaled is not an ATen op (user code")
 
 
 def line_of(marker: str) -> int:

@@ -162,6 +162,14 @@ def _foreign_op(op: dict, target: str) -> dict:
                                  "calls_inside": op.get("ops", {}), "traced": op.get("traced", False)})
 
 
+def _foreign_ops(check: dict, training, target: str) -> list[dict]:
+    """One finding per op outside PyTorch's namespaces, whichever compiled graphs hold it: the inference graphs'
+    (check) or the training step's (training: compile_training.TrainCompile, or None)."""
+    found = {op["op"]: op for op in (training.foreign_ops if training is not None else [])}
+    found.update({op["op"]: op for op in check.get("foreign_ops", [])})
+    return [_foreign_op(op, target) for op in found.values()]
+
+
 def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
     """One finding per graph break cause (its source line), its reasons listed; the graphs Dynamo made are counted
     as graphs, apart from the causes. Without a break, what stops fullgraph=True."""
@@ -318,7 +326,7 @@ class CompileReport:
                                 "replace the op, or write a kernel for it on the target",
                                 cause=cause_key("not_lowered", op["op"], (op["where"] or [None])[0]),
                                 occurrences={"calls": op.get("calls", 0), "count": len(op["where"])}))
-        out += [_foreign_op(op, name) for op in check.get("foreign_ops", [])]
+        out += _foreign_ops(check, self.training.get(name), name)
         out += _graph_breaks(self.breaks)
         if storm.requests and storm.compile_count() > 1:
             out.append(self._storm_finding(name))
