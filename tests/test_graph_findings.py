@@ -112,7 +112,7 @@ def test_every_non_aten_op_in_a_compiled_graph_is_a_finding_with_its_owner_and_w
     checked inside it and could not; the library's grouped matmul reads values on the host (.tolist()) and runs
     matmuls whose sizes follow the data, each named at its line."""
     for target in ("neuron", "tpu"):
-        found = {f["message"].split(" ")[0]: f for f in experts.findings(target) if f["kind"] == "custom_op"}
+        found = {f["message"].split(" ")[0]: f for f in experts.findings(target) if f["kind"] == "foreign_op"}
         assert set(found) == {"portkit_test_lib::grouped_mm", "portkit_test_user::scaled"}
         lib, user = found["portkit_test_lib::grouped_mm"], found["portkit_test_user::scaled"]
         assert lib["owner"]["owner"] == frames.LIBRARY and lib["owner"]["package"] == "portkit_testlib"
@@ -155,7 +155,7 @@ def test_a_non_aten_op_in_the_training_steps_graphs_is_one_finding_too(corpus):
     inference = {"foreign_ops": found.foreign_ops}   # the same op in the inference graphs: still one finding
     for check in ({}, inference):
         [finding] = compiling._foreign_ops(check, found, "neuron")
-        assert finding["owner"]["owner"] == frames.USER and finding["kind"] == "custom_op"
+        assert finding["owner"]["owner"] == frames.USER and finding["kind"] == "foreign_op"
         assert finding["message"].startswith("portkit_test_user::scaled is not an ATen op (user code")
 
 

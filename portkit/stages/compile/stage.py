@@ -61,11 +61,9 @@ CONSEQUENCES = {
     "not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so it cannot run",
                     "work": "work: the op runs on the host CPU, a round trip out of the compiled graph per call"},
     "compile_failed": "blocker: the model does not compile for the target",
-    "custom_op": {"blocker": "blocker: an op inside it has no kernel and no fallback on the target, so it cannot "
-                             "run",
-                  "work": "work: the target's compiler meets one opaque op it has no lowering for in portkit's "
-                          "tables; what runs inside it is named in the finding (host reads, sizes that follow the "
-                          "data), and its lowering on the target is not assessed"},
+    "foreign_op": "work: the target's compiler meets one opaque op it has no lowering for in portkit's tables; what "
+                  "runs inside it is named in the finding (host reads, sizes that follow the data, ops the target "
+                  "would not lower), and its lowering on the target is not assessed: measure it on the device",
     "graph_break": "work: each break is one more graph compiled per input shape, with Python run between graphs",
     "fullgraph": "work: fullgraph=True, which the vendors recommend, fails; the model compiles in pieces",
     "recompile_storm": "work: one compile per new input shape, each paid at the target's compile time above",
@@ -146,7 +144,6 @@ def _foreign_op(op: dict, target: str) -> dict:
     if op.get("not_lowered"):
         inside.append("calls ops the target would not lower: " + ", ".join(
             f"{n['op']} ({n['status']})" for n in op["not_lowered"]))
-    severity = "blocker" if any(n["status"] == "unsupported" for n in op.get("not_lowered", [])) else "work"
     language = targets_mod.get(target).kernel_language
     message = (f"{op['op']} is not an ATen op ({owner['owner']} code"
                + (f", defined at {op['defined']['text']}" if op.get("defined") else "")
@@ -156,7 +153,9 @@ def _foreign_op(op: dict, target: str) -> dict:
                + f". Checked: {'; '.join(op['checked'])}. Not checked: {'; '.join(op['not_checked'])}")
     advice = (f"write it with ATen ops of static sizes (no .item() or .tolist(); pad data-dependent groups to "
               f"fixed sizes) so the target's compiler sees inside it, or give the target a kernel for it in {language}")
-    return _finding("custom_op", severity, message, advice, where,
+    # one grade whatever is inside (the grading policy's "foreign_op"): the op is opaque to the target's compiler,
+    # so what it costs there is measured on the device; the cause is stage 1's custom_op cause for the same call
+    return _finding("foreign_op", "work", message, advice, where,
                     cause=cause_key("custom_op", op["op"], called),
                     occurrences={"calls": op.get("calls", 0), "count": len(op.get("where") or []),
                                  "calls_inside": op.get("ops", {}), "traced": op.get("traced", False)})
