@@ -54,13 +54,19 @@ def test_a_model_without_positions_is_cut_at_portkits_cap_named_as_portkits(tmp_
     assert m.max_length == 512 and m.max_length_from is None
     found = truncation_of(m)
     assert found["severity"] == "work" and "model's maximum" not in found["message"]
-    assert "512 tokens (portkit's cap, not the model's" in found["message"]
-    assert "max_length=N" in found["message"] and "sliding windows" not in found["advice"]
+    assert "longer than 512 tokens (portkit's cap, not the model's) and are cut" in found["message"]
+    assert found["message"].endswith("the model states no length limit; a factory of your own raises it: return "
+                                     "LoadedModel(..., max_length=N), or declare the dimension with Dim(..., max=N) "
+                                     "(docs/guides/declaring-a-model.md)")
+    assert "sliding windows" not in found["advice"]
     assert found["advice"].startswith("the limit is portkit's, not the model's: raise it")
     # the factory's own max_length is its word on the model: the model's maximum, and nothing is cut at 2048
     longer = models.load(f"{factory}:build_longer")
     assert longer.max_length == 2048 and longer.max_length_from.startswith("the factory's own max_length")
-    assert "the model's maximum: the factory's own" in truncation_of(longer)["message"]
+    message = truncation_of(longer)["message"]
+    assert message.startswith("none of the 4 texts is longer than")
+    assert "below 2048 tokens (the model's maximum)" in message
+    assert message.endswith("nothing is cut (the limit is the factory's own max_length or declaration)")
 
 
 def test_a_state_space_directory_is_capped_by_portkit_a_gpt2_directory_by_its_config(tmp_path):
@@ -73,10 +79,11 @@ def test_a_state_space_directory_is_capped_by_portkit_a_gpt2_directory_by_its_co
 
     state_space = models.load(str(_text_dir(tmp_path / "a", "mamba", mamba)))
     assert state_space.max_length_from is None and state_space.max_length == 512
-    assert "portkit's cap, not the model's" in truncation_of(state_space)["message"]
+    assert "512 tokens (portkit's cap, not the model's)" in truncation_of(state_space)["message"]
     gpt2 = models.load(str(_text_dir(tmp_path / "b", "gpt2", _gpt2)))
     assert (gpt2.max_length, gpt2.max_length_from) == (64, "its config's n_positions")
     found = truncation_of(gpt2)
-    assert "64 tokens (the model's maximum: its config's n_positions)" in found["message"]
+    assert "64 tokens (the model's maximum) and are cut" in found["message"]
+    assert found["message"].endswith("; the limit is its config's n_positions")
     assert "sliding windows of 64 tokens" in found["advice"]
     assert gpt2.describe()["max_length_from"] == "its config's n_positions"

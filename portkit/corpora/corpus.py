@@ -315,10 +315,13 @@ RAISE_CAP = ("a factory of your own raises it: return LoadedModel(..., max_lengt
 
 def limit_text(max_length: int, unit: str, source: str | None) -> str:
     """The limit `max_length` in words, with whose it is: the model's (source: where the model states it) or
-    portkit's cap (source None)."""
-    if source:
-        return f"{max_length} {unit} (the model's maximum: {source})"
-    return f"{max_length} {unit} (portkit's cap, not the model's: the model states no length limit; {RAISE_CAP})"
+    portkit's cap (source None); limit_note says where it comes from."""
+    return f"{max_length} {unit} " + ("(the model's maximum)" if source else "(portkit's cap, not the model's)")
+
+
+def limit_note(source: str | None) -> str:
+    """Where a limit comes from: the model's own statement, or, for portkit's cap, what raises it."""
+    return f"the limit is {source}" if source else f"the model states no length limit; {RAISE_CAP}"
 
 
 @dataclass
@@ -349,7 +352,8 @@ class LengthDistribution:
         what, noun = (f"{self.tokenizer} tokens", "texts") if self.unit == "tokens" else (self.unit, "items")
         return (f"{self.lengths.size} {noun} from {self.corpus}, {what}: p50 {p['p50']}, "
                 f"p90 {p['p90']}, p99 {p['p99']}, max {p['max']}; {self.over_limit()} longer than "
-                + limit_text(self.max_length, self.unit, self.max_length_from))
+                + limit_text(self.max_length, self.unit, self.max_length_from)
+                + f" ({limit_note(self.max_length_from)})")
 
     def plot(self, ax=None, bins: int = 60):
         import matplotlib.pyplot as plt

@@ -170,22 +170,22 @@ def truncation_finding(cut: dict) -> dict:
     longer ones are rejected, as the overflow policy asks); its figures are truncation's, unchanged."""
     noun = "texts" if cut["unit"] == "tokens" else "items"
     limit, unit, source = cut["limit"], cut["unit"], cut.get("max_length_from")
-    cap = data.limit_text(cut["max_length"], unit, source)
+    cap, note = data.limit_text(cut["max_length"], unit, source), data.limit_note(source)
     where = cap if limit == cut["max_length"] else f"{limit} {unit} (the largest bucket, below {cap})"
     # windows are for a model whose position table ends there; a cap of portkit's own is raised instead
     advice = (TRUNCATION_ADVICE if source else CAP_ADVICE).format(noun=noun, limit=limit, unit=unit)
     if not cut["over"]:
         return Finding("truncation", "info", f"none of the {cut['items']:,} {noun} is longer than {where}: "
-                       "nothing is cut", advice, source=TRUNCATION_SOURCE).to_dict()
+                       f"nothing is cut ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
     share = (f"{cut['over']:,} of {cut['items']:,} {noun} ({cut['over_share']:.1%}) are longer than {where}")
     if cut["overflow"] != "truncate":
         return Finding("truncation", "info", f"{share} and are rejected (overflow {cut['overflow']}): "
                        f"{cut['lost_tokens']:,} {unit}, {cut['lost_share']:.1%} of the corpus's {cut['tokens']:,}, "
-                       "are never served", advice, source=TRUNCATION_SOURCE).to_dict()
+                       f"are never served ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
     return Finding("truncation", "work",
                    f"{share} and are cut to {limit}: they lose {cut['lost_share_of_over']:.1%} of their {unit} "
                    f"({cut['lost_tokens']:,} of {cut['over_tokens']:,}; {cut['lost_share']:.1%} of the corpus's "
-                   f"{cut['tokens']:,})", advice, source=TRUNCATION_SOURCE,
+                   f"{cut['tokens']:,}); {note}", advice, source=TRUNCATION_SOURCE,
                    consequence="work: the cut part of each long text never reaches the model, so its output "
                                "describes only the beginning").to_dict()
 
