@@ -95,13 +95,15 @@ def test_overflow_is_truncated_or_rejected_never_silent():
 
 
 def test_truncation_counts_the_items_cut_and_the_share_of_their_tokens_lost():
-    dist = data.LengthDistribution(np.array([10, 20, 600, 1024]), "tok", "texts", max_length=512)
+    dist = data.LengthDistribution(np.array([10, 20, 600, 1024]), "tok", "texts", max_length=512,
+                                   max_length_from="its config's max_position_embeddings")
     cut = buckets.truncation(dist, buckets.histogram(dist))
     assert (cut["limit"], cut["items"], cut["over"], cut["over_tokens"], cut["lost_tokens"]) == (512, 4, 2, 1624, 600)
     assert cut["lost_share_of_over"] == pytest.approx(600 / 1624) and cut["lost_share"] == pytest.approx(600 / 1654)
     found = buckets.truncation_finding(cut)
     assert found["kind"] == "truncation" and found["severity"] == "work"
     assert found["message"].startswith("2 of 4 texts (50.0%) are longer than 512 tokens (the model's maximum)")
+    assert found["message"].endswith("; the limit is its config's max_position_embeddings")
     assert "they lose 36.9% of their tokens (600 of 1,624; 36.3% of the corpus's 1,654)" in found["message"]
     assert all(x in found["advice"] for x in ("sliding windows of 512 tokens", "larger maximum", "-p overflow reject"))
     rejected = buckets.truncation(dist, buckets.histogram(dist, overflow="reject"))

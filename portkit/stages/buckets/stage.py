@@ -143,18 +143,23 @@ TRUNCATION_ADVICE = ("embed long {noun} in sliding windows of {limit} {unit} wit
                      "return_overflowing_tokens and stride) and pool the windows' outputs; or take a model with a "
                      "larger maximum; or refuse them with `-p overflow reject`, so that none is cut without a word")
 TRUNCATION_SOURCE = "https://huggingface.co/docs/transformers/pad_truncation"
+CAP_ADVICE = ("the limit is portkit's, not the model's: raise it to the longest {noun} you serve (" + data.RAISE_CAP
+              + "), and stage 3 buckets them whole; or refuse them with `-p overflow reject`, so that none is cut "
+              "without a word")
 
 
 def truncation(dist, hist: Histogram) -> dict:
     """What the overflow policy costs the corpus: the items longer than the largest bucket (hist.top: the model's
-    maximum, or less), and the tokens they lose (cut off under "truncate", every one of them under "reject"),
-    as a count, a share of those items' tokens and a share of the corpus's. Stage 3's one owner of these figures:
-    buckets.json's "truncation", its finding (truncation_finding) and the report read them."""
+    maximum or portkit's cap, max_length_from says which, or less), and the tokens they lose (cut off under
+    "truncate", every one of them under "reject"), as a count, a share of those items' tokens and a share of the
+    corpus's. Stage 3's one owner of these figures: buckets.json's "truncation", its finding (truncation_finding)
+    and the report read them."""
     lengths = np.asarray(dist.lengths, dtype=np.int64)
     over = lengths[lengths > hist.top]
     lost = int((over - hist.top).sum()) if hist.overflow == "truncate" else int(over.sum())
     total = int(lengths.sum())
-    return {"overflow": hist.overflow, "limit": int(hist.top), "max_length": dist.max_length, "unit": dist.unit,
+    return {"overflow": hist.overflow, "limit": int(hist.top), "max_length": dist.max_length,
+            "max_length_from": getattr(dist, "max_length_from", None), "unit": dist.unit,
             "items": int(lengths.size), "over": int(over.size), "over_share": over.size / max(lengths.size, 1),
             "over_tokens": int(over.sum()), "lost_tokens": lost, "tokens": total,
             "lost_share_of_over": lost / int(over.sum()) if over.size else 0.0, "lost_share": lost / max(total, 1)}
@@ -164,22 +169,23 @@ def truncation_finding(cut: dict) -> dict:
     """Stage 3's finding on truncation (kind "truncation"): work when any item is cut, info when none is (or the
     longer ones are rejected, as the overflow policy asks); its figures are truncation's, unchanged."""
     noun = "texts" if cut["unit"] == "tokens" else "items"
-    limit, unit = cut["limit"], cut["unit"]
-    where = (f"{limit} {unit} (the model's maximum)" if limit == cut["max_length"]
-             else f"{limit} {unit} (the largest bucket; the model takes {cut['max_length']})")
-    advice = TRUNCATION_ADVICE.format(noun=noun, limit=limit, unit=unit)
+    limit, unit, source = cut["limit"], cut["unit"], cut.get("max_length_from")
+    cap, note = data.limit_text(cut["max_length"], unit, source), data.limit_note(source)
+    where = cap if limit == cut["max_length"] else f"{limit} {unit} (the largest bucket, below {cap})"
+    # windows are for a model whose position table ends there; a cap of portkit's own is raised instead
+    advice = (TRUNCATION_ADVICE if source else CAP_ADVICE).format(noun=noun, limit=limit, unit=unit)
     if not cut["over"]:
         return Finding("truncation", "info", f"none of the {cut['items']:,} {noun} is longer than {where}: "
-                       "nothing is cut", advice, source=TRUNCATION_SOURCE).to_dict()
+                       f"nothing is cut ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
     share = (f"{cut['over']:,} of {cut['items']:,} {noun} ({cut['over_share']:.1%}) are longer than {where}")
     if cut["overflow"] != "truncate":
         return Finding("truncation", "info", f"{share} and are rejected (overflow {cut['overflow']}): "
                        f"{cut['lost_tokens']:,} {unit}, {cut['lost_share']:.1%} of the corpus's {cut['tokens']:,}, "
-                       "are never served", advice, source=TRUNCATION_SOURCE).to_dict()
+                       f"are never served ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
     return Finding("truncation", "work",
                    f"{share} and are cut to {limit}: they lose {cut['lost_share_of_over']:.1%} of their {unit} "
                    f"({cut['lost_tokens']:,} of {cut['over_tokens']:,}; {cut['lost_share']:.1%} of the corpus's "
-                   f"{cut['tokens']:,})", advice, source=TRUNCATION_SOURCE,
+                   f"{cut['tokens']:,}); {note}", advice, source=TRUNCATION_SOURCE,
                    consequence="work: the cut part of each long text never reaches the model, so its output "
                                "describes only the beginning").to_dict()
 
