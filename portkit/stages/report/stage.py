@@ -129,6 +129,9 @@ class TargetReport:
     # the stages that could find a blocker and did not assess this target (not run, failed, unreadable, or their
     # result holds no readable half for it): with no blocker found, the target is not assessed, never ready
     unassessed: list[str] = field(default_factory=list)
+    # questions no stage answers for the model (its describe()'s not_assessed: an encoder-decoder's decoding), in
+    # unassessed too: named in the verdict's reason, and the verdict is never ready while one is open
+    open_questions: list[str] = field(default_factory=list)
     numbers: dict = field(default_factory=dict)       # the stages' numbers for this target (runfolder.numbers.of)
 
     def training_reason(self) -> str:
@@ -152,8 +155,11 @@ class TargetReport:
         found = (f"{len(work)} item(s) of work, first: {work[0]['message']}" if work
                  else "no work found")
         if self.unassessed:
-            return (f"stage(s) {', '.join(self.unassessed)} did not assess {self.name} (see the gaps), so a blocker "
-                    f"may be missed; based on {', '.join(self.based_on)}: no blockers, {found}")
+            stages = [s for s in self.unassessed if s not in self.open_questions]
+            missing = ([f"stage(s) {', '.join(stages)} did not assess {self.name} (see the gaps)"] if stages else []) \
+                + [f"not assessed: {q}" for q in self.open_questions]
+            return (f"{'; '.join(missing)}, so a blocker may be missed; based on {', '.join(self.based_on)}: no "
+                    f"blockers, {found}")
         return f"no blockers; {found}" if work else "no blockers and no work found in the stages read"
 
     def first(self) -> list[dict]:
@@ -256,7 +262,8 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
     run_env = results.run_environment({s.file: s.data for s in present}, names)
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing)
+    questions = [q for q in model.get("not_assessed") or [] if isinstance(q, str)]
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing, questions)
                for name in names}
     data = {s.name: s.data for s in present}
     for name, report in reports.items():
@@ -273,9 +280,11 @@ def _cost(data: dict, names: list[str]) -> dict | None:
     return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names)
 
 
-def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str]) -> TargetReport:
+def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str],
+                   open_questions=()) -> TargetReport:
     """One target's report from the readable stage results; `recorded` is its run-time environment, `assessing`
-    the stages that apply to the model (each must have read this target for a verdict of ready)."""
+    the stages that apply to the model (each must have read this target for a verdict of ready), `open_questions`
+    what no stage answers for the model (its not_assessed)."""
     title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
     compiled = next((s.data for s in present if s.name == "compile"), None)
@@ -294,7 +303,8 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
             stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
-    tr.unassessed = [s for s in assessing if s not in tr.based_on]
+    tr.open_questions = list(open_questions)
+    tr.unassessed = [s for s in assessing if s not in tr.based_on] + tr.open_questions
     bucketed = next((s.data["targets"].get(name) for s in present if s.name == "buckets"), None)
     report_stages.resolve_storm(tr.findings, bucketed if isinstance(bucketed, dict) else None)
     order = {s: i for i, s in enumerate(SEVERITIES)}
