@@ -418,7 +418,9 @@ class Reference:
             return found
         found = self._sampled(side, precision, compiled, batch)
         grown = self.sample.grown() if found.get("decision") == stats.INCONCLUSIVE else None
-        if grown is not None:      # undecided on the sample and the data holds more: decide on all of it (to the cap)
+        # undecided on the sample and the data holds more: decide on all of it (to the cap); the grown sample stays,
+        # so the targets judged after this one are decided on it too
+        if grown is not None:
             straddled = f"{len(self.sample.items):,}: {found['reason']}"
             self.sample = grown
             found = self._sampled(side, precision, compiled, batch)
