@@ -43,9 +43,11 @@ def test_a_speech_encoder_decoder_is_never_ready_without_its_decoding_assessed(t
     waves = [np.sin(np.linspace(0, 400, 16000)).astype(np.float32)] * 2
     (tmp_path / "w").mkdir()
     tpu = _run_stage_1_only(m, m.encode(waves), tmp_path / "w")
-    assert tpu["based_on"] == ["fallbacks"] and tpu["unassessed"] == [seq2seq.DECODING]
+    question = seq2seq.DECODING["question"]
+    assert tpu["based_on"] == ["fallbacks"] and tpu["unassessed"] == [f"model: {question}"]
+    assert tpu["open_questions"] == [{"stage": "model", **seq2seq.DECODING}]
     assert tpu["verdict"] == "not assessed"
-    assert tpu["verdict_reason"].startswith(f"not assessed: {seq2seq.DECODING}, so a blocker may be missed")
+    assert tpu["verdict_reason"].startswith(f"model: {question} not assessed ({seq2seq.DECODING['why']})")
     encoder = models.load("bert")
     assert encoder.not_assessed == ()
     (tmp_path / "e").mkdir()

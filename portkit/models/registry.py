@@ -65,12 +65,13 @@ class LoadedModel:
     loss: Callable | None = None
     declaration: Declaration | None = None
     stream: Any = None              # a streaming step (audio_models.StreamStep): stage 4 carries it over a stream
-    # questions no stage answers for this model, named as not assessed in the report (seq2seq.not_assessed: an
-    # encoder-decoder's autoregressive decoding is added to any given here)
-    not_assessed: tuple[str, ...] = ()
+    # questions no stage answers for this model ({"question", "why"}: core.assessed.open_question), open in the
+    # report for every target (seq2seq.not_assessed: an encoder-decoder's decoding is added to any given here)
+    not_assessed: tuple[dict, ...] = ()
 
     def __post_init__(self):
-        self.not_assessed = tuple(dict.fromkeys((*self.not_assessed, *seq2seq.not_assessed(self.module))))
+        self.not_assessed = (*self.not_assessed, *(q for q in seq2seq.not_assessed(self.module)
+                                                   if q not in self.not_assessed))
         if self.declaration is None:
             out = (inputs.Output("embedding" if self.kind == EMBEDDING else "logits", self.kind),)
             if self.tokenizer is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from portkit.core import assessed
 from portkit.models import inputs
 
 SOURCE, TARGET = "source", "target"
@@ -23,14 +24,16 @@ MAX_TOKENS = 512      # each dimension: T5's relative positions take any length;
 # token, or a teacher-forced target), while serving it decodes token by token, its length growing and its KV cache
 # written each step. portkit's generation workload (portkit/workloads/generation.py) drives causal LMs only, so
 # the report names this question as not assessed for every target, and no verdict is "ready" without it.
-DECODING = ("autoregressive decoding: the stages ran the decoder on a fixed input (one step, or a teacher-forced "
-            "target), not token by token with its length growing and its KV cache written each step; portkit's "
-            "generation workload drives causal LMs only")
+DECODING = assessed.open_question(
+    "autoregressive decoding (the decoder's length growing token by token, its KV cache)",
+    "the stages ran the decoder on a fixed input (one step, or a teacher-forced target); portkit's generation "
+    "workload drives causal LMs only")
 
 
-def not_assessed(module: nn.Module) -> tuple[str, ...]:
-    """The questions the stages cannot answer for `module`: (DECODING,) where it holds an encoder-decoder (a
-    transformers model whose config says is_encoder_decoder: Whisper, T5, BART...), else none."""
+def not_assessed(module: nn.Module) -> tuple[dict, ...]:
+    """The questions the stages cannot answer for `module` (core.assessed's {"question", "why"}): (DECODING,) where
+    it holds an encoder-decoder (a transformers model whose config says is_encoder_decoder: Whisper, T5, BART...),
+    else none."""
     decoders = (m for m in module.modules() if getattr(getattr(m, "config", None), "is_encoder_decoder", False))
     return (DECODING,) if next(decoders, None) is not None else ()
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from portkit.core import atomic_io as _io
-from portkit.core import checks
+from portkit.core import assessed, checks
 from portkit.core import frames
 from portkit.stages.buckets import bucketed
 from portkit.corpora import corpus as data
@@ -299,24 +299,45 @@ class TargetBuckets:
         """Seconds the run's compiles take on this target (every graph it compiled, at the target's cost)."""
         return self.cost.total(run.compiled_seqs)
 
+    def replay_failure(self) -> dict | None:
+        """Why the chosen plan's replay could not be measured (its run's failure: the target's compiler refused it,
+        or the model raised), or None where it was: then what the replay was to establish is not assessed."""
+        mine = self.run_for(self.chosen)
+        return mine.failure if mine is not None else None
+
+    def open_questions(self) -> list[dict]:
+        """What this target's replay left open (core.assessed): where the chosen plan's replay was stopped, its
+        compiles after warm-up, its compile time against none and its padding check."""
+        mine = self.run_for(self.chosen)
+        if mine is None or not mine.failure:
+            return []
+        why = f"the chosen plan's replay on {self.name} was stopped: {mine.not_measured.removeprefix('not measured: ')}"
+        return [assessed.open_question(q, why) for q in (
+            "compiles after warm-up under the chosen plan", "warm-up compile time of the chosen plan on the target",
+            "padding check of the chosen plan")]
+
     def summary(self) -> str:
         mode = self.target["mode"]
+        warmup = (f"warm-up {self.chosen.settings.get('warmup_seconds', 0):.0f} s ({self.cost.kind})"
+                  if not self.replay_failure() else f"warm-up {assessed.NOT_ASSESSED}")
         text = (f"{self.name} ({mode}, {self.backend}): {_n(self.chosen.k, 'bucket')} {list(self.chosen.boundaries)}, "
-                f"{self.chosen.waste:.1%} padding over the corpus, warm-up "
-                f"{self.chosen.settings.get('warmup_seconds', 0):.0f} s ({self.cost.kind})")
+                f"{self.chosen.waste:.1%} padding over the corpus, {warmup}")
         if self.chosen.settings.get("budget_binds"):
             text += " (the warm-up budget binds)"
         mine, base = self.run_for(self.chosen), next((r for r in self.runs if r.plan is None), None)
-        if mine is not None:
+        if mine is not None and mine.failure:     # nothing the replay was to establish is known: it says so
+            text += (f"; replay of the chosen plan {assessed.NOT_ASSESSED} (compiles after warm-up, compile time "
+                     f"with the plan, padding check): {mine.not_measured}")
+        elif mine is not None:
             text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
                      f"{mine.compiles_after_warmup} after warm-up")
-            if base is not None:
+            if base is not None and base.failure:
+                text += f"; without buckets {assessed.NOT_ASSESSED} ({base.not_measured})"
+            elif base is not None:
                 counted = "; counted, not compiled" if base.note.startswith("counted") else ""
                 text += (f"; without buckets {base.compiles} compiles (one per distinct length among these "
                          f"requests{counted}), {self.priced(base):.0f} s compiling on {self.name} vs "
                          f"{self.priced(mine):.0f} s with the plan")
-            if mine.failure:
-                text += f"; the chosen plan was {mine.not_measured}"
             ok = padding_ok(self.runs)
             text += {True: "; padding check passed", False: "; padding check FAILED", None: ""}[ok]
         unchecked = self.padding_unchecked()
@@ -369,12 +390,13 @@ class TargetBuckets:
                                "a shape the warm-up did not compile reached the model: warm up every "
                                "(batch, seq) bucket and pad every input the model takes to one of them").to_dict())
         mine = self.run_for(self.chosen)
+        replayed = (f", {mine.compiles_after_warmup} after warm-up in the replay" if mine and not mine.failure
+                    else f"; its replay {assessed.NOT_ASSESSED} ({mine.not_measured})" if mine else "")
         out.append(Finding("bucket_plan", "info",
                            f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"
                            + (f" x batch {list(self.chosen.batch_sizes)}" if self.chosen.batch_sizes != (1,) else "")
-                           + f": {self.chosen.waste:.1%} padding, {_n(self.chosen.compiles, 'compile')}"
-                           + (f", {mine.compiles_after_warmup} after warm-up in the replay" if mine else ""),
-                           self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
+                           + f": {self.chosen.waste:.1%} padding, {_n(self.chosen.compiles, 'compile')} planned"
+                           + replayed, self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
         return out
 
     def _not_measured(self) -> list[dict]:
@@ -418,11 +440,14 @@ class TargetBuckets:
                 "what_if": {str(f): {"k": p.k, "boundaries": list(p.boundaries), "padding_waste": p.waste,
                                      "warmup_seconds": p.settings.get("warmup_seconds")}
                             for f, p in self.what_if.items()},
-                "compiles_after_warmup": sum(r.compiles_after_warmup for r in self.runs),
+                "compiles_after_warmup": (None if self.replay_failure()
+                                          else sum(r.compiles_after_warmup for r in self.runs)),
+                assessed.KEY: self.open_questions(),
                 "padding_ok": padding_ok(self.runs), "padding_unchecked": {
                     name: {"why": why, "runs": runs} for name, (why, runs) in self.padding_unchecked().items()},
                 "not_measured": [{"run": r.name, **r.failure} for r in self.runs if r.failure],
-                "replay": [{**r.to_dict(), "target_compile_seconds": self.priced(r)} for r in self.runs]}
+                "replay": [{**r.to_dict(), "target_compile_seconds": None if r.failure else self.priced(r)}
+                           for r in self.runs]}
 
 
 @dataclass
@@ -471,8 +496,11 @@ class BucketReport:
         t = self.targets[target or next(iter(self.targets))]
         rows = [[r.name + (" (chosen)" if r.plan == t.chosen.to_dict() else "") + (
                     " (counted, not compiled)" if r.note.startswith("counted") else ""),
-                 "-" if r.plan is None else str(r.plan["boundaries"]), r.compiles, r.compiles_after_warmup,
-                 f"{r.waste:.1%}", f"{t.priced(r):.0f}", f"{r.compile_seconds:.1f}", f"{r.run_seconds:.2f}",
+                 "-" if r.plan is None else str(r.plan["boundaries"]),
+                 *([assessed.NOT_ASSESSED] * 3 if r.failure else [r.compiles, r.compiles_after_warmup,
+                                                                   f"{r.waste:.1%}"]),
+                 assessed.NOT_ASSESSED if r.failure else f"{t.priced(r):.0f}", f"{r.compile_seconds:.1f}",
+                 f"{r.run_seconds:.2f}",
                  "not measured" if r.failure else "-" if not r.padding_checks else
                  {None: "could not check", True: "ok", False: "FAILED"}[r.padding_ok]] for r in t.runs]
         return HtmlTable(["run", "buckets", "compiles", "after warm-up", "padding", f"compile s on {t.name}",

@@ -31,7 +31,7 @@ import jinja2
 
 from portkit.planning import cost as cost_mod
 from portkit.runfolder import environment, numbers
-from portkit.core import reconcile
+from portkit.core import assessed, reconcile
 from portkit.stages import options
 from portkit.stages.report import sections as report_stages
 from portkit.runfolder import results
@@ -129,9 +129,9 @@ class TargetReport:
     # the stages that could find a blocker and did not assess this target (not run, failed, unreadable, or their
     # result holds no readable half for it): with no blocker found, the target is not assessed, never ready
     unassessed: list[str] = field(default_factory=list)
-    # questions no stage answers for the model (its describe()'s not_assessed: an encoder-decoder's decoding), in
-    # unassessed too: named in the verdict's reason, and the verdict is never ready while one is open
-    open_questions: list[str] = field(default_factory=list)
+    # the questions a stage read for this target left open ({"stage", "question", "why"}: core.assessed); each is
+    # also in `unassessed` as "stage: question"
+    open_questions: list[dict] = field(default_factory=list)
     numbers: dict = field(default_factory=dict)       # the stages' numbers for this target (runfolder.numbers.of)
 
     def training_reason(self) -> str:
@@ -155,11 +155,13 @@ class TargetReport:
         found = (f"{len(work)} item(s) of work, first: {work[0]['message']}" if work
                  else "no work found")
         if self.unassessed:
-            stages = [s for s in self.unassessed if s not in self.open_questions]
-            missing = ([f"stage(s) {', '.join(stages)} did not assess {self.name} (see the gaps)"] if stages else []) \
-                + [f"not assessed: {q}" for q in self.open_questions]
-            return (f"{'; '.join(missing)}, so a blocker may be missed; based on {', '.join(self.based_on)}: no "
-                    f"blockers, {found}")
+            questions = {f"{q['stage']}: {q['question']}" for q in self.open_questions}
+            stages = [s for s in self.unassessed if s not in questions]
+            missed = (f"stage(s) {', '.join(stages)} did not assess {self.name} (see the gaps), so a blocker may be "
+                      "missed" if stages else "")
+            asked = "; ".join(f"{q['stage']}: {q['question']} not assessed ({q['why']})" for q in self.open_questions)
+            return (f"{'; '.join(filter(None, [missed, asked]))}; based on {', '.join(self.based_on)}: no blockers, "
+                    f"{found}")
         return f"no blockers; {found}" if work else "no blockers and no work found in the stages read"
 
     def first(self) -> list[dict]:
@@ -173,6 +175,7 @@ class TargetReport:
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
                 "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "unassessed": self.unassessed,
+                "open_questions": self.open_questions,
                 "training": self.training, "numbers": self.numbers,
                 "first": self.first(), "vanished": self.vanished, "precision": self.precision,
                 "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
@@ -262,8 +265,8 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
     run_env = results.run_environment({s.file: s.data for s in present}, names)
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
-    questions = [q for q in model.get("not_assessed") or [] if isinstance(q, str)]
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing, questions)
+    asked = _model_questions(model)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing, asked)
                for name in names}
     data = {s.name: s.data for s in present}
     for name, report in reports.items():
@@ -280,11 +283,20 @@ def _cost(data: dict, names: list[str]) -> dict | None:
     return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names)
 
 
+def _model_questions(model: dict) -> list[dict]:
+    """What no stage answers for the model, open for every target (its describe()'s not_assessed: an
+    encoder-decoder's autoregressive decoding, portkit.models.seq2seq), as open questions of "model"."""
+    try:
+        return [{"stage": "model", **q} for q in assessed.read(model)]
+    except (KeyError, TypeError, ValueError) as exc:
+        return [{"stage": "model", "question": f"the model's {assessed.KEY}", "why": f"unreadable ({exc})"}]
+
+
 def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str],
-                   open_questions=()) -> TargetReport:
+                   model_questions=()) -> TargetReport:
     """One target's report from the readable stage results; `recorded` is its run-time environment, `assessing`
-    the stages that apply to the model (each must have read this target for a verdict of ready), `open_questions`
-    what no stage answers for the model (its not_assessed)."""
+    the stages that apply to the model (each must have read this target for a verdict of ready), `model_questions`
+    what no stage answers for the model (_model_questions)."""
     title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
     compiled = next((s.data for s in present if s.name == "compile"), None)
@@ -303,8 +315,9 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
             stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
-    tr.open_questions = list(open_questions)
-    tr.unassessed = [s for s in assessing if s not in tr.based_on] + tr.open_questions
+    tr.open_questions = [*model_questions, *tr.open_questions]
+    tr.unassessed = [s for s in assessing if s not in tr.based_on]
+    tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
     bucketed = next((s.data["targets"].get(name) for s in present if s.name == "buckets"), None)
     report_stages.resolve_storm(tr.findings, bucketed if isinstance(bucketed, dict) else None)
     order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -316,6 +329,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
 
 def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict | None = None) -> None:
     tr.based_on.append(stage.name)
+    tr.open_questions += [{"stage": stage.name, **q} for q in assessed.read(t)]   # what it could not assess
     if tr.mode == "emulated":
         tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
     findings = t.get("findings", [])
