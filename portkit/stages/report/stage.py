@@ -265,7 +265,8 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
     run_env = results.run_environment({s.file: s.data for s in present}, names)
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing)
+    asked = _model_questions(model)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing, asked)
                for name in names}
     data = {s.name: s.data for s in present}
     for name, report in reports.items():
@@ -282,9 +283,20 @@ def _cost(data: dict, names: list[str]) -> dict | None:
     return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names)
 
 
-def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str]) -> TargetReport:
+def _model_questions(model: dict) -> list[dict]:
+    """What no stage answers for the model, open for every target (its describe()'s not_assessed: an
+    encoder-decoder's autoregressive decoding, portkit.models.seq2seq), as open questions of "model"."""
+    try:
+        return [{"stage": "model", **q} for q in assessed.read(model)]
+    except (KeyError, TypeError, ValueError) as exc:
+        return [{"stage": "model", "question": f"the model's {assessed.KEY}", "why": f"unreadable ({exc})"}]
+
+
+def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str],
+                   model_questions=()) -> TargetReport:
     """One target's report from the readable stage results; `recorded` is its run-time environment, `assessing`
-    the stages that apply to the model (each must have read this target for a verdict of ready)."""
+    the stages that apply to the model (each must have read this target for a verdict of ready), `model_questions`
+    what no stage answers for the model (_model_questions)."""
     title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
     compiled = next((s.data for s in present if s.name == "compile"), None)
@@ -303,6 +315,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
             stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
+    tr.open_questions = [*model_questions, *tr.open_questions]
     tr.unassessed = [s for s in assessing if s not in tr.based_on]
     tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
     bucketed = next((s.data["targets"].get(name) for s in present if s.name == "buckets"), None)
