@@ -8,7 +8,9 @@
 - docs/reference/parameters.md: every parameter of every stage: a stage module's `Options` (its frozen
   dataclass's fields: help and default) where it has one, else its notebook's parameters cell (the same source);
 - docs/design.md: the layers and contracts of pyproject.toml's [tool.importlinter], each package with its docstring;
-- docs/benchmarks/index.md: each benchmarks/bench_*.py, its docstring's first paragraph and its command.
+- docs/benchmarks/index.md: each benchmarks/bench_*.py, its docstring's first paragraph and its command;
+- docs/benchmarks/calibration.md: the published measurements the cost's roofline is calibrated against
+  (data/targets/calibration.json), each with its source, and the efficiency the code derives from each.
 
 The other pages are written by hand; `mkdocs build --strict` builds the site (mkdocs.yml).
 """
@@ -226,12 +228,45 @@ def benchmarks_page() -> str:
     return "".join(lines)
 
 
+def calibration_page() -> str:
+    from portkit.planning import budget
+    lines = [GENERATED.format(source="data/targets/calibration.json through portkit.planning.budget"),
+             "# Cost calibration: published measurements\n\n",
+             "portkit's cost per million requests (`portkit.planning.cost`, the report's cost section, `portkit "
+             "export`) starts from a roofline: a request takes max(FLOPs / the chip's published peak at the "
+             "precision that runs, bytes / its memory bandwidth), a lower bound on time. The measurements below, "
+             "all of encoder (BERT-class) models, give the efficiency real serving reached on each chip family "
+             "(measured throughput / the same roofline); a side's cost is stated as the range its family's "
+             "efficiencies give, never below the roofline's. Peaks and bandwidths: `data/targets/chips.json`.\n\n",
+             "Limits, said rather than hidden: the measurements are batched (Neuron: batch 4 to 16; MLPerf Offline: "
+             "large batches), while a plan may serve batch 1, where fixed per-request overheads no public figure "
+             "covers also count; the GPU rows ran int8/fp8 through TensorRT's variable-length BERT kernels.\n\n",
+             "| family | chip | model | measured / s (all chips) | chips | batch | tokens | precision | roofline "
+             "/ s a chip | efficiency | scenario | source | date |\n",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
+    for row in budget.calibration_rows():
+        family = next(f for f, n in budget.FAMILY_OF.items() if n == row["family"])
+        found = budget.roofline(budget.encoder_workload(row), row["chip"], row["precision"], family)
+        cells = [row["family"], row["chip"], row["model"], f"{row['measured_per_second']:,.1f}", row["chips"],
+                 row["batch"] or "large (offline)", row["tokens"], row["precision"], f"{1 / found.seconds:,.0f}",
+                 f"{budget.row_efficiency(row):.1%}", row["scenario"], row["source"], row["date"]]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |\n")
+    lines.append("\n## Spread per family\n\n| family | low | median | high | measurements | note |\n"
+                 "|---|---|---|---|---|---|\n")
+    for family in ("neuron", "gpu", "tpu"):
+        eff = budget.efficiency(family)
+        lines.append(f"| {family} | {eff.low:.1%} | {eff.median:.1%} | {eff.high:.1%} | {eff.measurements} | "
+                     f"{_cell(eff.note)} |\n")
+    return "".join(lines)
+
+
 # ---------------------------------------------------------------- main
 PAGES = {
     "reference/commands.md": commands_page,
     "reference/parameters.md": parameters_page,
     "design.md": design_page,
     "benchmarks/index.md": benchmarks_page,
+    "benchmarks/calibration.md": calibration_page,
 }
 
 
