@@ -44,6 +44,9 @@ ASSUMPTIONS = (
     "the plan serves, a lower bound on time and cost; the range divides it by the efficiency published measurements "
     "reached (data/targets/calibration.json), so it never goes below the bound",
     "a target computes its bucket plan's padded positions; the GPU serves dynamic shapes and computes the real ones",
+    "bytes: a TPU's are XLA's bytes accessed by the compiled bucket shapes (every fused op's reads and writes, weights "
+    "included); Neuron's and a GPU's the weights as stored, read once a batch, plus XLA's bytes a position where "
+    "xla.json has them: the TPU's memory term counts more of the program's traffic than the others'",
     "no fixed per-request overhead is added (no public figure for these runtimes was found)",
     "compile warm-up is paid once per replica start and is not in the per-request figure",
 )
