@@ -170,6 +170,14 @@ def test_report_json_has_a_verdict_per_target_numbers_and_the_cost(run_dir):
     assert set(report["cost"]["targets"]) == set(report["targets"]) and report["cost"]["assumptions"]
     html = (run_dir / "report.html").read_text()
     assert 'id="cost"' in html and "estimate, not measured" in html and 'class="cost-plot"' in html
+    # the report's cost section states each target's verdict and the calibrated range export prints
+    verdicts = report["cost"]["verdicts"]
+    assert set(verdicts) == set(report["targets"]) and "calibrated range" in html
+    for name, verdict in verdicts.items():
+        assert verdict["favours"] in ("moving", "staying") and verdict["break_even_usd_per_chip_hour"] > 0
+        assert html.count(f"the estimate favours {verdict['favours']}") >= 1
+        usd = report["cost"]["targets"][name]["usd_per_million_requests"]
+        assert f"${usd['low']:.3g} to ${usd['high']:.3g}" in cost.line(cost.estimate(run_dir, name))
 
 
 # ---------------------------------------------------------------- check

@@ -245,8 +245,7 @@ def calibration_page() -> str:
              "/ s a chip | efficiency | scenario | source | date |\n",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
     for row in budget.calibration_rows():
-        family = next(f for f, n in budget.FAMILY_OF.items() if n == row["family"])
-        found = budget.roofline(budget.encoder_workload(row), row["chip"], row["precision"], family)
+        found = budget.roofline(budget.encoder_workload(row), row["chip"], row["precision"], row["family"])
         cells = [row["family"], row["chip"], row["model"], f"{row['measured_per_second']:,.1f}", row["chips"],
                  row["batch"] or "large (offline)", row["tokens"], row["precision"], f"{1 / found.seconds:,.0f}",
                  f"{budget.row_efficiency(row):.1%}", row["scenario"], row["source"], row["date"]]

@@ -6,7 +6,7 @@ runs, calibrated against published measured throughput, and the verdict it suppo
     >>> found = budget.roofline(side, "trn2", "fp32")        # time = max(FLOPs / peak, bytes / HBM bandwidth)
     >>> found.bound, found.seconds                           # 'HBM bandwidth', a lower bound on the time
     >>> budget.efficiency("neuron")                          # the spread of measured / roofline (calibration.json)
-    >>> budget.verdict(target_usd, gpu_usd)                  # favours moving or staying, break-even, how sure
+    >>> budget.verdict("neuron", usd, 2.4, {"H100": gpu_usd})  # favours moving or staying, break-even, how sure
 
 Rules (each owned here):
 - precision: a side computes at the matmul precision stage 4 chose (its precision's matmul_inputs: none -> fp32,
@@ -31,7 +31,6 @@ from portkit.targets import capacity
 CALIBRATION = DATA / "targets" / "calibration.json"
 PRECISION_CLASSES = ("fp32", "tf32", "bf16", "fp8")
 MATMUL_CLASS = {None: "fp32", "tfloat32": "tf32", "bfloat16": "bf16", "float16": "bf16"}
-FAMILY_OF = {"tpu": "tpu", "neuron": "neuron", "gpu": "gpu"}   # chips.json family -> calibration family
 
 
 def precision_class(precision: dict | None) -> str:
@@ -110,8 +109,7 @@ def encoder_workload(row: dict) -> Workload:
 
 def row_efficiency(row: dict) -> float:
     """Measured samples a second per chip / the roofline's, for one calibration row."""
-    family = next(f for f, name in FAMILY_OF.items() if name == row["family"])
-    found = roofline(encoder_workload(row), row["chip"], row["precision"], family)
+    found = roofline(encoder_workload(row), row["chip"], row["precision"], row["family"])
     return row["measured_per_second"] / row["chips"] * found.seconds
 
 
@@ -133,8 +131,9 @@ MIN_MEASUREMENTS = 3
 
 
 def efficiency(family: str) -> Efficiency:
-    """The efficiency spread of `family` ("tpu", "neuron", "gpu"); a family with no measurement takes the spread
-    of every published one, and says so; one with fewer than MIN_MEASUREMENTS says so."""
+    """The efficiency spread of `family` (a chips.json family: "tpu", "neuron", "gpu"); a family with no
+    measurement takes the spread of every published one, and says so; one with fewer than MIN_MEASUREMENTS
+    says so."""
     rows = [r for r in calibration_rows() if r["family"] == family]
     note = (f"{len(rows)} published measurement(s) of encoder models on {family} chips "
             f"({', '.join(sorted({r['chip'] for r in rows}))})")

@@ -2,13 +2,12 @@
 measurement, until a device measured the throughput.
 
     >>> from portkit.planning import cost
-    >>> table = cost.comparison(buckets, xla, ["neuron", "tpu"])     # buckets.json and xla.json as dicts
-    >>> table["targets"]["tpu"]["usd_per_million_requests"]["estimate"], table["gpus"]["H100"]
+    >>> table = cost.comparison(buckets, xla, ["neuron", "tpu"], accuracy=accuracy)  # stage results as dicts
+    >>> table["targets"]["tpu"]["usd_per_million_requests"], table["verdicts"]["tpu"]["line"]
 
 Time per request: the roofline of portkit.planning.budget (one owner of the model) at the batch the plan serves:
 max(FLOPs / peak at the precision that runs, bytes / HBM bandwidth), which term binds said beside it.
-- positions: a target computes its bucket plan's padded positions (stage 3: real + padded tokens over the corpus);
-  the GPU serves dynamic shapes, so it computes the real ones (an assumption, stated beside the table).
+- positions: a target computes its plan's padded positions (stage 3); the GPU, serving dynamic shapes, the real ones.
 - FLOPs and bytes: TPU from xla.json's cost analysis of the bucket shapes (FLOPs, bytes accessed); Neuron and the
   GPUs the FLOPs a position adds (stage 3, counted on the graph), the weights as stored once a batch, and XLA's bytes
   a position for the activations where xla.json has them.
