@@ -112,6 +112,12 @@ def test_the_calibration_table_is_what_the_code_uses():
     for row in rows:
         assert row["source"].startswith("https://") and row["date"] and row["scenario"], row["model"]
     assert "no published encoder measurement" in budget.efficiency("tpu").note
+    # a batch-1 plan reads the batch-1 measurements where a family has 3 of them (trn1's Real Time table)
+    single = [r for r in rows if r["family"] == "neuron" and r["batch"] == 1]
+    one = budget.efficiency("neuron", 1)
+    assert one.measurements == len(single) >= 3 and "at batch 1" in one.note
+    assert one.low == pytest.approx(min(budget.row_efficiency(r) for r in single))
+    assert "fewer than 3" in budget.efficiency("gpu", 1).note          # one L4 SingleStream result: said
     page = (budget.CALIBRATION.parents[2] / "docs" / "benchmarks" / "calibration.md").read_text()
     assert all(r["source"] in page for r in rows)
     # one row checked by hand: bert-base at 128 tokens, batch 8, bf16 on one Inferentia2 chip (190 TFLOP/s)

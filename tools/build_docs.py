@@ -238,9 +238,10 @@ def calibration_page() -> str:
              "all of encoder (BERT-class) models, give the efficiency real serving reached on each chip family "
              "(measured throughput / the same roofline); a side's cost is stated as the range its family's "
              "efficiencies give, never below the roofline's. Peaks and bandwidths: `data/targets/chips.json`.\n\n",
-             "Limits, said rather than hidden: the measurements are batched (Neuron: batch 4 to 16; MLPerf Offline: "
-             "large batches), while a plan may serve batch 1, where fixed per-request overheads no public figure "
-             "covers also count; the GPU rows ran int8/fp8 through TensorRT's variable-length BERT kernels.\n\n",
+             "Limits, said rather than hidden: only Neuron publishes batch-1 measurements (trn1's Real Time table); "
+             "the GPU rows are MLPerf Offline (large batches, int8/fp8 through TensorRT's variable-length BERT "
+             "kernels), so a batch-1 plan on a GPU pays fixed per-request costs they do not show; no TPU row "
+             "exists.\n\n",
              "| family | chip | model | measured / s (all chips) | chips | batch | tokens | precision | roofline "
              "/ s a chip | efficiency | scenario | source | date |\n",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
@@ -253,9 +254,10 @@ def calibration_page() -> str:
     lines.append("\n## Spread per family\n\n| family | low | median | high | measurements | note |\n"
                  "|---|---|---|---|---|---|\n")
     for family in ("neuron", "gpu", "tpu"):
-        eff = budget.efficiency(family)
-        lines.append(f"| {family} | {eff.low:.1%} | {eff.median:.1%} | {eff.high:.1%} | {eff.measurements} | "
-                     f"{_cell(eff.note)} |\n")
+        for batch in (None, 1):
+            eff = budget.efficiency(family, batch)
+            lines.append(f"| {family}{' (a batch-1 plan)' if batch else ''} | {eff.low:.1%} | {eff.median:.1%} | "
+                         f"{eff.high:.1%} | {eff.measurements} | {_cell(eff.note)} |\n")
     return "".join(lines)
 
 

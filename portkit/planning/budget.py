@@ -3,9 +3,9 @@ runs, calibrated against published measured throughput, and the verdict it suppo
 
     >>> from portkit.planning import budget
     >>> side = budget.Workload(flops=1.8e9, bytes_per_batch=9.1e7, bytes_per_request=0, batch=1)
-    >>> found = budget.roofline(side, "trn2", "fp32")        # time = max(FLOPs / peak, bytes / HBM bandwidth)
+    >>> found = budget.roofline(side, "trn2", "fp32", "neuron")   # max(FLOPs / peak, bytes / HBM bandwidth)
     >>> found.bound, found.seconds                           # 'HBM bandwidth', a lower bound on the time
-    >>> budget.efficiency("neuron")                          # the spread of measured / roofline (calibration.json)
+    >>> budget.efficiency("neuron", batch=1)                 # the spread of measured / roofline (calibration.json)
     >>> budget.verdict("neuron", usd, 2.4, {"H100": gpu_usd})  # favours moving or staying, break-even, how sure
 
 Rules (each owned here):
@@ -14,9 +14,9 @@ Rules (each owned here):
   computes float32 matmuls in bf16 passes (data/targets/precision_costs.json), so its peak is bf16 / passes.
 - roofline: seconds a request = max(FLOPs / peak, bytes / HBM bandwidth) for a batch, over its requests; no
   per-request fixed overhead is added (no public figure for these runtimes was found): a lower bound on time.
-- calibration: efficiency = measured / roofline throughput of each published measurement
-  (data/targets/calibration.json, docs/benchmarks/calibration.md); a side's cost is stated as the range
-  bound / max efficiency .. bound / min efficiency, never below the bound (efficiency is at most 1).
+- calibration: efficiency = measured / roofline throughput of each published measurement (calibration.json,
+  docs/benchmarks/calibration.md; batch-1 ones for a batch-1 plan where a family has enough); a side's cost is
+  the range bound / max efficiency .. bound / min efficiency, never below the bound (efficiency is at most 1).
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from portkit.core.locations import DATA
 from portkit.targets import capacity
 
 CALIBRATION = DATA / "targets" / "calibration.json"
-PRECISION_CLASSES = ("fp32", "tf32", "bf16", "fp8")
 MATMUL_CLASS = {None: "fp32", "tfloat32": "tf32", "bfloat16": "bf16", "float16": "bf16"}
 
 
@@ -130,12 +129,17 @@ class Efficiency:
 MIN_MEASUREMENTS = 3
 
 
-def efficiency(family: str) -> Efficiency:
-    """The efficiency spread of `family` (a chips.json family: "tpu", "neuron", "gpu"); a family with no
-    measurement takes the spread of every published one, and says so; one with fewer than MIN_MEASUREMENTS
-    says so."""
+def efficiency(family: str, batch: int | None = None) -> Efficiency:
+    """The efficiency spread of `family` (a chips.json family: "tpu", "neuron", "gpu") at the batch a plan serves:
+    a batch-1 plan reads the family's batch-1 measurements where it has MIN_MEASUREMENTS of them, else all of the
+    family's. A family with no measurement takes the spread of every published one, and says so; one with fewer
+    than MIN_MEASUREMENTS says so."""
     rows = [r for r in calibration_rows() if r["family"] == family]
-    note = (f"{len(rows)} published measurement(s) of encoder models on {family} chips "
+    single = [r for r in rows if r.get("batch") == 1]
+    regime = ""
+    if batch == 1 and len(single) >= MIN_MEASUREMENTS:
+        rows, regime = single, " at batch 1"
+    note = (f"{len(rows)} published measurement(s){regime} of encoder models on {family} chips "
             f"({', '.join(sorted({r['chip'] for r in rows}))})")
     if not rows:
         rows = list(calibration_rows())
@@ -143,6 +147,9 @@ def efficiency(family: str) -> Efficiency:
                 f"{len(rows)} measurements on other chips stands in (uncalibrated for this family)")
     elif len(rows) < MIN_MEASUREMENTS:
         note += f"; fewer than {MIN_MEASUREMENTS}: a thin calibration"
+    elif batch == 1 and not regime:
+        note += (f"; {len(single)} at batch 1, fewer than {MIN_MEASUREMENTS}, so the batched ones count too, and "
+                 "batch 1 pays fixed per-request costs they do not show")
     values = sorted(min(1.0, row_efficiency(r)) for r in rows)
     return Efficiency(family, values[0], statistics.median(values), values[-1], len(values), note)
 

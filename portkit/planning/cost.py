@@ -181,7 +181,7 @@ def _priced(out: dict, chip: str, target: str | None, prices: dict | None, famil
         out["problem"] = f"no price for a {chip} chip-hour: give one with --prices"
         return out
     bound = out["chip_seconds_per_million_requests"] / 3600 * price["usd_per_chip_hour"]
-    eff = budget.efficiency(family)
+    eff = budget.efficiency(family, out["batch"])
     out["usd_per_million_requests"] = budget.cost_range(bound, eff).to_dict()
     out["calibration"] = eff.to_dict()
     out["price"] = price
