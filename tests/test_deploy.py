@@ -173,6 +173,8 @@ def test_report_json_has_a_verdict_per_target_numbers_and_the_cost(run_dir):
     # the report's cost section states each target's verdict and the calibrated range export prints
     verdicts = report["cost"]["verdicts"]
     assert set(verdicts) == set(report["targets"]) and "calibrated range" in html
+    banner = html.split("<h2>Verdicts</h2>")[0]                     # read before anything else, never "savings"
+    assert "savings" not in banner and all(f"the estimate favours {v['favours']}" in banner for v in verdicts.values())
     for name, verdict in verdicts.items():
         assert verdict["favours"] in ("moving", "staying") and verdict["break_even_usd_per_chip_hour"] > 0
         assert html.count(f"the estimate favours {verdict['favours']}") >= 1
