@@ -106,10 +106,15 @@ def compare_versions(target: str, here: dict[str, str | None]) -> list[dict]:
     vendor, cite, rows = req["vendor"], f"{req['document']}, read {req['read']}", req["rows"]
     named = [p for p in PACKAGE_NAMES if p in ALWAYS or any(r.get(p) for r in rows)]
     out = [_package_check(p, rows, here.get(p), vendor, cite) for p in named]
-    whole = [r["package"] for r in rows if all(_meets(_release(here.get(p)), r[p]) for p in PACKAGE_NAMES if r.get(p))]
+    misses = {r["package"]: [p for p in PACKAGE_NAMES if r.get(p) and not _meets(_release(here.get(p)), r[p])]
+              for r in rows}
+    whole = [name for name, missed in misses.items() if not missed]
+    nearest = min(misses, key=lambda name: len(misses[name]))
+    wants = "; ".join(f"{PACKAGE_NAMES[p]} {_needs(next(r for r in rows if r['package'] == nearest)[p])} "
+                      f"(here {here.get(p) or 'not installed'})" for p in misses[nearest])
     line = (f"{vendor}'s support matrix: this environment matches {whole[0]} ({cite})" if whole else
-            f"{vendor}'s support matrix: no supported row matches this environment (rows: "
-            f"{', '.join(r['package'] for r in rows)}; {cite})")
+            f"{vendor}'s support matrix: no supported row matches this environment; the nearest, {nearest}, needs "
+            f"{wants} ({cite})")
     out.append({"package": "support matrix", "here": None, "needs": ", ".join(r["package"] for r in rows),
                 "ok": bool(whole), "line": line, "row": whole[0] if whole else None})
     return out
