@@ -175,7 +175,7 @@ def test_versions_against_every_torchneuron_row(here, ok, line):
     matrix = checks[-1]
     assert matrix["package"] == "support matrix"
     assert matrix["row"] == (f"torch-neuronx {here['torch'][:5]}3.0.*" if matrix["ok"] else None)
-    if here["torch"].startswith("2.13") and not matrix["ok"]:      # torch 2.13 on Python 3.11: the row, and what it lacks
+    if here["torch"].startswith("2.13") and not matrix["ok"]:      # torch 2.13, Python 3.11: what the row lacks
         assert "the nearest, torch-neuronx 2.13.3.0.*, needs Python 3.12 to 3.14 (here 3.11.7)" in matrix["line"]
 
 
