@@ -280,7 +280,7 @@ def _cost(data: dict, names: list[str]) -> dict | None:
     """The cost per million requests where stage 3 planned buckets (None otherwise): an estimate."""
     if not data.get("buckets"):
         return None
-    return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names)
+    return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names, accuracy=data.get("accuracy"))
 
 
 def _model_questions(model: dict) -> list[dict]:
@@ -364,8 +364,9 @@ def _template() -> jinja2.Template:
     return env.get_template("report.html.j2")
 
 
-COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million requests", "$ per million (estimate)",
-                "at 2x / 0.5x throughput", "price per chip-hour", "price source", "method")
+COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million requests (roofline)", "bound",
+                "$ per million (estimate)", "calibrated range (never below the roofline's)", "price per chip-hour",
+                "price source", "method")
 
 
 def _cost_sides(found: dict | None) -> list[tuple[str, dict]]:
@@ -376,7 +377,7 @@ def _cost_sides(found: dict | None) -> list[tuple[str, dict]]:
 
 def cost_plot(found: dict | None) -> str | None:
     """The cost comparison as a bar chart (base64 PNG): dollars per million requests on each target and each
-    named GPU with a price, the bar at the estimate and its whisker from twice to half the throughput; a log
+    named GPU with a price, the bar at the estimate and its whisker over the calibrated range; a log
     scale, since the sides differ by orders of magnitude. None where nothing is priced."""
     import base64
     import io
@@ -390,13 +391,13 @@ def cost_plot(found: dict | None) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(sides) + 1.2))
     names, usd = [s for s, _ in sides], [u["estimate"] for _, u in sides]
-    low = [u["estimate"] - u["at twice the throughput"] for _, u in sides]
-    high = [u["at half the throughput"] - u["estimate"] for _, u in sides]
+    low = [u["estimate"] - u["low"] for _, u in sides]
+    high = [u["high"] - u["estimate"] for _, u in sides]
     colors = ["#1565c0" if not n.startswith("GPU ") else "#9e9e9e" for n in names]
     ax.barh(names, usd, xerr=[low, high], color=colors, capsize=3)
     ax.set_xscale("log")
     ax.invert_yaxis()
-    ax.set_xlabel("$ per million requests (estimate; whiskers: at 2x to 0.5x the throughput)")
+    ax.set_xlabel("$ per million requests (estimate; whiskers: the calibrated range, never below the roofline)")
     ax.set_title("Cost per million requests: each target beside today's GPUs", fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -410,13 +411,15 @@ def _cost_rows(found: dict | None) -> list[list]:
     rows = []
     for side, est in _cost_sides(found):
         if "chip_seconds_per_million_requests" not in est:
-            rows.append([side, "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
+            rows.append([side, "—", "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
             continue
         usd, price = est.get("usd_per_million_requests"), est.get("price") or {}
         rows.append([side, est["chip"], f"{est['positions_per_request']:.1f}",
                      f"{est['chip_seconds_per_million_requests']:.3g}",
+                     f"{est['roofline']['bound']} at {est['roofline']['precision']}, batch {est['batch']}",
                      f"${usd['estimate']:.3g}" if usd else est.get("problem", "—"),
-                     f"${usd['at twice the throughput']:.3g} to ${usd['at half the throughput']:.3g}" if usd else "—",
+                     f"${usd['low']:.3g} to ${usd['high']:.3g} (roofline ${usd['bound']:.3g}; "
+                     f"{est['calibration']['note']})" if usd else "—",
                      f"${price['usd_per_chip_hour']:.3g}" if price else "—",
                      f"{price.get('source', '—')} ({price.get('date', '?')}; {price.get('supplied_by', '?')})"
                      if price else "—", est["method"]])
