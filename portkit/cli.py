@@ -316,11 +316,14 @@ def _deploy(args) -> int:
         return 1 if result.failed else 0
     prices = cost.read_prices(args.prices) if args.prices else None
     written, skipped = export.export(args.run_dir, args.stack, args.out, args.targets)
+    found = cost.comparison(args.run_dir, sorted({item.target for item in written}), prices) if written else {}
     for item in written:
         print(f"{item.target}: {item.path}")
         for lost in item.lost:
             print(f"  lost: {lost}")
-        print("  " + cost.line(cost.estimate(args.run_dir, item.target, prices)))
+        print("  " + cost.line(found["targets"][item.target]))
+        if item.target in found["verdicts"]:
+            print("  verdict: " + found["verdicts"][item.target]["line"])
     for line in skipped:
         print(line)
     return 0

@@ -3,13 +3,14 @@
     >>> from portkit.core import assessed
     >>> assessed.open_question("HBM fit on v5e:1x1", "no shape reached the XLA compiler")
     {'question': 'HBM fit on v5e:1x1', 'why': 'no shape reached the XLA compiler'}
+    >>> assessed.read({"not_assessed": [{"question": "HBM fit", "why": "..."}]})    # from a stage's JSON
+    [{'question': 'HBM fit', 'why': '...'}]
 
 A stage result that assessed nothing for a question (every shape failed before the compiler, a warm-up the
 compiler refused) says "not assessed" for it, never "ok", "fits" or a count that can only be zero. Each stage's
-per-target result lists those questions under KEY; the report (portkit/stages/report/stage.py) reads them through
-the run folder's typed reader (portkit.runfolder.reading.TargetPart.not_assessed): with no blocker found, an open
-question makes the target "not assessed", named in `unassessed` and in the verdict's reason. A failure of
-portkit's own machinery (the PyTorch-to-JAX conversion) is owned by PORTKIT.
+per-target result lists those questions under KEY; the report (portkit/stages/report/stage.py) reads them with
+`read`: with no blocker found, an open question makes the target "not assessed", named in `unassessed` and in
+the verdict's reason. A failure of portkit's own machinery (the PyTorch-to-JAX conversion) is owned by PORTKIT.
 A foundation: nothing here imports another portkit module.
 """
 from __future__ import annotations
@@ -24,6 +25,15 @@ def open_question(question: str, why: str) -> dict:
     if not question or not why:
         raise ValueError(f"an open question needs its question and why, got {question!r}, {why!r}")
     return {"question": " ".join(str(question).split()), "why": " ".join(str(why).split())}
+
+
+def read(target: dict) -> list[dict]:
+    """The open questions of a stage's per-target result (KEY), each {"question", "why"}; raises TypeError or
+    ValueError on an entry of another shape (the report turns that into a gap)."""
+    found = target.get(KEY) or []
+    if not isinstance(found, list):
+        raise TypeError(f"{KEY} is a JSON {type(found).__name__}, not a list")
+    return [open_question(q["question"], q["why"]) for q in found]
 
 
 def consequence(question: str) -> str:

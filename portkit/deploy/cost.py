@@ -5,7 +5,7 @@
     >>> cost.comparison("runs/minilm", ["neuron", "tpu"], prices=cost.read_prices("my-prices.json"))
 
 The method, its assumptions and the price table are portkit.planning.cost's (one owner); this module reads the
-run folder's buckets.json and xla.json for it (portkit.runfolder.results.cost_figures).
+run folder's buckets.json, xla.json and accuracy.json for it (portkit.runfolder.results.cost_figures).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _figures(run_dir) -> _cost.Figures:
     buckets = results.load(run_dir, "buckets")
     if buckets is None:
         return _cost.Figures()
-    return results.cost_figures(buckets, results.load(run_dir, "xla"))
+    return results.cost_figures(buckets, results.load(run_dir, "xla"), results.load(run_dir, "accuracy"))
 
 
 def estimate(run_dir, target: str, prices: dict | None = None) -> dict:
@@ -29,5 +29,5 @@ def estimate(run_dir, target: str, prices: dict | None = None) -> dict:
 
 
 def comparison(run_dir, targets, prices: dict | None = None) -> dict:
-    """Every target and each named GPU side by side (planning.cost.comparison)."""
+    """Every target and each named GPU side by side, with the verdicts (planning.cost.comparison)."""
     return _cost.comparison(_figures(run_dir), targets, prices)

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from portkit.core import frames
-from portkit.models import huggingface, inputs
+from portkit.models import huggingface, inputs, seq2seq
 from portkit.models.adapters import (_VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
                               MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
 from portkit.core.errors import BadParameter, NeedsNetwork
@@ -69,12 +69,17 @@ class LoadedModel:
     loss: Callable | None = None
     declaration: Declaration | None = None
     stream: Any = None              # a streaming step (audio_models.StreamStep): stage 4 carries it over a stream
+    # questions no stage answers for this model ({"question", "why"}: core.assessed.open_question), open in the
+    # report for every target (seq2seq.not_assessed: an encoder-decoder's decoding is added to any given here)
+    not_assessed: tuple[dict, ...] = ()
 
     def __post_init__(self):
         # given by whoever built it (a factory's own max_length or declaration), not portkit's default
         self.max_length_given = self.max_length is not None or self.declaration is not None
         if self.max_length is None:
             self.max_length = _MAX_POSITIONS
+        self.not_assessed = (*self.not_assessed, *(q for q in seq2seq.not_assessed(self.module)
+                                                   if q not in self.not_assessed))
         if self.declaration is None:
             out = (inputs.Output("embedding" if self.kind == EMBEDDING else "logits", self.kind),)
             if self.tokenizer is not None:
@@ -141,7 +146,8 @@ class LoadedModel:
                 "parameters": self.parameters, "inputs": list(self.input_names),
                 "tokenizer": self.tokenizer_name, "max_length": self.max_length,
                 "max_length_from": self.max_length_from,
-                "image_size": self.image_size, "declaration": self.declaration.to_dict()}
+                "image_size": self.image_size, "declaration": self.declaration.to_dict(),
+                "not_assessed": list(self.not_assessed)}
 
 
 # ---------------------------------------------------------------- sources
@@ -223,7 +229,6 @@ def _t5() -> LoadedModel:
 
 
 def _t5_pairs() -> LoadedModel:
-    from portkit.models import seq2seq
     from transformers import T5Config, T5ForConditionalGeneration
     _quiet_transformers()
     cfg = T5Config(vocab_size=_VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,

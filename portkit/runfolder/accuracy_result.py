@@ -102,6 +102,7 @@ class Result(reading.StageFile):
     generation: dict[str, dict]      # workload "generate": per target, greedy tokens against the reference
     stream_runs: tuple[dict, ...]    # a streaming step: per target, its state's drift
     training: dict[str, dict]        # workload "train": per target, the training verdict
+    gpu_numerics: str | None = None  # the GPU setting the errors were measured against (reference.gpu_baseline)
 
     @classmethod
     def from_dict(cls, data: dict, path) -> Result:
@@ -109,5 +110,6 @@ class Result(reading.StageFile):
         return cls(**cls.common(root, Target.from_dict),
                    generation=root.obj("generation").records("targets"),
                    stream_runs=tuple(dict(r.value) for r in root.obj("stream").objects("runs")),
-                   training=root.obj("training").records("verdicts"))
+                   training=root.obj("training").records("verdicts"),
+                   gpu_numerics=root.obj("reference").obj("gpu_baseline").text("gpu_numerics"))
 

@@ -74,10 +74,13 @@ class PaddingPrice:
     seconds: float | None
     kind: str | None
     label: str | None
+    flops: float | None = None         # the FLOPs a position adds, where the price is the FLOPs estimate
+    source: str | None = None
 
     @classmethod
     def from_dict(cls, node: reading.Node) -> PaddingPrice:
-        return cls(node.number("seconds"), node.text("kind"), node.text("label"))
+        return cls(node.number("seconds"), node.text("kind"), node.text("label"), node.number("flops"),
+                   node.text("source"))
 
 
 @dataclass(frozen=True)

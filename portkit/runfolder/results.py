@@ -286,12 +286,19 @@ def compile_cost(out_dir, target: str) -> dict | None:
     return None if found is None else found.compile_cost
 
 
-def cost_figures(buckets, xla) -> cost.Figures:
-    """What the cost estimate (portkit.planning.cost) reads of a run: stage 3's typed result (buckets_result.Result)
-    and stage 3b's (xla_result.Result, or None)."""
+def cost_figures(buckets, xla=None, accuracy=None) -> cost.Figures:
+    """What the cost estimate (portkit.planning.cost) reads of a run: stage 3's typed result (buckets_result.Result),
+    stage 3b's (xla_result.Result) and stage 4's (accuracy_result.Result), the last two None where absent."""
     plans = {name: cost.Plan(t.chosen.shapes, t.chosen.real_tokens, t.chosen.padded_tokens, t.chosen.padding_waste,
-                             t.chosen.warmup_seconds) for name, t in buckets.targets.items()}
-    prices = {name: cost.PaddingPrice(p.kind, p.seconds) for name, p in buckets.padding_price.items()}
-    compiled = {name: cost.Compiled(t.topology, tuple((s.label, s.flops) for s in t.shapes))
+                             t.chosen.warmup_seconds, tuple(t.chosen.batch_sizes or ()))
+             for name, t in buckets.targets.items()}
+    prices = {name: cost.PaddingPrice(p.kind, p.seconds, p.flops, p.source or "")
+              for name, p in buckets.padding_price.items()}
+    compiled = {name: cost.Compiled(t.topology, tuple((s.label, s.flops, s.bytes_accessed) for s in t.shapes))
                 for name, t in (xla.targets.items() if xla is not None else ())}
-    return cost.Figures(buckets.distribution_count, plans, prices, compiled)
+    parameters = (buckets.model or {}).get("parameters")
+    precision = ({name: t.precision for name, t in accuracy.targets.items() if t.precision}
+                 if accuracy is not None else {})
+    return cost.Figures(buckets.distribution_count, plans, prices, compiled,
+                        float(parameters) if reading.is_number(parameters) else None, precision,
+                        accuracy.gpu_numerics if accuracy is not None else None)

@@ -28,6 +28,7 @@ class Shape:
     fits_hbm: bool | None
     compile_seconds: float | None
     message: str | None
+    bytes_accessed: float | None = None     # the cost analysis's bytes accessed
 
     @classmethod
     def from_dict(cls, node: reading.Node) -> Shape:
@@ -36,7 +37,8 @@ class Shape:
         if memory.value and total is None:
             memory.at("total").fail("a number of bytes")
         return cls(node.text("label"), node.text("status"), bool(node.raw("ok")), total, node.number("flops"),
-                   node.flag("fits_hbm"), node.number("compile_seconds"), node.text("message"))
+                   node.flag("fits_hbm"), node.number("compile_seconds"), node.text("message"),
+                   node.number("bytes_accessed"))
 
 
 @dataclass(frozen=True)
