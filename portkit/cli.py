@@ -309,6 +309,8 @@ def _deploy(args) -> int:
     """`portkit export` (exit 0) and `portkit check` (exit 1 on a regression)."""
     from portkit.deploy import cost, export, gate
     if args.command == "check":
+        if args.junit:   # before the comparison: a path that cannot be written fails first, nothing printed
+            gate.check_junit_path(args.junit)
         result = gate.compare(args.run_dir, args.baseline)
         print(result.summary())
         if args.junit:

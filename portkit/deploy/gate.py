@@ -10,13 +10,16 @@ run lacks fails too (coverage lost). The numbers are read by portkit.runfolder.n
 """
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
 from portkit.runfolder import numbers, results
 from portkit.core import atomic_io as _io
+from portkit.core import checks as _checks
 from portkit.core.errors import BadParameter
 
 # report.json's targets.<name>.verdict, best first (docs/reference/report-json.md); "not assessed" ranks last:
@@ -154,6 +157,28 @@ def _more(check: str, read, unit: str):
 CHECKS = (_verdict, _blockers, _task_metrics,
           _more("compiles after warm-up", _compiles_after_warmup, "compile(s)"),
           _more("HBM need", _hbm_bytes, "bytes (largest compiled shape, xla.json)"))
+
+
+def check_junit_path(path) -> Path:
+    """The --junit FILE can be written, checked before the comparison (nothing is written): not a folder, in a
+    folder that exists or can be made, where a file can be created (a probe file is made and removed: os.access
+    answers yes to root everywhere, and /proc refuses all the same). BadParameter in one line otherwise."""
+    what, file = "--junit file", Path(path)
+    if file.is_dir():
+        raise BadParameter(what, str(path), hint="it is a folder; give a file name in it, e.g. "
+                                                 f"{file / 'portkit-check.xml'}")
+    if file.is_symlink() and not file.exists():
+        raise BadParameter(what, str(path), hint=_checks.missing_path(file))
+    base = next((p for p in file.absolute().parents if p.exists()), Path("/"))
+    if not base.is_dir():
+        raise BadParameter(what, str(path), hint=f"{base} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".portkit-probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadParameter(what, str(path), hint=f"cannot create a file in {base} ({exc.strerror})") from None
+    return file
 
 
 def write_junit(result: Comparison, path) -> Path:

@@ -26,7 +26,6 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
-import json
 import os
 import pkgutil
 import sys
@@ -424,12 +423,11 @@ def _check_directory(path: Path, spec: str) -> None:
     if not config.is_file():
         raise BadParameter("model directory", spec, hint="it holds no config.json")
     try:
-        parsed = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
-        raise BadParameter("model directory", spec, hint=f"its config.json is not JSON{where}") from None
-    if not isinstance(parsed, dict):
-        raise BadParameter("model directory", spec, hint="its config.json is not a JSON object")
+        parsed = huggingface.read_config(path)
+    except BadParameter as exc:
+        raise BadParameter("model directory", spec, hint=exc.hint) from None
+    except OSError as exc:
+        raise BadParameter("model directory", spec, hint=f"its config.json cannot be read ({exc.strerror})") from None
     huggingface.check_directory(path, spec, parsed)
 
 
