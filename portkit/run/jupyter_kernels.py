@@ -17,6 +17,7 @@ machine has the cores and the memory for both (lanes_for).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from jupyter_client.manager import AsyncKernelManager
@@ -73,6 +74,7 @@ class SharedKernel:
         self.km: AsyncKernelManager | None = None
         self.closed = False    # the run closed it: a stage that was running in it was stopped
         self.prepared = False  # cleared (or new) since its last stage: the next one starts at once
+        self.killed = False    # kill() was called (an interrupted run): no stage runs in it from then on
 
     def prepare(self) -> None:
         """Make the kernel ready for a stage: clear the kept one, or start a new one. The runner calls this
@@ -88,8 +90,12 @@ class SharedKernel:
         self.km = AsyncKernelManager(kernel_name=self.kernel_name)
         run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments)
         self.prepared = True
+        if self.killed:   # killed while it started: the new kernel goes too
+            self.kill()
 
     def for_stage(self) -> AsyncKernelManager:
+        if self.killed:
+            raise KernelKilled("the run was interrupted before this stage's kernel started")
         self.closed = False
         if not (self.prepared and self.km is not None and self.km.has_kernel and run_sync(self.km.is_alive)()):
             self.prepare()
@@ -99,6 +105,20 @@ class SharedKernel:
     def close(self) -> None:
         self.closed, self.prepared = True, False
         self._stop()
+
+    def kill(self) -> None:
+        """Stop the kernel's processes at once (SIGKILL to its process group), from any thread: an interrupted run
+        stops a stage mid-cell without going through the kernel manager's event loop, which the stage's own thread
+        is using (shutting it down from another thread leaves that loop's futures in an invalid state). close()
+        afterwards, once the stage's thread has ended, releases what is left."""
+        import signal
+        self.killed = self.closed = True
+        self.prepared = False
+        provisioner = getattr(self.km, "provisioner", None)
+        group = getattr(provisioner, "pgid", None) or getattr(provisioner, "pid", None)
+        if group:
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
 
     def _stop(self) -> None:
         km, self.km = self.km, None
@@ -110,6 +130,10 @@ class SharedKernel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class KernelKilled(RuntimeError):
+    """A stage asked for a kernel that an interrupted run has killed."""
 
 
 async def _clear(km: AsyncKernelManager) -> bool:

@@ -508,10 +508,74 @@ def _run_stages(per_stage, run: _Run, lanes: int) -> None:
                                    timeout=0.25 if schedule.polls_early(run.out) else None)[0]:
                     _collect(future, schedule, pool, run)
             wait(schedule.clearing)
+        except KeyboardInterrupt:
+            raise RunInterrupted(run.out, _stop_interrupted(schedule, run)) from None
         finally:
             for kernel in schedule.all_kernels():
                 kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
     run.printer.close()
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the stages: the kernels were stopped, each stage that was running is recorded in the run log
+    as interrupted (its result removed), the stages that had ended keep theirs; the same command runs them again."""
+
+    def __init__(self, out: Path, stopped: list[str]):
+        self.out, self.stopped = out, stopped
+        which = f"stage(s) {', '.join(stopped)} stopped and recorded as interrupted in {out / runfolder.RUN_LOG}" \
+            if stopped else f"no stage was running; the run log {out / runfolder.RUN_LOG} holds the stages that ended"
+        super().__init__(f"interrupted: {which}; rerun the same command to run them again")
+
+
+@contextlib.contextmanager
+def _quiet_stop():
+    """While an interrupted run stops: a second Ctrl-C is ignored (the main thread only can set it), and the kernel
+    libraries' log lines about the kernels being killed (nbclient's "Kernel died", asyncio's) stay off the terminal."""
+    import logging
+    import signal
+    import threading
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    loggers = [logging.getLogger(name) for name in ("papermill", "nbclient", "traitlets", "asyncio", "")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        if main:
+            signal.signal(signal.SIGINT, before)
+
+
+def _stop_interrupted(schedule: _Schedule, run: _Run) -> list[str]:
+    """Ctrl-C: kill every kernel (a stage mid-cell stops writing at once), wait for the stages' threads, record a
+    stage that ended meanwhile as it ended and each one still running as interrupted, its result and early file
+    removed (a result of a stopped stage is not one), and remove the partial files. Returns the stopped stages."""
+    from concurrent.futures import wait
+    stopped = []
+    with _quiet_stop():
+        for kernel in schedule.all_kernels():
+            kernel.kill()
+        wait([*schedule.running, *schedule.clearing])
+        for kernel in schedule.all_kernels():
+            with contextlib.suppress(Exception):   # the kernel is dead: only its manager's files are left
+                kernel.close()
+        for future, (stage, start, _) in schedule.running.items():
+            outcome = future.exception() or future.result()
+            if outcome is None or isinstance(outcome, (str, StageSkipped)):   # it ended before the kill
+                _ended(stage, start, outcome, run)
+                continue
+            (run.out / stage.result).unlink(missing_ok=True)
+            if stage.early:
+                (run.out / stage.early).unlink(missing_ok=True)
+            runfolder.record(run.out, stage.name, runfolder.INTERRUPTED, time.perf_counter() - start,
+                             "interrupted (Ctrl-C) before it ended; rerun the stage")
+            stopped.append(stage.name)
+        _io.remove_partials(run.out)
+        run.printer.close()
+    return stopped
 
 
 def _start_ready(schedule: _Schedule, pool, run: _Run, lanes: int) -> None:

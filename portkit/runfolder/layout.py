@@ -151,7 +151,8 @@ def read_log(folder) -> dict:
 
 
 def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
-    """Record how one stage ended ("ok", "skipped" or "failed", with the reason or error in one line), atomically."""
+    """Record how one stage ended ("ok", "skipped", "failed" or "interrupted" (Ctrl-C), with the reason or error in one
+    line), atomically."""
     log = read_log(folder)
     log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
                            "notebook": stage(name).notebook}
@@ -159,9 +160,14 @@ def record(folder, name: str, status: str, seconds: float, error: str = "") -> N
 
 
 def failure(folder, name: str) -> str | None:
-    """The error a stage failed with in the latest run, or None."""
+    """The error a stage failed with in the latest run (or the line saying it was interrupted), or None."""
     entry = read_log(folder)["stages"].get(name)
-    return entry.get("error") or "failed" if isinstance(entry, dict) and entry.get("status") == "failed" else None
+    if isinstance(entry, dict) and entry.get("status") in ("failed", INTERRUPTED):
+        return entry.get("error") or entry["status"]
+    return None
+
+
+INTERRUPTED = "interrupted"   # a stage stopped by Ctrl-C: its kernel was stopped and its result removed
 
 
 def notebook_images(run_dir, stages) -> tuple[list[tuple[str, str]], list[str]]:
