@@ -136,6 +136,7 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
     loaded = _Loaded(model)
     _check_sizes(per_stage, user_params, loaded)
     _check_corpora(per_stage, loaded)
+    _probe_factory(loaded)
     check_out_dir(out)   # last: its probe is the one step that touches the disk
     return chosen, per_stage
 
@@ -215,6 +216,48 @@ def _check_corpora(per_stage, loaded: _Loaded) -> None:
         checked.add((corpus, column))
 
 
+PROBE_TEXT = "A short text to probe the model's forward."
+
+
+def _probe_factory(loaded: _Loaded) -> None:
+    """A model from the user's factory (module:factory, file.py:factory) is built in the plan step and called once
+    on one item: a model whose weights are on the meta device (shapes, no values) and a forward that returns
+    something other than a tensor, a tuple or a dict fail here in one line, not mid-stage. A factory or a forward
+    that raises is left to stage 1, whose notebook shows where."""
+    import torch
+    from portkit.models import inputs
+    if ":" not in loaded.spec:
+        return
+    model = loaded.get()     # a factory returning the wrong type is BadParameter: it stops here
+    meta = [name for name, t in [*model.module.named_parameters(), *model.module.named_buffers()] if t.is_meta]
+    if meta:
+        raise BadParameter("model", loaded.spec, hint=f"its factory built it on the meta device: {len(meta)} "
+                           f"tensor(s), first {meta[0]}, have shapes and no values (no weights); build it with its "
+                           "weights, or give a real-size model without weights as its config folder "
+                           "(docs/guides/real-size.md)")
+    try:
+        declaration = model.declaration
+        own = declaration.own_items() if declaration.own_items else None
+        items = own[:1] if own else {inputs.TEXT: [PROBE_TEXT]}.get(declaration.data)
+        if items is None and declaration.data == inputs.IMAGE and model.image_size:
+            items = images.sample_images(1, model.image_size, 0, channels=data.image_channels(model))
+        batch = model.encode(list(items)) if items is not None else None
+    except Exception:   # noqa: BLE001 (no items to probe with: the stages build their own batches)
+        return
+    if batch is None:
+        return
+    try:
+        with torch.no_grad():
+            out = model.module(**batch)
+    except BadParameter:
+        raise
+    except Exception:   # noqa: BLE001 (stage 1 shows the forward's error where it is raised)
+        return
+    if not isinstance(out, (torch.Tensor, tuple, list, dict)):
+        raise BadParameter(f"forward of {model.name}", type(out).__name__,
+                           hint="forward must return a tensor, a tuple or a dict of tensors")
+
+
 def check_out_dir(out: Path) -> None:
     """The run folder is a new folder that can be created, or a run folder that can be written."""
     what = "out folder"
@@ -222,6 +265,7 @@ def check_out_dir(out: Path) -> None:
         raise BadParameter(what, str(out), hint=checks.missing_path(out))
     if out.exists() and not out.is_dir():
         raise BadParameter(what, str(out), hint="it is a file, not a folder")
+    _refuse_inside_a_run(out)
     if out.is_dir():
         try:
             foreign = not is_run_folder(out)
@@ -241,6 +285,15 @@ def check_out_dir(out: Path) -> None:
         os.rmdir(tempfile.mkdtemp(prefix=".portkit-probe-", dir=base))
     except OSError as exc:
         raise BadParameter(what, str(out), hint=f"cannot create a folder in {base} ({exc.strerror})") from None
+
+
+def _refuse_inside_a_run(out: Path) -> None:
+    """A run folder is never made inside another run's folder (one holding MARKER): the outer run's rerun, report
+    and export would meet a folder that is not theirs, and removing one run would remove the other."""
+    outer = next((parent for parent in out.parents if (parent / MARKER).is_file()), None)
+    if outer is not None:
+        raise BadParameter("out folder", str(out), hint=f"it is inside the run folder {outer} (which holds {MARKER}); "
+                                                        "give a folder outside any run")
 
 
 @dataclass
