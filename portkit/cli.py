@@ -287,18 +287,27 @@ def _scan(args) -> int:
     from portkit.models import huggingface
     from portkit.stages.fallbacks import source_scan
     from portkit.targets import specs as targets_mod
+    from portkit.core import checks
     targets = targets_mod.parse_targets(args.targets or list(targets_mod.MIGRATION_TARGETS))
     path = Path(args.source).expanduser()
-    if not path.exists() and huggingface.is_hub_id(args.source):
+    if not path.exists() and not path.is_symlink() and huggingface.is_hub_id(args.source):
         path = huggingface.resolve(args.source).path          # the cached snapshot, pinned to its commit
+    if not path.exists():   # a symlink loop, a broken link, no such path: say which
+        raise BadParameter("source to scan", args.source, hint=f"{checks.missing_path(path)}; give a model "
+                                                               "directory, a cached Hub id or a .py file")
     if not (path.is_dir() or path.suffix == ".py" and path.is_file()):
         raise BadParameter("source to scan", args.source, hint="a model directory, a cached Hub id or a .py file")
     scan = source_scan.scan_paths([path])
-    print(f"scanned {len(scan.files)} file(s) under {path} statically (nothing imported or run)")
+    read = len(scan.files) - len(scan.errors)
+    if not read:   # an empty folder, or no file that parses: nothing was scanned, so no count of findings
+        why = f"{len(scan.errors)} file(s) could not be parsed ({scan.errors[0]})" if scan.errors else \
+            "it holds no .py, .cu or .cuh file"
+        raise BadParameter("source to scan", args.source, hint=f"nothing to scan: {why}")
+    print(f"scanned {read} file(s) under {path} statically (nothing imported or run)")
     for error in scan.errors:
         print(f"  not parsed: {error}")
     for target in targets:
-        found = source_scan.findings(scan, target)
+        found = source_scan.findings(scan, target, static=True)
         print(f"{target}: {len(found)} finding(s)")
         for f in found:
             print(f"  [{f.severity}] {f.message}" + (f" — {f.advice}" if f.advice else ""))

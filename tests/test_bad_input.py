@@ -156,7 +156,7 @@ CASES = [
      "invalid precision '{\"tpu\": \"highest\"': malformed JSON (line 1 column 18: Expecting ',' delimiter)"),
     ("model-hub-url", run("--model", "https://huggingface.co/org/name/tree/main"), {},
      "Hugging Face Hub URL (repository org/name), and portkit does not download; fetch it on a machine with network "
-     "(huggingface-cli download org/name --local-dir DIR)"),
+     "(hf download org/name --local-dir DIR)"),
     ("corpus-symlink-loop", run("-p", "corpus", "loop.txt"), {"loop.txt": Link("loop.txt")},
      "loop.txt': a symlink loop (too many levels of symbolic links)"),
     ("corpus-broken-symlink", run("-p", "corpus", "gone.txt"), {"gone.txt": Link("nowhere.txt")},

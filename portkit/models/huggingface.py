@@ -158,7 +158,7 @@ def resolve(spec: str) -> Hub:
         tried = f"revision {revision or 'main'} in the Hugging Face cache {cache}, local files only"
         raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id, and portkit does not download: "
                            f"tried {tried} ({type(exc).__name__}); fetch it on a machine with network "
-                           f"(huggingface-cli download {repo}{' --revision ' + revision if revision else ''}) into "
+                           f"(hf download {repo}{' --revision ' + revision if revision else ''}) into "
                            "this cache (HF_HUB_CACHE), or download it with --local-dir DIR and pass DIR") from None
     if not (path / "config.json").is_file():
         raise BadParameter("model", spec, hint=f"its cached snapshot {path} holds no config.json")

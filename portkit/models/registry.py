@@ -393,7 +393,7 @@ def load(spec: str = DEFAULT) -> LoadedModel:
                                f"Hugging Face Hub {hub.repo_id} at revision {hub.revision} (local cache)")
     if "/" in spec or spec.startswith(_HUB_PREFIXES):
         raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id or URL, and portkit does not "
-                           "download; fetch it on a machine with network (huggingface-cli download "
+                           "download; fetch it on a machine with network (hf download "
                            f"{spec} --local-dir DIR) and pass DIR, or choose one of: {', '.join(SOURCES)}")
     raise BadParameter("model", spec, CHOICES)
 
