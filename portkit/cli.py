@@ -325,8 +325,10 @@ def _deploy(args) -> int:
         if args.junit:
             print(f"junit: {gate.write_junit(result, args.junit)}")
         return 1 if result.failed else 0
+    from portkit.targets import specs as targets_mod
+    targets = targets_mod.parse_targets(args.targets) if args.targets else None   # an unknown one, with the choices
     prices = cost.read_prices(args.prices) if args.prices else None
-    written, skipped = export.export(args.run_dir, args.stack, args.out, args.targets)
+    written, skipped = export.export(args.run_dir, args.stack, args.out, targets)
     for item in written:
         print(f"{item.target}: {item.path}")
         for lost in item.lost:

@@ -185,6 +185,8 @@ CASES = [
      "invalid --junit file '/proc/x.xml': cannot create a file in /proc"),
     ("check-junit-folder", ["check", "new", "--baseline", "old", "--junit", "reports"], {"reports": DIR},
      "invalid --junit file 'reports': it is a folder; give a file name in it"),
+    ("export-target-unknown", ["export", "somerun", "--to", "vllm", "--target", "gpu"], {},
+     "unknown target 'gpu'; choose one of: neuron, tpu, cpu, cuda"),
     # an option that takes one value, given twice (argparse would keep the last one)
     ("model-repeated", run("--model", "minilm", "--model", "gpt2"), {},
      "argument --model: given twice ('minilm', then 'gpt2'); give it once"),

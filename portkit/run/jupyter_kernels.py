@@ -106,6 +106,15 @@ class SharedKernel:
         self.closed, self.prepared = True, False
         self._stop()
 
+    def exit_status(self) -> int | None:
+        """A dead kernel's exit status as subprocess reports it (negative: killed by that signal); None: it is
+        running, or the status is not known."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        try:
+            return process.poll() if process is not None else None
+        except OSError:
+            return None
+
     def kill(self) -> None:
         """Stop the kernel's processes at once (SIGKILL to its process group), from any thread: an interrupted run
         stops a stage mid-cell without going through the kernel manager's event loop, which the stage's own thread

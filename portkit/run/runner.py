@@ -39,7 +39,7 @@ from portkit.run import jupyter_kernels as kernels
 from portkit.stages import options
 from portkit.runfolder import results
 from portkit.runfolder import layout as runfolder
-from portkit.core.errors import BadParameter, StageFailed, StageSkipped
+from portkit.core.errors import BadParameter, PortkitError, StageFailed, StageSkipped
 from portkit.core.locations import NOTEBOOKS
 from portkit.core.progress import HEADLESS_VARIABLE, watched
 from portkit.runfolder.layout import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
@@ -228,7 +228,12 @@ def _probe_factory(loaded: _Loaded) -> None:
     from portkit.models import inputs
     if ":" not in loaded.spec:
         return
-    model = loaded.get()     # a factory returning the wrong type is BadParameter: it stops here
+    try:
+        model = loaded.get()     # a factory returning the wrong type is BadParameter: it stops here
+    except PortkitError:
+        raise
+    except Exception:   # noqa: BLE001 (a factory that raises: stage 1's notebook shows where)
+        return
     meta = [name for name, t in [*model.module.named_parameters(), *model.module.named_buffers()] if t.is_meta]
     if meta:
         raise BadParameter("model", loaded.spec, hint=f"its factory built it on the meta device: {len(meta)} "
@@ -249,7 +254,7 @@ def _probe_factory(loaded: _Loaded) -> None:
     try:
         with torch.no_grad():
             out = model.module(**batch)
-    except BadParameter:
+    except PortkitError:
         raise
     except Exception:   # noqa: BLE001 (stage 1 shows the forward's error where it is raised)
         return
@@ -393,8 +398,8 @@ def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSe
     # kernel (working in notebooks/) imports from the folder the user ran portkit in
     user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
     with _kernel_environment(user_folder):
-        _run_stages(per_stage, _Run(out, model_spec, shown, _Printer(len(per_stage), shown, log), result),
-                    settings.lanes)
+        _run_stages(per_stage, _Run(out, model_spec, shown, _Printer(len(per_stage), shown, log), result,
+                                    lanes=settings.lanes), settings.lanes)
     if settings.rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
         from portkit.stages.report import stage as report
         try:
@@ -477,18 +482,48 @@ class _PeakMemory:
 
 
 class _KernelDied(Exception):
-    """A stage's kernel process died mid-stage (nbclient's DeadKernelError): most often the kernel was killed
-    for memory (the Linux OOM killer sends SIGKILL)."""
+    """A stage's kernel process died mid-stage (nbclient's DeadKernelError): its exit status (negative: the signal
+    that killed it, as subprocess reports it; None: not known), the stage's batch size and its executed notebook."""
+
+    def __init__(self, stage: str, status: int | None, batch_size, notebook: Path):
+        super().__init__(stage)
+        self.status, self.batch_size, self.notebook = status, batch_size, notebook
 
 
-def _kernel_died(stage: Stage, peak: int) -> str:
-    """The one line a dead kernel's stage fails with: which stage, the likely cause, how to run with less."""
+# The share of the machine's memory the run's processes must have reached for a kernel killed by SIGKILL to be
+# called likely out of memory (the Linux OOM killer sends SIGKILL; a kill far below the machine's memory is
+# something else: a container's own limit, or a person)
+OOM_SHARE = 0.5
+
+
+def _kernel_died(stage: Stage, peak: int, died: _KernelDied, lanes: int) -> str:
+    """The one line a dead kernel's stage fails with: what is known (the kernel died, how it ended, the run's
+    memory peak against the machine's) and, where memory is the likely cause, only what the run has not done
+    already (one kernel at a time, a batch of one); otherwise where to look."""
     import psutil
+    import signal
     total = psutil.virtual_memory().total
-    reached = f"the run's processes had reached {peak / 2**30:.1f} GiB" if peak else "its peak was not sampled"
-    return (f"the kernel running stage {stage.name} ({stage.notebook}) died, likely out of memory ({reached} of "
-            f"the machine's {total / 2**30:.1f} GiB); run with less: one kernel at a time (--lanes 1) or a smaller "
-            "-p batch_size")
+    if died.status is None:
+        how = "its exit status is not known"
+    elif died.status < 0:
+        number = -died.status
+        try:
+            how = f"killed by {signal.Signals(number).name} (signal {number})"
+        except ValueError:
+            how = f"killed by signal {number}"
+    else:
+        how = f"it exited with code {died.status}"
+    reached = f"the run's processes had reached {peak / 2**30:.1f} GiB of the machine's {total / 2**30:.1f} GiB" \
+        if peak else f"the run's memory peak was not sampled (the machine has {total / 2**30:.1f} GiB)"
+    line = f"the kernel running stage {stage.name} ({stage.notebook}) died, {how}; {reached}"
+    if died.status == -signal.SIGKILL and peak >= OOM_SHARE * total:
+        left = [text for text, done in (("one kernel at a time (--lanes 1)", lanes <= 1),
+                                        ("a smaller -p batch_size", not isinstance(died.batch_size, int)
+                                         or died.batch_size <= 1)) if not done]
+        return line + ("; likely out of memory (the Linux OOM killer sends SIGKILL): run with less: " +
+                       " or ".join(left) if left else "; likely out of memory (the Linux OOM killer sends SIGKILL), "
+                       "with one kernel and a batch of one already: it needs a machine with more memory")
+    return line + f"; the executed notebook {died.notebook} shows the last cell that ran"
 
 
 @dataclass
@@ -501,6 +536,7 @@ class _Run:
     printer: _Printer
     result: RunResult
     memory: _PeakMemory = field(default_factory=_PeakMemory)
+    lanes: int = kernels.LANES   # the most stages the run allowed at once (RunSettings.lanes)
 
 
 @dataclass
@@ -671,8 +707,8 @@ def _collect(future, schedule: _Schedule, pool, run: _Run) -> None:
         outcome = future.result()
     except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
         outcome = skipped
-    except _KernelDied:                  # a failure of the stage (the report names the gap), not a traceback
-        outcome = _kernel_died(stage, run.memory.peak)
+    except _KernelDied as died:          # a failure of the stage (the report names the gap), not a traceback
+        outcome = _kernel_died(stage, run.memory.peak, died, run.lanes)
     _ended(stage, start, outcome, run)
     schedule.ended.append(stage.name)
     if not schedule.counted and (found := _model_parameters(run.out, stage)) is not None:
@@ -734,7 +770,8 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
             partial.unlink(missing_ok=True)
             raise
         _keep_if_whole(partial, output)   # shows how far it got
-        raise _KernelDied(stage.name) from None
+        batch = values.get("batch_size", _default(declared_parameters(stage), "batch_size"))
+        raise _KernelDied(stage.name, kernel.exit_status(), batch, output) from None
     except Exception:
         if kernel.closed:
             partial.unlink(missing_ok=True)   # the run stopped it (an interrupt, another stage's error)
