@@ -198,7 +198,6 @@ def _print_verdicts(run_dir) -> None:
 
 def _report(args) -> int:
     from pathlib import Path
-    from portkit.stages.report import stage as report
     from portkit.targets import specs as targets_mod
     from portkit.core.errors import BadParameter
     from portkit.core import checks
@@ -210,8 +209,7 @@ def _report(args) -> int:
         raise BadParameter("run folder", args.run_dir, hint=f"{checks.missing_path(run_dir)}; give one written by "
                                                             "`portkit run`")
     names = targets_mod.parse_targets(args.targets) if args.targets else None
-    r = report.build_report(run_dir, names)
-    r.save(run_dir)
+    r = _report_held(run_dir, names)
     for gap in r.gaps:
         print(f"gap: {gap}")
     _print_verdicts(run_dir)
@@ -222,6 +220,29 @@ def _report(args) -> int:
               "their stages", file=sys.stderr)
         return 1
     return 0
+
+
+def _report_held(run_dir, names):
+    """Build and save the report holding the run folder (as a run does): a run writing there now is refused, and
+    what a killed run left under partial names (.05_report.partial.ipynb) is removed first, with a note."""
+    from portkit.core import atomic_io
+    from portkit.core.errors import BadParameter
+    from portkit.runfolder import layout
+    from portkit.stages.report import stage as report
+    try:
+        with layout.hold(run_dir):
+            removed = atomic_io.remove_partials(run_dir)
+            if removed:
+                print(f"portkit: note: removed {len(removed)} partial file(s) a killed run left: "
+                      f"{', '.join(p.name for p in removed)}")
+            r = report.build_report(run_dir, names)
+            r.save(run_dir)
+            return r
+    except layout.FolderInUse as exc:
+        raise BadParameter("run folder", str(run_dir), hint=f"in use by a run (process {exc.pid}); wait for it to "
+                                                            "end") from None
+    except PermissionError as exc:
+        raise BadParameter("run folder", str(run_dir), hint=f"cannot write in it ({exc.strerror})") from None
 
 
 DAMAGED = ("unreadable", "incomplete")   # a stage result's status in the report (report.stage.StageResult)

@@ -240,3 +240,51 @@ def test_an_image_declaration_is_the_one_source_of_the_image_size():
     assert batch["pixel_values"].shape == (2, 1, 8, 8) and label == "2 image crops of 8x8"
     with pytest.raises(BadParameter, match="invalid image_size 16: the declaration's images are 8x8"):
         registry.LoadedModel("gray", "classifier", torch.nn.Flatten(), "test", declaration=declaration, image_size=16)
+
+
+def test_libraries_fd_output_in_a_kernel_goes_to_the_run_kernel_log_not_the_terminal(tmp_path, capfd):
+    """libtpu's "Failed to find host bounds" WARNING is written to the kernel's file descriptor 2, which ipykernel
+    copies into the notebook and onto the descriptor: a kernel started with a log holds it there, never on the
+    terminal; the same line forwarded by papermill (progress shown) goes to the log too."""
+    from jupyter_core.utils import run_sync
+    from portkit.run import jupyter_kernels as kernels
+    log = tmp_path / layout.KERNEL_LOG
+    warning = "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type"
+    with kernels.SharedKernel(log=log) as kernel:
+        client = kernel.for_stage().client()
+        client.start_channels()
+        try:
+            run_sync(client.wait_for_ready)(timeout=60)
+            reply = run_sync(client.execute_interactive)(f"import os; os.write(2, b{warning + chr(10)!r})",
+                                                         timeout=60, output_hook=lambda msg: None)
+        finally:
+            client.stop_channels()
+    assert reply["content"]["status"] == "ok"
+    assert warning in log.read_text() and warning not in capfd.readouterr().err
+    terminal = tmp_path / "terminal.txt"
+    with open(terminal, "w", newline="") as shown:
+        stream = runner._StageStderr(shown, log)
+        stream.write(warning + "\n")
+        stream.write("  fallbacks cells: 40%\r")
+    assert terminal.read_bytes() == b"  fallbacks cells: 40%\r" and log.read_text().count(warning) == 2
+
+
+def test_portkit_report_removes_what_a_killed_report_stage_left(tmp_path, capsys):
+    """A kill -9 during the report stage leaves .05_report.partial.ipynb: `portkit report` removes it (holding the
+    folder, as a run does) and says so; a folder a live run holds is refused."""
+    (tmp_path / layout.MARKER).write_text("a run\n")
+    (tmp_path / "fallbacks.json").write_text('{"stage": "fallbacks", "targets": {}}')
+    partial = tmp_path / ".05_report.partial.ipynb"
+    partial.write_text("{")
+    cli.main(["report", str(tmp_path), "--target", "neuron"])
+    assert not partial.exists()
+    assert "portkit: note: removed 1 partial file(s) a killed run left: .05_report.partial.ipynb" in \
+        capsys.readouterr().out
+    holder = _hold_in_another_process(tmp_path)
+    try:
+        assert cli.main(["report", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.strip() == (f"portkit: error: invalid run folder '{tmp_path}': in use by a run "
+                                                   f"(process {holder.pid}); wait for it to end")
+    finally:
+        holder.kill()
+        holder.wait()

@@ -66,8 +66,12 @@ class SharedKernel:
     """The kernel manager papermill gets for each stage (`km=`): a kernel started for the first stage, the same
     kernel, cleared, for the later ones."""
 
-    def __init__(self, kernel_name: str = KERNEL, lane: int = 0, cwd: str | None = None, extra_arguments=()):
+    def __init__(self, kernel_name: str = KERNEL, lane: int = 0, cwd: str | None = None, extra_arguments=(),
+                 log: str | os.PathLike | None = None):
         self.kernel_name, self.lane = kernel_name, lane
+        # where the kernel process's own stdout and stderr go (None: this process's): what libraries write to the
+        # file descriptors (libtpu's C++ warnings), which ipykernel copies into the notebook and onto them
+        self.log = log
         # where a new kernel works, and its command-line arguments (set here, not by papermill: its cwd= would
         # change this whole process's folder, which two stages side by side would leave wrong)
         self.cwd, self.extra_arguments = cwd, list(extra_arguments)
@@ -88,7 +92,12 @@ class SharedKernel:
         if self.closed:
             return
         self.km = AsyncKernelManager(kernel_name=self.kernel_name)
-        run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments)
+        with contextlib.ExitStack() as stack:
+            streams = {}
+            if self.log is not None:
+                handle = stack.enter_context(open(self.log, "ab"))   # the kernel holds its own copy once started
+                streams = {"stdout": handle, "stderr": handle}
+            run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments, **streams)
         self.prepared = True
         if self.killed:   # killed while it started: the new kernel goes too
             self.kill()

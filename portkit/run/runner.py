@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -581,7 +582,8 @@ def _run_stages(per_stage, run: _Run, lanes: int) -> None:
     selected = {s.name for s, _ in per_stage}
     targets = per_stage[0][1]["targets"]
     # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
-    free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                                 log=run.out / runfolder.KERNEL_LOG)
             for i in reversed(range(max(1, lanes)))]
     schedule = _Schedule(list(per_stage), {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage},
                          free, models.size_hint(run.model_spec))
@@ -742,6 +744,32 @@ def _ended(stage: Stage, start: float, outcome, run: _Run) -> None:
     run.printer.ended(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s)")
 
 
+# Lines the libraries under a stage write to the kernel's stderr that are no news to the user: libtpu's host-bounds
+# warning (it looks for a TPU's metadata; compile-only stage 3b has no TPU by design) and glog-style lines of XLA's
+# C++ ("W1205 08:22:21.123 ..."). They go to the run's kernel log, not to the terminal.
+LIBRARY_NOISE = re.compile(r"Failed to find host bounds for accelerator type|could not determine TPU accelerator "
+                           r"type|^[IWE]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
+
+
+class _StageStderr:
+    """The kernel's stderr stream as papermill forwards it (stderr_file): the stage's progress bars to the terminal,
+    LIBRARY_NOISE to the run's kernel log."""
+
+    def __init__(self, terminal, log: Path):
+        self.terminal, self.log = terminal, log
+
+    def write(self, text: str) -> int:
+        if LIBRARY_NOISE.search(text):
+            with open(self.log, "a", encoding="utf-8") as handle:
+                handle.write(text if text.endswith("\n") else text + "\n")
+        else:
+            self.terminal.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.terminal.flush()
+
+
 def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     km = kernel.for_stage()   # first: a new kernel starts up while papermill is imported
@@ -750,6 +778,8 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
     from papermill.exceptions import PapermillExecutionError
     output = out / stage.notebook
     partial = _io.partial_path(output)
+    with open(out / runfolder.KERNEL_LOG, "a", encoding="utf-8") as log:
+        log.write(f"---- stage {stage.name} ({stage.notebook}) starts in kernel lane {kernel.lane}\n")
     try:
         papermill.execute_notebook(
             str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=kernels.KERNEL,
@@ -757,7 +787,8 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
             progress_bar={"desc": f"  {stage.name} cells", "leave": False, "position": kernel.lane + 1}
             if progress else False,
             # the stage's own progress bars (portkit.core.progress: text on the kernel's stderr) reach the terminal
-            stderr_file=sys.stderr if progress else None, request_save_on_cell_execute=True)
+            stderr_file=_StageStderr(sys.stderr, out / runfolder.KERNEL_LOG) if progress else None,
+            request_save_on_cell_execute=True)
     except PapermillExecutionError as exc:
         os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows
         last = exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ""
