@@ -66,8 +66,8 @@ MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and wri
 RUN_LOG = "run.json"      # how each stage of the latest run ended
 LOCK = ".portkit-lock"    # held by the run writing into the folder (hold), naming its process id
 KERNEL_LOG = "kernels.log"   # the kernels' own output (libraries' C++ warnings), each stage's start marked
-RUN_FILES = frozenset({MARKER, RUN_LOG, LOCK, KERNEL_LOG, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES),
-                       *(s.early for s in STAGES if s.early)})
+RUN_FILES = frozenset({MARKER, RUN_LOG, LOCK, KERNEL_LOG, "report.html", *(s.notebook for s in STAGES),
+                       *(s.result for s in STAGES), *(s.early for s in STAGES if s.early)})
 
 
 def model_tag(spec: str) -> str:
