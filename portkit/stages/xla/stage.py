@@ -214,13 +214,11 @@ class XlaStage:
         done = sum(s.ok for s in r.shapes)
         if r.check == "lowering":
             return (f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to "
-                    f"StableHLO; {r.cached_shapes} read from the lowering cache"
-                    + (" (figures as measured when first lowered)" if r.cached_shapes else ""))
+                    "StableHLO")
         peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
         return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
                 f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per "
-                f"device; largest {format_bytes(peak)}; {r.cached_shapes} served from the verdict cache"
-                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + largest
+                f"device; largest {format_bytes(peak)}" + largest
                 + (f"; {self.training[name]['summary']}" if name in self.training else "")
                 + (f"; {self.serving[name]['summary']}" if name in self.serving else ""))
 
