@@ -187,6 +187,10 @@ CASES = [
      "invalid --junit file 'reports': it is a folder; give a file name in it"),
     ("export-target-unknown", ["export", "somerun", "--to", "vllm", "--target", "gpu"], {},
      "unknown target 'gpu'; choose one of: neuron, tpu, cpu, cuda"),
+    ("check-baseline-of-another-model", ["check", "new", "--baseline", "old"],
+     {"new": DIR, "new/report.json": b'{"model": {"name": "minilm", "kind": "embedding"}, "targets": {}}',
+      "old": DIR, "old/report.json": b'{"model": {"name": "gpt2", "kind": "causal-lm"}, "targets": {}}'},
+     "invalid baseline 'old': it is a run of gpt2 (causal-lm), the new run one of minilm (embedding)"),
     # an option that takes one value, given twice (argparse would keep the last one)
     ("model-repeated", run("--model", "minilm", "--model", "gpt2"), {},
      "argument --model: given twice ('minilm', then 'gpt2'); give it once"),

@@ -288,3 +288,15 @@ def test_portkit_report_removes_what_a_killed_report_stage_left(tmp_path, capsys
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_check_against_itself_passes_with_a_note(tmp_path, capsys):
+    """`portkit check RUN --baseline RUN` cannot fail: it passes, and its output says the baseline is the run
+    itself (a baseline of another model is refused: tests/test_bad_input.py)."""
+    (tmp_path / "report.json").write_text('{"model": {"name": "minilm", "kind": "embedding"}, "targets": '
+                                          '{"tpu": {"verdict": "ready"}}}')
+    assert cli.main(["check", str(tmp_path), "--baseline", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out.splitlines()[0]
+    assert out.splitlines()[1] == ("  note: the baseline is the run itself: every check compares the run with "
+                                   "itself, so it cannot fail; give an earlier run as --baseline")
