@@ -242,3 +242,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert _snapshot(tmp_path) == before
     assert not (tmp_path / OUT).exists() and not Path("/proc/portkit-run").exists()
     assert os.getcwd() == str(tmp_path)
+
+
+def test_the_guide_states_the_tables_size():
+    """docs/guides/bad-input.md's promise names the size of this table: the figure stays the table's."""
+    guide = (Path(__file__).parent.parent / "docs" / "guides" / "bad-input.md").read_text()
+    assert f"`tests/test_bad_input.py`'s table of {len(CASES)}\ncases" in guide
