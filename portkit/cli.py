@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"portkit: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:   # Ctrl-C: one line (the runner's names what it stopped), the shell's 128 + SIGINT
-        print(f"portkit: {exc or 'interrupted'}", file=sys.stderr)
+        print(f"portkit: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     except (PortkitError, NeedsNetwork) as exc:
         print(f"portkit: error: {exc}", file=sys.stderr)
