@@ -216,3 +216,63 @@ def test_a_library_loop_a_config_switches_on_is_named_with_the_setting_that_swit
     assert "chunk_size_feed_forward to 0" in found["advice"] and found["where"]["file"].endswith("pytorch_utils.py")
     [plain] = storm_findings(report_of(bert(0)))
     assert not plain["message"].startswith(loops.CAUSE)
+
+
+CHUNKS_AND_REMAINDER = '''
+    """A library's model file: a loop over whole chunks of the sequence, then a loop over the remainder."""
+    import torch
+    from torch import nn
+
+
+    class ChunkedMixer(nn.Module):
+        def __init__(self, dim=8, chunk=4):
+            super().__init__()
+            self.embed = nn.Embedding(30522, dim)
+            self.proj = nn.Linear(dim, dim)
+            self.chunk = chunk
+
+        def forward(self, input_ids, attention_mask):
+            hidden = self.embed(input_ids) * attention_mask.unsqueeze(-1)
+            length = hidden.shape[1]
+            outs = []
+            for chunk in range(length // self.chunk):                 # the chunks
+                outs.append(self.proj(hidden[:, chunk * self.chunk:(chunk + 1) * self.chunk]))
+            for i in range(length // self.chunk * self.chunk, length):  # the remainder
+                outs.append(self.proj(hidden[:, i:i + 1]))
+            return {"out": torch.cat(outs, 1)}
+'''
+
+
+def test_a_library_loop_over_chunks_and_the_remainder_is_named(tmp_path):
+    """A loop over whole chunks plus a loop over the remainder, in a library's model file (site-packages): at 7, 8, 13
+    and 16 tokens the graphs hold 1+3, 2+0, 3+1 and 4+0 bodies, so their sizes shrink and grow again instead of
+    growing. Rule: graphs that change more often than one shape-dependent branch changes them, with a loop over an
+    input's size in the source, are the length loop's, named at the library's line with the library as owner."""
+    import importlib
+    import sys
+    import textwrap
+    root = tmp_path / "site-packages"
+    (root / "chunkedlib").mkdir(parents=True)
+    (root / "chunkedlib" / "__init__.py").write_text(textwrap.dedent(CHUNKS_AND_REMAINDER))
+    sys.path.insert(0, str(root))
+    try:
+        library = importlib.import_module("chunkedlib")
+    finally:
+        sys.path.remove(str(root))
+    lengths = (7, 8, 13, 16)
+    m = loaded(library.ChunkedMixer())
+    text = "A chunked model reads its input in fixed chunks."
+    requests = Requests([[text] for _ in lengths], [m.encode([text], pad_to=n) for n in lengths], "test", m)
+    cost = compiling.economics.neuron_estimate(10**6)
+    report = compiling.compile_model(m, requests, ["neuron"], compiling.Options.of({"seq_len": lengths[0]}),
+                                     progress=False, costs={"neuron": cost})
+    storm = report.storms["neuron"]
+    nodes = storm.loop["nodes"]
+    assert storm.loop["lengths"] == list(lengths) and nodes[1] < nodes[0]   # not growing: the remainder's steps
+    [found] = storm_findings(report)
+    source = (root / "chunkedlib" / "__init__.py").read_text().splitlines()
+    assert [w["line"] for w in storm.loop["loops"]] == [i for i, line in enumerate(source, 1)
+                                                         if "# the chunks" in line or "# the remainder" in line]
+    assert found["message"].startswith(loops.CAUSE) and "library code at chunkedlib/__init__.py:" in found["message"]
+    assert found["owner"]["owner"] == "library" and found["owner"]["package"] == "chunkedlib"
+    assert "not your code (chunkedlib" in found["advice"] and "growing" not in found["message"]

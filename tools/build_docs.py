@@ -8,7 +8,8 @@
 - docs/reference/parameters.md: every parameter of every stage: a stage module's `Options` (its frozen
   dataclass's fields: help and default) where it has one, else its notebook's parameters cell (the same source);
 - docs/design.md: the layers and contracts of pyproject.toml's [tool.importlinter], each package with its docstring;
-- docs/benchmarks/index.md: each benchmarks/bench_*.py, its docstring's first paragraph and its command.
+- docs/benchmarks/index.md: each benchmarks/bench_*.py, its docstring's first paragraph and its command;
+- docs/reference/verdicts.md: the grading policy (portkit/core/grading.py) and the targets' feature rules.
 
 The other pages are written by hand; `mkdocs build --strict` builds the site (mkdocs.yml).
 """
@@ -226,8 +227,33 @@ def benchmarks_page() -> str:
     return "".join(lines)
 
 
+# ---------------------------------------------------------------- the grading policy
+def verdicts_page() -> str:
+    from portkit.core import grading
+    from portkit.targets import specs
+    lines = [GENERATED.format(source="portkit/core/grading.py and each target's feature rules "
+                                     "(portkit/targets/specs.py)"),
+             "# Verdicts: the grading policy\n\n",
+             _markdown(_first_paragraph(_docstring(ROOT / "portkit/core/grading.py"))), "\n\n",
+             "## The verdict of a target\n\n", " ".join(grading.verdict.__doc__.split()), "\n\n",
+             "Verdicts, in the order the rule tries them: " + ", ".join(f"**{v}**" for v in grading.VERDICTS)
+             + ".\n\n## The severity of each kind of result\n\n",
+             "| stage | kind | case | severity | why |\n|---|---|---|---|---|\n"]
+    lines += [f"| {g.stage} | `{g.kind}` | {_cell(g.case)} | {g.severity} | {_cell(g.rule)} |\n"
+              for g in grading.POLICY]
+    targets = [t for t in specs.TARGETS.values() if not t.reference]
+    lines.append("\n## Stage 1's features, by target\n\nAn op or feature stage 1 records takes the severity of the "
+                 "target's rule for it.\n\n| feature | " + " | ".join(t.name for t in targets) + " |\n|---|"
+                 + "---|" * len(targets) + "\n")
+    features = sorted({k for t in targets for k in t.features})
+    lines += ["| `" + f + "` | " + " | ".join(t.features[f].severity if f in t.features else "—"
+                                             for t in targets) + " |\n" for f in features]
+    return "".join(lines)
+
+
 # ---------------------------------------------------------------- main
 PAGES = {
+    "reference/verdicts.md": verdicts_page,
     "reference/commands.md": commands_page,
     "reference/parameters.md": parameters_page,
     "design.md": design_page,

@@ -2,18 +2,18 @@
 
     >>> from portkit.core import frames
     >>> where = frames.caller()          # innermost frame outside torch, portkit and the stdlib
-    >>> frames.owner(where)["owner"]     # "user", "configurable library" or "library"
+    >>> frames.owner(where)["owner"]     # "user", "configurable library", "library" or "portkit"
     'user'
     >>> frames.owner({"file": ".../site-packages/transformers/masking_utils.py", "line": 354})["setting"]
     'attn_implementation'
 
 A frame is the user's code when its file is outside the installed packages and the standard library
 (the model's own file, a `file.py:factory` or a project on the path), in the module or package of the
-model's factory wherever it is installed (claim), or in portkit's model wrappers (portkit/models/: registry.py,
-adapters.py and audio.py, which stand in for the user's own model code). A frame in an installed
-package is a library's: "configurable" where the library has a setting that changes the path (SETTINGS
-names it), otherwise one the user cannot change, whose advice is an upgrade, a setting or a wrapper, never
-"rewrite this line". A foundation: it imports no other portkit module.
+model's factory wherever it is installed (claim). A frame in portkit's model wrappers (portkit/models/:
+registry.py, adapters.py and audio.py, which call the model as the user's code would) is portkit's, never the
+user's. A frame in an installed package is a library's: "configurable" where the library has a setting that
+changes the path (SETTINGS names it), otherwise one the user cannot change, whose advice is an upgrade, a
+setting or a wrapper, never "rewrite this line". A foundation: it imports no other portkit module.
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ import sysconfig
 
 from portkit.core.locations import PACKAGE
 
-USER, CONFIGURABLE, LIBRARY = "user", "configurable library", "library"
-OWNERS = (USER, CONFIGURABLE, LIBRARY)
+USER, CONFIGURABLE, LIBRARY, PORTKIT = "user", "configurable library", "library", "portkit"
+OWNERS = (USER, CONFIGURABLE, LIBRARY, PORTKIT)
 
 _PORTKIT = str(PACKAGE)
-# portkit's model wrappers (the sources and their adapters): the user's role
+# portkit's model wrappers (the sources and their adapters): where a finding's line may be, portkit's own code
 _WRAPPERS = tuple(os.path.join(_PORTKIT, "models", name) for name in ("registry.py", "adapters.py", "audio.py"))
 # portkit's decoding loop (greedy generation with a KV cache) stands in for a serving stack's: its ops
 # (argmax, the cache's position bookkeeping) belong to the serving loop, not to the model or the user
@@ -157,10 +157,11 @@ def owner(where: dict | None) -> dict:
     file = os.path.abspath(where["file"])
     if _claimed(file):
         return {"owner": USER, "package": package(file), "setting": None, "setting_help": None}
-    if file in _WRAPPERS:
-        return {"owner": USER, "package": "portkit (model wrapper)", "setting": None, "setting_help": None}
     if file in _SERVING:
         return {"owner": LIBRARY, "package": SERVING_LOOP, "setting": None, "setting_help": None}
+    if file.startswith(_PORTKIT + os.sep):   # its model wrappers (adapters.py, ...) or any other of its files
+        return {"owner": PORTKIT, "package": f"portkit ({os.path.relpath(file, os.path.dirname(_PORTKIT))})",
+                "setting": None, "setting_help": None}
     name = package(file) or ("python (stdlib)" if _in_stdlib(file) else None)
     if name is None:
         return {"owner": USER, "package": None, "setting": None, "setting_help": None}

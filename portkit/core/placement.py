@@ -5,10 +5,14 @@
     ...     out = model.module(**moved)
     >>> out = placement.to_device(out, "cpu")                             # back for comparison
     # here model.module is where it was before (the CPU, where portkit loads models)
+    >>> with placement.tensors_kept(model.module):    # forward on fake (or converted) tensors
+    ...     model.module(**fake_inputs)               # a tensor forward stores on a module is put back after
 
 Stages run on the CPU in emulated mode and on the target's device in native mode; a stage that moves
 the model must leave it where it found it, also when the run raises, or the next stage (or the next
-cell) would run on the wrong device.
+cell) would run on the wrong device. Likewise a trace that runs the model's forward on tensors that are not
+the model's own (fake tensors counting FLOPs, the XLA converter's): a forward that stores a tensor on its module
+(a cache set up during the call) must not leave a fake or converted tensor there for the next trace or stage.
 """
 from __future__ import annotations
 
@@ -48,3 +52,32 @@ def on_device(module: nn.Module, device, inputs=None):
         yield to_device(inputs, device) if inputs is not None else None
     finally:
         module.to(home)
+
+
+def _held(module: nn.Module) -> dict[tuple, tuple]:
+    """What each module of the tree holds by name where forward can assign a tensor (its plain attributes, buffers
+    and parameters): {(id(submodule), name): (submodule, value)}."""
+    found = {}
+    for sub in module.modules():
+        named = [*((n, v) for n, v in vars(sub).items() if not n.startswith("_")),
+                 *sub.named_buffers(recurse=False), *sub.named_parameters(recurse=False)]
+        found.update({(id(sub), name): (sub, value) for name, value in named})
+    return found
+
+
+@contextlib.contextmanager
+def tensors_kept(module: nn.Module):
+    """Run a block that calls `module`'s forward on tensors that are not the model's own (fake or converted), and
+    afterwards, also after an error, put back what its modules held where forward stored a tensor, and drop a
+    tensor stored under a name that was not there before."""
+    before = _held(module)
+    try:
+        yield
+    finally:
+        for key, (sub, value) in _held(module).items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if key not in before:
+                delattr(sub, key[1])
+            elif before[key][1] is not value:
+                setattr(sub, key[1], before[key][1])

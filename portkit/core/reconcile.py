@@ -15,7 +15,8 @@ graphs); it vanishes when neither holds; it is not checked when stage 2 did not 
 failed, ran natively, or the target refused the graph. Severity follows what persists and states its
 consequence: a vanished finding is info (no cost under compile), a persisting or unchecked one keeps the
 target's severity with its cost named. Whose code it is (portkit.core.frames.owner) decides the advice: the
-user's code is fixed in place, a library's through its setting, an upgrade or a wrapper.
+user's code is fixed in place, a library's through its setting, an upgrade or a wrapper, portkit's own wrapper
+through a factory of the user's own.
 Pure functions over the stage results' dicts: the report and the notebooks call them.
 """
 from __future__ import annotations
@@ -137,10 +138,13 @@ def advice_for(finding: dict, owner: dict) -> str:
     """The finding's advice in terms of who can change the code: never "rewrite this line" of a library.
     The target's own advice is kept where it is no edit of the line (a kernel, an input layout, a dtype)."""
     advice, where = finding.get("advice", ""), finding.get("where") or {}
-    if finding.get("severity") == INFO or owner["owner"] not in (frames.CONFIGURABLE, frames.LIBRARY):
+    if finding.get("severity") == INFO or owner["owner"] not in (frames.CONFIGURABLE, frames.LIBRARY, frames.PORTKIT):
         return advice   # the user's code, or nothing to change: the target's advice stands
     note = "" if finding.get("kind") in LINE_EDITS else f"; the target's note: {advice}"
     head = f"not your code ({owner['package']}, {where.get('text', '')})"
+    if owner["owner"] == frames.PORTKIT:   # the wrapper portkit put around the model, not the model itself
+        return (f"{head}: portkit's own wrapper around the model makes this; load the model through a factory of "
+                f"your own (`--model file.py:factory`) to choose how it is called, or report it to portkit{note}")
     if owner["owner"] == frames.CONFIGURABLE:
         return (f"{head}: the setting that changes this path is {owner['setting']} ({owner['setting_help']}); "
                 f"or upgrade {owner['package']}{note}")

@@ -22,11 +22,12 @@ import torch.utils._pytree
 # extending-torch notes) but lives in a private module; stages import it from here.
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-__all__ = ["TorchDispatchMode", "aot_autograd", "backend_by_name", "compile_with_inductor", "current_autograd_node",
-           "default_recompile_limit", "fake_tensor_mode", "fresh_compile_cache", "graph_input_name", "guard_failures",
-           "inductor_cache_hits", "is_op_overload", "known_backends", "no_dispatch_modes", "outside_dynamo_tracing",
+__all__ = ["DATA_DEPENDENT_ERRORS", "TorchDispatchMode", "aot_autograd", "backend_by_name", "compile_with_inductor",
+           "current_autograd_node", "custom_op_function", "default_recompile_limit", "fake_tensor_mode", "fakes_like",
+           "fresh_compile_cache", "graph_input_name", "guard_failures", "inductor_cache_hits", "is_op_overload",
+           "known_backends", "no_dispatch_modes", "outside_dynamo_tracing", "output_size_follows_values",
            "recompile_limit", "recompile_limit_for", "register_backend", "removed_named_overloads_tolerated",
-           "tree_leaves", "unlimited_recompiles"]
+           "symbolic_fake_mode", "tree_leaves", "unbacked_sizes", "unlimited_recompiles"]
 
 
 def tree_leaves(value) -> list:
@@ -207,3 +208,70 @@ def guard_failures(clear: bool = False) -> list[str]:
     if clear:
         record.clear()
     return [str(f) for fs in record.values() for f in fs]
+
+
+# ---------------------------------------------------------------- what PyTorch's fake kernels say about sizes
+def _data_dependent_errors() -> tuple[type, ...]:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    return DynamicOutputShapeException, DataDependentOutputException, GuardOnDataDependentSymNode
+
+
+# What a fake kernel raises where its output's size, or a branch, needs a tensor's values
+# (torch._subclasses.fake_tensor; symbolic_shapes' guard on an unbacked symbol): PyTorch's own statement that the
+# op is data-dependent.
+DATA_DEPENDENT_ERRORS = _data_dependent_errors()
+
+
+def symbolic_fake_mode():
+    """A FakeTensorMode with a ShapeEnv: a value read from a tensor (.item(), .tolist(), nonzero's count) becomes an
+    unbacked symbol instead of an error, so the sizes that follow from it show as unbacked sizes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    return FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+
+
+def fakes_like(mode, value):
+    """`value` with every tensor replaced by a tensor of `mode` of the same size, strides, dtype and device (a fake
+    tensor of another mode, a meta tensor or a real one alike: their values are never read)."""
+    def like(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        with mode:
+            return torch.empty_strided(tuple(int(n) for n in t.shape), tuple(int(n) for n in t.stride()),
+                                       dtype=t.dtype, device=t.device if t.device.type != "meta" else "cpu")
+    return torch.utils._pytree.tree_map(like, value)
+
+
+def unbacked_sizes(value) -> bool:
+    """Whether a tensor's size or a symbolic number in `value` rests on an unbacked symbol: one read from a tensor's
+    values (.item(), .tolist(), nonzero's count)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return any(free_unbacked_symbols(leaf) for leaf in tree_leaves(value)
+               if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)))
+
+
+def output_size_follows_values(func, args, kwargs) -> bool | None:
+    """Whether the ATen op's output size depends on its inputs' values, as PyTorch's own fake kernel says: it raises
+    DynamicOutputShapeException or DataDependentOutputException, or gives an output an unbacked size (nonzero,
+    masked_select, unique, repeat_interleave of a repeats tensor; not histc, whose size is its `bins`). None where
+    the fake kernel cannot say (it fails for another reason). Runs on fake copies: no value is read or changed."""
+    with no_dispatch_modes():
+        mode = symbolic_fake_mode()
+        try:
+            fake_args, fake_kwargs = fakes_like(mode, (tuple(args), dict(kwargs or {})))
+            with mode:
+                out = func(*fake_args, **fake_kwargs)
+        except DATA_DEPENDENT_ERRORS:
+            return True
+        except Exception:   # noqa: BLE001 - no fake kernel, a tensor without strides (sparse): PyTorch does not say
+            return None
+        return unbacked_sizes(out)
+
+
+def custom_op_function(func):
+    """The Python function a torch.library.custom_op was made from (torch._library.custom_ops.OPDEFS), which runs
+    as its kernel; None for an op defined otherwise (a C++ kernel, torch.library.Library.impl)."""
+    from torch._library.custom_ops import OPDEFS
+    opdef = OPDEFS.get(getattr(getattr(func, "_schema", None), "name", None))
+    return getattr(opdef, "_init_fn", None) if opdef is not None else None

@@ -307,6 +307,23 @@ def percentiles(lengths) -> dict[str, int]:
     return {"p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "max": int(np.max(lengths))}
 
 
+# How a length limit is named: "the model's maximum" only for one read from the model (its config, its position
+# table, its factory's declaration); any other is portkit's own cap, named as portkit's with what raises it.
+RAISE_CAP = ("a factory of your own raises it: return LoadedModel(..., max_length=N), or declare the dimension with "
+             "Dim(..., max=N) (docs/guides/declaring-a-model.md)")
+
+
+def limit_text(max_length: int, unit: str, source: str | None) -> str:
+    """The limit `max_length` in words, with whose it is: the model's (source: where the model states it) or
+    portkit's cap (source None); limit_note says where it comes from."""
+    return f"{max_length} {unit} " + ("(the model's maximum)" if source else "(portkit's cap, not the model's)")
+
+
+def limit_note(source: str | None) -> str:
+    """Where a limit comes from: the model's own statement, or, for portkit's cap, what raises it."""
+    return f"the limit is {source}" if source else f"the model states no length limit; {RAISE_CAP}"
+
+
 @dataclass
 class LengthDistribution:
     """Lengths of a corpus's items along the model's varying dimension (tokens under one tokenizer for
@@ -316,6 +333,7 @@ class LengthDistribution:
     corpus: str
     max_length: int          # what the model accepts; longer texts are truncated or rejected
     unit: str = "tokens"     # the varying dimension's name (tokens, samples, frames)
+    max_length_from: str | None = None   # where the model states max_length; None: portkit's cap (limit_text)
 
     def percentiles(self) -> dict[str, int]:
         return {**percentiles(self.lengths), "min": int(self.lengths.min())}
@@ -325,7 +343,8 @@ class LengthDistribution:
 
     def to_dict(self) -> dict:
         return {"corpus": self.corpus, "tokenizer": self.tokenizer, "count": int(self.lengths.size),
-                "max_length": self.max_length, "over_max_length": self.over_limit(), "unit": self.unit,
+                "max_length": self.max_length, "max_length_from": self.max_length_from,
+                "over_max_length": self.over_limit(), "unit": self.unit,
                 **self.percentiles()}
 
     def __str__(self) -> str:
@@ -333,7 +352,8 @@ class LengthDistribution:
         what, noun = (f"{self.tokenizer} tokens", "texts") if self.unit == "tokens" else (self.unit, "items")
         return (f"{self.lengths.size} {noun} from {self.corpus}, {what}: p50 {p['p50']}, "
                 f"p90 {p['p90']}, p99 {p['p99']}, max {p['max']}; {self.over_limit()} longer than "
-                f"the model's {self.max_length}")
+                + limit_text(self.max_length, self.unit, self.max_length_from)
+                + f" ({limit_note(self.max_length_from)})")
 
     def plot(self, ax=None, bins: int = 60):
         import matplotlib.pyplot as plt
@@ -361,7 +381,7 @@ def length_distribution(corpus: Corpus, model) -> LengthDistribution:
     lengths = [n for start in progress.bar(chunks, desc=f"{verb} {corpus.name}", unit="chunk", leave=False)
                for n in model.token_lengths(texts[start:start + _TOKENIZE_CHUNK])]
     return LengthDistribution(np.asarray(lengths, dtype=np.int64), model.tokenizer_name, corpus.name,
-                              model.max_length, model.seq_dim)
+                              model.max_length, model.seq_dim, getattr(model, "max_length_from", None))
 
 
 def corpus_for(model, spec: str = "stdlib", column: str = "text") -> Corpus | None:

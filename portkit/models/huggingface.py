@@ -309,15 +309,25 @@ def position_offset(config: dict) -> int:
     return FIXED_PADDING_IDX.get(kind, int(config.get("pad_token_id") or 0)) + 1
 
 
+# The config keys that size a model's position table (transformers: BERT, Llama, ... and GPT-2's n_positions); a
+# model with neither gets portkit's own cap, named as portkit's (portkit.corpora.corpus.limit_text).
+POSITION_KEYS = ("max_position_embeddings", "n_positions")
+PORTKIT_CAP = 512
+
+
 def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
     tokenizer = check_vocabulary(path, name, config)
     names = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids")
                   if n in getattr(tokenizer, "model_input_names", ("input_ids", "attention_mask")))
-    limits = [config.get(k) for k in ("max_position_embeddings", "n_positions")]
-    max_length = next((int(v) for v in limits if v), 512) - position_offset(config)
+    key = next((k for k in POSITION_KEYS if config.get(k)), None)
+    # a model without a position table (state-space, recurrent, relative positions) states no limit: portkit caps it
+    max_length = (int(config[key]) if key else PORTKIT_CAP) - position_offset(config)
+    offset = position_offset(config)
+    source = f"its config's {key}" + (f", less the {offset} positions before its first token" if offset else "")
+    limit = {"max_length": max_length, "max_length_from": source if key else None}
     if task == "text-encoder":
         return {"kind": inputs.EMBEDDING, "module": adapters.EmbeddingAdapter(model), "tokenizer": tokenizer,
-                "max_length": max_length, "input_names": ("input_ids", "attention_mask", "token_type_ids")}
+                **limit, "input_names": ("input_ids", "attention_mask", "token_type_ids")}
     if task == "seq2seq-lm":
         module, kind = adapters.Seq2SeqAdapter(model), inputs.SEQ2SEQ_LM
         names = ("input_ids", "attention_mask")
@@ -328,8 +338,7 @@ def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
         if task == "causal-lm":
             names = ("input_ids", "attention_mask")
     declaration = inputs.text_declaration(tokenizer, names, max_length, (inputs.Output("logits", kind),))
-    return {"kind": kind, "module": module, "tokenizer": tokenizer, "max_length": max_length,
-            "declaration": declaration}
+    return {"kind": kind, "module": module, "tokenizer": tokenizer, **limit, "declaration": declaration}
 
 
 def _audio(path: Path, config: dict, task: str, model) -> dict:

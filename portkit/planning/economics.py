@@ -265,8 +265,9 @@ def fastest_seconds(module, batches: dict, repeats: int = 3, threads: int | None
 # - emulated: the FLOPs one more position adds to a forward pass (counted on the model's graph by
 #   capacity.count_flops, no weights read) at the chip's published peak bf16 compute (data/targets/chips.json):
 #   an estimate, and a lower bound (real kernels reach a fraction of peak; the plan at half and twice the
-#   compile estimate, buckets.what_if, shows how the choice moves with the ratio). Batched serving is
-#   compute-bound, so a padded position displaces a real one: the price holds at any batch size.
+#   compile estimate, buckets.what_if, shows how the choice moves with the ratio). Where the graph cannot be
+#   counted (fake tensors refuse it), the FLOPs are estimated from the parameters (FORWARD_FLOPS_PER_PARAMETER).
+#   Batched serving is compute-bound, so a padded position displaces a real one: the price holds at any batch size.
 # - native: measured on the target's device (capacity.measure_native, the vendor's backend).
 # - a reference target (cpu, cuda): the eager forward on this machine, which is that target.
 PRICE_CHIPS = {"tpu": DEFAULT_TOPOLOGY.split(":")[0], "neuron": "trn1"}
@@ -330,18 +331,35 @@ def padding_price(model, target: str, top: int, *, native: bool = False) -> Toke
         return roofline_price(target, flops_per_position(model, {model.seq_dim: max(1, top // 2)}, model.seq_dim, top))
     except Exception as exc:  # noqa: BLE001 - a graph the FLOP counter cannot run under fake tensors
         reason = " ".join(str(exc).split())[:160] or type(exc).__name__
-        return TokenPrice(target, measure_token_seconds(model, top), THIS_MACHINE,
-                          f"{THIS_MACHINE}: the FLOPs could not be counted on the graph ({reason}), so this CPU's "
-                          "eager forward slope stands in: an upper bound on the target's")
+        weights = non_embedding_parameters(model.module)
+        return roofline_price(target, FORWARD_FLOPS_PER_PARAMETER * weights,
+                              f"the FLOPs could not be counted on the graph ({reason}), so "
+                              f"{FORWARD_FLOPS_PER_PARAMETER} x {parameter_count(weights)} outside embeddings: "
+                              f"{FORWARD_FLOPS_SOURCE}")
 
 
-def roofline_price(target: str, flops: float) -> TokenPrice:
-    """A padded position of `flops` FLOPs at the peak bf16 compute of the target's chip (PRICE_CHIPS)."""
+# Where the graph cannot be counted: a forward pass costs about 2 FLOPs per non-embedding parameter per token
+# (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", arXiv:2001.08361, section 2.1: C_forward ~ 2N).
+FORWARD_FLOPS_PER_PARAMETER = 2
+FORWARD_FLOPS_SOURCE = ("a forward pass's 2N FLOPs per token for N non-embedding parameters (Kaplan et al. 2020, "
+                        "Scaling Laws for Neural Language Models, arXiv:2001.08361)")
+
+
+def non_embedding_parameters(module) -> int:
+    """The module's unique parameters outside its embedding tables (an embedding is a lookup, not a matmul)."""
+    import torch
+    lookups = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+    return sum(p.numel() for p in module.parameters() if id(p) not in lookups)
+
+
+def roofline_price(target: str, flops: float, basis: str = "counted on the graph") -> TokenPrice:
+    """A padded position of `flops` FLOPs at the peak bf16 compute of the target's chip (PRICE_CHIPS); `basis` says
+    where the FLOPs came from."""
     from portkit.targets import capacity
     name = PRICE_CHIPS[target]
     spec = capacity.chip(name, target)
     return TokenPrice(target, flops / spec["peak_bf16_flops"], ESTIMATE,
-                      f"estimate, not measured: {flops / 1e6:.1f} MFLOPs a position (counted on the graph) at "
+                      f"estimate, not measured: {flops / 1e6:.1f} MFLOPs a position ({basis}) at "
                       f"{name}'s peak bf16 {spec['peak_bf16_flops'] / 1e12:.0f} TFLOP/s "
                       f"({spec['sources']['peak_bf16_flops']})")
 

@@ -33,6 +33,7 @@ import torch.fx.traceback as fx_traceback
 
 from portkit.core import torch_private as _torch
 from portkit.targets import allocator
+from portkit.targets import foreign_ops
 from portkit.core import frames
 from portkit.targets import numerics
 from portkit.targets import specs as targets_mod
@@ -71,6 +72,9 @@ class GraphCheck:
     runs: str = "eager"                          # how the retraced graph runs: "eager" or "inductor"
     part: str = "inference"                      # or a training graph's "joint" (Dynamo's), "forward", "backward"
     ops: dict[str, int] = field(default_factory=dict)   # every ATen op of the retraced graph -> calls
+    # every op outside PyTorch's namespaces (a torch.library custom op), with what portkit checked inside it
+    # (foreign_ops.look_inside) and its calls and call sites in this graph
+    foreign_ops: list[dict] = field(default_factory=list)
 
 
 class _OpLog(_torch.TorchDispatchMode):
@@ -80,10 +84,13 @@ class _OpLog(_torch.TorchDispatchMode):
         super().__init__()
         self.calls: collections.Counter = collections.Counter()
         self.dtypes: dict[str, set] | None = collections.defaultdict(set) if dtypes else None
+        self.foreign: dict[str, tuple] = {}   # an op outside PyTorch's namespaces -> (op, args, kwargs), first call
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace != "prim":   # prim::device, prim::layout: metadata queries of fake tensors
             self.calls[(func.name(), fx_traceback.get_current_meta().get("stack_trace"))] += 1
+            if foreign_ops.is_foreign(func):
+                self.foreign.setdefault(func.name(), (func, args, kwargs or {}))
             if self.dtypes is not None:   # the inputs' dtypes: tensors, or lists of them (cat, stack)
                 seen = self.dtypes[func.name()]
                 for a in args:
@@ -116,9 +123,7 @@ DATA_DEPENDENT_SIZE = (
 
 def _data_dependent(value) -> bool:
     """Whether a symbolic value's shape rests on an unbacked symbol: a size read from a tensor's values."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    return any(free_unbacked_symbols(leaf) for leaf in _torch.tree_leaves(value)
-               if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)))
+    return _torch.unbacked_sizes(value)
 
 
 def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list[dict]:
@@ -140,6 +145,21 @@ def _decomposed(calls: collections.Counter, table: targets_mod.OpTable) -> dict[
         if table.classify(op, compiled=True).status == DECOMPOSED:
             found[op] += count
     return dict(sorted(found.items()))
+
+
+def _foreign(log: _OpLog, table: targets_mod.OpTable) -> list[dict]:
+    """Each op of the graph outside PyTorch's namespaces: what portkit checked inside it, its calls, and the lines
+    of the model that call it (the innermost frame outside torch)."""
+    out = []
+    for name, (func, args, kwargs) in sorted(log.foreign.items()):
+        traces = [(trace, count) for (op, trace), count in log.calls.items() if op == name]
+        where = []
+        for trace, _ in traces:
+            if (found := frames.innermost(frames.from_trace(trace))) and found not in where:
+                where.append({k: v for k, v in found.items() if k != "line_key"})
+        out.append({**foreign_ops.look_inside(func, args, kwargs, table),
+                    "calls": sum(count for _, count in traces), "where": where})
+    return out
 
 
 def _inductor_flag(target: Target, value) -> bool:
@@ -238,6 +258,7 @@ class EmulatedBackend:
         check.not_lowered = _not_lowered(log.calls, table)
         check.decomposed = _decomposed(log.calls, table)
         check.numerics = dict(mode.stats)
+        check.foreign_ops = _foreign(log, table)
         if self.contents is not None:
             self.contents.append(frames.graph_contents(log.calls, log.dtypes))
         return recorder.graph_module(out)

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from portkit.core import placement
 from portkit.core import torch_private as _torch
 from portkit.core.errors import BadParameter
 from portkit.core.locations import DATA
@@ -76,7 +77,8 @@ def count_flops(module: torch.nn.Module, inputs: dict) -> tuple[int, dict[str, i
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
-    with _torch.fake_tensor_mode() as mode, torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with placement.tensors_kept(module), _torch.fake_tensor_mode() as mode, torch.no_grad(), \
+            FlopCounterMode(display=False) as counter:
         fake = {name: mode.from_tensor(torch.empty(shape, dtype=getattr(torch, dtype), device=device))
                 for name, (shape, dtype) in inputs.items()}
         out = module(**fake)

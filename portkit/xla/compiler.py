@@ -25,6 +25,7 @@ import functools
 import os
 import re
 import time
+import traceback
 import warnings
 
 import torch
@@ -32,6 +33,8 @@ from torch import nn
 
 from portkit.core import torch_private as _torch
 from portkit.core import availability as probes
+from portkit.core import frames
+from portkit.core import placement
 from portkit.xla import cache as xla_cache
 from portkit.models.abstract import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError
@@ -237,7 +240,8 @@ class _Program:
         # unwind_on_error=False: when tracing raises, the post-hooks of the modules it passes through
         # do not run, so the tracker still names the module that called the failing op.
         tracker = ModuleTracker(self.module, root="", unwind_on_error=False)
-        with tracker, warnings.catch_warnings():
+        # placement.tensors_kept: a forward that stores a tensor on its module leaves no converted tensor there
+        with tracker, warnings.catch_warnings(), placement.tensors_kept(self.module):
             # jax_enable_x64 is off: int64 narrows to int32 (noted once in the report, not per op).
             warnings.filterwarnings("ignore", message="Explicitly requested dtype int64")
             try:
@@ -249,10 +253,23 @@ class _Program:
                     found = re.search(r"name (\S+) has no lowering", str(exc))
                     result.status, result.op = "no_lowering", found.group(1) if found else str(exc)
                 result.module_path = tracker.current      # "" is the model's own forward
+                result.where = _model_frame(exc)
                 result.module_type = type(self.module.get_submodule(result.module_path)).__name__
                 return None
             finally:
                 result.lower_seconds = time.perf_counter() - start
+
+
+# The conversion's own packages: a frame in them is portkit's machinery at work, not the model's line.
+CONVERSION_PACKAGES = ("torchax", "jax", "jaxlib")
+
+
+def _model_frame(exc: BaseException) -> dict | None:
+    """The innermost frame of the model's code (the user's or a library's, not torch, portkit, the stdlib or the
+    conversion's packages) in the traceback of a failed trace: the line that called the op."""
+    stack = [frames.place(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(exc.__traceback__)]
+    found = frames.innermost([f for f in stack if frames.package(f["file"]) not in CONVERSION_PACKAGES])
+    return {k: v for k, v in found.items() if k != "line_key"} if found else None
 
 
 def _message(exc: BaseException) -> str:

@@ -62,6 +62,7 @@ class ShapeResult:
     cached: bool = False            # the verdict came from portkit's verdict cache: nothing was compiled now
     measured_at: str | None = None  # when compile_seconds was measured (UTC, ISO 8601)
     collectives: dict | None = None  # collective ops the compiler inserted (counted in the compiled HLO)
+    where: dict | None = None       # a failed conversion: the model's line that was running (core.frames.place)
 
     @property
     def ok(self) -> bool:
@@ -84,6 +85,8 @@ class ShapeResult:
         where = ""
         if self.module_path is not None:
             where = f" in module {self.module_path or '<top level>'} ({self.module_type})"
+        if self.where:
+            where += f" at {self.where['text']}"
         if self.status == "no_lowering":
             return f"NO LOWERING for {self.op}{where}"
         first = (self.message or "").strip().splitlines()[0] if self.message else ""

@@ -451,8 +451,11 @@ class ReplayRun:
         return found
 
     def to_dict(self) -> dict:
+        """The run as a result file holds it; a run that could not be measured has no compile counts (None)."""
+        counted = not self.failure
         return {"name": self.name, "backend": self.backend, "plan": self.plan, "requests": self.requests,
-                "compiles": self.compiles, "compiles_after_warmup": self.compiles_after_warmup,
+                "compiles": self.compiles if counted else None,
+                "compiles_after_warmup": self.compiles_after_warmup if counted else None,
                 "real_tokens": self.real_tokens, "computed_tokens": self.computed_tokens,
                 "padding_waste": self.waste, "compile_seconds": self.compile_seconds,
                 "compile_wall_seconds": self.compile_wall_seconds, "run_seconds": self.run_seconds,

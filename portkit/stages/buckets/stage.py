@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from portkit.core import atomic_io as _io
-from portkit.core import checks
+from portkit.core import assessed, checks
 from portkit.core import frames
 from portkit.stages.buckets import bucketed
 from portkit.corpora import corpus as data
@@ -143,18 +143,23 @@ TRUNCATION_ADVICE = ("embed long {noun} in sliding windows of {limit} {unit} wit
                      "return_overflowing_tokens and stride) and pool the windows' outputs; or take a model with a "
                      "larger maximum; or refuse them with `-p overflow reject`, so that none is cut without a word")
 TRUNCATION_SOURCE = "https://huggingface.co/docs/transformers/pad_truncation"
+CAP_ADVICE = ("the limit is portkit's, not the model's: raise it to the longest {noun} you serve (" + data.RAISE_CAP
+              + "), and stage 3 buckets them whole; or refuse them with `-p overflow reject`, so that none is cut "
+              "without a word")
 
 
 def truncation(dist, hist: Histogram) -> dict:
     """What the overflow policy costs the corpus: the items longer than the largest bucket (hist.top: the model's
-    maximum, or less), and the tokens they lose (cut off under "truncate", every one of them under "reject"),
-    as a count, a share of those items' tokens and a share of the corpus's. Stage 3's one owner of these figures:
-    buckets.json's "truncation", its finding (truncation_finding) and the report read them."""
+    maximum or portkit's cap, max_length_from says which, or less), and the tokens they lose (cut off under
+    "truncate", every one of them under "reject"), as a count, a share of those items' tokens and a share of the
+    corpus's. Stage 3's one owner of these figures: buckets.json's "truncation", its finding (truncation_finding)
+    and the report read them."""
     lengths = np.asarray(dist.lengths, dtype=np.int64)
     over = lengths[lengths > hist.top]
     lost = int((over - hist.top).sum()) if hist.overflow == "truncate" else int(over.sum())
     total = int(lengths.sum())
-    return {"overflow": hist.overflow, "limit": int(hist.top), "max_length": dist.max_length, "unit": dist.unit,
+    return {"overflow": hist.overflow, "limit": int(hist.top), "max_length": dist.max_length,
+            "max_length_from": getattr(dist, "max_length_from", None), "unit": dist.unit,
             "items": int(lengths.size), "over": int(over.size), "over_share": over.size / max(lengths.size, 1),
             "over_tokens": int(over.sum()), "lost_tokens": lost, "tokens": total,
             "lost_share_of_over": lost / int(over.sum()) if over.size else 0.0, "lost_share": lost / max(total, 1)}
@@ -164,22 +169,23 @@ def truncation_finding(cut: dict) -> dict:
     """Stage 3's finding on truncation (kind "truncation"): work when any item is cut, info when none is (or the
     longer ones are rejected, as the overflow policy asks); its figures are truncation's, unchanged."""
     noun = "texts" if cut["unit"] == "tokens" else "items"
-    limit, unit = cut["limit"], cut["unit"]
-    where = (f"{limit} {unit} (the model's maximum)" if limit == cut["max_length"]
-             else f"{limit} {unit} (the largest bucket; the model takes {cut['max_length']})")
-    advice = TRUNCATION_ADVICE.format(noun=noun, limit=limit, unit=unit)
+    limit, unit, source = cut["limit"], cut["unit"], cut.get("max_length_from")
+    cap, note = data.limit_text(cut["max_length"], unit, source), data.limit_note(source)
+    where = cap if limit == cut["max_length"] else f"{limit} {unit} (the largest bucket, below {cap})"
+    # windows are for a model whose position table ends there; a cap of portkit's own is raised instead
+    advice = (TRUNCATION_ADVICE if source else CAP_ADVICE).format(noun=noun, limit=limit, unit=unit)
     if not cut["over"]:
         return Finding("truncation", "info", f"none of the {cut['items']:,} {noun} is longer than {where}: "
-                       "nothing is cut", advice, source=TRUNCATION_SOURCE).to_dict()
+                       f"nothing is cut ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
     share = (f"{cut['over']:,} of {cut['items']:,} {noun} ({cut['over_share']:.1%}) are longer than {where}")
     if cut["overflow"] != "truncate":
         return Finding("truncation", "info", f"{share} and are rejected (overflow {cut['overflow']}): "
                        f"{cut['lost_tokens']:,} {unit}, {cut['lost_share']:.1%} of the corpus's {cut['tokens']:,}, "
-                       "are never served", advice, source=TRUNCATION_SOURCE).to_dict()
+                       f"are never served ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
     return Finding("truncation", "work",
                    f"{share} and are cut to {limit}: they lose {cut['lost_share_of_over']:.1%} of their {unit} "
                    f"({cut['lost_tokens']:,} of {cut['over_tokens']:,}; {cut['lost_share']:.1%} of the corpus's "
-                   f"{cut['tokens']:,})", advice, source=TRUNCATION_SOURCE,
+                   f"{cut['tokens']:,}); {note}", advice, source=TRUNCATION_SOURCE,
                    consequence="work: the cut part of each long text never reaches the model, so its output "
                                "describes only the beginning").to_dict()
 
@@ -299,24 +305,45 @@ class TargetBuckets:
         """Seconds the run's compiles take on this target (every graph it compiled, at the target's cost)."""
         return self.cost.total(run.compiled_seqs)
 
+    def replay_failure(self) -> dict | None:
+        """Why the chosen plan's replay could not be measured (its run's failure: the target's compiler refused it,
+        or the model raised), or None where it was: then what the replay was to establish is not assessed."""
+        mine = self.run_for(self.chosen)
+        return mine.failure if mine is not None else None
+
+    def open_questions(self) -> list[dict]:
+        """What this target's replay left open (core.assessed): where the chosen plan's replay was stopped, its
+        compiles after warm-up, its compile time against none and its padding check."""
+        mine = self.run_for(self.chosen)
+        if mine is None or not mine.failure:
+            return []
+        why = f"the chosen plan's replay on {self.name} was stopped: {mine.not_measured.removeprefix('not measured: ')}"
+        return [assessed.open_question(q, why) for q in (
+            "compiles after warm-up under the chosen plan", "warm-up compile time of the chosen plan on the target",
+            "padding check of the chosen plan")]
+
     def summary(self) -> str:
         mode = self.target["mode"]
+        warmup = (f"warm-up {self.chosen.settings.get('warmup_seconds', 0):.0f} s ({self.cost.kind})"
+                  if not self.replay_failure() else f"warm-up {assessed.NOT_ASSESSED}")
         text = (f"{self.name} ({mode}, {self.backend}): {_n(self.chosen.k, 'bucket')} {list(self.chosen.boundaries)}, "
-                f"{self.chosen.waste:.1%} padding over the corpus, warm-up "
-                f"{self.chosen.settings.get('warmup_seconds', 0):.0f} s ({self.cost.kind})")
+                f"{self.chosen.waste:.1%} padding over the corpus, {warmup}")
         if self.chosen.settings.get("budget_binds"):
             text += " (the warm-up budget binds)"
         mine, base = self.run_for(self.chosen), next((r for r in self.runs if r.plan is None), None)
-        if mine is not None:
+        if mine is not None and mine.failure:     # nothing the replay was to establish is known: it says so
+            text += (f"; replay of the chosen plan {assessed.NOT_ASSESSED} (compiles after warm-up, compile time "
+                     f"with the plan, padding check): {mine.not_measured}")
+        elif mine is not None:
             text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
                      f"{mine.compiles_after_warmup} after warm-up")
-            if base is not None:
+            if base is not None and base.failure:
+                text += f"; without buckets {assessed.NOT_ASSESSED} ({base.not_measured})"
+            elif base is not None:
                 counted = "; counted, not compiled" if base.note.startswith("counted") else ""
                 text += (f"; without buckets {base.compiles} compiles (one per distinct length among these "
                          f"requests{counted}), {self.priced(base):.0f} s compiling on {self.name} vs "
                          f"{self.priced(mine):.0f} s with the plan")
-            if mine.failure:
-                text += f"; the chosen plan was {mine.not_measured}"
             ok = padding_ok(self.runs)
             text += {True: "; padding check passed", False: "; padding check FAILED", None: ""}[ok]
         unchecked = self.padding_unchecked()
@@ -369,12 +396,13 @@ class TargetBuckets:
                                "a shape the warm-up did not compile reached the model: warm up every "
                                "(batch, seq) bucket and pad every input the model takes to one of them").to_dict())
         mine = self.run_for(self.chosen)
+        replayed = (f", {mine.compiles_after_warmup} after warm-up in the replay" if mine and not mine.failure
+                    else f"; its replay {assessed.NOT_ASSESSED} ({mine.not_measured})" if mine else "")
         out.append(Finding("bucket_plan", "info",
                            f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"
                            + (f" x batch {list(self.chosen.batch_sizes)}" if self.chosen.batch_sizes != (1,) else "")
-                           + f": {self.chosen.waste:.1%} padding, {_n(self.chosen.compiles, 'compile')}"
-                           + (f", {mine.compiles_after_warmup} after warm-up in the replay" if mine else ""),
-                           self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
+                           + f": {self.chosen.waste:.1%} padding, {_n(self.chosen.compiles, 'compile')} planned"
+                           + replayed, self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
         return out
 
     def _not_measured(self) -> list[dict]:
@@ -418,11 +446,14 @@ class TargetBuckets:
                 "what_if": {str(f): {"k": p.k, "boundaries": list(p.boundaries), "padding_waste": p.waste,
                                      "warmup_seconds": p.settings.get("warmup_seconds")}
                             for f, p in self.what_if.items()},
-                "compiles_after_warmup": sum(r.compiles_after_warmup for r in self.runs),
+                "compiles_after_warmup": (None if self.replay_failure()
+                                          else sum(r.compiles_after_warmup for r in self.runs)),
+                assessed.KEY: self.open_questions(),
                 "padding_ok": padding_ok(self.runs), "padding_unchecked": {
                     name: {"why": why, "runs": runs} for name, (why, runs) in self.padding_unchecked().items()},
                 "not_measured": [{"run": r.name, **r.failure} for r in self.runs if r.failure],
-                "replay": [{**r.to_dict(), "target_compile_seconds": self.priced(r)} for r in self.runs]}
+                "replay": [{**r.to_dict(), "target_compile_seconds": None if r.failure else self.priced(r)}
+                           for r in self.runs]}
 
 
 @dataclass
@@ -471,8 +502,11 @@ class BucketReport:
         t = self.targets[target or next(iter(self.targets))]
         rows = [[r.name + (" (chosen)" if r.plan == t.chosen.to_dict() else "") + (
                     " (counted, not compiled)" if r.note.startswith("counted") else ""),
-                 "-" if r.plan is None else str(r.plan["boundaries"]), r.compiles, r.compiles_after_warmup,
-                 f"{r.waste:.1%}", f"{t.priced(r):.0f}", f"{r.compile_seconds:.1f}", f"{r.run_seconds:.2f}",
+                 "-" if r.plan is None else str(r.plan["boundaries"]),
+                 *([assessed.NOT_ASSESSED] * 3 if r.failure else [r.compiles, r.compiles_after_warmup,
+                                                                   f"{r.waste:.1%}"]),
+                 assessed.NOT_ASSESSED if r.failure else f"{t.priced(r):.0f}", f"{r.compile_seconds:.1f}",
+                 f"{r.run_seconds:.2f}",
                  "not measured" if r.failure else "-" if not r.padding_checks else
                  {None: "could not check", True: "ok", False: "FAILED"}[r.padding_ok]] for r in t.runs]
         return HtmlTable(["run", "buckets", "compiles", "after warm-up", "padding", f"compile s on {t.name}",

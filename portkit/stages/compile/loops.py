@@ -8,8 +8,9 @@
 Dynamo traces Python into a linear sequence of tensor operations guarded by the sizes it read (PyTorch docs,
 "Dynamo Core Concepts": docs.pytorch.org/docs/stable/compile/programming_model.dynamo_core_concepts.html), so a
 `for` over range(x.shape[-1] ...) is unrolled, and under dynamic=False every length is a new graph holding one
-copy of the body per chunk. Both signals are read, neither guessed alone: the storm's compiled graphs grow with
-the length (graph_growth: more sizes than one shape-dependent branch gives), and a forward of the model's
+copy of the body per chunk. Both signals are read, neither guessed alone: the storm's compiled graphs follow
+the length (graph_growth: they change more often than one shape-dependent branch changes them, growing with
+the chunks or shrinking and growing again with a remainder loop), and a forward of the model's
 modules, or a function it calls (its own module's, or an imported one that is not torch's: transformers'
 apply_chunking_to_forward), loops on an input's .shape, .size(), .numel(), len(), .split() or .chunk() pieces
 (source_loops). What is the model's code, not machinery, is portkit.core.frames' rule.
@@ -255,10 +256,13 @@ def _length(shape, varying: list[int]) -> int:
 
 
 def graph_growth(storm) -> dict | None:
-    """The storm's compiled graphs against the length they were compiled for, where they grow with it: the node
-    counts (every graph a request compiled, together), ordered by length, never shrink and take more distinct
-    values than one shape-dependent branch gives (two: its two sides), at least min(3, lengths) of them. The
-    length: the product of the dimensions that vary across the requests. None: no such growth."""
+    """The storm's compiled graphs against the length they were compiled for, where they follow it: the node
+    counts (every graph a request compiled, together), ordered by length, change more often than one
+    shape-dependent branch changes them (once, from one side to the other). Either they take three or more
+    distinct values, or they change at two or more steps: a loop over whole chunks and one over the remainder
+    gives 7 tokens one chunk and three remainder steps, 8 tokens two chunks, 13 tokens three and one, so the
+    graphs shrink and grow again. With two lengths only, the longer one's graph is larger. The length: the
+    product of the dimensions that vary across the requests. None: no such change."""
     nodes: dict[int, int] = {}
     for event in storm.compiles:
         if event.request is not None:
@@ -270,9 +274,10 @@ def graph_growth(storm) -> dict | None:
     varying = [d for d in range(len(compiled[0][0])) if len({s[d] for s, _ in compiled}) > 1]
     by_length = sorted({_length(s, varying): n for s, n in compiled}.items())
     counts = [n for _, n in by_length]
-    if len(by_length) < 2 or any(b < a for a, b in zip(counts, counts[1:])):
+    changes = sum(a != b for a, b in zip(counts, counts[1:]))
+    if len(by_length) == 2 and counts[1] <= counts[0]:
         return None
-    if len(set(counts)) < min(3, len(by_length)):
+    if len(by_length) > 2 and len(set(counts)) < 3 and changes < 2:
         return None
     return {"lengths": [length for length, _ in by_length], "nodes": counts}
 
@@ -294,6 +299,11 @@ def length_loop(module: nn.Module, storm) -> dict | None:
 def describe(loop: dict) -> str:
     """The loop and what it cost, in one clause: whose code, where, the graphs and how they grew."""
     lengths, nodes, where = loop["lengths"], loop["nodes"], loop["where"]
+    if all(b >= a for a, b in zip(nodes, nodes[1:])):
+        sizes = f"growing from {nodes[0]} nodes at length {lengths[0]} to {nodes[-1]} at length {lengths[-1]}"
+    else:   # whole chunks and a remainder: the sizes go down and up again
+        shown = ", ".join(f"{n} at {length}" for length, n in list(zip(lengths, nodes))[:6])
+        sizes = f"their nodes by length {shown}{', ...' if len(lengths) > 6 else ''}"
     return (f"{frames.owner(where)['owner']} code at {where['text']}, whose count follows the input's size "
             f"({where['reads']}): Dynamo unrolls it into each graph, {loop['graphs']} graphs for {loop['requests']} "
-            f"requests, growing from {nodes[0]} nodes at length {lengths[0]} to {nodes[-1]} at length {lengths[-1]}")
+            f"requests, {sizes}")

@@ -61,6 +61,9 @@ CONSEQUENCES = {
     "not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so it cannot run",
                     "work": "work: the op runs on the host CPU, a round trip out of the compiled graph per call"},
     "compile_failed": "blocker: the model does not compile for the target",
+    "foreign_op": "work: the target's compiler meets one opaque op it has no lowering for in portkit's tables; what "
+                  "runs inside it is named in the finding (host reads, sizes that follow the data, ops the target "
+                  "would not lower), and its lowering on the target is not assessed: measure it on the device",
     "graph_break": "work: each break is one more graph compiled per input shape, with Python run between graphs",
     "fullgraph": "work: fullgraph=True, which the vendors recommend, fails; the model compiles in pieces",
     "recompile_storm": "work: one compile per new input shape, each paid at the target's compile time above",
@@ -122,6 +125,48 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
                                                 text),
                             occurrences={"steps": entry["steps"], "count": len(entry["steps"])}))
     return out
+
+
+def _foreign_op(op: dict, target: str) -> dict:
+    """A compiled graph's op that is not an ATen op (a torch.library custom op), as one finding: its name, whose
+    code it is (where its Python function is defined, else where the model calls it), what portkit checked inside
+    it and what it could not. Its cause is stage 1's for the same op at the same call (core.findings.cause_key)."""
+    called = (op.get("where") or [None])[0]
+    where = op.get("defined") or called
+    owner = frames.owner(where)
+    inside = []
+    if op.get("host_reads"):
+        inside.append("reads tensor values on the host (a device-to-host copy per call) at "
+                      + "; ".join(w["text"] for w in op["host_reads"]))
+    if op.get("data_dependent"):
+        inside.append("runs ops whose sizes follow those values (" + "; ".join(
+            f"{d['op']} at {_text(d['where'])}" for d in op["data_dependent"]) + ")")
+    if op.get("not_lowered"):
+        inside.append("calls ops the target would not lower: " + ", ".join(
+            f"{n['op']} ({n['status']})" for n in op["not_lowered"]))
+    language = targets_mod.get(target).kernel_language
+    message = (f"{op['op']} is not an ATen op ({owner['owner']} code"
+               + (f", defined at {op['defined']['text']}" if op.get("defined") else "")
+               + f"), {op.get('calls', 0)} call(s) in the compiled graphs"
+               + (f" at {_text(called)}" if called else "")
+               + (f"; inside it: {'; '.join(inside)}" if inside else "")
+               + f". Checked: {'; '.join(op['checked'])}. Not checked: {'; '.join(op['not_checked'])}")
+    advice = (f"write it with ATen ops of static sizes (no .item() or .tolist(); pad data-dependent groups to "
+              f"fixed sizes) so the target's compiler sees inside it, or give the target a kernel for it in {language}")
+    # one grade whatever is inside (the grading policy's "foreign_op"): the op is opaque to the target's compiler,
+    # so what it costs there is measured on the device; the cause is stage 1's custom_op cause for the same call
+    return _finding("foreign_op", "work", message, advice, where,
+                    cause=cause_key("custom_op", op["op"], called),
+                    occurrences={"calls": op.get("calls", 0), "count": len(op.get("where") or []),
+                                 "calls_inside": op.get("ops", {}), "traced": op.get("traced", False)})
+
+
+def _foreign_ops(check: dict, training, target: str) -> list[dict]:
+    """One finding per op outside PyTorch's namespaces, whichever compiled graphs hold it: the inference graphs'
+    (check) or the training step's (training: compile_training.TrainCompile, or None)."""
+    found = {op["op"]: op for op in (training.foreign_ops if training is not None else [])}
+    found.update({op["op"]: op for op in check.get("foreign_ops", [])})
+    return [_foreign_op(op, target) for op in found.values()]
 
 
 def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
@@ -280,6 +325,7 @@ class CompileReport:
                                 "replace the op, or write a kernel for it on the target",
                                 cause=cause_key("not_lowered", op["op"], (op["where"] or [None])[0]),
                                 occurrences={"calls": op.get("calls", 0), "count": len(op["where"])}))
+        out += _foreign_ops(check, self.training.get(name), name)
         out += _graph_breaks(self.breaks)
         if storm.requests and storm.compile_count() > 1:
             out.append(self._storm_finding(name))

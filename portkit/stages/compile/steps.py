@@ -47,7 +47,7 @@ class GraphBreaks:
     graphs: int
     breaks: list[dict]               # reason, where
     fullgraph: dict                  # {"ok": bool, ...why not}
-    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, decomposed, numerics, ops (contents)
+    checks: dict[str, dict]          # target -> graphs, refused, not_lowered, foreign_ops, decomposed, numerics, ops
 
     def summary(self) -> str:
         full = "fullgraph=True captures it in one graph" if self.fullgraph["ok"] else "fullgraph=True fails"
@@ -73,6 +73,9 @@ class GraphBreaks:
                                                                        for op, n in decomposed.items()))
             lines += [f"    not lowered: {o['op']} ({o['status']}, {o['calls']} calls) at "
                       + "; ".join(w["text"] for w in o["where"][:3]) for o in c["not_lowered"]]
+            lines += [f"    not an ATen op: {o['op']} ({o['calls']} calls) at "
+                      + ("; ".join(w["text"] for w in o["where"][:3]) or "(no source line)")
+                      for o in c.get("foreign_ops", [])]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -132,7 +135,14 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
                 entry["calls"] += o["calls"]
                 entry["where"] += [w for w in o["where"] if w not in entry["where"]]
         decomposed = sum((collections.Counter(c.decomposed) for c in backend.checks), collections.Counter())
+        foreign: dict[str, dict] = {}   # one entry per op outside PyTorch's namespaces, over every graph
+        for c in backend.checks:
+            for o in c.foreign_ops:
+                entry = foreign.setdefault(o["op"], {**o, "calls": 0, "where": []})
+                entry["calls"] += o["calls"]
+                entry["where"] += [w for w in o["where"] if w not in entry["where"]]
         checks[name] = {"graphs": len(backend.checks), "not_lowered": list(merged.values()),
+                        "foreign_ops": list(foreign.values()),
                         "decomposed": dict(sorted(decomposed.items())),
                         "refused": next((c.refused for c in backend.checks if c.refused), None),
                         "numerics": dict(sum((collections.Counter(c.numerics) for c in backend.checks),

@@ -46,6 +46,7 @@ class TrainCompile:
     joint_graphs: int = 0                # Dynamo's graphs of the step (more than one: a graph break)
     graphs: dict = field(default_factory=dict)          # part -> AOTAutograd graphs compiled
     not_lowered: list = field(default_factory=list)     # op, status, detail, part, where
+    foreign_ops: list = field(default_factory=list)     # ops outside PyTorch's namespaces (GraphCheck.foreign_ops)
     refused: dict | None = None          # {"message", "where"} when the target's compiler refuses the step
     late: list = field(default_factory=list)            # compiles after the first step, with their guards
     first_seconds: float = 0.0           # the first (compiling) step
@@ -147,6 +148,7 @@ def check_target(model, batches: list[dict], target: str, precision=None) -> Tra
         found.joint_graphs = sum(c.part == "joint" for c in checks)
         found.graphs = {p: sum(c.part == p for c in checks) for p in PARTS}
         found.not_lowered = _not_lowered(checks)
+        found.foreign_ops = list({op["op"]: op for c in checks if c.part in PARTS for op in c.foreign_ops}.values())
     finally:
         torch.compiler.reset()
     eager_times = []

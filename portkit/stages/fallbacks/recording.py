@@ -19,25 +19,18 @@ from dataclasses import dataclass, field
 import torch
 
 from portkit.targets import device_paths
+from portkit.targets import foreign_ops
 from portkit.core import frames
-from portkit.core.torch_private import TorchDispatchMode, current_autograd_node
+from portkit.core.torch_private import TorchDispatchMode, current_autograd_node, output_size_follows_values
 from portkit.core.findings import ROOT
 from portkit.core.module_stack import ModuleTracker
 
-# Ops whose output size or control flow depends on tensor values (both targets compile static shapes
-# only: awsdocs-neuron torch/compile/reference-torch-compile.html, torch_tpu _backend.py).
-DATA_DEPENDENT = frozenset({
-    "aten::nonzero", "aten::masked_select", "aten::unique_dim", "aten::_unique2", "aten::_unique",
-    "aten::unique_consecutive", "aten::argwhere", "aten::bincount", "aten::repeat_interleave.Tensor",
-    "aten::masked_scatter", "aten::histc",
-})
 HOST_SYNC = frozenset({"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item"})
 INDEX_OPS = frozenset({"aten::index.Tensor", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
 SDPA_OPS = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu",
                       "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_efficient_attention",
                       "aten::_scaled_dot_product_flash_attention",
                       "aten::_scaled_dot_product_fused_attention_overrideable"})
-CORE_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d"})
 _MODULE_KEY = "portkit_module"   # autograd node metadata: the module that created it
 
 
@@ -77,6 +70,7 @@ class _OpRecorder(TorchDispatchMode):
         self.recording, self.tracker = recording, tracker
         self._seen_features: set = set()
         self._this_call: set = set()
+        self._sizes_follow_values: dict[tuple, bool] = {}   # (op, its arguments' form) -> data-dependent
 
     def _module(self) -> tuple[str, str]:
         node = current_autograd_node()
@@ -139,23 +133,31 @@ class _OpRecorder(TorchDispatchMode):
     def _scan_op(self, op, func, module, args, kwargs) -> None:
         """What the op itself is: outside aten, data-dependent in its output size or indexing, a host read, or an
         attention with a mask."""
-        if func.namespace not in CORE_NAMESPACES:
+        if foreign_ops.is_foreign(func):
             self._feature("custom_op", module, op, f"operator outside aten ({func.namespace}::)")
-        base = op.split(".")[0]
-        if op in DATA_DEPENDENT or base in DATA_DEPENDENT:
-            self._feature("data_dependent", module, op, "output size depends on tensor values")
-        if op in HOST_SYNC:
+        if op in HOST_SYNC:   # a scalar read on the host, not an output size: its own kind
             self._feature("host_sync", module, op, "tensor value read on the host (.item() or a branch)")
-        if op in INDEX_OPS:
-            indices = args[1] if len(args) > 1 else ()
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
-                self._feature("data_dependent", module, op, "boolean-mask indexing")
+        elif self._data_dependent(op, func, args, kwargs):
+            indices = args[1] if op in INDEX_OPS and len(args) > 1 else ()
+            masked = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+            self._feature("data_dependent", module, op, "boolean-mask indexing" if masked else
+                          "output size depends on tensor values (PyTorch's fake kernel gives it a size read "
+                          "from the values)")
         if op in SDPA_OPS:
             mask = kwargs.get("attn_mask", args[3] if len(args) > 3 and isinstance(args[3], torch.Tensor) else None)
             if isinstance(mask, torch.Tensor):
                 self._feature("attention_mask", module, op,
                               f"attn_mask of shape {tuple(mask.shape)} ({str(mask.dtype).replace('torch.', '')})")
 
+
+    def _data_dependent(self, op, func, args, kwargs) -> bool:
+        """Whether this call's output size follows its inputs' values, as PyTorch's fake kernel says
+        (torch_private.output_size_follows_values), asked once per op and form of its arguments (a
+        repeat_interleave given output_size is static; one given none is not)."""
+        key = (op, _form(args), _form(kwargs))
+        if key not in self._sizes_follow_values:
+            self._sizes_follow_values[key] = bool(output_size_follows_values(func, args, kwargs))
+        return self._sizes_follow_values[key]
 
     def _int64_range(self, t: torch.Tensor, module: str, op: str) -> None:
         low, high = (int(v) for v in torch.aminmax(t))
@@ -178,6 +180,18 @@ class _OpRecorder(TorchDispatchMode):
 UNINITIALIZED = frozenset({"aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
                            "aten::new_empty_strided", "aten::empty_permuted"})
 _NEAR_SENTINEL = 1 << 62   # no index or count gets this far; a cast of +-inf lands at +-2**63
+
+
+def _form(value):
+    """What decides an op's output size besides values: which arguments are tensors (and their dtypes: a boolean
+    index selects by values), lists, None or Python scalars."""
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_form(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _form(v)) for k, v in value.items()))
+    return None if value is None else type(value).__name__
 
 
 def _tensors(args, kwargs, out) -> list[torch.Tensor]:

@@ -81,10 +81,14 @@ class TargetFallbacks:
         return {s: c.get(s, 0) for s in SEVERITIES}
 
     def summary(self) -> str:
+        """The ops by the op table's status, then the causes by consequence: what cannot run is counted once, by
+        the findings (severity_counts), so the summary never says fewer than the blockers it sits beside (a
+        recurrent cell the CPU decomposes is no unsupported op in the recording, yet cannot run)."""
         n, s = self.counts(), self.severity_counts()
-        return (f"{self.name} ({self.target['mode']}): {sum(n.values())} distinct ops, {n[NATIVE]} native, "
-                f"{n[COMPOSITE]} composite, {n[CPU_FALLBACK]} CPU fallback, {n[UNSUPPORTED]} cannot run; "
-                f"findings: {s[BLOCKER]} blocker, {s[WORK]} work, {s[INFO]} info")
+        return (f"{self.name} ({self.target['mode']}): {sum(n.values())} distinct ops ({n[NATIVE]} native, "
+                f"{n[COMPOSITE]} composite, {n[CPU_FALLBACK]} CPU fallback, {n[UNSUPPORTED]} with no kernel in the "
+                f"op table); findings by cause: {s[BLOCKER]} cannot run (blocker), {s[WORK]} run with a cost (work), "
+                f"{s[INFO]} info")
 
     def to_dict(self) -> dict:
         return {"target": self.target, "summary": self.summary(), "counts": self.counts(),

@@ -22,7 +22,8 @@ def _fallbacks(data: dict, t: dict, out) -> None:
         "distinct ops": sum(counts.values()),
         "native / composite": f"{counts.get('native', 0)} / {counts.get('composite', 0)}",
         "CPU fallback ops (time share)": f"{counts.get('cpu_fallback', 0)} ({share.get('cpu_fallback', 0):.1%})",
-        "ops that cannot run": counts.get("unsupported", 0),
+        # the op table's status; what cannot run is counted by the findings (blockers), as stage 1's summary says
+        "ops with no kernel in the op table": counts.get("unsupported", 0),
     }
     language = targets_mod.get(out.name).kernel_language if out.name in targets_mod.TARGETS else "a kernel"
     for op in t.get("ops", []):
@@ -133,6 +134,8 @@ def _xla_shapes(shapes: list[dict], plan: dict | None) -> str:
 def _replay(row: dict, data: dict, name: str) -> str:
     """One row of stage 3's replay: its compiles over stage 3's own requests (buckets.json's "trace", not stage
     2's), and what they cost on the target (target_compile_seconds, priced by stage 3)."""
+    if row.get("failure"):      # stopped: nothing it was to count is known
+        return f"not assessed: {row.get('note') or 'the run could not be measured'}"
     trace = data.get("trace") or {}
     priced = row.get("target_compile_seconds")
     cost = f"; {priced:,.0f} s compiling on {name}" if isinstance(priced, (int, float)) else ""

@@ -31,7 +31,7 @@ import jinja2
 
 from portkit.planning import cost as cost_mod
 from portkit.runfolder import environment, numbers
-from portkit.core import reconcile
+from portkit.core import assessed, reconcile
 from portkit.stages import options
 from portkit.stages.report import sections as report_stages
 from portkit.runfolder import results
@@ -129,6 +129,9 @@ class TargetReport:
     # the stages that could find a blocker and did not assess this target (not run, failed, unreadable, or their
     # result holds no readable half for it): with no blocker found, the target is not assessed, never ready
     unassessed: list[str] = field(default_factory=list)
+    # the questions a stage read for this target left open ({"stage", "question", "why"}: core.assessed); each is
+    # also in `unassessed` as "stage: question"
+    open_questions: list[dict] = field(default_factory=list)
     numbers: dict = field(default_factory=dict)       # the stages' numbers for this target (runfolder.numbers.of)
 
     def training_reason(self) -> str:
@@ -152,8 +155,13 @@ class TargetReport:
         found = (f"{len(work)} item(s) of work, first: {work[0]['message']}" if work
                  else "no work found")
         if self.unassessed:
-            return (f"stage(s) {', '.join(self.unassessed)} did not assess {self.name} (see the gaps), so a blocker "
-                    f"may be missed; based on {', '.join(self.based_on)}: no blockers, {found}")
+            questions = {f"{q['stage']}: {q['question']}" for q in self.open_questions}
+            stages = [s for s in self.unassessed if s not in questions]
+            missed = (f"stage(s) {', '.join(stages)} did not assess {self.name} (see the gaps), so a blocker may be "
+                      "missed" if stages else "")
+            asked = "; ".join(f"{q['stage']}: {q['question']} not assessed ({q['why']})" for q in self.open_questions)
+            return (f"{'; '.join(filter(None, [missed, asked]))}; based on {', '.join(self.based_on)}: no blockers, "
+                    f"{found}")
         return f"no blockers; {found}" if work else "no blockers and no work found in the stages read"
 
     def first(self) -> list[dict]:
@@ -167,6 +175,7 @@ class TargetReport:
     def to_dict(self) -> dict:
         return {"mode": self.mode, "title": self.title, "verdict": self.verdict,
                 "verdict_reason": self.verdict_reason(), "based_on": self.based_on, "unassessed": self.unassessed,
+                "open_questions": self.open_questions,
                 "training": self.training, "numbers": self.numbers,
                 "first": self.first(), "vanished": self.vanished, "precision": self.precision,
                 "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
@@ -295,6 +304,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
         else:
             tr = scratch
     tr.unassessed = [s for s in assessing if s not in tr.based_on]
+    tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
     bucketed = next((s.data["targets"].get(name) for s in present if s.name == "buckets"), None)
     report_stages.resolve_storm(tr.findings, bucketed if isinstance(bucketed, dict) else None)
     order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -306,6 +316,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
 
 def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict | None = None) -> None:
     tr.based_on.append(stage.name)
+    tr.open_questions += [{"stage": stage.name, **q} for q in assessed.read(t)]   # what it could not assess
     if tr.mode == "emulated":
         tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
     findings = t.get("findings", [])

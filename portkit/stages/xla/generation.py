@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from portkit.core import placement
 from portkit.workloads import generation
 from portkit.xla import cache as xla_cache
 from portkit.xla import compiler as xla_compile
@@ -135,7 +136,9 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     try:
         cache = {k: inputs[k] for k in ("keys", "values")}          # donated: the only buffers updated in place
         rest = {k: v for k, v in inputs.items() if k not in cache}
-        lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,)).trace(states, cache, rest).lower()
+        with placement.tensors_kept(program.module):      # forward leaves no converted tensor on the model
+            lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,)).trace(
+                states, cache, rest).lower()
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
         found.status, found.message = "trace_failed", xla_compile._message(exc)
         return found

@@ -3,7 +3,7 @@
 For TPU every shape stage 2 fixed and stage 3 bucketed is compiled for a real TPU topology on this CPU
 host (JAX + libtpu, compile-only: nothing executes on a TPU); for Neuron it is lowered to StableHLO (a
 lowering check, not a Neuron compile). The machinery is portkit.xla.compiler; a verdict compiled once
-comes back from portkit's verdict cache (portkit.xla.cache) on a rerun, and the summary says how many.
+comes back from portkit's verdict cache (portkit.xla.cache) on a rerun; xla.json's cached_shapes says how many.
 
     >>> from portkit import models
     >>> from portkit.stages.xla import stage as xla
@@ -23,7 +23,8 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit.core import checks
+from portkit.core import assessed, checks, grading
+from portkit.core.findings import cause_key
 from portkit.runfolder import results
 from portkit.stages import options
 from portkit.targets import specs as targets
@@ -161,32 +162,90 @@ def shape_table(out_dir, target_names, model, opts: Options | None = None) -> Ht
     return HtmlTable(["target", "shape", "from"], rows, "shapes to check")
 
 
+CONVERSION = "PyTorch-to-JAX conversion (torchax)"     # portkit's own machinery in front of the XLA compiler
+CONVERTED = ("no_lowering", "trace_failed")              # statuses of a shape the conversion stopped
+
+
+def question(report: XlaCompileReport) -> str:
+    """What the target's XLA check is to establish: the HBM fit (a TPU compile), or the StableHLO lowering."""
+    if report.check == "lowering":
+        return "StableHLO lowering (lowering check only, not a Neuron compile)"
+    return f"HBM fit on {report.topology}"
+
+
+def _stopped_by(s: ShapeResult) -> str:
+    """What stopped a shape in the conversion, in one line: the op with no lowering, or the converter's message."""
+    if s.status == "no_lowering":
+        return f"NO LOWERING for {s.op}"
+    first = (s.message or "").strip().splitlines()
+    return f"conversion failed: {first[0] if first else '?'}"
+
+
+def _conversion_cause(s: ShapeResult) -> str:
+    return cause_key("xla_conversion", _stopped_by(s)[:200], s.where)
+
+
+def _conversion_failures(report) -> dict[str, tuple[ShapeResult, list[str]]]:
+    """The shapes portkit's conversion stopped, by cause ({cause: (its first shape, every shape's label)}): one
+    cause is one finding however many shapes it stopped."""
+    found: dict[str, tuple[ShapeResult, list[str]]] = {}
+    for s in report.shapes:
+        if s.status in CONVERTED:
+            found.setdefault(_conversion_cause(s), (s, []))[1].append(s.label)
+    return found
+
+
+def _conversion_finding(report, cause: str, s: ShapeResult, labels: list[str]) -> dict:
+    """A shape portkit's conversion could not hand to the compiler: portkit's failure, not the model's and not the
+    compiler's, so the question it was to answer is not assessed (never a blocker, never a cost)."""
+    where = f" at {s.where['text']}" if s.where else ""
+    module = f" in module {s.module_path or '<top level>'} ({s.module_type})" if s.module_path is not None else ""
+    check = "the lowering check" if report.check == "lowering" else f"the XLA compile for {report.topology}"
+    on_device = ("check the model with neuronx-cc on a Trainium host" if report.check == "lowering" else
+                 "check the model on a TPU (TorchTPU lowers through its own path, not torchax)")
+    return {"kind": "xla_conversion", "severity": grading.severity("xla_conversion"),
+            "message": f"portkit's {CONVERSION} stopped {check}, so the compiler never saw the graph: "
+                       f"{_stopped_by(s)}{module}{where} ({len(labels)} shape(s): {', '.join(labels)})",
+            "advice": f"a gap in portkit's converter, not a verdict on the model: {on_device}; rewriting the model's "
+                      "line would only work around portkit's converter",
+            "where": s.where, "owner": assessed.portkit_owner(CONVERSION), "ops": [s.op] if s.op else None,
+            "cause": cause, "occurrences": {"shapes": labels, "count": len(labels)},
+            "consequence": assessed.consequence(question(report))}
+
+
 def _findings(report) -> list[dict]:
     if isinstance(report, XlaSkipped):
         return []
-    out = []
+    out = [_conversion_finding(report, cause, s, labels)
+           for cause, (s, labels) in _conversion_failures(report).items()]
     for s in report.shapes:
-        if s.ok:
+        if s.ok or s.status in CONVERTED:
             continue
         text = f"{s.label}: {s.describe(report.hbm_bytes_per_device)}"
-        if report.check == "lowering":
-            out.append({"kind": "xla_lowering", "severity": "work", "message": f"StableHLO lowering check: {text}",
-                        "advice": "the op or module has no StableHLO form through torchax; check it with "
-                                  "neuronx-cc on a Trainium host, or rewrite it"})
-        elif s.status == "no_lowering":
-            out.append({"kind": "xla_lowering", "severity": "work",
-                        "message": f"XLA compile for {report.topology}: {text}",
-                        "advice": "torchax has no JAX lowering for this op; TorchTPU's own lowering may differ, so "
-                                  "check it on a TPU, or replace the op"})
-        elif s.status == "out_of_hbm" or s.fits_hbm is False:
-            out.append({"kind": "hbm", "severity": "blocker", "message": f"{report.topology}: {text}",
+        if s.status == "out_of_hbm" or s.fits_hbm is False:
+            out.append({"kind": "hbm", "severity": grading.severity("hbm"), "message": f"{report.topology}: {text}",
                         "advice": "does not fit this topology's HBM: choose a larger topology (parameter "
                                   "topology), shard the model, or use smaller buckets/batches"})
         else:
-            out.append({"kind": "xla_compile", "severity": "blocker",
+            out.append({"kind": "xla_compile", "severity": grading.severity("xla_compile"),
                         "message": f"XLA compile for {report.topology}: {text}",
                         "advice": "the real XLA TPU compiler rejects this shape; read its message above"})
     return out
+
+
+def open_questions(report) -> list[dict]:
+    """What the target's check left open (core.assessed): its question, where portkit's conversion stopped a shape
+    before the compiler (the shapes the compiler refused are blockers, not open)."""
+    if isinstance(report, XlaSkipped):
+        return []
+    stopped = _conversion_failures(report)
+    if not stopped:
+        return []
+    labels = [label for _, shapes in stopped.values() for label in shapes]
+    causes = "; ".join(_stopped_by(s) + (f" at {s.where['text']}" if s.where else "") for s, _ in stopped.values())
+    return [assessed.open_question(f"{question(report)} at {', '.join(labels)}",
+                                   f"portkit's {CONVERSION} stopped {len(labels)} of {len(report.shapes)} shape(s) "
+                                   f"before the compiler: {causes}")]
 
 
 @dataclass
@@ -212,18 +271,38 @@ class XlaStage:
         if isinstance(r, XlaSkipped):
             return f"{name}: skipped ({r.reason})"
         done = sum(s.ok for s in r.shapes)
+        left = "".join(f"; {q['question']} NOT ASSESSED: {q['why']}" for q in open_questions(r))
+        reached = [s for s in r.shapes if s.status not in CONVERTED]
         if r.check == "lowering":
+            if not reached:
+                return f"{name} (lowering check only, not a Neuron compile): {left.removeprefix('; ')}"
             return (f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to "
-                    "StableHLO")
+                    "StableHLO" + left)
+        headline = f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
+        if not reached:     # nothing reached the compiler: no fit, no size, no count to state
+            return headline + left.removeprefix("; ")
         peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
-        return (f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
-                f"{done}/{len(r.shapes)} shapes compiled and fit {format_bytes(r.hbm_bytes_per_device)} HBM per "
-                f"device; largest {format_bytes(peak)}" + largest
+        counted = (f"{done}/{len(r.shapes)} shapes" if len(reached) == len(r.shapes)
+                   else f"{done} of the {len(reached)} shapes that reached the compiler")
+        # the verdict cache's count is in its own key (cached_shapes): the summary reads the same cold and warm
+        return (headline + f"{counted} compiled and fit "
+                f"{format_bytes(r.hbm_bytes_per_device)} HBM per device; largest {format_bytes(peak)}" + left + largest
                 + (f"; {self.training[name]['summary']}" if name in self.training else "")
                 + (f"; {self.serving[name]['summary']}" if name in self.serving else ""))
 
     def summary(self) -> str:
         return " | ".join(self.summary_for(n) for n in self.reports)
+
+    def workload_questions(self, name: str) -> list[dict]:
+        """The training step's or serving graphs' HBM fit, open where portkit's conversion stopped them before the
+        compiler (core.assessed)."""
+        found = []
+        for what, graph in (("training step", self.training.get(name)), ("serving graphs", self.serving.get(name))):
+            if isinstance(graph, dict) and graph.get("status") in CONVERTED:
+                found.append(assessed.open_question(
+                    f"HBM fit of the {what}", f"portkit's {CONVERSION} stopped it before the compiler: "
+                                              f"{str(graph.get('summary', ''))[:300]}"))
+        return found
 
     def to_dict(self) -> dict:
         targets_out = {}
@@ -235,6 +314,7 @@ class XlaStage:
             targets_out[name] = {**r.to_dict(), "target": detected.to_dict(), "summary": self.summary_for(name),
                                  "shape_sources": self.sources.get(name, []),
                                  "findings": _findings(r) + (scale.findings() if scale else []),
+                                 assessed.KEY: open_questions(r) + self.workload_questions(name),
                                  **({"scale": scale.to_dict()} if scale else {}),
                                  **({"largest_batch": self.largest[name]} if name in self.largest else {}),
                                  **({"measured_throughput": self.measured[name]} if name in self.measured else {}),

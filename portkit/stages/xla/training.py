@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from portkit.core import placement
 from portkit.workloads import training
 from portkit.xla import cache as xla_cache
 from portkit.xla import compiler as xla_compile
@@ -169,9 +170,10 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
     }
     shardings = lambda tree: jax.tree.map(lambda a: a.sharding, tree)     # noqa: E731
     try:     # the updated weights and moments keep their shardings and are written in place (donated)
-        lowered = jax.jit(step, donate_argnums=(0, 2, 3), out_shardings=(
-            replicated, shardings(params), shardings(moments), shardings(moments), replicated)).trace(
-            params, frozen, moments, moments, count, batch).lower()
+        with placement.tensors_kept(program.module):      # forward leaves no converted tensor on the model
+            lowered = jax.jit(step, donate_argnums=(0, 2, 3), out_shardings=(
+                replicated, shardings(params), shardings(moments), shardings(moments), replicated)).trace(
+                params, frozen, moments, moments, count, batch).lower()
     except Exception as exc:  # noqa: BLE001 - a step that does not trace is the finding
         found.status, found.message = "trace_failed", xla_compile._message(exc)
         if isinstance(exc, program.torchax.tensor.OperatorNotFound):
