@@ -217,7 +217,7 @@ def test_a_hub_id_loads_from_the_cache_pinned_to_its_commit(tmp_path, monkeypatc
     with torch.no_grad():
         assert m(m.encode(TEXTS))["logits"].shape == (3, 3)
     with pytest.raises(NeedsNetwork, match=r"'org/missing'.*tried revision main in the Hugging Face cache "
-                                           r".*huggingface-cli download org/missing"):
+                                           r".*hf download org/missing"):
         models.validate("org/missing")
 
 

@@ -198,3 +198,34 @@ def test_torchtpu_versions_come_from_its_wheel_metadata():
     assert "TorchNeuron needs torch 2.14.0: upgrade" not in text
     del info["requirements"]   # a result written before the comparison still renders
     assert "versions:" not in environment.render(info)
+
+
+def test_scan_autocast_for_cuda_a_half_cast_and_an_item_read():
+    """`portkit scan` reads torch.autocast("cuda") (by position or device_type=), .half() and .item(); the last two
+    are the static scan's alone: stage 1 records them when the model runs."""
+    scan = source_scan.scan_paths([GPU_ONLY / "precision_habits.py"])
+    by = {(f.message.split(" (")[0], f.where["line"]) for f in source_scan.findings(scan, "tpu", static=True)}
+    assert by == {("autocast for device_type 'cuda'", 13), ("float16 cast", 14),
+                  ("tensor value read on the host", 17)}
+    autocast = [f for f in source_scan.findings(scan, "tpu") if f.message.startswith("autocast")]
+    assert [f.where["line"] for f in autocast] == [13] and "(and lines 15)" in autocast[0].message
+    assert all(f.severity == WORK for f in source_scan.findings(scan, "tpu", static=True))
+    assert {f.message.split(" (")[0] for f in source_scan.findings(scan, "tpu")} == {"autocast for device_type 'cuda'"}
+
+
+def test_scan_cli_nothing_scanned_is_exit_2_and_a_symlink_loop_is_named(tmp_path, capsys):
+    """An empty folder, a file that does not parse (null bytes) and a symlink loop: exit 2, one line, "nothing to
+    scan" or the loop named, never "0 findings"."""
+    from portkit import cli
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "nul.py").write_bytes(b"x = 1\x00\n")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for source, expected in (("empty", "nothing to scan: it holds no .py, .cu or .cuh file"),
+                             ("nul.py", "nothing to scan: 1 file(s) could not be parsed"),
+                             ("loop", "a symlink loop (too many levels of symbolic links)")):
+        assert cli.main(["scan", str(tmp_path / source)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and expected in captured.err
+    assert cli.main(["scan", str(GPU_ONLY / "precision_habits.py")]) == 0
+    out = capsys.readouterr().out
+    assert "tpu: 3 finding(s)" in out and "float16 cast" in out and ".item()" in out

@@ -68,7 +68,16 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 # ---------------------------------------------------------------- the config: which task
 def read_config(path: Path) -> dict:
-    return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    """config.json as a dict; BadParameter in one line where it is not JSON or not a JSON object (a list)."""
+    try:
+        parsed = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise BadParameter("model directory", str(path), hint=f"its config.json is not JSON{where}") from None
+    if not isinstance(parsed, dict):
+        raise BadParameter("model directory", str(path), hint=f"its config.json is a JSON {type(parsed).__name__}, "
+                                                              "not an object ({\"model_type\": ..., ...})")
+    return parsed
 
 
 def task_of(config: dict, spec: str = "") -> str:
@@ -149,7 +158,7 @@ def resolve(spec: str) -> Hub:
         tried = f"revision {revision or 'main'} in the Hugging Face cache {cache}, local files only"
         raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id, and portkit does not download: "
                            f"tried {tried} ({type(exc).__name__}); fetch it on a machine with network "
-                           f"(huggingface-cli download {repo}{' --revision ' + revision if revision else ''}) into "
+                           f"(hf download {repo}{' --revision ' + revision if revision else ''}) into "
                            "this cache (HF_HUB_CACHE), or download it with --local-dir DIR and pass DIR") from None
     if not (path / "config.json").is_file():
         raise BadParameter("model", spec, hint=f"its cached snapshot {path} holds no config.json")

@@ -154,11 +154,9 @@ def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, 
             sources.append(source)
     if not points:
         raise PortkitError(f"no XLA compile time could be measured for {topology}: {'; '.join(problems)}")
-    cached = sum("verdict cache" in s for s in sources)
     source = (f"measured XLA at {len(points)} shape(s) ({topology}, batch {batch}, seq "
               f"{', '.join(str(p[0]) for p in points)}), interpolated linearly in tokens" if seqs != [None] else
               f"measured XLA at the model's one input shape ({topology}, batch {batch})")
-    source += f"; {cached} from the verdict cache" if cached else ""
     found = fit("tpu", MEASURED_XLA, source, points)
     return replace(found, details={"topology": topology, "problems": problems, "measured": list(sources)})
 

@@ -97,9 +97,9 @@ def read_stage(run_dir: Path, stage, log=None) -> StageResult:
     path = run_dir / stage.result
     entry = log.stages.get(stage.name) if log is not None else None
     if not path.exists():
-        if entry is not None and entry.status == "failed":   # the latest run's log says why
+        if entry is not None and entry.status in ("failed", runfolder.INTERRUPTED):   # the latest run's log says why
             return StageResult(stage.name, stage.result, stage.notebook, "failed",
-                               f"stage {stage.name} failed in the latest run: {entry.error or 'failed'}")
+                               f"stage {stage.name} failed in the latest run: {entry.error or entry.status}")
         if entry is not None and entry.status == "ok":
             return StageResult(stage.name, stage.result, stage.notebook, "unreadable",
                                f"{stage.result} is missing, but {runfolder.RUN_LOG} records stage {stage.name} as ok "
