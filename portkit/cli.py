@@ -213,8 +213,9 @@ def _report(args) -> int:
     for gap in r.gaps:
         print(f"gap: {gap}")
     _print_verdicts(run_dir)
-    # a result there that cannot be read whole is damage (exit 1); a stage that never ran or failed is a gap only
-    damaged = [s.file for s in r.stages.values() if s.status in DAMAGED]
+    # a result there that cannot be read whole (or went after the run recorded it, or a damaged run log) is damage
+    # (exit 1); a stage that never ran or failed is a gap only
+    damaged = r.damaged()
     if damaged:
         print(f"portkit: damaged result(s) in {run_dir}: {', '.join(damaged)} (the report names the gap); rerun "
               "their stages", file=sys.stderr)
@@ -244,8 +245,6 @@ def _report_held(run_dir, names):
     except PermissionError as exc:
         raise BadParameter("run folder", str(run_dir), hint=f"cannot write in it ({exc.strerror})") from None
 
-
-DAMAGED = ("unreadable", "incomplete")   # a stage result's status in the report (report.stage.StageResult)
 
 
 def _sweep(args) -> int:

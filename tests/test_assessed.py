@@ -11,6 +11,7 @@
 """
 import contextlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -230,9 +231,12 @@ def test_a_warm_up_the_compiler_refused_leaves_the_plan_not_assessed(waves):
         "padding check of the chosen plan"]
     (row,) = [r for r in saved["replay"] if r["plan"]]
     assert row["compiles"] is None and row["compiles_after_warmup"] is None and row["target_compile_seconds"] is None
-    assert sections._replay(row, {}, "tpu").startswith("not assessed")
+    from portkit.runfolder import buckets_result, reading     # the report reads the saved part as its type
+    typed = buckets_result.Target.from_dict(reading.Node(saved, Path("buckets.json"), "buckets", "targets.tpu"))
+    (typed_row,) = [r for r in typed.replay if r.plan]
+    assert sections._replay(typed_row, None, "tpu").startswith("not assessed")
     storm = {"stage": "compile", "kind": "recompile_storm", "severity": "work", "message": "a storm"}
-    sections.resolve_storm([storm], saved)          # a refused plan resolves no storm
+    sections.resolve_storm([storm], typed)          # a refused plan resolves no storm
     assert storm["severity"] == "work" and "resolved" not in storm["message"]
     plan = next(f for f in saved["findings"] if f["kind"] == "bucket_plan")
     assert "after warm-up in the replay" not in plan["message"] and "not assessed" in plan["message"]

@@ -1,13 +1,16 @@
 """The cost a budget can be made from (portkit.planning.budget, planning.cost): the chip and precision that run, a
 roofline with a memory term, a range calibrated on published measurements that never passes its bound, a verdict.
-Fast: plain dicts shaped like stage results, no model and no run folder."""
+Fast: plain dicts shaped like stage results, read through the run folder's typed readers (results.cost_figures), no
+model and no run folder."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from portkit.planning import budget, cost, economics
+from portkit.runfolder import accuracy_result, buckets_result, results, xla_result
 from portkit.targets import capacity
 
 PARAMS = 22_713_216          # all-MiniLM-L6-v2's parameters, as stage 3 records them
@@ -23,6 +26,14 @@ def _buckets(batch: int = 1, flops: float = 21.2e6) -> dict:
             "padding_price": {"neuron": price, "tpu": price}}
 
 
+def _figures(buckets: dict, xla: dict | None = None, accuracy: dict | None = None) -> cost.Figures:
+    """The figures planning.cost reads, from stage results shaped as dicts, as the run folder's readers give them."""
+    return results.cost_figures(buckets_result.Result.from_dict(buckets, Path("buckets.json")),
+                                xla_result.Result.from_dict(xla, Path("xla.json")) if xla else None,
+                                accuracy_result.Result.from_dict({"targets": {}, **accuracy}, Path("accuracy.json"))
+                                if accuracy else None)
+
+
 def _accuracy(neuron: str, gpu: str) -> dict:
     from portkit.targets import specs
     chosen = next(p for p in specs.get("neuron").precisions if p.name == neuron)
@@ -36,7 +47,7 @@ def test_neuron_is_priced_on_trn2_from_the_vendors_pages():
     trn2 = capacity.chip("trn2", "neuron")
     assert trn2["peaks"] == {"fp32": 181e12, "tf32": 667e12, "bf16": 667e12, "fp8": 1299e12}
     assert "trainium2" in trn2["sources"]["peaks"]
-    found = cost.estimate(_buckets(), {}, "neuron")
+    found = cost.estimate(_figures(_buckets()), "neuron")
     assert found["chip"] == "trn2" and found["price"]["instance"] == "trn2.48xlarge"
 
 
@@ -44,16 +55,16 @@ def test_the_precision_stage_4_chose_is_the_one_priced():
     """float32 throughout on Neuron is priced at Trainium2's FP32 peak (181 TFLOP/s), matmult at BF16 (667); the
     GPU runs at the setting stage 4 measured (TF32 on the H100: 494.5 TFLOP/s), float32 without stage 4."""
     big = _buckets(batch=4096)             # compute-bound, so the precision shows in the time
-    fp32 = cost.estimate(big, {}, "neuron", accuracy=_accuracy("none", "tf32"))
-    bf16 = cost.estimate(big, {}, "neuron", accuracy=_accuracy("matmult", "tf32"))
+    fp32 = cost.estimate(_figures(big, accuracy=_accuracy("none", "tf32")), "neuron")
+    bf16 = cost.estimate(_figures(big, accuracy=_accuracy("matmult", "tf32")), "neuron")
     assert fp32["roofline"]["peak_flops"] == 181e12 and bf16["roofline"]["peak_flops"] == 667e12
     assert fp32["roofline"]["bound"] == bf16["roofline"]["bound"] == "compute"
     assert fp32["chip_seconds_per_million_requests"] / bf16["chip_seconds_per_million_requests"] == pytest.approx(
         667 / 181)
     assert "stage 4 chose 'none'" in fp32["precision"]
-    gpu = cost.gpu_estimate(big, "H100", 21.2e6, accuracy=_accuracy("none", "tf32"))
+    gpu = cost.gpu_estimate(_figures(big, accuracy=_accuracy("none", "tf32")), "H100", 21.2e6)
     assert gpu["roofline"]["precision"] == "tf32" and gpu["roofline"]["peak_flops"] == 494.5e12
-    plain = cost.gpu_estimate(big, "H100", 21.2e6)
+    plain = cost.gpu_estimate(_figures(big), "H100", 21.2e6)
     assert plain["roofline"]["precision"] == "fp32" and "float32 assumed" in plain["precision"]
 
 
@@ -79,7 +90,7 @@ def test_xla_bytes_accessed_feed_the_tpu_memory_term():
     """The TPU side's bytes are XLA's cost analysis of the bucket shapes (xla.json), fitted in positions."""
     shapes = [{"label": f"batch=1 seq={s}", "flops": 2.2e7 * s, "bytes_accessed": 3e8 + 1e6 * s} for s in (32, 128)]
     xla = {"targets": {"tpu": {"topology": "v5e:1x1", "shapes": shapes}}}
-    found = cost.estimate(_buckets(), xla, "tpu")
+    found = cost.estimate(_figures(_buckets(), xla), "tpu")
     positions = found["positions_per_request"]
     assert found["roofline"]["memory_seconds"] == pytest.approx((3e8 + 1e6 * positions) / 819e9)
     assert "bytes accessed" in found["method"] and found["roofline"]["bound"] == "HBM bandwidth"
@@ -92,7 +103,7 @@ def test_the_range_never_extends_past_its_bound():
         assert 0 < eff.low <= eff.median <= eff.high <= 1
         usd = budget.cost_range(1.0, eff)
         assert usd.bound == 1.0 <= usd.low <= usd.estimate <= usd.high
-    found = cost.comparison(_buckets(), {}, ["neuron", "tpu"])
+    found = cost.comparison(_figures(_buckets()), ["neuron", "tpu"])
     for side in [*found["targets"].values(), *found["gpus"].values()]:
         usd = side.get("usd_per_million_requests")
         if usd:
@@ -139,6 +150,6 @@ def test_the_verdict_reads_the_ranges_and_gives_the_break_even():
     wide = budget.Efficiency("x", 0.2, 0.5, 1.0, 3, "test")
     assert budget.verdict("tpu", budget.cost_range(1.1, wide), 1.0, gpus).sure.startswith("uncertain")
     assert budget.verdict("tpu", budget.cost_range(1.0, eff), 1.0, {}) is None
-    found = cost.comparison(_buckets(), {}, ["neuron", "tpu"])
+    found = cost.comparison(_figures(_buckets()), ["neuron", "tpu"])
     assert set(found["verdicts"]) == {"neuron", "tpu"}
     assert all(v["favours"] in ("moving", "staying") for v in found["verdicts"].values())

@@ -168,13 +168,13 @@ DAMAGE = [
     ("no targets", lambda f: f.write_text('{"stage": "fallbacks"}'),
      'fallbacks.json has no per-target results (no "targets" object)', False),
     ("target not an object", lambda f: _edit(f, lambda r: _set(r, ["targets", "neuron"], 3)),
-     "fallbacks.json: targets.neuron is a JSON int, not an object", True),
+     "fallbacks.json: targets.neuron is 3, not an object", True),
     ("counts a list", lambda f: _edit(f, lambda r: _set(r, ["targets", "neuron", "counts"], [])),
-     "fallbacks.json: targets.neuron cannot be read (AttributeError: 'list' object has no attribute 'values')", True),
+     "fallbacks.json: targets.neuron.counts is [], not an object; rerun stage fallbacks", True),
     ("finding not an object", lambda f: _edit(f, lambda r: _set(r, ["targets", "neuron", "findings"], ["x"])),
-     "fallbacks.json: targets.neuron cannot be read (AttributeError", True),
+     "fallbacks.json: targets.neuron.findings.0 is 'x', not an object", True),
     ("op share not a number", lambda f: _edit(f, _ops_share_text),
-     "fallbacks.json: targets.neuron cannot be read (ValueError: could not convert string to float: 'lots')", True),
+     "fallbacks.json: targets.neuron.ops.0.share is 'lots', not a number", True),
     ("environment a list", lambda f: _edit(f, lambda r: _set(r, ["environment"], ["x"])),
      "fallbacks.json: environment is a list, not an object", None),
     ("environment without targets", lambda f: _edit(f, lambda r: r["environment"].pop("targets")),
@@ -191,7 +191,7 @@ def test_damaged_run_folder_is_reported_with_its_gaps(run_dir, tmp_path, capsys,
     damage(folder / "fallbacks.json")
     code = cli.main(["report", str(folder)])
     captured = capsys.readouterr()
-    damaged = json.loads((folder / "report.json").read_text())["stages"]["fallbacks"]["status"] in cli.DAMAGED
+    damaged = json.loads((folder / "report.json").read_text())["stages"]["fallbacks"]["status"] in report.DAMAGED
     # a damaged result exits 1 naming it (the report still written); missing stages and notebooks' plots do not
     assert code == (1 if damaged else 0)
     assert captured.err.strip().splitlines() == ([f"portkit: damaged result(s) in {folder}: fallbacks.json (the "
@@ -294,13 +294,20 @@ def _storm_finding() -> dict:
             "message": "36 compiles for 100 requests of varying length, 49 s compiling on tpu", "consequence": "work"}
 
 
+def _bucketed(chosen: dict, replay: list[dict]):
+    """A target's typed part of buckets.json holding `chosen` and `replay`, read as the report reads it."""
+    from portkit.runfolder import buckets_result, reading
+    node = reading.Node({"targets": {"tpu": {"chosen": chosen, "replay": replay}}}, Path("buckets.json"), "buckets")
+    return buckets_result.Target.from_dict(node.obj("targets").obj("tpu"))
+
+
 def test_a_storm_the_bucket_plan_resolves_is_shown_resolved_and_one_it_does_not_stays_work():
     from portkit.stages.report import sections
     chosen = {"planner": "auto", "boundaries": [17, 35, 512]}
     replay = [{"plan": None, "compiles": 55, "compiles_after_warmup": 0, "requests": 100},
               {"plan": dict(chosen), "compiles": 3, "compiles_after_warmup": 0, "requests": 100}]
     storm = _storm_finding()
-    sections.resolve_storm([storm], {"chosen": chosen, "replay": replay})
+    sections.resolve_storm([storm], _bucketed(chosen, replay))
     assert storm["severity"] == "info" and storm["consequence"].startswith("resolved")
     assert storm["resolved_by"] == ("stage 3's plan auto [17, 35, 512]: 3 compiles in warm-up, 0 after "
                                     "(its replay of 100 requests)")
@@ -308,9 +315,70 @@ def test_a_storm_the_bucket_plan_resolves_is_shown_resolved_and_one_it_does_not_
                                      + "; serve it with `portkit export RUN --to pytorch|vllm|nxdi`")
     late = _storm_finding()
     replay[1] = {**replay[1], "compiles": 5, "compiles_after_warmup": 2}
-    sections.resolve_storm([late], {"chosen": chosen, "replay": replay})
+    sections.resolve_storm([late], _bucketed(chosen, replay))
     assert late["severity"] == "work" and not late["resolved_by"]
     assert "not resolved by stage 3's plan auto [17, 35, 512]: 3 compiles in warm-up, 2 after" in late["message"]
     alone = _storm_finding()
     sections.resolve_storm([alone], None)        # stage 3 skipped or missing: stage 2's finding as it is
     assert alone == _storm_finding()
+
+
+def _log(folder: Path, **statuses) -> None:
+    (folder / "run.json").write_text(json.dumps({"stages": {name: {"status": status, "seconds": 1.0, "error": "",
+                                                                    "notebook": f"{name}.ipynb"}
+                                                             for name, status in statuses.items()}}))
+
+
+def test_a_result_the_run_log_records_as_ok_and_is_gone_is_damage_not_a_stage_never_run(run_dir, tmp_path, capsys):
+    """A result the run log (run.json) records as ok that is not there went after the run: damage, exit 1, the file
+    named; a result of a stage the log does not record is missing, as before (exit 0)."""
+    folder = _copy(run_dir, tmp_path)
+    _log(folder, fallbacks="ok", compile="ok")
+    assert cli.main(["report", str(folder)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [f"portkit: damaged result(s) in {folder}: compile.json (the report "
+                                                 "names the gap); rerun their stages"]
+    gaps = json.loads((folder / "report.json").read_text())["gaps"]
+    assert any(g.startswith("compile.json is missing, but run.json records stage compile as ok") for g in gaps)
+    assert "buckets.json is missing" in gaps        # never run: a gap, not damage
+    _log(folder, fallbacks="ok")
+    assert cli.main(["report", str(folder)]) == 0
+    assert "compile.json is missing" in json.loads((folder / "report.json").read_text())["gaps"]
+
+
+@pytest.mark.parametrize("text, words", [("{not json", "run.json cannot be read (JSONDecodeError"),
+                                         ("[1]", "run.json holds a list"),
+                                         ('{"stages": {"compile": {"status": 3}}}', "stages.compile.status is 3")])
+def test_a_damaged_run_log_is_named_and_exits_1(run_dir, tmp_path, capsys, text, words):
+    """A run log (run.json) that cannot be read is damage: the report names it as a gap and exits 1."""
+    folder = _copy(run_dir, tmp_path)
+    (folder / "run.json").write_text(text)
+    assert cli.main(["report", str(folder)]) == 1
+    captured = capsys.readouterr()
+    assert f"damaged result(s) in {folder}: run.json" in captured.err
+    gaps = json.loads((folder / "report.json").read_text())["gaps"]
+    assert any(words in g and "portkit run" in g for g in gaps), gaps
+
+
+@pytest.mark.parametrize("damage", ["graph_breaks a list", "storm a list"])
+def test_an_unreadable_stage_leaves_the_target_not_assessed_and_keeps_the_findings_read_elsewhere(
+        run_dir, tmp_path, damage):
+    """One stage's damaged file (compile.json, whole or for one target) makes the target not assessed, with the
+    stage in "unassessed"; the work item stage 1 found (intact) stays, and the reason names it: never "no work"."""
+    folder = _copy(run_dir, tmp_path)
+    compiled = {"stage": "compile", "summary": "s", "graph_breaks": {"breaks": [], "fullgraph": {"ok": True}},
+                "targets": {"tpu": {"summary": "tpu", "findings": [], "storm": {"requests": [[1, 8]]}}}}
+    if damage == "graph_breaks a list":
+        compiled["graph_breaks"] = [1]
+    else:
+        compiled["targets"]["tpu"]["storm"] = []
+    (folder / "compile.json").write_text(json.dumps(compiled))
+    saved = report.build_report(folder).to_dict()
+    assert saved["stages"]["compile"]["status"] == "incomplete"
+    tpu = saved["targets"]["tpu"]
+    assert tpu["verdict"] == "not assessed" and "compile" in tpu["unassessed"] and tpu["based_on"] == ["fallbacks"]
+    work = [f for f in tpu["findings"] if f["severity"] == "work" and f["stage"] == "fallbacks"]
+    assert work and "no work found" not in tpu["verdict_reason"]
+    assert f"{len(work)} item(s) of work, first:" in tpu["verdict_reason"]
+    assert any("compile.json: " in g and ("graph_breaks is [1]" in g or "targets.tpu.storm is []" in g)
+               for g in saved["gaps"])

@@ -2,9 +2,9 @@
 
     >>> from portkit.core import reconcile
     >>> from portkit.runfolder import results
-    >>> eager = results.read_fallbacks("runs/minilm").targets["tpu"]       # stage 1's dict for a target
-    >>> compiled = results.read_compile("runs/minilm").data               # stage 2's whole result
-    >>> for f in reconcile.reconcile(eager["findings"], compiled, "tpu"):
+    >>> eager = results.load("runs/minilm", "fallbacks").target("tpu")    # stage 1's typed part for a target
+    >>> compiled = results.load("runs/minilm", "compile").reconcilable    # stage 2's graph breaks, checked
+    >>> for f in reconcile.reconcile(eager.findings, compiled, "tpu"):
     ...     print(f["severity"], f["compiled"], f["message"])              # info vanishes host sync in ...
 
 Stage 1 records one eager pass; both vendors run models under torch.compile, where an eager path may be
@@ -73,18 +73,26 @@ def _same_line(a: dict | None, b: dict | None) -> bool:
     return bool(a and b) and a.get("file") == b.get("file") and a.get("line") == b.get("line")
 
 
+def _member(record: dict, key: str) -> dict:
+    """The object `record` holds under `key`, {} where it holds none."""
+    found = record.get(key)
+    return found if isinstance(found, dict) else {}
+
+
 def compiled_view(compiled: dict | None, target: str) -> tuple[dict | None, str]:
-    """What stage 2 recorded for `target`: (its graph breaks and graph contents, or None; why not)."""
+    """What stage 2 recorded for `target`: (its graph breaks and graph contents, or None; why not). `compiled` holds
+    stage 2's "graph_breaks": its own result in memory, or compile.json's as portkit.runfolder.compile_result read
+    and checked it."""
     if not isinstance(compiled, dict):
         return None, "no stage 2 (compile) result: not run, failed or unreadable"
-    breaks = compiled.get("graph_breaks") or {}
-    check = (breaks.get("checks") or {}).get(target)
+    breaks = _member(compiled, "graph_breaks")
+    check = _member(breaks, "checks").get(target)
     if not check:
         return None, f"stage 2 recorded no compiled graph for {target} (native or reference target)"
     if "ops" not in check:
         return None, "the compile result predates the record of graph contents: rerun stage 2"
     stops = list(breaks.get("breaks") or [])
-    full = breaks.get("fullgraph") or {}
+    full = _member(breaks, "fullgraph")
     if not full.get("ok", True) and full.get("where"):   # what stops fullgraph=True is a break too
         stops.append({"reason": full.get("explanation") or full.get("message", ""), "where": full["where"]})
     refused = f"{target}'s compiler refused a graph, so the graphs' contents were not all checked"
@@ -100,7 +108,7 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
     if kind in INPUT_KINDS:
         return NOT_CHECKED, INPUTS
     if not view["graphs"] and not view.get("refused"):
-        full = view.get("fullgraph") or {}
+        full = view["fullgraph"]
         return PERSISTS, ("Dynamo captured no graph: under torch.compile the whole model runs eagerly"
                           + (f" ({full.get('message')} at {full['where']['text']})" if full.get("where") else ""))
     brk = next((b for b in view["breaks"] if _same_line(b.get("frame") or b.get("where"), where)), None)
@@ -137,7 +145,7 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
 def advice_for(finding: dict, owner: dict) -> str:
     """The finding's advice in terms of who can change the code: never "rewrite this line" of a library.
     The target's own advice is kept where it is no edit of the line (a kernel, an input layout, a dtype)."""
-    advice, where = finding.get("advice", ""), finding.get("where") or {}
+    advice, where = finding.get("advice", ""), _member(finding, "where")
     if finding.get("severity") == INFO or owner["owner"] not in (frames.CONFIGURABLE, frames.LIBRARY, frames.PORTKIT):
         return advice   # the user's code, or nothing to change: the target's advice stands
     note = "" if finding.get("kind") in LINE_EDITS else f"; the target's note: {advice}"

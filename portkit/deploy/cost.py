@@ -5,7 +5,7 @@
     >>> cost.comparison("runs/minilm", ["neuron", "tpu"], prices=cost.read_prices("my-prices.json"))
 
 The method, its assumptions and the price table are portkit.planning.cost's (one owner); this module reads the
-run folder's buckets.json and xla.json for it.
+run folder's buckets.json, xla.json and accuracy.json for it (portkit.runfolder.results.cost_figures).
 """
 from __future__ import annotations
 
@@ -16,19 +16,18 @@ LABEL, MILLION = _cost.LABEL, _cost.MILLION
 read_prices, line = _cost.read_prices, _cost.line
 
 
-def _stages(run_dir) -> tuple[dict, dict]:
-    return results.read_stage(run_dir, "buckets") or {}, results.read_stage(run_dir, "xla") or {}
-
-
-def _accuracy(run_dir) -> dict:
-    return results.read_stage(run_dir, "accuracy") or {}
+def _figures(run_dir) -> _cost.Figures:
+    buckets = results.load(run_dir, "buckets")
+    if buckets is None:
+        return _cost.Figures()
+    return results.cost_figures(buckets, results.load(run_dir, "xla"), results.load(run_dir, "accuracy"))
 
 
 def estimate(run_dir, target: str, prices: dict | None = None) -> dict:
     """One target's chip-seconds and dollars per million requests (planning.cost.estimate)."""
-    return _cost.estimate(*_stages(run_dir), target, prices, _accuracy(run_dir))
+    return _cost.estimate(_figures(run_dir), target, prices)
 
 
 def comparison(run_dir, targets, prices: dict | None = None) -> dict:
     """Every target and each named GPU side by side, with the verdicts (planning.cost.comparison)."""
-    return _cost.comparison(*_stages(run_dir), targets, prices, _accuracy(run_dir))
+    return _cost.comparison(_figures(run_dir), targets, prices)

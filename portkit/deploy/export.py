@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from portkit.runfolder import results
+from portkit.runfolder import reading, results
 from portkit.targets import specs as targets_mod
 from portkit.core import atomic_io as _io
 from portkit.core.errors import BadParameter, PortkitError
@@ -99,36 +99,33 @@ def read_plans(run_dir, targets=None) -> tuple[dict[str, Plan], list[str]]:
     chosen = results.read_buckets(run)
     if chosen is None:
         raise BadParameter("run folder", str(run_dir), hint="no bucket plan (buckets.json); run stage buckets")
-    stage = results.read_stage(run, "buckets") or {}
-    accuracy = results.read_stage(run, "accuracy") or {}
-    names = list(targets) if targets else list((stage.get("targets") or chosen.chosen))
+    buckets, accuracy = results.load(run, "buckets"), results.load(run, "accuracy")
+    held = list(dict.fromkeys([*buckets.targets, *buckets.damaged])) if buckets else []
+    names = list(targets) if targets else held or list(chosen.chosen)
     plans, missing = {}, []
     for name in names:
         if name not in chosen.chosen:
             missing.append(f"{name}: no bucket plan in {chosen.path}; nothing exported")
             continue
-        plans[name] = _plan(run, stage, accuracy, name, chosen.chosen[name])
+        plans[name] = _plan(run, buckets, accuracy, name, chosen.chosen[name])
     return plans, missing
 
 
-def _plan(run: Path, stage: dict, accuracy: dict, name: str, chosen) -> Plan:
-    model = stage.get("model") or {}
-    declaration = model.get("declaration") or {}
-    entry = (stage.get("targets") or {}).get(name) or {}
-    info = entry.get("target") or {}
-    spec = targets_mod.TARGETS.get(name)
-    roles = {d.get("role"): d.get("name") for d in declaration.get("dims") or []}
-    found = ((accuracy.get("targets") or {}).get(name) or {})
-    precision = dict(found.get("precision") or info.get("default_precision") or {})
-    precision["verdict"] = found.get("verdict", "not assessed")
+def _plan(run: Path, buckets, accuracy, name: str, chosen) -> Plan:
+    """One target's Plan from stage 3's typed result (None where only its early plan file is there) and stage 4's
+    (None where it has none)."""
+    declared = buckets.declared() if buckets else reading.Declared(None, None, {}, {}, ())
+    entry = buckets.target(name) if buckets else None
+    info = entry.info if entry else reading.TargetInfo(None, None, None)
+    found = accuracy.target(name) if accuracy else None
+    precision = dict((found.precision if found else None) or info.default_precision or {})
+    precision["verdict"] = (found.verdict if found else None) or "not assessed"
     serving = results.serving_buckets(run, name)
-    return Plan(str(run), str(model.get("name", "?")), str(model.get("kind", "?")), name,
-                str(info.get("mode", "emulated")), str(entry.get("backend") or info.get("backend") or ""),
-                spec.backend if spec else "", chosen.planner, chosen.boundaries, chosen.batch_sizes,
-                str((entry.get("chosen") or {}).get("overflow", "truncate")),
-                {i["name"]: [i.get("dtype", "int64"), list(i.get("dims") or [])]
-                 for i in declaration.get("inputs") or []},
-                roles.get("varies"), roles.get("batch"), tuple((declaration.get("masks") or {}).values()), precision,
+    spec = targets_mod.TARGETS.get(name)
+    return Plan(str(run), str(declared.name or "?"), str(declared.kind or "?"), name, str(info.mode or "emulated"),
+                str(info.backend or ""), spec.backend if spec else "", chosen.planner, chosen.boundaries,
+                chosen.batch_sizes, str((entry.chosen.overflow if entry else None) or "truncate"), declared.inputs,
+                declared.roles.get("varies"), declared.roles.get("batch"), declared.masks, precision,
                 (tuple(serving[0]), tuple(serving[1])) if serving else None)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from portkit.runfolder import numbers, results
+from portkit.runfolder import layout, numbers, results, run_log
 from portkit.core import atomic_io as _io
 from portkit.core import checks as _checks
 from portkit.core.errors import BadParameter
@@ -58,18 +58,21 @@ class Comparison:
 
 
 class _Run:
-    """The parts of one run folder the gate reads; missing or skipped stages read as {}."""
+    """The parts of one run folder the gate reads, as types (runfolder.run_log, runfolder.results.load); a missing or
+    skipped stage reads as None."""
 
     def __init__(self, folder) -> None:
         self.folder = Path(folder)
-        report = self.folder / "report.json"
-        if not report.is_file():
+        if not (self.folder / layout.REPORT_JSON).is_file():
             raise BadParameter("run folder", str(folder), hint="no report.json; give a folder written by `portkit run`")
-        self.report = _io.read_json(report)
-        self.stages = {s: results.read_stage(self.folder, s) or {} for s in ("buckets", "xla", "accuracy", "compile")}
+        self.report = run_log.read_report(self.folder)
+        self.stages = {s: results.load(self.folder, s) for s in ("buckets", "xla", "accuracy", "compile")}
 
     def targets(self) -> list[str]:
-        return list(self.report.get("targets") or {})
+        return list(self.report.targets)
+
+    def target(self, name: str) -> run_log.ReportTarget:
+        return self.report.targets.get(name) or run_log.ReportTarget(VERDICTS[-1], ())
 
     def model(self) -> tuple[str, str] | None:
         """(name, kind) of the run's model from report.json; None where it records none."""
@@ -104,7 +107,7 @@ def compare(run_dir, baseline) -> Comparison:
 
 def _verdict(name: str, new: _Run, old: _Run) -> list[Check]:
     def rank(run):
-        verdict = ((run.report.get("targets") or {}).get(name) or {}).get("verdict", "not assessed")
+        verdict = run.target(name).verdict
         return verdict, VERDICTS.index(verdict) if verdict in VERDICTS else len(VERDICTS)
     (was, before), (now, after) = rank(old), rank(new)
     status = FAIL if after > before else PASS
@@ -118,7 +121,7 @@ def _blocker_key(finding: dict) -> tuple:
 
 def _blockers(name: str, new: _Run, old: _Run) -> list[Check]:
     def blockers(run):
-        found = ((run.report.get("targets") or {}).get(name) or {}).get("findings") or []
+        found = run.target(name).findings
         return {_blocker_key(f): f for f in found if f.get("severity") == "blocker"}
     before, after = blockers(old), blockers(new)
     fresh = [f for key, f in after.items() if key not in before]

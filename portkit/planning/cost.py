@@ -2,7 +2,7 @@
 measurement, until a device measured the throughput.
 
     >>> from portkit.planning import cost
-    >>> table = cost.comparison(buckets, xla, ["neuron", "tpu"], accuracy=accuracy)  # stage results as dicts
+    >>> table = cost.comparison(figures, ["neuron", "tpu"])    # cost.Figures: runfolder.results.cost_figures
     >>> table["targets"]["tpu"]["usd_per_million_requests"], table["verdicts"]["tpu"]["line"]
 
 Time per request: the roofline of portkit.planning.budget (one owner of the model) at the batch the plan serves:
@@ -25,6 +25,7 @@ import functools
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -102,33 +103,71 @@ def chip_price(chip: str, target: str | None = None, prices: dict | None = None)
             "instance": entry["instance"], "region": entry["region"]}
 
 
-def _chosen(buckets: dict, target: str) -> dict:
-    return (((buckets or {}).get("targets") or {}).get(target) or {}).get("chosen") or {}
+@dataclass(frozen=True)
+class Plan:
+    """One target's bucket plan as the estimate reads it (buckets.json's targets[t].chosen)."""
+    shapes: tuple[tuple[int, int | None], ...] = ()     # (batch, seq) of each shape it compiles
+    real_tokens: float | None = None                     # over the request distribution
+    padded_tokens: float | None = None
+    padding_waste: float | None = None
+    warmup_seconds: float | None = None
+    batch_sizes: tuple[int, ...] = ()
 
 
-def flops_per_position(buckets: dict, target: str) -> float | None:
+@dataclass(frozen=True)
+class PaddingPrice:
+    """What stage 3 charged a padded position on a target (economics.roofline_price or measured)."""
+    kind: str | None = None
+    seconds: float | None = None
+    flops: float | None = None          # the FLOPs a position adds, where the price is the FLOPs estimate
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """Stage 3b's cost analysis of one target: its topology and each compiled shape's (label, FLOPs, bytes)."""
+    topology: str | None = None
+    shapes: tuple[tuple[str | None, float | None, float | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A run's figures the estimate reads, produced by the run folder's readers (portkit.runfolder.results
+    .cost_figures from buckets.json, xla.json and accuracy.json): the request count, each target's plan and padding
+    price, stage 3b's cost analysis, the model's parameters, and the precisions stage 4 chose and measured the GPU
+    at. A target stage 3 holds without a plan has an empty Plan."""
+    requests: int | None = None
+    plans: dict[str, Plan] = field(default_factory=dict)
+    padding_price: dict[str, PaddingPrice] = field(default_factory=dict)
+    compiled: dict[str, Compiled] = field(default_factory=dict)
+    parameters: float | None = None                     # the model's parameter count (buckets.json's "model")
+    precision: dict[str, dict] = field(default_factory=dict)   # stage 4's chosen precision per target
+    gpu_numerics: str | None = None                     # the GPU setting stage 4 measured against
+
+
+def flops_per_position(run: Figures, target: str) -> float | None:
     """The FLOPs a position adds to a forward pass, from stage 3's padding price where it is the FLOPs estimate
     (economics.roofline_price); None for a measured price. A price written before it carried its FLOPs is
     read back through the chip its source names."""
-    price = ((buckets or {}).get("padding_price") or {}).get(target) or {}
-    if price.get("kind") != economics.ESTIMATE or not isinstance(price.get("seconds"), (int, float)):
+    price = run.padding_price.get(target, PaddingPrice())
+    if price.kind != economics.ESTIMATE or price.seconds is None:
         return None
-    if isinstance(price.get("flops"), (int, float)):
-        return float(price["flops"])
-    named = re.search(r"at (\w+)'s peak", price.get("source", ""))
+    if price.flops is not None:
+        return float(price.flops)
+    named = re.search(r"at (\w+)'s peak", price.source)
     chip = named.group(1) if named else economics.PRICE_CHIPS.get(target)
-    return price["seconds"] * capacity.chip(chip, target)["peak_bf16_flops"] if chip else None
+    return price.seconds * capacity.chip(chip, target)["peak_bf16_flops"] if chip else None
 
 
-def _xla_fit(xla: dict, target: str) -> dict | None:
+def _xla_fit(run: Figures, target: str) -> dict | None:
     """Per-position FLOPs and the bytes accessed as intercept + slope x positions, fitted over xla.json's cost
     analysis of the compiled bucket shapes (a TPU topology), with the topology's chip and chips."""
-    found = ((xla or {}).get("targets") or {}).get(target) or {}
-    topology, points = found.get("topology"), []
-    for shape in found.get("shapes") or []:
-        hit = re.fullmatch(r"batch=(\d+) seq=(\d+)", shape.get("label") or "")
-        if topology and hit and shape.get("flops") and shape.get("bytes_accessed"):
-            points.append((int(hit.group(1)) * int(hit.group(2)), shape["flops"], shape["bytes_accessed"]))
+    found = run.compiled.get(target, Compiled())
+    topology, points = found.topology, []
+    for label, flops, bytes_accessed in found.shapes:
+        hit = re.fullmatch(r"batch=(\d+) seq=(\d+)", label or "")
+        if topology and hit and flops and bytes_accessed:
+            points.append((int(hit.group(1)) * int(hit.group(2)), flops, bytes_accessed))
     if not points:
         return None
     chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
@@ -139,12 +178,18 @@ def _xla_fit(xla: dict, target: str) -> dict | None:
             "bytes_intercept": max(float(intercept), 0.0) * chips, "bytes_per_position": max(float(slope), 0.0) * chips}
 
 
-def _precision(accuracy: dict | None, target: str) -> tuple[str, float, str]:
+def _activation_bytes(run: Figures) -> float:
+    """XLA's bytes a position (the TPU's cost analysis), 0 where xla.json has none."""
+    fit = _xla_fit(run, "tpu")
+    return fit["bytes_per_position"] if fit is not None else 0.0
+
+
+def _precision(run: Figures, target: str) -> tuple[str, float, str]:
     """The matmul precision class a target computes at, the bf16 passes a float32 matmul takes, and what says so:
     stage 4's chosen precision (accuracy.json), else the target's default precision."""
     from portkit.targets import numerics
     from portkit.targets import specs as targets_mod
-    chosen = (((accuracy or {}).get("targets") or {}).get(target) or {}).get("precision")
+    chosen = run.precision.get(target)
     said = f"stage 4 chose '{chosen['name']}'" if chosen else "no stage 4 result: the target's default precision"
     chosen = chosen or targets_mod.get(target).default_precision.to_dict()
     cost = numerics.precision_cost(target, chosen.get("name", ""))
@@ -152,27 +197,26 @@ def _precision(accuracy: dict | None, target: str) -> tuple[str, float, str]:
     return budget.precision_class(chosen), float(passes), f"{said} ({chosen.get('description', '')})"
 
 
-def _gpu_precision(accuracy: dict | None) -> tuple[str, str]:
+def _gpu_precision(run: Figures) -> tuple[str, str]:
     """The precision today's GPU runs at: the GPU setting stage 4 measured against (accuracy.json's reference
     gpu_baseline), else float32."""
     from portkit.targets import numerics
-    name = (((accuracy or {}).get("reference") or {}).get("gpu_baseline") or {}).get("gpu_numerics")
+    name = run.gpu_numerics
     if name not in numerics.GPU_NUMERICS:
         return "fp32", "no stage 4 result: float32 assumed"
     return budget.precision_class(numerics.GPU_NUMERICS[name].to_dict()), f"stage 4's GPU setting '{name}'"
 
 
-def _served_batch(buckets: dict, target: str | None = None) -> int:
+def _served_batch(run: Figures, target: str | None = None) -> int:
     """The batch the plan serves: the largest of the target's (else any target's) chosen batch sizes."""
-    names = [target] if target else list((buckets or {}).get("targets") or {})
-    sizes = [b for t in names for b in (_chosen(buckets, t).get("batch_sizes") or []) if isinstance(b, int)]
+    names = [target] if target else list(run.plans)
+    sizes = [b for t in names for b in run.plans.get(t, Plan()).batch_sizes]
     return max(sizes, default=1)
 
 
-def _weight_bytes(buckets: dict) -> float | None:
+def _weight_bytes(run: Figures) -> float | None:
     """The weights' bytes as stored (float32: 4 bytes a parameter), read once a batch."""
-    parameters = ((buckets or {}).get("model") or {}).get("parameters")
-    return 4.0 * parameters if isinstance(parameters, (int, float)) else None
+    return 4.0 * run.parameters if run.parameters is not None else None
 
 
 def _priced(out: dict, chip: str, target: str | None, prices: dict | None, family: str) -> dict:
@@ -201,13 +245,13 @@ def _side(out: dict, work: budget.Workload, chip: str, family: str, precision: t
     return out
 
 
-def estimate(buckets: dict, xla: dict, target: str, prices: dict | None = None, accuracy: dict | None = None) -> dict:
+def estimate(run: Figures, target: str, prices: dict | None = None) -> dict:
     """Chip-seconds and dollars per million requests of `target`'s bucket plan (see the module docstring)."""
-    chosen, requests = _chosen(buckets, target), ((buckets or {}).get("distribution") or {}).get("count")
-    if not chosen.get("shapes") or not requests:
+    chosen, requests = run.plans.get(target, Plan()), run.requests
+    if not chosen.shapes or not requests:
         return {"target": target, "label": LABEL, "problem": "no bucket plan over a request distribution (stage 3)"}
-    positions = (chosen.get("real_tokens", 0) + chosen.get("padded_tokens", 0)) / requests
-    batch, fit = _served_batch(buckets, target), _xla_fit(xla, target)
+    positions = ((chosen.real_tokens or 0) + (chosen.padded_tokens or 0)) / requests
+    batch, fit = _served_batch(run, target), _xla_fit(run, target)
     if fit is not None:
         chip = fit["chip"]
         work = budget.Workload(fit["flops_per_position"] * positions, fit["bytes_intercept"],
@@ -215,37 +259,33 @@ def estimate(buckets: dict, xla: dict, target: str, prices: dict | None = None, 
         method = (f"FLOPs and bytes accessed of xla.json's cost analysis of {fit['shapes']} bucket shape(s) "
                   f"(bytes fitted as fixed + per position)")
     else:
-        flops, chip, weights = flops_per_position(buckets, target), economics.PRICE_CHIPS.get(target), \
-            _weight_bytes(buckets)
+        flops, chip, weights = flops_per_position(run, target), economics.PRICE_CHIPS.get(target), _weight_bytes(run)
         if flops is None or chip is None or weights is None:
             return {"target": target, "label": LABEL, "problem": "no cost analysis (xla.json) and no FLOPs estimate"}
-        act = (_xla_fit(xla, "tpu") or {}).get("bytes_per_position", 0.0)
+        act = _activation_bytes(run)
         work = budget.Workload(flops * positions, weights, act * positions, batch)
         method = (f"{flops / 1e6:.1f} MFLOPs a position (stage 3, counted on the graph); bytes: the weights as "
                   f"stored once a batch" + (", activations XLA's bytes a position (xla.json)" if act else
                                             ", activations not counted (no xla.json): a lower bound"))
-    warmup = (chosen.get("settings") or {}).get("warmup_seconds")
     family = capacity.chip(chip, target)["family"]
-    out = {"target": target, "chip": chip, "label": LABEL, "padding_waste": chosen.get("padding_waste"),
-           "method": method, "warmup_chip_seconds": warmup if isinstance(warmup, (int, float)) else None}
-    _side(out, work, chip, family, _precision(accuracy, target), positions)
+    out = {"target": target, "chip": chip, "label": LABEL, "padding_waste": chosen.padding_waste,
+           "method": method, "warmup_chip_seconds": chosen.warmup_seconds}
+    _side(out, work, chip, family, _precision(run, target), positions)
     return _priced(out, chip, target, prices, family)
 
 
-def gpu_estimate(buckets: dict, gpu: str, flops: float | None, prices: dict | None = None, *,
-                 accuracy: dict | None = None, xla: dict | None = None) -> dict:
+def gpu_estimate(run: Figures, gpu: str, flops: float | None, prices: dict | None = None) -> dict:
     """The same requests on one `gpu` (a name of GPUS): real positions only, `flops` a position, at the GPU
     precision stage 4 measured, at the batch the plan serves."""
-    requests = ((buckets or {}).get("distribution") or {}).get("count")
-    real = next((c.get("real_tokens") for c in (_chosen(buckets, t) for t in (buckets or {}).get("targets") or {})
-                 if c.get("real_tokens")), None)
-    weights = _weight_bytes(buckets)
+    requests = run.requests
+    real = next((p.real_tokens for p in run.plans.values() if p.real_tokens), None)
+    weights = _weight_bytes(run)
     if flops is None or not requests or not real or weights is None:
         return {"gpu": gpu, "label": LABEL, "problem": "no FLOPs estimate or no request distribution (stage 3)"}
     positions = real / requests
-    act = (_xla_fit(xla, "tpu") or {}).get("bytes_per_position", 0.0)
-    work = budget.Workload(flops * positions, weights, act * positions, _served_batch(buckets))
-    cls, said = _gpu_precision(accuracy)
+    act = _activation_bytes(run)
+    work = budget.Workload(flops * positions, weights, act * positions, _served_batch(run))
+    cls, said = _gpu_precision(run)
     out = {"gpu": gpu, "chip": gpu, "label": LABEL,
            "method": f"{flops / 1e6:.1f} MFLOPs a position, real positions only (dynamic shapes); bytes: the "
                      "weights as stored once a batch" + (", activations XLA's bytes a position" if act else "")}
@@ -267,12 +307,11 @@ def verdicts(found: dict) -> dict:
     return out
 
 
-def comparison(buckets: dict, xla: dict, targets, prices: dict | None = None, accuracy: dict | None = None) -> dict:
+def comparison(run: Figures, targets, prices: dict | None = None) -> dict:
     """Each target's estimate and each named GPU's, side by side, with the method's assumptions and verdicts."""
-    found = {t: estimate(buckets, xla, t, prices, accuracy) for t in targets}
-    flops = next((f for f in (flops_per_position(buckets, t) for t in targets) if f is not None), None)
-    out = {"label": LABEL, "targets": found,
-           "gpus": {g: gpu_estimate(buckets, g, flops, prices, accuracy=accuracy, xla=xla) for g in GPUS},
+    found = {t: estimate(run, t, prices) for t in targets}
+    flops = next((f for f in (flops_per_position(run, t) for t in targets) if f is not None), None)
+    out = {"label": LABEL, "targets": found, "gpus": {g: gpu_estimate(run, g, flops, prices) for g in GPUS},
            "assumptions": list(ASSUMPTIONS)}
     out["verdicts"] = verdicts(out)
     return out

@@ -425,8 +425,7 @@ def _reads(stage: Stage, targets) -> tuple[str, ...]:
 
 def _model_parameters(out: Path, stage: Stage) -> int | None:
     """The model's parameter count from a stage's result (None where it has none)."""
-    found = ((results.read_stage(out, stage.name) or {}).get("model") or {}).get("parameters")
-    return found if isinstance(found, int) else None
+    return results.model_parameters(out, stage.name)
 
 
 class _Printer:

@@ -9,7 +9,7 @@
 A foundation: the runner, the report and the sweep read the layout from here, so no stage or
 orchestrator imports another to learn it. The run log (RUN_LOG) records how each stage of the latest
 `portkit run` ended; a stage that failed leaves no result file, and the report names the failure from
-the log rather than only calling the result "missing".
+the log (read by runfolder.run_log) rather than only calling the result "missing".
 """
 from __future__ import annotations
 
@@ -143,7 +143,8 @@ def _lock_pid(fd: int) -> int | None:
 
 
 def read_log(folder) -> dict:
-    """The run log, or an empty one where no run wrote it (notebooks run by hand) or it is unreadable."""
+    """The run log as `record` extends it, or an empty one where no run wrote it (notebooks run by hand) or it is
+    unreadable; a reader of the log reads it as a type (runfolder.run_log), which names a damaged one."""
     try:
         log = json.loads((Path(folder) / RUN_LOG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -158,14 +159,6 @@ def record(folder, name: str, status: str, seconds: float, error: str = "") -> N
     log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
                            "notebook": stage(name).notebook}
     _io.write_json(Path(folder) / RUN_LOG, log)
-
-
-def failure(folder, name: str) -> str | None:
-    """The error a stage failed with in the latest run (or the line saying it was interrupted), or None."""
-    entry = read_log(folder)["stages"].get(name)
-    if isinstance(entry, dict) and entry.get("status") in ("failed", INTERRUPTED):
-        return entry.get("error") or entry["status"]
-    return None
 
 
 INTERRUPTED = "interrupted"   # a stage stopped by Ctrl-C: its kernel was stopped and its result removed

@@ -14,9 +14,10 @@ and environment; portkit.core.findings is re-exported here as results.Finding.
     >>> results.read_buckets("runs/minilm").chosen["tpu"].boundaries      # stage 3's plan, or None
     >>> results.fixed_shape("runs/minilm", "tpu")        # stage 2's {"batch": 1, "seq": 64}, or None
 
-A stage reads an earlier stage's result only through a reader here (read_buckets, fixed_shape,
-bucket_shapes, read_stage), never by opening its JSON itself: the reader names what is wrong with a
-damaged file in one line (UnreadableResult).
+A stage reads an earlier stage's result only through a reader here (load, read_buckets, fixed_shape,
+bucket_shapes), never by opening its JSON itself: each result has one typed reader (TYPED: fallbacks_result,
+compile_result, buckets_result, xla_result, accuracy_result), which names what is wrong with a damaged file in
+one line, with its key (UnreadableResult).
 """
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit.models import abstract as abstract_models
-from portkit.runfolder import environment
+from portkit.planning import cost
+from portkit.runfolder import (accuracy_result, buckets_result, compile_result, environment, fallbacks_result, reading,
+                               xla_result)
 from portkit.runfolder import layout as runfolder
 from portkit.targets import specs as targets_mod
-from portkit.core.atomic_io import read_json, write_json
-from portkit.core.errors import PortkitError, StageSkipped
+from portkit.core.atomic_io import write_json
+from portkit.core.errors import StageSkipped
 from portkit.core.findings import ROOT, Finding  # noqa: F401 (re-exported: results.Finding, results.ROOT)
 
 KEY = "environment"
@@ -164,8 +167,7 @@ def _short(value) -> str:
 result_file = runfolder.result_file   # the run folder's layout has one owner
 
 
-class UnreadableResult(PortkitError):
-    """A stage result in the run folder exists but cannot be used; the message names the file and why."""
+UnreadableResult = reading.UnreadableResult   # the one class, raised by every reader
 
 
 @dataclass(frozen=True)
@@ -188,37 +190,23 @@ def read_buckets(out_dir) -> BucketsResult | None:
     the plans it writes before its replay (runfolder's early file, buckets.plan.json); None when neither is there.
 
     A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
-    not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult."""
+    not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult
+    (buckets_result reads both files)."""
     path = Path(out_dir) / result_file("buckets")
     if path.exists():
-        saved = read_stage(out_dir, "buckets")
+        found = load(out_dir, "buckets")
     else:
         path = Path(out_dir) / runfolder.stage("buckets").early
-        saved = _read_object(path, "buckets") if path.exists() else None
-    if saved is None:
+        found = typed("buckets", _read_object(path, "buckets"), path) if path.exists() else None
+    if found is None:
         return None
-    per_target = saved.get("targets")
-    if not isinstance(per_target, dict):
-        raise UnreadableResult(f"{path} has no per-target results (no \"targets\" object); rerun stage buckets")
     chosen = {}
-    for name, result in per_target.items():
-        plan = result.get("chosen") if isinstance(result, dict) else None
-        if not isinstance(plan, dict) or not plan.get("boundaries"):
-            continue
-        boundaries = _positive_ints(plan["boundaries"], path, f"targets.{name}.chosen.boundaries")
-        batches = plan.get("batch_sizes")
-        chosen[name] = ChosenBuckets(str(plan.get("planner", "?")), tuple(sorted(boundaries)),
-                                     tuple(_positive_ints(batches, path, f"targets.{name}.chosen.batch_sizes"))
-                                     if batches else None)
+    for name in found.names:
+        plan = found.target(name).chosen       # UnreadableResult where this target's part is damaged
+        if plan.boundaries:
+            chosen[name] = ChosenBuckets("?" if plan.planner is None else plan.planner, tuple(sorted(plan.boundaries)),
+                                         tuple(plan.batch_sizes) if plan.batch_sizes else None)
     return BucketsResult(path, chosen)
-
-
-def _positive_ints(values, path: Path, key: str) -> list[int]:
-    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                               for v in values):
-        raise UnreadableResult(f"{path}: {key} is {_short(values)}, not a list of positive integers; "
-                               "rerun stage buckets")
-    return values
 
 
 def read_stage(out_dir, stage: str) -> dict | None:
@@ -233,83 +221,84 @@ def read_stage(out_dir, stage: str) -> dict | None:
     return None if saved.get(SKIPPED) else saved
 
 
-def _read_object(path: Path, stage: str) -> dict:
-    """A JSON object `stage` wrote (its result, or its early file); UnreadableResult naming the file otherwise."""
-    try:
-        saved = read_json(path)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UnreadableResult(f"{path} cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
-                               f"rerun stage {stage} or remove the file") from None
-    if not isinstance(saved, dict):
-        raise UnreadableResult(f"{path} holds a {type(saved).__name__}, not a stage result; rerun stage {stage}")
-    return saved
+_read_object = reading.read_object
+
+# each stage result's typed reader (its from_dict validates as it reads)
+TYPED = {"fallbacks": fallbacks_result.Result, "compile": compile_result.Result, "buckets": buckets_result.Result,
+         "xla": xla_result.Result, "accuracy": accuracy_result.Result}
 
 
-def _target_result(out_dir, stage: str, target: str) -> dict:
-    """targets[target] of a stage's result; {} when the stage or the target has none."""
-    per_target = (read_stage(out_dir, stage) or {}).get("targets")
-    found = per_target.get(target) if isinstance(per_target, dict) else None
-    return found if isinstance(found, dict) else {}
+def typed(stage: str, data: dict, path):
+    """`data`, the result `stage` saved at `path`, read as its type (TYPED); UnreadableResult naming the damage."""
+    return TYPED[stage].from_dict(data, Path(path))
+
+
+def model_parameters(out_dir, stage: str) -> int | None:
+    """The model's parameter count a stage's result in `out_dir` records ("model"."parameters"), None where it
+    has none (no result, a skipped stage, no count)."""
+    saved = read_stage(out_dir, stage)
+    model = saved.get("model") if saved is not None else None
+    found = model.get("parameters") if isinstance(model, dict) else None
+    return found if reading.is_int(found) else None
+
+
+def load(out_dir, stage: str):
+    """The result `stage` saved in `out_dir` read as its type (fallbacks_result.Result, compile_result.Result,
+    ...), or None when there is none or the stage was skipped; UnreadableResult naming the file, key and damage."""
+    saved = read_stage(out_dir, stage)
+    return None if saved is None else typed(stage, saved, Path(out_dir) / result_file(stage))
+
+
+def _target(out_dir, stage: str, target: str):
+    """The typed part of `target` in `stage`'s result; None where the stage or the target has none."""
+    found = load(out_dir, stage)
+    return None if found is None else found.target(target)
 
 
 def fixed_shape(out_dir, target: str) -> dict | None:
     """Stage 2's fixed input shape for `target` (compile.json): {"batch": B, "seq": S}, seq None for an
     image model; None when stage 2 recorded none."""
-    shape = _target_result(out_dir, "compile", target).get("fixed_shape")
-    if shape is None:
-        return None
-    return _shape(shape, "compile", f"targets.{target}.fixed_shape", out_dir)
+    found = _target(out_dir, "compile", target)
+    return None if found is None else found.fixed_shape
 
 
 def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
     """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
     when stage 3 chose none."""
-    chosen = _target_result(out_dir, "buckets", target).get("chosen")
-    if not isinstance(chosen, dict) or not chosen.get("shapes"):
+    found = _target(out_dir, "buckets", target)
+    if found is None or not found.chosen.shapes:
         return None
-    shapes = chosen["shapes"]
-    if not isinstance(shapes, list):
-        raise UnreadableResult(f"{Path(out_dir) / 'buckets.json'}: targets.{target}.chosen.shapes is "
-                               f"{_short(shapes)}, not a list; rerun stage buckets")
-    key = f"targets.{target}.chosen.shapes"
-    return str(chosen.get("planner", "")), [_shape(s, "buckets", key, out_dir) for s in shapes]
+    return found.chosen.planner or "", [{"batch": batch, "seq": seq} for batch, seq in found.chosen.shapes]
 
 
 def serving_buckets(out_dir, target: str) -> tuple[list[int], list[int]] | None:
     """(prompt buckets, context buckets) of stage 3's auto serving plan for `target` (buckets.json, workload
     "generate"); None when stage 3 made none."""
-    stage = read_stage(out_dir, "buckets") or {}
-    plan = (((stage.get("generation") or {}).get("targets") or {}).get(target) or {}).get("auto")
-    if not isinstance(plan, dict):
-        return None
-    found = []
-    for part in ("prompt", "context"):
-        key = f"generation.targets.{target}.auto.{part}.boundaries"
-        found.append(_positive_ints((plan.get(part) or {}).get("boundaries"), Path(out_dir) / "buckets.json", key))
-    return found[0], found[1]
-
-
-def _shape(value, stage: str, key: str, out_dir) -> dict:
-    """{"batch": positive int (1 when absent), "seq": positive int or None}, or UnreadableResult."""
-    def positive(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v > 0
-    if isinstance(value, dict) and positive(value.get("batch", 1)) and (value.get("seq") is None
-                                                                          or positive(value["seq"])):
-        return {"batch": value.get("batch", 1), "seq": value.get("seq")}
-    raise UnreadableResult(f"{Path(out_dir) / f'{stage}.json'}: {key} has {_short(value)}, not "
-                           f"{{\"batch\": positive int, \"seq\": positive int}}; rerun stage {stage}")
+    found = load(out_dir, "buckets")
+    return None if found is None else found.serving.get(target)
 
 
 def compile_cost(out_dir, target: str) -> dict | None:
     """Stage 2's compile cost model for `target` (compile.json: targets[t].compile_cost, as
     economics.CostModel.to_dict writes it), or None when stage 2 recorded none. A model without a kind,
     a source or a numeric intercept raises UnreadableResult."""
-    cost = _target_result(out_dir, "compile", target).get("compile_cost")
-    if cost is None:
-        return None
-    if not (isinstance(cost, dict) and isinstance(cost.get("kind"), str) and isinstance(cost.get("source"), str)
-            and isinstance(cost.get("intercept"), (int, float)) and isinstance(cost.get("target"), str)):
-        raise UnreadableResult(f"{Path(out_dir) / result_file('compile')}: targets.{target}.compile_cost is "
-                               f"{_short(cost)}, not a cost model (target, kind, source, intercept); "
-                               "rerun stage compile")
-    return cost
+    found = _target(out_dir, "compile", target)
+    return None if found is None else found.compile_cost
+
+
+def cost_figures(buckets, xla=None, accuracy=None) -> cost.Figures:
+    """What the cost estimate (portkit.planning.cost) reads of a run: stage 3's typed result (buckets_result.Result),
+    stage 3b's (xla_result.Result) and stage 4's (accuracy_result.Result), the last two None where absent."""
+    plans = {name: cost.Plan(t.chosen.shapes, t.chosen.real_tokens, t.chosen.padded_tokens, t.chosen.padding_waste,
+                             t.chosen.warmup_seconds, tuple(t.chosen.batch_sizes or ()))
+             for name, t in buckets.targets.items()}
+    prices = {name: cost.PaddingPrice(p.kind, p.seconds, p.flops, p.source or "")
+              for name, p in buckets.padding_price.items()}
+    compiled = {name: cost.Compiled(t.topology, tuple((s.label, s.flops, s.bytes_accessed) for s in t.shapes))
+                for name, t in (xla.targets.items() if xla is not None else ())}
+    parameters = (buckets.model or {}).get("parameters")
+    precision = ({name: t.precision for name, t in accuracy.targets.items() if t.precision}
+                 if accuracy is not None else {})
+    return cost.Figures(buckets.distribution_count, plans, prices, compiled,
+                        float(parameters) if reading.is_number(parameters) else None, precision,
+                        accuracy.gpu_numerics if accuracy is not None else None)

@@ -232,15 +232,16 @@ def compile_costs(model, requests: Requests, targets, options: Options | None = 
 def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable]:
     """Per target, stage 1's eager findings (its fallbacks.json in `out_dir`) against the graphs that
     find_graph_breaks just captured: what persists under torch.compile, what vanishes (reconcile.py)."""
-    from portkit.runfolder.results import read_stage
-    saved = (read_stage(out_dir, "fallbacks") or {}).get("targets") or {}
+    from portkit.runfolder import results
+    saved = results.load(out_dir, "fallbacks")     # typed; a damaged part is named (UnreadableResult)
     compiled = {"graph_breaks": breaks.to_dict()}
     out = {}
     for name in targets_mod.parse_targets(targets):
-        findings = reconcile.reconcile((saved.get(name) or {}).get("findings") or [], compiled, name)
+        eager = saved.target(name) if saved is not None else None
+        findings = reconcile.reconcile(list(eager.findings) if eager is not None else [], compiled, name)
         gone = reconcile.vanished_line(findings)
         out[name] = reconcile.table(findings, f"{name}: {len(findings)} eager finding(s) from stage 1"
-                                    + (f"; {gone}" if gone else "") if saved else
+                                    + (f"; {gone}" if gone else "") if saved is not None and saved.names else
                                     f"{name}: no stage 1 result in {out_dir} to reconcile")
     return out
 

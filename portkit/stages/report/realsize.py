@@ -14,7 +14,7 @@ report.json keys it adds to a target (stable):
   "tokens/s per chip", "bound", "NeuronCores per copy", "copies per chip", "copies per instance".
 
     >>> from portkit.stages.report import realsize as report_scale
-    >>> report_scale.read(xla_json["targets"]["tpu"], target_report)   # no "scale" key: nothing added
+    >>> report_scale.read(results.load(run_dir, "xla").target("tpu"), target_report)   # no "scale": nothing added
 """
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ def _gib(value) -> float | None:
     return round(value / 2 ** 30, 2) if isinstance(value, (int, float)) else None
 
 
-def read(t: dict, out) -> None:
-    """Add the real-size check of one target's xla.json entry to its TargetReport `out` (nothing when absent)."""
-    scale = t.get(SECTION)
+def read(t, out) -> None:
+    """Add the real-size check of one target's xla.json entry (xla_result.Target) to its TargetReport `out`
+    (nothing when absent)."""
+    scale = t.scale
     metrics = {}
-    for found in (scale or {}).get("largest_batch") or t.get("largest_batch") or []:
+    for found in (scale or {}).get("largest_batch") or t.largest_batch:
         at_limit = "+ (the search's limit)" if found["batch"] >= found["limit"] else ""
         where = f"seq {found['seq']}" if found.get("seq") else found.get("shape", "")
         metrics[f"largest batch that fits HBM, {where}"] = (

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import jinja2
 
-from portkit.planning import cost as cost_mod
-from portkit.runfolder import environment, numbers
+from portkit.planning import cost
+from portkit.runfolder import environment, numbers, run_log
 from portkit.core import assessed, reconcile
 from portkit.stages import options
 from portkit.stages.report import sections as report_stages
@@ -58,6 +58,9 @@ def _stages():
     return [s for s in runfolder.STAGES if s.name != STAGE]
 
 
+DAMAGED = ("unreadable", "incomplete")   # a stage result there that cannot be read whole: the report exits 1
+
+
 @dataclass
 class StageResult:
     name: str
@@ -65,16 +68,21 @@ class StageResult:
     notebook: str
     status: str                 # ok, skipped (problem: why), missing, failed, unreadable, incomplete
     problem: str = ""
-    data: dict | None = None
+    result: object = None       # the stage's typed result (portkit.runfolder.results.TYPED) where status is ok
 
     def to_dict(self) -> dict:
         return {"file": self.file, "notebook": self.notebook, "status": self.status, "problem": self.problem,
-                "summary": (self.data or {}).get("summary")}
+                "summary": self.summary}
+
+    @property
+    def summary(self) -> str | None:
+        return None if self.result is None else self.result.summary
 
     def flag(self, problem: str) -> None:
-        """Part of a readable result could not be read: the stage is incomplete, the problem a gap."""
+        """Part of a readable result could not be read: the stage is incomplete, the problem (naming the file) a
+        gap."""
         self.status = "incomplete"
-        self.problem = "; ".join(filter(None, [self.problem, f"{self.file}: {problem}"]))
+        self.problem = "; ".join(filter(None, [self.problem, problem]))
 
 
 def _why(exc: BaseException) -> str:
@@ -82,12 +90,20 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
 
 
-def read_stage(run_dir: Path, stage) -> StageResult:
+def read_stage(run_dir: Path, stage, log=None) -> StageResult:
+    """Stage `stage`'s result in `run_dir`, read as its type; `log` is the run log (run_log.RunLog, None where no
+    run wrote one): a missing result the log records as failed names the failure, one it records as ok is damage
+    (the file went after the run), and one it does not record was never made."""
     path = run_dir / stage.result
+    entry = log.stages.get(stage.name) if log is not None else None
     if not path.exists():
-        if failed := runfolder.failure(run_dir, stage.name):   # the latest run's log says why
+        if entry is not None and entry.status in ("failed", runfolder.INTERRUPTED):   # the latest run's log says why
             return StageResult(stage.name, stage.result, stage.notebook, "failed",
-                               f"stage {stage.name} failed in the latest run: {failed}")
+                               f"stage {stage.name} failed in the latest run: {entry.error or entry.status}")
+        if entry is not None and entry.status == "ok":
+            return StageResult(stage.name, stage.result, stage.notebook, "unreadable",
+                               f"{stage.result} is missing, but {runfolder.RUN_LOG} records stage {stage.name} as ok "
+                               f"in the latest run: the file was removed or lost; rerun stage {stage.name}")
         return StageResult(stage.name, stage.result, stage.notebook, "missing", f"{stage.result} is missing")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -102,7 +118,19 @@ def read_stage(run_dir: Path, stage) -> StageResult:
     if not isinstance(data.get("targets"), dict):
         return StageResult(stage.name, stage.result, stage.notebook, "incomplete",
                            f"{stage.result} has no per-target results (no \"targets\" object)")
-    return StageResult(stage.name, stage.result, stage.notebook, "ok", data=data)
+    try:
+        typed = results.typed(stage.name, data, path)
+    except results.UnreadableResult as exc:
+        return StageResult(stage.name, stage.result, stage.notebook, "incomplete", str(exc))
+    return StageResult(stage.name, stage.result, stage.notebook, "ok", result=typed)
+
+
+def _run_log(run_dir: Path):
+    """(the run log, "") or (None, why it cannot be read): a damaged run.json is a gap, never a silent empty log."""
+    try:
+        return run_log.read(run_dir), ""
+    except results.UnreadableResult as exc:
+        return None, str(exc)
 
 
 # ---------------------------------------------------------------- per-stage readers
@@ -195,12 +223,20 @@ class MigrationReport:
     images: list[tuple[str, str]]      # (caption, base64 PNG) taken from the executed notebooks
     environment_source: str = results.NOT_RECORDED
     other_gaps: list[str] = field(default_factory=list)   # environment and notebooks; stage gaps live in stages
+    log_problem: str = ""              # why the run log (run.json) cannot be read; "" where it can or is absent
     cost: dict | None = None           # planning.cost.comparison of the run's stage 3 and 3b results
     created: str = field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
 
     @property
     def gaps(self) -> list[str]:
-        return [s.problem for s in self.stages.values() if s.status not in ("ok", "skipped")] + self.other_gaps
+        return ([s.problem for s in self.stages.values() if s.status not in ("ok", "skipped")]
+                + ([self.log_problem] if self.log_problem else []) + self.other_gaps)
+
+    def damaged(self) -> list[str]:
+        """The files of the run folder that are there (or should be) and cannot be read whole: stage results
+        (DAMAGED), and the run log."""
+        return ([s.file for s in self.stages.values() if s.status in DAMAGED]
+                + ([runfolder.RUN_LOG] if self.log_problem else []))
 
     def verdicts(self) -> dict[str, str]:
         return {n: t.verdict for n, t in self.targets.items()}
@@ -256,31 +292,32 @@ class MigrationReport:
 def build_report(run_dir, target_names=None) -> MigrationReport:
     """Read every stage result in `run_dir` and assemble the report; unreadable parts become gaps."""
     run_dir = Path(run_dir)
-    stages = {s.name: read_stage(run_dir, s) for s in _stages()}
+    log, log_problem = _run_log(run_dir)
+    stages = {s.name: read_stage(run_dir, s, log) for s in _stages()}
     if all(s.status == "missing" for s in stages.values()):
         raise BadParameter("run folder", str(run_dir), hint="it holds no stage result ("
                            + ", ".join(s.file for s in stages.values()) + "); give one written by `portkit run`")
     present = [s for s in stages.values() if s.status == "ok"]
-    names = list(target_names or dict.fromkeys(n for s in present for n in s.data["targets"]))
-    model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
-    run_env = results.run_environment({s.file: s.data for s in present}, names)
+    names = list(target_names or dict.fromkeys(n for s in present for n in s.result.names))
+    model = next((s.result.model for s in present if s.result.model is not None), {})
+    run_env = results.run_environment({s.file: s.result.stamp() for s in present}, names)
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
     asked = _model_questions(model)
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing, asked)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name, {}), assessing, asked)
                for name in names}
-    data = {s.name: s.data for s in present}
+    typed = {s.name: s.result for s in present}
     for name, report in reports.items():
-        report.numbers = numbers.of(data, name)
+        report.numbers = numbers.of(typed, name)
     images, notebook_gaps = runfolder.notebook_images(run_dir, [s.name for s in stages.values()])
     return MigrationReport(run_dir, model, stages, reports, run_env.info, images, run_env.source,
-                           run_env.gaps + notebook_gaps, cost=_cost(data, names))
+                           run_env.gaps + notebook_gaps, log_problem=log_problem, cost=_cost(typed, names))
 
 
-def _cost(data: dict, names: list[str]) -> dict | None:
+def _cost(typed: dict, names: list[str]) -> dict | None:
     """The cost per million requests where stage 3 planned buckets (None otherwise): an estimate."""
-    if not data.get("buckets"):
+    if typed.get("buckets") is None:
         return None
-    return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names, accuracy=data.get("accuracy"))
+    return cost.comparison(results.cost_figures(typed["buckets"], typed.get("xla"), typed.get("accuracy")), names)
 
 
 def _model_questions(model: dict) -> list[dict]:
@@ -299,27 +336,29 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
     what no stage answers for the model (_model_questions)."""
     title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
-    compiled = next((s.data for s in present if s.name == "compile"), None)
+    # stage 2's graph breaks, where its result could be read: without them stage 1's findings are not checked
+    # against the compiled graphs, and are kept (damage in one stage never removes what another found)
+    compiled = next((s.result.reconcilable for s in present if s.name == "compile"), None)
     for stage in present:
-        t = stage.data["targets"].get(name)
-        if t is None:
+        if name in stage.result.damaged:      # this target's part cannot be read: the stage did not assess it
+            stage.flag(stage.result.damaged[name])
             continue
-        if not isinstance(t, dict):
-            stage.flag(f"targets.{name} is a JSON {type(t).__name__}, not an object")
+        t = stage.result.targets.get(name)
+        if t is None:
             continue
         # read into a copy: a result of the wrong shape leaves nothing half-read in the report
         scratch = copy.deepcopy(tr)
         try:
             _read_target(stage, t, scratch, compiled)
         except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
-            stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
+            stage.flag(f"{stage.file}: targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
     tr.open_questions = [*model_questions, *tr.open_questions]
     tr.unassessed = [s for s in assessing if s not in tr.based_on]
     tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
-    bucketed = next((s.data["targets"].get(name) for s in present if s.name == "buckets"), None)
-    report_stages.resolve_storm(tr.findings, bucketed if isinstance(bucketed, dict) else None)
+    bucketed = next((s.result.targets.get(name) for s in present if s.name == "buckets"), None)
+    report_stages.resolve_storm(tr.findings, bucketed)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     # by consequence: severity, then what persists under compile before what was not checked or vanishes
     later = {PERSISTS: 0, "": 0, NOT_CHECKED: 1, VANISHES: 2}
@@ -327,12 +366,19 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
     return tr
 
 
-def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict | None = None) -> None:
+def _inner(finding: dict, key: str, inner: str) -> str:
+    """finding[key][inner] as text ("" where absent); the readers checked that finding[key] is an object."""
+    found = finding.get(key)
+    return str(found.get(inner, "")) if isinstance(found, dict) else ""
+
+
+def _read_target(stage: StageResult, t, tr: TargetReport, compiled: dict | None = None) -> None:
+    """Add stage `stage`'s typed part for one target (`t`, reading.TargetPart) to its TargetReport."""
     tr.based_on.append(stage.name)
-    tr.open_questions += [{"stage": stage.name, **q} for q in assessed.read(t)]   # what it could not assess
+    tr.open_questions += [{"stage": stage.name, **q} for q in t.not_assessed]   # what it could not assess
     if tr.mode == "emulated":
-        tr.measure_on_hardware.append(f"{stage.name}: {t.get('summary') or 'emulated on the CPU'}")
-    findings = t.get("findings", [])
+        tr.measure_on_hardware.append(f"{stage.name}: {t.summary or 'emulated on the CPU'}")
+    findings = list(t.findings)
     if stage.name == report_stages.STAGE_FALLBACKS:   # eager findings, each against the compiled graphs
         findings = reconcile.reconcile(findings, compiled, tr.name)
         tr.vanished_ops |= {op for f in findings if f["compiled"] == VANISHES for op in f.get("ops") or ()}
@@ -341,11 +387,10 @@ def _read_target(stage: StageResult, t: dict, tr: TargetReport, compiled: dict |
                             **{k: str(f.get(k, "")) for k in ("severity", "kind", "message", "advice")},
                             "eager": str(f.get("eager_severity", "")), "compiled": str(f.get("compiled", "")),
                             "compiled_detail": str(f.get("compiled_detail", "")),
-                            "owner": str((f.get("owner") or {}).get("owner", "")),
-                            "where": str((f.get("where") or {}).get("text", "")), "resolved_by": "",
-                            "consequence": str(f.get("consequence") or _consequence(f))})
+                            "owner": _inner(f, "owner", "owner"), "where": _inner(f, "where", "text"),
+                            "resolved_by": "", "consequence": str(f.get("consequence") or _consequence(f))})
     if stage.name in report_stages.READERS:
-        report_stages.READERS[stage.name](stage.data, t, tr)
+        report_stages.READERS[stage.name](stage.result, t, tr)
 
 
 def _consequence(f: dict) -> str:
@@ -371,8 +416,9 @@ COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million reque
 
 def _cost_sides(found: dict | None) -> list[tuple[str, dict]]:
     """The comparison's sides in order: each target by name, then each named GPU as "GPU <name>"."""
-    return [*((found or {}).get("targets") or {}).items(),
-            *((f"GPU {g}", e) for g, e in ((found or {}).get("gpus") or {}).items())]
+    if found is None:
+        return []
+    return [*found["targets"].items(), *((f"GPU {g}", e) for g, e in found["gpus"].items())]
 
 
 def cost_plot(found: dict | None) -> str | None:
@@ -413,7 +459,7 @@ def _cost_rows(found: dict | None) -> list[list]:
         if "chip_seconds_per_million_requests" not in est:
             rows.append([side, "—", "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
             continue
-        usd, price = est.get("usd_per_million_requests"), est.get("price") or {}
+        usd, price = est.get("usd_per_million_requests"), est.get("price")
         rows.append([side, est["chip"], f"{est['positions_per_request']:.1f}",
                      f"{est['chip_seconds_per_million_requests']:.3g}",
                      f"{est['roofline']['bound']} at {est['roofline']['precision']}, batch {est['batch']}",
@@ -446,4 +492,4 @@ def _render(r: MigrationReport, standalone: bool) -> str:
         kernel_rows={n: [[k["op"], k["status"], f"{k['share']:.1%}", k["calls"], ", ".join(k["modules"]), k["language"]]
                          for k in sorted(t.kernels, key=lambda k: -k["share"])] for n, t in r.targets.items()},
         stage_rows=[[n, s.file, s.status if s.status == "ok" else f"{s.status}: {s.problem}",
-                     (s.data or {}).get("summary", "")] for n, s in r.stages.items()])
+                     s.summary if s.result is not None else ""] for n, s in r.stages.items()])

@@ -1,0 +1,97 @@
+"""The run log (run.json) and the report's own result (report.json) as types, read where they are read back.
+
+    >>> from portkit.runfolder import run_log
+    >>> log = run_log.read("runs/minilm")                # None where no run wrote run.json
+    >>> log.stages["compile"].status                      # "ok", "skipped" or "failed"
+    >>> run_log.read_report("runs/minilm").targets["tpu"].verdict
+
+run.json is written by runfolder.layout.record (one entry per stage of the latest `portkit run`), report.json by
+the report stage (portkit.stages.report.stage); a damaged file raises UnreadableResult naming the file, the key and
+the damage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from portkit.runfolder import layout, reading
+
+RERUN = "rerun the run with `portkit run` (it resumes)"
+REBUILD = "rebuild it with `portkit report`"
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """How one stage ended in the latest run."""
+    status: str            # "ok", "skipped" or "failed"
+    error: str             # the reason or error, one line ("" when ok)
+
+    @classmethod
+    def from_dict(cls, node: reading.Node) -> StageRun:
+        status = node.text("status")
+        if status is None:
+            node.at("status").fail("a stage's status")
+        return cls(status, node.text("error", ""))
+
+
+@dataclass(frozen=True)
+class RunLog:
+    path: Path
+    stages: dict[str, StageRun]
+
+    @classmethod
+    def from_dict(cls, data: dict, path) -> RunLog:
+        root = reading.Node(data, Path(path), "run", remedy=RERUN)
+        stages = root.at("stages")
+        if not isinstance(stages.value, dict):
+            stages.fail("an object of stages")
+        found = {}
+        for name in stages.value:
+            node = stages.at(name)
+            if not isinstance(node.value, dict):
+                node.fail("an object")
+            found[name] = StageRun.from_dict(node)
+        return cls(Path(path), found)
+
+    def recorded_ok(self, stage: str) -> bool:
+        entry = self.stages.get(stage)
+        return entry is not None and entry.status == "ok"
+
+
+def read(folder) -> RunLog | None:
+    """The run log of `folder`; None where no run wrote one (notebooks run by hand); UnreadableResult if damaged."""
+    path = Path(folder) / layout.RUN_LOG
+    if not path.exists():
+        return None
+    return RunLog.from_dict(reading.read_object(path, "run", RERUN), path)
+
+
+@dataclass(frozen=True)
+class ReportTarget:
+    """One target of report.json as the CI gate compares it."""
+    verdict: str
+    findings: tuple[dict, ...]
+
+    @classmethod
+    def from_dict(cls, node: reading.Node) -> ReportTarget:
+        return cls(node.text("verdict", "not assessed"), tuple(dict(f.value) for f in node.objects("findings")))
+
+
+@dataclass(frozen=True)
+class Report:
+    path: Path
+    targets: dict[str, ReportTarget]
+
+    @classmethod
+    def from_dict(cls, data: dict, path) -> Report:
+        root = reading.Node(data, Path(path), "report", remedy=REBUILD)
+        return cls(Path(path), {name: ReportTarget.from_dict(root.obj("targets").obj(name))
+                                for name in root.obj("targets").value})
+
+
+def read_report(folder) -> Report:
+    """report.json of `folder` (FileNotFoundError where there is none); UnreadableResult if damaged."""
+    path = Path(folder) / layout.REPORT_JSON
+    if not path.exists():
+        raise FileNotFoundError(path)
+    return Report.from_dict(reading.read_object(path, "report", REBUILD), path)
