@@ -51,7 +51,7 @@ def test_missing_ray_gives_the_install_line(tmp_path, capsys, monkeypatch):
     (["--options", "seq_len"], "invalid option set 'seq_len': write it as NAME=VALUE"),
     (["--options", "seq_len=0"], "invalid seq_len 0"),
     (["--memory-per-task", "0"], "invalid memory per task 0.0: must be a positive number"),
-    (["--address", "127.0.0.1:1"], "invalid Ray address '127.0.0.1:1': nothing answers there"),
+    (["--address", "127.0.0.1:1"], "invalid Ray address (from --address) '127.0.0.1:1': nothing answers there"),
     (["--address", "head-node"], "give HOST:PORT of the cluster's head, or auto"),
     (["--model", fixture_model("tiny_encoder").replace("models.py", "nowhere.py")], "no such file"),
 ])
