@@ -21,7 +21,7 @@ Pure functions over the stage results' dicts: the report and the notebooks call 
 """
 from __future__ import annotations
 
-from portkit.core import frames
+from portkit.core import frames, grading
 from portkit.core.tables import HtmlTable
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
@@ -173,7 +173,7 @@ def reconcile(findings: list[dict], compiled: dict | None, target: str) -> list[
         cost = COSTS.get(f.get("kind"), "")
         cost = cost.get(eager, "") if isinstance(cost, dict) else cost
         if status == VANISHES:
-            severity = INFO
+            severity = grading.severity("eager_feature", grading.VANISHED)
             consequence = ("eager only: no cost under torch.compile, the way both vendors run models; "
                            f"in eager mode: {cost}" if cost else "eager only: no cost under torch.compile")
         else:

@@ -36,7 +36,8 @@ from portkit.runfolder import results
 from portkit.stages import options
 from portkit.stages.accuracy import target_runs
 from portkit.targets import specs as targets_mod
-from portkit.stages.accuracy.result import (CAST_CAUSE, AccuracyReport, PrecisionResult, TargetAccuracy,
+from portkit.stages.accuracy.result import (CAST_CAUSE, MAIN_BATCH, TASK_SAMPLE, AccuracyReport, PrecisionResult,
+                                            TargetAccuracy,
                                             against_baseline, suggest)
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import (check, compare, finish, item_values, join_values, neighbour_shares,
@@ -612,7 +613,37 @@ def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar
                             {"boundaries": plan.boundaries, "source": plan.source}, rows,
                             compile_refused=side.refused.to_dict() if side.refused else None)
     result.suggestions = suggest(target, result, ref.kind)
+    result.tried = _try_others(ref, side, result, others, plan)
     return result
+
+
+def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, others: list, plan) -> list[dict]:
+    """Each other precision re-run on the chosen one's failing paths it was not measured on (the task sample, each
+    failing bucket), on the same target side and the same compiled path: what the finding's advice says was tried
+    (TargetAccuracy.tried_on). The main batch needs no re-run: every precision was measured on it."""
+    paths = [p for p in result.failing_paths() if p != MAIN_BATCH]
+    if not paths or not others:
+        return []
+    compiled = ref.compiled and side.refused is None
+    bucket_compiled = ref.compiled and (ref.scope.compiled_buckets or side.detected.native)
+    batches = {high: (low, high, texts, cut) for low, high, texts, cut in
+               _bucket_batches(ref.model, ref.corpus, plan.boundaries, ref.options.batch_size, ref.options.seed)} \
+        if any(p.startswith("bucket ") for p in paths) and ref.corpus is not None else {}
+    tried = []
+    for precision in others:
+        for path in paths:
+            if path == TASK_SAMPLE:
+                found = ref._sampled(side, precision, compiled, plan.batch)
+                passed, reason = found["decision"] == stats.PASS, found.get("reason")
+            else:
+                bucket = batches.get(int(path.removeprefix("bucket ")))
+                if bucket is None:
+                    continue
+                row = _bucket_row(ref, bucket, precision, side, bucket_compiled, plan.batch)
+                passed, reason = row["passed"], "; ".join(row["reasons"]) or None
+            tried.append({"precision": precision.name, "setting": precision.setting, "path": path,
+                          "passed": passed, "reason": reason})
+    return tried
 
 
 def _precision_result(ref: Reference, side: TargetSide, precision, how: tuple[bool, bool], batch: int | None, bar):

@@ -30,7 +30,7 @@ import torch
 
 from portkit.core import frames
 from portkit.core import placement
-from portkit.core import checks, reconcile
+from portkit.core import checks, grading, reconcile
 from portkit.stages import options
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter
@@ -183,7 +183,7 @@ def _feature_finding(recording: Recording, kind: str, subject: str, items: list,
     rule = rules[kind]
     severity = rule.severity
     if kind == "recurrent" and table.classify(items[0][1]).status == UNSUPPORTED:
-        severity = BLOCKER   # the device's cell op has no kernel anywhere
+        severity = grading.severity(kind, grading.NO_KERNEL)   # the device's cell op has no kernel anywhere
     modules = sorted({m for m, _, _ in items})
     where = _label(modules) if rule.severity != INFO or len(modules) == 1 else f"{len(modules)} modules"
     op_names = sorted({op for _, op, _ in items})
