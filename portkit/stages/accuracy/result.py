@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portkit.targets import specs as targets_mod
+from portkit.targets.backends import compile_cause
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
 from portkit.core import grading
@@ -402,8 +403,11 @@ class TargetAccuracy:
         where = f" at {refused['where']}" if refused.get("where") and refused["where"] not in refused["message"] else ""
         return Finding("compile_refused", grading.severity("compile_refused"),
                        f"{refused['backend']} refuses the compiled model{where}: {refused['message'][:400]}",
-                       "make the shapes static there (stage 2's graph breaks show where a graph ends); the "
-                       f"numerics were judged in {self.chosen.target_side} instead")
+                       "tried: the main batch's fixed shape, still refused: change the code the compiler names "
+                       f"(stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
+                       "instead",
+                       # stage 2's and 3's cause for the same refusal: one finding in the report
+                       cause=compile_cause("refused", refused.get("place"), refused["message"]))
 
     def to_dict(self) -> dict:
         return {"target": self.target, "summary": self.summary(), "verdict": self.verdict,

@@ -43,6 +43,7 @@ class Refusal:
     backend: str
     message: str
     where: str | None = None
+    place: dict | None = None     # the source frame (core.frames.place) the cause is known by, stage 2's too
 
     @property
     def short(self) -> str:
@@ -50,7 +51,7 @@ class Refusal:
         return self.message.split(" (")[0].split(". ")[0][:100]
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "message": self.message, "where": self.where}
+        return {"backend": self.backend, "message": self.message, "where": self.where, "place": self.place}
 
 
 def refusal(exc: BaseException, backend: str, native: bool) -> Refusal | None:
@@ -61,7 +62,7 @@ def refusal(exc: BaseException, backend: str, native: bool) -> Refusal | None:
     while inner is not None and id(inner) not in seen:
         seen.add(id(inner))
         if isinstance(inner, CompileRefused):
-            return Refusal(backend, str(inner), inner.where["text"] if inner.where else None)
+            return Refusal(backend, str(inner), inner.where["text"] if inner.where else None, inner.where)
         wrapped = getattr(inner, "inner_exception", None)
         if native and wrapped is not None and type(inner).__name__ == "BackendCompilerFailed":
             return Refusal(backend, f"{type(wrapped).__name__}: {' '.join(str(wrapped).split())[:400]}")

@@ -449,9 +449,10 @@ class TargetBuckets:
             out.append(Finding(
                 kind, grading.severity(kind),
                 f"{', '.join(runs)} could not be measured on {self.name}: {failure_text(f)}",
-                f.get("hint") or ("the target's compiler refuses the graph (stage 2 names the same cause): make it "
-                                  "static (dynamic=False, no data-dependent shapes), then replay the buckets"
-                                  if refused else "fix the model where it raises, then replay the buckets"),
+                f.get("hint") or ("tried: the bucket plan's fixed shapes, compiled with dynamic=False, still refused "
+                                  "(stage 2 names the same cause): change the code the compiler names, then replay "
+                                  "the buckets" if refused
+                                  else "fix the model where it raises, then replay the buckets"),
                 where=f["where"], owner=frames.owner(f["where"]) if f["where"] else None, cause=cause,
                 consequence=("blocker: the target's compiler refuses the model, so no bucket plan runs there"
                              if refused else "blocker: the model raises at these bucket shapes"),

@@ -123,8 +123,10 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
         where = failure.get("where")
         if "data-dependent size at" in text:   # a size read from values: no compile option or padding fixes it
             advice = DATA_DEPENDENT_ADVICE
-        elif refused:
-            advice = "make the graph static: dynamic=False, no data-dependent shapes, pad to buckets"
+        elif refused:   # portkit compiled with dynamic=False at fixed shapes: padding to fixed shapes was tried
+            advice = ("tried: torch.compile(dynamic=False) at one fixed input shape, still refused, so padding to "
+                      "fixed shapes does not help; change the code the compiler names"
+                      + (f" at {_text(where)}" if where else ""))
         else:
             advice = failure.get("hint") or "fix the model so the target's backend compiles it"
         kind = "compile_refused" if refused or failure.get("kind") == "refused" else "compile_failed"
