@@ -29,6 +29,7 @@ NO_KERNEL = "no kernel on the target and no CPU fallback"
 RESOLVED = "resolved by the bucket plan"
 UNRESOLVED = "not resolved"
 CUT, NOTHING_CUT, REJECTED = "inputs are cut", "nothing is cut", "inputs are rejected"
+PLAIN_TORCH = "a torch.library op whose kernel is a Python function of torch ops"
 VANISHED = "traced away under torch.compile"
 NEEDS_CUDA = "the code needs a CUDA device to run"
 OFF_CUDA_BRANCH = "off CUDA the code takes another branch or precision"
@@ -59,6 +60,9 @@ POLICY: tuple[Grade, ...] = (
     _g("fallbacks", "recurrent", NO_KERNEL, BLOCKER,
        "the device's fused recurrent cell op has no kernel anywhere, whatever the target's rule for recurrent "
        "modules"),
+    _g("fallbacks", "custom_op", PLAIN_TORCH, WORK,
+       "an op outside ATen whose kernel is plain torch runs on the target, opaque to its compiler: stage 2 grades "
+       "what it holds (foreign_op); a CUDA or Triton kernel takes the target's custom_op rule below"),
     _g("fallbacks", "gpu_kernel", ANY, BLOCKER, "a CUDA or Triton kernel does not carry over: it must be rewritten"),
     _g("fallbacks", "gpu_kernel", GUARDED, INFO, "an optional kernel: the model runs without it"),
     _g("fallbacks", "gpu_package", ANY, BLOCKER, "a GPU-only package the model needs does not run on the target"),
