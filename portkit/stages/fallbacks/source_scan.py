@@ -661,7 +661,8 @@ def _list_findings(hits: list[Hit], target: str) -> list[Finding]:
                            LIST_ADVICE[entry["detect"]], module=found, ops=[],
                            source=f"{lst['source']}: {lst['document']}", where=first.where or {},
                            owner=first.owner or frames.owner(first.where),
-                           cause=cause_key(VENDOR_LIST, entry["feature"])))
+                           cause=cause_key(VENDOR_LIST, entry["feature"]),
+                           occurrences={"modules": modules, "count": len(items)} if modules else None))
     return out
 
 
@@ -689,7 +690,9 @@ def _folded(listed: Finding, recorded: list[Finding], order: dict) -> bool:
     more severe of the two severities stands, and it is not counted again."""
     if listed.kind != VENDOR_LIST:
         return False
-    same = next((f for f in recorded if f.module and f.module == listed.module
+    modules = set((listed.occurrences or {}).get("modules") or [])
+    same = next((f for f in recorded if f.module and (f.module == listed.module or modules & set(
+                     (f.occurrences or {}).get("modules") or []))
                  and (f.cause or "").endswith(f".{listed.cause.split(': ', 1)[-1]}")), None)
     if same is None:
         return False
