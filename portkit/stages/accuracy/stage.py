@@ -744,9 +744,16 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
     # a bucket's batch is a handful of items: it fails the verdict where its interval lies outside a budget; one
     # that straddles it decides nothing (the task sample decides); an output of another shape fails it (a finding)
     shape_reasons = [task["reason"]] if task.get("shape_mismatch") else []
-    reasons = shape_reasons or ([f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
-                                 f"{versus['factor']:g}x)"] if task["decision"] == stats.FAIL and not versus["within"]
-                                else [])
+    reasons = list(shape_reasons) or ([f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
+                                       f"{versus['factor']:g}x)"]
+                                      if task["decision"] == stats.FAIL and not versus["within"] else [])
+    # every other declared output by its own metric, as on the main batch: one wholly outside its budget fails the
+    # bucket (docs/guides/declaring-a-model.md); one of another shape is its output_shape finding (outputs)
+    others = {o.name: task_metrics(o.metric, out[o.name], expected[o.name], mask, ref.options.bounds, plain,
+                                   _unit(ref.model, o.metric), o.name)
+              for o in model.declaration.outputs if o.name != main and o.name in out and o.name in expected}
+    reasons += [f"output {name!r}: {t['reason']}" for name, t in others.items()
+                if t["decision"] == stats.FAIL and not t.get("shape_mismatch")]
     real = sum(model.declaration.real_lengths(padded)[dim])
     target = f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}"
     if side.compiled and not compiled and side.refused is None:
@@ -755,7 +762,8 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
             "padding": 1 - real / (len(texts) * model.declaration.size_of(padded, dim)), "primary": main,
             "precision": precision.to_dict(),
             "reference": f"eager float32 at the batch's own length ({model.declaration.size_of(plain, dim)} {dim})",
-            "target": target, "outputs": outputs, "task": task, "passed": not reasons, "reasons": reasons,
+            "target": target, "outputs": outputs, "task": task, "output_tasks": others,
+            "passed": not reasons, "reasons": reasons,
             "shape_reasons": shape_reasons,
             "details": [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]], "baseline": versus}
 
