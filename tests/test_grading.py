@@ -118,3 +118,20 @@ def test_every_kind_a_stage_grades_is_in_the_policy():
     assert len(asked) > 15
     for kind, case in asked:
         grading.severity(kind, case)
+
+
+@pytest.mark.parametrize("fixture, severity, advice", [
+    ("plain_op_model", WORK, "stage 2 looks inside it"),      # torch.library.custom_op of plain torch ops
+    ("custom_op_model", BLOCKER, "NKI"),                       # an op registered as a compiled kernel
+])
+def test_a_plain_torch_library_op_is_work_and_a_compiled_kernel_a_blocker(fixture, severity, advice):
+    """Rule: stage 1's custom_op rule (a CUDA/Triton kernel: the target's FeatureRule, a blocker) is for ops with a
+    kernel of their own; a torch.library op whose kernel is a Python function of torch ops runs on the target,
+    opaque to its compiler (grading case PLAIN_TORCH: work), as stage 2's foreign_op grades it."""
+    from conftest import fixture_model
+    from portkit.models import registry as models
+    from portkit.stages.fallbacks import stage as fallbacks
+    m = models.load(fixture_model(fixture))
+    report = fallbacks.find_fallbacks(m, m.encode(["def f(x): return x", "Sum."], pad_to=8), ["neuron"])
+    [found] = [f for f in report.targets["neuron"].findings if f.kind == "custom_op"]
+    assert found.severity == severity and advice in found.advice
