@@ -296,7 +296,9 @@ class TargetBuckets:
     cost: economics.CostModel     # one shape's compile on this target, and where the figure came from
     runs: list = field(default_factory=list)      # bucketed.ReplayRun, the first without buckets
     what_if: dict = field(default_factory=dict)   # {factor: the auto plan at factor x an estimated cost}
-    masked: bool = False          # the model's declaration names a mask input for its varying dimension
+    # whether the model reads its mask input (bucketed.mask_is_read: tried where padding failed); None: no mask
+    # input, or not tried
+    mask_read: bool | None = None
 
     @property
     def name(self) -> str:
@@ -414,13 +416,15 @@ class TargetBuckets:
         where the mask does not reach is a lead, not a tried fix."""
         first = next(f for r in failed for c in r.padding_checks for f in c.get("failures", []))
         shapes = [f"{c['batch']}x{c['seq']}" for r in failed for c in r.padding_checks if c.get("ok") is False]
-        why = ("the model takes no mask input, so a layer that mixes positions (a normalisation or a pooling over "
-               "the sequence axis) reads the padded ones" if not self.masked else
-               "the padded positions are masked, yet a layer reads them (a normalisation over the sequence axis, or "
-               "a layer the mask does not reach)")
+        mixing = "a layer that mixes positions (a normalisation or a pooling over the sequence axis)"
+        why = {None: f"the model takes no mask input, so {mixing} reads the padded ones",
+               False: "tried: the outputs are the same whether the mask marks the padding or not, so the model does "
+                      f"not read its mask and {mixing} reads the padded ones",
+               True: "the padded positions are masked, yet a layer reads them (a normalisation over the sequence "
+                     "axis, or a layer the mask does not reach)"}[self.mask_read]
         advice = ("this model needs exact-length batches or per-length buckets: batch requests of one length "
                   "together, or plan one bucket per length (a compile each)")
-        if self.masked:
+        if self.mask_read:
             advice += "; may help: pass the mask to every layer that mixes positions (not tried by portkit)"
         return Finding("padding", grading.severity("padding"),
                        f"padding to a bucket changes the outputs at real positions ({', '.join(sorted(set(shapes)))} "
@@ -477,7 +481,7 @@ class TargetBuckets:
                 "compiles_after_warmup": (None if self.replay_failure()
                                           else sum(r.compiles_after_warmup for r in self.runs)),
                 assessed.KEY: self.open_questions(),
-                "padding_ok": padding_ok(self.runs), "padding_unchecked": {
+                "padding_ok": padding_ok(self.runs), "mask_read": self.mask_read, "padding_unchecked": {
                     name: {"why": why, "runs": runs} for name, (why, runs) in self.padding_unchecked().items()},
                 "not_measured": [{"run": r.name, **r.failure} for r in self.runs if r.failure],
                 "replay": [{**r.to_dict(), "target_compile_seconds": None if r.failure else self.priced(r)}
@@ -628,7 +632,9 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
             counted = () if replay.compile_all else tuple(p for p in missing if _shapes(p) not in proven)
             runs += bucketed.replay(model, trace, missing, be, _settings(replay, detected, baseline, counted))
         out[name] = TargetBuckets(detected.to_dict(), be, chosen[name], costs[name], _runs_for(runs, wanted, compare),
-                                  (what_ifs or {}).get(name, {}), masked=bool(model.declaration.masks))
+                                  (what_ifs or {}).get(name, {}))
+        if any(r.padding_ok is False for r in out[name].runs):
+            out[name].mask_read = bucketed.mask_is_read(model, trace)
     return out
 
 
