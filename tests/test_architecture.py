@@ -1,4 +1,5 @@
-"""The architecture, enforced: the import-linter contracts in pyproject.toml ([tool.importlinter]). The layers
+"""The architecture, enforced: the import-linter contracts in pyproject.toml ([tool.importlinter]), the one boundary
+to torch's private APIs (portkit/core/torch_private.py), and no module using another's private names. The layers
 themselves are described in docs/design.md, generated from those contracts by tools/build_docs.py.
 """
 import ast
