@@ -198,7 +198,6 @@ def _print_verdicts(run_dir) -> None:
 
 def _report(args) -> int:
     from pathlib import Path
-    from portkit.stages.report import stage as report
     from portkit.targets import specs as targets_mod
     from portkit.core.errors import BadParameter
     from portkit.core import checks
@@ -210,8 +209,7 @@ def _report(args) -> int:
         raise BadParameter("run folder", args.run_dir, hint=f"{checks.missing_path(run_dir)}; give one written by "
                                                             "`portkit run`")
     names = targets_mod.parse_targets(args.targets) if args.targets else None
-    r = report.build_report(run_dir, names)
-    r.save(run_dir)
+    r = _report_held(run_dir, names)
     for gap in r.gaps:
         print(f"gap: {gap}")
     _print_verdicts(run_dir)
@@ -222,6 +220,29 @@ def _report(args) -> int:
               "their stages", file=sys.stderr)
         return 1
     return 0
+
+
+def _report_held(run_dir, names):
+    """Build and save the report holding the run folder (as a run does): a run writing there now is refused, and
+    what a killed run left under partial names (.05_report.partial.ipynb) is removed first, with a note."""
+    from portkit.core import atomic_io
+    from portkit.core.errors import BadParameter
+    from portkit.runfolder import layout
+    from portkit.stages.report import stage as report
+    try:
+        with layout.hold(run_dir):
+            removed = atomic_io.remove_partials(run_dir)
+            if removed:
+                print(f"portkit: note: removed {len(removed)} partial file(s) a killed run left: "
+                      f"{', '.join(p.name for p in removed)}")
+            r = report.build_report(run_dir, names)
+            r.save(run_dir)
+            return r
+    except layout.FolderInUse as exc:
+        raise BadParameter("run folder", str(run_dir), hint=f"in use by a run (process {exc.pid}); wait for it to "
+                                                            "end") from None
+    except PermissionError as exc:
+        raise BadParameter("run folder", str(run_dir), hint=f"cannot write in it ({exc.strerror})") from None
 
 
 DAMAGED = ("unreadable", "incomplete")   # a stage result's status in the report (report.stage.StageResult)
@@ -287,18 +308,27 @@ def _scan(args) -> int:
     from portkit.models import huggingface
     from portkit.stages.fallbacks import source_scan
     from portkit.targets import specs as targets_mod
+    from portkit.core import checks
     targets = targets_mod.parse_targets(args.targets or list(targets_mod.MIGRATION_TARGETS))
     path = Path(args.source).expanduser()
-    if not path.exists() and huggingface.is_hub_id(args.source):
+    if not path.exists() and not path.is_symlink() and huggingface.is_hub_id(args.source):
         path = huggingface.resolve(args.source).path          # the cached snapshot, pinned to its commit
+    if not path.exists():   # a symlink loop, a broken link, no such path: say which
+        raise BadParameter("source to scan", args.source, hint=f"{checks.missing_path(path)}; give a model "
+                                                               "directory, a cached Hub id or a .py file")
     if not (path.is_dir() or path.suffix == ".py" and path.is_file()):
         raise BadParameter("source to scan", args.source, hint="a model directory, a cached Hub id or a .py file")
     scan = source_scan.scan_paths([path])
-    print(f"scanned {len(scan.files)} file(s) under {path} statically (nothing imported or run)")
+    read = len(scan.files) - len(scan.errors)
+    if not read:   # an empty folder, or no file that parses: nothing was scanned, so no count of findings
+        why = f"{len(scan.errors)} file(s) could not be parsed ({scan.errors[0]})" if scan.errors else \
+            "it holds no .py, .cu or .cuh file"
+        raise BadParameter("source to scan", args.source, hint=f"nothing to scan: {why}")
+    print(f"scanned {read} file(s) under {path} statically (nothing imported or run)")
     for error in scan.errors:
         print(f"  not parsed: {error}")
     for target in targets:
-        found = source_scan.findings(scan, target)
+        found = source_scan.findings(scan, target, static=True)
         print(f"{target}: {len(found)} finding(s)")
         for f in found:
             print(f"  [{f.severity}] {f.message}" + (f" — {f.advice}" if f.advice else ""))
@@ -309,21 +339,29 @@ def _deploy(args) -> int:
     """`portkit export` (exit 0) and `portkit check` (exit 1 on a regression)."""
     from portkit.deploy import cost, export, gate
     if args.command == "check":
+        if args.junit:   # before the comparison: a path that cannot be written fails first, nothing printed
+            gate.check_junit_path(args.junit)
         result = gate.compare(args.run_dir, args.baseline)
         print(result.summary())
         if args.junit:
             print(f"junit: {gate.write_junit(result, args.junit)}")
         return 1 if result.failed else 0
+    from portkit.targets import specs as targets_mod
+    targets = targets_mod.parse_targets(args.targets) if args.targets else None   # an unknown one, with the choices
     prices = cost.read_prices(args.prices) if args.prices else None
-    written, skipped = export.export(args.run_dir, args.stack, args.out, args.targets)
+    written, skipped = export.export(args.run_dir, args.stack, args.out, targets)
+    found = cost.comparison(args.run_dir, sorted({item.target for item in written}), prices) if written else {}
     for item in written:
         print(f"{item.target}: {item.path}")
         for lost in item.lost:
             print(f"  lost: {lost}")
-        print("  " + cost.line(cost.estimate(args.run_dir, item.target, prices)))
+        print("  " + cost.line(found["targets"][item.target]))
+        if item.target in found["verdicts"]:
+            print("  verdict: " + found["verdicts"][item.target]["line"])
     for line in skipped:
         print(line)
     return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -345,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as exc:
         print(f"portkit: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:   # Ctrl-C: one line (the runner's names what it stopped), the shell's 128 + SIGINT
+        print(f"portkit: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
     except (PortkitError, NeedsNetwork) as exc:
         print(f"portkit: error: {exc}", file=sys.stderr)
         return 2

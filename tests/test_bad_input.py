@@ -31,6 +31,11 @@ def run(*args, out: str = OUT) -> list[str]:
 
 FACTORY = b"import torch\n\ndef build():\n    return torch.nn.Linear(2, 2)\n"
 
+META_FACTORY = b"import torch\n\ndef build():\n    with torch.device('meta'):\n        return torch.nn.Linear(2, 2)\n"
+INT_FACTORY = (b"import torch\n\nclass Ints(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+               b"        self.lin = torch.nn.Linear(2, 2)\n\n    def forward(self, input_ids, attention_mask):\n"
+               b"        return 3\n\ndef build():\n    return Ints()\n")
+
 CASES = [
     # the command line itself (argparse)
     ("command-unknown", ["frobnicate"], {}, "invalid choice: 'frobnicate'"),
@@ -151,7 +156,7 @@ CASES = [
      "invalid precision '{\"tpu\": \"highest\"': malformed JSON (line 1 column 18: Expecting ',' delimiter)"),
     ("model-hub-url", run("--model", "https://huggingface.co/org/name/tree/main"), {},
      "Hugging Face Hub URL (repository org/name), and portkit does not download; fetch it on a machine with network "
-     "(huggingface-cli download org/name --local-dir DIR)"),
+     "(hf download org/name --local-dir DIR)"),
     ("corpus-symlink-loop", run("-p", "corpus", "loop.txt"), {"loop.txt": Link("loop.txt")},
      "loop.txt': a symlink loop (too many levels of symbolic links)"),
     ("corpus-broken-symlink", run("-p", "corpus", "gone.txt"), {"gone.txt": Link("nowhere.txt")},
@@ -159,6 +164,33 @@ CASES = [
     ("report-on-file", ["report", "notes.txt"], {"notes.txt": b"mine"},
      "invalid run folder 'notes.txt': it is a file, not a folder"),
     ("report-symlink-loop", ["report", "loop"], {"loop": Link("loop")}, "invalid run folder 'loop': a symlink loop"),
+    # round three: tracebacks, successes that should have been failures, messages that named the wrong thing
+    ("model-config-is-a-list", run("--model", "m3"), {"m3": DIR, "m3/config.json": b"[1, 2]"},
+     "invalid model directory 'm3': its config.json is a JSON list, not an object"),
+    ("model-factory-on-meta", run("--model", "meta.py:build"), {"meta.py": META_FACTORY},
+     "its factory built it on the meta device: 2 tensor(s), first model.weight, have shapes and no values"),
+    ("model-forward-returns-int", run("--model", "ints.py:build"), {"ints.py": INT_FACTORY},
+     "invalid forward of Ints 'int': forward must return a tensor, a tuple or a dict of tensors"),
+    ("model-portkit-module-factory", run("--model", "portkit.models:nonexist"), {},
+     "invalid factory in portkit.models 'nonexist': portkit's built-in models are given by name: --model minilm |"),
+    ("model-module-no-functions", run("--model", "consts:build"), {"consts.py": b"SIZE = 3\n"},
+     "invalid factory in consts 'build': consts defines no public function at its top level"),
+    ("model-module-factory-unknown", run("--model", "mods:nope"), {"mods.py": FACTORY},
+     "unknown factory in mods 'nope'; choose one of: build"),
+    ("out-inside-a-run", run(out="outer/inner"), {"outer": DIR, "outer/.portkit-run": b"a run\n"},
+     "inner': it is inside the run folder"),
+    ("list-empty", run("--stages", "xla", "-p", "scale_topologies", "[]"), {},
+     "invalid scale_topologies []: must be a non-empty list, not an empty one"),
+    ("check-junit-unwritable", ["check", "new", "--baseline", "old", "--junit", "/proc/x.xml"], {},
+     "invalid --junit file '/proc/x.xml': cannot create a file in /proc"),
+    ("check-junit-folder", ["check", "new", "--baseline", "old", "--junit", "reports"], {"reports": DIR},
+     "invalid --junit file 'reports': it is a folder; give a file name in it"),
+    ("export-target-unknown", ["export", "somerun", "--to", "vllm", "--target", "gpu"], {},
+     "unknown target 'gpu'; choose one of: neuron, tpu, cpu, cuda"),
+    ("check-baseline-of-another-model", ["check", "new", "--baseline", "old"],
+     {"new": DIR, "new/report.json": b'{"model": {"name": "minilm", "kind": "embedding"}, "targets": {}}',
+      "old": DIR, "old/report.json": b'{"model": {"name": "gpt2", "kind": "causal-lm"}, "targets": {}}'},
+     "invalid baseline 'old': it is a run of gpt2 (causal-lm), the new run one of minilm (embedding)"),
     # an option that takes one value, given twice (argparse would keep the last one)
     ("model-repeated", run("--model", "minilm", "--model", "gpt2"), {},
      "argument --model: given twice ('minilm', then 'gpt2'); give it once"),
@@ -210,3 +242,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert _snapshot(tmp_path) == before
     assert not (tmp_path / OUT).exists() and not Path("/proc/portkit-run").exists()
     assert os.getcwd() == str(tmp_path)
+
+
+def test_the_guide_states_the_tables_size():
+    """docs/guides/bad-input.md's promise names the size of this table: the figure stays the table's."""
+    guide = (Path(__file__).parent.parent / "docs" / "guides" / "bad-input.md").read_text()
+    assert f"`tests/test_bad_input.py`'s table of {len(CASES)}\ncases" in guide

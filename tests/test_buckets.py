@@ -176,10 +176,11 @@ def test_a_padded_position_is_priced_on_the_target_not_on_this_cpu(minilm):
     # (its embeddings are lookups, not a matmul)
     lookup = sum(m.weight.numel() for m in minilm.module.modules() if isinstance(m, torch.nn.Embedding))
     per_token = 2 * (minilm.parameters - lookup)
-    for name, peak in (("neuron", 190e12), ("tpu", 197e12)):
+    for name, peak in (("neuron", 667e12), ("tpu", 197e12)):      # Neuron on Trn2: TorchNeuron's chip
         price = prices[name]
         assert price.kind == "estimate" and price.source.startswith("estimate, not measured")
         assert price.seconds * peak == pytest.approx(per_token, rel=0.25), name
+        assert price.flops == pytest.approx(price.seconds * peak)      # the FLOPs travel with the price
     # a graph the FLOP counter cannot run: 2 FLOPs per non-embedding parameter (Kaplan et al. 2020) stand in,
     # an estimate that says why and where it came from, near the counted figure for this transformer
     from portkit.targets import capacity

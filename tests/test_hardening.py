@@ -28,9 +28,13 @@ def test_a_stage_whose_kernel_dies_fails_in_one_line_and_the_report_names_the_ga
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err
+    # what is known: it died, the signal, the memory peak; far below the machine's memory it is not called "out of
+    # memory", and no advice is given that the run already follows (CHEAP runs a batch of one)
     assert lines[0].startswith("portkit: stage fallbacks failed: the kernel running stage fallbacks "
-                               "(01_fallbacks.ipynb) died, likely out of memory (the run's processes had reached ")
-    assert "run with less: one kernel at a time (--lanes 1) or a smaller -p batch_size" in lines[0]
+                               "(01_fallbacks.ipynb) died, killed by SIGKILL (signal 9); the run's processes had "
+                               "reached "), lines[0]
+    assert lines[0].endswith(f"the executed notebook {out / '01_fallbacks.ipynb'} shows the last cell that ran")
+    assert "out of memory" not in lines[0] and "--lanes 1" not in lines[0] and "batch_size" not in lines[0]
     assert "Traceback" not in captured.err + captured.out and "DeadKernelError" not in captured.err
     assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "failed"
     saved = json.loads((out / "report.json").read_text())
@@ -155,3 +159,144 @@ def test_a_worker_killed_by_rays_memory_monitor_is_recorded_as_such(tmp_path):
     assert record["error"].startswith("Ray's memory monitor killed the run's worker (the node ran low on memory), "
                                       "2 attempt(s); give each run more memory (--memory-per-task)")
     assert "Refer to the documentation" not in record["error"]
+
+
+def test_a_dead_kernels_advice_is_only_what_the_run_has_not_done():
+    """A kernel killed by SIGKILL near the machine's memory is likely out of memory; the advice names only the
+    settings the run did not already use (one lane, a batch of one)."""
+    import psutil
+    total = psutil.virtual_memory().total
+    stage = layout.stage("fallbacks")
+    died = runner._KernelDied("fallbacks", -signal.SIGKILL, 8, Path("run/01_fallbacks.ipynb"))
+    line = runner._kernel_died(stage, total, died, lanes=2)
+    assert "likely out of memory" in line and line.endswith("run with less: one kernel at a time (--lanes 1) or a "
+                                                            "smaller -p batch_size")
+    assert runner._kernel_died(stage, total, died, lanes=1).endswith("run with less: a smaller -p batch_size")
+    alone = runner._KernelDied("fallbacks", -signal.SIGKILL, 1, Path("nb"))
+    assert runner._kernel_died(stage, total, alone, lanes=1).endswith("with one kernel and a batch of one already: "
+                                                                       "it needs a machine with more memory")
+    segfault = runner._KernelDied("fallbacks", -signal.SIGSEGV, 8, Path("nb"))
+    line = runner._kernel_died(stage, total, segfault, lanes=2)
+    assert "killed by SIGSEGV (signal 11)" in line and "out of memory" not in line
+
+
+# ---------------------------------------------------------------- round three
+def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_rerun_completes(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) mid-stage: the kernel is killed, run.json records the stage
+    as interrupted, its result is gone, no partial file stays, one line on stderr, exit 130; the same command
+    then runs the stage to its end."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "portkit.cli", "run", "--model", fixture_model("tiny_encoder"), "--out", str(out),
+            *CHEAP]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+                           start_new_session=True)   # its own process group, as a shell gives a foreground job
+    partial = out / ".01_fallbacks.partial.ipynb"
+    for _ in range(600):          # the stage has started once papermill saved its first cell
+        if partial.exists() or run.poll() is not None:
+            break
+        time.sleep(0.1)
+    os.killpg(run.pid, signal.SIGINT)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [f"portkit: interrupted: stage(s) fallbacks stopped and recorded as "
+                                           f"interrupted in {out / 'run.json'}; rerun the same command to run them "
+                                           "again"]
+    assert "Traceback" not in stdout + stderr
+    assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "interrupted"
+    assert not (out / "fallbacks.json").exists()
+    assert not [p.name for p in out.iterdir() if ".partial." in p.name or p.name.endswith(".tmp")]
+    rerun = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "ok" and (out / "fallbacks.json").is_file()
+
+
+@needs_ray
+def test_ray_address_in_the_environment_is_named(tmp_path, monkeypatch, capsys):
+    """RAY_ADDRESS set and no --address: the sweep joins that cluster, says so in a note, and an error names the
+    environment variable (Ray would otherwise refuse the local Ray's options, "object_store_memory must not be
+    provided", naming neither)."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")   # nothing listens on port 1
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "--out", str(out), "--model", fixture_model("tiny_encoder"), *CHEAP]) == 2
+    captured = capsys.readouterr()
+    assert ("portkit: note: RAY_ADDRESS=127.0.0.1:1 is set in the environment: the sweep joins that Ray cluster "
+            "(unset RAY_ADDRESS for a local Ray)") in captured.out
+    assert captured.err.strip().splitlines() == ["portkit: error: invalid Ray address (from environment variable "
+                                                 "RAY_ADDRESS) '127.0.0.1:1': nothing answers there (Connection "
+                                                 "refused)"]
+
+
+def test_an_image_declaration_is_the_one_source_of_the_image_size():
+    """image_declaration(8, outputs, channels=1) handed to LoadedModel without image_size: the model's image_size is
+    the declaration's 8, and a batch of image crops is built at it; a different image_size besides is refused."""
+    import torch
+    from portkit.core.errors import BadParameter
+    from portkit.models import inputs, registry
+    declaration = inputs.image_declaration(8, (inputs.Output("logits", "classifier"),), channels=1)
+    model = registry.LoadedModel("gray", "classifier", torch.nn.Flatten(), "test", declaration=declaration)
+    assert model.image_size == 8
+    batch, label = data.example_batch(model, None, 2, 8)
+    assert batch["pixel_values"].shape == (2, 1, 8, 8) and label == "2 image crops of 8x8"
+    with pytest.raises(BadParameter, match="invalid image_size 16: the declaration's images are 8x8"):
+        registry.LoadedModel("gray", "classifier", torch.nn.Flatten(), "test", declaration=declaration, image_size=16)
+
+
+def test_libraries_fd_output_in_a_kernel_goes_to_the_run_kernel_log_not_the_terminal(tmp_path, capfd):
+    """libtpu's "Failed to find host bounds" WARNING is written to the kernel's file descriptor 2, which ipykernel
+    copies into the notebook and onto the descriptor: a kernel started with a log holds it there, never on the
+    terminal; the same line forwarded by papermill (progress shown) goes to the log too."""
+    from jupyter_core.utils import run_sync
+    from portkit.run import jupyter_kernels as kernels
+    log = tmp_path / layout.KERNEL_LOG
+    warning = "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type"
+    with kernels.SharedKernel(log=log) as kernel:
+        client = kernel.for_stage().client()
+        client.start_channels()
+        try:
+            run_sync(client.wait_for_ready)(timeout=60)
+            reply = run_sync(client.execute_interactive)(f"import os; os.write(2, b{warning + chr(10)!r})",
+                                                         timeout=60, output_hook=lambda msg: None)
+        finally:
+            client.stop_channels()
+    assert reply["content"]["status"] == "ok"
+    assert warning in log.read_text() and warning not in capfd.readouterr().err
+    terminal = tmp_path / "terminal.txt"
+    with open(terminal, "w", newline="") as shown:
+        stream = runner._StageStderr(shown, log)
+        stream.write(warning + "\n")
+        stream.write("  fallbacks cells: 40%\r")
+    assert terminal.read_bytes() == b"  fallbacks cells: 40%\r" and log.read_text().count(warning) == 2
+
+
+def test_portkit_report_removes_what_a_killed_report_stage_left(tmp_path, capsys):
+    """A kill -9 during the report stage leaves .05_report.partial.ipynb: `portkit report` removes it (holding the
+    folder, as a run does) and says so; a folder a live run holds is refused."""
+    (tmp_path / layout.MARKER).write_text("a run\n")
+    (tmp_path / "fallbacks.json").write_text('{"stage": "fallbacks", "targets": {}}')
+    partial = tmp_path / ".05_report.partial.ipynb"
+    partial.write_text("{")
+    cli.main(["report", str(tmp_path), "--target", "neuron"])
+    assert not partial.exists()
+    assert "portkit: note: removed 1 partial file(s) a killed run left: .05_report.partial.ipynb" in \
+        capsys.readouterr().out
+    holder = _hold_in_another_process(tmp_path)
+    try:
+        assert cli.main(["report", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.strip() == (f"portkit: error: invalid run folder '{tmp_path}': in use by a run "
+                                                   f"(process {holder.pid}); wait for it to end")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_check_against_itself_passes_with_a_note(tmp_path, capsys):
+    """`portkit check RUN --baseline RUN` cannot fail: it passes, and its output says the baseline is the run
+    itself (a baseline of another model is refused: tests/test_bad_input.py)."""
+    (tmp_path / "report.json").write_text('{"model": {"name": "minilm", "kind": "embedding"}, "targets": '
+                                          '{"tpu": {"verdict": "ready"}}}')
+    assert cli.main(["check", str(tmp_path), "--baseline", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out.splitlines()[0]
+    assert out.splitlines()[1] == ("  note: the baseline is the run itself: every check compares the run with "
+                                   "itself, so it cannot fail; give an earlier run as --baseline")

@@ -19,10 +19,14 @@ from portkit.models import registry as models
 WORDS = "the a of to and in is it for on return sum numbers open network socket add two hello world".split()
 
 
-def _tokenizer(folder, words=WORDS):
+def _tokenizer(folder, words=WORDS, spelled: bool = True):
+    """A WordPiece of `words`; where `spelled`, with each letter as a continuation too, so that a word it does not
+    hold is spelled, never [UNK] (the plan step refuses a tokenizer that reads prose as [UNK])."""
     from transformers import BertTokenizerFast
     folder.mkdir(parents=True, exist_ok=True)
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *"abcdefghijklmnopqrstuvwxyz.,"]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *letters, ".", ",",
+              *(f"##{c}" for c in letters if spelled)]
     return BertTokenizerFast(vocab={t: i for i, t in enumerate(dict.fromkeys(tokens))})   # transformers 5 takes vocab=
 
 
@@ -213,7 +217,7 @@ def test_a_hub_id_loads_from_the_cache_pinned_to_its_commit(tmp_path, monkeypatc
     with torch.no_grad():
         assert m(m.encode(TEXTS))["logits"].shape == (3, 3)
     with pytest.raises(NeedsNetwork, match=r"'org/missing'.*tried revision main in the Hugging Face cache "
-                                           r".*huggingface-cli download org/missing"):
+                                           r".*hf download org/missing"):
         models.validate("org/missing")
 
 
@@ -249,7 +253,7 @@ def test_a_config_without_weights_of_another_task_is_refused(tmp_path):
 
 def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
     from transformers import BertModel, BertConfig
-    broken = _tokenizer(tmp_path / "tok", words=[])
+    broken = _tokenizer(tmp_path / "tok", words=[], spelled=False)
     broken.backend_tokenizer.pre_tokenizer = None     # no word splitting: whole texts, unknown, become [UNK]
     folder = _save(tmp_path / "m", BertModel(BertConfig(vocab_size=len(broken), hidden_size=32, num_hidden_layers=1,
                                                        num_attention_heads=2, intermediate_size=64)), broken)
@@ -337,3 +341,48 @@ def test_a_hub_models_remote_code_is_scanned_without_running_it(tmp_path, monkey
     assert "modeling_custom.py:12" in out and "[blocker] .cuda()" in out     # the .cuda() in __init__
     assert "flash" in out.lower() and "amp" in out
     assert cli.main(["scan", str(tmp_path / "nowhere.txt")]) == 2
+
+
+def _wordpiece_vocabulary_under_bpe(folder):
+    """Another model's tokenizer files: MiniLM's WordPiece vocabulary (30522 entries, "##" continuations) read by
+    a BPE tokenizer with no merges, as a tokenizer.json of the wrong class writes it: every word is split into
+    single characters, and nothing fails."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers import models as tokenizer_models
+    from transformers import PreTrainedTokenizerFast
+    bpe = Tokenizer(tokenizer_models.BPE(vocab=hf.minilm_tokenizer().get_vocab(), merges=[], unk_token="[UNK]"))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.Whitespace(), decoders.BPEDecoder()
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="[UNK]", pad_token="[PAD]")
+
+
+def test_a_tokenizer_of_another_model_is_refused_in_the_plan_step(tmp_path, monkeypatch, capsys):
+    """Rule: the plan step reads the directory's tokenizer on plain prose and refuses one that is not the model's
+    (single characters from a large vocabulary, unknown tokens, few of the embedding table's rows reached, a lossy
+    round trip) in one line, exit 2, nothing written. A tiny BERT whose embedding table has 50265 rows (RoBERTa's)
+    beside a WordPiece vocabulary under a BPE class; the same BERT with MiniLM's own tokenizer passes."""
+    from transformers import BertConfig, BertModel
+    bert = BertModel(BertConfig(vocab_size=50265, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=64))
+    folder = _save(tmp_path / "bert", bert, _wordpiece_vocabulary_under_bpe(tmp_path / "tok"))
+    with pytest.raises(BadParameter, match=r"its tokenizer \(\w+, model BPE, 30522 entries for "
+                                           r"a 50265-row embedding table\) is not this model's: it splits text into "
+                                           r"single characters \(4\.0 tokens per word of 4\.0 characters\)"):
+        models.validate(str(folder))
+    _one_line_exit_2(tmp_path, monkeypatch, capsys, str(folder), "splits text into single characters")
+    own = _save(tmp_path / "own", bert, hf.minilm_tokenizer())
+    assert models.validate(str(own)) == str(own)
+
+
+def test_each_rule_of_the_tokenizer_check_reads_a_tokenizer_built_to_break_it(tmp_path):
+    """Rule: each of the plan step's tokenizer rules, on the tokenizer it is there for: a vocabulary that maps
+    prose to its unknown token, one that reaches under half the embedding table; MiniLM's own passes them all."""
+    tiny = _tokenizer(tmp_path / "tiny", WORDS)
+    assert hf.tokenizer_problems(tiny, {"vocab_size": len(tiny)}) == []        # spelled, not [UNK]
+    from transformers import BertTokenizerFast
+    words_only = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])})
+    (unknown, lossy) = hf.tokenizer_problems(words_only, {"vocab_size": len(words_only)})
+    assert "tokens of plain English are its unknown token '[UNK]' (portkit refuses over 5%)" in unknown
+    assert "decoding its ids loses" in lossy
+    (table,) = hf.tokenizer_problems(tiny, {"vocab_size": 4 * len(tiny)})
+    assert table == f"its {len(tiny)} entries reach 25% of the model's {4 * len(tiny)}-row embedding table"
+    assert hf.tokenizer_problems(hf.minilm_tokenizer(), {"vocab_size": 30522}) == []

@@ -91,7 +91,7 @@ def test_a_bad_image_folder_is_refused_naming_the_file(tmp_path):
 
 
 def test_hub_ids_fail_at_once_with_advice():
-    with pytest.raises(NeedsNetwork, match="huggingface-cli download"):
+    with pytest.raises(NeedsNetwork, match="hf download"):
         models.load("bert-base-uncased/foo")
     with pytest.raises(NeedsNetwork):
         models.validate("meta-llama/Llama-3-8B")

@@ -147,28 +147,85 @@ def test_an_lstm_is_one_cause_on_tpu_with_the_vendor_lists_word_in_it():
     assert not any(f.kind == "vendor_list" for f in tpu)
 
 
+NOTES = "TorchNeuron release notes, Neuron 2.33.0 (10/19/2026), support matrix, read 2026-12-05"
+BOTH = "torch 2.13.0 (torch-neuronx 2.13.3.0.*) or 2.14.0 (torch-neuronx 2.14.3.0.*)"
+
+
 @pytest.mark.parametrize("here,ok,line", [
-    ({"torch": "2.13.0+cpu", "python": "3.11.7", "transformers": "5.24.0"}, [False, False, None],
-     "torch 2.13.0+cpu here; TorchNeuron needs torch 2.14.0 (TorchNeuron release notes, read 2026-12-04): upgrade "
-     "torch (and what depends on it: torchvision/torchaudio pins), re-run the workbook after"),
-    ({"torch": "2.14.0", "python": "3.14.1", "transformers": None}, [True, True, None],
-     "torch 2.14.0 here; TorchNeuron needs torch 2.14.0 (TorchNeuron release notes, read 2026-12-04)"),
-    ({"torch": "2.15.0", "python": "3.12.0", "transformers": None}, [False, True, None],
-     "torch 2.15.0 here; TorchNeuron needs torch 2.14.0 (TorchNeuron release notes, read 2026-12-04): downgrade "
-     "torch (and what depends on it: torchvision/torchaudio pins), re-run the workbook after"),
+    ({"torch": "2.13.0+cpu", "python": "3.11.7", "transformers": "5.24.0"}, [True, False, None, False],
+     f"torch 2.13.0+cpu here; TorchNeuron needs {BOTH} ({NOTES})"),
+    ({"torch": "2.14.0", "python": "3.14.1", "transformers": None}, [True, True, None, True],
+     f"torch 2.14.0 here; TorchNeuron needs {BOTH} ({NOTES})"),
+    ({"torch": "2.13.0", "python": "3.12.3", "transformers": None}, [True, True, None, True],
+     f"torch 2.13.0 here; TorchNeuron needs {BOTH} ({NOTES})"),
+    ({"torch": "2.15.0", "python": "3.12.0", "transformers": None}, [False, True, None, False],
+     f"torch 2.15.0 here; TorchNeuron needs {BOTH} ({NOTES}): downgrade torch (and what depends on it: "
+     "torchvision/torchaudio pins), re-run the workbook after"),
+    ({"torch": "2.12.1", "python": "3.12.0", "transformers": None}, [False, True, None, False],
+     f"torch 2.12.1 here; TorchNeuron needs {BOTH} ({NOTES}): upgrade torch (and what depends on it: "
+     "torchvision/torchaudio pins), re-run the workbook after"),
 ])
-def test_versions_against_torchneuron(here, ok, line):
+def test_versions_against_every_torchneuron_row(here, ok, line):
+    """The environment is checked against every row of TorchNeuron's support matrix (torch 2.13.0 and 2.14.0,
+    Python 3.12 to 3.14): torch 2.13 is supported, and the matrix line says whether one row accepts it all."""
     checks = environment.compare_versions("neuron", here)
     assert [c["ok"] for c in checks] == ok and checks[0]["line"] == line
     if ok[1] is False:
         assert "a new environment with Python 3.12 to 3.14" in checks[1]["line"]
+    matrix = checks[-1]
+    assert matrix["package"] == "support matrix"
+    assert matrix["row"] == (f"torch-neuronx {here['torch'][:5]}3.0.*" if matrix["ok"] else None)
+    if here["torch"].startswith("2.13") and not matrix["ok"]:      # torch 2.13, Python 3.11: what the row lacks
+        assert "the nearest, torch-neuronx 2.13.3.0.*, needs Python 3.12 to 3.14 (here 3.11.7)" in matrix["line"]
 
 
-def test_torchtpu_states_no_version_and_the_block_says_so():
-    checks = environment.compare_versions("tpu", {"torch": "2.13.0", "python": "3.11.7", "transformers": "5.0"})
-    assert [c["ok"] for c in checks] == [None, None, None]
+def test_torchtpu_versions_come_from_its_wheel_metadata():
+    """torch-tpu 0.2.0's METADATA states Requires-Python >=3.11, torch>=2.11.0,<=2.15.0, libtpu>=0.0.50: each
+    is checked, and transformers, which it does not name, is said to be unstated."""
+    checks = {c["package"]: c for c in environment.compare_versions(
+        "tpu", {"torch": "2.13.0", "python": "3.11.7", "transformers": "5.0", "libtpu": "0.0.52"})}
+    assert {p: c["ok"] for p, c in checks.items()} == {"torch": True, "python": True, "transformers": None,
+                                                       "libtpu": True, "support matrix": True}
+    assert "torch 2.11.0 to 2.15.0" in checks["torch"]["line"] and "torch-tpu 0.2.0 wheel METADATA" in checks[
+        "torch"]["line"]
+    late = {c["package"]: c for c in environment.compare_versions(
+        "tpu", {"torch": "2.15.1", "python": "3.11.7", "transformers": None, "libtpu": "0.0.49"})}
+    assert not late["torch"]["ok"] and "downgrade torch" in late["torch"]["line"]
+    assert not late["libtpu"]["ok"] and "upgrade libtpu" in late["libtpu"]["line"] and not late["support matrix"]["ok"]
     info = environment.environment(["neuron", "tpu"])
     text = environment.render(info)
-    assert "target tpu versions: no torch, Python, transformers version stated by the vendor" in text
+    assert "target tpu versions: no transformers version stated by the vendor" in text
+    assert "TorchNeuron needs torch 2.14.0: upgrade" not in text
     del info["requirements"]   # a result written before the comparison still renders
     assert "versions:" not in environment.render(info)
+
+
+def test_scan_autocast_for_cuda_a_half_cast_and_an_item_read():
+    """`portkit scan` reads torch.autocast("cuda") (by position or device_type=), .half() and .item(); the last two
+    are the static scan's alone: stage 1 records them when the model runs."""
+    scan = source_scan.scan_paths([GPU_ONLY / "precision_habits.py"])
+    by = {(f.message.split(" (")[0], f.where["line"]) for f in source_scan.findings(scan, "tpu", static=True)}
+    assert by == {("autocast for device_type 'cuda'", 13), ("float16 cast", 14),
+                  ("tensor value read on the host", 17)}
+    autocast = [f for f in source_scan.findings(scan, "tpu") if f.message.startswith("autocast")]
+    assert [f.where["line"] for f in autocast] == [13] and "(and lines 15)" in autocast[0].message
+    assert all(f.severity == WORK for f in source_scan.findings(scan, "tpu", static=True))
+    assert {f.message.split(" (")[0] for f in source_scan.findings(scan, "tpu")} == {"autocast for device_type 'cuda'"}
+
+
+def test_scan_cli_nothing_scanned_is_exit_2_and_a_symlink_loop_is_named(tmp_path, capsys):
+    """An empty folder, a file that does not parse (null bytes) and a symlink loop: exit 2, one line, "nothing to
+    scan" or the loop named, never "0 findings"."""
+    from portkit import cli
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "nul.py").write_bytes(b"x = 1\x00\n")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for source, expected in (("empty", "nothing to scan: it holds no .py, .cu or .cuh file"),
+                             ("nul.py", "nothing to scan: 1 file(s) could not be parsed"),
+                             ("loop", "a symlink loop (too many levels of symbolic links)")):
+        assert cli.main(["scan", str(tmp_path / source)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and expected in captured.err
+    assert cli.main(["scan", str(GPU_ONLY / "precision_habits.py")]) == 0
+    out = capsys.readouterr().out
+    assert "tpu: 3 finding(s)" in out and "float16 cast" in out and ".item()" in out

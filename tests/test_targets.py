@@ -240,14 +240,18 @@ def test_portkit_mode_forces_emulation_and_rejects_other_values(monkeypatch):
 def test_vendor_lists_and_requirements_are_data_with_their_source_and_date():
     lists, required = targets.vendor_lists(), targets.requirements()
     assert set(lists) == set(required) == set(targets.MIGRATION_TARGETS)
-    for name, lst in {**lists, **required}.items():
+    for name, lst in lists.items():
         assert lst["source"].startswith("the vendors' launch documentation") and lst["read"] == "2026-12-04"
+    for name, req in required.items():      # the pins: the release notes' support matrix, the wheel's METADATA
+        assert req["source"].startswith("https://") and req["read"] == "2026-12-05" and req["rows"], name
     tpu = {e["feature"]: e for e in lists["tpu"]["entries"]}
     assert set(tpu) == {"symbolic integers", "ragged tensors", "LSTM", "GRU", "Mamba-family models", "FSDPv2"}
     assert {(e["status"], e["severity"]) for e in tpu.values()} == {("experimental", "work")}
     neuron = {e["feature"]: (e["status"], e["severity"]) for e in lists["neuron"]["entries"]}
     assert neuron.pop("FP8 quantization through TorchAO") == ("private beta", "work")
     assert set(neuron.values()) == {("unsupported", "blocker")} and len(neuron) == 5
-    assert required["neuron"]["torch"] == {"pin": "2.14.0"} and required["neuron"]["python"] == {"min": "3.12",
-                                                                                                  "max": "3.14"}
-    assert required["tpu"]["torch"] is None and required["neuron"]["transformers"] is None
+    assert [r["torch"] for r in required["neuron"]["rows"]] == [{"pin": "2.13.0"}, {"pin": "2.14.0"}]
+    assert {str(r["python"]) for r in required["neuron"]["rows"]} == {str({"min": "3.12", "max": "3.14"})}
+    assert required["tpu"]["rows"] == [{"package": "torch-tpu 0.2.0", "torch": {"min": "2.11.0", "max": "2.15.0"},
+                                        "python": {"min": "3.11"}, "libtpu": {"min": "0.0.50"}}]
+    assert not any(r.get("transformers") for req in required.values() for r in req["rows"])

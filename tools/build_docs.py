@@ -9,6 +9,8 @@
   dataclass's fields: help and default) where it has one, else its notebook's parameters cell (the same source);
 - docs/design.md: the layers and contracts of pyproject.toml's [tool.importlinter], each package with its docstring;
 - docs/benchmarks/index.md: each benchmarks/bench_*.py, its docstring's first paragraph and its command;
+- docs/benchmarks/calibration.md: the published measurements the cost's roofline is calibrated against
+  (data/targets/calibration.json), each with its source, and the efficiency the code derives from each;
 - docs/reference/verdicts.md: the grading policy (portkit/core/grading.py) and the targets' feature rules.
 
 The other pages are written by hand; `mkdocs build --strict` builds the site (mkdocs.yml).
@@ -227,6 +229,39 @@ def benchmarks_page() -> str:
     return "".join(lines)
 
 
+def calibration_page() -> str:
+    from portkit.planning import budget
+    lines = [GENERATED.format(source="data/targets/calibration.json through portkit.planning.budget"),
+             "# Cost calibration: published measurements\n\n",
+             "portkit's cost per million requests (`portkit.planning.cost`, the report's cost section, `portkit "
+             "export`) starts from a roofline: a request takes max(FLOPs / the chip's published peak at the "
+             "precision that runs, bytes / its memory bandwidth), a lower bound on time. The measurements below, "
+             "all of encoder (BERT-class) models, give the efficiency real serving reached on each chip family "
+             "(measured throughput / the same roofline); a side's cost is stated as the range its family's "
+             "efficiencies give, never below the roofline's. Peaks and bandwidths: `data/targets/chips.json`.\n\n",
+             "Limits, said rather than hidden: only Neuron publishes batch-1 measurements (trn1's Real Time table); "
+             "the GPU rows are MLPerf Offline (large batches, int8/fp8 through TensorRT's variable-length BERT "
+             "kernels), so a batch-1 plan on a GPU pays fixed per-request costs they do not show; no TPU row "
+             "exists.\n\n",
+             "| family | chip | model | measured / s (all chips) | chips | batch | tokens | precision | roofline "
+             "/ s a chip | efficiency | scenario | source | date |\n",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
+    for row in budget.calibration_rows():
+        found = budget.roofline(budget.encoder_workload(row), row["chip"], row["precision"], row["family"])
+        cells = [row["family"], row["chip"], row["model"], f"{row['measured_per_second']:,.1f}", row["chips"],
+                 row["batch"] or "large (offline)", row["tokens"], row["precision"], f"{1 / found.seconds:,.0f}",
+                 f"{budget.row_efficiency(row):.1%}", row["scenario"], row["source"], row["date"]]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |\n")
+    lines.append("\n## Spread per family\n\n| family | low | median | high | measurements | note |\n"
+                 "|---|---|---|---|---|---|\n")
+    for family in ("neuron", "gpu", "tpu"):
+        for batch in (None, 1):
+            eff = budget.efficiency(family, batch)
+            lines.append(f"| {family}{' (a batch-1 plan)' if batch else ''} | {eff.low:.1%} | {eff.median:.1%} | "
+                         f"{eff.high:.1%} | {eff.measurements} | {_cell(eff.note)} |\n")
+    return "".join(lines)
+
+
 # ---------------------------------------------------------------- the grading policy
 def verdicts_page() -> str:
     from portkit.core import grading
@@ -258,6 +293,7 @@ PAGES = {
     "reference/parameters.md": parameters_page,
     "design.md": design_page,
     "benchmarks/index.md": benchmarks_page,
+    "benchmarks/calibration.md": calibration_page,
 }
 
 

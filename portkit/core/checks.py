@@ -78,8 +78,11 @@ def list_of(check, example: str):
     """A check (name, value) -> value for a non-empty list, `check`(name, entry) on each entry; a single
     value (a string given where a list belongs) is refused saying so, with `example`."""
     def checked(name: str, value):
-        if not isinstance(value, (list, tuple)) or not value:
-            kind = "a string" if isinstance(value, str) else type(value).__name__
+        if isinstance(value, (list, tuple)) and not value:
+            raise BadParameter(name, value, hint=f"must be a non-empty list, not an empty one; e.g. {example}")
+        if not isinstance(value, (list, tuple)):
+            kind = {str: "a string", dict: "a dict", bool: "True or False", type(None): "None", int: "a number",
+                    float: "a number"}.get(type(value), "a single value")
             raise BadParameter(name, value, hint=f"must be a non-empty list, not {kind}; e.g. {example}")
         for entry in value:
             check(name, entry)

@@ -29,7 +29,7 @@ class BadParameter(PortkitError, ValueError):
 
     def __init__(self, what: str, value: object, choices: Iterable[object] | None = None,
                  hint: str | None = None):
-        self.what, self.value = what, value
+        self.what, self.value, self.hint = what, value, hint
         self.choices = list(choices) if choices is not None else None
         if self.choices is not None:
             message = f"unknown {what} {value!r}; choose one of: " + ", ".join(str(c) for c in self.choices)

@@ -20,11 +20,15 @@ def _stages(run_dir) -> tuple[dict, dict]:
     return results.read_stage(run_dir, "buckets") or {}, results.read_stage(run_dir, "xla") or {}
 
 
+def _accuracy(run_dir) -> dict:
+    return results.read_stage(run_dir, "accuracy") or {}
+
+
 def estimate(run_dir, target: str, prices: dict | None = None) -> dict:
     """One target's chip-seconds and dollars per million requests (planning.cost.estimate)."""
-    return _cost.estimate(*_stages(run_dir), target, prices)
+    return _cost.estimate(*_stages(run_dir), target, prices, _accuracy(run_dir))
 
 
 def comparison(run_dir, targets, prices: dict | None = None) -> dict:
-    """Every target and each named GPU side by side (planning.cost.comparison)."""
-    return _cost.comparison(*_stages(run_dir), targets, prices)
+    """Every target and each named GPU side by side, with the verdicts (planning.cost.comparison)."""
+    return _cost.comparison(*_stages(run_dir), targets, prices, _accuracy(run_dir))

@@ -10,13 +10,16 @@ run lacks fails too (coverage lost). The numbers are read by portkit.runfolder.n
 """
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
 from portkit.runfolder import numbers, results
 from portkit.core import atomic_io as _io
+from portkit.core import checks as _checks
 from portkit.core.errors import BadParameter
 
 # report.json's targets.<name>.verdict, best first (docs/reference/report-json.md); "not assessed" ranks last:
@@ -38,6 +41,7 @@ class Comparison:
     run_dir: Path
     baseline: Path
     checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what a reader of the result must know (a self-comparison)
 
     @property
     def failed(self) -> list[Check]:
@@ -50,7 +54,7 @@ class Comparison:
         ordered = sorted(self.checks, key=lambda c: (c.status != FAIL, c.status == SKIP))
         shown = [f"  {c.status.upper():4} {c.target:7} {c.name}: {c.message}" for c in ordered[:lines]]
         more = [f"  ... {len(ordered) - lines} more in the JUnit file"] if len(ordered) > lines else []
-        return "\n".join([head, *shown, *more])
+        return "\n".join([head, *(f"  note: {n}" for n in self.notes), *shown, *more])
 
 
 class _Run:
@@ -67,10 +71,31 @@ class _Run:
     def targets(self) -> list[str]:
         return list(self.report.get("targets") or {})
 
+    def model(self) -> tuple[str, str] | None:
+        """(name, kind) of the run's model from report.json; None where it records none."""
+        found = self.report.get("model") if isinstance(self.report, dict) else None
+        if not isinstance(found, dict) or not found.get("name"):
+            return None
+        return str(found["name"]), str(found.get("kind") or "")
+
+
+def _model_words(model: tuple[str, str]) -> str:
+    return f"{model[0]} ({model[1]})" if model[1] else model[0]
+
 
 def compare(run_dir, baseline) -> Comparison:
+    """The checks of run_dir against baseline. A baseline of another model (its report.json's model name or kind
+    differs) is BadParameter: no check of one model against another means anything. A baseline that is the run
+    itself passes, with a note saying so."""
     new, old = _Run(run_dir), _Run(baseline)
+    if new.model() != old.model() and None not in (new.model(), old.model()):
+        raise BadParameter("baseline", str(baseline), hint=f"it is a run of {_model_words(old.model())}, the new run "
+                                                          f"one of {_model_words(new.model())}; give a baseline run "
+                                                          "of the same model")
     result = Comparison(new.folder, old.folder)
+    if new.folder.resolve() == old.folder.resolve():
+        result.notes.append("the baseline is the run itself: every check compares the run with itself, so it "
+                            "cannot fail; give an earlier run as --baseline")
     for name in dict.fromkeys([*old.targets(), *new.targets()]):
         for check in CHECKS:
             result.checks.extend(check(name, new, old))
@@ -154,6 +179,28 @@ def _more(check: str, read, unit: str):
 CHECKS = (_verdict, _blockers, _task_metrics,
           _more("compiles after warm-up", _compiles_after_warmup, "compile(s)"),
           _more("HBM need", _hbm_bytes, "bytes (largest compiled shape, xla.json)"))
+
+
+def check_junit_path(path) -> Path:
+    """The --junit FILE can be written, checked before the comparison (nothing is written): not a folder, in a
+    folder that exists or can be made, where a file can be created (a probe file is made and removed: os.access
+    answers yes to root everywhere, and /proc refuses all the same). BadParameter in one line otherwise."""
+    what, file = "--junit file", Path(path)
+    if file.is_dir():
+        raise BadParameter(what, str(path), hint="it is a folder; give a file name in it, e.g. "
+                                                 f"{file / 'portkit-check.xml'}")
+    if file.is_symlink() and not file.exists():
+        raise BadParameter(what, str(path), hint=_checks.missing_path(file))
+    base = next((p for p in file.absolute().parents if p.exists()), Path("/"))
+    if not base.is_dir():
+        raise BadParameter(what, str(path), hint=f"{base} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".portkit-probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BadParameter(what, str(path), hint=f"cannot create a file in {base} ({exc.strerror})") from None
+    return file
 
 
 def write_junit(result: Comparison, path) -> Path:

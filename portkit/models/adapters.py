@@ -173,4 +173,8 @@ class OutputsAdapter(nn.Module):
             return {"output": out}
         if isinstance(out, dict):
             return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        if not isinstance(out, (tuple, list)):
+            from portkit.core.errors import BadParameter
+            raise BadParameter(f"forward of {type(self.model).__name__}", type(out).__name__,
+                               hint="forward must return a tensor, a tuple or a dict of tensors")
         return {f"output_{i}": v for i, v in enumerate(out) if isinstance(v, torch.Tensor)}

@@ -68,7 +68,16 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 # ---------------------------------------------------------------- the config: which task
 def read_config(path: Path) -> dict:
-    return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    """config.json as a dict; BadParameter in one line where it is not JSON or not a JSON object (a list)."""
+    try:
+        parsed = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise BadParameter("model directory", str(path), hint=f"its config.json is not JSON{where}") from None
+    if not isinstance(parsed, dict):
+        raise BadParameter("model directory", str(path), hint=f"its config.json is a JSON {type(parsed).__name__}, "
+                                                              "not an object ({\"model_type\": ..., ...})")
+    return parsed
 
 
 def task_of(config: dict, spec: str = "") -> str:
@@ -149,7 +158,7 @@ def resolve(spec: str) -> Hub:
         tried = f"revision {revision or 'main'} in the Hugging Face cache {cache}, local files only"
         raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id, and portkit does not download: "
                            f"tried {tried} ({type(exc).__name__}); fetch it on a machine with network "
-                           f"(huggingface-cli download {repo}{' --revision ' + revision if revision else ''}) into "
+                           f"(hf download {repo}{' --revision ' + revision if revision else ''}) into "
                            "this cache (HF_HUB_CACHE), or download it with --local-dir DIR and pass DIR") from None
     if not (path / "config.json").is_file():
         raise BadParameter("model", spec, hint=f"its cached snapshot {path} holds no config.json")
@@ -175,7 +184,9 @@ def check_directory(path: Path, spec: str, config: dict) -> str:
         if has_weights(path):
             _processor_fits(path, spec, config, task)
     elif has_weights(path):
-        check_vocabulary(path, spec, config)
+        check_tokenizer(check_vocabulary(path, spec, config), spec, config)
+    elif any((path / f).exists() for f in TOKENIZER_FILES):      # a config alone, beside its own tokenizer
+        check_tokenizer(text_tokenizer(path), spec, config)
     return task
 
 
@@ -222,6 +233,84 @@ def check_vocabulary(path: Path, spec: str, config: dict):
                                 f"the model was trained with, or resize_token_embeddings({len(tokenizer)}) and "
                                 "save the model again")
     return tokenizer
+
+
+# ---------------------------------------------------------------- is the tokenizer the model's own
+# The plan step's reading of a directory's tokenizer on plain English prose (TOKENIZER_PROBE). Every length, bucket
+# plan and truncation figure of a run counts its tokens, so a tokenizer that belongs to another model is refused
+# before anything runs. The rules, each with why its threshold is where it is:
+# - unknown tokens: a tokenizer of the model's own vocabulary maps plain prose to known pieces (MiniLM's WordPiece:
+#   none of the probe's); a vocabulary file read by another tokenizer class, or a dropped vocabulary, maps whole
+#   words to its unknown token. More than MAX_UNKNOWN_SHARE of the probe's tokens is refused.
+# - single characters: a subword tokenizer gives about 1 to 2.5 tokens per English word of 4 to 5 characters; one
+#   whose merges do not match its vocabulary (a WordPiece vocabulary under a BPE class) gives one token per
+#   character. Tokens reaching CHARACTER_SPLIT of the words' characters, with a vocabulary of more than
+#   CHARACTER_VOCAB entries, is refused: a character- or byte-level tokenizer by design holds a few hundred
+#   entries (ByT5's 384), a larger one that splits into characters is not using its own entries.
+# - the embedding table: a model's own tokenizer fills its table up to padding to a multiple of 64 or 128 and a few
+#   reserved ids (GPT-2: 50257 of 50304; Phi-2: 50295 of 51200); one reaching under MIN_TABLE_SHARE of the rows is
+#   another model's.
+# - the round trip: decoded ids that lose more than ROUNDTRIP_LOSS of the characters (tokenizer_roundtrip's rule).
+TOKENIZER_PROBE = ("The quick brown fox jumps over the lazy dog.",
+                   "Open the file, read every line, and return the sum of the numbers in it.",
+                   "A model that runs on one device should give the same answer on another.",
+                   "She walked to the station in the rain, then took the early train home.")
+MAX_UNKNOWN_SHARE = 0.05
+CHARACTER_SPLIT = 0.8
+CHARACTER_VOCAB = 1000
+MIN_TABLE_SHARE = 0.5
+
+
+def tokenizer_reading(tokenizer, texts=TOKENIZER_PROBE) -> dict:
+    """How `tokenizer` reads `texts`: tokens, words and characters (whitespace dropped), unknown tokens, and the
+    share of characters its decoded ids lose (compared case-folded, in order: difflib)."""
+    ids = tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    decoded = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    found = {"tokens": sum(map(len, ids)), "words": sum(len(t.split()) for t in texts),
+             "characters": sum(len("".join(t.split())) for t in texts),
+             "unknown": sum(i == unk for row in ids for i in row) if unk is not None else 0, "kept": 0}
+    for text, back in zip(texts, decoded):
+        a, b = ("".join(s.casefold().split()) for s in (text, back))
+        found["kept"] += sum(m.size for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
+    found["lost"] = 1 - found["kept"] / max(found["characters"], 1)
+    return found
+
+
+def tokenizer_problems(tokenizer, config: dict) -> list[str]:
+    """What makes `tokenizer` another model's than the one `config` describes (the rules above), in words;
+    empty where it reads plain prose as the model's own would."""
+    read, entries = tokenizer_reading(tokenizer), len(tokenizer)
+    table = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    per_word, chars = read["tokens"] / read["words"], read["characters"] / read["words"]
+    problems = []
+    if read["unknown"] > MAX_UNKNOWN_SHARE * read["tokens"]:
+        problems.append(f"{read['unknown']} of {read['tokens']} tokens of plain English are its unknown token "
+                        f"{tokenizer.unk_token!r} (portkit refuses over {MAX_UNKNOWN_SHARE:.0%})")
+    if read["tokens"] >= CHARACTER_SPLIT * read["characters"] and entries > CHARACTER_VOCAB:
+        problems.append(f"it splits text into single characters ({per_word:.1f} tokens per word of {chars:.1f} "
+                        f"characters) although its vocabulary holds {entries} entries")
+    if table and entries < MIN_TABLE_SHARE * table:
+        problems.append(f"its {entries} entries reach {entries / table:.0%} of the model's {table}-row embedding "
+                        "table")
+    if read["lost"] > ROUNDTRIP_LOSS:
+        problems.append(f"decoding its ids loses {read['lost']:.0%} of the characters")
+    return problems
+
+
+def check_tokenizer(tokenizer, spec: str, config: dict) -> None:
+    """The plan step's check that a directory's tokenizer is its model's own (tokenizer_problems): BadParameter
+    in one line naming what is wrong and the fix."""
+    problems = tokenizer_problems(tokenizer, config)
+    if problems:
+        backend = getattr(tokenizer, "backend_tokenizer", None)      # a fast tokenizer's: BPE, WordPiece, ...
+        kind = f", model {type(backend.model).__name__}" if backend is not None else ""
+        table = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+        size = f", {len(tokenizer)} entries" + (f" for a {table}-row embedding table" if table else "")
+        raise BadParameter("model directory", spec,
+                           hint=f"its tokenizer ({type(tokenizer).__name__}{kind}{size}) is not this model's: "
+                                f"{'; '.join(problems)}; every length, bucket and truncation figure would count its "
+                                "tokens. Save the tokenizer the model was trained with beside it (save_pretrained)")
 
 
 # ---------------------------------------------------------------- processors
@@ -430,14 +519,7 @@ def tokenizer_roundtrip(model, texts, limit: int = 200) -> dict | None:
     texts = [t for t in list(texts)[:limit] if isinstance(t, str) and t.strip()]
     if tokenizer is None or not texts:
         return None
-    ids = tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-    decoded = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    total = kept = 0
-    for text, back in zip(texts, decoded):
-        a, b = ("".join(s.casefold().split()) for s in (text, back))
-        total += len(a)
-        kept += sum(m.size for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
-    lost = 1 - kept / max(total, 1)
+    lost = tokenizer_reading(tokenizer, texts)["lost"]
     if lost <= ROUNDTRIP_LOSS:
         return None
     name = getattr(model, "tokenizer_name", type(tokenizer).__name__)

@@ -26,7 +26,6 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
-import json
 import os
 import pkgutil
 import sys
@@ -39,7 +38,7 @@ import torch
 from torch import nn
 
 from portkit.core import frames
-from portkit.models import huggingface, inputs
+from portkit.models import huggingface, inputs, seq2seq
 from portkit.models.adapters import (VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
                               MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
 from portkit.core.errors import BadParameter, NeedsNetwork
@@ -69,12 +68,17 @@ class LoadedModel:
     loss: Callable | None = None
     declaration: Declaration | None = None
     stream: Any = None              # a streaming step (audio_models.StreamStep): stage 4 carries it over a stream
+    # questions no stage answers for this model ({"question", "why"}: core.assessed.open_question), open in the
+    # report for every target (seq2seq.not_assessed: an encoder-decoder's decoding is added to any given here)
+    not_assessed: tuple[dict, ...] = ()
 
     def __post_init__(self):
         # given by whoever built it (a factory's own max_length or declaration), not portkit's default
         self.max_length_given = self.max_length is not None or self.declaration is not None
         if self.max_length is None:
             self.max_length = _MAX_POSITIONS
+        self.not_assessed = (*self.not_assessed, *(q for q in seq2seq.not_assessed(self.module)
+                                                   if q not in self.not_assessed))
         if self.declaration is None:
             out = (inputs.Output("embedding" if self.kind == EMBEDDING else "logits", self.kind),)
             if self.tokenizer is not None:
@@ -85,9 +89,22 @@ class LoadedModel:
                 self.declaration = inputs.undeclared(self.input_names, out)
         else:
             self.input_names = self.declaration.input_names
+            self._size_from_declaration()
             varying = self.declaration.varying
             if varying:                   # the first varying dimension's largest (seq_dim's)
                 self.max_length = varying[0].max
+
+    def _size_from_declaration(self) -> None:
+        """An image declaration's fixed square side (image_declaration's height and width) is the model's image_size:
+        the declaration is the one source of the input size. An image_size given besides must be the same."""
+        sizes = {d.name: d.size for d in self.declaration.dims if d.name in ("height", "width")}
+        if self.declaration.data != inputs.IMAGE or len(set(sizes.values())) != 1 or None in sizes.values():
+            return
+        side = sizes["height"]
+        if self.image_size not in (None, side):
+            raise BadParameter("image_size", self.image_size, hint=f"the declaration's images are {side}x{side}; "
+                                                                   "leave image_size out (the declaration sets it)")
+        self.image_size = side
 
     @property
     def takes_text(self) -> bool:
@@ -141,7 +158,8 @@ class LoadedModel:
                 "parameters": self.parameters, "inputs": list(self.input_names),
                 "tokenizer": self.tokenizer_name, "max_length": self.max_length,
                 "max_length_from": self.max_length_from,
-                "image_size": self.image_size, "declaration": self.declaration.to_dict()}
+                "image_size": self.image_size, "declaration": self.declaration.to_dict(),
+                "not_assessed": list(self.not_assessed)}
 
 
 # ---------------------------------------------------------------- sources
@@ -223,7 +241,6 @@ def _t5() -> LoadedModel:
 
 
 def _t5_pairs() -> LoadedModel:
-    from portkit.models import seq2seq
     from transformers import T5Config, T5ForConditionalGeneration
     _quiet_transformers()
     cfg = T5Config(vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
@@ -395,7 +412,7 @@ def load(spec: str = DEFAULT) -> LoadedModel:
                                f"Hugging Face Hub {hub.repo_id} at revision {hub.revision} (local cache)")
     if "/" in spec or spec.startswith(_HUB_PREFIXES):
         raise NeedsNetwork(f"model {spec!r} looks like a Hugging Face Hub id or URL, and portkit does not "
-                           "download; fetch it on a machine with network (huggingface-cli download "
+                           "download; fetch it on a machine with network (hf download "
                            f"{spec} --local-dir DIR) and pass DIR, or choose one of: {', '.join(SOURCES)}")
     raise BadParameter("model", spec, CHOICES)
 
@@ -420,7 +437,7 @@ def validate(spec: str) -> str:
         if where.endswith(".py"):
             _check_factory_file(Path(where).expanduser(), where, attr)
             return f"{os.path.abspath(os.path.expanduser(where))}:{attr}"
-        _check_module(where)
+        _check_factory(where, attr, _check_module(where))
         return spec
     if spec.startswith(("/", "./", "../", "~")):
         raise BadParameter("model directory", spec, hint="no such folder")
@@ -438,12 +455,11 @@ def _check_directory(path: Path, spec: str) -> None:
     if not config.is_file():
         raise BadParameter("model directory", spec, hint="it holds no config.json")
     try:
-        parsed = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        where = f" (line {exc.lineno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
-        raise BadParameter("model directory", spec, hint=f"its config.json is not JSON{where}") from None
-    if not isinstance(parsed, dict):
-        raise BadParameter("model directory", spec, hint="its config.json is not a JSON object")
+        parsed = huggingface.read_config(path)
+    except BadParameter as exc:
+        raise BadParameter("model directory", spec, hint=exc.hint) from None
+    except OSError as exc:
+        raise BadParameter("model directory", spec, hint=f"its config.json cannot be read ({exc.strerror})") from None
     huggingface.check_directory(path, spec, parsed)
 
 
@@ -457,6 +473,12 @@ def _check_factory_file(file: Path, where: str, attr: str) -> None:
         line = f"line {exc.lineno}: " if getattr(exc, "lineno", None) else ""
         raise BadParameter("model factory file", where,
                            hint=f"not valid Python ({line}{getattr(exc, 'msg', exc)})") from None
+    _check_defined(tree, where, attr)
+
+
+def _check_defined(tree: ast.Module, where: str, attr: str) -> bool:
+    """`attr` is defined at the top level of a parsed module; BadParameter listing its public functions otherwise.
+    False where that cannot be told without running it (a star import, a module __getattr__, PEP 562)."""
     defined, star = [], False
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -467,15 +489,45 @@ def _check_factory_file(file: Path, where: str, attr: str) -> None:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             defined += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-    if attr not in defined and not star:   # a star import may bring it in: load() will tell
-        functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
-        raise BadParameter(f"factory in {where}", attr, functions)
+    if attr in defined:
+        return True
+    if star or "__getattr__" in defined:   # a star import or a module __getattr__ may bring it in: load() will tell
+        return False
+    functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+    if not functions:
+        raise BadParameter(f"factory in {where}", attr, hint=f"{where} defines no public function at its top level; "
+                                                             f"{_FACTORY_HINT}")
+    raise BadParameter(f"factory in {where}", attr, functions)
 
 
-def _check_module(where: str) -> None:
+_FACTORY_HINT = "give MODULE:FUNCTION, a function returning a LoadedModel or an nn.Module"
+
+
+def _check_factory(where: str, attr: str, origin: str | None) -> None:
+    """The module found at `origin` (its file, read, not run) defines the factory `attr`. portkit's own modules are
+    no factories' home: the built-in models are given by name."""
+    if where == "portkit" or where.startswith("portkit."):
+        try:
+            found = callable(getattr(importlib.import_module(where), attr, None))
+        except ImportError:
+            found = False
+        if not found:
+            raise BadParameter(f"factory in {where}", attr, hint="portkit's built-in models are given by name: "
+                                                                 f"--model {' | '.join(SOURCES)}; {_FACTORY_HINT}")
+        return
+    if origin is None or not origin.endswith(".py") or not os.path.isfile(origin):
+        return   # a compiled or namespace module: importing it will tell
+    try:
+        tree = ast.parse(Path(origin).read_bytes(), filename=origin)
+    except (SyntaxError, ValueError, OSError):
+        return   # importing it says where it breaks
+    _check_defined(tree, where, attr)
+
+
+def _check_module(where: str) -> str | None:
     """The module and each package above it are found on sys.path or in this folder, not imported: a
     submodule is looked for in its package's folders (importlib.machinery.PathFinder, as the import system
-    searches a package's __path__), so no package's __init__ runs."""
+    searches a package's __path__), so no package's __init__ runs. Returns the module's file (None: not known)."""
     top, *rest = where.split(".")
     if not all(part.isidentifier() for part in where.split(".")):
         raise BadParameter("model module", where, hint="not a Python module name (give package.module:factory)")
@@ -486,9 +538,10 @@ def _check_module(where: str) -> None:
     for part in rest:
         folders = found.submodule_search_locations
         if folders is None:     # a plain module (os.path is an attribute of os): importing it will tell
-            return
+            return None
         found = importlib.machinery.PathFinder.find_spec(f"{name}.{part}", list(folders))
         if found is None:
             choices = sorted(m.name for m in pkgutil.iter_modules(list(folders)))
             raise BadParameter(f"module in {name}", part, choices)
         name = f"{name}.{part}"
+    return found.origin

@@ -15,10 +15,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from portkit.core import assessed
 from portkit.models import inputs
 
 SOURCE, TARGET = "source", "target"
 MAX_TOKENS = 512      # each dimension: T5's relative positions take any length; the tokenizer's limit
+# What the stages cannot say of an encoder-decoder: they run its decoder on a fixed input (one step from the start
+# token, or a teacher-forced target), while serving it decodes token by token, its length growing and its KV cache
+# written each step. portkit's generation workload (portkit/workloads/generation.py) drives causal LMs only, so
+# the report names this question as not assessed for every target, and no verdict is "ready" without it.
+DECODING = assessed.open_question(
+    "autoregressive decoding (the decoder's length growing token by token, its KV cache)",
+    "the stages ran the decoder on a fixed input (one step, or a teacher-forced target); portkit's generation "
+    "workload drives causal LMs only")
+
+
+def not_assessed(module: nn.Module) -> tuple[dict, ...]:
+    """The questions the stages cannot answer for `module` (core.assessed's {"question", "why"}): (DECODING,) where
+    it holds an encoder-decoder (a transformers model whose config says is_encoder_decoder: Whisper, T5, BART...),
+    else none."""
+    decoders = (m for m in module.modules() if getattr(getattr(m, "config", None), "is_encoder_decoder", False))
+    return (DECODING,) if next(decoders, None) is not None else ()
 
 
 def pair(text: str) -> tuple[str, str]:

@@ -2,41 +2,51 @@
 measurement, until a device measured the throughput.
 
     >>> from portkit.planning import cost
-    >>> table = cost.comparison(buckets, xla, ["neuron", "tpu"])     # buckets.json and xla.json as dicts
-    >>> table["targets"]["tpu"]["usd_per_million_requests"]["estimate"], table["gpus"]["H100"]
+    >>> table = cost.comparison(buckets, xla, ["neuron", "tpu"], accuracy=accuracy)  # stage results as dicts
+    >>> table["targets"]["tpu"]["usd_per_million_requests"], table["verdicts"]["tpu"]["line"]
 
-Time per request: the positions a request computes times the chip-seconds a position takes.
-- positions: a target computes its bucket plan's padded positions (stage 3: real + padded tokens over the corpus);
-  the GPU serves dynamic shapes, so it computes the real ones (an assumption, stated beside the table).
-- chip-seconds a position: TPU from the FLOPs of xla.json's cost analysis of the bucket shapes at the chip's published
-  peak (data/targets/chips.json); Neuron and any target without it, the FLOPs a position adds (stage 3's padding
-  price, counted on the graph) at the chip's peak; a GPU, the same FLOPs at its own peak. Compute only, on every
-  side: batched serving amortises the weights' reads over the batch.
-Every side is priced at its roofline (100% of peak), so every figure is a lower bound on time and cost; the table
-shows each at half and at twice the throughput. Prices per chip-hour come from data/targets/prices.json (third
-parties' reports of list prices, each with its page and date) or the user's `--prices` file, which wins.
+Time per request: the roofline of portkit.planning.budget (one owner of the model) at the batch the plan serves:
+max(FLOPs / peak at the precision that runs, bytes / HBM bandwidth), which term binds said beside it.
+- positions: a target computes its plan's padded positions (stage 3); the GPU, serving dynamic shapes, the real ones.
+- FLOPs and bytes: TPU from xla.json's cost analysis of the bucket shapes (FLOPs, bytes accessed); Neuron and the
+  GPUs the FLOPs a position adds (stage 3, counted on the graph), the weights as stored once a batch, and XLA's bytes
+  a position for the activations where xla.json has them.
+- precision: each target at the precision stage 4 chose (accuracy.json), the GPU at the GPU setting stage 4 measured.
+- chips: Neuron on Trn2 (economics.PRICE_CHIPS), TPU on the topology's chip, the GPUs named in GPUS.
+The roofline is a lower bound on time and cost; the range divides it by the efficiency published measurements of
+encoder models reached on each chip family (budget.efficiency), so it never extends past the bound. Prices per
+chip-hour come from data/targets/prices.json (third parties' reports of list prices, each with its page and date) or
+the user's `--prices` file, which wins. `verdicts` says per target which side the estimate favours, the break-even
+and whether the ranges overlap (budget.verdict).
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
+import re
 from pathlib import Path
+
+import numpy as np
 
 from portkit.core.errors import BadParameter
 from portkit.core.locations import DATA
-from portkit.planning import economics
+from portkit.planning import budget, economics
 from portkit.targets import capacity
 
 PRICES = DATA / "targets" / "prices.json"
 LABEL = "estimate, not measured"
 MILLION = 1_000_000
 GPUS = ("A100", "H100", "H200", "L4")      # the named GPUs of the comparison (data/targets/chips.json, family gpu)
-SENSITIVITY = {"at half the throughput": 2.0, "at twice the throughput": 0.5}
 ASSUMPTIONS = (
-    "every side runs at its roofline (100% of the chip's published peak): a lower bound on time and cost",
-    "batched serving is compute-bound: a position costs the FLOPs it adds, at any batch size",
+    "the roofline: a request takes max(FLOPs / peak at the precision that runs, bytes / HBM bandwidth) at the batch "
+    "the plan serves, a lower bound on time and cost; the range divides it by the efficiency published measurements "
+    "reached (data/targets/calibration.json), so it never goes below the bound",
     "a target computes its bucket plan's padded positions; the GPU serves dynamic shapes and computes the real ones",
+    "bytes: a TPU's are XLA's bytes accessed by the compiled bucket shapes (every fused op's reads and writes, weights "
+    "included); Neuron's and a GPU's the weights as stored, read once a batch, plus XLA's bytes a position where "
+    "xla.json has them: the TPU's memory term counts more of the program's traffic than the others'",
+    "no fixed per-request overhead is added (no public figure for these runtimes was found)",
     "compile warm-up is paid once per replica start and is not in the per-request figure",
 )
 
@@ -98,90 +108,174 @@ def _chosen(buckets: dict, target: str) -> dict:
 
 def flops_per_position(buckets: dict, target: str) -> float | None:
     """The FLOPs a position adds to a forward pass, from stage 3's padding price where it is the FLOPs estimate
-    (economics.roofline_price: seconds = FLOPs / the price chip's peak); None for a measured price."""
+    (economics.roofline_price); None for a measured price. A price written before it carried its FLOPs is
+    read back through the chip its source names."""
     price = ((buckets or {}).get("padding_price") or {}).get(target) or {}
     if price.get("kind") != economics.ESTIMATE or not isinstance(price.get("seconds"), (int, float)):
         return None
-    chip = economics.PRICE_CHIPS.get(target)
+    if isinstance(price.get("flops"), (int, float)):
+        return float(price["flops"])
+    named = re.search(r"at (\w+)'s peak", price.get("source", ""))
+    chip = named.group(1) if named else economics.PRICE_CHIPS.get(target)
     return price["seconds"] * capacity.chip(chip, target)["peak_bf16_flops"] if chip else None
 
 
-def _xla_seconds(xla: dict, target: str, shapes) -> tuple[float, str, str] | None:
-    """Chip-seconds a padded position takes from xla.json's cost analysis of the plan's shapes, its chip, source."""
+def _xla_fit(xla: dict, target: str) -> dict | None:
+    """Per-position FLOPs and the bytes accessed as intercept + slope x positions, fitted over xla.json's cost
+    analysis of the compiled bucket shapes (a TPU topology), with the topology's chip and chips."""
     found = ((xla or {}).get("targets") or {}).get(target) or {}
-    topology = found.get("topology")
-    wanted = {f"batch={b} seq={s}": b * s for b, s in shapes}
-    per = []
+    topology, points = found.get("topology"), []
     for shape in found.get("shapes") or []:
-        if topology and shape.get("label") in wanted and shape.get("flops"):
-            # the compute term only, as for every other side: batched serving amortises the weights' reads
-            chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
-            per.append(shape["flops"] / capacity.chip(topology)["peak_bf16_flops"] * chips / wanted[shape["label"]])
-    if not per:
+        hit = re.fullmatch(r"batch=(\d+) seq=(\d+)", shape.get("label") or "")
+        if topology and hit and shape.get("flops") and shape.get("bytes_accessed"):
+            points.append((int(hit.group(1)) * int(hit.group(2)), shape["flops"], shape["bytes_accessed"]))
+    if not points:
         return None
-    chip = topology.split(":")[0]
-    return (sum(per) / len(per), chip, f"the FLOPs of xla.json's cost analysis of {len(per)} bucket shape(s) at "
-            f"{chip}'s published peak bf16 ({capacity.chip(chip)['source']})")
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    tokens = [p[0] for p in points]
+    slope, intercept = (np.polyfit(tokens, [p[2] for p in points], 1) if len(points) > 1 else (0.0, points[0][2]))
+    return {"chip": topology.split(":")[0], "chips": chips, "shapes": len(points),
+            "flops_per_position": sum(p[1] for p in points) / sum(tokens) * chips,
+            "bytes_intercept": max(float(intercept), 0.0) * chips, "bytes_per_position": max(float(slope), 0.0) * chips}
 
 
-def _priced(out: dict, chip: str, target: str | None, prices: dict | None) -> dict:
+def _precision(accuracy: dict | None, target: str) -> tuple[str, float, str]:
+    """The matmul precision class a target computes at, the bf16 passes a float32 matmul takes, and what says so:
+    stage 4's chosen precision (accuracy.json), else the target's default precision."""
+    from portkit.targets import numerics
+    from portkit.targets import specs as targets_mod
+    chosen = (((accuracy or {}).get("targets") or {}).get(target) or {}).get("precision")
+    said = f"stage 4 chose '{chosen['name']}'" if chosen else "no stage 4 result: the target's default precision"
+    chosen = chosen or targets_mod.get(target).default_precision.to_dict()
+    cost = numerics.precision_cost(target, chosen.get("name", ""))
+    passes = cost["relative_matmul_cost"] if cost and chosen.get("matmul_inputs") is None and target == "tpu" else 1
+    return budget.precision_class(chosen), float(passes), f"{said} ({chosen.get('description', '')})"
+
+
+def _gpu_precision(accuracy: dict | None) -> tuple[str, str]:
+    """The precision today's GPU runs at: the GPU setting stage 4 measured against (accuracy.json's reference
+    gpu_baseline), else float32."""
+    from portkit.targets import numerics
+    name = (((accuracy or {}).get("reference") or {}).get("gpu_baseline") or {}).get("gpu_numerics")
+    if name not in numerics.GPU_NUMERICS:
+        return "fp32", "no stage 4 result: float32 assumed"
+    return budget.precision_class(numerics.GPU_NUMERICS[name].to_dict()), f"stage 4's GPU setting '{name}'"
+
+
+def _served_batch(buckets: dict, target: str | None = None) -> int:
+    """The batch the plan serves: the largest of the target's (else any target's) chosen batch sizes."""
+    names = [target] if target else list((buckets or {}).get("targets") or {})
+    sizes = [b for t in names for b in (_chosen(buckets, t).get("batch_sizes") or []) if isinstance(b, int)]
+    return max(sizes, default=1)
+
+
+def _weight_bytes(buckets: dict) -> float | None:
+    """The weights' bytes as stored (float32: 4 bytes a parameter), read once a batch."""
+    parameters = ((buckets or {}).get("model") or {}).get("parameters")
+    return 4.0 * parameters if isinstance(parameters, (int, float)) else None
+
+
+def _priced(out: dict, chip: str, target: str | None, prices: dict | None, family: str) -> dict:
     price = chip_price(chip, target, prices)
     if price is None or price["usd_per_chip_hour"] is None:
         out["problem"] = f"no price for a {chip} chip-hour: give one with --prices"
         return out
-    usd = out["chip_seconds_per_million_requests"] / 3600 * price["usd_per_chip_hour"]
-    out["usd_per_million_requests"] = {"estimate": usd, **{k: usd * f for k, f in SENSITIVITY.items()}}
+    bound = out["chip_seconds_per_million_requests"] / 3600 * price["usd_per_chip_hour"]
+    eff = budget.efficiency(family, out["batch"])
+    out["usd_per_million_requests"] = budget.cost_range(bound, eff).to_dict()
+    out["calibration"] = eff.to_dict()
     out["price"] = price
     return out
 
 
-def estimate(buckets: dict, xla: dict, target: str, prices: dict | None = None) -> dict:
+def _side(out: dict, work: budget.Workload, chip: str, family: str, precision: tuple, positions: float) -> dict:
+    """Fill a side's roofline figures: the time a request at the peak, which term binds, at which precision."""
+    cls, passes, said = precision
+    found = budget.roofline(work, chip, cls, family, passes)
+    out.update({"positions_per_request": positions, "seconds_per_position": found.seconds / positions,
+                "chip_seconds_per_million_requests": found.seconds * MILLION, "roofline": found.to_dict(),
+                "batch": work.batch, "precision": said})
+    out["method"] += (f"; {found.bound}-bound at batch {work.batch}: compute {found.compute_seconds * 1e6:.3g} us, "
+                      f"memory {found.memory_seconds * 1e6:.3g} us a request at {cls} ({said}; {found.peak_source}) "
+                      f"and {found.hbm_bytes_per_s / 1e9:.0f} GB/s HBM; no fixed per-request overhead (none published)")
+    return out
+
+
+def estimate(buckets: dict, xla: dict, target: str, prices: dict | None = None, accuracy: dict | None = None) -> dict:
     """Chip-seconds and dollars per million requests of `target`'s bucket plan (see the module docstring)."""
     chosen, requests = _chosen(buckets, target), ((buckets or {}).get("distribution") or {}).get("count")
     if not chosen.get("shapes") or not requests:
         return {"target": target, "label": LABEL, "problem": "no bucket plan over a request distribution (stage 3)"}
-    shapes = [(s.get("batch", 1), s["seq"]) for s in chosen["shapes"] if s.get("seq")]
-    found = _xla_seconds(xla, target, shapes)
-    if found is None:
-        flops, chip = flops_per_position(buckets, target), economics.PRICE_CHIPS.get(target)
-        if flops is None or chip is None:
-            return {"target": target, "label": LABEL, "problem": "no cost analysis (xla.json) and no FLOPs estimate"}
-        peak = capacity.chip(chip, target)["peak_bf16_flops"]
-        found = (flops / peak, chip, f"{flops / 1e6:.1f} MFLOPs a position (stage 3, counted on the graph) at {chip}'s "
-                 f"published peak bf16 {peak / 1e12:.0f} TFLOP/s")
-    per_position, chip, source = found
     positions = (chosen.get("real_tokens", 0) + chosen.get("padded_tokens", 0)) / requests
+    batch, fit = _served_batch(buckets, target), _xla_fit(xla, target)
+    if fit is not None:
+        chip = fit["chip"]
+        work = budget.Workload(fit["flops_per_position"] * positions, fit["bytes_intercept"],
+                               fit["bytes_per_position"] * positions, batch)
+        method = (f"FLOPs and bytes accessed of xla.json's cost analysis of {fit['shapes']} bucket shape(s) "
+                  f"(bytes fitted as fixed + per position)")
+    else:
+        flops, chip, weights = flops_per_position(buckets, target), economics.PRICE_CHIPS.get(target), \
+            _weight_bytes(buckets)
+        if flops is None or chip is None or weights is None:
+            return {"target": target, "label": LABEL, "problem": "no cost analysis (xla.json) and no FLOPs estimate"}
+        act = (_xla_fit(xla, "tpu") or {}).get("bytes_per_position", 0.0)
+        work = budget.Workload(flops * positions, weights, act * positions, batch)
+        method = (f"{flops / 1e6:.1f} MFLOPs a position (stage 3, counted on the graph); bytes: the weights as "
+                  f"stored once a batch" + (", activations XLA's bytes a position (xla.json)" if act else
+                                            ", activations not counted (no xla.json): a lower bound"))
     warmup = (chosen.get("settings") or {}).get("warmup_seconds")
-    out = {"target": target, "chip": chip, "label": LABEL, "positions_per_request": positions,
-           "padding_waste": chosen.get("padding_waste"), "seconds_per_position": per_position, "method": source,
-           "chip_seconds_per_million_requests": positions * per_position * MILLION,
-           "warmup_chip_seconds": warmup if isinstance(warmup, (int, float)) else None}
-    return _priced(out, chip, target, prices)
+    family = capacity.chip(chip, target)["family"]
+    out = {"target": target, "chip": chip, "label": LABEL, "padding_waste": chosen.get("padding_waste"),
+           "method": method, "warmup_chip_seconds": warmup if isinstance(warmup, (int, float)) else None}
+    _side(out, work, chip, family, _precision(accuracy, target), positions)
+    return _priced(out, chip, target, prices, family)
 
 
-def gpu_estimate(buckets: dict, gpu: str, flops: float | None, prices: dict | None = None) -> dict:
-    """The same requests on one `gpu` (a name of GPUS): real positions only, `flops` a position at its peak."""
-    spec = capacity.chip(gpu, "gpu")
+def gpu_estimate(buckets: dict, gpu: str, flops: float | None, prices: dict | None = None, *,
+                 accuracy: dict | None = None, xla: dict | None = None) -> dict:
+    """The same requests on one `gpu` (a name of GPUS): real positions only, `flops` a position, at the GPU
+    precision stage 4 measured, at the batch the plan serves."""
     requests = ((buckets or {}).get("distribution") or {}).get("count")
     real = next((c.get("real_tokens") for c in (_chosen(buckets, t) for t in (buckets or {}).get("targets") or {})
                  if c.get("real_tokens")), None)
-    if flops is None or not requests or not real:
+    weights = _weight_bytes(buckets)
+    if flops is None or not requests or not real or weights is None:
         return {"gpu": gpu, "label": LABEL, "problem": "no FLOPs estimate or no request distribution (stage 3)"}
-    per_position = flops / spec["peak_bf16_flops"]
-    out = {"gpu": gpu, "chip": gpu, "label": LABEL, "positions_per_request": real / requests,
-           "seconds_per_position": per_position,
-           "method": f"{flops / 1e6:.1f} MFLOPs a position at {gpu}'s published peak bf16 "
-                     f"{spec['peak_bf16_flops'] / 1e12:.0f} TFLOP/s ({spec['source']}), real positions only",
-           "chip_seconds_per_million_requests": real / requests * per_position * MILLION}
-    return _priced(out, gpu, None, prices)
+    positions = real / requests
+    act = (_xla_fit(xla, "tpu") or {}).get("bytes_per_position", 0.0)
+    work = budget.Workload(flops * positions, weights, act * positions, _served_batch(buckets))
+    cls, said = _gpu_precision(accuracy)
+    out = {"gpu": gpu, "chip": gpu, "label": LABEL,
+           "method": f"{flops / 1e6:.1f} MFLOPs a position, real positions only (dynamic shapes); bytes: the "
+                     "weights as stored once a batch" + (", activations XLA's bytes a position" if act else "")}
+    _side(out, work, gpu, "gpu", (cls, 1.0, said), positions)
+    return _priced(out, gpu, None, prices, "gpu")
 
 
-def comparison(buckets: dict, xla: dict, targets, prices: dict | None = None) -> dict:
-    """Each target's estimate and each named GPU's, side by side, with the method's assumptions."""
-    found = {t: estimate(buckets, xla, t, prices) for t in targets}
+def verdicts(found: dict) -> dict:
+    """Each priced target's budget.verdict against the named GPUs' cost ranges."""
+    gpus = {g: budget.CostRange(**e["usd_per_million_requests"]) for g, e in found["gpus"].items()
+            if e.get("usd_per_million_requests")}
+    out = {}
+    for name, est in found["targets"].items():
+        if est.get("usd_per_million_requests"):
+            hit = budget.verdict(name, budget.CostRange(**est["usd_per_million_requests"]),
+                                 est["price"]["usd_per_chip_hour"], gpus)
+            if hit is not None:
+                out[name] = hit.to_dict()
+    return out
+
+
+def comparison(buckets: dict, xla: dict, targets, prices: dict | None = None, accuracy: dict | None = None) -> dict:
+    """Each target's estimate and each named GPU's, side by side, with the method's assumptions and verdicts."""
+    found = {t: estimate(buckets, xla, t, prices, accuracy) for t in targets}
     flops = next((f for f in (flops_per_position(buckets, t) for t in targets) if f is not None), None)
-    return {"label": LABEL, "targets": found, "gpus": {g: gpu_estimate(buckets, g, flops, prices) for g in GPUS},
-            "assumptions": list(ASSUMPTIONS), "sensitivity": list(SENSITIVITY)}
+    out = {"label": LABEL, "targets": found,
+           "gpus": {g: gpu_estimate(buckets, g, flops, prices, accuracy=accuracy, xla=xla) for g in GPUS},
+           "assumptions": list(ASSUMPTIONS)}
+    out["verdicts"] = verdicts(out)
+    return out
 
 
 def line(found: dict) -> str:
@@ -189,14 +283,18 @@ def line(found: dict) -> str:
     name = found.get("target") or found.get("gpu")
     if "problem" in found and "chip_seconds_per_million_requests" not in found:
         return f"cost {name}: not estimated: {found['problem']}"
+    roof = found["roofline"]
     text = (f"cost {name} ({found['chip']}, {found['label']}): {found['chip_seconds_per_million_requests']:.3g} "
-            f"chip-s per million requests ({found['positions_per_request']:.1f} positions a request)")
+            f"chip-s per million requests at the roofline ({roof['bound']}-bound at {roof['precision']}, batch "
+            f"{found['batch']}; {found['positions_per_request']:.1f} positions a request)")
     usd = found.get("usd_per_million_requests")
     if usd:
-        price = found["price"]
-        text += (f"; ${usd['estimate']:.3g} per million at ${price['usd_per_chip_hour']:.3g}/chip-h "
-                 f"(${usd['at twice the throughput']:.3g} to ${usd['at half the throughput']:.3g} at 2x / 0.5x "
-                 f"throughput; price: {price['source']}, {price['date']}, from {price['supplied_by']})")
+        price, eff = found["price"], found["calibration"]
+        text += (f"; ${usd['low']:.3g} to ${usd['high']:.3g} per million (estimate ${usd['estimate']:.3g}; never "
+                 f"below ${usd['bound']:.3g}, the roofline) at ${price['usd_per_chip_hour']:.3g}/chip-h, efficiency "
+                 f"{eff['low']:.0%} to {eff['high']:.0%} of the roofline from {eff['note']} "
+                 f"(data/targets/calibration.json); price: {price['source']}, {price['date']}, from "
+                 f"{price['supplied_by']}")
     elif "problem" in found:
         text += f"; {found['problem']}"
     return text

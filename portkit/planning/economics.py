@@ -154,11 +154,9 @@ def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, 
             sources.append(source)
     if not points:
         raise PortkitError(f"no XLA compile time could be measured for {topology}: {'; '.join(problems)}")
-    cached = sum("verdict cache" in s for s in sources)
     source = (f"measured XLA at {len(points)} shape(s) ({topology}, batch {batch}, seq "
               f"{', '.join(str(p[0]) for p in points)}), interpolated linearly in tokens" if seqs != [None] else
               f"measured XLA at the model's one input shape ({topology}, batch {batch})")
-    source += f"; {cached} from the verdict cache" if cached else ""
     found = fit("tpu", MEASURED_XLA, source, points)
     return replace(found, details={"topology": topology, "problems": problems, "measured": list(sources)})
 
@@ -272,7 +270,9 @@ def fastest_seconds(module, batches: dict, repeats: int = 3, threads: int | None
 #   Batched serving is compute-bound, so a padded position displaces a real one: the price holds at any batch size.
 # - native: measured on the target's device (capacity.measure_native, the vendor's backend).
 # - a reference target (cpu, cuda): the eager forward on this machine, which is that target.
-PRICE_CHIPS = {"tpu": DEFAULT_TOPOLOGY.split(":")[0], "neuron": "trn1"}
+# The chip each target is priced on: TorchNeuron runs on Trn2 and Trn3 only (Neuron 2.33 release notes, 10/19/2026:
+# "Supported instances: Trn2, Trn3"); no public Trn3 price was found, so Neuron is priced on Trn2.
+PRICE_CHIPS = {"tpu": DEFAULT_TOPOLOGY.split(":")[0], "neuron": "trn2"}
 THIS_MACHINE = "measured on this machine"
 PRICE_KINDS = (ESTIMATE, NATIVE, THIS_MACHINE)
 
@@ -284,6 +284,7 @@ class TokenPrice:
     seconds: float
     kind: str
     source: str
+    flops: float | None = None     # the FLOPs a position adds, where the price is computed from them
 
     def __post_init__(self):
         if self.kind not in PRICE_KINDS:
@@ -300,7 +301,7 @@ class TokenPrice:
 
     def to_dict(self) -> dict:
         return {"target": self.target, "seconds": self.seconds, "kind": self.kind, "source": self.source,
-                "label": self.label()}
+                "label": self.label(), "flops": self.flops}
 
 
 def flops_per_position(model, sizes: dict, dim: str, longer: int) -> float:
@@ -363,7 +364,7 @@ def roofline_price(target: str, flops: float, basis: str = "counted on the graph
     return TokenPrice(target, flops / spec["peak_bf16_flops"], ESTIMATE,
                       f"estimate, not measured: {flops / 1e6:.1f} MFLOPs a position ({basis}) at "
                       f"{name}'s peak bf16 {spec['peak_bf16_flops'] / 1e12:.0f} TFLOP/s "
-                      f"({spec['sources']['peak_bf16_flops']})")
+                      f"({spec['sources']['peak_bf16_flops']})", flops=flops)
 
 
 def padding_prices(model, targets, top: int) -> dict[str, TokenPrice]:

@@ -17,6 +17,7 @@ machine has the cores and the memory for both (lanes_for).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from jupyter_client.manager import AsyncKernelManager
@@ -65,14 +66,19 @@ class SharedKernel:
     """The kernel manager papermill gets for each stage (`km=`): a kernel started for the first stage, the same
     kernel, cleared, for the later ones."""
 
-    def __init__(self, kernel_name: str = KERNEL, lane: int = 0, cwd: str | None = None, extra_arguments=()):
+    def __init__(self, kernel_name: str = KERNEL, lane: int = 0, cwd: str | None = None, extra_arguments=(),
+                 log: str | os.PathLike | None = None):
         self.kernel_name, self.lane = kernel_name, lane
+        # where the kernel process's own stdout and stderr go (None: this process's): what libraries write to the
+        # file descriptors (libtpu's C++ warnings), which ipykernel copies into the notebook and onto them
+        self.log = log
         # where a new kernel works, and its command-line arguments (set here, not by papermill: its cwd= would
         # change this whole process's folder, which two stages side by side would leave wrong)
         self.cwd, self.extra_arguments = cwd, list(extra_arguments)
         self.km: AsyncKernelManager | None = None
         self.closed = False    # the run closed it: a stage that was running in it was stopped
         self.prepared = False  # cleared (or new) since its last stage: the next one starts at once
+        self.killed = False    # kill() was called (an interrupted run): no stage runs in it from then on
 
     def prepare(self) -> None:
         """Make the kernel ready for a stage: clear the kept one, or start a new one. The runner calls this
@@ -86,10 +92,19 @@ class SharedKernel:
         if self.closed:
             return
         self.km = AsyncKernelManager(kernel_name=self.kernel_name)
-        run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments)
+        with contextlib.ExitStack() as stack:
+            streams = {}
+            if self.log is not None:
+                handle = stack.enter_context(open(self.log, "ab"))   # the kernel holds its own copy once started
+                streams = {"stdout": handle, "stderr": handle}
+            run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments, **streams)
         self.prepared = True
+        if self.killed:   # killed while it started: the new kernel goes too
+            self.kill()
 
     def for_stage(self) -> AsyncKernelManager:
+        if self.killed:
+            raise KernelKilled("the run was interrupted before this stage's kernel started")
         self.closed = False
         if not (self.prepared and self.km is not None and self.km.has_kernel and run_sync(self.km.is_alive)()):
             self.prepare()
@@ -99,6 +114,29 @@ class SharedKernel:
     def close(self) -> None:
         self.closed, self.prepared = True, False
         self._stop()
+
+    def exit_status(self) -> int | None:
+        """A dead kernel's exit status as subprocess reports it (negative: killed by that signal); None: it is
+        running, or the status is not known."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        try:
+            return process.poll() if process is not None else None
+        except OSError:
+            return None
+
+    def kill(self) -> None:
+        """Stop the kernel's processes at once (SIGKILL to its process group), from any thread: an interrupted run
+        stops a stage mid-cell without going through the kernel manager's event loop, which the stage's own thread
+        is using (shutting it down from another thread leaves that loop's futures in an invalid state). close()
+        afterwards, once the stage's thread has ended, releases what is left."""
+        import signal
+        self.killed = self.closed = True
+        self.prepared = False
+        provisioner = getattr(self.km, "provisioner", None)
+        group = getattr(provisioner, "pgid", None) or getattr(provisioner, "pid", None)
+        if group:
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
 
     def _stop(self) -> None:
         km, self.km = self.km, None
@@ -110,6 +148,10 @@ class SharedKernel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class KernelKilled(RuntimeError):
+    """A stage asked for a kernel that an interrupted run has killed."""
 
 
 async def _clear(km: AsyncKernelManager) -> bool:

@@ -25,6 +25,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -40,7 +41,7 @@ from portkit.run import jupyter_kernels as kernels
 from portkit.stages import options
 from portkit.runfolder import results
 from portkit.runfolder import layout as runfolder
-from portkit.core.errors import BadParameter, StageFailed, StageSkipped
+from portkit.core.errors import BadParameter, PortkitError, StageFailed, StageSkipped
 from portkit.core.locations import NOTEBOOKS
 from portkit.core.progress import HEADLESS_VARIABLE, watched
 from portkit.runfolder.layout import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
@@ -137,6 +138,7 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
     loaded = _Loaded(model)
     _check_sizes(per_stage, user_params, loaded)
     _check_corpora(per_stage, loaded)
+    _probe_factory(loaded)
     check_out_dir(out)   # last: its probe is the one step that touches the disk
     return chosen, per_stage
 
@@ -216,6 +218,53 @@ def _check_corpora(per_stage, loaded: _Loaded) -> None:
         checked.add((corpus, column))
 
 
+PROBE_TEXT = "A short text to probe the model's forward."
+
+
+def _probe_factory(loaded: _Loaded) -> None:
+    """A model from the user's factory (module:factory, file.py:factory) is built in the plan step and called once
+    on one item: a model whose weights are on the meta device (shapes, no values) and a forward that returns
+    something other than a tensor, a tuple or a dict fail here in one line, not mid-stage. A factory or a forward
+    that raises is left to stage 1, whose notebook shows where."""
+    import torch
+    from portkit.models import inputs
+    if ":" not in loaded.spec:
+        return
+    try:
+        model = loaded.get()     # a factory returning the wrong type is BadParameter: it stops here
+    except PortkitError:
+        raise
+    except Exception:   # noqa: BLE001 (a factory that raises: stage 1's notebook shows where)
+        return
+    meta = [name for name, t in [*model.module.named_parameters(), *model.module.named_buffers()] if t.is_meta]
+    if meta:
+        raise BadParameter("model", loaded.spec, hint=f"its factory built it on the meta device: {len(meta)} "
+                           f"tensor(s), first {meta[0]}, have shapes and no values (no weights); build it with its "
+                           "weights, or give a real-size model without weights as its config folder "
+                           "(docs/guides/real-size.md)")
+    try:
+        declaration = model.declaration
+        own = declaration.own_items() if declaration.own_items else None
+        items = own[:1] if own else {inputs.TEXT: [PROBE_TEXT]}.get(declaration.data)
+        if items is None and declaration.data == inputs.IMAGE and model.image_size:
+            items = images.sample_images(1, model.image_size, 0, channels=data.image_channels(model))
+        batch = model.encode(list(items)) if items is not None else None
+    except Exception:   # noqa: BLE001 (no items to probe with: the stages build their own batches)
+        return
+    if batch is None:
+        return
+    try:
+        with torch.no_grad():
+            out = model.module(**batch)
+    except PortkitError:
+        raise
+    except Exception:   # noqa: BLE001 (stage 1 shows the forward's error where it is raised)
+        return
+    if not isinstance(out, (torch.Tensor, tuple, list, dict)):
+        raise BadParameter(f"forward of {model.name}", type(out).__name__,
+                           hint="forward must return a tensor, a tuple or a dict of tensors")
+
+
 def check_out_dir(out: Path) -> None:
     """The run folder is a new folder that can be created, or a run folder that can be written."""
     what = "out folder"
@@ -223,6 +272,7 @@ def check_out_dir(out: Path) -> None:
         raise BadParameter(what, str(out), hint=checks.missing_path(out))
     if out.exists() and not out.is_dir():
         raise BadParameter(what, str(out), hint="it is a file, not a folder")
+    _refuse_inside_a_run(out)
     if out.is_dir():
         try:
             foreign = not is_run_folder(out)
@@ -242,6 +292,15 @@ def check_out_dir(out: Path) -> None:
         os.rmdir(tempfile.mkdtemp(prefix=".portkit-probe-", dir=base))
     except OSError as exc:
         raise BadParameter(what, str(out), hint=f"cannot create a folder in {base} ({exc.strerror})") from None
+
+
+def _refuse_inside_a_run(out: Path) -> None:
+    """A run folder is never made inside another run's folder (one holding MARKER): the outer run's rerun, report
+    and export would meet a folder that is not theirs, and removing one run would remove the other."""
+    outer = next((parent for parent in out.parents if (parent / MARKER).is_file()), None)
+    if outer is not None:
+        raise BadParameter("out folder", str(out), hint=f"it is inside the run folder {outer} (which holds {MARKER}); "
+                                                        "give a folder outside any run")
 
 
 @dataclass
@@ -341,8 +400,8 @@ def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSe
     # kernel (working in notebooks/) imports from the folder the user ran portkit in
     user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
     with _kernel_environment(user_folder):
-        _run_stages(per_stage, _Run(out, model_spec, shown, _Printer(len(per_stage), shown, log), result),
-                    settings.lanes)
+        _run_stages(per_stage, _Run(out, model_spec, shown, _Printer(len(per_stage), shown, log), result,
+                                    lanes=settings.lanes), settings.lanes)
     if settings.rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
         from portkit.stages.report import stage as report
         try:
@@ -425,18 +484,48 @@ class _PeakMemory:
 
 
 class _KernelDied(Exception):
-    """A stage's kernel process died mid-stage (nbclient's DeadKernelError): most often the kernel was killed
-    for memory (the Linux OOM killer sends SIGKILL)."""
+    """A stage's kernel process died mid-stage (nbclient's DeadKernelError): its exit status (negative: the signal
+    that killed it, as subprocess reports it; None: not known), the stage's batch size and its executed notebook."""
+
+    def __init__(self, stage: str, status: int | None, batch_size, notebook: Path):
+        super().__init__(stage)
+        self.status, self.batch_size, self.notebook = status, batch_size, notebook
 
 
-def _kernel_died(stage: Stage, peak: int) -> str:
-    """The one line a dead kernel's stage fails with: which stage, the likely cause, how to run with less."""
+# The share of the machine's memory the run's processes must have reached for a kernel killed by SIGKILL to be
+# called likely out of memory (the Linux OOM killer sends SIGKILL; a kill far below the machine's memory is
+# something else: a container's own limit, or a person)
+OOM_SHARE = 0.5
+
+
+def _kernel_died(stage: Stage, peak: int, died: _KernelDied, lanes: int) -> str:
+    """The one line a dead kernel's stage fails with: what is known (the kernel died, how it ended, the run's
+    memory peak against the machine's) and, where memory is the likely cause, only what the run has not done
+    already (one kernel at a time, a batch of one); otherwise where to look."""
     import psutil
+    import signal
     total = psutil.virtual_memory().total
-    reached = f"the run's processes had reached {peak / 2**30:.1f} GiB" if peak else "its peak was not sampled"
-    return (f"the kernel running stage {stage.name} ({stage.notebook}) died, likely out of memory ({reached} of "
-            f"the machine's {total / 2**30:.1f} GiB); run with less: one kernel at a time (--lanes 1) or a smaller "
-            "-p batch_size")
+    if died.status is None:
+        how = "its exit status is not known"
+    elif died.status < 0:
+        number = -died.status
+        try:
+            how = f"killed by {signal.Signals(number).name} (signal {number})"
+        except ValueError:
+            how = f"killed by signal {number}"
+    else:
+        how = f"it exited with code {died.status}"
+    reached = f"the run's processes had reached {peak / 2**30:.1f} GiB of the machine's {total / 2**30:.1f} GiB" \
+        if peak else f"the run's memory peak was not sampled (the machine has {total / 2**30:.1f} GiB)"
+    line = f"the kernel running stage {stage.name} ({stage.notebook}) died, {how}; {reached}"
+    if died.status == -signal.SIGKILL and peak >= OOM_SHARE * total:
+        left = [text for text, done in (("one kernel at a time (--lanes 1)", lanes <= 1),
+                                        ("a smaller -p batch_size", not isinstance(died.batch_size, int)
+                                         or died.batch_size <= 1)) if not done]
+        return line + ("; likely out of memory (the Linux OOM killer sends SIGKILL): run with less: " +
+                       " or ".join(left) if left else "; likely out of memory (the Linux OOM killer sends SIGKILL), "
+                       "with one kernel and a batch of one already: it needs a machine with more memory")
+    return line + f"; the executed notebook {died.notebook} shows the last cell that ran"
 
 
 @dataclass
@@ -449,6 +538,7 @@ class _Run:
     printer: _Printer
     result: RunResult
     memory: _PeakMemory = field(default_factory=_PeakMemory)
+    lanes: int = kernels.LANES   # the most stages the run allowed at once (RunSettings.lanes)
 
 
 @dataclass
@@ -493,7 +583,8 @@ def _run_stages(per_stage, run: _Run, lanes: int) -> None:
     selected = {s.name for s, _ in per_stage}
     targets = per_stage[0][1]["targets"]
     # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
-    free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                                 log=run.out / runfolder.KERNEL_LOG)
             for i in reversed(range(max(1, lanes)))]
     schedule = _Schedule(list(per_stage), {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage},
                          free, models.size_hint(run.model_spec))
@@ -509,10 +600,74 @@ def _run_stages(per_stage, run: _Run, lanes: int) -> None:
                                    timeout=0.25 if schedule.polls_early(run.out) else None)[0]:
                     _collect(future, schedule, pool, run)
             wait(schedule.clearing)
+        except KeyboardInterrupt:
+            raise RunInterrupted(run.out, _stop_interrupted(schedule, run)) from None
         finally:
             for kernel in schedule.all_kernels():
                 kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
     run.printer.close()
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the stages: the kernels were stopped, each stage that was running is recorded in the run log
+    as interrupted (its result removed), the stages that had ended keep theirs; the same command runs them again."""
+
+    def __init__(self, out: Path, stopped: list[str]):
+        self.out, self.stopped = out, stopped
+        which = f"stage(s) {', '.join(stopped)} stopped and recorded as interrupted in {out / runfolder.RUN_LOG}" \
+            if stopped else f"no stage was running; the run log {out / runfolder.RUN_LOG} holds the stages that ended"
+        super().__init__(f"interrupted: {which}; rerun the same command to run them again")
+
+
+@contextlib.contextmanager
+def _quiet_stop():
+    """While an interrupted run stops: a second Ctrl-C is ignored (the main thread only can set it), and the kernel
+    libraries' log lines about the kernels being killed (nbclient's "Kernel died", asyncio's) stay off the terminal."""
+    import logging
+    import signal
+    import threading
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    loggers = [logging.getLogger(name) for name in ("papermill", "nbclient", "traitlets", "asyncio", "")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        if main:
+            signal.signal(signal.SIGINT, before)
+
+
+def _stop_interrupted(schedule: _Schedule, run: _Run) -> list[str]:
+    """Ctrl-C: kill every kernel (a stage mid-cell stops writing at once), wait for the stages' threads, record a
+    stage that ended meanwhile as it ended and each one still running as interrupted, its result and early file
+    removed (a result of a stopped stage is not one), and remove the partial files. Returns the stopped stages."""
+    from concurrent.futures import wait
+    stopped = []
+    with _quiet_stop():
+        for kernel in schedule.all_kernels():
+            kernel.kill()
+        wait([*schedule.running, *schedule.clearing])
+        for kernel in schedule.all_kernels():
+            with contextlib.suppress(Exception):   # the kernel is dead: only its manager's files are left
+                kernel.close()
+        for future, (stage, start, _) in schedule.running.items():
+            outcome = future.exception() or future.result()
+            if outcome is None or isinstance(outcome, (str, StageSkipped)):   # it ended before the kill
+                _ended(stage, start, outcome, run)
+                continue
+            (run.out / stage.result).unlink(missing_ok=True)
+            if stage.early:
+                (run.out / stage.early).unlink(missing_ok=True)
+            runfolder.record(run.out, stage.name, runfolder.INTERRUPTED, time.perf_counter() - start,
+                             "interrupted (Ctrl-C) before it ended; rerun the stage")
+            stopped.append(stage.name)
+        _io.remove_partials(run.out)
+        run.printer.close()
+    return stopped
 
 
 def _start_ready(schedule: _Schedule, pool, run: _Run, lanes: int) -> None:
@@ -555,8 +710,8 @@ def _collect(future, schedule: _Schedule, pool, run: _Run) -> None:
         outcome = future.result()
     except StageSkipped as skipped:      # the stage does not apply to the model: its result says why
         outcome = skipped
-    except _KernelDied:                  # a failure of the stage (the report names the gap), not a traceback
-        outcome = _kernel_died(stage, run.memory.peak)
+    except _KernelDied as died:          # a failure of the stage (the report names the gap), not a traceback
+        outcome = _kernel_died(stage, run.memory.peak, died, run.lanes)
     _ended(stage, start, outcome, run)
     schedule.ended.append(stage.name)
     if not schedule.counted and (found := _model_parameters(run.out, stage)) is not None:
@@ -590,6 +745,32 @@ def _ended(stage: Stage, start: float, outcome, run: _Run) -> None:
     run.printer.ended(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s)")
 
 
+# Lines the libraries under a stage write to the kernel's stderr that are no news to the user: libtpu's host-bounds
+# warning (it looks for a TPU's metadata; compile-only stage 3b has no TPU by design) and glog-style lines of XLA's
+# C++ ("W1205 08:22:21.123 ..."). They go to the run's kernel log, not to the terminal.
+LIBRARY_NOISE = re.compile(r"Failed to find host bounds for accelerator type|could not determine TPU accelerator "
+                           r"type|^[IWE]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
+
+
+class _StageStderr:
+    """The kernel's stderr stream as papermill forwards it (stderr_file): the stage's progress bars to the terminal,
+    LIBRARY_NOISE to the run's kernel log."""
+
+    def __init__(self, terminal, log: Path):
+        self.terminal, self.log = terminal, log
+
+    def write(self, text: str) -> int:
+        if LIBRARY_NOISE.search(text):
+            with open(self.log, "a", encoding="utf-8") as handle:
+                handle.write(text if text.endswith("\n") else text + "\n")
+        else:
+            self.terminal.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.terminal.flush()
+
+
 def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     km = kernel.for_stage()   # first: a new kernel starts up while papermill is imported
@@ -598,6 +779,8 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
     from papermill.exceptions import PapermillExecutionError
     output = out / stage.notebook
     partial = _io.partial_path(output)
+    with open(out / runfolder.KERNEL_LOG, "a", encoding="utf-8") as log:
+        log.write(f"---- stage {stage.name} ({stage.notebook}) starts in kernel lane {kernel.lane}\n")
     try:
         papermill.execute_notebook(
             str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=kernels.KERNEL,
@@ -605,7 +788,8 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
             progress_bar={"desc": f"  {stage.name} cells", "leave": False, "position": kernel.lane + 1}
             if progress else False,
             # the stage's own progress bars (portkit.core.progress: text on the kernel's stderr) reach the terminal
-            stderr_file=sys.stderr if progress else None, request_save_on_cell_execute=True)
+            stderr_file=_StageStderr(sys.stderr, out / runfolder.KERNEL_LOG) if progress else None,
+            request_save_on_cell_execute=True)
     except PapermillExecutionError as exc:
         os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows
         last = exc.evalue.strip().splitlines()[-1] if exc.evalue.strip() else ""
@@ -618,7 +802,8 @@ def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kern
             partial.unlink(missing_ok=True)
             raise
         _keep_if_whole(partial, output)   # shows how far it got
-        raise _KernelDied(stage.name) from None
+        batch = values.get("batch_size", _default(declared_parameters(stage), "batch_size"))
+        raise _KernelDied(stage.name, kernel.exit_status(), batch, output) from None
     except Exception:
         if kernel.closed:
             partial.unlink(missing_ok=True)   # the run stopped it (an interrupt, another stage's error)

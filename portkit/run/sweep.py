@@ -20,6 +20,7 @@ sweep.json's keys are stable (the conventions of report.json) and documented in 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import io
@@ -87,11 +88,26 @@ class Resources:
     cpus_per_task: float = 1.0
     memory_per_task_gib: float = 3.0
     address: str | None = None
+    address_from: str = "--address"   # where the address came from: the option, or RAY_ADDRESS (with_environment)
 
     def __post_init__(self):
         for name, value in (("cpus per task", self.cpus_per_task), ("memory per task", self.memory_per_task_gib)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise BadParameter(name, value, hint="must be a positive number")
+
+
+RAY_ADDRESS = "RAY_ADDRESS"   # Ray's environment variable: ray.init() joins the cluster it names (Ray's docs)
+
+
+def with_environment(resources: Resources, log=print) -> Resources:
+    """`resources` with RAY_ADDRESS as the address where --address is not given: ray.init() would join that cluster
+    anyway, where a local Ray's options (object_store_memory) are refused. Said in a note; errors name it."""
+    found = os.environ.get(RAY_ADDRESS)
+    if resources.address is not None or not found:
+        return resources
+    log(f"portkit: note: {RAY_ADDRESS}={found} is set in the environment: the sweep joins that Ray cluster "
+        f"(unset {RAY_ADDRESS} for a local Ray)")
+    return dataclasses.replace(resources, address=found, address_from=f"environment variable {RAY_ADDRESS}")
 
 
 def parse_options(text: str, declared: dict) -> dict:
@@ -254,6 +270,7 @@ def run_sweep(cells: list[Cell], out_dir, resources: Resources = Resources(), pr
         else:
             pending.append(i)
     ray = require_ray()
+    resources = with_environment(resources, log)
     engine = {"name": "ray", "ray_version": ray.__version__, "address": resources.address or "local",
               "cluster_cpus": None, "cpus_per_task": resources.cpus_per_task,
               "memory_per_task_gib": resources.memory_per_task_gib, "start_seconds": None}
@@ -270,7 +287,7 @@ def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress
     """Start (or join) Ray, run one task per cell, keep(index, record) as each ends; shut Ray down."""
     from tqdm.auto import tqdm
     if resources.address is not None:
-        _check_reachable(resources.address)
+        _check_reachable(resources.address, f"Ray address (from {resources.address_from})")
     temp = tempfile.mkdtemp(prefix="portkit-ray-") if resources.address is None else None
     began = time.perf_counter()
     try:
@@ -280,7 +297,7 @@ def _on_ray(ray, cells: list[Cell], resources: Resources, engine: dict, progress
             try:
                 ray.init(address=resources.address, log_to_driver=False, logging_level="ERROR")
             except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise BadParameter("Ray address", resources.address,
+                raise BadParameter(f"Ray address (from {resources.address_from})", resources.address,
                                    hint=f"cannot join it ({' '.join(str(exc).split())[:200]}); where the cluster "
                                         "uses token authentication, set RAY_AUTH_MODE=token") from None
         engine["start_seconds"] = round(time.perf_counter() - began, 2)
@@ -339,17 +356,17 @@ def _start_local(ray, temp: str) -> None:
                                "--cpus-per-task or --memory-per-task), or free memory and rerun") from None
 
 
-def _check_reachable(address: str, seconds: float = 5.0) -> None:
+def _check_reachable(address: str, what: str = "Ray address", seconds: float = 5.0) -> None:
     """Fail fast on a HOST:PORT nobody listens at (Ray itself retries for minutes)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
         if address == "auto":   # Ray finds the cluster started on this machine
             return
-        raise BadParameter("Ray address", address, hint="give HOST:PORT of the cluster's head, or auto")
+        raise BadParameter(what, address, hint="give HOST:PORT of the cluster's head, or auto")
     try:
         socket.create_connection((host, int(port)), timeout=seconds).close()
     except OSError as exc:
-        raise BadParameter("Ray address", address, hint=f"nothing answers there ({exc.strerror or exc})") from None
+        raise BadParameter(what, address, hint=f"nothing answers there ({exc.strerror or exc})") from None
 
 
 def _collect(ray, ref, sent: float, cell: Cell) -> dict:

@@ -32,19 +32,23 @@ def environment(target_names=()) -> dict:
         info["targets"][name] = {"mode": d.mode, "reason": d.reason, "backend": d.backend,
                                  "precision": d.target.default_precision.setting,
                                  "op_table": d.op_table.provenance.get("source", "")}
-    here = {"torch": torch.__version__, "python": info["python"], "transformers": info["packages"].get("transformers")}
+    here = {"torch": torch.__version__, "python": info["python"], "transformers": info["packages"].get("transformers"),
+            "libtpu": info["packages"].get("libtpu")}
     info["requirements"] = {name: compare_versions(name, here) for name in target_names
                             if name in targets_mod.requirements()}
     return info
 
 
 # ---------------------------------------------------------------- the vendors' stated versions against these
-# Each vendor's stated versions are data (data/targets/vendor_lists.json "requirements", read by
-# portkit.targets.specs.requirements), with the page they were read from and the date.
+# Each vendor's supported rows are data (data/targets/vendor_lists.json "requirements": the release notes' support
+# matrix, the wheel's METADATA), with the page they were read from and the date. The environment is supported where
+# one row matches every package it names; each package's line names what every row accepts.
 DEPENDENTS = {"torch": "and what depends on it: torchvision/torchaudio pins",
               "python": "every compiled package, torch included, is reinstalled for it",
-              "transformers": "and the model code written against it"}
-PACKAGE_NAMES = {"torch": "torch", "python": "Python", "transformers": "transformers"}
+              "transformers": "and the model code written against it",
+              "libtpu": "and jax/jaxlib, which pin it"}
+PACKAGE_NAMES = {"torch": "torch", "python": "Python", "transformers": "transformers", "libtpu": "libtpu"}
+ALWAYS = ("torch", "python", "transformers")     # said even where no row names them ("states no ... version")
 
 
 def _release(version: str | None) -> tuple[int, ...]:
@@ -56,6 +60,8 @@ def _release(version: str | None) -> tuple[int, ...]:
 def _meets(have: tuple[int, ...], rule: dict) -> bool:
     def cut(v):   # compare as many components as the rule names
         return have[:len(_release(v))]
+    if not have:
+        return False
     if "pin" in rule:
         return cut(rule["pin"]) == _release(rule["pin"])
     return (not rule.get("min") or cut(rule["min"]) >= _release(rule["min"])) and \
@@ -69,30 +75,48 @@ def _needs(rule: dict) -> str:
         f"{rule['min']} or later" if rule.get("min") else f"{rule['max']} or earlier"
 
 
+def _package_check(package: str, rows: list[dict], have, vendor: str, cite: str) -> dict:
+    """One package against every row that names it: ok where some row accepts it; the line names them all."""
+    label, named = PACKAGE_NAMES[package], [r for r in rows if r.get(package)]
+    if not named:
+        return {"package": package, "here": have, "needs": None, "ok": None,
+                "line": f"{label} {have or 'not installed'} here; {vendor} states no {label} version"}
+    by_rule: dict[str, list[str]] = {}
+    for r in named:
+        by_rule.setdefault(_needs(r[package]), []).append(r["package"])
+    needs = " or ".join(f"{rule} ({', '.join(who)})" if len(by_rule) > 1 else rule for rule, who in by_rule.items())
+    have_release = _release(have)
+    ok = any(_meets(have_release, r[package]) for r in named)
+    verb = "documents" if package == "python" else "needs"
+    line = f"{label} {have or 'not installed'} here; {vendor} {verb} {label} {needs} ({cite})"
+    if not ok:
+        lows = [_release(r[package].get("pin") or r[package].get("min")) for r in named]
+        older = not have_release or all(low and have_release[:len(low)] < low for low in lows)
+        action = (f"a new environment with {label} {needs}" if package == "python"
+                  else f"{'upgrade' if older else 'downgrade'} {label}")
+        line += f": {action} ({DEPENDENTS[package]}), re-run the workbook after"
+    return {"package": package, "here": have, "needs": needs, "ok": ok, "line": line}
+
+
 def compare_versions(target: str, here: dict[str, str | None]) -> list[dict]:
-    """The versions `here` ({"torch", "python", "transformers"} -> version, None: not installed) against what
-    `target`'s vendor states: per package {"package", "here", "needs", "ok", "line"}; ok None where the
-    vendor states nothing. The line says what an upgrade implies."""
+    """The versions `here` ({"torch", "python", "transformers", "libtpu"} -> version, None: not installed) against
+    every row `target`'s vendor supports: per package {"package", "here", "needs", "ok", "line"} (ok None where
+    no row states it), then {"package": "support matrix", ...}: ok where one row accepts every package it names."""
     req = targets_mod.requirements()[target]
-    vendor, cite = req["vendor"], f"{req['document']}, read {req['read']}"
-    out = []
-    for package, label in PACKAGE_NAMES.items():
-        rule, have = req.get(package), here.get(package)
-        if not rule:
-            out.append({"package": package, "here": have, "needs": None, "ok": None,
-                        "line": f"{label} {have or 'not installed'} here; {vendor} states no {label} version"})
-            continue
-        needs, have_release = _needs(rule), _release(have)
-        ok = bool(have_release) and _meets(have_release, rule)
-        verb = "documents" if package == "python" else "needs"
-        line = f"{label} {have or 'not installed'} here; {vendor} {verb} {label} {needs} ({cite})"
-        if not ok:
-            low = rule.get("pin") or rule.get("min")
-            older = not have_release or bool(low) and have_release[:len(_release(low))] < _release(low)
-            action = (f"a new environment with {label} {needs}" if package == "python"
-                      else f"{'upgrade' if older else 'downgrade'} {label}")
-            line += f": {action} ({DEPENDENTS[package]}), re-run the workbook after"
-        out.append({"package": package, "here": have, "needs": needs, "ok": ok, "line": line})
+    vendor, cite, rows = req["vendor"], f"{req['document']}, read {req['read']}", req["rows"]
+    named = [p for p in PACKAGE_NAMES if p in ALWAYS or any(r.get(p) for r in rows)]
+    out = [_package_check(p, rows, here.get(p), vendor, cite) for p in named]
+    misses = {r["package"]: [p for p in PACKAGE_NAMES if r.get(p) and not _meets(_release(here.get(p)), r[p])]
+              for r in rows}
+    whole = [name for name, missed in misses.items() if not missed]
+    nearest = min(misses, key=lambda name: len(misses[name]))
+    wants = "; ".join(f"{PACKAGE_NAMES[p]} {_needs(next(r for r in rows if r['package'] == nearest)[p])} "
+                      f"(here {here.get(p) or 'not installed'})" for p in misses[nearest])
+    line = (f"{vendor}'s support matrix: this environment matches {whole[0]} ({cite})" if whole else
+            f"{vendor}'s support matrix: no supported row matches this environment; the nearest, {nearest}, needs "
+            f"{wants} ({cite})")
+    out.append({"package": "support matrix", "here": None, "needs": ", ".join(r["package"] for r in rows),
+                "ok": bool(whole), "line": line, "row": whole[0] if whole else None})
     return out
 
 
@@ -121,6 +145,8 @@ def render(info: dict) -> str:
     for name, checks in (info.get("requirements") or {}).items():   # absent in results written before it
         lines += [f"  target {name} versions: {c['line']}" for c in checks if c.get("ok") is False]
         unstated = [PACKAGE_NAMES.get(c["package"], c["package"]) for c in checks if c.get("ok") is None]
+        lines += [f"  target {name} versions: {c['line']}" for c in checks
+                  if c.get("package") == "support matrix" and c.get("ok")]
         if unstated:
             lines.append(f"  target {name} versions: no {', '.join(unstated)} version stated by the vendor")
     return "\n".join(lines)

@@ -65,8 +65,9 @@ REPORT = "report"
 MARKER = ".portkit-run"   # marks a run folder: `portkit run` writes it, and writes into no foreign folder
 RUN_LOG = "run.json"      # how each stage of the latest run ended
 LOCK = ".portkit-lock"    # held by the run writing into the folder (hold), naming its process id
-RUN_FILES = frozenset({MARKER, RUN_LOG, LOCK, "report.html", *(s.notebook for s in STAGES), *(s.result for s in STAGES),
-                       *(s.early for s in STAGES if s.early)})
+KERNEL_LOG = "kernels.log"   # the kernels' own output (libraries' C++ warnings), each stage's start marked
+RUN_FILES = frozenset({MARKER, RUN_LOG, LOCK, KERNEL_LOG, "report.html", *(s.notebook for s in STAGES),
+                       *(s.result for s in STAGES), *(s.early for s in STAGES if s.early)})
 
 
 def model_tag(spec: str) -> str:
@@ -151,7 +152,8 @@ def read_log(folder) -> dict:
 
 
 def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
-    """Record how one stage ended ("ok", "skipped" or "failed", with the reason or error in one line), atomically."""
+    """Record how one stage ended ("ok", "skipped", "failed" or "interrupted" (Ctrl-C), with the reason or error in one
+    line), atomically."""
     log = read_log(folder)
     log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
                            "notebook": stage(name).notebook}
@@ -159,9 +161,14 @@ def record(folder, name: str, status: str, seconds: float, error: str = "") -> N
 
 
 def failure(folder, name: str) -> str | None:
-    """The error a stage failed with in the latest run, or None."""
+    """The error a stage failed with in the latest run (or the line saying it was interrupted), or None."""
     entry = read_log(folder)["stages"].get(name)
-    return entry.get("error") or "failed" if isinstance(entry, dict) and entry.get("status") == "failed" else None
+    if isinstance(entry, dict) and entry.get("status") in ("failed", INTERRUPTED):
+        return entry.get("error") or entry["status"]
+    return None
+
+
+INTERRUPTED = "interrupted"   # a stage stopped by Ctrl-C: its kernel was stopped and its result removed
 
 
 def notebook_images(run_dir, stages) -> tuple[list[tuple[str, str]], list[str]]:

@@ -125,7 +125,7 @@ HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
 
 def _refuse_url(model) -> None:
     """A URL given as the model: NeedsNetwork naming the Hub repository id in it (huggingface.co/ORG/NAME/...,
-    the Hub's URL scheme), which is what `huggingface-cli download` takes, or saying that another site's URL
+    the Hub's URL scheme), which is what `hf download` takes, or saying that another site's URL
     is no model spec at all."""
     from urllib.parse import urlparse
     if not isinstance(model, str) or not model.startswith(("http://", "https://")):
@@ -137,7 +137,7 @@ def _refuse_url(model) -> None:
     if url.hostname in HUB_HOSTS and len(parts) >= 2:
         repo = "/".join(parts[:2])
         raise NeedsNetwork(f"model {model!r} looks like a Hugging Face Hub URL (repository {repo}), and portkit does "
-                           f"not download; fetch it on a machine with network (huggingface-cli download {repo} "
+                           f"not download; fetch it on a machine with network (hf download {repo} "
                            "--local-dir DIR) and pass DIR")
     raise NeedsNetwork(f"model {model!r} looks like a URL of {url.hostname or 'a web site'}, not a model spec, and "
                        "portkit does not download; download the model yourself and pass its folder (with "

@@ -51,10 +51,10 @@ TASK_BOUND_REASONS = {
              "of the 50-cent window within which raw pitch accuracy (mir_eval; CREPE's own evaluation) counts a "
              "frame as right, and half of one 20-cent CREPE bin",
     "voicing": "lowest share of frames whose voiced/unvoiced decision equals the reference's: 0.99",
-    "drift_growth": "highest ratio of a streamed state's median error over a real stream's second half to its "
-                    "median over the stream's first chunks: 2; an error that accumulates across steps (the classic "
-                    "recurrent failure) keeps growing with the stream's length, a bounded one stays within "
-                    "its own spread",
+    "drift_growth": "highest ratio of a streamed state's median error (carried, over one step's error at the same "
+                    "chunk) over a real stream's second half to its median over the first quarter: 2; an error that "
+                    "accumulates across steps (the classic recurrent failure) keeps growing with the stream's "
+                    "length, a bounded one stays within its own spread",
     "baseline_factor": "a target whose error against float64 is within this many times the GPU setup's own "
                        "error is no regression against today's deployment: 2",
     "snr_db": "lowest SNR of any recording against the reference, in dB, over real samples: 30 (portkit's choice), "

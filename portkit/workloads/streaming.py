@@ -12,10 +12,11 @@ A step is `step(chunk, state) -> (outputs, state)`, its state one tensor or a py
 (h, c) beside a context buffer) with each leaf's batch axis declared (StreamStep). A state carries each step's
 rounding on, so each target's run carries its own state and at every chunk is measured against a float64 run,
 per leaf (the worst leaf reported; see TargetStream.drift_leaf), beside one step's error from the float64 state.
-A drift fails the budget (tolerance.DEFAULT_TASK_BOUNDS["drift_growth"]) where a leaf's error grows beyond it
-over the stream and a rank test says the rise is no noise (drift_check). Each declared output is judged by its
-metric kind over the stream (STREAM_METRICS). The step compiles once per chunk shape, warmed up on silence; the
-stream then runs under `set_stance("fail_on_recompile")`, so any further compile is caught and counted.
+A drift fails the budget (tolerance.DEFAULT_TASK_BOUNDS["drift_growth"]) where a leaf's error over one step's grows
+beyond it from the stream's first quarter to its second half and a rank test says the rise is no noise (_drift). Each
+declared output is judged by its metric kind over the stream (STREAM_METRICS). The step compiles once per chunk
+shape, warmed up on silence; the stream then runs under `set_stance("fail_on_recompile")`, so any further compile
+is caught and counted.
 """
 from __future__ import annotations
 
@@ -37,7 +38,11 @@ from portkit.models.audio import RATE, STATE, StreamStep
 from portkit.core.errors import BadParameter
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, within
 
-START_CHUNKS = 3           # the drift's yardstick: the state's error over the stream's first chunks
+# The drift's yardstick: the stream's first quarter, against its second half. A quarter of the stream holds many
+# chunks, so neither one chunk nor one quiet recording sets it (the first 3 chunks did: a silent start made any error
+# look like growth), and it is early enough that an error which grows until it saturates within the stream still
+# stands out against it (a chaotic state reaches its ceiling within a tenth of a stream).
+START_SHARE = 0.25
 MIN_CHUNKS = 20            # a stream shorter than this cannot show a drift apart from its start
 DRIFT_P = 0.01             # a drift's significance: noise alone reads as a rising error once in a hundred streams
 STREAM_SECONDS = 20.0      # the workbook's stream: 200 chunks of 100 ms
@@ -105,23 +110,40 @@ def _leaf_errors(step: StreamStep, state, ref) -> dict[str, float]:
     return {n: _relative(t.cpu(), truth[n]) for n, t in step.flat_state(state).items() if t.is_floating_point()}
 
 
-def _growth(errors) -> float:
-    """The median error over the stream's second half against the median over the first START_CHUNKS: medians of
-    windows, so one low or high chunk does not make a flat error look like drift."""
-    first = float(np.median(errors[:START_CHUNKS]))
-    last = float(np.median(errors[len(errors) // 2:]))
-    return last / first if first > 0 else (1.0 if last == 0 else math.inf)
+def _amplification(carried, single) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk, the carried state's error over one step's error at the same chunk (one step from the float64
+    state: the error that chunk's own content gives a state that starts exact), and the chunks' indices. A stream's
+    content sets its error's level (silence into a zero state is exact, a loud recording rounds more than a quiet
+    one), so the carried error alone rises or falls with the order of the recordings; over one step's error it is
+    what the state carries from earlier chunks, which stays level where the state forgets its rounding and grows
+    where it accumulates it. A chunk where both are exactly 0 measures nothing and is left out; a one-step error
+    of exactly 0 under a carried one is floored at the leaf's smallest nonzero one-step error."""
+    c, s = np.asarray(carried, dtype=float), np.asarray(single, dtype=float)
+    measured = (c > 0) | (s > 0)
+    positive = s[s > 0]
+    floor = positive.min() if positive.size else 1.0       # no one-step error at all: the carried error as it is
+    return c[measured] / np.maximum(s[measured], floor), np.flatnonzero(measured)
 
 
-def _trend(errors) -> dict:
-    """Whether the error over the stream's second half is higher than at its start beyond what noise explains: a
-    one-sided Mann-Whitney U test of the two windows' errors (scipy.stats.mannwhitneyu). Noise around a flat error
-    makes the windows exchangeable, so it reads "rising" with probability DRIFT_P."""
+def _drift(carried, single) -> dict:
+    """The drift of one state leaf: its amplification (_amplification) over the stream's second half against its
+    first START_SHARE. growth: the ratio of the windows' medians (windows of many chunks, so neither one high chunk
+    nor a quiet start makes a flat error look like drift); rising: a one-sided Mann-Whitney U test of the windows
+    (scipy.stats.mannwhitneyu). Noise around a flat amplification makes the windows exchangeable, so it reads
+    "rising" with probability DRIFT_P. exact: no chunk has any error (nothing drifts; never the worst leaf)."""
     from scipy import stats
-    first, last = errors[:START_CHUNKS], errors[len(errors) // 2:]
+    ratio, where = _amplification(carried, single)
+    start, half = max(1, int(len(carried) * START_SHARE)), len(carried) // 2
+    first, last = ratio[where < start], ratio[where >= half]
+    found = {"test": f"Mann-Whitney U, the second half's chunks > the first {START_SHARE:.0%}'s "
+                     "(carried error / one step's)",
+             "chunks_measured": int(ratio.size), "exact": not ratio.size}
+    if not first.size or not last.size:      # a window with no error at all: nothing to compare
+        return {**found, "growth": 1.0, "p": 1.0, "rising": False}
+    low, high = float(np.median(first)), float(np.median(last))
+    growth = high / low if low > 0 else (1.0 if high == 0 else math.inf)
     p = float(stats.mannwhitneyu(last, first, alternative="greater").pvalue)
-    return {"test": f"Mann-Whitney U, the second half's chunks > the first {START_CHUNKS}", "p": p,
-            "rising": p < DRIFT_P}
+    return {**found, "growth": growth, "p": p, "rising": p < DRIFT_P}
 
 
 # ---------------------------------------------------------------- each streamed output, by its metric kind
@@ -218,6 +240,7 @@ class TargetStream:
     not_lowered: list[str] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)
     leaf_errors: dict[str, list[float]] = field(default_factory=dict)   # per state leaf: carried error per chunk
+    leaf_step_errors: dict[str, list[float]] = field(default_factory=dict)  # per state leaf: one step's per chunk
     outputs: dict[str, dict] = field(default_factory=dict)              # per declared output: output_metrics
     late: list[dict] = field(default_factory=list)   # each late compile: its chunk and Dynamo's first guard failure
 
@@ -227,29 +250,43 @@ class TargetStream:
         return self.leaf_errors or {STATE: self.state_error}
 
     @property
-    def drift_leaf(self) -> str:
-        """The leaf the drift check judges: one whose error rises beyond noise before one whose does not, then the
-        fastest growing. Drift is judged per leaf, as a small leaf's growing error would vanish in a norm over all
-        leaves beside a large flat one; so if any leaf drifts beyond the budget, this one does."""
-        return max(self.leaves, key=lambda n: (_trend(self.leaves[n])["rising"], _growth(self.leaves[n])))
+    def step_leaves(self) -> dict[str, list[float]]:
+        """Each state leaf's one-step error per chunk (from the float64 state), matching `leaves`."""
+        return self.leaf_step_errors or {STATE: self.step_error}
+
+    def leaf_drift(self, name: str) -> dict:
+        """One leaf's drift (_drift): its carried error over its one-step error, start against second half."""
+        return _drift(self.leaves[name], self.step_leaves[name])
 
     @property
-    def growth(self) -> float:
-        """The drift leaf's growth (_growth)."""
-        return _growth(self.leaves[self.drift_leaf])
+    def drift_leaf(self) -> str | None:
+        """The leaf the drift check judges: one whose error rises beyond noise before one whose does not, then the
+        fastest growing; never a leaf whose error is exactly 0 at every chunk (it has nothing to drift), and None
+        where every leaf is exact. Drift is judged per leaf, as a small leaf's growing error would vanish in a norm
+        over all leaves beside a large flat one; so if any leaf drifts beyond the budget, this one does."""
+        drifts = {n: self.leaf_drift(n) for n in self.leaves}
+        inexact = [n for n, d in drifts.items() if not d["exact"]]
+        return max(inexact, key=lambda n: (drifts[n]["rising"], drifts[n]["growth"])) if inexact else None
 
     @property
     def trend(self) -> dict:
-        """The drift leaf's trend (_trend)."""
-        return _trend(self.leaves[self.drift_leaf])
+        """The drift leaf's drift (_drift); where every leaf is exact, no growth and no rise."""
+        leaf = self.drift_leaf
+        return self.leaf_drift(leaf) if leaf is not None else _drift([0.0], [0.0])
+
+    @property
+    def growth(self) -> float:
+        """The drift leaf's growth (_drift)."""
+        return self.trend["growth"]
 
     @property
     def passed(self) -> bool:
         return all(c["passed"] for c in self.checks)
 
     def leaf_summary(self) -> dict[str, dict]:
-        return {n: {"error_first": e[0], "error_last": e[-1], "error_max": max(e), "growth": _growth(e),
-                    "rising": _trend(e)["rising"]} for n, e in self.leaves.items()}
+        drifts = {n: self.leaf_drift(n) for n in self.leaves}
+        return {n: {"error_first": e[0], "error_last": e[-1], "error_max": max(e), "growth": drifts[n]["growth"],
+                    "rising": drifts[n]["rising"], "exact": drifts[n]["exact"]} for n, e in self.leaves.items()}
 
     def to_dict(self) -> dict:
         return {"target": self.target, "mode": self.mode, "backend": self.backend, "precision": self.precision,
@@ -265,7 +302,8 @@ class TargetStream:
 
     def __str__(self) -> str:
         d = self.to_dict()
-        leaves = f" (worst of {len(self.leaves)} leaves: {self.drift_leaf})" if len(self.leaves) > 1 else ""
+        leaves = (f" (worst of {len(self.leaves)} leaves: {self.drift_leaf or 'none, every leaf exact'})"
+                  if len(self.leaves) > 1 else "")
         lines = [f"{self.target} ({self.mode}, {self.backend}, precision {self.precision}): "
                  f"{len(self.compiles)} compiles for {len(d['compiled_shapes'])} chunk shapes, "
                  f"{self.late_compiles} during the stream; state error vs float64{leaves} "
@@ -377,20 +415,22 @@ def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list
     checks = [c for o in outputs.values() for c in o["checks"]]
     agreement = next((c["value"] for c in checks if c["metric"] == "agreement"), None)
     run = TargetStream(name, detected.mode, counter.__name__, precision_name, compiles, len(late), _worst(carried),
-                       _worst(single), agreement, not_lowered, leaf_errors=carried, outputs=outputs,
+                       _worst(single), agreement, not_lowered, leaf_errors=carried, leaf_step_errors=single,
+                       outputs=outputs,
                        late=[{"chunk": e["request"], "reason": e["reason"]} for e in late])
     run.checks = [drift_check(run, bounds), *checks]
     return run
 
 
 def drift_check(run: TargetStream, bounds: dict) -> dict:
-    """The stream's drift check: it fails only where the drift leaf's error grows beyond the budget (run.growth) and
-    the second half's errors are higher than the start's beyond noise (run.trend)."""
+    """The stream's drift check: it fails only where the drift leaf's carried error, over one step's, grows beyond
+    the budget from the stream's start to its second half (run.growth) and the rise is beyond noise (run.trend)."""
     trend, leaf = run.trend, run.drift_leaf
-    where = f" (state leaf {leaf}, the worst of {len(run.leaves)})" if len(run.leaves) > 1 else ""
-    check = _check("drift_growth", f"state error's median over the stream's second half / over its first "
-                   f"{START_CHUNKS} chunks{where}, failing only where it is higher beyond noise ({trend['test']}: "
-                   f"p = {trend['p']:.2g})", run.growth, bounds)
+    where = (" (every state leaf equals float64's exactly)" if leaf is None else
+             f" (state leaf {leaf}, the worst of {len(run.leaves)})" if len(run.leaves) > 1 else "")
+    check = _check("drift_growth", f"state error carried over one step's error at the same chunk, its median over "
+                   f"the stream's second half / over its first {START_SHARE:.0%}{where}, failing only where it is "
+                   f"higher beyond noise ({trend['test']}: p = {trend['p']:.2g})", run.growth, bounds)
     return {**check, "passed": check["passed"] or not trend["rising"], "trend": trend, "leaf": leaf}
 
 

@@ -493,15 +493,16 @@ def compile_seconds(model, shape: dict, topology: str = "v5e:1x1",
     cached, so the xla stage and every later caller reuse it). Returns (seconds, source); seconds is
     None when the shape never reached the compiler (it did not convert or lower; source says why).
     A refused compile (out of HBM) still has its seconds: the time the compiler took to refuse.
-    Raises like compile_for_tpu (BadParameter, MissingPackage).
+    Raises like compile_for_tpu (BadParameter, MissingPackage). The source reads the same whether the figure was
+    measured now or read from the cache (a rerun's texts do not change); compile_for_tpu's results say which
+    (ShapeResult.cached, measured_at), as stage 3b's xla.json records them.
 
         >>> seconds, source = compile_seconds(models.load("minilm"), {"batch": 1, "seq": 128})
-        >>> source                    # 'XLA compile for v5e:1x1, measured now' or '... (verdict cache, measured ...)'
+        >>> source                    # 'XLA compile for v5e:1x1, measured on this host (compile-only)'
     """
     report = compile_for_tpu(model, [shape], topology=topology, dtype=dtype)
     result = report.shapes[0]
     if result.compile_seconds is None:
         return None, f"no XLA compile for {topology}: {result.describe(report.hbm_bytes_per_device)}"
-    when = f"verdict cache, measured {result.measured_at}" if result.cached else "measured now"
     refused = "" if result.status == "compiled" else f" ({result.status})"
-    return result.compile_seconds, f"XLA compile for {topology}{refused}, {when}"
+    return result.compile_seconds, f"XLA compile for {topology}{refused}, measured on this host (compile-only)"

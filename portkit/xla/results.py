@@ -71,12 +71,12 @@ class ShapeResult:
     def describe(self, hbm: int | None) -> str:
         if self.status == "lowered":
             calls = f"; custom calls: {', '.join(self.custom_calls)}" if self.custom_calls else ""
-            return f"lowered to StableHLO in {self.lower_seconds:.1f} s{self.origin()}: {self.stablehlo_ops} ops{calls}"
+            return f"lowered to StableHLO in {self.lower_seconds:.1f} s: {self.stablehlo_ops} ops{calls}"
         if self.status == "compiled":
             m = self.memory
             fit = (f"fits ({m['total'] / hbm:.1%} of {format_bytes(hbm)})" if self.fits_hbm
                    else f"DOES NOT FIT {format_bytes(hbm)}")
-            return (f"compiled in {self.compile_seconds:.1f} s{self.origin()} (+{self.lower_seconds:.1f} s lowering), "
+            return (f"compiled in {self.compile_seconds:.1f} s (+{self.lower_seconds:.1f} s lowering), "
                     f"{self.input_sharding}; HBM {format_bytes(m['total'])} per device = args "
                     f"{format_bytes(m['argument'])} + out {format_bytes(m['output'])} + temp "
                     f"{format_bytes(m['temporary'])} + code "
@@ -91,11 +91,13 @@ class ShapeResult:
             return f"NO LOWERING for {self.op}{where}"
         first = (self.message or "").strip().splitlines()[0] if self.message else ""
         verdict = {"out_of_hbm": "DOES NOT FIT HBM, compiler says", "trace_failed": "conversion failed"}
-        return f"{verdict.get(self.status, 'compile failed')}{self.origin()}{where}: {first}"
+        return f"{verdict.get(self.status, 'compile failed')}{where}: {first}"
 
     def origin(self) -> str:
         """Where a compile verdict (or lowering figures) came from, for a cached one: its seconds are the ones
-        measured then."""
+        measured then. Shown beside describe() where a person reads one shape (the notebook), never inside it:
+        describe() goes into findings and summaries, which read the same cold and warm (the provenance is in
+        the `cached` and `measured_at` keys)."""
         if not self.cached:
             return ""
         if self.status == "lowered":
@@ -167,7 +169,7 @@ class XlaCompileReport:
         if self.verdict_cache:
             lines.append(self.cache_line())
         for s in self.shapes:
-            lines.append(f"  {s.label}: {s.describe(self.hbm_bytes_per_device)}")
+            lines.append(f"  {s.label}: {s.describe(self.hbm_bytes_per_device)}{s.origin()}")
             if self.sanity(s):
                 lines.append(f"    sanity: {self.sanity(s)}")
         lines += [f"  note: {n}" for n in self.notes]

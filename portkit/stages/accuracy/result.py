@@ -329,8 +329,9 @@ class TargetAccuracy:
         """An undecided verdict is work, not a pass and not a blocker: the model runs and nothing measured is out of
         budget, but its sample cannot tell the budget apart; what remains is to measure on more items."""
         sample = self.chosen.task.get("sample") or {}
-        more = ("give a larger corpus (parameter corpus)" if sample.get("of", 0) <= sample.get("items", 0)
-                else "raise the task sample (Scope.task_items) so it covers more of the corpus")
+        pool, items = sample.get("pool"), sample.get("items", 0)      # None: the main batch or made-up crops
+        more = ("raise portkit's cap on the task sample (Scope.task_items_max) so it covers more of the data"
+                if pool is not None and items < pool else "give a larger corpus (parameter corpus)")
         return Finding("accuracy_inconclusive", WORK,
                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): undecided on its sample: "
                        f"{'; '.join(self.undecided)[:400]}",

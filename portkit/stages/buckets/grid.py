@@ -92,7 +92,7 @@ def xla_cells(model, corners, topology: str = economics.DEFAULT_TOPOLOGY, measur
         from portkit.xla.compiler import compile_seconds as measure
     decl = model.declaration
     names = decl.varying_names
-    points, cached = [], 0
+    points = []
     for a in sorted(set(corners[0])):
         for b in sorted(set(corners[1])):
             sizes = dict(zip(names, (a, b)))
@@ -102,12 +102,11 @@ def xla_cells(model, corners, topology: str = economics.DEFAULT_TOPOLOGY, measur
             if seconds is None:
                 raise PortkitError(f"no XLA compile for the cell {a} x {b}: {source}")
             points.append((a, b, seconds))
-            cached += "verdict cache" in source
     x = np.array([[1.0, a, b] for a, b, _ in points])
     coef = np.linalg.lstsq(x, np.array([s for *_, s in points]), rcond=None)[0]
     floor = min(s for *_, s in points)
     label = (f"measured XLA at {len(points)} cells ({topology}, batch 1), fitted {coef[0]:.2f} + {coef[1]:.4f} x "
-             f"{names[0]} + {coef[2]:.4f} x {names[1]} s" + (f"; {cached} from the verdict cache" if cached else ""))
+             f"{names[0]} + {coef[2]:.4f} x {names[1]} s")
     return (lambda a, b: max(floor, float(coef[0] + coef[1] * a + coef[2] * b))), label
 
 

@@ -63,6 +63,18 @@ RULES = {
                  "torch.accelerator's counterpart (synchronize, current_device_index, memory_allocated, ...)"),
     "cuda_amp": (DEVICE, WORK, "torch.cuda.amp (disabled off CUDA: the block runs in float32)",
                  "torch.amp.autocast(device_type, ...) / torch.amp.GradScaler(device) with the target's device"),
+    "cuda_autocast": (DEVICE, WORK, "autocast for device_type 'cuda' (off CUDA it is disabled with a warning: the "
+                                    "block runs in float32)",
+                      "torch.autocast(device_type, dtype=torch.bfloat16) with the target's device"),
+    # read statically by `portkit scan` alone (STATIC_ONLY): stage 1 records them when the model runs (a host sync
+    # as aten::_local_scalar_dense; the dtypes its ops run in), where it is known whether forward reaches them
+    # bfloat16 on TPU: https://cloud.google.com/tpu/docs/bfloat16 (the MXU's format; float16's range is narrower)
+    "half_cast": (DEVICE, WORK, "float16 cast (.half(): float16's range is narrower than bfloat16's, the 16-bit "
+                                "format TPUs compute in)",
+                  ".to(torch.bfloat16), or torch.autocast(device_type, dtype=torch.bfloat16); stage 4 measures it"),
+    "item_call": (DEVICE, WORK, "tensor value read on the host (.item(): in forward, a device-to-host copy on every "
+                                "call and a graph break under torch.compile)",
+                  "keep the value a tensor (torch.where, masks), or read it outside forward"),
     "cudnn": (DEVICE, INFO, "torch.backends.cudnn setting (no effect off NVIDIA)",
               "torch.use_deterministic_algorithms(True) for determinism; nothing to port for cudnn.benchmark"),
     "nccl": (DEVICE, BLOCKER, "NCCL-only collectives (backend='nccl')",
@@ -106,6 +118,8 @@ _STOCK_NAMESPACES = {"aten", "prims", "quantized", "_c10d_functional", "c10d", "
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 _TRITON_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics")
 _CUDA_QUERIES = ("torch.cuda.is_available", "torch.cuda.device_count")
+_AUTOCASTS = ("torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast")
+STATIC_ONLY = ("half_cast", "item_call")   # RULES that `portkit scan` reports and stage 1 records instead
 
 
 @dataclass
@@ -303,6 +317,7 @@ class _FileScan(ast.NodeVisitor):
             self.op_uses.append((name.split(".")[2], self.place(node), name))
         if name.startswith("torch.cuda.") and not name.startswith("torch.cuda.amp."):
             self.hit("cuda_query" if name in _CUDA_QUERIES else "cuda_api", node, name + "()")
+        self._call_precision(node, name)
         to = isinstance(node.func, ast.Attribute) and node.func.attr == "to"
         strings = [a for a in node.args[:1] if name == "torch.device" or to]
         strings += [k.value for k in node.keywords if k.arg in ("device", "map_location")]
@@ -319,6 +334,16 @@ class _FileScan(ast.NodeVisitor):
                          owner=_TRANSFORMERS_SETTING)
         if isinstance(node.func, ast.Subscript) and isinstance(node.func.value, ast.Name):
             self.launches.append((node.func.value.id, self.place(node)))
+
+    def _call_precision(self, node, name: str) -> None:
+        """torch.autocast("cuda", ...) (device_type as the first argument or by keyword), .half() and .item()."""
+        if name in _AUTOCASTS:
+            device = node.args[0] if node.args else {k.arg: k.value for k in node.keywords}.get("device_type")
+            if isinstance(device, ast.Constant) and isinstance(device.value, str) and _CUDA_STRING.match(device.value):
+                self.hit("cuda_autocast", node, f"{name}({device.value!r}, ...)")
+        if isinstance(node.func, ast.Attribute) and not node.args and node.func.attr in ("half", "item"):
+            rule = "half_cast" if node.func.attr == "half" else "item_call"
+            self.hit(rule, node, ast.unparse(node.func) + "()")
 
     def _cu_sources(self, node) -> None:
         for s in ast.walk(node):
@@ -636,11 +661,13 @@ def _list_findings(hits: list[Hit], target: str) -> list[Finding]:
     return out
 
 
-def findings(scan: Scan, target: str) -> list[Finding]:
+def findings(scan: Scan, target: str, static: bool = False) -> list[Finding]:
     """The scan's findings for one target: its GPU-only code (the replacement names the target's kernel
-    language) and the entries of the target's vendor list the model has, most severe first."""
+    language) and the entries of the target's vendor list the model has, most severe first. static=True (`portkit
+    scan`, nothing run) adds the STATIC_ONLY rules, which stage 1 records when the model runs instead."""
     t = targets_mod.get(target)
-    found = _gpu_findings(scan.gpu, t) + _list_findings(scan.features, target)
+    gpu = [h for h in scan.gpu if static or h.rule not in STATIC_ONLY]
+    found = _gpu_findings(gpu, t) + _list_findings(scan.features, target)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(found, key=lambda f: (order[f.severity], f.kind, f.module or ""))
 

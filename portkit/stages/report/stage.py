@@ -265,7 +265,8 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     model = next((s.data.get("model") for s in present if isinstance(s.data.get("model"), dict)), {})
     run_env = results.run_environment({s.file: s.data for s in present}, names)
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing)
+    asked = _model_questions(model)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name) or {}, assessing, asked)
                for name in names}
     data = {s.name: s.data for s in present}
     for name, report in reports.items():
@@ -279,12 +280,23 @@ def _cost(data: dict, names: list[str]) -> dict | None:
     """The cost per million requests where stage 3 planned buckets (None otherwise): an estimate."""
     if not data.get("buckets"):
         return None
-    return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names)
+    return cost_mod.comparison(data["buckets"], data.get("xla") or {}, names, accuracy=data.get("accuracy"))
 
 
-def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str]) -> TargetReport:
+def _model_questions(model: dict) -> list[dict]:
+    """What no stage answers for the model, open for every target (its describe()'s not_assessed: an
+    encoder-decoder's autoregressive decoding, portkit.models.seq2seq), as open questions of "model"."""
+    try:
+        return [{"stage": "model", **q} for q in assessed.read(model)]
+    except (KeyError, TypeError, ValueError) as exc:
+        return [{"stage": "model", "question": f"the model's {assessed.KEY}", "why": f"unreadable ({exc})"}]
+
+
+def _target_report(name: str, present: list[StageResult], recorded: dict, assessing: list[str],
+                   model_questions=()) -> TargetReport:
     """One target's report from the readable stage results; `recorded` is its run-time environment, `assessing`
-    the stages that apply to the model (each must have read this target for a verdict of ready)."""
+    the stages that apply to the model (each must have read this target for a verdict of ready), `model_questions`
+    what no stage answers for the model (_model_questions)."""
     title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
     compiled = next((s.data for s in present if s.name == "compile"), None)
@@ -303,6 +315,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
             stage.flag(f"targets.{name} cannot be read ({_why(exc)})")
         else:
             tr = scratch
+    tr.open_questions = [*model_questions, *tr.open_questions]
     tr.unassessed = [s for s in assessing if s not in tr.based_on]
     tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
     bucketed = next((s.data["targets"].get(name) for s in present if s.name == "buckets"), None)
@@ -351,8 +364,9 @@ def _template() -> jinja2.Template:
     return env.get_template("report.html.j2")
 
 
-COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million requests", "$ per million (estimate)",
-                "at 2x / 0.5x throughput", "price per chip-hour", "price source", "method")
+COST_COLUMNS = ("side", "chip", "positions a request", "chip-s per million requests (roofline)", "bound",
+                "$ per million (estimate)", "calibrated range (never below the roofline's)", "price per chip-hour",
+                "price source", "method")
 
 
 def _cost_sides(found: dict | None) -> list[tuple[str, dict]]:
@@ -363,7 +377,7 @@ def _cost_sides(found: dict | None) -> list[tuple[str, dict]]:
 
 def cost_plot(found: dict | None) -> str | None:
     """The cost comparison as a bar chart (base64 PNG): dollars per million requests on each target and each
-    named GPU with a price, the bar at the estimate and its whisker from twice to half the throughput; a log
+    named GPU with a price, the bar at the estimate and its whisker over the calibrated range; a log
     scale, since the sides differ by orders of magnitude. None where nothing is priced."""
     import base64
     import io
@@ -377,13 +391,13 @@ def cost_plot(found: dict | None) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(sides) + 1.2))
     names, usd = [s for s, _ in sides], [u["estimate"] for _, u in sides]
-    low = [u["estimate"] - u["at twice the throughput"] for _, u in sides]
-    high = [u["at half the throughput"] - u["estimate"] for _, u in sides]
+    low = [u["estimate"] - u["low"] for _, u in sides]
+    high = [u["high"] - u["estimate"] for _, u in sides]
     colors = ["#1565c0" if not n.startswith("GPU ") else "#9e9e9e" for n in names]
     ax.barh(names, usd, xerr=[low, high], color=colors, capsize=3)
     ax.set_xscale("log")
     ax.invert_yaxis()
-    ax.set_xlabel("$ per million requests (estimate; whiskers: at 2x to 0.5x the throughput)")
+    ax.set_xlabel("$ per million requests (estimate; whiskers: the calibrated range, never below the roofline)")
     ax.set_title("Cost per million requests: each target beside today's GPUs", fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -397,13 +411,15 @@ def _cost_rows(found: dict | None) -> list[list]:
     rows = []
     for side, est in _cost_sides(found):
         if "chip_seconds_per_million_requests" not in est:
-            rows.append([side, "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
+            rows.append([side, "—", "—", "—", "—", est.get("problem", "—"), "—", "—", "—", "—"])
             continue
         usd, price = est.get("usd_per_million_requests"), est.get("price") or {}
         rows.append([side, est["chip"], f"{est['positions_per_request']:.1f}",
                      f"{est['chip_seconds_per_million_requests']:.3g}",
+                     f"{est['roofline']['bound']} at {est['roofline']['precision']}, batch {est['batch']}",
                      f"${usd['estimate']:.3g}" if usd else est.get("problem", "—"),
-                     f"${usd['at twice the throughput']:.3g} to ${usd['at half the throughput']:.3g}" if usd else "—",
+                     f"${usd['low']:.3g} to ${usd['high']:.3g} (roofline ${usd['bound']:.3g}; "
+                     f"{est['calibration']['note']})" if usd else "—",
                      f"${price['usd_per_chip_hour']:.3g}" if price else "—",
                      f"{price.get('source', '—')} ({price.get('date', '?')}; {price.get('supplied_by', '?')})"
                      if price else "—", est["method"]])

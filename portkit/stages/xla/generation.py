@@ -101,7 +101,7 @@ class GraphCompile:
             return f"{what}: {self.status}: {self.message[:300]}"
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
         return (f"{what} compiled for {self.topology} in {self.compile_seconds:.1f} s"
-                f"{' (verdict cache)' if self.cached else ''}: {format_bytes(self.memory['total'])} per device "
+                f": {format_bytes(self.memory['total'])} per device "
                 f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
 
     def to_dict(self) -> dict:

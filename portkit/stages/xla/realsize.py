@@ -111,7 +111,7 @@ class ScaleCheck:
         rows = [[r["topology"], r["devices"], r["status"], format_bytes(r["hbm_per_device"]) if r["hbm_per_device"]
                  else "-", format_bytes(r["hbm_of_device"]), "yes" if r["fits"] else "no",
                  _collectives(r["collectives"]),
-                 f"{r['compile_seconds']:.1f}" + (" (cached)" if r["cached"] else "") if r["compile_seconds"] else "-",
+                 f"{r['compile_seconds']:.1f}" if r["compile_seconds"] else "-",
                  f"{r['roofline']['tokens_per_second_per_chip']:,.0f} ({r['roofline']['bound']}-bound)"
                  if r["roofline"] else "-"] for r in self.rows()]
         return HtmlTable(["topology", "devices", "verdict", "HBM per device", "HBM of device", "fits", "collectives",

@@ -3,7 +3,7 @@
 For TPU every shape stage 2 fixed and stage 3 bucketed is compiled for a real TPU topology on this CPU
 host (JAX + libtpu, compile-only: nothing executes on a TPU); for Neuron it is lowered to StableHLO (a
 lowering check, not a Neuron compile). The machinery is portkit.xla.compiler; a verdict compiled once
-comes back from portkit's verdict cache (portkit.xla.cache) on a rerun, and the summary says how many.
+comes back from portkit's verdict cache (portkit.xla.cache) on a rerun; xla.json's cached_shapes says how many.
 
     >>> from portkit import models
     >>> from portkit.stages.xla import stage as xla
@@ -277,18 +277,16 @@ class XlaStage:
             if not reached:
                 return f"{name} (lowering check only, not a Neuron compile): {left.removeprefix('; ')}"
             return (f"{name} (lowering check only, not a Neuron compile): {done}/{len(r.shapes)} shapes lowered to "
-                    f"StableHLO; {r.cached_shapes} read from the lowering cache"
-                    + (" (figures as measured when first lowered)" if r.cached_shapes else "") + left)
+                    "StableHLO" + left)
         headline = f"{name} {r.topology} (real XLA compile for a TPU topology, compile-only on this CPU host): "
         if not reached:     # nothing reached the compiler: no fit, no size, no count to state
             return headline + left.removeprefix("; ")
         peak = max((s.memory["total"] for s in r.shapes if s.memory), default=0)
         counted = (f"{done}/{len(r.shapes)} shapes" if len(reached) == len(r.shapes)
                    else f"{done} of the {len(reached)} shapes that reached the compiler")
+        # the verdict cache's count is in its own key (cached_shapes): the summary reads the same cold and warm
         return (headline + f"{counted} compiled and fit "
-                f"{format_bytes(r.hbm_bytes_per_device)} HBM per device; largest {format_bytes(peak)}; "
-                f"{r.cached_shapes} served from the verdict cache"
-                + (" (compile seconds as measured when first compiled)" if r.cached_shapes else "") + left + largest
+                f"{format_bytes(r.hbm_bytes_per_device)} HBM per device; largest {format_bytes(peak)}" + left + largest
                 + (f"; {self.training[name]['summary']}" if name in self.training else "")
                 + (f"; {self.serving[name]['summary']}" if name in self.serving else ""))
 

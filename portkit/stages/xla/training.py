@@ -66,7 +66,7 @@ class StepCompile:
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
         return (f"training step ({self.loss}, AdamW; batch {self.batch}; {self.sharding}) compiled for "
                 f"{self.topology} in "
-                f"{self.compile_seconds:.1f} s{' (verdict cache)' if self.cached else ''}: "
+                f"{self.compile_seconds:.1f} s: "
                 f"{format_bytes(self.memory['total'])} per device of {format_bytes(self.hbm_bytes_per_device)} "
                 f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
 

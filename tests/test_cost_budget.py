@@ -1,0 +1,144 @@
+"""The cost a budget can be made from (portkit.planning.budget, planning.cost): the chip and precision that run, a
+roofline with a memory term, a range calibrated on published measurements that never passes its bound, a verdict.
+Fast: plain dicts shaped like stage results, no model and no run folder."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from portkit.planning import budget, cost, economics
+from portkit.targets import capacity
+
+PARAMS = 22_713_216          # all-MiniLM-L6-v2's parameters, as stage 3 records them
+
+
+def _buckets(batch: int = 1, flops: float = 21.2e6) -> dict:
+    """Stage 3's result as planning.cost reads it: a plan per target over 1,000 requests, padding priced by FLOPs."""
+    plan = {"shapes": [{"batch": batch, "seq": 32}, {"batch": batch, "seq": 128}], "real_tokens": 40_000,
+            "padded_tokens": 10_000, "batch_sizes": [batch], "padding_waste": 0.2, "settings": {"warmup_seconds": 40}}
+    price = {"kind": economics.ESTIMATE, "seconds": flops / 667e12, "flops": flops, "source": "estimate"}
+    return {"model": {"parameters": PARAMS}, "distribution": {"count": 1000},
+            "targets": {"neuron": {"chosen": plan}, "tpu": {"chosen": plan}},
+            "padding_price": {"neuron": price, "tpu": price}}
+
+
+def _accuracy(neuron: str, gpu: str) -> dict:
+    from portkit.targets import specs
+    chosen = next(p for p in specs.get("neuron").precisions if p.name == neuron)
+    return {"targets": {"neuron": {"precision": chosen.to_dict()}},
+            "reference": {"gpu_baseline": {"gpu_numerics": gpu}}}
+
+
+def test_neuron_is_priced_on_trn2_from_the_vendors_pages():
+    """TorchNeuron runs on Trn2/Trn3 only: Neuron's chip is trn2, whose peaks per precision come from AWS's page."""
+    assert economics.PRICE_CHIPS["neuron"] == "trn2"
+    trn2 = capacity.chip("trn2", "neuron")
+    assert trn2["peaks"] == {"fp32": 181e12, "tf32": 667e12, "bf16": 667e12, "fp8": 1299e12}
+    assert "trainium2" in trn2["sources"]["peaks"]
+    found = cost.estimate(_buckets(), {}, "neuron")
+    assert found["chip"] == "trn2" and found["price"]["instance"] == "trn2.48xlarge"
+
+
+def test_the_precision_stage_4_chose_is_the_one_priced():
+    """float32 throughout on Neuron is priced at Trainium2's FP32 peak (181 TFLOP/s), matmult at BF16 (667); the
+    GPU runs at the setting stage 4 measured (TF32 on the H100: 494.5 TFLOP/s), float32 without stage 4."""
+    big = _buckets(batch=4096)             # compute-bound, so the precision shows in the time
+    fp32 = cost.estimate(big, {}, "neuron", accuracy=_accuracy("none", "tf32"))
+    bf16 = cost.estimate(big, {}, "neuron", accuracy=_accuracy("matmult", "tf32"))
+    assert fp32["roofline"]["peak_flops"] == 181e12 and bf16["roofline"]["peak_flops"] == 667e12
+    assert fp32["roofline"]["bound"] == bf16["roofline"]["bound"] == "compute"
+    assert fp32["chip_seconds_per_million_requests"] / bf16["chip_seconds_per_million_requests"] == pytest.approx(
+        667 / 181)
+    assert "stage 4 chose 'none'" in fp32["precision"]
+    gpu = cost.gpu_estimate(big, "H100", 21.2e6, accuracy=_accuracy("none", "tf32"))
+    assert gpu["roofline"]["precision"] == "tf32" and gpu["roofline"]["peak_flops"] == 494.5e12
+    plain = cost.gpu_estimate(big, "H100", 21.2e6)
+    assert plain["roofline"]["precision"] == "fp32" and "float32 assumed" in plain["precision"]
+
+
+def test_tpu_float32_matmuls_cost_their_bf16_passes():
+    """A TPU has no separate FP32 peak: HIGHEST runs float32 matmuls in 6 bf16 passes (JAX's Precision docs)."""
+    flops, source = budget.peak("v5e", "tpu", "fp32", passes=6)
+    assert flops == pytest.approx(197e12 / 6) and "6 bf16 passes" in source
+
+
+def test_the_roofline_has_a_memory_term_and_says_which_binds():
+    """A 22.7 M-parameter encoder at batch 1 reads its weights every request: memory-bound on every chip; at a
+    large batch the weights amortise and compute binds. time = max(FLOPs / peak, bytes / bandwidth)."""
+    one = budget.Workload(flops=21.2e6 * 50, bytes_per_batch=4.0 * PARAMS, bytes_per_request=0, batch=1)
+    for chip, family in (("trn2", "neuron"), ("H100", "gpu"), ("v5e", "tpu")):
+        found = budget.roofline(one, chip, "bf16", family)
+        assert found.bound == "HBM bandwidth" and found.seconds == found.memory_seconds > found.compute_seconds
+        assert found.memory_seconds == pytest.approx(4.0 * PARAMS / capacity.chip(chip, family)["hbm_bytes_per_s"])
+    many = budget.roofline(budget.Workload(21.2e6 * 50, 4.0 * PARAMS, 0, 4096), "trn2", "bf16", "neuron")
+    assert many.bound == "compute" and many.seconds == pytest.approx(21.2e6 * 50 / 667e12)
+
+
+def test_xla_bytes_accessed_feed_the_tpu_memory_term():
+    """The TPU side's bytes are XLA's cost analysis of the bucket shapes (xla.json), fitted in positions."""
+    shapes = [{"label": f"batch=1 seq={s}", "flops": 2.2e7 * s, "bytes_accessed": 3e8 + 1e6 * s} for s in (32, 128)]
+    xla = {"targets": {"tpu": {"topology": "v5e:1x1", "shapes": shapes}}}
+    found = cost.estimate(_buckets(), xla, "tpu")
+    positions = found["positions_per_request"]
+    assert found["roofline"]["memory_seconds"] == pytest.approx((3e8 + 1e6 * positions) / 819e9)
+    assert "bytes accessed" in found["method"] and found["roofline"]["bound"] == "HBM bandwidth"
+
+
+def test_the_range_never_extends_past_its_bound():
+    """The roofline is a lower bound on cost; dividing it by efficiencies of at most 1 cannot go below it."""
+    for family in ("neuron", "gpu", "tpu"):
+        eff = budget.efficiency(family)
+        assert 0 < eff.low <= eff.median <= eff.high <= 1
+        usd = budget.cost_range(1.0, eff)
+        assert usd.bound == 1.0 <= usd.low <= usd.estimate <= usd.high
+    found = cost.comparison(_buckets(), {}, ["neuron", "tpu"])
+    for side in [*found["targets"].values(), *found["gpus"].values()]:
+        usd = side.get("usd_per_million_requests")
+        if usd:
+            assert usd["bound"] <= usd["low"] <= usd["estimate"] <= usd["high"]
+            assert "at twice the throughput" not in usd
+
+
+def test_the_calibration_table_is_what_the_code_uses():
+    """Each family's spread is computed from data/targets/calibration.json's rows (at least 3 where published
+    measurements exist); a family without one (TPU) says so and borrows the whole spread."""
+    rows = json.loads(budget.CALIBRATION.read_text())["rows"]
+    assert rows == list(budget.calibration_rows())
+    for family, least in (("neuron", 3), ("gpu", 3)):
+        mine = [budget.row_efficiency(r) for r in rows if r["family"] == family]
+        eff = budget.efficiency(family)
+        assert eff.measurements == len(mine) >= least and (eff.low, eff.high) == (min(mine), max(mine))
+    for row in rows:
+        assert row["source"].startswith("https://") and row["date"] and row["scenario"], row["model"]
+    assert "no published encoder measurement" in budget.efficiency("tpu").note
+    # a batch-1 plan reads the batch-1 measurements where a family has 3 of them (trn1's Real Time table)
+    single = [r for r in rows if r["family"] == "neuron" and r["batch"] == 1]
+    one = budget.efficiency("neuron", 1)
+    assert one.measurements == len(single) >= 3 and "at batch 1" in one.note
+    assert one.low == pytest.approx(min(budget.row_efficiency(r) for r in single))
+    assert "fewer than 3" in budget.efficiency("gpu", 1).note          # one L4 SingleStream result: said
+    page = (budget.CALIBRATION.parents[2] / "docs" / "benchmarks" / "calibration.md").read_text()
+    assert all(r["source"] in page for r in rows)
+    # one row checked by hand: bert-base at 128 tokens, batch 8, bf16 on one Inferentia2 chip (190 TFLOP/s)
+    bert = next(r for r in rows if r["model"] == "bert-base-uncased")
+    flops = 2 * 12 * (4 * 768 ** 2 + 2 * 768 * 3072) * 128 + 4 * 12 * 128 ** 2 * 768
+    assert budget.row_efficiency(bert) == pytest.approx(bert["measured_per_second"] * flops / 190e12)
+
+
+def test_the_verdict_reads_the_ranges_and_gives_the_break_even():
+    """Per target: which side the estimate favours against the cheapest GPU, the chip-hour price at which its
+    estimate matches that GPU's, the share of its roofline it would need at today's price, how sure."""
+    eff = budget.Efficiency("x", 0.5, 0.5, 0.5, 3, "test")
+    gpus = {"H100": budget.cost_range(1.0, eff), "L4": budget.cost_range(3.0, eff)}
+    cheap = budget.verdict("tpu", budget.cost_range(0.2, eff), 1.2, gpus)
+    assert (cheap.favours, cheap.gpu, cheap.sure.split(":")[0]) == ("moving", "H100", "clear")
+    dear = budget.verdict("neuron", budget.cost_range(1.5, eff), 2.4, gpus)
+    assert dear.favours == "staying" and dear.break_even_usd_per_chip_hour == pytest.approx(2.4 / 1.5)
+    assert dear.break_even_utilisation == pytest.approx(1.5 / 2.0) and "break-even: $1.6 per chip-hour" in dear.line
+    wide = budget.Efficiency("x", 0.2, 0.5, 1.0, 3, "test")
+    assert budget.verdict("tpu", budget.cost_range(1.1, wide), 1.0, gpus).sure.startswith("uncertain")
+    assert budget.verdict("tpu", budget.cost_range(1.0, eff), 1.0, {}) is None
+    found = cost.comparison(_buckets(), {}, ["neuron", "tpu"])
+    assert set(found["verdicts"]) == {"neuron", "tpu"}
+    assert all(v["favours"] in ("moving", "staying") for v in found["verdicts"].values())

@@ -1,0 +1,124 @@
+"""The stream's drift statistic: a state's carried error over one step's error at the same chunk, the stream's
+second half against its first quarter. It does not depend on the order of the recordings nor on how quiet the stream's
+first chunks are (a permutation property, and a step fed silence first), and its worst leaf is never one whose error
+is exactly 0. The noise guarantee (flat noise passes, a steady rise fails) is pinned in tests/test_audio.py."""
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from portkit.models import audio as audio_models
+from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
+from portkit.workloads import streaming
+
+BUDGET = DEFAULT_TASK_BOUNDS["drift_growth"]
+# Five recordings of 12 chunks each: their error levels span 10^2 (a whisper to a shout), each chunk's noise its own.
+LEVELS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4)
+NOISE = np.exp(np.random.default_rng(7).normal(0, 0.3, (len(LEVELS), 12)))
+
+
+def _errors(order, rate: float) -> tuple[list[float], list[float]]:
+    """One step's error (the recording's level times its chunks' noise) and the carried error of a state that
+    keeps half of its earlier error each chunk (a stable recurrence) and, where `rate` > 0, is amplified more with
+    every chunk of the stream, whatever is playing (drift: (1 + rate * chunk)^2)."""
+    single = np.concatenate([LEVELS[k] * NOISE[k] for k in order])
+    carried, memory = [], 0.0
+    for t, s in enumerate(single):
+        memory = 0.5 * memory + s
+        carried.append(memory * (1 + rate * t) ** 2)
+    return carried, list(single)
+
+
+def _check(carried, single) -> dict:
+    run = streaming.TargetStream("tpu", "emulated", "portkit_tpu", "default", [], 0, carried, single, 1.0)
+    return streaming.drift_check(run, DEFAULT_TASK_BOUNDS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.permutations(range(len(LEVELS))))
+def test_the_drift_verdict_does_not_depend_on_the_order_of_the_recordings(order):
+    """Rule: the drift statistic is independent of the recordings' order. The same recordings in any order: a
+    stable state passes and a drifting one fails, although the carried error alone swings 10^2 with the order."""
+    flat, single = _errors(order, 0.0)
+    check = _check(flat, single)
+    assert check["passed"] and check["value"] < BUDGET
+    drifting, single = _errors(order, 0.5)
+    check = _check(drifting, single)
+    assert not check["passed"] and check["trend"]["rising"] and check["value"] > BUDGET
+
+
+def test_a_quiet_start_is_no_drift():
+    """Rule: how quiet the stream's first chunks are does not decide. Quietest recording first, loudest last: the
+    carried error's second half is over 10x its first chunks (what the first-3-chunk yardstick called drift), the
+    state is stable, and the check passes."""
+    carried, single = _errors(range(len(LEVELS)), 0.0)
+    assert np.median(carried[len(carried) // 2:]) / np.median(carried[:3]) > 10
+    assert _check(carried, single)["passed"]
+
+
+class _Leaky(nn.Module):
+    """A stable recurrence with no bias: silence into its zero state stays exactly 0, speech gives it an error."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Linear(1600, 16, bias=False)
+        self.mix = nn.Linear(16, 16, bias=False)
+
+    def forward(self, chunk, state):
+        state = torch.tanh(0.5 * self.mix(state) + self.features(chunk))
+        return state.unsqueeze(-1), state
+
+
+def _tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * 16000)) / 16000
+    return (0.3 * np.sin(2 * np.pi * 180 * t * (1 + 0.2 * np.sin(7 * t)))).astype(np.float32)
+
+
+def test_a_stream_that_starts_in_silence_or_quiet_does_not_drift_on_a_stable_step():
+    """Rule: neither a quiet start nor the recordings' order makes drift, on a step built for it. 1.5 s of digital
+    silence (the state equal to float64's, error exactly 0, the old yardstick's zero) then a tone; a quiet tone
+    then a loud one, and the other way round: a stable step passes in each."""
+    step = audio_models.StreamStep("leaky", _Leaky().eval(), 1600, (-1, 16), "test recurrence")
+    silence, loud, quiet = np.zeros(24000, dtype=np.float32), _tone(2.5), 0.02 * _tone(2.0)
+    for parts in ((silence, loud), (quiet, loud), (loud, quiet)):
+        stream = streaming.Stream(np.concatenate(parts), 16000, "silence and tones", "synthetic")
+        run = streaming.check_stream(step, stream, ["tpu"]).runs[0]
+        assert run.passed and run.growth < BUDGET, run.checks[0]
+        if parts[0] is silence:
+            assert max(run.state_error[:3]) == 0 < run.state_error[-1]
+
+
+def test_the_worst_leaf_is_never_one_whose_error_is_exactly_0():
+    """Rule: the drift's worst leaf has an error. A leaf exact at every chunk (a buffer of raw samples) beside one
+    whose error falls: the falling one is named, the exact one is marked exact; all leaves exact names none."""
+    errors = list(1e-5 * np.exp(np.linspace(0, -1, 40)))
+    run = streaming.TargetStream("tpu", "emulated", "portkit_tpu", "default", [], 0, errors, errors, 1.0,
+                                 leaf_errors={"h": errors, "buffer": [0.0] * 40},
+                                 leaf_step_errors={"h": [1e-5] * 40, "buffer": [0.0] * 40})
+    assert run.drift_leaf == "h" and run.leaf_summary()["buffer"]["exact"]
+    exact = streaming.TargetStream("tpu", "emulated", "portkit_tpu", "default", [], 0, [0.0] * 40, [0.0] * 40,
+                                   1.0, leaf_errors={"a": [0.0] * 40, "b": [0.0] * 40},
+                                   leaf_step_errors={"a": [0.0] * 40, "b": [0.0] * 40})
+    check = streaming.drift_check(exact, DEFAULT_TASK_BOUNDS)
+    assert exact.drift_leaf is None and check["passed"]
+    assert "every state leaf equals float64's exactly" in check["label"]
+
+
+class _LeakyWithTail(_Leaky):
+    """_Leaky beside a buffer of the chunk's last 8 samples: a state part the target carries exactly."""
+
+    def forward(self, chunk, state):
+        out, h = super().forward(chunk, state["h"])
+        return out, {"h": h, "tail": chunk[:, -8:].clone()}
+
+
+def test_a_state_part_carried_exactly_is_not_the_worst_leaf_of_a_real_stream():
+    """Rule: the worst leaf has an error, on a step built for it: its raw-sample buffer is exact on the target, so
+    the drift names the recurrent leaf and the buffer's summary says exact."""
+    step = audio_models.StreamStep("leaky-tail", _LeakyWithTail().eval(), 1600, {"h": (-1, 16), "tail": (-1, 8)},
+                                   "test recurrence")
+    run = streaming.check_stream(step, streaming.Stream(_tone(2.5), 16000, "a tone", "synthetic"), ["tpu"]).runs[0]
+    assert max(run.leaves["state_tail"]) == 0 and run.leaf_summary()["state_tail"]["exact"]
+    assert run.drift_leaf == "state_h" and "state leaf state_h" in run.checks[0]["label"]
