@@ -115,7 +115,8 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
     out, layers = {}, table["scalars"].get("num_hidden_layers", 2)
     for key, value in defaults.items():
         if isinstance(value, dict) and (key.endswith("_config") or key in table["sub_configs"]):
-            out[key] = shrink(value, table, overrides.get(key, {}) if isinstance(overrides.get(key), dict) else {})
+            sub = shrink(value, table, overrides.get(key, {}) if isinstance(overrides.get(key), dict) else {})
+            out[key] = {"model_type": value["model_type"], **sub} if "model_type" in value else sub
         elif key in table["scalars"] and (value is None or isinstance(value, (int, float))) \
                 and not isinstance(value, bool):
             if value is None and key not in table["set_when_none"]:
@@ -155,7 +156,8 @@ def config_for(row: Row, tok) -> object:
     table = sizes()
     config_cls = CONFIG_MAPPING[row.model_type]
     defaults = config_cls().to_dict()
-    overrides = {k: v for k, v in {**table["overrides"].get(row.model_type, {}),
+    overrides = {k: v for k, v in {**table["families"].get(row.family, {}),
+                                   **table["overrides"].get(row.model_type, {}),
                                    **table["overrides"].get(row.key, {})}.items() if not k.startswith("_")}
     kwargs = shrink(defaults, table, overrides)
     if tok is not None:
@@ -225,7 +227,8 @@ def image_processor(model_type: str, side: int):
     """The model type's own image processor (its PIL class: torchvision is not installed), at side x side."""
     import transformers
     from transformers.models.auto import image_processing_auto
-    names = image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    alias = sizes()["processors"].get(model_type, model_type)
+    names = image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES.get(alias)
     if not names:
         raise NotBuilt(f"transformers maps no image processor for model type {model_type!r}")
     if isinstance(names, dict):
@@ -243,7 +246,8 @@ def image_processor(model_type: str, side: int):
 def feature_extractor(model_type: str):
     import transformers
     from transformers.models.auto import feature_extraction_auto
-    name = feature_extraction_auto.FEATURE_EXTRACTOR_MAPPING_NAMES.get(model_type)
+    alias = sizes()["processors"].get(model_type, model_type)
+    name = feature_extraction_auto.FEATURE_EXTRACTOR_MAPPING_NAMES.get(alias)
     if not name:
         raise NotBuilt(f"transformers maps no feature extractor for model type {model_type!r}")
     return getattr(transformers, name)()
@@ -263,6 +267,18 @@ def processors(row: Row, cache: dict) -> tuple[object | None, list]:
 
 
 # ---------------------------------------------------------------- building
+def cache_folder() -> Path:
+    """The zoo's directories under portkit's cache root ($PORTKIT_CACHE_DIR), keyed by this file, the sizes and the
+    transformers and tokenizers versions: a change to a builder or a size builds every directory again."""
+    import hashlib
+    import tokenizers
+    import transformers
+    from portkit.corpora import corpus as data
+    key = hashlib.sha1(Path(__file__).read_bytes() + SIZES_FILE.read_bytes()
+                       + f"{transformers.__version__}|{tokenizers.__version__}".encode()).hexdigest()[:12]
+    return data.cache_root() / "zoo" / key
+
+
 MISSING = re.compile(r"requires? (?:the )?([\w\-.]+) (?:library|package)|No module named '([\w.]+)'", re.I)
 
 
