@@ -110,7 +110,7 @@ def _generation(run_dirs: dict) -> str:
         buckets = _json(run_dir / "buckets.json").get("generation") or {}
         plan = ((buckets.get("targets") or {}).get(target) or {}).get("auto") or {}
         xla = (((_json(run_dir / "xla.json").get("targets") or {}).get(target) or {}).get("serving") or {})
-        served = ", ".join(f"{k} {v.get('status', '?')}" for k, v in xla.items() if isinstance(v, dict))
+        served = ", ".join(f"{k} {v['status']}" for k, v in xla.items() if isinstance(v, dict) and "status" in v)
         if plan:
             parts.append(f"{target}: prefill {plan['prompt']['boundaries']} decode {plan['context']['boundaries']} "
                          f"({plan['compiles']} compiles){f'; 3b {served}' if served else ''}")
@@ -385,8 +385,9 @@ def select(rows: list[zoo_build.Row], only: str | None, family: str | None, quic
     return [r for r in rows if r.key in names or r.model_type in names]
 
 
-def _signature(stages: list[str], params: dict) -> str:
-    return f"{','.join(stages)}|{sorted(params.items())}|{sorted(GENERATION.items())}"
+def _signature(stages: list[str], params: dict, folder: Path) -> str:
+    """What a finished row was run with: its stages, parameters and builders (the cache folder's key)."""
+    return f"{','.join(stages)}|{sorted(params.items())}|{sorted(GENERATION.items())}|{folder.name}"
 
 
 def load_done(out: Path, signature: str) -> dict[str, Result]:
@@ -433,7 +434,8 @@ def main(argv=None) -> int:
         return 0
     stages = [s.name for s in runner.select_stages(args.stages)]
     base = QUICK_PARAMETERS if args.quick else PARAMETERS
-    signature = _signature(stages, parameters_for(stages, base))
+    folder, cache = zoo_build.cache_folder(), {}
+    signature = _signature(stages, parameters_for(stages, base), folder)
     out = Path(args.out).expanduser().resolve()
     _prepare_out(out, args.fresh)
     command = "python benchmarks/zoo.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -443,7 +445,6 @@ def main(argv=None) -> int:
           f"{sum(r.key in done for r in rows)} finished before", flush=True)
     doc = Path(args.doc).expanduser()
     doc.parent.mkdir(parents=True, exist_ok=True)
-    folder, cache = zoo_build.cache_folder(), {}
     results = {k: v for k, v in done.items() if k in {r.key for r in rows}}
     meta = {"date": datetime.date.today().isoformat(), "commit": _commit(), "command": command.strip(),
             "host": f"{os.cpu_count()} cores"}
