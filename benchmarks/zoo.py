@@ -136,7 +136,8 @@ def read_result(result: Result, run_dirs: dict, stages: list[str], config: dict 
             status = run.status(stage)
             seen[stage][target] = status
             if status == "failed" and not any(c[0] == stage for c in result.crashes):
-                result.crashes.append([stage, first_line(runfolder.failure(run_dir, stage))])
+                error = first_line(runfolder.failure(run_dir, stage)).split("; the executed notebook is ")[0]
+                result.crashes.append([stage, error])
         entry = run.get("report").get("targets", {}).get(target) or {}
         result.verdicts[target] = entry.get("verdict") or report_stage.NOT_ASSESSED
         first = entry.get("first") or entry.get("findings") or []
@@ -266,7 +267,7 @@ def _status(result: Result, stages: list[str]) -> str:
     if result.refused:
         return "refused by portkit's plan step"
     bad = [s for s in stages if result.stages.get(s) not in ("ok", "skipped")]
-    return "all stages ok" if not bad else f"{len(bad)} stage(s) not ok: {', '.join(bad)}"
+    return "all ok" if not bad else f"not ok: {', '.join(bad)}"
 
 
 def _details(result: Result, stages: list[str]) -> str:
@@ -286,7 +287,10 @@ def _details(result: Result, stages: list[str]) -> str:
     items += [f"<b>rule violation</b>: {_esc(v)}" for v in result.violations]
     if result.seconds:
         items.append(f"<b>wall</b>: {result.seconds:.0f} s")
-    summary = _esc(_short(result.finding or result.built or result.refused or _status(result, stages)))
+    alarms = [f"crash in {', '.join(s for s, _ in result.crashes)}"] if result.crashes else []
+    alarms += [f"{len(result.violations)} rule violation(s)"] if result.violations else []
+    text = result.finding or result.built or result.refused or _status(result, stages)
+    summary = _esc(_short(f"{'; '.join(alarms)}: {text}" if alarms else text))
     return f"<details><summary>{summary}</summary>{'<br>'.join(items)}</details>"
 
 
@@ -314,11 +318,14 @@ def render(results: list[Result], stages: list[str], meta: dict) -> str:
             n = sum(cell.values())
             lines.append(f"| {family} | {target} | {n} | "
                          + " | ".join(f"{cell[o]} ({cell[o] / n:.0%})" for o in OUTCOMES) + " |")
+    alarms = [f"- {r.key}: crash in {stage}: {_esc(error)}" for r in results for stage, error in r.crashes]
+    alarms += [f"- {r.key}: {_esc(line)}" for r in results for line in r.violations]
+    lines += ["", "## Stage crashes and rule violations", "", *(alarms or ["None."])]
     lines += ["", "## Architectures", "",
-              "| architecture | family | " + " | ".join(TARGETS) + " | detail |", "|---|---|---|---|---|"]
+              "| architecture | family | stages | " + " | ".join(TARGETS) + " | detail |", "|---|---|---|---|---|---|"]
     for r in results:
         flag = " ⚠" if r.crashes or r.violations else ""
-        lines.append(f"| {r.model_type}{flag} <br><sub>{r.cls}</sub> | {r.family} | "
+        lines.append(f"| {r.model_type}{flag} <br><sub>{r.cls}</sub> | {r.family} | {_esc(_status(r, stages))} | "
                      + " | ".join(outcome(r, t) for t in TARGETS) + f" | {_details(r, stages)} |")
     return "\n".join(lines) + "\n"
 

@@ -242,8 +242,9 @@ def user_findings_not_in_portkit(run: Run) -> list[Violation]:
         for target, half in (run.get(stage).get("targets") or {}).items():
             for finding in (half or {}).get("findings") or []:
                 where = _where(finding)
-                if _owner(finding) == frames.USER and PORTKIT_FILE.search(where) and (target, where) not in said:
-                    said.add((target, where))
+                file = where.split(":", 1)[0]           # the same frame, as a stage and as the report write it
+                if _owner(finding) == frames.USER and PORTKIT_FILE.search(where) and (target, file) not in said:
+                    said.add((target, file))
                     found.append(Violation("user's finding in portkit's file", target,
                                            f"{finding.get('kind')} owned by the user at {where[:160]}"))
     return found

@@ -109,6 +109,8 @@ def test_the_page_and_the_last_line_count_what_the_rows_hold():
     table = page.split("## Architectures", 1)[1]
     assert table.count("<details>") == 4 and table.count("\n| ") == 5     # the header and one line per row
     assert "missing: timm" in page and "rule violation" in page and "- commit: `c`" in page
+    alarms = page.split("## Stage crashes and rule violations", 1)[1].split("##", 1)[0]
+    assert "c.ctc: crash in xla: boom" in alarms and "c.ctc: cause counted twice" in alarms
 
 
 def test_a_zoo_started_again_skips_the_rows_it_finished(tmp_path):
