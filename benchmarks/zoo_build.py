@@ -117,6 +117,9 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
         if isinstance(value, dict) and (key.endswith("_config") or key in table["sub_configs"]):
             sub = shrink(value, table, overrides.get(key, {}) if isinstance(overrides.get(key), dict) else {})
             out[key] = {"model_type": value["model_type"], **sub} if "model_type" in value else sub
+        elif key in table["of_hidden"] and isinstance(value, int) and isinstance(defaults.get("hidden_size"), int):
+            # a width the config derives from hidden_size (RWKV's attention is as wide as the model): kept in ratio
+            out[key] = max(1, value * table["scalars"]["hidden_size"] // defaults["hidden_size"])
         elif key in table["scalars"] and (value is None or isinstance(value, (int, float))) \
                 and not isinstance(value, bool):
             if value is None and key not in table["set_when_none"]:
@@ -267,6 +270,22 @@ def processors(row: Row, cache: dict) -> tuple[object | None, list]:
 
 
 # ---------------------------------------------------------------- building
+def smoke(model, row: Row, tok) -> None:
+    """A text model runs one eager forward pass on real tokens at the zoo's size, outside portkit; NotBuilt where
+    it does not (the zoo's size is wrong for it, or the model does not run): a stage crash on such a model would be
+    the zoo's, not portkit's."""
+    import torch
+    if tok is None or row.family not in ("causal-lm", "seq2seq-lm", *TEXT_HEADS):
+        return
+    batch = tok(["Return the sum of two numbers.", "Raise ValueError"], padding=True, return_tensors="pt")
+    extra = {"decoder_input_ids": batch["input_ids"][:, :4]} if row.family == "seq2seq-lm" else {}
+    try:
+        with torch.no_grad():
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra)
+    except Exception as exc:    # noqa: BLE001 (any failure is the row's one line)
+        raise NotBuilt(f"an eager forward pass at the zoo's size fails, outside portkit: {one_line(exc)}") from exc
+
+
 def cache_folder() -> Path:
     """The zoo's directories under portkit's cache root ($PORTKIT_CACHE_DIR), keyed by this file, the sizes and the
     transformers and tokenizers versions: a change to a builder or a size builds every directory again."""
@@ -311,6 +330,7 @@ def build(row: Row, folder: Path, cache: dict) -> Path:
             raise NotBuilt(f"transformers {transformers.__version__} exports no class {row.cls}")
         torch.manual_seed(0)
         model = model_cls(config).eval()
+        smoke(model, row, tok)
         partial = folder / f".{row.key}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial)

@@ -30,6 +30,12 @@ def rows():
     return {r.key: r for r in zoo_build.enumerate_rows()}
 
 
+@pytest.fixture(scope="module")
+def tokenizers():
+    """The zoo's tokenizers, trained once for the module (each takes seconds)."""
+    return {}
+
+
 def test_every_causal_lm_the_mapping_lists_is_a_row_and_each_row_is_one_type_in_one_family(rows):
     """Breadth: the rows are enumerated from the Auto mappings, not hand-listed; a row is one model type in one
     task family, and an encoder's text heads are one row."""
@@ -49,11 +55,11 @@ def test_the_families_migrations_stall_on_are_rows(rows):
 
 
 @pytest.mark.parametrize("key", ["mamba2.causal-lm", "wav2vec2.ctc", "detr.object-detection"])
-def test_a_stalling_family_builds_at_a_tiny_size_with_its_processor(rows, tmp_path, key):
+def test_a_stalling_family_builds_at_a_tiny_size_with_its_processor(rows, tokenizers, tmp_path, key):
     """Build: Mamba2 (its heads fitted to expand x hidden), wav2vec2 with its group-normed convolutional front
     end, and DETR on a transformers ResNet backbone build from their configs, saved with their processors."""
     import json
-    folder = zoo_build.build(rows[key], tmp_path, {})
+    folder = zoo_build.build(rows[key], tmp_path, tokenizers)
     config = json.loads((folder / "config.json").read_text())
     assert (folder / "DONE").is_file() and config["architectures"] == [rows[key].cls]
     assert any(folder.glob("*.safetensors"))
@@ -79,6 +85,27 @@ def test_per_layer_lists_keep_one_layer_of_each_kind():
                             "layer_types": ["linear_attention"] * 3 + ["full_attention"] * 21}, table, {})
     assert out["layer_types"] == ["linear_attention", "full_attention"] and out["num_hidden_layers"] == 2
     assert out["hidden_size"] == table["scalars"]["hidden_size"]
+
+
+def test_a_width_derived_from_the_hidden_size_keeps_its_ratio():
+    """Size: RWKV's attention is as wide as its model; shrinking one and not the other breaks its forward pass."""
+    out = zoo_build.shrink({"hidden_size": 4096, "attention_hidden_size": 4096}, zoo_build.sizes(), {})
+    assert out["attention_hidden_size"] == out["hidden_size"]
+
+
+def test_a_text_model_that_does_not_run_at_the_zoos_size_is_not_buildable(tokenizers):
+    """Build: a model whose eager forward pass fails at the zoo's size, outside portkit, is the zoo's row that
+    could not be built (one line), never a stage crash blamed on portkit."""
+    import torch
+
+    class Broken(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            raise RuntimeError("The size of tensor a (32) must match the size of tensor b (64)\nat dimension 1")
+
+    with pytest.raises(zoo_build.NotBuilt) as caught:
+        zoo_build.smoke(Broken(), zoo_build.Row("x", "causal-lm", "X"), zoo_build.tokenizer("bpe", tokenizers))
+    assert str(caught.value) == ("an eager forward pass at the zoo's size fails, outside portkit: RuntimeError: "
+                                 "The size of tensor a (32) must match the size of tensor b (64)")
 
 
 def _result(key, family, **fields):
