@@ -8,8 +8,10 @@ a verdict must keep (benchmarks/zoo_rules.py).
                                        [--doc docs/zoo.md] [--fresh] [--build-only]
 
 A row is one model type in one task family (zoo_build.FAMILIES). Causal LMs run the generation workload
-(`-p workload generate`: prefill and decode buckets, KV cache); seq2seq models run a teacher-forced forward pass,
-the row saying so (portkit's generation workload takes causal LMs only). --workers 1 runs one row after another
+(`-p workload generate`: prefill and decode buckets, KV cache); text seq2seq models run one teacher-forced forward
+pass and speech seq2seq one decoder step, each row saying so (portkit's generation workload takes causal LMs only).
+Object detection and semantic segmentation rows are built and run to portkit's plan step, which refuses their task
+today: each is "not assessed" on both targets with that line. --workers 1 runs one row after another
 in this process (portkit.run.runner); more run on Ray (portkit.run.sweep), a row's two targets as two tasks.
 
 Each row's result is written to <out>/rows/<row>.json as it ends: a zoo killed and started again with the same
@@ -51,8 +53,10 @@ PARAMETERS = {"batch_size": 2, "seq_len": 16, "requests": 10, "bucket_count": 2,
 QUICK_PARAMETERS = {**PARAMETERS, "requests": 4, "max_shapes": 1}
 # causal LMs: the generation workload, a few tokens from two prompts
 GENERATION = {"workload": "generate", "new_tokens": 4, "prompts": 2}
-SEQ2SEQ_NOTE = ("run as a teacher-forced forward pass: portkit's generation workload takes causal LMs only "
-                "(portkit.workloads.generation.check_causal)")
+SEQ2SEQ_NOTE = ("run as one teacher-forced forward pass (portkit.models.adapters.Seq2SeqAdapter), not as "
+                "generation: portkit's generation workload takes causal LMs only (portkit.workloads.generation)")
+SPEECH_NOTE = ("run as one decoder step from the start token on each clip (portkit.models.adapters."
+               "SpeechSeq2SeqAdapter), not as generation: portkit's generation workload takes causal LMs only")
 # one row of each family, the cheapest
 QUICK = ("gpt2.causal-lm", "bert.masked-lm", "t5.seq2seq-lm", "wav2vec2.ctc", "vit.image-classification",
          "clip.zero-shot-image")
@@ -152,8 +156,8 @@ def read_result(result: Result, run_dirs: dict, stages: list[str], config: dict 
         result.stages[stage] = values.pop() if len(values) == 1 else split
     if result.family == "causal-lm":
         result.generation = _generation(run_dirs)
-    elif result.family == "seq2seq-lm":
-        result.generation = SEQ2SEQ_NOTE
+    elif result.family in ("seq2seq-lm", "speech-seq2seq"):
+        result.generation = SEQ2SEQ_NOTE if result.family == "seq2seq-lm" else SPEECH_NOTE
     return result
 
 

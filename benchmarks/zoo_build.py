@@ -50,6 +50,12 @@ FAMILIES = {
     "object-detection": ("MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "image"),
     "semantic-segmentation": ("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES", "image"),
 }
+# the order a class shared by two mappings is claimed in: portkit's own (portkit.models.huggingface.TASKS: an
+# architecture is in the first task whose mapping lists it, so Voxtral's class is speech recognition, not text
+# seq2seq), the encoder's text heads masked LM first
+CLAIM_ORDER = ("speech-seq2seq", "ctc", "audio-classification", "image-classification", "zero-shot-image",
+               "causal-lm", "seq2seq-lm", "masked-lm", "text-classification", "token-classification",
+               "object-detection", "semantic-segmentation")
 # one row per model type across these: the encoder's text heads
 TEXT_HEADS = ("masked-lm", "text-classification", "token-classification")
 # the families whose mapping a decoder's classifier heads also sit in: a causal LM gets no row there
@@ -78,11 +84,12 @@ def _mapping(name: str) -> dict:
 
 
 def enumerate_rows(families=None) -> list[Row]:
-    """Every row, in FAMILIES order then by model type (see the module docstring)."""
+    """Every row, in FAMILIES order then by model type (see the module docstring); a class two mappings share is
+    the row of the first family in CLAIM_ORDER."""
     rows, classes = [], {}
     causal = set(_mapping(FAMILIES["causal-lm"][0]))
-    for family, (mapping, _) in FAMILIES.items():
-        for model_type, cls in sorted(_mapping(mapping).items()):
+    for family in CLAIM_ORDER:
+        for model_type, cls in sorted(_mapping(FAMILIES[family][0]).items()):
             cls = cls[0] if isinstance(cls, (tuple, list)) else cls
             used = classes.setdefault(model_type, {})
             if cls in used.values():
@@ -93,6 +100,8 @@ def enumerate_rows(families=None) -> list[Row]:
                 continue
             used[family] = cls
             rows.append(Row(model_type, family, cls))
+    order = list(FAMILIES)
+    rows.sort(key=lambda r: (order.index(r.family), r.model_type))
     return [r for r in rows if families is None or r.family in families]
 
 
