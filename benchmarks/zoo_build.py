@@ -142,6 +142,12 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
     for key in table["per_layer"]:
         if key in out and "num_hidden_layers" in defaults:
             out["num_hidden_layers"] = len(out[key])
+    if "kv_lora_rank" in defaults:
+        # multi-head latent attention (DeepSeek V2/V3): as many key/value heads as query heads, and its rotary
+        # part is the head_dim its rotary embedding is built for
+        out["num_key_value_heads"] = out.get("num_attention_heads", defaults.get("num_attention_heads"))
+        if "head_dim" in defaults and "qk_rope_head_dim" in out:
+            out["head_dim"] = out["qk_rope_head_dim"]
     for key, value in overrides.items():
         if not (isinstance(value, dict) and isinstance(out.get(key), dict)):
             out[key] = value
@@ -156,6 +162,8 @@ def _token_ids(defaults: dict, tok) -> dict:
            "decoder_start_token_id": tok.pad_token_id, "sep_token_id": tok.sep_token_id,
            "cls_token_id": tok.cls_token_id}
     out = {k: v for k, v in ids.items() if k in defaults and v is not None}
+    if defaults.get("is_encoder_decoder"):      # its decoder starts from pad, as T5's and BART's configs say
+        out.setdefault("decoder_start_token_id", tok.pad_token_id)
     out.setdefault("vocab_size", len(tok))
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         out.setdefault(key, ids[key])
