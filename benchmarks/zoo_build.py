@@ -236,15 +236,18 @@ def tokenizer(kind: str, cache: dict):
     return cache[kind]
 
 
+SIDES = ("height", "width", "shortest_edge", "longest_edge")
+
+
 def _square(value, side: int):
-    if isinstance(value, dict):
-        return {k: side for k in value if k in ("height", "width", "shortest_edge")} or {"height": side,
-                                                                                        "width": side}
-    return side if isinstance(value, int) else value
+    """A processor's size (a dict, or transformers' SizeDict) with every side it sets at `side`."""
+    keys = [k for k in SIDES if (value.get(k) if isinstance(value, dict) else getattr(value, k, None))]
+    return {k: side for k in keys} or {"height": side, "width": side}
 
 
 def image_processor(model_type: str, side: int):
-    """The model type's own image processor (its PIL class: torchvision is not installed), at side x side."""
+    """The model type's own image processor (its PIL class: torchvision is not installed), made again with every
+    size it sets at side x side."""
     import transformers
     from transformers.models.auto import image_processing_auto
     alias = sizes()["processors"].get(model_type, model_type)
@@ -256,11 +259,11 @@ def image_processor(model_type: str, side: int):
         name = names.get(backend) or next(iter(names.values()))
     else:
         name = names[0] if isinstance(names, (tuple, list)) else names
-    processor = getattr(transformers, name)()
-    for attribute in ("size", "crop_size"):
-        if getattr(processor, attribute, None) is not None:
-            setattr(processor, attribute, _square(getattr(processor, attribute), side))
-    return processor
+    cls = getattr(transformers, name)
+    default = cls()
+    sized = {a: _square(getattr(default, a), side) for a in ("size", "crop_size")
+             if getattr(default, a, None) is not None}
+    return cls(**sized)
 
 
 def feature_extractor(model_type: str):

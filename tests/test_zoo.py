@@ -54,21 +54,29 @@ def test_the_families_migrations_stall_on_are_rows(rows):
     assert [k for k in STALLING if k not in rows] == []
 
 
-@pytest.mark.parametrize("key", ["mamba2.causal-lm", "wav2vec2.ctc", "detr.object-detection"])
+@pytest.mark.parametrize("key", ["mamba2.causal-lm", "wav2vec2.ctc", "detr.object-detection",
+                                 "vit.image-classification", "convnext.image-classification", "t5.seq2seq-lm"])
 def test_a_stalling_family_builds_at_a_tiny_size_with_its_processor(rows, tokenizers, tmp_path, key):
     """Build: Mamba2 (its heads fitted to expand x hidden), wav2vec2 with its group-normed convolutional front
-    end, and DETR on a transformers ResNet backbone build from their configs, saved with their processors."""
+    end, DETR on a transformers ResNet backbone, ViT and ConvNeXt build from their configs, saved with their
+    processors (an image processor making the zoo's side: ViT's zoo run was refused at 224x224)."""
     import json
     folder = zoo_build.build(rows[key], tmp_path, tokenizers)
     config = json.loads((folder / "config.json").read_text())
     assert (folder / "DONE").is_file() and config["architectures"] == [rows[key].cls]
     assert any(folder.glob("*.safetensors"))
-    if key != "mamba2.causal-lm":
+    if key not in ("mamba2.causal-lm", "t5.seq2seq-lm"):
         assert (folder / "preprocessor_config.json").is_file()
     if key == "wav2vec2.ctc":
         assert config["feat_extract_norm"] == "group" and config["num_hidden_layers"] == 2
     if key == "mamba2.causal-lm":
         assert (folder / "tokenizer.json").is_file() and config["hidden_size"] == 32
+    if key == "t5.seq2seq-lm":    # the decoder's start token (T5's zoo run crashed in every stage without it)
+        assert config["decoder_start_token_id"] == config["pad_token_id"] == 0
+    if key.endswith("image-classification"):     # the processor makes the images the config takes
+        from portkit.models import huggingface
+        side = huggingface.image_side(huggingface.image_processor(folder))
+        assert side == zoo_build.sizes()["image_side"] == config.get("image_size", side)
 
 
 def test_a_row_that_needs_a_missing_package_says_so_in_one_line(rows, tmp_path):
