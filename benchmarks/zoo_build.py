@@ -8,16 +8,15 @@ tiny size with seeded weights and its own processor, saved as a user's Hugging F
     >>> folder = zoo_build.build(rows[0], cache, tokenizers)   # or zoo_build.NotBuilt with its one line
 
 A row is one model type in one task family (FAMILIES): the class the family's mapping
-(transformers.models.auto.modeling_auto.MODEL_FOR_*_MAPPING_NAMES) names for it, where no earlier family of
-the same model type already holds that class (BART's masked-LM class is its seq2seq class, one row). The text
-heads of an encoder are one family per model type: masked LM where it has one, else sequence, else token
-classification; a model type with a causal-LM row gets no sequence or token classifier row (its classifier
-head is the same decoder).
+(transformers.models.auto.modeling_auto.MODEL_FOR_*_MAPPING_NAMES) names for it, unless a family earlier in
+portkit's task order (CLAIM_ORDER) holds that class (BART's masked-LM class is its seq2seq row). An encoder's
+text heads are one row: masked LM, else sequence, else token classification; a causal LM gets no classifier row.
 
-The tiny size is generic (data/models/zoo.json "sizes": every key a config or one of its sub-configs holds is
-set to the zoo's value, lists per layer shortened), with per-model-type corrections in its "overrides" where
-the generic size does not build. A row that cannot be built (a missing package, a config that needs files, a
-size the model refuses) is a NotBuilt with the exception's first line and what is missing.
+The tiny size is generic (data/models/zoo.json: every key a config or a sub-config holds takes the zoo's value,
+per-layer lists keep one layer of each kind), with per-model-type "overrides", each with its reason. A text model
+must also run one eager forward pass (smoke). A row that cannot be built (a missing package, a size the model
+refuses, a forward pass that fails outside portkit) is a NotBuilt with the exception's first line and what is
+missing.
 """
 from __future__ import annotations
 
