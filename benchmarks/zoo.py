@@ -62,8 +62,10 @@ QUICK = ("gpt2.causal-lm", "bert.masked-lm", "t5.seq2seq-lm", "wav2vec2.ctc", "v
          "clip.zero-shot-image")
 ZOO_MARKER = ".portkit-zoo"     # in the runs folder: a folder the zoo may clear with --fresh
 NOT_BUILDABLE = "not buildable"
+# a row with a stage crash or a rule violation has failed, whatever its verdict says: its verdict is not counted
+ROW_FAILED = "row failed (crash or rule violation)"
 OUTCOMES = (report_stage.READY, report_stage.READY_WITH_WORK, report_stage.BLOCKED, report_stage.NOT_ASSESSED,
-            NOT_BUILDABLE)
+            NOT_BUILDABLE, ROW_FAILED)
 
 
 # ---------------------------------------------------------------- one row
@@ -228,7 +230,12 @@ def summary_line(results: list[Result]) -> str:
 
 
 def outcome(result: Result, target: str) -> str:
-    return NOT_BUILDABLE if result.built else result.verdicts.get(target, report_stage.NOT_ASSESSED)
+    """How the row counts in the shares: not buildable, failed (a crash or a rule violation), else its verdict."""
+    if result.built:
+        return NOT_BUILDABLE
+    if result.crashes or result.violations:
+        return ROW_FAILED
+    return result.verdicts.get(target, report_stage.NOT_ASSESSED)
 
 
 def shares(results: list[Result]) -> dict:
@@ -252,7 +259,7 @@ def causal_claim(results: list[Result]) -> str:
         parts.append(f"{target} {good}/{len(causal)} ({good / len(causal):.0%})")
     return (f"Causal LMs ready or ready with work (generation workload, emulated: CPU under each target's rules, "
             f"not hardware): {', '.join(parts)}; the denominator holds every causal-LM model type the mapping lists, "
-            "the not buildable ones included.")
+            "the not buildable ones and the rows with a stage crash or a rule violation included.")
 
 
 # ---------------------------------------------------------------- the page
@@ -329,8 +336,9 @@ def render(results: list[Result], stages: list[str], meta: dict) -> str:
               "| architecture | family | stages | " + " | ".join(TARGETS) + " | detail |", "|---|---|---|---|---|---|"]
     for r in results:
         flag = " ⚠" if r.crashes or r.violations else ""
+        verdicts = [NOT_BUILDABLE if r.built else r.verdicts.get(t, report_stage.NOT_ASSESSED) for t in TARGETS]
         lines.append(f"| {r.model_type}{flag} <br><sub>{r.cls}</sub> | {r.family} | {_esc(_status(r, stages))} | "
-                     + " | ".join(outcome(r, t) for t in TARGETS) + f" | {_details(r, stages)} |")
+                     + " | ".join(verdicts) + f" | {_details(r, stages)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -137,7 +137,8 @@ def test_the_page_and_the_last_line_count_what_the_rows_hold():
     assert zoo.summary_line(results) == ("zoo: 4 architectures (1 not buildable), 1 stage crashes, "
                                          "1 rule violations, 3 not assessed")
     assert zoo.shares(results)["causal-lm"]["neuron"] == {"ready": 0, "ready with work": 1, "blocked": 0,
-                                                           "not assessed": 0, "not buildable": 1}
+                                                           "not assessed": 0, "not buildable": 1, zoo.ROW_FAILED: 0}
+    assert zoo.shares(results)["ctc"]["tpu"][zoo.ROW_FAILED] == 1     # "ready", but with a crash and a violation
     assert "neuron 1/2 (50%), tpu 0/2 (0%)" in zoo.causal_claim(results) and "emulated" in zoo.causal_claim(results)
     page = zoo.render(results, ["fallbacks", "xla"], {"date": "d", "commit": "c", "command": "python zoo", "host": "h",
                                                       "summary": "s"})
