@@ -117,3 +117,37 @@ def test_a_precision_on_another_target_side_is_not_the_failing_path():
                                        [_result("highest", "eager", True)], {}, [])
     [found] = [f for f in t.findings() if f.kind == "accuracy"]
     assert found.severity == "blocker" and "may help" in found.advice and "tried: precision" not in found.advice
+
+
+class SequenceNormTagger(nn.Module):
+    """A token tagger that normalises over the sequence axis (an InstanceNorm over time) and takes no mask into
+    it: padded positions change every real one, so a bucket fails padded and passes at its texts' own length."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.norm, self.head = nn.Embedding(30522, 16), nn.InstanceNorm1d(16), nn.Linear(16, 5)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.norm(self.embed(input_ids).transpose(1, 2)).transpose(1, 2)
+        return {"logits": self.head(h)}
+
+
+def test_a_bucket_that_fails_only_padded_is_the_padding_cause_not_an_accuracy_blocker(corpus):
+    """Rule (grading policy "padding", one cause per target): stage 4 runs a failing bucket's texts unpadded at the
+    same precision; where they pass, the bucket's failure is padding's (work, findings.PADDING_CAUSE, the cause
+    stage 3's padding check names), never an accuracy blocker."""
+    from portkit.core.findings import PADDING_CAUSE
+    from portkit.corpora import corpus as data
+    m = models.LoadedModel("norm tagger", models.TOKEN_CLASSIFIER, SequenceNormTagger().eval(), "test model",
+                           tokenizer=models.minilm_tokenizer())
+    inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
+    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
+                                     corpus=corpus, buckets=[16, 128], scope=accuracy.Scope(
+                                         task_items=8, all_precisions=False, layers=False, float64_reference=False,
+                                         compiled=False, progress=False))
+    tpu = report.targets["tpu"]
+    assert any(p.startswith("bucket ") for p in tpu.failing_paths()), tpu.reasons
+    found = {f.kind: f for f in tpu.findings()}
+    assert "accuracy" not in found and found["padding"].severity == grading.severity("padding") == "work"
+    assert found["padding"].cause == PADDING_CAUSE and "tried" in found["padding"].message

@@ -26,7 +26,7 @@ from portkit.targets.backends import compile_cause
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
 from portkit.core import grading
-from portkit.core.findings import Finding, cause_key
+from portkit.core.findings import PADDING_CAUSE, Finding, cause_key
 from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
@@ -339,7 +339,8 @@ class TargetAccuracy:
         count only where the stage re-ran it there (`tried`). A path it was not run on is left out."""
         out = {}
         for path in self.failing_paths():
-            entry = next((t for t in self.tried if t["precision"] == other.name and t["path"] == path), None)
+            entry = next((t for t in self.tried if t["precision"] == other.name and t["path"] == path
+                          and not t.get("unpadded")), None)
             if entry is not None:
                 out[path] = entry["passed"]
             elif path == MAIN_BATCH and other.target_side == self.chosen.target_side:
@@ -357,7 +358,12 @@ class TargetAccuracy:
             return found + [self._inconclusive()]
         if self.verdict == stats.PASS or not self.metric_reasons:
             return found
-        paths = self.failing_paths()
+        padded_only = self.padded_only()
+        if padded_only:
+            found.append(self._padding(padded_only))
+        paths = [p for p in self.failing_paths() if p not in padded_only]
+        if not paths:
+            return found
         tried = {r.name: (r, self.tried_on(r)) for r in self.others}
         fixing = [r for r, on in tried.values() if paths and set(on) == set(paths) and all(on.values())]
         case = grading.FIXED_BY_SETTING if fixing else grading.NOT_FIXED
@@ -371,6 +377,21 @@ class TargetAccuracy:
                                 f"{'; '.join(self.metric_reasons)[:400]}", advice,
                                 cause=cause_key("accuracy", "task metric outside its budget"),
                                 occurrences={"paths": paths, "count": len(paths)})]
+
+    def padded_only(self) -> list[str]:
+        """The failing buckets whose texts pass at their own length (tried unpadded, same side and precision): they
+        fail only padded, so padding is their cause, not the target's numerics."""
+        return [t["path"] for t in self.tried if t.get("unpadded") and t["passed"]]
+
+    def _padding(self, paths: list[str]) -> Finding:
+        """Buckets that fail only padded: the grading policy's "padding" (work), the cause stage 3's padding check
+        names too (findings.PADDING_CAUSE), so the report counts it once."""
+        return Finding("padding", grading.severity("padding"),
+                       f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
+                       "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
+                       "outputs at real positions",
+                       "this model needs exact-length batches or per-length buckets (stage 3's padding check names "
+                       "the same cause)", cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
     def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
         """What portkit tried that still fails (each precision and where), then what it did not try, as leads."""

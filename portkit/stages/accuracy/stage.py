@@ -613,23 +613,25 @@ def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar
                             {"boundaries": plan.boundaries, "source": plan.source}, rows,
                             compile_refused=side.refused.to_dict() if side.refused else None)
     result.suggestions = suggest(target, result, ref.kind)
-    result.tried = _try_others(ref, side, result, others, plan)
+    result.tried = _try_others(ref, side, result, (chosen, others), plan)
     return result
 
 
-def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, others: list, plan) -> list[dict]:
+def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, precisions: tuple, plan) -> list[dict]:
     """Each other precision re-run on the chosen one's failing paths it was not measured on (the task sample, each
     failing bucket), on the same target side and the same compiled path: what the finding's advice says was tried
-    (TargetAccuracy.tried_on). The main batch needs no re-run: every precision was measured on it."""
-    paths = [p for p in result.failing_paths() if p != MAIN_BATCH]
-    if not paths or not others:
+    (TargetAccuracy.tried_on). The main batch needs no re-run: every precision was measured on it. Each failing
+    bucket is also run unpadded at the chosen precision: where that passes, padding is the cause, not numerics."""
+    (chosen, others), paths = precisions, [p for p in result.failing_paths() if p != MAIN_BATCH]
+    if not paths:
         return []
     compiled = ref.compiled and side.refused is None
     bucket_compiled = ref.compiled and (ref.scope.compiled_buckets or side.detected.native)
     batches = {high: (low, high, texts, cut) for low, high, texts, cut in
                _bucket_batches(ref.model, ref.corpus, plan.boundaries, ref.options.batch_size, ref.options.seed)} \
         if any(p.startswith("bucket ") for p in paths) and ref.corpus is not None else {}
-    tried = []
+    tried = [_try_unpadded(ref, side, batches[int(p.removeprefix("bucket "))], chosen, p, bucket_compiled, plan.batch)
+             for p in paths if p.startswith("bucket ") and int(p.removeprefix("bucket ")) in batches]
     for precision in others:
         for path in paths:
             if path == TASK_SAMPLE:
@@ -725,6 +727,21 @@ def _buckets(ref: Reference, plan: BucketBoundaries, precision, side: TargetSide
         else:
             rows.append(_bucket_row(ref, (low, high, texts, truncated), precision, side, compiled, plan.batch))
     return rows
+
+
+def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, path: str, compiled: bool,
+                  batch: int | None) -> dict:
+    """A failing bucket's texts at their own length (no bucket padding) on the same target side and precision:
+    "passed" says whether the task metrics hold there, so the bucket fails only padded (the padding cause)."""
+    model, (_, high, texts, _) = ref.model, bucket
+    padding_side = getattr(model.tokenizer, "padding_side", "right")
+    plain, expected, _, _ = ref.bucket(high, texts, model.encode(texts, pad_to=high), padding_side)
+    out = side.run(plain, precision, compiled=compiled, batch=batch)[0]
+    main = _main(model, expected)
+    task = task_metrics(model.declaration.primary.metric, out[main], expected[main], _mask(model, plain),
+                        ref.options.bounds, plain, ref.unit, main)
+    return {"precision": precision.name, "setting": precision.setting, "path": path, "unpadded": True,
+            "passed": task["decision"] != stats.FAIL, "reason": task.get("reason")}
 
 
 def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, compiled: bool, batch: int | None) -> dict:

@@ -39,7 +39,7 @@ from portkit.stages.options import StageOptions
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter
-from portkit.core.findings import cause_key
+from portkit.core.findings import PADDING_CAUSE
 from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, Prices,
                                       batch_buckets, compare, histogram, optimal_table, padded_tokens, plan_auto,
                                       plan_buckets, plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, plural,
@@ -433,7 +433,7 @@ class TargetBuckets:
                        f"in {', '.join(r.name for r in failed)}; first: {first}): {why}", advice,
                        source="vllm-project/tpu-inference#3466",
                        consequence="work: the model runs, at exact-length batches or a compile per length",
-                       cause=cause_key("padding", "padded positions change the real outputs"),
+                       cause=PADDING_CAUSE,
                        occurrences={"runs": [r.name for r in failed], "shapes": sorted(set(shapes)),
                                     "count": len(shapes)}).to_dict()
 
