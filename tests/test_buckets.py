@@ -460,8 +460,10 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     assert {n: p["kind"] for n, p in saved["padding_price"].items()} == {"neuron": "estimate", "tpu": "estimate"}
     from portkit.stages.report import stage as report_mod
     from portkit.stages.report import sections as report_stages
+    from portkit.runfolder import buckets_result
+    typed = buckets_result.Result.from_dict(saved, tmp_path / "buckets.json")     # as the report reads it
     out = report_mod.TargetReport("tpu", "TPU", "emulated")
-    report_stages._buckets(saved, saved["targets"]["tpu"], out)
+    report_stages._buckets(typed, typed.targets["tpu"], out)
     assert "estimate, not measured" in out.metrics["buckets"]["padded position priced at"]
     # the truncation finding leads each target's findings; the replay rows carry their compile time on the target
     assert all(saved["targets"][n]["findings"][0]["kind"] == "truncation" for n in ("neuron", "tpu"))
