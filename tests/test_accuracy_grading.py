@@ -151,3 +151,15 @@ def test_a_bucket_that_fails_only_padded_is_the_padding_cause_not_an_accuracy_bl
     found = {f.kind: f for f in tpu.findings()}
     assert "accuracy" not in found and found["padding"].severity == grading.severity("padding") == "work"
     assert found["padding"].cause == PADDING_CAUSE and "tried" in found["padding"].message
+
+
+def test_a_precision_measured_eager_is_tried_compiled_where_the_chosen_one_failed_compiled():
+    """Rule: where the chosen precision was judged compiled, the others (measured eager, another path) are compiled
+    on the main batch before one is called a fix: "tried: passes" there, and the grade is FIXED_BY_SETTING."""
+    scope = accuracy.Scope(**{**SCOPE, "compiled": True})
+    x = 0.5 + torch.rand(ROWS, 3, generator=torch.Generator().manual_seed(0))
+    tpu = accuracy.check_accuracy(CASES["primary"](), {"pixel_values": x}, ["tpu"], scope=scope).targets["tpu"]
+    assert tpu.chosen.target_side != tpu.others[0].target_side          # compiled against eager
+    assert [(t["precision"], t["path"], t["passed"]) for t in tpu.tried] == [("highest", "the main batch", True)]
+    [found] = [f for f in tpu.findings() if f.kind == "accuracy"]
+    assert found.severity == "work" and "tried: precision 'highest' passes on the main batch" in found.advice

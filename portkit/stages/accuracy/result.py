@@ -190,7 +190,7 @@ class PrecisionResult:
 MAIN_BATCH, TASK_SAMPLE = "the main batch", "the task sample"
 
 
-def _main_path(result: PrecisionResult) -> str:
+def main_path(result: PrecisionResult) -> str:
     """Where a precision's judged output was decided: the task sample, or the main batch (no sample)."""
     return MAIN_BATCH if (result.task.get("sample") or {}).get("source", "the main batch") == "the main batch" \
         else TASK_SAMPLE
@@ -326,7 +326,7 @@ class TargetAccuracy:
         on (the task sample, or the main batch), the main batch for the other declared outputs, and each bucket."""
         paths = []
         if self.chosen.main_decision == stats.FAIL and not self.chosen.task.get("shape_mismatch"):
-            paths.append(_main_path(self.chosen))
+            paths.append(main_path(self.chosen))
         if any(t["decision"] == stats.FAIL and not t.get("shape_mismatch") for t in self.chosen.output_tasks.values()):
             paths.append(MAIN_BATCH)
         paths += [f"bucket {b['boundary']}" for b in self._checked()
@@ -344,7 +344,7 @@ class TargetAccuracy:
             if entry is not None:
                 out[path] = entry["passed"]
             elif path == MAIN_BATCH and other.target_side == self.chosen.target_side:
-                main_ok = _main_path(self.chosen) != MAIN_BATCH or other.main_decision != stats.FAIL
+                main_ok = main_path(self.chosen) != MAIN_BATCH or other.main_decision != stats.FAIL
                 out[path] = main_ok and not any(t["decision"] == stats.FAIL for t in other.output_tasks.values())
         return out
 

@@ -37,7 +37,7 @@ from portkit.stages import options
 from portkit.stages.accuracy import target_runs
 from portkit.targets import specs as targets_mod
 from portkit.stages.accuracy.result import (CAST_CAUSE, MAIN_BATCH, TASK_SAMPLE, AccuracyReport, PrecisionResult,
-                                            TargetAccuracy,
+                                            TargetAccuracy, main_path,
                                             against_baseline, suggest)
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import (check, compare, finish, item_values, join_values, neighbour_shares,
@@ -613,7 +613,8 @@ def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar
                             {"boundaries": plan.boundaries, "source": plan.source}, rows,
                             compile_refused=side.refused.to_dict() if side.refused else None)
     result.suggestions = suggest(target, result, ref.kind)
-    result.tried = _try_others(ref, side, result, (chosen, others), plan)
+    result.tried = _try_others(ref, side, result, (chosen, others), plan) + _try_compiled(ref, side, result, others,
+                                                                                          plan, bar)
     return result
 
 
@@ -727,6 +728,21 @@ def _buckets(ref: Reference, plan: BucketBoundaries, precision, side: TargetSide
         else:
             rows.append(_bucket_row(ref, (low, high, texts, truncated), precision, side, compiled, plan.batch))
     return rows
+
+
+def _try_compiled(ref: Reference, side: TargetSide, result: TargetAccuracy, others: list, plan, bar) -> list[dict]:
+    """Where the chosen precision was judged compiled and fails on the main batch, each other precision compiled on
+    the main batch too (they were measured eager: another path), so a precision that passes is one tried there."""
+    if MAIN_BATCH not in result.failing_paths() or not ref.compiled or side.refused is not None:
+        return []
+    tried = []
+    for precision in others:
+        found = _precision_result(ref, side, precision, (True, False), plan.batch, bar)[0]
+        main_fails = main_path(result.chosen) == MAIN_BATCH and found.main_decision == stats.FAIL
+        passed = not main_fails and not any(t["decision"] == stats.FAIL for t in found.output_tasks.values())
+        tried.append({"precision": precision.name, "setting": precision.setting, "path": MAIN_BATCH,
+                      "passed": passed, "reason": "; ".join(found.metric_reasons) or None})
+    return tried
 
 
 def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, path: str, compiled: bool,
