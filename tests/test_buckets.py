@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import fixture_model
+from fixtures import models as fixtures
 from portkit.stages.buckets import bucketed
 from portkit.stages.buckets import stage as buckets
 from portkit.corpora import corpus as data
@@ -545,3 +546,35 @@ def test_the_planner_is_pure_numpy():
     assert "torch" not in imported and imported <= {"__future__", "inspect", "math", "dataclasses", "numpy",
                                                      "portkit.core.errors"}, imported
     assert results.compile_cost("/nonexistent", "tpu") is None
+
+
+class MaskDropping(torch.nn.Module):
+    """Takes an attention mask and drops it, as portkit's Mamba adapter does for a model that must not get one, then
+    normalises over the sequence axis (an InstanceNorm over time): padded positions change every real one."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm = torch.nn.Embedding(30522, 8), torch.nn.InstanceNorm1d(8)
+
+    def forward(self, input_ids, attention_mask):
+        return {"hidden": self.norm(self.embed(input_ids).transpose(1, 2)).transpose(1, 2)}
+
+
+@pytest.mark.parametrize("module, read", [(MaskDropping, False), (lambda: fixtures.TinyEncoder(use_mask=False), True)])
+def test_padding_that_a_mask_cannot_fix_is_work_with_the_mask_tried(corpus, module, read):
+    """Rule (grading policy "padding", advice that was tried): where padding changes real positions, portkit tries
+    the mask (the outputs with the padding marked real against marked padded). A model that does not read its mask
+    (its adapter drops it) is told it needs exact-length batches or per-length buckets, with no advice about the
+    mask; one that reads it gets that advice as a lead (not tried). Either is work, one finding per target."""
+    torch.manual_seed(0)
+    m = models.LoadedModel("norm", models.TOKEN_CLASSIFIER, module().eval(), "test model",
+                           tokenizer=models.minilm_tokenizer())
+    trace = data.make_trace(corpus, m, 6, seed=1)
+    plans = {"tpu": buckets.plan_buckets([8, 32], "optimal", k=2)}
+    t = buckets.replay_targets(m, trace, [], plans, {"tpu": economics.neuron_estimate(10**6)},
+                               replay=buckets.Replay(progress=False))["tpu"]
+    assert t.mask_read is read
+    [padding] = [f for f in t.findings() if f["kind"] == "padding"]
+    assert padding["severity"] == "work" and "exact-length batches or per-length buckets" in padding["advice"]
+    assert ("mask" in padding["advice"]) is read and "fix the attention mask" not in padding["advice"]
+    assert ("does not read its mask" in padding["message"]) is not read

@@ -129,3 +129,69 @@ def test_the_same_input_gives_the_same_result(texts):
     a, b = ({n: untimed(f.to_dict()) for n, f in run.items()} for run in runs)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert not re.search(r"\d\s?(ms|s)\b", json.dumps(a))   # no measured time in a string
+
+
+def test_a_module_computing_in_float64_at_three_lines_is_one_cause():
+    """Rule (one cause, one finding): float64 is a cause of the module that computes in it, however many lines of
+    its forward show it; the lines are its occurrences."""
+    for name, target in stage1(fixture_model("float64_three_lines_model")).targets.items():
+        found = [f for f in target.findings if f.kind == "float64"]
+        assert len(found) == 1, (name, [f.message for f in found])
+        assert found[0].module == "model.scorer" and len(found[0].occurrences["lines"]) == 3
+        assert {"aten::_to_copy", "aten::mm"} <= set(found[0].ops)
+
+
+def test_two_lstms_on_tpu_are_one_recurrent_cause_with_the_vendor_list_entry_folded_in():
+    """Rule (one cause, one finding): TorchTPU's vendor-list entry "LSTM: experimental" about the very nn.LSTM
+    modules stage 1 recorded is not counted again as a vendor_list finding."""
+    tpu = stage1(fixture_model("two_lstm_model")).targets["tpu"]
+    assert [f.kind for f in tpu.findings if f.kind in ("recurrent", "vendor_list")] == ["recurrent"]
+    [lstm] = [f for f in tpu.findings if f.kind == "recurrent"]
+    assert set(lstm.occurrences["modules"]) == {"model.first", "model.second"} and "experimental" in lstm.message
+
+
+def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evidence(texts):
+    """Rule (one cause, one finding): a data-dependent size the static-shape compiler refuses, met by stage 2's
+    compile, stage 3's bucket replay and stage 4's compiled run, has one cause in each (backends.compile_cause at
+    the user's line), and the report lists it once, the most severe grade, every stage's evidence under it."""
+    from portkit.corpora import corpus as data
+    from portkit.planning import economics
+    from portkit.stages.accuracy import result as accuracy_result
+    from portkit.stages.accuracy import target_runs
+    from portkit.stages.buckets import bucketed
+    from portkit.stages.buckets import stage as buckets
+    from portkit.stages.report import stage as report
+
+    m = models.load(fixture_model("codec_padding_model"))
+    inputs = m.encode(TEXTS, pad_to=12)
+    cost = economics.neuron_estimate(10**6)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        stream = steps.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
+        stage2 = compiling.compile_model(m, stream, ["neuron"], compiling.Options.of({"seq_len": 12, "requests": 4}),
+                                         progress=False, compile_shapes=2, costs={"neuron": cost}).findings("neuron")
+        plan = buckets.plan_buckets([4, 8, 12], "optimal", k=2, max_seq=12)
+        runs = bucketed.replay(m, data.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
+                               settings=bucketed.ReplaySettings(baseline=False, progress=False))
+        stage3 = buckets.TargetBuckets({"name": "neuron", "mode": "emulated"}, "portkit_neuron", plan, cost,
+                                       runs).findings()
+        torch.compiler.reset()
+        with pytest.raises(Exception) as raised:
+            torch.compile(m.module, backend="portkit_neuron", dynamic=False)(**inputs)
+    refused = target_runs.refusal(raised.value, "portkit_neuron", False)
+    precision = accuracy_result.PrecisionResult({"name": "none"}, "eager", {}, {"decision": "pass", "passed": True},
+                                                None, None, {}, {})
+    stage4 = [f.to_dict() for f in accuracy_result.TargetAccuracy(
+        {"name": "neuron"}, precision, [], {}, [], compile_refused=refused.to_dict()).findings()]
+    blockers = {s: [f for f in found if f["severity"] == "blocker"]
+                for s, found in (("compile", stage2), ("buckets", stage3), ("accuracy", stage4))}
+    assert all(len(found) == 1 for found in blockers.values()), blockers
+    assert len({found[0]["cause"] for found in blockers.values()}) == 1
+    rows = [{"stage": s, "severity": f["severity"], "kind": f["kind"], "message": f["message"],
+             "advice": f["advice"], "consequence": "", "where": "", "owner": "", "cause": findings.cause_of(f),
+             "stages": [s]} for s, found in blockers.items() for f in found]
+    [merged] = report.merge_causes(rows)
+    assert merged["stages"] == ["compile", "buckets", "accuracy"] and len(merged["evidence"]) == 3
+    assert merged["severity"] == "blocker" and "found by stages compile, buckets, accuracy" in merged["message"]
+    # portkit compiled with dynamic=False at fixed shapes: that fix was tried, and is never the advice
+    assert all("pad to buckets" not in f["advice"] and "dynamic=False)" not in f["advice"].split("tried:")[0]
+               for found in blockers.values() for f in found)

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from conftest import fixture_model
+from portkit.core import grading
 from portkit.stages.compile import training as compile_training
 from portkit.stages.compile import stage as compiling
 from portkit.models import registry as models
@@ -43,13 +44,14 @@ def test_a_graph_break_and_an_op_without_a_kernel_become_training_findings(gpt2,
                                     seq_len=8)["neuron"]
     assert broken.joint_graphs >= 2
     kinds = {f[0]: f for f in broken.findings()}
-    assert kinds["train_graph_break"][1] == "work" and f"{broken.joint_graphs} graphs" in kinds["train_graph_break"][2]
+    assert grading.severity("train_graph_break", kinds["train_graph_break"][1]) == "work"
+    assert f"{broken.joint_graphs} graphs" in kinds["train_graph_break"][2]
     svd = compile_training.check(_fixture("svd_model", gpt2), corpus, ["neuron"], steps=2, batch_size=2,
                                  seq_len=8)["neuron"]
     ops = {(o["op"], o["part"]) for o in svd.not_lowered}
     assert ("aten::_linalg_svd", "forward") in ops, ops
     found = next(f for f in svd.findings() if f[0] == "train_not_lowered")
-    assert "in the forward pass would not lower (cpu_fallback" in found[2] and found[1] == "work"
+    assert "in the forward pass would not lower (cpu_fallback" in found[2] and found[1] == grading.RUNS_ON_HOST
     assert found[4] is not None and found[4]["text"]            # the user's source line
 
 

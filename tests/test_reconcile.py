@@ -126,11 +126,13 @@ def test_whose_code_a_frame_is():
     assert frames.owner(mine)["owner"] == frames.LIBRARY
     frames.claim(os.path.join(site, "acme_models"))
     assert frames.owner(mine)["owner"] == frames.USER and frames.owner(other)["owner"] == frames.LIBRARY
-    # a library's line is never "rewrite this line": an upgrade, a setting or a wrapper
+    # a library's line is never "rewrite this line": an upgrade or a wrapper, worded as leads where portkit knows
+    # no setting of the library for the path and tried nothing (never "look for a setting")
     sync = {"kind": "host_sync", "severity": WORK, "advice": "keep the value as a tensor",
             "where": {**other, "text": "x"}}
     advice = reconcile.advice_for(sync, frames.owner(other))
-    assert "keep the value" not in advice and "upgrade timm" in advice and "wrap" in advice
+    assert "keep the value" not in advice and "a newer timm" in advice and "wrap" in advice
+    assert "may help" in advice and "look for a setting" not in advice
     # the frame a finding names skips torch and the standard library
     assert frames.caller()["file"] == __file__
 

@@ -505,3 +505,22 @@ def test_the_cost_model_and_the_shape_texts_read_the_same_cold_and_warm(empty_ca
     again = xla.compile_for_tpu(bert, [{"batch": 1, "seq": 8}])
     assert again.shapes[0].cached and again.to_dict()["shapes"][0]["measured_at"] == first.shapes[0].measured_at
     assert "cache" not in again.shapes[0].describe(again.hbm_bytes_per_device)
+
+
+def test_one_compiler_rejection_or_hbm_miss_is_one_finding_with_its_shapes():
+    """Rule (one cause, one finding): the XLA compiler rejecting several shapes for one reason, or several shapes not
+    fitting one topology's HBM, is one finding each, the shapes its occurrences, not one finding per shape."""
+    from portkit.stages.xla import stage as xla_stage
+    from portkit.xla.results import ShapeResult, XlaCompileReport
+
+    def shape(seq, status, message=None, fits=None):
+        return ShapeResult(f"1x{seq}", {"input_ids": [[1, seq], "int32"]}, status, 0.1, message=message,
+                           fits_hbm=fits)
+    rejected = [shape(s, "compile_failed", f"INVALID_ARGUMENT: dimension {s} is not divisible by 7") for s in (8, 16)]
+    report = XlaCompileReport("m", "tpu", "compile", "bfloat16", 10, 20, topology="v5e:1x1", hbm_bytes_per_device=1,
+                              shapes=[*rejected, shape(32, "out_of_hbm", "RESOURCE_EXHAUSTED", False),
+                                      shape(64, "out_of_hbm", "RESOURCE_EXHAUSTED", False)])
+    found = {f["kind"]: f for f in xla_stage._findings(report)}
+    assert len(xla_stage._findings(report)) == 2
+    assert found["xla_compile"]["occurrences"]["shapes"] == ["1x8", "1x16"]
+    assert found["hbm"]["occurrences"]["count"] == 2 and found["hbm"]["severity"] == "blocker"

@@ -74,6 +74,11 @@ def cause_key(kind: str, subject: str, where: dict | None = None) -> str:
     return f"{kind}: {subject}" + (f" at {line}" if line else "")
 
 
+# Padding that changes the outputs at real positions: one cause per target, whichever stage met it (stage 3's padding
+# check, a bucket of stage 4 that fails only padded).
+PADDING_CAUSE = "padding: padded positions change the real outputs"
+
+
 def merge_occurrences(into: dict | None, other: dict | None) -> dict:
     """Two findings' occurrences as one: counts and calls added, modules, ops and steps joined (sorted)."""
     merged = dict(into or {})

@@ -28,6 +28,13 @@ RUNS_ON_HOST = "the target runs it on the host CPU"
 NO_KERNEL = "no kernel on the target and no CPU fallback"
 RESOLVED = "resolved by the bucket plan"
 UNRESOLVED = "not resolved"
+CUT, NOTHING_CUT, REJECTED = "inputs are cut", "nothing is cut", "inputs are rejected"
+PLAIN_TORCH = "a torch.library op whose kernel is a Python function of torch ops"
+VANISHED = "traced away under torch.compile"
+NEEDS_CUDA = "the code needs a CUDA device to run"
+OFF_CUDA_BRANCH = "off CUDA the code takes another branch or precision"
+NO_EFFECT = "no effect off NVIDIA"
+GUARDED = "its import is guarded: the model runs without it"
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,23 @@ def _g(stage: str, kind: str, case: str, severity: str, rule: str) -> Grade:
 # work, it runs, at a named cost; info, noted, no cost found. A question a stage could not answer is no finding
 # at all: it is an open question (`unassessed`), and the verdict says so.
 POLICY: tuple[Grade, ...] = (
+    _g("model", "tokenizer_roundtrip", ANY, BLOCKER,
+       "the tokenizer loses the text: every stage's inputs are not the text the model was trained on"),
+    _g("fallbacks", "recurrent", NO_KERNEL, BLOCKER,
+       "the device's fused recurrent cell op has no kernel anywhere, whatever the target's rule for recurrent "
+       "modules"),
+    _g("fallbacks", "custom_op", PLAIN_TORCH, WORK,
+       "an op outside ATen whose kernel is plain torch runs on the target, opaque to its compiler: stage 2 grades "
+       "what it holds (foreign_op); a CUDA or Triton kernel takes the target's custom_op rule below"),
+    _g("fallbacks", "gpu_kernel", ANY, BLOCKER, "a CUDA or Triton kernel does not carry over: it must be rewritten"),
+    _g("fallbacks", "gpu_kernel", GUARDED, INFO, "an optional kernel: the model runs without it"),
+    _g("fallbacks", "gpu_package", ANY, BLOCKER, "a GPU-only package the model needs does not run on the target"),
+    _g("fallbacks", "gpu_package", GUARDED, INFO, "an optional package: the model runs without it"),
+    _g("fallbacks", "gpu_device", NEEDS_CUDA, BLOCKER, "code that names a CUDA device or NCCL fails off NVIDIA"),
+    _g("fallbacks", "gpu_device", OFF_CUDA_BRANCH, WORK,
+       "the code runs off CUDA, on another branch or at another precision than on the GPU"),
+    _g("fallbacks", "gpu_device", NO_EFFECT, INFO, "a CUDA setting with no effect elsewhere"),
+    _g("fallbacks", "gpu_device", GUARDED, INFO, "optional CUDA code: the model runs without it"),
     _g("compile", "compile_refused", ANY, BLOCKER,
        "the target's compiler refuses the graph: the model cannot run compiled there. One cause is one finding, "
        "whichever stages (2, 3, 4) met it"),
@@ -60,6 +84,16 @@ POLICY: tuple[Grade, ...] = (
     _g("compile", "recompile_storm", UNRESOLVED, WORK, "a compile per new input shape, minutes each on the target"),
     _g("compile", "recompile_storm", RESOLVED, INFO, "the bucket plan pads every request to a shape warmed up"),
     _g("compile, buckets", "recompile_after_warmup", ANY, WORK, "a shape the warm-up missed compiles while serving"),
+    _g("compile", "train_refused", ANY, BLOCKER, "the target's compiler refuses the training step: training cannot "
+       "run compiled there"),
+    _g("compile", "train_not_lowered", NO_KERNEL, BLOCKER, "an op of the training step with no kernel and no "
+       "fallback cannot run"),
+    _g("compile", "train_not_lowered", RUNS_ON_HOST, WORK, "a round trip to the host CPU per training step"),
+    _g("compile", "train_graph_break", ANY, WORK, "each graph of the training step has its own backward, compiled "
+       "and run apart"),
+    _g("compile", "train_recompile", ANY, WORK, "the training step compiles again mid-run"),
+    _g("compile", "eager_feature", VANISHED, INFO,
+       "a stage-1 finding torch.compile traces away costs nothing compiled, the way both vendors run models"),
     _g("compile", "fixed_shape", ANY, WORK, "a fixed shape still recompiles: a guard on something else changes"),
     _g("compile", "foreign_op", ANY, WORK,
        "an op that is not ATen (a library's or the user's torch.library op) runs opaque in the compiled graph: "
@@ -68,7 +102,11 @@ POLICY: tuple[Grade, ...] = (
        "padding changes the outputs at real positions: the model runs, but needs exact-length batches or "
        "per-length buckets (a compile per length)"),
     _g("buckets", "padding_unchecked", ANY, WORK, "the bucket plan is not proven to leave real positions unchanged"),
-    _g("buckets", "truncation", ANY, WORK, "inputs longer than the largest bucket are cut or rejected"),
+    _g("buckets", "truncation", CUT, WORK, "inputs longer than the largest bucket are cut: the model sees only "
+       "their beginning"),
+    _g("buckets", "truncation", NOTHING_CUT, INFO, "no input is longer than the largest bucket"),
+    _g("buckets", "truncation", REJECTED, INFO, "inputs longer than the largest bucket are rejected, as the "
+       "overflow policy chosen asks: never served, nothing computed wrong"),
     _g("buckets", "bucket_plan", ANY, INFO, "the plan itself: what to serve with"),
     _g("xla", "hbm", ANY, BLOCKER, "the compiled shape does not fit the topology's HBM per device"),
     _g("xla", "xla_compile", ANY, BLOCKER, "the real XLA TPU compiler rejects the shape"),

@@ -21,7 +21,7 @@ Pure functions over the stage results' dicts: the report and the notebooks call 
 """
 from __future__ import annotations
 
-from portkit.core import frames
+from portkit.core import frames, grading
 from portkit.core.tables import HtmlTable
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
@@ -156,8 +156,9 @@ def advice_for(finding: dict, owner: dict) -> str:
     if owner["owner"] == frames.CONFIGURABLE:
         return (f"{head}: the setting that changes this path is {owner['setting']} ({owner['setting_help']}); "
                 f"or upgrade {owner['package']}{note}")
-    return (f"{head}: upgrade {owner['package']}, look for a setting of it that avoids this path, or wrap the "
-            f"module that calls it in one of your own{note}")
+    # portkit knows no setting of this library that changes the path (frames.SETTINGS): leads, not a tried fix
+    return (f"{head}: may help (not tried by portkit, which knows no setting of {owner['package']} for this path): "
+            f"a newer {owner['package']}, or wrapping the module that calls it in one of your own{note}")
 
 
 def reconcile(findings: list[dict], compiled: dict | None, target: str) -> list[dict]:
@@ -173,7 +174,7 @@ def reconcile(findings: list[dict], compiled: dict | None, target: str) -> list[
         cost = COSTS.get(f.get("kind"), "")
         cost = cost.get(eager, "") if isinstance(cost, dict) else cost
         if status == VANISHES:
-            severity = INFO
+            severity = grading.severity("eager_feature", grading.VANISHED)
             consequence = ("eager only: no cost under torch.compile, the way both vendors run models; "
                            f"in eager mode: {cost}" if cost else "eager only: no cost under torch.compile")
         else:

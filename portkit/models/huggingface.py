@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from portkit.core import grading
 from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.models import adapters, inputs
 
@@ -523,7 +524,8 @@ def tokenizer_roundtrip(model, texts, limit: int = 200) -> dict | None:
     if lost <= ROUNDTRIP_LOSS:
         return None
     name = getattr(model, "tokenizer_name", type(tokenizer).__name__)
-    return {"kind": "tokenizer_roundtrip", "severity": "blocker", "lost": round(lost, 4), "texts": len(texts),
+    return {"kind": "tokenizer_roundtrip", "severity": grading.severity("tokenizer_roundtrip"),
+            "lost": round(lost, 4), "texts": len(texts),
             "message": f"tokenizer does not round-trip: {lost:.0%} of characters lost (tokenizer {name}, "
                        f"{type(tokenizer).__name__}, {len(texts)} texts encoded and decoded)",
             "advice": "load the tokenizer the model was trained with (its tokenizer.json / tokenizer_config.json "

@@ -235,9 +235,11 @@ class EmulatedBackend:
             if _data_dependent(node.meta.get("example_value")):
                 check.refused = f"{t.dynamic_shape_error} ({self.__name__}, emulated: {DATA_DEPENDENT_SIZE.format(at)}"
             else:
+                # portkit compiles with dynamic=False at fixed input shapes: a symbolic size left is not the inputs'
                 check.refused = (f"{t.dynamic_shape_error} ({self.__name__}, emulated: symbolic shape in {at}). "
-                                 f"{t.title} compiles static shapes only: use torch.compile(..., dynamic=False) and "
-                                 "pad inputs to fixed shapes (stage 3 buckets)")
+                                 f"{t.title} compiles static shapes only; tried: torch.compile(..., dynamic=False) at "
+                                 "fixed input shapes, still symbolic, so padding the inputs does not help: the size "
+                                 "follows something other than the input shapes there")
             raise CompileRefused(check.refused, where)
 
     def _retrace(self, gm, example_inputs, precision, check: GraphCheck) -> torch.fx.GraphModule:

@@ -31,6 +31,24 @@ CORE_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d"
 KEEP = 3   # source lines kept per thing found inside
 
 
+# Words in a custom op's Python source that mark a kernel of its own (Triton, a CUDA extension) rather than torch ops.
+KERNEL_MARKS = ("triton", "wrap_triton", "load_inline", "cpp_extension", ".cuda(", "cupy")
+
+
+def runs_as_plain_torch(func) -> bool:
+    """Whether a foreign op's kernel is a Python function of torch ops (torch.library.custom_op), with no Triton or
+    CUDA kernel of its own in its source: it runs wherever PyTorch does, opaque to the target's compiler. An op
+    defined otherwise (a C++ kernel, Library.impl) or one whose source launches a kernel is not."""
+    fn = _torch.custom_op_function(func)
+    if fn is None:
+        return False
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return not any(mark in source for mark in KERNEL_MARKS)
+
+
 def is_foreign(func) -> bool:
     """Whether a dispatched op is outside PyTorch's own namespaces."""
     return getattr(func, "namespace", "aten") not in CORE_NAMESPACES

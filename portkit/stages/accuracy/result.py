@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 import torch
 
 from portkit.targets import specs as targets_mod
+from portkit.targets.backends import compile_cause
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
-from portkit.core.findings import BLOCKER, WORK, Finding, cause_key
+from portkit.core import grading
+from portkit.core.findings import PADDING_CAUSE, Finding, cause_key
 from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
@@ -185,6 +187,15 @@ class PrecisionResult:
         return found["outputs"].get(output) if found else None
 
 
+MAIN_BATCH, TASK_SAMPLE = "the main batch", "the task sample"
+
+
+def main_path(result: PrecisionResult) -> str:
+    """Where a precision's judged output was decided: the task sample, or the main batch (no sample)."""
+    return MAIN_BATCH if (result.task.get("sample") or {}).get("source", "the main batch") == "the main batch" \
+        else TASK_SAMPLE
+
+
 @dataclass
 class TargetAccuracy:
     target: dict               # DetectedTarget.to_dict()
@@ -194,6 +205,8 @@ class TargetAccuracy:
     buckets: list[dict]
     suggestions: list[str] = field(default_factory=list)
     compile_refused: dict | None = None      # target_runs.Refusal.to_dict(): the compiled path was refused
+    # the other precisions re-run on a failing path of the chosen one: {"precision", "path", "passed", "reason"}
+    tried: list[dict] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -248,7 +261,7 @@ class TargetAccuracy:
         """One work finding per output of another shape on the target: its comparison is left out there. The
         usual cause is a length that rounds with the input's (a codec's hop, a strided convolution's frames): the
         target's graph (padded to a bucket, or rounding a length computed in float) rounds it otherwise."""
-        return [Finding("output_shape", WORK,
+        return [Finding("output_shape", grading.severity("output_shape"),
                         f"output {name!r} has shape {m['shape']} on {self.name} but {m['reference_shape']} in the "
                         f"reference ({'; '.join(m['where'])}): stage 4 could not compare it there",
                         "the output's length depends on how the input length rounds: pad the input to a multiple "
@@ -308,22 +321,90 @@ class TargetAccuracy:
                 + (f"{a['relative_matmul_cost']:g}x the fastest setting ({a['cost_stated']}; {a['cost_source']})"
                    if a["relative_matmul_cost"] is not None else a["cost_stated"]) for a in self.advice()]
 
+    def failing_paths(self) -> list[str]:
+        """Where a task metric of the chosen precision is outside its budget: the path its judged output was decided
+        on (the task sample, or the main batch), the main batch for the other declared outputs, and each bucket."""
+        paths = []
+        if self.chosen.main_decision == stats.FAIL and not self.chosen.task.get("shape_mismatch"):
+            paths.append(main_path(self.chosen))
+        if any(t["decision"] == stats.FAIL and not t.get("shape_mismatch") for t in self.chosen.output_tasks.values()):
+            paths.append(MAIN_BATCH)
+        paths += [f"bucket {b['boundary']}" for b in self._checked()
+                  if [r for r in b["reasons"] if r not in b.get("shape_reasons", [])]]
+        return list(dict.fromkeys(paths))
+
+    def tried_on(self, other: PrecisionResult) -> dict[str, bool]:
+        """Per failing path, whether `other` passed there as portkit ran it: its own main-batch result counts for
+        the main batch only where it ran on the same target side as the chosen one; the task sample and the buckets
+        count only where the stage re-ran it there (`tried`). A path it was not run on is left out."""
+        out = {}
+        for path in self.failing_paths():
+            entry = next((t for t in self.tried if t["precision"] == other.name and t["path"] == path
+                          and not t.get("unpadded")), None)
+            if entry is not None:
+                out[path] = entry["passed"]
+            elif path == MAIN_BATCH and other.target_side == self.chosen.target_side:
+                main_ok = main_path(self.chosen) != MAIN_BATCH or other.main_decision != stats.FAIL
+                out[path] = main_ok and not any(t["decision"] == stats.FAIL for t in other.output_tasks.values())
+        return out
+
     def findings(self) -> list[Finding]:
-        """This stage's findings in the report's terms. A task metric outside its budget that another
-        precision setting brings back is work; one outside at every precision measured is a blocker, and so
-        is a compiler that refuses the model. An element-wise miss while the task metrics hold is no finding."""
+        """This stage's findings in the report's terms, graded by the grading policy (core.grading): a task metric
+        outside its budget is "accuracy" FIXED_BY_SETTING where a precision portkit ran on every failing path
+        (tried_on) passes there, else NOT_FIXED, whatever the model; a compiler that refuses the model is
+        "compile_refused". An element-wise miss while the task metrics hold is no finding."""
         found = ([self._refusal()] if self.compile_refused else []) + self._shape_findings()
         if self.verdict == stats.INCONCLUSIVE:
             return found + [self._inconclusive()]
         if self.verdict == stats.PASS or not self.metric_reasons:
             return found
-        passing = [r for r in self.others if r.passed]
-        fixable = bool(passing)
-        advice = (f"set {passing[0].precision['setting']} (precision '{passing[0].name}' passes)" if passing else
-                  "; ".join(self.suggestions[:2]) or "see the accuracy notebook's suggestions")
-        return found + [Finding("accuracy", WORK if fixable else BLOCKER,
+        padded_only = self.padded_only()
+        if padded_only:
+            found.append(self._padding(padded_only))
+        paths = [p for p in self.failing_paths() if p not in padded_only]
+        if not paths:
+            return found
+        tried = {r.name: (r, self.tried_on(r)) for r in self.others}
+        fixing = [r for r, on in tried.values() if paths and set(on) == set(paths) and all(on.values())]
+        case = grading.FIXED_BY_SETTING if fixing else grading.NOT_FIXED
+        if fixing:
+            advice = (f"set {fixing[0].precision['setting']}: tried: precision '{fixing[0].name}' passes on "
+                      f"{', '.join(paths)}")
+        else:
+            advice = self._not_fixed_advice(paths, tried)
+        return found + [Finding("accuracy", grading.severity("accuracy", case),
                                 f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
-                                f"{'; '.join(self.metric_reasons)[:400]}", advice)]
+                                f"{'; '.join(self.metric_reasons)[:400]}", advice,
+                                cause=cause_key("accuracy", "task metric outside its budget"),
+                                occurrences={"paths": paths, "count": len(paths)})]
+
+    def padded_only(self) -> list[str]:
+        """The failing buckets whose texts pass at their own length (tried unpadded, same side and precision): they
+        fail only padded, so padding is their cause, not the target's numerics."""
+        return [t["path"] for t in self.tried if t.get("unpadded") and t["passed"]]
+
+    def _padding(self, paths: list[str]) -> Finding:
+        """Buckets that fail only padded: the grading policy's "padding" (work), the cause stage 3's padding check
+        names too (findings.PADDING_CAUSE), so the report counts it once."""
+        return Finding("padding", grading.severity("padding"),
+                       f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
+                       "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
+                       "outputs at real positions",
+                       "this model needs exact-length batches or per-length buckets (stage 3's padding check names "
+                       "the same cause)", cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
+
+    def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
+        """What portkit tried that still fails (each precision and where), then what it did not try, as leads."""
+        still = [f"precision '{name}' on {', '.join(p for p, ok in on.items() if not ok)}"
+                 for name, (_, on) in tried.items() if not all(on.values())]
+        untried = [f"precision '{name}' on {', '.join(p for p in paths if p not in on)}"
+                   for name, (_, on) in tried.items() if all(on.values()) and set(on) != set(paths)]
+        parts = [f"tried: still fails: {'; '.join(still)}"] if still else []
+        if untried:
+            parts.append(f"not tried on every failing path: {'; '.join(untried)}")
+        leads = self.suggestions[:2]
+        parts.append("may help: " + ("; ".join(leads) if leads else "see the accuracy notebook's suggestions"))
+        return "; ".join(parts)
 
     def _inconclusive(self) -> Finding:
         """An undecided verdict is work, not a pass and not a blocker: the model runs and nothing measured is out of
@@ -332,7 +413,7 @@ class TargetAccuracy:
         pool, items = sample.get("pool"), sample.get("items", 0)      # None: the main batch or made-up crops
         more = ("raise portkit's cap on the task sample (Scope.task_items_max) so it covers more of the data"
                 if pool is not None and items < pool else "give a larger corpus (parameter corpus)")
-        return Finding("accuracy_inconclusive", WORK,
+        return Finding("accuracy_inconclusive", grading.severity("accuracy_inconclusive"),
                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): undecided on its sample: "
                        f"{'; '.join(self.undecided)[:400]}",
                        f"{more}: with every decision agreeing, a rate's 95% interval clears a 0.99 budget from 381 "
@@ -341,10 +422,13 @@ class TargetAccuracy:
     def _refusal(self) -> Finding:
         refused = self.compile_refused
         where = f" at {refused['where']}" if refused.get("where") and refused["where"] not in refused["message"] else ""
-        return Finding("compile_refused", BLOCKER,
+        return Finding("compile_refused", grading.severity("compile_refused"),
                        f"{refused['backend']} refuses the compiled model{where}: {refused['message'][:400]}",
-                       "make the shapes static there (stage 2's graph breaks show where a graph ends); the "
-                       f"numerics were judged in {self.chosen.target_side} instead")
+                       "tried: the main batch's fixed shape, still refused: change the code the compiler names "
+                       f"(stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
+                       "instead",
+                       # stage 2's and 3's cause for the same refusal: one finding in the report
+                       cause=compile_cause("refused", refused.get("place"), refused["message"]))
 
     def to_dict(self) -> dict:
         return {"target": self.target, "summary": self.summary(), "verdict": self.verdict,
@@ -357,7 +441,7 @@ class TargetAccuracy:
                 "outputs": self.chosen.outputs, "task": self.chosen.task, "vs_float64": self.chosen.vs_float64,
                 "layers": self.chosen.layers, "numerics": self.chosen.numerics,
                 "float64_ops": self.chosen.float64_ops, "bucket_plan": self.bucket_plan, "buckets": self.buckets,
-                "precisions": [r.to_dict() for r in (self.chosen, *self.others)]}
+                "precisions": [r.to_dict() for r in (self.chosen, *self.others)], "tried": self.tried}
 
 
 @dataclass
@@ -676,7 +760,7 @@ def stream_drift(run: dict) -> Finding:
     failed = next(c for c in run["checks"] if c["metric"] == "drift_growth")
     p = (failed.get("trend") or run.get("drift_trend") or {}).get("p")
     leaf = f" in state leaf {failed['leaf']}" if len(run.get("leaves") or {}) > 1 else ""
-    return Finding("stream_drift", BLOCKER,
+    return Finding("stream_drift", grading.severity("stream_drift"),
                    f"streamed state drifts at precision '{run['precision']}' ({run['backend']}): its error against "
                    f"float64{leaf} grows {failed['value']:.2f}x over the stream ({failed['budget']}), a rise beyond "
                    f"noise (Mann-Whitney U p = {p:.2g})" if p is not None else
@@ -698,7 +782,7 @@ def stream_recompile(run: dict) -> Finding:
               "(a plain clone() keeps a view's strides), so every chunk feeds the layout the warm-up compiled"
               if strided else "warm up every chunk shape and state layout the stream feeds the step, and keep them "
                                   "the same from chunk to chunk")
-    return Finding("stream_recompile", WORK,
+    return Finding("stream_recompile", grading.severity("stream_recompile"),
                    f"{run['late_compiles']} compile(s) during the stream after warm-up ({run['backend']}), first at "
                    f"chunk {first.get('chunk', '?')}: {reason}", advice,
                    consequence="each is a compile paid in the middle of a stream on the device")
@@ -708,7 +792,7 @@ def stream_output(run: dict, check: dict) -> Finding:
     """A streamed output outside its budget (a check of streaming.output_metrics) as the target's finding: a
     blocker by the same rule as the drift, since the stream runs at one precision setting and none was measured
     that brings it back."""
-    return Finding("stream_output", BLOCKER,
+    return Finding("stream_output", grading.severity("stream_output"),
                    f"streamed output '{check['output']}' at precision '{run['precision']}' ({run['backend']}): "
                    f"{check['label']} {check['value']:.4g} over the stream ({check['budget']})",
                    f"run the step in float32 ({_keep_float32(run)}) and recompute the stream check: the target's "

@@ -36,7 +36,8 @@ from portkit.runfolder import results
 from portkit.stages import options
 from portkit.stages.accuracy import target_runs
 from portkit.targets import specs as targets_mod
-from portkit.stages.accuracy.result import (CAST_CAUSE, AccuracyReport, PrecisionResult, TargetAccuracy,
+from portkit.stages.accuracy.result import (CAST_CAUSE, MAIN_BATCH, TASK_SAMPLE, AccuracyReport, PrecisionResult,
+                                            TargetAccuracy, main_path,
                                             against_baseline, suggest)
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import (check, compare, finish, item_values, join_values, neighbour_shares,
@@ -612,7 +613,40 @@ def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar
                             {"boundaries": plan.boundaries, "source": plan.source}, rows,
                             compile_refused=side.refused.to_dict() if side.refused else None)
     result.suggestions = suggest(target, result, ref.kind)
+    result.tried = _try_others(ref, side, result, (chosen, others), plan) + _try_compiled(ref, side, result, others,
+                                                                                          plan, bar)
     return result
+
+
+def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, precisions: tuple, plan) -> list[dict]:
+    """Each other precision re-run on the chosen one's failing paths it was not measured on (the task sample, each
+    failing bucket), on the same target side and the same compiled path: what the finding's advice says was tried
+    (TargetAccuracy.tried_on). The main batch needs no re-run: every precision was measured on it. Each failing
+    bucket is also run unpadded at the chosen precision: where that passes, padding is the cause, not numerics."""
+    (chosen, others), paths = precisions, [p for p in result.failing_paths() if p != MAIN_BATCH]
+    if not paths:
+        return []
+    compiled = ref.compiled and side.refused is None
+    bucket_compiled = ref.compiled and (ref.scope.compiled_buckets or side.detected.native)
+    batches = {high: (low, high, texts, cut) for low, high, texts, cut in
+               _bucket_batches(ref.model, ref.corpus, plan.boundaries, ref.options.batch_size, ref.options.seed)} \
+        if any(p.startswith("bucket ") for p in paths) and ref.corpus is not None else {}
+    tried = [_try_unpadded(ref, side, batches[int(p.removeprefix("bucket "))], chosen, p, bucket_compiled, plan.batch)
+             for p in paths if p.startswith("bucket ") and int(p.removeprefix("bucket ")) in batches]
+    for precision in others:
+        for path in paths:
+            if path == TASK_SAMPLE:
+                found = ref._sampled(side, precision, compiled, plan.batch)
+                passed, reason = found["decision"] == stats.PASS, found.get("reason")
+            else:
+                bucket = batches.get(int(path.removeprefix("bucket ")))
+                if bucket is None:
+                    continue
+                row = _bucket_row(ref, bucket, precision, side, bucket_compiled, plan.batch)
+                passed, reason = row["passed"], "; ".join(row["reasons"]) or None
+            tried.append({"precision": precision.name, "setting": precision.setting, "path": path,
+                          "passed": passed, "reason": reason})
+    return tried
 
 
 def _precision_result(ref: Reference, side: TargetSide, precision, how: tuple[bool, bool], batch: int | None, bar):
@@ -696,6 +730,36 @@ def _buckets(ref: Reference, plan: BucketBoundaries, precision, side: TargetSide
     return rows
 
 
+def _try_compiled(ref: Reference, side: TargetSide, result: TargetAccuracy, others: list, plan, bar) -> list[dict]:
+    """Where the chosen precision was judged compiled and fails on the main batch, each other precision compiled on
+    the main batch too (they were measured eager: another path), so a precision that passes is one tried there."""
+    if MAIN_BATCH not in result.failing_paths() or not ref.compiled or side.refused is not None:
+        return []
+    tried = []
+    for precision in others:
+        found = _precision_result(ref, side, precision, (True, False), plan.batch, bar)[0]
+        main_fails = main_path(result.chosen) == MAIN_BATCH and found.main_decision == stats.FAIL
+        passed = not main_fails and not any(t["decision"] == stats.FAIL for t in found.output_tasks.values())
+        tried.append({"precision": precision.name, "setting": precision.setting, "path": MAIN_BATCH,
+                      "passed": passed, "reason": "; ".join(found.metric_reasons) or None})
+    return tried
+
+
+def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, path: str, compiled: bool,
+                  batch: int | None) -> dict:
+    """A failing bucket's texts at their own length (no bucket padding) on the same target side and precision:
+    "passed" says whether the task metrics hold there, so the bucket fails only padded (the padding cause)."""
+    model, (_, high, texts, _) = ref.model, bucket
+    padding_side = getattr(model.tokenizer, "padding_side", "right")
+    plain, expected, _, _ = ref.bucket(high, texts, model.encode(texts, pad_to=high), padding_side)
+    out = side.run(plain, precision, compiled=compiled, batch=batch)[0]
+    main = _main(model, expected)
+    task = task_metrics(model.declaration.primary.metric, out[main], expected[main], _mask(model, plain),
+                        ref.options.bounds, plain, ref.unit, main)
+    return {"precision": precision.name, "setting": precision.setting, "path": path, "unpadded": True,
+            "passed": task["decision"] != stats.FAIL, "reason": task.get("reason")}
+
+
 def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, compiled: bool, batch: int | None) -> dict:
     """One bucket: its texts padded to the boundary on the target, against the reference at their own length."""
     model, dim, (low, high, texts, truncated) = ref.model, ref.model.seq_dim, bucket
@@ -713,9 +777,16 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
     # a bucket's batch is a handful of items: it fails the verdict where its interval lies outside a budget; one
     # that straddles it decides nothing (the task sample decides); an output of another shape fails it (a finding)
     shape_reasons = [task["reason"]] if task.get("shape_mismatch") else []
-    reasons = shape_reasons or ([f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
-                                 f"{versus['factor']:g}x)"] if task["decision"] == stats.FAIL and not versus["within"]
-                                else [])
+    reasons = list(shape_reasons) or ([f"task: {task['reason']}; {against_baseline(versus)} (no-regression factor "
+                                       f"{versus['factor']:g}x)"]
+                                      if task["decision"] == stats.FAIL and not versus["within"] else [])
+    # every other declared output by its own metric, as on the main batch: one wholly outside its budget fails the
+    # bucket (docs/guides/declaring-a-model.md); one of another shape is its output_shape finding (outputs)
+    others = {o.name: task_metrics(o.metric, out[o.name], expected[o.name], mask, ref.options.bounds, plain,
+                                   _unit(ref.model, o.metric), o.name)
+              for o in model.declaration.outputs if o.name != main and o.name in out and o.name in expected}
+    reasons += [f"output {name!r}: {t['reason']}" for name, t in others.items()
+                if t["decision"] == stats.FAIL and not t.get("shape_mismatch")]
     real = sum(model.declaration.real_lengths(padded)[dim])
     target = f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}"
     if side.compiled and not compiled and side.refused is None:
@@ -724,7 +795,8 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
             "padding": 1 - real / (len(texts) * model.declaration.size_of(padded, dim)), "primary": main,
             "precision": precision.to_dict(),
             "reference": f"eager float32 at the batch's own length ({model.declaration.size_of(plain, dim)} {dim})",
-            "target": target, "outputs": outputs, "task": task, "passed": not reasons, "reasons": reasons,
+            "target": target, "outputs": outputs, "task": task, "output_tasks": others,
+            "passed": not reasons, "reasons": reasons,
             "shape_reasons": shape_reasons,
             "details": [f"{k}: {o['reason']}" for k, o in outputs.items() if not o["passed"]], "baseline": versus}
 

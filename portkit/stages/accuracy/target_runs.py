@@ -43,6 +43,7 @@ class Refusal:
     backend: str
     message: str
     where: str | None = None
+    place: dict | None = None     # the source frame (core.frames.place) the cause is known by, stage 2's too
 
     @property
     def short(self) -> str:
@@ -50,7 +51,7 @@ class Refusal:
         return self.message.split(" (")[0].split(". ")[0][:100]
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "message": self.message, "where": self.where}
+        return {"backend": self.backend, "message": self.message, "where": self.where, "place": self.place}
 
 
 def refusal(exc: BaseException, backend: str, native: bool) -> Refusal | None:
@@ -61,7 +62,7 @@ def refusal(exc: BaseException, backend: str, native: bool) -> Refusal | None:
     while inner is not None and id(inner) not in seen:
         seen.add(id(inner))
         if isinstance(inner, CompileRefused):
-            return Refusal(backend, str(inner), inner.where["text"] if inner.where else None)
+            return Refusal(backend, str(inner), inner.where["text"] if inner.where else None, inner.where)
         wrapped = getattr(inner, "inner_exception", None)
         if native and wrapped is not None and type(inner).__name__ == "BackendCompilerFailed":
             return Refusal(backend, f"{type(wrapped).__name__}: {' '.join(str(wrapped).split())[:400]}")
@@ -181,7 +182,9 @@ class TargetSide:
         if not detected.native and getattr(emulation, "__name__", "emulate") != "emulate":
             self.eager_label = f"{EAGER}, {emulation.__name__}"
         self.compiled_label = compiled_label(detected)
-        self._fn, self._backend, self._numerics, self._shapes = None, None, {}, set()
+        # the compiled function and its backend per precision: an emulated backend bakes its precision in
+        self._compiled: dict[str, tuple] = {}
+        self._numerics, self._shapes = {}, set()
         self.refused: Refusal | None = None
         # rows split into calls of `batch` only where every input's batch axis is its first (a recurrent state
         # is (layers, batch, hidden)): otherwise the whole batch goes in one call
@@ -230,22 +233,25 @@ class TargetSide:
             if changed is not None:
                 self._numerics[input_shape(inputs)] = changed
             return placement.to_device(out, "cpu")
-        if self._fn is None:
+        if precision.name not in self._compiled:
             # One target's graphs at a time (torch.compiler.reset docs: reset between unrelated compilations).
             torch.compiler.reset()
+            self._compiled.clear()
             if self.detected.native:
-                self._backend = self.detected.backend   # the vendor's compiler; its precision is its flag
+                backend = self.detected.backend   # the vendor's compiler; its precision is its flag
             else:
                 from portkit.targets import backends  # stage 2: registers portkit_neuron / portkit_tpu
-                self._backend = backends.emulated_backend(self.detected.name, precision)
-            self._fn = torch.compile(self.module, backend=self._backend, dynamic=False)
-        checks = getattr(self._backend, "checks", None)
+                backend = backends.emulated_backend(self.detected.name, precision)
+            self._compiled[precision.name] = (torch.compile(self.module, backend=backend, dynamic=False), backend)
+            self._shapes = set()
+        fn, backend = self._compiled[precision.name]
+        checks = getattr(backend, "checks", None)
         before = len(checks) if checks is not None else 0
         # Dynamo runs a function eagerly after recompile_limit shapes (pytorch/pytorch#114511): an
         # uncompiled bucket would pass for a compiled one, so every shape this side runs must compile.
         self._shapes.add(input_shape(inputs))
         with torch.no_grad(), _torch.recompile_limit(len(self._shapes)):
-            out = self._fn(**inputs)
+            out = fn(**inputs)
         if checks is not None and len(checks) > before:
             changed = collections.Counter()
             for check in list(checks)[before:]:

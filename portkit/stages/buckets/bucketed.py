@@ -372,6 +372,24 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
     return results
 
 
+def mask_is_read(model, trace, extra: int = 8) -> bool | None:
+    """Tried on one corpus item padded by `extra` positions: whether the model's outputs change when its mask input
+    marks the padding as real. False: the model does not read its mask (an adapter that drops it, as Mamba's does),
+    so no mask handling can keep padding out; None: the model takes no mask input, or the try could not run."""
+    name = model.declaration.masks.get(model.seq_dim)
+    if name is None or not trace.pool_texts:
+        return None
+    try:
+        one = model.encode([trace.pool_texts[0]])
+        padded = model.encode([trace.pool_texts[0]], pad_to=model.declaration.size_of(one, model.seq_dim) + extra)
+        with torch.no_grad():
+            masked = model.module(**padded)
+            unmasked = model.module(**{**padded, name: torch.ones_like(padded[name])})
+    except Exception:   # noqa: BLE001 - the try is advice only: one that cannot run leaves the advice a lead
+        return None
+    return any(not torch.equal(masked[k], unmasked[k]) for k in masked)
+
+
 def _compare(bm: BucketedModel, name: str, padded: torch.Tensor, expected: torch.Tensor, row: tuple[int, int],
              tol: tuple[float, float], found: dict) -> None:
     """One output of one row of the padding check: its real part of the padded output against the unpadded

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from portkit.core import atomic_io as _io
-from portkit.core import assessed, checks
+from portkit.core import assessed, checks, grading
 from portkit.core import frames
 from portkit.stages.buckets import bucketed
 from portkit.corpora import corpus as data
@@ -39,6 +39,7 @@ from portkit.stages.options import StageOptions
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter
+from portkit.core.findings import PADDING_CAUSE
 from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, Prices,
                                       batch_buckets, compare, histogram, optimal_table, padded_tokens, plan_auto,
                                       plan_buckets, plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, plural,
@@ -176,14 +177,16 @@ def truncation_finding(cut: dict) -> dict:
     # windows are for a model whose position table ends there; a cap of portkit's own is raised instead
     advice = (TRUNCATION_ADVICE if source else CAP_ADVICE).format(noun=noun, limit=limit, unit=unit)
     if not cut["over"]:
-        return Finding("truncation", "info", f"none of the {cut['items']:,} {noun} is longer than {where}: "
+        return Finding("truncation", grading.severity("truncation", grading.NOTHING_CUT),
+                       f"none of the {cut['items']:,} {noun} is longer than {where}: "
                        f"nothing is cut ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
     share = (f"{cut['over']:,} of {cut['items']:,} {noun} ({cut['over_share']:.1%}) are longer than {where}")
     if cut["overflow"] != "truncate":
-        return Finding("truncation", "info", f"{share} and are rejected (overflow {cut['overflow']}): "
+        return Finding("truncation", grading.severity("truncation", grading.REJECTED),
+                       f"{share} and are rejected (overflow {cut['overflow']}): "
                        f"{cut['lost_tokens']:,} {unit}, {cut['lost_share']:.1%} of the corpus's {cut['tokens']:,}, "
                        f"are never served ({note})", advice, source=TRUNCATION_SOURCE).to_dict()
-    return Finding("truncation", "work",
+    return Finding("truncation", grading.severity("truncation", grading.CUT),
                    f"{share} and are cut to {limit}: they lose {cut['lost_share_of_over']:.1%} of their {unit} "
                    f"({cut['lost_tokens']:,} of {cut['over_tokens']:,}; {cut['lost_share']:.1%} of the corpus's "
                    f"{cut['tokens']:,}); {note}", advice, source=TRUNCATION_SOURCE,
@@ -294,6 +297,9 @@ class TargetBuckets:
     cost: economics.CostModel     # one shape's compile on this target, and where the figure came from
     runs: list = field(default_factory=list)      # bucketed.ReplayRun, the first without buckets
     what_if: dict = field(default_factory=dict)   # {factor: the auto plan at factor x an estimated cost}
+    # whether the model reads its mask input (bucketed.mask_is_read: tried where padding failed); None: no mask
+    # input, or not tried
+    mask_read: bool | None = None
 
     @property
     def name(self) -> str:
@@ -374,13 +380,10 @@ class TargetBuckets:
         out = []
         failed = [r for r in self.runs if r.padding_ok is False]
         if failed:
-            out.append(Finding("padding", "blocker",
-                               f"padding to a bucket changes the outputs at real positions ({failed[0].name})",
-                               "the model does not mask padded positions: fix the attention mask handling "
-                               "before bucketing", source="vllm-project/tpu-inference#3466").to_dict())
+            out.append(self._padding_finding(failed))
         out += self._not_measured()
         for name, (why, runs) in self.padding_unchecked().items():
-            out.append(Finding("padding_unchecked", "work",
+            out.append(Finding("padding_unchecked", grading.severity("padding_unchecked"),
                                f"could not check padding of output {name!r} ({', '.join(runs)}): "
                                + why.removesuffix(": " + FOLLOWS_ADVICE),
                                FOLLOWS_ADVICE, source="https://pytorch.org/docs/stable/generated/torch.nn.Conv1d.html",
@@ -392,7 +395,7 @@ class TargetBuckets:
             first = (run.late_compiles or [{}])[0]
             where = (f"request {first['request'] + 1}" if first.get("request") is not None else "the padding check")
             shape = "x".join(map(str, first.get("shape") or ())) or "?"
-            out.append(Finding("recompile_after_warmup", "work",
+            out.append(Finding("recompile_after_warmup", grading.severity("recompile_after_warmup"),
                                f"{late} compiles after warm-up under the bucket plan; first in {run.name}: "
                                f"{where}, shape {shape}, guard failure: {first.get('reason', '?')}",
                                "a shape the warm-up did not compile reached the model: warm up every "
@@ -400,12 +403,39 @@ class TargetBuckets:
         mine = self.run_for(self.chosen)
         replayed = (f", {mine.compiles_after_warmup} after warm-up in the replay" if mine and not mine.failure
                     else f"; its replay {assessed.NOT_ASSESSED} ({mine.not_measured})" if mine else "")
-        out.append(Finding("bucket_plan", "info",
+        out.append(Finding("bucket_plan", grading.severity("bucket_plan"),
                            f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"
                            + (f" x batch {list(self.chosen.batch_sizes)}" if self.chosen.batch_sizes != (1,) else "")
                            + f": {self.chosen.waste:.1%} padding, {plural(self.chosen.compiles, 'compile')} planned"
                            + replayed, self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
         return out
+
+    def _padding_finding(self, failed: list) -> dict:
+        """Padding that changes the outputs at real positions, as one finding for the target however many runs
+        and bucket shapes showed it (the grading policy's "padding": work, the model runs at exact lengths). A
+        model with no mask input reads its padded positions wherever it mixes positions (a normalisation or a
+        pooling over the sequence axis): no mask can fix that, so the advice is what the policy names; with a mask,
+        where the mask does not reach is a lead, not a tried fix."""
+        first = next(f for r in failed for c in r.padding_checks for f in c.get("failures", []))
+        shapes = [f"{c['batch']}x{c['seq']}" for r in failed for c in r.padding_checks if c.get("ok") is False]
+        mixing = "a layer that mixes positions (a normalisation or a pooling over the sequence axis)"
+        why = {None: f"the model takes no mask input, so {mixing} reads the padded ones",
+               False: "tried: the outputs are the same whether the mask marks the padding or not, so the model does "
+                      f"not read its mask and {mixing} reads the padded ones",
+               True: "the padded positions are masked, yet a layer reads them (a normalisation over the sequence "
+                     "axis, or a layer the mask does not reach)"}[self.mask_read]
+        advice = ("this model needs exact-length batches or per-length buckets: batch requests of one length "
+                  "together, or plan one bucket per length (a compile each)")
+        if self.mask_read:
+            advice += "; may help: pass the mask to every layer that mixes positions (not tried by portkit)"
+        return Finding("padding", grading.severity("padding"),
+                       f"padding to a bucket changes the outputs at real positions ({', '.join(sorted(set(shapes)))} "
+                       f"in {', '.join(r.name for r in failed)}; first: {first}): {why}", advice,
+                       source="vllm-project/tpu-inference#3466",
+                       consequence="work: the model runs, at exact-length batches or a compile per length",
+                       cause=PADDING_CAUSE,
+                       occurrences={"runs": [r.name for r in failed], "shapes": sorted(set(shapes)),
+                                    "count": len(shapes)}).to_dict()
 
     def _not_measured(self) -> list[dict]:
         """One finding per cause that stopped a run (a refusal of the target's compiler, or what the model raised):
@@ -421,12 +451,14 @@ class TargetBuckets:
         for cause, entry in causes.items():
             f, runs = entry["failure"], entry["runs"]
             refused = f["kind"] == "refused"
+            kind = "compile_refused" if refused else "compile_failed"
             out.append(Finding(
-                "compile_refused" if refused else "compile_failed", "blocker",
+                kind, grading.severity(kind),
                 f"{', '.join(runs)} could not be measured on {self.name}: {failure_text(f)}",
-                f.get("hint") or ("the target's compiler refuses the graph (stage 2 names the same cause): make it "
-                                  "static (dynamic=False, no data-dependent shapes), then replay the buckets"
-                                  if refused else "fix the model where it raises, then replay the buckets"),
+                f.get("hint") or ("tried: the bucket plan's fixed shapes, compiled with dynamic=False, still refused "
+                                  "(stage 2 names the same cause): change the code the compiler names, then replay "
+                                  "the buckets" if refused
+                                  else "fix the model where it raises, then replay the buckets"),
                 where=f["where"], owner=frames.owner(f["where"]) if f["where"] else None, cause=cause,
                 consequence=("blocker: the target's compiler refuses the model, so no bucket plan runs there"
                              if refused else "blocker: the model raises at these bucket shapes"),
@@ -451,7 +483,7 @@ class TargetBuckets:
                 "compiles_after_warmup": (None if self.replay_failure()
                                           else sum(r.compiles_after_warmup for r in self.runs)),
                 assessed.KEY: self.open_questions(),
-                "padding_ok": padding_ok(self.runs), "padding_unchecked": {
+                "padding_ok": padding_ok(self.runs), "mask_read": self.mask_read, "padding_unchecked": {
                     name: {"why": why, "runs": runs} for name, (why, runs) in self.padding_unchecked().items()},
                 "not_measured": [{"run": r.name, **r.failure} for r in self.runs if r.failure],
                 "replay": [{**r.to_dict(), "target_compile_seconds": None if r.failure else self.priced(r)}
@@ -603,6 +635,8 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
             runs += bucketed.replay(model, trace, missing, be, _settings(replay, detected, baseline, counted))
         out[name] = TargetBuckets(detected.to_dict(), be, chosen[name], costs[name], _runs_for(runs, wanted, compare),
                                   (what_ifs or {}).get(name, {}))
+        if any(r.padding_ok is False for r in out[name].runs):
+            out[name].mask_read = bucketed.mask_is_read(model, trace)
     return out
 
 

@@ -29,6 +29,7 @@ from portkit.stages.compile import loops
 from portkit.stages.compile import training as compile_training
 from portkit.planning import economics
 from portkit.core import checks
+from portkit.core import grading
 from portkit.core import frames
 from portkit.core import reconcile
 from portkit.targets import selection
@@ -79,10 +80,12 @@ CONSEQUENCES = {
 }
 
 
-def _finding(kind: str, severity: str, message: str, advice: str, where: dict | None = None, *,
+def _finding(kind: str, message: str, advice: str, where: dict | None = None, *, case: str = grading.ANY,
              cause: str | None = None, occurrences: dict | None = None) -> dict:
-    """A finding with its consequence; with `where`, it names whose code that is and phrases the advice
-    for them. cause: its core.findings.cause_key (by default its kind at its line)."""
+    """A finding with the severity the grading policy gives `kind` in `case` (core.grading) and its consequence;
+    with `where`, it names whose code that is and phrases the advice for them. cause: its core.findings.cause_key
+    (by default its kind at its line)."""
+    severity = grading.severity(kind, case)
     consequence = CONSEQUENCES.get(kind)
     consequence = consequence.get(severity) if isinstance(consequence, dict) else consequence
     owner = frames.owner(where) if where is not None else None
@@ -97,6 +100,11 @@ DATA_DEPENDENT_ADVICE = (
     "compute the size from static metadata (.shape or a config value) or pass it as a Python int argument; or "
     "mark the region with torch._check / torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs "
     "Unbacked Symints: docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
+
+
+def _lowering_case(op: dict) -> str:
+    """The grading case of an op that would not lower: no kernel and no fallback, or run on the host CPU."""
+    return grading.NO_KERNEL if op["status"] == "unsupported" else grading.RUNS_ON_HOST
 
 
 def _compile_failures(check: dict, *failures) -> list[dict]:
@@ -116,12 +124,14 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
         where = failure.get("where")
         if "data-dependent size at" in text:   # a size read from values: no compile option or padding fixes it
             advice = DATA_DEPENDENT_ADVICE
-        elif refused:
-            advice = "make the graph static: dynamic=False, no data-dependent shapes, pad to buckets"
+        elif refused:   # portkit compiled with dynamic=False at fixed shapes: padding to fixed shapes was tried
+            advice = ("tried: torch.compile(dynamic=False) at one fixed input shape, still refused, so padding to "
+                      "fixed shapes does not help; change the code the compiler names"
+                      + (f" at {where_text(where)}" if where else ""))
         else:
             advice = failure.get("hint") or "fix the model so the target's backend compiles it"
         kind = "compile_refused" if refused or failure.get("kind") == "refused" else "compile_failed"
-        out.append(_finding(kind, "blocker", text if refused else failure_text(failure), advice, where,
+        out.append(_finding(kind, text if refused else failure_text(failure), advice, where,
                             cause=compile_cause("refused" if kind == "compile_refused" else failure["kind"], where,
                                                 text),
                             occurrences={"steps": entry["steps"], "count": len(entry["steps"])}))
@@ -156,7 +166,7 @@ def _foreign_op(op: dict, target: str) -> dict:
               f"fixed sizes) so the target's compiler sees inside it, or give the target a kernel for it in {language}")
     # one grade whatever is inside (the grading policy's "foreign_op"): the op is opaque to the target's compiler,
     # so what it costs there is measured on the device; the cause is stage 1's custom_op cause for the same call
-    return _finding("foreign_op", "work", message, advice, where,
+    return _finding("foreign_op", message, advice, where,
                     cause=cause_key("custom_op", op["op"], called),
                     occurrences={"calls": op.get("calls", 0), "count": len(op.get("where") or []),
                                  "calls_inside": op.get("ops", {}), "traced": op.get("traced", False)})
@@ -181,7 +191,7 @@ def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
         first = found[0]
         where = first.get("frame") or first["where"]
         reasons = sorted({b["reason"] for b in found})
-        out.append(_finding("graph_break", "work", f"graph break at {where_text(where)} "
+        out.append(_finding("graph_break", f"graph break at {where_text(where)} "
                             f"({frames.owner(where)['owner']} code): {'; '.join(reasons[:3])}; "
                             f"{len(by_line)} break cause(s) split the model into "
                             f"{breaks.graphs} graphs per input shape",
@@ -189,7 +199,7 @@ def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
                             "compile with fullgraph=True as the vendors recommend", where,
                             occurrences={"reasons": reasons, "count": len(found), "graphs": breaks.graphs}))
     if not out and not breaks.fullgraph.get("ok", True):
-        out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {failure_text(breaks.fullgraph)}",
+        out.append(_finding("fullgraph", f"fullgraph=True fails: {failure_text(breaks.fullgraph)}",
                             "the vendors recommend fullgraph=True: remove what stops it",
                             breaks.fullgraph.get("where")))
     return out
@@ -323,9 +333,9 @@ class CompileReport:
         out += _compile_failures(check, storm.failure, fixed.failure)
         for op in check.get("not_lowered", []):
             where = "; ".join(w["text"] for w in op["where"][:2]) or "(no source line)"
-            out.append(_finding("not_lowered", "blocker" if op["status"] == "unsupported" else "work",
+            out.append(_finding("not_lowered",
                                 f"{op['op']} would not lower ({op['status']}: {op['detail']}) at {where}",
-                                "replace the op, or write a kernel for it on the target",
+                                "replace the op, or write a kernel for it on the target", case=_lowering_case(op),
                                 cause=cause_key("not_lowered", op["op"], (op["where"] or [None])[0]),
                                 occurrences={"calls": op.get("calls", 0), "count": len(op["where"])}))
         out += _foreign_ops(check, self.training.get(name), name)
@@ -333,17 +343,18 @@ class CompileReport:
         if storm.requests and storm.compile_count() > 1:
             out.append(self._storm_finding(name))
         if not fixed.failure and fixed.compiles_after:
-            out.append(_finding("recompile_after_warmup", "work",
+            out.append(_finding("recompile_after_warmup",
                                 f"{fixed.compiles_after} compile(s) after warm-up at one fixed shape "
                                 f"{fixed.label}: {fixed.late_text()}",
                                 "a fixed shape should compile once and never again: pad every input to it, "
                                 "and check the model for Python code that depends on its inputs"))
         if not fixed.failure and fixed.probed and not fixed.armed:
-            out.append(_finding("fixed_shape", "work", fixed.summary(),
+            out.append(_finding("fixed_shape", fixed.summary(),
                                 "a fixed shape should compile once and never again: check the model for "
                                 "shape-dependent Python code"))
         if name in self.training:
-            out += [_finding(*found) for found in self.training[name].findings()]
+            out += [_finding(kind, message, advice, where, case=case)
+                    for kind, case, message, advice, where in self.training[name].findings()]
         return out
 
     def _storm_finding(self, name: str) -> dict:
@@ -356,16 +367,16 @@ class CompileReport:
                        "compile_seconds": priced["seconds"]}
         if storm.loop:
             loop = storm.loop
-            return _finding("recompile_storm", "work", f"{loops.CAUSE}: {loops.describe(loop)}, each priced on "
+            return _finding("recompile_storm", f"{loops.CAUSE}: {loops.describe(loop)}, each priced on "
                             f"{name} ({priced['source']})", loop["where"].get("setting") or loops.ADVICE,
-                            loop["where"],
+                            loop["where"], case=grading.UNRESOLVED,
                             cause=cause_key("recompile_storm", loops.CAUSE, loop["where"]),
                             occurrences={**occurrences, "graphs": loop["graphs"], "guard": loop["guard"],
                                          "loops": [w["text"] for w in loop["loops"]],
                                          "lengths": loop["lengths"], "nodes": loop["nodes"]})
-        return _finding("recompile_storm", "work", f"{storm.compile_count()} compiles for {len(storm.requests)} "
+        return _finding("recompile_storm", f"{storm.compile_count()} compiles for {len(storm.requests)} "
                         f"requests of varying length, each priced on {name} ({priced['source']})",
-                        "pad to a few fixed shapes: use stage 3's bucket plan",
+                        "pad to a few fixed shapes: use stage 3's bucket plan", case=grading.UNRESOLVED,
                         cause=cause_key("recompile_storm", "one compile per input shape"), occurrences=occurrences)
 
     def target_summary(self, name: str) -> str:

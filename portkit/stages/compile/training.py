@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from portkit.core import grading
 from portkit.core import torch_private
 from portkit.targets import backends
 from portkit.targets import specs as targets_mod
@@ -74,25 +75,26 @@ class TrainCompile:
                 + (f", losses within {diff:.2g}" if diff is not None else ""))
 
     def findings(self) -> list[tuple]:
-        """(kind, severity, message, advice, where) for the stage's findings."""
+        """(kind, its case in the grading policy, message, advice, where) for the stage's findings."""
         name = self.target["name"]
         if self.refused:
-            return [("train_refused", "blocker", f"the training step does not compile for {name}: "
+            return [("train_refused", grading.ANY, f"the training step does not compile for {name}: "
                      f"{self.refused['message']}", "make the step's graph static (dynamic=False, fixed batch "
                      "shapes)", self.refused.get("where"))]
         out = []
         if self.joint_graphs > 1:
-            out.append(("train_graph_break", "work", f"the training step compiles as {self.joint_graphs} graphs "
+            out.append(("train_graph_break", grading.ANY, f"the training step compiles as {self.joint_graphs} graphs "
                         "(graph breaks in the step)", "remove the breaks (stage 2's graph breaks name them): each "
                         "graph's backward is compiled and run apart", None))
         for op in self.not_lowered:
             where = op["where"][0] if op.get("where") else None
-            out.append(("train_not_lowered", "blocker" if op["status"] == "unsupported" else "work",
+            case = grading.NO_KERNEL if op["status"] == "unsupported" else grading.RUNS_ON_HOST
+            out.append(("train_not_lowered", case,
                         f"{op['op']} in the {op['part']} pass would not lower ({op['status']}: {op['detail']})",
                         "replace the op in the model, or write its kernel (forward and backward) for the target",
                         where))
         if self.late:
-            out.append(("train_recompile", "work", f"{len(self.late)} compile(s) across training steps after the "
+            out.append(("train_recompile", grading.ANY, f"{len(self.late)} compile(s) across training steps after the "
                         f"first: {self.late[0]['reason']}", "keep every batch's shapes and the step's Python "
                         "state the same across steps", None))
         return out

@@ -59,6 +59,7 @@ class Recording:
     # (kind, module, op) -> the calls that showed the feature: a finding's occurrences, not findings of their own
     feature_calls: dict[tuple[str, str, str], int] = field(default_factory=dict)
     classes: dict[str, str] = field(default_factory=dict)   # module -> its class, for the module-class features
+    plain_ops: set = field(default_factory=set)   # foreign ops of plain torch (foreign_ops.runs_as_plain_torch)
     seconds: float = 0.0       # wall time of the recorded pass
 
 
@@ -134,7 +135,11 @@ class _OpRecorder(TorchDispatchMode):
         """What the op itself is: outside aten, data-dependent in its output size or indexing, a host read, or an
         attention with a mask."""
         if foreign_ops.is_foreign(func):
-            self._feature("custom_op", module, op, f"operator outside aten ({func.namespace}::)")
+            plain = foreign_ops.runs_as_plain_torch(func)
+            if plain:
+                self.recording.plain_ops.add(op)
+            self._feature("custom_op", module, op, f"operator outside aten ({func.namespace}::)" + (
+                ", a torch.library.custom_op whose kernel is a Python function of torch ops" if plain else ""))
         if op in HOST_SYNC:   # a scalar read on the host, not an output size: its own kind
             self._feature("host_sync", module, op, "tensor value read on the host (.item() or a branch)")
         elif self._data_dependent(op, func, args, kwargs):

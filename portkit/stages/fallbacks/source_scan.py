@@ -29,8 +29,8 @@ from pathlib import Path
 
 from torch import nn
 
-from portkit.core import frames, locations, reconcile
-from portkit.core.findings import BLOCKER, INFO, ROOT, SEVERITIES, WORK, Finding, cause_key
+from portkit.core import frames, grading, locations, reconcile
+from portkit.core.findings import BLOCKER, ROOT, SEVERITIES, Finding, cause_key
 from portkit.targets import specs as targets_mod
 
 KERNEL, PACKAGE, DEVICE, VENDOR_LIST = reconcile.SCANNED_KINDS
@@ -46,38 +46,41 @@ _DEVICE_FIX = ("the device selected instead of named: device = torch.accelerator
 _SDPA = "torch.nn.functional.scaled_dot_product_attention (SDPA)"
 PYTORCH_DOCS = "PyTorch docs: torch.accelerator, torch.amp, scaled_dot_product_attention (docs.pytorch.org)"
 
-# rule -> (kind, severity, what it is, the portable replacement); {kernel} is the target's custom-kernel advice.
+# The cases the grading policy grades a scanned rule in (portkit.core.grading.POLICY: the severity is decided there).
+_ANY, _CUDA, _OFF, _NONE = grading.ANY, grading.NEEDS_CUDA, grading.OFF_CUDA_BRANCH, grading.NO_EFFECT
+
+# rule -> (kind, its grading case, what it is, the portable replacement); {kernel} is the target's custom-kernel advice.
 RULES = {
-    "triton_kernel": (KERNEL, BLOCKER, "Triton kernel", "{kernel}"),
-    "cuda_extension": (KERNEL, BLOCKER, "CUDA extension compiled at run time", "{kernel}"),
-    "cuda_source": (KERNEL, BLOCKER, "CUDA source file", "{kernel}"),
-    "extension_op": (KERNEL, BLOCKER, "op registered by a CUDA extension", "{kernel}"),
-    "gpu_package": (PACKAGE, BLOCKER, "GPU-only package", "{package}"),
-    "flash_attention_setting": (PACKAGE, BLOCKER, "flash-attn selected as the attention kernel",
+    "triton_kernel": (KERNEL, _ANY, "Triton kernel", "{kernel}"),
+    "cuda_extension": (KERNEL, _ANY, "CUDA extension compiled at run time", "{kernel}"),
+    "cuda_source": (KERNEL, _ANY, "CUDA source file", "{kernel}"),
+    "extension_op": (KERNEL, _ANY, "op registered by a CUDA extension", "{kernel}"),
+    "gpu_package": (PACKAGE, _ANY, "GPU-only package", "{package}"),
+    "flash_attention_setting": (PACKAGE, _ANY, "flash-attn selected as the attention kernel",
                                 f"attn_implementation='sdpa' ({_SDPA}) instead of flash_attention_2/3"),
-    "cuda_call": (DEVICE, BLOCKER, ".cuda() call", _DEVICE_FIX),
-    "cuda_device": (DEVICE, BLOCKER, "hard-coded CUDA device", _DEVICE_FIX),
-    "cuda_query": (DEVICE, WORK, "CUDA availability query (off NVIDIA it says no device: the code takes its "
+    "cuda_call": (DEVICE, _CUDA, ".cuda() call", _DEVICE_FIX),
+    "cuda_device": (DEVICE, _CUDA, "hard-coded CUDA device", _DEVICE_FIX),
+    "cuda_query": (DEVICE, _OFF, "CUDA availability query (off NVIDIA it says no device: the code takes its "
                                  "CPU branch)", "torch.accelerator.is_available() / device_count()"),
-    "cuda_api": (DEVICE, WORK, "torch.cuda call (CUDA-only)",
+    "cuda_api": (DEVICE, _OFF, "torch.cuda call (CUDA-only)",
                  "torch.accelerator's counterpart (synchronize, current_device_index, memory_allocated, ...)"),
-    "cuda_amp": (DEVICE, WORK, "torch.cuda.amp (disabled off CUDA: the block runs in float32)",
+    "cuda_amp": (DEVICE, _OFF, "torch.cuda.amp (disabled off CUDA: the block runs in float32)",
                  "torch.amp.autocast(device_type, ...) / torch.amp.GradScaler(device) with the target's device"),
-    "cuda_autocast": (DEVICE, WORK, "autocast for device_type 'cuda' (off CUDA it is disabled with a warning: the "
+    "cuda_autocast": (DEVICE, _OFF, "autocast for device_type 'cuda' (off CUDA it is disabled with a warning: the "
                                     "block runs in float32)",
                       "torch.autocast(device_type, dtype=torch.bfloat16) with the target's device"),
     # read statically by `portkit scan` alone (STATIC_ONLY): stage 1 records them when the model runs (a host sync
     # as aten::_local_scalar_dense; the dtypes its ops run in), where it is known whether forward reaches them
     # bfloat16 on TPU: https://cloud.google.com/tpu/docs/bfloat16 (the MXU's format; float16's range is narrower)
-    "half_cast": (DEVICE, WORK, "float16 cast (.half(): float16's range is narrower than bfloat16's, the 16-bit "
+    "half_cast": (DEVICE, _OFF, "float16 cast (.half(): float16's range is narrower than bfloat16's, the 16-bit "
                                 "format TPUs compute in)",
                   ".to(torch.bfloat16), or torch.autocast(device_type, dtype=torch.bfloat16); stage 4 measures it"),
-    "item_call": (DEVICE, WORK, "tensor value read on the host (.item(): in forward, a device-to-host copy on every "
+    "item_call": (DEVICE, _OFF, "tensor value read on the host (.item(): in forward, a device-to-host copy on every "
                                 "call and a graph break under torch.compile)",
                   "keep the value a tensor (torch.where, masks), or read it outside forward"),
-    "cudnn": (DEVICE, INFO, "torch.backends.cudnn setting (no effect off NVIDIA)",
+    "cudnn": (DEVICE, _NONE, "torch.backends.cudnn setting (no effect off NVIDIA)",
               "torch.use_deterministic_algorithms(True) for determinism; nothing to port for cudnn.benchmark"),
-    "nccl": (DEVICE, BLOCKER, "NCCL-only collectives (backend='nccl')",
+    "nccl": (DEVICE, _CUDA, "NCCL-only collectives (backend='nccl')",
              "init_process_group() without a backend, or torch.distributed.get_default_backend_for_device(device)"),
 }
 
@@ -615,10 +618,11 @@ def _gpu_findings(hits: list[Hit], target: targets_mod.Target) -> list[Finding]:
         groups[(h.rule, (h.where or {}).get("file"), h.key, h.guarded)].append(h)
     out = []
     for (rule, _, key, guarded), items in groups.items():
-        kind, severity, what, fix = RULES[rule]
+        kind, case, what, fix = RULES[rule]
         fix = fix.format(kernel=kernel, package=PACKAGES.get(key, ""))
         if guarded:   # an optional import: the code runs without the package
-            severity, what = INFO, f"optional {what} (import guarded: the model runs without it)"
+            case, what = grading.GUARDED, f"optional {what} (import guarded: the model runs without it)"
+        severity = grading.severity(kind, case)
         first = items[0]
         owner = first.owner or frames.owner(first.where)
         source = kernel_rule.source if kind == KERNEL and kernel_rule else PYTORCH_DOCS
@@ -657,7 +661,8 @@ def _list_findings(hits: list[Hit], target: str) -> list[Finding]:
                            LIST_ADVICE[entry["detect"]], module=found, ops=[],
                            source=f"{lst['source']}: {lst['document']}", where=first.where or {},
                            owner=first.owner or frames.owner(first.where),
-                           cause=cause_key(VENDOR_LIST, entry["feature"])))
+                           cause=cause_key(VENDOR_LIST, entry["feature"]),
+                           occurrences={"modules": modules, "count": len(items)} if modules else None))
     return out
 
 
@@ -685,7 +690,9 @@ def _folded(listed: Finding, recorded: list[Finding], order: dict) -> bool:
     more severe of the two severities stands, and it is not counted again."""
     if listed.kind != VENDOR_LIST:
         return False
-    same = next((f for f in recorded if f.module and f.module == listed.module
+    modules = set((listed.occurrences or {}).get("modules") or [])
+    same = next((f for f in recorded if f.module and (f.module == listed.module or modules & set(
+                     (f.occurrences or {}).get("modules") or []))
                  and (f.cause or "").endswith(f".{listed.cause.split(': ', 1)[-1]}")), None)
     if same is None:
         return False

@@ -30,7 +30,7 @@ import torch
 
 from portkit.core import frames
 from portkit.core import placement
-from portkit.core import checks, reconcile
+from portkit.core import checks, grading, reconcile
 from portkit.stages import options
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter
@@ -138,6 +138,10 @@ def _pattern(module: str) -> str:
 
 
 MODULE_CLASS_KINDS = ("recurrent", "recurrent_loop")   # found by a module's type: its class is the cause
+# found by what a module computes in: the module (its repeated blocks as one pattern) is the cause, however many
+# of its lines show it (a module computing in float64 at three lines is one float64 cause, one module to keep in
+# float32)
+MODULE_KINDS = ("float64",)
 
 
 def _label(modules: list[str]) -> str:
@@ -150,8 +154,9 @@ def _label(modules: list[str]) -> str:
 
 def _causes(recording: Recording, rules) -> dict[tuple, list]:
     """The recorded features grouped by cause (core.findings.cause_key): a module class for the recurrent kinds,
-    the kind alone for info, else the kind at one source line, split where its ops come from disjoint modules
-    (a parent's float64 casts and its child's float64 matmul on one line are two causes)."""
+    the module (its pattern) for MODULE_KINDS, the kind alone for info, else the kind at one source line, split
+    where its ops come from disjoint modules (a parent's float64 casts and its child's float64 matmul on one line
+    are two causes)."""
     by_line: dict[tuple, list] = collections.defaultdict(list)
     for kind, module, op, detail in recording.features:
         rule = rules.get(kind)
@@ -159,6 +164,8 @@ def _causes(recording: Recording, rules) -> dict[tuple, list]:
             continue
         if kind in MODULE_CLASS_KINDS:
             key = (kind, recording.classes.get(module, module), None)
+        elif kind in MODULE_KINDS:
+            key = (kind, _pattern(module), None)
         else:
             where = recording.frames.get((kind, module, op))
             key = (kind, "", None if rule.severity == INFO else frames.line_key(where))
@@ -183,7 +190,12 @@ def _feature_finding(recording: Recording, kind: str, subject: str, items: list,
     rule = rules[kind]
     severity = rule.severity
     if kind == "recurrent" and table.classify(items[0][1]).status == UNSUPPORTED:
-        severity = BLOCKER   # the device's cell op has no kernel anywhere
+        severity = grading.severity(kind, grading.NO_KERNEL)   # the device's cell op has no kernel anywhere
+    advice = rule.advice
+    if kind == "custom_op" and {op for _, op, _ in items} <= recording.plain_ops:   # no kernel of its own
+        severity = grading.severity(kind, grading.PLAIN_TORCH)
+        advice = ("its kernel is plain torch, which runs on the target; the target's compiler meets it as one opaque "
+                  "op: stage 2 looks inside it (its foreign_op finding)")
     modules = sorted({m for m, _, _ in items})
     where = _label(modules) if rule.severity != INFO or len(modules) == 1 else f"{len(modules)} modules"
     op_names = sorted({op for _, op, _ in items})
@@ -193,11 +205,14 @@ def _feature_finding(recording: Recording, kind: str, subject: str, items: list,
     at = f" at {frame['text']}" if frame else ""
     calls = sum(recording.feature_calls.get((kind, m, op), 0) for m, op, _ in items)
     occurrences = {"modules": modules, "count": len(items), **({"calls": calls} if calls else {})}
+    lines = sorted({f["text"] for m, op, _ in items if (f := recording.frames.get((kind, m, op)))})
+    if kind in MODULE_KINDS and len(lines) > 1:   # one cause at several lines: each is an occurrence
+        occurrences["lines"] = lines
     line_of = None if rule.severity == INFO or kind in MODULE_CLASS_KINDS else frame   # a class, a kind: no line
     cause = findings_mod.cause_key(kind, subject, line_of)
     return Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
                    f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}"
-                   + (f"; {calls} calls" if calls > 1 else ""), rule.advice, module=where, ops=op_names,
+                   + (f"; {calls} calls" if calls > 1 else ""), advice, module=where, ops=op_names,
                    source=rule.source, where=frame, owner=frames.owner(frame), cause=cause, occurrences=occurrences)
 
 

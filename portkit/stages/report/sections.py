@@ -12,6 +12,7 @@ import re
 
 from portkit.stages.report import realsize as report_scale
 from portkit.targets import specs as targets_mod
+from portkit.core import grading
 from portkit.core.findings import INFO
 
 STAGE_FALLBACKS = "fallbacks"
@@ -229,7 +230,7 @@ def resolve_storm(findings: list[dict], buckets) -> None:
             continue
         f["resolved_by"] = plan
         f["message"] += f"; resolved by {plan}; serve it with `portkit export RUN --to pytorch|vllm|nxdi`"
-        f["severity"] = INFO
+        f["severity"] = grading.severity("recompile_storm", grading.RESOLVED)
         f["consequence"] = "resolved: the bucket plan pads every request to a shape compiled in warm-up"
 
 

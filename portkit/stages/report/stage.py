@@ -31,7 +31,7 @@ import jinja2
 
 from portkit.planning import cost
 from portkit.runfolder import environment, numbers, run_log
-from portkit.core import assessed, reconcile
+from portkit.core import assessed, grading, reconcile
 from portkit.stages import options
 from portkit.stages.report import sections as report_stages
 from portkit.runfolder import results
@@ -39,11 +39,13 @@ from portkit.runfolder import layout as runfolder
 from portkit.targets import specs as targets_mod
 from portkit.core.atomic_io import write_json, write_text
 from portkit.core.errors import BadParameter
+from portkit.core import findings as findings_mod
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
 SCHEMA = "portkit.report/1"
 STAGE = "report"
-READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED = "ready", "ready with work", "blocked", "not assessed"
+READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED = grading.READY, grading.READY_WITH_WORK, grading.BLOCKED, \
+    grading.NOT_ASSESSED
 VERDICT_COLORS = {READY: "#2e7d32", READY_WITH_WORK: "#b26a00", BLOCKED: "#c62828", NOT_ASSESSED: "#616161"}
 FIRST_ROWS = 5   # findings the report opens with, per target, most consequential first
 
@@ -167,12 +169,10 @@ class TargetReport:
 
     @property
     def verdict(self) -> str:
-        severities = {f["severity"] for f in self.findings}
-        if BLOCKER in severities:
-            return BLOCKED      # a blocker found is a blocker, whatever else did not run
-        if not self.based_on or self.unassessed:
-            return NOT_ASSESSED
-        return READY_WITH_WORK if WORK in severities else READY
+        # the grading policy's rule (core.grading.verdict): a stage that read nothing for the target is an open
+        # question as much as one a stage named
+        opened = self.unassessed if self.based_on else [*self.unassessed, "no stage result holds this target"]
+        return grading.verdict((f["severity"] for f in self.findings), opened)
 
     def verdict_reason(self) -> str:
         if not self.based_on:
@@ -359,11 +359,34 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
     tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
     bucketed = next((s.result.targets.get(name) for s in present if s.name == "buckets"), None)
     report_stages.resolve_storm(tr.findings, bucketed)
+    tr.findings = merge_causes(tr.findings)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     # by consequence: severity, then what persists under compile before what was not checked or vanishes
     later = {PERSISTS: 0, "": 0, NOT_CHECKED: 1, VANISHES: 2}
     tr.findings.sort(key=lambda f: (order.get(f["severity"], 9), later.get(f["compiled"], 1)))
     return tr
+
+
+def merge_causes(found: list[dict]) -> list[dict]:
+    """One target's findings, one per cause (core.findings.cause_of): what stages 2, 3 and 4 found of one cause
+    (one refusal of the compiler) is one finding, graded the most severe of theirs (core.findings.SEVERITIES),
+    with every stage's evidence under it ("evidence": stage, severity, message) and its stages listed."""
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    merged: dict[str, dict] = {}
+    for f in found:
+        evidence = {"stage": f["stage"], "severity": f["severity"], "message": f["message"], "where": f["where"]}
+        into = merged.get(f["cause"])
+        if into is None:
+            merged[f["cause"]] = {**f, "evidence": [evidence]}
+            continue
+        into["evidence"].append(evidence)
+        into["stages"] = list(dict.fromkeys([*into["stages"], f["stage"]]))
+        if order.get(f["severity"], 9) < order.get(into["severity"], 9):
+            into.update({k: f[k] for k in ("severity", "message", "advice", "consequence", "where", "owner")})
+    for f in merged.values():
+        if len(f["stages"]) > 1:
+            f["message"] += f" (found by stages {', '.join(f['stages'])})"
+    return list(merged.values())
 
 
 def _inner(finding: dict, key: str, inner: str) -> str:
@@ -388,7 +411,8 @@ def _read_target(stage: StageResult, t, tr: TargetReport, compiled: dict | None 
                             "eager": str(f.get("eager_severity", "")), "compiled": str(f.get("compiled", "")),
                             "compiled_detail": str(f.get("compiled_detail", "")),
                             "owner": _inner(f, "owner", "owner"), "where": _inner(f, "where", "text"),
-                            "resolved_by": "", "consequence": str(f.get("consequence") or _consequence(f))})
+                            "resolved_by": "", "consequence": str(f.get("consequence") or _consequence(f)),
+                            "cause": findings_mod.cause_of(f), "stages": [stage.name]})
     if stage.name in report_stages.READERS:
         report_stages.READERS[stage.name](stage.result, t, tr)
 

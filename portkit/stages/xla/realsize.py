@@ -24,6 +24,7 @@ from portkit.targets import capacity
 from portkit.targets import specs as targets
 from portkit.xla import compiler as xla_compile
 from portkit.xla import sharded as xla_sharded
+from portkit.core import grading
 from portkit.core.errors import MissingPackage, PortkitError
 from portkit.core.tables import HtmlTable
 from portkit.xla.results import XlaSkipped, format_bytes
@@ -73,7 +74,7 @@ class ScaleCheck:
         return out
 
     def findings(self) -> list[dict]:
-        return [{"kind": "abstract_model", "severity": "work",
+        return [{"kind": "abstract_model", "severity": grading.severity("abstract_model"),
                  "message": f"{self.model['name']} is a real-size model without weights: {NOT_CHECKED} were not "
                             "checked (abstract model: no weights)",
                  "advice": "run portkit on the real checkpoint (a local Hugging Face model folder) for those stages"}]

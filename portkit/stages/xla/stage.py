@@ -20,6 +20,7 @@ portkit.xla.compiler's and portkit.xla.results', reachable from here for noteboo
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -218,18 +219,28 @@ def _findings(report) -> list[dict]:
         return []
     out = [_conversion_finding(report, cause, s, labels)
            for cause, (s, labels) in _conversion_failures(report).items()]
+    causes: dict[str, list] = {}     # one finding per cause, its shapes the occurrences
     for s in report.shapes:
         if s.ok or s.status in CONVERTED:
             continue
-        text = f"{s.label}: {s.describe(report.hbm_bytes_per_device)}"
-        if s.status == "out_of_hbm" or s.fits_hbm is False:
+        hbm = s.status == "out_of_hbm" or s.fits_hbm is False
+        # the compiler's own words without the numbers that follow the shape name one rejection
+        said = re.sub(r"\d+", "N", (s.message or s.status).splitlines()[0])[:160]
+        key = cause_key("hbm", report.topology) if hbm else cause_key("xla_compile", s.op or said, s.where)
+        causes.setdefault(key, []).append(s)
+    for key, shapes in causes.items():
+        labels = [s.label for s in shapes]
+        text = "; ".join(f"{s.label}: {s.describe(report.hbm_bytes_per_device)}" for s in shapes[:3]) + (
+            f"; and {len(shapes) - 3} more" if len(shapes) > 3 else "")
+        found = {"cause": key, "occurrences": {"shapes": labels, "count": len(labels)}}
+        if key.startswith("hbm"):
             out.append({"kind": "hbm", "severity": grading.severity("hbm"), "message": f"{report.topology}: {text}",
                         "advice": "does not fit this topology's HBM: choose a larger topology (parameter "
-                                  "topology), shard the model, or use smaller buckets/batches"})
+                                  "topology), shard the model, or use smaller buckets/batches", **found})
         else:
             out.append({"kind": "xla_compile", "severity": grading.severity("xla_compile"),
                         "message": f"XLA compile for {report.topology}: {text}",
-                        "advice": "the real XLA TPU compiler rejects this shape; read its message above"})
+                        "advice": "the real XLA TPU compiler rejects these shapes; read its message above", **found})
     return out
 
 
