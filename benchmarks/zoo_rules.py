@@ -70,6 +70,10 @@ class Run:
         report = self.get("report").get("stages", {}).get(stage) or self.get("run").get("stages", {}).get(stage)
         return (report or {}).get("status", "missing")
 
+    def error(self, stage: str) -> str:
+        """The error a failed stage was recorded with in the run log ("failed" where it names none)."""
+        return ((self.get("run").get("stages") or {}).get(stage) or {}).get("error") or "failed"
+
     def targets(self) -> list[str]:
         return list(self.get("report").get("targets", {}))
 
