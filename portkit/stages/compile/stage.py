@@ -344,6 +344,8 @@ class CompileReport:
                                 "shape-dependent Python code"))
         if name in self.training:
             out += [_finding(*found) for found in self.training[name].findings()]
+        if name in self.generation:
+            out += [_finding(*found) for found in self.generation[name].findings()]
         return out
 
     def _storm_finding(self, name: str) -> dict:
