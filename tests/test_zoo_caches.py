@@ -98,3 +98,19 @@ def test_stage_3b_leaves_a_state_space_models_serving_graphs_not_assessed(zoo, k
     [question] = xla.XlaStage({}, {}, {}, serving={"tpu": served}).workload_questions("tpu")
     assert question["question"] == "HBM fit of the serving graphs" and "LinearAttentionLayer" in question["why"]
     assert xla_generation.not_kv_cache(zoo("gemma2.causal-lm")) is None
+
+
+def test_t5s_n_positions_is_not_called_the_models_maximum(tmp_path):
+    """Rule: a limit portkit set is named as portkit's, never as the model's. T5's published configs carry
+    n_positions=512, but T5's attention uses relative position buckets and has no position table, so 512 is
+    portkit's cap there, and says so."""
+    import json
+    from portkit.corpora import corpus
+    rows = {r.key: r for r in zoo_build.enumerate_rows(["seq2seq-lm"])}
+    folder = zoo_build.build(rows["t5.seq2seq-lm"], tmp_path, {})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_positions": 512}))    # as t5-small's config
+    lm = models.load(str(folder))
+    assert (lm.max_length, lm.max_length_from) == (512, None)
+    said = corpus.limit_text(lm.max_length, "tokens", lm.max_length_from)
+    assert said == "512 tokens (portkit's cap, not the model's)"
