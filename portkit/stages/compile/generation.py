@@ -73,7 +73,7 @@ class TargetGeneration:
         steps = sorted({entry["request"] for entry in late})
         return [("recompile_after_warmup", "work",
                  f"static-cache generation: {len(late)} compile(s) after warm-up on {self.target['name']}, at "
-                 f"{len(steps)} of {self.new_tokens - 1} decode steps; the guard that failed: {late[0]['reason']}",
+                 f"{len(steps)} of {self.new_tokens - 1} decode steps; the guard that failed: {' '.join(late[0]['reason'].split())}",
                  "a decode step must reuse its context bucket's graph: the guard names Python state the step "
                  "reads that changes every token (a cache layer keeping its position count in a Python int is "
                  "one); keep it in a tensor, or use a cache whose layers do",
