@@ -325,9 +325,10 @@ def one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
     first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]   # a validator names its rule below
     text = f"{type(exc).__name__}: {first}"[:300]
-    found = MISSING.search(str(exc))
-    if found:
-        text += f" (missing: {found.group(1) or found.group(2)})"
+    # transformers lists every backend a class needs and lacks, one sentence each: name them all
+    missing = dict.fromkeys(a or b for a, b in MISSING.findall(str(exc)))
+    if missing:
+        text += f" (missing: {', '.join(missing)})"
     return text
 
 
