@@ -114,3 +114,20 @@ def test_t5s_n_positions_is_not_called_the_models_maximum(tmp_path):
     assert (lm.max_length, lm.max_length_from) == (512, None)
     said = corpus.limit_text(lm.max_length, "tokens", lm.max_length_from)
     assert said == "512 tokens (portkit's cap, not the model's)"
+
+
+def test_mixtrals_grouped_matmul_is_a_foreign_op_of_its_compiled_graph(zoo):
+    """Rule: every op outside PyTorch's own namespaces in a compiled graph is recorded as foreign (so stage 2 makes
+    it a foreign_op finding). Mixtral's experts run transformers::grouped_mm_fallback, which sat in the zoo's
+    compiled graph with no finding."""
+    lm = zoo("mixtral.causal-lm")
+    model = generation.causal_model(lm).eval()
+    backend = backends.emulated_backend("tpu")
+    ids = torch.ones(1, 8, dtype=torch.long)
+    torch.compiler.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=False)(input_ids=ids, attention_mask=torch.ones_like(ids))
+    torch.compiler.reset()
+    foreign = {op["op"] for check in backend.checks for op in check.foreign_ops}
+    assert "transformers::grouped_mm_fallback" in foreign
+    assert all(op.split("::")[0] not in ("aten", "prims") for op in foreign)
