@@ -15,7 +15,7 @@ from portkit.workloads import generation
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks import zoo_build  # noqa: E402
+from benchmarks import zoo_build, zoo_rules  # noqa: E402
 
 TEXTS = ["def add(a, b):\n    return a + b", "The quick brown fox jumps over the lazy dog."]
 
@@ -131,3 +131,22 @@ def test_mixtrals_grouped_matmul_is_a_foreign_op_of_its_compiled_graph(zoo):
     foreign = {op["op"] for check in backend.checks for op in check.foreign_ops}
     assert "transformers::grouped_mm_fallback" in foreign
     assert all(op.split("::")[0] not in ("aten", "prims") for op in foreign)
+
+
+def test_a_finding_in_portkits_audio_wrapper_is_portkits_and_the_zoo_rule_agrees(tmp_path):
+    """Rule: portkit's own code is owner portkit, never the user's. wav2vec2's CTC adapter (portkit/models/audio.py,
+    the frame mask's int64 arange) was a finding owned by "user"; frames names it portkit's, and the zoo's rule,
+    which flags a user's finding in a portkit file, passes that finding and fires on the old owner."""
+    import inspect
+    import json
+    from portkit.core import frames
+    from portkit.models import audio
+    lines, first = inspect.getsourcelines(audio.CTCAdapter.forward)
+    line = first + next(i for i, text in enumerate(lines) if "torch.arange" in text)
+    where = frames.place(inspect.getsourcefile(audio.CTCAdapter), line, "forward", lines[line - first])
+    owner = frames.owner(where)
+    assert owner["owner"] == frames.PORTKIT
+    finding = {"kind": "int64", "severity": "work", "owner": owner, "where": where}
+    for found, fires in ((finding, False), ({**finding, "owner": {**owner, "owner": frames.USER}}, True)):
+        (tmp_path / "fallbacks.json").write_text(json.dumps({"targets": {"neuron": {"findings": [found]}}}))
+        assert bool(zoo_rules.user_findings_not_in_portkit(zoo_rules.Run.read(tmp_path))) == fires
