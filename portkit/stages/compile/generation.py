@@ -70,10 +70,10 @@ class TargetGeneration:
         late = self.static.late
         if not late:
             return []
-        steps = sorted({entry["request"] for entry in late})
+        steps, guard = sorted({entry["request"] for entry in late}), " ".join(late[0]["reason"].split())
         return [("recompile_after_warmup", "work",
                  f"static-cache generation: {len(late)} compile(s) after warm-up on {self.target['name']}, at "
-                 f"{len(steps)} of {self.new_tokens - 1} decode steps; the guard that failed: {' '.join(late[0]['reason'].split())}",
+                 f"{len(steps)} of {self.new_tokens - 1} decode steps; the guard that failed: {guard}",
                  "a decode step must reuse its context bucket's graph: the guard names Python state the step "
                  "reads that changes every token (a cache layer keeping its position count in a Python int is "
                  "one); keep it in a tensor, or use a cache whose layers do",
