@@ -76,10 +76,7 @@ class _Run:
 
     def model(self) -> tuple[str, str] | None:
         """(name, kind) of the run's model from report.json; None where it records none."""
-        found = self.report.get("model") if isinstance(self.report, dict) else None
-        if not isinstance(found, dict) or not found.get("name"):
-            return None
-        return str(found["name"]), str(found.get("kind") or "")
+        return self.report.model
 
 
 def _model_words(model: tuple[str, str]) -> str:

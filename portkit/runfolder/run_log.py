@@ -81,12 +81,16 @@ class ReportTarget:
 class Report:
     path: Path
     targets: dict[str, ReportTarget]
+    model: tuple[str, str] | None = None     # (name, kind) of the run's model; None where report.json names none
 
     @classmethod
     def from_dict(cls, data: dict, path) -> Report:
         root = reading.Node(data, Path(path), "report", remedy=REBUILD)
+        model = data.get("model")
+        named = isinstance(model, dict) and isinstance(model.get("name"), str) and model["name"]
         return cls(Path(path), {name: ReportTarget.from_dict(root.obj("targets").obj(name))
-                                for name in root.obj("targets").value})
+                                for name in root.obj("targets").value},
+                   (model["name"], str(model.get("kind") or "")) if named else None)
 
 
 def read_report(folder) -> Report:
