@@ -142,7 +142,7 @@ def read_result(result: Result, run_dirs: dict, stages: list[str], config: dict 
             status = run.status(stage)
             seen[stage][target] = status
             if status == "failed" and not any(c[0] == stage for c in result.crashes):
-                error = first_line(runfolder.failure(run_dir, stage)).split("; the executed notebook is ")[0]
+                error = first_line(run.error(stage)).split("; the executed notebook is ")[0]
                 result.crashes.append([stage, error])
         entry = run.get("report").get("targets", {}).get(target) or {}
         result.verdicts[target] = entry.get("verdict") or report_stage.NOT_ASSESSED

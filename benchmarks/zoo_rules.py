@@ -7,12 +7,13 @@ and the model's config.json. A violation is a row's failure, like a stage crash.
     >>> [v.line() for v in zoo_rules.check(run)]        # [] when every rule holds
     []
 
-The rules (RULES): no stage ends "ok" having assessed nothing; every non-ATen op in a compiled graph has a
-finding; no cause is counted twice; no portkit cap is called the model's maximum; every verdict follows the
-written grading policy (portkit.stages.report: a blocker found is "blocked", a target some stage did not
-assess is "not assessed", work is "ready with work", else "ready"); no finding is attributed to the user from
-portkit's own files. Each reads only what the stages write today; a file a rule needs that is absent (a stage
-not run) is no violation of that rule, a stage's failure being the crash the zoo counts apart.
+The rules (RULES): no stage ends "ok" having assessed nothing; every op outside PyTorch's own namespaces in a
+compiled graph has a finding (portkit.targets.foreign_ops decides which those are); no cause is counted twice;
+no portkit cap is called the model's maximum; every verdict follows the written grading policy
+(portkit.stages.report: a blocker found is "blocked", a target some stage did not assess is "not assessed", work
+is "ready with work", else "ready"); no finding is attributed to the user from portkit's own files. Each reads
+only what the stages write today; a file a rule needs that is absent (a stage not run) is no violation of that
+rule, a stage's failure being the crash the zoo counts apart.
 """
 from __future__ import annotations
 
@@ -70,6 +71,10 @@ class Run:
         report = self.get("report").get("stages", {}).get(stage) or self.get("run").get("stages", {}).get(stage)
         return (report or {}).get("status", "missing")
 
+    def error(self, stage: str) -> str:
+        """The error a failed stage was recorded with in the run log ("failed" where it names none)."""
+        return ((self.get("run").get("stages") or {}).get(stage) or {}).get("error") or "failed"
+
     def targets(self) -> list[str]:
         return list(self.get("report").get("targets", {}))
 
@@ -107,15 +112,17 @@ def assessed_something(run: Run) -> list[Violation]:
     return found
 
 
-# ---------------------------------------------------------------- 2. non-ATen ops are findings
+# ---------------------------------------------------------------- 2. ops outside PyTorch's namespaces are findings
 def _mentions(findings, op: str) -> bool:
     short = op.split("::", 1)[-1].split(".", 1)[0]
     return any(op in json.dumps(f) or f"::{short}" in json.dumps(f) for f in findings or [])
 
 
 def non_aten_ops_have_findings(run: Run) -> list[Violation]:
-    """Every non-ATen op in a compiled graph (compile.json's per-target checks.ops) has a finding in that target's
-    compile findings or its report."""
+    """Every op outside PyTorch's own namespaces in a compiled graph (compile.json's per-target checks.ops) has a
+    finding in that target's compile findings or its report. PyTorch's namespaces are portkit's one list
+    (portkit.targets.foreign_ops.CORE_NAMESPACES: aten, prims, the collectives, higher_order)."""
+    from portkit.targets import foreign_ops
     compile_ = run.get("compile")
     found = []
     for target, half in (compile_.get("targets") or {}).items():
@@ -123,8 +130,8 @@ def non_aten_ops_have_findings(run: Run) -> list[Violation]:
         findings = list((half or {}).get("findings") or []) + list(
             run.get("report").get("targets", {}).get(target, {}).get("findings") or [])
         for op in ops:
-            if not op.startswith("aten::") and not _mentions(findings, op):
-                found.append(Violation("non-ATen op without a finding", target,
+            if foreign_ops.is_foreign_name(op) and not _mentions(findings, op):
+                found.append(Violation("op outside PyTorch's namespaces without a finding", target,
                                        f"{op} is in the compiled graph and no finding names it"))
     return found
 
@@ -156,9 +163,13 @@ def causes_counted_once(run: Run) -> list[Violation]:
 
 # ---------------------------------------------------------------- 4. portkit's caps are portkit's
 def model_limit(config: dict | None) -> int | None:
-    """The model's own length limit from its config (LIMIT_KEYS, a text sub-config's too), or None."""
+    """The model's own length limit from its config (LIMIT_KEYS, a text sub-config's too), or None. A
+    relative-position model's keys are the ones portkit reads as a position table (huggingface.position_key: T5's
+    n_positions is none)."""
+    from portkit.models import huggingface
     for part in (config or {}, (config or {}).get("text_config") or {}):
-        for key in LIMIT_KEYS:
+        keys = LIMIT_KEYS if huggingface.RELATIVE_ONLY not in part else (huggingface.position_key(part),)
+        for key in filter(None, keys):
             if isinstance(part.get(key), int) and part[key] > 0:
                 return part[key]
     return None

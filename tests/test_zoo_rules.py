@@ -62,13 +62,19 @@ def test_a_stage_ok_that_assessed_nothing_is_a_violation(tmp_path):
 
 
 def test_a_non_aten_op_without_a_finding_is_a_violation(tmp_path):
-    """Rule: every non-ATen op in a compiled graph has a finding; a finding naming it clears it."""
+    """Rule: every op outside PyTorch's own namespaces in a compiled graph has a finding; a finding naming it
+    clears it. PyTorch's namespaces are portkit's one list (foreign_ops.CORE_NAMESPACES): a prims op needs none,
+    Mixtral's transformers::grouped_mm_fallback does."""
     files = _good()
-    files["compile"]["targets"]["neuron"]["checks"]["ops"]["mylib::fused_rope"] = {"calls": 2}
-    files["compile"]["targets"]["tpu"]["checks"]["ops"]["mylib::fused_rope"] = {"calls": 2}
+    for target in TARGETS:
+        files["compile"]["targets"][target]["checks"]["ops"].update(
+            {"mylib::fused_rope": {"calls": 2}, "prims::iota": {"calls": 1}, "_c10d_functional::all_reduce": {}})
+    files["compile"]["targets"]["neuron"]["checks"]["ops"]["transformers::grouped_mm_fallback"] = {"calls": 1}
     files["compile"]["targets"]["tpu"]["findings"] = [{"kind": "custom_op", "message": "mylib::fused_rope ..."}]
     found = zoo_rules.non_aten_ops_have_findings(_run(tmp_path, files))
-    assert [(v.target, v.rule) for v in found] == [("neuron", "non-ATen op without a finding")]
+    rule = "op outside PyTorch's namespaces without a finding"
+    assert sorted((v.target, v.rule, v.detail.split()[0]) for v in found) == [
+        ("neuron", rule, "mylib::fused_rope"), ("neuron", rule, "transformers::grouped_mm_fallback")]
 
 
 def test_a_cause_counted_twice_is_a_violation(tmp_path):
@@ -84,6 +90,8 @@ def test_a_cause_counted_twice_is_a_violation(tmp_path):
     ({"model_type": "gpt2", "n_positions": 128}, 128, False),
     ({"model_type": "roberta", "max_position_embeddings": 130, "pad_token_id": 1}, 128, False),  # 2 reserved
     ({"model_type": "llama", "max_position_embeddings": 4096}, 512, True),
+    # T5's published configs carry n_positions, but its attention is relative: no position table, no limit
+    ({"model_type": "t5", "n_positions": 512, "relative_attention_num_buckets": 32}, 512, True),
 ])
 def test_a_portkit_cap_called_the_models_maximum_is_a_violation(tmp_path, config, cap, fires):
     """Rule: no portkit cap is called the model's maximum (Mamba has no position limit; 512 was portkit's)."""

@@ -394,13 +394,24 @@ def position_offset(config: dict) -> int:
 # model with neither gets portkit's own cap, named as portkit's (portkit.corpora.corpus.limit_text).
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
 PORTKIT_CAP = 512
+# T5's attention is relative (position buckets, relative_attention_num_buckets) with no position table: the
+# n_positions its published configs carry is no limit of the model (transformers T5 docs: "T5 uses relative
+# scalar embeddings"; inputs of any length), so it is not read as one.
+RELATIVE_ONLY = "relative_attention_num_buckets"
+
+
+def position_key(config: dict) -> str | None:
+    """The config key that sizes the model's position table (POSITION_KEYS), or None where it has none: a
+    relative-position model (RELATIVE_ONLY) without max_position_embeddings states no length limit."""
+    keys = POSITION_KEYS[:1] if RELATIVE_ONLY in config else POSITION_KEYS
+    return next((k for k in keys if config.get(k)), None)
 
 
 def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
     tokenizer = check_vocabulary(path, name, config)
     names = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids")
                   if n in getattr(tokenizer, "model_input_names", ("input_ids", "attention_mask")))
-    key = next((k for k in POSITION_KEYS if config.get(k)), None)
+    key = position_key(config)
     # a model without a position table (state-space, recurrent, relative positions) states no limit: portkit caps it
     max_length = (int(config[key]) if key else PORTKIT_CAP) - position_offset(config)
     offset = position_offset(config)

@@ -2,8 +2,8 @@
 portkit can check inside it, and what it cannot.
 
     >>> from portkit.targets import foreign_ops
-    >>> foreign_ops.is_foreign(torch.ops.mylib.grouped_mm.default)
-    True
+    >>> foreign_ops.is_foreign(torch.ops.mylib.grouped_mm.default), foreign_ops.is_foreign_name("prims::iota")
+    (True, False)
     >>> found = foreign_ops.look_inside(func, args, kwargs, op_table)   # args: the graph's (fake) tensors
     >>> found["host_reads"], found["checked"], found["not_checked"]
 
@@ -52,6 +52,12 @@ def runs_as_plain_torch(func) -> bool:
 def is_foreign(func) -> bool:
     """Whether a dispatched op is outside PyTorch's own namespaces."""
     return getattr(func, "namespace", "aten") not in CORE_NAMESPACES
+
+
+def is_foreign_name(op: str) -> bool:
+    """Whether an op as results name it ("aten::mm", "transformers::grouped_mm_fallback") is outside PyTorch's own
+    namespaces: the same set as is_foreign, for readers of compile.json's ops."""
+    return op.split("::", 1)[0] not in CORE_NAMESPACES
 
 
 class _Inside(_torch.TorchDispatchMode):

@@ -13,7 +13,9 @@ Two ways to run the same greedy generation:
   Dynamo's recompile limit (_torch.default_recompile_limit) makes the step run eagerly.
 - static: transformers' StaticCache, prompts left-padded to a prompt bucket and prefilled by one graph per
   prompt bucket; decode is one graph per context bucket at the plan's batch (an outgrown cache is copied
-  into the next bucket's, no compile). After warm_up, set_stance("fail_on_recompile"): a compile raises.
+  into the next bucket's, no compile; a state-space layer's fixed-size states move whole). After warm_up,
+  set_stance("fail_on_recompile"): a compile it refuses is recorded in `late` with the guard that failed (a
+  sliding-window cache layer's Python position count is one), then paid, and the generation goes on.
 
 Overflow (Plan.overflow): a prompt longer than the largest prompt bucket is cut to its last tokens
 ("truncate", the default, counted in `truncated`) or refused with a one-line BadParameter ("error"); a
@@ -90,6 +92,7 @@ class Generation:
     eager_from_step: int | None = None  # dynamic: the first token whose decode step ran eagerly (limit)
     guard_failures: list[str] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)   # per step, (prompts, vocab)
+    late: list[dict] = field(default_factory=list)   # static: compiles after warm-up, each with its guard failure
 
 
 def check_causal(lm) -> None:
@@ -147,17 +150,39 @@ def _encode(lm, texts: list[str], plan: Plan) -> tuple[dict, int]:
 
 
 def _new_cache(model, length: int, like=None):
+    """A StaticCache of `length` positions; with `like`, a filled cache moved into it: a key/value layer's
+    positions are copied into the longer buffers, a state-space or linear-attention layer's states (fixed size,
+    transformers' LinearAttentionCacheLayerMixin: conv and recurrent states, no positions) are copied whole."""
     from transformers import StaticCache
     cache = StaticCache(config=model.config, max_cache_len=length)
     if like is not None:      # move a filled cache into a larger bucket
         for new, old in zip(cache.layers, like.layers):
+            _move_states(new, old)
+            if getattr(old, "keys", None) is None:
+                continue
             shape = list(old.keys.shape)
-            shape[2] = length
+            shape[2] = new.max_cache_len
             new.lazy_initialization(old.keys.new_zeros(shape), old.values.new_zeros(shape))
-            new.keys[:, :, :old.keys.shape[2]].copy_(old.keys)
-            new.values[:, :, :old.values.shape[2]].copy_(old.values)
+            kept = min(old.keys.shape[2], new.max_cache_len)
+            new.keys[:, :, :kept].copy_(old.keys[:, :, -kept:])
+            new.values[:, :, :kept].copy_(old.values[:, :, -kept:])
             new.cumulative_length.copy_(old.cumulative_length)
+            if hasattr(old, "cumulative_length_int"):       # a sliding-window layer's Python count of positions
+                new.cumulative_length_int = old.cumulative_length_int
     return cache
+
+
+def _move_states(new, old) -> None:
+    """A linear-attention (state-space) layer's conv and recurrent states and flags, copied from `old`."""
+    for index in getattr(old, "conv_states", None) or {}:
+        for name in ("conv_states", "recurrent_states"):
+            state = getattr(old, name)[index]
+            if state is not None:
+                getattr(new, name)[index] = state.clone()
+                getattr(new, f"is_{name}_initialized")[index] = True
+        new.has_previous_state[index] = old.has_previous_state[index]
+        new.conv_kernel_size[index] = old.conv_kernel_size[index]
+        new.dtype, new.device = old.dtype, old.device
 
 
 def _pad_batch(enc: dict, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,7 +230,7 @@ def warm_up(model, call, plan: Plan) -> None:
     for prompt in progress.bar(sorted(plan.prompt_buckets), desc="warm-up prefill"):
         ids = torch.ones(plan.batch, prompt, dtype=torch.long)
         _, _, cache = _run_static(model, call, ids, torch.ones_like(ids), 2, plan, False)
-    filled = cache.layers[0].keys.shape[2]
+    filled = plan.context_bucket(max(plan.prompt_buckets) + 1)     # the last prefill's cache
     for context in progress.bar(sorted(plan.context_buckets), desc="warm-up decode"):
         if context <= filled:
             continue
@@ -232,13 +257,28 @@ def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=N
             warm_up(model, call, plan)
         warm_seconds, warm_compiles = time.perf_counter() - start, len(counter.events) if counter else 0
         start = time.perf_counter()
+        late: list[dict] = []
         with torch.compiler.set_stance("fail_on_recompile"):
-            tokens, kept, _ = _run_static(model, call, ids, mask, new_tokens, plan, keep_logits)
+            tokens, kept, _ = _run_static(model, _counting(call, late) if counter else call, ids, mask, new_tokens,
+                                          plan, keep_logits)
         seconds = time.perf_counter() - start
     compiles = (len(counter.events) - warm_compiles) if counter else 0
     rows = len(texts)
     return Generation("static", tokens[:rows], compiles, compiles / new_tokens, seconds, warm_compiles,
-                      warm_seconds, truncated, logits=[x[:rows] for x in kept])
+                      warm_seconds, truncated, logits=[x[:rows] for x in kept], late=late)
+
+
+def _counting(call, late: list[dict]):
+    """The compiled step under fail_on_recompile, a refused compile recorded in `late` (the step, its shapes, the
+    guard that failed: backends.call_counting_recompiles) and then paid, so the generation goes on and every
+    compile after warm-up is counted."""
+    from portkit.targets import backends
+    steps = iter(range(1 << 30))
+
+    def step(model, ids, mask, positions, cache_position, cache):
+        inputs = {"ids": ids, "mask": mask, "positions": positions, "cache_position": cache_position}
+        return backends.call_counting_recompiles(lambda x: call(model, cache=cache, **x), inputs, late, next(steps))
+    return step
 
 
 def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length: int | None = None,

@@ -12,8 +12,9 @@ Per target, on its compile backend (selection.backend_for: emulated here, the ve
   runs the step eagerly (where that happens is measured, not assumed);
 - the fix: transformers' StaticCache with prompts left-padded to powers-of-two prompt buckets and the cache
   in powers-of-two context buckets (generation.plan_for), every graph compiled in a warm-up, then the whole
-  generation under set_stance("fail_on_recompile"): any compile there raises, so "0 after warm-up" is
-  PyTorch's word, not portkit's.
+  generation under set_stance("fail_on_recompile"): any compile there is refused by PyTorch, so "0 after
+  warm-up" is PyTorch's word, not portkit's; a refused compile is counted, paid, and a finding with the guard
+  that failed and its source line.
 The two runs' tokens are compared (the same greedy decoding, so they should agree where the numerics do).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from portkit.core import frames, grading
 from portkit.workloads import generation
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
@@ -55,12 +57,35 @@ class TargetGeneration:
 
     __str__ = __repr__ = summary
 
+    def late_where(self) -> dict | None:
+        """The source line behind the first compile after warm-up: the innermost frame of its guard's user
+        stack trace outside torch and portkit (Dynamo prints it with the guard failure)."""
+        if not self.static.late:
+            return None
+        return frames.innermost(frames.from_trace("\n".join(self.static.late[0]["guard_failures"])))
+
+    def findings(self) -> list[tuple]:
+        """(kind, case, message, advice, where), graded by the policy (core.grading): a compile during the
+        static-cache generation, after every bucket's graph was warmed up, is one per decode step it recurs at."""
+        late = self.static.late
+        if not late:
+            return []
+        steps, guard = sorted({entry["request"] for entry in late}), " ".join(late[0]["reason"].split())
+        return [("recompile_after_warmup", grading.ANY,
+                 f"static-cache generation: {len(late)} compile(s) after warm-up on {self.target['name']}, at "
+                 f"{len(steps)} of {self.new_tokens - 1} decode steps; the guard that failed: {guard}",
+                 "a decode step must reuse its context bucket's graph: the guard names Python state the step "
+                 "reads that changes every token (a cache layer keeping its position count in a Python int is "
+                 "one); keep it in a tensor, or use a cache whose layers do",
+                 self.late_where())]
+
     def to_dict(self) -> dict:
         def run(g: generation.Generation) -> dict:
             return {"compiles": g.compiles, "compiles_per_token": g.compiles_per_token, "seconds": g.seconds,
                     "warmup_compiles": g.warmup_compiles, "warmup_seconds": g.warmup_seconds,
                     "eager_from_step": g.eager_from_step, "truncated": g.truncated,
-                    "first_guard_failure": g.guard_failures[0] if g.guard_failures else None}
+                    "first_guard_failure": g.guard_failures[0] if g.guard_failures else None,
+                    "late": [{k: e[k] for k in ("request", "shape", "reason")} for e in g.late]}
         return {"target": self.target, "backend": self.backend, "prompts": self.prompts,
                 "new_tokens": self.new_tokens, "plan": self.plan, "dynamic": run(self.dynamic),
                 "static": run(self.static), "token_agreement": self.agreement, "summary": self.summary()}

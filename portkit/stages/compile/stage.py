@@ -355,6 +355,9 @@ class CompileReport:
         if name in self.training:
             out += [_finding(kind, message, advice, where, case=case)
                     for kind, case, message, advice, where in self.training[name].findings()]
+        if name in self.generation:
+            out += [_finding(kind, message, advice, where, case=case)
+                    for kind, case, message, advice, where in self.generation[name].findings()]
         return out
 
     def _storm_finding(self, name: str) -> dict:

@@ -56,6 +56,28 @@ class _Serving(nn.Module):
                 torch.stack([layer.values for layer in cache.layers]))
 
 
+NOT_KV = "not a key/value cache"     # the serving graphs' status where the model's cache is something else
+
+
+def not_kv_cache(lm) -> str | None:
+    """Why the model's StaticCache is not one the serving graph carries (keys and values of every layer, as
+    heads x positions x head size), or None where it is: a state-space or linear-attention layer holds
+    fixed-size conv and recurrent states instead (transformers' LinearAttentionCacheLayerMixin: Mamba2, Jamba's
+    Mamba layers), which this graph does not pass."""
+    from transformers import StaticCache
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    model = generation.causal_model(lm)
+    cache = StaticCache(config=model.config, max_cache_len=1)
+    other = sorted({type(layer).__name__ for layer in cache.layers
+                    if isinstance(layer, LinearAttentionCacheLayerMixin)})
+    if other:
+        return (f"{type(model).__name__}'s cache has layers of {', '.join(other)} (state-space or linear-attention "
+                "states, not keys and values per position)")
+    if not getattr(model.config, "num_attention_heads", None):
+        return f"{type(model.config).__name__} names no num_attention_heads to size a key/value cache by"
+    return None
+
+
 def cache_shape(model: nn.Module, batch: int, context: int) -> tuple[int, ...]:
     """(layers, batch, key-value heads, context, head size) of one of the keys or values tensors."""
     config = model.config

@@ -306,13 +306,16 @@ class XlaStage:
 
     def workload_questions(self, name: str) -> list[dict]:
         """The training step's or serving graphs' HBM fit, open where portkit's conversion stopped them before the
-        compiler (core.assessed)."""
+        compiler (core.assessed), or where the model's cache is not the key/value cache the serving graph carries."""
+        from portkit.stages.xla import generation as xla_generation
         found = []
         for what, graph in (("training step", self.training.get(name)), ("serving graphs", self.serving.get(name))):
             if isinstance(graph, dict) and graph.get("status") in CONVERTED:
                 found.append(assessed.open_question(
                     f"HBM fit of the {what}", f"portkit's {CONVERSION} stopped it before the compiler: "
                                               f"{str(graph.get('summary', ''))[:300]}"))
+            elif isinstance(graph, dict) and graph.get("status") == xla_generation.NOT_KV:
+                found.append(assessed.open_question(f"HBM fit of the {what}", str(graph["summary"])[:300]))
         return found
 
     def to_dict(self) -> dict:
@@ -408,6 +411,10 @@ def _serving(model, plan, opts: Options) -> dict:
     plan, (prompt buckets, context buckets), or None), and the largest batch whose decode step fits."""
     from portkit.stages.xla import generation as xla_generation
     from portkit.xla import sharded as xla_sharded
+    if (why := xla_generation.not_kv_cache(model)) is not None:
+        return {"status": xla_generation.NOT_KV,
+                "summary": f"serving graphs not compiled: {why}; portkit's serving graph carries a key/value cache "
+                           "only, so their HBM fit and largest batch are not assessed"}
     if plan:
         prompt, context, source = max(plan[0]), max(plan[1]), "stage 3's serving plan, largest buckets"
     else:
