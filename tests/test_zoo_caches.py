@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from portkit.core import grading
+
 from portkit.models import registry as models
 from portkit.targets import backends
 from portkit.workloads import generation
@@ -48,8 +50,8 @@ def test_a_sliding_window_cache_that_recompiles_after_warm_up_is_a_finding_with_
     assert "cumulative_length_int" in run.late[0]["reason"]
     found = compile_generation.TargetGeneration(targets.detect("tpu").to_dict(), "portkit_tpu", 2, 4,
                                                 {"prompt_buckets": [16]}, run, run)
-    [(kind, severity, message, _, where)] = found.findings()
-    assert kind == "recompile_after_warmup" and severity == "work"
+    [(kind, case, message, _, where)] = found.findings()
+    assert kind == "recompile_after_warmup" and grading.severity(kind, case) == "work"
     assert f"{len(run.late)} compile(s) after warm-up" in message and "cumulative_length_int" in message
     assert where["file"].endswith("transformers/masking_utils.py")    # transformers' line, not the user's
 
