@@ -460,7 +460,9 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     from portkit.stages.report import stage as report_mod
     from portkit.stages.report import sections as report_stages
     out = report_mod.TargetReport("tpu", "TPU", "emulated")
-    report_stages._buckets(saved, saved["targets"]["tpu"], out)
+    from portkit.runfolder import results
+    typed = results.typed("buckets", saved, tmp_path / "buckets.json")
+    report_stages._buckets(typed, typed.target("tpu"), out)
     assert "estimate, not measured" in out.metrics["buckets"]["padded position priced at"]
     # the truncation finding leads each target's findings; the replay rows carry their compile time on the target
     assert all(saved["targets"][n]["findings"][0]["kind"] == "truncation" for n in ("neuron", "tpu"))
@@ -468,7 +470,8 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     row = saved["targets"]["tpu"]["replay"][0]
     assert row["target_compile_seconds"] == pytest.approx(report.targets["tpu"].priced(report.targets["tpu"].runs[0]))
     assert "no buckets" in str(report) and "<table>" in report._repr_html_()
-    assert len(report.plot().axes) == 2
+    # one replay panel per target (the padding curve is plot_padding's, drawn once in the notebook)
+    assert [ax.get_title().split(" ")[0] for ax in report.plot().axes] == ["neuron", "tpu"]
     assert buckets.padding_slider(report.histogram, report.curves, report.k) is None   # not in a notebook kernel
 
 
@@ -545,3 +548,27 @@ def test_the_planner_is_pure_numpy():
     assert "torch" not in imported and imported <= {"__future__", "inspect", "math", "dataclasses", "numpy",
                                                      "portkit.core.errors"}, imported
     assert results.compile_cost("/nonexistent", "tpu") is None
+
+
+def test_each_targets_chosen_plan_has_its_own_marker():
+    """Padding against the number of buckets: two targets' chosen plans are drawn with different markers and
+    colours, each labelled with its target, so the two points never read as one."""
+    from portkit.planning.planner import BucketPlan
+    from portkit.stages.buckets import plots
+    curves = {"pow2": [(1, 0.5), (2, 0.3)], "optimal": [(1, 0.5), (2, 0.2)]}
+    chosen = {n: BucketPlan("auto", (16, 48), 20, 100, 10, "truncate", "test") for n in ("neuron", "tpu")}
+    ax = plots.plot_padding(curves, chosen)
+    marks = [line for line in ax.get_lines() if line.get_label().startswith("chosen for")]
+    assert [m.get_label().split(":")[0] for m in marks] == ["chosen for neuron", "chosen for tpu"]
+    assert len({(m.get_marker(), m.get_color()) for m in marks}) == 2
+
+
+def test_length_histogram_labels_do_not_overprint():
+    """The length histogram's p50, p90 and p99 labels sit on different lines, so close percentiles stay legible."""
+    import numpy as np
+    from portkit.corpora import corpus as corpora
+    dist = corpora.LengthDistribution(np.array([10] * 50 + [11] * 45 + [12] * 5), "tok", "corpus", 512)
+    ax = dist.plot()
+    heights = [text.get_position()[1] for text in ax.texts]
+    assert [t.get_text().split("=")[0].strip() for t in ax.texts] == ["p50", "p90", "p99"]
+    assert len(set(heights)) == 3
