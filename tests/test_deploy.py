@@ -12,6 +12,7 @@ import torch
 from conftest import ROOT
 from portkit import cli
 from portkit.deploy import cost, export, gate
+from portkit.runfolder import layout
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +322,47 @@ def test_a_metric_that_moved_below_the_baselines_interval_fails_though_within_bu
     assert cli.main(["check", str(new), "--baseline", str(old)]) == 1
     out = capsys.readouterr().out
     assert "FAIL tpu     task metric" in out and "95% interval" in out
+
+
+def test_a_task_metric_below_its_budget_says_so_and_an_interval_move_says_that(copies):
+    """The gate names the reason that holds: a task metric out of its budget says 'below its budget (bound)', not
+    the baseline's interval; one that moved below the interval within its budget names the interval."""
+    new, old = copies
+    check = json.loads((old / "accuracy.json").read_text())["targets"]["tpu"]["task"]["checks"][0]
+    bound = check["bound"]
+
+    def crossed(accuracy):
+        found = accuracy["targets"]["tpu"]["task"]["checks"][0]
+        found.update(value=bound - 0.01, passed=False, decision="fail")
+    _edit(new, "accuracy.json", crossed)
+    (failed,) = [c for c in gate.compare(new, old).failed if c.name.startswith("task metric")]
+    assert f"below its budget ({bound:g}), where the baseline was within it" in failed.message
+    assert "interval" not in failed.message
+    _edit(new, "accuracy.json", lambda a: a["targets"]["tpu"]["task"]["checks"][0].update(
+        value=check["ci95"][0] - max(check["ci95"][1] - check["ci95"][0], 1e-9), passed=True, decision="pass"))
+    (moved,) = [c for c in gate.compare(new, old).failed if c.name.startswith("task metric")]
+    assert "outside the baseline's 95% interval [" in moved.message and "budget" not in moved.message
+
+
+def test_a_changed_run_parameter_is_listed_among_the_differences(copies, capsys):
+    """The run's parameters (each stage notebook's papermill parameters): a changed batch_size is listed as a
+    difference and noted, while the same parameters say so; the run folder's place (out_dir) is no difference."""
+    new, old = copies
+    same = gate.compare(new, old)
+    assert ("run", "run parameters", "pass", "the same in both runs") in [
+        (c.target, c.name, c.status, c.message) for c in same.checks]
+    for folder, batch in ((old, 2), (new, 4)):      # as `portkit run -p batch_size N` gives it to each notebook
+        for notebook in folder.glob("*.ipynb"):
+            nb = json.loads(notebook.read_text())
+            nb["metadata"]["papermill"]["parameters"]["batch_size"] = batch
+            notebook.write_text(json.dumps(nb))
+    assert layout.run_parameters(old)["batch_size"] == 2 and "out_dir" not in layout.run_parameters(old)
+    changed = gate.compare(new, old)
+    (row,) = [c for c in changed.checks if c.name == "run parameters"]
+    assert row.message == "differ: batch_size: 2 -> 4"
+    assert any("batch_size" in n for n in changed.notes)
+    assert cli.main(["check", str(new), "--baseline", str(old)]) == 0
+    assert "batch_size" in capsys.readouterr().out
 
 
 def test_an_improvement_passes(copies):
