@@ -17,8 +17,7 @@ each item's length along every varying dim; a varying `Dim` needs `max`. Both re
 IMAGE, float32 HxWxC arrays in [0, 1] (C: the `channels` dim, RGB or BT.601 luminance); AUDIO, 1-D float32
 waveforms at `sample_rate` (required), each recording decoded once for both (portkit/corpora/audio.py), an
 own_items() item that is not a recording as it is. A declaration that cannot mean anything raises BadParameter
-naming the value. A moved name keeps an alias that warns (docs/changelog.md); the guide:
-docs/guides/declaring-a-model.md.
+naming the value. Moved names keep a warning alias (docs/changelog.md); docs/guides/declaring-a-model.md.
 """
 from __future__ import annotations
 
