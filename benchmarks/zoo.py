@@ -1,400 +1,95 @@
-"""The conformance zoo: public architectures, built from their transformers configs at small sizes with seeded
-weights, each saved as a user's Hugging Face directory and run through every stage that applies, on both targets.
+"""The conformance zoo: every architecture the installed transformers' Auto mappings list for the tasks portkit
+feeds, built from its config at a tiny size with seeded weights and its own processor (benchmarks/zoo_build.py),
+saved as a user's Hugging Face directory, run through every stage on both targets, and checked against the rules
+a verdict must keep (benchmarks/zoo_rules.py).
 
-    .venv/bin/python benchmarks/zoo.py [--workers 2] [--serial] [--quick] [--only bert,gpt2]
-                                       [--stages fallbacks,compile,report] [--out runs/zoo] [--doc docs/zoo.md]
+    .venv/bin/python benchmarks/zoo.py [--workers 2] [--family causal-lm,ctc] [--only gpt2,bert.masked-lm]
+                                       [--quick] [--stages fallbacks,compile,report] [--out runs/zoo]
+                                       [--doc docs/zoo.md] [--fresh] [--build-only]
 
-Each architecture is saved once (save_pretrained) into a cache folder under portkit's cache root
-(portkit.corpora.corpus.cache_root: $PORTKIT_CACHE_DIR), its tokenizer, feature extractor or image processor
-saved beside it, so that `portkit run --model DIR` loads it as it loads a user's directory. Nothing is downloaded:
-text tokenizers are trained in-process on portkit's own corpus (the stdlib docstrings) with the `tokenizers`
-library, a byte-level BPE or a WordPiece, and wrapped in PreTrainedTokenizerFast; feature extractors and image
-processors are built from their defaults at the zoo's sizes.
+A row is one model type in one task family (zoo_build.FAMILIES). Causal LMs run the generation workload
+(`-p workload generate`: prefill and decode buckets, KV cache); text seq2seq models run one teacher-forced forward
+pass and speech seq2seq one decoder step, each row saying so (portkit's generation workload takes causal LMs only).
+Object detection and semantic segmentation rows are built and run to portkit's plan step, which refuses their task
+today: each is "not assessed" on both targets with that line. --workers 1 runs one row after another
+in this process (portkit.run.runner); more run on Ray (portkit.run.sweep), a row's two targets as two tasks.
 
-The runs go through `portkit sweep` (portkit.run.sweep: one Ray task per architecture x target, `--workers` of
-them at once), or with --serial through the runner, one run per architecture with both targets. A model whose
-plan is refused, or that cannot be built, is a crash of the "plan" or "build" step and the others still run.
+Each row's result is written to <out>/rows/<row>.json as it ends: a zoo killed and started again with the same
+command skips the rows it finished (--fresh clears them). The table (--doc) is rewritten after every row.
 
-Writes docs/zoo.md (or --doc): one row per architecture with each stage's status, each target's verdict and
-the first finding, and for each crash the stage and the first line of its error; with the date, the commit and
-the command. Prints a last line of the form
-
-    zoo: N architectures, K stage crashes, M not assessed (wall ...; host ...)
-
-K counts architecture x stage pairs that failed (a stage failing on both targets is one crash); M counts
-architecture x target verdicts "not assessed". Exit code 1 where K > 0.
+The last line: `zoo: N architectures (B not buildable), K stage crashes, V rule violations, M not assessed (wall
+...; host ...)`. N counts rows, B those the zoo could not build (each with its one line), K row x stage pairs that
+failed, V rule violations, M row x target verdicts "not assessed" (a model portkit refuses in its plan step is
+not assessed on both targets). Exit code 1 where K or V > 0.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import datetime
-import hashlib
+import html
 import io
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import traceback
 from contextlib import redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import zoo_build, zoo_rules  # noqa: E402
+from portkit.core import atomic_io  # noqa: E402
 from portkit.core.errors import PortkitError, StageFailed  # noqa: E402
-from portkit.corpora import corpus as data  # noqa: E402
 from portkit.run import runner  # noqa: E402
 from portkit.runfolder import layout as runfolder  # noqa: E402
+from portkit.stages.report import stage as report_stage  # noqa: E402
 
 TARGETS = ("neuron", "tpu")
-STAGE_ORDER = tuple(s.name for s in runfolder.STAGES)
 # Small parameters of every stage; each run gets those its stages declare.
 PARAMETERS = {"batch_size": 2, "seq_len": 16, "requests": 10, "bucket_count": 2, "max_shapes": 2,
               "train_steps": 2}
 QUICK_PARAMETERS = {**PARAMETERS, "requests": 4, "max_shapes": 1}
-QUICK = ("bert", "gpt2", "t5", "wav2vec2", "vit", "clip")     # one of each family, the cheapest
-ZOO_MARKER = ".portkit-zoo"     # in the runs folder: a folder the zoo may clear before it runs again
-HIDDEN, LAYERS, HEADS, FFN, POSITIONS = 32, 2, 2, 64, 128
-IMAGE = 32                      # side of the zoo's images
-TOKENIZER_TEXTS = 3000          # corpus texts the tokenizers are trained on
-TOKENIZER_VOCAB = 1000
+# causal LMs: the generation workload, a few tokens from two prompts
+GENERATION = {"workload": "generate", "new_tokens": 4, "prompts": 2}
+SEQ2SEQ_NOTE = ("run as one teacher-forced forward pass (portkit.models.adapters.Seq2SeqAdapter), not as "
+                "generation: portkit's generation workload takes causal LMs only (portkit.workloads.generation)")
+SPEECH_NOTE = ("run as one decoder step from the start token on each clip (portkit.models.adapters."
+               "SpeechSeq2SeqAdapter), not as generation: portkit's generation workload takes causal LMs only")
+# one row of each family, the cheapest
+QUICK = ("gpt2.causal-lm", "bert.masked-lm", "t5.seq2seq-lm", "wav2vec2.ctc", "vit.image-classification",
+         "clip.zero-shot-image")
+ZOO_MARKER = ".portkit-zoo"     # in the runs folder: a folder the zoo may clear with --fresh
+NOT_BUILDABLE = "not buildable"
+# a row with a stage crash or a rule violation has failed, whatever its verdict says: its verdict is not counted
+ROW_FAILED = "row failed (crash or rule violation)"
+OUTCOMES = (report_stage.READY, report_stage.READY_WITH_WORK, report_stage.BLOCKED, report_stage.NOT_ASSESSED,
+            NOT_BUILDABLE, ROW_FAILED)
 
 
-# ---------------------------------------------------------------- tokenizers, trained without downloads
-def _texts() -> list[str]:
-    return list(data.load_corpus().texts[:TOKENIZER_TEXTS])
-
-
-def byte_bpe():
-    """A GPT-2-style byte-level BPE: ids 0-4 are <pad>, <s>, </s>, <unk>, <mask>."""
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(_texts(), vocab_size=TOKENIZER_VOCAB, min_frequency=2, show_progress=False,
-                            special_tokens=["<pad>", "<s>", "</s>", "<unk>", "<mask>"])
-    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>", mask_token="<mask>")
-
-
-def wordpiece():
-    """A BERT-style lower-cased WordPiece: ids 0-4 are [PAD], [UNK], [CLS], [SEP], [MASK]."""
-    from tokenizers import BertWordPieceTokenizer
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers.processors import TemplateProcessing
-    wp = BertWordPieceTokenizer(lowercase=True)
-    wp.train_from_iterator(_texts(), vocab_size=TOKENIZER_VOCAB, show_progress=False,
-                           special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
-    # each text as BERT reads it, [CLS] text [SEP] (CLIP pools its text at the end token)
-    wp.post_processor = TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-                                           special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    return PreTrainedTokenizerFast(tokenizer_object=wp._tokenizer, pad_token="[PAD]", unk_token="[UNK]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-
-
-def check_tokenizer(tokenizer, name: str) -> None:
-    """Real text encodes to known tokens: a tokenizer whose vocabulary was dropped maps every word to unk."""
-    ids = tokenizer("Return the sum of two numbers, or raise ValueError.")["input_ids"]
-    if not ids or sum(i == tokenizer.unk_token_id for i in ids) > len(ids) // 4:
-        raise RuntimeError(f"{name}: the zoo's tokenizer maps real text to {tokenizer.unk_token}: {ids}")
-
-
-# ---------------------------------------------------------------- the architectures
-@dataclasses.dataclass(frozen=True)
-class Arch:
-    name: str           # the directory's name, and the row's
+# ---------------------------------------------------------------- one row
+@dataclasses.dataclass
+class Result:
+    """A row's outcome, as written to <out>/rows/<row>.json."""
+    key: str
+    model_type: str
     family: str
-    title: str          # the architecture's class
-    tokenizer: str | None   # "bpe", "wordpiece" or None
-    build: object       # build(tokenizer) -> (model, [processors saved beside it])
-
-
-def _special(tok) -> dict:
-    return {"vocab_size": len(tok), "pad_token_id": tok.pad_token_id}
-
-
-def _tower(tok) -> dict:
-    """A text tower's ids: a WordPiece's [CLS] and [SEP] are its start and end tokens."""
-    return {**_special(tok), "bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id}
-
-
-def _lm_ids(tok) -> dict:
-    return {**_special(tok), "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
-
-
-def _bert(tok):
-    from transformers import BertConfig, BertModel
-    return BertModel(BertConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                intermediate_size=FFN, max_position_embeddings=POSITIONS, **_special(tok))), []
-
-
-def _roberta(tok):
-    from transformers import RobertaConfig, RobertaForSequenceClassification
-    # RoBERTa's positions start after the padding id: two more rows than the longest text
-    return RobertaForSequenceClassification(RobertaConfig(
-        hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
-        max_position_embeddings=POSITIONS + 2, num_labels=3, **_lm_ids(tok))), []
-
-
-def _deberta(tok):
-    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
-    return DebertaV2ForSequenceClassification(DebertaV2Config(
-        hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
-        max_position_embeddings=POSITIONS, num_labels=3, **_special(tok))), []
-
-
-def _distilbert(tok):
-    from transformers import DistilBertConfig, DistilBertForTokenClassification
-    return DistilBertForTokenClassification(DistilBertConfig(
-        dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN, max_position_embeddings=POSITIONS,
-        num_labels=5, **_special(tok))), []
-
-
-def _electra(tok):
-    from transformers import ElectraConfig, ElectraForMaskedLM
-    return ElectraForMaskedLM(ElectraConfig(
-        embedding_size=HIDDEN, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        intermediate_size=FFN, max_position_embeddings=POSITIONS, **_special(tok))), []
-
-
-def _albert(tok):
-    from transformers import AlbertConfig, AlbertModel
-    return AlbertModel(AlbertConfig(embedding_size=16, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-                                    num_attention_heads=HEADS, intermediate_size=FFN,
-                                    max_position_embeddings=POSITIONS, **_special(tok))), []
-
-
-def _mpnet(tok):
-    from transformers import MPNetConfig, MPNetModel
-    return MPNetModel(MPNetConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                  intermediate_size=FFN, max_position_embeddings=POSITIONS + 2,
-                                  **_lm_ids(tok))), []
-
-
-def _decoder(config_name: str, model_name: str, **extra):
-    def build(tok):
-        import transformers
-        config = getattr(transformers, config_name)(**{**_lm_ids(tok), **extra})
-        return getattr(transformers, model_name)(config), []
-    return build
-
-
-_LLAMA_LIKE = {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
-               "num_attention_heads": HEADS, "num_key_value_heads": 1, "max_position_embeddings": POSITIONS}
-
-
-def _seq2seq(config_name: str, model_name: str, start: str, **extra):
-    def build(tok):
-        import transformers
-        ids = {**_lm_ids(tok), "decoder_start_token_id": getattr(tok, f"{start}_token_id")}
-        config = getattr(transformers, config_name)(**{**ids, **extra})
-        return getattr(transformers, model_name)(config), []
-    return build
-
-
-_BART_LIKE = {"d_model": HIDDEN, "encoder_layers": LAYERS, "decoder_layers": LAYERS,
-              "encoder_attention_heads": HEADS, "decoder_attention_heads": HEADS, "encoder_ffn_dim": FFN,
-              "decoder_ffn_dim": FFN, "max_position_embeddings": POSITIONS}
-
-
-def _whisper(_):
-    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
-    config = WhisperConfig(vocab_size=64, d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
-                           encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=FFN,
-                           decoder_ffn_dim=FFN, num_mel_bins=80, max_target_positions=32, pad_token_id=0,
-                           bos_token_id=1, eos_token_id=2, decoder_start_token_id=3)
-    return WhisperForConditionalGeneration(config), [WhisperFeatureExtractor()]
-
-
-# wav2vec2-style feature encoders: seven convolutions (the published strides), narrow
-_CONV = {"conv_dim": (16,) * 7, "feat_extract_norm": "layer", "do_stable_layer_norm": True,
-         "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2, "hidden_size": HIDDEN,
-         "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "intermediate_size": FFN}
-
-
-def _waveform(config_name: str, model_name: str, **extra):
-    def build(_):
-        import transformers
-        config = getattr(transformers, config_name)(**{**_CONV, **extra})
-        return getattr(transformers, model_name)(config), [transformers.Wav2Vec2FeatureExtractor()]
-    return build
-
-
-def _ast(_):
-    from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification
-    config = ASTConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                       intermediate_size=FFN, num_mel_bins=128, max_length=256, num_labels=4)
-    return ASTForAudioClassification(config), [ASTFeatureExtractor(num_mel_bins=128, max_length=256)]
-
-
-_VIT_LIKE = {"image_size": IMAGE, "patch_size": 8, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
-             "num_attention_heads": HEADS, "intermediate_size": FFN, "num_labels": 5}
-_SQUARE = {"height": IMAGE, "width": IMAGE}
-
-
-def _vit(_):
-    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
-    return ViTForImageClassification(ViTConfig(**_VIT_LIKE)), [ViTImageProcessor(size=_SQUARE)]
-
-
-def _deit(_):
-    from transformers import DeiTConfig, DeiTForImageClassification, DeiTImageProcessor
-    return DeiTForImageClassification(DeiTConfig(**_VIT_LIKE)), [DeiTImageProcessor(size=_SQUARE,
-                                                                                     crop_size=_SQUARE)]
-
-
-def _beit(_):
-    from transformers import BeitConfig, BeitForImageClassification, BeitImageProcessor
-    return BeitForImageClassification(BeitConfig(**_VIT_LIKE)), [BeitImageProcessor(size=_SQUARE,
-                                                                                     crop_size=_SQUARE)]
-
-
-def _convnext(_):
-    from transformers import ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessor
-    config = ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=IMAGE, num_labels=5)
-    return ConvNextForImageClassification(config), [ConvNextImageProcessor(size={"shortest_edge": IMAGE})]
-
-
-def _resnet(_):
-    from transformers import ConvNextImageProcessor, ResNetConfig, ResNetForImageClassification
-    config = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic", num_labels=5)
-    return ResNetForImageClassification(config), [ConvNextImageProcessor(size={"shortest_edge": IMAGE})]
-
-
-def _regnet(_):
-    from transformers import ConvNextImageProcessor, RegNetConfig, RegNetForImageClassification
-    config = RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8, num_labels=5)
-    return RegNetForImageClassification(config), [ConvNextImageProcessor(size={"shortest_edge": IMAGE})]
-
-
-def _swin(_):
-    from transformers import SwinConfig, SwinForImageClassification, ViTImageProcessor
-    config = SwinConfig(image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
-                        window_size=4, num_labels=5)
-    return SwinForImageClassification(config), [ViTImageProcessor(size=_SQUARE)]
-
-
-_TEXT_TOWER = {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
-               "num_attention_heads": HEADS, "max_position_embeddings": 64}
-_VISION_TOWER = {"image_size": IMAGE, "patch_size": 8, "hidden_size": HIDDEN, "intermediate_size": FFN,
-                 "num_hidden_layers": LAYERS, "num_attention_heads": HEADS}
-
-
-def _clip(tok):
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
-    config = CLIPConfig(text_config={**_TEXT_TOWER, **_tower(tok)}, vision_config=_VISION_TOWER,
-                        projection_dim=16)
-    processor = CLIPImageProcessor(size={"shortest_edge": IMAGE}, crop_size=_SQUARE)
-    return CLIPModel(config), [processor]
-
-
-def _siglip(tok):
-    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
-    config = SiglipConfig(text_config={**_TEXT_TOWER, **_tower(tok)}, vision_config=_VISION_TOWER)
-    return SiglipModel(config), [SiglipImageProcessor(size=_SQUARE)]
-
-
-ZOO = (
-    Arch("bert", "text encoder", "BertModel", "wordpiece", _bert),
-    Arch("roberta", "text encoder", "RobertaForSequenceClassification", "bpe", _roberta),
-    Arch("deberta-v2", "text encoder", "DebertaV2ForSequenceClassification", "wordpiece", _deberta),
-    Arch("distilbert", "text encoder", "DistilBertForTokenClassification", "wordpiece", _distilbert),
-    Arch("electra", "text encoder", "ElectraForMaskedLM", "wordpiece", _electra),
-    Arch("albert", "text encoder", "AlbertModel", "wordpiece", _albert),
-    Arch("mpnet", "text encoder", "MPNetModel", "bpe", _mpnet),
-    Arch("gpt2", "decoder", "GPT2LMHeadModel", "bpe", _decoder(
-        "GPT2Config", "GPT2LMHeadModel", n_positions=POSITIONS, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS)),
-    Arch("llama", "decoder", "LlamaForCausalLM", "bpe", _decoder("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE)),
-    Arch("mistral", "decoder", "MistralForCausalLM", "bpe",
-         _decoder("MistralConfig", "MistralForCausalLM", **_LLAMA_LIKE)),
-    Arch("qwen2", "decoder", "Qwen2ForCausalLM", "bpe", _decoder("Qwen2Config", "Qwen2ForCausalLM", **_LLAMA_LIKE)),
-    Arch("gemma", "decoder", "GemmaForCausalLM", "bpe",
-         _decoder("GemmaConfig", "GemmaForCausalLM", head_dim=HIDDEN // HEADS, **_LLAMA_LIKE)),
-    Arch("phi", "decoder", "PhiForCausalLM", "bpe", _decoder("PhiConfig", "PhiForCausalLM", **_LLAMA_LIKE)),
-    Arch("mixtral", "decoder (mixture of experts)", "MixtralForCausalLM", "bpe", _decoder(
-        "MixtralConfig", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2, **_LLAMA_LIKE)),
-    Arch("mamba", "decoder (state space)", "MambaForCausalLM", "bpe", _decoder(
-        "MambaConfig", "MambaForCausalLM", hidden_size=HIDDEN, state_size=8, num_hidden_layers=LAYERS)),
-    Arch("opt", "decoder", "OPTForCausalLM", "bpe", _decoder(
-        "OPTConfig", "OPTForCausalLM", hidden_size=HIDDEN, ffn_dim=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, max_position_embeddings=POSITIONS, word_embed_proj_dim=HIDDEN)),
-    Arch("gpt-neox", "decoder", "GPTNeoXForCausalLM", "bpe", _decoder(
-        "GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, max_position_embeddings=POSITIONS)),
-    Arch("falcon", "decoder", "FalconForCausalLM", "bpe", _decoder(
-        "FalconConfig", "FalconForCausalLM", hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, max_position_embeddings=POSITIONS)),
-    Arch("bloom", "decoder", "BloomForCausalLM", "bpe", _decoder(
-        "BloomConfig", "BloomForCausalLM", hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS)),
-    Arch("t5", "seq2seq", "T5ForConditionalGeneration", "bpe", _seq2seq(
-        "T5Config", "T5ForConditionalGeneration", "pad", d_model=HIDDEN, d_kv=16, d_ff=FFN, num_layers=LAYERS,
-        num_decoder_layers=LAYERS, num_heads=HEADS)),
-    Arch("bart", "seq2seq", "BartForConditionalGeneration", "bpe",
-         _seq2seq("BartConfig", "BartForConditionalGeneration", "eos", **_BART_LIKE)),
-    Arch("marian", "seq2seq", "MarianMTModel", "bpe", _seq2seq("MarianConfig", "MarianMTModel", "pad", **_BART_LIKE)),
-    Arch("pegasus", "seq2seq", "PegasusForConditionalGeneration", "bpe",
-         _seq2seq("PegasusConfig", "PegasusForConditionalGeneration", "pad", **_BART_LIKE)),
-    Arch("whisper", "speech", "WhisperForConditionalGeneration", None, _whisper),
-    Arch("wav2vec2", "speech", "Wav2Vec2ForCTC", None, _waveform("Wav2Vec2Config", "Wav2Vec2ForCTC", vocab_size=12)),
-    Arch("hubert", "speech", "HubertForCTC", None, _waveform("HubertConfig", "HubertForCTC", vocab_size=12)),
-    Arch("wavlm", "speech", "WavLMForSequenceClassification", None,
-         _waveform("WavLMConfig", "WavLMForSequenceClassification", num_labels=4)),
-    Arch("ast", "speech", "ASTForAudioClassification", None, _ast),
-    Arch("vit", "vision", "ViTForImageClassification", None, _vit),
-    Arch("deit", "vision", "DeiTForImageClassification", None, _deit),
-    Arch("beit", "vision", "BeitForImageClassification", None, _beit),
-    Arch("convnext", "vision", "ConvNextForImageClassification", None, _convnext),
-    Arch("resnet", "vision", "ResNetForImageClassification", None, _resnet),
-    Arch("regnet", "vision", "RegNetForImageClassification", None, _regnet),
-    Arch("swin", "vision", "SwinForImageClassification", None, _swin),
-    Arch("clip", "vision-language", "CLIPModel", "wordpiece", _clip),
-    Arch("siglip", "vision-language", "SiglipModel", "wordpiece", _siglip),
-)
-BY_NAME = {a.name: a for a in ZOO}
-
-
-# ---------------------------------------------------------------- building the directories
-def cache_folder() -> Path:
-    """The zoo's directories, keyed by this file and the transformers and tokenizers versions: a change to a
-    builder builds every directory again."""
-    import tokenizers
-    import transformers
-    key = hashlib.sha1(Path(__file__).read_bytes() + f"{transformers.__version__}|{tokenizers.__version__}"
-                       .encode()).hexdigest()[:12]
-    return data.cache_root() / "zoo" / key
-
-
-def build(arch: Arch, folder: Path, tokenizers: dict) -> Path:
-    """The architecture's directory (built and saved once: a folder holding DONE is complete)."""
-    import torch
-    target = folder / arch.name
-    if (target / "DONE").is_file():
-        return target
-    shutil.rmtree(target, ignore_errors=True)
-    tok = None
-    if arch.tokenizer:
-        if arch.tokenizer not in tokenizers:
-            tokenizers[arch.tokenizer] = {"bpe": byte_bpe, "wordpiece": wordpiece}[arch.tokenizer]()
-            check_tokenizer(tokenizers[arch.tokenizer], arch.tokenizer)
-        tok = tokenizers[arch.tokenizer]
-    torch.manual_seed(0)
-    model, processors = arch.build(tok)
-    partial = folder / f".{arch.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    model.eval().save_pretrained(partial)
-    for processor in [*processors, *([tok] if tok is not None else [])]:
-        processor.save_pretrained(partial)
-    (partial / "DONE").write_text(f"{arch.title}\n")
-    os.replace(partial, target)
-    return target
-
-
-# ---------------------------------------------------------------- running
-def parameters_for(stages: list[str], chosen: dict) -> dict:
-    """The zoo's parameters the chosen stages declare (a parameter no stage declares is refused)."""
-    declared = runner.all_parameters(runner.select_stages(stages))
-    return {k: v for k, v in chosen.items() if k in declared}
+    cls: str
+    built: str = ""                 # "" when built, else the one line why not
+    refused: str = ""               # the plan step's one line where portkit refuses the model
+    stages: dict = dataclasses.field(default_factory=dict)      # stage: status ("neuron ok / tpu failed")
+    verdicts: dict = dataclasses.field(default_factory=dict)    # target: verdict
+    finding: str = ""
+    crashes: list = dataclasses.field(default_factory=list)     # [stage, first line of its error]
+    violations: list = dataclasses.field(default_factory=list)  # one line each
+    generation: str = ""            # causal LMs: prefill and decode buckets per target; seq2seq: the note
+    seconds: float = 0.0
+    run_dirs: dict = dataclasses.field(default_factory=dict)    # target: run folder
+
+    @classmethod
+    def of(cls, row: zoo_build.Row) -> "Result":
+        return cls(row.key, row.model_type, row.family, row.cls)
 
 
 def first_line(text) -> str:
@@ -402,124 +97,248 @@ def first_line(text) -> str:
     return lines[0] if lines else ""
 
 
-def run_sweep(models: dict, out: Path, stages, params: dict, workers: int) -> tuple[dict, dict]:
-    """Every model x target as a Ray task (portkit sweep), `workers` at once. Returns ({name: {target: run
-    folder}}, {name: (step, error)} for the models whose plan was refused)."""
+def parameters_for(stages: list[str], chosen: dict) -> dict:
+    """The zoo's parameters the chosen stages declare (a parameter no stage declares is refused)."""
+    declared = runner.all_parameters(runner.select_stages(stages))
+    return {k: v for k, v in chosen.items() if k in declared}
+
+
+def row_parameters(row: zoo_build.Row, stages: list[str], base: dict) -> dict:
+    extra = GENERATION if row.family == "causal-lm" else {}
+    return parameters_for(stages, {**base, **extra})
+
+
+def _generation(run_dirs: dict) -> str:
+    """Prefill and decode buckets per target (buckets.json "generation", the auto plan) and stage 3b's compile
+    of them (xla.json's "serving"), in one line."""
+    parts = []
+    for target, run_dir in run_dirs.items():
+        buckets = _json(run_dir / "buckets.json").get("generation") or {}
+        plan = ((buckets.get("targets") or {}).get(target) or {}).get("auto") or {}
+        xla = (((_json(run_dir / "xla.json").get("targets") or {}).get(target) or {}).get("serving") or {})
+        served = ", ".join(f"{k} {v['status']}" for k, v in xla.items() if isinstance(v, dict) and "status" in v)
+        if plan:
+            parts.append(f"{target}: prefill {plan['prompt']['boundaries']} decode {plan['context']['boundaries']} "
+                         f"({plan['compiles']} compiles){f'; 3b {served}' if served else ''}")
+        else:
+            parts.append(f"{target}: no generation buckets (stage 3 {'absent' if not buckets else 'empty'})")
+    return "; ".join(parts)
+
+
+def _json(path: Path) -> dict:
+    try:
+        return atomic_io.read_json(path) or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def read_result(result: Result, run_dirs: dict, stages: list[str], config: dict | None) -> Result:
+    """The stages' outcomes, verdicts, first finding, crashes and rule violations of the row's run folders."""
+    result.run_dirs = {t: str(d) for t, d in run_dirs.items()}
+    seen: dict[str, dict[str, str]] = {s: {} for s in stages}
+    for target, run_dir in run_dirs.items():
+        run = zoo_rules.Run.read(run_dir, config=config)
+        for stage in stages:
+            status = run.status(stage)
+            seen[stage][target] = status
+            if status == "failed" and not any(c[0] == stage for c in result.crashes):
+                error = first_line(runfolder.failure(run_dir, stage)).split("; the executed notebook is ")[0]
+                result.crashes.append([stage, error])
+        entry = run.get("report").get("targets", {}).get(target) or {}
+        result.verdicts[target] = entry.get("verdict") or report_stage.NOT_ASSESSED
+        first = entry.get("first") or entry.get("findings") or []
+        if first and not result.finding:
+            result.finding = f"{target}: {first_line(first[0].get('message'))}"
+        violations = zoo_rules.check(run) if run.get("report") else []
+        lines = [v.line() for v in violations if target in ("", v.target) or v.target == target]
+        result.violations += [line for line in lines if line not in result.violations]
+    for stage, by_target in seen.items():
+        values = set(by_target.values())
+        split = " / ".join(f"{t} {v}" for t, v in by_target.items())
+        result.stages[stage] = values.pop() if len(values) == 1 else split
+    if result.family == "causal-lm":
+        result.generation = _generation(run_dirs)
+    elif result.family in ("seq2seq-lm", "speech-seq2seq"):
+        result.generation = SEQ2SEQ_NOTE if result.family == "seq2seq-lm" else SPEECH_NOTE
+    return result
+
+
+def _config(folder: Path) -> dict | None:
+    return _json(folder / "config.json") or None
+
+
+def run_serial(row: zoo_build.Row, folder: Path, out: Path, stages, params: dict) -> Result:
+    """One row's run, both targets in one run folder (portkit.run.runner), one stage at a time."""
+    result, run_dir = Result.of(row), out / "runs" / row.key
+    shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        with redirect_stdout(io.StringIO()):   # the plan step's line on each target's mode
+            runner.run(str(folder), list(TARGETS), str(run_dir), params, stages, progress=False,
+                       log=lambda _: None, settings=runner.RunSettings(lanes=1))
+    except StageFailed:
+        pass                                   # each failed stage is read from the run log below
+    except PortkitError as exc:                # refused in the plan step: one line, nothing run
+        result.refused = first_line(exc)
+        result.verdicts = {t: report_stage.NOT_ASSESSED for t in TARGETS}
+        return result
+    except Exception as exc:  # noqa: BLE001 (a run that ends in a traceback is portkit's crash, a row of the table)
+        result.crashes.append(["run", f"{type(exc).__name__}: {first_line(exc)}"])
+    return read_result(result, {t: run_dir for t in TARGETS}, stages, _config(folder))
+
+
+def run_ray(rows: list[tuple[zoo_build.Row, Path]], out: Path, stages, params: dict, workers: int) -> list[Result]:
+    """Rows on Ray (portkit sweep): one task per row x target, `workers` at once."""
     from portkit.run import sweep
-    cells, refused = [], {}
-    for name, folder in models.items():
+    cells, results = [], {}
+    for row, folder in rows:
+        results[row.key] = Result.of(row)
         try:
             with redirect_stdout(io.StringIO()):
-                cells += sweep.plan_sweep([str(folder)], list(TARGETS), out, params, stages=stages, log=lambda _: None)
+                cells += sweep.plan_sweep([str(folder)], list(TARGETS), out / "runs",
+                                          row_parameters(row, stages, params), stages=stages, log=lambda _: None)
         except PortkitError as exc:
-            refused[name] = ("plan", first_line(exc))
+            results[row.key].refused = first_line(exc)
+            results[row.key].verdicts = {t: report_stage.NOT_ASSESSED for t in TARGETS}
     cores = os.cpu_count() or 1
     resources = sweep.Resources(cpus_per_task=max(cores / max(workers, 1), 0.01), memory_per_task_gib=2.0)
     if cells:
-        outcome = sweep.run_sweep(cells, out, resources, progress=False, log=lambda line: print(f"  {line}"))
+        outcome = sweep.run_sweep(cells, out / "runs", resources, progress=False, log=lambda line: print(f"  {line}"))
         for cell, record in zip(outcome.cells, outcome.records):
             if record["status"] == "failed" and not record.get("notebook"):   # no stage ran: the run itself failed
-                refused.setdefault(Path(cell.model).name, ("run", first_line(record.get("error"))))
-    dirs = {name: {t: out / runfolder.model_tag(str(folder)) / t for t in TARGETS} for name, folder in models.items()}
-    return dirs, refused
+                crashes = results[Path(cell.model).name].crashes
+                if not crashes:
+                    crashes.append(["run", first_line(record.get("error"))])
+    for row, folder in rows:
+        result = results[row.key]
+        if not result.refused:
+            dirs = {t: out / "runs" / runfolder.model_tag(str(folder)) / t for t in TARGETS}
+            read_result(result, dirs, stages, _config(folder))
+    return list(results.values())
 
 
-def run_serial(models: dict, out: Path, stages, params: dict) -> tuple[dict, dict]:
-    """One run per model with both targets, one after another (portkit.run.runner)."""
-    dirs, refused = {}, {}
-    for name, folder in models.items():
-        run_dir = out / name
-        start = time.perf_counter()
-        try:
-            with redirect_stdout(io.StringIO()):   # the plan step's line on each target's mode
-                runner.run(str(folder), list(TARGETS), str(run_dir), params, stages, progress=False,
-                           log=lambda _: None)
-            how = "ok"
-        except StageFailed:
-            how = "a stage failed"
-        except PortkitError as exc:
-            refused[name] = ("plan", first_line(exc))
-            how = f"refused: {first_line(exc)}"
-        print(f"  {name}: {how} ({time.perf_counter() - start:.0f} s)", flush=True)
-        dirs[name] = {t: run_dir for t in TARGETS}
-    return dirs, refused
+# ---------------------------------------------------------------- the counts
+def counts(results: list[Result]) -> dict:
+    return {"architectures": len(results), "not_buildable": sum(bool(r.built) for r in results),
+            "crashes": sum(len(r.crashes) for r in results), "violations": sum(len(r.violations) for r in results),
+            "not_assessed": sum(v == report_stage.NOT_ASSESSED for r in results for v in r.verdicts.values())}
 
 
-# ---------------------------------------------------------------- reading the runs
-@dataclasses.dataclass
-class Row:
-    arch: Arch
-    stages: dict = dataclasses.field(default_factory=dict)      # stage: status
-    verdicts: dict = dataclasses.field(default_factory=dict)    # target: verdict
-    finding: str = ""
-    crashes: list = dataclasses.field(default_factory=list)     # (stage, first line of its error)
+def summary_line(results: list[Result]) -> str:
+    c = counts(results)
+    return (f"zoo: {c['architectures']} architectures ({c['not_buildable']} not buildable), {c['crashes']} stage "
+            f"crashes, {c['violations']} rule violations, {c['not_assessed']} not assessed")
 
 
-def read_row(arch: Arch, run_dirs: dict, stages: list[str], refused: tuple | None) -> Row:
-    row = Row(arch)
-    if refused:
-        row.crashes.append(refused)
-    seen: dict[str, dict[str, str]] = {s: {} for s in stages}
+def outcome(result: Result, target: str) -> str:
+    """How the row counts in the shares: not buildable, failed (a crash or a rule violation), else its verdict."""
+    if result.built:
+        return NOT_BUILDABLE
+    if result.crashes or result.violations:
+        return ROW_FAILED
+    return result.verdicts.get(target, report_stage.NOT_ASSESSED)
+
+
+def shares(results: list[Result]) -> dict:
+    """{family: {target: {outcome: count}}}, each family's rows in the denominator, not buildable included."""
+    table: dict = {}
+    for r in results:
+        for target in TARGETS:
+            cell = table.setdefault(r.family, {}).setdefault(target, dict.fromkeys(OUTCOMES, 0))
+            cell[outcome(r, target)] += 1
+    return table
+
+
+def causal_claim(results: list[Result]) -> str:
+    """The causal-LM share ready or ready with work per target: the figure comparable to a vendor's claim."""
+    causal = [r for r in results if r.family == "causal-lm"]
+    if not causal:
+        return ""
+    parts = []
     for target in TARGETS:
-        run_dir = run_dirs.get(target)
-        report = None
-        if run_dir is not None:
-            try:
-                report = runfolder.read_report(run_dir)
-            except (OSError, ValueError):
-                report = None
-        logged = runfolder.read_log(run_dir)["stages"] if run_dir is not None else {}
-        for stage in stages:
-            # report.json's status of each stage it reads; the run log's for the report stage itself
-            status = ((report or {}).get("stages", {}).get(stage) or logged.get(stage) or {}).get("status", "missing")
-            seen[stage][target] = status
-            if status == "failed" and not any(c[0] == stage for c in row.crashes):
-                row.crashes.append((stage, first_line(runfolder.failure(run_dir, stage))))
-        entry = (report or {}).get("targets", {}).get(target) or {}
-        row.verdicts[target] = entry.get("verdict") or "not assessed"
-        first = entry.get("first") or entry.get("findings") or []
-        if first and not row.finding:
-            row.finding = f"{target}: {first_line(first[0].get('message'))}"
-    for stage, by_target in seen.items():
-        values = set(by_target.values())
-        row.stages[stage] = values.pop() if len(values) == 1 else " / ".join(f"{t} {v}" for t, v in by_target.items())
-    return row
+        good = sum(outcome(r, target) in (report_stage.READY, report_stage.READY_WITH_WORK) for r in causal)
+        parts.append(f"{target} {good}/{len(causal)} ({good / len(causal):.0%})")
+    return (f"Causal LMs ready or ready with work (generation workload, emulated: CPU under each target's rules, "
+            f"not hardware): {', '.join(parts)}; the denominator holds every causal-LM model type the mapping lists, "
+            "the not buildable ones and the rows with a stage crash or a rule violation included.")
 
 
-# ---------------------------------------------------------------- the table
-def _cell(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split()).replace("|", "\\|")
+# ---------------------------------------------------------------- the page
+def _esc(text) -> str:
+    return html.escape(" ".join(str(text).split()))
+
+
+def _short(text: str, limit: int = 90) -> str:
+    text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def render(rows: list[Row], stages: list[str], command: str, commit: str, summary: str, host: str) -> str:
+def _status(result: Result, stages: list[str]) -> str:
+    if result.built:
+        return NOT_BUILDABLE
+    if result.refused:
+        return "refused by portkit's plan step"
+    bad = [s for s in stages if result.stages.get(s) not in ("ok", "skipped")]
+    return "all ok" if not bad else f"not ok: {', '.join(bad)}"
+
+
+def _details(result: Result, stages: list[str]) -> str:
+    """The row's detail, in a collapsible cell."""
+    items = []
+    if result.built:
+        items.append(f"<b>not buildable</b>: {_esc(result.built)}")
+    if result.refused:
+        items.append(f"<b>refused</b>: {_esc(result.refused)}")
+    if result.stages:
+        items.append("<b>stages</b>: " + ", ".join(f"{s} {_esc(result.stages.get(s, ''))}" for s in stages))
+    if result.finding:
+        items.append(f"<b>first finding</b>: {_esc(result.finding)}")
+    if result.generation:
+        items.append(f"<b>generation</b>: {_esc(result.generation)}")
+    items += [f"<b>crash</b> ({_esc(s)}): {_esc(e)}" for s, e in result.crashes]
+    items += [f"<b>rule violation</b>: {_esc(v)}" for v in result.violations]
+    if result.seconds:
+        items.append(f"<b>wall</b>: {result.seconds:.0f} s")
+    alarms = [f"crash in {', '.join(s for s, _ in result.crashes)}"] if result.crashes else []
+    alarms += [f"{len(result.violations)} rule violation(s)"] if result.violations else []
+    text = result.finding or result.built or result.refused or _status(result, stages)
+    summary = _esc(_short(f"{'; '.join(alarms)}: {text}" if alarms else text))
+    return f"<details><summary>{summary}</summary>{'<br>'.join(items)}</details>"
+
+
+def render(results: list[Result], stages: list[str], meta: dict) -> str:
     lines = ["# Conformance zoo", "",
-             "Public architectures built from their transformers configs at small sizes with seeded weights, "
-             "each saved as a Hugging Face directory with its own processor, run through the workbook on both "
-             "targets (`benchmarks/zoo.py`). A stage that does not apply to a model is skipped; a crash is a "
-             "stage that failed (or a model whose plan was refused, or that did not build).", "",
-             f"- date: {datetime.date.today().isoformat()}",
-             f"- commit: `{commit}`",
-             f"- command: `{command}`",
-             f"- host: {host}",
-             f"- result: {summary}", ""]
-    if len(stages) < len(STAGE_ORDER):
+             "Every architecture the installed transformers' Auto mappings list for the tasks portkit feeds, one row "
+             "per model type and task family, built from its config at a tiny size with seeded weights "
+             "(`benchmarks/zoo_build.py`, sizes in `data/models/zoo.json`), saved as a Hugging Face directory with "
+             "its own processor, run through the workbook on both targets, and checked against the rules a "
+             "verdict must keep (`benchmarks/zoo_rules.py`). Causal LMs run the generation workload; every result "
+             "is emulated (the CPU under each target's rules), never a hardware measurement. A row the zoo could "
+             "not build says why in one line and stays in the denominator.", "",
+             f"- date: {meta['date']}", f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
+             f"- host: {meta['host']}", f"- result: {meta['summary']}", ""]
+    if len(stages) < len(runfolder.STAGE_NAMES):
         lines += [f"Stages run: {', '.join(stages)}. A verdict needs every stage's result, so with a subset "
                   "every target's verdict reads \"not assessed\".", ""]
-    lines += ["| architecture | family | " + " | ".join(stages) + " | "
-              + " | ".join(f"{t} verdict" for t in TARGETS) + " | first finding |",
-              "|" + "---|" * (3 + len(stages) + len(TARGETS))]
-    for row in rows:
-        lines.append(f"| {row.arch.name} (`{row.arch.title}`) | {row.arch.family} | "
-                     + " | ".join(_cell(row.stages.get(s, "")) for s in stages) + " | "
-                     + " | ".join(row.verdicts.get(t, "") for t in TARGETS) + f" | {_cell(row.finding)} |")
-    crashes = [(row.arch.name, stage, error) for row in rows for stage, error in row.crashes]
-    lines += ["", "## Crashes", ""]
-    if crashes:
-        lines += ["| architecture | stage | first line of the error |", "|---|---|---|"]
-        lines += [f"| {name} | {stage} | {_cell(error, 300)} |" for name, stage, error in crashes]
-    else:
-        lines.append("None.")
+    claim = causal_claim(results)
+    if claim:
+        lines += [f"**{claim}**", ""]
+    lines += ["## Share per task family and target", "",
+              "| family | target | rows | " + " | ".join(OUTCOMES) + " |", "|---|---|---|" + "---|" * len(OUTCOMES)]
+    for family, by_target in shares(results).items():
+        for target, cell in by_target.items():
+            n = sum(cell.values())
+            lines.append(f"| {family} | {target} | {n} | "
+                         + " | ".join(f"{cell[o]} ({cell[o] / n:.0%})" for o in OUTCOMES) + " |")
+    alarms = [f"- {r.key}: crash in {stage}: {_esc(error)}" for r in results for stage, error in r.crashes]
+    alarms += [f"- {r.key}: {_esc(line)}" for r in results for line in r.violations]
+    lines += ["", "## Stage crashes and rule violations", "", *(alarms or ["None."])]
+    lines += ["", "## Architectures", "",
+              "| architecture | family | stages | " + " | ".join(TARGETS) + " | detail |", "|---|---|---|---|---|---|"]
+    for r in results:
+        flag = " ⚠" if r.crashes or r.violations else ""
+        verdicts = [NOT_BUILDABLE if r.built else r.verdicts.get(t, report_stage.NOT_ASSESSED) for t in TARGETS]
+        lines.append(f"| {r.model_type}{flag} <br><sub>{r.cls}</sub> | {r.family} | {_esc(_status(r, stages))} | "
+                     + " | ".join(verdicts) + f" | {_details(r, stages)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -550,95 +369,169 @@ def _commit() -> str:
         return "unknown"
 
 
-def _summary(rows: list[Row]) -> str:
-    crashes = sum(len(r.crashes) for r in rows)
-    not_assessed = sum(v == "not assessed" for r in rows for v in r.verdicts.values())
-    return f"zoo: {len(rows)} architectures, {crashes} stage crashes, {not_assessed} not assessed"
-
-
-def _prepare_out(out: Path) -> None:
-    """An empty runs folder: the zoo's own from an earlier run is cleared, any other non-empty folder refused."""
+# ---------------------------------------------------------------- the command
+def _prepare_out(out: Path, fresh: bool) -> None:
+    """The runs folder: the zoo's own is kept (its finished rows are skipped) or cleared with --fresh; any other
+    non-empty folder is refused."""
     if out.exists() and any(out.iterdir()):
         if not (out / ZOO_MARKER).is_file():
             sys.exit(f"zoo: {out} is not empty and not a zoo runs folder; give another --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ZOO_MARKER).write_text("runs of benchmarks/zoo.py: cleared when the zoo runs again\n")
+        if fresh:
+            shutil.rmtree(out)
+    (out / "rows").mkdir(parents=True, exist_ok=True)
+    (out / ZOO_MARKER).write_text("runs of benchmarks/zoo.py: kept between runs, cleared with --fresh\n")
+
+
+def select(rows: list[zoo_build.Row], only: str | None, family: str | None, quick: bool,
+           parser: argparse.ArgumentParser) -> list[zoo_build.Row]:
+    """The rows --only (row names or model types), --family and --quick choose; an unknown name is refused."""
+    if family:
+        families = [f.strip() for f in family.split(",") if f.strip()]
+        unknown = [f for f in families if f not in zoo_build.FAMILIES]
+        if unknown or not families:
+            parser.error(f"unknown family {', '.join(unknown) or '(none)'}; "
+                         f"choose from {', '.join(zoo_build.FAMILIES)}")
+        rows = [r for r in rows if r.family in families]
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else list(QUICK) if quick else None
+    if names is None:
+        return rows
+    known = {r.key for r in rows} | {r.model_type for r in rows}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        close = sorted(k for k in known if any(k.startswith(u.split(".")[0]) for u in unknown))[:12]
+        parser.error(f"unknown architecture {', '.join(unknown)}; give a row (type.family) or a model type"
+                     f"{' such as ' + ', '.join(close) if close else ''} (see --list)")
+    return [r for r in rows if r.key in names or r.model_type in names]
+
+
+def _signature(stages: list[str], params: dict, folder: Path) -> str:
+    """What a finished row was run with: its stages, parameters and builders (the cache folder's key)."""
+    return f"{','.join(stages)}|{sorted(params.items())}|{sorted(GENERATION.items())}|{folder.name}"
+
+
+def load_done(out: Path, signature: str) -> dict[str, Result]:
+    """The rows an earlier zoo with the same stages and parameters finished (<out>/rows/*.json)."""
+    done = {}
+    for path in sorted((out / "rows").glob("*.json")):
+        data = _json(path)
+        if data.get("signature") == signature and data.get("result"):
+            result = Result(**data["result"])
+            done[result.key] = result
+    return done
+
+
+def save(out: Path, result: Result, signature: str) -> None:
+    atomic_io.write_json(out / "rows" / f"{result.key}.json",
+                         {"signature": signature, "result": dataclasses.asdict(result)})
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help="comma-separated rows (type.family) or model types")
+    parser.add_argument("--family", default=None, help=f"comma-separated families: {', '.join(zoo_build.FAMILIES)}")
+    parser.add_argument("--quick", action="store_true", help=f"the quick subset ({', '.join(QUICK)})")
+    parser.add_argument("--stages", default=None, help="comma-separated stages (default: every stage)")
+    parser.add_argument("--workers", type=int, default=1, help="runs at once: 1 in this process, more on Ray")
+    parser.add_argument("--chunk", type=int, default=4, help="rows per Ray sweep (workers > 1; default 4)")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "zoo"), help="runs folder (kept: finished rows skipped)")
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "zoo.md"), help="the table (markdown with HTML cells)")
+    parser.add_argument("--fresh", action="store_true", help="clear the runs folder's finished rows first")
+    parser.add_argument("--build-only", action="store_true", help="build the rows' directories, run no stage")
+    parser.add_argument("--list", action="store_true", help="print the rows and exit")
+    return parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=None, help="comma-separated architectures (default: all)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"the quick subset ({', '.join(QUICK)}) with few requests")
-    parser.add_argument("--stages", default=None, help="comma-separated stages (default: every stage)")
-    parser.add_argument("--workers", type=int, default=2, help="runs at once on Ray (default 2)")
-    parser.add_argument("--chunk", type=int, default=4,
-                        help="architectures per Ray sweep; the table is rewritten after each (default 4)")
-    parser.add_argument("--serial", action="store_true",
-                        help="no Ray: one run per architecture with both targets, one after another")
-    parser.add_argument("--out", default=str(ROOT / "runs" / "zoo"), help="runs folder (cleared first)")
-    parser.add_argument("--doc", default=str(ROOT / "docs" / "zoo.md"), help="the table (markdown)")
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: give 1 or more")
     start = time.perf_counter()
-    names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else \
-        list(QUICK) if args.quick else [a.name for a in ZOO]
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown or not names:
-        parser.error(f"unknown architecture {', '.join(unknown) or '(none)'}; choose from {', '.join(BY_NAME)}")
+    rows = select(zoo_build.enumerate_rows(), args.only, args.family, args.quick, parser)
+    if args.list:
+        print("\n".join(f"{r.key}\t{r.cls}" for r in rows))
+        return 0
     stages = [s.name for s in runner.select_stages(args.stages)]
-    params = parameters_for(stages, QUICK_PARAMETERS if args.quick else PARAMETERS)
+    base = QUICK_PARAMETERS if args.quick else PARAMETERS
+    folder, cache = zoo_build.cache_folder(), {}
+    signature = _signature(stages, parameters_for(stages, base), folder)
     out = Path(args.out).expanduser().resolve()
-    _prepare_out(out)
+    _prepare_out(out, args.fresh)
     command = "python benchmarks/zoo.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"zoo: {len(names)} architectures x {len(TARGETS)} targets, stages {','.join(stages)}, "
-          f"{'serial' if args.serial else f'{args.workers} workers on Ray'} -> {out}", flush=True)
-
-    folder, tokenizers, models, refused = cache_folder(), {}, {}, {}
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        try:
-            models[name] = build(BY_NAME[name], folder, tokenizers)
-        except Exception as exc:   # noqa: BLE001 (a builder that fails is a row of the table, not the end)
-            refused[name] = ("build", f"{type(exc).__name__}: {first_line(exc)}")
-            traceback.print_exc()
-    print(f"  built {len(models)} directories in {folder} ({time.perf_counter() - start:.0f} s)", flush=True)
-    doc, commit, dirs, rows = Path(args.doc).expanduser(), _commit(), {}, []
+    done = load_done(out, signature)
+    print(f"zoo: {len(rows)} rows x {len(TARGETS)} targets, stages {','.join(stages)}, "
+          f"{'in this process' if args.workers == 1 else f'{args.workers} workers on Ray'} -> {out}; "
+          f"{sum(r.key in done for r in rows)} finished before", flush=True)
+    doc = Path(args.doc).expanduser()
     doc.parent.mkdir(parents=True, exist_ok=True)
-    # Ray sweeps of a few architectures each: the table is rewritten after each, so a zoo stopped early
-    # leaves the rows it finished
-    step = len(models) if args.serial else max(args.chunk, 1)
-    built = list(models)
-    for first in range(0, len(built), step):
-        chunk = {n: models[n] for n in built[first:first + step]}
-        if args.serial:
-            found, failed = run_serial(chunk, out, stages, params)
-        else:
-            found, failed = run_sweep(chunk, out, stages, params, args.workers)
-        dirs.update(found)
-        refused.update(failed)
-        done = [n for n in names if n in dirs or (n in refused and n not in models)]
-        rows = [read_row(BY_NAME[n], dirs.get(n, {}), stages, refused.get(n)) for n in done]
-        if len(done) < len(names):
-            partial = f"{_summary(rows)} so far ({len(done)} of {len(names)} run)"
-            doc.write_text(render(rows, stages, command.strip(), commit, partial, f"{os.cpu_count()} cores"))
-            print(f"  {partial} ({time.perf_counter() - start:.0f} s)", flush=True)
-    rows = [read_row(BY_NAME[n], dirs.get(n, {}), stages, refused.get(n)) for n in names]
-    crashes = sum(len(r.crashes) for r in rows)
-    summary = _summary(rows)
-    host = host_speed()
-    wall = time.perf_counter() - start
-    doc.write_text(render(rows, stages, command.strip(), commit, f"{summary} in {wall:.0f} s", host))
-    (out / "zoo.json").write_text(json.dumps(
-        {"summary": summary, "wall_seconds": round(wall, 1), "host": host,
-         "rows": [{"architecture": r.arch.name, "stages": r.stages, "verdicts": r.verdicts, "finding": r.finding,
-                   "crashes": r.crashes} for r in rows]}, indent=1))
+    results = {k: v for k, v in done.items() if k in {r.key for r in rows}}
+    meta = {"date": datetime.date.today().isoformat(), "commit": _commit(), "command": command.strip(),
+            "host": f"{os.cpu_count()} cores"}
+
+    def finish(result: Result) -> None:
+        results[result.key] = result
+        save(out, result, signature)
+        ordered = [results[r.key] for r in rows if r.key in results]
+        meta["summary"] = f"{summary_line(ordered)} so far ({len(ordered)} of {len(rows)} rows)"
+        if not args.build_only:
+            atomic_io.write_text(doc, render(ordered, stages, meta))
+        print(f"  {result.key}: {_status(result, stages)}{'; ' + result.built if result.built else ''}"
+              f"{'; refused: ' + result.refused if result.refused else ''} ({result.seconds:.0f} s)", flush=True)
+
+    pending = []
     for row in rows:
-        for stage, error in row.crashes:
-            print(f"  crash: {row.arch.name} {stage}: {error}")
+        if row.key in results:
+            continue
+        begin = time.perf_counter()
+        try:
+            built = zoo_build.build(row, folder, cache)
+        except zoo_build.NotBuilt as exc:
+            result = Result.of(row)
+            result.built, result.seconds = str(exc), time.perf_counter() - begin
+            finish(result)
+            continue
+        if args.build_only:
+            continue
+        if args.workers == 1:
+            result = run_serial(row, built, out, stages, row_parameters(row, stages, base))
+            result.seconds = time.perf_counter() - begin
+            finish(result)
+        else:
+            pending.append((row, built))
+            if len(pending) >= max(args.chunk, 1):
+                _ray_chunk(pending, out, stages, base, args.workers, finish)
+                pending = []
+    if pending:
+        _ray_chunk(pending, out, stages, base, args.workers, finish)
+    if args.build_only:
+        print(f"zoo: {len(rows)} rows, {sum(1 for r in results.values() if r.built)} not buildable "
+              f"({time.perf_counter() - start:.0f} s) in {folder}")
+        return 0
+    ordered = [results[r.key] for r in rows if r.key in results]
+    host, wall = host_speed(), time.perf_counter() - start
+    summary = summary_line(ordered)
+    meta.update(summary=f"{summary} in {wall:.0f} s", host=host)
+    atomic_io.write_text(doc, render(ordered, stages, meta))
+    atomic_io.write_json(out / "zoo.json", {"summary": summary, "wall_seconds": round(wall, 1), "host": host,
+                                            "command": meta["command"], "commit": meta["commit"],
+                                            "rows": [dataclasses.asdict(r) for r in ordered]})
+    for r in ordered:
+        for stage, error in r.crashes:
+            print(f"  crash: {r.key} {stage}: {error}")
+        for line in r.violations:
+            print(f"  rule violation: {r.key}: {line}")
     print(f"  table: {doc}")
+    c = counts(ordered)
     print(f"{summary} (wall {wall:.0f} s; host {host})")
-    return 1 if crashes else 0
+    return 1 if c["crashes"] or c["violations"] else 0
+
+
+def _ray_chunk(pending, out: Path, stages, base: dict, workers: int, finish) -> None:
+    begin = time.perf_counter()
+    found = run_ray(pending, out, stages, base, workers)
+    for result in found:
+        result.seconds = (time.perf_counter() - begin) / len(found)     # the chunk's wall, shared
+        finish(result)
 
 
 if __name__ == "__main__":

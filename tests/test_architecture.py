@@ -1,6 +1,8 @@
-"""The architecture, enforced: the import-linter contracts in pyproject.toml ([tool.importlinter]). The layers
+"""The architecture, enforced: the import-linter contracts in pyproject.toml ([tool.importlinter]), the one boundary
+to torch's private APIs (portkit/core/torch_private.py), and no module using another's private names. The layers
 themselves are described in docs/design.md, generated from those contracts by tools/build_docs.py.
 """
+import ast
 import os
 import re
 import subprocess
@@ -106,7 +108,137 @@ def test_size_is_ruled_by_complexity():
 
 def test_module_docstrings_are_short():
     """A module's docstring says its purpose and usage in a few lines; the detail lives in docs/."""
-    import ast
+
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "portkit").rglob("*.py"))
             if (n := len((ast.get_docstring(ast.parse(p.read_text())) or "").splitlines())) > 20}
     assert not long, f"module docstrings over 20 lines: {long}"
+
+
+# ---------------------------------------------------------------- boundaries between modules
+def _dotted(node) -> str | None:
+    """`a.b.c` for an attribute chain rooted at a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _is_private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+# torch.ops.<namespace>.<op> names an operator of PyTorch's dispatcher by its registered name, whatever it is
+# (torch.ops.aten._to_copy is ATen's op "_to_copy"): an op name, not a private Python attribute of torch.
+TORCH_OP_NAMES = "torch.ops."
+TORCH_BOUNDARY = "portkit/core/torch_private.py"
+# Code outside the boundary that may still name a torch private API, with the reason. Empty: none is unavoidable.
+# Text is not code: a docstring, comment or message citing torch._dynamo.explain names it for the reader, and
+# deploy/export.py's serving-file template calls torch._dynamo.mark_static in the file it writes, which runs
+# without portkit installed (it cannot import the boundary).
+TORCH_PRIVATE_ALLOWED: dict[str, str] = {}
+
+
+def torch_private_uses(source: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of each use of a private torch API in `source`'s code: an import of a module or name
+    with a private part (torch._dynamo, torch.utils._pytree, `from torch import _C`), or an attribute chain
+    with one, through whatever name the module was imported under."""
+    tree = ast.parse(source)
+    names = {"torch": "torch", "functorch": "functorch"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                if top in ("torch", "functorch"):
+                    names[alias.asname or top] = alias.name if alias.asname else top
+                    if any(map(_is_private, alias.name.split("."))):
+                        found.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("torch", "functorch"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                names[alias.asname or alias.name] = full
+                if any(map(_is_private, full.split("."))):
+                    found.append((node.lineno, full))
+    for node in ast.walk(tree):
+        dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
+        root = dotted and dotted.split(".")[0]
+        if root in names:
+            full = names[root] + dotted[len(root):]
+            if not full.startswith(TORCH_OP_NAMES) and any(map(_is_private, full.split(".")[1:])):
+                found.append((node.lineno, full))
+    outermost = {}
+    for line, name in found:     # an attribute chain is walked at every length: keep the longest per line
+        if not any(other != name and other.startswith(name + ".") for n, other in found if n == line):
+            outermost.setdefault((line, name), None)
+    return sorted(outermost)
+
+
+def test_torch_private_apis_stay_behind_the_boundary():
+    """Rule: torch's private APIs (torch._C, torch._dynamo, torch.utils._pytree, ...) are named only in
+    portkit/core/torch_private.py, so a torch upgrade that renames one breaks that file alone."""
+    modules = {str(path.relative_to(ROOT)): path for path in sorted((ROOT / "portkit").rglob("*.py"))}
+    found = [f"{name}:{line}: {used}" for name, path in modules.items()
+             if name != TORCH_BOUNDARY and name not in TORCH_PRIVATE_ALLOWED
+             for line, used in torch_private_uses(path.read_text())]
+    assert not found, f"torch private APIs outside {TORCH_BOUNDARY} (wrap them there):\n" + "\n".join(found)
+
+
+def test_a_torch_private_use_is_found():
+    source = ("import torch\nimport torch.utils._pytree as pytree\nfrom torch import _C\n"
+              "import torch.nn.functional as F\n"
+              "x = torch._dynamo.explain(m)\ny = pytree.tree_map(f, v)\nz = F._canonical_mask\n"
+              "ok = torch.ops.aten._to_copy.default, torch.__version__, torch.compiler.reset\n"
+              "'''torch._dynamo in text'''\n")
+    assert torch_private_uses(source) == [(2, "torch.utils._pytree"), (3, "torch._C"), (5, "torch._dynamo.explain"),
+                                          (6, "torch.utils._pytree.tree_map"),
+                                          (7, "torch.nn.functional._canonical_mask")]
+    assert (ROOT / TORCH_BOUNDARY).exists() and torch_private_uses((ROOT / TORCH_BOUNDARY).read_text())
+
+
+def portkit_private_imports(source: str, module: str) -> list[tuple[int, str]]:
+    """(line, name) of each private name (`_name`, not a dunder) that `source`, the code of portkit module
+    `module`, takes from another portkit module: `from portkit.x import _name`, or `x._name` / `portkit.x._name`
+    where x is a portkit module it imported."""
+    tree = ast.parse(source)
+    modules, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "portkit":
+            for alias in node.names:
+                if _is_private(alias.name) and node.module != module:
+                    found.append((node.lineno, f"{node.module}.{alias.name}"))
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "portkit":
+                    modules[alias.asname or "portkit"] = alias.name if alias.asname else "portkit"
+    for node in ast.walk(tree):
+        dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
+        root = dotted and dotted.split(".")[0]
+        if root in modules and _is_private(node.attr):
+            owner = (modules[root] + dotted[len(root):]).rsplit(".", 1)[0]
+            if owner != module:
+                found.append((node.lineno, modules[root] + dotted[len(root):]))
+    return sorted(set(found))
+
+
+def test_no_module_takes_another_modules_private_names():
+    """Rule: a portkit module uses only the public names of another (what is shared is public, in the module
+    that owns it); a `_name` is its own module's business."""
+    found = []
+    for path in sorted((ROOT / "portkit").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        found += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in
+                  portkit_private_imports(path.read_text(), module)]
+    assert not found, "private names used across portkit modules (make them public):\n" + "\n".join(found)
+
+
+def test_a_private_import_is_found():
+    source = ("from portkit.xla import compiler as xla_compile\nfrom portkit.planning.planner import _boundaries, ok\n"
+              "import portkit.xla.sharded\nfrom portkit.core import torch_private as _torch\n"
+              "a = xla_compile._prepare(m)\nb = portkit.xla.sharded._weight_spec\nc = xla_compile.__name__\n"
+              "d = _torch.explain\ne = self._own\n")
+    assert portkit_private_imports(source, "portkit.stages.x") == [
+        (2, "portkit.planning.planner._boundaries"), (5, "portkit.xla.compiler._prepare"),
+        (6, "portkit.xla.sharded._weight_spec")]
+    assert portkit_private_imports("from portkit.a import _mine\n", "portkit.a") == []

@@ -64,9 +64,9 @@ def test_an_unprintable_compiled_module_keeps_its_verdict_without_a_collective_c
 
 def test_fsdp_splits_the_first_dimension_that_divides():
     PartitionSpec = pytest.importorskip("jax.sharding").PartitionSpec
-    assert xla_sharded._weight_spec((6, 8), 4, PartitionSpec) == PartitionSpec(None, "fsdp")
-    assert xla_sharded._weight_spec((8, 6), 4, PartitionSpec) == PartitionSpec("fsdp")
-    assert xla_sharded._weight_spec((3,), 4, PartitionSpec) == PartitionSpec()
+    assert xla_sharded.fsdp_weight_spec((6, 8), 4, PartitionSpec) == PartitionSpec(None, "fsdp")
+    assert xla_sharded.fsdp_weight_spec((8, 6), 4, PartitionSpec) == PartitionSpec("fsdp")
+    assert xla_sharded.fsdp_weight_spec((3,), 4, PartitionSpec) == PartitionSpec()
 
 
 @needs_xla

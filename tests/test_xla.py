@@ -261,8 +261,8 @@ def test_a_rerun_neither_converts_nor_lowers(empty_cache, monkeypatch):
     lowered = xla.check_lowering(Dense(64), TINY).shapes[0]
     assert not lowered.cached and lowered.stablehlo_ops > 0 and lowered.measured_at
     conversions = []
-    original = xla_compile._Program._convert
-    monkeypatch.setattr(xla_compile._Program, "_convert",
+    original = xla_compile.Program._convert
+    monkeypatch.setattr(xla_compile.Program, "_convert",
                         lambda self: (self._converted is None and conversions.append(1)) or original(self))
     report = xla.compile_for_tpu(Dense(64), TINY)
     again = report.shapes[0]

@@ -7,8 +7,9 @@
     >>> with _torch.no_dispatch_modes():             # a hook's own arithmetic, not recorded or emulated
     ...     saved = output.detach().clone()
 
-Each name here wraps one private attribute (torch._C, torch._dynamo.config, torch._inductor,
-torch.utils._python_dispatch) and says what portkit relies on it for. Public equivalents are used
+Each name here wraps one private attribute (torch._C, torch._dynamo, torch._inductor, torch._decomp,
+torch.utils._pytree, torch.utils._python_dispatch) and says what portkit relies on it for; no other portkit module
+names one (tests/test_architecture.py). Public equivalents are used
 where they exist (torch.compiler.reset, torch.compiler.set_stance).
 """
 from __future__ import annotations
@@ -22,18 +23,50 @@ import torch.utils._pytree
 # extending-torch notes) but lives in a private module; stages import it from here.
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-__all__ = ["DATA_DEPENDENT_ERRORS", "TorchDispatchMode", "aot_autograd", "backend_by_name", "compile_with_inductor",
-           "current_autograd_node", "custom_op_function", "default_recompile_limit", "fake_tensor_mode", "fakes_like",
-           "fresh_compile_cache", "graph_input_name", "guard_failures", "inductor_cache_hits", "is_op_overload",
-           "known_backends", "no_dispatch_modes", "outside_dynamo_tracing", "output_size_follows_values",
-           "recompile_limit", "recompile_limit_for", "register_backend", "removed_named_overloads_tolerated",
-           "symbolic_fake_mode", "tree_leaves", "unbacked_sizes", "unlimited_recompiles"]
+__all__ = ["DATA_DEPENDENT_ERRORS", "TorchDispatchMode", "aot_autograd", "backend_by_name",
+           "backend_compiler_failed", "compile_with_inductor", "current_autograd_node", "custom_op_function",
+           "decomposed_aten_overloads", "default_recompile_limit", "dispatcher_op_names", "dynamo_errors",
+           "dynamo_optimize", "explain", "fake_tensor_mode", "fakes_like", "fresh_compile_cache", "graph_input_name",
+           "guard_failures", "has_kernel_for", "inductor_cache_hits", "is_graph_break", "is_op_overload", "keystr",
+           "known_backends", "no_dispatch_modes", "op_schema", "operator_schemas", "output_size_follows_values",
+           "outside_dynamo_tracing", "recompile_limit", "recompile_limit_for", "register_backend",
+           "removed_named_overloads_tolerated", "symbolic_fake_mode", "tensor_version", "tree_flatten",
+           "tree_flatten_with_path", "tree_leaves", "tree_map", "tree_unflatten", "unbacked_sizes",
+           "uncapturable_errors", "unlimited_recompiles"]
 
 
+# ---------------------------------------------------------------- pytrees (torch.utils._pytree)
+# PyTorch's pytree is the one Dynamo and torch.export flatten example values with; it has no public module, so
+# portkit's nested inputs, outputs and states are walked through these names.
 def tree_leaves(value) -> list:
     """The leaves of nested lists, tuples and dicts (torch.utils._pytree, which Dynamo's example
     values follow)."""
     return torch.utils._pytree.tree_leaves(value)
+
+
+def tree_map(fn, value, is_leaf=None):
+    """`value` with `fn` applied to every leaf, in the same nesting (torch.utils._pytree.tree_map)."""
+    return torch.utils._pytree.tree_map(fn, value, is_leaf=is_leaf)
+
+
+def tree_flatten(value, is_leaf=None):
+    """(leaves, spec) of a nested value (torch.utils._pytree.tree_flatten); tree_unflatten undoes it."""
+    return torch.utils._pytree.tree_flatten(value, is_leaf=is_leaf)
+
+
+def tree_unflatten(leaves, spec):
+    """The nested value of `spec` rebuilt from `leaves` (torch.utils._pytree.tree_unflatten)."""
+    return torch.utils._pytree.tree_unflatten(leaves, spec)
+
+
+def tree_flatten_with_path(value, is_leaf=None):
+    """([(key path, leaf)], spec) of a nested value (torch.utils._pytree.tree_flatten_with_path)."""
+    return torch.utils._pytree.tree_flatten_with_path(value, is_leaf=is_leaf)
+
+
+def keystr(path) -> str:
+    """A key path as text, "['state'][0]" (torch.utils._pytree.keystr)."""
+    return torch.utils._pytree.keystr(path)
 
 
 def no_dispatch_modes():
@@ -126,6 +159,8 @@ def removed_named_overloads_tolerated():
 
     with mock.patch.object(packet, "__getattr__", tolerant):
         yield
+
+
 def compile_with_inductor(gm: torch.fx.GraphModule, example_inputs):
     """Inductor's compile of an ATen graph (torch._inductor.compile_fx), keeping its casts.
 
@@ -275,3 +310,88 @@ def custom_op_function(func):
     from torch._library.custom_ops import OPDEFS
     opdef = OPDEFS.get(getattr(getattr(func, "_schema", None), "name", None))
     return getattr(opdef, "_init_fn", None) if opdef is not None else None
+
+
+# ---------------------------------------------------------------- the dispatcher's operator registry (torch._C)
+# The dispatcher's tables say which ATen operators exist and which dispatch keys (CPU, PrivateUse1, the composite
+# keys) have a kernel for each; torch exposes them only through torch._C. A target's live op table and the op
+# classifier read them here.
+def dispatcher_op_names() -> list[str]:
+    """Every operator the dispatcher knows, as 'aten::name.overload' (torch._C._dispatch_get_all_op_names)."""
+    return torch._C._dispatch_get_all_op_names()
+
+
+def has_kernel_for(op: str, key: str) -> bool:
+    """Whether the dispatcher has a kernel for `op` under dispatch key `key`
+    (torch._C._dispatch_has_kernel_for_dispatch_key); RuntimeError for an operator this torch does not know."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+
+
+def operator_schemas(name: str) -> list:
+    """The schemas (overload_name, arguments with name, type and is_out) of every overload of the operator
+    `name`, 'aten::add' (torch._C._jit_get_schemas_for_operator); RuntimeError for an unknown name."""
+    return torch._C._jit_get_schemas_for_operator(name)
+
+
+def decomposed_aten_overloads() -> frozenset[str]:
+    """Every ATen overload with a decomposition in PyTorch's own table (torch._decomp.decomposition_table), as
+    'aten::name.overload' (an OpOverload's _opname and _overloadname)."""
+    from torch._decomp import decomposition_table
+    return frozenset(f"aten::{o._opname}.{o._overloadname}" for o in decomposition_table
+                     if isinstance(o, torch._ops.OpOverload) and o.namespace == "aten")
+
+
+# ---------------------------------------------------------------- Dynamo's entry points and errors (torch._dynamo)
+def dynamo_optimize(backend, *, fullgraph: bool, **hooks):
+    """Dynamo's frame evaluation with `backend`, static shapes (torch._dynamo.optimize(backend, nopython=fullgraph,
+    dynamic=False)): the call torch.compile makes, which also takes the hooks torch.compile does not pass on
+    (guard_fail_fn, called with each guard failure behind a recompile). Returns a function to wrap a module."""
+    import torch._dynamo
+    return torch._dynamo.optimize(backend, nopython=fullgraph, dynamic=False, **hooks)
+
+
+def explain(module, **inputs):
+    """Dynamo's account of `module(**inputs)`: its graphs, graph breaks and their reasons (torch._dynamo.explain,
+    which torch.compiler's troubleshooting page documents; it has no public path)."""
+    import torch._dynamo
+    return torch._dynamo.explain(module)(**inputs)
+
+
+def dynamo_errors() -> type:
+    """The base class of every error Dynamo raises (torch._dynamo.exc.TorchDynamoException); a function, so an
+    `except` clause names it without importing Dynamo (about a second) before an error needs matching."""
+    import torch._dynamo.exc
+    return torch._dynamo.exc.TorchDynamoException
+
+
+def uncapturable_errors() -> tuple[type, ...]:
+    """What Dynamo raises where a model cannot be captured as one graph: a graph break under fullgraph=True
+    (torch._dynamo.exc.Unsupported) or a user-facing refusal (torch._dynamo.exc.UserError)."""
+    import torch._dynamo.exc
+    return torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError
+
+
+def is_graph_break(exc: BaseException) -> bool:
+    """Whether `exc` is Dynamo's graph-break error (torch._dynamo.exc.Unsupported)."""
+    import torch._dynamo.exc
+    return isinstance(exc, torch._dynamo.exc.Unsupported)
+
+
+def backend_compiler_failed() -> type:
+    """What Dynamo raises when a backend's compile fails (torch._dynamo.exc.BackendCompilerFailed); the backend's
+    own error is its inner_exception."""
+    import torch._dynamo.exc
+    return torch._dynamo.exc.BackendCompilerFailed
+
+
+# ---------------------------------------------------------------- private attributes of torch's objects
+def op_schema(op):
+    """An ATen overload's schema: its arguments (name, type, alias_info.is_write, is_out) and is_mutable
+    (OpOverload._schema; torch.library's docs read it the same way, it has no public accessor)."""
+    return op._schema
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """A tensor's version counter, raised by every in-place write to it or to a view of it (Tensor._version,
+    the counter autograd checks saved tensors against)."""
+    return tensor._version

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-_VOCAB = 30522        # MiniLM's WordPiece vocabulary, shared by the random-weight text models
+VOCAB = 30522        # MiniLM's WordPiece vocabulary, shared by the random-weight text models
 
 
 class EmbeddingAdapter(nn.Module):
@@ -149,7 +149,7 @@ class ImageAdapter(nn.Module):
 class LSTMTagger(nn.Module):
     """Embedding -> 2-layer LSTM -> per-token logits: the recurrent model the vendors flag."""
 
-    def __init__(self, vocab: int = _VOCAB, dim: int = 64, hidden: int = 128, labels: int = 16):
+    def __init__(self, vocab: int = VOCAB, dim: int = 64, hidden: int = 128, labels: int = 16):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim, padding_idx=0)
         self.lstm = nn.LSTM(dim, hidden, num_layers=2, batch_first=True)

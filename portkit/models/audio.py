@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 from torch import nn
 
+from portkit.core import torch_private
 from portkit.corpora import audio
 from portkit.models import inputs
 from portkit.core.errors import BadParameter, MissingPackage
@@ -321,7 +321,7 @@ def _is_shape(node) -> bool:
 def _leaf_name(path) -> str:
     """A state leaf's name from its pytree path: 'state' for a lone tensor, else e.g. 'state_lstm_0' for
     state["lstm"][0]: a name that works as a keyword argument and an output name."""
-    keys = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_")
+    keys = re.sub(r"\W+", "_", torch_private.keystr(path)).strip("_")
     return f"{STATE}_{keys}" if keys else STATE
 
 
@@ -349,7 +349,7 @@ class StreamStep:
     def __post_init__(self):
         self.outputs = tuple(o if isinstance(o, StreamOutput) else StreamOutput(o.name, o.metric)
                              for o in self.outputs)
-        paths, self._tree = pytree.tree_flatten_with_path(self.state_shape, is_leaf=_is_shape)
+        paths, self._tree = torch_private.tree_flatten_with_path(self.state_shape, is_leaf=_is_shape)
         if not paths:
             raise BadParameter(f"state shape of step {self.name!r}", self.state_shape,
                                hint="declare at least one tensor's shape, with -1 marking its batch axis")
@@ -360,7 +360,7 @@ class StreamStep:
             raise BadParameter(f"state leaf names of step {self.name!r}", names,
                                hint="give the state's containers keys that stay apart once made names")
         self._leaves = {name: tuple(shape) for name, (_, shape) in zip(names, paths)}
-        self._paths = [pytree.keystr(path) for path, _ in paths]
+        self._paths = [torch_private.keystr(path) for path, _ in paths]
         names = [o.name for o in self.outputs]
         if not names or len(set(names) | set(self._leaves)) != len(names) + len(self._leaves):
             raise BadParameter(f"outputs of step {self.name!r}", names,
@@ -373,16 +373,17 @@ class StreamStep:
 
     def initial_state(self, batch: int = 1, dtype=torch.float32):
         """The state before the first chunk, in the declared structure: a tensor, or a pytree of tensors."""
-        return pytree.tree_map(lambda shape: torch.full([batch if d == -1 else d for d in shape], self.initial_value,
-                                                        dtype=dtype), self.state_shape, is_leaf=_is_shape)
+        def full(shape):
+            return torch.full([batch if d == -1 else d for d in shape], self.initial_value, dtype=dtype)
+        return torch_private.tree_map(full, self.state_shape, is_leaf=_is_shape)
 
     def flat_state(self, state) -> dict[str, torch.Tensor]:
         """A state the step gave, its leaves by name (state_leaves' order). A state of the declared structure but
         with its dict keys in another order, or a list for a tuple, is matched leaf by leaf on its paths."""
-        leaves, tree = pytree.tree_flatten(state)
+        leaves, tree = torch_private.tree_flatten(state)
         if tree == self._tree:
             return dict(zip(self._leaves, leaves))
-        found = {pytree.keystr(path): leaf for path, leaf in pytree.tree_flatten_with_path(state)[0]}
+        found = {torch_private.keystr(path): leaf for path, leaf in torch_private.tree_flatten_with_path(state)[0]}
         if set(found) != set(self._paths):
             raise BadParameter(f"state returned by step {self.name!r}", sorted(found),
                                hint=f"return the state in the declared structure, leaves {self._paths}")
@@ -390,7 +391,7 @@ class StreamStep:
 
     def state_from(self, leaves: dict[str, torch.Tensor]):
         """The state in its declared structure from its leaves by name (what StreamAdapter takes)."""
-        return pytree.tree_unflatten([leaves[n] for n in self._leaves], self._tree)
+        return torch_private.tree_unflatten([leaves[n] for n in self._leaves], self._tree)
 
     def named_outputs(self, out) -> dict[str, torch.Tensor]:
         """What the step gave first, by declared output name."""
@@ -408,7 +409,7 @@ class StreamStep:
 
     def describe(self) -> dict:
         return {"name": self.name, "chunk_samples": self.chunk, "chunk_seconds": self.chunk / self.rate,
-                "state_shape": pytree.tree_map(list, self.state_shape, is_leaf=_is_shape),
+                "state_shape": torch_private.tree_map(list, self.state_shape, is_leaf=_is_shape),
                 "state_leaves": {n: list(s) for n, s in self._leaves.items()},
                 "outputs": [{"name": o.name, "metric": o.metric,
                              **({"threshold": o.threshold} if o.metric == inputs.PROBABILITY else {})}

@@ -39,7 +39,7 @@ from torch import nn
 
 from portkit.core import frames
 from portkit.models import huggingface, inputs, seq2seq
-from portkit.models.adapters import (_VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
+from portkit.models.adapters import (VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
                               MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
 from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.models.inputs import (CAUSAL_LM, EMBEDDING, IMAGE_CLASSIFIER, PITCH, SEQ2SEQ_LM,  # noqa: F401
@@ -210,7 +210,7 @@ def _random_text(name: str, kind: str, build: Callable[[], nn.Module], max_lengt
 
 def _gpt2() -> LoadedModel:
     from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(vocab_size=_VOCAB, n_positions=_MAX_POSITIONS, n_embd=128, n_layer=2, n_head=4,
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=_MAX_POSITIONS, n_embd=128, n_layer=2, n_head=4,
                      pad_token_id=0)
     return _random_text("gpt2", CAUSAL_LM, lambda: LogitsAdapter(GPT2LMHeadModel(cfg)),
                         max_length_from="its config's n_positions")
@@ -218,7 +218,7 @@ def _gpt2() -> LoadedModel:
 
 def _llama() -> LoadedModel:
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=_MAX_POSITIONS,
                       pad_token_id=0)
     return _random_text("llama", CAUSAL_LM, lambda: LogitsAdapter(LlamaForCausalLM(cfg)),
@@ -227,7 +227,7 @@ def _llama() -> LoadedModel:
 
 def _bert() -> LoadedModel:
     from transformers import BertConfig, BertModel
-    cfg = BertConfig(vocab_size=_VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=256, max_position_embeddings=_MAX_POSITIONS)
     return _random_text("bert", EMBEDDING, lambda: EmbeddingAdapter(BertModel(cfg, add_pooling_layer=False)),
                         input_names=("input_ids", "attention_mask", "token_type_ids"), max_length_from=CONFIG_POSITIONS)
@@ -235,7 +235,7 @@ def _bert() -> LoadedModel:
 
 def _t5() -> LoadedModel:
     from transformers import T5Config, T5ForConditionalGeneration
-    cfg = T5Config(vocab_size=_VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
+    cfg = T5Config(vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
                    num_heads=4, pad_token_id=0, decoder_start_token_id=0)
     return _random_text("t5", SEQ2SEQ_LM, lambda: Seq2SeqAdapter(T5ForConditionalGeneration(cfg)))
 
@@ -243,7 +243,7 @@ def _t5() -> LoadedModel:
 def _t5_pairs() -> LoadedModel:
     from transformers import T5Config, T5ForConditionalGeneration
     _quiet_transformers()
-    cfg = T5Config(vocab_size=_VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
+    cfg = T5Config(vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
                    num_heads=4, pad_token_id=0, decoder_start_token_id=0)
     torch.manual_seed(SEED)
     tokenizer = minilm_tokenizer()
@@ -254,7 +254,7 @@ def _t5_pairs() -> LoadedModel:
 
 def _mamba() -> LoadedModel:
     from transformers import MambaConfig, MambaForCausalLM
-    cfg = MambaConfig(vocab_size=_VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2, pad_token_id=0)
+    cfg = MambaConfig(vocab_size=VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2, pad_token_id=0)
     # No position embeddings; cap the length so the slow (Python loop) path stays tractable on a CPU.
     return _random_text("mamba", CAUSAL_LM, lambda: MambaAdapter(MambaForCausalLM(cfg)), max_length=256)
 

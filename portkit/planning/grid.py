@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from portkit.core.errors import BadParameter
-from portkit.planning.planner import _boundaries, histogram, optimal_table
+from portkit.planning.planner import optimal_boundaries, histogram, optimal_table
 
 K_MAX = 16                      # boundaries tried on each dimension: a search bound, named when it binds
 GRID, FIRST_ONLY, SECOND_ONLY, SHARED = "grid", "first only", "second only", "shared length"
@@ -85,7 +85,7 @@ def _lengths(lengths) -> np.ndarray:
 def _table(values: np.ndarray, k_max: int):
     hist = histogram(values)
     padding, arg = optimal_table(hist, k_max)
-    return hist, padding, {k: _boundaries(hist, arg, k) for k in range(1, padding.size)}
+    return hist, padding, {k: optimal_boundaries(hist, arg, k) for k in range(1, padding.size)}
 
 
 @dataclass(frozen=True)

@@ -167,11 +167,12 @@ class BucketPlan:
 
     def __str__(self) -> str:
         batches = f" x batch {list(self.batch_sizes)}" if self.batch_sizes != (1,) else ""
-        return (f"{self.planner}: {_n(self.k, 'bucket')} {list(self.boundaries)}{batches}, "
-                f"{self.waste:.1%} padding, {_n(self.compiles, 'compile')}")
+        return (f"{self.planner}: {plural(self.k, 'bucket')} {list(self.boundaries)}{batches}, "
+                f"{self.waste:.1%} padding, {plural(self.compiles, 'compile')}")
 
 
-def _n(count: int, noun: str) -> str:
+def plural(count: int, noun: str) -> str:
+    """A count with its noun: "3 buckets", "1 compile"."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
@@ -280,7 +281,7 @@ def optimal_table(hist: Histogram, k_max: int) -> tuple[np.ndarray, np.ndarray]:
     return best[:, m], arg
 
 
-def _boundaries(hist: Histogram, arg: np.ndarray, k: int) -> list[int]:
+def optimal_boundaries(hist: Histogram, arg: np.ndarray, k: int) -> list[int]:
     out, j = [], hist.values.size
     for t in range(k, 0, -1):
         out.append(int(hist.values[j - 1]))
@@ -292,7 +293,7 @@ def plan_optimal(hist: Histogram, k: int = 4) -> BucketPlan:
     """The k boundaries with the least padded tokens over the histogram (exact)."""
     k = min(_check_k(k), hist.values.size)
     padding, arg = optimal_table(hist, k)
-    return _plan("optimal", _boundaries(hist, arg, k), hist,
+    return _plan("optimal", optimal_boundaries(hist, arg, k), hist,
                  f"least padded tokens over {hist.requests} requests with {k} buckets (exact DP over "
                  f"{hist.values.size} distinct lengths)", k=k)
 
@@ -325,7 +326,7 @@ def plan_auto(hist: Histogram, prices: Prices, requests: int | None = None, k_ma
     requests = hist.requests if requests is None else requests
     padding, arg = optimal_table(hist, k_max)
     ks = np.arange(1, padding.size)
-    bounds = {int(k): _boundaries(hist, arg, int(k)) for k in ks}
+    bounds = {int(k): optimal_boundaries(hist, arg, int(k)) for k in ks}
     warmup = np.array([batch_buckets * sum(per_shape(b) for b in bounds[int(k)]) for k in ks])
     pad_cost = padding[1:] * (requests / hist.requests) * token_seconds
     total = warmup + pad_cost

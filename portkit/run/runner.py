@@ -14,8 +14,9 @@ new interpreter and its imports; two stages that do not read each other's result
 
 A run folder is one holding MARKER (written by every run) or only files a run writes; `portkit run`
 refuses any other non-empty folder. A notebook is executed under a partial name and renamed when done,
-so a killed run leaves no half-written notebook; a stage that fails stops the run, and its executed
-notebook is moved into place showing the error.
+so a killed run leaves no half-written notebook. A stage that fails does not stop the run: its executed
+notebook is moved into place showing the error, the stages after it still run, and StageFailed names every
+failure at the end.
 """
 from __future__ import annotations
 

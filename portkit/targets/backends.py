@@ -51,7 +51,7 @@ def _from_trace(stack_trace: str | None) -> dict | None:
     return found[-1] if found else None
 
 
-def _text(where: dict | None) -> str:
+def where_text(where: dict | None) -> str:
     return where["text"] if where else "(no source line)"
 
 
@@ -231,7 +231,7 @@ class EmulatedBackend:
             # the first frame outside torch names the user's or the library's line, not torch's own (F.pad's)
             found = frames.innermost(frames.from_trace(trace))
             where = {k: v for k, v in found.items() if k != "line_key"} if found else _from_trace(trace)
-            at = _text(where) if where else "input " + node.name
+            at = where_text(where) if where else "input " + node.name
             if _data_dependent(node.meta.get("example_value")):
                 check.refused = f"{t.dynamic_shape_error} ({self.__name__}, emulated: {DATA_DEPENDENT_SIZE.format(at)}"
             else:
@@ -337,7 +337,7 @@ def _merge_repeats(graph: torch.fx.Graph) -> None:
     graph that writes into no tensor (where sharing a result cannot change what a later op reads) and
     only for deterministic ATen ops."""
     ops = [n for n in graph.nodes if n.op == "call_function"]
-    if any(_torch.is_op_overload(n.target) and n.target._schema.is_mutable for n in ops):
+    if any(_torch.is_op_overload(n.target) and _torch.op_schema(n.target).is_mutable for n in ops):
         return
     seen: dict = {}
     for node in ops:
@@ -410,9 +410,9 @@ class _Hoisted:
         params = [args[i] for i in self.positions]
         key = (self.code, tuple(id(p) for p in params))
         entry = self.cache.get(key)
-        if entry is None or any(a is not b or a._version != v for a, (b, v) in zip(params, entry[0])):
+        if entry is None or any(a is not b or _torch.tensor_version(a) != v for a, (b, v) in zip(params, entry[0])):
             with torch.no_grad():
-                entry = self.cache[key] = ([(p, p._version) for p in params], list(self.pre(*params)))
+                entry = self.cache[key] = ([(p, _torch.tensor_version(p)) for p in params], list(self.pre(*params)))
             while len(self.cache) > self.KEEP:
                 self.cache.popitem(last=False)
         self.cache.move_to_end(key)
@@ -504,7 +504,7 @@ def compile_failure(exc: BaseException, request: int | None = None) -> dict:
     lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()]
     field_of = lambda label: next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(label)), "")  # noqa: E731
     kind = ("refused" if isinstance(inner, CompileRefused) else
-            "graph break" if isinstance(exc, torch._dynamo.exc.Unsupported) else type(inner).__name__)
+            "graph break" if _torch.is_graph_break(exc) else type(inner).__name__)
     return {"kind": kind, "message": lines[0] if lines else type(inner).__name__,
             "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
 
@@ -512,7 +512,7 @@ def compile_failure(exc: BaseException, request: int | None = None) -> dict:
 def failure_text(f: dict) -> str:
     """A compile_failure in one line: kind, message, explanation, where."""
     return f"{f['kind']}: {f['message']}" + (f" ({f['explanation']})" if f.get("explanation") else "") + \
-        f" at {_text(f['where'])}"
+        f" at {where_text(f['where'])}"
 
 
 def compile_cause(what: str, where: dict | None, text: str) -> str:

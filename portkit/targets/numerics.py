@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from portkit.core.torch_private import TorchDispatchMode
+from portkit.core.torch_private import TorchDispatchMode, op_schema
 from portkit.targets.specs import DATA, Precision, Target
 
 aten = torch.ops.aten
@@ -189,7 +189,7 @@ def _write_back(func, args, kwargs, run_args, run_kwargs, round_all) -> list[tor
     """An in-place or out= op wrote into cast or rounded copies of its arguments; put the values into
     the caller's tensors (T5's relative position buckets are summed with an in-place int64 add_)."""
     written = []
-    for i, arg in enumerate(func._schema.arguments):
+    for i, arg in enumerate(op_schema(func).arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
             continue
         original, copy = (args[i], run_args[i]) if i < len(args) else (kwargs.get(arg.name), run_kwargs.get(arg.name))

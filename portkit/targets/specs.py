@@ -25,6 +25,7 @@ import torch
 
 from portkit.core import availability as probes
 from portkit.core import locations
+from portkit.core import torch_private
 from portkit.targets.device_paths import FUNCTIONAL_FORMS, PRIVATEUSE1_PATH
 from portkit.core.errors import BadParameter
 from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK  # noqa: F401 (re-exported: targets.BLOCKER, ...)
@@ -281,8 +282,8 @@ class OpTable:
 
     @classmethod
     def live(cls, target: str, key: str, device_paths: bool) -> "OpTable":
-        names = torch._C._dispatch_get_all_op_names()
-        native = frozenset(o for o in names if torch._C._dispatch_has_kernel_for_dispatch_key(o, key))
+        names = torch_private.dispatcher_op_names()
+        native = frozenset(o for o in names if torch_private.has_kernel_for(o, key))
         return cls(target=target, native=native, device_paths=device_paths,
                    provenance={"source": f"live dispatcher, key {key}", "version": torch.__version__,
                                "method": "torch._C._dispatch_has_kernel_for_dispatch_key(op, "
@@ -360,14 +361,12 @@ class OpTable:
 @functools.cache
 def _upstream_decompositions() -> frozenset[str]:
     """Every ATen overload with a decomposition in PyTorch's own table, as 'aten::name.overload'."""
-    from torch._decomp import decomposition_table
-    return frozenset(f"aten::{o._opname}.{o._overloadname}" for o in decomposition_table
-                     if isinstance(o, torch._ops.OpOverload) and o.namespace == "aten")
+    return torch_private.decomposed_aten_overloads()
 
 
 def _has_kernel(op: str, key: str) -> bool:
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+        return torch_private.has_kernel_for(op, key)
     except RuntimeError:   # not an operator this torch knows
         return False
 
@@ -377,14 +376,14 @@ def _out_overloads(op: str) -> list[str]:
     trailing '_'), same arguments, plus the out tensors; [] for an op that has none (not a structured op)."""
     name, _, overload = op.partition(".")
     try:
-        schemas = torch._C._jit_get_schemas_for_operator(name)
+        schemas = torch_private.operator_schemas(name)
         mine = next(s for s in schemas if s.overload_name == overload)
     except (RuntimeError, StopIteration):
         return []
     signature = [(a.name, str(a.type)) for a in mine.arguments]
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
     return [f"{base}.{schema.overload_name}" if schema.overload_name else base
-            for schema in torch._C._jit_get_schemas_for_operator(base)
+            for schema in torch_private.operator_schemas(base)
             if any(a.is_out for a in schema.arguments)
             and [(a.name, str(a.type)) for a in schema.arguments if not a.is_out] == signature]
 

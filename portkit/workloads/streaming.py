@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
 
+from portkit.core import torch_private
 from portkit.corpora import audio
 from portkit.targets import backends
 from portkit.corpora import corpus as data
@@ -101,7 +101,7 @@ def _moved(state, device=None, floats=None):
     """A state (a tensor or any pytree of tensors) on `device`, its floating leaves cast to `floats` if given."""
     def move(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device, dtype=floats if floats is not None and t.is_floating_point() else None)
-    return pytree.tree_map(move, state)
+    return torch_private.tree_map(move, state)
 
 
 def _leaf_errors(step: StreamStep, state, ref) -> dict[str, float]:

@@ -86,7 +86,7 @@ def loss_for(model) -> tuple[str, Callable]:
     return LOSSES[model.kind]
 
 
-class _WithLoss(nn.Module):
+class WithLoss(nn.Module):
     """The model and its loss as one module: what a compiled training step captures whole."""
 
     def __init__(self, module: nn.Module, loss: Callable):
@@ -273,7 +273,7 @@ class TrainingStep:
         self.module = copy.deepcopy(model.module).eval()   # dropout off: runs differ only by their numerics
         for p in self.module.parameters():
             p.requires_grad_(True)
-        self.step_module: nn.Module = _WithLoss(self.module, loss)
+        self.step_module: nn.Module = WithLoss(self.module, loss)
         self.mode, self.runs, self.precision, self.compiled = None, "eager", "fp32", bool(compiled)
         self.backend = None
         if target is not None:
@@ -413,7 +413,7 @@ def step_ops(model, batch: dict[str, torch.Tensor], target: str, optimizer: str 
     adamw = torch.optim.AdamW(module.parameters(), lr=1e-5, **kind)
     torch.compiler.reset()
     try:
-        torch.compile(_WithLoss(module, loss_for(model)[1]), backend=backend, dynamic=False)(**batch).backward()
+        torch.compile(WithLoss(module, loss_for(model)[1]), backend=backend, dynamic=False)(**batch).backward()
     finally:
         torch.compiler.reset()
     counter = _OpCounter()

@@ -182,7 +182,7 @@ def _label(shape: dict, specs: dict) -> str:
 
 
 # ---------------------------------------------------------------- conversion and compile
-class _Program:
+class Program:
     """A module converted by torchax when first lowered (never, when every shape comes from the cache);
     lowered (and compiled) once per input shape."""
 
@@ -215,7 +215,7 @@ class _Program:
     def key(self, result: ShapeResult, check: str, context: dict) -> str | None:
         """The program key of one shape's check (portkit.xla.cache.program_key), this code's digest included."""
         return xla_cache.program_key(self.module, result.inputs, check,
-                                     {**context, "code": xla_cache.source_digest(_Program)})
+                                     {**context, "code": xla_cache.source_digest(Program)})
 
     def narrow(self, dtype: torch.dtype) -> torch.dtype:
         if dtype.is_floating_point:
@@ -248,7 +248,7 @@ class _Program:
                 traced = self.jax.jit(lambda s, x: fn(s, (), x)).trace(states, inputs)
                 return traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
             except Exception as exc:  # noqa: BLE001 - any tracing failure is a finding, reported with its module
-                result.status, result.message = "trace_failed", _message(exc)
+                result.status, result.message = "trace_failed", error_message(exc)
                 if isinstance(exc, self.torchax.tensor.OperatorNotFound):
                     found = re.search(r"name (\S+) has no lowering", str(exc))
                     result.status, result.op = "no_lowering", found.group(1) if found else str(exc)
@@ -272,12 +272,12 @@ def _model_frame(exc: BaseException) -> dict | None:
     return {k: v for k, v in found.items() if k != "line_key"} if found else None
 
 
-def _message(exc: BaseException) -> str:
+def error_message(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text if len(text) <= 4000 else text[:4000] + " [...]"
 
 
-def _prepare(model, shapes, dtype: str | None):
+def prepare(model, shapes, dtype: str | None):
     """Validate everything before any work, then convert the module once."""
     if dtype is not None and dtype not in DTYPES:
         raise BadParameter("dtype", dtype, DTYPES)
@@ -287,11 +287,11 @@ def _prepare(model, shapes, dtype: str | None):
     if not shapes:
         raise BadParameter("shape list", shapes, hint='give at least one shape, e.g. [{"batch": 8, "seq": 128}]')
     specs = [input_specs(model, s) for s in shapes]
-    program = _Program(model.module if isinstance(model, LoadedModel) else model, DTYPES.get(dtype))
+    program = Program(model.module if isinstance(model, LoadedModel) else model, DTYPES.get(dtype))
     return shapes, specs, program
 
 
-def _new_report(model, target: str, check: str, program: _Program) -> XlaCompileReport:
+def new_report(model, target: str, check: str, program: Program) -> XlaCompileReport:
     params = list(program.module.parameters())       # unique: tied weights count once, as XLA holds them
     itemsize = {p: torch.empty((), dtype=program.narrow(p.dtype)).element_size() for p in params}
     return XlaCompileReport(
@@ -305,7 +305,7 @@ def _new_report(model, target: str, check: str, program: _Program) -> XlaCompile
                "float64 as float32"])
 
 
-def _new_result(shape: dict, spec: dict, program: _Program, status: str, **extra) -> ShapeResult:
+def new_result(shape: dict, spec: dict, program: Program, status: str, **extra) -> ShapeResult:
     inputs = {n: [list(s), str(program.narrow(d)).replace("torch.", "")] for n, (s, d) in spec.items()}
     return ShapeResult(label=_label(shape, spec), inputs=inputs, status=status, lower_seconds=0.0, **extra)
 
@@ -325,10 +325,10 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
     otherwise every device gets the whole batch (the report says which).
     """
     check_topology(topology)
-    shapes, specs, program = _prepare(model, shapes, dtype)
+    shapes, specs, program = prepare(model, shapes, dtype)
     require_installed()
-    report = _new_report(model, "tpu", "compile", program)
-    results = [_new_result(shape, spec, program, "compiled") for shape, spec in zip(shapes, specs)]
+    report = new_report(model, "tpu", "compile", program)
+    results = [new_result(shape, spec, program, "compiled") for shape, spec in zip(shapes, specs)]
     keys = [program.key(r, "compile", {"topology": topology, "topology_options": TOPOLOGIES[topology],
                                        "dtype": report.dtype, "flags": {k: os.environ.get(k) for k in FLAG_VARIABLES}})
             for r in results]
@@ -353,22 +353,22 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
         # compiles for the host CPU instead (checked, jax 0.10 compile-only). _compiled_platform checks the result.
         mesh = topologies.make_mesh(topo, (devices,), ("batch",))
         replicated, by_batch = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
-        context = _compile_context(topology, topo, report)
+        context = compile_context(topology, topo, report)
     for spec, result, key, hit in zip(specs, results, keys, hits):
         report.shapes.append(result)
         if hit:
             entry, verdict = hit
             result.input_sharding, result.lower_seconds = entry["input_sharding"], entry["lower_seconds"]
             result.cached = True
-            _apply(verdict, result, report.hbm_bytes_per_device)
+            apply_verdict(verdict, result, report.hbm_bytes_per_device)
             continue
         batches = {s[0] if s else None for s, _ in spec.values()}
         split = devices > 1 and len(batches) == 1 and (batches.pop() or 1) % devices == 0
         result.input_sharding = f"batch split over {devices} devices" if split else f"replicated on {devices} device(s)"
         lowered = program.lower(*program.abstract(spec, replicated, by_batch if split else replicated), result)
         if lowered is not None:
-            verdict, result.cached, verdict_key = _verdict(program.jax, lowered, topology, context)
-            _apply(verdict, result, report.hbm_bytes_per_device)
+            verdict, result.cached, verdict_key = compiler_verdict(program.jax, lowered, topology, context)
+            apply_verdict(verdict, result, report.hbm_bytes_per_device)
             if verdict_key is not None:
                 xla_cache.store_program(key, {"verdict_key": verdict_key, "input_sharding": result.input_sharding,
                                               "lower_seconds": result.lower_seconds, "devices": devices,
@@ -388,7 +388,7 @@ def _compile_hit(key: str | None) -> tuple[dict, xla_cache.Verdict] | None:
     return (entry, verdict) if verdict is not None else None
 
 
-def _compile_context(topology: str, topo, report: XlaCompileReport) -> dict:
+def compile_context(topology: str, topo, report: XlaCompileReport) -> dict:
     """Everything beside the lowered module that decides the compiler's verdict: the verdict cache's key."""
     return {"topology": topology, "topology_options": TOPOLOGIES[topology], "devices": report.devices,
             "device_kind": topo.devices[0].device_kind, "dtype": report.dtype,
@@ -397,7 +397,7 @@ def _compile_context(topology: str, topo, report: XlaCompileReport) -> dict:
             "compile_options": {}}      # lowered.compile() is called with none
 
 
-def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verdict, bool, str | None]:
+def compiler_verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verdict, bool, str | None]:
     """The compiler's verdict on a lowered program, whether it came from the verdict cache (else it was
     compiled now, and cached when repeatable), and its key when it is in the cache now (else None)."""
     key = xla_cache.verdict_key(lowered.as_text(), context)
@@ -408,7 +408,7 @@ def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verd
     try:
         compiled = lowered.compile()
     except Exception as exc:  # noqa: BLE001 - the compiler's refusal is the finding
-        message = _message(exc)
+        message = error_message(exc)
         oom = "RESOURCE_EXHAUSTED" in message or "HbmOom" in message
         verdict = xla_cache.Verdict("out_of_hbm" if oom else "compile_failed", time.perf_counter() - start,
                                     measured_at, message=message)
@@ -419,7 +419,7 @@ def _verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verd
     return verdict, False, key if xla_cache.store(key, verdict, context) is not None else None
 
 
-def _apply(verdict: xla_cache.Verdict, result: ShapeResult, hbm: int) -> None:
+def apply_verdict(verdict: xla_cache.Verdict, result: ShapeResult, hbm: int) -> None:
     """Fill `result` from a verdict; whether it fits is decided here, against this topology's HBM."""
     for name in ("status", "compile_seconds", "measured_at", "platform", "memory", "message", "flops",
                  "bytes_accessed", "collectives"):
@@ -457,13 +457,13 @@ def _measure(compiled) -> dict:
 
 def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:
     """The Neuron check: convert with torchax and lower to StableHLO per shape; no Neuron compile."""
-    shapes, specs, program = _prepare(model, shapes, dtype)
-    report = _new_report(model, "neuron", "lowering", program)
+    shapes, specs, program = prepare(model, shapes, dtype)
+    report = new_report(model, "neuron", "lowering", program)
     report.notes.append("StableHLO from JAX's generic accelerator lowering (platform 'tpu'; a CPU lowering would "
                         "call LAPACK); custom calls are platform-specific and neuronx-cc must accept them")
     report.verdict_cache = str(xla_cache.programs_dir())
     for shape, spec in zip(shapes, specs):
-        result = _new_result(shape, spec, program, "lowered")
+        result = new_result(shape, spec, program, "lowered")
         report.shapes.append(result)
         key = program.key(result, "lowering", {"platform": "tpu", "dtype": report.dtype})
         entry = xla_cache.load_program(key) or {}

@@ -50,7 +50,7 @@ def check_context(topology: str, topo, check: str, **what) -> dict:
             "flags": {k: os.environ.get(k) for k in xla_compile.FLAG_VARIABLES}, **what}
 
 
-def _weight_spec(shape: tuple, devices: int, partition_spec):
+def fsdp_weight_spec(shape: tuple, devices: int, partition_spec):
     """FSDP: split the first dimension that divides over the devices; none divides: whole on each device."""
     for axis, size in enumerate(shape):
         if size % devices == 0:
@@ -62,7 +62,7 @@ def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None 
     """compile_for_tpu with the weights sharded over the topology's devices (FSDP) and the batch split
     data-parallel; each shape's result has the memory per device and the collectives compiled in."""
     xla_compile.check_topology(topology)
-    shapes, specs, program = xla_compile._prepare(model, shapes, dtype)
+    shapes, specs, program = xla_compile.prepare(model, shapes, dtype)
     xla_compile.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
@@ -70,29 +70,29 @@ def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None 
     topo = topologies.get_topology_desc(platform="tpu", topology_name=topology,
                                         **xla_compile.TOPOLOGIES[topology])
     devices = len(topo.devices)
-    report = xla_compile._new_report(model, "tpu", "compile", program)
+    report = xla_compile.new_report(model, "tpu", "compile", program)
     report.topology, report.devices, report.device_kind = topology, devices, topo.devices[0].device_kind
     report.hbm_bytes_per_device = xla_compile.hbm_per_device(topology, devices)
     report.notes += [f"weights sharded FSDP-style over {devices} devices (first dimension that divides, else "
                      "whole on each); memory per device from compiled.memory_analysis(); collectives counted "
                      "in the compiled HLO text"]
     mesh = topologies.make_mesh(topo, (devices,), ("fsdp",))
-    context = {**xla_compile._compile_context(topology, topo, report), "sharding": "fsdp+data-parallel"}
+    context = {**xla_compile.compile_context(topology, topo, report), "sharding": "fsdp+data-parallel"}
     for shape, spec in zip(shapes, specs):
         batch = {s[0] if s else None for s, _ in spec.values()}
         split = len(batch) == 1 and (batch.pop() or 1) % devices == 0
-        result = xla_compile._new_result(shape, spec, program, "compiled", input_sharding=(
+        result = xla_compile.new_result(shape, spec, program, "compiled", input_sharding=(
             f"weights FSDP over {devices} devices, batch " + ("split" if split else "replicated (does not divide)")))
         report.shapes.append(result)
         replicated = NamedSharding(mesh, PartitionSpec())
         states, inputs = program.abstract(spec, replicated,
                                           NamedSharding(mesh, PartitionSpec("fsdp")) if split else replicated)
-        states = {k: a.update(sharding=NamedSharding(mesh, _weight_spec(a.shape, devices, PartitionSpec)))
+        states = {k: a.update(sharding=NamedSharding(mesh, fsdp_weight_spec(a.shape, devices, PartitionSpec)))
                   for k, a in states.items()}
         lowered = program.lower(states, inputs, result)
         if lowered is not None:
-            verdict, result.cached, _ = xla_compile._verdict(program.jax, lowered, topology, context)
-            xla_compile._apply(verdict, result, report.hbm_bytes_per_device)
+            verdict, result.cached, _ = xla_compile.compiler_verdict(program.jax, lowered, topology, context)
+            xla_compile.apply_verdict(verdict, result, report.hbm_bytes_per_device)
     return report
 
 

@@ -40,8 +40,9 @@ from portkit.targets import selection
 from portkit.targets import specs as targets_mod
 from portkit.core.errors import BadParameter
 from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, Prices,
-                                      _n, batch_buckets, compare, histogram, optimal_table, padded_tokens, plan_auto,
-                                      plan_buckets, plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, sweep)
+                                      batch_buckets, compare, histogram, optimal_table, padded_tokens, plan_auto,
+                                      plan_buckets, plan_linear, plan_optimal, plan_padding_bounded, plan_pow2, plural,
+                                      sweep)
 from portkit.stages.buckets.plots import draw_buckets, padding_slider, plot_histogram, plot_padding  # noqa: F401
 from portkit.runfolder.results import Finding
 from portkit.stages.buckets.bucketed import FOLLOWS_ADVICE
@@ -326,7 +327,8 @@ class TargetBuckets:
         mode = self.target["mode"]
         warmup = (f"warm-up {self.chosen.settings.get('warmup_seconds', 0):.0f} s ({self.cost.kind})"
                   if not self.replay_failure() else f"warm-up {assessed.NOT_ASSESSED}")
-        text = (f"{self.name} ({mode}, {self.backend}): {_n(self.chosen.k, 'bucket')} {list(self.chosen.boundaries)}, "
+        text = (f"{self.name} ({mode}, {self.backend}): {plural(self.chosen.k, 'bucket')} "
+                f"{list(self.chosen.boundaries)}, "
                 f"{self.chosen.waste:.1%} padding over the corpus, {warmup}")
         if self.chosen.settings.get("budget_binds"):
             text += " (the warm-up budget binds)"
@@ -335,7 +337,7 @@ class TargetBuckets:
             text += (f"; replay of the chosen plan {assessed.NOT_ASSESSED} (compiles after warm-up, compile time "
                      f"with the plan, padding check): {mine.not_measured}")
         elif mine is not None:
-            text += (f"; replay of {mine.requests} requests: {_n(mine.compiles, 'compile')}, "
+            text += (f"; replay of {mine.requests} requests: {plural(mine.compiles, 'compile')}, "
                      f"{mine.compiles_after_warmup} after warm-up")
             if base is not None and base.failure:
                 text += f"; without buckets {assessed.NOT_ASSESSED} ({base.not_measured})"
@@ -401,7 +403,7 @@ class TargetBuckets:
         out.append(Finding("bucket_plan", "info",
                            f"use {self.chosen.planner} buckets {list(self.chosen.boundaries)}"
                            + (f" x batch {list(self.chosen.batch_sizes)}" if self.chosen.batch_sizes != (1,) else "")
-                           + f": {self.chosen.waste:.1%} padding, {_n(self.chosen.compiles, 'compile')} planned"
+                           + f": {self.chosen.waste:.1%} padding, {plural(self.chosen.compiles, 'compile')} planned"
                            + replayed, self.chosen.why + self.what_if_text(), source=self.cost.label()).to_dict())
         return out
 
@@ -434,7 +436,7 @@ class TargetBuckets:
     def what_if_text(self) -> str:
         """How the plan changes at WHAT_IF times an estimated compile cost ("" for a measured one)."""
         return "".join(f". At {f:g}x the estimate ({self.cost.seconds(self.chosen.top) * f:.0f} s a compile): "
-                       f"{_n(p.k, 'bucket')} {list(p.boundaries)}, {p.waste:.1%} padding"
+                       f"{plural(p.k, 'bucket')} {list(p.boundaries)}, {p.waste:.1%} padding"
                        for f, p in self.what_if.items())
 
     def to_dict(self) -> dict:

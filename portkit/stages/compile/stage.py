@@ -33,10 +33,11 @@ from portkit.core import frames
 from portkit.core import reconcile
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
-from portkit.targets.backends import _text, compile_cause
-from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm, _eager_from,
-                                          _failure_text, check_fixed_shape, check_fixed_shapes,
-                                          find_graph_breaks, make_requests, recompile_storm, recompile_storms)
+from portkit.targets.backends import compile_cause, failure_text, where_text
+from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm,
+                                          check_fixed_shape, check_fixed_shapes, find_graph_breaks, make_requests,
+                                          recompile_storm, recompile_storms)
+from portkit.stages.compile.storm import eager_from
 from portkit.core.errors import BadParameter
 from portkit.core.findings import cause_key
 from portkit.runfolder.results import Finding, save_result
@@ -103,7 +104,7 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
     shape stopped by one refusal are one finding, the steps it stopped its occurrences (the verdict counts causes)."""
     causes: dict[str, dict] = {}
     found = [("graph capture", check["refused"], None)] if check.get("refused") else []
-    found += [(step, f["message"] if f["kind"] == "refused" else _failure_text(f), f)
+    found += [(step, f["message"] if f["kind"] == "refused" else failure_text(f), f)
               for step, f in zip(("recompile storm", "fixed shape"), failures) if f]
     for step, text, failure in found:
         entry = causes.setdefault(text, {"steps": [], "failure": None})
@@ -120,7 +121,7 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
         else:
             advice = failure.get("hint") or "fix the model so the target's backend compiles it"
         kind = "compile_refused" if refused or failure.get("kind") == "refused" else "compile_failed"
-        out.append(_finding(kind, "blocker", text if refused else _failure_text(failure), advice, where,
+        out.append(_finding(kind, "blocker", text if refused else failure_text(failure), advice, where,
                             cause=compile_cause("refused" if kind == "compile_refused" else failure["kind"], where,
                                                 text),
                             occurrences={"steps": entry["steps"], "count": len(entry["steps"])}))
@@ -140,7 +141,7 @@ def _foreign_op(op: dict, target: str) -> dict:
                       + "; ".join(w["text"] for w in op["host_reads"]))
     if op.get("data_dependent"):
         inside.append("runs ops whose sizes follow those values (" + "; ".join(
-            f"{d['op']} at {_text(d['where'])}" for d in op["data_dependent"]) + ")")
+            f"{d['op']} at {where_text(d['where'])}" for d in op["data_dependent"]) + ")")
     if op.get("not_lowered"):
         inside.append("calls ops the target would not lower: " + ", ".join(
             f"{n['op']} ({n['status']})" for n in op["not_lowered"]))
@@ -148,7 +149,7 @@ def _foreign_op(op: dict, target: str) -> dict:
     message = (f"{op['op']} is not an ATen op ({owner['owner']} code"
                + (f", defined at {op['defined']['text']}" if op.get("defined") else "")
                + f"), {op.get('calls', 0)} call(s) in the compiled graphs"
-               + (f" at {_text(called)}" if called else "")
+               + (f" at {where_text(called)}" if called else "")
                + (f"; inside it: {'; '.join(inside)}" if inside else "")
                + f". Checked: {'; '.join(op['checked'])}. Not checked: {'; '.join(op['not_checked'])}")
     advice = (f"write it with ATen ops of static sizes (no .item() or .tolist(); pad data-dependent groups to "
@@ -180,14 +181,15 @@ def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
         first = found[0]
         where = first.get("frame") or first["where"]
         reasons = sorted({b["reason"] for b in found})
-        out.append(_finding("graph_break", "work", f"graph break at {_text(where)} ({frames.owner(where)['owner']} "
-                            f"code): {'; '.join(reasons[:3])}; {len(by_line)} break cause(s) split the model into "
+        out.append(_finding("graph_break", "work", f"graph break at {where_text(where)} "
+                            f"({frames.owner(where)['owner']} code): {'; '.join(reasons[:3])}; "
+                            f"{len(by_line)} break cause(s) split the model into "
                             f"{breaks.graphs} graphs per input shape",
                             "every break is a separate graph to compile per shape: remove it, then "
                             "compile with fullgraph=True as the vendors recommend", where,
                             occurrences={"reasons": reasons, "count": len(found), "graphs": breaks.graphs}))
     if not out and not breaks.fullgraph.get("ok", True):
-        out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {_failure_text(breaks.fullgraph)}",
+        out.append(_finding("fullgraph", "work", f"fullgraph=True fails: {failure_text(breaks.fullgraph)}",
                             "the vendors recommend fullgraph=True: remove what stops it",
                             breaks.fullgraph.get("where")))
     return out
@@ -309,7 +311,7 @@ class CompileReport:
         stream, cost = self.requests["stream_shapes"], self.costs[name]
         distinct = sorted(set(map(tuple, stream)))
         return {"requests": len(stream), "distinct_shapes": len(distinct),
-                "eager_from_request": _eager_from(stream, self.storms[name].default_limit),
+                "eager_from_request": eager_from(stream, self.storms[name].default_limit),
                 "median_compile_seconds": self.compile_seconds(name)["median"],
                 "compile_seconds": cost.total(_seq(s) for s in distinct), "source": cost.label(),
                 "kind": "projection: shapes tokenized, not run"}
@@ -447,7 +449,7 @@ class CompileReport:
                     label="distinct shapes = compiles (projected)")
         middle.axvspan(0.5, measured + 0.5, color="#4C72B0", alpha=0.3, label=f"measured here ({measured})")
         limit = self.storms[names[0]].default_limit
-        eager = _eager_from(self.requests["stream_shapes"], limit)
+        eager = eager_from(self.requests["stream_shapes"], limit)
         if eager is not None:
             middle.axvline(eager + 1, color="#C44E52", lw=1)
             middle.annotate(f"request {eager + 1}: shape {limit + 1}, Dynamo falls back to eager",

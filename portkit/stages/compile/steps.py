@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 import torch   # torch._dynamo is imported on first use (seconds): the runner's checks import this module
 
 from portkit.core import placement
+from portkit.core import torch_private as _torch
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
-from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, _text, call_counting_recompiles,
-                                      refused_recompile)
+from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, call_counting_recompiles,
+                                      compile_failure, failure_text, refused_recompile, where_text)
 from portkit.core.errors import CompileRefused
 from portkit.core.frames import innermost, place as _place
-from portkit.stages.compile.storm import (AUTO, COMPILE_SHAPES, Storm, _compiled, _eager_from,  # noqa: F401 (the
-                                          _failure, _failure_text, _precision_for,  # stage's steps)
-                                          recompile_storm, recompile_storms)
+from portkit.stages.compile.storm import (AUTO, COMPILE_SHAPES, Storm, compiled_for,  # noqa: F401 (the stage's
+                                          precision_for, recompile_storm, recompile_storms)     # steps, in one place)
 from portkit.corpora.requests import Requests, make_requests  # noqa: F401 (the stage's steps, in one place)
 from portkit.core.tables import HtmlTable
 from portkit.targets.shared_pass import Turns
@@ -60,9 +60,9 @@ class GraphBreaks:
 
     def __str__(self) -> str:
         lines = [f"Graph breaks ({self.inputs['description']}): {self.summary()}"]
-        lines += [f"  break {i + 1}: {b['reason']} at {_text(b['where'])}" for i, b in enumerate(self.breaks)]
+        lines += [f"  break {i + 1}: {b['reason']} at {where_text(b['where'])}" for i, b in enumerate(self.breaks)]
         if not self.fullgraph["ok"]:
-            lines.append(f"  fullgraph=True: {_failure_text(self.fullgraph)}")
+            lines.append(f"  fullgraph=True: {failure_text(self.fullgraph)}")
         for name, c in self.checks.items():
             rounded = ", ".join(f"{k} ({v})" for k, v in c["numerics"].items()) or "no casts or rounding"
             lines.append(f"  {name} (emulated): " + (f"refused: {c['refused']}" if c["refused"] else
@@ -82,7 +82,7 @@ class GraphBreaks:
 
     def _repr_html_(self) -> str:
         table = HtmlTable(["#", "graph break", "user source line"],
-                          [[i + 1, b["reason"], _text(b["where"])] for i, b in enumerate(self.breaks)])
+                          [[i + 1, b["reason"], where_text(b["where"])] for i, b in enumerate(self.breaks)])
         return f"<pre>{html.escape(str(self))}</pre>" + (table._repr_html_() if self.breaks else "")
 
 
@@ -95,7 +95,7 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
     their dtypes and lines (checks[target]["ops"]), which reconcile.py needs."""
     module = model.module if hasattr(model, "module") else model
     names = targets_mod.parse_targets(targets)
-    backends = {n: EmulatedBackend(targets_mod.get(n), _precision_for(precision, n), inductor=False)
+    backends = {n: EmulatedBackend(targets_mod.get(n), precision_for(precision, n), inductor=False)
                 for n in names if not targets_mod.detect(n).native and not targets_mod.get(n).reference}
     graphs = []
 
@@ -117,13 +117,13 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
             with torch.no_grad():
                 torch.compile(module, backend=check_all, fullgraph=whole, dynamic=False)(**inputs)
             break
-        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:   # not capturable
+        except _torch.uncapturable_errors() as exc:   # not capturable
             if not whole:
                 raise
-            fullgraph = {"ok": False, **_failure(exc)}
+            fullgraph = {"ok": False, **compile_failure(exc)}
             torch.compiler.reset()
             with torch.no_grad():
-                explained = torch._dynamo.explain(module)(**inputs)
+                explained = _torch.explain(module, **inputs)
             breaks = _breaks(explained)
     torch.compiler.reset()
     checks = {}
@@ -214,7 +214,7 @@ class FixedShape:
     def summary(self) -> str:
         head = f"{self.target['name']} fixed {self.label}"
         if self.failure:
-            return f"{head}: cannot compile: {_failure_text(self.failure)}"
+            return f"{head}: cannot compile: {failure_text(self.failure)}"
         return (f"{head}: {self.warmup_compiles} compile in warm-up, {self.compiles_after} compiles for "
                 f"{self.requests} requests under fail_on_recompile; "   # the measured time: run_seconds
                 + (self.late_text() + "; " if self.late else "")
@@ -260,10 +260,10 @@ def _warm_up(sides: dict[str, _Side], first: dict) -> None:
         try:
             side.call(first)
         except CompileRefused as exc:          # this target's own refusal (a shared pass): the others go on
-            side.failure = _failure(exc, 0)
-        except torch._dynamo.exc.TorchDynamoException as exc:   # Dynamo's: the same for every side
+            side.failure = compile_failure(exc, 0)
+        except _torch.dynamo_errors() as exc:   # Dynamo's: the same for every side
             for each in sides.values():
-                each.failure = each.failure or _failure(exc, 0)
+                each.failure = each.failure or compile_failure(exc, 0)
             break
         side.warm = len(side.counter.events)
 
@@ -311,7 +311,7 @@ def check_fixed_shapes(model, requests: Requests, targets, options) -> dict[str,
     size = requests.fixed_size(seq_len)       # tokens: seq_len; another varying dimension: the stream's longest
     inputs = requests.padded(size)
     probe = requests.padded(size + 1 if size < 2 else size - 1)[0] if size is not None else None
-    chosen = {n: selection.backend_for(targets_mod.detect(n), backend, _precision_for(precision, n))[0]
+    chosen = {n: selection.backend_for(targets_mod.detect(n), backend, precision_for(precision, n))[0]
               for n in names}
     shared = [n for n in names if isinstance(chosen[n], EmulatedBackend)]
     shared = shared if len(shared) > 1 else []
@@ -319,7 +319,7 @@ def check_fixed_shapes(model, requests: Requests, targets, options) -> dict[str,
     for name in names:
         if name in shared:
             continue
-        with _compiled(model, name, backend, precision, fullgraph) as (call, counter, detected, _):
+        with compiled_for(model, name, backend, precision, fullgraph) as (call, counter, detected, _):
             sides[name] = _Side(call, counter, detected)
             _fixed_runs({name: sides[name]}, inputs, probe)
     if shared:
@@ -327,7 +327,7 @@ def check_fixed_shapes(model, requests: Requests, targets, options) -> dict[str,
         dispatch = Turns(counters)
         module = model.module if hasattr(model, "module") else model
         torch.compiler.reset()
-        fn = torch._dynamo.optimize(dispatch, nopython=fullgraph, dynamic=False)(module)
+        fn = _torch.dynamo_optimize(dispatch, fullgraph=fullgraph)(module)
 
         def turn(name):
             def call(x):

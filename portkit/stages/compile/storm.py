@@ -32,9 +32,8 @@ from portkit.core import placement
 from portkit.stages.compile import loops
 from portkit.targets import selection
 from portkit.targets import specs as targets_mod
-from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, refused_recompile,
-                                      warm_inductor)
-from portkit.targets.backends import compile_failure as _failure, failure_text as _failure_text  # noqa: F401
+from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, compile_failure, failure_text,
+                                      refused_recompile, warm_inductor)
 from portkit.core.errors import CompileRefused
 from portkit.corpora.requests import Requests
 from portkit.core.tables import HtmlTable
@@ -60,26 +59,26 @@ def _vendor_metrics(target: Target) -> dict:
     return found
 
 
-def _precision_for(precision, name: str):
+def precision_for(precision, name: str):
     return precision.get(name) if isinstance(precision, dict) else precision
 
 
 @contextlib.contextmanager
-def _compiled(model, target: str, backend: str, precision, fullgraph: bool, **dynamo):
+def compiled_for(model, target: str, backend: str, precision, fullgraph: bool, **dynamo):
     """The model compiled for `target` with dynamic=False (what both targets require), behind a
     CompileCounter; yields (call(inputs), counter, detected, device). An emulated backend checks each
     graph and runs it eagerly (no Inductor codegen): a new shape costs Dynamo's trace and the check,
     and its price on the target comes from the cost model (portkit/planning/economics.py). Dynamo is reset
     around it."""
     detected = targets_mod.detect(target)
-    chosen, device = selection.backend_for(detected, backend, _precision_for(precision, target), inductor=False)
+    chosen, device = selection.backend_for(detected, backend, precision_for(precision, target), inductor=False)
     counter = CompileCounter(chosen)
     if not isinstance(chosen, EmulatedBackend):   # Inductor (a reference target) or the vendor's compiler
         warm_inductor()
     module = model.module if hasattr(model, "module") else model
     torch.compiler.reset()
     # torch.compile is this call; optimize() also takes the guard-failure hook.
-    fn = torch._dynamo.optimize(counter, nopython=fullgraph, dynamic=False, **dynamo)(module)
+    fn = _torch.dynamo_optimize(counter, fullgraph=fullgraph, **dynamo)(module)
     try:
         with placement.on_device(module, device), torch.no_grad():
             yield (lambda x: fn(**placement.to_device(x, device))), counter, detected, device
@@ -118,7 +117,7 @@ class Storm:
 
     def eager_from(self) -> int | None:
         """The first request whose new shape Dynamo, at its default limit, would silently run eagerly."""
-        return _eager_from([r["shape"] for r in self.requests], self.default_limit)
+        return eager_from([r["shape"] for r in self.requests], self.default_limit)
 
     def seconds(self) -> dict:
         """Seconds here: "compiling" is what the calls that compiled took on this CPU (Dynamo's trace and
@@ -131,7 +130,7 @@ class Storm:
     def summary(self) -> str:
         head = f"{self.target['name']} ({self.target['mode']}, {self.backend})"
         if self.failure and not self.requests:
-            return f"{head}: cannot compile: {_failure_text(self.failure)}"
+            return f"{head}: cannot compile: {failure_text(self.failure)}"
         eager, counted = self.eager_from(), self.counted()
         made = (f" ({len(self.compiles)} compiled here, {counted} counted from Dynamo's guard failures past the first "
                 f"{self.compile_shapes} shapes)" if counted else "")
@@ -169,7 +168,7 @@ class Storm:
         return self.table()._repr_html_()
 
 
-def _eager_from(shapes, limit: int) -> int | None:
+def eager_from(shapes, limit: int) -> int | None:
     seen: set = set()
     for i, shape in enumerate(map(tuple, shapes)):
         if shape not in seen:
@@ -246,7 +245,7 @@ def recompile_storm(model, requests: Requests, target: str, options, *, progress
     # pay every compile, as the targets do: the limit is raised above the requests' shapes
     guard_failed = lambda failure: reasons.append(failure.reason)   # noqa: E731
     with _torch.recompile_limit(shapes=len(requests.inputs)) as limit, \
-            _compiled(model, target, backend, precision, fullgraph, guard_fail_fn=guard_failed) as (
+            compiled_for(model, target, backend, precision, fullgraph, guard_fail_fn=guard_failed) as (
                 call, counter, detected, device):
         replay = _Replay(lambda **x: call(x), compile_shapes)
         for i, inputs in enumerate(progress_bar(requests.inputs, desc=f"{target} requests", disable=not progress)):
@@ -254,8 +253,8 @@ def recompile_storm(model, requests: Requests, target: str, options, *, progress
             reasons.clear()
             try:
                 wall, guards = replay.call(inputs, tuple(shape))
-            except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
-                failure = _failure(exc, i)
+            except _torch.dynamo_errors() as exc:   # becomes the report's finding
+                failure = compile_failure(exc, i)
                 break
             if guards is not None:
                 counted += replay.graphs_per_shape()
@@ -307,7 +306,7 @@ def recompile_storms(model, requests: Requests, targets, options, *, progress: b
     shared = {}
     for name in names:
         chosen, _ = selection.backend_for(targets_mod.detect(name), options.backend,
-                                          _precision_for(options.precision, name))
+                                          precision_for(options.precision, name))
         if isinstance(chosen, EmulatedBackend):
             shared[name] = chosen
     alone = lambda n: recompile_storm(model, requests, n, options, progress=progress,   # noqa: E731
@@ -341,8 +340,8 @@ class _SharedRows:
         shape = next(iter(inputs.values())).shape
         try:
             wall, guards = replay.call(inputs, tuple(shape))
-        except torch._dynamo.exc.TorchDynamoException as exc:   # becomes the report's finding
-            self.failures.update({n: _failure(exc, i) for n in live})
+        except _torch.dynamo_errors() as exc:   # becomes the report's finding
+            self.failures.update({n: compile_failure(exc, i) for n in live})
             return False
         if guards is not None:
             for n in live:
@@ -364,7 +363,7 @@ class _SharedRows:
         """Each live target's row for a request Dynamo ran (compiled or cached); a refusal is its failure."""
         for n in live:
             if n in self.fan.refused:
-                self.failures[n] = _failure(self.fan.refused[n], i)
+                self.failures[n] = compile_failure(self.fan.refused[n], i)
                 continue
             new = self.counters[n].events[before[n]:]
             others = sum(e.seconds for m in live if m != n for e in self.counters[m].events[before[m]:])
@@ -384,7 +383,7 @@ def _shared_storms(model, requests: Requests, shared: dict[str, EmulatedBackend]
     default = _torch.default_recompile_limit()
     torch.compiler.reset()
     with _torch.recompile_limit(shapes=len(requests.inputs)) as limit:
-        fn = torch._dynamo.optimize(fan, nopython=fullgraph, dynamic=False,
+        fn = _torch.dynamo_optimize(fan, fullgraph=fullgraph,
                                     guard_fail_fn=lambda failure: reasons.append(failure.reason))(module)
         replay = _Replay(fn, compile_shapes)
         try:

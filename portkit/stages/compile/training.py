@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from portkit.core import torch_private
 from portkit.targets import backends
 from portkit.targets import specs as targets_mod
 from portkit.workloads import training
@@ -131,7 +132,7 @@ def check_target(model, batches: list[dict], target: str, precision=None) -> Tra
     try:
         try:
             loss, found.first_seconds = _timed(step, batches[0])
-        except (CompileRefused, torch._dynamo.exc.BackendCompilerFailed) as exc:
+        except (CompileRefused, torch_private.backend_compiler_failed()) as exc:
             inner = getattr(exc, "inner_exception", None) or exc
             found.refused = {"message": str(inner).splitlines()[0], "where": getattr(inner, "where", None)}
             return found

@@ -122,7 +122,7 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
         raise BadParameter("prompt bucket", tokens, hint=f"longer than the context bucket {context}")
     model = generation.causal_model(lm)
     jax, topo, devices, _, replicated = xla_sharded.compile_only(topology)
-    program = xla_compile._Program(_Serving(model), xla_compile.DTYPES.get(dtype))
+    program = xla_compile.Program(_Serving(model), xla_compile.DTYPES.get(dtype))
     spec = graph_inputs(model, batch, tokens, context, program.float_dtype)
     found = GraphCompile(graph, batch, tokens, context, topology, "compiled",
                          hbm_bytes_per_device=xla_compile.hbm_per_device(topology, devices))
@@ -140,11 +140,11 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
             lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,)).trace(
                 states, cache, rest).lower()
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
-        found.status, found.message = "trace_failed", xla_compile._message(exc)
+        found.status, found.message = "trace_failed", xla_compile.error_message(exc)
         return found
     context_key = xla_sharded.check_context(topology, topo, "serving graph, cache donated",
                                             code=xla_cache.source_digest(compile_graph))
-    verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context_key)
+    verdict, found.cached, _ = xla_compile.compiler_verdict(jax, lowered, topology, context_key)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
     if verdict.status == "compiled":

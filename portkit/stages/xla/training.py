@@ -127,8 +127,8 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
     jax, topo, devices, mesh, replicated = xla_sharded.compile_only(topology, "fsdp")
     from jax.sharding import NamedSharding, PartitionSpec
 
-    module = training._WithLoss(model.module, loss)
-    program = xla_compile._Program(module, xla_compile.DTYPES.get(dtype))
+    module = training.WithLoss(model.module, loss)
+    program = xla_compile.Program(module, xla_compile.DTYPES.get(dtype))
     states, fn = program.states, program.fn
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     mappings = program.torchax.ops.mappings
@@ -137,10 +137,10 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
 
     def struct(shape, torch_dtype, sharded: bool = False, batch: bool = False):
         """FSDP over several devices: a weight or moment split along its first dimension that divides (else
-        whole on each device, xla_sharded._weight_spec), the batch split data-parallel when its rows divide."""
+        whole on each device, xla_sharded.fsdp_weight_spec), the batch split data-parallel when its rows divide."""
         sharding = replicated
         if sharded and devices > 1:
-            sharding = NamedSharding(mesh, xla_sharded._weight_spec(tuple(shape), devices, PartitionSpec))
+            sharding = NamedSharding(mesh, xla_sharded.fsdp_weight_spec(tuple(shape), devices, PartitionSpec))
         elif batch and split:
             sharding = NamedSharding(mesh, PartitionSpec("fsdp"))
         return jax.ShapeDtypeStruct(tuple(shape), mappings.t2j_dtype(torch_dtype), sharding=sharding)
@@ -175,13 +175,13 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
                 replicated, shardings(params), shardings(moments), shardings(moments), replicated)).trace(
                 params, frozen, moments, moments, count, batch).lower()
     except Exception as exc:  # noqa: BLE001 - a step that does not trace is the finding
-        found.status, found.message = "trace_failed", xla_compile._message(exc)
+        found.status, found.message = "trace_failed", xla_compile.error_message(exc)
         if isinstance(exc, program.torchax.tensor.OperatorNotFound):
             found.status = "no_lowering"
         return found
     context = xla_sharded.check_context(topology, topo, "training step", sharding=found.sharding,
                                         code=xla_cache.source_digest(compile_step))
-    verdict, found.cached, _ = xla_compile._verdict(jax, lowered, topology, context)
+    verdict, found.cached, _ = xla_compile.compiler_verdict(jax, lowered, topology, context)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
     if verdict.status == "compiled":
