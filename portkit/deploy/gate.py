@@ -77,11 +77,8 @@ class _Run:
         return self.report.targets.get(name) or run_log.ReportTarget(VERDICTS[-1], ())
 
     def model(self) -> tuple[str, str] | None:
-        """(name, kind) of the run's model from report.json; None where it records none."""
-        found = self.report.get("model") if isinstance(self.report, dict) else None
-        if not isinstance(found, dict) or not found.get("name"):
-            return None
-        return str(found["name"]), str(found.get("kind") or "")
+        """(name, kind) of the run's model from report.json (its typed reader); None where it records none."""
+        return self.report.model
 
 
 def _model_words(model: tuple[str, str]) -> str:
