@@ -20,7 +20,8 @@ def _overflow(page, url) -> dict:
         found[width] = page.evaluate(
             "[document.documentElement.scrollWidth, window.innerWidth, [...document.querySelectorAll('body *')]"
             ".filter(e => e.getBoundingClientRect().right > window.innerWidth + 1 && !e.closest('.scroll'))"
-            ".slice(0, 3).map(e => e.tagName + ' ' + e.textContent.slice(0, 40))]")
+            ".slice(0, 3).map(e => e.tagName + ' ' + e.textContent.slice(0, 40)), "
+            "[...document.querySelectorAll('td.why')].map(e => e.getBoundingClientRect().right)]")
     return found
 
 
@@ -58,8 +59,10 @@ def test_report_renders_in_chromium(tmp_path, corpus):
     assert verdicts == ["blocked", "not assessed"]   # stage 1 alone: tpu's other stages did not run
     assert (ARTIFACTS / "report.png").stat().st_size > 20_000
     for report, found in widths.items():
-        for width, (scroll, inner, past) in found.items():
+        for width, (scroll, inner, past, why) in found.items():
             assert inner == width and scroll <= inner, (report, width, scroll, past)
+            # the verdict's why is read whole in the window, never cut at its edge (at 390 its rows stack)
+            assert why and all(right <= inner for right in why), (report, width, why)
     # stage 4's verdicts: a PASS says against which baseline, each task metric next to its budget; a FAIL
     # names the task metric, its budget and the module where the error enters (the TESTING_ONLY wrong op)
     passed, failed = accuracy_verdicts
