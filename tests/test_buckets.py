@@ -19,6 +19,7 @@ from portkit.models import registry as models
 from portkit.planning import planner
 from portkit.runfolder import results
 from portkit.core.errors import BadParameter
+from tests.fixtures.sections import read_section
 
 lengths_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=40)
 
@@ -458,11 +459,8 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     assert set(saved["padding_by_buckets"]) == {"optimal", "pow2", "linear", "padding_bounded"}
     assert {n: p["kind"] for n, p in saved["padding_price"].items()} == {"neuron": "estimate", "tpu": "estimate"}
     from portkit.stages.report import stage as report_mod
-    from portkit.stages.report import sections as report_stages
     out = report_mod.TargetReport("tpu", "TPU", "emulated")
-    from portkit.runfolder import results
-    typed = results.typed("buckets", saved, tmp_path / "buckets.json")
-    report_stages._buckets(typed, typed.target("tpu"), out)
+    read_section("buckets", out, data=saved, target=saved["targets"]["tpu"])
     assert "estimate, not measured" in out.metrics["buckets"]["padded position priced at"]
     # the truncation finding leads each target's findings; the replay rows carry their compile time on the target
     assert all(saved["targets"][n]["findings"][0]["kind"] == "truncation" for n in ("neuron", "tpu"))

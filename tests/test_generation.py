@@ -7,6 +7,7 @@ from portkit.targets import backends
 from portkit.workloads import generation
 from portkit.models import registry as models
 from portkit.core.errors import BadParameter
+from tests.fixtures.sections import read_section
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,6 @@ def test_dynamic_cache_compiles_every_token_until_the_recompile_limit(llama):
 def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
     from portkit.stages.compile import stage as compiling
     from portkit.stages.report import stage as report
-    from portkit.stages.report import sections as report_stages
     found = compiling.check_generation(llama, corpus, ["tpu"], compiling.Options.of({"new_tokens": 6, "prompts": 2}))
     tpu = found["tpu"]
     assert tpu.backend == "portkit_tpu" and tpu.plan["prompt_buckets"][0] == generation.MIN_PROMPT_BUCKET
@@ -68,7 +68,7 @@ def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
     assert saved["static"]["compiles"] == 0 and saved["dynamic"]["first_guard_failure"]
     assert "0 during the generation under fail_on_recompile" in saved["summary"]
     out = report.TargetReport("tpu", "TPU", "emulated")
-    report_stages._compile({}, {"generation": saved}, out)
+    read_section("compile", out, target={"generation": saved})
     assert out.metrics["compile"]["generation, static cache"].endswith(
         f"0 after; tokens agree {saved['token_agreement']:.0%}")
 
@@ -94,9 +94,8 @@ def test_stage_4_generation_agreement_counts_a_near_tie_apart_from_a_clear_diver
     assert found.targets["neuron"].agreement == 1.0 and found.targets["neuron"].passed   # fp32 matmuls
     assert found.to_dict()["targets"]["tpu"]["precision"] == "default"
     from portkit.stages.report import stage as report
-    from portkit.stages.report import sections as report_stages
     out = report.TargetReport("neuron", "Trainium", "emulated")
-    report_stages._accuracy({"generation": found.to_dict()}, {}, out)
+    read_section("accuracy", out, data={"generation": found.to_dict()})
     assert out.metrics["accuracy"]["generation (greedy tokens)"] == "PASS: agree 100.0%, 100.0% with near-ties apart"
     ref_logits = [torch.tensor([[0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0]]), torch.tensor([[0.0] * 7 + [2.0]])]
     tie = [torch.tensor([[0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0]]), torch.tensor([[0.0] * 7 + [2.0]])]
@@ -119,7 +118,6 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     from portkit.planning import economics
     from portkit.stages.buckets import generation as generation_buckets
     from portkit.stages.report import stage as report
-    from portkit.stages.report import sections as report_stages
     gpt2 = models.load("gpt2")
     costs = {"neuron": economics.neuron_estimate(gpt2.parameters),
              "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}
@@ -137,7 +135,7 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
         assert auto["warmup_seconds"] + auto["padding_seconds"] <= pow2["warmup_seconds"] + pow2["padding_seconds"]
     assert found.targets["neuron"]["auto"]["compiles"] < found.targets["tpu"]["auto"]["compiles"]   # 20 s a graph
     out = report.TargetReport("tpu", "TPU", "emulated")
-    report_stages._buckets({"generation": found.to_dict()}, {}, out)
+    read_section("buckets", out, data={"generation": found.to_dict()})
     assert "warm-up compiles" in out.metrics["buckets"]["generation buckets (auto)"]
     with pytest.raises(BadParameter, match="causal"):
         buckets.serving_plans(models.load("minilm"), corpus, costs, 2e-5,

@@ -14,9 +14,9 @@ from portkit.core import availability as probes
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy import stage as accuracy
 from portkit.stages.accuracy import target_runs
-from portkit.stages.report import sections
 from portkit.targets import gpu_baseline, numerics
 from portkit.targets import specs as targets
+from tests.fixtures.sections import read_section
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW_API = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul")   # torch.backends.<...>.fp32_precision
@@ -172,8 +172,9 @@ def test_the_native_path_runs_end_to_end_on_a_stand_in_device(monkeypatch, name)
 def test_the_report_says_where_the_baseline_came_from():
     def sentence(baseline):
         out = types.SimpleNamespace(name="tpu", metrics={}, details={}, precision=None)
-        sections._accuracy({}, {"baseline": {"gpu_numerics": "tf32", "truth": "the float64 reference", "ratio": 1.5,
-                                             "factor": 2.0, "within": True, "gpu_error": 1e-3, **baseline}}, out)
+        read_section("accuracy", out, target={"baseline": {"gpu_numerics": "tf32", "truth": "the float64 reference",
+                                                           "ratio": 1.5, "factor": 2.0, "within": True,
+                                                           "gpu_error": 1e-3, **baseline}})
         return out.metrics["accuracy"]["error vs today's GPU"]
     assert "GPU 'tf32' (measured on NVIDIA H200, torch 2.13.0) against" in sentence(
         {"measured": "measured on NVIDIA H200, torch 2.13.0", "mode": "native"})

@@ -11,9 +11,9 @@ from portkit.planning import grid
 from portkit.stages.buckets import grid as grid_costs
 from portkit.models import registry as models
 from portkit.stages.report import stage as report
-from portkit.stages.report import sections as report_stages
 from portkit.models import seq2seq
 from portkit.core.errors import BadParameter
+from tests.fixtures.sections import read_section
 
 
 def _brute(arr, first, second):
@@ -102,6 +102,6 @@ def test_stage_3_prices_a_grid_per_target_and_the_report_shows_it(t5_pairs, corp
     # cheaper compiles buy more cells: the TPU's grid has more of them than Neuron's (20 s a graph)
     assert tpu["grid"]["compiles"] > neuron["grid"]["compiles"]
     out = report.TargetReport("tpu", "TPU", "emulated")
-    report_stages._buckets({"grid": found.to_dict()}, {}, out)
+    read_section("buckets", out, data={"grid": found.to_dict()})
     assert "ratio" in out.metrics["buckets"]["grid plan (source x target)"]
     assert buckets.grid(models.load("minilm"), corpus, ["tpu"], {}) is None     # one varying dimension

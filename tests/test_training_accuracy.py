@@ -3,11 +3,11 @@ import pytest
 
 from portkit.stages.accuracy import stage as accuracy
 from portkit.stages.report import stage as report
-from portkit.stages.report import sections as report_stages
 from portkit.run import runner
 from portkit.workloads import training
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy.training import TrainingComparison, diverge, measured_master_weights
+from tests.fixtures.sections import read_section
 
 
 def _run(target, precision, losses, norms):
@@ -68,7 +68,7 @@ def test_training_verdicts_per_target_beside_the_inference_one():
     assert "training verdict neuron: BLOCKED" in str(found)
     # the report reads them from accuracy.json, beside the inference verdict
     target = report.TargetReport("tpu", "Google TPU", "emulated")
-    report_stages.READERS["accuracy"]({"training": found.to_dict()}, {}, target)
+    read_section("accuracy", target, data={"training": found.to_dict()})
     assert target.training["verdict"] == "ready with work" and target.training_reason().startswith("tpu default")
 
 

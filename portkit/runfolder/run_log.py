@@ -81,16 +81,16 @@ class ReportTarget:
 class Report:
     path: Path
     targets: dict[str, ReportTarget]
-    model: tuple[str, str] | None = None    # (name, kind) of the run's model; None where report.json names none
+    model: tuple[str, str] | None = None     # (name, kind) of the run's model; None where report.json names none
 
     @classmethod
     def from_dict(cls, data: dict, path) -> Report:
         root = reading.Node(data, Path(path), "report", remedy=REBUILD)
-        model = root.obj("model")
-        name = model.text("name")
-        targets = root.obj("targets")
-        return cls(Path(path), {n: ReportTarget.from_dict(targets.obj(n)) for n in targets.value},
-                   (name, model.text("kind") or "") if name else None)
+        model = data.get("model")
+        named = isinstance(model, dict) and isinstance(model.get("name"), str) and model["name"]
+        return cls(Path(path), {name: ReportTarget.from_dict(root.obj("targets").obj(name))
+                                for name in root.obj("targets").value},
+                   (model["name"], str(model.get("kind") or "")) if named else None)
 
 
 def read_report(folder) -> Report:
