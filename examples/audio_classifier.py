@@ -2,13 +2,13 @@
 
     portkit run --model examples/audio_classifier.py:build --target neuron --target tpu
 
-The factory returns a `portkit.models.LoadedModel` carrying a declaration (`portkit.inputs`): two inputs,
+The factory returns a `portkit.models.LoadedModel` carrying a declaration (`portkit.models.inputs`): two inputs,
 the waveform and a mask of its real samples, both (batch, samples); `samples` varies with the recording,
 so stage 3 fits buckets to the recordings' real durations. The weights are random (seeded); the data are
 real: the spoken words of the recordings Debian's alsa-utils installs (/usr/share/sounds/alsa), cut at
 their silences and resampled to 16 kHz, so their durations vary as speech does. Another folder of WAV or
 FLAC files: set PORTKIT_EXAMPLE_WAVS. `build_batch` and the measure receive 1-D float32 waveforms at the
-declaration's sample_rate, as portkit.inputs documents.
+declaration's sample_rate, as portkit.models.inputs documents.
 """
 from __future__ import annotations
 

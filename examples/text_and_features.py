@@ -4,7 +4,7 @@
 
 A ticket-triage style classifier: the text's tokens (MiniLM's tokenizer) pooled over the real tokens,
 beside four numbers measured on the same text (its length in characters and lines, its share of digits and
-of upper-case letters), both into one linear head. The declaration (`portkit.inputs`) names the three inputs
+of upper-case letters), both into one linear head. The declaration (`portkit.models.inputs`) names the three inputs
 and their dimensions: `tokens` varies with the text, `features` is fixed at four. The weights are random
 (seeded); the texts are the run's corpus (`-p corpus`), so the features are real measurements of real text.
 """

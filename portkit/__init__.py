@@ -24,11 +24,23 @@ _VERBS = {
 }
 __all__ = ["__version__", *_VERBS]
 
+# modules a declaration imported from portkit's top level before the packages (docs/changelog.md): old name -> the
+# module's one documented path. Each still imports, with a DeprecationWarning naming the path (portkit.inputs,
+# a module of its own, does the same for `import portkit.inputs`).
+MOVED = {"audio": "corpora.audio", "images": "corpora.images", "data": "corpora.corpus",
+         "comparison": "stages.accuracy.comparison"}
+
 
 def __getattr__(name: str):
+    import importlib
+    if name in MOVED:
+        import warnings
+        warnings.warn(f"portkit.{name} moved to portkit.{MOVED[name]}: import it from there (this alias warns; "
+                      "see docs/changelog.md)", DeprecationWarning, stacklevel=2)
+        module = globals()[name] = importlib.import_module(f"portkit.{MOVED[name]}")   # warned once
+        return module
     if name not in _VERBS:
         raise AttributeError(f"module 'portkit' has no attribute {name!r}")
-    import importlib
     verb = getattr(importlib.import_module(f"portkit.{_VERBS[name]}"), name)
     globals()[name] = verb   # later lookups skip __getattr__
     return verb

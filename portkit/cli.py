@@ -351,7 +351,7 @@ def _deploy(args) -> int:
     written, skipped = export.export(args.run_dir, args.stack, args.out, targets)
     found = cost.comparison(args.run_dir, sorted({item.target for item in written}), prices) if written else {}
     for item in written:
-        print(f"{item.target}: {item.path}")
+        print(f"{item.target}: {', '.join(str(f) for f in item.files)}")
         for lost in item.lost:
             print(f"  lost: {lost}")
         print("  " + cost.line(found["targets"][item.target]))

@@ -71,8 +71,8 @@ def printed_figures(page: str) -> list[tuple[str, str]]:
     cells.feed(page)
     texts = [(f"{row[0]} / {row[1]}", cell) for section, row in cells.rows if section == "Side by side"
              for cell in row[2:]]
-    texts += [("first", item) for section, item in cells.items if section == "First, by consequence"]
-    texts += [("finding", row[5]) for section, row in cells.rows if section == "Findings" and len(row) == 8
+    texts += [("first", item) for section, item in cells.items if section == "What to fix first"]
+    texts += [("finding", row[1]) for section, row in cells.rows if section == "Findings" and len(row) == 5
               and row[0] != "severity"]
     return [(where, n) for where, text in texts for n in NUMBER.findall(re.sub(r"\bstages? \d+b?", "", text))]
 

@@ -584,3 +584,16 @@ def test_the_gpu_baseline_is_the_model_run_under_the_gpu_setting(gpu_numerics):
     got = accuracy._baseline(module, {"x": x}, plain, None, "y", None, opts)["outputs"]   # no float64 run
     assert torch.equal(got["y"], expect["y"])
     assert torch.equal(got["y"], plain["y"]) == (gpu_numerics == "fp32")   # fp32: the model's own outputs
+
+
+def test_an_element_wise_difference_names_its_output():
+    """Outputs beyond assert_close's tolerance while the task holds: the reason names the output its max abs error
+    is on (each output has its own error: the report's embedding figure is not the hidden state's)."""
+    import types
+    from portkit.stages.accuracy import result
+    tol = {"dtype": "bfloat16"}
+    chosen = types.SimpleNamespace(task={"passed": True}, outputs={
+        "embedding": {"passed": False, "max_abs": 8.6e-4, "tolerance": tol},
+        "last_hidden_state": {"passed": False, "max_abs": 0.011, "tolerance": tol}})
+    (line,) = result._element_wise_only(chosen)
+    assert "(max abs 0.011, on output 'last_hidden_state')" in line

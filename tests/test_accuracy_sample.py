@@ -121,7 +121,7 @@ def test_an_undecided_verdict_is_inconclusive_work_never_a_pass(tmp_path):
                for f in target["findings"])
     metrics = target["metrics"]["accuracy"]
     top1 = metrics["task: top-1 agreement"]
-    assert top1.startswith("1 [0.51") and f"on 4 {items}" in top1 and "INCONCLUSIVE" in top1
+    assert top1.startswith("1.000 [0.510, 1.000]") and f"on 4 {items}" in top1 and "INCONCLUSIVE" in top1
 
 
 def test_the_report_says_what_decides_and_labels_the_element_wise_detail(minilm, corpus, tmp_path):

@@ -237,6 +237,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert code == 2, captured.err
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("portkit: error: "), captured.err
+    assert captured.out == "", captured.out    # the error is the only line: nothing (a target's mode) before it
     assert expected in lines[0]
     assert "Traceback" not in captured.err + captured.out
     assert _snapshot(tmp_path) == before

@@ -469,7 +469,8 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     row = saved["targets"]["tpu"]["replay"][0]
     assert row["target_compile_seconds"] == pytest.approx(report.targets["tpu"].priced(report.targets["tpu"].runs[0]))
     assert "no buckets" in str(report) and "<table>" in report._repr_html_()
-    assert len(report.plot().axes) == 2
+    # one replay panel per target (the padding curve is plot_padding's, drawn once in the notebook)
+    assert [ax.get_title().split(" ")[0] for ax in report.plot().axes] == ["neuron", "tpu"]
     assert buckets.padding_slider(report.histogram, report.curves, report.k) is None   # not in a notebook kernel
 
 
@@ -578,3 +579,27 @@ def test_padding_that_a_mask_cannot_fix_is_work_with_the_mask_tried(corpus, modu
     assert padding["severity"] == "work" and "exact-length batches or per-length buckets" in padding["advice"]
     assert ("mask" in padding["advice"]) is read and "fix the attention mask" not in padding["advice"]
     assert ("does not read its mask" in padding["message"]) is not read
+
+
+def test_each_targets_chosen_plan_has_its_own_marker():
+    """Padding against the number of buckets: two targets' chosen plans are drawn with different markers and
+    colours, each labelled with its target, so the two points never read as one."""
+    from portkit.planning.planner import BucketPlan
+    from portkit.stages.buckets import plots
+    curves = {"pow2": [(1, 0.5), (2, 0.3)], "optimal": [(1, 0.5), (2, 0.2)]}
+    chosen = {n: BucketPlan("auto", (16, 48), 20, 100, 10, "truncate", "test") for n in ("neuron", "tpu")}
+    ax = plots.plot_padding(curves, chosen)
+    marks = [line for line in ax.get_lines() if line.get_label().startswith("chosen for")]
+    assert [m.get_label().split(":")[0] for m in marks] == ["chosen for neuron", "chosen for tpu"]
+    assert len({(m.get_marker(), m.get_color()) for m in marks}) == 2
+
+
+def test_length_histogram_labels_do_not_overprint():
+    """The length histogram's p50, p90 and p99 labels sit on different lines, so close percentiles stay legible."""
+    import numpy as np
+    from portkit.corpora import corpus as corpora
+    dist = corpora.LengthDistribution(np.array([10] * 50 + [11] * 45 + [12] * 5), "tok", "corpus", 512)
+    ax = dist.plot()
+    heights = [text.get_position()[1] for text in ax.texts]
+    assert [t.get_text().split("=")[0].strip() for t in ax.texts] == ["p50", "p90", "p99"]
+    assert len(set(heights)) == 3

@@ -12,6 +12,7 @@ import torch
 from conftest import ROOT
 from portkit import cli
 from portkit.deploy import cost, export, gate
+from portkit.runfolder import layout
 
 
 @pytest.fixture(scope="module")
@@ -74,28 +75,101 @@ def test_pytorch_wrapper_imports_and_serves_every_bucket_without_a_compile(run_d
     assert "torch._dynamo.mark_static" in path.read_text()
 
 
-def test_vllm_and_nxdi_use_documented_keys_and_say_what_is_lost(run_dir, tmp_path):
+def test_vllm_export_is_what_vllm_reads_ready_to_paste(run_dir, tmp_path):
+    """vLLM's export is a `vllm serve` line that a shell parses back to the intended argv (shlex), the same as
+    Python's LLM(...) (ast), and an env file of KEY=value strings; portkit's provenance is a file of its own. Every
+    key is one vLLM documents; an embedding model is caveated with vLLM's pooling-model page."""
+    import ast
+    import shlex
     written, skipped = export.export(run_dir, "vllm", tmp_path / "vllm")
+    assert {w.target for w in written} == {"neuron", "tpu"} and not skipped
+    boundaries = json.loads((run_dir / "buckets.json").read_text())["targets"]
     for item in written:
-        config = json.loads(item.path.read_text())
-        assert set(config["engine_args"]) <= set(export.DOCUMENTED["vllm.engine_args"].keys)
-        assert config["portkit"]["lost"] == list(item.lost)
-        assert config["portkit"]["warmup"]
+        names = [f.name for f in item.files]
+        assert names == [f"vllm_{item.target}.{ext}" for ext in ("sh", "py", "env", "portkit.json")]
+        meta = json.loads(item.files[3].read_text())
+        assert meta["lost"] == list(item.lost) and meta["warmup"] and meta["model"] == "tiny_encoder"
+        argv = shlex.split(item.path.read_text().splitlines()[-1])
+        assert argv[:3] == ["vllm", "serve", "tiny_encoder"]
+        flags = dict(zip(argv[3::2], argv[4::2]))
+        engine = {k[2:].replace("-", "_"): v for k, v in flags.items()}
+        assert set(engine) <= set(export.DOCUMENTED["vllm.engine_args"].keys)
+        top = boundaries[item.target]["chosen"]["boundaries"][-1]
+        assert flags["--max-model-len"] == str(top)
+        call = next(n for n in ast.walk(ast.parse(item.files[1].read_text())) if isinstance(n, ast.Call)
+                    and getattr(n.func, "id", "") == "LLM")
+        python = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        assert python["model"] == "tiny_encoder" and python["max_model_len"] == top
+        env = dict(line.split("=", 1) for line in item.files[2].read_text().splitlines() if not line.startswith("#"))
+        assert all(isinstance(v, str) for v in env.values())
+        assert set(env) <= set(export.DOCUMENTED["vllm.env.tpu"].keys)
         if item.target == "neuron":
-            neuron = config["engine_args"]["additional_config"]["neuron_config"]
+            neuron = json.loads(flags["--additional-config"])["neuron_config"]
+            assert neuron == python["additional_config"]["neuron_config"]
             assert set(neuron) <= set(export.DOCUMENTED["vllm.additional_config.neuron_config"].keys)
-            assert neuron["num_batched_tokens_buckets"][-1] == config["engine_args"]["max_num_batched_tokens"]
+            assert neuron["num_batched_tokens_buckets"][-1] == int(flags["--max-num-batched-tokens"])
+            assert not env
         else:
-            assert set(config["env"]) <= set(export.DOCUMENTED["vllm.env.tpu"].keys)
+            assert env["VLLM_TPU_BUCKET_PADDING_GAP"].isdigit()
             assert any("cannot list buckets" in line for line in item.lost)
+        assert any(export.VLLM_POOLING in line for line in item.lost)     # an embedding model: vLLM's pooling
+
+
+def test_nxdi_export_is_a_neuron_config_call_for_a_decoder_and_refused_for_an_encoder(run_dir, copies, tmp_path):
+    """NxD Inference serves the decoder LLMs its model reference lists: the tiny encoder's export is refused with
+    that page; a causal LM's is NeuronConfig(...) as Python a user pastes (ast), with documented keys only."""
+    import ast
     written, skipped = export.export(run_dir, "nxdi", tmp_path / "nxdi")
-    assert [w.target for w in written] == ["neuron"] and any("Neuron only" in s for s in skipped)
-    config = json.loads(written[0].path.read_text())["neuron_config"]
+    assert written == [] and any("Neuron only" in s for s in skipped)
+    assert any(s.startswith("neuron: NxD Inference serves decoder LLMs") and export.NXDI_MODELS.url in s
+               for s in skipped)
+    new, _ = copies
+    for name in ("buckets.json", "buckets.plan.json"):
+        if (new / name).exists():
+            _edit(new, name, lambda d: d.get("model", {}).update(kind="causal-lm"))
+    written, _ = export.export(new, "nxdi", tmp_path / "nxdi-lm")
+    assert [w.target for w in written] == ["neuron"]
+    tree = ast.parse(written[0].path.read_text())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "NeuronConfig")
+    config = {k.arg: ast.unparse(k.value) if k.arg == "torch_dtype" else ast.literal_eval(k.value)
+              for k in call.keywords}
     assert set(config) <= set(export.DOCUMENTED["nxdi.neuron_config"].keys)
-    boundaries = json.loads((run_dir / "buckets.json").read_text())["targets"]["neuron"]["chosen"]["boundaries"]
-    assert config["context_encoding_buckets"] == boundaries and config["enable_bucketing"] is True
+    assert config["torch_dtype"].startswith("torch.") and config["enable_bucketing"] is True
+    boundaries = json.loads((new / "buckets.json").read_text())["targets"]["neuron"]["chosen"]["boundaries"]
+    assert config["context_encoding_buckets"] == boundaries
+    assert json.loads(written[0].files[1].read_text())["lost"] == list(written[0].lost)
     with pytest.raises(Exception, match="not documented"):
         export.checked_keys("nxdi.neuron_config", {"made_up_key": 1})
+
+
+def test_the_pytorch_wrapper_cuts_each_output_along_its_own_axes(run_dir, tmp_path):
+    """serve_*.py unpads by each output's own axes (found by two eager runs, counted by its declared stride): a
+    pooled output as wide as the largest bucket is never cut, the hidden states are; the file says Server wants
+    the model as portkit loads it."""
+    written, _ = export.export(run_dir, "pytorch", tmp_path / "out", targets=["tpu"])
+    module = _load(written[0].path)
+    assert "Server wants the model as portkit loads it" in written[0].path.read_text()
+    top = module.BUCKETS[-1]
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    try:
+        import models
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "fixtures"))
+
+    class Wide(torch.nn.Module):     # a pooled output whose width is the largest bucket
+        def __init__(self):
+            super().__init__()
+            self.inner = models.tiny_encoder()
+
+        def forward(self, input_ids, attention_mask):
+            out = self.inner(input_ids, attention_mask)
+            return {**out, "wide": out["pooled"].repeat(1, -(-top // 16))[:, :top]}
+    server = module.Server(Wide())
+    server.warm_up()
+    length = top - 1                 # padded to the largest bucket: the old rule cut any dim equal to it
+    out = server(input_ids=torch.randint(1, 100, (1, length)), attention_mask=torch.ones(1, length, dtype=torch.int64))
+    assert out["wide"].shape == (1, top) and out["hidden"].shape[:2] == (1, length)
+    assert out["pooled"].shape == (1, 16)
 
 
 def test_tpu_ladder_follows_the_documented_gap_rule():
@@ -248,6 +322,47 @@ def test_a_metric_that_moved_below_the_baselines_interval_fails_though_within_bu
     assert cli.main(["check", str(new), "--baseline", str(old)]) == 1
     out = capsys.readouterr().out
     assert "FAIL tpu     task metric" in out and "95% interval" in out
+
+
+def test_a_task_metric_below_its_budget_says_so_and_an_interval_move_says_that(copies):
+    """The gate names the reason that holds: a task metric out of its budget says 'below its budget (bound)', not
+    the baseline's interval; one that moved below the interval within its budget names the interval."""
+    new, old = copies
+    check = json.loads((old / "accuracy.json").read_text())["targets"]["tpu"]["task"]["checks"][0]
+    bound = check["bound"]
+
+    def crossed(accuracy):
+        found = accuracy["targets"]["tpu"]["task"]["checks"][0]
+        found.update(value=bound - 0.01, passed=False, decision="fail")
+    _edit(new, "accuracy.json", crossed)
+    (failed,) = [c for c in gate.compare(new, old).failed if c.name.startswith("task metric")]
+    assert f"below its budget ({bound:g}), where the baseline was within it" in failed.message
+    assert "interval" not in failed.message
+    _edit(new, "accuracy.json", lambda a: a["targets"]["tpu"]["task"]["checks"][0].update(
+        value=check["ci95"][0] - max(check["ci95"][1] - check["ci95"][0], 1e-9), passed=True, decision="pass"))
+    (moved,) = [c for c in gate.compare(new, old).failed if c.name.startswith("task metric")]
+    assert "outside the baseline's 95% interval [" in moved.message and "budget" not in moved.message
+
+
+def test_a_changed_run_parameter_is_listed_among_the_differences(copies, capsys):
+    """The run's parameters (each stage notebook's papermill parameters): a changed batch_size is listed as a
+    difference and noted, while the same parameters say so; the run folder's place (out_dir) is no difference."""
+    new, old = copies
+    same = gate.compare(new, old)
+    assert ("run", "run parameters", "pass", "the same in both runs") in [
+        (c.target, c.name, c.status, c.message) for c in same.checks]
+    for folder, batch in ((old, 2), (new, 4)):      # as `portkit run -p batch_size N` gives it to each notebook
+        for notebook in folder.glob("*.ipynb"):
+            nb = json.loads(notebook.read_text())
+            nb["metadata"]["papermill"]["parameters"]["batch_size"] = batch
+            notebook.write_text(json.dumps(nb))
+    assert layout.run_parameters(old)["batch_size"] == 2 and "out_dir" not in layout.run_parameters(old)
+    changed = gate.compare(new, old)
+    (row,) = [c for c in changed.checks if c.name == "run parameters"]
+    assert row.message == "differ: batch_size: 2 -> 4"
+    assert any("batch_size" in n for n in changed.notes)
+    assert cli.main(["check", str(new), "--baseline", str(old)]) == 0
+    assert "batch_size" in capsys.readouterr().out
 
 
 def test_an_improvement_passes(copies):

@@ -104,3 +104,32 @@ def test_a_broken_link_fails_the_build(tmp_path):
     result = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert result.returncode != 0
     assert "no-such-page.md" in result.stdout + result.stderr
+
+
+def test_the_declaration_api_has_one_documented_path_and_old_ones_warn():
+    """One documented import path for the declaration API (portkit.models.inputs), the one every example on the
+    guide imports; the old paths (portkit.inputs, `from portkit import audio`, ...) still import the same module,
+    raising a DeprecationWarning that names the new path; the changelog is in the site's nav."""
+    guide = (ROOT / "docs" / "guides" / "declaring-a-model.md").read_text()
+    imports = set(re.findall(r"^from portkit[\w.]* import inputs\b.*$", guide, re.M))
+    assert imports == {"from portkit.models import inputs"}, imports
+    assert "one\ndocumented import path" in guide or "one documented import path" in " ".join(guide.split())
+    assert "never renamed" not in guide
+    code = ("import warnings, importlib\n"
+            "warnings.simplefilter('error')\n"
+            "for old, new in [('inputs', 'portkit.models.inputs'), *[(k, 'portkit.' + v) for k, v in "
+            "__import__('portkit').MOVED.items()]]:\n"
+            "    try:\n"
+            "        importlib.import_module('portkit.' + old) if old == 'inputs' else getattr("
+            "__import__('portkit'), old)\n"
+            "    except DeprecationWarning as w:\n"
+            "        assert new in str(w), (old, str(w))\n"
+            "    else:\n"
+            "        raise SystemExit(f'{old}: no warning')\n"
+            "warnings.simplefilter('ignore')\n"
+            "import portkit, portkit.inputs, portkit.corpora.audio, portkit.models.inputs\n"
+            "assert portkit.inputs is portkit.models.inputs and portkit.audio is portkit.corpora.audio\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "changelog.md" in (ROOT / "mkdocs.yml").read_text()

@@ -194,7 +194,11 @@ def test_report_renders_and_saves(tmp_path):
         frozenset({"kind", "severity", "module", "ops", "message", "advice", "source", "where", "owner", "cause",
                    "occurrences"})}   # one finding per cause, its occurrences inside it
     fig = report.plot()
-    assert len(fig.axes) == 4
+    # one ATen-calls panel per target, and the op time once: one CPU profile, named as such, not per target
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 3 and sum("top ops by share of op time" in t for t in titles) == 1, titles
+    assert "one CPU profile (this machine), the same for neuron and tpu" in titles[-1]
+    assert "one CPU profile" in str(report.op_table("neuron"))
 
 
 def test_reference_target_classifies_against_its_own_kernels():

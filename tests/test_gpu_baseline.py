@@ -171,7 +171,7 @@ def test_the_native_path_runs_end_to_end_on_a_stand_in_device(monkeypatch, name)
 
 def test_the_report_says_where_the_baseline_came_from():
     def sentence(baseline):
-        out = types.SimpleNamespace(name="tpu", metrics={}, details={}, precision=None)
+        out = types.SimpleNamespace(name="tpu", mode="emulated", metrics={}, details={}, precision=None)
         read_section("accuracy", out, target={"baseline": {"gpu_numerics": "tf32", "truth": "the float64 reference",
                                                            "ratio": 1.5, "factor": 2.0, "within": True,
                                                            "gpu_error": 1e-3, **baseline}})

@@ -65,17 +65,19 @@ def test_the_report_opens_with_consequences_and_counts_what_vanishes(minilm_run)
     r = report.build_report(folder)
     tpu = r.to_dict()["targets"]["tpu"]
     assert not any(f["kind"] == "host_sync" for f in tpu["first"])          # not listed as work
-    assert tpu["vanished"].startswith("1 eager finding(s) vanish under torch.compile")
+    assert tpu["vanished"].startswith("1 thing found when the model runs eagerly is gone once torch.compile traces")
     assert "host sync" in tpu["vanished"]
     assert "host sync" not in tpu["verdict_reason"]
     sync = next(f for f in tpu["findings"] if f["kind"] == "host_sync")
     assert (sync["eager"], sync["compiled"], sync["owner"]) == (WORK, VANISHES, frames.CONFIGURABLE)
     assert tpu["findings"][-1]["compiled"] == VANISHES                       # ordered by consequence
     text = str(r).splitlines()
-    assert any(line.strip().startswith("1 eager finding(s) vanish") for line in text[:6])
+    assert any(line.strip().startswith("1 thing found when the model runs eagerly") for line in text[:6])
     page = r.html()
-    assert page.index("First, by consequence") < page.index("Environment")
-    assert "<th>eager</th><th>compiled</th><th>whose code</th>" in page
+    assert page.index("What to fix first") < page.index("Environment")
+    # the findings table: plain words first, the eager and compiled readings behind each finding's disclosure
+    assert "<th>severity</th><th>finding</th><th>consequence</th>" in page
+    assert "<summary>technical detail</summary>" in page and "under torch.compile: vanishes" in page
 
 
 def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_line(tmp_path):

@@ -382,3 +382,49 @@ def test_an_unreadable_stage_leaves_the_target_not_assessed_and_keeps_the_findin
     assert f"{len(work)} item(s) of work, first:" in tpu["verdict_reason"]
     assert any("compile.json: " in g and ("graph_breaks is [1]" in g or "targets.tpu.storm is []" in g)
                for g in saved["gaps"])
+
+
+def test_a_finding_reads_in_plain_words_with_its_detail_behind_a_disclosure(run_dir):
+    """A finding's headline drops the ATen op names and the cut source line; its detail (ops, place, the whole
+    source line marked where the statement goes on, torch.compile's reading) is behind a <details> disclosure."""
+    from portkit.stages.report import wording
+    where = "transformers/sdpa_attention.py:182 in forward: out = torch.nn.functional.scaled_dot_product_attention("
+    f = {"message": f"attention mask in layer.* (6 modules): attn_mask (float32) (aten::_sdpa_for_cpu) at {where}; "
+         "6 calls", "where": where, "compiled": "persists", "compiled_detail": "in the compiled graph",
+         "severity": "work", "eager": "work", "stage": "fallbacks", "notebook": "01_fallbacks.ipynb"}
+    assert wording.headline(f) == "attention mask in layer.* (6 modules): attn_mask (float32); 6 calls"
+    detail = dict(wording.detail(f))
+    assert detail["ops"] == "aten::_sdpa_for_cpu" and detail["where"] == "transformers/sdpa_attention.py:182 in forward"
+    assert detail["source line"].endswith("(the statement continues on the next lines)")
+    assert detail["under torch.compile"] == "persists: in the compiled graph"
+    page = report.build_report(run_dir).html()
+    assert page.count("<summary>technical detail</summary>") == sum(
+        len(t.findings) for t in report.build_report(run_dir).targets.values())
+    assert "<h2>What to fix first</h2>" in page
+
+
+def test_an_emulated_float32_error_of_zero_says_it_compares_nothing():
+    """In emulation at float32 both sides run the same CPU kernels: a max abs error of 0 and an error equal to the
+    GPU's say so, instead of a figure that reads like a hardware result; a native 0 stays a figure."""
+    from portkit.stages.report import sections
+    main = ("embedding", {"max_abs": 0.0})
+    assert sections._max_abs(main, "emulated").startswith("0: emulated at float32, the target side ran the same CPU")
+    assert sections._max_abs(main, "native") == "0"
+    assert sections._max_abs(("embedding", {"max_abs": 8.6e-4}), "emulated") == "0.00086"
+    same = {"gpu_numerics": "fp32", "truth": "the float64 reference", "gpu_error": 5e-7, "target_error": 5e-7,
+            "ratio": 1.0, "factor": 2.0, "within": True}
+    assert "compares nothing" in sections._versus_gpu(same, "emulated") and "1x" not in sections._versus_gpu(
+        same, "emulated")
+    assert sections._versus_gpu(same, "native").startswith("1x the error of GPU 'fp32'")
+
+
+def test_figures_read_without_float_noise():
+    """Shares against a budget keep the digit that decides them and no float noise; other floats 4 significant
+    figures, in the report's tables and the task checks."""
+    from portkit.core import figures
+    from portkit.stages.report import sections
+    assert figures.share(0.9999999999999998, 0.999) == "1.0000" and figures.share(0.99995, 0.999) == "0.99995"
+    assert figures.sig(0.9944999999999999) == "0.9945" and figures.sig(3) == 3 and figures.sig(True) is True
+    check = {"value": 0.997, "ci95": [0.9944999999999999, 0.9990000000000001], "n": 400, "unit": "texts",
+             "budget": "budget >= 0.9", "bound": 0.9, "decision": "pass"}
+    assert sections._accuracy_check(check) == "0.997 [0.994, 0.999] on 400 texts (budget >= 0.9): within"

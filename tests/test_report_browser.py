@@ -1,4 +1,5 @@
-"""report.html opened in headless Chromium: its tables and plots render. Screenshot kept in test-artifacts/."""
+"""report.html opened in headless Chromium: its tables and plots render, and no page is wider than the window.
+Screenshot kept in test-artifacts/."""
 import pytest
 
 from conftest import ROOT
@@ -6,6 +7,22 @@ from portkit.core import availability as probes
 from portkit.run import runner
 
 ARTIFACTS = ROOT / "test-artifacts"
+WIDTHS = (1400, 1920, 390)   # a laptop, a desktop and a phone (390x844): the page never scrolls sideways
+
+
+def _overflow(page, url) -> dict:
+    """{viewport width: (the page's scroll width, the elements that run past the window)} at each of WIDTHS: tables
+    wrap or scroll inside their own box, so the page itself is never wider than the window."""
+    found = {}
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 844 if width < 800 else 900})
+        page.goto(url)
+        found[width] = page.evaluate(
+            "[document.documentElement.scrollWidth, window.innerWidth, [...document.querySelectorAll('body *')]"
+            ".filter(e => e.getBoundingClientRect().right > window.innerWidth + 1 && !e.closest('.scroll'))"
+            ".slice(0, 3).map(e => e.tagName + ' ' + e.textContent.slice(0, 40)), "
+            "[...document.querySelectorAll('td.why')].map(e => e.getBoundingClientRect().right)]")
+    return found
 
 
 @pytest.mark.slow
@@ -28,6 +45,9 @@ def test_report_renders_in_chromium(tmp_path, corpus):
             images = page.evaluate("[...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
             verdicts = page.evaluate("[...document.querySelectorAll('.verdict')].map(v => v.textContent)")
             page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+            widths = {"stage 1": _overflow(page, (out / "report.html").as_uri()),
+                      "stage 4": _overflow(page, accuracy_page.as_uri())}
+            page.set_viewport_size({"width": 1280, "height": 900})
             page.goto(accuracy_page.as_uri())
             accuracy_verdicts = page.evaluate(
                 "[...document.querySelectorAll('.accuracy-verdict')].map(v => v.innerText)")
@@ -38,6 +58,11 @@ def test_report_renders_in_chromium(tmp_path, corpus):
     assert images and all(done and w > 100 and h > 100 for done, w, h in images), images
     assert verdicts == ["blocked", "not assessed"]   # stage 1 alone: tpu's other stages did not run
     assert (ARTIFACTS / "report.png").stat().st_size > 20_000
+    for report, found in widths.items():
+        for width, (scroll, inner, past, why) in found.items():
+            assert inner == width and scroll <= inner, (report, width, scroll, past)
+            # the verdict's why is read whole in the window, never cut at its edge (at 390 its rows stack)
+            assert why and all(right <= inner for right in why), (report, width, why)
     # stage 4's verdicts: a PASS says against which baseline, each task metric next to its budget; a FAIL
     # names the task metric, its budget and the module where the error enters (the TESTING_ONLY wrong op)
     passed, failed = accuracy_verdicts

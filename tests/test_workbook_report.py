@@ -55,6 +55,6 @@ def test_minilm_report_holds_every_section(request):
     page = (RUN / "report.html").read_text()
     import report_numbers      # every number in the metric and finding cells is a stage figure
     assert report_numbers.unowned(RUN) == []
-    for heading in ("Verdicts", "First, by consequence", "Side by side", "Migration checklist",
+    for heading in ("Verdicts", "What to fix first", "Side by side", "Migration checklist",
                     "Details, side by side", "Findings", "Stages"):
         assert f"<h2>{heading}</h2>" in page

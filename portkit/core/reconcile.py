@@ -201,8 +201,10 @@ def vanished_line(findings: list[dict]) -> str | None:
     if not gone:
         return None
     kinds = sorted({f.get("kind", "?").replace("_", " ") for f in gone})
-    return (f"{len(gone)} eager finding(s) vanish under torch.compile (traced away, no cost compiled): "
-            + ", ".join(kinds))
+    one = len(gone) == 1
+    return (f"{len(gone)} {'thing' if one else 'things'} found when the model runs eagerly "
+            f"{'is' if one else 'are'} gone once torch.compile traces it, so {'it costs' if one else 'they cost'} "
+            f"nothing compiled: " + ", ".join(kinds))
 
 
 def table(findings: list[dict], caption: str = "") -> HtmlTable:

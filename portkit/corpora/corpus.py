@@ -359,10 +359,13 @@ class LengthDistribution:
         import matplotlib.pyplot as plt
         ax = ax or plt.subplots(figsize=(7, 3))[1]
         ax.hist(self.lengths, bins=bins, color="#4C72B0")
-        for name, value in self.percentiles().items():
-            if name in ("p50", "p90", "p99"):
-                ax.axvline(value, color="#C44E52", ls="--", lw=1)
-                ax.text(value, ax.get_ylim()[1] * 0.9, f" {name}={value}", color="#C44E52", fontsize=8)
+        top = ax.get_ylim()[1]
+        # each label one line lower than the last: close percentiles (p50 and p90 of short texts) never overprint
+        for row, name in enumerate(("p50", "p90", "p99")):
+            value = self.percentiles()[name]
+            ax.axvline(value, color="#C44E52", ls="--", lw=1)
+            ax.text(value, top * (0.92 - 0.1 * row), f" {name}={value}", color="#C44E52", fontsize=8,
+                    va="top", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
         ax.set_xlabel(f"{self.unit} per item")
         ax.set_ylabel("items")
         ax.set_title(f"Lengths in {self.unit}: {self.corpus}")

@@ -1,17 +1,19 @@
 """`portkit export RUN --to STACK`: a run's bucket plan, warm-up list, static-shape settings and stage 4's
-numerics, written as a serving stack's own configuration.
+numerics, written as a serving stack's own configuration, in the form that stack reads.
 
     >>> from portkit.deploy import export
-    >>> for e in export.export("runs/minilm", "pytorch"):       # or "vllm", "nxdi"
-    ...     print(e.target, e.path, e.lost)
+    >>> written, skipped = export.export("runs/minilm", "vllm")   # or "pytorch", "nxdi"
+    >>> [str(p) for p in written[0].files]   # vllm_tpu.sh, vllm_tpu.py, vllm_tpu.env, vllm_tpu.portkit.json
 
-pytorch: a Python file (torch.compile with the target's backend, mark_static, padding to the bucket, warm-up over
-every bucket); vllm and nxdi: JSON whose keys are checked against DOCUMENTED (each stack's documented keys and
-their page). What a stack cannot express is listed as "lost", in the file and on the command line.
+pytorch: serve_TARGET.py (torch.compile with the target's backend, mark_static, padding to the bucket, warm-up over
+every bucket). vllm: a `vllm serve` line (vllm_TARGET.sh), the `LLM(...)` form (vllm_TARGET.py) and an env file
+(vllm_TARGET.env). nxdi: the `NeuronConfig(...)` call (nxdi_neuron.py). Every key is checked against DOCUMENTED;
+portkit's provenance (run, plan, what is lost) is a separate TARGET.portkit.json, never mixed into what a stack reads.
 """
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -55,6 +57,13 @@ DOCUMENTED = {
 }
 
 
+# The model types each stack documents serving. NxD Inference's model reference lists decoder LLM architectures
+# (Llama, Qwen, Mixtral, DBRX, ...), and vLLM routes an encoder or embedding model to its pooling runner.
+NXDI_MODELS = Documented("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/"
+                         "developer_guides/model-reference.html", ("causal-lm",))
+VLLM_POOLING = "https://docs.vllm.ai/en/stable/models/pooling_models/"
+
+
 def checked_keys(section: str, config: dict) -> dict:
     """`config` unchanged, or PortkitError naming a key that DOCUMENTED[section] does not list."""
     documented = DOCUMENTED[section]
@@ -82,6 +91,8 @@ class Plan:
     varying: str | None
     batch_dim: str | None
     masks: tuple[str, ...]
+    outputs: dict              # output name -> [stride, window, ceil] (the declaration's; reading.Declared)
+    origin: str                # where the model came from, as the run recorded it
     precision: dict            # stage 4's chosen precision: name, setting, matmul_inputs, all_ops, verdict
     generation: tuple[tuple[int, ...], tuple[int, ...]] | None   # (prompt, context) buckets of a serving plan
 
@@ -125,7 +136,8 @@ def _plan(run: Path, buckets, accuracy, name: str, chosen) -> Plan:
     return Plan(str(run), str(declared.name or "?"), str(declared.kind or "?"), name, str(info.mode or "emulated"),
                 str(info.backend or ""), spec.backend if spec else "", chosen.planner, chosen.boundaries,
                 chosen.batch_sizes, str((entry.chosen.overflow if entry else None) or "truncate"), declared.inputs,
-                declared.roles.get("varies"), declared.roles.get("batch"), declared.masks, precision,
+                declared.roles.get("varies"), declared.roles.get("batch"), declared.masks, declared.outputs,
+                str(declared.origin or ""), precision,
                 (tuple(serving[0]), tuple(serving[1])) if serving else None)
 
 
@@ -133,25 +145,57 @@ def _plan(run: Path, buckets, accuracy, name: str, chosen) -> Plan:
 class Exported:
     target: str
     stack: str
-    path: Path
+    files: tuple[Path, ...]    # what the stack reads first, then portkit's provenance
     lost: tuple[str, ...]
+
+    @property
+    def path(self) -> Path:
+        """The file a user opens first (the serving wrapper, the `vllm serve` line, the NeuronConfig)."""
+        return self.files[0]
 
 
 def export(run_dir, stack: str, out_dir=None, targets=None) -> tuple[list[Exported], list[str]]:
     """Write `stack`'s configuration for each target's plan under out_dir (default RUN/deploy/STACK); returns
-    what was written and a line for each target left out."""
+    what was written and a line for each target left out (with why)."""
     if stack not in STACKS:
         raise BadParameter("stack", stack, STACKS)
     plans, skipped = read_plans(run_dir, targets)
     out = Path(out_dir) if out_dir else Path(run_dir) / "deploy" / stack
     written = []
     for name, plan in plans.items():
-        if stack == "nxdi" and name != "neuron":
-            skipped.append(f"{name}: NxD Inference serves on AWS Neuron only; nothing exported")
+        refused = _refused(stack, plan)
+        if refused:
+            skipped.append(f"{name}: {refused}; nothing exported")
             continue
-        filename, text, lost = WRITERS[stack](plan)
-        written.append(Exported(name, stack, _io.write_text(out / filename, text), tuple(lost)))
+        files, lost = WRITERS[stack](plan)
+        written.append(Exported(name, stack, tuple(_io.write_text(out / f, text) for f, text in files.items()),
+                                tuple(lost)))
     return written, skipped
+
+
+def _refused(stack: str, plan: Plan) -> str | None:
+    """Why `stack` cannot serve this target's plan (None where it can): NxD Inference serves on AWS Neuron alone,
+    and the decoder LLMs its model reference lists (NXDI_MODELS)."""
+    if stack != "nxdi":
+        return None
+    if plan.target != "neuron":
+        return "NxD Inference serves on AWS Neuron only"
+    if plan.kind not in NXDI_MODELS.keys:
+        return (f"NxD Inference serves decoder LLMs (the architectures its model reference lists: "
+                f"{NXDI_MODELS.url}); this model is of kind {plan.kind}: serve it with --to pytorch, or --to vllm")
+    return None
+
+
+def provenance(plan: Plan, stack: str, lost: list[str], sections: list[str]) -> str:
+    """portkit's record of where an exported configuration came from (TARGET.portkit.json): the run, the plan,
+    the warm-up, stage 4's precision, what the stack cannot express and the pages documenting each key used."""
+    return json.dumps({"stack": stack, "run_dir": plan.run_dir, "model": plan.model, "origin": plan.origin,
+                       "target": plan.target,
+                       "plan": {"planner": plan.planner, "boundaries": list(plan.boundaries),
+                                "batch_sizes": list(plan.batch_sizes) if plan.batch_sizes else None,
+                                "overflow": plan.overflow},
+                       "warmup": plan.warmup, "precision": plan.precision, "lost": lost,
+                       "documented_keys": {s: DOCUMENTED[s].url for s in sections}}, indent=1) + "\n"
 
 
 # ---------------------------------------------------------------- pytorch: a generated serving wrapper
@@ -160,9 +204,12 @@ WRAPPER = Template('''"""Serving wrapper for $model on $target, written by `port
 Plain PyTorch: torch.compile with the target's backend and static shapes, each request padded to its bucket,
 and a warm-up over every bucket, after which a compile raises (set_stance("fail_on_recompile")).
 
-    server = Server(model)     # the model the run assessed
-    server.warm_up()           # compiles every bucket in WARMUP once
-    outputs = server(**inputs) # padded to its bucket, outputs cut back to the request's length and batch
+Server wants the model as portkit loads it: the module of portkit.models.registry.load($model_repr) (or of your
+own declaration), whose forward takes the declared inputs (INPUTS) by name and returns its declared outputs.
+
+    server = Server(model)     # portkit.models.registry.load(...).module: the model the run assessed
+    server.warm_up()           # finds each output's batch and length axes, then compiles every bucket in WARMUP once
+    outputs = server(**inputs) # padded to its bucket; each output cut back along its own axes only
 """
 import torch
 
@@ -179,6 +226,16 @@ MASKS = $masks                # padded with 0 (padding masked out); other inputs
 PAD_VALUE = 0
 OVERFLOW = $overflow          # "truncate": a request longer than the largest bucket is cut to it
 PRECISION = $precision        # stage 4's choice: on the target, apply its setting
+# the declared outputs: name -> [stride, window, ceil], input positions per output position along VARYING
+# (portkit.models.inputs.Output); an output not named here has one position per input position
+OUTPUTS = $outputs
+PROBE_LENGTHS = $probe        # two lengths the warm-up runs the model at (eagerly) to find each output's axes
+
+
+def positions(n, stride=1, window=1, ceil=False):
+    """An output's real positions for n real input positions (portkit.models.inputs.Output.count)."""
+    span = n - window
+    return max(0, (-(-span // stride) if ceil else span // stride) + 1)
 
 
 def bucket_for(length):
@@ -226,18 +283,31 @@ def pad(inputs):
     return padded, min(length, bucket), batch, bucket, batches
 
 
-def _unpad(output, length, batch, bucket, batches):
+def _leaves(output, path=()):
+    """{path: tensor} of a model's output (a tensor, or a dict, list or tuple of them; a path is its keys)."""
     if isinstance(output, torch.Tensor):
-        if BATCH_DIM and output.dim() >= 1 and output.shape[0] == batches:
-            output = output[:batch]
-        if output.dim() >= 2 and output.shape[1] == bucket:
-            output = output[:, :length]
-        return output
-    if isinstance(output, (list, tuple)):
-        return type(output)(_unpad(o, length, batch, bucket, batches) for o in output)
+        return {path: output}
+    items = (output.items() if isinstance(output, dict)
+             else enumerate(output) if isinstance(output, (list, tuple)) else ())
+    found = {}
+    for key, value in items:
+        found.update(_leaves(value, path + (key,)))
+    return found
+
+
+def _rebuild(output, cut, path=()):
+    """`output` with each tensor replaced by cut(path, tensor)."""
+    if isinstance(output, torch.Tensor):
+        return cut(path, output)
     if isinstance(output, dict):
-        return {k: _unpad(v, length, batch, bucket, batches) for k, v in output.items()}
+        return {k: _rebuild(v, cut, path + (k,)) for k, v in output.items()}
+    if isinstance(output, (list, tuple)):
+        return type(output)(_rebuild(v, cut, path + (i,)) for i, v in enumerate(output))
     return output
+
+
+def _declared(path):
+    return OUTPUTS.get(path[0] if path else None, [1, 1, False])
 
 
 class Server:
@@ -254,8 +324,30 @@ class Server:
             example[name] = fill(shape, dtype=getattr(torch, dtype))
         return example
 
+    def probe_axes(self):
+        """{output path: (batch axes, length axes)}: two eager runs of the model, 2 rows at PROBE_LENGTHS[0] and 3
+        at PROBE_LENGTHS[1]. An axis that reads the output's declared positions at both lengths follows the
+        length; one that reads 2 then 3 follows the batch. A pooled output (one vector a request, whatever its
+        width) has no such axis and is never cut, even where its width equals a bucket."""
+        shapes = []
+        with torch.no_grad():
+            for rows, length in zip((2, 3), PROBE_LENGTHS):
+                found = _leaves(self.model(**self._example(rows, length)))
+                shapes.append({p: tuple(t.shape) for p, t in found.items()})
+        axes = {}
+        for path, first in shapes[0].items():
+            second = shapes[1].get(path, ())
+            want = [positions(n, *_declared(path)) for n in PROBE_LENGTHS]
+            ranks = range(len(first)) if len(first) == len(second) else ()
+            seq = tuple(a for a in ranks if [first[a], second[a]] == want and want[0] != want[1])
+            rows = tuple(a for a in ranks if (first[a], second[a]) == (2, 3) and a not in seq and BATCH_DIM)
+            axes[path] = (rows, seq)
+        return axes
+
     def warm_up(self):
-        """Compile every (batch, length) of WARMUP; Dynamo keeps that many graphs of the one function."""
+        """Find each output's axes (probe_axes), then compile every (batch, length) of WARMUP; Dynamo keeps that
+        many graphs of the one function."""
+        self.axes = self.probe_axes()
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(WARMUP))
         with torch.no_grad():
             for batch, length in WARMUP:
@@ -263,14 +355,31 @@ class Server:
         self.warm = True
 
     def __call__(self, **inputs):
-        padded, length, batch, bucket, batches = pad(inputs)
+        if not hasattr(self, "axes"):
+            self.axes = self.probe_axes()
+        padded, length, batch, _, _ = pad(inputs)
         with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile" if self.warm else "default"):
             output = self.compiled(**padded)
-        return _unpad(output, length, batch, bucket, batches)
+
+        def cut(path, tensor):   # along the output's own batch and length axes, to the request's real size
+            rows, seq = self.axes.get(path, ((), ()))
+            for axis in rows:
+                tensor = tensor.narrow(axis, 0, batch)
+            for axis in seq:
+                tensor = tensor.narrow(axis, 0, positions(length, *_declared(path)))
+            return tensor
+        return _rebuild(output, cut)
 ''')
 
 
-def _pytorch(plan: Plan) -> tuple[str, str, list[str]]:
+def _probe_lengths(boundaries) -> tuple[int, int]:
+    """Two different lengths within the plan for the wrapper's probe of its outputs' axes."""
+    top = boundaries[-1]
+    low = boundaries[0] if len(boundaries) > 1 else max(1, top // 2)
+    return (low, top) if low != top else (max(1, top - 1), top)
+
+
+def _pytorch(plan: Plan) -> tuple[dict[str, str], list[str]]:
     lost = []
     if plan.varying is None or not any(plan.varying in dims for _, dims in plan.inputs.values()):
         raise PortkitError(f"{plan.target}: the model declares no varying input dimension; no bucket to pad to")
@@ -278,23 +387,18 @@ def _pytorch(plan: Plan) -> tuple[str, str, list[str]]:
         lost.append(f"precision {plan.precision.get('name')!r} ({plan.precision['setting']}) is a setting of the "
                     "target's runtime: the wrapper records it in PRECISION, apply it on the target")
     text = WRAPPER.substitute(
-        model=plan.model, target=plan.target, run_dir=plan.run_dir, target_repr=repr(plan.target),
-        backend=repr(plan.backend), native=repr(plan.native_backend), planner=plan.planner,
-        boundaries=repr(list(plan.boundaries)), batch_sizes=repr(list(plan.batch_sizes) if plan.batch_sizes else None),
-        warmup=repr(plan.warmup), inputs=repr(plan.inputs), varying=repr(plan.varying), batch_dim=repr(plan.batch_dim),
-        masks=repr(plan.masks), overflow=repr(plan.overflow), precision=repr(plan.precision))
-    return f"serve_{plan.target}.py", text, lost
+        model=plan.model, model_repr=repr(plan.model), target=plan.target, run_dir=plan.run_dir,
+        target_repr=repr(plan.target), backend=repr(plan.backend), native=repr(plan.native_backend),
+        planner=plan.planner, boundaries=repr(list(plan.boundaries)),
+        batch_sizes=repr(list(plan.batch_sizes) if plan.batch_sizes else None), warmup=repr(plan.warmup),
+        inputs=repr(plan.inputs), varying=repr(plan.varying), batch_dim=repr(plan.batch_dim), masks=repr(plan.masks),
+        overflow=repr(plan.overflow), precision=repr(plan.precision), outputs=repr(plan.outputs),
+        probe=repr(_probe_lengths(plan.boundaries)))
+    return {f"serve_{plan.target}.py": text,
+            f"serve_{plan.target}.portkit.json": provenance(plan, "pytorch", lost, [])}, lost
 
 
-# ---------------------------------------------------------------- vLLM and NxD Inference: JSON
-def _meta(plan: Plan, stack: str, lost: list[str], sections: list[str]) -> dict:
-    return {"stack": stack, "run_dir": plan.run_dir, "model": plan.model, "target": plan.target,
-            "plan": {"planner": plan.planner, "boundaries": list(plan.boundaries),
-                     "batch_sizes": list(plan.batch_sizes) if plan.batch_sizes else None, "overflow": plan.overflow},
-            "warmup": plan.warmup, "precision": plan.precision, "lost": lost,
-            "documented_keys": {s: DOCUMENTED[s].url for s in sections}}
-
-
+# ---------------------------------------------------------------- vLLM and NxD Inference: what each stack reads
 def tpu_ladder(gap: int, top: int) -> list[int]:
     """vLLM's TPU token paddings up to `top`, from 16: with gap 0 powers of two up to the first at or past `top`;
     otherwise powers of two up to the gap, then steps of the gap (the rule vllm/envs.py states for
@@ -317,7 +421,7 @@ def tpu_ladder(gap: int, top: int) -> list[int]:
     return ladder
 
 
-def _vllm(plan: Plan) -> tuple[str, str, list[str]]:
+def _vllm(plan: Plan) -> tuple[dict[str, str], list[str]]:
     batches = list(plan.batch_sizes or (1,))
     tokens = sorted({b * s for b in batches for s in plan.boundaries})
     engine = {"max_model_len": plan.boundaries[-1], "max_num_seqs": batches[-1], "max_num_batched_tokens": tokens[-1]}
@@ -345,13 +449,60 @@ def _vllm(plan: Plan) -> tuple[str, str, list[str]]:
             lost.append(f"vLLM on TPU cannot list buckets: it pads to its own ladder {ladder} ({len(ladder)} compiles) "
                         f"with VLLM_TPU_BUCKET_PADDING_GAP={gap}, not the plan's {tokens}")
     if plan.kind not in ("causal-lm", "generate", "seq2seq"):
-        lost.append(f"vLLM serves generative and pooling models: check that it supports this {plan.kind} model")
-    config = {"portkit": _meta(plan, "vllm", lost, sections), "engine_args": checked_keys("vllm.engine_args", engine),
-              "env": env}
-    return f"vllm_{plan.target}.json", json.dumps(config, indent=1) + "\n", lost
+        lost.append(f"vLLM serves this {plan.kind} model as a pooling model ({VLLM_POOLING}): it picks the pooling "
+                    "runner from the model's config (--runner auto); check that vLLM lists its architecture")
+    engine = checked_keys("vllm.engine_args", engine)
+    env = {k: str(v) for k, v in env.items()}   # an environment holds strings
+    files = {f"vllm_{plan.target}.sh": _vllm_shell(plan, engine),
+             f"vllm_{plan.target}.py": _vllm_python(plan, engine, env),
+             f"vllm_{plan.target}.env": _env_file(plan, env),
+             f"vllm_{plan.target}.portkit.json": provenance(plan, "vllm", lost, sections)}
+    return files, lost
 
 
-def _nxdi(plan: Plan) -> tuple[str, str, list[str]]:
+def serve_argv(model: str, engine: dict) -> list[str]:
+    """`vllm serve MODEL --flag value ...`: each engine argument as vLLM's command line spells it (max_model_len:
+    --max-model-len), additional_config as the JSON the flag takes."""
+    argv = ["vllm", "serve", model]
+    for key, value in engine.items():
+        argv += [f"--{key.replace('_', '-')}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    return argv
+
+
+def _header(plan: Plan, what: str, stack: str = "vllm") -> list[str]:
+    """The lines that open an exported file: what it is, the model's name, where portkit's provenance is."""
+    title = {"vllm": "vLLM", "nxdi": "NxD Inference"}[stack]
+    return [f"{what} for {plan.model} on {plan.target}, written by `portkit export` from {plan.run_dir}.",
+            f"portkit ran the model as {plan.model!r} ({plan.origin or 'origin not recorded'}): where that is not "
+            "its Hugging Face id or folder, put that in its place.",
+            f"What {title} cannot express of the plan, and where each key is documented: "
+            f"{stack}_{plan.target}.portkit.json."]
+
+
+def _vllm_shell(plan: Plan, engine: dict) -> str:
+    lines = ["#!/bin/sh", *(f"# {line}" for line in _header(plan, "vLLM's server")),
+             f"# The environment first (vllm_{plan.target}.env), then the server:",
+             f'set -a; . "$(dirname "$0")/vllm_{plan.target}.env"; set +a',
+             shlex.join(serve_argv(plan.model, engine))]
+    return "\n".join(lines) + "\n"
+
+
+def _vllm_python(plan: Plan, engine: dict, env: dict) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in {"model": plan.model, **engine}.items())
+    doc = "\n".join(_header(plan, "vLLM's offline API (LLM)"))
+    return (f'"""{doc}\n"""\nimport os\n\n'
+            f"os.environ.update({env!r})   # before vLLM reads its environment\n\n"
+            f"from vllm import LLM  # noqa: E402\n\nllm = LLM({args})\n")
+
+
+def _env_file(plan: Plan, env: dict) -> str:
+    """KEY=value lines (docker's --env-file and `set -a; . FILE` read them), every value a string."""
+    lines = [f"# vLLM's environment for {plan.model} on {plan.target} (portkit export)"
+             + ("" if env else ": the plan needs no variable here")]
+    return "\n".join(lines + [f"{k}={shlex.quote(v)}" for k, v in env.items()]) + "\n"
+
+
+def _nxdi(plan: Plan) -> tuple[dict[str, str], list[str]]:
     batches = list(plan.batch_sizes or (1,))
     lost = []
     if len(batches) > 1:
@@ -364,12 +515,17 @@ def _nxdi(plan: Plan) -> tuple[str, str, list[str]]:
     if plan.precision.get("matmul_inputs") and not plan.precision.get("all_ops"):
         lost.append(f"precision {plan.precision.get('name')!r} ({plan.precision.get('setting')}) rounds matmul inputs "
                     "only: not a NeuronConfig key; pass it as the compiler setting it names")
-    config = {"batch_size": batches[-1], "seq_len": max(context[-1], prompt[-1]), "max_context_length": prompt[-1],
-              "padding_side": "right", "torch_dtype": dtype, "enable_bucketing": True,
-              "context_encoding_buckets": list(prompt), "token_generation_buckets": list(context)}
-    out = {"portkit": _meta(plan, "nxdi", lost, ["nxdi.neuron_config"]),
-           "neuron_config": checked_keys("nxdi.neuron_config", config)}
-    return f"nxdi_{plan.target}.json", json.dumps(out, indent=1) + "\n", lost
+    config = checked_keys("nxdi.neuron_config", {
+        "batch_size": batches[-1], "seq_len": max(context[-1], prompt[-1]), "max_context_length": prompt[-1],
+        "padding_side": "right", "torch_dtype": dtype, "enable_bucketing": True,
+        "context_encoding_buckets": list(prompt), "token_generation_buckets": list(context)})
+    args = "".join(f"    {k}={f'torch.{v}' if k == 'torch_dtype' else repr(v)},\n" for k, v in config.items())
+    header = "\n".join(_header(plan, "NxD Inference's NeuronConfig", "nxdi"))
+    text = (f'"""{header}\n"""\nimport torch\n'
+            "from neuronx_distributed_inference.models.config import NeuronConfig\n\n"
+            f"neuron_config = NeuronConfig(\n{args})\n")
+    return {f"nxdi_{plan.target}.py": text,
+            f"nxdi_{plan.target}.portkit.json": provenance(plan, "nxdi", lost, ["nxdi.neuron_config"])}, lost
 
 
 WRITERS = {"pytorch": _pytorch, "vllm": _vllm, "nxdi": _nxdi}

@@ -5,8 +5,9 @@
     >>> result.failed, print(result.summary()); gate.write_junit(result, "portkit-check.xml")
 
 It fails (exit 1) on a new blocker, a verdict that got worse, a task metric that crossed its budget or moved below
-the baseline's own 95% interval, more compiles after warm-up, or a larger HBM need; a value the baseline had and the new
-run lacks fails too (coverage lost). The numbers are read by portkit.runfolder.numbers, as report.json's are.
+the baseline's own 95% interval (the message names which), more compiles after warm-up, or a larger HBM need; a value
+the baseline had and the new run lacks fails too (coverage lost). Run parameters that differ (batch_size, ...) are
+listed. The numbers are read by portkit.runfolder.numbers, as report.json's are.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from xml.etree import ElementTree
 from portkit.runfolder import layout, numbers, results, run_log
 from portkit.core import atomic_io as _io
 from portkit.core import checks as _checks
+from portkit.core import figures
 from portkit.core.errors import BadParameter
 
 # report.json's targets.<name>.verdict, best first (docs/reference/report-json.md); "not assessed" ranks last:
@@ -75,7 +77,7 @@ class _Run:
         return self.report.targets.get(name) or run_log.ReportTarget(VERDICTS[-1], ())
 
     def model(self) -> tuple[str, str] | None:
-        """(name, kind) of the run's model from report.json; None where it records none."""
+        """(name, kind) of the run's model from report.json (its typed reader); None where it records none."""
         return self.report.model
 
 
@@ -96,6 +98,10 @@ def compare(run_dir, baseline) -> Comparison:
     if new.folder.resolve() == old.folder.resolve():
         result.notes.append("the baseline is the run itself: every check compares the run with itself, so it "
                             "cannot fail; give an earlier run as --baseline")
+    result.checks.extend(_parameters(new, old))
+    changed = result.checks[-1]
+    if changed.message.startswith("differ"):
+        result.notes.append(f"the run parameters {changed.message}: the checks below compare two setups")
     for name in dict.fromkeys([*old.targets(), *new.targets()]):
         for check in CHECKS:
             result.checks.extend(check(name, new, old))
@@ -144,14 +150,50 @@ def _task_metrics(name: str, new: _Run, old: _Run) -> list[Check]:
         if now is None:
             out.append(Check(name, f"task metric {label}", FAIL, "measured in the baseline, not in the new run"))
             continue
-        crossed = now.get("passed") is False and (was is None or was.get("passed") is not False)
+        out_of_budget = now.get("passed") is False
+        crossed = out_of_budget and (was is None or was.get("passed") is not False)
         moved = not crossed and _below_interval(now, was)
         status = FAIL if crossed or moved else PASS
-        old_text = f"{was.get('value')} -> " if was else ""
-        why = " crossed" if crossed else f" outside the baseline's 95% interval {was.get('ci95')}" if moved else ""
+        old_text = f"{figures.sig(was.get('value'))} -> " if was else ""
         out.append(Check(name, f"task metric {label}", status,
-                         f"{old_text}{now.get('value')} ({now.get('budget', '')}){why}"))
+                         f"{old_text}{figures.sig(now.get('value'))}: {_task_reason(now, was, crossed, moved)}"))
     return out
+
+
+def _budget_words(now: dict) -> str:
+    """'below its budget (0.999)' (a floor) or 'above its budget (0.05)' (a ceiling)."""
+    budget, bound = str(now.get("budget", "")), now.get("bound")
+    side = "above" if "<=" in budget else "below"
+    return f"{side} its budget ({bound:g})" if isinstance(bound, (int, float)) else f"outside its {budget or 'budget'}"
+
+
+def _task_reason(now: dict, was: dict | None, crossed: bool, moved: bool) -> str:
+    """Why a task metric passes or fails the gate, naming the reason that holds: its budget, the baseline's 95%
+    interval, or both."""
+    interval = (f"outside the baseline's 95% interval [{figures.sig(was['ci95'][0])}, {figures.sig(was['ci95'][1])}]"
+                if moved else "")
+    if crossed:
+        return f"{_budget_words(now)}, where the baseline was within it"
+    if now.get("passed") is False:
+        return (f"{_budget_words(now)}, as in the baseline, and {interval}" if moved
+                else f"{_budget_words(now)}, as in the baseline: no regression")
+    return interval or f"within its {now.get('budget') or 'budget'}"
+
+
+def _parameters(new: _Run, old: _Run) -> list[Check]:
+    """The run parameters that differ (layout.run_parameters: what each stage notebook was run with): listed, not
+    failed, since a changed setup is the user's choice; but every other check then compares two setups."""
+    before, after = layout.run_parameters(old.folder), layout.run_parameters(new.folder)
+    def shown(run: dict, key: str) -> str:
+        return repr(run[key]) if key in run else "the notebook's default"
+    changed = [f"{k}: {shown(before, k)} -> {shown(after, k)}"
+               for k in dict.fromkeys([*before, *after]) if before.get(k, DEFAULT) != after.get(k, DEFAULT)]
+    if not changed:
+        return [Check("run", "run parameters", PASS, "the same in both runs")]
+    return [Check("run", "run parameters", PASS, "differ: " + "; ".join(changed))]
+
+
+DEFAULT = object()   # a parameter one run set and the other left at the notebook's default
 
 
 def _compiles_after_warmup(run: _Run, name: str) -> int | None:

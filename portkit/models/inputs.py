@@ -7,7 +7,7 @@ distribution, stage 3b compiles each bucket's shapes, stage 4 compares each decl
 metric. Text and image models are two instances (`text_declaration`, `image_declaration`); a user's factory
 may return a `models.LoadedModel` carrying its own declaration:
 
-    >>> from portkit import inputs
+    >>> from portkit.models import inputs
     >>> decl = inputs.Declaration(inputs=(...), dims=(inputs.Dim("batch", batch=True),
     ...     inputs.Dim("samples", varies=True, max=160_000)), build=build, measure=measure, outputs=(...), ...)
     >>> decl.batch(waves, sizes={"samples": 1024})      # every varying dim padded (or cut) to the bucket
@@ -17,7 +17,7 @@ each item's length along every varying dim; a varying `Dim` needs `max`. Both re
 IMAGE, float32 HxWxC arrays in [0, 1] (C: the `channels` dim, RGB or BT.601 luminance); AUDIO, 1-D float32
 waveforms at `sample_rate` (required), each recording decoded once for both (portkit/corpora/audio.py), an
 own_items() item that is not a recording as it is. A declaration that cannot mean anything raises BadParameter
-naming the value. The API is stable (extended, never renamed); docs/guides/declaring-a-model.md has it all.
+naming the value. Moved names keep a warning alias (docs/changelog.md); docs/guides/declaring-a-model.md.
 """
 from __future__ import annotations
 

@@ -127,7 +127,8 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
     user_params = dict(user_params)
     if "corpus" in user_params:
         user_params["corpus"] = data.resolve_corpus(user_params["corpus"])
-    model, names, out = options.common(model, targets, out_dir)   # model and out come back absolute
+    # model and out come back absolute; the targets' mode lines wait until the whole plan holds (run prints them)
+    model, names, out = options.common(model, targets, out_dir, announce=False)
     per_stage = []
     for stage in chosen:
         mine = declared_parameters(stage)
@@ -375,6 +376,8 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     stages run at once, each in a kernel of its own, where the machine holds that many kernels with the
     model (kernels.lanes_for); RunSettings(lanes=1) runs them one after another."""
     chosen, per_stage = plan(model, targets, out_dir, dict(user_params or {}), stages)
+    for line in options.announce_targets(per_stage[0][1]["targets"]):   # bad input stopped before: its line alone
+        log(line)
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     try:

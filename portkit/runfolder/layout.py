@@ -185,3 +185,26 @@ def notebook_images(run_dir, stages) -> tuple[list[tuple[str, str]], list[str]]:
             why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
             gaps.append(f"{notebook} cannot be read, its plots are left out ({why})")
     return images, gaps
+
+
+# where a run's stages were run, not how: two runs in different folders are the same setup
+RUN_PLACE = ("out_dir",)
+
+
+def run_parameters(run_dir) -> dict:
+    """The parameters the run's stages were run with ({name: value}): papermill records each executed notebook's
+    in its metadata ("papermill"."parameters"); the first notebook that sets a name gives its value, RUN_PLACE left
+    out. A notebook that is not there or cannot be read adds nothing."""
+    found = {}
+    for s in STAGES:
+        path = Path(run_dir) / s.notebook
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+            given = meta.get("papermill", {}).get("parameters", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(given, dict):
+            for name, value in given.items():
+                if name not in RUN_PLACE:
+                    found.setdefault(name, value)
+    return found

@@ -11,7 +11,7 @@ UnreadableResult. Keys a reader does not ask for are ignored: a stage may add ke
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from portkit.core import assessed
@@ -293,6 +293,10 @@ class Declared:
     inputs: dict[str, list]           # input name -> [dtype, [dim names]]
     roles: dict[str, str]             # a dimension's role (batch, varies) -> its name
     masks: tuple[str, ...]
+    # output name -> [stride, window, ceil]: input positions per output position along the varying dimension
+    # (portkit.models.inputs.Output; [1, 1, False] where the declaration states none)
+    outputs: dict[str, list] = field(default_factory=dict)
+    origin: str | None = None         # where the model came from, as the run recorded it
 
     @classmethod
     def from_dict(cls, model: Node) -> Declared:
@@ -302,4 +306,12 @@ class Declared:
             inputs[i.text("name")] = [i.text("dtype", "int64"), [d.value for d in i.items("dims")]]
         roles = {d.text("role"): d.text("name") for d in declaration.objects("dims")}
         masks = tuple(declaration.obj("masks").value.values())
-        return cls(model.text("name"), model.text("kind"), inputs, roles, masks)
+        outputs = {}
+        for o in declaration.objects("outputs"):
+            stride = o.integer("stride") or 1
+            outputs[o.text("name")] = [stride, _or_int(o.integer("window"), stride), bool(o.flag("ceil"))]
+        return cls(model.text("name"), model.text("kind"), inputs, roles, masks, outputs, model.text("origin"))
+
+
+def _or_int(value: int | None, default: int) -> int:
+    return default if value is None else value

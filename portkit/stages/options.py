@@ -144,9 +144,11 @@ def _refuse_url(model) -> None:
                        "config.json), or give a Hugging Face Hub repository id (ORG/NAME) to fetch it by")
 
 
-def common(model: str, targets, out_dir: str) -> tuple[str, list[str], Path]:
-    """Validate the parameters every stage shares; print the decisions a user should see. A model is a
-    portkit.models spec, or an abstract model's name (a real-size config without weights: llama3-8b)."""
+def common(model: str, targets, out_dir: str, announce: bool = True) -> tuple[str, list[str], Path]:
+    """Validate the parameters every stage shares; print the decisions a user should see (each target's mode), or,
+    with announce=False, leave them to the caller (the runner prints them once its whole plan holds, so that bad
+    input is the only line). A model is a portkit.models spec, or an abstract model's name (a real-size config
+    without weights: llama3-8b)."""
     _refuse_url(model)
     if not abstract_models.is_name(model):
         try:
@@ -163,6 +165,11 @@ def common(model: str, targets, out_dir: str) -> tuple[str, list[str], Path]:
     except (OSError, RuntimeError):   # pathlib raises RuntimeError on a symlink loop (Python < 3.13)
         from portkit.core import checks
         raise BadParameter("out_dir", out_dir, hint=checks.missing_path(Path(out_dir).expanduser())) from None
-    for name in names:
+    for name in names if announce else ():
         print(targets_mod.detect(name))
     return model, names, out
+
+
+def announce_targets(names) -> list[str]:
+    """Each target's mode line ("target neuron: emulated, ..."), as common() prints it."""
+    return [str(targets_mod.detect(name)) for name in names]

@@ -1,6 +1,6 @@
 """How a target's output is compared with the reference: elementwise errors and the task's own metric.
 
-    >>> from portkit import comparison, models, targets, tolerance
+    >>> from portkit.stages.accuracy import comparison
     >>> tol = tolerance.tolerance_for(targets.get("tpu").default_precision)
     >>> found = comparison.compare(actual, expected, tol, mask=inputs["attention_mask"])
     >>> found["max_abs"], found["passed"], found["reason"]        # reason: assert_close's message, or None

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from portkit.core import figures
 from portkit.targets.tolerance import UPPER_BOUNDS
 
 Z95 = 1.959963984540054      # the standard normal's 97.5th percentile: a two-sided 95% interval
@@ -90,14 +91,8 @@ def decide(ci95, key: str, bounds: dict) -> str:
 
 
 def number(value: float, bound: float | None = None) -> str:
-    """A measurement as the report prints it: a share with one decimal more than its budget (at least three:
-    1.000, 0.9995; more where it would read 1 and is not), anything else with four significant digits."""
-    if bound is not None and 0 <= bound <= 1 and 0 <= value <= 1:
-        decimals = max(3, len(f"{bound:g}".partition(".")[2]) + 1)
-        while decimals < 7 and value != 1 and f"{value:.{decimals}f}" == f"{1:.{decimals}f}":
-            decimals += 1      # a share just below 1 keeps the digit that shows it is below
-        return f"{value:.{decimals}f}"
-    return f"{value:.4g}"
+    """A measurement as the report prints it (portkit.core.figures.share, its one owner)."""
+    return figures.share(value, bound)
 
 
 def described(check: dict) -> str:

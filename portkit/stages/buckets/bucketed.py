@@ -99,7 +99,7 @@ def reference_numerics(backend):
 # whole-windows (floor) and a padded-last-window (ceil) output then differ at one of them, and at most one of the two
 # explains both probes (_probed_stride).
 PROBE_SPAN = 16
-FOLLOWS_ADVICE = ("declare how the output follows the input: portkit.inputs.Output(name, metric, stride=input "
+FOLLOWS_ADVICE = ("declare how the output follows the input: portkit.models.inputs.Output(name, metric, stride=input "
                   "positions per output position, window=positions the first one reads, ceil=True where a partial "
                   "last window counts), so that the padding check compares the output's real positions only")
 

@@ -9,18 +9,22 @@ from portkit.core.progress import headless
 
 PLANNER_COLORS = {"pow2": "#4C72B0", "linear": "#8C8C8C", "padding_bounded": "#DD8452", "optimal": "#55A868",
                   "auto": "#C44E52"}
+# each target's chosen plan: its own marker and colour, so two targets' points never read as one
+CHOSEN_MARKERS = (("*", "#C44E52"), ("P", "#8172B3"), ("X", "#937860"), ("D", "#DA8BC3"))
 
 
 def plot_padding(curves: dict, chosen: dict[str, BucketPlan] | None = None, k: int | None = None, ax=None):
-    """Padding waste (%) against the number of buckets for every planner; chosen plans starred."""
+    """Padding waste (%) against the number of buckets for every planner; each target's chosen plan marked with its
+    own marker and colour (CHOSEN_MARKERS)."""
     import matplotlib.pyplot as plt
     ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
     for name, points in curves.items():
         ax.plot([p[0] for p in points], [100 * p[1] for p in points], "o-", ms=3, label=name,
                 color=PLANNER_COLORS.get(name))
-    for target, plan in (chosen or {}).items():
-        ax.plot([plan.k], [100 * plan.waste], "*", ms=16, color=PLANNER_COLORS["auto"], mec="black",
-                label=f"chosen for {target}: {plan.k} buckets")
+    for i, (target, plan) in enumerate((chosen or {}).items()):
+        marker, color = CHOSEN_MARKERS[i % len(CHOSEN_MARKERS)]
+        ax.plot([plan.k], [100 * plan.waste], marker, ms=(16, 11)[i % 2], color=color, mec="black", alpha=0.85,
+                label=f"chosen for {target}: {plan.planner}, {plan.k} buckets, {plan.waste:.1%} padding")
     if k is not None:
         ax.axvline(k, color="black", lw=0.8, ls=":")
     ax.set_xlabel("number of sequence buckets (compiles per batch size)")

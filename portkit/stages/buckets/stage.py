@@ -562,18 +562,20 @@ class BucketReport:
                          "outputs at real positions, padded and compiled, vs unpadded eager under the same numerics")
 
     def plot(self):
-        """Padding against buckets (chosen plans starred), and each run's compile + run time."""
+        """Each target's replay: its compile (priced on the target) and run time per plan, one panel per target. The
+        padding against the number of buckets is the notebook's plot_padding, drawn once before the replay."""
         import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, 2, figsize=(13, 3.8))
-        plot_padding(self.curves, {n: t.chosen for n, t in self.targets.items()}, self.k, axes[0])
-        t = next(iter(self.targets.values()))
-        names = [r.name for r in t.runs]
-        priced = [t.priced(r) for r in t.runs]
-        axes[1].barh(names, priced, color="#C44E52", label=f"compile on {t.name} ({t.cost.kind})")
-        axes[1].barh(names, [r.run_seconds for r in t.runs], left=priced, color="#4C72B0", label="run (this CPU)")
-        axes[1].set_xlabel("seconds")
-        axes[1].set_title(f"{t.name} ({t.target['mode']}, {t.backend}): replay of {self.trace['requests']} requests")
-        axes[1].legend(fontsize=7)
+        targets = list(self.targets.values())
+        fig, axes = plt.subplots(1, max(len(targets), 1), figsize=(6.5 * max(len(targets), 1), 3.8), squeeze=False)
+        for ax, t in zip(axes[0], targets):
+            names = [r.name for r in t.runs]
+            priced = [t.priced(r) for r in t.runs]
+            ax.barh(names, priced, color="#C44E52", label=f"compile on {t.name} ({t.cost.kind})")
+            ax.barh(names, [r.run_seconds for r in t.runs], left=priced, color="#4C72B0", label="run (this CPU)")
+            ax.set_xlabel("seconds")
+            ax.set_title(f"{t.name} ({t.target['mode']}, {t.backend}): replay of {self.trace['requests']} requests",
+                         fontsize=9)
+            ax.legend(fontsize=7)
         fig.tight_layout()
         return fig
 

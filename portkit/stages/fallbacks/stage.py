@@ -307,7 +307,8 @@ class FallbackReport:
         rows = [[o["op"], o["status"], o["calls"], f"{o['share']:.1%}", ", ".join(o["modules"][:2])
                  + (" ..." if len(o["modules"]) > 2 else ""), o["detail"]] for o in _by_time(t.ops)[:limit]]
         return HtmlTable(["op", "status", "calls", "time", "modules", "why"], rows,
-                         f"{target}: top {min(limit, len(t.ops))} of {len(t.ops)} ops by time")
+                         f"{target}: top {min(limit, len(t.ops))} of {len(t.ops)} ops by time (time: "
+                         f"{self.profile_label()}; the status is {target}'s)")
 
     def module_table(self, target: str, depth: int = 4) -> HtmlTable:
         rows = _modules_at_depth(self.targets[target].modules, depth)
@@ -316,29 +317,39 @@ class FallbackReport:
                          f"{target}: calls per module (depth {depth})")
 
     def plot(self, depth: int = 4, top: int = 12):
-        """Per target: calls per module by status (left) and the ops that take the most time (right)."""
+        """Per target: calls per module by status (left); and once, the ops that take the most time (right). The
+        op time is one CPU profile of the one recording every target is classified from, so it is drawn once, as
+        that profile, never as a per-target figure."""
         import matplotlib.pyplot as plt
         names = list(self.targets)
-        fig, axes = plt.subplots(len(names), 2, figsize=(13, 3.2 * len(names)), squeeze=False)
+        fig = plt.figure(figsize=(13, 3.2 * max(len(names), 1)))
+        grid = fig.add_gridspec(max(len(names), 1), 2)
         for row, name in enumerate(names):
             t = self.targets[name]
+            ax = fig.add_subplot(grid[row, 0])
             mods = _modules_at_depth(t.modules, depth)[-top:]
             left = [0] * len(mods)
             for status in STATUSES:
                 vals = [c[status] for _, c in mods]
-                axes[row][0].barh([m for m, _ in mods], vals, left=left, color=STATUS_COLORS[status],
-                                  label=status)
+                ax.barh([m for m, _ in mods], vals, left=left, color=STATUS_COLORS[status], label=status)
                 left = [a + b for a, b in zip(left, vals)]
-            axes[row][0].set_title(f"{name} ({t.target['mode']}): ATen calls per module")
-            axes[row][0].tick_params(axis="y", labelsize=7)
-            ops = _by_time(t.ops)[:top][::-1]
-            axes[row][1].barh([o["op"].replace("aten::", "") for o in ops], [100 * o["share"] for o in ops],
-                              color=[STATUS_COLORS[o["status"]] for o in ops])
-            axes[row][1].set_title(f"{name}: top ops by share of op time (%)")
-            axes[row][1].tick_params(axis="y", labelsize=7)
-        axes[0][0].legend(fontsize=7, loc="lower right")
+            ax.set_title(f"{name} ({t.target['mode']}): ATen calls per module")
+            ax.tick_params(axis="y", labelsize=7)
+            if row == 0:
+                ax.legend(fontsize=7, loc="lower right")
+        if names:
+            ops = _by_time(self.targets[names[0]].ops)[:top][::-1]
+            ax = fig.add_subplot(grid[:, 1])
+            ax.barh([o["op"].replace("aten::", "") for o in ops], [100 * o["share"] for o in ops], color="#8C8C8C")
+            ax.set_title(f"{self.profile_label()}: top ops by share of op time (%)", fontsize=9)
+            ax.tick_params(axis="y", labelsize=7)
         fig.tight_layout()
         return fig
+
+    def profile_label(self) -> str:
+        """What the op times are: one profile of the model on this machine's CPU, shared by every target."""
+        return (f"one CPU profile (this machine), the same for {' and '.join(self.targets)}"
+                if len(self.targets) > 1 else "CPU profile (this machine)")
 
 
 def _by_time(ops: list[dict]) -> list[dict]:

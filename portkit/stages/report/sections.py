@@ -12,7 +12,7 @@ import re
 
 from portkit.stages.report import realsize as report_scale
 from portkit.targets import specs as targets_mod
-from portkit.core import grading
+from portkit.core import figures, grading
 from portkit.core.findings import INFO
 
 STAGE_FALLBACKS = "fallbacks"
@@ -236,11 +236,12 @@ def resolve_storm(findings: list[dict], buckets) -> None:
 
 def _accuracy_check(c: dict) -> str:
     """One task check with the sample it was decided on (accuracy.json's n, unit and ci95) and its decision."""
-    ci = f" [{c['ci95'][0]:.6g}, {c['ci95'][1]:.6g}]" if c.get("ci95") else ""
+    bound = c.get("bound")
+    ci = f" [{figures.share(c['ci95'][0], bound)}, {figures.share(c['ci95'][1], bound)}]" if c.get("ci95") else ""
     n = f" on {c['n']:,} {c.get('unit') or 'items'}" if isinstance(c.get("n"), int) else ""
     decision = c.get("decision") or ("pass" if c.get("passed") else "fail")
     said = {"pass": "within", "fail": "OUT OF BUDGET", "inconclusive": "INCONCLUSIVE (the interval straddles it)"}
-    return f"{c['value']:.6g}{ci}{n} ({c['budget']}): {said.get(decision, decision)}"
+    return f"{figures.share(c['value'], bound)}{ci}{n} ({c['budget']}): {said.get(decision, decision)}"
 
 
 def _accuracy_metrics(data, t, out, main) -> dict:
@@ -251,7 +252,7 @@ def _accuracy_metrics(data, t, out, main) -> dict:
     return {
         "precision": (t.precision or {}).get("setting", "—"),
         "verdict (task metrics)": t.basis or _or(t.verdict, "—"),
-        f"max abs error ({main[0]})" if main else "max abs error": (_g(main[1].get("max_abs")) or "—") if main else "—",
+        f"max abs error ({main[0]})" if main else "max abs error": _max_abs(main, out.mode),
         "task metric": _or(task.metric, "—"),
         **{f"task: {c['label']}": _accuracy_check(c) for c in task.checks},
         "task sample": _or(task.sample_text, "the main batch"),
@@ -266,23 +267,44 @@ def _accuracy_metrics(data, t, out, main) -> dict:
     }
 
 
+SAME_KERNELS = ("emulated at float32, the target side ran the same CPU kernels as the side it is compared with, "
+                "so this compares nothing about the hardware: measure on the device")
+
+
+def _max_abs(main, mode: str) -> str:
+    """The main output's max abs error against the reference; an emulated 0 says what it is (SAME_KERNELS), never a
+    figure that reads like a hardware result."""
+    found = _g(main[1].get("max_abs")) if main else None
+    if found is None:
+        return "—"
+    return f"0: {SAME_KERNELS}" if mode == "emulated" and main[1].get("max_abs") == 0 else found
+
+
+def _versus_gpu(baseline: dict, mode: str) -> str:
+    """The target's error against today's GPU's, both against the same truth; an emulated target whose error is
+    the GPU's own, exactly, ran the GPU side's kernels (SAME_KERNELS)."""
+    if mode == "emulated" and baseline.get("target_error") is not None \
+            and baseline.get("target_error") == baseline.get("gpu_error"):
+        return (f"the same error as GPU '{baseline['gpu_numerics']}' against {baseline['truth']}, exactly: "
+                f"{SAME_KERNELS}")
+    ratio = f"{baseline['ratio']:.3g}x" if baseline.get("ratio") is not None else "more than (it has none)"
+    # it decides only within its factor (a PASS whatever the task metrics); beyond it the task metrics decide
+    own = f"{baseline['gpu_error']:.1g}" if baseline.get("gpu_error") else "none"
+    return (f"{ratio} the error of GPU '{baseline['gpu_numerics']}' ({baseline.get('measured', 'emulated on the CPU')})"
+            f" against {baseline['truth']}: " +
+            (f"within {baseline['factor']:g}x, no regression: this decides (PASS)" if baseline.get("within") else
+             f"beyond {baseline['factor']:g}x, so it does not decide (the task metrics do); the GPU's own error is "
+             f"{own}, so a large ratio to it is no regression by itself"))
+
+
 def _accuracy(data, t, out) -> None:
     precision = t.precision or {}
     out.precision = {"name": precision.get("name"), "setting": precision.get("setting"), "verdict": t.verdict,
                      "suggestions": list(t.suggestions), "basis": t.basis, "reasons": list(t.reasons)}
     main = next(iter(t.outputs.items()), None)
     out.metrics["accuracy"] = _accuracy_metrics(data, t, out, main)
-    baseline = t.baseline
-    if baseline:
-        ratio = f"{baseline['ratio']:.3g}x" if baseline.get("ratio") is not None else "more than (it has none)"
-        # it decides only within its factor (a PASS whatever the task metrics); beyond it the task metrics decide
-        own = f"{baseline['gpu_error']:.1g}" if baseline.get("gpu_error") else "none"
-        out.metrics["accuracy"]["error vs today's GPU"] = (
-            f"{ratio} the error of GPU '{baseline['gpu_numerics']}' ({baseline.get('measured', 'emulated on the CPU')})"
-            f" against {baseline['truth']}: " +
-            (f"within {baseline['factor']:g}x, no regression: this decides (PASS)" if baseline.get("within") else
-             f"beyond {baseline['factor']:g}x, so it does not decide (the task metrics do); the GPU's own error is "
-             f"{own}, so a large ratio to it is no regression by itself"))
+    if t.baseline:
+        out.metrics["accuracy"]["error vs today's GPU"] = _versus_gpu(t.baseline, out.mode)
     for cause in t.error_by_cause:   # float64 run as float32, then the precision's rounding
         found = cause.outputs.get(main[0]) if main else None
         if found:

@@ -31,9 +31,10 @@ import jinja2
 
 from portkit.planning import cost
 from portkit.runfolder import environment, numbers, run_log
-from portkit.core import assessed, grading, reconcile
+from portkit.core import assessed, figures, grading, reconcile
 from portkit.stages import options
 from portkit.stages.report import sections as report_stages
+from portkit.stages.report import wording
 from portkit.runfolder import results
 from portkit.runfolder import layout as runfolder
 from portkit.targets import specs as targets_mod
@@ -179,8 +180,8 @@ class TargetReport:
             return "no stage result holds this target"
         blockers, work = ([f for f in self.findings if f["severity"] == s] for s in (BLOCKER, WORK))
         if blockers:
-            return f"{len(blockers)} blocker(s), first: {blockers[0]['message']}"
-        found = (f"{len(work)} item(s) of work, first: {work[0]['message']}" if work
+            return f"{len(blockers)} blocker(s), first: {wording.headline(blockers[0])}"
+        found = (f"{len(work)} item(s) of work, first: {wording.headline(work[0])}" if work
                  else "no work found")
         if self.unassessed:
             questions = {f"{q['stage']}: {q['question']}" for q in self.open_questions}
@@ -501,15 +502,17 @@ def _render(r: MigrationReport, standalone: bool) -> str:
     names = list(r.targets)
     labels = list(dict.fromkeys((stage, label) for t in r.targets.values()
                                 for stage, metrics in t.metrics.items() for label in metrics))
-    side_by_side = [[stage, label, *[r.targets[n].metrics.get(stage, {}).get(label, "—") for n in names]]
-                    for stage, label in labels]
+    side_by_side = [[stage, label, *[figures.sig(r.targets[n].metrics.get(stage, {}).get(label, "—"))
+                                     for n in names]] for stage, label in labels]
     details = []
     for table in dict.fromkeys(k for t in r.targets.values() for k in t.details):
         rows = [{"target": n, **row} for n, t in r.targets.items() for row in t.details.get(table, [])]
         columns = list(dict.fromkeys(c for row in rows for c in row))
-        details.append((table, columns, [["—" if row.get(c) is None else row[c] for c in columns] for row in rows]))
+        details.append((table, columns, [["—" if row.get(c) is None else figures.sig(row[c]) for c in columns]
+                                         for row in rows]))
     return _template().render(
         r=r, standalone=standalone, names=names, side_by_side=side_by_side, details=details,
+        headline=wording.headline, detail=wording.detail,
         cost_rows=_cost_rows(r.cost), cost_columns=list(COST_COLUMNS), cost_png=cost_plot(r.cost),
         emulated=[n for n, t in r.targets.items() if t.mode != "native"], colors=VERDICT_COLORS,
         environment_text=environment.render(r.environment),
