@@ -33,7 +33,7 @@ def test_minilm_records_every_call_with_its_module(minilm, corpus):
     assert {r.module for r in addmm} >= {f"encoder.encoder.layer.{i}.attention.self.query" for i in range(6)}
     assert sum(r.calls for r in addmm) == 6 * 6 + 1      # 6 linears per layer, plus the pooler
     tpu = report.targets["tpu"]
-    assert abs(sum(o["share"] for o in tpu.ops) - 1.0) < 1e-6
+    assert abs(sum(o["time_share"] for o in tpu.ops) - 1.0) < 1e-6
     addmm_tpu = next(o for o in tpu.ops if o["op"] == "aten::addmm")
     assert addmm_tpu["status"] == "composite" and addmm_tpu["via"] == "aten::addmm.out"
     # The padding mask reaches SDPA as an arbitrary mask: work on Neuron, nothing on TPU.

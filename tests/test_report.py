@@ -156,7 +156,7 @@ def test_html_escapes_every_value(run_dir, tmp_path):
 
 def _ops_share_text(result):
     for op in result["targets"]["neuron"]["ops"]:
-        op["share"] = "lots"
+        op["time_share"] = "lots"
 
 
 # (what is wrong, how to make it, the gap named, whether the tpu half of fallbacks.json is still read)
@@ -174,7 +174,7 @@ DAMAGE = [
     ("finding not an object", lambda f: _edit(f, lambda r: _set(r, ["targets", "neuron", "findings"], ["x"])),
      "fallbacks.json: targets.neuron.findings.0 is 'x', not an object", True),
     ("op share not a number", lambda f: _edit(f, _ops_share_text),
-     "fallbacks.json: targets.neuron.ops.0.share is 'lots', not a number", True),
+     "fallbacks.json: targets.neuron.ops.0.time_share is 'lots', not a number", True),
     ("environment a list", lambda f: _edit(f, lambda r: _set(r, ["environment"], ["x"])),
      "fallbacks.json: environment is a list, not an object", None),
     ("environment without targets", lambda f: _edit(f, lambda r: r["environment"].pop("targets")),

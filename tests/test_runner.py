@@ -18,9 +18,10 @@ from portkit.core import atomic_io as _io
 from portkit import cli
 from portkit.run import runner
 
-# Keys whose values are measured times or shares of a measured time: two runs with one seed differ there
-# and nowhere else. A list whose order is by time (the op and module tables) is compared as a multiset.
-TIME_KEYS = frozenset({"seconds", "share", "time_share", "fallback_share"})
+# Keys whose values are measured times or shares of a measured time (each named *time_share): two runs with one
+# seed differ there and nowhere else. A list whose order is by time (the op and module tables) is compared as a
+# multiset.
+TIME_KEYS = frozenset({"seconds", "time_share", "fallback_time_share"})
 CHEAP_RUN = ["--model", fixture_model("tiny_encoder"), "--target", "neuron", "--stages", "fallbacks",
              "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8", "-p", "seed", "3"]
 

@@ -22,7 +22,7 @@ class Op:
     op: str
     status: str | None
     via: str | None              # the op the device runs, where the CPU recording shows its CPU-only twin
-    share: float                 # of the recorded time
+    time_share: float            # its share of the recorded op time (a measured time, not a count)
     calls: int
     modules: tuple[str, ...]
 
@@ -31,7 +31,7 @@ class Op:
         op = node.text("op")
         if op is None:
             node.at("op").fail("an op name")
-        return cls(op, node.text("status"), node.text("via"), float(node.number("share", 0.0)),
+        return cls(op, node.text("status"), node.text("via"), float(node.number("time_share", 0.0)),
                    node.integer("calls", 0), tuple(str(m.value) for m in node.items("modules")))
 
 

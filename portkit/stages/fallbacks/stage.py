@@ -51,7 +51,7 @@ STATUS_COLORS = {NATIVE: "#55A868", COMPOSITE: "#8CC084", CPU_FALLBACK: "#DD8452
 class TargetFallbacks:
     """One target's view of the recording."""
     target: dict               # DetectedTarget.to_dict(): name, mode, reason, op table provenance
-    ops: list[dict]            # per op: status, detail, via, calls, seconds, share, modules
+    ops: list[dict]            # per op: status, detail, via, calls, seconds, time_share, modules
     modules: list[dict]        # per module: calls and time by status
     findings: list[Finding]
     vendor_record: dict | None = None
@@ -73,7 +73,7 @@ class TargetFallbacks:
     def time_share(self) -> dict[str, float]:
         c = collections.Counter()
         for o in self.ops:
-            c[o["status"]] += o["share"]
+            c[o["status"]] += o["time_share"]
         return {s: round(c.get(s, 0.0), 4) for s in STATUSES}
 
     def severity_counts(self) -> dict[str, int]:
@@ -121,13 +121,13 @@ def classify(recording: Recording, detected: targets_mod.DetectedTarget) -> Targ
     ops = []
     # ordered by the op, not by its measured time: the same input gives the same result, run after run
     for entry in sorted(by_op.values(), key=lambda e: e["op"]):
-        entry["share"] = entry["seconds"] / total
+        entry["time_share"] = entry["seconds"] / total
         for key in ("modules", "phases", "dtypes"):
             entry[key] = sorted(entry[key])
         ops.append(entry)
-    modules = [{"module": m, "calls": c["calls"], "seconds": c["seconds"], "share": c["seconds"] / total,
+    modules = [{"module": m, "calls": c["calls"], "seconds": c["seconds"], "time_share": c["seconds"] / total,
                 **{s: c.get(s, 0) for s in STATUSES},
-                "fallback_share": (c.get(f"{CPU_FALLBACK}_seconds", 0.0)
+                "fallback_time_share": (c.get(f"{CPU_FALLBACK}_seconds", 0.0)
                                    + c.get(f"{UNSUPPORTED}_seconds", 0.0)) / total}
                for m, c in sorted(by_module.items())]
     return TargetFallbacks(detected.to_dict(), ops, modules, _findings(recording, ops, table, rules))
@@ -244,7 +244,7 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
                 continue
             verb = "falls back to the CPU" if entry["status"] == CPU_FALLBACK else "cannot run"
             where = ", ".join(sorted({_pattern(m) for m in entry["modules"]})[:3])
-            # the share of op time is a measured figure: it stays in the op's numeric "share", not in the text
+            # the share of op time is a measured figure: it stays in the op's numeric "time_share", not in the text
             findings.append(Finding(entry["status"], rule.severity,
                                     f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls from {where}"
                                     + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
@@ -304,7 +304,7 @@ class FallbackReport:
 
     def op_table(self, target: str, limit: int = 25) -> HtmlTable:
         t = self.targets[target]
-        rows = [[o["op"], o["status"], o["calls"], f"{o['share']:.1%}", ", ".join(o["modules"][:2])
+        rows = [[o["op"], o["status"], o["calls"], f"{o['time_share']:.1%}", ", ".join(o["modules"][:2])
                  + (" ..." if len(o["modules"]) > 2 else ""), o["detail"]] for o in _by_time(t.ops)[:limit]]
         return HtmlTable(["op", "status", "calls", "time", "modules", "why"], rows,
                          f"{target}: top {min(limit, len(t.ops))} of {len(t.ops)} ops by time (time: "
@@ -313,7 +313,7 @@ class FallbackReport:
     def module_table(self, target: str, depth: int = 4) -> HtmlTable:
         rows = _modules_at_depth(self.targets[target].modules, depth)
         return HtmlTable(["module", "calls", *STATUSES, "time"],
-                         [[m, c["calls"], *[c[s] for s in STATUSES], f"{c['share']:.1%}"] for m, c in rows],
+                         [[m, c["calls"], *[c[s] for s in STATUSES], f"{c['time_share']:.1%}"] for m, c in rows],
                          f"{target}: calls per module (depth {depth})")
 
     def plot(self, depth: int = 4, top: int = 12):
@@ -340,7 +340,7 @@ class FallbackReport:
         if names:
             ops = _by_time(self.targets[names[0]].ops)[:top][::-1]
             ax = fig.add_subplot(grid[:, 1])
-            ax.barh([o["op"].replace("aten::", "") for o in ops], [100 * o["share"] for o in ops], color="#8C8C8C")
+            ax.barh([o["op"].replace("aten::", "") for o in ops], [100 * o["time_share"] for o in ops], color="#8C8C8C")
             ax.set_title(f"{self.profile_label()}: top ops by share of op time (%)", fontsize=9)
             ax.tick_params(axis="y", labelsize=7)
         fig.tight_layout()
@@ -354,7 +354,7 @@ class FallbackReport:
 
 def _by_time(ops: list[dict]) -> list[dict]:
     """Ops by their share of the measured time, for the tables and plots (results keep them by name)."""
-    return sorted(ops, key=lambda o: (-o["share"], o["op"]))
+    return sorted(ops, key=lambda o: (-o["time_share"], o["op"]))
 
 
 def _modules_at_depth(modules: list[dict], depth: int) -> list[tuple[str, collections.Counter]]:
@@ -363,7 +363,7 @@ def _modules_at_depth(modules: list[dict], depth: int) -> list[tuple[str, collec
         key = ".".join(m["module"].split(".")[:depth])
         for k in ("calls", *STATUSES):
             merged[key][k] += m[k]
-        merged[key]["share"] += m["share"]
+        merged[key]["time_share"] += m["time_share"]
     return sorted(merged.items(), key=lambda kv: kv[1]["calls"])
 
 

@@ -35,7 +35,7 @@ def _fallbacks(data, t, out) -> None:
         if op.status in ("cpu_fallback", "unsupported") and op.op not in out.vanished_ops:
             # name the op the device runs (the CPU recording may show its CPU-only twin)
             name = op.via if op.via else op.op
-            out.kernels.append({"op": name, "recorded_as": op.op, "status": op.status, "share": op.share,
+            out.kernels.append({"op": name, "recorded_as": op.op, "status": op.status, "time_share": op.time_share,
                                 "calls": op.calls, "modules": list(op.modules[:3]), "language": language})
     for f in out.findings:   # reconciled: what vanishes under compile is no rewrite
         if f["stage"] == STAGE_FALLBACKS and f["kind"] in REWRITE_KINDS and f["severity"] != INFO:

@@ -208,7 +208,7 @@ class TargetReport:
                 "training": self.training, "numbers": self.numbers,
                 "first": self.first(), "vanished": self.vanished, "precision": self.precision,
                 "compiler_flags": self.compiler_flags, "findings": self.findings, "metrics": self.metrics,
-                "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["share"]),
+                "checklist": {"kernels": sorted(self.kernels, key=lambda k: -k["time_share"]),
                               "rewrite": self.rewrite, "buckets": self.buckets, "precision": self.precision,
                               "measure_on_hardware": self.measure_on_hardware},
                 "details": self.details}
@@ -516,7 +516,8 @@ def _render(r: MigrationReport, standalone: bool) -> str:
         cost_rows=_cost_rows(r.cost), cost_columns=list(COST_COLUMNS), cost_png=cost_plot(r.cost),
         emulated=[n for n, t in r.targets.items() if t.mode != "native"], colors=VERDICT_COLORS,
         environment_text=environment.render(r.environment),
-        kernel_rows={n: [[k["op"], k["status"], f"{k['share']:.1%}", k["calls"], ", ".join(k["modules"]), k["language"]]
-                         for k in sorted(t.kernels, key=lambda k: -k["share"])] for n, t in r.targets.items()},
+        kernel_rows={n: [[k["op"], k["status"], f"{k['time_share']:.1%}", k["calls"], ", ".join(k["modules"]),
+                          k["language"]] for k in sorted(t.kernels, key=lambda k: -k["time_share"])]
+                     for n, t in r.targets.items()},
         stage_rows=[[n, s.file, s.status if s.status == "ok" else f"{s.status}: {s.problem}",
                      s.summary if s.result is not None else ""] for n, s in r.stages.items()])
