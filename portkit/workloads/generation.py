@@ -8,14 +8,12 @@
     >>> dynamic = generation.generate_dynamic(lm, texts, new_tokens=16, backend=backend)
 
 Two ways to run the same greedy generation:
-- dynamic: the model's default DynamicCache, every step compiled with dynamic=False as a static-shape
-  target requires, so every generated token is a new cache length, a guard failure and a compile, until
-  Dynamo's recompile limit (_torch.default_recompile_limit) makes the step run eagerly.
-- static: transformers' StaticCache, prompts left-padded to a prompt bucket and prefilled by one graph per
-  prompt bucket; decode is one graph per context bucket at the plan's batch (an outgrown cache is copied
-  into the next bucket's, no compile; a state-space layer's fixed-size states move whole). After warm_up,
-  set_stance("fail_on_recompile"): a compile it refuses is recorded in `late` with the guard that failed (a
-  sliding-window cache layer's Python position count is one), then paid, and the generation goes on.
+- dynamic: the default DynamicCache compiled with dynamic=False, so every token is a new cache length and a
+  compile, until Dynamo's recompile limit makes the step run eagerly.
+- static: StaticCache; prompts left-padded to a prompt bucket, one prefill graph per prompt bucket, one decode
+  graph per context bucket (an outgrown cache moves to the next bucket's, a state-space layer's states whole).
+  After warm_up, set_stance("fail_on_recompile"): a refused compile is recorded in `late` with its guard (a
+  sliding-window layer's Python position count is one), then paid, and the generation goes on.
 
 Overflow (Plan.overflow): a prompt longer than the largest prompt bucket is cut to its last tokens
 ("truncate", the default, counted in `truncated`) or refused with a one-line BadParameter ("error"); a

@@ -1,0 +1,45 @@
+"""Ctrl-C during a run (portkit.run.runner): the stages' kernels stop, run.json records the stage as
+interrupted, one line, exit 130, and the same command reruns it. Its own file so that scripts/test.sh runs it
+beside the notebooks (two real runs in subprocesses: the longest unit test)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ROOT, fixture_model
+from portkit.runfolder import layout
+
+CHEAP = ["--target", "neuron", "--stages", "fallbacks", "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8"]
+
+
+def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_rerun_completes(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) mid-stage: the kernel is killed, run.json records the stage
+    as interrupted, its result is gone, no partial file stays, one line on stderr, exit 130; the same command
+    then runs the stage to its end."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "portkit.cli", "run", "--model", fixture_model("tiny_encoder"), "--out", str(out),
+            *CHEAP]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+                           start_new_session=True)   # its own process group, as a shell gives a foreground job
+    partial = out / ".01_fallbacks.partial.ipynb"
+    for _ in range(600):          # the stage has started once papermill saved its first cell
+        if partial.exists() or run.poll() is not None:
+            break
+        time.sleep(0.1)
+    os.killpg(run.pid, signal.SIGINT)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [f"portkit: interrupted: stage(s) fallbacks stopped and recorded as "
+                                           f"interrupted in {out / 'run.json'}; rerun the same command to run them "
+                                           "again"]
+    assert "Traceback" not in stdout + stderr
+    assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "interrupted"
+    assert not (out / "fallbacks.json").exists()
+    assert not [p.name for p in out.iterdir() if ".partial." in p.name or p.name.endswith(".tmp")]
+    rerun = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "ok" and (out / "fallbacks.json").is_file()
