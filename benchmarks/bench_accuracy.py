@@ -16,20 +16,20 @@ import time
 
 import torch
 
-from portkit.stages.accuracy import stage as accuracy
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.stages.accuracy import stage
+from portkit.corpora import corpus
+from portkit.models import registry
 from portkit.targets import numerics
-from portkit.targets import specs as targets
+from portkit.targets import specs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    model = models.load("minilm")
-    inputs, described = data.example_batch(model, data.load_corpus(), 8, 128, seed=0)
-    module, tpu = model.module.eval(), targets.get("tpu")
+    model = registry.load("minilm")
+    inputs, described = corpus.example_batch(model, corpus.load_corpus(), 8, 128, seed=0)
+    module, tpu = model.module.eval(), specs.get("tpu")
 
     def plain():
         with torch.no_grad():
@@ -40,7 +40,7 @@ def main() -> None:
     found = {}
 
     def localized():
-        found.update(accuracy.localize(model, inputs, "tpu"))
+        found.update(stage.localize(model, inputs, "tpu"))
 
     for _ in range(2):
         plain(), localized()

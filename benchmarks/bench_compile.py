@@ -34,7 +34,7 @@ from _inductor_cache import own_inductor_cache
 from portkit.targets import allocator
 from portkit.targets import backends
 from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.models import registry
 
 EMULATED = ("portkit_neuron", "portkit_tpu")
 COMPILE_AIM_S, FORWARD_AIM = 0.5, 1.1
@@ -100,7 +100,7 @@ def main() -> None:
     if args.inductor:
         variants += ["inductor", *(f"{v}+inductor" for v in EMULATED)]
         warmup = backends.warm_inductor()
-    model = models.load("minilm")
+    model = registry.load("minilm")
     corpus = data.load_corpus()
     text = max(corpus.sample(50, seed=0), key=len)
 

@@ -19,7 +19,7 @@ import time
 from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
 from portkit.stages.fallbacks import stage as fallbacks
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.core import reconcile
 
 MODELS = ("minilm", "gpt2", "llama", "t5", "bert")
@@ -31,9 +31,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=16, help="tokens per text")
     args = parser.parse_args()
     corpus, targets = data.load_corpus(), ["neuron", "tpu"]
-    contents_cost(models.load("minilm"), data.example_batch(models.load("minilm"), corpus, 2, args.seq)[0], targets)
+    contents_cost(registry.load("minilm"), data.example_batch(registry.load("minilm"), corpus, 2, args.seq)[0], targets)
     for name in args.model or MODELS:
-        m = models.load(name)
+        m = registry.load(name)
         inputs, described = data.example_batch(m, corpus, 2, args.seq)
         start = time.perf_counter()
         eager = fallbacks.find_fallbacks(m, inputs, targets)

@@ -17,9 +17,9 @@ import torch
 from _inductor_cache import own_inductor_cache
 
 from portkit.targets import backends
-from portkit.corpora import corpus as data
+from portkit.corpora import corpus
 from portkit.workloads import generation
-from portkit.models import registry as models
+from portkit.models import registry
 
 
 def main() -> None:
@@ -29,8 +29,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=16)
     args = parser.parse_args()
-    lm = models.load(args.model)
-    texts = data.load_corpus("stdlib").sample(args.prompts, seed=0)
+    lm = registry.load(args.model)
+    texts = corpus.load_corpus("stdlib").sample(args.prompts, seed=0)
     lengths = lm.token_lengths(texts)
     plan = generation.Plan(prompt_buckets=(32, 64), context_buckets=(64, 128), batch=args.prompts)
     print(f"{lm.summary()}; {args.prompts} prompts of {min(lengths)}-{max(lengths)} tokens, "

@@ -15,13 +15,13 @@ import platform
 
 import torch
 
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.core import placement
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.corpora import corpus
+from portkit.models import registry
 from portkit.stages.accuracy.comparison import compare
 from portkit.targets import gpu_baseline, numerics
-from portkit.targets import specs as targets
+from portkit.targets import specs
 
 # Reference figures (relative L2 of the hidden states, 1 - cosine of the embeddings) on an NVIDIA H200 with
 # torch 2.11, same model and batch; portkit's emulation came within 0.65-1.13x of each.
@@ -41,12 +41,12 @@ def ratio(emulated: float, real: float) -> str:
 
 
 def main() -> int:
-    if not probes.cuda_available():
+    if not availability.cuda_available():
         print("bench_gpu_baseline: skipped: no CUDA device (torch.cuda.is_available() is False)")
         return 0
-    model = models.load("minilm")
-    inputs, described = data.example_batch(model, data.load_corpus(), TEXTS, TOKENS, seed=0)
-    module, mask, device = model.module.eval(), inputs["attention_mask"], targets.get("cuda").device
+    model = registry.load("minilm")
+    inputs, described = corpus.example_batch(model, corpus.load_corpus(), TEXTS, TOKENS, seed=0)
+    module, mask, device = model.module.eval(), inputs["attention_mask"], specs.get("cuda").device
     with torch.no_grad():   # the truth: float64 on the same GPU
         truth = placement.to_device(copy.deepcopy(module).to(device, torch.float64)(**placement.to_device(
             inputs, device)), "cpu")
@@ -56,7 +56,7 @@ def main() -> int:
           f"{'1-cos GPU':>9} {'emulated':>9} {'ratio':>6} {'reference':>9}")
     for name, precision in numerics.GPU_NUMERICS.items():
         real, _ = gpu_baseline.measure(module, inputs, name, device)
-        with torch.no_grad(), numerics.emulate(targets.get("cuda"), precision):
+        with torch.no_grad(), numerics.emulate(specs.get("cuda"), precision):
             emulated = module(**inputs)
         (l2, cos), (el2, ecos), (rl2, rcos) = errors(real, truth, mask), errors(emulated, truth, mask), REFERENCE[name]
         print(f"{name:<14} {l2:>10.2g} {el2:>9.2g} {ratio(el2, l2):>6} {rl2:>9.2g}   "

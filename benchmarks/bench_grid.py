@@ -24,15 +24,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from portkit.stages.buckets import stage as buckets
+from portkit.stages.buckets import stage
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.planning import grid
 from portkit.stages.buckets import grid as grid_costs
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 
-REQUESTS = buckets.Options.defaults().serve_requests     # the notebook's default
+REQUESTS = stage.Options.defaults().serve_requests     # the notebook's default
 CORNERS = ((64, 512), (16, 256))       # each dimension's short corner and longest size
 CELLS = ((32, 8), (256, 8), (32, 64), (256, 64))
 
@@ -49,8 +49,8 @@ class T5Pairs(nn.Module):
                                      decoder_input_ids=decoder_input_ids, use_cache=False).logits}
 
 
-def declared_t5() -> models.LoadedModel:
-    base = models.load("t5")
+def declared_t5() -> registry.LoadedModel:
+    base = registry.load("t5")
     tok = base.tokenizer
 
     def build(pairs, sizes):
@@ -73,7 +73,7 @@ def declared_t5() -> models.LoadedModel:
               inputs.Dim("target", varies=True, max=512)),
         build=build, measure=measure, outputs=(inputs.Output("logits", inputs.SEQ2SEQ_LM),), data=inputs.TEXT,
         masks={"source": "attention_mask"}, item_label="(body, summary) pairs")
-    return models.LoadedModel("t5-pairs", inputs.SEQ2SEQ_LM, T5Pairs(base.module.model).eval(), base.origin,
+    return registry.LoadedModel("t5-pairs", inputs.SEQ2SEQ_LM, T5Pairs(base.module.model).eval(), base.origin,
                               tokenizer=tok, declaration=decl)
 
 
@@ -87,12 +87,12 @@ def pairs_from(corpus) -> list[tuple[str, str]]:
 
 
 def xla_cells(model) -> tuple[callable, str]:
-    from portkit.xla import compiler as xla_compile
+    from portkit.xla import compiler
     points = []
     for a, b in CELLS:
         shape = {"input_ids": ((1, a), "int64"), "attention_mask": ((1, a), "int64"),
                  "decoder_input_ids": ((1, b), "int64")}
-        seconds, source = xla_compile.compile_seconds(model, shape, "v5e:1x1")
+        seconds, source = compiler.compile_seconds(model, shape, "v5e:1x1")
         if seconds is None:
             raise SystemExit(f"no XLA compile for cell {a}x{b}: {source}")
         points.append((a, b, seconds))

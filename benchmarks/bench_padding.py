@@ -9,25 +9,25 @@ Aim: 0.6 or less.
 """
 from __future__ import annotations
 
-from portkit.stages.buckets import stage as buckets
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.stages.buckets import stage
+from portkit.corpora import corpus
+from portkit.models import registry
 
 
 def main() -> None:
-    model = models.load("minilm")
-    dist = buckets.distribution(data.load_corpus("stdlib"), model)
-    hist = buckets.histogram(dist)
+    model = registry.load("minilm")
+    dist = stage.distribution(corpus.load_corpus("stdlib"), model)
+    hist = stage.histogram(dist)
     print(f"{dist}")
     print(f"{hist}; {hist.real_tokens:,} real tokens")
     print(f"{'k':>3} {'pow2 boundaries':<44} {'pow2 padded':>12} {'optimal padded':>15} {'ratio':>6}")
-    pow2_max = buckets.plan_pow2(hist, k=64).k
+    pow2_max = stage.plan_pow2(hist, k=64).k
     for k in range(1, pow2_max + 1):
-        pow2, best = buckets.plan_pow2(hist, k=k), buckets.plan_optimal(hist, k)
+        pow2, best = stage.plan_pow2(hist, k=k), stage.plan_optimal(hist, k)
         print(f"{k:>3} {str(list(pow2.boundaries)):<44} {pow2.padded_tokens:>12,} {best.padded_tokens:>15,} "
               f"{best.padded_tokens / pow2.padded_tokens:>6.3f}")
-    pow2 = buckets.plan_pow2(hist)
-    best = buckets.plan_optimal(hist, pow2.k)
+    pow2 = stage.plan_pow2(hist)
+    best = stage.plan_optimal(hist, pow2.k)
     print(f"pow2 default (from 128, NxD Inference): {list(pow2.boundaries)}, {pow2.padded_tokens:,} padded tokens "
           f"({pow2.waste:.1%} of computed tokens)")
     print(f"optimal with {best.k} buckets: {list(best.boundaries)}, {best.padded_tokens:,} padded tokens "

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from portkit.stages.buckets import stage as buckets
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.stages.buckets import stage
+from portkit.corpora import corpus
+from portkit.models import registry
 from portkit.planning import planner
 
 
@@ -25,22 +25,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--k", type=int, default=8)
     args = parser.parse_args()
-    model = models.load("minilm")
-    dist = buckets.distribution(data.load_corpus("stdlib"), model)
+    model = registry.load("minilm")
+    dist = stage.distribution(corpus.load_corpus("stdlib"), model)
     lengths = np.random.default_rng(0).choice(dist.lengths, size=1_000_000)
     times = {"optimal": [], "auto": []}
     for _ in range(args.repeats):
         start = time.perf_counter()
-        best = buckets.plan_buckets(lengths, "optimal", k=args.k, max_seq=model.max_length)
+        best = stage.plan_buckets(lengths, "optimal", k=args.k, max_seq=model.max_length)
         times["optimal"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        auto = buckets.plan_buckets(lengths, "auto", max_seq=model.max_length, prices=planner.Prices(10.0, 2e-4))
+        auto = stage.plan_buckets(lengths, "auto", max_seq=model.max_length, prices=planner.Prices(10.0, 2e-4))
         times["auto"].append(time.perf_counter() - start)
-    hist = buckets.histogram(lengths, model.max_length)
+    hist = stage.histogram(lengths, model.max_length)
     print(f"{lengths.size:,} lengths, {hist.values.size} distinct after the cap at {model.max_length}; "
           f"median of {args.repeats} runs")
     print(f"optimal k={args.k}: {best}  median {statistics.median(times['optimal']):.4f} s")
-    print(f"auto (k <= {buckets.K_MAX}): {auto}  median {statistics.median(times['auto']):.4f} s")
+    print(f"auto (k <= {stage.K_MAX}): {auto}  median {statistics.median(times['auto']):.4f} s")
     print(f"planning time for 1,000,000 lengths: optimal {statistics.median(times['optimal']):.3f} s, auto "
           f"{statistics.median(times['auto']):.3f} s (aim: < 0.2 s)")
 

@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from portkit.corpora import corpus as data
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.corpora import corpus
+from portkit.stages.fallbacks import stage
 from portkit.core import frames
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.fallbacks import recording
 
 
@@ -27,8 +27,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = models.load("minilm")
-    inputs, described = data.example_batch(model, data.load_corpus(), 8, 128, seed=0)
+    model = registry.load("minilm")
+    inputs, described = corpus.example_batch(model, corpus.load_corpus(), 8, 128, seed=0)
     module = model.module
 
     def plain():
@@ -36,12 +36,12 @@ def main() -> None:
             module(**inputs)
 
     def recorded():
-        fallbacks.record(model, inputs, train=False)
+        stage.record(model, inputs, train=False)
 
     def without_frames():
         recording.frames.caller = lambda depth=1: None
         try:
-            fallbacks.record(model, inputs, train=False)
+            stage.record(model, inputs, train=False)
         finally:
             recording.frames.caller = caller
 

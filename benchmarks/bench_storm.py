@@ -12,25 +12,25 @@ from __future__ import annotations
 import argparse
 import time
 
-from portkit.stages.compile import stage as compiling
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.stages.compile import stage
+from portkit.corpora import corpus
+from portkit.models import registry
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    defaults = compiling.Options.defaults()          # the notebook's parameters cell
+    defaults = stage.Options.defaults()          # the notebook's parameters cell
     parser.add_argument("--requests", type=int, default=defaults.requests)
     parser.add_argument("--model", default="minilm")
     args = parser.parse_args()
-    m = models.load(args.model)
-    stream = compiling.make_requests(m, data.load_corpus(), args.requests, batch_size=1,
+    m = registry.load(args.model)
+    stream = stage.make_requests(m, corpus.load_corpus(), args.requests, batch_size=1,
                                      max_tokens=defaults.seq_len, seed=defaults.seed)
     results = {}
-    for label, shapes in (("counted past the first shapes", compiling.COMPILE_SHAPES),
+    for label, shapes in (("counted past the first shapes", stage.COMPILE_SHAPES),
                           ("every shape compiled", None)):
         start = time.perf_counter()
-        storms = compiling.recompile_storms(m, stream, ["neuron", "tpu"], defaults, progress=False,
+        storms = stage.recompile_storms(m, stream, ["neuron", "tpu"], defaults, progress=False,
                                             compile_shapes=shapes)
         results[label] = (time.perf_counter() - start, storms)
         counts = ", ".join(f"{n}: {s.compile_count()} compiles ({len(s.compiles)} made here, {s.counted()} counted)"

@@ -25,7 +25,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from portkit.runfolder import layout as runfolder  # noqa: E402
+from portkit.runfolder import layout  # noqa: E402
 from portkit.run import runner  # noqa: E402
 from portkit.run import sweep  # noqa: E402
 
@@ -118,7 +118,7 @@ def main() -> None:
     with TreeCPU() as serial:
         for spec in specs:
             start = time.perf_counter()
-            runner.run(spec, [args.target], str(out / "serial" / runfolder.model_tag(spec)), PARAMETERS, stages,
+            runner.run(spec, [args.target], str(out / "serial" / layout.model_tag(spec)), PARAMETERS, stages,
                        progress=False, log=quiet)
             seconds.append(time.perf_counter() - start)
     with TreeCPU() as swept:

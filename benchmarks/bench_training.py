@@ -23,7 +23,7 @@ import time
 import torch
 
 from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.workloads import training
 
 STEP_AIM = 1.2
@@ -43,7 +43,7 @@ def main() -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
-    model, corpus = models.load(args.model), data.load_corpus("stdlib")
+    model, corpus = registry.load(args.model), data.load_corpus("stdlib")
     batches = training.batches(model, corpus, args.steps + 1, args.batch_size, args.seq_len)
     steps = {label: training.TrainingStep(model, 1e-5, target, None, compiled) for label, target, compiled in VARIANTS}
     warmup, times = {}, {label: [] for label in steps}
@@ -67,7 +67,7 @@ def main() -> None:
             if steps[label].compiled else ""
         print(f"  {label:26s} {median * 1e3:8.1f} ms  {median / eager:5.2f}x eager   first step "
               f"{warmup[label]:6.2f} s{aim}")
-    lm = models.load("gpt2")   # tokens per step need a language model; gpt2 shares MiniLM's tokenizer
+    lm = registry.load("gpt2")   # tokens per step need a language model; gpt2 shares MiniLM's tokenizer
     found = training.tokens_per_step(lm, corpus, args.batch_size, args.seq_len, steps=64)
     print(f"tokens per step on {corpus.name}, batch {args.batch_size} x {args.seq_len} ({found['slots_per_step']} "
           f"slots), 64 steps: padded {found['padded_tokens_per_step']:.0f} real tokens "

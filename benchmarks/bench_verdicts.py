@@ -15,27 +15,27 @@ import time
 
 import torch
 
-from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.accuracy import stage
 from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.targets import numerics
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["minilm", "bert", "gpt2", "llama", "t5", "vit", "lstm"])
-    parser.add_argument("--gpu-numerics", default=accuracy.Options.defaults().gpu_numerics,
+    parser.add_argument("--gpu-numerics", default=stage.Options.defaults().gpu_numerics,
                         choices=list(numerics.GPU_NUMERICS))
     args = parser.parse_args()
     corpus = data.load_corpus()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GPU baseline {args.gpu_numerics}")
     for name in args.models:
         start = time.perf_counter()
-        m = models.load(name)
+        m = registry.load(name)
         inputs, described = data.example_batch(m, corpus if m.takes_text else None, 4, 64, seed=0)
-        opts = accuracy.Options.of({"batch_size": 4, "gpu_numerics": args.gpu_numerics})
-        report = accuracy.check_accuracy(m, inputs, ["neuron", "tpu"], opts, corpus=corpus, buckets=[32, 64],
-                                         description=described, scope=accuracy.Scope(compiled=False, progress=False))
+        opts = stage.Options.of({"batch_size": 4, "gpu_numerics": args.gpu_numerics})
+        report = stage.check_accuracy(m, inputs, ["neuron", "tpu"], opts, corpus=corpus, buckets=[32, 64],
+                                         description=described, scope=stage.Scope(compiled=False, progress=False))
         print(f"\n{name} ({m.kind}, {m.origin}); {described}; {time.perf_counter() - start:.0f} s")
         for t in report.targets.values():
             elementwise = "FAIL" if t.details else "pass"

@@ -30,13 +30,13 @@ TARGET_RATIO = 20       # a rerun of the xla stage at least 20x faster than its 
 
 def _child(args) -> None:
     """One run of the stage in this process; prints one JSON line with its timings."""
-    from portkit.models import registry as models
+    from portkit.models import registry
     from portkit.stages.xla import stage as xla
-    from portkit.xla import compiler as xla_compile
-    model = models.load(args.model)
+    from portkit.xla import compiler
+    model = registry.load(args.model)
     if not args.no_preload:
         from jax.experimental import topologies
-        xla_compile.require_xla()                   # imports and libtpu's start-up: charged to neither run
+        compiler.require_xla()                   # imports and libtpu's start-up: charged to neither run
         topologies.get_topology_desc(platform="tpu", topology_name=args.topology, **xla.TOPOLOGIES[args.topology])
     seconds = {}
     section = xla.xla_section

@@ -31,21 +31,21 @@ os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 import torch  # noqa: E402
 
 from portkit.targets import backends  # noqa: E402
-from portkit.corpora import corpus as data  # noqa: E402
-from portkit.models import registry as models  # noqa: E402
-from portkit.stages.xla import stage as xla  # noqa: E402
-from portkit.xla import compiler as xla_compile  # noqa: E402
+from portkit.corpora import corpus  # noqa: E402
+from portkit.models import registry  # noqa: E402
+from portkit.stages.xla import stage  # noqa: E402
+from portkit.xla import compiler  # noqa: E402
 
-os.environ[data.CACHE_VARIABLE] = CACHE        # read at each compile: no XLA verdict comes from a past run
+os.environ[corpus.CACHE_VARIABLE] = CACHE        # read at each compile: no XLA verdict comes from a past run
 
 
 def _xla(model, shape, topology) -> dict | None:
     """Seconds per part of the XLA side, or None (after printing why) when the shape does not compile."""
     start = time.perf_counter()
-    xla_compile.require_xla()                       # jax and torchax imports
+    compiler.require_xla()                       # jax and torchax imports
     imports = time.perf_counter() - start
     start = time.perf_counter()
-    report = xla.compile_for_tpu(model, [shape], topology=topology)
+    report = stage.compile_for_tpu(model, [shape], topology=topology)
     wall = time.perf_counter() - start
     result = report.shapes[0]
     if result.status != "compiled":
@@ -59,7 +59,7 @@ def _xla(model, shape, topology) -> dict | None:
 
 def _inductor(model, batch: int, seq: int) -> dict:
     warm = backends.warm_inductor()
-    inputs = model.encode(data.load_corpus("stdlib").sample(batch, seed=0), pad_to=seq)
+    inputs = model.encode(corpus.load_corpus("stdlib").sample(batch, seed=0), pad_to=seq)
     compiled = torch.compile(model.module, backend="inductor", dynamic=False)
     seconds = []
     with torch.no_grad():
@@ -77,11 +77,11 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="minilm", help="a portkit model name (default: minilm)")
     parser.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
     parser.add_argument("--seq", type=int, default=128, help="sequence length (default: 128)")
-    parser.add_argument("--topology", default="v5e:1x1", choices=list(xla.TOPOLOGIES),
+    parser.add_argument("--topology", default="v5e:1x1", choices=list(stage.TOPOLOGIES),
                         help="TPU topology to compile for (default: v5e:1x1)")
     args = parser.parse_args(argv)
 
-    model = models.load(args.model)
+    model = registry.load(args.model)
     shape = {"batch": args.batch, "seq": args.seq}
     print(f"model {model.name} ({model.parameters / 1e6:.1f} M parameters), batch {args.batch}, seq {args.seq}, "
           f"float32; host: {os.cpu_count()} CPU cores, torch {torch.__version__}; fresh caches")

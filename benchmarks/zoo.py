@@ -43,7 +43,7 @@ from benchmarks import zoo_build, zoo_rules  # noqa: E402
 from portkit.core import atomic_io  # noqa: E402
 from portkit.core.errors import PortkitError, StageFailed  # noqa: E402
 from portkit.run import runner  # noqa: E402
-from portkit.runfolder import layout as runfolder  # noqa: E402
+from portkit.runfolder import layout  # noqa: E402
 from portkit.stages.report import stage as report_stage  # noqa: E402
 
 TARGETS = ("neuron", "tpu")
@@ -211,7 +211,7 @@ def run_ray(rows: list[tuple[zoo_build.Row, Path]], out: Path, stages, params: d
     for row, folder in rows:
         result = results[row.key]
         if not result.refused:
-            dirs = {t: out / "runs" / runfolder.model_tag(str(folder)) / t for t in TARGETS}
+            dirs = {t: out / "runs" / layout.model_tag(str(folder)) / t for t in TARGETS}
             read_result(result, dirs, stages, _config(folder))
     return list(results.values())
 
@@ -316,7 +316,7 @@ def render(results: list[Result], stages: list[str], meta: dict) -> str:
              "not build says why in one line and stays in the denominator.", "",
              f"- date: {meta['date']}", f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
              f"- host: {meta['host']}", f"- result: {meta['summary']}", ""]
-    if len(stages) < len(runfolder.STAGE_NAMES):
+    if len(stages) < len(layout.STAGE_NAMES):
         lines += [f"Stages run: {', '.join(stages)}. A verdict needs every stage's result, so with a subset "
                   "every target's verdict reads \"not assessed\".", ""]
     claim = causal_claim(results)

@@ -191,8 +191,8 @@ def config_for(row: Row, tok) -> object:
 
 # ---------------------------------------------------------------- processors
 def _texts() -> list[str]:
-    from portkit.corpora import corpus as data
-    return list(data.load_corpus().texts[:TOKENIZER_TEXTS])
+    from portkit.corpora import corpus
+    return list(corpus.load_corpus().texts[:TOKENIZER_TEXTS])
 
 
 def byte_bpe():
@@ -311,10 +311,10 @@ def cache_folder() -> Path:
     import hashlib
     import tokenizers
     import transformers
-    from portkit.corpora import corpus as data
+    from portkit.corpora import corpus
     key = hashlib.sha1(Path(__file__).read_bytes() + SIZES_FILE.read_bytes()
                        + f"{transformers.__version__}|{tokenizers.__version__}".encode()).hexdigest()[:12]
-    return data.cache_root() / "zoo" / key
+    return corpus.cache_root() / "zoo" / key
 
 
 MISSING = re.compile(r"requires? (?:the )?([\w\-.]+) (?:library|package)|No module named '([\w.]+)'", re.I)

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit.runfolder import layout as runfolder
+from portkit.runfolder import layout
 from portkit.stages.report import stage as report_stage
 
 OK, SKIPPED = "ok", "skipped"
@@ -56,8 +56,8 @@ class Run:
     def read(cls, path, config: dict | None = None) -> "Run":
         path = Path(path)
         files = {}
-        for name in (*runfolder.STAGE_NAMES, "run"):
-            file = path / (runfolder.RUN_LOG if name == "run" else runfolder.result_file(name))
+        for name in (*layout.STAGE_NAMES, "run"):
+            file = path / (layout.RUN_LOG if name == "run" else layout.result_file(name))
             try:
                 files[name] = json.loads(file.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -103,9 +103,9 @@ def _assessed(stage: str, data: dict) -> list[tuple[str, str]]:
 def assessed_something(run: Run) -> list[Violation]:
     """No stage ends "ok" having assessed nothing."""
     found = []
-    for stage in runfolder.STAGE_NAMES:
+    for stage in layout.STAGE_NAMES:
         data = run.files.get(stage)
-        if stage == runfolder.REPORT or run.status(stage) != OK or data is None:
+        if stage == layout.REPORT or run.status(stage) != OK or data is None:
             continue
         found += [Violation("ok having assessed nothing", target, f"stage {stage} is ok with {what}")
                   for target, what in _assessed(stage, data)]
@@ -186,7 +186,7 @@ def caps_named_as_portkits(run: Run) -> list[Violation]:
     limit = model_limit(run.config)
     allowed = {limit, limit - huggingface.position_offset(run.config)} if limit else set()
     found, said = [], set()
-    for stage in runfolder.STAGE_NAMES:
+    for stage in layout.STAGE_NAMES:
         for target, half in (run.get(stage).get("targets") or {}).items():
             for finding in (half or {}).get("findings") or []:
                 match = MODEL_MAXIMUM.search(str(finding.get("message", "")))
@@ -217,7 +217,7 @@ def verdicts_follow_policy(run: Run) -> list[Violation]:
     verdicts agree with the targets'; a stage that failed or is missing is in unassessed unless blocked."""
     report = run.get("report")
     found = []
-    broken = [s for s in runfolder.STAGE_NAMES if s != runfolder.REPORT and run.status(s) not in (OK, SKIPPED)]
+    broken = [s for s in layout.STAGE_NAMES if s != layout.REPORT and run.status(s) not in (OK, SKIPPED)]
     for target, half in report.get("targets", {}).items():
         verdict, policy = half.get("verdict"), graded(half)
         if verdict != policy:
@@ -249,7 +249,7 @@ def user_findings_not_in_portkit(run: Run) -> list[Violation]:
     """No finding is attributed to the user (owner "user") from portkit's own files."""
     from portkit.core import frames
     found, said = [], set()
-    for stage in (*runfolder.STAGE_NAMES,):
+    for stage in (*layout.STAGE_NAMES,):
         for target, half in (run.get(stage).get("targets") or {}).items():
             for finding in (half or {}).get("findings") or []:
                 where = _where(finding)

@@ -198,7 +198,7 @@ def _print_verdicts(run_dir) -> None:
 
 def _report(args) -> int:
     from pathlib import Path
-    from portkit.targets import specs as targets_mod
+    from portkit.targets import specs
     from portkit.core.errors import BadParameter
     from portkit.core import checks
     run_dir = Path(args.run_dir)
@@ -208,7 +208,7 @@ def _report(args) -> int:
     if not run_dir.is_dir():
         raise BadParameter("run folder", args.run_dir, hint=f"{checks.missing_path(run_dir)}; give one written by "
                                                             "`portkit run`")
-    names = targets_mod.parse_targets(args.targets) if args.targets else None
+    names = specs.parse_targets(args.targets) if args.targets else None
     r = _report_held(run_dir, names)
     for gap in r.gaps:
         print(f"gap: {gap}")
@@ -306,9 +306,9 @@ def _scan(args) -> int:
     from portkit.core.errors import BadParameter
     from portkit.models import huggingface
     from portkit.stages.fallbacks import source_scan
-    from portkit.targets import specs as targets_mod
+    from portkit.targets import specs
     from portkit.core import checks
-    targets = targets_mod.parse_targets(args.targets or list(targets_mod.MIGRATION_TARGETS))
+    targets = specs.parse_targets(args.targets or list(specs.MIGRATION_TARGETS))
     path = Path(args.source).expanduser()
     if not path.exists() and not path.is_symlink() and huggingface.is_hub_id(args.source):
         path = huggingface.resolve(args.source).path          # the cached snapshot, pinned to its commit
@@ -345,8 +345,8 @@ def _deploy(args) -> int:
         if args.junit:
             print(f"junit: {gate.write_junit(result, args.junit)}")
         return 1 if result.failed else 0
-    from portkit.targets import specs as targets_mod
-    targets = targets_mod.parse_targets(args.targets) if args.targets else None   # an unknown one, with the choices
+    from portkit.targets import specs
+    targets = specs.parse_targets(args.targets) if args.targets else None   # an unknown one, with the choices
     prices = cost.read_prices(args.prices) if args.prices else None
     written, skipped = export.export(args.run_dir, args.stack, args.out, targets)
     found = cost.comparison(args.run_dir, sorted({item.target for item in written}), prices) if written else {}

@@ -7,8 +7,8 @@ import path (docs/guides/declaring-a-model.md); importing it here raises a Depre
 import sys
 import warnings
 
-from portkit.models import inputs as _declarations
+from portkit.models import inputs
 
 warnings.warn("portkit.inputs is an alias of portkit.models.inputs, the documented path: import that "
               "(`from portkit.models import inputs`); see docs/changelog.md", DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = _declarations
+sys.modules[__name__] = inputs

@@ -19,11 +19,11 @@ def _session_cache_root() -> str:
     library's docstrings, keyed by Python version and path) are copied in: they do not depend on
     anything a test changes, and re-reading the standard library would cost seconds per session."""
     from portkit.corpora import corpus as data
-    from portkit.xla import cache as xla_cache
+    from portkit.xla import cache
     user_root, root = data.cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
     if user_root.is_dir():
         shutil.copytree(user_root, root, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(xla_cache.FOLDER, xla_cache.PROGRAMS))
+                        ignore=shutil.ignore_patterns(cache.FOLDER, cache.PROGRAMS))
     os.environ[data.CACHE_VARIABLE] = root
     return root
 
@@ -45,8 +45,8 @@ def emulated_unless_native(request, monkeypatch):
     otherwise replace by the native one (portkit.targets.specs.MODE_VARIABLE). Tests that read what the
     notebooks wrote follow whatever mode those ran in."""
     if not (request.node.get_closest_marker("native") or request.node.get_closest_marker("after_notebooks")):
-        from portkit.targets import specs as targets
-        monkeypatch.setenv(targets.MODE_VARIABLE, "emulated")
+        from portkit.targets import specs
+        monkeypatch.setenv(specs.MODE_VARIABLE, "emulated")
 
 
 @pytest.fixture(scope="session")
@@ -57,15 +57,15 @@ def corpus():
 
 @pytest.fixture(scope="session")
 def minilm():
-    from portkit.models import registry as models
-    return models.load("minilm")
+    from portkit.models import registry
+    return registry.load("minilm")
 
 
 @pytest.fixture(scope="session")
 def gpt2():
     """The seeded GPT-2 architecture (2 layers): a causal LM built from a Hugging Face config."""
-    from portkit.models import registry as models
-    return models.load("gpt2")
+    from portkit.models import registry
+    return registry.load("gpt2")
 
 
 @pytest.fixture(scope="session")

@@ -5,21 +5,21 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.accuracy import stage
 from portkit.stages.accuracy import comparison
 from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.targets import numerics
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.runfolder import results
 from portkit.run import runner
 from portkit.stages.accuracy import target_runs
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.core.errors import BadParameter, CompileRefused
 from portkit.stages.report.stage import build_report
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, tolerance_for
 
-TPU, NEURON = targets.get("tpu"), targets.get("neuron")
+TPU, NEURON = specs.get("tpu"), specs.get("neuron")
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +31,10 @@ def minilm_batch(minilm, corpus):
 @pytest.fixture(scope="module")
 def minilm_report(minilm, minilm_batch, corpus):
     inputs, described = minilm_batch
-    return accuracy.check_accuracy(minilm, inputs, ["neuron", "tpu"],
-                                   accuracy.Options.of({"batch_size": 2}),
+    return stage.check_accuracy(minilm, inputs, ["neuron", "tpu"],
+                                   stage.Options.of({"batch_size": 2}),
                                    corpus=corpus, buckets=[16, 32], description=described,
-                                   scope=accuracy.Scope(task_items=16, compiled=False, progress=False))
+                                   scope=stage.Scope(task_items=16, compiled=False, progress=False))
 
 
 # ---------------------------------------------------------------- comparisons
@@ -64,10 +64,10 @@ def test_only_real_positions_count():
     logits = torch.randn(2, 5, 11)
     wrong = logits.clone()
     wrong[1, 3:] = -logits[1, 3:]               # other next tokens, but only at padded positions
-    task = comparison.task_metrics(models.CAUSAL_LM, wrong, logits, mask, DEFAULT_TASK_BOUNDS)
+    task = comparison.task_metrics(registry.CAUSAL_LM, wrong, logits, mask, DEFAULT_TASK_BOUNDS)
     assert task["positions"] == 8 and task["top1_agreement"] == 1.0
     assert task["decision"] == "inconclusive"       # eight agreeing positions cannot decide a 0.99 budget
-    unmasked = comparison.task_metrics(models.CAUSAL_LM, wrong, logits, None, DEFAULT_TASK_BOUNDS)
+    unmasked = comparison.task_metrics(registry.CAUSAL_LM, wrong, logits, None, DEFAULT_TASK_BOUNDS)
     assert unmasked["top1_agreement"] == 0.8
 
 
@@ -87,20 +87,20 @@ def test_task_metrics_by_model_kind():
     ref = torch.tensor([[[5.0, 4.0, 0.0, -1.0, -2.0, -3.0]] * 4])        # 1 x 4 positions x 6 tokens
     swapped = ref.clone()
     swapped[0, 0, :2] = torch.tensor([4.0, 5.0])                          # the top two change places once
-    lm = comparison.task_metrics(models.CAUSAL_LM, swapped, ref, None, bounds)
+    lm = comparison.task_metrics(registry.CAUSAL_LM, swapped, ref, None, bounds)
     assert lm["top1_agreement"] == 0.75 and lm["top5_agreement"] == 1.0
     assert lm["kl_max"] > 0 and not lm["passed"]
     assert "greedy-token agreement 0.750 [0.301, 0.954] on 4 token positions outside its budget >= 0.99" in lm["reason"]
     # perplexity of the batch's own next tokens: changes when the target's logits move them
     ids = torch.tensor([[0, 1, 0, 1]])
-    ppl = comparison.task_metrics(models.CAUSAL_LM, swapped, ref, None, bounds, {"input_ids": ids})
+    ppl = comparison.task_metrics(registry.CAUSAL_LM, swapped, ref, None, bounds, {"input_ids": ids})
     assert ppl["perplexity_change"] > bounds["perplexity"] and "perplexity change" in ppl["reason"]
-    same = comparison.task_metrics(models.CAUSAL_LM, ref, ref, None, bounds, {"input_ids": ids})
+    same = comparison.task_metrics(registry.CAUSAL_LM, ref, ref, None, bounds, {"input_ids": ids})
     assert same["perplexity_change"] == 0 and not any(c["decision"] == "fail" for c in same["checks"])
     assert same["decision"] == "inconclusive"       # four agreeing positions cannot decide a 0.99 budget
-    cls = comparison.task_metrics(models.IMAGE_CLASSIFIER, swapped[0], ref[0], None, bounds)
+    cls = comparison.task_metrics(registry.IMAGE_CLASSIFIER, swapped[0], ref[0], None, bounds)
     assert cls["argmax_agreement"] == 0.75 and not cls["passed"]
-    emb = comparison.task_metrics(models.EMBEDDING, ref[0] * 3, ref[0], None, bounds)
+    emb = comparison.task_metrics(registry.EMBEDDING, ref[0] * 3, ref[0], None, bounds)
     assert emb["cosine_min"] == pytest.approx(1.0) and emb["passed"]
 
 
@@ -118,9 +118,9 @@ def test_bad_parameters_name_the_value():
              ({"batch_size": 0}, "must be a positive whole number")]
     for kwargs, message in cases:
         with pytest.raises(BadParameter) as info:
-            accuracy.Options.of(kwargs)
+            stage.Options.of(kwargs)
         assert message in str(info.value)
-    accuracy.Options.of({"tolerances": {}, "task_bounds": {}, "default_buckets": None})   # the notebook's defaults
+    stage.Options.of({"tolerances": {}, "task_bounds": {}, "default_buckets": None})   # the notebook's defaults
 
 
 def test_runner_runs_the_stage_checks_before_writing(tmp_path):
@@ -170,8 +170,8 @@ def test_the_gpu_baseline_is_emulated_and_a_target_within_its_factor_is_no_regre
     assert numerics.round_to(x, numerics.TF32).tolist() == [1.0, 1.0 + 2 ** -9, float("inf")]   # ties to even
     # today's GPU runs bf16 autocast: the TPU's bf16 operands are within 2x of that error, a PASS against it
     # even under a cosine budget neither meets
-    opts = accuracy.Options.of({"gpu_numerics": "bf16_autocast", "task_bounds": {"cosine": 0.9999999}})
-    report = accuracy.check_accuracy(minilm, inputs, ["tpu"], opts, scope=accuracy.Scope(
+    opts = stage.Options.of({"gpu_numerics": "bf16_autocast", "task_bounds": {"cosine": 0.9999999}})
+    report = stage.check_accuracy(minilm, inputs, ["tpu"], opts, scope=stage.Scope(
         all_precisions=False, layers=False, progress=False, compiled=False))
     tpu = report.targets["tpu"]
     b = tpu.chosen.baseline
@@ -226,13 +226,13 @@ def test_report_json_contract_and_rendering(minilm_report, tmp_path):
 
 
 def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corpus):
-    m = models.load(fixture_model("tiny_encoder"))
+    m = registry.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+    report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                      corpus=corpus, buckets=[16],
-                                     scope=accuracy.Scope(task_items=8, float64_reference=False, progress=False))
+                                     scope=stage.Scope(task_items=8, float64_reference=False, progress=False))
     tpu = report.targets["tpu"]      # compiled: auto
-    assert accuracy.compiled_available()
+    assert stage.compiled_available()
     assert tpu.chosen.target_side == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU)"
     assert tpu.chosen.numerics["matmul operands rounded to bfloat16"] >= 1        # counted in the graph
     assert 0 < tpu.chosen.outputs["pooled"]["max_abs"] < 1e-2
@@ -244,16 +244,16 @@ def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corp
     assert tpu.buckets[0]["target"] == "eager emulation, padded to 16 tokens; compiled and padding-checked in stage 3"
     assert tpu.buckets[0]["texts"] == 2
     assert "compiled with portkit_tpu" in report.to_dict()["summary"]
-    again = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+    again = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                     corpus=corpus, buckets=[16],
-                                    scope=accuracy.Scope(progress=False, float64_reference=False, task_items=8,
+                                    scope=stage.Scope(progress=False, float64_reference=False, task_items=8,
                                                          all_precisions=False, layers=False, compiled_buckets=True))
     bucket = again.targets["tpu"].buckets[0]
     assert bucket["target"] == "compiled with portkit_tpu (retraced ATen graph, eager on the CPU), padded to 16 tokens"
     for name, found in tpu.buckets[0]["outputs"].items():    # the same numerics rules, compiled or eager
         assert found["max_abs"] == pytest.approx(bucket["outputs"][name]["max_abs"], rel=0.5, abs=1e-6)
     with pytest.raises(BadParameter, match="runs eagerly only"):
-        accuracy.check_accuracy(m, inputs, ["tpu"], scope=accuracy.Scope(
+        stage.check_accuracy(m, inputs, ["tpu"], scope=stage.Scope(
             compiled=True, emulation=numerics.wrong_op_TESTING_ONLY(), progress=False))
 
 
@@ -265,11 +265,11 @@ def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path
     assert next(target_runs.chunks(inputs, None)) is inputs
     (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {
         "planner": "auto", "boundaries": [64, 16], "batch_sizes": [1, 2, 4]}}}}))
-    plan = accuracy.bucket_plan(tmp_path, ["tpu"])["tpu"]
+    plan = stage.bucket_plan(tmp_path, ["tpu"])["tpu"]
     assert plan.boundaries == [16, 64] and plan.batch == 4
-    m = models.load(fixture_model("tiny_encoder"))
+    m = registry.load(fixture_model("tiny_encoder"))
     batch, _ = data.example_batch(m, corpus, 3, 16, seed=0)
-    side = target_runs.TargetSide(targets.detect("tpu"), m.module.eval(), numerics.emulate, True)
+    side = target_runs.TargetSide(specs.detect("tpu"), m.module.eval(), numerics.emulate, True)
     whole = side.run(batch, TPU.default_precision, compiled=True)[0]
     ones = side.run(batch, TPU.default_precision, compiled=True, batch=1)[0]
     pairs = side.run(batch, TPU.default_precision, compiled=True, batch=2)[0]
@@ -280,17 +280,17 @@ def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path
 
 
 def test_the_targets_compiled_in_one_dynamo_pass_give_what_each_gives_alone(corpus):
-    m = models.load(fixture_model("tiny_encoder"))
+    m = registry.load(fixture_model("tiny_encoder"))
     module, names = m.module.eval(), ["neuron", "tpu"]
     batch, _ = data.example_batch(m, corpus, 3, 16, seed=0)
     shared = target_runs.SharedCompile.for_targets(module, names, {"neuron": "matmult"}, compiled=True)
-    together = {n: target_runs.TargetSide(targets.detect(n), module, numerics.emulate, True, shared) for n in names}
+    together = {n: target_runs.TargetSide(specs.detect(n), module, numerics.emulate, True, shared) for n in names}
     chosen = {n: shared.precisions[n] for n in names}
     got = {n: together[n].run(batch, chosen[n], compiled=True, batch=1) for n in names}
     assert all(len(b.checks) == 1 for b in shared.backends.values())     # one shape, one compile a target
     assert target_runs.SharedCompile.for_targets(module, ["tpu"], None, compiled=True) is None
     for n in names:
-        alone = target_runs.TargetSide(targets.detect(n), module, numerics.emulate, True)
+        alone = target_runs.TargetSide(specs.detect(n), module, numerics.emulate, True)
         out, _, _, changed, _ = alone.run(batch, chosen[n], compiled=True, batch=1)
         assert got[n][3] == changed and changed                          # each target's own rules, recorded
         for key in out:
@@ -305,7 +305,7 @@ def test_the_targets_compiled_in_one_dynamo_pass_give_what_each_gives_alone(corp
         def __call__(self, gm, example_inputs):
             raise CompileRefused("refused on purpose", None)
     shared.counters["neuron"].backend = Refusing()
-    sides = {n: target_runs.TargetSide(targets.detect(n), module, numerics.emulate, True, shared) for n in names}
+    sides = {n: target_runs.TargetSide(specs.detect(n), module, numerics.emulate, True, shared) for n in names}
     runs = {n: sides[n].run(batch, shared.precisions[n], compiled=True, batch=1) for n in names}
     assert "refused on purpose" in sides["neuron"].refused.message and sides["tpu"].refused is None
     assert runs["tpu"][3] == got["tpu"][3] and "int64 ops run as int32" in runs["neuron"][3]   # eager emulation
@@ -320,8 +320,8 @@ def test_the_targets_compiled_in_one_dynamo_pass_give_what_each_gives_alone(corp
 def test_a_wrong_op_fails_the_stage_and_is_named(minilm, minilm_batch, op, call, module):
     inputs, _ = minilm_batch
     wrong = numerics.wrong_op_TESTING_ONLY(op, call=call, error=5.0)
-    report = accuracy.check_accuracy(minilm, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
-                                     scope=accuracy.Scope(all_precisions=False, float64_reference=False,
+    report = stage.check_accuracy(minilm, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
+                                     scope=stage.Scope(all_precisions=False, float64_reference=False,
                                                           emulation=wrong, progress=False))
     tpu = report.targets["tpu"]
     assert tpu.verdict == "fail" and report.verdict == "fail"
@@ -338,10 +338,10 @@ def test_a_wrong_op_fails_the_stage_and_is_named(minilm, minilm_batch, op, call,
 
 
 def test_a_float64_classifier_whose_cast_to_float32_changes_a_decision():
-    m = models.load(fixture_model("near_tie_model"))    # two logits 1e-12 apart: a tie in float32
+    m = registry.load(fixture_model("near_tie_model"))    # two logits 1e-12 apart: a tie in float32
     inputs = {"pixel_values": torch.ones(4, 3, dtype=torch.float64)}
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
-                                     scope=accuracy.Scope(all_precisions=False, compiled=False, progress=False))
+    report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
+                                     scope=stage.Scope(all_precisions=False, compiled=False, progress=False))
     tpu = report.targets["tpu"]
     assert report.reference["description"].startswith("float64 eager")
     assert tpu.chosen.float64_ops and tpu.chosen.task["argmax_agreement"] == 0.0
@@ -353,10 +353,10 @@ def test_a_float64_classifier_whose_cast_to_float32_changes_a_decision():
 
 # ---------------------------------------------------------------- other model kinds
 def test_float64_running_as_float32_is_found_in_its_module(corpus):
-    m = models.load(fixture_model("float64_model"))
+    m = registry.load(fixture_model("float64_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
-                                     scope=accuracy.Scope(all_precisions=False, compiled=False, progress=False))
+    report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
+                                     scope=stage.Scope(all_precisions=False, compiled=False, progress=False))
     tpu = report.targets["tpu"].chosen
     rows = {r["module"]: r for r in tpu.layers["modules"]}
     assert rows["model.head"]["float64_ops"]["aten::addmm"] == 1 and not rows["model.body"]["float64_ops"]
@@ -367,9 +367,9 @@ def test_float64_running_as_float32_is_found_in_its_module(corpus):
 
 
 def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(corpus, tmp_path):
-    m = models.load(fixture_model("float64_encoder_model"))
+    m = registry.load(fixture_model("float64_encoder_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], scope=accuracy.Scope(all_precisions=False, compiled=False,
+    report = stage.check_accuracy(m, inputs, ["tpu"], scope=stage.Scope(all_precisions=False, compiled=False,
                                                                               progress=False))
     # the reference is the float64 model: no float32-against-float64 comparison that can only read 0
     assert report.reference["description"].startswith("float64 eager")
@@ -391,11 +391,11 @@ def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(cor
 
 
 def test_a_compile_the_target_refuses_is_a_blocker_and_judged_eagerly(corpus, tmp_path):
-    m = models.load(fixture_model("dynamic_after_break_model"))
+    m = registry.load(fixture_model("dynamic_after_break_model"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+    report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                      corpus=corpus, buckets=[16],
-                                     scope=accuracy.Scope(task_items=8, all_precisions=False, float64_reference=False,
+                                     scope=stage.Scope(task_items=8, all_precisions=False, float64_reference=False,
                                                           progress=False))  # compiled: auto
     tpu = report.targets["tpu"]
     refused = tpu.compile_refused
@@ -406,7 +406,7 @@ def test_a_compile_the_target_refuses_is_a_blocker_and_judged_eagerly(corpus, tm
     assert tpu.buckets[0]["target"].startswith(label) and tpu.buckets[0]["texts"] == 2
     assert tpu.chosen.numerics["matmul operands rounded to bfloat16"] >= 1      # the target's numerics, eagerly
     blocker = tpu.findings()[0]
-    assert (blocker.kind, blocker.severity) == ("compile_refused", targets.BLOCKER)
+    assert (blocker.kind, blocker.severity) == ("compile_refused", specs.BLOCKER)
     assert TPU.dynamic_shape_error in blocker.message and refused["where"] in blocker.message
     report.save(tmp_path / "accuracy.json")
     saved = json.loads((tmp_path / "accuracy.json").read_text())["targets"]["tpu"]
@@ -425,17 +425,17 @@ def test_only_a_refusal_is_caught_on_the_compiled_path():
 
 
 def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
-    gpt2 = models.load("gpt2")
+    gpt2 = registry.load("gpt2")
     inputs, _ = data.example_batch(gpt2, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(gpt2, inputs, ["tpu"], scope=accuracy.Scope(
+    report = stage.check_accuracy(gpt2, inputs, ["tpu"], scope=stage.Scope(
         all_precisions=False, float64_reference=False, compiled=False, progress=False))
     task = report.targets["tpu"].chosen.task
     assert task["positions"] == int(inputs["attention_mask"].sum())
     assert task["top1_agreement"] > 0.9 and task["top5_agreement"] >= task["top1_agreement"] and task["kl_mean"] > 0
-    vit = models.load("vit")
+    vit = registry.load("vit")
     inputs, _ = data.example_batch(vit, None, 2, 0, seed=0)
-    opts = accuracy.Options.of({"precision": {"neuron": "matmult"}})
-    report = accuracy.check_accuracy(vit, inputs, ["neuron"], opts, corpus=corpus, scope=accuracy.Scope(
+    opts = stage.Options.of({"precision": {"neuron": "matmult"}})
+    report = stage.check_accuracy(vit, inputs, ["neuron"], opts, corpus=corpus, scope=stage.Scope(
         task_items=4, all_precisions=False, layers=False, compiled=False, progress=False))
     t = report.targets["neuron"]
     assert t.chosen.task["decisions"] == 4 and t.chosen.layers is None     # decided on the crops of the task sample
@@ -446,9 +446,9 @@ def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
 def test_float32_emulation_keeps_in_place_and_view_semantics(corpus):
     # T5 builds its decoder inputs and position buckets with int64 views and in-place ops; a mode that
     # casts int64 to int32 must still write through them (it once lost them: top-1 agreement 0.07).
-    t5 = models.load("t5")
+    t5 = registry.load("t5")
     inputs, _ = data.example_batch(t5, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(t5, inputs, ["neuron"], scope=accuracy.Scope(
+    report = stage.check_accuracy(t5, inputs, ["neuron"], scope=stage.Scope(
         all_precisions=False, layers=False, float64_reference=False, compiled=False, progress=False))
     neuron = report.targets["neuron"].chosen
     assert neuron.numerics["int64 ops run as int32"] > 0
@@ -459,21 +459,21 @@ def test_bucket_plan_reads_stage_3(tmp_path, capsys):
     (tmp_path / "buckets.json").write_text(json.dumps(
         {"stage": "buckets", "targets": {"tpu": {"chosen": {"planner": "quantile", "boundaries": [48, 16],
                                                               "batch_sizes": None, "why": "test"}}}}))
-    plans = accuracy.bucket_plan(tmp_path, ["tpu", "neuron"])
+    plans = stage.bucket_plan(tmp_path, ["tpu", "neuron"])
     assert plans["tpu"].boundaries == [16, 48] and "stage 3" in plans["tpu"].source
-    assert plans["neuron"].boundaries == list(accuracy.DEFAULT_BUCKETS) and "parameter" in plans["neuron"].source
+    assert plans["neuron"].boundaries == list(stage.DEFAULT_BUCKETS) and "parameter" in plans["neuron"].source
     assert "target tpu: buckets [16, 48]" in capsys.readouterr().out
     (tmp_path / "buckets.json").write_text('{"targets": {"tpu": {"chosen": {"boundaries": [16, "48"]}}}}')
     with pytest.raises(results.UnreadableResult, match=r"targets.tpu.chosen.boundaries is \[16, '48'\]"):
-        accuracy.bucket_plan(tmp_path, ["tpu"])
+        stage.bucket_plan(tmp_path, ["tpu"])
 
 
 # ---------------------------------------------------------------- native mode
 def _detect_native(monkeypatch, name, **changes):
     """targets.detect() answers native for `name` (its Target with `changes`), as on a host with the device."""
-    detect, target = targets.detect, dataclasses.replace(targets.get(name), **changes)
-    native = targets.DetectedTarget(target, "native", "forced native for a test", detect(name).op_table)
-    monkeypatch.setattr(targets, "detect", lambda n: native if n == name else detect(n))
+    detect, target = specs.detect, dataclasses.replace(specs.get(name), **changes)
+    native = specs.DetectedTarget(target, "native", "forced native for a test", detect(name).op_table)
+    monkeypatch.setattr(specs, "detect", lambda n: native if n == name else detect(n))
     return native
 
 
@@ -486,7 +486,7 @@ def test_native_labels_name_the_device_and_the_vendor_backend(monkeypatch, capsy
     native = _detect_native(monkeypatch, name)
     side = target_runs.TargetSide(native, torch.nn.Identity(), numerics.emulate, True)
     assert (side.label(False), side.label(True)) == (eager, compiled)
-    assert accuracy.target_side([name], compiled=True) is True
+    assert stage.target_side([name], compiled=True) is True
     assert capsys.readouterr().out == (f"target {name}: outputs and buckets {compiled}; per-layer hooks and other "
                                        "precisions: eager on the device\n")
 
@@ -495,11 +495,11 @@ def test_native_mode_measures_the_precision_in_effect_on_the_device(monkeypatch,
     # The whole native path on this CPU: the TPU entry with its device and vendor backend swapped for
     # ones this host has ("cpu", Dynamo's "eager"), so every step but the device itself runs.
     _detect_native(monkeypatch, "tpu", device="cpu", backend="eager")
-    m = models.load(fixture_model("tiny_encoder"))
+    m = registry.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
+    report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                      corpus=corpus, buckets=[16],
-                                     scope=accuracy.Scope(task_items=8, float64_reference=False, progress=False))
+                                     scope=stage.Scope(task_items=8, float64_reference=False, progress=False))
     tpu = report.targets["tpu"]      # compiled: auto
     assert tpu.target["mode"] == "native" and tpu.others == []     # a precision is a flag set before start
     assert tpu.chosen.target_side == "compiled with eager (on cpu)"
@@ -512,9 +512,9 @@ def test_native_mode_measures_the_precision_in_effect_on_the_device(monkeypatch,
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
+@pytest.mark.skipif(not availability.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_compares_the_device(minilm, minilm_batch):
-    report = accuracy.check_accuracy(minilm, minilm_batch[0], ["tpu"], scope=accuracy.Scope(progress=False))
+    report = stage.check_accuracy(minilm, minilm_batch[0], ["tpu"], scope=stage.Scope(progress=False))
     tpu = report.targets["tpu"]
     assert tpu.target["mode"] == "native" and tpu.others == []
     assert tpu.chosen.target_side == "compiled with tpu (on tpu)"
@@ -522,10 +522,10 @@ def test_native_tpu_compares_the_device(minilm, minilm_batch):
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
+@pytest.mark.skipif(not availability.device_available("torch_neuronx", "neuron"),
                     reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_compares_the_device(minilm, minilm_batch):
-    report = accuracy.check_accuracy(minilm, minilm_batch[0], ["neuron"], scope=accuracy.Scope(progress=False))
+    report = stage.check_accuracy(minilm, minilm_batch[0], ["neuron"], scope=stage.Scope(progress=False))
     neuron = report.targets["neuron"]
     assert neuron.target["mode"] == "native" and neuron.others == []
     assert neuron.chosen.target_side == "compiled with neuron (on neuron)"
@@ -534,17 +534,17 @@ def test_native_neuron_compares_the_device(minilm, minilm_batch):
 
 def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_included(corpus):
     from portkit.corpora import corpus as data
-    from portkit.models import registry as models
-    m = models.load(fixture_model("tiny_encoder"))        # which buckets are checked does not depend on the model
+    from portkit.models import registry
+    m = registry.load(fixture_model("tiny_encoder"))        # which buckets are checked does not depend on the model
     boundaries = list(range(16, 16 * 21, 16))            # 20 buckets: more than the checked sample
     inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"batch_size": 2}),
-                                     corpus=corpus, buckets=boundaries, scope=accuracy.Scope(
+    report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
+                                     corpus=corpus, buckets=boundaries, scope=stage.Scope(
                                          task_items=8, all_precisions=False, layers=False, float64_reference=False,
                                          progress=False))
     rows = report.targets["tpu"].buckets
     checked = [r for r in rows if "skipped" not in r or not r["skipped"].startswith("not checked")]
-    assert len(rows) == 20 and len(checked) == accuracy.MAX_CHECKED_BUCKETS
+    assert len(rows) == 20 and len(checked) == stage.MAX_CHECKED_BUCKETS
     assert checked[0]["boundary"] == 16 and checked[-1]["boundary"] == boundaries[-1]
     assert "8 of the plan's 20 buckets" in next(r["skipped"] for r in rows if r not in checked)
 
@@ -578,10 +578,10 @@ def test_the_gpu_baseline_is_the_model_run_under_the_gpu_setting(gpu_numerics):
     torch.manual_seed(0)
     module, x = _Named(), torch.randn(3, 4)
     plain = target_runs.forward(module, {"x": x})
-    with torch.no_grad(), numerics.emulate(targets.get("cuda"), numerics.GPU_NUMERICS[gpu_numerics]):
+    with torch.no_grad(), numerics.emulate(specs.get("cuda"), numerics.GPU_NUMERICS[gpu_numerics]):
         expect = module(x=x)
-    opts = accuracy.Options.of({"gpu_numerics": gpu_numerics, "task_bounds": {"baseline_factor": 2.0}})
-    got = accuracy._baseline(module, {"x": x}, plain, None, "y", None, opts)["outputs"]   # no float64 run
+    opts = stage.Options.of({"gpu_numerics": gpu_numerics, "task_bounds": {"baseline_factor": 2.0}})
+    got = stage._baseline(module, {"x": x}, plain, None, "y", None, opts)["outputs"]   # no float64 run
     assert torch.equal(got["y"], expect["y"])
     assert torch.equal(got["y"], plain["y"]) == (gpu_numerics == "fp32")   # fp32: the model's own outputs
 

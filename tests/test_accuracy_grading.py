@@ -8,9 +8,9 @@ from torch import nn
 
 from portkit.core import grading
 from portkit.models import inputs
-from portkit.models import registry as models
-from portkit.stages.accuracy import result as accuracy_result
-from portkit.stages.accuracy import stage as accuracy
+from portkit.models import registry
+from portkit.stages.accuracy import result
+from portkit.stages.accuracy import stage
 
 ROWS = 400          # enough decisions for a 95% interval to clear a 0.99 budget (381 from)
 SCOPE = {"compiled": False, "progress": False, "all_precisions": True, "layers": False}
@@ -36,14 +36,14 @@ class NearTie(nn.Module):
         return {name: near if name == self.tie else far for name in (self.tie, *self.others)}
 
 
-def _model(name: str, module: NearTie, outputs: tuple[str, ...]) -> models.LoadedModel:
+def _model(name: str, module: NearTie, outputs: tuple[str, ...]) -> registry.LoadedModel:
     declaration = inputs.undeclared(("pixel_values",), tuple(inputs.Output(o, inputs.CLASSIFIER) for o in outputs))
-    return models.LoadedModel(name, inputs.IMAGE_CLASSIFIER, module.eval(), "test model", declaration=declaration)
+    return registry.LoadedModel(name, inputs.IMAGE_CLASSIFIER, module.eval(), "test model", declaration=declaration)
 
 
-def _tpu(model: models.LoadedModel) -> accuracy_result.TargetAccuracy:
+def _tpu(model: registry.LoadedModel) -> result.TargetAccuracy:
     x = 0.5 + torch.rand(ROWS, 3, generator=torch.Generator().manual_seed(0))
-    report = accuracy.check_accuracy(model, {"pixel_values": x}, ["tpu"], scope=accuracy.Scope(**SCOPE))
+    report = stage.check_accuracy(model, {"pixel_values": x}, ["tpu"], scope=stage.Scope(**SCOPE))
     return report.targets["tpu"]
 
 
@@ -63,7 +63,7 @@ def test_a_metric_a_tried_precision_brings_back_is_work_in_every_model(case):
     [found] = [f for f in tpu.findings() if f.kind == "accuracy"]
     assert found.severity == grading.severity("accuracy", grading.FIXED_BY_SETTING)
     assert "tried: precision 'highest' passes on the main batch" in found.advice
-    assert tpu.tried_on(tpu.others[0]) == {accuracy_result.MAIN_BATCH: True}
+    assert tpu.tried_on(tpu.others[0]) == {result.MAIN_BATCH: True}
 
 
 def test_a_secondary_output_outside_its_budget_at_every_precision_is_a_blocker():
@@ -80,19 +80,19 @@ def test_a_secondary_output_outside_its_budget_at_every_precision_is_a_blocker()
     assert found.advice.startswith("tried: still fails: precision 'highest' on the main batch")
 
 
-def _result(name: str, side: str, passed: bool, sample: str = "the main batch") -> accuracy_result.PrecisionResult:
+def _result(name: str, side: str, passed: bool, sample: str = "the main batch") -> result.PrecisionResult:
     decision = "pass" if passed else "fail"
-    return accuracy_result.PrecisionResult(
+    return result.PrecisionResult(
         {"name": name, "setting": f"set {name}"}, side, {}, {"decision": decision, "passed": passed,
                                                             "reason": None if passed else "agreement 0.9 outside",
                                                             "sample": {"source": sample}},
         None, None, {}, {})
 
 
-def _failing_bucket(tried: list[dict]) -> accuracy_result.TargetAccuracy:
+def _failing_bucket(tried: list[dict]) -> result.TargetAccuracy:
     """The main batch passes at the default precision; bucket 64 fails there; 'highest' passes the main batch."""
     bucket = {"boundary": 64, "reasons": ["task: agreement 0.9 outside"], "shape_reasons": [], "outputs": {}}
-    return accuracy_result.TargetAccuracy({"name": "tpu"}, _result("default", "emulated", True),
+    return result.TargetAccuracy({"name": "tpu"}, _result("default", "emulated", True),
                                           [_result("highest", "emulated", True)], {}, [bucket], tried=tried)
 
 
@@ -113,7 +113,7 @@ def test_a_precision_that_passed_on_another_path_is_no_fix(tried, graded, advice
 
 def test_a_precision_on_another_target_side_is_not_the_failing_path():
     """Rule: the chosen precision judged compiled and another measured eager are two paths: no fix is claimed."""
-    t = accuracy_result.TargetAccuracy({"name": "tpu"}, _result("default", "compiled", False),
+    t = result.TargetAccuracy({"name": "tpu"}, _result("default", "compiled", False),
                                        [_result("highest", "eager", True)], {}, [])
     [found] = [f for f in t.findings() if f.kind == "accuracy"]
     assert found.severity == "blocker" and "may help" in found.advice and "tried: precision" not in found.advice
@@ -139,11 +139,11 @@ def test_a_bucket_that_fails_only_padded_is_the_padding_cause_not_an_accuracy_bl
     stage 3's padding check names), never an accuracy blocker."""
     from portkit.core.findings import PADDING_CAUSE
     from portkit.corpora import corpus as data
-    m = models.LoadedModel("norm tagger", models.TOKEN_CLASSIFIER, SequenceNormTagger().eval(), "test model",
-                           tokenizer=models.minilm_tokenizer())
+    m = registry.LoadedModel("norm tagger", registry.TOKEN_CLASSIFIER, SequenceNormTagger().eval(), "test model",
+                           tokenizer=registry.minilm_tokenizer())
     inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
-    report = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
-                                     corpus=corpus, buckets=[16, 128], scope=accuracy.Scope(
+    report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
+                                     corpus=corpus, buckets=[16, 128], scope=stage.Scope(
                                          task_items=8, all_precisions=False, layers=False, float64_reference=False,
                                          compiled=False, progress=False))
     tpu = report.targets["tpu"]
@@ -156,9 +156,9 @@ def test_a_bucket_that_fails_only_padded_is_the_padding_cause_not_an_accuracy_bl
 def test_a_precision_measured_eager_is_tried_compiled_where_the_chosen_one_failed_compiled():
     """Rule: where the chosen precision was judged compiled, the others (measured eager, another path) are compiled
     on the main batch before one is called a fix: "tried: passes" there, and the grade is FIXED_BY_SETTING."""
-    scope = accuracy.Scope(**{**SCOPE, "compiled": True})
+    scope = stage.Scope(**{**SCOPE, "compiled": True})
     x = 0.5 + torch.rand(ROWS, 3, generator=torch.Generator().manual_seed(0))
-    tpu = accuracy.check_accuracy(CASES["primary"](), {"pixel_values": x}, ["tpu"], scope=scope).targets["tpu"]
+    tpu = stage.check_accuracy(CASES["primary"](), {"pixel_values": x}, ["tpu"], scope=scope).targets["tpu"]
     assert tpu.chosen.target_side != tpu.others[0].target_side          # compiled against eager
     assert [(t["precision"], t["path"], t["passed"]) for t in tpu.tried] == [("highest", "the main batch", True)]
     [found] = [f for f in tpu.findings() if f.kind == "accuracy"]

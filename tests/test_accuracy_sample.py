@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from conftest import fixture_model
 from portkit.core.findings import BLOCKER, WORK
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.accuracy import comparison
 from portkit.stages.accuracy import sample
-from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.accuracy import stage
 from portkit.stages.report.stage import build_report
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
 from portkit.workloads import streaming
@@ -64,13 +64,13 @@ def test_a_decision_is_pass_fail_or_inconclusive_by_the_whole_interval():
 
 def test_top1_agreement_on_four_images_is_inconclusive_and_on_1797_it_passes():
     logits = torch.randn(1797, 10, generator=torch.Generator().manual_seed(0))
-    four = comparison.task_metrics(models.IMAGE_CLASSIFIER, logits[:4], logits[:4], None, DEFAULT_TASK_BOUNDS,
+    four = comparison.task_metrics(registry.IMAGE_CLASSIFIER, logits[:4], logits[:4], None, DEFAULT_TASK_BOUNDS,
                                    unit="images")
     (check,) = four["checks"]
     assert check["n"] == 4 and check["ci95"][0] < 0.99 and check["decision"] == "inconclusive"
     assert not four["passed"] and four["decision"] == "inconclusive"
     assert "straddles its budget >= 0.99" in four["reason"]
-    every = comparison.task_metrics(models.IMAGE_CLASSIFIER, logits, logits, None, DEFAULT_TASK_BOUNDS, unit="images")
+    every = comparison.task_metrics(registry.IMAGE_CLASSIFIER, logits, logits, None, DEFAULT_TASK_BOUNDS, unit="images")
     (check,) = every["checks"]
     assert every["passed"] and check["n"] == 1797 and check["ci95"][0] > 0.99
     assert sample.described(check) == "top-1 agreement 1.000 [0.998, 1.000] on 1,797 images"
@@ -80,9 +80,9 @@ def test_every_task_metric_carries_n_and_ci95():
     torch.manual_seed(0)
     ref = torch.randn(3, 6, 11)
     ids = torch.randint(0, 11, (3, 6))
-    lm = comparison.task_metrics(models.CAUSAL_LM, ref + 0.01 * torch.randn(3, 6, 11), ref, None,
+    lm = comparison.task_metrics(registry.CAUSAL_LM, ref + 0.01 * torch.randn(3, 6, 11), ref, None,
                                  DEFAULT_TASK_BOUNDS, {"input_ids": ids})
-    emb = comparison.task_metrics(models.EMBEDDING, ref[:, 0] + 1e-4, ref[:, 0], None, DEFAULT_TASK_BOUNDS)
+    emb = comparison.task_metrics(registry.EMBEDDING, ref[:, 0] + 1e-4, ref[:, 0], None, DEFAULT_TASK_BOUNDS)
     for found in (lm, emb):
         for c in found["checks"]:
             assert isinstance(c["n"], int) and c["n"] > 0 and c["ci95"][0] <= c["ci95"][1], c
@@ -93,10 +93,10 @@ def test_every_task_metric_carries_n_and_ci95():
 # ---------------------------------------------------------------- the verdict and the report
 def _agreeing_classifier(rows):
     """near_tie_model on inputs whose two logits are far apart: every decision agrees."""
-    m = models.load(fixture_model("near_tie_model"))
+    m = registry.load(fixture_model("near_tie_model"))
     inputs = {"pixel_values": torch.tensor([[0.0, 0.0, -1.0]] * rows, dtype=torch.float64)}
-    return m, accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
-                                      scope=accuracy.Scope(all_precisions=False, compiled=False, progress=False))
+    return m, stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
+                                      scope=stage.Scope(all_precisions=False, compiled=False, progress=False))
 
 
 def test_an_undecided_verdict_is_inconclusive_work_never_a_pass(tmp_path):
@@ -127,9 +127,9 @@ def test_an_undecided_verdict_is_inconclusive_work_never_a_pass(tmp_path):
 def test_the_report_says_what_decides_and_labels_the_element_wise_detail(minilm, corpus, tmp_path):
     from portkit.corpora import corpus as data
     inputs, described = data.example_batch(minilm, corpus, 2, 16, seed=0)
-    report = accuracy.check_accuracy(minilm, inputs, ["tpu"], accuracy.Options.defaults(), corpus=corpus,
+    report = stage.check_accuracy(minilm, inputs, ["tpu"], stage.Options.defaults(), corpus=corpus,
                                      buckets=[16], description=described,
-                                     scope=accuracy.Scope(task_items=12, all_precisions=False, layers=False,
+                                     scope=stage.Scope(task_items=12, all_precisions=False, layers=False,
                                                           compiled=False, progress=False))
     tpu = report.targets["tpu"]
     assert tpu.verdict == "pass" and tpu.chosen.baseline["ratio"] > 100 and not tpu.chosen.baseline["within"]

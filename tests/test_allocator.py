@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from portkit.targets import allocator
-from portkit.run import jupyter_kernels as kernels
+from portkit.run import jupyter_kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ def _python(code: str, **env) -> str:
 
 
 def test_the_kernels_start_with_the_same_settings():
-    assert {k: kernels.ENVIRONMENT[k] for k in allocator.ENVIRONMENT} == allocator.ENVIRONMENT
+    assert {k: jupyter_kernels.ENVIRONMENT[k] for k in allocator.ENVIRONMENT} == allocator.ENVIRONMENT
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,

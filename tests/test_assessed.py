@@ -20,10 +20,10 @@ from torch import nn
 
 from conftest import fixture_model
 from portkit.core import assessed
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.core import placement
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.corpora import corpus
+from portkit.models import registry
 from portkit.planning import economics
 from portkit.runfolder import results
 from portkit.stages.fallbacks import stage as fallbacks
@@ -31,7 +31,7 @@ from portkit.stages.report import stage as report
 from portkit.stages.xla import stage as xla
 from portkit.targets import capacity
 
-needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
 OTHER_STAGES = ("fallbacks", "compile", "buckets", "accuracy")
 
@@ -86,8 +86,8 @@ class ReadsValues(nn.Module):
 
 
 def text_model(module, name):
-    return models.LoadedModel(name, models.TOKEN_CLASSIFIER, models.OutputsAdapter(module).eval(), "test model",
-                              tokenizer=models.minilm_tokenizer())
+    return registry.LoadedModel(name, registry.TOKEN_CLASSIFIER, registry.OutputsAdapter(module).eval(), "test model",
+                              tokenizer=registry.minilm_tokenizer())
 
 
 def stage_folder(tmp_path, stage: xla.XlaStage):
@@ -250,7 +250,7 @@ def test_a_warm_up_the_compiler_refused_leaves_the_plan_not_assessed(waves):
 def waves():
     """Clips of 9 to 255 samples (as tests/test_bucket_strides.py's): the refused model pads those above 64."""
     rng = np.random.default_rng(0)
-    return data.Corpus("waves", "random (seed 0)", tuple((0.5 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    return corpus.Corpus("waves", "random (seed 0)", tuple((0.5 + 0.1 * rng.standard_normal(n)).astype(np.float32)
                                                         for n in (9, 13, 22, 30, 37, 45, 51, 63, 70, 83, 99, 121)))
 
 
@@ -260,7 +260,7 @@ def test_the_summary_counts_what_cannot_run_by_the_findings(spec):
     """Rule: stage 1's summary counts what cannot run once, by the findings: a recurrent cell the CPU decomposes
     (no unsupported op in the recording) is a blocker on Neuron, and the summary never says "0 cannot run" beside
     it (the cell model); an LSTM whose CPU op has no Neuron kernel counts the same way."""
-    m = models.load(spec)
+    m = registry.load(spec)
     found = fallbacks.find_fallbacks(m, m.encode(["Sum the values.", "def f(x): return x"], pad_to=6), ["neuron"])
     neuron = found.targets["neuron"]
     blockers = neuron.severity_counts()["blocker"]

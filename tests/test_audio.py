@@ -10,7 +10,7 @@ import torch
 from portkit.corpora import audio
 from portkit.models import audio as audio_models
 from portkit.stages.accuracy import comparison
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.workloads import streaming
 from portkit.core.errors import BadParameter
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
@@ -81,10 +81,10 @@ def test_espeak_speech_is_synthetic_and_cached(tmp_path):
 
 @needs_crepe
 def test_crepe_finds_the_pitch_of_a_tone_and_padding_keeps_real_frames():
-    model = models.load("crepe")
-    assert model.kind == models.PITCH and "pretrained CREPE" in model.origin
+    model = registry.load("crepe")
+    assert model.kind == registry.PITCH and "pretrained CREPE" in model.origin
     decl = model.declaration
-    assert decl.varying_names == ("frames",) and decl.data == "audio" and decl.primary.metric == models.PITCH
+    assert decl.varying_names == ("frames",) and decl.data == "audio" and decl.primary.metric == registry.PITCH
     tone, short = _tone(440, 0.25, 16000), _tone(220, 0.1, 16000)
     assert decl.lengths([tone, short]) == {"frames": [26, 11]}     # 1 + samples // 160
     with torch.no_grad():
@@ -102,7 +102,7 @@ def test_pitch_metric_measures_cents_on_voiced_frames_and_voicing():
     mask = torch.tensor([[1, 1, 1, 0]])
 
     def metric(actual):
-        return comparison.task_metrics(models.PITCH, actual, ref, mask, DEFAULT_TASK_BOUNDS)
+        return comparison.task_metrics(registry.PITCH, actual, ref, mask, DEFAULT_TASK_BOUNDS)
     same = metric(ref.clone())
     assert same["cents_p95"] == 0 and same["voicing_agreement"] == 1 and same["frames"] == 3
     # identical, yet 3 frames cannot decide a 0.99 voicing budget: inconclusive, never a pass
@@ -119,7 +119,7 @@ def test_pitch_metric_measures_cents_on_voiced_frames_and_voicing():
 
 
 def test_wav2vec2_from_config_is_seeded_and_honours_the_mask():
-    model = models.load("wav2vec2")
+    model = registry.load("wav2vec2")
     decl = model.declaration
     clip, short = _tone(300, 0.5, 16000), _tone(200, 0.2, 16000)
     assert decl.lengths([clip, short]) == {"frames": [25, 10]}       # 20 ms frames, the last one completed
@@ -128,14 +128,14 @@ def test_wav2vec2_from_config_is_seeded_and_honours_the_mask():
         inside = model(decl.batch([clip, short], sizes={"frames": 40}))["logits"]
     assert alone.shape == (1, 25, 32) and inside.shape == (2, 40, 32)   # one output frame per input frame
     torch.testing.assert_close(inside[:1, :25], alone, rtol=1e-4, atol=1e-4)
-    again = models.load("wav2vec2")
+    again = registry.load("wav2vec2")
     assert all(torch.equal(a, b) for a, b in zip(model.module.state_dict().values(),
                                                  again.module.state_dict().values()))
     assert "random weights (seed 0)" in model.origin
 
 
 def test_the_streaming_model_declares_one_chunk_and_its_state():
-    model = models.load("gru-stream")
+    model = registry.load("gru-stream")
     assert model.stream is not None and model.declaration.fixed_shape
     batch = model.declaration.batch([_tone(200, 0.3, 16000), _tone(300, 0.05, 16000)])
     assert batch["chunk"].shape == (2, 1600) and batch["state"].shape == (1, 2, 64)

@@ -9,10 +9,10 @@ import pytest
 from portkit.stages.accuracy import stage as accuracy
 from portkit.stages.buckets import stage as buckets
 from portkit.stages.compile import stage as compiling
-from portkit.corpora import corpus as data
+from portkit.corpora import corpus
 from portkit.planning import economics
 from portkit.stages.fallbacks import stage as fallbacks
-from portkit.models import registry as models
+from portkit.models import registry
 
 soundfile = pytest.importorskip("soundfile", reason="the audio extra is not installed (pip install 'portkit[audio]')")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchcrepe") is None,
@@ -39,10 +39,10 @@ def recordings(tmp_path):
 
 
 def test_crepe_runs_through_the_stages_on_a_folder_of_recordings(tmp_path, recordings):
-    m = models.load("crepe")
-    items = data.corpus_for(m, str(recordings))
+    m = registry.load("crepe")
+    items = corpus.corpus_for(m, str(recordings))
     assert len(items) == 6 and "recorded" in items.source
-    batch, described = data.example_batch(m, items, batch_size=2, seq_len=32, seed=0)
+    batch, described = corpus.example_batch(m, items, batch_size=2, seq_len=32, seed=0)
     found = fallbacks.find_fallbacks(m, batch, TARGETS, description=described)
     found.save(tmp_path / "fallbacks.json")
     # stage 1: the CPU fallbacks of CREPE's own layers on Neuron, named at torchcrepe's lines
@@ -58,7 +58,7 @@ def test_crepe_runs_through_the_stages_on_a_folder_of_recordings(tmp_path, recor
     assert dist.unit == "frames" and sorted(dist.lengths.tolist()) == [11, 16, 21, 26, 31, 36]
     hist = buckets.histogram(dist)
     plans = buckets.compare(hist, 2, 1)
-    trace = data.make_trace(items, m, 4, seed=0, dist=dist)
+    trace = corpus.make_trace(items, m, 4, seed=0, dist=dist)
     chosen = buckets.choose(hist, costs, 1e-7, buckets.Options.of({"serve_requests": 1000}), quiet=True)
     # stages 3 and 4 for TPU alone (their per-target code is shared; one target keeps the test short)
     chosen = {"tpu": chosen["tpu"]}

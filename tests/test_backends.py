@@ -6,12 +6,12 @@ import torch.nn.functional as F
 
 from conftest import FIXTURES, fixture_model
 from portkit.targets import backends
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.targets import numerics
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.core.errors import BadParameter
 
-TPU = targets.get("tpu")
+TPU = specs.get("tpu")
 
 
 class MatmulStack(torch.nn.Module):
@@ -93,7 +93,7 @@ def test_symbolic_shapes_are_refused_with_the_vendors_words():
 
 
 def test_ops_that_do_not_lower_are_reported_with_their_line():
-    m = models.load(fixture_model("svd_model"))
+    m = registry.load(fixture_model("svd_model"))
     inputs = m.encode(["Return the sum of a and b."], pad_to=8)
     line = next(i for i, t in enumerate(FIXTURES.read_text().splitlines(), 1) if "torch.linalg.svd" in t)
     counter = backends.CompileCounter(backends.emulated_backend("neuron"))

@@ -14,7 +14,7 @@ from torch._dynamo.backends.registry import lookup_backend
 import portkit
 from conftest import ROOT
 from portkit.targets import backends
-from portkit.targets import specs as targets
+from portkit.targets import specs
 
 GROUP = backends.ENTRY_POINTS   # the group portkit reads its own entry points from: pyproject.toml's
 
@@ -33,7 +33,7 @@ def declared() -> dict[str, str]:
 
 def test_the_entry_points_name_each_targets_backend_instance():
     eps = declared()
-    assert set(eps) == {targets.get(t).emulated_backend for t in targets.MIGRATION_TARGETS}
+    assert set(eps) == {specs.get(t).emulated_backend for t in specs.MIGRATION_TARGETS}
     for name, value in eps.items():
         module, _, attr = value.partition(":")
         backend = getattr(importlib.import_module(module), attr)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from portkit import cli
-from portkit.corpora import corpus as data
+from portkit.corpora import corpus
 
 DIR = object()
 
@@ -127,8 +127,8 @@ CASES = [
      "s.csv': column 'id' holds only numbers (first: '1')"),
     ("csv-short-row", run("-p", "corpus", "t.csv"), {"t.csv": b"id,text\n1,fine\n2\n"},
      "t.csv': line 3 has fewer fields than the header"),
-    ("corpus-huge", run("-p", "corpus", "huge.txt"), {"huge.txt": data.MAX_CORPUS_BYTES + 1},
-     f"huge.txt': {data.MAX_CORPUS_BYTES + 1:,} bytes, over portkit's limit of {data.MAX_CORPUS_BYTES:,}"),
+    ("corpus-huge", run("-p", "corpus", "huge.txt"), {"huge.txt": corpus.MAX_CORPUS_BYTES + 1},
+     f"huge.txt': {corpus.MAX_CORPUS_BYTES + 1:,} bytes, over portkit's limit of {corpus.MAX_CORPUS_BYTES:,}"),
     # --out: empty, not writable, a file, under a file, a folder that is not a run folder
     ("out-empty", run(out=""), {}, "invalid out_dir '': give a folder path"),
     ("out-unwritable", run(out="/proc/portkit-run"), {}, "invalid out folder '/proc/portkit-run': cannot create a folder in /proc"),

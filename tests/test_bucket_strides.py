@@ -13,10 +13,10 @@ from portkit.core.errors import BadParameter
 from portkit.core.findings import cause_key
 from portkit.corpora import corpus as data
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.planning import economics
 from portkit.stages.buckets import bucketed
-from portkit.stages.buckets import stage as buckets
+from portkit.stages.buckets import stage
 
 HOP, LONGEST, SHORTEST = 4, 256, 8
 
@@ -71,7 +71,7 @@ def declared(module, output: inputs.Output, name: str = "framed", shortest: int 
         dims=(inputs.Dim("batch", batch=True), inputs.Dim("samples", varies=True, max=longest, min=shortest)),
         build=build, measure=lambda items: {"samples": [len(c) for c in items]}, outputs=(output,),
         data=inputs.AUDIO, sample_rate=16_000)
-    return models.LoadedModel(name, inputs.WAVEFORM, module.eval(), "test model", declaration=decl)
+    return registry.LoadedModel(name, inputs.WAVEFORM, module.eval(), "test model", declaration=decl)
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +85,10 @@ def waves():
 
 def stage3(m, corpus, chosen: dict[str, list[int]]):
     """Stage 3's replay for each target's chosen buckets, as fit_buckets runs it: {target: TargetBuckets}."""
-    trace = data.make_trace(corpus, m, 6, seed=1, dist=buckets.distribution(corpus, m))
-    plans = {t: buckets.plan_buckets(b, "optimal", k=len(b)) for t, b in chosen.items()}   # exactly these buckets
+    trace = data.make_trace(corpus, m, 6, seed=1, dist=stage.distribution(corpus, m))
+    plans = {t: stage.plan_buckets(b, "optimal", k=len(b)) for t, b in chosen.items()}   # exactly these buckets
     costs = {t: economics.neuron_estimate(1_000_000) for t in chosen}
-    return buckets.replay_targets(m, trace, [], plans, costs, replay=buckets.Replay(progress=False))
+    return stage.replay_targets(m, trace, [], plans, costs, replay=stage.Replay(progress=False))
 
 
 def kinds(t) -> dict[str, str]:
@@ -155,7 +155,7 @@ def test_an_output_no_stride_explains_could_not_be_checked_and_is_no_blocker(wav
     assert "could not check padding of output(s) frames" in t.summary()
     saved = json.loads(json.dumps(t.to_dict()))
     assert saved["padding_ok"] is None and "frames" in saved["padding_unchecked"]
-    report = buckets.BucketReport({"name": "framed"}, {}, None, 2, [], {}, 1e-7, {"requests": 6}, {"tpu": t})
+    report = stage.BucketReport({"name": "framed"}, {}, None, 2, [], {}, 1e-7, {"requests": 6}, {"tpu": t})
     assert "could not check" in report.table("tpu").rows[-1][-1]
     assert all(row[-1].startswith("could not check: frames") for row in report.padding_table().rows)
 

@@ -16,7 +16,7 @@ from portkit.stages.buckets import bucketed
 from portkit.stages.buckets import stage as buckets
 from portkit.corpora import corpus as data
 from portkit.planning import economics
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.planning import planner
 from portkit.runfolder import results
 from portkit.core.errors import BadParameter
@@ -226,7 +226,7 @@ def test_bad_parameters_name_the_value_and_the_choices():
     with pytest.raises(BadParameter, match="overflow 'drop'.*truncate, reject"):
         buckets.Options.of({"overflow": "drop"})
     with pytest.raises(BadParameter, match="vit takes one input shape"):
-        buckets.distribution(None, models.load("vit"))
+        buckets.distribution(None, registry.load("vit"))
 
 
 # ---------------------------------------------------------------- running with buckets
@@ -242,7 +242,7 @@ def costs_for(m, lengths=(4, 16, 48)):
 
 @pytest.fixture(scope="module")
 def tiny():
-    return models.load(fixture_model("tiny_encoder"))
+    return registry.load(fixture_model("tiny_encoder"))
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +272,7 @@ def test_minilm_bucketed_outputs_equal_unpadded_ones(minilm, corpus, trace):
 
 @pytest.mark.parametrize("name", ["gpt2"])
 def test_decoder_bucketed_logits_equal_unpadded_ones(name, trace):
-    m = models.load(name)
+    m = registry.load(name)
     plan = buckets.plan_buckets([5, 17, 33], "linear", k=2)
     bm = bucketed.BucketedModel(m, plan, backend="aot_eager")
     bm.warm_up()
@@ -283,13 +283,13 @@ def test_decoder_bucketed_logits_equal_unpadded_ones(name, trace):
 
 
 def test_padding_check_catches_a_mask_bug(trace):
-    broken = models.load(fixture_model("mask_ignoring_model"))
+    broken = registry.load(fixture_model("mask_ignoring_model"))
     bm = bucketed.BucketedModel(broken, buckets.plan_buckets([4, 30], "optimal", k=1), backend="eager")
     bm.warm_up()
     checks = bucketed.check_padding(bm, trace)
     assert not checks[0]["ok"] and checks[0]["max_abs_error"] > 1e-2
     assert any(f.startswith("hidden") for f in checks[0]["failures"])
-    good = bucketed.BucketedModel(models.load(fixture_model("tiny_encoder")), bm.plan, backend="eager")
+    good = bucketed.BucketedModel(registry.load(fixture_model("tiny_encoder")), bm.plan, backend="eager")
     good.warm_up()
     assert bucketed.check_padding(good, trace)[0]["ok"]
 
@@ -408,8 +408,8 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
 def test_backend_is_the_targets_own_unless_named():
     from portkit.targets import backends
     from portkit.targets import selection
-    from portkit.targets import specs as targets
-    tpu = targets.detect("tpu")
+    from portkit.targets import specs
+    tpu = specs.detect("tpu")
     assert selection.check_backend(tpu, "auto") == "portkit_tpu"       # the emulated backend, one rule for both stages
     with pytest.raises(BadParameter, match="compile backend for target neuron"):
         buckets.Options.of({"backend": "inductor"}).check_targets(["neuron", "tpu"])
@@ -477,15 +477,15 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
 @pytest.mark.native
 @pytest.mark.parametrize("target,module,device", [("neuron", "torch_neuronx", "neuron"), ("tpu", "torch_tpu", "tpu")])
 def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, tmp_path):
-    from portkit.core import availability as probes
-    from portkit.targets import specs as targets
-    if not probes.device_available(module, device):
+    from portkit.core import availability
+    from portkit.targets import specs
+    if not availability.device_available(module, device):
         pytest.skip(f"needs {module} and a {device} device")
     report = buckets.fit_buckets(tiny, corpus, [target], tmp_path,
                                  buckets.Options.of({"bucket_count": 1, "requests": 3}), max_seq=32,
                                  replay=buckets.Replay(progress=False))
     t = report.targets[target]
-    assert t.target["mode"] == "native" and t.backend == targets.get(target).backend
+    assert t.target["mode"] == "native" and t.backend == specs.get(target).backend
     assert all(r.compiles_after_warmup == 0 for r in t.runs) and all(r.padding_ok for r in t.runs if r.plan)
 
 
@@ -568,8 +568,8 @@ def test_padding_that_a_mask_cannot_fix_is_work_with_the_mask_tried(corpus, modu
     (its adapter drops it) is told it needs exact-length batches or per-length buckets, with no advice about the
     mask; one that reads it gets that advice as a lead (not tried). Either is work, one finding per target."""
     torch.manual_seed(0)
-    m = models.LoadedModel("norm", models.TOKEN_CLASSIFIER, module().eval(), "test model",
-                           tokenizer=models.minilm_tokenizer())
+    m = registry.LoadedModel("norm", registry.TOKEN_CLASSIFIER, module().eval(), "test model",
+                           tokenizer=registry.minilm_tokenizer())
     trace = data.make_trace(corpus, m, 6, seed=1)
     plans = {"tpu": buckets.plan_buckets([8, 32], "optimal", k=2)}
     t = buckets.replay_targets(m, trace, [], plans, {"tpu": economics.neuron_estimate(10**6)},

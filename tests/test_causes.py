@@ -7,7 +7,7 @@ import torch
 
 from conftest import fixture_model
 from portkit.core import findings
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.compile import stage as compiling
 from portkit.stages.compile import steps
 from portkit.stages.fallbacks import stage as fallbacks
@@ -19,12 +19,12 @@ FIXTURES = ("gru_model", "cell_model", "cell_only_model", "data_dependent_model"
 
 @pytest.fixture(scope="module")
 def texts():
-    from portkit.corpora import corpus as data
-    return data.load_corpus()
+    from portkit.corpora import corpus
+    return corpus.load_corpus()
 
 
 def stage1(spec, seq=8):
-    m = models.load(spec)
+    m = registry.load(spec)
     return fallbacks.find_fallbacks(m, m.encode(TEXTS, pad_to=seq), ["neuron", "tpu"])
 
 
@@ -74,8 +74,8 @@ def test_host_syncs_on_one_line_are_one_finding_with_their_calls():
                 h = m(h)
             return {"out": h}
 
-    m = models.LoadedModel("syncs", models.TOKEN_CLASSIFIER, models.OutputsAdapter(Model()).eval(), "test",
-                           tokenizer=models.minilm_tokenizer())
+    m = registry.LoadedModel("syncs", registry.TOKEN_CLASSIFIER, registry.OutputsAdapter(Model()).eval(), "test",
+                           tokenizer=registry.minilm_tokenizer())
     report = fallbacks.find_fallbacks(m, m.encode(TEXTS, pad_to=6), ["neuron"])
     [sync] = [f for f in report.targets["neuron"].findings if f.kind == "host_sync"]
     assert sync.occurrences["calls"] == 5 and len(sync.occurrences["modules"]) == 4
@@ -90,7 +90,7 @@ def test_a_refusal_is_one_blocker_and_names_the_data_dependent_size(texts):
     """A size read with .item() (a codec's padding), captured as a symbol where a library sets
     capture_scalar_outputs: the refusal names the user's line, its cause and the advice that fixes it, and the
     capture, the storm and the fixed shape it stops are one finding."""
-    m = models.load(fixture_model("codec_padding_model"))
+    m = registry.load(fixture_model("codec_padding_model"))
     stream = steps.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
     opts = compiling.Options.of({"seq_len": 12, "requests": 4})
     with torch._dynamo.config.patch(capture_scalar_outputs=True):   # Dynamo's own scoped setting, restored after
@@ -122,7 +122,7 @@ def test_the_same_input_gives_the_same_result(texts):
     spec = fixture_model("data_dependent_model")
     first, second = (json.dumps(untimed(stage1(spec).to_dict()), sort_keys=True) for _ in range(2))
     assert first == second
-    m = models.load(fixture_model("tiny_encoder"))
+    m = registry.load(fixture_model("tiny_encoder"))
     stream = steps.make_requests(m, texts, 6, max_tokens=10, seed=0, horizon=6)
     opts = compiling.Options.of({"seq_len": 10, "requests": 6})
     runs = [steps.check_fixed_shapes(m, stream, ["neuron", "tpu"], opts) for _ in range(2)]
@@ -154,15 +154,15 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
     """Rule (one cause, one finding): a data-dependent size the static-shape compiler refuses, met by stage 2's
     compile, stage 3's bucket replay and stage 4's compiled run, has one cause in each (backends.compile_cause at
     the user's line), and the report lists it once, the most severe grade, every stage's evidence under it."""
-    from portkit.corpora import corpus as data
+    from portkit.corpora import corpus
     from portkit.planning import economics
-    from portkit.stages.accuracy import result as accuracy_result
+    from portkit.stages.accuracy import result
     from portkit.stages.accuracy import target_runs
     from portkit.stages.buckets import bucketed
     from portkit.stages.buckets import stage as buckets
     from portkit.stages.report import stage as report
 
-    m = models.load(fixture_model("codec_padding_model"))
+    m = registry.load(fixture_model("codec_padding_model"))
     inputs = m.encode(TEXTS, pad_to=12)
     cost = economics.neuron_estimate(10**6)
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
@@ -170,7 +170,7 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
         stage2 = compiling.compile_model(m, stream, ["neuron"], compiling.Options.of({"seq_len": 12, "requests": 4}),
                                          progress=False, compile_shapes=2, costs={"neuron": cost}).findings("neuron")
         plan = buckets.plan_buckets([4, 8, 12], "optimal", k=2, max_seq=12)
-        runs = bucketed.replay(m, data.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
+        runs = bucketed.replay(m, corpus.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
                                settings=bucketed.ReplaySettings(baseline=False, progress=False))
         stage3 = buckets.TargetBuckets({"name": "neuron", "mode": "emulated"}, "portkit_neuron", plan, cost,
                                        runs).findings()
@@ -178,9 +178,9 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
         with pytest.raises(Exception) as raised:
             torch.compile(m.module, backend="portkit_neuron", dynamic=False)(**inputs)
     refused = target_runs.refusal(raised.value, "portkit_neuron", False)
-    precision = accuracy_result.PrecisionResult({"name": "none"}, "eager", {}, {"decision": "pass", "passed": True},
+    precision = result.PrecisionResult({"name": "none"}, "eager", {}, {"decision": "pass", "passed": True},
                                                 None, None, {}, {})
-    stage4 = [f.to_dict() for f in accuracy_result.TargetAccuracy(
+    stage4 = [f.to_dict() for f in result.TargetAccuracy(
         {"name": "neuron"}, precision, [], {}, [], compile_refused=refused.to_dict()).findings()]
     blockers = {s: [f for f in found if f["severity"] == "blocker"]
                 for s, found in (("compile", stage2), ("buckets", stage3), ("accuracy", stage4))}

@@ -5,9 +5,9 @@ import pytest
 
 from conftest import fixture_model
 from portkit.core import grading
-from portkit.stages.compile import training as compile_training
-from portkit.stages.compile import stage as compiling
-from portkit.models import registry as models
+from portkit.stages.compile import training
+from portkit.stages.compile import stage
+from portkit.models import registry
 from portkit.core.errors import BadParameter
 
 
@@ -18,17 +18,17 @@ def _own_loss(module, batch):
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return models.load("gpt2")
+    return registry.load("gpt2")
 
 
 def _fixture(name, gpt2):
-    model = models.load(fixture_model(name))
+    model = registry.load(fixture_model(name))
     model.loss = _own_loss      # the loss a user's factory would declare
     return model
 
 
 def test_a_causal_lm_step_compiles_once_and_matches_eager_under_the_same_numerics(gpt2, corpus):
-    found = compile_training.check(gpt2, corpus, ["neuron", "tpu"], steps=3, batch_size=2, seq_len=16)
+    found = training.check(gpt2, corpus, ["neuron", "tpu"], steps=3, batch_size=2, seq_len=16)
     for name, t in found.items():
         assert t.backend == f"portkit_{name}" and t.loss == "next-token cross-entropy"
         assert t.joint_graphs == 1 and t.graphs == {"forward": 1, "backward": 1}, t.summary()
@@ -40,13 +40,13 @@ def test_a_causal_lm_step_compiles_once_and_matches_eager_under_the_same_numeric
 
 
 def test_a_graph_break_and_an_op_without_a_kernel_become_training_findings(gpt2, corpus):
-    broken = compile_training.check(_fixture("branch_model", gpt2), corpus, ["neuron"], steps=2, batch_size=2,
+    broken = training.check(_fixture("branch_model", gpt2), corpus, ["neuron"], steps=2, batch_size=2,
                                     seq_len=8)["neuron"]
     assert broken.joint_graphs >= 2
     kinds = {f[0]: f for f in broken.findings()}
     assert grading.severity("train_graph_break", kinds["train_graph_break"][1]) == "work"
     assert f"{broken.joint_graphs} graphs" in kinds["train_graph_break"][2]
-    svd = compile_training.check(_fixture("svd_model", gpt2), corpus, ["neuron"], steps=2, batch_size=2,
+    svd = training.check(_fixture("svd_model", gpt2), corpus, ["neuron"], steps=2, batch_size=2,
                                  seq_len=8)["neuron"]
     ops = {(o["op"], o["part"]) for o in svd.not_lowered}
     assert ("aten::_linalg_svd", "forward") in ops, ops
@@ -56,6 +56,6 @@ def test_a_graph_break_and_an_op_without_a_kernel_become_training_findings(gpt2,
 
 
 def test_the_stage_checks_a_training_step_with_one_compiling_step_then_the_proof(gpt2, corpus):
-    assert compile_training.STEPS >= 2                 # one compiling step, then at least one under the proof
+    assert training.STEPS >= 2                 # one compiling step, then at least one under the proof
     with pytest.raises(BadParameter, match="steps"):
-        compiling.check_training(gpt2, corpus, ["tpu"], steps=0)
+        stage.check_training(gpt2, corpus, ["tpu"], steps=0)

@@ -9,11 +9,11 @@ from conftest import FIXTURES, fixture_model
 from portkit.targets import backends
 from portkit.stages.compile import stage as compiling
 from portkit.planning import economics
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.targets import numerics
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.run import runner
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.core.errors import BadParameter
 
 MIGRATION = ("neuron", "tpu")
@@ -25,7 +25,7 @@ def line_of(marker: str) -> int:
 
 @pytest.fixture(scope="module")
 def small():
-    return models.load(fixture_model("small_encoder_model"))
+    return registry.load(fixture_model("small_encoder_model"))
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +130,9 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
         assert shared.compiles[0].check.numerics == alone.compiles[0].check.numerics   # each target's own rules
     assert both["tpu"].compiles[0].check.numerics != both["neuron"].compiles[0].check.numerics
     # a target that refuses the graph fails alone; the other is checked as before
-    from portkit.stages.compile import steps as compile_steps
+    from portkit.stages.compile import steps
     from portkit.core.errors import CompileRefused
-    real = compile_steps.selection.backend_for
+    real = steps.selection.backend_for
 
     class Refusing(backends.EmulatedBackend):
         def __call__(self, gm, example_inputs, options=None):
@@ -141,7 +141,7 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
     def backend_for(detected, backend, precision=None, **kwargs):
         chosen, device = real(detected, backend, precision, **kwargs)
         return (Refusing(chosen.target) if detected.name == "neuron" else chosen), device
-    monkeypatch.setattr(compile_steps.selection, "backend_for", backend_for)
+    monkeypatch.setattr(steps.selection, "backend_for", backend_for)
     both = compiling.check_fixed_shapes(small, uneven, MIGRATION, opts)
     assert both["neuron"].failure["kind"] == "refused" and both["neuron"].requests == 0
     assert both["tpu"].failure is None and both["tpu"].requests == 3 and "fail_on_recompile" in both["tpu"].armed
@@ -179,7 +179,7 @@ def test_precision_rules_are_applied_in_the_compiled_graph(small):
     module = small.module
     with torch.no_grad():
         plain = module(**inputs)["out"]
-        with numerics.emulate(targets.get("tpu")):
+        with numerics.emulate(specs.get("tpu")):
             emulated = module(**inputs)["out"]
         torch._dynamo.reset()
         compiled = torch.compile(module, backend="portkit_tpu", dynamic=False)(**inputs)["out"]
@@ -190,7 +190,7 @@ def test_precision_rules_are_applied_in_the_compiled_graph(small):
         # The rounded weights are computed outside the graph: a weight changed in place is rounded again.
         weight = module.model.out.weight
         weight.mul_(2)
-        with numerics.emulate(targets.get("tpu")):
+        with numerics.emulate(specs.get("tpu")):
             emulated_after = module(**inputs)["out"]
         compiled_after = torch.compile(module, backend="portkit_tpu", dynamic=False)(**inputs)["out"]
         weight.mul_(0.5)
@@ -206,7 +206,7 @@ def test_precision_rules_are_applied_in_the_compiled_graph(small):
 
 @pytest.mark.parametrize("name", MIGRATION)
 def test_dynamic_shapes_are_refused_with_the_vendors_words(small, name):
-    t = targets.get(name)
+    t = specs.get(name)
     inputs = small.encode(["Return the sum of a and b."], pad_to=10)
     torch._dynamo.reset()
     with torch.no_grad(), pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as caught:
@@ -216,12 +216,12 @@ def test_dynamic_shapes_are_refused_with_the_vendors_words(small, name):
 
 
 def test_data_dependent_sizes_are_refused_where_they_happen():
-    m = models.load(fixture_model("data_dependent_model"))
+    m = registry.load(fixture_model("data_dependent_model"))
     found = compiling.find_graph_breaks(m, m.encode(["def f(x): return x", "Sum."], pad_to=12), MIGRATION)
     assert found.fullgraph["ok"]                       # fullgraph=True captures it with unbacked sizes ...
     for name in MIGRATION:                             # ... which both targets refuse, at the user's line
         check = found.checks[name]
-        assert check["refused"].startswith(targets.get(name).dynamic_shape_error)
+        assert check["refused"].startswith(specs.get(name).dynamic_shape_error)
         assert f"models.py:{line_of('kept = h[mask.bool()]')}" in check["refused"]
     assert "neuron and tpu refuse" in found.summary()
 
@@ -236,13 +236,13 @@ def test_training_graphs_compile_forward_and_backward_and_dynamic_ones_are_refus
     assert all(p.grad is not None for p in small.module.parameters() if p.requires_grad)
     small.module.zero_grad(set_to_none=True)
     torch._dynamo.reset()
-    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=targets.get("neuron").dynamic_shape_error):
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=specs.get("neuron").dynamic_shape_error):
         torch.compile(small.module, backend="portkit_neuron", dynamic=True)(**inputs)
     torch._dynamo.reset()
 
 
 def test_graph_break_is_found_at_its_line():
-    m = models.load(fixture_model("branch_model"))
+    m = registry.load(fixture_model("branch_model"))
     found = compiling.find_graph_breaks(m, m.encode(["Return x."], pad_to=6), MIGRATION)
     branch = line_of("if h.mean() > 0:")
     assert len(found.breaks) == 1
@@ -254,7 +254,7 @@ def test_graph_break_is_found_at_its_line():
 
 
 def test_a_model_that_cannot_compile_gives_a_report(corpus):
-    m = models.load(fixture_model("branch_model"))
+    m = registry.load(fixture_model("branch_model"))
     stream = compiling.make_requests(m, corpus, n=2, max_tokens=16, seed=0, horizon=10)
     report = compiling.compile_model(m, stream, ["tpu"], compiling.Options.of({"seq_len": 8, "fullgraph": True}),
                                      progress=False, costs=costs_for(m))
@@ -267,7 +267,7 @@ def test_a_model_that_cannot_compile_gives_a_report(corpus):
 
 
 def test_an_op_missing_from_the_table_is_reported_with_its_line():
-    m = models.load(fixture_model("svd_model"))
+    m = registry.load(fixture_model("svd_model"))
     inputs = m.encode(["Return the sum of a and b."], pad_to=8)
     found = compiling.find_graph_breaks(m, inputs, MIGRATION)
     svd = next(o for o in found.checks["neuron"]["not_lowered"] if o["op"] == "aten::_linalg_svd")
@@ -305,7 +305,7 @@ def test_the_runner_runs_the_stage_after_fallbacks():
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
+@pytest.mark.skipif(not availability.device_available("torch_neuronx", "neuron"),
                     reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
     storm = compiling.recompile_storm(small, stream, "neuron", compiling.Options.defaults(), progress=False)
@@ -313,7 +313,7 @@ def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
+@pytest.mark.skipif(not availability.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_reads_the_compile_cache_stats(small, stream):
     storm = compiling.recompile_storm(small, stream, "tpu", compiling.Options.defaults(), progress=False)
     assert storm.backend == "tpu" and "torch.tpu:_get_cache_stats" in storm.vendor_metrics
@@ -396,7 +396,7 @@ def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, str
 
 
 def test_an_image_model_has_one_fixed_shape_named_in_full_and_no_sequence_to_price():
-    vit = models.load("vit")
+    vit = registry.load("vit")
     requests = compiling.make_requests(vit, None, 3)
     fixed = compiling.check_fixed_shape(vit, requests, "tpu", compiling.Options.defaults())
     dims = list(next(iter(requests.inputs[0].values())).shape)

@@ -14,7 +14,7 @@ from portkit.corpora import audio, images
 from portkit.corpora import corpus as data
 from portkit.models import audio as audio_models
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 
 pytest.importorskip("soundfile", reason="the audio extra is not installed (pip install 'portkit[audio]')")
 
@@ -72,7 +72,7 @@ def _checked_waveform_model(seen):
         dims=(inputs.Dim("batch", batch=True), inputs.Dim("samples", varies=True, max=RATE, min=16)),
         build=build, measure=measure, outputs=(inputs.Output("logits", inputs.CLASSIFIER),),
         data=inputs.AUDIO, masks={"samples": "mask"}, sample_rate=RATE)
-    return models.LoadedModel("checked-waves", inputs.CLASSIFIER, _Pooled(), "test", declaration=decl)
+    return registry.LoadedModel("checked-waves", inputs.CLASSIFIER, _Pooled(), "test", declaration=decl)
 
 
 @pytest.fixture
@@ -181,7 +181,7 @@ class _Convolved(nn.Module):
 def _image_model(channels, **normalised):
     decl = inputs.image_declaration(SIZE, (inputs.Output("logits", inputs.IMAGE_CLASSIFIER),), channels=channels,
                                     **normalised)
-    return models.LoadedModel(f"conv{channels}", inputs.IMAGE_CLASSIFIER, _Convolved(channels).eval(), "test",
+    return registry.LoadedModel(f"conv{channels}", inputs.IMAGE_CLASSIFIER, _Convolved(channels).eval(), "test",
                               image_size=SIZE, declaration=decl)
 
 

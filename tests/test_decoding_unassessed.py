@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.models import seq2seq
 from portkit.runfolder import results
 from portkit.stages.fallbacks import stage as fallbacks
@@ -38,7 +38,7 @@ def test_a_speech_encoder_decoder_is_never_ready_without_its_decoding_assessed(t
     """Rule: an encoder-decoder's decoding is assessed as generation or named in `unassessed` and the verdict's
     reason. The same stage-1-only run of an encoder (BERT) has nothing unassessed; Whisper's is not assessed,
     by name."""
-    m = models.load(models.validate(_whisper(tmp_path / "whisper")))
+    m = registry.load(registry.validate(_whisper(tmp_path / "whisper")))
     assert m.not_assessed == (seq2seq.DECODING,) and m.describe()["not_assessed"] == [seq2seq.DECODING]
     waves = [np.sin(np.linspace(0, 400, 16000)).astype(np.float32)] * 2
     (tmp_path / "w").mkdir()
@@ -48,7 +48,7 @@ def test_a_speech_encoder_decoder_is_never_ready_without_its_decoding_assessed(t
     assert tpu["open_questions"] == [{"stage": "model", **seq2seq.DECODING}]
     assert tpu["verdict"] == "not assessed"
     assert tpu["verdict_reason"].startswith(f"model: {question} not assessed ({seq2seq.DECODING['why']})")
-    encoder = models.load("bert")
+    encoder = registry.load("bert")
     assert encoder.not_assessed == ()
     (tmp_path / "e").mkdir()
     inputs = encoder.encode(["open a file", "return the sum of two numbers"], pad_to=16)
@@ -58,6 +58,6 @@ def test_a_speech_encoder_decoder_is_never_ready_without_its_decoding_assessed(t
 def test_every_encoder_decoder_names_its_decoding_as_not_assessed():
     """Rule: the question is the model's, read from its modules (one owner: seq2seq.not_assessed): T5 fed a
     teacher-forced target names it too; a causal LM (decoded by the generate workload) and an encoder do not."""
-    assert models.load("t5-pairs").not_assessed == (seq2seq.DECODING,)
-    assert models.load("t5").not_assessed == (seq2seq.DECODING,)
-    assert models.load("gpt2").not_assessed == ()
+    assert registry.load("t5-pairs").not_assessed == (seq2seq.DECODING,)
+    assert registry.load("t5").not_assessed == (seq2seq.DECODING,)
+    assert registry.load("gpt2").not_assessed == ()

@@ -18,7 +18,7 @@ from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.stages.fallbacks import stage as fallbacks
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.report import stage as report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def fake_xla(model, shape, topology, dtype):
 
 def _stages(spec: str, out: Path, seq_len: int = 32):
     """Stages 1, 2, 3, 4 and the report, as notebooks/0*.py call them, with small parameters."""
-    m = models.load(spec)
+    m = registry.load(spec)
     items = data.corpus_for(m)
     batch, described = data.example_batch(m, items, batch_size=2, seq_len=seq_len, seed=0)
     found = fallbacks.find_fallbacks(m, batch, TARGETS, description=described)
@@ -138,7 +138,7 @@ def _stage1(m, batch, described):
 def test_the_greyscale_example_takes_one_channel_of_real_photographs(tmp_path):
     from matplotlib import cbook
     from portkit.corpora import images
-    m = models.load(GREY)
+    m = registry.load(GREY)
     decl = m.declaration
     assert decl.fixed_shape and decl.dim("channels").size == 1 and decl.input_names == ("pixel_values",)
     assert data.corpus_for(m) is None                # no folder: crops of matplotlib's photographs, in grey
@@ -167,7 +167,7 @@ def test_the_greyscale_example_takes_one_channel_of_real_photographs(tmp_path):
 @needs_alsa
 def test_the_vad_stream_example_carries_its_tuple_state_through_a_step():
     from portkit.workloads import streaming
-    m = models.load(VAD)
+    m = registry.load(VAD)
     step = m.stream
     assert step.state_leaves == {"state_0_0": (-1, 64), "state_0_1": (-1, 64), "state_1": (-1, 64)}
     assert [(o.name, o.metric, o.threshold) for o in step.outputs] == [("speech", "probability", 0.5)]
@@ -201,7 +201,7 @@ def test_the_vad_stream_example_carries_its_tuple_state_through_a_step():
 
 # ---------------------------------------------------------------- two varying dimensions
 def test_the_two_lengths_example_pads_each_side_to_its_own_size():
-    m = models.load(PAIRS)
+    m = registry.load(PAIRS)
     decl = m.declaration
     assert decl.varying_names == ("summary", "body") and m.seq_dim == "summary"
     assert decl.masks == {"summary": "summary_mask", "body": "body_mask"}

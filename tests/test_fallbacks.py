@@ -8,14 +8,14 @@ from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
 from portkit.stages.fallbacks import stage as fallbacks
 from portkit.core import frames
-from portkit.models import registry as models
-from portkit.core import availability as probes
+from portkit.models import registry
+from portkit.core import availability
 from portkit.runfolder import results
 from portkit.core.errors import BadParameter
 
 
 def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
-    m = models.load(spec)
+    m = registry.load(spec)
     texts = corpus.sample(2, seed=0) if corpus is not None else ["def f(x): return x", "Sum the values."]
     return fallbacks.find_fallbacks(m, m.encode(texts, pad_to=seq), targets, train=train)
 
@@ -95,13 +95,13 @@ def test_plain_rnn_layers_and_cells_are_found_by_type_as_info():
 
 def report_features(spec):
     from portkit.stages.fallbacks import recording
-    m = models.load(spec)
+    m = registry.load(spec)
     return recording.record(m.module, m.encode(["one two three"], pad_to=4)).features
 
 
 def _hf(module, name, inputs):
     """A Hugging Face module built from its public architecture's config (random weights), run on `inputs`."""
-    m = models.LoadedModel(name, models.TOKEN_CLASSIFIER, module.eval(), "random weights from a small config",
+    m = registry.LoadedModel(name, registry.TOKEN_CLASSIFIER, module.eval(), "random weights from a small config",
                            input_names=tuple(inputs))
     return fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"])
 
@@ -208,7 +208,7 @@ def test_reference_target_classifies_against_its_own_kernels():
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"),
+@pytest.mark.skipif(not availability.device_available("torch_neuronx", "neuron"),
                     reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_collects_the_vendor_record():
     report = run("bert", targets=["neuron"])
@@ -217,7 +217,7 @@ def test_native_neuron_collects_the_vendor_record():
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
+@pytest.mark.skipif(not availability.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_collects_fallback_messages():
     report = run("bert", targets=["tpu"])
     assert "fallback_messages" in report.targets["tpu"].vendor_record
@@ -239,7 +239,7 @@ def elu_model():
 
 
 def test_an_op_the_neuron_compiler_decomposes_falls_back_eagerly_but_lowers_compiled():
-    m = models.load(f"{__file__}:elu_model")
+    m = registry.load(f"{__file__}:elu_model")
     inputs = m.encode(["def f(x): return x"], pad_to=8)
     eager = next(o for o in fallbacks.find_fallbacks(m, inputs, ["neuron"]).targets["neuron"].ops
                  if o["op"] == "aten::elu")
@@ -251,7 +251,7 @@ def test_an_op_the_neuron_compiler_decomposes_falls_back_eagerly_but_lowers_comp
 
 
 def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(corpus):
-    gpt2 = models.load("gpt2")
+    gpt2 = registry.load("gpt2")
     inputs, described = data.example_batch(gpt2, corpus, batch_size=2, seq_len=32, seed=0)
     prompts = list(corpus.sample(2, 0))
     served = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], description=described, workload="generate",

@@ -5,14 +5,14 @@ import torch
 
 from portkit.targets import backends
 from portkit.workloads import generation
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.core.errors import BadParameter
 from tests.fixtures.sections import read_section
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return models.load("llama")
+    return registry.load("llama")
 
 
 def test_static_cache_same_tokens_as_eager_and_no_compile_after_warm_up(llama, corpus):
@@ -118,7 +118,7 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     from portkit.planning import economics
     from portkit.stages.buckets import generation as generation_buckets
     from portkit.stages.report import stage as report
-    gpt2 = models.load("gpt2")
+    gpt2 = registry.load("gpt2")
     costs = {"neuron": economics.neuron_estimate(gpt2.parameters),
              "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}
     found = buckets.serving_plans(gpt2, corpus, costs, token_seconds=2e-5,
@@ -138,5 +138,5 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     read_section("buckets", out, data={"generation": found.to_dict()})
     assert "warm-up compiles" in out.metrics["buckets"]["generation buckets (auto)"]
     with pytest.raises(BadParameter, match="causal"):
-        buckets.serving_plans(models.load("minilm"), corpus, costs, 2e-5,
+        buckets.serving_plans(registry.load("minilm"), corpus, costs, 2e-5,
                               buckets.Options.of({"new_tokens": 16, "serve_requests": 100_000}))

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.core.errors import BadParameter
-from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.accuracy import stage
 from portkit.stages.accuracy import target_runs
 from portkit.targets import gpu_baseline, numerics
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from tests.fixtures.sections import read_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,21 +130,21 @@ def _baseline(name: str, module=None):
     module = module or _Named()
     x = torch.randn(4, 16, dtype=module.linear.weight.dtype)
     plain = target_runs.forward(module, {"x": x})
-    opts = accuracy.Options.of({"gpu_numerics": name})
-    return accuracy._baseline(module, {"x": x}, plain, None, "y", None, opts), plain, module
+    opts = stage.Options.of({"gpu_numerics": name})
+    return stage._baseline(module, {"x": x}, plain, None, "y", None, opts), plain, module
 
 
 def test_without_a_gpu_the_baseline_is_emulated_and_says_so(monkeypatch):
-    monkeypatch.setattr(probes, "cuda_available", lambda: False)
-    monkeypatch.setenv(targets.MODE_VARIABLE, "auto")
+    monkeypatch.setattr(availability, "cuda_available", lambda: False)
+    monkeypatch.setenv(specs.MODE_VARIABLE, "auto")
     found, plain, _ = _baseline("tf32")
     assert found["mode"] == "emulated" and found["measured"] == "emulated on the CPU (no GPU present)"
     assert not torch.equal(found["outputs"]["y"], plain["y"])     # TF32 operands, emulated
 
 
 def test_a_gpu_host_asked_for_emulation_emulates_and_says_why(monkeypatch):
-    monkeypatch.setattr(probes, "cuda_available", lambda: True)
-    monkeypatch.setenv(targets.MODE_VARIABLE, "emulated")
+    monkeypatch.setattr(availability, "cuda_available", lambda: True)
+    monkeypatch.setenv(specs.MODE_VARIABLE, "emulated")
     found, _, _ = _baseline("fp32")
     assert found["mode"] == "emulated" and found["measured"] == "emulated on the CPU (PORTKIT_MODE=emulated)"
 
@@ -153,8 +153,8 @@ def test_a_gpu_host_asked_for_emulation_emulates_and_says_why(monkeypatch):
 def test_the_native_path_runs_end_to_end_on_a_stand_in_device(monkeypatch, name):
     """A GPU reported present and the device replaced by the CPU: the native path (a float32 copy, the setting's
     flags and autocast, outputs back in float64) runs whole, and the user's module is not touched."""
-    monkeypatch.setattr(probes, "cuda_available", lambda: True)
-    monkeypatch.setenv(targets.MODE_VARIABLE, "auto")
+    monkeypatch.setattr(availability, "cuda_available", lambda: True)
+    monkeypatch.setenv(specs.MODE_VARIABLE, "auto")
     monkeypatch.setattr(gpu_baseline, "measure", functools.partial(gpu_baseline.measure, device="cpu"))
     before = _state()
     found, plain, module = _baseline(name, _Named(torch.float64))

@@ -129,9 +129,9 @@ def test_a_plain_torch_library_op_is_work_and_a_compiled_kernel_a_blocker(fixtur
     kernel of their own; a torch.library op whose kernel is a Python function of torch ops runs on the target,
     opaque to its compiler (grading case PLAIN_TORCH: work), as stage 2's foreign_op grades it."""
     from conftest import fixture_model
-    from portkit.models import registry as models
-    from portkit.stages.fallbacks import stage as fallbacks
-    m = models.load(fixture_model(fixture))
-    report = fallbacks.find_fallbacks(m, m.encode(["def f(x): return x", "Sum."], pad_to=8), ["neuron"])
+    from portkit.models import registry
+    from portkit.stages.fallbacks import stage
+    m = registry.load(fixture_model(fixture))
+    report = stage.find_fallbacks(m, m.encode(["def f(x): return x", "Sum."], pad_to=8), ["neuron"])
     [found] = [f for f in report.targets["neuron"].findings if f.kind == "custom_op"]
     assert found.severity == severity and advice in found.advice

@@ -12,7 +12,7 @@ from portkit.core import frames
 from portkit.core import reconcile
 from portkit.core import torch_private as _torch
 from portkit.corpora.requests import Requests
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.compile import stage as compiling
 from portkit.stages.fallbacks import recording
 from portkit.stages.fallbacks import stage as fallbacks
@@ -91,8 +91,8 @@ class GroupedExperts(nn.Module):
 
 
 def compiled_findings(module: nn.Module, targets=("neuron", "tpu")) -> compiling.CompileReport:
-    m = models.LoadedModel(type(module).__name__, models.TOKEN_CLASSIFIER, models.OutputsAdapter(module).eval(),
-                           "test module", tokenizer=models.minilm_tokenizer())
+    m = registry.LoadedModel(type(module).__name__, registry.TOKEN_CLASSIFIER, registry.OutputsAdapter(module).eval(),
+                           "test module", tokenizer=registry.minilm_tokenizer())
     text = "Experts split the tokens into groups."
     requests = Requests([[text]], [m.encode([text], pad_to=8)], "test", m)
     cost = compiling.economics.neuron_estimate(10**6)    # not about the price of a compile
@@ -146,11 +146,11 @@ class ScaledTagger(nn.Module):
 def test_a_non_aten_op_in_the_training_steps_graphs_is_one_finding_too(corpus):
     """Rule: the training step's compiled graphs are compiled graphs too: an op outside PyTorch's namespaces there
     is listed and becomes the stage's one finding for that op (not one per graph or workload)."""
-    from portkit.stages.compile import training as compile_training
-    m = models.LoadedModel("scaled", models.TOKEN_CLASSIFIER, ScaledTagger(), "test module",
-                           tokenizer=models.minilm_tokenizer())
+    from portkit.stages.compile import training
+    m = registry.LoadedModel("scaled", registry.TOKEN_CLASSIFIER, ScaledTagger(), "test module",
+                           tokenizer=registry.minilm_tokenizer())
     m.loss = lambda module, batch: module(**batch)["logits"].square().mean()
-    found = compile_training.check(m, corpus, ["neuron"], steps=2, batch_size=2, seq_len=8)["neuron"]
+    found = training.check(m, corpus, ["neuron"], steps=2, batch_size=2, seq_len=8)["neuron"]
     assert [op["op"] for op in found.foreign_ops] == ["portkit_test_user::scaled"] and found.refused is None
     inference = {"foreign_ops": found.foreign_ops}   # the same op in the inference graphs: still one finding
     for check in ({}, inference):
@@ -204,7 +204,7 @@ def test_data_dependence_is_what_pytorchs_fake_kernel_says(call, depends):
 def test_a_finding_in_portkits_own_adapter_is_portkits_not_the_users():
     """Rule: a finding located in portkit's model wrappers (portkit/models/adapters.py: here the built-in LSTM
     tagger's recurrent layer) is owned by portkit, with advice about a factory of the user's own, never "user"."""
-    m = models.load("lstm")
+    m = registry.load("lstm")
     found = fallbacks.find_fallbacks(m, m.encode(["Return x."], pad_to=6), ["neuron"])
     [f] = [f for f in found.targets["neuron"].findings if f.kind == "recurrent"]
     assert f.where["file"].endswith("portkit/models/adapters.py")

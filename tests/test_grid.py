@@ -9,7 +9,7 @@ from portkit.stages.buckets import stage as buckets
 from portkit.planning import economics
 from portkit.planning import grid
 from portkit.stages.buckets import grid as grid_costs
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.report import stage as report
 from portkit.models import seq2seq
 from portkit.core.errors import BadParameter
@@ -58,7 +58,7 @@ def test_compiles_and_padding_are_priced_together():
 # ---------------------------------------------------------------- the grid in stage 3 (portkit/stages/buckets/grid.py)
 @pytest.fixture(scope="module")
 def t5_pairs():
-    return models.load("t5-pairs")
+    return registry.load("t5-pairs")
 
 
 def test_t5_pairs_declares_two_lengths_that_vary_apart_on_real_texts(t5_pairs, corpus):
@@ -104,4 +104,4 @@ def test_stage_3_prices_a_grid_per_target_and_the_report_shows_it(t5_pairs, corp
     out = report.TargetReport("tpu", "TPU", "emulated")
     read_section("buckets", out, data={"grid": found.to_dict()})
     assert "ratio" in out.metrics["buckets"]["grid plan (source x target)"]
-    assert buckets.grid(models.load("minilm"), corpus, ["tpu"], {}) is None     # one varying dimension
+    assert buckets.grid(registry.load("minilm"), corpus, ["tpu"], {}) is None     # one varying dimension

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, fixture_model
 from portkit import cli
-from portkit.corpora import corpus as data
+from portkit.corpora import corpus
 from portkit.run import runner
 from portkit.runfolder import layout
 
@@ -103,11 +103,11 @@ def test_repeated_lists_are_deduplicated_with_a_note(monkeypatch, capsys):
 
 def test_a_text_far_beyond_any_models_maximum_is_cut_in_the_plan_step(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "long.txt").write_text("short text\n" + "word " * (data.MAX_TEXT_CHARS // 2) + "\n")
+    (tmp_path / "long.txt").write_text("short text\n" + "word " * (corpus.MAX_TEXT_CHARS // 2) + "\n")
     runner.plan("minilm", ["neuron"], "run", {"corpus": "long.txt"}, "fallbacks")
-    assert (f"corpus long.txt: 1 text(s) longer than {data.MAX_TEXT_CHARS:,} characters (the longest "
-            f"{data.MAX_TEXT_CHARS * 5 // 2 - 1:,}) cut to {data.MAX_TEXT_CHARS:,}") in capsys.readouterr().out
-    assert max(len(t) for t in data.load_corpus(str(tmp_path / "long.txt")).texts) == data.MAX_TEXT_CHARS
+    assert (f"corpus long.txt: 1 text(s) longer than {corpus.MAX_TEXT_CHARS:,} characters (the longest "
+            f"{corpus.MAX_TEXT_CHARS * 5 // 2 - 1:,}) cut to {corpus.MAX_TEXT_CHARS:,}") in capsys.readouterr().out
+    assert max(len(t) for t in corpus.load_corpus(str(tmp_path / "long.txt")).texts) == corpus.MAX_TEXT_CHARS
     assert not (tmp_path / "run").exists()
 
 
@@ -206,7 +206,7 @@ def test_an_image_declaration_is_the_one_source_of_the_image_size():
     declaration = inputs.image_declaration(8, (inputs.Output("logits", "classifier"),), channels=1)
     model = registry.LoadedModel("gray", "classifier", torch.nn.Flatten(), "test", declaration=declaration)
     assert model.image_size == 8
-    batch, label = data.example_batch(model, None, 2, 8)
+    batch, label = corpus.example_batch(model, None, 2, 8)
     assert batch["pixel_values"].shape == (2, 1, 8, 8) and label == "2 image crops of 8x8"
     with pytest.raises(BadParameter, match="invalid image_size 16: the declaration's images are 8x8"):
         registry.LoadedModel("gray", "classifier", torch.nn.Flatten(), "test", declaration=declaration, image_size=16)
@@ -217,10 +217,10 @@ def test_libraries_fd_output_in_a_kernel_goes_to_the_run_kernel_log_not_the_term
     copies into the notebook and onto the descriptor: a kernel started with a log holds it there, never on the
     terminal; the same line forwarded by papermill (progress shown) goes to the log too."""
     from jupyter_core.utils import run_sync
-    from portkit.run import jupyter_kernels as kernels
+    from portkit.run import jupyter_kernels
     log = tmp_path / layout.KERNEL_LOG
     warning = "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type"
-    with kernels.SharedKernel(log=log) as kernel:
+    with jupyter_kernels.SharedKernel(log=log) as kernel:
         client = kernel.for_stage().client()
         client.start_channels()
         try:

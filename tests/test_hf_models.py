@@ -11,10 +11,10 @@ import torch
 from portkit import cli
 from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.corpora import images
-from portkit.models import abstract as abstract_models
+from portkit.models import abstract
 from portkit.models import huggingface as hf
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 
 WORDS = "the a of to and in is it for on return sum numbers open network socket add two hello world".split()
 
@@ -67,8 +67,8 @@ TEXTS = ["return the sum of two numbers", "open a network socket", "hello world"
                                              (_gpt2, inputs.CAUSAL_LM, 3), (_t5, inputs.SEQ2SEQ_LM, 3)])
 def test_text_directories_load_through_their_task_and_tokenizer(tmp_path, build, kind, rank):
     folder = _text_dir(tmp_path, "m", build)
-    assert models.validate(str(folder)) == str(folder)
-    m = models.load(str(folder))
+    assert registry.validate(str(folder)) == str(folder)
+    m = registry.load(str(folder))
     assert m.kind == kind and m.declaration.primary.metric == kind and m.tokenizer_name == "m"
     batch = m.encode(TEXTS, pad_to=12)
     with torch.no_grad():
@@ -88,8 +88,8 @@ def _whisper(tmp_path, **extractor):
 
 def test_a_saved_whisper_directory_loads_and_runs_on_its_feature_extractors_input(tmp_path):
     folder = _whisper(tmp_path)
-    assert models.validate(str(folder)) == str(folder)
-    m = models.load(str(folder))
+    assert registry.validate(str(folder)) == str(folder)
+    m = registry.load(str(folder))
     assert m.declaration.data == inputs.AUDIO and m.declaration.fixed_shape
     waves = [np.sin(np.linspace(0, 400, n)).astype(np.float32) for n in (8000, 16000)]
     batch = m.encode(waves)
@@ -101,7 +101,7 @@ def test_a_saved_whisper_directory_loads_and_runs_on_its_feature_extractors_inpu
 def test_a_whisper_directory_whose_feature_extractor_does_not_fit_is_refused_in_one_line(tmp_path):
     folder = _whisper(tmp_path, chunk_length=10)
     with pytest.raises(BadParameter, match=r"makes 1000 frames and its encoder takes 3000"):
-        models.validate(str(folder))
+        registry.validate(str(folder))
 
 
 def _w2v_config(**extra):
@@ -118,7 +118,7 @@ def test_wav2vec2_directories_run_on_framed_waveforms(tmp_path, task):
     cls = Wav2Vec2ForCTC if task == "ctc" else Wav2Vec2ForSequenceClassification
     folder = _save(tmp_path / "w2v", cls(_w2v_config(num_labels=4)), Wav2Vec2FeatureExtractor())
     assert hf.task_of(hf.read_config(folder)) == task
-    m = models.load(models.validate(str(folder)))
+    m = registry.load(registry.validate(str(folder)))
     batch = m.encode([np.random.default_rng(0).standard_normal(n).astype(np.float32) for n in (3200, 6400)])
     with torch.no_grad():
         logits = m(batch)["logits"]
@@ -133,7 +133,7 @@ def _vit(tmp_path, side):
 
 
 def test_an_image_classifier_directory_uses_its_image_processor(tmp_path):
-    m = models.load(models.validate(str(_vit(tmp_path, 32))))
+    m = registry.load(registry.validate(str(_vit(tmp_path, 32))))
     assert m.image_size == 32 and m.kind == inputs.IMAGE_CLASSIFIER
     batch = m.encode(images.sample_images(2, 32, seed=0))
     assert batch["pixel_values"].shape == (2, 3, 32, 32)
@@ -141,7 +141,7 @@ def test_an_image_classifier_directory_uses_its_image_processor(tmp_path):
     with torch.no_grad():
         assert m(batch)["logits"].shape == (2, 5)
     with pytest.raises(BadParameter, match=r"makes 224x224 images and its config takes 32x32"):
-        models.validate(str(_vit(tmp_path, 224)))
+        registry.validate(str(_vit(tmp_path, 224)))
 
 
 def test_a_vision_language_encoder_is_a_zero_shot_image_classifier(tmp_path):
@@ -153,7 +153,7 @@ def test_a_vision_language_encoder_is_a_zero_shot_image_classifier(tmp_path):
                                     "num_hidden_layers": 1, "num_attention_heads": 2}, projection_dim=16)
     processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     folder = _save(tmp_path / "clip", CLIPModel(cfg), processor, tokenizer)
-    m = models.load(models.validate(str(folder)))
+    m = registry.load(registry.validate(str(folder)))
     with torch.no_grad():
         assert m(m.encode(images.sample_images(3, m.image_size, seed=0)))["logits"].shape == (3, len(hf.CAPTIONS))
 
@@ -163,7 +163,7 @@ def test_a_vocabulary_larger_than_the_config_is_refused_in_the_plan_step(tmp_pat
     folder = _save(tmp_path / "lm", _gpt2(20), tokenizer)
     with pytest.raises(BadParameter, match=rf"vocab_size \(20\) is smaller than its tokenizer's vocabulary "
                                            rf"\({len(tokenizer)}\).*resize_token_embeddings"):
-        models.validate(str(folder))
+        registry.validate(str(folder))
     _one_line_exit_2(tmp_path, monkeypatch, capsys, str(folder), "vocab_size (20)")
 
 
@@ -181,18 +181,18 @@ def test_tasks_portkit_cannot_feed_are_refused_in_one_line_with_the_way_to_decla
     folder = _save(tmp_path / "qa", BertForQuestionAnswering(BertConfig(
         vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)))
     with pytest.raises(BadParameter, match=r"'BertForQuestionAnswering'.*speech recognition.*file.py:build"):
-        models.validate(str(folder))
+        registry.validate(str(folder))
     _one_line_exit_2(tmp_path, monkeypatch, capsys, str(folder), "BertForQuestionAnswering")
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "config.json").write_text('{"model_type": "no-such-type", "architectures": ["X"]}')
     with pytest.raises(BadParameter, match="model_type.*'no-such-type'"):
-        models.validate(str(tmp_path / "odd"))
+        registry.validate(str(tmp_path / "odd"))
 
 
 def test_a_module_path_with_a_typo_in_a_submodule_fails_in_the_plan_step(tmp_path, monkeypatch, capsys):
     with pytest.raises(BadParameter, match=r"unknown module in portkit 'modelz'; choose one of: .*models"):
-        models.validate("portkit.modelz:build")
-    assert models.validate("portkit.models.registry:load") == "portkit.models.registry:load"
+        registry.validate("portkit.modelz:build")
+    assert registry.validate("portkit.models.registry:load") == "portkit.models.registry:load"
     _one_line_exit_2(tmp_path, monkeypatch, capsys, "portkit.modelz:build", "'modelz'")
 
 
@@ -210,15 +210,15 @@ def test_a_hub_id_loads_from_the_cache_pinned_to_its_commit(tmp_path, monkeypatc
     cache, commit = _hub_cache(tmp_path, _text_dir(tmp_path, "m", _bert_classifier))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert models.validate("org/tiny") == f"org/tiny@{commit}"
-    m = models.load(f"org/tiny@{commit}")
+    assert registry.validate("org/tiny") == f"org/tiny@{commit}"
+    m = registry.load(f"org/tiny@{commit}")
     assert m.name == "org/tiny" and commit in m.origin and m.kind == inputs.CLASSIFIER
-    assert models.size_hint("org/tiny") > 0
+    assert registry.size_hint("org/tiny") > 0
     with torch.no_grad():
         assert m(m.encode(TEXTS))["logits"].shape == (3, 3)
     with pytest.raises(NeedsNetwork, match=r"'org/missing'.*tried revision main in the Hugging Face cache "
                                            r".*hf download org/missing"):
-        models.validate("org/missing")
+        registry.validate("org/missing")
 
 
 def test_a_config_without_weights_is_a_real_size_model_on_the_meta_device(tmp_path, monkeypatch):
@@ -227,18 +227,18 @@ def test_a_config_without_weights_is_a_real_size_model_on_the_meta_device(tmp_pa
     (tmp_path / "cfg" / "config.json").write_text((tmp_path / "cfg" / "config.json").read_text().replace(
         '"model_type"', '"architectures": ["GPT2LMHeadModel"], "model_type"'))
     monkeypatch.chdir(tmp_path)
-    spec = models.validate("cfg")
-    assert spec == str(tmp_path / "cfg") and abstract_models.is_name(spec) and not abstract_models.is_name("cfg")
-    module = abstract_models.build(spec)
-    assert abstract_models.is_abstract(module)
-    described = abstract_models.describe(module)
+    spec = registry.validate("cfg")
+    assert spec == str(tmp_path / "cfg") and abstract.is_name(spec) and not abstract.is_name("cfg")
+    module = abstract.build(spec)
+    assert abstract.is_abstract(module)
+    described = abstract.describe(module)
     assert described["abstract"] and described["name"] == "cfg" and described["kind"] == "causal-lm"
-    assert abstract_models.text_shape(module, 1, 128) == {"input_ids": ((1, 128), "int64")}
+    assert abstract.text_shape(module, 1, 128) == {"input_ids": ((1, 128), "int64")}
     with pytest.raises(BadParameter, match="no weights"):
-        models.load(spec)
+        registry.load(spec)
     cache, commit = _hub_cache(tmp_path, tmp_path / "cfg", "org/cfg-only")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    assert abstract_models.is_name(models.validate("org/cfg-only"))
+    assert abstract.is_name(registry.validate("org/cfg-only"))
 
 
 def test_a_config_without_weights_of_another_task_is_refused(tmp_path):
@@ -248,7 +248,7 @@ def test_a_config_without_weights_of_another_task_is_refused(tmp_path):
     (tmp_path / "w" / "config.json").write_text(
         text.replace('"model_type"', '"architectures": ["WhisperForConditionalGeneration"], "model_type"'))
     with pytest.raises(BadParameter, match="holds no weights.*not speech-seq2seq"):
-        models.validate(str(tmp_path / "w"))
+        registry.validate(str(tmp_path / "w"))
 
 
 def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
@@ -257,14 +257,14 @@ def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
     broken.backend_tokenizer.pre_tokenizer = None     # no word splitting: whole texts, unknown, become [UNK]
     folder = _save(tmp_path / "m", BertModel(BertConfig(vocab_size=len(broken), hidden_size=32, num_hidden_layers=1,
                                                        num_attention_heads=2, intermediate_size=64)), broken)
-    m = models.load(str(folder))
+    m = registry.load(str(folder))
     found = hf.tokenizer_roundtrip(m, TEXTS)
     assert found is not None and found["lost"] > 0.5
     assert found["message"].startswith("tokenizer does not round-trip: ") and "% of characters lost" in found["message"]
     # stage 1 reports it for every target, a cause of its own that torch.compile does not change
     from portkit.core import reconcile
-    from portkit.stages.fallbacks import stage as fallbacks
-    report = fallbacks.find_fallbacks(m, m.encode(TEXTS[:2], pad_to=16), ["neuron", "tpu"], texts=TEXTS).to_dict()
+    from portkit.stages.fallbacks import stage
+    report = stage.find_fallbacks(m, m.encode(TEXTS[:2], pad_to=16), ["neuron", "tpu"], texts=TEXTS).to_dict()
     for target in ("neuron", "tpu"):
         [f] = [f for f in report["targets"][target]["findings"] if f["kind"] == "tokenizer_roundtrip"]
         assert f["severity"] == "blocker" and f["occurrences"]["lost"] == found["lost"]
@@ -294,8 +294,8 @@ def test_a_spectrogram_audio_classifier_runs_on_its_feature_extractors_window(tm
     ASTForAudioClassification(ASTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_labels=3,
                                         intermediate_size=64, max_length=64, num_mel_bins=32)).save_pretrained(folder)
     ASTFeatureExtractor(num_mel_bins=32, max_length=64).save_pretrained(folder)
-    models.validate(str(folder))
-    m = models.load(str(folder))
+    registry.validate(str(folder))
+    m = registry.load(str(folder))
     waves = [np.sin(np.linspace(0, 300, n)).astype(np.float32) for n in (8000, 16000)]
     batch = m.declaration.batch(waves)
     assert tuple(batch["input_values"].shape) == (2, 64, 32)              # one fixed window: nothing varies
@@ -334,7 +334,7 @@ def test_a_hub_models_remote_code_is_scanned_without_running_it(tmp_path, monkey
     cache, _ = _hub_cache(tmp_path, folder, "org/custom")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     with pytest.raises(BadParameter, match="portkit scan"):
-        models.validate("org/custom")
+        registry.validate("org/custom")
     assert cli.main(["scan", "org/custom", "--target", "tpu"]) == 0
     out = capsys.readouterr().out
     assert "scanned 1 file(s)" in out and "nothing imported or run" in out
@@ -367,10 +367,10 @@ def test_a_tokenizer_of_another_model_is_refused_in_the_plan_step(tmp_path, monk
     with pytest.raises(BadParameter, match=r"its tokenizer \(\w+, model BPE, 30522 entries for "
                                            r"a 50265-row embedding table\) is not this model's: it splits text into "
                                            r"single characters \(4\.0 tokens per word of 4\.0 characters\)"):
-        models.validate(str(folder))
+        registry.validate(str(folder))
     _one_line_exit_2(tmp_path, monkeypatch, capsys, str(folder), "splits text into single characters")
     own = _save(tmp_path / "own", bert, hf.minilm_tokenizer())
-    assert models.validate(str(own)) == str(own)
+    assert registry.validate(str(own)) == str(own)
 
 
 def test_each_rule_of_the_tokenizer_check_reads_a_tokenizer_built_to_break_it(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.core.errors import BadParameter
 
 
@@ -84,13 +84,13 @@ def test_a_declaration_refuses_what_it_cannot_mean():
 def test_text_and_image_models_are_two_instances_of_the_contract(minilm):
     text = minilm.declaration
     assert text.data == inputs.TEXT and text.varying_names == ("tokens",) and text.masks == {"tokens": "attention_mask"}
-    assert text.primary == inputs.Output("embedding", models.EMBEDDING)
+    assert text.primary == inputs.Output("embedding", registry.EMBEDDING)
     texts = ["Return the sum of a and b.", "Open the file."]
     assert minilm.token_lengths(texts) == text.lengths(texts)["tokens"]
     batch = minilm.encode(texts, pad_to=16)
     assert set(batch) == {"input_ids", "attention_mask", "token_type_ids"} and batch["input_ids"].shape == (2, 16)
     assert text.real_lengths(batch)["tokens"] == minilm.token_lengths(texts)
-    vit = models.load("vit")
+    vit = registry.load("vit")
     image = vit.declaration
     assert image.fixed_shape and vit.seq_dim is None and image.shape_of("pixel_values", 2, {}) == (2, 3, 64, 64)
     assert vit.describe()["declaration"]["varying"] == []
@@ -99,7 +99,7 @@ def test_text_and_image_models_are_two_instances_of_the_contract(minilm):
 
 
 def test_xla_input_shapes_and_dtypes_come_from_the_declaration():
-    from portkit.xla import compiler as xla_compile
+    from portkit.xla import compiler
     two = inputs.Declaration(
         (inputs.TensorSpec("input_ids", torch.long, ("batch", "source")),
          inputs.TensorSpec("decoder_input_ids", torch.long, ("batch", "target"))),
@@ -107,12 +107,12 @@ def test_xla_input_shapes_and_dtypes_come_from_the_declaration():
          inputs.Dim("target", varies=True, max=16)),
         lambda items, sizes: {}, lambda items: {"source": [], "target": []},
         (inputs.Output("logits", inputs.SEQ2SEQ_LM),), inputs.TEXT)
-    m = models.LoadedModel("pairs", inputs.SEQ2SEQ_LM, torch.nn.Identity(), "test", declaration=two)
+    m = registry.LoadedModel("pairs", inputs.SEQ2SEQ_LM, torch.nn.Identity(), "test", declaration=two)
     assert m.seq_dim == "source" and m.max_length == 64
-    assert xla_compile.input_specs(m, {"batch": 2, "seq": 8}) == {          # the other dimension at its largest
+    assert compiler.input_specs(m, {"batch": 2, "seq": 8}) == {          # the other dimension at its largest
         "input_ids": ((2, 8), torch.int64), "decoder_input_ids": ((2, 16), torch.int64)}
-    waves = models.LoadedModel("waves", inputs.CLASSIFIER, torch.nn.Identity(), "test", declaration=_waves())
-    assert xla_compile.input_specs(waves, {"batch": 1, "seq": 40}) == {
+    waves = registry.LoadedModel("waves", inputs.CLASSIFIER, torch.nn.Identity(), "test", declaration=_waves())
+    assert compiler.input_specs(waves, {"batch": 1, "seq": 40}) == {
         "wave": ((1, 2, 40), torch.float32), "mask": ((1, 40), torch.int64)}
     with pytest.raises(BadParameter, match="invalid seq 101: waves takes at most 100 samples"):
-        xla_compile.input_specs(waves, {"batch": 1, "seq": 101})
+        compiler.input_specs(waves, {"batch": 1, "seq": 101})

@@ -3,9 +3,9 @@ config's position table, its factory's own word); portkit's own cap is named as 
 gets no advice that assumes a position table (sliding windows)."""
 import types
 
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
-from portkit.stages.buckets import stage as buckets
+from portkit.corpora import corpus
+from portkit.models import registry
+from portkit.stages.buckets import stage
 from test_hf_models import _gpt2, _text_dir
 
 LONG = " ".join(["hello world return the sum of two numbers"] * 120)     # ~960 tokens
@@ -41,8 +41,8 @@ def build_longer():
 
 
 def truncation_of(m) -> dict:
-    dist = data.length_distribution(types.SimpleNamespace(texts=TEXTS, name="texts"), m)
-    return buckets.truncation_finding(buckets.truncation(dist, buckets.histogram(dist)))
+    dist = corpus.length_distribution(types.SimpleNamespace(texts=TEXTS, name="texts"), m)
+    return stage.truncation_finding(stage.truncation(dist, stage.histogram(dist)))
 
 
 def test_a_model_without_positions_is_cut_at_portkits_cap_named_as_portkits(tmp_path):
@@ -50,7 +50,7 @@ def test_a_model_without_positions_is_cut_at_portkits_cap_named_as_portkits(tmp_
     finding names the cap as portkit's with what raises it, never "the model's maximum", and advises no windows."""
     factory = tmp_path / "gru_model.py"
     factory.write_text(GRU_FACTORY)
-    m = models.load(f"{factory}:build")
+    m = registry.load(f"{factory}:build")
     assert m.max_length == 512 and m.max_length_from is None
     found = truncation_of(m)
     assert found["severity"] == "work" and "model's maximum" not in found["message"]
@@ -61,7 +61,7 @@ def test_a_model_without_positions_is_cut_at_portkits_cap_named_as_portkits(tmp_
     assert "sliding windows" not in found["advice"]
     assert found["advice"].startswith("the limit is portkit's, not the model's: raise it")
     # the factory's own max_length is its word on the model: the model's maximum, and nothing is cut at 2048
-    longer = models.load(f"{factory}:build_longer")
+    longer = registry.load(f"{factory}:build_longer")
     assert longer.max_length == 2048 and longer.max_length_from.startswith("the factory's own max_length")
     message = truncation_of(longer)["message"]
     assert message.startswith("none of the 4 texts is longer than")
@@ -77,10 +77,10 @@ def test_a_state_space_directory_is_capped_by_portkit_a_gpt2_directory_by_its_co
     def mamba(vocab):
         return MambaForCausalLM(MambaConfig(vocab_size=vocab, hidden_size=16, state_size=4, num_hidden_layers=1))
 
-    state_space = models.load(str(_text_dir(tmp_path / "a", "mamba", mamba)))
+    state_space = registry.load(str(_text_dir(tmp_path / "a", "mamba", mamba)))
     assert state_space.max_length_from is None and state_space.max_length == 512
     assert "512 tokens (portkit's cap, not the model's)" in truncation_of(state_space)["message"]
-    gpt2 = models.load(str(_text_dir(tmp_path / "b", "gpt2", _gpt2)))
+    gpt2 = registry.load(str(_text_dir(tmp_path / "b", "gpt2", _gpt2)))
     assert (gpt2.max_length, gpt2.max_length_from) == (64, "its config's n_positions")
     found = truncation_of(gpt2)
     assert "64 tokens (the model's maximum) and are cut" in found["message"]

@@ -7,7 +7,7 @@ import torch
 from conftest import fixture_model
 from portkit.corpora import corpus as data
 from portkit.corpora import images
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.core.errors import BadParameter, NeedsNetwork
 
 
@@ -27,17 +27,17 @@ def test_minilm_gives_real_sentence_embeddings(minilm):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5", "mamba", "lstm"])
 def test_random_text_models_build_and_run(name, corpus):
-    m = models.load(name)
+    m = registry.load(name)
     inputs = m.encode(corpus.sample(2, seed=1), pad_to=16)
     with torch.no_grad():
         out = m(inputs)
     assert out and all(v.shape[0] == 2 for v in out.values())
-    again = models.load(name)   # seeded: the same weights in every process
+    again = registry.load(name)   # seeded: the same weights in every process
     assert all(torch.equal(a, b) for a, b in zip(m.module.state_dict().values(), again.module.state_dict().values()))
 
 
 def test_vit_takes_real_images():
-    m = models.load("vit")
+    m = registry.load("vit")
     crops = images.sample_images(3, m.image_size, seed=0)
     assert crops[0].shape == (64, 64, 3) and 0.0 <= crops[0].min() and crops[0].max() <= 1.0
     assert crops[0].std() > 0.01     # a photograph, not a constant
@@ -64,7 +64,7 @@ def _photo_folder(root):
 def test_an_image_model_takes_the_users_folder_of_images(tmp_path):
     folder = _photo_folder(tmp_path / "photos")
     assert data.check_corpus(str(folder)) == str(folder)
-    m = models.load("vit")
+    m = registry.load("vit")
     corpus = data.corpus_for(m, str(folder))
     assert len(corpus) == 3 and "3 images in" in corpus.source
     assert all(item.shape == (64, 64, 3) and item.dtype == np.float32 for item in corpus.texts)
@@ -87,43 +87,43 @@ def test_a_bad_image_folder_is_refused_naming_the_file(tmp_path):
     with pytest.raises(BadParameter, match="broken.jpg"):
         images.check_folder(str(folder))
     with pytest.raises(BadParameter, match="takes text"):
-        data.corpus_for(models.load("bert"), str(folder))
+        data.corpus_for(registry.load("bert"), str(folder))
 
 
 def test_hub_ids_fail_at_once_with_advice():
     with pytest.raises(NeedsNetwork, match="hf download"):
-        models.load("bert-base-uncased/foo")
+        registry.load("bert-base-uncased/foo")
     with pytest.raises(NeedsNetwork):
-        models.validate("meta-llama/Llama-3-8B")
+        registry.validate("meta-llama/Llama-3-8B")
 
 
 def test_unknown_model_lists_choices():
     with pytest.raises(BadParameter, match=r"unknown model 'gpt5'; choose one of: minilm, gpt2"):
-        models.load("gpt5")
+        registry.load("gpt5")
 
 
 def test_factory_specs(tmp_path):
-    m = models.load(fixture_model("float64_model"))
+    m = registry.load(fixture_model("float64_model"))
     assert m.name == "float64_model" and m.takes_text
-    assert models.load(fixture_model("loaded_float64")).name == "float64-head"
+    assert registry.load(fixture_model("loaded_float64")).name == "float64-head"
     with pytest.raises(BadParameter, match="unknown factory"):
-        models.load(fixture_model("no_such_factory"))
+        registry.load(fixture_model("no_such_factory"))
     with pytest.raises(BadParameter, match="no such file"):
-        models.load(str(tmp_path / "missing.py") + ":f")
+        registry.load(str(tmp_path / "missing.py") + ":f")
 
 
 def test_local_model_directory(tmp_path):
     from transformers import BertConfig, BertModel
     BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=64)).save_pretrained(tmp_path)
-    m = models.load(str(tmp_path))
-    assert m.kind == models.EMBEDDING and "local directory" in m.origin
+    m = registry.load(str(tmp_path))
+    assert m.kind == registry.EMBEDDING and "local directory" in m.origin
     with torch.no_grad():
         assert m(m.encode(["hello world"]))["embedding"].shape == (1, 32)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(BadParameter, match="config.json"):
-        models.load(str(empty))
+        registry.load(str(empty))
 
 
 def test_encode_policies(minilm):
@@ -166,7 +166,7 @@ def test_user_corpora(tmp_path):
 def test_example_batch(corpus, minilm):
     inputs, described = data.example_batch(minilm, corpus, 4, 48, seed=0)
     assert inputs["input_ids"].shape == (4, 48) and "4 texts" in described
-    vit = models.load("vit")
+    vit = registry.load("vit")
     pixels, described = data.example_batch(vit, None, 2, 48)
     assert pixels["pixel_values"].shape == (2, 3, 64, 64) and "image" in described
     assert np.isfinite(pixels["pixel_values"].numpy()).all()
@@ -177,16 +177,16 @@ def test_validate_makes_paths_absolute_without_running_user_code(tmp_path, monke
     (tmp_path / "m").mkdir()
     # a config save_pretrained could write (no weights: a real-size model built on the meta device)
     (tmp_path / "m" / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
-    assert models.validate("m") == str(tmp_path / "m")
+    assert registry.validate("m") == str(tmp_path / "m")
     (tmp_path / "m" / "config.json").write_text("{}")
     with pytest.raises(BadParameter, match="no model_type"):
-        models.validate("m")
+        registry.validate("m")
     (tmp_path / "f.py").write_text("raise SystemExit('never run by validate')\nfrom elsewhere import *\n")
-    assert models.validate("f.py:anything") == f"{tmp_path / 'f.py'}:anything"   # a star import may define it
-    assert models.validate("minilm") == "minilm"
-    assert models.validate("json:loads") == "json:loads"      # a module on the path: found, not imported
+    assert registry.validate("f.py:anything") == f"{tmp_path / 'f.py'}:anything"   # a star import may define it
+    assert registry.validate("minilm") == "minilm"
+    assert registry.validate("json:loads") == "json:loads"      # a module on the path: found, not imported
     with pytest.raises(NeedsNetwork):
-        models.validate("hf:org/model")
+        registry.validate("hf:org/model")
 
 
 def test_corpus_files_are_read_as_written(tmp_path):

@@ -3,12 +3,12 @@ import torch
 import torch.nn.functional as F
 
 from portkit.targets import numerics
-from portkit.targets import specs as targets
+from portkit.targets import specs
 
-TPU, NEURON = targets.get("tpu"), targets.get("neuron")
+TPU, NEURON = specs.get("tpu"), specs.get("neuron")
 # _attention's rounding, as a target's precision gives it: operands kept in float32, or rounded to bfloat16
-FP32_OPERANDS = targets.Precision("fp32 operands", "test", "matmul operands in float32", matmul_inputs=torch.float32)
-BF16_OPERANDS = targets.Precision("bf16 operands", "test", "matmul operands in bf16", matmul_inputs=torch.bfloat16)
+FP32_OPERANDS = specs.Precision("fp32 operands", "test", "matmul operands in float32", matmul_inputs=torch.float32)
+BF16_OPERANDS = specs.Precision("bf16 operands", "test", "matmul operands in bf16", matmul_inputs=torch.bfloat16)
 
 
 def bf16(x):

@@ -8,9 +8,9 @@ from torch import nn
 
 from portkit.core.errors import BadParameter
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.accuracy import comparison
-from portkit.stages.accuracy import stage as accuracy
+from portkit.stages.accuracy import stage
 from portkit.stages.report.stage import build_report
 from portkit.targets import numerics
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
@@ -108,12 +108,12 @@ def test_probability_error_and_decision_agreement():
 
 
 def test_the_new_budgets_are_checked_as_options():
-    opts = accuracy.Options.of({"task_bounds": {"snr_db": 40, "codes": 0.9, "probability_mae": 0.02}})
+    opts = stage.Options.of({"task_bounds": {"snr_db": 40, "codes": 0.9, "probability_mae": 0.02}})
     assert opts.bounds["snr_db"] == 40 and opts.bounds["si_sdr_db"] == DEFAULT_TASK_BOUNDS["si_sdr_db"]
     with pytest.raises(BadParameter, match="task bound codes"):
-        accuracy.Options.of({"task_bounds": {"codes": 2}})
+        stage.Options.of({"task_bounds": {"codes": 2}})
     with pytest.raises(BadParameter, match="task bound snr_db"):
-        accuracy.Options.of({"task_bounds": {"snr_db": -3}})
+        stage.Options.of({"task_bounds": {"snr_db": -3}})
 
 
 # ---------------------------------------------------------------- a waveform model through stage 4
@@ -164,10 +164,10 @@ def _batch(model, lengths=(1001, 800, 600, 1001)):
 
 
 def test_a_conv_decoder_passes_on_both_targets_and_a_broken_op_fails_its_snr():
-    m = models.LoadedModel("decoder", inputs.WAVEFORM, Decoder().eval(), "random weights (seed 0)",
+    m = registry.LoadedModel("decoder", inputs.WAVEFORM, Decoder().eval(), "random weights (seed 0)",
                            declaration=_declaration(OUTPUTS))
     batch = _batch(m)
-    report = accuracy.check_accuracy(m, batch, ["neuron", "tpu"], scope=accuracy.Scope(**SCOPE))
+    report = stage.check_accuracy(m, batch, ["neuron", "tpu"], scope=stage.Scope(**SCOPE))
     for name, t in report.targets.items():
         checks = {c["metric"]: c for c in t.chosen.task["checks"]}
         assert t.verdict == "pass" and not t.findings(), (name, t.chosen.basis())
@@ -176,7 +176,7 @@ def test_a_conv_decoder_passes_on_both_targets_and_a_broken_op_fails_its_snr():
         assert set(t.chosen.output_tasks) == {"voiced", "codes"}       # each declared output by its own metric
         assert t.chosen.output_tasks["codes"]["codes"] == 1001 + 800 + 600 + 1001     # real positions only
     assert report.targets["tpu"].chosen.task["snr_db_min"] < comparison.DB_LIMIT     # bf16 operands: an error
-    broken = accuracy.check_accuracy(m, batch, ["neuron", "tpu"], scope=accuracy.Scope(
+    broken = stage.check_accuracy(m, batch, ["neuron", "tpu"], scope=stage.Scope(
         **{**SCOPE, "emulation": numerics.wrong_op_TESTING_ONLY("aten::gelu", 1, 0.5)}))
     for t in broken.targets.values():
         checks = {c["metric"]: c for c in t.chosen.task["checks"]}
@@ -186,10 +186,10 @@ def test_a_conv_decoder_passes_on_both_targets_and_a_broken_op_fails_its_snr():
 
 
 def test_an_output_of_another_length_on_a_target_is_a_finding_and_the_rest_is_compared(tmp_path):
-    m = models.LoadedModel("decoder", inputs.WAVEFORM, Decoder(bf16_length=True).eval(), "random weights (seed 0)",
+    m = registry.LoadedModel("decoder", inputs.WAVEFORM, Decoder(bf16_length=True).eval(), "random weights (seed 0)",
                            declaration=_declaration(OUTPUTS[:2]))
     batch = _batch(m)
-    report = accuracy.check_accuracy(m, batch, ["tpu", "neuron"], scope=accuracy.Scope(**SCOPE))
+    report = stage.check_accuracy(m, batch, ["tpu", "neuron"], scope=stage.Scope(**SCOPE))
     tpu, neuron = report.targets["tpu"], report.targets["neuron"]
     audio = tpu.chosen.outputs["audio"]
     assert audio["shape_mismatch"] == {"shape": [4, 1000], "reference_shape": [4, 1001]} and not audio["passed"]

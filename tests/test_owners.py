@@ -10,12 +10,12 @@ from torch.testing._comparison import default_tolerances
 from portkit.core import torch_private as _torch
 from portkit.core import placement
 from portkit.runfolder import results
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.targets import tolerance
 from portkit.core.tables import HtmlTable
 from portkit.core.module_stack import ModuleTracker
 
-TPU, NEURON = targets.get("tpu"), targets.get("neuron")
+TPU, NEURON = specs.get("tpu"), specs.get("neuron")
 
 
 # ---------------------------------------------------------------- tolerance
@@ -219,16 +219,16 @@ def test_read_buckets(tmp_path):
 
 
 def test_stage_3s_plans_are_read_before_its_result_exists_and_its_result_wins_after(tmp_path):
-    from portkit.stages.buckets import stage as buckets
+    from portkit.stages.buckets import stage
     from portkit.planning import planner
-    from portkit.runfolder import results as results_mod
+    from portkit.runfolder import results
     plan = planner.plan_buckets([5, 9, 30, 31, 60], "pow2", k=2)
-    early = buckets.save_plans({"tpu": plan}, tmp_path)
-    assert early.name == results_mod.runfolder.stage("buckets").early
-    found = results_mod.read_buckets(tmp_path)
+    early = stage.save_plans({"tpu": plan}, tmp_path)
+    assert early.name == results.runfolder.stage("buckets").early
+    found = results.read_buckets(tmp_path)
     assert found.path == early and found.chosen["tpu"].boundaries == tuple(plan.boundaries)
     (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {"boundaries": [7]}}}}))
-    assert results_mod.read_buckets(tmp_path).chosen["tpu"].boundaries == (7,)    # the finished result
-    with pytest.raises(results_mod.StageSkipped):
-        results_mod.skip_stage(tmp_path, "buckets", {"name": "m"}, ["tpu"], "one input shape")
-    assert results_mod.read_buckets(tmp_path) is None                              # skipped: no plans either
+    assert results.read_buckets(tmp_path).chosen["tpu"].boundaries == (7,)    # the finished result
+    with pytest.raises(results.StageSkipped):
+        results.skip_stage(tmp_path, "buckets", {"name": "m"}, ["tpu"], "one input shape")
+    assert results.read_buckets(tmp_path) is None                              # skipped: no plans either

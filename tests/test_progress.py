@@ -13,7 +13,7 @@ import tqdm.std
 from conftest import fixture_model
 from portkit.stages.accuracy import stage as accuracy
 from portkit.corpora import corpus as data
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.core import progress
 
 
@@ -33,7 +33,7 @@ def test_headless_runs_get_a_text_bar_on_stderr(monkeypatch, capsys, value, head
 
 def test_the_long_loops_report_progress_headless(monkeypatch, capsys):
     monkeypatch.setenv(progress.HEADLESS_VARIABLE, "1")
-    m = models.load(fixture_model("tiny_encoder"))
+    m = registry.load(fixture_model("tiny_encoder"))
     corpus = data.Corpus("three texts", "test", ("a b c", "def f(x): return x", "Sum of two numbers."))
     assert list(data.length_distribution(corpus, m).lengths) == m.token_lengths(list(corpus.texts))
     inputs = m.encode(list(corpus.texts), pad_to=8)

@@ -11,7 +11,7 @@ from portkit.corpora import corpus as data
 from portkit.stages.fallbacks import recording
 from portkit.stages.fallbacks import stage as fallbacks
 from portkit.core import frames
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.core import reconcile
 from portkit.stages.report import stage as report
 from portkit.runfolder import results
@@ -81,7 +81,7 @@ def test_the_report_opens_with_consequences_and_counts_what_vanishes(minilm_run)
 
 
 def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_line(tmp_path):
-    m = models.load(fixture_model("item_branch_model"))
+    m = registry.load(fixture_model("item_branch_model"))
     inputs = m.encode(["Return x."], pad_to=6)
     eager = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"])
     breaks = compiling.find_graph_breaks(m, inputs, ["neuron", "tpu"])
@@ -103,7 +103,7 @@ def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_lin
 
 @pytest.mark.parametrize("compiled_run", [True, False], ids=["compiled", "not compiled"])
 def test_a_recurrent_cell_stays_a_blocker_on_neuron_whether_or_not_compiled(compiled_run):
-    m = models.load(fixture_model("gru_model"))
+    m = registry.load(fixture_model("gru_model"))
     inputs = m.encode(["Return x."], pad_to=6)
     eager = fallbacks.find_fallbacks(m, inputs, ["neuron"])
     compiled = ({"graph_breaks": compiling.find_graph_breaks(m, inputs, ["neuron"]).to_dict()}
@@ -155,7 +155,7 @@ class BigIds(torch.nn.Module):
 
 def neuron_findings(module) -> dict:
     ids = {"input_ids": torch.tensor([[0, 3, 9, 20]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
-    m = models.LoadedModel("t", models.TOKEN_CLASSIFIER, module, "test", tokenizer=None)
+    m = registry.LoadedModel("t", registry.TOKEN_CLASSIFIER, module, "test", tokenizer=None)
     return {f.kind: f for f in fallbacks.find_fallbacks(m, ids, ["neuron"]).targets["neuron"].findings}
 
 
@@ -185,7 +185,7 @@ def test_uninitialized_memory_is_never_an_int64_overflow():
 def test_a_cpu_trace_never_clears_a_fused_recurrent_cell():
     """LSTMCell and GRUCell decompose into matmuls in a CPU trace, while a PrivateUse1 device runs the fused cell:
     the compiled CPU graphs cannot show the cell gone, so the eager blocker stands as "not checked"."""
-    m = models.load(fixture_model("cell_only_model"))
+    m = registry.load(fixture_model("cell_only_model"))
     inputs = m.encode(["Return x."], pad_to=6)
     eager, compiled = eager_and_compiled(m, inputs, ["neuron"])
     found = reconciled(eager, compiled, "neuron", "recurrent")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from portkit import cli
-from portkit.corpora import corpus as data
+from portkit.corpora import corpus
 from portkit.stages.fallbacks import stage as fallbacks
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.report import stage as report
 from portkit.runfolder import results
 
@@ -23,8 +23,8 @@ from portkit.runfolder import results
 def run_dir(tmp_path_factory):
     """A run folder with stage 1 for an LSTM model (a blocker on Neuron, work on TPU)."""
     out = tmp_path_factory.mktemp("run")
-    m = models.load("lstm")
-    inputs, described = data.example_batch(m, data.load_corpus(), 2, 16)
+    m = registry.load("lstm")
+    inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 16)
     fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described).save(out / "fallbacks.json")
     return out
 
@@ -238,7 +238,7 @@ def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_pa
     """The target's compiler refuses the model: the accuracy stage judges it in eager emulation, says so,
     and the run goes on to a report that shows the refusal as a blocker."""
     from conftest import fixture_model
-    from portkit.targets import specs as targets
+    from portkit.targets import specs
     out = tmp_path / "run"
     rc = cli.main(["run", "--model", fixture_model("dynamic_after_break_model"), "--target", "tpu", "--out", str(out),
                    "--stages", "accuracy,report", "--no-progress", "-p", "batch_size", "2", "-p", "seq_len", "16",
@@ -250,7 +250,7 @@ def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_pa
     assert tpu["verdict"] == "blocked"
     blocker = tpu["findings"][0]
     assert (blocker["stage"], blocker["severity"], blocker["kind"]) == ("accuracy", "blocker", "compile_refused")
-    assert targets.get("tpu").dynamic_shape_error in blocker["message"] and "models.py:" in blocker["message"]
+    assert specs.get("tpu").dynamic_shape_error in blocker["message"] and "models.py:" in blocker["message"]
     assert tpu["metrics"]["accuracy"]["judged on"] == accuracy["target_side"]
     page = (out / "report.html").read_text()
     assert "refuses the compiled model" in page and "compiled path refused" in page
@@ -259,11 +259,11 @@ def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_pa
 @pytest.mark.skipif(not __import__("portkit.core.availability").core.availability.xla_tpu_compile_available(),
                     reason="needs jax, jaxlib, libtpu and torchax (pip install 'portkit[xla]')")
 def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_path):
-    from portkit.runfolder import layout as runfolder
+    from portkit.runfolder import layout
     from portkit.stages.xla import stage as xla
     out = tmp_path / "run"
     out.mkdir()
-    for stage in runfolder.STAGES:       # what `portkit run --model tiny-llama` leaves of the stages with values
+    for stage in layout.STAGES:       # what `portkit run --model tiny-llama` leaves of the stages with values
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
     m = xla.load("tiny-llama")           # the same shapes as tests/test_scale.py: the verdict cache serves them

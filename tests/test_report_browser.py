@@ -80,11 +80,11 @@ def _accuracy_verdicts_report(out, corpus):
     from conftest import fixture_model
     from portkit.stages.accuracy import stage as accuracy
     from portkit.corpora import corpus as data
-    from portkit.models import registry as models
+    from portkit.models import registry
     from portkit.targets import numerics
     from portkit.stages.accuracy.result import AccuracyReport
     from portkit.stages.report.stage import build_report
-    m = models.load(fixture_model("tiny_encoder"))
+    m = registry.load(fixture_model("tiny_encoder"))
     inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
     run = {"all_precisions": False, "compiled": False, "progress": False, "float64_reference": False}
     good = accuracy.check_accuracy(m, inputs, ["neuron"], scope=accuracy.Scope(**run))
@@ -106,12 +106,12 @@ def test_an_abstract_models_scale_sections_render_in_chromium(tmp_path):
 
     from portkit.stages.report import stage as report
     from portkit.runfolder import results
-    from portkit.runfolder import layout as runfolder
+    from portkit.runfolder import layout
     from portkit.stages.xla import stage as xla
     sync_api = pytest.importorskip("playwright.sync_api")
     out = tmp_path / "run"
     out.mkdir()
-    for stage in runfolder.STAGES:
+    for stage in layout.STAGES:
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
     xla.run_stage(xla.load("tiny-llama"), ["neuron", "tpu"], out, xla.Options.of(

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, fixture_model
-from portkit.core import atomic_io as _io
+from portkit.core import atomic_io
 from portkit import cli
 from portkit.run import runner
 
@@ -58,15 +58,15 @@ def test_a_run_folder_is_marked_or_holds_only_run_files(tmp_path):
 
 def test_partial_names_are_hidden_recognised_and_removed(tmp_path):
     target = tmp_path / "01_fallbacks.ipynb"
-    partial = _io.partial_path(target)
+    partial = atomic_io.partial_path(target)
     assert partial.parent == tmp_path and partial.name.startswith(".") and partial.suffix == ".ipynb"
-    assert _io.is_partial(partial.name) and not _io.is_partial(target.name)
-    assert not _io.is_partial("fallbacks.json") and not _io.is_partial(runner.MARKER)
-    _io.write_json(tmp_path / "fallbacks.json", {"ok": True})
+    assert atomic_io.is_partial(partial.name) and not atomic_io.is_partial(target.name)
+    assert not atomic_io.is_partial("fallbacks.json") and not atomic_io.is_partial(runner.MARKER)
+    atomic_io.write_json(tmp_path / "fallbacks.json", {"ok": True})
     assert [p.name for p in tmp_path.iterdir()] == ["fallbacks.json"]   # write_json leaves no temp file
     partial.write_text("{half")
     (tmp_path / ".fallbacks.json.x1y2.tmp").write_text("{half")
-    assert sorted(p.name for p in _io.remove_partials(tmp_path)) == [".01_fallbacks.partial.ipynb",
+    assert sorted(p.name for p in atomic_io.remove_partials(tmp_path)) == [".01_fallbacks.partial.ipynb",
                                                                      ".fallbacks.json.x1y2.tmp"]
     assert [p.name for p in tmp_path.iterdir()] == ["fallbacks.json"]
 
@@ -74,7 +74,7 @@ def test_partial_names_are_hidden_recognised_and_removed(tmp_path):
 def _assert_no_half_written_results(out: Path) -> None:
     """Every file that is not a partial name reads whole: JSON parses, notebooks are valid nbformat."""
     for path in out.iterdir():
-        if _io.is_partial(path.name):
+        if atomic_io.is_partial(path.name):
             continue
         if path.suffix == ".json":
             json.loads(path.read_text())
@@ -99,7 +99,7 @@ def test_a_run_killed_mid_stage_leaves_no_half_written_file_and_reruns(tmp_path)
     args = ["run", "--out", str(out), *CHEAP_RUN]
     process = subprocess.Popen([sys.executable, "-m", "portkit.cli", *args], cwd=ROOT, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    partial = _io.partial_path(out / "01_fallbacks.ipynb")
+    partial = atomic_io.partial_path(out / "01_fallbacks.ipynb")
     try:
         deadline = time.monotonic() + 300
         while _executed_cells(partial) < 2 and process.poll() is None and time.monotonic() < deadline:
@@ -119,7 +119,7 @@ def test_a_run_killed_mid_stage_leaves_no_half_written_file_and_reruns(tmp_path)
     _assert_no_half_written_results(out)
 
     assert cli.main(args) == 0                                 # the rerun completes in the same folder
-    assert not [p.name for p in out.iterdir() if _io.is_partial(p.name)]
+    assert not [p.name for p in out.iterdir() if atomic_io.is_partial(p.name)]
     _assert_no_half_written_results(out)
     assert json.loads((out / "fallbacks.json").read_text())["stage"] == "fallbacks"
     assert _executed_cells(out / "01_fallbacks.ipynb") >= 2
@@ -147,11 +147,11 @@ def test_the_same_seed_gives_the_same_result_apart_from_times(tmp_path):
 def _stub_stages(monkeypatch, failing=()):
     """Stage execution without kernels: a stage in `failing` fails as a notebook cell would; the others
     write the stage 1 result of the lstm model (a real one, made once per test)."""
-    from portkit.corpora import corpus as data
+    from portkit.corpora import corpus
     from portkit.stages.fallbacks import stage as fallbacks
-    from portkit.models import registry as models
-    m = models.load("lstm")
-    inputs, described = data.example_batch(m, data.load_corpus(), 2, 8)
+    from portkit.models import registry
+    m = registry.load("lstm")
+    inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 8)
     made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described)
     ran = []
 
@@ -278,16 +278,16 @@ def _notebook(path: Path, *cells: str) -> Path:
 
 def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_replaced(tmp_path):
     import papermill
-    from portkit.run import jupyter_kernels as kernels
+    from portkit.run import jupyter_kernels
     first = _notebook(tmp_path / "first.ipynb", "import os\nleft_behind = 1\nprint(os.getpid())")
     later = _notebook(tmp_path / "later.ipynb", "import os\nassert 'left_behind' not in globals()\nprint(os.getpid())")
 
     def pid(notebook, km) -> int:
         done = papermill.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), km=km, progress_bar=False,
-                                          kernel_name=kernels.KERNEL)
+                                          kernel_name=jupyter_kernels.KERNEL)
         assert done.cells[0].execution_count == 1            # numbered as in a new kernel
         return int(done.cells[0].outputs[0]["text"])
-    with kernels.SharedKernel() as kernel:
+    with jupyter_kernels.SharedKernel() as kernel:
         one = pid(first, kernel.for_stage())
         assert pid(later, kernel.for_stage()) == one          # the same interpreter, its namespace empty
         subprocess.run(["kill", "-9", str(one)], check=True)  # a stage that kills its kernel
@@ -300,7 +300,7 @@ def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_repl
 def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_allows(tmp_path, monkeypatch):
     import threading
     from portkit.stages.buckets import stage as buckets
-    from portkit.run import jupyter_kernels as kernels
+    from portkit.run import jupyter_kernels
     _stub_stages(monkeypatch)
     # the order of events, not their times: each stage's start and end and each kernel cleared, as they happen;
     # a stage in `beside` waits at a barrier that the stage that must run beside it reaches too (a scheduler
@@ -327,9 +327,9 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     def prepare(kernel):
         record("cleared", kernel.lane)
         kernel.prepared = True
-    monkeypatch.setattr(kernels.SharedKernel, "prepare", prepare)
-    monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)
-    monkeypatch.setattr(kernels.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(jupyter_kernels.SharedKernel, "prepare", prepare)
+    monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 64 * 2 ** 30)
+    monkeypatch.setattr(jupyter_kernels.os, "cpu_count", lambda: 2)
     assert buckets.reads(["neuron", "tpu"]) == () and buckets.reads(["tpu", "cpu"]) == ("compile",)
     # stage 3 reads neither stage 1 nor (emulated targets) stage 2: it runs beside stage 1, a built-in model
     # being known to be small before it is loaded; stage 4 needs stage 3's plans only: it runs while stage 3
@@ -370,31 +370,31 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     ran = spans()
     assert not overlap("fallbacks", "buckets")      # one lane: one after another
     assert all(not overlap(a, b) for a in ran for b in ran if a != b)
-    monkeypatch.setattr(kernels, "available_memory", lambda: 3 * 2 ** 30)   # room for one kernel with the model
-    assert kernels.lanes_for(10 ** 6) == 1 and kernels.lanes_for(None) == 1
-    monkeypatch.setattr(kernels, "available_memory", lambda: 64 * 2 ** 30)
-    assert kernels.lanes_for(10 ** 6) == 2 and kernels.lanes_for(10 ** 6, lanes=1) == 1
+    monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 3 * 2 ** 30)   # room for one kernel with the model
+    assert jupyter_kernels.lanes_for(10 ** 6) == 1 and jupyter_kernels.lanes_for(None) == 1
+    monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 64 * 2 ** 30)
+    assert jupyter_kernels.lanes_for(10 ** 6) == 2 and jupyter_kernels.lanes_for(10 ** 6, lanes=1) == 1
 
 
 def test_the_size_a_run_assumes_before_loading_a_model_bounds_it(tmp_path):
-    from portkit.models import registry as models
-    for name in models.SOURCES:                       # a built-in: the bound the runner assumes holds
-        assert models.load(name).parameters <= models.size_hint(name) == models.BUILTIN_MAX_PARAMETERS, name
+    from portkit.models import registry
+    for name in registry.SOURCES:                       # a built-in: the bound the runner assumes holds
+        assert registry.load(name).parameters <= registry.size_hint(name) == registry.BUILTIN_MAX_PARAMETERS, name
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(bytes(4000))   # 1000 float32 or 2000 half-precision weights
-    assert models.size_hint(str(tmp_path)) == 2000 and models.size_hint("mine.py:build") is None
+    assert registry.size_hint(str(tmp_path)) == 2000 and registry.size_hint("mine.py:build") is None
 
 
 def test_the_kernels_environment_is_set_for_the_run_where_the_user_set_none_and_then_restored(monkeypatch):
-    from portkit.run import jupyter_kernels as kernels
-    first, *others = kernels.ENVIRONMENT
+    from portkit.run import jupyter_kernels
+    first, *others = jupyter_kernels.ENVIRONMENT
     monkeypatch.setenv(first, "mine")
     for key in others:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     with runner._kernel_environment("/models"):
         assert os.environ[first] == "mine"                 # the user's own setting is kept
-        assert all(os.environ[key] == kernels.ENVIRONMENT[key] for key in others)
+        assert all(os.environ[key] == jupyter_kernels.ENVIRONMENT[key] for key in others)
         assert os.environ["PYTHONPATH"].split(os.pathsep) == ["/models", "/elsewhere"]
     assert os.environ[first] == "mine" and os.environ["PYTHONPATH"] == "/elsewhere"
     assert not any(key in os.environ for key in others)

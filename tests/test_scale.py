@@ -7,72 +7,72 @@ import json
 
 import pytest
 import torch
-from portkit.models import abstract as abstract_models
-from portkit.core import availability as probes
-from portkit.xla import compiler as xla_compile
-from portkit.xla import sharded as xla_sharded
+from portkit.models import abstract
+from portkit.core import availability
+from portkit.xla import compiler
+from portkit.xla import sharded
 from portkit.core.errors import BadParameter
 
-needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax (pip install 'portkit[xla]')")
 
 
 def test_every_config_names_its_source():
-    table = json.loads(abstract_models.CONFIGS.read_text())
+    table = json.loads(abstract.CONFIGS.read_text())
     assert "_provenance" in table
-    for name in abstract_models.names():
-        assert abstract_models.source(name).startswith(("https://huggingface.co/", "portkit test config"))
+    for name in abstract.names():
+        assert abstract.source(name).startswith(("https://huggingface.co/", "portkit test config"))
 
 
 def test_a_meta_model_has_its_config_size_and_no_storage():
-    m = abstract_models.build("tiny-llama")
+    m = abstract.build("tiny-llama")
     params = list(m.parameters())
     assert all(p.is_meta and p.dtype == torch.bfloat16 for p in params)
     c = m.config      # embeddings and head, 2 layers of q,o (64x64), k,v (64x32), MLP 3x(64x128), 2 norms, final norm
     layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
     assert sum(p.numel() for p in params) == 2 * c.vocab_size * 64 + 2 * layer + 64
-    assert xla_compile.is_abstract(m) and m.portkit_abstract["name"] == "tiny-llama"
+    assert compiler.is_abstract(m) and m.portkit_abstract["name"] == "tiny-llama"
 
 
 def test_bad_names_and_shapes_are_one_line_errors():
     with pytest.raises(BadParameter, match="llama3-9b"):
-        abstract_models.build("llama3-9b")
-    m = abstract_models.build("tiny-llama")
+        abstract.build("llama3-9b")
+    m = abstract.build("tiny-llama")
     with pytest.raises(BadParameter, match="at most 256 tokens"):
-        abstract_models.text_shape(m, 1, 257)
+        abstract.text_shape(m, 1, 257)
     with pytest.raises(BadParameter, match="batch"):
-        abstract_models.text_shape(m, 0, 8)
+        abstract.text_shape(m, 0, 8)
     with pytest.raises(BadParameter, match="v5e:9x9"):
-        xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 4, 8)], "v5e:9x9")
+        sharded.compile_sharded(m, [abstract.text_shape(m, 4, 8)], "v5e:9x9")
 
 
 def test_collectives_are_counted_once_per_op_not_per_reference():
     hlo = ("%ag = (bf16[2], bf16[8]) all-gather-start(%p)\n%d = bf16[8] all-gather-done(%ag)\n"
            "%ar.1 = f32[] all-reduce(%x), to_apply=%sum\n%y = f32[] add(%ar.1, %all-reduce.7)")
-    counts = xla_compile.collectives(hlo)
+    counts = compiler.collectives(hlo)
     assert counts["all-gather"] == 1 and counts["all-reduce"] == 1 and counts["reduce-scatter"] == 0
 
 
 def test_an_unprintable_compiled_module_keeps_its_verdict_without_a_collective_count():
-    from portkit.xla import results as xla_results
+    from portkit.xla import results
 
     class Unprintable:             # what libtpu gave for Llama-3-70B on v5p:2x2x1: compiled, as_text() fails
         def as_text(self):
             raise RuntimeError("INTERNAL: RET_CHECK failure ... async-update instruction should have 1 operands")
-    assert xla_results.compiled_collectives(Unprintable()) is None
+    assert results.compiled_collectives(Unprintable()) is None
 
 
 def test_fsdp_splits_the_first_dimension_that_divides():
     PartitionSpec = pytest.importorskip("jax.sharding").PartitionSpec
-    assert xla_sharded.fsdp_weight_spec((6, 8), 4, PartitionSpec) == PartitionSpec(None, "fsdp")
-    assert xla_sharded.fsdp_weight_spec((8, 6), 4, PartitionSpec) == PartitionSpec("fsdp")
-    assert xla_sharded.fsdp_weight_spec((3,), 4, PartitionSpec) == PartitionSpec()
+    assert sharded.fsdp_weight_spec((6, 8), 4, PartitionSpec) == PartitionSpec(None, "fsdp")
+    assert sharded.fsdp_weight_spec((8, 6), 4, PartitionSpec) == PartitionSpec("fsdp")
+    assert sharded.fsdp_weight_spec((3,), 4, PartitionSpec) == PartitionSpec()
 
 
 @needs_xla
 def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
-    m = abstract_models.build("tiny-llama")
-    report = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 4, 16)], "v5e:2x2")
+    m = abstract.build("tiny-llama")
+    report = sharded.compile_sharded(m, [abstract.text_shape(m, 4, 16)], "v5e:2x2")
     r = report.shapes[0]
     assert (r.status, r.platform, r.fits_hbm) == ("compiled", "tpu", True), r.message
     assert report.devices == 4 and r.collectives["all-gather"] > 0     # weights gathered: they were sharded
@@ -81,22 +81,22 @@ def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
 
 
 def test_scale_parameters_are_checked_before_any_compile():
-    from portkit.stages.xla import stage as xla
+    from portkit.stages.xla import stage
     for values, words in (({"scale_topologies": ["v5e:3x3"]}, "v5e:3x3"), ({"scale_topologies": []},
                           "scale_topologies"), ({"scale_buckets": [64, 0]}, "scale_buckets entry")):
         with pytest.raises(BadParameter, match=words):                  # the stage's options
-            xla.Options.of(values)
+            stage.Options.of(values)
     with pytest.raises(BadParameter, match="at most 8192 tokens"):       # what `portkit run --model` preflights
-        xla.Options.of({"scale_seq": 1024, "scale_buckets": [16384]}, model="llama3-8b")
-    xla.Options.of({"scale_seq": 16384}, model="minilm")     # a loaded model: the scale_* shape is not used
+        stage.Options.of({"scale_seq": 1024, "scale_buckets": [16384]}, model="llama3-8b")
+    stage.Options.of({"scale_seq": 16384}, model="minilm")     # a loaded model: the scale_* shape is not used
 
 
 @needs_xla
 def test_the_real_size_check_stops_at_the_smallest_topology_that_fits_and_searches_the_batch():
-    from portkit.stages.xla import realsize as scale
-    from portkit.stages.xla import stage as xla
-    m = abstract_models.build("tiny-llama")
-    checks = scale.run(m, ["neuron", "tpu", "cpu"], xla.Options.of(
+    from portkit.stages.xla import realsize
+    from portkit.stages.xla import stage
+    m = abstract.build("tiny-llama")
+    checks = realsize.run(m, ["neuron", "tpu", "cpu"], stage.Options.of(
         {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}))
     tpu = checks["tpu"]
     assert tpu.smallest == "v5e:1x1" and [r.topology for r in tpu.tried] == ["v5e:1x1"]   # 2x2 never compiled
@@ -120,12 +120,12 @@ def test_bisection_finds_the_boundary_of_a_fake_compiler_in_few_compiles(capacit
     def fits(batch):              # a fake compiler verdict: out of HBM above `capacity`
         calls.append(batch)
         return batch <= capacity
-    best, tried = xla_sharded.largest_fitting(fits, limit=1024)
+    best, tried = sharded.largest_fitting(fits, limit=1024)
     assert best == min(capacity, 1024)
     assert tried == {b: b <= capacity for b in calls} and len(calls) == len(set(calls)) <= 21
     assert all(tried[b] for b in tried if b <= best) and not any(tried[b] for b in tried if b > best)
     with pytest.raises(BadParameter, match="batch limit"):
-        xla_sharded.largest_fitting(fits, limit=0)
+        sharded.largest_fitting(fits, limit=0)
 
 
 @pytest.mark.parametrize("capacity", [0, 1, 7, 37, 64, 999, 1024, 5000])
@@ -136,7 +136,7 @@ def test_a_guess_from_measured_memory_finds_the_same_boundary(capacity, guess):
     def fits(batch):
         calls.append(batch)
         return batch <= capacity
-    best, tried = xla_sharded.largest_fitting(fits, limit=1024, guess=guess)
+    best, tried = sharded.largest_fitting(fits, limit=1024, guess=guess)
     assert best == min(capacity, 1024) and len(calls) == len(set(calls))
     assert all(tried[b] == (b <= capacity) for b in tried)
     if guess == 40 and capacity == 37:      # a close guess: a handful of compiles, not doubling from 1
@@ -149,17 +149,17 @@ def test_the_guess_is_a_linear_memory_model_of_one_compile():
     from types import SimpleNamespace
     measured = SimpleNamespace(status="compiled", memory={"argument": 4 * 2**30, "total": 6 * 2**30})
     # 2 GiB for batch 8 at seq 1024: 0.25 GiB a sequence; 12 GiB free -> 48; at seq 2048 -> 24
-    assert xla_sharded.guess_batch(measured, 16 * 2**30, 8, 1024, 1024) == 48
-    assert xla_sharded.guess_batch(measured, 16 * 2**30, 8, 1024, 2048) == 24
-    assert xla_sharded.guess_batch(SimpleNamespace(status="out_of_hbm", memory=None), 1, 1, 1, 1) is None
+    assert sharded.guess_batch(measured, 16 * 2**30, 8, 1024, 1024) == 48
+    assert sharded.guess_batch(measured, 16 * 2**30, 8, 1024, 2048) == 24
+    assert sharded.guess_batch(SimpleNamespace(status="out_of_hbm", memory=None), 1, 1, 1, 1) is None
 
 
 @needs_xla
 def test_the_compilers_out_of_hbm_verdict_is_the_boundary():
-    m = abstract_models.build("tiny-llama")
-    huge = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 65536, 256)], "v5e:1x1").shapes[0]
+    m = abstract.build("tiny-llama")
+    huge = sharded.compile_sharded(m, [abstract.text_shape(m, 65536, 256)], "v5e:1x1").shapes[0]
     assert huge.status == "out_of_hbm" and huge.fits_hbm is False, huge.message     # the compiler refused
-    assert xla_sharded.largest_batch(m, 16, "v5e:1x1", limit=1) == (1, {1: True})
+    assert sharded.largest_batch(m, 16, "v5e:1x1", limit=1) == (1, {1: True})
 
 
 def test_roofline_is_an_estimate_bound_by_the_slower_of_compute_and_hbm():
@@ -189,13 +189,13 @@ def test_every_chip_value_names_its_source_and_the_compile_check_reads_the_same_
     assert set(capacity.chips("neuron")) == {"trn1", "trn2", "inf2"}
     assert capacity.chip("v6e")["hbm_bytes_per_s"] == 1638e9            # the page's figure (it said 1640 before)
     assert capacity.chip("trn2", "neuron")["peak_bf16_flops"] == 667e12
-    assert xla_compile.HBM_GIB_PER_CHIP == capacity.hbm_gib_per_chip()    # one owner: chips.json
+    assert compiler.HBM_GIB_PER_CHIP == capacity.hbm_gib_per_chip()    # one owner: chips.json
 
 
 def test_neuron_capacity_counts_llama3_8b_flops_on_the_graph_without_weights():
     from portkit.targets import capacity
-    m = abstract_models.build("llama3-8b")
-    found = capacity.neuron_capacity(m, abstract_models.text_shape(m, 8, 1024))
+    m = abstract.build("llama3-8b")
+    found = capacity.neuron_capacity(m, abstract.text_shape(m, 8, 1024))
     c = m.config
     tokens = 8 * 1024
     # matmuls: q,o (h x h), k,v (h x h/4), MLP 3 x (h x 14336) per layer, and the LM head; attention 2 x s x h
@@ -214,14 +214,14 @@ def test_neuron_capacity_counts_llama3_8b_flops_on_the_graph_without_weights():
 
 
 def _native(name: str) -> bool:
-    from portkit.targets import specs as targets
-    return targets.detect(name).native
+    from portkit.targets import specs
+    return specs.detect(name).native
 
 
 def test_an_emulated_target_gets_no_measured_throughput_only_estimates(minilm):
     from portkit.targets import capacity
-    from portkit.targets import specs as targets
-    if targets.detect("tpu").native:
+    from portkit.targets import specs
+    if specs.detect("tpu").native:
         pytest.skip("a TPU is present: the measurement runs (test_native_throughput_is_measured_on_the_device)")
     with pytest.raises(BadParameter, match="invalid target for a measured throughput 'tpu': needs its device"):
         capacity.measure_native(minilm, "tpu", [{"batch": 1, "seq": 16}])
@@ -246,7 +246,7 @@ def test_a_search_within_a_fraction_stops_close_below_the_boundary_in_fewer_comp
         def fits(batch):
             calls.append(batch)
             return batch <= capacity
-        best, tried = xla_sharded.largest_fitting(fits, 1024, guess, within)
+        best, tried = sharded.largest_fitting(fits, 1024, guess, within)
         return best, tried, calls
     exact, _, exact_calls = search(0.0)
     near, tried, calls = search(1 / 32)

@@ -8,10 +8,10 @@ from torch import nn
 from conftest import ROOT
 from portkit.core import frames, reconcile
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, WORK
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.runfolder import environment
 from portkit.stages.fallbacks import source_scan
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.fallbacks import stage
 
 GPU_ONLY = ROOT / "tests" / "fixtures" / "gpu_only"
 
@@ -113,8 +113,8 @@ def test_vendor_lists_apply_by_what_the_instantiated_model_contains():
 
 
 def test_stage_one_reports_the_scan_beside_the_recorded_findings():
-    m = models.load(f"{GPU_ONLY / 'flash_optional.py'}:build")
-    report = fallbacks.find_fallbacks(m, m.encode(["def f(x): return x", "Sum."], pad_to=8), ["neuron", "tpu"])
+    m = registry.load(f"{GPU_ONLY / 'flash_optional.py'}:build")
+    report = stage.find_fallbacks(m, m.encode(["def f(x): return x", "Sum."], pad_to=8), ["neuron", "tpu"])
     tpu = {(f.kind, f.severity) for f in report.targets["tpu"].findings}
     assert {("vendor_list", WORK), ("gpu_package", INFO)} <= tpu
     assert not any(f.kind == "vendor_list" for f in report.targets["neuron"].findings)
@@ -138,9 +138,9 @@ class Tagger(nn.Module):
 def test_an_lstm_is_one_cause_on_tpu_with_the_vendor_lists_word_in_it():
     """The recording finds the nn.LSTM (its fused cell on the device) and TorchTPU's list calls LSTM experimental:
     one module, one cause, one finding that says both; a count by cause counts it once."""
-    m = models.LoadedModel("tagger", models.TOKEN_CLASSIFIER, Tagger().eval(), "test", tokenizer=None)
+    m = registry.LoadedModel("tagger", registry.TOKEN_CLASSIFIER, Tagger().eval(), "test", tokenizer=None)
     ids = {"input_ids": torch.tensor([[1, 3, 9, 20]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
-    tpu = fallbacks.find_fallbacks(m, ids, ["tpu"]).targets["tpu"].findings
+    tpu = stage.find_fallbacks(m, ids, ["tpu"]).targets["tpu"].findings
     about = [f for f in tpu if f.module == "lstm"]
     assert len(about) == 1 and about[0].kind == "recurrent"
     assert "TorchTPU lists LSTM as experimental" in about[0].message and about[0].severity == WORK

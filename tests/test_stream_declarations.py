@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from portkit.core.errors import BadParameter
-from portkit.models import audio as audio_models
+from portkit.models import audio
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.stages.accuracy import result as accuracy_result
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
 from portkit.workloads import streaming
@@ -50,9 +50,9 @@ class _VAD(nn.Module):
 STATE = {"lstm": ((-1, HIDDEN), (-1, HIDDEN)), "context": (-1, CONTEXT)}
 
 
-def _vad_step(logits: bool = False) -> audio_models.StreamStep:
+def _vad_step(logits: bool = False) -> audio.StreamStep:
     output = inputs.Output("logits", inputs.CLASSIFIER) if logits else inputs.Output("speech", inputs.PROBABILITY)
-    return audio_models.StreamStep("vad", _VAD(logits).eval(), CHUNK, STATE, "test LSTM cell VAD", outputs=(output,))
+    return audio.StreamStep("vad", _VAD(logits).eval(), CHUNK, STATE, "test LSTM cell VAD", outputs=(output,))
 
 
 def test_a_state_of_several_tensors_is_carried_and_every_leaf_measured():
@@ -77,8 +77,8 @@ def test_a_state_of_several_tensors_is_carried_and_every_leaf_measured():
 
 def test_the_stream_declaration_gives_one_input_per_state_leaf():
     step = _vad_step()
-    model = audio_models.StreamAdapter(step).eval()
-    decl = audio_models.stream_declaration(step)
+    model = audio.StreamAdapter(step).eval()
+    decl = audio.stream_declaration(step)
     batch = decl.batch([np.zeros(8000, np.float32), np.zeros(300, np.float32)])
     assert set(batch) == {"chunk", "state_lstm_0", "state_lstm_1", "state_context"}
     assert batch["state_context"].shape == (2, CONTEXT) and decl.outputs == step.outputs
@@ -111,7 +111,7 @@ class _Chaotic(nn.Module):
 
 
 def test_a_probability_whose_decisions_flip_fails_its_decision_check():
-    step = audio_models.StreamStep("chaotic", _Chaotic(), 1600, ((-1, 8), (-1, 1)), "test recurrence",
+    step = audio.StreamStep("chaotic", _Chaotic(), 1600, ((-1, 8), (-1, 1)), "test recurrence",
                                    initial_value=0.3, outputs=(inputs.Output("p", inputs.PROBABILITY),))
     result = streaming.check_stream(step, _stream(4.0), ["tpu"])
     run = result.runs[0]
@@ -129,17 +129,17 @@ def test_a_probability_whose_decisions_flip_fails_its_decision_check():
 
 def test_a_declared_threshold_moves_the_decisions():
     step = _vad_step()
-    out = audio_models.StreamOutput("speech", inputs.PROBABILITY, threshold=0.9)
-    step = audio_models.StreamStep("vad", step.module, CHUNK, STATE, "test", outputs=(out,))
+    out = audio.StreamOutput("speech", inputs.PROBABILITY, threshold=0.9)
+    step = audio.StreamStep("vad", step.module, CHUNK, STATE, "test", outputs=(out,))
     found = streaming.output_metrics(step, [{"speech": torch.tensor([0.85, 0.95])}],
                                      [{"speech": torch.tensor([0.95, 0.95], dtype=torch.float64)}], DEFAULT_TASK_BOUNDS)
     assert found["speech"]["threshold"] == 0.9 and found["speech"]["flips"] == 1 and not found["speech"]["passed"]
     with pytest.raises(BadParameter, match="invalid threshold of stream output 'speech' 1.5"):
-        audio_models.StreamOutput("speech", inputs.PROBABILITY, threshold=1.5)
+        audio.StreamOutput("speech", inputs.PROBABILITY, threshold=1.5)
 
 
 def test_one_probability_declared_as_a_classifier_is_not_judged_by_argmax():
-    step = audio_models.StreamStep("vad", _VAD().eval(), CHUNK, STATE, "test",
+    step = audio.StreamStep("vad", _VAD().eval(), CHUNK, STATE, "test",
                                    outputs=(inputs.Output("speech", inputs.CLASSIFIER),))
     found = streaming.output_metrics(step, [{"speech": torch.tensor([[0.1]])}],
                                      [{"speech": torch.tensor([[0.9]], dtype=torch.float64)}], DEFAULT_TASK_BOUNDS)
@@ -150,15 +150,15 @@ def test_one_probability_declared_as_a_classifier_is_not_judged_by_argmax():
                                                 ({"h": (-1, 4), "c": (4,)}, "state_c", "none")])
 def test_a_state_without_one_batch_axis_is_refused_naming_it(shape, leaf, found):
     with pytest.raises(BadParameter, match=rf"invalid state shape {leaf} \(.*\): .*\(found {found}\)"):
-        audio_models.StreamStep("bad", _VAD(), CHUNK, shape, "test")
+        audio.StreamStep("bad", _VAD(), CHUNK, shape, "test")
 
 
 def test_other_bad_stream_declarations_are_one_line():
     with pytest.raises(BadParameter, match="invalid state shape state_h"):
-        audio_models.StreamStep("bad", _VAD(), CHUNK, {"h": "wide"}, "test")
+        audio.StreamStep("bad", _VAD(), CHUNK, {"h": "wide"}, "test")
     with pytest.raises(BadParameter, match="invalid outputs of step 'bad'"):
-        audio_models.StreamStep("bad", _VAD(), CHUNK, STATE, "test", outputs=(inputs.Output("state_context", "x"),))
-    step = audio_models.StreamStep("bad", _VAD(), CHUNK, STATE, "test", outputs=(inputs.Output("speech", "pitch"),))
+        audio.StreamStep("bad", _VAD(), CHUNK, STATE, "test", outputs=(inputs.Output("state_context", "x"),))
+    step = audio.StreamStep("bad", _VAD(), CHUNK, STATE, "test", outputs=(inputs.Output("speech", "pitch"),))
     with pytest.raises(BadParameter, match="unknown metric of stream output 'speech' 'pitch'; choose one of: .*proba"):
         streaming.check_stream(step, _stream(), ["tpu"])
 
@@ -176,14 +176,14 @@ def test_a_state_returned_with_its_keys_reordered_is_matched_by_path():
 def test_stage_four_compiled_keeps_a_state_whose_batch_axis_is_not_the_first():
     """gru-stream's state is (layers, batch, hidden): split into calls of a few rows along axis 0 it reached the GRU
     as (29, 4, 64) and stage 4 crashed; a batch whose inputs do not all lead with the batch goes in one call."""
-    from portkit.corpora import corpus as data
-    from portkit.stages.accuracy import stage as accuracy
-    m = models.load("gru-stream")
-    items = data.corpus_for(m)
-    batch, described = data.example_batch(m, items, batch_size=4, seq_len=32, seed=0)
-    found = accuracy.check_accuracy(m, batch, ["tpu"], accuracy.Options.of({"batch_size": 4, "seed": 0}),
+    from portkit.corpora import corpus
+    from portkit.stages.accuracy import stage
+    m = registry.load("gru-stream")
+    items = corpus.corpus_for(m)
+    batch, described = corpus.example_batch(m, items, batch_size=4, seq_len=32, seed=0)
+    found = stage.check_accuracy(m, batch, ["tpu"], stage.Options.of({"batch_size": 4, "seed": 0}),
                                     corpus=items, description=described,
-                                    scope=accuracy.Scope(compiled=True, progress=False, task_items=8,
+                                    scope=stage.Scope(compiled=True, progress=False, task_items=8,
                                                          all_precisions=False, layers=False))
     assert "compiled with portkit_tpu" in str(found)
 
@@ -213,6 +213,6 @@ def test_a_state_returned_as_a_view_recompiles_mid_stream_and_the_finding_says_h
     assert viewed["late_compiles"] >= 1
     found = accuracy_result.stream_recompile(viewed)
     assert found.severity == "work" and "stride" in found.message and "contiguous_format" in found.advice
-    step = audio_models.StreamStep("vad", Copied().eval(), CHUNK, STATE, "test LSTM cell VAD",
+    step = audio.StreamStep("vad", Copied().eval(), CHUNK, STATE, "test LSTM cell VAD",
                                    outputs=(inputs.Output("speech", inputs.PROBABILITY),))
     assert streaming.check_stream(step, _stream(), ["tpu"]).runs[0].late_compiles == 0

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from portkit.models import audio as audio_models
+from portkit.models import audio
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
 from portkit.workloads import streaming
 
@@ -80,7 +80,7 @@ def test_a_stream_that_starts_in_silence_or_quiet_does_not_drift_on_a_stable_ste
     """Rule: neither a quiet start nor the recordings' order makes drift, on a step built for it. 1.5 s of digital
     silence (the state equal to float64's, error exactly 0, the old yardstick's zero) then a tone; a quiet tone
     then a loud one, and the other way round: a stable step passes in each."""
-    step = audio_models.StreamStep("leaky", _Leaky().eval(), 1600, (-1, 16), "test recurrence")
+    step = audio.StreamStep("leaky", _Leaky().eval(), 1600, (-1, 16), "test recurrence")
     silence, loud, quiet = np.zeros(24000, dtype=np.float32), _tone(2.5), 0.02 * _tone(2.0)
     for parts in ((silence, loud), (quiet, loud), (loud, quiet)):
         stream = streaming.Stream(np.concatenate(parts), 16000, "silence and tones", "synthetic")
@@ -117,7 +117,7 @@ class _LeakyWithTail(_Leaky):
 def test_a_state_part_carried_exactly_is_not_the_worst_leaf_of_a_real_stream():
     """Rule: the worst leaf has an error, on a step built for it: its raw-sample buffer is exact on the target, so
     the drift names the recurrent leaf and the buffer's summary says exact."""
-    step = audio_models.StreamStep("leaky-tail", _LeakyWithTail().eval(), 1600, {"h": (-1, 16), "tail": (-1, 8)},
+    step = audio.StreamStep("leaky-tail", _LeakyWithTail().eval(), 1600, {"h": (-1, 16), "tail": (-1, 8)},
                                    "test recurrence")
     run = streaming.check_stream(step, streaming.Stream(_tone(2.5), 16000, "a tone", "synthetic"), ["tpu"]).runs[0]
     assert max(run.leaves["state_tail"]) == 0 and run.leaf_summary()["state_tail"]["exact"]

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT, fixture_model
 from portkit import cli
-from portkit.stages.report import stage as report
+from portkit.stages.report import stage
 from portkit.run import sweep
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -74,7 +74,7 @@ def test_two_models_sharing_a_run_folder_are_bad_input(tmp_path, capsys):
 
 
 def test_cell_summary_reads_verdict_blockers_buckets_hbm_and_accuracy():
-    t = report.TargetReport("tpu", "Google TPU", "emulated", based_on=["buckets", "xla", "accuracy"],
+    t = stage.TargetReport("tpu", "Google TPU", "emulated", based_on=["buckets", "xla", "accuracy"],
                             findings=[{"stage": "fallbacks", "notebook": "01_fallbacks.ipynb", "severity": "blocker",
                                        "kind": "sparse", "message": "sparse tensors", "advice": "use dense"}],
                             buckets={"planner": "auto", "boundaries": [32, 64], "batch_sizes": [1], "why": "cheapest"},

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from portkit.core import availability as probes
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.core.errors import BadParameter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ def load_tool(name: str):
 
 
 def test_every_target_is_complete_data():
-    for name, t in targets.TARGETS.items():
+    for name, t in specs.TARGETS.items():
         assert t.name == name and t.device and t.backend and t.precisions
         if not t.reference:
             assert t.static_shapes and t.op_table and t.vendor_package and t.kernel_language
@@ -31,7 +31,7 @@ def test_every_target_is_complete_data():
 
 def test_dtype_rules_and_precision_as_documented():
     import torch
-    neuron, tpu = targets.get("neuron"), targets.get("tpu")
+    neuron, tpu = specs.get("neuron"), specs.get("tpu")
     assert [(r.source, r.result) for r in neuron.dtype_rules] == [(torch.float64, torch.float32),
                                                                   (torch.int64, torch.int32)]
     assert [(r.source, r.result) for r in tpu.dtype_rules] == [(torch.float64, torch.float32)]
@@ -43,26 +43,26 @@ def test_dtype_rules_and_precision_as_documented():
 
 def test_unknown_target_names_the_choices():
     with pytest.raises(BadParameter, match=r"unknown target 'trn'; choose one of: neuron, tpu, cpu, cuda"):
-        targets.get("trn")
+        specs.get("trn")
     with pytest.raises(BadParameter, match="precision"):
-        targets.get("tpu").precision("bf16")
-    assert targets.parse_targets("tpu, neuron,tpu") == ["tpu", "neuron"]
+        specs.get("tpu").precision("bf16")
+    assert specs.parse_targets("tpu, neuron,tpu") == ["tpu", "neuron"]
     with pytest.raises(BadParameter):
-        targets.parse_targets([])
+        specs.parse_targets([])
 
 
 def test_detect_is_native_only_with_the_vendor_device(monkeypatch):
     # Derived from the device probe, so this holds on a host with the device as well as without.
-    monkeypatch.delenv(targets.MODE_VARIABLE, raising=False)
-    for name in targets.MIGRATION_TARGETS:
-        t, d = targets.get(name), targets.detect(name)
+    monkeypatch.delenv(specs.MODE_VARIABLE, raising=False)
+    for name in specs.MIGRATION_TARGETS:
+        t, d = specs.get(name), specs.detect(name)
         mode = "native" if probes.device_available(t.vendor_module, t.device) else "emulated"
         assert d.mode == mode and d.to_dict()["mode"] == mode and str(d).startswith(f"target {name}: {mode}, ")
         assert d.backend == (t.backend if mode == "native" else t.emulated_backend)
         if mode == "emulated":
             assert d.reason.endswith("; running on the CPU under the target's rules")
-            assert d.op_table.provenance == targets.OpTable.load(t.op_table).provenance   # the shipped table
-    assert targets.detect("cpu").mode == "native"
+            assert d.op_table.provenance == specs.OpTable.load(t.op_table).provenance   # the shipped table
+    assert specs.detect("cpu").mode == "native"
 
 
 @pytest.mark.parametrize("name,package,reason,backend", [
@@ -73,7 +73,7 @@ def test_detect_in_native_mode_says_so(monkeypatch, name, package, reason, backe
     # What detect() writes on a host with the device, checked here by answering the probes as one would.
     monkeypatch.setattr(probes, "device_available", lambda module, device: True)
     monkeypatch.setattr(probes, "package_version", lambda dist: "0.2.0" if dist == package else None)
-    d = targets._detect.__wrapped__(name, "auto")   # uncached: the real detection is left as it was
+    d = specs._detect.__wrapped__(name, "auto")   # uncached: the real detection is left as it was
     assert (d.mode, d.reason, d.backend) == ("native", reason, backend)
     assert str(d) == f"target {name}: native, {reason}"
     assert d.to_dict()["mode"] == "native" and d.to_dict()["backend"] == backend
@@ -81,21 +81,21 @@ def test_detect_in_native_mode_says_so(monkeypatch, name, package, reason, backe
 
 
 def test_op_tables_carry_provenance():
-    for name in targets.MIGRATION_TARGETS:
-        table = targets.OpTable.load(targets.get(name).op_table)
+    for name in specs.MIGRATION_TARGETS:
+        table = specs.OpTable.load(specs.get(name).op_table)
         assert len(table.native) > 300
         for key in ("source", "version", "method", "date", "generated_by"):
             assert table.provenance.get(key), (name, key)
 
 
 def test_tpu_table_matches_the_checked_snapshot():
-    ours = json.loads((targets.DATA / "tpu.json").read_text())
+    ours = json.loads((specs.DATA / "tpu.json").read_text())
     theirs = json.loads((SOURCES / "torch_tpu_0.2.0_dispatcher_ops.json").read_text())
     assert set(ours["native"]) == {o for o in theirs["PrivateUse1"] if o.startswith("aten::")}
 
 
 def test_neuron_table_is_built_from_the_dev_tree_data():
-    ours = json.loads((targets.DATA / "neuron.json").read_text())
+    ours = json.loads((specs.DATA / "neuron.json").read_text())
     theirs = json.loads((SOURCES / "neuron_ops_devtree_2026-04.json").read_text())
     assert set(ours["native"]) == set(theirs["native"]) - set(theirs["cpu_fallback"])
     assert set(ours["cpu_fallback"]) == set(theirs["cpu_fallback"])
@@ -117,7 +117,7 @@ def test_neuron_table_is_built_from_the_dev_tree_data():
 ])
 def test_classification(target, op, status, via):
     # The shipped tables (what emulated mode uses), not detect()'s: natively that is the live dispatcher.
-    got = targets.OpTable.load(targets.get(target).op_table).classify(op)
+    got = specs.OpTable.load(specs.get(target).op_table).classify(op)
     assert got.status == status, got
     assert got.via == via
 
@@ -132,7 +132,7 @@ def test_probes_return_false_instead_of_raising():
 @pytest.mark.native
 @pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_live_table():
-    d = targets.detect("neuron")
+    d = specs.detect("neuron")
     assert d.mode == "native" and d.backend == "neuron"
     assert d.reason == f"torch-neuronx {probes.package_version('torch-neuronx')} with a neuron device"
     assert d.op_table.provenance["source"] == "live dispatcher, key PrivateUse1"
@@ -141,7 +141,7 @@ def test_native_neuron_reads_the_live_table():
 @pytest.mark.native
 @pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_reads_the_live_table():
-    d = targets.detect("tpu")
+    d = specs.detect("tpu")
     assert d.mode == "native" and d.backend == "tpu"
     assert d.reason == f"torch-tpu {probes.package_version('torch-tpu')} with a tpu device"
     assert d.op_table.provenance["source"] == "live dispatcher, key PrivateUse1"
@@ -154,7 +154,7 @@ def test_neuron_builder_reads_data_sources_and_rebuilds_the_shipped_table(tmp_pa
     assert tool.main(["--out", str(tmp_path / "neuron.json")]) == 0
     assert "data/sources/neuron_ops_devtree_2026-04.json" in capsys.readouterr().out
     built = json.loads((tmp_path / "neuron.json").read_text())
-    shipped = json.loads((targets.DATA / "neuron.json").read_text())
+    shipped = json.loads((specs.DATA / "neuron.json").read_text())
     built["provenance"].pop("date"), shipped["provenance"].pop("date")
     assert built == shipped
     # Provenance as it is: a public repository's development-tree snapshot, superseded by the release table.
@@ -188,7 +188,7 @@ def test_tpu_builder_compares_with_the_shipped_snapshot():
     assert tpu.DEFAULT_COMPARE == SOURCES / "torch_tpu_0.2.0_dispatcher_ops.json"
     reference = tpu.read_snapshot(tpu.DEFAULT_COMPARE)
     assert len(reference) == 731
-    table = json.loads((targets.DATA / "tpu.json").read_text())
+    table = json.loads((specs.DATA / "tpu.json").read_text())
     same = tpu.comparison(table["native"] + table["native_other_namespaces"], reference, "snapshot")
     assert same["same"] and not same["only_here"]
     differ = tpu.comparison(table["native"], reference, "snapshot")
@@ -205,41 +205,41 @@ def test_tpu_builder_compares_with_the_shipped_snapshot():
     ("aten::addmm", "native", "native"),
 ])
 def test_neuron_compile_decompositions_lower_under_torch_compile(op, eager, compiled):
-    table = targets.detect("neuron").op_table
+    table = specs.detect("neuron").op_table
     got = table.classify(op)
     assert got.status == eager
     if eager in ("cpu_fallback", "unsupported"):     # the eager detail says where compiling changes that
-        assert ("torch.compile decomposes it" in got.detail) == (compiled == targets.DECOMPOSED)
+        assert ("torch.compile decomposes it" in got.detail) == (compiled == specs.DECOMPOSED)
     assert table.classify(op, compiled=True).status == compiled
-    assert targets.DECOMPOSED not in targets.STATUSES       # never an eager status
+    assert specs.DECOMPOSED not in specs.STATUSES       # never an eager status
 
 
 def test_only_overloads_with_a_decomposition_follow_a_bare_name():
-    table = targets.OpTable("t", native=frozenset(), compile_decomposed=frozenset({"aten::lerp", "aten::topk"}))
+    table = specs.OpTable("t", native=frozenset(), compile_decomposed=frozenset({"aten::lerp", "aten::topk"}))
     assert table.is_compile_decomposed("aten::lerp.Scalar")      # PyTorch decomposes every lerp overload
     assert table.is_compile_decomposed("aten::topk")             # the default overload, by name
     assert not table.is_compile_decomposed("aten::topk.values")  # no upstream decomposition for it
-    assert targets.detect("tpu").op_table.classify("aten::elu", compiled=True).status == "composite"
+    assert specs.detect("tpu").op_table.classify("aten::elu", compiled=True).status == "composite"
 
 
 def test_portkit_mode_forces_emulation_and_rejects_other_values(monkeypatch):
     monkeypatch.setattr(probes, "device_available", lambda module, device: True)   # as on a device host
-    monkeypatch.setattr(targets.OpTable, "live", classmethod(lambda cls, *a, **k: targets.OpTable.load("tpu.json")))
-    monkeypatch.setattr(targets, "_detect", targets._detect.__wrapped__)   # uncached, as the probes are faked
-    monkeypatch.delenv(targets.MODE_VARIABLE, raising=False)
-    assert targets.detect("tpu").mode == "native"
-    monkeypatch.setenv(targets.MODE_VARIABLE, "emulated")
-    d = targets.detect("tpu")
+    monkeypatch.setattr(specs.OpTable, "live", classmethod(lambda cls, *a, **k: specs.OpTable.load("tpu.json")))
+    monkeypatch.setattr(specs, "_detect", specs._detect.__wrapped__)   # uncached, as the probes are faked
+    monkeypatch.delenv(specs.MODE_VARIABLE, raising=False)
+    assert specs.detect("tpu").mode == "native"
+    monkeypatch.setenv(specs.MODE_VARIABLE, "emulated")
+    d = specs.detect("tpu")
     assert d.mode == "emulated" and d.reason.startswith("PORTKIT_MODE=emulated")
-    assert targets.detect("cpu").mode == "native"            # the reference target is never emulated
-    monkeypatch.setenv(targets.MODE_VARIABLE, "fast")
+    assert specs.detect("cpu").mode == "native"            # the reference target is never emulated
+    monkeypatch.setenv(specs.MODE_VARIABLE, "fast")
     with pytest.raises(BadParameter, match="unknown PORTKIT_MODE 'fast'; choose one of: auto, emulated"):
-        targets.detect("tpu")
+        specs.detect("tpu")
 
 
 def test_vendor_lists_and_requirements_are_data_with_their_source_and_date():
-    lists, required = targets.vendor_lists(), targets.requirements()
-    assert set(lists) == set(required) == set(targets.MIGRATION_TARGETS)
+    lists, required = specs.vendor_lists(), specs.requirements()
+    assert set(lists) == set(required) == set(specs.MIGRATION_TARGETS)
     for name, lst in lists.items():
         assert lst["source"].startswith("the vendors' launch documentation") and lst["read"] == "2026-12-04"
     for name, req in required.items():      # the pins: the release notes' support matrix, the wheel's METADATA

@@ -8,8 +8,8 @@ from torch import nn
 
 from portkit.corpora import corpus as data
 from portkit.models import inputs
-from portkit.models import registry as models
-from portkit.stages.accuracy import stage as accuracy
+from portkit.models import registry
+from portkit.stages.accuracy import stage
 
 SIZE = 8
 OPTIONS = {"task_bounds": {"agreement": 0.95}}
@@ -28,9 +28,9 @@ class _Classifier(nn.Module):
         return {"logits": logits + 100 * nn.functional.one_hot(logits.argmax(-1), 4)}
 
 
-def _model() -> models.LoadedModel:
+def _model() -> registry.LoadedModel:
     decl = inputs.image_declaration(SIZE, (inputs.Output("logits", inputs.IMAGE_CLASSIFIER),))
-    return models.LoadedModel("tiny-classifier", inputs.IMAGE_CLASSIFIER, _Classifier().eval(), "test",
+    return registry.LoadedModel("tiny-classifier", inputs.IMAGE_CLASSIFIER, _Classifier().eval(), "test",
                               image_size=SIZE, declaration=decl)
 
 
@@ -45,9 +45,9 @@ def _folder(path, n: int) -> str:
 
 def _check(model, corpus, **scope):
     batch, described = data.example_batch(model, corpus, 2, SIZE, seed=0)
-    report = accuracy.check_accuracy(model, batch, ["tpu"], accuracy.Options.of(OPTIONS),
+    report = stage.check_accuracy(model, batch, ["tpu"], stage.Options.of(OPTIONS),
                                      corpus=corpus, description=described,
-                                     scope=accuracy.Scope(all_precisions=False, layers=False, compiled=False,
+                                     scope=stage.Scope(all_precisions=False, layers=False, compiled=False,
                                                           progress=False, float64_reference=False, **scope))
     return report.targets["tpu"]
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.targets import numerics
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.targets import tolerance
 from portkit.workloads import training
 from portkit.core.errors import BadParameter
@@ -48,7 +48,7 @@ def test_bad_training_input_names_the_value(gpt2, corpus):
     with pytest.raises(BadParameter, match="invalid lr -1"):
         training.train(gpt2, [], lr=-1)
     with pytest.raises(BadParameter, match="unknown model kind for training 'token-classifier'"):
-        training.loss_for(models.LoadedModel("x", models.TOKEN_CLASSIFIER, torch.nn.Linear(1, 1), "test"))
+        training.loss_for(registry.LoadedModel("x", registry.TOKEN_CLASSIFIER, torch.nn.Linear(1, 1), "test"))
 
 
 def _own_loss(module, batch):
@@ -63,7 +63,7 @@ def _matches_eager(model, batches, target, precision, lr=1e-3):
     compiled = training.train(model, batches, lr=lr, target=target, precision=precision, compiled=True)
     assert compiled.runs == f"portkit_{target}" and eager.runs == "eager"
     assert compiled.graphs == [1] * len(batches) and not eager.graphs   # one graph, no recompile across steps
-    tol = tolerance.tolerance_for(numerics.emulate(targets.get(target), precision).precision)
+    tol = tolerance.tolerance_for(numerics.emulate(specs.get(target), precision).precision)
     assert tol.check(torch.tensor(compiled.losses), torch.tensor(eager.losses)) is None
     for step in range(len(batches)):
         names = sorted(eager.grad_norms[step])
@@ -89,7 +89,7 @@ class _Tiny(torch.nn.Module):
 
 
 def test_a_compiled_training_step_matches_eager_under_neuron_matmult(gpt2, corpus):
-    tiny = models.LoadedModel("tiny", models.CAUSAL_LM, _Tiny(), "test", gpt2.tokenizer, loss=_own_loss)
+    tiny = registry.LoadedModel("tiny", registry.CAUSAL_LM, _Tiny(), "test", gpt2.tokenizer, loss=_own_loss)
     _matches_eager(tiny, training.batches(tiny, corpus, steps=2, batch_size=2, seq_len=16), "neuron", "matmult")
 
 
@@ -107,8 +107,8 @@ class _Gather(torch.nn.Module):
 
 def test_training_step_ops_call_out_backward_and_optimizer_kernels(gpt2):
     tokens = gpt2.encode(["Return the sum of a and b.", "Sum."], pad_to=8)
-    gather = models.LoadedModel("gather", models.EMBEDDING, _Gather(), "test", gpt2.tokenizer, loss=_own_loss)
-    lstm = models.load("lstm")
+    gather = registry.LoadedModel("gather", registry.EMBEDDING, _Gather(), "test", gpt2.tokenizer, loss=_own_loss)
+    lstm = registry.load("lstm")
     lstm.loss = _own_loss
     for target in ("neuron", "tpu"):
         found = training.step_ops(gather, tokens, target)
@@ -125,17 +125,17 @@ def test_training_step_ops_call_out_backward_and_optimizer_kernels(gpt2):
 
 def test_functional_forms_of_in_place_writes_are_judged_as_the_write_under_compile():
     # AOTAutograd writes T5's in-place `shifted[..., 1:] = ids[..., :-1]` as slice_scatter in a training graph
-    table = targets.detect("neuron").op_table
+    table = specs.detect("neuron").op_table
     compiled = table.classify("aten::slice_scatter", compiled=True)
     assert (compiled.status, compiled.via) == (table.classify("aten::copy_").status, "aten::copy_")
     assert table.classify("aten::slice_scatter").status == "unsupported"   # eager: the vendor's table as it is
 
 
 def test_packing_against_padding_to_seq_len_and_to_buckets_on_real_texts(gpt2, minilm, corpus):
-    from portkit.stages.buckets import stage as buckets
+    from portkit.stages.buckets import stage
     from portkit.planning.planner import BucketPlan
     plan = BucketPlan("auto", (16, 48, 128), 0, 0, 1, "truncate", "test")
-    rows = buckets.training_layouts(gpt2, corpus, {"tpu": plan}, batch_size=4, seq_len=128)["tpu"]
+    rows = stage.training_layouts(gpt2, corpus, {"tpu": plan}, batch_size=4, seq_len=128)["tpu"]
     packed, padded, bucketed = rows
     assert packed["compiles"] == padded["compiles"] == 1 and packed["fill"] == 1.0
     assert packed["tokens_per_step"] == 4 * 128 > padded["tokens_per_step"] == bucketed["tokens_per_step"] > 0

@@ -25,10 +25,10 @@ def test_minilm_report_holds_every_section(request):
     report = json.loads(path.read_text())
     assert report["model"]["name"] == "minilm" and report["gaps"] == []
     assert all(report["stages"][s]["status"] == "ok" for s in STAGES)
-    from portkit.targets import specs as targets
+    from portkit.targets import specs
     for name in ("neuron", "tpu"):
         t = report["targets"][name]
-        assert t["mode"] == targets.detect(name).mode and t["based_on"] == STAGES
+        assert t["mode"] == specs.detect(name).mode and t["based_on"] == STAGES
         assert t["verdict"] in ("ready", "ready with work", "blocked")
         assert set(t["metrics"]) == set(STAGES)
         compile_ = t["metrics"]["compile"]

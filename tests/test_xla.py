@@ -16,18 +16,18 @@ import pytest
 import torch
 from torch import nn
 
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
-from portkit.core import availability as probes
+from portkit.corpora import corpus
+from portkit.models import registry
+from portkit.core import availability
 from portkit.runfolder import results
 from portkit.run import runner
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.stages.xla import stage as xla
-from portkit.xla import cache as xla_cache
-from portkit.xla import compiler as xla_compile
+from portkit.xla import cache
+from portkit.xla import compiler
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError
 
-needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
 
 
@@ -70,7 +70,7 @@ class Dense(nn.Module):
 
 @pytest.fixture(scope="module")
 def bert():
-    return models.load("bert")      # 2 layers, hidden 128, random weights: a graph small enough to compile quickly
+    return registry.load("bert")      # 2 layers, hidden 128, random weights: a graph small enough to compile quickly
 
 
 # ---------------------------------------------------------------- compiles (need jax + libtpu + torchax)
@@ -99,11 +99,11 @@ def test_small_model_compiles_for_v5e_with_hbm_and_flops(bert, tmp_path):
 
 @needs_xla
 def test_guard_rejects_an_executable_compiled_for_the_cpu():
-    jax, _ = xla_compile.require_xla()
+    jax, _ = compiler.require_xla()
     spec = jax.ShapeDtypeStruct((8, 8), jax.numpy.float32)           # no sharding: JAX picks the CPU
     compiled = jax.jit(lambda a: a @ a).lower(spec).compile()
     with pytest.raises(PortkitError, match="not TPU"):
-        xla_compile._compiled_platform(jax, compiled, "v5e:1x1")
+        compiler._compiled_platform(jax, compiled, "v5e:1x1")
 
 
 @needs_xla
@@ -166,7 +166,7 @@ def test_neuron_gets_a_lowering_check_only(bert):
 @needs_xla
 def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
     fast_path = torch.backends.mha.get_fastpath_enabled()
-    xla_compile.require_xla()
+    compiler.require_xla()
     with pytest.raises(AttributeError):
         torch.ops.aten.prod.dim_Dimname           # removed in torch 2.13; the shim only bends it during import
     assert torch.backends.mha.get_fastpath_enabled() == fast_path
@@ -182,7 +182,7 @@ def test_torchax_shim_leaves_torch_usable_for_the_other_stages():
 def empty_cache(tmp_path, monkeypatch):
     """An empty cache root of this test's own, and a count of the XLA compiles actually run."""
     import jax
-    monkeypatch.setenv(data.CACHE_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setenv(corpus.CACHE_VARIABLE, str(tmp_path / "cache"))
     compiles = []
     original = jax.stages.Lowered.compile
 
@@ -201,8 +201,8 @@ TINY = [{"x": ((2, 64), "float32")}]
 def test_a_rerun_reads_the_verdict_instead_of_compiling(empty_cache, tmp_path):
     first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
     assert empty_cache == [1] and first.status == "compiled" and not first.cached
-    assert xla_cache.cache_dir() == tmp_path / "cache" / "xla-verdicts"      # PORTKIT_CACHE_DIR moves it
-    assert len(list(xla_cache.cache_dir().glob("*.json"))) == 1
+    assert cache.cache_dir() == tmp_path / "cache" / "xla-verdicts"      # PORTKIT_CACHE_DIR moves it
+    assert len(list(cache.cache_dir().glob("*.json"))) == 1
     report = xla.compile_for_tpu(Dense(64), TINY)
     second = report.shapes[0]
     assert empty_cache == [1], "the second call compiled again"
@@ -223,7 +223,7 @@ def test_another_topology_or_dtype_is_another_verdict(empty_cache):
     other_topology = xla.compile_for_tpu(Dense(64), TINY, topology="v6e:1x1").shapes[0]
     other_dtype = xla.compile_for_tpu(Dense(64), TINY, dtype="bfloat16").shapes[0]
     assert empty_cache == [1, 1, 1] and not other_topology.cached and not other_dtype.cached
-    assert len(list(xla_cache.cache_dir().glob("*.json"))) == 3
+    assert len(list(cache.cache_dir().glob("*.json"))) == 3
 
 
 @needs_xla
@@ -231,7 +231,7 @@ def test_another_topology_or_dtype_is_another_verdict(empty_cache):
                                     "[1, 2]", '{"format": 1, "key": "KEY", "verdict": {"status": "compiled"}}'])
 def test_a_damaged_entry_is_compiled_again_and_rewritten(empty_cache, damage):
     first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
-    (entry,) = xla_cache.cache_dir().glob("*.json")
+    (entry,) = cache.cache_dir().glob("*.json")
     entry.write_text(damage.replace("KEY", entry.stem))
     again = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
     assert empty_cache == [1, 1] and not again.cached and again.memory == first.memory
@@ -251,7 +251,7 @@ def test_an_internal_compiler_error_is_reported_but_not_cached(empty_cache, monk
     for _ in range(2):
         result = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
         assert result.status == "compile_failed" and not result.cached and "INTERNAL" in result.message
-    assert empty_cache == [1, 1] and not list(xla_cache.cache_dir().glob("*.json"))
+    assert empty_cache == [1, 1] and not list(cache.cache_dir().glob("*.json"))
 
 
 @needs_xla
@@ -261,8 +261,8 @@ def test_a_rerun_neither_converts_nor_lowers(empty_cache, monkeypatch):
     lowered = xla.check_lowering(Dense(64), TINY).shapes[0]
     assert not lowered.cached and lowered.stablehlo_ops > 0 and lowered.measured_at
     conversions = []
-    original = xla_compile.Program._convert
-    monkeypatch.setattr(xla_compile.Program, "_convert",
+    original = compiler.Program._convert
+    monkeypatch.setattr(compiler.Program, "_convert",
                         lambda self: (self._converted is None and conversions.append(1)) or original(self))
     report = xla.compile_for_tpu(Dense(64), TINY)
     again = report.shapes[0]
@@ -280,15 +280,15 @@ def test_a_rerun_neither_converts_nor_lowers(empty_cache, monkeypatch):
     assert not xla.compile_for_tpu(Dense(32), [{"x": ((2, 32), "float32")}]).shapes[0].cached
     configured = Dense(64)
     configured.fc.config = {"hidden_act": "gelu"}      # a submodule's config is part of the key
-    assert xla_cache.module_fingerprint(configured) != xla_cache.module_fingerprint(Dense(64))
+    assert cache.module_fingerprint(configured) != cache.module_fingerprint(Dense(64))
     Unsourced = type("Unsourced", (Dense,), {"__module__": "not_a_module"})
-    assert xla_cache.module_fingerprint(Unsourced(64)) is None
+    assert cache.module_fingerprint(Unsourced(64)) is None
     assert xla.compile_for_tpu(Unsourced(64), TINY).shapes[0].cached      # its lowered module is Dense(64)'s
     assert len(conversions) == 2 and empty_cache == [1, 1]
 
 
 def test_only_repeatable_verdicts_are_cached():
-    verdict = functools.partial(xla_cache.Verdict, compile_seconds=1.0, measured_at="2025-01-01T00:00:00Z")
+    verdict = functools.partial(cache.Verdict, compile_seconds=1.0, measured_at="2025-01-01T00:00:00Z")
     assert verdict("compiled").repeatable and verdict("out_of_hbm", message="RESOURCE_EXHAUSTED: ...").repeatable
     assert verdict("compile_failed", message="INVALID_ARGUMENT: bad sharding").repeatable
     assert not verdict("compile_failed", message="INTERNAL: crashed").repeatable
@@ -307,11 +307,11 @@ def test_compile_seconds_prices_a_shape_once(empty_cache, bert):
 
 
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(data.CACHE_VARIABLE, str(tmp_path))
-    assert xla_cache.cache_dir() == tmp_path / "xla-verdicts"
-    monkeypatch.delenv(data.CACHE_VARIABLE)
+    monkeypatch.setenv(corpus.CACHE_VARIABLE, str(tmp_path))
+    assert cache.cache_dir() == tmp_path / "xla-verdicts"
+    monkeypatch.delenv(corpus.CACHE_VARIABLE)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert xla_cache.cache_dir() == tmp_path / "xdg" / "portkit" / "xla-verdicts"
+    assert cache.cache_dir() == tmp_path / "xdg" / "portkit" / "xla-verdicts"
 
 
 # A plain JAX program that loads libtpu for a compile-only topology and keeps it loaded, as a second
@@ -338,7 +338,7 @@ print(report.shapes[0].status, report.shapes[0].platform, os.environ.get("ALLOW_
 
 @needs_xla
 def test_compiles_while_another_process_holds_libtpu():
-    if probes.tpu_chip_count() != 0:
+    if availability.tpu_chip_count() != 0:
         pytest.skip("TPU chips on this host (or JAX cannot scan for them): there the lockfile guards a device")
     # Neither process is told about the lockfile: portkit.stages.xla.stage must allow the second load itself.
     env = {k: v for k, v in os.environ.items() if k not in xla.COMPILE_ONLY_ENV}
@@ -361,14 +361,14 @@ def test_compiles_while_another_process_holds_libtpu():
 def test_compile_only_environment_is_set_only_without_tpu_chips(monkeypatch):
     for name in xla.COMPILE_ONLY_ENV:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(probes, "tpu_chip_count", lambda: 4)        # a TPU host: the lock guards real chips
-    assert xla_compile._compile_only_environment() == {}
+    monkeypatch.setattr(availability, "tpu_chip_count", lambda: 4)        # a TPU host: the lock guards real chips
+    assert compiler._compile_only_environment() == {}
     assert not set(xla.COMPILE_ONLY_ENV) & set(os.environ)
-    monkeypatch.setattr(probes, "tpu_chip_count", lambda: None)     # cannot tell: leave libtpu's defaults
-    assert xla_compile._compile_only_environment() == {}
-    monkeypatch.setattr(probes, "tpu_chip_count", lambda: 0)
+    monkeypatch.setattr(availability, "tpu_chip_count", lambda: None)     # cannot tell: leave libtpu's defaults
+    assert compiler._compile_only_environment() == {}
+    monkeypatch.setattr(availability, "tpu_chip_count", lambda: 0)
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2")           # the user's own setting wins
-    assert xla_compile._compile_only_environment() == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    assert compiler._compile_only_environment() == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     assert os.environ["TPU_WORKER_HOSTNAMES"] == "10.0.0.2" and os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
 
 
@@ -404,7 +404,7 @@ def test_bad_dtype_and_bare_module_shapes():
 
 
 def test_skipped_with_one_install_line_when_packages_are_missing(bert, monkeypatch):
-    monkeypatch.setattr(probes, "missing_for_xla_tpu_compile", lambda: ["libtpu", "torchax"])
+    monkeypatch.setattr(availability, "missing_for_xla_tpu_compile", lambda: ["libtpu", "torchax"])
     skipped = xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}])
     assert isinstance(skipped, xla.XlaSkipped)
     assert str(skipped) == ("XLA check skipped: libtpu, torchax not installed; pip install 'portkit[xla]' "
@@ -465,7 +465,7 @@ def test_stage_turns_failures_into_findings(bert, tmp_path):
     stage = xla.run_stage(bert, ["tpu", "cpu"], tmp_path, xla.Options.of({"batch_size": 4096, "seq_len": 512}))
     saved = stage.to_dict()
     tpu = saved["targets"]["tpu"]
-    assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == targets.detect("tpu").mode
+    assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == specs.detect("tpu").mode
     assert [f["kind"] for f in tpu["findings"]] == ["hbm"] and tpu["findings"][0]["severity"] == "blocker"
     assert "skipped" in saved["targets"]["cpu"]["summary"]
     assert saved["stage"] == "xla" and "real XLA compile" in saved["summary"]
@@ -474,8 +474,8 @@ def test_stage_turns_failures_into_findings(bert, tmp_path):
 @needs_xla
 def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_path, monkeypatch):
     from portkit.stages.report import stage as report
-    from portkit.xla import sharded as xla_sharded
-    monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
+    from portkit.xla import sharded
+    monkeypatch.setattr(sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
     stage = xla.run_stage(bert, ["tpu"], tmp_path,
                           xla.Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}))
     (found,) = stage.largest["tpu"]

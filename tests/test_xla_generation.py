@@ -8,15 +8,15 @@ import torch
 
 from portkit.workloads import generation
 from portkit.models import registry as models
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.stages.report import stage as report
 from portkit.stages.xla import stage as xla
-from portkit.xla import compiler as xla_compile
+from portkit.xla import compiler
 from portkit.stages.xla import generation as xla_generation
-from portkit.xla import sharded as xla_sharded
+from portkit.xla import sharded
 from portkit.core.errors import BadParameter
 
-needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
 
 
@@ -67,14 +67,14 @@ def test_prefill_and_decode_compile_with_the_cache_in_hbm(gpt2):
 def test_the_largest_batch_is_the_compilers_boundary(gpt2, monkeypatch):
     first = xla_generation.compile_graph(gpt2, "decode", 1, 1, 256, "v5e:1x1")
     per_row = first.breakdown["KV cache"] + first.breakdown.get("outputs not in place", 0)
-    monkeypatch.setitem(xla_compile.HBM_GIB_PER_CHIP, "v5e", (first.memory["total"] + 6 * per_row) / 2 ** 30)
+    monkeypatch.setitem(compiler.HBM_GIB_PER_CHIP, "v5e", (first.memory["total"] + 6 * per_row) / 2 ** 30)
     n, tried = xla_generation.largest_batch(gpt2, 256, "v5e:1x1", limit=64)
     assert 1 <= n < 64 and tried[n] is True and tried[n + 1] is False    # the compiler's own boundary
 
 
 @needs_xla
 def test_stage_3b_compiles_stage_3s_largest_serving_buckets_and_the_report_shows_them(gpt2, tmp_path, monkeypatch):
-    monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 2)
+    monkeypatch.setattr(sharded, "BATCH_LIMIT", 2)
     plan = {"prompt": {"boundaries": [16, 48]}, "context": {"boundaries": [32, 80]}}
     (tmp_path / "buckets.json").write_text(json.dumps({"stage": "buckets", "targets": {}, "generation": {
         "targets": {"tpu": {"auto": plan}}}}))

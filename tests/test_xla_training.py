@@ -3,33 +3,33 @@ gradients, AdamW) compiled by XLA for a TPU topology on this CPU host, its memor
 largest micro-batch that fits. Compiles need the xla extra and skip without it."""
 import pytest
 
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
-from portkit.core import availability as probes
+from portkit.corpora import corpus
+from portkit.models import registry
+from portkit.core import availability
 from portkit.stages.report import stage as report
 from portkit.stages.xla import stage as xla
-from portkit.xla import compiler as xla_compile
-from portkit.xla import sharded as xla_sharded
-from portkit.stages.xla import training as xla_training
+from portkit.xla import compiler
+from portkit.xla import sharded
+from portkit.stages.xla import training
 from portkit.core.errors import BadParameter
 
-needs_xla = pytest.mark.skipif(not probes.xla_tpu_compile_available(),
+needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
 
 
 @pytest.fixture(scope="module")
 def bert():
-    return models.load("bert")      # 2 layers, hidden 128, random weights: a step compiles in a few seconds
+    return registry.load("bert")      # 2 layers, hidden 128, random weights: a step compiles in a few seconds
 
 
 @pytest.fixture(scope="module")
 def spec(bert):
-    return xla_training.step_inputs(bert, data.load_corpus(), batch_size=2, seq_len=32)
+    return training.step_inputs(bert, corpus.load_corpus(), batch_size=2, seq_len=32)
 
 
 @needs_xla
 def test_the_step_compiles_and_its_memory_parts_add_up_to_the_compilers_total(bert, spec):
-    step = xla_training.compile_step(bert, spec, "v5e:1x1")
+    step = training.compile_step(bert, spec, "v5e:1x1")
     assert step.status == "compiled" and step.fits and step.batch == 2
     assert sum(step.breakdown.values()) == step.memory["total"]
     # the arguments as counted from their shapes are what the compiler holds, up to TPU layout padding
@@ -42,15 +42,15 @@ def test_the_step_compiles_and_its_memory_parts_add_up_to_the_compilers_total(be
     assert step.memory["alias"] >= step.breakdown["weights"] + step.breakdown["optimizer state"]   # in place
     assert step.flops and step.flops > 0
     # bfloat16 weights halve the weights, not AdamW's float32 moments
-    half = xla_training.compile_step(bert, spec, "v5e:1x1", dtype="bfloat16")
+    half = training.compile_step(bert, spec, "v5e:1x1", dtype="bfloat16")
     assert half.breakdown["weights"] == 2 * params + 4 * buffers
     assert half.breakdown["optimizer state"] == step.breakdown["optimizer state"]
 
 
 @needs_xla
 def test_on_several_devices_weights_and_moments_are_sharded_fsdp_style(bert, spec):
-    one = xla_training.compile_step(bert, spec, "v5e:1x1")
-    four = xla_training.compile_step(bert, spec, "v5e:2x2")           # 4 devices, the batch of 2 does not divide
+    one = training.compile_step(bert, spec, "v5e:1x1")
+    four = training.compile_step(bert, spec, "v5e:2x2")           # 4 devices, the batch of 2 does not divide
     assert four.status == "compiled" and "FSDP over 4 devices" in four.sharding and "replicated" in four.sharding
     assert sum(four.breakdown.values()) == four.memory["total"]
     # every bert weight has a dimension that divides by 4: each device holds a quarter, moments too
@@ -61,16 +61,16 @@ def test_on_several_devices_weights_and_moments_are_sharded_fsdp_style(bert, spe
 
 @needs_xla
 def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, monkeypatch):
-    first = xla_training.compile_step(bert, spec, "v5e:1x1")
+    first = training.compile_step(bert, spec, "v5e:1x1")
     # a device whose HBM holds the step at 2 rows and not a byte more: the compiler must refuse 3 rows
-    monkeypatch.setitem(xla_compile.HBM_GIB_PER_CHIP, "v5e", (first.memory["total"] + 1) / 2 ** 30)
-    n, tried = xla_training.largest_micro_batch(bert, spec, "v5e:1x1", limit=64)
+    monkeypatch.setitem(compiler.HBM_GIB_PER_CHIP, "v5e", (first.memory["total"] + 1) / 2 ** 30)
+    n, tried = training.largest_micro_batch(bert, spec, "v5e:1x1", limit=64)
     assert n == 2 and tried[2] is True and tried[3] is False
 
 
 @needs_xla
 def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(bert, tmp_path, monkeypatch):
-    monkeypatch.setattr(xla_sharded, "BATCH_LIMIT", 2)
+    monkeypatch.setattr(sharded, "BATCH_LIMIT", 2)
     stage = xla.run_stage(bert, ["neuron", "tpu"], tmp_path,
                           xla.Options.of({"batch_size": 2, "seq_len": 32, "workload": "train"}))
     stage.save(tmp_path / "xla.json")

@@ -11,7 +11,7 @@ import torch
 
 from portkit.core import grading
 
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.targets import backends
 from portkit.workloads import generation
 
@@ -30,7 +30,7 @@ def zoo(tmp_path_factory):
 
     def load(key: str):
         if key not in loaded:
-            loaded[key] = models.load(str(zoo_build.build(rows[key], folder, tokenizers)))
+            loaded[key] = registry.load(str(zoo_build.build(rows[key], folder, tokenizers)))
         return loaded[key]
     return load
 
@@ -40,7 +40,7 @@ def test_a_sliding_window_cache_that_recompiles_after_warm_up_is_a_finding_with_
     Gemma2's StaticSlidingWindowLayer counts positions in a Python int that the attention mask reads, so every
     decode step fails a guard and compiles: counted, named, and the tokens still equal the eager run's."""
     from portkit.stages.compile import generation as compile_generation
-    from portkit.targets import specs as targets
+    from portkit.targets import specs
     lm = zoo("gemma2.causal-lm")
     plan = generation.Plan(prompt_buckets=(16,), context_buckets=(32,), batch=2)
     reference = generation.generate_static(lm, TEXTS, 4, plan)
@@ -48,7 +48,7 @@ def test_a_sliding_window_cache_that_recompiles_after_warm_up_is_a_finding_with_
     assert torch.equal(run.tokens, reference.tokens)
     assert run.late and run.compiles == len(run.late) > 0
     assert "cumulative_length_int" in run.late[0]["reason"]
-    found = compile_generation.TargetGeneration(targets.detect("tpu").to_dict(), "portkit_tpu", 2, 4,
+    found = compile_generation.TargetGeneration(specs.detect("tpu").to_dict(), "portkit_tpu", 2, 4,
                                                 {"prompt_buckets": [16]}, run, run)
     [(kind, case, message, _, where)] = found.findings()
     assert kind == "recompile_after_warmup" and grading.severity(kind, case) == "work"
@@ -92,12 +92,12 @@ def test_stage_3b_leaves_a_state_space_models_serving_graphs_not_assessed(zoo, k
     a key/value cache; Mamba2's (no attention heads at all) and Jamba's caches are not one, so their HBM fit is an
     open question, not a crash sizing a cache by num_attention_heads."""
     from portkit.stages.xla import generation as xla_generation
-    from portkit.stages.xla import stage as xla
+    from portkit.stages.xla import stage
     lm = zoo(key)
     assert "LinearAttentionLayer" in xla_generation.not_kv_cache(lm)
-    served = xla._serving(lm, None, xla.Options.defaults())
+    served = stage._serving(lm, None, stage.Options.defaults())
     assert served["status"] == xla_generation.NOT_KV and "not assessed" in served["summary"]
-    [question] = xla.XlaStage({}, {}, {}, serving={"tpu": served}).workload_questions("tpu")
+    [question] = stage.XlaStage({}, {}, {}, serving={"tpu": served}).workload_questions("tpu")
     assert question["question"] == "HBM fit of the serving graphs" and "LinearAttentionLayer" in question["why"]
     assert xla_generation.not_kv_cache(zoo("gemma2.causal-lm")) is None
 
@@ -112,7 +112,7 @@ def test_t5s_n_positions_is_not_called_the_models_maximum(tmp_path):
     folder = zoo_build.build(rows["t5.seq2seq-lm"], tmp_path, {})
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "n_positions": 512}))    # as t5-small's config
-    lm = models.load(str(folder))
+    lm = registry.load(str(folder))
     assert (lm.max_length, lm.max_length_from) == (512, None)
     said = corpus.limit_text(lm.max_length, "tokens", lm.max_length_from)
     assert said == "512 tokens (portkit's cap, not the model's)"

@@ -9,25 +9,25 @@ run folder's buckets.json, xla.json and accuracy.json for it (portkit.runfolder.
 """
 from __future__ import annotations
 
-from portkit.planning import cost as _cost
+from portkit.planning import cost
 from portkit.runfolder import results
 
-LABEL, MILLION = _cost.LABEL, _cost.MILLION
-read_prices, line = _cost.read_prices, _cost.line
+LABEL, MILLION = cost.LABEL, cost.MILLION
+read_prices, line = cost.read_prices, cost.line
 
 
-def _figures(run_dir) -> _cost.Figures:
+def _figures(run_dir) -> cost.Figures:
     buckets = results.load(run_dir, "buckets")
     if buckets is None:
-        return _cost.Figures()
+        return cost.Figures()
     return results.cost_figures(buckets, results.load(run_dir, "xla"), results.load(run_dir, "accuracy"))
 
 
 def estimate(run_dir, target: str, prices: dict | None = None) -> dict:
     """One target's chip-seconds and dollars per million requests (planning.cost.estimate)."""
-    return _cost.estimate(_figures(run_dir), target, prices)
+    return cost.estimate(_figures(run_dir), target, prices)
 
 
 def comparison(run_dir, targets, prices: dict | None = None) -> dict:
     """Every target and each named GPU side by side, with the verdicts (planning.cost.comparison)."""
-    return _cost.comparison(_figures(run_dir), targets, prices)
+    return cost.comparison(_figures(run_dir), targets, prices)

@@ -19,8 +19,8 @@ from pathlib import Path
 from string import Template
 
 from portkit.runfolder import reading, results
-from portkit.targets import specs as targets_mod
-from portkit.core import atomic_io as _io
+from portkit.targets import specs
+from portkit.core import atomic_io
 from portkit.core.errors import BadParameter, PortkitError
 
 STACKS = ("pytorch", "vllm", "nxdi")
@@ -132,7 +132,7 @@ def _plan(run: Path, buckets, accuracy, name: str, chosen) -> Plan:
     precision = dict((found.precision if found else None) or info.default_precision or {})
     precision["verdict"] = (found.verdict if found else None) or "not assessed"
     serving = results.serving_buckets(run, name)
-    spec = targets_mod.TARGETS.get(name)
+    spec = specs.TARGETS.get(name)
     return Plan(str(run), str(declared.name or "?"), str(declared.kind or "?"), name, str(info.mode or "emulated"),
                 str(info.backend or ""), spec.backend if spec else "", chosen.planner, chosen.boundaries,
                 chosen.batch_sizes, str((entry.chosen.overflow if entry else None) or "truncate"), declared.inputs,
@@ -168,7 +168,7 @@ def export(run_dir, stack: str, out_dir=None, targets=None) -> tuple[list[Export
             skipped.append(f"{name}: {refused}; nothing exported")
             continue
         files, lost = WRITERS[stack](plan)
-        written.append(Exported(name, stack, tuple(_io.write_text(out / f, text) for f, text in files.items()),
+        written.append(Exported(name, stack, tuple(atomic_io.write_text(out / f, text) for f, text in files.items()),
                                 tuple(lost)))
     return written, skipped
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from portkit.runfolder import layout, numbers, results, run_log
-from portkit.core import atomic_io as _io
+from portkit.core import atomic_io
 from portkit.core import checks as _checks
 from portkit.core import figures
 from portkit.core.errors import BadParameter
@@ -261,4 +261,4 @@ def write_junit(result: Comparison, path) -> Path:
     root = ElementTree.Element("testsuites")
     root.append(suite)
     text = ElementTree.tostring(root, encoding="unicode")
-    return _io.write_text(path, '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")
+    return atomic_io.write_text(path, '<?xml version="1.0" encoding="UTF-8"?>\n' + text + "\n")

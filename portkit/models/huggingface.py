@@ -434,7 +434,7 @@ def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
 
 
 def _audio(path: Path, config: dict, task: str, model) -> dict:
-    from portkit.models import audio as audio_models
+    from portkit.models import audio
     extractor = feature_extractor(path)
     if task == "speech-seq2seq":
         return {"kind": inputs.CLASSIFIER, "module": adapters.SpeechSeq2SeqAdapter(model),
@@ -446,20 +446,20 @@ def _audio(path: Path, config: dict, task: str, model) -> dict:
     for kernel, step in zip(reversed(config["conv_kernel"]), reversed(config["conv_stride"])):
         field, stride = (field - 1) * step + kernel, stride * step
     kind = inputs.TOKEN_CLASSIFIER if task == "ctc" else inputs.CLASSIFIER
-    module = audio_models.CTCAdapter(model, stride, field - stride, masked=config.get("feat_extract_norm") == "layer")
+    module = audio.CTCAdapter(model, stride, field - stride, masked=config.get("feat_extract_norm") == "layer")
     return {"kind": kind, "module": module.eval(),
-            "declaration": audio_models.waveform_declaration(stride, inputs.Output("logits", kind),
+            "declaration": audio.waveform_declaration(stride, inputs.Output("logits", kind),
                                                              normalize=bool(getattr(extractor, "do_normalize", 0)))}
 
 
 def speech_declaration(extractor) -> inputs.Declaration:
     """A Whisper-style model's contract: each clip as its feature extractor's log-mel input_features, padded
     (or cut) to the extractor's fixed window (30 s for Whisper): one shape, nothing varies."""
-    from portkit.models import audio as audio_models
+    from portkit.models import audio
     rate, mels, frames = extractor.sampling_rate, extractor.feature_size, extractor.nb_max_frames
 
     def build(items, sizes):
-        waves = [audio_models.waveform(item, rate).numpy() for item in items]
+        waves = [audio.waveform(item, rate).numpy() for item in items]
         made = extractor(waves, sampling_rate=rate, return_tensors="pt")
         return {"input_features": made["input_features"].float()}
 
@@ -476,11 +476,11 @@ def _fixed_spectrogram(extractor) -> bool:
 def spectrogram_declaration(extractor) -> inputs.Declaration:
     """An AST-style classifier's contract: each clip as its feature extractor's log-mel filterbank, padded (or cut)
     to the extractor's fixed window of max_length frames: one shape, nothing varies."""
-    from portkit.models import audio as audio_models
+    from portkit.models import audio
     rate, frames, mels = extractor.sampling_rate, extractor.max_length, extractor.num_mel_bins
 
     def build(items, sizes):
-        waves = [audio_models.waveform(item, rate).numpy() for item in items]
+        waves = [audio.waveform(item, rate).numpy() for item in items]
         return {"input_values": extractor(waves, sampling_rate=rate, return_tensors="pt")["input_values"].float()}
 
     dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("frames", size=frames), inputs.Dim("mels", size=mels))

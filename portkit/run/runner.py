@@ -32,15 +32,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit.core import atomic_io as _io
+from portkit.core import atomic_io
 from portkit.core import checks
 from portkit.corpora import audio
 from portkit.corpora import corpus as data
 from portkit.corpora import images
-from portkit.run import jupyter_kernels as kernels
+from portkit.run import jupyter_kernels
 from portkit.stages import options
 from portkit.runfolder import results
-from portkit.runfolder import layout as runfolder
+from portkit.runfolder import layout
 from portkit.core.errors import BadParameter, PortkitError, StageFailed, StageSkipped
 from portkit.core.locations import NOTEBOOKS
 from portkit.core.progress import HEADLESS_VARIABLE, watched
@@ -170,8 +170,8 @@ class _Loaded:
 
     def get(self):
         if self._model is None:
-            from portkit.models import registry as models
-            self._model = models.load(self.spec)
+            from portkit.models import registry
+            self._model = registry.load(self.spec)
         return self._model
 
 
@@ -181,9 +181,9 @@ SEQ_PARAMETERS = ("seq_len",)   # tokens of a batch's every text: at most the mo
 def _check_sizes(per_stage, user_params: dict, loaded: _Loaded) -> None:
     """A sequence length the user gave is at most the model's own maximum (its max_position_embeddings): the
     model is loaded for it, where it is one with weights and takes tokens."""
-    from portkit.models import abstract as abstract_models
+    from portkit.models import abstract
     given = {name: user_params[name] for name in SEQ_PARAMETERS if name in user_params}
-    if not given or abstract_models.is_name(loaded.spec):
+    if not given or abstract.is_name(loaded.spec):
         return
     try:
         model = loaded.get()
@@ -317,10 +317,10 @@ class RunResult:
 def _kernel_environment(folder: str | None):
     """The environment of the kernels started inside the block: `folder` first on their Python path, and
     kernels.ENVIRONMENT where the user set none of it. Set once for the run, before any stage starts."""
-    before = {k: os.environ.get(k) for k in ("PYTHONPATH", *kernels.ENVIRONMENT)}
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", *jupyter_kernels.ENVIRONMENT)}
     if folder is not None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before["PYTHONPATH"]) if p)
-    for key, value in kernels.ENVIRONMENT.items():
+    for key, value in jupyter_kernels.ENVIRONMENT.items():
         os.environ.setdefault(key, value)
     try:
         yield
@@ -354,7 +354,7 @@ def _summary(path: Path) -> str:
 class RunSettings:
     """How a run goes beyond what its stages compute: up to `lanes` stages side by side (run's docstring), and
     whether a run without the report stage rebuilds report.html/report.json after its stages."""
-    lanes: int = kernels.LANES
+    lanes: int = jupyter_kernels.LANES
     rebuild_report: bool = True
 
 
@@ -381,9 +381,9 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
     out = Path(per_stage[0][1]["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with runfolder.hold(out):
+        with layout.hold(out):
             return _run_held(chosen, per_stage, out, progress, log, settings)
-    except runfolder.FolderInUse as exc:
+    except layout.FolderInUse as exc:
         raise BadParameter("out folder", str(out), hint=f"in use by another run (process {exc.pid}); wait for it "
                                                         "to end, or give another --out") from None
 
@@ -391,8 +391,8 @@ def run(model: str, targets, out_dir: str, user_params: dict | None = None, stag
 def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSettings) -> RunResult:
     """run() in a run folder it holds (runfolder.hold)."""
     if not (out / MARKER).exists():
-        _io.write_text(out / MARKER, "A portkit run folder: `portkit run` writes its stage results here.\n")
-    _io.remove_partials(out)   # what a killed run left
+        atomic_io.write_text(out / MARKER, "A portkit run folder: `portkit run` writes its stage results here.\n")
+    atomic_io.remove_partials(out)   # what a killed run left
     result = RunResult(out)
     # bars where someone watches (asked before this process is marked headless); a log file gets lines alone
     shown = progress and watched()
@@ -405,7 +405,7 @@ def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSe
     with _kernel_environment(user_folder):
         _run_stages(per_stage, _Run(out, model_spec, shown, _Printer(len(per_stage), shown, log), result,
                                     lanes=settings.lanes), settings.lanes)
-    if settings.rebuild_report and runfolder.REPORT not in {s.name for s in chosen}:
+    if settings.rebuild_report and layout.REPORT not in {s.name for s in chosen}:
         from portkit.stages.report import stage as report
         try:
             report.build_report(out, per_stage[0][1]["targets"]).save(out)
@@ -540,7 +540,7 @@ class _Run:
     printer: _Printer
     result: RunResult
     memory: _PeakMemory = field(default_factory=_PeakMemory)
-    lanes: int = kernels.LANES   # the most stages the run allowed at once (RunSettings.lanes)
+    lanes: int = jupyter_kernels.LANES   # the most stages the run allowed at once (RunSettings.lanes)
 
 
 @dataclass
@@ -566,7 +566,7 @@ class _Schedule:
         return any(_unmet(p[0], self.waits, self.ended, self.pending, out) & set(p[0].reads_early)
                    for p in self.pending)
 
-    def take_kernel(self) -> kernels.SharedKernel:
+    def take_kernel(self) -> jupyter_kernels.SharedKernel:
         kernel = next((k for k in reversed(self.free) if k.prepared), self.free[-1])   # a cleared one first
         self.free.remove(kernel)
         return kernel
@@ -581,15 +581,15 @@ def _run_stages(per_stage, run: _Run, lanes: int) -> None:
     as it ends (this thread alone writes the run log)."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-    from portkit.models import registry as models
+    from portkit.models import registry
     selected = {s.name for s, _ in per_stage}
     targets = per_stage[0][1]["targets"]
     # the kernel's own start-up warnings (loopback TCP) are noise on the user's terminal
-    free = [kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"],
-                                 log=run.out / runfolder.KERNEL_LOG)
+    free = [jupyter_kernels.SharedKernel(lane=i, cwd=str(NOTEBOOKS), extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                                 log=run.out / layout.KERNEL_LOG)
             for i in reversed(range(max(1, lanes)))]
     schedule = _Schedule(list(per_stage), {s.name: set(_reads(s, targets)) & selected for s, _ in per_stage},
-                         free, models.size_hint(run.model_spec))
+                         free, registry.size_hint(run.model_spec))
     with ThreadPoolExecutor(max_workers=len(free)) as pool, run.memory:
         try:
             while schedule.pending or schedule.running:
@@ -616,8 +616,8 @@ class RunInterrupted(KeyboardInterrupt):
 
     def __init__(self, out: Path, stopped: list[str]):
         self.out, self.stopped = out, stopped
-        which = f"stage(s) {', '.join(stopped)} stopped and recorded as interrupted in {out / runfolder.RUN_LOG}" \
-            if stopped else f"no stage was running; the run log {out / runfolder.RUN_LOG} holds the stages that ended"
+        which = f"stage(s) {', '.join(stopped)} stopped and recorded as interrupted in {out / layout.RUN_LOG}" \
+            if stopped else f"no stage was running; the run log {out / layout.RUN_LOG} holds the stages that ended"
         super().__init__(f"interrupted: {which}; rerun the same command to run them again")
 
 
@@ -664,10 +664,10 @@ def _stop_interrupted(schedule: _Schedule, run: _Run) -> list[str]:
             (run.out / stage.result).unlink(missing_ok=True)
             if stage.early:
                 (run.out / stage.early).unlink(missing_ok=True)
-            runfolder.record(run.out, stage.name, runfolder.INTERRUPTED, time.perf_counter() - start,
+            layout.record(run.out, stage.name, layout.INTERRUPTED, time.perf_counter() - start,
                              "interrupted (Ctrl-C) before it ended; rerun the stage")
             stopped.append(stage.name)
-        _io.remove_partials(run.out)
+        atomic_io.remove_partials(run.out)
         run.printer.close()
     return stopped
 
@@ -675,7 +675,7 @@ def _stop_interrupted(schedule: _Schedule, run: _Run) -> list[str]:
 def _start_ready(schedule: _Schedule, pool, run: _Run, lanes: int) -> None:
     """Start the stages that are ready, in order, while a lane and a kernel are free; a stage an abstract
     model (no weights) cannot run ends skipped without its notebook."""
-    now = kernels.lanes_for(schedule.parameters, lanes)
+    now = jupyter_kernels.lanes_for(schedule.parameters, lanes)
     for item in schedule.ready(run.out):
         if len(schedule.running) >= now or not schedule.free:
             break
@@ -726,7 +726,7 @@ def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> 
     waiting = {s.name for s, _ in pending}   # not started yet
     return {read for read in waits[stage.name] - set(ended)
             if not (read in stage.reads_early and read not in waiting
-                    and (out / runfolder.stage(read).early).exists())}
+                    and (out / layout.stage(read).early).exists())}
 
 
 def _ended(stage: Stage, start: float, outcome, run: _Run) -> None:
@@ -734,11 +734,11 @@ def _ended(stage: Stage, start: float, outcome, run: _Run) -> None:
     out, result = run.out, run.result
     seconds = result.seconds[stage.name] = time.perf_counter() - start
     if isinstance(outcome, StageSkipped):
-        runfolder.record(out, stage.name, "skipped", seconds, str(outcome))
+        layout.record(out, stage.name, "skipped", seconds, str(outcome))
         result.summaries[stage.name] = f"skipped: {outcome}"
         run.printer.ended(f"[{stage.name}] skipped: {outcome} ({seconds:.0f} s)")
         return
-    runfolder.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
+    layout.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
     if outcome:
         result.failures[stage.name] = outcome
         run.printer.ended(f"[{stage.name}] FAILED: {outcome} ({seconds:.0f} s)")
@@ -773,24 +773,24 @@ class _StageStderr:
         self.terminal.flush()
 
 
-def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: kernels.SharedKernel) -> str | None:
+def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: jupyter_kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     km = kernel.for_stage()   # first: a new kernel starts up while papermill is imported
     import papermill
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
     output = out / stage.notebook
-    partial = _io.partial_path(output)
-    with open(out / runfolder.KERNEL_LOG, "a", encoding="utf-8") as log:
+    partial = atomic_io.partial_path(output)
+    with open(out / layout.KERNEL_LOG, "a", encoding="utf-8") as log:
         log.write(f"---- stage {stage.name} ({stage.notebook}) starts in kernel lane {kernel.lane}\n")
     try:
         papermill.execute_notebook(
-            str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=kernels.KERNEL,
+            str(NOTEBOOKS / stage.notebook), str(partial), parameters=values, kernel_name=jupyter_kernels.KERNEL,
             km=km,
             progress_bar={"desc": f"  {stage.name} cells", "leave": False, "position": kernel.lane + 1}
             if progress else False,
             # the stage's own progress bars (portkit.core.progress: text on the kernel's stderr) reach the terminal
-            stderr_file=_StageStderr(sys.stderr, out / runfolder.KERNEL_LOG) if progress else None,
+            stderr_file=_StageStderr(sys.stderr, out / layout.KERNEL_LOG) if progress else None,
             request_save_on_cell_execute=True)
     except PapermillExecutionError as exc:
         os.replace(partial, output)   # papermill saved it whole before raising: the error cell shows

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import jinja2
 
-from portkit.runfolder import layout as runfolder
+from portkit.runfolder import layout
 from portkit.run import runner
 from portkit.core.atomic_io import read_json, write_json, write_text
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError, StageFailed
@@ -136,7 +136,7 @@ def plan_sweep(models, targets, out_dir, parameters: dict | None = None, option_
     for model in models:
         for target in targets:
             for options, label, slug in zip(sets, labels, slugs):
-                below = Path(runfolder.model_tag(model), target, slug if len(sets) > 1 else "")
+                below = Path(layout.model_tag(model), target, slug if len(sets) > 1 else "")
                 parameters = {**(parameters or {}), **options}
                 printed = io.StringIO()
                 with contextlib.redirect_stdout(printed):   # each plan prints the target's mode; once is enough
@@ -144,7 +144,7 @@ def plan_sweep(models, targets, out_dir, parameters: dict | None = None, option_
                 seen_lines += [line for line in printed.getvalue().splitlines() if line not in seen_lines]
                 cells.append(Cell(model, per_stage[0][1]["targets"][0], options, label if len(sets) > 1 else "",
                                   parameters, tuple(chosen), Path(per_stage[0][1]["out_dir"]), out / RECORDS / below))
-    _no_shared_folders("model", models, [runfolder.model_tag(m) for m in models])
+    _no_shared_folders("model", models, [layout.model_tag(m) for m in models])
     _no_shared_folders("option set", labels, slugs)
     for line in seen_lines:
         log(line)
@@ -163,11 +163,11 @@ def is_finished(cell: Cell) -> bool:
     """A run finished with this cell's inputs: its cell.json matches and its report.json holds the
     cell's target and an "ok" result for every stage asked for."""
     try:
-        done, report = read_json(cell.record_dir / CELL_FILE), runfolder.read_report(cell.run_dir)
+        done, report = read_json(cell.record_dir / CELL_FILE), layout.read_report(cell.run_dir)
         stages = report["stages"]
         return (done.get("spec") == cell.spec() and report.get("schema") == _report_schema()
                 and cell.target in report["targets"]
-                and all(stages[s]["status"] == "ok" for s in cell.stages if s != runfolder.REPORT))
+                and all(stages[s]["status"] == "ok" for s in cell.stages if s != layout.REPORT))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
@@ -203,7 +203,7 @@ def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
             except StageFailed as exc:   # the run went on past the failed stage; its notebook shows the error
                 result["error"] = str(exc)
                 first = next(iter(exc.result.failures))
-                result["notebook"] = str(cell.run_dir / runfolder.stage(first).notebook)
+                result["notebook"] = str(cell.run_dir / layout.stage(first).notebook)
                 print(f"failed: {exc}", flush=True)
                 continue
             except PortkitError as exc:   # bad input found only here (a file missing on this worker): no retry
@@ -395,7 +395,7 @@ def _cell_entry(out: Path, cell: Cell, record: dict) -> dict:
     def rel(path) -> str | None:
         return os.path.relpath(path, out) if path and Path(path).exists() else None
 
-    entry = {"model": cell.model, "model_tag": runfolder.model_tag(cell.model), "target": cell.target,
+    entry = {"model": cell.model, "model_tag": layout.model_tag(cell.model), "target": cell.target,
              "options": cell.options, "options_label": cell.options_label, "status": record["status"],
              "attempts": record.get("attempts"), "run_dir": os.path.relpath(cell.run_dir, out),
              "report": rel(cell.run_dir / "report.html"),
@@ -408,7 +408,7 @@ def _cell_entry(out: Path, cell: Cell, record: dict) -> dict:
         entry["report"] = None
         return entry
     try:
-        entry.update(cell_summary(runfolder.read_report(cell.run_dir), cell.target))
+        entry.update(cell_summary(layout.read_report(cell.run_dir), cell.target))
     except FileNotFoundError:
         entry["report"] = None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

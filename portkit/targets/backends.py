@@ -36,7 +36,7 @@ from portkit.targets import allocator
 from portkit.targets import foreign_ops
 from portkit.core import frames
 from portkit.targets import numerics
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.core.errors import BadParameter, CompileRefused
 from portkit.core.findings import cause_key
 from portkit.targets.specs import CPU_FALLBACK, DECOMPOSED, UNSUPPORTED, Target
@@ -126,7 +126,7 @@ def _data_dependent(value) -> bool:
     return _torch.unbacked_sizes(value)
 
 
-def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list[dict]:
+def _not_lowered(calls: collections.Counter, table: specs.OpTable) -> list[dict]:
     found: dict[str, dict] = {}
     for (op, trace), count in calls.items():
         cls = table.classify(op, compiled=True)
@@ -139,7 +139,7 @@ def _not_lowered(calls: collections.Counter, table: targets_mod.OpTable) -> list
     return sorted(found.values(), key=lambda e: (e["status"] != UNSUPPORTED, e["op"]))
 
 
-def _decomposed(calls: collections.Counter, table: targets_mod.OpTable) -> dict[str, int]:
+def _decomposed(calls: collections.Counter, table: specs.OpTable) -> dict[str, int]:
     found: collections.Counter = collections.Counter()
     for (op, _), count in calls.items():
         if table.classify(op, compiled=True).status == DECOMPOSED:
@@ -147,7 +147,7 @@ def _decomposed(calls: collections.Counter, table: targets_mod.OpTable) -> dict[
     return dict(sorted(found.items()))
 
 
-def _foreign(log: _OpLog, table: targets_mod.OpTable) -> list[dict]:
+def _foreign(log: _OpLog, table: specs.OpTable) -> list[dict]:
     """Each op of the graph outside PyTorch's namespaces: what portkit checked inside it, its calls, and the lines
     of the model that call it (the innermost frame outside torch)."""
     out = []
@@ -256,7 +256,7 @@ class EmulatedBackend:
         check.aten_calls = sum(log.calls.values())
         for (op, _), count in log.calls.items():
             check.ops[op] = check.ops.get(op, 0) + count
-        table = targets_mod.detect(self.target.name).op_table
+        table = specs.detect(self.target.name).op_table
         check.not_lowered = _not_lowered(log.calls, table)
         check.decomposed = _decomposed(log.calls, table)
         check.numerics = dict(mode.stats)
@@ -426,13 +426,13 @@ class _Hoisted:
 
 def emulated_backend(target: str, precision=None, inductor: bool = False) -> EmulatedBackend:
     """A fresh emulated backend for `target` (its own record of checks), e.g. with another precision."""
-    return EmulatedBackend(targets_mod.get(target), precision, inductor)
+    return EmulatedBackend(specs.get(target), precision, inductor)
 
 
 # One instance per target, module-level so that the entry points (pyproject.toml) can name them;
 # tests/test_backends_entrypoint.py checks the two lists agree.
-portkit_neuron = EmulatedBackend(targets_mod.get("neuron"))
-portkit_tpu = EmulatedBackend(targets_mod.get("tpu"))
+portkit_neuron = EmulatedBackend(specs.get("neuron"))
+portkit_tpu = EmulatedBackend(specs.get("tpu"))
 REGISTERED: dict[str, EmulatedBackend] = {"neuron": portkit_neuron, "tpu": portkit_tpu}
 
 

@@ -23,7 +23,7 @@ import math
 import torch
 
 from portkit.core import placement
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.core.errors import BadParameter
 from portkit.core.locations import DATA
 
@@ -77,12 +77,12 @@ def count_flops(module: torch.nn.Module, inputs: dict) -> tuple[int, dict[str, i
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
-    with placement.tensors_kept(module), _torch.fake_tensor_mode() as mode, torch.no_grad(), \
+    with placement.tensors_kept(module), torch_private.fake_tensor_mode() as mode, torch.no_grad(), \
             FlopCounterMode(display=False) as counter:
         fake = {name: mode.from_tensor(torch.empty(shape, dtype=getattr(torch, dtype), device=device))
                 for name, (shape, dtype) in inputs.items()}
         out = module(**fake)
-        io_bytes = sum(t.numel() * t.element_size() for t in [*fake.values(), *_torch.tree_leaves(out)]
+        io_bytes = sum(t.numel() * t.element_size() for t in [*fake.values(), *torch_private.tree_leaves(out)]
                        if isinstance(t, torch.Tensor))
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
     return int(counter.get_total_flops()), by_op, io_bytes
@@ -144,8 +144,8 @@ def measure_native(model, target: str, shapes: list[dict], repeats: int = MEASUR
     import statistics
     import time
 
-    from portkit.targets import specs as targets
-    detected = targets.detect(target)
+    from portkit.targets import specs
+    detected = specs.detect(target)
     if not detected.native:
         raise BadParameter("target for a measured throughput", target,
                            hint=f"needs its device ({detected.reason}); the figures here stay estimates")

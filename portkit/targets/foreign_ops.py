@@ -21,7 +21,7 @@ import inspect
 import traceback
 
 from portkit.core import frames
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.core.reconcile import HOST_SYNC_OPS
 
 # The dispatcher namespaces of PyTorch's own ops: ATen, its primitives, its collectives and its higher-order ops
@@ -39,7 +39,7 @@ def runs_as_plain_torch(func) -> bool:
     """Whether a foreign op's kernel is a Python function of torch ops (torch.library.custom_op), with no Triton or
     CUDA kernel of its own in its source: it runs wherever PyTorch does, opaque to the target's compiler. An op
     defined otherwise (a C++ kernel, Library.impl) or one whose source launches a kernel is not."""
-    fn = _torch.custom_op_function(func)
+    fn = torch_private.custom_op_function(func)
     if fn is None:
         return False
     try:
@@ -60,7 +60,7 @@ def is_foreign_name(op: str) -> bool:
     return op.split("::", 1)[0] not in CORE_NAMESPACES
 
 
-class _Inside(_torch.TorchDispatchMode):
+class _Inside(torch_private.TorchDispatchMode):
     """Records the ATen ops a custom op's Python function runs on fake tensors, with the lines that read values
     and the ops whose sizes follow them."""
 
@@ -80,7 +80,7 @@ class _Inside(_torch.TorchDispatchMode):
         line = frames.line_key(where)
         if op in HOST_SYNC_OPS:
             self.host_reads.setdefault(line or op, where)
-        elif _torch.unbacked_sizes(out):
+        elif torch_private.unbacked_sizes(out):
             self.sized.setdefault(f"{line}:{op}", {"op": op, "where": where})
         return out
 
@@ -100,7 +100,7 @@ def look_inside(func, args, kwargs, table) -> dict:
     function's place, or None), "traced", "ops" (ATen op -> calls inside), "host_reads" and "data_dependent" (source
     places), "not_lowered" (inner ops the target's op table would not lower), "stopped" (why tracing stopped), and
     "checked" / "not_checked": each a sentence}."""
-    op, fn = func.name(), _torch.custom_op_function(func)
+    op, fn = func.name(), torch_private.custom_op_function(func)
     found = {"op": op, "defined": _defined(fn) if fn is not None else None, "traced": False, "ops": {},
              "host_reads": [], "data_dependent": [], "not_lowered": [], "stopped": None}
     checked = ["a fake (meta) kernel gives its output shapes, so torch.compile keeps it in the graph as one op"]
@@ -111,10 +111,10 @@ def look_inside(func, args, kwargs, table) -> dict:
                               "no Python function of it to trace (a compiled kernel, or Library.impl)")
         return {**found, "checked": checked, "not_checked": not_checked}
     recorder = _Inside()
-    with _torch.no_dispatch_modes(), _torch.outside_dynamo_tracing():
-        mode = _torch.symbolic_fake_mode()
+    with torch_private.no_dispatch_modes(), torch_private.outside_dynamo_tracing():
+        mode = torch_private.symbolic_fake_mode()
         try:
-            fake_args, fake_kwargs = _torch.fakes_like(mode, (tuple(args), dict(kwargs or {})))
+            fake_args, fake_kwargs = torch_private.fakes_like(mode, (tuple(args), dict(kwargs or {})))
             with mode, recorder:
                 fn(*fake_args, **fake_kwargs)
             found["traced"] = True

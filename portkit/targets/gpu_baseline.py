@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.core import placement
 from portkit.core.errors import BadParameter
 from portkit.targets import numerics
-from portkit.targets import specs as targets
+from portkit.targets import specs
 
 EMULATED = "emulated on the CPU (no GPU present)"
 
@@ -60,13 +60,13 @@ _FP32_PRECISION = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul")
 def present() -> bool:
     """Whether the baseline is measured: an NVIDIA GPU is present (the one probe, core.availability) and
     PORTKIT_MODE does not ask for emulation (which keeps runs on a GPU host comparable with CPU hosts)."""
-    return probes.cuda_available() and targets.forced_mode() != "emulated"
+    return availability.cuda_available() and specs.forced_mode() != "emulated"
 
 
 def emulated_label() -> str:
     """Why the baseline is emulated here, in words (where present() is False)."""
-    if probes.cuda_available():
-        return f"emulated on the CPU ({targets.MODE_VARIABLE}=emulated)"
+    if availability.cuda_available():
+        return f"emulated on the CPU ({specs.MODE_VARIABLE}=emulated)"
     return EMULATED
 
 
@@ -151,7 +151,7 @@ def device_name(device: str) -> str:
 def measure(module: torch.nn.Module, inputs: dict, name: str, device: str | None = None) -> tuple[dict, str]:
     """Run a float32 copy of `module` on `device` (the cuda target's device when None) under GPU setting `name`;
     (its outputs on the CPU in float64, "measured on <device name>, torch <version>")."""
-    device = device or targets.get("cuda").device
+    device = device or specs.get("cuda").device
     chosen_device = torch.device(device)
     copied = copy.deepcopy(module).to(device=chosen_device, dtype=torch.float32).eval()
     moved = _floating_to(placement.to_device(inputs, chosen_device), torch.float32)

@@ -13,19 +13,19 @@ stages check and emulate each graph, then run it eagerly, unless a caller asks f
 """
 from __future__ import annotations
 
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.targets.backends import EmulatedBackend
 from portkit.core.errors import BadParameter
 
 AUTO = "auto"
 
 
-def valid_backends(detected: targets_mod.DetectedTarget) -> list[str]:
+def valid_backends(detected: specs.DetectedTarget) -> list[str]:
     """What a stage accepts as a backend for this target: auto, the detected mode's, the emulated one."""
     return list(dict.fromkeys([AUTO, detected.backend, detected.target.emulated_backend]))
 
 
-def check_backend(detected: targets_mod.DetectedTarget, backend: str) -> str:
+def check_backend(detected: specs.DetectedTarget, backend: str) -> str:
     """The backend name to use for a target; a name the target does not know is one line with the valid
     names (and, for a native backend on a host without it, what it needs)."""
     t = detected.target
@@ -42,10 +42,10 @@ def check_backend(detected: targets_mod.DetectedTarget, backend: str) -> str:
 def check_parameter(backend, names) -> None:
     """A notebook's `backend` parameter against every target it will compile for (detected here)."""
     for name in names:
-        check_backend(targets_mod.detect(name), backend)
+        check_backend(specs.detect(name), backend)
 
 
-def backend_for(detected: targets_mod.DetectedTarget, backend: str = AUTO, precision=None,
+def backend_for(detected: specs.DetectedTarget, backend: str = AUTO, precision=None,
                 inductor: bool = False):
     """(what to hand torch.compile, the device to run on). Emulated: a fresh EmulatedBackend with the
     target's precision (its own record of checks), on the CPU, with Inductor only when asked; native:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.core import locations
 from portkit.core import torch_private
 from portkit.targets.device_paths import FUNCTIONAL_FORMS, PRIVATEUSE1_PATH
@@ -451,16 +451,16 @@ def _detect(name: str, mode: str) -> DetectedTarget:
         return DetectedTarget(t, "emulated", f"{MODE_VARIABLE}=emulated; running on the CPU under the "
                               "target's rules", OpTable.load(t.op_table))
     if t.reference:
-        if t.device == "cpu" or probes.cuda_available():
+        if t.device == "cpu" or availability.cuda_available():
             return DetectedTarget(t, "native", f"{t.device} is present",
                                   OpTable.live(t.name, t.live_key, device_paths=False))
         return DetectedTarget(t, "emulated", "no CUDA device: run on the CPU",
                               OpTable.live(t.name, "CPU", device_paths=False))
-    if probes.device_available(t.vendor_module, t.device):
-        version = probes.package_version(t.vendor_package)
+    if availability.device_available(t.vendor_module, t.device):
+        version = availability.package_version(t.vendor_package)
         return DetectedTarget(t, "native", f"{t.vendor_package} {version} with a {t.device} device",
                               OpTable.live(t.name, t.live_key, device_paths=True))
-    if probes.module_available(t.vendor_module):
+    if availability.module_available(t.vendor_module):
         reason = f"{t.vendor_package} is installed but no {t.device} device was found"
     else:
         reason = f"{t.vendor_package} is not installed"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.core import progress
 from portkit.core.torch_private import default_recompile_limit, unlimited_recompiles
 from portkit.core.errors import BadParameter
@@ -106,17 +106,17 @@ def check_workload(workload, model: str | None = None) -> str:
     """A stage's `workload` parameter (checks.WORKLOADS): "generate" needs a causal LM, so a built-in model is
     loaded to check it (once a process, whichever stage asks first; other models when the stage loads them).
     Every stage's options check calls this: the runner validates them all before anything is written."""
-    from portkit.models import registry as models
+    from portkit.models import registry
     from portkit.core import checks
-    if checks.workload(workload) == "generate" and model in models.SOURCES:
+    if checks.workload(workload) == "generate" and model in registry.SOURCES:
         check_causal(_builtin(model))
     return workload
 
 
 @functools.lru_cache(maxsize=8)
 def _builtin(name: str):
-    from portkit.models import registry as models
-    return models.load(name)
+    from portkit.models import registry
+    return registry.load(name)
 
 
 def causal_model(lm) -> torch.nn.Module:
@@ -294,7 +294,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
     counter = backends.CompileCounter(backend)
     torch.compiler.reset()
     recompiles, tokens, eager_from = default_recompile_limit(), [], None
-    _torch.guard_failures(clear=True)
+    torch_private.guard_failures(clear=True)
     with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
         call = torch.compile(_step, backend=counter, dynamic=False)   # it keeps the config it is made under
         start = time.perf_counter()
@@ -314,7 +314,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
             if eager_from is None and len(counter.events) == before and len(counter.events) >= recompiles:
                 eager_from = step + 1
         seconds = time.perf_counter() - start
-    failures = _torch.guard_failures()
+    failures = torch_private.guard_failures()
     compiles = len(counter.events)
     return Generation("dynamic", torch.stack(tokens, 1), compiles, compiles / new_tokens, seconds,
                       eager_from_step=eager_from, guard_failures=failures)

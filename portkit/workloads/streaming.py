@@ -32,7 +32,7 @@ from portkit.corpora import audio
 from portkit.targets import backends
 from portkit.corpora import corpus as data
 from portkit.targets import selection
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.models import inputs
 from portkit.models.audio import RATE, STATE, StreamStep
 from portkit.core.errors import BadParameter
@@ -389,7 +389,7 @@ def _worst(leaves: dict[str, list[float]]) -> list[float]:
 
 
 def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list], bounds, precision=None):
-    detected = targets_mod.detect(name)
+    detected = specs.detect(name)
     backend, device = selection.backend_for(detected, "auto", precision=precision)
     counter = backends.CompileCounter(backend)
     # One target's graphs at a time (torch.compiler.reset docs: reset between unrelated compilations): Dynamo keeps
@@ -439,7 +439,7 @@ def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | No
     """Each target's compiled step carried over the stream, its state against float64 chunk by chunk and each
     declared output by its kind (STREAM_METRICS, which names the kinds a stream output may declare).
     precision: {target: setting} (stage 4's parameter); a target not named runs its default."""
-    names = targets_mod.parse_targets(names)
+    names = specs.parse_targets(names)
     if stream.rate != step.rate:
         raise BadParameter("stream rate", stream.rate, hint=f"{step.name} takes {step.rate} Hz audio")
     chunks = stream.chunks(step.chunk)

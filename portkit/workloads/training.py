@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.targets import device_paths
 from portkit.targets import numerics
 from portkit.core import progress
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.core.errors import BadParameter
 from portkit.models.registry import CAUSAL_LM, EMBEDDING, SEQ2SEQ_LM
 
@@ -253,7 +253,7 @@ def layers(module: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 def grad_norms(module: nn.Module) -> dict[str, float]:
     """The L2 norm of each layer's gradients (all of its own parameters together)."""
-    with _torch.no_dispatch_modes(), torch.no_grad():
+    with torch_private.no_dispatch_modes(), torch.no_grad():
         return {name: math.hypot(*(float(torch.linalg.vector_norm(p.grad)) for p in params if p.grad is not None))
                 for name, params in layers(module).items()}
 
@@ -277,7 +277,7 @@ class TrainingStep:
         self.mode, self.runs, self.precision, self.compiled = None, "eager", "fp32", bool(compiled)
         self.backend = None
         if target is not None:
-            self.mode = numerics.emulate(targets_mod.get(target), precision)
+            self.mode = numerics.emulate(specs.get(target), precision)
             self.precision = self.mode.precision.name
         if compiled:
             from portkit.targets import backends  # torch machinery beside this module; imported when compiling
@@ -347,7 +347,7 @@ CALLOUTS = (
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
 
 
-class _OpCounter(_torch.TorchDispatchMode):
+class _OpCounter(torch_private.TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.calls: dict[str, int] = {}
@@ -404,7 +404,7 @@ def step_ops(model, batch: dict[str, torch.Tensor], target: str, optimizer: str 
     from portkit.targets import backends
     if optimizer not in OPTIMIZER_IMPLEMENTATIONS:
         raise BadParameter("optimizer implementation", optimizer, OPTIMIZER_IMPLEMENTATIONS)
-    t = targets_mod.detect(target)
+    t = specs.detect(target)
     backend = backends.emulated_backend(target, precision)
     module = copy.deepcopy(model.module).eval()
     for p in module.parameters():

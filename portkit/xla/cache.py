@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from portkit.corpora import corpus as data
+from portkit.corpora import corpus
 from portkit.core.atomic_io import read_json, write_json
 
 FOLDER = "xla-verdicts"
@@ -46,7 +46,7 @@ STATUSES = ("compiled", "out_of_hbm", "compile_failed")
 
 def cache_dir() -> Path:
     """The folder of the verdict cache (under portkit's cache root; $PORTKIT_CACHE_DIR moves it)."""
-    return data.cache_root() / FOLDER
+    return corpus.cache_root() / FOLDER
 
 
 @dataclass(frozen=True)
@@ -181,15 +181,15 @@ def program_key(module, inputs: dict, check: str, context: dict) -> str | None:
     fingerprint = module_fingerprint(module)
     if fingerprint is None:
         return None
-    from portkit.core import availability as probes
+    from portkit.core import availability
     material = {"format": FORMAT, "check": check, "inputs": inputs, "context": context, "model": fingerprint,
-                "versions": {p: probes.package_version(p) for p in LOWERING_PACKAGES}}
+                "versions": {p: availability.package_version(p) for p in LOWERING_PACKAGES}}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 def programs_dir() -> Path:
     """The folder of program entries (beside the verdicts, under portkit's cache root)."""
-    return data.cache_root() / PROGRAMS
+    return corpus.cache_root() / PROGRAMS
 
 
 def _program_path(key: str) -> Path:

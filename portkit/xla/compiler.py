@@ -31,11 +31,11 @@ import warnings
 import torch
 from torch import nn
 
-from portkit.core import torch_private as _torch
-from portkit.core import availability as probes
+from portkit.core import torch_private
+from portkit.core import availability
 from portkit.core import frames
 from portkit.core import placement
-from portkit.xla import cache as xla_cache
+from portkit.xla import cache
 from portkit.models.abstract import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models.registry import LoadedModel
@@ -75,7 +75,7 @@ def _import_torchax():
     """
     fast_path = torch.backends.mha.get_fastpath_enabled()
     try:
-        with _torch.removed_named_overloads_tolerated():
+        with torch_private.removed_named_overloads_tolerated():
             import torchax
             torchax.default_env()      # loads torchax.decompositions and the op registry
         torchax.device_module.is_available = lambda: False
@@ -97,7 +97,7 @@ COMPILE_ONLY_ENV = {"TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_
 def _compile_only_environment() -> dict[str, str]:
     """Set COMPILE_ONLY_ENV where the user has not (only when this host has no TPU chip); return what
     was set."""
-    if probes.tpu_chip_count() != 0:       # chips attached, or the scan unavailable: leave them alone
+    if availability.tpu_chip_count() != 0:       # chips attached, or the scan unavailable: leave them alone
         return {}
     added = {k: v for k, v in COMPILE_ONLY_ENV.items() if k not in os.environ}
     os.environ.update(added)
@@ -114,7 +114,7 @@ def _load():
 def require_installed() -> None:
     """MissingPackage with the one line that says what to install, unless jax, jaxlib, libtpu and torchax
     are installed (nothing is imported: a check served from the cache needs none of them loaded)."""
-    missing = probes.missing_for_xla_tpu_compile()
+    missing = availability.missing_for_xla_tpu_compile()
     if missing:
         raise MissingPackage(f"XLA check skipped: {', '.join(missing)} not installed; {INSTALL}")
 
@@ -214,8 +214,8 @@ class Program:
 
     def key(self, result: ShapeResult, check: str, context: dict) -> str | None:
         """The program key of one shape's check (portkit.xla.cache.program_key), this code's digest included."""
-        return xla_cache.program_key(self.module, result.inputs, check,
-                                     {**context, "code": xla_cache.source_digest(Program)})
+        return cache.program_key(self.module, result.inputs, check,
+                                     {**context, "code": cache.source_digest(Program)})
 
     def narrow(self, dtype: torch.dtype) -> torch.dtype:
         if dtype.is_floating_point:
@@ -298,9 +298,9 @@ def new_report(model, target: str, check: str, program: Program) -> XlaCompileRe
         model=model.name if isinstance(model, LoadedModel) else type(model).__name__, target=target,
         check=check, dtype=str(program.float_dtype).replace("torch.", ""),
         parameters=sum(p.numel() for p in params), parameter_bytes=sum(p.numel() * itemsize[p] for p in params),
-        versions={"torch": torch.__version__, "jax": probes.package_version("jax"),
-                  "jaxlib": probes.package_version("jaxlib"), "libtpu": probes.package_version("libtpu"),
-                  "torchax": probes.package_version("torchax")},
+        versions={"torch": torch.__version__, "jax": availability.package_version("jax"),
+                  "jaxlib": availability.package_version("jaxlib"), "libtpu": availability.package_version("libtpu"),
+                  "torchax": availability.package_version("torchax")},
         notes=["JAX runs with 32-bit types (jax_enable_x64 off): int64 inputs and buffers compile as int32, "
                "float64 as float32"])
 
@@ -347,7 +347,7 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
                      "from compiled.cost_analysis()",
                      f"sanity ratio near 1: the program holds the weights once, in {report.dtype}; buffers and "
                      "TPU tile padding raise it, parameters XLA prunes as unused (a dropped pooler) lower it"]
-    report.verdict_cache = str(xla_cache.cache_dir())
+    report.verdict_cache = str(cache.cache_dir())
     if topo is not None:
         # Every argument carries a sharding on the topology's devices: without one, JAX silently
         # compiles for the host CPU instead (checked, jax 0.10 compile-only). _compiled_platform checks the result.
@@ -370,21 +370,21 @@ def compile_for_tpu(model, shapes, topology: str = "v5e:1x1", dtype: str | None 
             verdict, result.cached, verdict_key = compiler_verdict(program.jax, lowered, topology, context)
             apply_verdict(verdict, result, report.hbm_bytes_per_device)
             if verdict_key is not None:
-                xla_cache.store_program(key, {"verdict_key": verdict_key, "input_sharding": result.input_sharding,
+                cache.store_program(key, {"verdict_key": verdict_key, "input_sharding": result.input_sharding,
                                               "lower_seconds": result.lower_seconds, "devices": devices,
                                               "device_kind": device_kind})
     return report
 
 
-def _compile_hit(key: str | None) -> tuple[dict, xla_cache.Verdict] | None:
+def _compile_hit(key: str | None) -> tuple[dict, cache.Verdict] | None:
     """The program entry and cached verdict of a shape's compile, when both are in the cache and sound."""
-    entry = xla_cache.load_program(key)
+    entry = cache.load_program(key)
     if entry is None or not isinstance(entry.get("verdict_key"), str):
         return None
     fields = {"input_sharding": str, "lower_seconds": (int, float), "devices": int, "device_kind": str}
     if not all(isinstance(entry.get(k), t) for k, t in fields.items()) or entry["devices"] < 1:
         return None
-    verdict = xla_cache.load(entry["verdict_key"])
+    verdict = cache.load(entry["verdict_key"])
     return (entry, verdict) if verdict is not None else None
 
 
@@ -397,29 +397,29 @@ def compile_context(topology: str, topo, report: XlaCompileReport) -> dict:
             "compile_options": {}}      # lowered.compile() is called with none
 
 
-def compiler_verdict(jax, lowered, topology: str, context: dict) -> tuple[xla_cache.Verdict, bool, str | None]:
+def compiler_verdict(jax, lowered, topology: str, context: dict) -> tuple[cache.Verdict, bool, str | None]:
     """The compiler's verdict on a lowered program, whether it came from the verdict cache (else it was
     compiled now, and cached when repeatable), and its key when it is in the cache now (else None)."""
-    key = xla_cache.verdict_key(lowered.as_text(), context)
-    cached = xla_cache.load(key)
+    key = cache.verdict_key(lowered.as_text(), context)
+    cached = cache.load(key)
     if cached is not None:
         return cached, True, key
-    measured_at, start = xla_cache.now(), time.perf_counter()
+    measured_at, start = cache.now(), time.perf_counter()
     try:
         compiled = lowered.compile()
     except Exception as exc:  # noqa: BLE001 - the compiler's refusal is the finding
         message = error_message(exc)
         oom = "RESOURCE_EXHAUSTED" in message or "HbmOom" in message
-        verdict = xla_cache.Verdict("out_of_hbm" if oom else "compile_failed", time.perf_counter() - start,
+        verdict = cache.Verdict("out_of_hbm" if oom else "compile_failed", time.perf_counter() - start,
                                     measured_at, message=message)
     else:
         seconds = time.perf_counter() - start
-        verdict = xla_cache.Verdict("compiled", seconds, measured_at, _compiled_platform(jax, compiled, topology),
+        verdict = cache.Verdict("compiled", seconds, measured_at, _compiled_platform(jax, compiled, topology),
                                     **_measure(compiled))
-    return verdict, False, key if xla_cache.store(key, verdict, context) is not None else None
+    return verdict, False, key if cache.store(key, verdict, context) is not None else None
 
 
-def apply_verdict(verdict: xla_cache.Verdict, result: ShapeResult, hbm: int) -> None:
+def apply_verdict(verdict: cache.Verdict, result: ShapeResult, hbm: int) -> None:
     """Fill `result` from a verdict; whether it fits is decided here, against this topology's HBM."""
     for name in ("status", "compile_seconds", "measured_at", "platform", "memory", "message", "flops",
                  "bytes_accessed", "collectives"):
@@ -461,26 +461,26 @@ def check_lowering(model, shapes, dtype: str | None = None) -> XlaCompileReport:
     report = new_report(model, "neuron", "lowering", program)
     report.notes.append("StableHLO from JAX's generic accelerator lowering (platform 'tpu'; a CPU lowering would "
                         "call LAPACK); custom calls are platform-specific and neuronx-cc must accept them")
-    report.verdict_cache = str(xla_cache.programs_dir())
+    report.verdict_cache = str(cache.programs_dir())
     for shape, spec in zip(shapes, specs):
         result = new_result(shape, spec, program, "lowered")
         report.shapes.append(result)
         key = program.key(result, "lowering", {"platform": "tpu", "dtype": report.dtype})
-        entry = xla_cache.load_program(key) or {}
+        entry = cache.load_program(key) or {}
         figures = {"stablehlo_ops": int, "custom_calls": list, "lower_seconds": (int, float), "measured_at": str}
         if all(isinstance(entry.get(k), t) for k, t in figures.items()):     # lowered before: read back
             for name in figures:
                 setattr(result, name, entry[name])
             result.cached = True
             continue
-        result.measured_at = xla_cache.now()
+        result.measured_at = cache.now()
         lowered = program.lower(*program.abstract(spec, None, None), result, platform="tpu")
         if lowered is not None:
             text = lowered.as_text(dialect="stablehlo")
             # Operations of the stablehlo and chlo dialects; '#stablehlo.' attributes and '!' types excluded.
             result.stablehlo_ops = len(re.findall(r"(?<![#!\w])(?:stablehlo|chlo)\.[a-z_]+", text))
             result.custom_calls = sorted(set(re.findall(r"custom_call @([\w.$-]+)", text)))
-            xla_cache.store_program(key, {name: getattr(result, name) for name in figures})
+            cache.store_program(key, {name: getattr(result, name) for name in figures})
     return report
 
 

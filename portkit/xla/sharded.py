@@ -6,20 +6,20 @@ Each weight is split over the topology's devices along its first dimension that 
 compiler inserts the collectives this needs (all-gathers of weights, reductions); each result counts
 them in the compiled HLO. Compile-only, no TPU needed; verdicts go through portkit's verdict cache.
 
-    >>> from portkit.models import abstract as abstract_models
-    >>> from portkit.xla import sharded as xla_sharded
-    >>> m = abstract_models.build("llama3-8b")
-    >>> r = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, 8, 1024)], "v5e:2x4")
+    >>> from portkit.models import abstract
+    >>> from portkit.xla import sharded
+    >>> m = abstract.build("llama3-8b")
+    >>> r = sharded.compile_sharded(m, [abstract.text_shape(m, 8, 1024)], "v5e:2x4")
     >>> r.shapes[0].memory["total"], r.shapes[0].collectives
-    >>> xla_sharded.smallest_fitting(m, abstract_models.text_shape(m, 8, 1024), ["v5e:1x1", "v5e:2x2", "v5e:2x4"])
+    >>> sharded.smallest_fitting(m, abstract.text_shape(m, 8, 1024), ["v5e:1x1", "v5e:2x2", "v5e:2x4"])
 """
 from __future__ import annotations
 
 import math
 import os
 
-from portkit.core import availability as probes
-from portkit.xla import compiler as xla_compile
+from portkit.core import availability
+from portkit.xla import compiler
 from portkit.core.errors import BadParameter
 from portkit.xla.results import XlaCompileReport
 
@@ -32,11 +32,11 @@ def compile_only(topology: str, axis: str = "batch"):
     """(jax, topology description, its device count, a mesh over its devices on one `axis`, the replicated
     sharding on it) for compiling without a TPU; every argument needs a sharding on these devices, or JAX
     compiles for the host CPU (xla_compile._compiled_platform refuses that)."""
-    xla_compile.check_topology(topology)
-    jax, _ = xla_compile.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
+    compiler.check_topology(topology)
+    jax, _ = compiler.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **xla_compile.TOPOLOGIES[topology])
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology, **compiler.TOPOLOGIES[topology])
     mesh = topologies.make_mesh(topo, (len(topo.devices),), (axis,))
     return jax, topo, len(topo.devices), mesh, NamedSharding(mesh, PartitionSpec())
 
@@ -44,10 +44,10 @@ def compile_only(topology: str, axis: str = "batch"):
 def check_context(topology: str, topo, check: str, **what) -> dict:
     """The verdict cache's context for a check other than one forward pass (a training step, a serving graph):
     the topology, the libraries' versions, the check and what else decides the compiler's verdict."""
-    return {"topology": topology, "topology_options": xla_compile.TOPOLOGIES[topology], "devices": len(topo.devices),
+    return {"topology": topology, "topology_options": compiler.TOPOLOGIES[topology], "devices": len(topo.devices),
             "device_kind": topo.devices[0].device_kind, "check": check,
-            "versions": {k: probes.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
-            "flags": {k: os.environ.get(k) for k in xla_compile.FLAG_VARIABLES}, **what}
+            "versions": {k: availability.package_version(k) for k in ("jax", "jaxlib", "libtpu")},
+            "flags": {k: os.environ.get(k) for k in compiler.FLAG_VARIABLES}, **what}
 
 
 def fsdp_weight_spec(shape: tuple, devices: int, partition_spec):
@@ -61,27 +61,27 @@ def fsdp_weight_spec(shape: tuple, devices: int, partition_spec):
 def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None = None) -> XlaCompileReport:
     """compile_for_tpu with the weights sharded over the topology's devices (FSDP) and the batch split
     data-parallel; each shape's result has the memory per device and the collectives compiled in."""
-    xla_compile.check_topology(topology)
-    shapes, specs, program = xla_compile.prepare(model, shapes, dtype)
-    xla_compile.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
+    compiler.check_topology(topology)
+    shapes, specs, program = compiler.prepare(model, shapes, dtype)
+    compiler.require_xla()     # first: it sets the compile-only environment libtpu reads when it loads
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
 
     topo = topologies.get_topology_desc(platform="tpu", topology_name=topology,
-                                        **xla_compile.TOPOLOGIES[topology])
+                                        **compiler.TOPOLOGIES[topology])
     devices = len(topo.devices)
-    report = xla_compile.new_report(model, "tpu", "compile", program)
+    report = compiler.new_report(model, "tpu", "compile", program)
     report.topology, report.devices, report.device_kind = topology, devices, topo.devices[0].device_kind
-    report.hbm_bytes_per_device = xla_compile.hbm_per_device(topology, devices)
+    report.hbm_bytes_per_device = compiler.hbm_per_device(topology, devices)
     report.notes += [f"weights sharded FSDP-style over {devices} devices (first dimension that divides, else "
                      "whole on each); memory per device from compiled.memory_analysis(); collectives counted "
                      "in the compiled HLO text"]
     mesh = topologies.make_mesh(topo, (devices,), ("fsdp",))
-    context = {**xla_compile.compile_context(topology, topo, report), "sharding": "fsdp+data-parallel"}
+    context = {**compiler.compile_context(topology, topo, report), "sharding": "fsdp+data-parallel"}
     for shape, spec in zip(shapes, specs):
         batch = {s[0] if s else None for s, _ in spec.values()}
         split = len(batch) == 1 and (batch.pop() or 1) % devices == 0
-        result = xla_compile.new_result(shape, spec, program, "compiled", input_sharding=(
+        result = compiler.new_result(shape, spec, program, "compiled", input_sharding=(
             f"weights FSDP over {devices} devices, batch " + ("split" if split else "replicated (does not divide)")))
         report.shapes.append(result)
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -91,8 +91,8 @@ def compile_sharded(model, shapes, topology: str = "v5e:2x2", dtype: str | None 
                   for k, a in states.items()}
         lowered = program.lower(states, inputs, result)
         if lowered is not None:
-            verdict, result.cached, _ = xla_compile.compiler_verdict(program.jax, lowered, topology, context)
-            xla_compile.apply_verdict(verdict, result, report.hbm_bytes_per_device)
+            verdict, result.cached, _ = compiler.compiler_verdict(program.jax, lowered, topology, context)
+            compiler.apply_verdict(verdict, result, report.hbm_bytes_per_device)
     return report
 
 
@@ -101,9 +101,9 @@ def smallest_fitting(model, shape: dict, candidates, dtype: str | None = None) -
     (sharded as compile_sharded does), and every report tried, smallest first; (None, reports) when
     none fits. Stops at the first that fits."""
     for name in candidates:
-        xla_compile.check_topology(name)
+        compiler.check_topology(name)
     if not candidates:
-        raise BadParameter("topology list", candidates, xla_compile.TOPOLOGIES)
+        raise BadParameter("topology list", candidates, compiler.TOPOLOGIES)
     tried = []
     for name in sorted(candidates, key=chips):
         report = compile_sharded(model, [shape], name, dtype)
@@ -191,11 +191,11 @@ def largest_batch(model, seq: int, topology: str, limit: int = BATCH_LIMIT, dtyp
     cached by portkit's verdict cache, so a rerun compiles nothing. A compile failing for another reason
     than memory raises PortkitError with the compiler's words: that is not a size boundary. `guess`: where
     to start (guess_batch), else doubling from 1."""
-    from portkit.models import abstract as abstract_models
+    from portkit.models import abstract
     from portkit.core.errors import PortkitError
 
     def fits(batch: int) -> bool:
-        report = compile_sharded(model, [abstract_models.text_shape(model, batch, seq)], topology, dtype)
+        report = compile_sharded(model, [abstract.text_shape(model, batch, seq)], topology, dtype)
         r = report.shapes[0]
         if r.status not in ("compiled", "out_of_hbm"):
             raise PortkitError(f"batch {batch} on {topology}: {r.describe(report.hbm_bytes_per_device)}")

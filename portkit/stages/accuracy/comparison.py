@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from portkit.models import inputs
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.models.inputs import CODES, PROBABILITY, WAVEFORM
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy import sample
@@ -107,7 +107,7 @@ def mismatch_text(differs: dict, name: str | None = None) -> str:
 
 def primary_output(kind: str, names) -> str:
     names = list(names)
-    wanted = "embedding" if kind == models.EMBEDDING else "logits"
+    wanted = "embedding" if kind == registry.EMBEDDING else "logits"
     return wanted if wanted in names else names[0]
 
 
@@ -346,17 +346,17 @@ def _probability(v, bounds, unit):
 #   waveform: lowest SNR and SI-SDR of any recording in dB, over its real samples
 #   codes: agreement of discrete codes (integer tensors; float logits by their argmax) at real positions
 #   probability: mean absolute error of values in [0, 1], and agreement of their side of PROBABILITY_THRESHOLD
-TASK_METRICS = {models.EMBEDDING: (_embedding_items, _embedding),
-                models.CAUSAL_LM: (_language_model_items, _language_model),
-                models.SEQ2SEQ_LM: (_language_model_items, _language_model),
-                models.IMAGE_CLASSIFIER: (_classifier_items, _classifier),
-                models.TOKEN_CLASSIFIER: (_classifier_items, _classifier),
+TASK_METRICS = {registry.EMBEDDING: (_embedding_items, _embedding),
+                registry.CAUSAL_LM: (_language_model_items, _language_model),
+                registry.SEQ2SEQ_LM: (_language_model_items, _language_model),
+                registry.IMAGE_CLASSIFIER: (_classifier_items, _classifier),
+                registry.TOKEN_CLASSIFIER: (_classifier_items, _classifier),
                 inputs.CLASSIFIER: (_classifier_items, _classifier), inputs.PITCH: (_pitch_items, _pitch),
                 WAVEFORM: (_waveform_items, _waveform), CODES: (_codes_items, _codes),
                 PROBABILITY: (_probability_items, _probability)}
 # Kinds whose per-item values take the whole outputs and the mask (the others get the real positions only), and
 # those with one value per position (a (batch, seq) output of the mask's shape is cut to its real positions).
-_WHOLE = (models.CAUSAL_LM, models.SEQ2SEQ_LM, WAVEFORM)
+_WHOLE = (registry.CAUSAL_LM, registry.SEQ2SEQ_LM, WAVEFORM)
 _PER_POSITION = (CODES, PROBABILITY)
 
 

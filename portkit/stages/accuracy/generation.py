@@ -22,7 +22,7 @@ import torch
 
 from portkit.workloads import generation
 from portkit.targets import numerics
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 
 
 @dataclass
@@ -118,8 +118,8 @@ def compare(lm, texts: list[str], targets, options) -> GenerationComparison:
     ref = generation.generate_static(lm, texts, new_tokens, plan, keep_logits=True)
     found = GenerationComparison(lm.name, new_tokens, {"prompt_buckets": list(plan.prompt_buckets),
                                                        "context_buckets": list(plan.context_buckets)})
-    for name in targets_mod.parse_targets(targets):
-        target = targets_mod.get(name)
+    for name in specs.parse_targets(targets):
+        target = specs.get(name)
         if target.reference:
             continue
         chosen = target.precision((precision or {}).get(name) or target.default_precision.name)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.targets.backends import compile_cause
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
@@ -640,7 +640,7 @@ class AccuracyReport:
 
 
 # ---------------------------------------------------------------- suggestions from what was measured
-def suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[str]:
+def suggest(target: specs.Target, t: TargetAccuracy, kind: str) -> list[str]:
     """What to change, drawn only from what was measured (see the module docstring)."""
     chosen = t.chosen
     main = primary_output(kind, chosen.outputs)
@@ -652,7 +652,7 @@ def suggest(target: targets_mod.Target, t: TargetAccuracy, kind: str) -> list[st
     return out
 
 
-def _where_error_enters(target: targets_mod.Target, t: TargetAccuracy, main: str) -> list[str]:
+def _where_error_enters(target: specs.Target, t: TargetAccuracy, main: str) -> list[str]:
     """The module where the error first exceeds the tolerance, once a task metric is out of budget, and the
     float32 precision to run it at (with what the whole model measured there, when it was measured)."""
     chosen = t.chosen
@@ -678,7 +678,7 @@ def _where_error_enters(target: targets_mod.Target, t: TargetAccuracy, main: str
     return [text]
 
 
-def _norms_in_float32(target: targets_mod.Target, t: TargetAccuracy) -> list[str]:
+def _norms_in_float32(target: specs.Target, t: TargetAccuracy) -> list[str]:
     """Per measured precision: norm layers out of tolerance only because a setting rounds every op, not just
     matmuls (a sibling precision that rounds only matmuls keeps them within it)."""
     out = []
@@ -703,7 +703,7 @@ def _norms_in_float32(target: targets_mod.Target, t: TargetAccuracy) -> list[str
     return out
 
 
-def _float64(target: targets_mod.Target, chosen: PrecisionResult, main: str) -> list[str]:
+def _float64(target: specs.Target, chosen: PrecisionResult, main: str) -> list[str]:
     """float64 ops the target ran as float32: per module where the layers were compared, else in all, with the
     measured effect of that cast on the main output."""
     rows = [m for m in (chosen.layers or {}).get("modules", []) if m.get("float64_ops")]
@@ -747,7 +747,7 @@ def _padding(t: TargetAccuracy) -> list[str]:
 
 def _keep_float32(run: dict) -> str:
     """What keeps a stream run's step in float32 on its target: its float32 precision setting where it has one."""
-    target = targets_mod.get(run["target"]) if run["target"] in targets_mod.TARGETS else None
+    target = specs.get(run["target"]) if run["target"] in specs.TARGETS else None
     fp32 = next((q for q in target.precisions if compute_dtype(q) == torch.float32), None) if target else None
     return (f"precision '{fp32.name}' ({fp32.setting}) for the step" if fp32 and fp32.name != run["precision"] else
             "float32 for the recurrent matmuls")

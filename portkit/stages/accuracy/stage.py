@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from portkit.corpora import images
-from portkit.models import registry as models
+from portkit.models import registry
 from portkit.models.inputs import BATCH
 from portkit.targets import gpu_baseline, numerics
 from portkit.core import checks
@@ -35,7 +35,7 @@ from portkit.core import progress as progress_bars
 from portkit.runfolder import results
 from portkit.stages import options
 from portkit.stages.accuracy import target_runs
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.stages.accuracy.result import (CAST_CAUSE, MAIN_BATCH, TASK_SAMPLE, AccuracyReport, PrecisionResult,
                                             TargetAccuracy, main_path,
                                             against_baseline, suggest)
@@ -74,7 +74,7 @@ def localize(model, inputs: dict[str, torch.Tensor], target: str, precision=None
              emulation=numerics.emulate) -> dict:
     """Per-layer localization alone: one reference pass that keeps every module's output, one target
     pass compared module by module. Returns layer_summary(); check_accuracy shares its reference pass."""
-    detected = targets_mod.detect(target)
+    detected = specs.detect(target)
     chosen = detected.target.precision(precision) if isinstance(precision, str) else \
         precision or detected.target.default_precision
     tol = tolerance_for(chosen, tolerances)
@@ -103,7 +103,7 @@ def bucket_plan(out_dir, targets, default=None) -> dict[str, BucketBoundaries]:
     wrong."""
     saved = results.read_buckets(out_dir) if out_dir is not None else None
     plans = {}
-    for name in targets_mod.parse_targets(targets):
+    for name in specs.parse_targets(targets):
         chosen = saved.chosen.get(name) if saved is not None else None
         if chosen is not None:   # a plan without batch buckets calls its graphs one row at a time
             plans[name] = BucketBoundaries(list(chosen.boundaries),
@@ -170,8 +170,8 @@ def _align(target_out: torch.Tensor, ref_out: torch.Tensor, padding_side: str) -
 def target_side(targets, compiled: bool | None = None) -> bool:
     """Decide (None: compiled when stage 2's backends are present) and print how each target runs."""
     compiled = compiled_available() if compiled is None else compiled
-    for name in targets_mod.parse_targets(targets):
-        d = targets_mod.detect(name)
+    for name in specs.parse_targets(targets):
+        d = specs.detect(name)
         main = target_runs.compiled_label(d) if compiled else ("eager on the device" if d.native else EAGER)
         print(f"target {name}: outputs and buckets {main}; per-layer hooks and other precisions: "
               f"{'eager on the device' if d.native else EAGER}")
@@ -198,7 +198,7 @@ def _precision(name: str, value):
     """{target: precision name}: each one of that target's precisions."""
     _dict_of(name, value, "target name -> precision name, e.g. {'tpu': 'highest'}")
     for target, chosen in (value or {}).items():
-        targets_mod.get(target).precision(chosen)
+        specs.get(target).precision(chosen)
     return value
 
 
@@ -315,10 +315,10 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     """
     options = options if options is not None else Options.defaults()
     scope = scope if scope is not None else Scope()
-    names = targets_mod.parse_targets(targets)
+    names = specs.parse_targets(targets)
     plans = _plans(buckets, options, names)
     ref = Reference.build(model, inputs, options, scope, corpus)
-    steps = sum(1 + (len(targets_mod.get(n).precisions) - 1) * scope.all_precisions for n in names) + \
+    steps = sum(1 + (len(specs.get(n).precisions) - 1) * scope.all_precisions for n in names) + \
         (sum(len(plans[n].boundaries) for n in names) if corpus is not None and model.seq_dim else 0)
     bar = progress_bars.bar(total=steps, desc="accuracy", unit="pass", disable=not scope.progress)
     shared = target_runs.SharedCompile.for_targets(ref.module, names, options.precision, ref.compiled)
@@ -436,7 +436,7 @@ class Reference:
         if values is None:      # a batch of the sample came out in another shape than the reference's
             return {**unmeasured(self.kind, described["shape_mismatch"], self.main), "sample": described}
         found = summarize(self.kind, values, bounds, unit)
-        if self.kind == models.EMBEDDING and len(values["cosine"]) > NEIGHBOURS:
+        if self.kind == registry.EMBEDDING and len(values["cosine"]) > NEIGHBOURS:
             shares = neighbour_shares(values["actual"], values["expected"], NEIGHBOURS)
             found["neighbour_agreement"] = shares.mean().item()
             # the k decisions of one item are not independent: a bootstrap over the items, not a Wilson interval
@@ -454,7 +454,7 @@ class Reference:
 
 def _unit(model, kind: str) -> str:
     """What an output kind's task metrics count: the declaration's items, or tokens for a per-token classifier."""
-    return "tokens" if kind == models.TOKEN_CLASSIFIER else model.declaration.items
+    return "tokens" if kind == registry.TOKEN_CLASSIFIER else model.declaration.items
 
 
 @dataclass
@@ -562,7 +562,7 @@ def _baseline(module, batch: dict, plain: dict, truth: dict | None, main: str, m
     CPU (the cuda target has no dtype rules: float64 stays). `plain`: the model's own outputs for `batch`, which an
     emulated setting that rounds nothing (fp32) computes exactly."""
     name = options.gpu_numerics
-    chosen, gpu = numerics.GPU_NUMERICS[name], targets_mod.get("cuda")
+    chosen, gpu = numerics.GPU_NUMERICS[name], specs.get("cuda")
     mode, measured = "emulated", gpu_baseline.emulated_label()
     if gpu_baseline.present():
         (out, measured), mode = gpu_baseline.measure(module, batch, name), "native"
@@ -593,7 +593,7 @@ def _versus(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask) -> 
 def _check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar) -> TargetAccuracy:
     """One target: its chosen precision (compiled where judged so) and, emulated, its other precisions, each
     on the main batch with the per-layer hooks; then the chosen one on every bucket; the suggestions."""
-    detected = targets_mod.detect(name)
+    detected = specs.detect(name)
     target, side = detected.target, TargetSide(detected, ref.module, ref.scope.emulation, ref.compiled, shared)
     side.batch_first = all(s.dims.index(BATCH) == 0 for s in ref.model.declaration.inputs if BATCH in s.dims)
     chosen = target.precision((ref.options.precision or {}).get(name, target.default_precision.name))
@@ -836,8 +836,8 @@ def check_generation(model, corpus, targets=("neuron", "tpu"), options: Options 
 def training_precisions(targets) -> list[tuple[str, str]]:
     """(target, precision) pairs a training comparison runs: each migration target's precisions that
     round below float32 (the others compute what the fp32 reference computes)."""
-    return [(name, p.name) for name in targets_mod.parse_targets(targets) if not targets_mod.get(name).reference
-            for p in targets_mod.get(name).precisions if rounds(p)]
+    return [(name, p.name) for name in specs.parse_targets(targets) if not specs.get(name).reference
+            for p in specs.get(name).precisions if rounds(p)]
 
 
 def check_training(model, corpus, targets=("neuron", "tpu"), options: Options | None = None, *, lr: float = 1e-4,
@@ -852,12 +852,12 @@ def check_training(model, corpus, targets=("neuron", "tpu"), options: Options | 
     from portkit.stages.accuracy.training import TrainingComparison, diverge, measured_master_weights
     options = options if options is not None else Options.defaults()
     steps, precision = options.train_steps, options.precision
-    names = [n for n in targets_mod.parse_targets(targets) if not targets_mod.get(n).reference]
+    names = [n for n in specs.parse_targets(targets) if not specs.get(n).reference]
     batches = training.batches(model, corpus, steps, options.batch_size, options.seq_len, layout, options.seed)
     reference = training.train(model, batches, lr)
-    chosen = {n: (precision or {}).get(n) or targets_mod.get(n).default_precision.name for n in names}
+    chosen = {n: (precision or {}).get(n) or specs.get(n).default_precision.name for n in names}
     for n, name in chosen.items():
-        targets_mod.get(n).precision(name)   # an unknown name: one line naming the target's precisions
+        specs.get(n).precision(name)   # an unknown name: one line naming the target's precisions
     found = TrainingComparison(model.name, reference.loss, reference.batch, steps, reference, chosen=chosen)
     for target, name in training_precisions(names):
         print(f"training {model.name} under {target} {name} (emulated)")

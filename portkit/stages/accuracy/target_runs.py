@@ -27,8 +27,8 @@ import torch
 
 from portkit.core import torch_private as _torch
 from portkit.core import placement
-from portkit.core import availability as probes
-from portkit.targets import specs as targets_mod
+from portkit.core import availability
+from portkit.targets import specs
 from portkit.core.errors import CompileRefused
 from portkit.stages.accuracy.localize import LayerProbe
 from portkit.targets.tolerance import Tolerance
@@ -77,7 +77,7 @@ def forward(module, inputs) -> dict:
 
 
 # The target's dtype rules alone (float64 run as float32), no rounding: what the cast alone changes.
-DTYPE_RULES_ONLY = targets_mod.Precision("dtype rules only", "(none: the dtype rules apply at every setting)",
+DTYPE_RULES_ONLY = specs.Precision("dtype rules only", "(none: the dtype rules apply at every setting)",
                                          "float64 run as float32, no rounding")
 
 
@@ -116,7 +116,7 @@ class Float64Reference:
             return None, f"not available: the model does not run in float64 ({str(exc).splitlines()[0][:160]})"
 
 
-def compiled_label(detected: targets_mod.DetectedTarget) -> str:
+def compiled_label(detected: specs.DetectedTarget) -> str:
     """How a target's compiled outputs are produced, in words. Emulated, stage 2's backend runs its
     retraced ATen graph (the target's casts and rounding included) eagerly: no code generation."""
     where = f"on {detected.target.device}" if detected.native else "retraced ATen graph, eager on the CPU"
@@ -146,8 +146,8 @@ class SharedCompile:
     @classmethod
     def for_targets(cls, module, names, precision: dict | None, compiled: bool) -> SharedCompile | None:
         """One for the emulated targets of `names` at their chosen precisions; None where fewer than two."""
-        chosen = {n: targets_mod.get(n).precision((precision or {}).get(n, targets_mod.get(n).default_precision.name))
-                  for n in names if not targets_mod.detect(n).native}
+        chosen = {n: specs.get(n).precision((precision or {}).get(n, specs.get(n).default_precision.name))
+                  for n in names if not specs.detect(n).native}
         return cls(module, chosen) if compiled and len(chosen) > 1 else None
 
     def run(self, name: str, inputs: dict) -> tuple[dict, dict | None]:
@@ -174,7 +174,7 @@ class TargetSide:
     target's backend (stage 2's emulated one, its graph run eagerly on the CPU; with `shared`, in one Dynamo
     pass with the other emulated targets); natively, on the device."""
 
-    def __init__(self, detected: targets_mod.DetectedTarget, module, emulation, compiled: bool,
+    def __init__(self, detected: specs.DetectedTarget, module, emulation, compiled: bool,
                  shared: SharedCompile | None = None):
         self.detected, self.module, self.emulation, self.compiled = detected, module, emulation, compiled
         self.shared = shared if shared is not None and detected.name in shared.backends else None
@@ -280,4 +280,4 @@ def input_shape(inputs: dict) -> tuple:
 
 def compiled_available() -> bool:
     """Whether stage 2's emulated backends are present (portkit/targets/backends.py)."""
-    return probes.module_available("portkit.targets.backends")
+    return availability.module_available("portkit.targets.backends")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.targets import tolerance
 from portkit.targets.specs import UNSUPPORTED
 from portkit.workloads.training import StepOps, TrainingRun
@@ -69,7 +69,7 @@ class TrainingDivergence:
 
 def diverge(reference: TrainingRun, run: TrainingRun) -> TrainingDivergence:
     """Where `run` (one target precision) parts from the fp32 `reference` over the same steps."""
-    target = targets_mod.get(run.target)
+    target = specs.get(run.target)
     precision = target.precision(run.precision)
     tol = tolerance.tolerance_for(precision)
     found = TrainingDivergence(run.target, run.precision, precision.setting, tol.to_dict(), run)
@@ -88,7 +88,7 @@ def diverge(reference: TrainingRun, run: TrainingRun) -> TrainingDivergence:
     return found
 
 
-def _advice(found: TrainingDivergence, target: targets_mod.Target, precision) -> list[str]:
+def _advice(found: TrainingDivergence, target: specs.Target, precision) -> list[str]:
     if found.loss_parts_at is None and found.grads_part_at is None:
         return [f"{precision.setting}: the loss and every layer's gradient norm stay within {found.tolerance['dtype']} "
                 f"tolerance of fp32 over {len(found.run.losses)} steps; no change needed for training"]
@@ -110,7 +110,7 @@ def measured_master_weights(runs: list[TrainingDivergence]) -> None:
     """Add to each all-ops run's master-weights advice what the same target measured with fp32 updates
     (its precision that rounds matmuls only), where that run is among `runs`."""
     for r in runs:
-        target = targets_mod.get(r.target)
+        target = specs.get(r.target)
         if target.precision(r.precision).all_ops is None:
             continue
         for other in runs:

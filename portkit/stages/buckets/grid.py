@@ -26,7 +26,7 @@ import numpy as np
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.planning import grid
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.core.errors import PortkitError
 from portkit.core.tables import HtmlTable
 
@@ -53,7 +53,7 @@ def padding_prices(model, corners, target: str) -> tuple[economics.TokenPrice, e
     this machine (token_seconds), a migration target the FLOPs that position adds, counted on the graph from
     the low corner, at its chip's peak (economics.roofline_price, an estimate; natively too: one cell's
     timing cannot separate the two dimensions)."""
-    if targets_mod.get(target).reference:
+    if specs.get(target).reference:
         how = f"{economics.THIS_MACHINE}: eager forward slope along the dimension, batch 1"
         measured = token_seconds(model, corners)
         return tuple(economics.TokenPrice(target, s, economics.THIS_MACHINE, how) for s in measured)
@@ -160,12 +160,12 @@ def compare(model, corpus, targets, costs: dict, serve_requests: int, seed: int 
     dims = model.declaration.varying_names
     corners = _corners(arr)
     found, prices = {}, {}
-    for name in targets_mod.parse_targets(targets):
+    for name in specs.parse_targets(targets):
         per_token = padding_prices(model, corners, name)
         prices[name] = [p.to_dict() for p in per_token]
         per_token = tuple(p.seconds for p in per_token)
         price = None
-        if name == "tpu" and not targets_mod.detect(name).native:
+        if name == "tpu" and not specs.detect(name).native:
             try:
                 price, label = xla_cells(model, corners, topology, measure)
             except PortkitError:     # a cell that does not lower: the stage's own cost model, which says so

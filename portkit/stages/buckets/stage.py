@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from portkit.core import atomic_io as _io
+from portkit.core import atomic_io
 from portkit.core import assessed, checks, grading
 from portkit.core import frames
 from portkit.stages.buckets import bucketed
@@ -34,10 +34,10 @@ from portkit.planning import economics
 from portkit.stages.buckets import generation as generation_buckets
 from portkit.stages.buckets import grid as grid_costs
 from portkit.runfolder import results
-from portkit.runfolder import layout as runfolder
+from portkit.runfolder import layout
 from portkit.stages.options import StageOptions
 from portkit.targets import selection
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.core.errors import BadParameter
 from portkit.core.findings import PADDING_CAUSE
 from portkit.planning.planner import (K_MAX, OVERFLOW, PLANNER_NAMES, PLANNERS, BucketPlan, Histogram, Prices,
@@ -99,7 +99,7 @@ class Options(StageOptions):
 
     def check_targets(self, targets) -> None:
         """`backend` against every target the stage compiles for (selection.check_parameter)."""
-        selection.check_parameter(self.backend, targets_mod.parse_targets(targets))
+        selection.check_parameter(self.backend, specs.parse_targets(targets))
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def skip_unless_it_applies(model, out_dir, targets) -> None:
     """The stage's first step: a model whose inputs do not vary with the data has nothing to bucket, so the
     stage saves itself as skipped with the reason and stops (results.skip_stage raises StageSkipped)."""
     if model.seq_dim is None:
-        results.skip_stage(out_dir, "buckets", model.describe(), targets_mod.parse_targets(targets),
+        results.skip_stage(out_dir, "buckets", model.describe(), specs.parse_targets(targets),
                            f"{model.name} {NOTHING_TO_BUCKET}")
 
 
@@ -202,8 +202,8 @@ def stage_costs(model, hist: Histogram, targets, out_dir=None,
     for a reference target, the compile times stage 2 measured (compile.json in out_dir, results.compile_cost)."""
     options = options or Options.defaults()
     out = {}
-    for name in targets_mod.parse_targets(targets):
-        detected = targets_mod.detect(name)
+    for name in specs.parse_targets(targets):
+        detected = specs.detect(name)
         if economics.priced_by_measured_compiles(name, detected.native):
             saved = results.compile_cost(out_dir, name) if out_dir is not None else None
             if saved is None:
@@ -219,8 +219,8 @@ def stage_costs(model, hist: Histogram, targets, out_dir=None,
 def reads(targets) -> tuple[str, ...]:
     """The earlier stages whose results this stage reads for these targets (runfolder.Stage.reads): stage 2's
     compile times where a target's cost comes from them, else none (the runner may run it beside stage 2)."""
-    names = targets_mod.parse_targets(targets)
-    return ("compile",) if any(economics.priced_by_measured_compiles(n, targets_mod.detect(n).native)
+    names = specs.parse_targets(targets)
+    return ("compile",) if any(economics.priced_by_measured_compiles(n, specs.detect(n).native)
                                for n in names) else ()
 
 
@@ -625,7 +625,7 @@ def replay_targets(model, trace, plans: list[BucketPlan], chosen: dict[str, Buck
     out, done = {}, {}     # done: backend -> its runs so far, reused by any plan with the same shapes
     proven = {_shapes(p) for p in chosen.values()}   # never only counted
     for i, name in enumerate(chosen):
-        detected = targets_mod.detect(name)
+        detected = specs.detect(name)
         be = selection.check_backend(detected, options.backend)
         compare = i == 0 or replay.compare_every_target
         runs = done.setdefault(be, [])
@@ -681,8 +681,8 @@ def save_plans(chosen: dict[str, BucketPlan], out_dir) -> Path:
     """Write the chosen plans to the stage's early file (runfolder: buckets.plan.json) before the replay: a
     run starts stage 4, which needs only the plans, while the replay still runs. buckets.json, written at the
     end, holds the same plans with the replay's proof; results.read_buckets reads it first."""
-    path = Path(out_dir) / runfolder.stage("buckets").early
-    _io.write_json(path, {"targets": {name: {"chosen": plan.to_dict()} for name, plan in chosen.items()}})
+    path = Path(out_dir) / layout.stage("buckets").early
+    atomic_io.write_json(path, {"targets": {name: {"chosen": plan.to_dict()} for name, plan in chosen.items()}})
     return path
 
 
@@ -694,7 +694,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", options: 
     options.serve_requests requests; options.requests only sets the replay's length. max_seq caps the
     lengths (histogram; None: the model's). `costs` (per target) replaces stage_costs' cost models."""
     options = options or Options.defaults()
-    names = targets_mod.parse_targets(targets)
+    names = specs.parse_targets(targets)
     options.check_targets(names)
     dist = distribution(corpus, model)
     hist = histogram(dist, max_seq, options.overflow)

@@ -26,7 +26,7 @@ import torch
 from portkit.core import frames, grading
 from portkit.workloads import generation
 from portkit.targets import selection
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 
 
 @dataclass
@@ -98,8 +98,8 @@ def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precisio
     generation.check_causal(lm)
     plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
     out = {}
-    for name in targets_mod.parse_targets(targets):
-        detected = targets_mod.detect(name)
+    for name in specs.parse_targets(targets):
+        detected = specs.detect(name)
         chosen, _ = selection.backend_for(detected, backend, (precision or {}).get(name))
         label = chosen if isinstance(chosen, str) else getattr(chosen, "__name__", type(chosen).__name__)
         dynamic = generation.generate_dynamic(lm, texts, new_tokens, chosen, max_length=generation.MAX_PROMPT)

@@ -33,7 +33,7 @@ from portkit.core import grading
 from portkit.core import frames
 from portkit.core import reconcile
 from portkit.targets import selection
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.targets.backends import compile_cause, failure_text, where_text
 from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm,
                                           check_fixed_shape, check_fixed_shapes, find_graph_breaks, make_requests,
@@ -155,7 +155,7 @@ def _foreign_op(op: dict, target: str) -> dict:
     if op.get("not_lowered"):
         inside.append("calls ops the target would not lower: " + ", ".join(
             f"{n['op']} ({n['status']})" for n in op["not_lowered"]))
-    language = targets_mod.get(target).kernel_language
+    language = specs.get(target).kernel_language
     message = (f"{op['op']} is not an ATen op ({owner['owner']} code"
                + (f", defined at {op['defined']['text']}" if op.get("defined") else "")
                + f"), {op.get('calls', 0)} call(s) in the compiled graphs"
@@ -228,8 +228,8 @@ def compile_costs(model, requests: Requests, targets, options: Options | None = 
     dim = model.seq_dim
     lengths = [s for s in (_seq(shape) for shape in requests.shapes()) if s is not None] if dim else []
     out = {}
-    for name in targets_mod.parse_targets(targets):
-        detected = targets_mod.detect(name)
+    for name in specs.parse_targets(targets):
+        detected = specs.detect(name)
         measured = ()
         if storms is not None and economics.priced_by_measured_compiles(name, detected.native):
             measured = [(_measured_length(model, e.shapes) if dim else None, e.seconds)
@@ -248,7 +248,7 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     saved = results.load(out_dir, "fallbacks")     # typed; a damaged part is named (UnreadableResult)
     compiled = {"graph_breaks": breaks.to_dict()}
     out = {}
-    for name in targets_mod.parse_targets(targets):
+    for name in specs.parse_targets(targets):
         eager = saved.target(name) if saved is not None else None
         findings = reconcile.reconcile(list(eager.findings) if eager is not None else [], compiled, name)
         gone = reconcile.vanished_line(findings)
@@ -488,8 +488,8 @@ class CompileReport:
 
 # ---------------------------------------------------------------- parameters and the stage's verb
 def _corpus(name: str, value) -> str:
-    from portkit.corpora import corpus as data
-    return data.check_corpus(value)
+    from portkit.corpora import corpus
+    return corpus.check_corpus(value)
 
 
 def _backend(name: str, value) -> str:
@@ -535,14 +535,14 @@ class Options(options.StageOptions):
         """The rules on the chosen targets (the runner checks them before a run): the backend is one every
         target accepts, and the precision names only chosen targets, each with one of its precisions.
         Returns the targets' names."""
-        names = targets_mod.parse_targets(targets)
+        names = specs.parse_targets(targets)
         selection.check_parameter(self.backend, names)
         precision = self.precision
         for name, value in (precision.items() if isinstance(precision, dict) else ((n, precision) for n in names)):
             if name not in names:
                 raise BadParameter("target in precision", name, names)
             if value is not None:
-                targets_mod.get(name).precision(value)
+                specs.get(name).precision(value)
         return names
 
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch   # torch._dynamo is imported on first use (seconds): the runner's checks import this module
 
 from portkit.core import placement
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.targets import selection
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, call_counting_recompiles,
                                       compile_failure, failure_text, refused_recompile, where_text)
 from portkit.core.errors import CompileRefused
@@ -94,9 +94,9 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
     precision: the stage's option (None: each target's default). contents: record each graph's ops with
     their dtypes and lines (checks[target]["ops"]), which reconcile.py needs."""
     module = model.module if hasattr(model, "module") else model
-    names = targets_mod.parse_targets(targets)
-    backends = {n: EmulatedBackend(targets_mod.get(n), precision_for(precision, n), inductor=False)
-                for n in names if not targets_mod.detect(n).native and not targets_mod.get(n).reference}
+    names = specs.parse_targets(targets)
+    backends = {n: EmulatedBackend(specs.get(n), precision_for(precision, n), inductor=False)
+                for n in names if not specs.detect(n).native and not specs.get(n).reference}
     graphs = []
 
     def check_all(gm, example_inputs):
@@ -117,13 +117,13 @@ def find_graph_breaks(model, inputs: dict, targets=("neuron", "tpu"), precision=
             with torch.no_grad():
                 torch.compile(module, backend=check_all, fullgraph=whole, dynamic=False)(**inputs)
             break
-        except _torch.uncapturable_errors() as exc:   # not capturable
+        except torch_private.uncapturable_errors() as exc:   # not capturable
             if not whole:
                 raise
             fullgraph = {"ok": False, **compile_failure(exc)}
             torch.compiler.reset()
             with torch.no_grad():
-                explained = _torch.explain(module, **inputs)
+                explained = torch_private.explain(module, **inputs)
             breaks = _breaks(explained)
     torch.compiler.reset()
     checks = {}
@@ -232,7 +232,7 @@ class _Side:
     """One target's part of the fixed-shape check: how it calls the compiled model, and what it found."""
     call: object                     # call(inputs) -> outputs
     counter: CompileCounter
-    detected: targets_mod.DetectedTarget
+    detected: specs.DetectedTarget
     times: list = field(default_factory=list)
     late: list = field(default_factory=list)
     failure: dict | None = None
@@ -261,7 +261,7 @@ def _warm_up(sides: dict[str, _Side], first: dict) -> None:
             side.call(first)
         except CompileRefused as exc:          # this target's own refusal (a shared pass): the others go on
             side.failure = compile_failure(exc, 0)
-        except _torch.dynamo_errors() as exc:   # Dynamo's: the same for every side
+        except torch_private.dynamo_errors() as exc:   # Dynamo's: the same for every side
             for each in sides.values():
                 each.failure = each.failure or compile_failure(exc, 0)
             break
@@ -307,11 +307,11 @@ def check_fixed_shapes(model, requests: Requests, targets, options) -> dict[str,
     """check_fixed_shape for every target; the emulated targets share one Dynamo pass (a shape traced once,
     checked and run by each target), as the storm does (storm.recompile_storms)."""
     seq_len, precision, backend, fullgraph = options.seq_len, options.precision, options.backend, options.fullgraph
-    names = targets_mod.parse_targets(targets)
+    names = specs.parse_targets(targets)
     size = requests.fixed_size(seq_len)       # tokens: seq_len; another varying dimension: the stream's longest
     inputs = requests.padded(size)
     probe = requests.padded(size + 1 if size < 2 else size - 1)[0] if size is not None else None
-    chosen = {n: selection.backend_for(targets_mod.detect(n), backend, precision_for(precision, n))[0]
+    chosen = {n: selection.backend_for(specs.detect(n), backend, precision_for(precision, n))[0]
               for n in names}
     shared = [n for n in names if isinstance(chosen[n], EmulatedBackend)]
     shared = shared if len(shared) > 1 else []
@@ -327,7 +327,7 @@ def check_fixed_shapes(model, requests: Requests, targets, options) -> dict[str,
         dispatch = Turns(counters)
         module = model.module if hasattr(model, "module") else model
         torch.compiler.reset()
-        fn = _torch.dynamo_optimize(dispatch, fullgraph=fullgraph)(module)
+        fn = torch_private.dynamo_optimize(dispatch, fullgraph=fullgraph)(module)
 
         def turn(name):
             def call(x):
@@ -337,7 +337,7 @@ def check_fixed_shapes(model, requests: Requests, targets, options) -> dict[str,
         try:
             with placement.on_device(module, "cpu"), torch.no_grad():
                 for n in shared:
-                    sides[n] = _Side(turn(n), counters[n], targets_mod.detect(n))
+                    sides[n] = _Side(turn(n), counters[n], specs.detect(n))
                 _fixed_runs({n: sides[n] for n in shared}, inputs, probe)
         finally:
             torch.compiler.reset()

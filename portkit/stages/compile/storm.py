@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import torch   # torch._dynamo is imported on first use (seconds): the runner's checks import this module
 
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.core import placement
 from portkit.stages.compile import loops
 from portkit.targets import selection
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.targets.backends import (CompileCounter, CompileEvent, EmulatedBackend, compile_failure, failure_text,
                                       refused_recompile, warm_inductor)
 from portkit.core.errors import CompileRefused
@@ -70,7 +70,7 @@ def compiled_for(model, target: str, backend: str, precision, fullgraph: bool, *
     graph and runs it eagerly (no Inductor codegen): a new shape costs Dynamo's trace and the check,
     and its price on the target comes from the cost model (portkit/planning/economics.py). Dynamo is reset
     around it."""
-    detected = targets_mod.detect(target)
+    detected = specs.detect(target)
     chosen, device = selection.backend_for(detected, backend, precision_for(precision, target), inductor=False)
     counter = CompileCounter(chosen)
     if not isinstance(chosen, EmulatedBackend):   # Inductor (a reference target) or the vendor's compiler
@@ -78,7 +78,7 @@ def compiled_for(model, target: str, backend: str, precision, fullgraph: bool, *
     module = model.module if hasattr(model, "module") else model
     torch.compiler.reset()
     # torch.compile is this call; optimize() also takes the guard-failure hook.
-    fn = _torch.dynamo_optimize(counter, fullgraph=fullgraph, **dynamo)(module)
+    fn = torch_private.dynamo_optimize(counter, fullgraph=fullgraph, **dynamo)(module)
     try:
         with placement.on_device(module, device), torch.no_grad():
             yield (lambda x: fn(**placement.to_device(x, device))), counter, detected, device
@@ -239,12 +239,12 @@ def recompile_storm(model, requests: Requests, target: str, options, *, progress
     and running."""
     from portkit.core.progress import bar as progress_bar
     precision, backend, fullgraph = options.precision, options.backend, options.fullgraph
-    default = _torch.default_recompile_limit()
+    default = torch_private.default_recompile_limit()
     reasons: list[str] = []
     rows, failure, counted = [], None, 0
     # pay every compile, as the targets do: the limit is raised above the requests' shapes
     guard_failed = lambda failure: reasons.append(failure.reason)   # noqa: E731
-    with _torch.recompile_limit(shapes=len(requests.inputs)) as limit, \
+    with torch_private.recompile_limit(shapes=len(requests.inputs)) as limit, \
             compiled_for(model, target, backend, precision, fullgraph, guard_fail_fn=guard_failed) as (
                 call, counter, detected, device):
         replay = _Replay(lambda **x: call(x), compile_shapes)
@@ -253,7 +253,7 @@ def recompile_storm(model, requests: Requests, target: str, options, *, progress
             reasons.clear()
             try:
                 wall, guards = replay.call(inputs, tuple(shape))
-            except _torch.dynamo_errors() as exc:   # becomes the report's finding
+            except torch_private.dynamo_errors() as exc:   # becomes the report's finding
                 failure = compile_failure(exc, i)
                 break
             if guards is not None:
@@ -302,10 +302,10 @@ def recompile_storms(model, requests: Requests, targets, options, *, progress: b
                      compile_shapes: int | None = COMPILE_SHAPES) -> dict[str, Storm]:
     """recompile_storm for every target; the emulated targets share one Dynamo pass (tracing a shape
     once, checking it once per target: _shared_storms)."""
-    names = targets_mod.parse_targets(targets)
+    names = specs.parse_targets(targets)
     shared = {}
     for name in names:
-        chosen, _ = selection.backend_for(targets_mod.detect(name), options.backend,
+        chosen, _ = selection.backend_for(specs.detect(name), options.backend,
                                           precision_for(options.precision, name))
         if isinstance(chosen, EmulatedBackend):
             shared[name] = chosen
@@ -340,7 +340,7 @@ class _SharedRows:
         shape = next(iter(inputs.values())).shape
         try:
             wall, guards = replay.call(inputs, tuple(shape))
-        except _torch.dynamo_errors() as exc:   # becomes the report's finding
+        except torch_private.dynamo_errors() as exc:   # becomes the report's finding
             self.failures.update({n: compile_failure(exc, i) for n in live})
             return False
         if guards is not None:
@@ -380,10 +380,10 @@ def _shared_storms(model, requests: Requests, shared: dict[str, EmulatedBackend]
     fan, reasons = _Shared(counters), []
     record = _SharedRows(counters, fan, reasons)
     module = model.module if hasattr(model, "module") else model
-    default = _torch.default_recompile_limit()
+    default = torch_private.default_recompile_limit()
     torch.compiler.reset()
-    with _torch.recompile_limit(shapes=len(requests.inputs)) as limit:
-        fn = _torch.dynamo_optimize(fan, fullgraph=fullgraph,
+    with torch_private.recompile_limit(shapes=len(requests.inputs)) as limit:
+        fn = torch_private.dynamo_optimize(fan, fullgraph=fullgraph,
                                     guard_fail_fn=lambda failure: reasons.append(failure.reason))(module)
         replay = _Replay(fn, compile_shapes)
         try:
@@ -394,7 +394,7 @@ def _shared_storms(model, requests: Requests, shared: dict[str, EmulatedBackend]
                         break
         finally:
             torch.compiler.reset()
-    storms = {n: Storm(targets_mod.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
+    storms = {n: Storm(specs.detect(n).to_dict(), counters[n].__name__, b.precision.name, fullgraph, limit,
                        default, record.rows[n], counters[n].events, record.failures[n], None, compile_shapes)
               for n, b in shared.items()}
     for storm in storms.values():

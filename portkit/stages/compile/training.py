@@ -25,7 +25,7 @@ import torch
 from portkit.core import grading
 from portkit.core import torch_private
 from portkit.targets import backends
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.workloads import training
 from portkit.core.errors import CompileRefused
 
@@ -125,7 +125,7 @@ def _timed(step, batch) -> tuple[float, float]:
 
 def check_target(model, batches: list[dict], target: str, precision=None) -> TrainCompile:
     """The training step compiled with `target`'s emulated backend over `batches` (see the module docstring)."""
-    detected = targets_mod.detect(target)
+    detected = specs.detect(target)
     step = training.TrainingStep(model, target=target, precision=precision, compiled=True)
     eager = training.TrainingStep(model, target=target, precision=precision)
     shape = {k: list(v.shape) for k, v in batches[0].items()}
@@ -168,6 +168,6 @@ def check(model, corpus, targets, steps: int = STEPS, batch_size: int = BATCH, *
     """check_target for every target on the same real batches of batch_size x seq_len (training.batches:
     padded, one text a row). The stage passes its options (stage.check_training)."""
     batches = training.batches(model, corpus, steps, batch_size, seq_len, seed=seed)
-    names = targets_mod.parse_targets(targets)
+    names = specs.parse_targets(targets)
     return {n: check_target(model, batches, n, precision.get(n) if isinstance(precision, dict) else precision)
             for n in names}

@@ -31,7 +31,7 @@ from torch import nn
 
 from portkit.core import frames, grading, locations, reconcile
 from portkit.core.findings import BLOCKER, ROOT, SEVERITIES, Finding, cause_key
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 
 KERNEL, PACKAGE, DEVICE, VENDOR_LIST = reconcile.SCANNED_KINDS
 MAX_FILES = 400   # a scan follows imports within one package; this bounds a runaway one
@@ -610,7 +610,7 @@ def _lines(hits: list[Hit]) -> str:
     return f" at {first['text']}{more}"
 
 
-def _gpu_findings(hits: list[Hit], target: targets_mod.Target) -> list[Finding]:
+def _gpu_findings(hits: list[Hit], target: specs.Target) -> list[Finding]:
     kernel_rule = target.features.get("custom_op")
     kernel = kernel_rule.advice if kernel_rule else f"rewrite it in {target.kernel_language}"
     groups: dict[tuple, list[Hit]] = collections.defaultdict(list)
@@ -637,7 +637,7 @@ def _gpu_findings(hits: list[Hit], target: targets_mod.Target) -> list[Finding]:
 
 
 def _list_findings(hits: list[Hit], target: str) -> list[Finding]:
-    lst = targets_mod.vendor_lists().get(target)
+    lst = specs.vendor_lists().get(target)
     if not lst:
         return []
     by_rule: dict[str, list[Hit]] = collections.defaultdict(list)
@@ -670,7 +670,7 @@ def findings(scan: Scan, target: str, static: bool = False) -> list[Finding]:
     """The scan's findings for one target: its GPU-only code (the replacement names the target's kernel
     language) and the entries of the target's vendor list the model has, most severe first. static=True (`portkit
     scan`, nothing run) adds the STATIC_ONLY rules, which stage 1 records when the model runs instead."""
-    t = targets_mod.get(target)
+    t = specs.get(target)
     gpu = [h for h in scan.gpu if static or h.rule not in STATIC_ONLY]
     found = _gpu_findings(gpu, t) + _list_findings(scan.features, target)
     order = {s: i for i, s in enumerate(SEVERITIES)}
@@ -708,7 +708,7 @@ def noted(scan: Scan, run, *args):
     try:
         return run(*args)
     except Exception as exc:
-        blockers = [f for name in targets_mod.MIGRATION_TARGETS for f in findings(scan, name)
+        blockers = [f for name in specs.MIGRATION_TARGETS for f in findings(scan, name)
                     if f.severity == BLOCKER]
         if blockers:
             exc.add_note("portkit's source scan found GPU-only code before recording:\n" + "\n".join(

@@ -2,10 +2,10 @@
 them would fall back to the CPU or not run at all on each target.
 
     >>> from portkit import models
-    >>> from portkit.corpora import corpus as data
+    >>> from portkit.corpora import corpus
     >>> from portkit.stages.fallbacks import stage as fallbacks
     >>> model = models.load("minilm")
-    >>> inputs = model.encode(data.load_corpus().sample(8, seed=0), pad_to=128)
+    >>> inputs = model.encode(corpus.load_corpus().sample(8, seed=0), pad_to=128)
     >>> report = fallbacks.find_fallbacks(model, inputs, targets=["neuron", "tpu"])
     >>> print(report)                      # per target: op counts by status, findings
     >>> report.plot()                      # per-module bars, coloured by status
@@ -32,7 +32,7 @@ from portkit.core import frames
 from portkit.core import placement
 from portkit.core import checks, grading, reconcile
 from portkit.stages import options
-from portkit.targets import specs as targets_mod
+from portkit.targets import specs
 from portkit.core.errors import BadParameter
 from portkit.core import findings as findings_mod
 from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
@@ -97,7 +97,7 @@ class TargetFallbacks:
                 "findings": [f.to_dict() for f in self.findings], "vendor_record": self.vendor_record}
 
 
-def classify(recording: Recording, detected: targets_mod.DetectedTarget) -> TargetFallbacks:
+def classify(recording: Recording, detected: specs.DetectedTarget) -> TargetFallbacks:
     table, rules = detected.op_table, detected.target.features
     total = sum(r.seconds for r in recording.records.values()) or 1.0
     by_op: dict[str, dict] = {}
@@ -419,8 +419,8 @@ def _generation(model, prompts: list[str], inputs: dict):
 
 # ---------------------------------------------------------------- the stage's verb
 def _corpus(name: str, value) -> str:
-    from portkit.corpora import corpus as data
-    return data.check_corpus(value)
+    from portkit.corpora import corpus
+    return corpus.check_corpus(value)
 
 
 class Options(options.StageOptions):
@@ -462,8 +462,8 @@ def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     run = _generation(model, prompts or [], inputs) if workload == "generate" else None
     if run is not None:
         description = f"{description or 'prompts'}; generation of {GENERATED_TOKENS} tokens, static KV cache"
-    names = targets_mod.parse_targets(targets)
-    detected = [targets_mod.detect(n) for n in names]
+    names = specs.parse_targets(targets)
+    detected = [specs.detect(n) for n in names]
     scan = source_scan.scan_model(model)   # before recording: a model that cannot run here still gets its findings
     cpu_recording = None
     per_target: dict[str, TargetFallbacks] = {}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from portkit.stages.report import realsize as report_scale
-from portkit.targets import specs as targets_mod
+from portkit.stages.report import realsize
+from portkit.targets import specs
 from portkit.core import figures, grading
 from portkit.core.findings import INFO
 
@@ -30,7 +30,7 @@ def _fallbacks(data, t, out) -> None:
         # the op table's status; what cannot run is counted by the findings (blockers), as stage 1's summary says
         "ops with no kernel in the op table": counts.get("unsupported", 0),
     }
-    language = targets_mod.get(out.name).kernel_language if out.name in targets_mod.TARGETS else "a kernel"
+    language = specs.get(out.name).kernel_language if out.name in specs.TARGETS else "a kernel"
     for op in t.ops:
         if op.status in ("cpu_fallback", "unsupported") and op.op not in out.vanished_ops:
             # name the op the device runs (the CPU recording may show its CPU-only twin)
@@ -91,7 +91,7 @@ def _compile(data, t, out) -> None:
 
 
 def _xla(data, t, out) -> None:
-    report_scale.read(t, out)       # an abstract model's real-size check, when there is one
+    realsize.read(t, out)       # an abstract model's real-size check, when there is one
     if t.skipped:
         out.metrics["xla"] = {"XLA check": f"skipped: {t.reason or ''}"}
         return

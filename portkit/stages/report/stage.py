@@ -33,11 +33,11 @@ from portkit.planning import cost
 from portkit.runfolder import environment, numbers, run_log
 from portkit.core import assessed, figures, grading, reconcile
 from portkit.stages import options
-from portkit.stages.report import sections as report_stages
+from portkit.stages.report import sections
 from portkit.stages.report import wording
 from portkit.runfolder import results
-from portkit.runfolder import layout as runfolder
-from portkit.targets import specs as targets_mod
+from portkit.runfolder import layout
+from portkit.targets import specs
 from portkit.core.atomic_io import write_json, write_text
 from portkit.core.errors import BadParameter
 from portkit.core import findings as findings_mod
@@ -58,7 +58,7 @@ class Options(options.StageOptions):
 
 
 def _stages():
-    return [s for s in runfolder.STAGES if s.name != STAGE]
+    return [s for s in layout.STAGES if s.name != STAGE]
 
 
 DAMAGED = ("unreadable", "incomplete")   # a stage result there that cannot be read whole: the report exits 1
@@ -100,12 +100,12 @@ def read_stage(run_dir: Path, stage, log=None) -> StageResult:
     path = run_dir / stage.result
     entry = log.stages.get(stage.name) if log is not None else None
     if not path.exists():
-        if entry is not None and entry.status in ("failed", runfolder.INTERRUPTED):   # the latest run's log says why
+        if entry is not None and entry.status in ("failed", layout.INTERRUPTED):   # the latest run's log says why
             return StageResult(stage.name, stage.result, stage.notebook, "failed",
                                f"stage {stage.name} failed in the latest run: {entry.error or entry.status}")
         if entry is not None and entry.status == "ok":
             return StageResult(stage.name, stage.result, stage.notebook, "unreadable",
-                               f"{stage.result} is missing, but {runfolder.RUN_LOG} records stage {stage.name} as ok "
+                               f"{stage.result} is missing, but {layout.RUN_LOG} records stage {stage.name} as ok "
                                f"in the latest run: the file was removed or lost; rerun stage {stage.name}")
         return StageResult(stage.name, stage.result, stage.notebook, "missing", f"{stage.result} is missing")
     try:
@@ -237,7 +237,7 @@ class MigrationReport:
         """The files of the run folder that are there (or should be) and cannot be read whole: stage results
         (DAMAGED), and the run log."""
         return ([s.file for s in self.stages.values() if s.status in DAMAGED]
-                + ([runfolder.RUN_LOG] if self.log_problem else []))
+                + ([layout.RUN_LOG] if self.log_problem else []))
 
     def verdicts(self) -> dict[str, str]:
         return {n: t.verdict for n, t in self.targets.items()}
@@ -263,7 +263,7 @@ class MigrationReport:
         import os
         from portkit.core.atomic_io import partial_path
         folder = Path(folder or self.run_dir)
-        html, data = folder / runfolder.REPORT_HTML, folder / runfolder.REPORT_JSON
+        html, data = folder / layout.REPORT_HTML, folder / layout.REPORT_JSON
         html_partial = write_text(partial_path(html), self.html())
         json_partial = write_json(partial_path(data), self.to_dict())
         os.replace(html_partial, html)
@@ -309,7 +309,7 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     typed = {s.name: s.result for s in present}
     for name, report in reports.items():
         report.numbers = numbers.of(typed, name)
-    images, notebook_gaps = runfolder.notebook_images(run_dir, [s.name for s in stages.values()])
+    images, notebook_gaps = layout.notebook_images(run_dir, [s.name for s in stages.values()])
     return MigrationReport(run_dir, model, stages, reports, run_env.info, images, run_env.source,
                            run_env.gaps + notebook_gaps, log_problem=log_problem, cost=_cost(typed, names))
 
@@ -335,7 +335,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
     """One target's report from the readable stage results; `recorded` is its run-time environment, `assessing`
     the stages that apply to the model (each must have read this target for a verdict of ready), `model_questions`
     what no stage answers for the model (_model_questions)."""
-    title = targets_mod.get(name).title if name in targets_mod.TARGETS else name
+    title = specs.get(name).title if name in specs.TARGETS else name
     tr = TargetReport(name, title, recorded.get("mode", "unknown"), compiler_flags=str(recorded.get("precision", "")))
     # stage 2's graph breaks, where its result could be read: without them stage 1's findings are not checked
     # against the compiled graphs, and are kept (damage in one stage never removes what another found)
@@ -359,7 +359,7 @@ def _target_report(name: str, present: list[StageResult], recorded: dict, assess
     tr.unassessed = [s for s in assessing if s not in tr.based_on]
     tr.unassessed += [f"{q['stage']}: {q['question']}" for q in tr.open_questions]
     bucketed = next((s.result.targets.get(name) for s in present if s.name == "buckets"), None)
-    report_stages.resolve_storm(tr.findings, bucketed)
+    sections.resolve_storm(tr.findings, bucketed)
     tr.findings = merge_causes(tr.findings)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     # by consequence: severity, then what persists under compile before what was not checked or vanishes
@@ -403,7 +403,7 @@ def _read_target(stage: StageResult, t, tr: TargetReport, compiled: dict | None 
     if tr.mode == "emulated":
         tr.measure_on_hardware.append(f"{stage.name}: {t.summary or 'emulated on the CPU'}")
     findings = list(t.findings)
-    if stage.name == report_stages.STAGE_FALLBACKS:   # eager findings, each against the compiled graphs
+    if stage.name == sections.STAGE_FALLBACKS:   # eager findings, each against the compiled graphs
         findings = reconcile.reconcile(findings, compiled, tr.name)
         tr.vanished_ops |= {op for f in findings if f["compiled"] == VANISHES for op in f.get("ops") or ()}
     for f in findings:
@@ -414,8 +414,8 @@ def _read_target(stage: StageResult, t, tr: TargetReport, compiled: dict | None 
                             "owner": _inner(f, "owner", "owner"), "where": _inner(f, "where", "text"),
                             "resolved_by": "", "consequence": str(f.get("consequence") or _consequence(f)),
                             "cause": findings_mod.cause_of(f), "stages": [stage.name]})
-    if stage.name in report_stages.READERS:
-        report_stages.READERS[stage.name](stage.result, t, tr)
+    if stage.name in sections.READERS:
+        sections.READERS[stage.name](stage.result, t, tr)
 
 
 def _consequence(f: dict) -> str:

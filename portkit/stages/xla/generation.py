@@ -30,8 +30,8 @@ from torch import nn
 from portkit.core import placement
 from portkit.workloads import generation
 from portkit.xla import cache as xla_cache
-from portkit.xla import compiler as xla_compile
-from portkit.xla import sharded as xla_sharded
+from portkit.xla import compiler
+from portkit.xla import sharded
 from portkit.core.errors import BadParameter
 from portkit.xla.results import format_bytes
 
@@ -137,17 +137,17 @@ class GraphCompile:
 def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topology: str,
                   dtype: str | None = None) -> GraphCompile:
     """One prefill (tokens = the prompt bucket) or decode (tokens = 1) graph compiled for `topology`."""
-    xla_compile.check_topology(topology)
-    if dtype is not None and dtype not in xla_compile.DTYPES:
-        raise BadParameter("dtype", dtype, xla_compile.DTYPES)
+    compiler.check_topology(topology)
+    if dtype is not None and dtype not in compiler.DTYPES:
+        raise BadParameter("dtype", dtype, compiler.DTYPES)
     if tokens > context:
         raise BadParameter("prompt bucket", tokens, hint=f"longer than the context bucket {context}")
     model = generation.causal_model(lm)
-    jax, topo, devices, _, replicated = xla_sharded.compile_only(topology)
-    program = xla_compile.Program(_Serving(model), xla_compile.DTYPES.get(dtype))
+    jax, topo, devices, _, replicated = sharded.compile_only(topology)
+    program = compiler.Program(_Serving(model), compiler.DTYPES.get(dtype))
     spec = graph_inputs(model, batch, tokens, context, program.float_dtype)
     found = GraphCompile(graph, batch, tokens, context, topology, "compiled",
-                         hbm_bytes_per_device=xla_compile.hbm_per_device(topology, devices))
+                         hbm_bytes_per_device=compiler.hbm_per_device(topology, devices))
     states, inputs = program.abstract(spec, replicated, replicated)
     narrowed = {k: program.narrow(d) for k, (_, d) in spec.items()}
     counted = {"weights": sum(math.prod(a.shape) * a.dtype.itemsize for a in states.values()),
@@ -162,11 +162,11 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
             lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,)).trace(
                 states, cache, rest).lower()
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
-        found.status, found.message = "trace_failed", xla_compile.error_message(exc)
+        found.status, found.message = "trace_failed", compiler.error_message(exc)
         return found
-    context_key = xla_sharded.check_context(topology, topo, "serving graph, cache donated",
+    context_key = sharded.check_context(topology, topo, "serving graph, cache donated",
                                             code=xla_cache.source_digest(compile_graph))
-    verdict, found.cached, _ = xla_compile.compiler_verdict(jax, lowered, topology, context_key)
+    verdict, found.cached, _ = compiler.compiler_verdict(jax, lowered, topology, context_key)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
     if verdict.status == "compiled":
@@ -202,6 +202,6 @@ def largest_batch(lm, context: int, topology: str, dtype: str | None = None,
                    + b.get("outputs not in place", 0)) / first.batch
         fixed = first.memory["total"] - per_row * first.batch
         guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else None
-    return xla_sharded.search_compiles(lambda n: compile_graph(lm, "decode", n, 1, context, topology, dtype).fits,
+    return sharded.search_compiles(lambda n: compile_graph(lm, "decode", n, 1, context, topology, dtype).fits,
                                        {first.batch: first.fits}, guess,
                                        f"largest batch at context {context} (an XLA compile a try)", limit)

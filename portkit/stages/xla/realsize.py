@@ -8,9 +8,9 @@ out-of-HBM verdict (seeded from the memory the first compile measured); the roof
 Neuron: the StableHLO lowering check, and capacity per Trainium/Inferentia chip from the FLOPs counted
 on the graph (portkit.targets.capacity). Every verdict goes through the verdict cache: a rerun compiles nothing.
 
-    >>> from portkit.models import abstract as abstract_models
+    >>> from portkit.models import abstract
     >>> from portkit.stages.xla import realsize as scale, stage as xla
-    >>> m = abstract_models.build("llama3-8b")
+    >>> m = abstract.build("llama3-8b")
     >>> checks = scale.run(m, ["neuron", "tpu"], xla.Options.of({"scale_batch": 8, "scale_seq": 1024}))
     >>> checks["tpu"].smallest, checks["tpu"].largest      # 'v5e:2x2', [{'seq': 1024, 'batch': ...}]
 """
@@ -19,11 +19,11 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from portkit.models import abstract as abstract_models
+from portkit.models import abstract
 from portkit.targets import capacity
-from portkit.targets import specs as targets
-from portkit.xla import compiler as xla_compile
-from portkit.xla import sharded as xla_sharded
+from portkit.targets import specs
+from portkit.xla import compiler
+from portkit.xla import sharded
 from portkit.core import grading
 from portkit.core.errors import MissingPackage, PortkitError
 from portkit.core.tables import HtmlTable
@@ -90,7 +90,7 @@ class ScaleCheck:
                     f"{self.capacity['chips'][n]['instance']} {v}" for n, v in best.items())
             return text
         tried = ", ".join(r.topology for r in self.tried)
-        found = ", ".join(f"seq {b['seq']}: batch {b['batch']}" + ("+" if b["batch"] >= xla_sharded.BATCH_LIMIT else "")
+        found = ", ".join(f"seq {b['seq']}: batch {b['batch']}" + ("+" if b["batch"] >= sharded.BATCH_LIMIT else "")
                           + f" on {b['topology']}" for b in self.largest)
         return (f"{self.target}: batch {self.batch} x seq {self.seq}, weights FSDP-sharded, tried {tried}: "
                 + (f"smallest topology that fits: {self.smallest}" if self.smallest else "fits none of them")
@@ -131,20 +131,20 @@ def _collectives(found: dict | None) -> str:
 
 
 def _found(best: int, tried: dict, guess, topology: str, **where) -> dict:
-    return {**where, "topology": topology, "batch": best, "guess": guess, "limit": xla_sharded.BATCH_LIMIT,
+    return {**where, "topology": topology, "batch": best, "guess": guess, "limit": sharded.BATCH_LIMIT,
             "compiles": len(tried), "tried": {str(n): ok for n, ok in sorted(tried.items())}}
 
 
 def _tpu(module, topologies, batch: int, seq: int, buckets) -> ScaleCheck:
-    check = ScaleCheck("tpu", abstract_models.describe(module), batch, seq)
-    shape = abstract_models.text_shape(module, batch, seq)
-    check.smallest, check.tried = xla_sharded.smallest_fitting(module, shape, list(topologies))
+    check = ScaleCheck("tpu", abstract.describe(module), batch, seq)
+    shape = abstract.text_shape(module, batch, seq)
+    check.smallest, check.tried = sharded.smallest_fitting(module, shape, list(topologies))
     where = check.main
     first = where.shapes[0] if check.smallest else None
     for bucket in buckets or [seq]:
-        abstract_models.text_shape(module, 1, bucket)      # a bucket longer than the model takes: one line
-        guess = xla_sharded.guess_batch(first, where.hbm_bytes_per_device, batch, seq, bucket)
-        best, tried = xla_sharded.largest_batch(module, bucket, where.topology, guess=guess)
+        abstract.text_shape(module, 1, bucket)      # a bucket longer than the model takes: one line
+        guess = sharded.guess_batch(first, where.hbm_bytes_per_device, batch, seq, bucket)
+        best, tried = sharded.largest_batch(module, bucket, where.topology, guess=guess)
         check.largest.append(_found(best, tried, guess, where.topology, seq=bucket))
     return check
 
@@ -160,23 +160,23 @@ def largest_per_shape(model, shapes, report, dtype: str | None = None) -> list[d
             continue
 
         def fits(n: int, shape=shape) -> bool:
-            r = xla_compile.compile_for_tpu(model, [{**shape, "batch": n}], report.topology, dtype).shapes[0]
+            r = compiler.compile_for_tpu(model, [{**shape, "batch": n}], report.topology, dtype).shapes[0]
             if r.status not in ("compiled", "out_of_hbm"):
                 raise PortkitError(f"batch {n} of {compiled.label} on {report.topology}: "
                                    f"{r.describe(report.hbm_bytes_per_device)}")
             return r.status == "compiled" and bool(r.fits_hbm)
         seq = shape.get("seq") or 1
-        guess = xla_sharded.guess_batch(compiled, report.hbm_bytes_per_device, shape["batch"], seq, seq)
-        best, tried = xla_sharded.largest_fitting(fits, xla_sharded.BATCH_LIMIT, guess)
+        guess = sharded.guess_batch(compiled, report.hbm_bytes_per_device, shape["batch"], seq, seq)
+        best, tried = sharded.largest_fitting(fits, sharded.BATCH_LIMIT, guess)
         found.append(_found(best, tried, guess, report.topology, seq=shape.get("seq"), shape=compiled.label))
     return found
 
 
 def _neuron(module, batch: int, seq: int) -> ScaleCheck:
-    check = ScaleCheck("neuron", abstract_models.describe(module), batch, seq)
-    shape = abstract_models.text_shape(module, batch, seq)
+    check = ScaleCheck("neuron", abstract.describe(module), batch, seq)
+    shape = abstract.text_shape(module, batch, seq)
     try:
-        check.lowering = xla_compile.check_lowering(module, [shape])
+        check.lowering = compiler.check_lowering(module, [shape])
     except MissingPackage as exc:
         check.lowering = XlaSkipped("neuron", str(exc))
     check.capacity = capacity.neuron_capacity(module, shape, tokens=batch * seq)
@@ -187,8 +187,8 @@ def run(module, target_names, opts) -> dict:
     """Each target's real-size check ({target: ScaleCheck}) at the options' (stage.Options) scale_batch x
     scale_seq, over scale_topologies and scale_buckets; reference targets (cpu, cuda) have none."""
     checks = {}
-    for name in targets.parse_targets(target_names):
-        check = targets.get(name).xla_check
+    for name in specs.parse_targets(target_names):
+        check = specs.get(name).xla_check
         if check == "compile":
             checks[name] = _tpu(module, opts.scale_topologies, opts.scale_batch, opts.scale_seq, opts.scale_buckets)
         elif check == "lowering":

@@ -28,7 +28,7 @@ from portkit.core import assessed, checks, grading
 from portkit.core.findings import cause_key
 from portkit.runfolder import results
 from portkit.stages import options
-from portkit.targets import specs as targets
+from portkit.targets import specs
 from portkit.core.errors import BadParameter, MissingPackage
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
@@ -75,13 +75,13 @@ class Options(options.StageOptions):
               "scale_buckets": _buckets}
 
     def check(self, model: str | None) -> None:
-        from portkit.models import abstract as abstract_models
+        from portkit.models import abstract
         from portkit.workloads import generation
-        if abstract_models.is_name(model):          # its sequence lengths against the config's limit
-            module = abstract_models.build(model)
+        if abstract.is_name(model):          # its sequence lengths against the config's limit
+            module = abstract.build(model)
             for seq in [self.scale_seq, *self.scale_buckets]:
-                abstract_models.text_shape(module, self.scale_batch, seq)
-        if generation.check_workload(self.workload, model) == "train" and abstract_models.is_name(model):
+                abstract.text_shape(module, self.scale_batch, seq)
+        if generation.check_workload(self.workload, model) == "train" and abstract.is_name(model):
             raise BadParameter("workload for a real-size model without weights", self.workload, ["inference"],
                                hint=f"{model} is checked sharded for inference; train a model with weights")
 
@@ -92,12 +92,12 @@ def xla_section(model, target_name: str, shapes, opts: Options | None = None) ->
 
     model: a LoadedModel, an nn.Module, or a name for portkit.models.registry.load."""
     opts = Options.defaults() if opts is None else opts
-    check = targets.get(target_name).xla_check
+    check = specs.get(target_name).xla_check
     if check is None:
         return XlaSkipped(target_name, f"XLA check skipped: {target_name} is a reference platform, not an XLA target")
     if isinstance(model, str):
-        from portkit.models import registry as models
-        model = models.load(model)
+        from portkit.models import registry
+        model = registry.load(model)
     try:        # jax and torchax load only when a shape is not in the cache
         if check == "compile":
             return compile_for_tpu(model, shapes, topology=opts.topology, dtype=opts.dtype)
@@ -109,14 +109,14 @@ def xla_section(model, target_name: str, shapes, opts: Options | None = None) ->
 def load(spec: str):
     """The model of stage 3b: a portkit.models.registry spec (a LoadedModel), or an abstract model's name (its
     architecture on the meta device, no weights: portkit.models.abstract)."""
-    from portkit.models import abstract as abstract_models
-    from portkit.models import registry as models
-    return abstract_models.build(spec) if abstract_models.is_name(spec) else models.load(spec)
+    from portkit.models import abstract
+    from portkit.models import registry
+    return abstract.build(spec) if abstract.is_name(spec) else registry.load(spec)
 
 
 def describe(model) -> str:
-    from portkit.models import abstract as abstract_models
-    return abstract_models.summary(model) if is_abstract(model) else model.summary()
+    from portkit.models import abstract
+    return abstract.summary(model) if is_abstract(model) else model.summary()
 
 
 def stage_shapes(out_dir, target: str, model, opts: Options | None = None) -> tuple[list[dict], list[str]]:
@@ -156,7 +156,7 @@ def stage_shapes(out_dir, target: str, model, opts: Options | None = None) -> tu
 def shape_table(out_dir, target_names, model, opts: Options | None = None) -> HtmlTable:
     """The shapes run_stage will check for each target, and where each came from (stage_shapes)."""
     rows = []
-    for name in targets.parse_targets(target_names):
+    for name in specs.parse_targets(target_names):
         shapes, sources = stage_shapes(out_dir, name, model, opts)
         rows += [[name, " ".join(f"{k}={v}" for k, v in shape.items()), source]
                  for shape, source in zip(shapes, sources)]
@@ -321,7 +321,7 @@ class XlaStage:
     def to_dict(self) -> dict:
         targets_out = {}
         for name, r in self.reports.items():
-            detected = targets.detect(name)
+            detected = specs.detect(name)
             # The XLA check runs the real compiler (TPU) or exporter (Neuron) on this CPU host whatever
             # the target's mode; "target" is the detected target, as in every stage's JSON.
             scale = self.scale.get(name)
@@ -366,7 +366,7 @@ def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaS
         if opts.largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
             from portkit.stages.xla import realsize as scale
             largest[name] = scale.largest_per_shape(model, shapes, reports[name], opts.dtype)
-        if targets.detect(name).native and not targets.get(name).reference:   # a measurement, not an estimate
+        if specs.detect(name).native and not specs.get(name).reference:   # a measurement, not an estimate
             from portkit.targets import capacity
             measured[name] = capacity.measure_native(model, name, shapes)
     trained = training_step(model, target_names, opts) if opts.workload == "train" else {}
@@ -377,14 +377,14 @@ def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaS
 
 def _real_size(model, target_names, out_dir, opts: Options) -> XlaStage:
     """An abstract model's stage: each target's real-size check (portkit.stages.xla.realsize)."""
-    from portkit.models import abstract as abstract_models
+    from portkit.models import abstract
     from portkit.stages.xla import realsize as scale
     checks = scale.run(model, target_names, opts)
-    names = targets.parse_targets(target_names)
+    names = specs.parse_targets(target_names)
     reports = {n: checks[n].main if n in checks else XlaSkipped(
         n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
     sources = {n: stage_shapes(out_dir, n, model, opts)[1] for n in names}
-    return XlaStage(abstract_models.describe(model), reports, sources, checks)
+    return XlaStage(abstract.describe(model), reports, sources, checks)
 
 
 def serving_graphs(model, target_names, out_dir, opts: Options | None = None) -> dict:
@@ -401,16 +401,16 @@ def serving_graphs(model, target_names, out_dir, opts: Options | None = None) ->
 def _per_compiler(target_names, what: str, instead: str, check) -> dict:
     """{target: check(target)} for each target with an XLA compiler here; the others say `what` was not compiled
     and what stage 2 did `instead`."""
-    return {name: check(name) if targets.get(name).xla_check == "compile" else
+    return {name: check(name) if specs.get(name).xla_check == "compile" else
             {"status": "skipped", "summary": f"{what} not compiled: {name} has no XLA compiler here ({instead})"}
-            for name in targets.parse_targets(target_names)}
+            for name in specs.parse_targets(target_names)}
 
 
 def _serving(model, plan, opts: Options) -> dict:
     """One TPU target's prefill and decode graphs at the plan's largest buckets (plan: stage 3's serving
     plan, (prompt buckets, context buckets), or None), and the largest batch whose decode step fits."""
     from portkit.stages.xla import generation as xla_generation
-    from portkit.xla import sharded as xla_sharded
+    from portkit.xla import sharded
     if (why := xla_generation.not_kv_cache(model)) is not None:
         return {"status": xla_generation.NOT_KV,
                 "summary": f"serving graphs not compiled: {why}; portkit's serving graph carries a key/value cache "
@@ -428,7 +428,7 @@ def _serving(model, plan, opts: Options) -> dict:
         n, tried = xla_generation.largest_batch(model, context, opts.topology, opts.dtype, first=graphs["decode"])
         found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
         found["summary"] += (f"; largest batch whose decode fits at context {context}: "
-                             f"{n}{xla_sharded.bound_text(n, tried)} ({source})")
+                             f"{n}{sharded.bound_text(n, tried)} ({source})")
     return found
 
 
@@ -447,7 +447,7 @@ def training_step(model, target_names, opts: Options | None = None) -> dict:
 def _training(model, corpus, opts: Options) -> dict:
     """One TPU target's training step, the largest micro-batch that fits, and its temporaries split into what
     grows with the batch and what does not."""
-    from portkit.xla import sharded as xla_sharded
+    from portkit.xla import sharded
     from portkit.stages.xla import training as xla_training
     topology, dtype = opts.topology, opts.dtype
     spec = xla_training.step_inputs(model, corpus, opts.batch_size, opts.seq_len)
@@ -459,7 +459,7 @@ def _training(model, corpus, opts: Options) -> dict:
     second = xla_training.compile_step(model, xla_training.with_batch(spec, 2 * step.batch), topology, dtype)
     n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
     found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
-    found["summary"] += (f"; largest micro-batch that fits: {n}{xla_sharded.bound_text(n, tried)} x {opts.seq_len} "
+    found["summary"] += (f"; largest micro-batch that fits: {n}{sharded.bound_text(n, tried)} x {opts.seq_len} "
                          f"({len(tried)} compile(s))")
     split = xla_training.split_temporaries(step, second)
     if split:

@@ -25,8 +25,8 @@ import torch
 
 from portkit.core import placement
 from portkit.workloads import training
-from portkit.xla import cache as xla_cache
-from portkit.xla import compiler as xla_compile
+from portkit.xla import cache
+from portkit.xla import compiler
 from portkit.xla import sharded as xla_sharded
 from portkit.core.errors import BadParameter
 from portkit.xla.results import format_bytes
@@ -120,15 +120,15 @@ def _adamw_step(jax, fn):
 def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> StepCompile:
     """The model's training step compiled by XLA for `topology` at the batch `spec` ({name: (shape, dtype)},
     step_inputs), compile-only; its memory per device broken down (module docstring)."""
-    xla_compile.check_topology(topology)
-    if dtype is not None and dtype not in xla_compile.DTYPES:
-        raise BadParameter("dtype", dtype, xla_compile.DTYPES)
+    compiler.check_topology(topology)
+    if dtype is not None and dtype not in compiler.DTYPES:
+        raise BadParameter("dtype", dtype, compiler.DTYPES)
     description, loss = training.loss_for(model)
     jax, topo, devices, mesh, replicated = xla_sharded.compile_only(topology, "fsdp")
     from jax.sharding import NamedSharding, PartitionSpec
 
     module = training.WithLoss(model.module, loss)
-    program = xla_compile.Program(module, xla_compile.DTYPES.get(dtype))
+    program = compiler.Program(module, compiler.DTYPES.get(dtype))
     states, fn = program.states, program.fn
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     mappings = program.torchax.ops.mappings
@@ -159,7 +159,7 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
     step = _adamw_step(jax, fn)
     found = StepCompile(model.name, description, topology, {k: [list(s), str(d).replace("torch.", "")]
                                                             for k, (s, d) in inputs.items()}, "compiled",
-                        hbm_bytes_per_device=xla_compile.hbm_per_device(topology, devices))
+                        hbm_bytes_per_device=compiler.hbm_per_device(topology, devices))
     found.sharding = (f"weights and AdamW moments FSDP over {devices} devices, batch "
                       + ("split" if split else "replicated (its rows do not divide)")) if devices > 1 else "one device"
     found.counted = {     # per device
@@ -175,13 +175,13 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
                 replicated, shardings(params), shardings(moments), shardings(moments), replicated)).trace(
                 params, frozen, moments, moments, count, batch).lower()
     except Exception as exc:  # noqa: BLE001 - a step that does not trace is the finding
-        found.status, found.message = "trace_failed", xla_compile.error_message(exc)
+        found.status, found.message = "trace_failed", compiler.error_message(exc)
         if isinstance(exc, program.torchax.tensor.OperatorNotFound):
             found.status = "no_lowering"
         return found
     context = xla_sharded.check_context(topology, topo, "training step", sharding=found.sharding,
-                                        code=xla_cache.source_digest(compile_step))
-    verdict, found.cached, _ = xla_compile.compiler_verdict(jax, lowered, topology, context)
+                                        code=cache.source_digest(compile_step))
+    verdict, found.cached, _ = compiler.compiler_verdict(jax, lowered, topology, context)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
     if verdict.status == "compiled":
