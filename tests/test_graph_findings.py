@@ -170,7 +170,7 @@ def test_an_op_without_a_python_function_says_it_was_not_looked_inside():
     lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
     func = torch.ops.portkit_test_opaque.twice.default
     assert foreign_ops.is_foreign(func) and not foreign_ops.is_foreign(torch.ops.aten.mm.default)
-    found = foreign_ops.look_inside(func, (torch.ones(2),), {}, compiling.targets_mod.detect("tpu").op_table)
+    found = foreign_ops.look_inside(func, (torch.ones(2),), {}, compiling.specs.detect("tpu").op_table)
     assert not found["traced"] and found["defined"] is None
     assert found["not_checked"][0].startswith("what it runs inside: it was not made with torch.library.custom_op")
 

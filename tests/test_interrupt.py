@@ -9,21 +9,23 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, fixture_model
+from conftest import ROOT
 from portkit.runfolder import layout
 
+SLOW = f"{ROOT / 'tests' / 'fixtures' / 'dying.py'}:slow_model"   # sleeps in its kernel while told to
 CHEAP = ["--target", "neuron", "--stages", "fallbacks", "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8"]
 
 
 def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_rerun_completes(tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group) mid-stage: the kernel is killed, run.json records the stage
     as interrupted, its result is gone, no partial file stays, one line on stderr, exit 130; the same command
-    then runs the stage to its end."""
+    then runs the stage to its end. The model's forward sleeps in the first run's kernel, so the stage is still
+    running when Ctrl-C comes, however fast the host."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "portkit.cli", "run", "--model", fixture_model("tiny_encoder"), "--out", str(out),
-            *CHEAP]
+    argv = [sys.executable, "-m", "portkit.cli", "run", "--model", SLOW, "--out", str(out), *CHEAP]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                           env={**env, "PORTKIT_TEST_SLOW_FORWARD": "120"},
                            start_new_session=True)   # its own process group, as a shell gives a foreground job
     partial = out / ".01_fallbacks.partial.ipynb"
     for _ in range(600):          # the stage has started once papermill saved its first cell

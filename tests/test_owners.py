@@ -224,7 +224,7 @@ def test_stage_3s_plans_are_read_before_its_result_exists_and_its_result_wins_af
     from portkit.runfolder import results
     plan = planner.plan_buckets([5, 9, 30, 31, 60], "pow2", k=2)
     early = stage.save_plans({"tpu": plan}, tmp_path)
-    assert early.name == results.runfolder.stage("buckets").early
+    assert early.name == results.layout.stage("buckets").early
     found = results.read_buckets(tmp_path)
     assert found.path == early and found.chosen["tpu"].boundaries == tuple(plan.boundaries)
     (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {"boundaries": [7]}}}}))

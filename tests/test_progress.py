@@ -70,7 +70,8 @@ def test_portkit_run_draws_bars_in_a_terminal_alone_and_each_stage_line_starts_a
     def execute(stage, values, out, shown, kernel):   # a stage without a kernel: its result names it
         (out / stage.result).write_text(json.dumps({"summary": f"{stage.name} checked"}))
     monkeypatch.setattr(runner, "_execute", execute)
-    monkeypatch.setattr(runner.kernels.SharedKernel, "prepare", lambda kernel: setattr(kernel, "prepared", True))
+    monkeypatch.setattr(runner.jupyter_kernels.SharedKernel, "prepare",
+                        lambda kernel: setattr(kernel, "prepared", True))
     screen = _Terminal() if terminal else io.StringIO()   # a log file or a pipe: not a tty
     monkeypatch.setattr(sys, "stdout", screen)
     monkeypatch.setattr(sys, "stderr", screen)

@@ -163,7 +163,8 @@ def _stub_stages(monkeypatch, failing=()):
         return None
     monkeypatch.setattr(runner, "_execute", execute)
     # clearing a kernel for the next stage, without a kernel
-    monkeypatch.setattr(runner.kernels.SharedKernel, "prepare", lambda kernel: setattr(kernel, "prepared", True))
+    monkeypatch.setattr(runner.jupyter_kernels.SharedKernel, "prepare",
+                        lambda kernel: setattr(kernel, "prepared", True))
     return ran
 
 
@@ -356,7 +357,7 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     # stage 4 starts in the kernel stage 2 leaves, while stage 3 still replays
     assert overlap("accuracy", "buckets") and ran["accuracy"][0] > ran["compile"][1]
     assert ran["accuracy"][2] == ran["compile"][2]
-    assert runner._reads(runner.runfolder.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
+    assert runner._reads(runner.layout.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
     # a kernel is cleared as soon as its stage has ended, while the next stage waits for what it reads: the
     # stages after the first two (new kernels) start in a cleared kernel; none is cleared after the last stage
     assert {name for name, span in ran.items() if not span[3]} == {"fallbacks", "buckets"}
