@@ -26,7 +26,11 @@ def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                            env={**env, "PORTKIT_TEST_SLOW_FORWARD": "120"},
-                           start_new_session=True)   # its own process group, as a shell gives a foreground job
+                           start_new_session=True,   # its own process group, as a shell gives a foreground job
+                           # and SIGINT at its default, as in a terminal: a job a script starts with `&` (the test
+                           # command's notebook half) inherits SIGINT ignored, and Python then never raises
+                           # KeyboardInterrupt (POSIX sh: asynchronous lists ignore SIGINT without job control)
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     partial = out / ".01_fallbacks.partial.ipynb"
     for _ in range(600):          # the stage has started once papermill saved its first cell
         if partial.exists() or run.poll() is not None:
