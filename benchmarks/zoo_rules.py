@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from portkit.core import grading
 from portkit.runfolder import layout
 from portkit.stages.report import stage as report_stage
 
@@ -203,13 +204,12 @@ def caps_named_as_portkits(run: Run) -> list[Violation]:
 
 # ---------------------------------------------------------------- 5. the grading policy
 def graded(half: dict) -> str:
-    """The verdict the written policy gives a report.json target (portkit.stages.report.stage.TargetReport)."""
-    severities = {f.get("severity") for f in half.get("findings") or []}
-    if report_stage.BLOCKER in severities:
-        return report_stage.BLOCKED
-    if not half.get("based_on") or half.get("unassessed"):
-        return report_stage.NOT_ASSESSED
-    return report_stage.READY_WITH_WORK if report_stage.WORK in severities else report_stage.READY
+    """The verdict the written policy (portkit.core.grading.verdict) gives a report.json target, with its open
+    questions read as the report reads them: a target no stage result holds is one."""
+    opened = list(half.get("unassessed") or [])
+    if not half.get("based_on"):
+        opened.append("no stage result holds this target")
+    return grading.verdict((f.get("severity") for f in half.get("findings") or []), opened)
 
 
 def verdicts_follow_policy(run: Run) -> list[Violation]:

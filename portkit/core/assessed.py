@@ -11,13 +11,14 @@ compiler refused) says "not assessed" for it, never "ok", "fits" or a count that
 per-target result lists those questions under KEY; the report (portkit/stages/report/stage.py) reads them with
 `read`: with no blocker found, an open question makes the target "not assessed", named in `unassessed` and in
 the verdict's reason. A failure of portkit's own machinery (the PyTorch-to-JAX conversion) is owned by PORTKIT.
-A foundation: nothing here imports another portkit module.
+A foundation: it reads the owner word from core.frames and the verdict word from core.grading.
 """
 from __future__ import annotations
 
+from portkit.core.frames import PORTKIT   # noqa: F401 (re-exported: the owner of portkit's own machinery)
+from portkit.core.grading import NOT_ASSESSED
+
 KEY = "not_assessed"            # a stage's per-target result: [{"question", "why"}]
-NOT_ASSESSED = "not assessed"
-PORTKIT = "portkit"             # a finding's owner where portkit's own machinery failed (not the model, nor a library)
 
 
 def open_question(question: str, why: str) -> dict:
