@@ -90,18 +90,13 @@ def decide(ci95, key: str, bounds: dict) -> str:
     return PASS if inside else FAIL if outside else INCONCLUSIVE
 
 
-def number(value: float, bound: float | None = None) -> str:
-    """A measurement as the report prints it (portkit.core.figures.share, its one owner)."""
-    return figures.share(value, bound)
-
-
 def described(check: dict) -> str:
     """A task check with its sample, e.g. 'top-1 agreement 1.000 [0.998, 1.000] on 1,797 images'."""
     bound = check.get("bound")
-    text = f"{check['label']} {number(check['value'], bound)}"
+    text = f"{check['label']} {figures.share(check['value'], bound)}"
     if check.get("ci95") is not None:
         low, high = check["ci95"]
-        text += f" [{number(low, bound)}, {number(high, bound)}]"
+        text += f" [{figures.share(low, bound)}, {figures.share(high, bound)}]"
     if check.get("n") is not None:
         text += f" on {check['n']:,} {check.get('unit') or 'items'}"
     return text
