@@ -145,6 +145,7 @@ def _deploy_parsers(sub) -> None:
 
 
 def _run(args) -> int:
+    from portkit.run import notebook_parameters
     from portkit.run import runner
     from portkit.core import checks
     targets = _unique("target", args.targets) or ["neuron", "tpu"]
@@ -152,9 +153,9 @@ def _run(args) -> int:
     from portkit.runfolder.layout import model_tag
     # --out "" is refused, not defaulted
     out = args.out if args.out is not None else os.path.join("runs", model_tag(args.model))
-    declared = runner.all_parameters(runner.select_stages(stages))
-    # Unknown names pass through as text; runner.plan rejects them with the valid list.
-    user = {name: runner.coerce(name, raw, declared) if name in declared else raw
+    declared = notebook_parameters.all_parameters(notebook_parameters.select_stages(stages))
+    # Unknown names pass through as text; preflight.plan rejects them with the valid list.
+    user = {name: notebook_parameters.coerce(name, raw, declared) if name in declared else raw
             for name, raw in _param_values(args.param).items()}
     lanes = runner.RunSettings.lanes if args.lanes is None else checks.positive_int("lanes", args.lanes, maximum=64)
     try:
@@ -248,11 +249,11 @@ def _report_held(run_dir, names):
 
 
 def _sweep(args) -> int:
-    from portkit.run import runner
+    from portkit.run import notebook_parameters
     from portkit.run import sweep
     sweep.require_ray()   # the install line before anything else
-    declared = runner.all_parameters()
-    user = {name: runner.coerce(name, raw, declared) if name in declared else raw
+    declared = notebook_parameters.all_parameters()
+    user = {name: notebook_parameters.coerce(name, raw, declared) if name in declared else raw
             for name, raw in _param_values(args.param).items()}
     resources = sweep.Resources(args.cpus_per_task, args.memory_per_task, args.address)
     cells = sweep.plan_sweep(_unique("model", args.models) or ["minilm"], _unique("target", args.targets) or
@@ -281,9 +282,9 @@ def _targets() -> int:
 def _params() -> int:
     """Each parameter once, with its default; where stages declare different defaults, one line per
     default, naming the stages that use it (what `-p` overrides in each)."""
-    from portkit.run import runner
-    for name, per_stage in runner.parameters_by_stage().items():
-        if name in runner.SHARED:
+    from portkit.run import notebook_parameters
+    for name, per_stage in notebook_parameters.parameters_by_stage().items():
+        if name in notebook_parameters.SHARED:
             continue
         by_default: dict[str, list[str]] = {}
         for stage, info in per_stage.items():

@@ -491,8 +491,9 @@ def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, 
 
 def notebook_code_cells(stage_name: str) -> list[tuple[bool, str]]:
     """(is the parameters cell, source) of every code cell of a stage's notebook, as the runner finds it."""
+    from portkit.core.locations import NOTEBOOKS
     from portkit.run import runner
-    path = runner.NOTEBOOKS / next(s for s in runner.STAGES if s.name == stage_name).notebook
+    path = NOTEBOOKS / next(s for s in runner.STAGES if s.name == stage_name).notebook
     if path.suffix == ".ipynb":
         import nbformat
         cells = nbformat.read(path, as_version=4).cells
@@ -529,8 +530,9 @@ def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, mon
 
 def test_the_notebook_parameters_are_the_stage_defaults():
     from portkit.run import runner
+    from portkit.run import notebook_parameters
     stage = next(s for s in runner.STAGES if s.name == "buckets")
-    declared = runner.declared_parameters(stage)
+    declared = notebook_parameters.declared_parameters(stage)
     defaults = buckets.Options.defaults()
     for f in dataclasses.fields(defaults):
         assert eval(declared[f.name]["default"]) == getattr(defaults, f.name), f.name   # noqa: S307 (its own literal)

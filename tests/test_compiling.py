@@ -13,6 +13,8 @@ from portkit.models import registry
 from portkit.targets import numerics
 from portkit.core import availability
 from portkit.run import runner
+from portkit.run import notebook_parameters
+from portkit.run import preflight
 from portkit.targets import specs
 from portkit.core.errors import BadParameter
 
@@ -301,7 +303,7 @@ def test_unknown_backend_names_fail_with_the_valid_names():
 def test_the_runner_runs_the_stage_after_fallbacks():
     assert [s.name for s in runner.STAGES][:2] == ["fallbacks", "compile"]
     with pytest.raises(BadParameter, match="unknown compile backend for target tpu"):
-        runner.plan("minilm", ["tpu"], "/tmp/portkit-never-written", {"backend": "xla"}, stages=["compile"])
+        preflight.plan("minilm", ["tpu"], "/tmp/portkit-never-written", {"backend": "xla"}, stages=["compile"])
 
 
 @pytest.mark.native
@@ -359,7 +361,7 @@ def test_the_xla_cost_model_interpolates_a_few_measured_shapes(small):
 
 def test_the_notebook_parameters_are_the_stage_defaults():
     stage = next(s for s in runner.STAGES if s.name == "compile")
-    declared = runner.declared_parameters(stage)
+    declared = notebook_parameters.declared_parameters(stage)
     defaults = compiling.Options.defaults()
     for name in (f.name for f in dataclasses.fields(defaults)):
         assert eval(declared[name]["default"]) == getattr(defaults, name), name   # noqa: S307 (the notebook's literal)
