@@ -31,8 +31,8 @@
 # real positions against unpadded eager outputs.
 #
 # Logic: `portkit/planning/planner.py` (planning), `portkit/planning/economics.py` (compile costs),
-# `portkit/stages/buckets/bucketed.py`
-# (padding, compiling, replay) and `portkit/stages/buckets/stage.py` (the stage).
+# `portkit/stages/buckets/bucketed.py` (padding), `portkit/stages/buckets/trace_replay.py`
+# (compiling, replay) and `portkit/stages/buckets/stage.py` (the stage).
 # Headless: `portkit run --stages buckets`.
 
 # %% tags=["parameters"]

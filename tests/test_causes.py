@@ -158,7 +158,7 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
     from portkit.planning import economics
     from portkit.stages.accuracy import result
     from portkit.stages.accuracy import target_runs
-    from portkit.stages.buckets import bucketed
+    from portkit.stages.buckets import trace_replay
     from portkit.stages.buckets import stage as buckets
     from portkit.stages.report import stage as report
 
@@ -170,8 +170,8 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
         stage2 = compiling.compile_model(m, stream, ["neuron"], compiling.Options.of({"seq_len": 12, "requests": 4}),
                                          progress=False, compile_shapes=2, costs={"neuron": cost}).findings("neuron")
         plan = buckets.plan_buckets([4, 8, 12], "optimal", k=2, max_seq=12)
-        runs = bucketed.replay(m, corpus.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
-                               settings=bucketed.ReplaySettings(baseline=False, progress=False))
+        runs = trace_replay.replay(m, corpus.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
+                               settings=trace_replay.ReplaySettings(baseline=False, progress=False))
         stage3 = buckets.TargetBuckets({"name": "neuron", "mode": "emulated"}, "portkit_neuron", plan, cost,
                                        runs).findings()
         torch.compiler.reset()
