@@ -337,7 +337,9 @@ def _scan(args) -> int:
 
 def _deploy(args) -> int:
     """`portkit export` (exit 0) and `portkit check` (exit 1 on a regression)."""
-    from portkit.deploy import cost, export, gate
+    from portkit.deploy import export, gate
+    from portkit.planning import cost
+    from portkit.runfolder import results
     if args.command == "check":
         if args.junit:   # before the comparison: a path that cannot be written fails first, nothing printed
             gate.check_junit_path(args.junit)
@@ -350,7 +352,8 @@ def _deploy(args) -> int:
     targets = specs.parse_targets(args.targets) if args.targets else None   # an unknown one, with the choices
     prices = cost.read_prices(args.prices) if args.prices else None
     written, skipped = export.export(args.run_dir, args.stack, args.out, targets)
-    found = cost.comparison(args.run_dir, sorted({item.target for item in written}), prices) if written else {}
+    chosen = sorted({item.target for item in written})
+    found = cost.comparison(results.run_cost_figures(args.run_dir), chosen, prices) if written else {}
     for item in written:
         print(f"{item.target}: {', '.join(str(f) for f in item.files)}")
         for lost in item.lost:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from portkit.core import frames
-from portkit.core import reconcile
+from portkit.stages import reconcile
 from portkit.core import torch_private as _torch
 from portkit.corpora.requests import Requests
 from portkit.models import registry

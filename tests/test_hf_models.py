@@ -262,7 +262,7 @@ def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
     assert found is not None and found["lost"] > 0.5
     assert found["message"].startswith("tokenizer does not round-trip: ") and "% of characters lost" in found["message"]
     # stage 1 reports it for every target, a cause of its own that torch.compile does not change
-    from portkit.core import reconcile
+    from portkit.stages import reconcile
     from portkit.stages.fallbacks import stage
     report = stage.find_fallbacks(m, m.encode(TEXTS[:2], pad_to=16), ["neuron", "tpu"], texts=TEXTS).to_dict()
     for target in ("neuron", "tpu"):

@@ -12,7 +12,7 @@ from portkit.stages.fallbacks import recording
 from portkit.stages.fallbacks import stage as fallbacks
 from portkit.core import frames
 from portkit.models import registry
-from portkit.core import reconcile
+from portkit.stages import reconcile
 from portkit.stages.report import stage as report
 from portkit.runfolder import results
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, VANISHES, WORK

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from conftest import ROOT
-from portkit.core import frames, reconcile
+from portkit.core import frames
+from portkit.stages import reconcile
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, WORK
 from portkit.models import registry
 from portkit.runfolder import environment

@@ -17,7 +17,7 @@ READERS = {"runfolder/reading.py", "runfolder/results.py", "runfolder/layout.py"
                                                                                "accuracy"))}
 # the modules that read stage results back: the report, the run folder's numbers, the cost estimate, export, the
 # gate, reconciliation, the runner and the command line
-CONSUMERS = ("stages/report", "runfolder", "deploy", "run", "planning/cost.py", "core/reconcile.py", "cli.py")
+CONSUMERS = ("stages/report", "runfolder", "deploy", "run", "planning/cost.py", "stages/reconcile.py", "cli.py")
 CHAIN = re.compile(r"\.get\([^()]*\)\s*or\s*\{\}")
 
 

@@ -22,6 +22,8 @@ SEVERITIES = (BLOCKER, WORK, INFO)     # most to least severe: reports sort by t
 # An eager (stage 1) finding under torch.compile (stage 2): still there (the op is in a compiled graph,
 # or the code is a graph break), traced away, or not checked (stage 2 did not run, failed, or ran natively).
 PERSISTS, VANISHES, NOT_CHECKED = "persists", "vanishes", "not checked"
+# The ATen ops that read a tensor's value on the host (a host sync): a "host_sync" finding's ops.
+HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 COMPILED_STATUSES = (PERSISTS, VANISHES, NOT_CHECKED)
 
 

@@ -173,7 +173,7 @@ def owner(where: dict | None) -> dict:
 
 
 def graph_contents(calls, op_dtypes: dict | None, limit: int = 3) -> dict[str, dict]:
-    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (for portkit/core/reconcile.py).
+    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (for portkit/stages/reconcile.py).
     calls: (op, node stack trace) -> count; op_dtypes: op -> the input dtypes seen, or None."""
     found: dict[str, dict] = {}
     for (op, trace), count in calls.items():

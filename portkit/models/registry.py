@@ -417,6 +417,30 @@ def load(spec: str = DEFAULT) -> LoadedModel:
     raise BadParameter("model", spec, CHOICES)
 
 
+HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
+
+
+def refuse_url(model) -> None:
+    """A URL given as the model: NeedsNetwork naming the Hub repository id in it (huggingface.co/ORG/NAME/...,
+    the Hub's URL scheme), which is what `hf download` takes, or saying that another site's URL
+    is no model spec at all."""
+    from urllib.parse import urlparse
+    if not isinstance(model, str) or not model.startswith(("http://", "https://")):
+        return
+    url = urlparse(model)
+    parts = [p for p in url.path.split("/") if p]
+    if parts[:1] in (["models"], ["datasets"], ["spaces"]):
+        parts = parts[1:] if parts[0] == "models" else []
+    if url.hostname in HUB_HOSTS and len(parts) >= 2:
+        repo = "/".join(parts[:2])
+        raise NeedsNetwork(f"model {model!r} looks like a Hugging Face Hub URL (repository {repo}), and portkit does "
+                           f"not download; fetch it on a machine with network (hf download {repo} "
+                           "--local-dir DIR) and pass DIR")
+    raise NeedsNetwork(f"model {model!r} looks like a URL of {url.hostname or 'a web site'}, not a model spec, and "
+                       "portkit does not download; download the model yourself and pass its folder (with "
+                       "config.json), or give a Hugging Face Hub repository id (ORG/NAME) to fetch it by")
+
+
 def validate(spec: str) -> str:
     """Check a model spec without loading weights or running the user's code. Returns the spec with a
     path in it made absolute against this process's folder (the runner calls it where the user typed it;

@@ -302,3 +302,12 @@ def cost_figures(buckets, xla=None, accuracy=None) -> cost.Figures:
     return cost.Figures(buckets.distribution_count, plans, prices, compiled,
                         float(parameters) if reading.is_number(parameters) else None, precision,
                         accuracy.gpu_numerics if accuracy is not None else None)
+
+
+def run_cost_figures(run_dir) -> cost.Figures:
+    """What the cost estimate reads of the run folder `run_dir` (cost_figures over its stage results); empty
+    Figures where stage 3 left no result. The estimate itself is portkit.planning.cost's."""
+    buckets = load(run_dir, "buckets")
+    if buckets is None:
+        return cost.Figures()
+    return cost_figures(buckets, load(run_dir, "xla"), load(run_dir, "accuracy"))

@@ -22,7 +22,7 @@ import traceback
 
 from portkit.core import frames
 from portkit.core import torch_private
-from portkit.core.reconcile import HOST_SYNC_OPS
+from portkit.core.findings import HOST_SYNC_OPS
 
 # The dispatcher namespaces of PyTorch's own ops: ATen, its primitives, its collectives and its higher-order ops
 # (torch.ops.higher_order: cond, flex_attention). Any other namespace is a library's or the user's (torch.library:

@@ -31,7 +31,7 @@ from portkit.planning import economics
 from portkit.core import checks
 from portkit.core import grading
 from portkit.core import frames
-from portkit.core import reconcile
+from portkit.stages import reconcile
 from portkit.targets import selection
 from portkit.targets import specs
 from portkit.targets.backends import compile_cause, failure_text, where_text

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from portkit.core import grading, reconcile
+from portkit.core import grading
+from portkit.stages import reconcile
 
 
 KERNEL, PACKAGE, DEVICE, VENDOR_LIST = reconcile.SCANNED_KINDS

@@ -30,7 +30,8 @@ import torch
 
 from portkit.core import frames
 from portkit.core import placement
-from portkit.core import checks, grading, reconcile
+from portkit.core import checks, grading
+from portkit.stages import reconcile
 from portkit.stages import options
 from portkit.targets import specs
 from portkit.core.errors import BadParameter

@@ -31,7 +31,8 @@ import jinja2
 
 from portkit.planning import cost
 from portkit.runfolder import environment, numbers, run_log
-from portkit.core import assessed, figures, grading, reconcile
+from portkit.core import assessed, figures, grading
+from portkit.stages import reconcile
 from portkit.stages import options
 from portkit.stages.report import sections
 from portkit.stages.report import wording

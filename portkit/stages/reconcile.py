@@ -1,6 +1,6 @@
 """Each eager finding (stage 1) against the compiled graphs (stage 2): persists, vanishes or not checked.
 
-    >>> from portkit.core import reconcile
+    >>> from portkit.stages import reconcile
     >>> from portkit.runfolder import results
     >>> eager = results.load("runs/minilm", "fallbacks").target("tpu")    # stage 1's typed part for a target
     >>> compiled = results.load("runs/minilm", "compile").reconcilable    # stage 2's graph breaks, checked
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from portkit.core import frames, grading
 from portkit.core.tables import HtmlTable
-from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
+from portkit.core.findings import BLOCKER, HOST_SYNC_OPS, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
 # Findings whose op is a dtype's use, not the op itself: they persist only with that dtype in the graph.
 DTYPE_KINDS = {"float64": "float64", "int64": "int64", "int64_overflow": "int64", "int64_saturated": "int64"}
@@ -33,7 +33,6 @@ DEVICE_PATH = ("not checked: the device takes another path (the CPU trace decomp
                "device the same call runs the fused cell)")
 OP_KINDS = ("cpu_fallback", "unsupported")   # about the op wherever it runs: any line of the graph counts
 LINE_EDITS = ("host_sync", "data_dependent")   # kinds whose target advice is an edit of the line itself
-HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 # Found by stage 1's source scan (portkit/stages/fallbacks/source_scan.py) in the source or the model's modules, not
 # in the recording: torch.compile does not change them, so they are not checked against the graphs.
 SCANNED_KINDS = ("gpu_kernel", "gpu_package", "gpu_device", "vendor_list")
