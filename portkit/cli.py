@@ -283,8 +283,9 @@ def _params() -> int:
     """Each parameter once, with its default; where stages declare different defaults, one line per
     default, naming the stages that use it (what `-p` overrides in each)."""
     from portkit.run import notebook_parameters
+    from portkit.stages import options
     for name, per_stage in notebook_parameters.parameters_by_stage().items():
-        if name in notebook_parameters.SHARED:
+        if name in options.SHARED:
             continue
         by_default: dict[str, list[str]] = {}
         for stage, info in per_stage.items():

@@ -18,10 +18,10 @@ from portkit.core import atomic_io
 from portkit.core import locations
 from portkit import cli
 from portkit.run import runner
-from portkit.run import notebook_parameters
 from portkit.run import preflight
 from portkit.run import scheduling
 from portkit.run import stage_kernel
+from portkit.stages import options
 
 # Keys whose values are measured times or shares of a measured time (each named *time_share): two runs with one
 # seed differ there and nowhere else. A list whose order is by time (the op and module tables) is compared as a
@@ -212,7 +212,7 @@ def test_params_shows_each_stages_own_default(capsys):
     for stage in runner.STAGES:
         declared = papermill.inspect_notebook(str(locations.NOTEBOOKS / stage.notebook))
         for name, info in declared.items():
-            if name in notebook_parameters.SHARED:
+            if name in options.SHARED:
                 continue
             one = f"{name} = {info['default']}  # "
             many = f"    = {info['default']}  ["

@@ -5,7 +5,7 @@ notebook's default is written, and the stages a run selects.
     >>> notebook_parameters.all_parameters()["batch_size"]["stages"]
     ['fallbacks', 'compile', ...]
 
-SHARED are the parameters every notebook takes from the run itself (model, targets, out_dir), never from -p.
+options.SHARED are the parameters every notebook takes from the run itself (model, targets, out_dir), never -p.
 """
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ import json
 from portkit.core.errors import BadParameter
 from portkit.runfolder.layout import STAGE_NAMES, STAGES, Stage
 from portkit.stages import options
-
-SHARED = ("model", "targets", "out_dir")
-
 
 
 def declared_parameters(stage: Stage) -> dict[str, dict]:
@@ -35,22 +32,16 @@ def parameters_by_stage(stages=STAGES) -> dict[str, dict[str, dict]]:
 
 
 def all_parameters(stages=STAGES) -> dict[str, dict]:
-    found: dict[str, dict] = {}
-    for stage in stages:
-        for name, info in declared_parameters(stage).items():
-            found.setdefault(name, {**info, "stages": []})["stages"].append(stage.name)
-    return found
+    """{parameter: its first stage's declaration, with "stages": every stage that declares it, in order}."""
+    return {name: {**next(iter(per_stage.values())), "stages": list(per_stage)}
+            for name, per_stage in parameters_by_stage(stages).items()}
 
 
 def coerce(name: str, raw: str, declared: dict):
     """A value typed on the command line, read the way the notebook's default is written: a Python literal, else
     JSON (true, null). Text where a list belongs, or a list or dict that does not parse, is BadParameter saying
     so (and where it breaks); other text passes through for the parameter's own check."""
-    default = declared[name].get("default", "")
-    try:
-        default_value = ast.literal_eval(default)
-    except (ValueError, SyntaxError):
-        default_value = None
+    default_value = default(declared, name)
     if isinstance(default_value, str):
         return raw
     try:
@@ -91,7 +82,6 @@ NO_DEFAULT = object()
 def default(declared: dict, name: str):
     """A notebook parameter's default value; NO_DEFAULT for an expression the notebook evaluates."""
     try:
-        return ast.literal_eval(declared[name]["default"])
-    except (KeyError, ValueError, SyntaxError):
+        return options.literal_default(declared[name]["default"])
+    except (KeyError, ValueError):
         return NO_DEFAULT
-

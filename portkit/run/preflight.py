@@ -30,10 +30,10 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
     chosen = notebook_parameters.select_stages(stages)
     declared = notebook_parameters.all_parameters(chosen)
     for name in user_params:
-        if name in notebook_parameters.SHARED:
+        if name in options.SHARED:
             raise BadParameter("parameter", name, hint=f"give {name} with its own option, not -p")
         if name not in declared:
-            raise BadParameter("parameter", name, sorted(n for n in declared if n not in notebook_parameters.SHARED))
+            raise BadParameter("parameter", name, sorted(n for n in declared if n not in options.SHARED))
     user_params = dict(user_params)
     if "corpus" in user_params:
         user_params["corpus"] = data.resolve_corpus(user_params["corpus"])

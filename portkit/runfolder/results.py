@@ -249,23 +249,26 @@ def load(out_dir, stage: str):
     return None if saved is None else typed(stage, saved, Path(out_dir) / result_file(stage))
 
 
-def _target(out_dir, stage: str, target: str):
-    """The typed part of `target` in `stage`'s result; None where the stage or the target has none."""
-    found = load(out_dir, stage)
-    return None if found is None else found.target(target)
+def target_part(found, name: str, *, damaged_as_none: bool = False):
+    """The typed part of target `name` in a stage's typed result `found` (load's); None where there is no result or
+    it has no part for the target. A damaged part raises UnreadableResult, or is None with damaged_as_none (the
+    report names the damage as a gap)."""
+    if found is None:
+        return None
+    return found.targets.get(name) if damaged_as_none else found.target(name)
 
 
 def fixed_shape(out_dir, target: str) -> dict | None:
     """Stage 2's fixed input shape for `target` (compile.json): {"batch": B, "seq": S}, seq None for an
     image model; None when stage 2 recorded none."""
-    found = _target(out_dir, "compile", target)
+    found = target_part(load(out_dir, "compile"), target)
     return None if found is None else found.fixed_shape
 
 
 def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
     """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
     when stage 3 chose none."""
-    found = _target(out_dir, "buckets", target)
+    found = target_part(load(out_dir, "buckets"), target)
     if found is None or not found.chosen.shapes:
         return None
     return found.chosen.planner or "", [{"batch": batch, "seq": seq} for batch, seq in found.chosen.shapes]
@@ -282,7 +285,7 @@ def compile_cost(out_dir, target: str) -> dict | None:
     """Stage 2's compile cost model for `target` (compile.json: targets[t].compile_cost, as
     economics.CostModel.to_dict writes it), or None when stage 2 recorded none. A model without a kind,
     a source or a numeric intercept raises UnreadableResult."""
-    found = _target(out_dir, "compile", target)
+    found = target_part(load(out_dir, "compile"), target)
     return None if found is None else found.compile_cost
 
 

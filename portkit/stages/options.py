@@ -52,16 +52,31 @@ def _inspect(path: str, mtime_ns: int) -> dict[str, dict]:
     return papermill.inspect_notebook(path)
 
 
+def literal_default(source: str):
+    """A notebook parameter's default as written in its parameters cell, read as the Python literal it is;
+    ValueError where it is not one (an expression the notebook evaluates)."""
+    try:
+        return ast.literal_eval(source)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"not a literal: {source}") from exc
+
+
 def notebook_parameters(notebook: str) -> tuple[Parameter, ...]:
     """The parameters `notebooks/<notebook>` declares, in the cell's order."""
     found = []
     for name, info in declared(notebook).items():
         try:
-            default = ast.literal_eval(info["default"])
-        except (ValueError, SyntaxError) as exc:
+            default = literal_default(info["default"])
+        except ValueError as exc:
             raise TypeError(f"{notebook}: parameter {name} = {info['default']} is not a literal") from exc
         found.append(Parameter(name, default, (info.get("help") or "").strip(), info["default"]))
     return tuple(found)
+
+
+def check_corpus(name: str, value) -> str:
+    """A check (name, value) -> value for a stage's corpus parameter: corpora.corpus.check_corpus's reading of it."""
+    from portkit.corpora import corpus
+    return corpus.check_corpus(value)
 
 
 class StageOptions:

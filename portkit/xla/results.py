@@ -208,6 +208,20 @@ class XlaSkipped:
         return f"<div><b>{html.escape(self.target)}</b>: {html.escape(self.reason)}</div>"
 
 
+class MemoryVerdict:
+    """What a compiled graph's memory says, for a dataclass with status, memory (the compiler's memory_analysis),
+    breakdown ({part: bytes}) and hbm_bytes_per_device: whether it fits one device's HBM, and the parts' line."""
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
+
+    def memory_line(self) -> str:
+        """'fits' or 'does NOT fit' in parentheses, then each part of the memory with its size."""
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
+        return f"({'fits' if self.fits else 'does NOT fit'}): {parts}"
+
+
 def format_bytes(n) -> str:
     for unit, scale in (("GiB", GIB), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if n >= scale:

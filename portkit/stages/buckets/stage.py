@@ -34,7 +34,7 @@ from portkit.stages.buckets import generation as generation_buckets
 from portkit.stages.buckets import grid as grid_costs
 from portkit.runfolder import results
 from portkit.runfolder import layout
-from portkit.stages.options import StageOptions
+from portkit.stages.options import StageOptions, check_corpus
 from portkit.targets import selection
 from portkit.targets import specs
 from portkit.core.errors import BadParameter
@@ -54,20 +54,11 @@ WHAT_IF = (0.5, 2.0)         # an estimated compile cost is also planned at half
 
 
 # ---------------------------------------------------------------- the stage's options
-def _up_to(maximum: int):
-    """A check (name, value) -> value: a positive whole number no larger than `maximum`."""
-    return lambda name, value: checks.positive_int(name, value, maximum=maximum)
-
-
 def _seconds_or_none(name: str, value):
     """None (no figure given), or a positive number of seconds, kept as given."""
     if value is not None:
         checks.positive_float(name, value)
     return value
-
-
-def _corpus(name: str, value) -> str:
-    return data.check_corpus(value)
 
 
 class Options(StageOptions):
@@ -80,11 +71,12 @@ class Options(StageOptions):
     (VLLM_NEURON_COMPILATION_TIMEOUT). `backend` is checked against the targets by check_targets, where they
     are known (the runner's preflight, the notebook's validation cell, fit_buckets; replay_targets per target)."""
     NOTEBOOK = "03_buckets.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "bucket_count": _up_to(64), "max_batch": _up_to(1024),
-              "requests": _up_to(checks.MAX_STEPS), "overflow": checks.one_of(OVERFLOW),
-              "serve_requests": _up_to(checks.MAX_SERVED), "warmup_budget_seconds": _seconds_or_none,
+    CHECKS = {"corpus": check_corpus, "text_column": checks.text, "bucket_count": checks.up_to(64),
+              "max_batch": checks.up_to(1024), "requests": checks.up_to(checks.MAX_STEPS),
+              "overflow": checks.one_of(OVERFLOW),
+              "serve_requests": checks.up_to(checks.MAX_SERVED), "warmup_budget_seconds": _seconds_or_none,
               "neuron_compile_seconds": _seconds_or_none, "backend": checks.text, "seed": checks.seed,
-              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _up_to(512)}
+              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": checks.up_to(512)}
 
     def check(self, model: str | None) -> None:
         from portkit.workloads import generation

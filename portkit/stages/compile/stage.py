@@ -18,7 +18,6 @@ generation.py and training.py.
 """
 from __future__ import annotations
 
-import functools
 import html
 import statistics
 from dataclasses import dataclass, field
@@ -487,11 +486,6 @@ class CompileReport:
 
 
 # ---------------------------------------------------------------- parameters and the stage's verb
-def _corpus(name: str, value) -> str:
-    from portkit.corpora import corpus
-    return corpus.check_corpus(value)
-
-
 def _backend(name: str, value) -> str:
     """A backend name; which names each target accepts is Options.check_targets' rule (selection.py)."""
     if not isinstance(value, str):
@@ -513,19 +507,16 @@ def _seconds(name: str, value):
     return value
 
 
-def _at_most(maximum: int):
-    return functools.partial(checks.positive_int, maximum=maximum)
-
-
 class Options(options.StageOptions):
     """Stage 2's options: the parameters cell of notebooks/02_compile.py, each field checked. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them).
     The backend and the precision are checked against the chosen targets by check_targets."""
     NOTEBOOK = "02_compile.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "requests": _at_most(2000), "batch_size": _at_most(64),
-              "seq_len": _at_most(4096), "fullgraph": checks.boolean, "backend": _backend, "precision": _precision,
+    CHECKS = {"corpus": options.check_corpus, "text_column": checks.text, "requests": checks.up_to(2000),
+              "batch_size": checks.up_to(64), "seq_len": checks.up_to(4096), "fullgraph": checks.boolean,
+              "backend": _backend, "precision": _precision,
               "seed": checks.seed, "neuron_compile_seconds": _seconds,
-              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _at_most(512), "prompts": _at_most(64)}
+              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": checks.up_to(512), "prompts": checks.up_to(64)}
 
     def check(self, model: str | None) -> None:
         from portkit.workloads import generation

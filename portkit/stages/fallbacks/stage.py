@@ -419,16 +419,11 @@ def _generation(model, prompts: list[str], inputs: dict):
 
 
 # ---------------------------------------------------------------- the stage's verb
-def _corpus(name: str, value) -> str:
-    from portkit.corpora import corpus
-    return corpus.check_corpus(value)
-
-
 class Options(options.StageOptions):
     """Stage 1's options: the parameters cell of notebooks/01_fallbacks.py, each field checked. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     NOTEBOOK = "01_fallbacks.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
+    CHECKS = {"corpus": options.check_corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
               "seq_len": checks.up_to(checks.MAX_SEQ), "train": checks.boolean,
               "workload": checks.one_of(checks.WORKLOADS), "seed": checks.seed}
 

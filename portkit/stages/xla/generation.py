@@ -33,7 +33,7 @@ from portkit.xla import cache as xla_cache
 from portkit.xla import compiler
 from portkit.xla import sharded
 from portkit.core.errors import BadParameter
-from portkit.xla.results import format_bytes
+from portkit.xla.results import MemoryVerdict, format_bytes
 
 
 class _Serving(nn.Module):
@@ -97,7 +97,7 @@ def graph_inputs(model: nn.Module, batch: int, tokens: int, context: int, dtype=
 
 
 @dataclass
-class GraphCompile:
+class GraphCompile(MemoryVerdict):
     """One serving graph's XLA verdict for a topology, with its memory broken down."""
     graph: str                       # "prefill" or "decode"
     batch: int
@@ -113,18 +113,12 @@ class GraphCompile:
     flops: float | None = None
     message: str = ""
 
-    @property
-    def fits(self) -> bool:
-        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
-
     def summary(self) -> str:
         what = f"{self.graph} (batch {self.batch}, {self.tokens} token(s) into a {self.context}-position cache)"
         if self.status != "compiled":
             return f"{what}: {self.status}: {self.message[:300]}"
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
         return (f"{what} compiled for {self.topology} in {self.compile_seconds:.1f} s"
-                f": {format_bytes(self.memory['total'])} per device "
-                f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
+                f": {format_bytes(self.memory['total'])} per device {self.memory_line()}")
 
     def to_dict(self) -> dict:
         return {"graph": self.graph, "batch": self.batch, "tokens": self.tokens, "context": self.context,

@@ -29,13 +29,13 @@ from portkit.xla import cache
 from portkit.xla import compiler
 from portkit.xla import sharded as xla_sharded
 from portkit.core.errors import BadParameter
-from portkit.xla.results import format_bytes
+from portkit.xla.results import MemoryVerdict, format_bytes
 
 ADAMW = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}   # torch.optim.AdamW's defaults
 
 
 @dataclass
-class StepCompile:
+class StepCompile(MemoryVerdict):
     """One training step's XLA verdict for a topology, with its memory broken down."""
     model: str
     loss: str
@@ -56,19 +56,14 @@ class StepCompile:
     def batch(self) -> int:
         return int(next(iter(self.inputs.values()))[0][0])
 
-    @property
-    def fits(self) -> bool:
-        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
-
     def summary(self) -> str:
         if self.status != "compiled":
             return f"training step (batch {self.batch}) on {self.topology}: {self.status}: {self.message[:300]}"
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
         return (f"training step ({self.loss}, AdamW; batch {self.batch}; {self.sharding}) compiled for "
                 f"{self.topology} in "
                 f"{self.compile_seconds:.1f} s: "
                 f"{format_bytes(self.memory['total'])} per device of {format_bytes(self.hbm_bytes_per_device)} "
-                f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
+                f"{self.memory_line()}")
 
     def to_dict(self) -> dict:
         return {"model": self.model, "loss": self.loss, "topology": self.topology, "inputs": self.inputs,
