@@ -87,7 +87,7 @@ def pairs_from(corpus) -> list[tuple[str, str]]:
 
 
 def xla_cells(model) -> tuple[callable, str]:
-    from portkit.xla import compiler
+    from portkit.tpu_compile import compiler
     points = []
     for a, b in CELLS:
         shape = {"input_ids": ((1, a), "int64"), "attention_mask": ((1, a), "int64"),

@@ -32,7 +32,7 @@ def _child(args) -> None:
     """One run of the stage in this process; prints one JSON line with its timings."""
     from portkit.models import registry
     from portkit.stages.xla import stage as xla
-    from portkit.xla import compiler
+    from portkit.tpu_compile import compiler
     model = registry.load(args.model)
     if not args.no_preload:
         from jax.experimental import topologies

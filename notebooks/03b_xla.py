@@ -26,7 +26,7 @@
 # a rerun reads a shape's verdict back instead of compiling it again, and says so, with the compile
 # seconds measured the first time.
 #
-# Logic: `portkit/stages/xla/stage.py` (compiles: `portkit/xla/compiler.py`).
+# Logic: `portkit/stages/xla/stage.py` (compiles: `portkit/tpu_compile/compiler.py`).
 # Needs `pip install 'portkit[xla]'`; without
 # it this stage says so and skips.
 

@@ -132,9 +132,9 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
         assert shared.compiles[0].check.numerics == alone.compiles[0].check.numerics   # each target's own rules
     assert both["tpu"].compiles[0].check.numerics != both["neuron"].compiles[0].check.numerics
     # a target that refuses the graph fails alone; the other is checked as before
-    from portkit.stages.compile import steps
+    from portkit.stages.compile import fixed_shape
     from portkit.core.errors import CompileRefused
-    real = steps.selection.backend_for
+    real = fixed_shape.selection.backend_for
 
     class Refusing(backends.EmulatedBackend):
         def __call__(self, gm, example_inputs, options=None):
@@ -143,7 +143,7 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
     def backend_for(detected, backend, precision=None, **kwargs):
         chosen, device = real(detected, backend, precision, **kwargs)
         return (Refusing(chosen.target) if detected.name == "neuron" else chosen), device
-    monkeypatch.setattr(steps.selection, "backend_for", backend_for)
+    monkeypatch.setattr(fixed_shape.selection, "backend_for", backend_for)
     both = compiling.check_fixed_shapes(small, uneven, MIGRATION, opts)
     assert both["neuron"].failure["kind"] == "refused" and both["neuron"].requests == 0
     assert both["tpu"].failure is None and both["tpu"].requests == 3 and "fail_on_recompile" in both["tpu"].armed

@@ -7,7 +7,7 @@ from conftest import fixture_model
 from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
 from portkit.stages.fallbacks import stage as fallbacks
-from portkit.core import frames
+from portkit.core import owners
 from portkit.models import registry
 from portkit.core import availability
 from portkit.runfolder import results
@@ -267,6 +267,6 @@ def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(co
     # greedy decoding's argmax belongs to the serving loop (portkit's stands in for the stack's), not the user
     argmax = next(f for f in served.targets["neuron"].findings if "aten::argmax" in f.message)
     assert argmax.where["file"].endswith("portkit/workloads/generation.py") and "argmax" in argmax.where["code"]
-    assert argmax.owner["package"] == frames.SERVING_LOOP and argmax.owner["owner"] == frames.LIBRARY
+    assert argmax.owner["package"] == owners.SERVING_LOOP and argmax.owner["owner"] == owners.LIBRARY
     with pytest.raises(BadParameter, match="workload 'inference'"):
         fallbacks.Options.of({"workload": "generate"}, model="minilm")

@@ -11,9 +11,9 @@ from portkit.models import registry as models
 from portkit.core import availability
 from portkit.stages.report import stage as report
 from portkit.stages.xla import stage as xla
-from portkit.xla import compiler
+from portkit.tpu_compile import compiler
 from portkit.stages.xla import generation as xla_generation
-from portkit.xla import sharded
+from portkit.tpu_compile import sharded
 from portkit.core.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),

@@ -8,8 +8,8 @@ from portkit.models import registry
 from portkit.core import availability
 from portkit.stages.report import stage as report
 from portkit.stages.xla import stage as xla
-from portkit.xla import compiler
-from portkit.xla import sharded
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded
 from portkit.stages.xla import training
 from portkit.core.errors import BadParameter
 

@@ -34,8 +34,8 @@ class Finding:
     finding (occurrences), never made a finding of its own; cause is its cause_key.
 
     severity: one of SEVERITIES. module, ops, source: where in the model, which ATen ops, and the
-    document or issue behind the advice. where: the source frame (portkit.core.frames.place); owner: whose
-    code that is (portkit.core.frames.owner); compiled: one of COMPILED_STATUSES with compiled_detail saying
+    document or issue behind the advice. where: the source frame (portkit.core.owners.place); owner: whose
+    code that is (portkit.core.owners.owner); compiled: one of COMPILED_STATUSES with compiled_detail saying
     why; consequence: the cost behind the severity. Left out of the JSON when not given."""
     kind: str
     severity: str

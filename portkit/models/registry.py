@@ -16,7 +16,7 @@ MiniLM's tokenizer); `lstm`; `t5-pairs` (two varying lengths, bucketed on a grid
 Every module returned maps named input tensors to a dict of named output tensors. A directory or a Hub id
 (`org/name`, `org/name@revision`, served from the local Hugging Face cache and pinned to its commit) loads
 through the Auto class of its config's task, with its own processor (portkit/models/huggingface.py); one
-holding a config and no weights is a real-size model without weights (portkit/models/abstract.py). Nothing is
+holding a config and no weights is a real-size model without weights (portkit/models/meta_device.py). Nothing is
 downloaded: an id the cache cannot serve fails at once and says how to fetch it.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from portkit.core import frames
+from portkit.core import owners
 from portkit.models import huggingface, inputs, seq2seq
 from portkit.models.adapters import (VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
                               MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
@@ -321,13 +321,13 @@ CHOICES = (*SOURCES, "<local HF model dir>", "<package.module:factory>", "<file.
 def _from_directory(path: Path, name: str | None = None, origin: str | None = None) -> LoadedModel:
     """A Hugging Face model directory (or a cached Hub snapshot) through its task's Auto class and its own
     processor (portkit/models/huggingface.py). A config without weights is a real-size model built on the
-    meta device (portkit.models.abstract), which the run checks in stage 3b alone."""
+    meta device (portkit.models.meta_device), which the run checks in stage 3b alone."""
     _offline()
     _quiet_transformers()
     if not huggingface.has_weights(path):
         raise BadParameter("model directory", name or str(path),
                            hint="it holds a config and no weights: a real-size model without weights, which "
-                                "portkit.models.abstract.build builds on the meta device (a run checks it in stage "
+                                "portkit.models.meta_device.build builds on the meta device (a run checks it in stage "
                                 "3b and skips the stages that need values)")
     torch.manual_seed(SEED)     # weights the checkpoint lacks (a new head) are seeded alike in every process
     return LoadedModel(**huggingface.load(path, name or path.name, origin or f"local directory {path}"))
@@ -353,7 +353,7 @@ def _from_factory(spec: str) -> LoadedModel:
     # the factory's own file or package is the user's code, even installed in site-packages
     top = sys.modules.get(module.__name__.split(".")[0], module)
     if root := (next(iter(top.__path__), None) if getattr(top, "__path__", None) else module.__file__):
-        frames.claim(root)
+        owners.claim(root)
     factory = getattr(module, attr, None)
     if not callable(factory):
         names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")

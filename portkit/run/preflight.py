@@ -81,9 +81,9 @@ SEQ_PARAMETERS = ("seq_len",)   # tokens of a batch's every text: at most the mo
 def _check_sizes(per_stage, user_params: dict, loaded: _Loaded) -> None:
     """A sequence length the user gave is at most the model's own maximum (its max_position_embeddings): the
     model is loaded for it, where it is one with weights and takes tokens."""
-    from portkit.models import abstract
+    from portkit.models import meta_device
     given = {name: user_params[name] for name in SEQ_PARAMETERS if name in user_params}
-    if not given or abstract.is_name(loaded.spec):
+    if not given or meta_device.is_name(loaded.spec):
         return
     try:
         model = loaded.get()

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit.models import abstract
+from portkit.models import meta_device
 from portkit.planning import cost
 from portkit.runfolder import (accuracy_result, buckets_result, compile_result, environment, fallbacks_result, reading,
                                xla_result)
@@ -67,10 +67,10 @@ ABSTRACT = "abstract model: no weights"
 
 def skip_if_abstract(model: str, out_dir, stage: str, targets) -> None:
     """A stage that runs the model on values (runfolder.Stage.needs_weights) has nothing to run for an abstract
-    model (a real-size config without weights, portkit.models.abstract): it is saved as skipped with the reason
+    model (a real-size config without weights, portkit.models.meta_device): it is saved as skipped with the reason
     and stops (skip_stage). The runner skips such a stage without starting its notebook; a notebook run by
     hand stops here."""
-    if abstract.is_name(model) and layout.stage(stage).needs_weights:
+    if meta_device.is_name(model) and layout.stage(stage).needs_weights:
         skip_stage(out_dir, stage, {"name": model, "abstract": True}, targets,
                    f"{ABSTRACT}: {model} is a published config on the meta device, so stage {stage} has no values "
                    "to run; stage 3b (xla) checks it")

@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar
 
 from portkit.core.errors import BadParameter
 from portkit.core.locations import NOTEBOOKS
-from portkit.models import abstract
+from portkit.models import meta_device
 from portkit.models import registry
 from portkit.targets import specs
 
@@ -141,12 +141,12 @@ def common(model: str, targets, out_dir: str, announce: bool = True) -> tuple[st
     input is the only line). A model is a portkit.models spec, or an abstract model's name (a real-size config
     without weights: llama3-8b)."""
     registry.refuse_url(model)
-    if not abstract.is_name(model):
+    if not meta_device.is_name(model):
         try:
             model = registry.validate(model)
         except BadParameter as exc:
             if exc.what == "model" and exc.choices:      # an unknown name: the abstract models are names too
-                raise BadParameter("model", model, [*exc.choices, *abstract.names()]) from None
+                raise BadParameter("model", model, [*exc.choices, *meta_device.names()]) from None
             raise
     names = specs.parse_targets(targets)
     if not isinstance(out_dir, str) or not out_dir:

@@ -14,14 +14,14 @@ findings), or when its source line is where Dynamo breaks the graph (the code th
 graphs); it vanishes when neither holds; it is not checked when stage 2 did not run for the target,
 failed, ran natively, or the target refused the graph. Severity follows what persists and states its
 consequence: a vanished finding is info (no cost under compile), a persisting or unchecked one keeps the
-target's severity with its cost named. Whose code it is (portkit.core.frames.owner) decides the advice: the
+target's severity with its cost named. Whose code it is (portkit.core.owners.owner) decides the advice: the
 user's code is fixed in place, a library's through its setting, an upgrade or a wrapper, portkit's own wrapper
 through a factory of the user's own.
 Pure functions over the stage results' dicts: the report and the notebooks call them.
 """
 from __future__ import annotations
 
-from portkit.core import frames, grading
+from portkit.core import owners, grading
 from portkit.core.tables import HtmlTable
 from portkit.core.findings import BLOCKER, HOST_SYNC_OPS, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
@@ -131,7 +131,7 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
     dtype = DTYPE_KINDS.get(kind)
     hits = [op for op in ops if op in view["ops"] and (dtype is None or dtype in view["ops"][op]["dtypes"])]
     if kind not in OP_KINDS and where:   # a feature of one line: its op must be made there in the graph
-        key = frames.line_key(where)
+        key = owners.line_key(where)
         hits = [op for op in hits if key in view["ops"][op].get("lines", [key])]
     if hits:
         at = where if kind not in OP_KINDS and where else next(iter(view["ops"][hits[0]]["where"]), None)
@@ -145,17 +145,17 @@ def advice_for(finding: dict, owner: dict) -> str:
     """The finding's advice in terms of who can change the code: never "rewrite this line" of a library.
     The target's own advice is kept where it is no edit of the line (a kernel, an input layout, a dtype)."""
     advice, where = finding.get("advice", ""), _member(finding, "where")
-    if finding.get("severity") == INFO or owner["owner"] not in (frames.CONFIGURABLE, frames.LIBRARY, frames.PORTKIT):
+    if finding.get("severity") == INFO or owner["owner"] not in (owners.CONFIGURABLE, owners.LIBRARY, owners.PORTKIT):
         return advice   # the user's code, or nothing to change: the target's advice stands
     note = "" if finding.get("kind") in LINE_EDITS else f"; the target's note: {advice}"
     head = f"not your code ({owner['package']}, {where.get('text', '')})"
-    if owner["owner"] == frames.PORTKIT:   # the wrapper portkit put around the model, not the model itself
+    if owner["owner"] == owners.PORTKIT:   # the wrapper portkit put around the model, not the model itself
         return (f"{head}: portkit's own wrapper around the model makes this; load the model through a factory of "
                 f"your own (`--model file.py:factory`) to choose how it is called, or report it to portkit{note}")
-    if owner["owner"] == frames.CONFIGURABLE:
+    if owner["owner"] == owners.CONFIGURABLE:
         return (f"{head}: the setting that changes this path is {owner['setting']} ({owner['setting_help']}); "
                 f"or upgrade {owner['package']}{note}")
-    # portkit knows no setting of this library that changes the path (frames.SETTINGS): leads, not a tried fix
+    # portkit knows no setting of this library that changes the path (owners.SETTINGS): leads, not a tried fix
     return (f"{head}: may help (not tried by portkit, which knows no setting of {owner['package']} for this path): "
             f"a newer {owner['package']}, or wrapping the module that calls it in one of your own{note}")
 
@@ -167,7 +167,7 @@ def reconcile(findings: list[dict], compiled: dict | None, target: str) -> list[
     out = []
     for f in findings:
         f = dict(f.items())   # a finding that is no object fails here, as a reader expects
-        owner = f.get("owner") or frames.owner(f.get("where"))
+        owner = f.get("owner") or owners.owner(f.get("where"))
         eager = f.get("eager_severity") or f.get("severity", INFO)
         status, detail = status_of(f, view) if view else (NOT_CHECKED, why_not)
         cost = COSTS.get(f.get("kind"), "")

@@ -34,7 +34,7 @@ import torch.fx.traceback as fx_traceback
 from portkit.core import torch_private as _torch
 from portkit.targets import allocator
 from portkit.targets import foreign_ops
-from portkit.core import frames
+from portkit.core import owners
 from portkit.targets import numerics
 from portkit.targets import specs
 from portkit.core.errors import BadParameter, CompileRefused
@@ -47,7 +47,7 @@ _CAST = torch.ops.aten._to_copy.default
 
 def _from_trace(stack_trace: str | None) -> dict | None:
     """The innermost frame of an FX node's meta["stack_trace"]."""
-    found = frames.from_trace(stack_trace)
+    found = owners.from_trace(stack_trace)
     return found[-1] if found else None
 
 
@@ -155,7 +155,7 @@ def _foreign(log: _OpLog, table: specs.OpTable) -> list[dict]:
         traces = [(trace, count) for (op, trace), count in log.calls.items() if op == name]
         where = []
         for trace, _ in traces:
-            if (found := frames.innermost(frames.from_trace(trace))) and found not in where:
+            if (found := owners.innermost(owners.from_trace(trace))) and found not in where:
                 where.append({k: v for k, v in found.items() if k != "line_key"})
         out.append({**foreign_ops.look_inside(func, args, kwargs, table),
                     "calls": sum(count for _, count in traces), "where": where})
@@ -182,7 +182,7 @@ class EmulatedBackend:
         self.__name__ = target.emulated_backend      # how Dynamo's messages name a backend
         self.checks: collections.deque[GraphCheck] = collections.deque(maxlen=1000)
         self._rounded: collections.OrderedDict = collections.OrderedDict()   # see _Hoisted
-        # frames.graph_contents of each graph, recorded where a list (stage 2's capture check), not in storms
+        # owners.graph_contents of each graph, recorded where a list (stage 2's capture check), not in storms
         self.contents: list[dict] | None = None
 
     def __repr__(self) -> str:
@@ -229,7 +229,7 @@ class EmulatedBackend:
         if t.static_shapes and node is not None:
             trace = node.meta.get("stack_trace")
             # the first frame outside torch names the user's or the library's line, not torch's own (F.pad's)
-            found = frames.innermost(frames.from_trace(trace))
+            found = owners.innermost(owners.from_trace(trace))
             where = {k: v for k, v in found.items() if k != "line_key"} if found else _from_trace(trace)
             at = where_text(where) if where else "input " + node.name
             if _data_dependent(node.meta.get("example_value")):
@@ -262,7 +262,7 @@ class EmulatedBackend:
         check.numerics = dict(mode.stats)
         check.foreign_ops = _foreign(log, table)
         if self.contents is not None:
-            self.contents.append(frames.graph_contents(log.calls, log.dtypes))
+            self.contents.append(owners.graph_contents(log.calls, log.dtypes))
         return recorder.graph_module(out)
 
 
@@ -502,7 +502,7 @@ def compile_failure(exc: BaseException, request: int | None = None) -> dict:
     inner = getattr(exc, "inner_exception", None) or exc
     where, stack = getattr(inner, "where", None), getattr(exc, "real_stack", None)
     if where is None and stack:
-        where = frames.place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
+        where = owners.place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
     lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()]
     field_of = lambda label: next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(label)), "")  # noqa: E731
     kind = ("refused" if isinstance(inner, CompileRefused) else

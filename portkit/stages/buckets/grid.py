@@ -89,7 +89,7 @@ def xla_cells(model, corners, topology: str = economics.DEFAULT_TOPOLOGY, measur
     """TPU: the real XLA compile of the four corner cells, fitted as a + s1 x d1 + s2 x d2 (never below the
     cheapest corner). Returns (price(d1, d2), label)."""
     if measure is None:
-        from portkit.xla.compiler import compile_seconds as measure
+        from portkit.tpu_compile.compiler import compile_seconds as measure
     decl = model.declaration
     names = decl.varying_names
     points = []

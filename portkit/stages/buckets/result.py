@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from portkit.core import assessed, grading
-from portkit.core import frames
+from portkit.core import owners
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.runfolder import results
@@ -268,7 +268,7 @@ class TargetBuckets:
                                   "(stage 2 names the same cause): change the code the compiler names, then replay "
                                   "the buckets" if refused
                                   else "fix the model where it raises, then replay the buckets"),
-                where=f["where"], owner=frames.owner(f["where"]) if f["where"] else None, cause=cause,
+                where=f["where"], owner=owners.owner(f["where"]) if f["where"] else None, cause=cause,
                 consequence=("blocker: the target's compiler refuses the model, so no bucket plan runs there"
                              if refused else "blocker: the model raises at these bucket shapes"),
                 occurrences={"runs": runs, "count": len(runs)}).to_dict())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portkit.core import torch_private as _torch
-from portkit.core import frames
+from portkit.core import owners
 from portkit.core import placement
 from portkit.targets.backends import (CompileCounter, compile_failure,
                                       failure_text)
@@ -258,7 +258,7 @@ def _failed_run(model, encoded, plan, backend, exc: BaseException, step: str) ->
     innermost frame of the model's code in the traceback); nothing measured."""
     failure = {**compile_failure(exc), "step": step}
     if failure["where"] is None:
-        found = frames.innermost([frames.place(f.filename, f.lineno, f.name, f.line or "")
+        found = owners.innermost([owners.place(f.filename, f.lineno, f.name, f.line or "")
                                   for f in traceback.extract_tb(exc.__traceback__)])
         failure["where"] = {k: v for k, v in found.items() if k != "line_key"} if found else None
     torch.compiler.reset()   # what Dynamo kept of the failed compile is no later run's

@@ -10,7 +10,7 @@
 Both targets compile one graph per input shape (awsdocs-neuron torch/compile/reference-torch-compile.html;
 torch_tpu _backend.py). The stage finds the graph breaks (torch._dynamo.explain), streams real requests
 through the model compiled with dynamic=False counting every compile and the guard failure behind it
-(storm.py), then proves one fixed shape under set_stance("fail_on_recompile") (steps.py). Every compile is
+(storm.py), then proves one fixed shape under set_stance("fail_on_recompile") (fixed_shape.py). Every compile is
 priced with the target's compile cost (portkit/planning/economics.py), which says where its figure came
 from. In emulated mode the backends check the target's rules and numerics and run each graph eagerly.
 The options are the parameters cell of notebooks/02_compile.py (Options); the other workloads compiled are
@@ -29,14 +29,15 @@ from portkit.stages.compile import training as compile_training
 from portkit.planning import economics
 from portkit.core import checks
 from portkit.core import grading
-from portkit.core import frames
+from portkit.core import owners
 from portkit.stages import reconcile
 from portkit.targets import selection
 from portkit.targets import specs
 from portkit.targets.backends import compile_cause, failure_text, where_text
-from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm,
-                                          check_fixed_shape, check_fixed_shapes, find_graph_breaks, make_requests,
-                                          recompile_storm, recompile_storms)
+from portkit.corpora.requests import Requests, make_requests
+from portkit.stages.compile.fixed_shape import FixedShape, check_fixed_shape, check_fixed_shapes
+from portkit.stages.compile.graph_breaks import GraphBreaks, find_graph_breaks
+from portkit.stages.compile.storm import AUTO, COMPILE_SHAPES, Storm, recompile_storm, recompile_storms
 from portkit.stages.compile.storm import eager_from
 from portkit.core.errors import BadParameter
 from portkit.core.findings import cause_key
@@ -87,7 +88,7 @@ def _finding(kind: str, message: str, advice: str, where: dict | None = None, *,
     severity = grading.severity(kind, case)
     consequence = CONSEQUENCES.get(kind)
     consequence = consequence.get(severity) if isinstance(consequence, dict) else consequence
-    owner = frames.owner(where) if where is not None else None
+    owner = owners.owner(where) if where is not None else None
     found = Finding(kind, severity, message, advice, where=where, owner=owner, consequence=consequence,
                     cause=cause or cause_key(kind, kind, where), occurrences=occurrences).to_dict()
     if owner is not None:
@@ -143,7 +144,7 @@ def _foreign_op(op: dict, target: str) -> dict:
     it and what it could not. Its cause is stage 1's for the same op at the same call (core.findings.cause_key)."""
     called = (op.get("where") or [None])[0]
     where = op.get("defined") or called
-    owner = frames.owner(where)
+    owner = owners.owner(where)
     inside = []
     if op.get("host_reads"):
         inside.append("reads tensor values on the host (a device-to-host copy per call) at "
@@ -184,14 +185,14 @@ def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
     as graphs, apart from the causes. Without a break, what stops fullgraph=True."""
     by_line: dict[str | None, list[dict]] = {}
     for b in breaks.breaks:
-        by_line.setdefault(frames.line_key(b.get("frame") or b["where"]), []).append(b)
+        by_line.setdefault(owners.line_key(b.get("frame") or b["where"]), []).append(b)
     out = []
     for found in by_line.values():
         first = found[0]
         where = first.get("frame") or first["where"]
         reasons = sorted({b["reason"] for b in found})
         out.append(_finding("graph_break", f"graph break at {where_text(where)} "
-                            f"({frames.owner(where)['owner']} code): {'; '.join(reasons[:3])}; "
+                            f"({owners.owner(where)['owner']} code): {'; '.join(reasons[:3])}; "
                             f"{len(by_line)} break cause(s) split the model into "
                             f"{breaks.graphs} graphs per input shape",
                             "every break is a separate graph to compile per shape: remove it, then "

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 
-from portkit.core import frames
+from portkit.core import owners
 from portkit.stages.fallbacks.scan_rules import PACKAGES, Hit, Scan
 
 
@@ -73,7 +73,7 @@ class _FileScan(ast.NodeVisitor):
     def place(self, node, function: str | None = None) -> dict:
         line = getattr(node, "lineno", 1)
         code = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        return frames.place(str(self.path), line, function or self._function(), code)
+        return owners.place(str(self.path), line, function or self._function(), code)
 
     def _function(self) -> str:
         return next((p.name for p in reversed(self._stack)
@@ -253,7 +253,7 @@ class _FileScan(ast.NodeVisitor):
             self.hit("nested", node, "layout=torch.jagged", key="torch.nested", feature=True)
 
 
-TRANSFORMERS_SETTING = {"owner": frames.CONFIGURABLE, "package": "transformers", "setting": "attn_implementation",
+TRANSFORMERS_SETTING = {"owner": owners.CONFIGURABLE, "package": "transformers", "setting": "attn_implementation",
                          "setting_help": "from_pretrained(..., attn_implementation='sdpa' | 'eager') picks the "
                                          "attention kernel; flash_attention_2/3 need the flash-attn CUDA package"}
 

@@ -6,7 +6,7 @@
     >>> for f in source_scan.findings(scan, "neuron"):
     ...     print(f.severity, f.message)
 
-What it finds, each with its file:line, whose code it is (portkit.core.frames.owner) and the portable
+What it finds, each with its file:line, whose code it is (portkit.core.owners.owner) and the portable
 replacement: Triton kernels, CUDA extensions and the torch.ops they register, GPU-only packages (an import
 guarded by try/except ImportError is optional: info), hard-coded CUDA devices, torch.cuda calls, cudnn
 settings, torch.cuda.amp and NCCL-only collectives. The user's code is scanned: the factory's file, a local
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torch import nn
 
-from portkit.core import frames, grading, locations
+from portkit.core import owners, grading, locations
 from portkit.core.findings import BLOCKER, ROOT, SEVERITIES, Finding, cause_key
 from portkit.targets import specs
 from portkit.stages.fallbacks import scan_visitor
@@ -80,7 +80,7 @@ def _users(file: str | None) -> bool:
     path = Path(file).resolve()
     if path.is_relative_to(locations.PACKAGE):
         return False
-    return frames.owner({"file": str(path)})["owner"] == frames.USER
+    return owners.owner({"file": str(path)})["owner"] == owners.USER
 
 
 def scan_paths(paths, follow: bool = True) -> Scan:
@@ -107,8 +107,8 @@ def scan_paths(paths, follow: bool = True) -> Scan:
             text = path.read_text(errors="replace")
             namespaces |= set(scan_visitor.TORCH_LIBRARY.findall(text))
             if path.suffix != ".cpp":
-                scan.gpu.append(Hit("cuda_source", frames.place(str(path), 1, "<file>"), f"CUDA source {path.name}",
-                                    key=path.name, owner=frames.owner({"file": str(path)})))
+                scan.gpu.append(Hit("cuda_source", owners.place(str(path), 1, "<file>"), f"CUDA source {path.name}",
+                                    key=path.name, owner=owners.owner({"file": str(path)})))
             continue
         found = scan_visitor.read_file(path, scan)
         if found is None:
@@ -172,7 +172,7 @@ def _class_place(cls) -> dict | None:
         line = inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):
         line = 1
-    return frames.place(file, line, cls.__name__, f"class {cls.__name__}")
+    return owners.place(file, line, cls.__name__, f"class {cls.__name__}")
 
 
 def _tensors(m: nn.Module):
@@ -266,7 +266,7 @@ def _gpu_findings(hits: list[Hit], target: specs.Target) -> list[Finding]:
             case, what = grading.GUARDED, f"optional {what} (import guarded: the model runs without it)"
         severity = grading.severity(kind, case)
         first = items[0]
-        owner = first.owner or frames.owner(first.where)
+        owner = first.owner or owners.owner(first.where)
         source = kernel_rule.source if kind == KERNEL and kernel_rule else PYTORCH_DOCS
         where = first.module or (Path(first.where["file"]).name if first.where else "")
         advice = fix if kind == KERNEL else f"portable replacement: {fix}"
@@ -302,7 +302,7 @@ def _list_findings(hits: list[Hit], target: str) -> list[Finding]:
                            f"({lst['document']}, read {lst['read']})",
                            LIST_ADVICE[entry["detect"]], module=found, ops=[],
                            source=f"{lst['source']}: {lst['document']}", where=first.where or {},
-                           owner=first.owner or frames.owner(first.where),
+                           owner=first.owner or owners.owner(first.where),
                            cause=cause_key(VENDOR_LIST, entry["feature"]),
                            occurrences={"modules": modules, "count": len(items)} if modules else None))
     return out

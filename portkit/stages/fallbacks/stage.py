@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit.core import frames
+from portkit.core import owners
 from portkit.core import placement
 from portkit.core import checks, grading
 from portkit.stages import reconcile
@@ -169,7 +169,7 @@ def _causes(recording: Recording, rules) -> dict[tuple, list]:
             key = (kind, _pattern(module), None)
         else:
             where = recording.frames.get((kind, module, op))
-            key = (kind, "", None if rule.severity == INFO else frames.line_key(where))
+            key = (kind, "", None if rule.severity == INFO else owners.line_key(where))
         by_line[key].append((module, op, detail))
     groups: dict[tuple, list] = {}
     for (kind, subject, line), items in by_line.items():
@@ -214,7 +214,7 @@ def _feature_finding(recording: Recording, kind: str, subject: str, items: list,
     return Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
                    f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}"
                    + (f"; {calls} calls" if calls > 1 else ""), advice, module=where, ops=op_names,
-                   source=rule.source, where=frame, owner=frames.owner(frame), cause=cause, occurrences=occurrences)
+                   source=rule.source, where=frame, owner=owners.owner(frame), cause=cause, occurrences=occurrences)
 
 
 def _device_path_host(entry: dict, found: list[Finding]) -> Finding | None:
@@ -222,7 +222,7 @@ def _device_path_host(entry: dict, found: list[Finding]) -> Finding | None:
     module runs on the device (its `via`), recorded at that module's line or in that module."""
     for f in found:
         if f.kind in MODULE_CLASS_KINDS and entry.get("via") in (f.ops or []) and (
-                frames.line_key(f.where) == frames.line_key(entry["where"])
+                owners.line_key(f.where) == owners.line_key(entry["where"])
                 or set(entry["modules"]) & set((f.occurrences or {}).get("modules", []))):
             return f
     return None
@@ -250,7 +250,7 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
                                     f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls from {where}"
                                     + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
                                     module=where, ops=[entry["op"]], source=rule.source, where=entry["where"],
-                                    owner=frames.owner(entry["where"]), occurrences=occurrence,
+                                    owner=owners.owner(entry["where"]), occurrences=occurrence,
                                     cause=findings_mod.cause_key(entry["status"], entry["op"], entry["where"])))
     for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper, never a rewrite
         f.advice = reconcile.advice_for(f.to_dict(), f.owner)
@@ -480,7 +480,7 @@ def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         per_target[d.name] = result
         if not records:
             records = sorted(recording.records.values(),
-                             key=lambda r: (r.op, r.module, r.phase, frames.line_key(r.where) or ""))
+                             key=lambda r: (r.op, r.module, r.phase, owners.line_key(r.where) or ""))
     shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     first = next(iter(shapes.values()), [])
     desc = description or ("batch " + " x ".join(str(s) for s in first) if first else "no tensor inputs")

@@ -17,7 +17,7 @@ is donated, as a serving stack updates it in place, so HBM holds it once. The co
 (compiled.memory_analysis()) is broken down into parts that add up to its total: the weights, the KV cache
 and the inputs counted from their shapes (the compiler's argument size is checked against their sum), the
 temporaries (activations and workspace), outputs not written in place (the logits) and the generated code.
-Verdicts are cached like every XLA verdict (portkit.xla.cache).
+Verdicts are cached like every XLA verdict (portkit.tpu_compile.cache).
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from torch import nn
 
 from portkit.core import placement
 from portkit.workloads import generation
-from portkit.xla import cache as xla_cache
-from portkit.xla import compiler
-from portkit.xla import sharded
+from portkit.tpu_compile import cache as xla_cache
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded
 from portkit.core.errors import BadParameter
-from portkit.xla.results import MemoryVerdict, format_bytes
+from portkit.tpu_compile.results import MemoryVerdict, format_bytes
 
 
 class _Serving(nn.Module):

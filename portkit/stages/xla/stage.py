@@ -2,8 +2,8 @@
 
 For TPU every shape stage 2 fixed and stage 3 bucketed is compiled for a real TPU topology on this CPU
 host (JAX + libtpu, compile-only: nothing executes on a TPU); for Neuron it is lowered to StableHLO (a
-lowering check, not a Neuron compile). The machinery is portkit.xla.compiler; a verdict compiled once
-comes back from portkit's verdict cache (portkit.xla.cache) on a rerun; xla.json's cached_shapes says how many.
+lowering check, not a Neuron compile). The machinery is portkit.tpu_compile.compiler; a verdict compiled once
+comes back from portkit's verdict cache (portkit.tpu_compile.cache) on a rerun; xla.json's cached_shapes says how many.
 
     >>> from portkit import models
     >>> from portkit.stages.xla import stage as xla
@@ -15,7 +15,7 @@ comes back from portkit's verdict cache (portkit.xla.cache) on a rerun; xla.json
     >>> xla.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])     # one target, one line in a notebook cell
 
 `xla.compile_for_tpu`, `xla.check_lowering`, `xla.compile_seconds` and the result classes are
-portkit.xla.compiler's and portkit.xla.results', reachable from here for notebooks and scripts.
+portkit.tpu_compile.compiler's and portkit.tpu_compile.results', reachable from here for notebooks and scripts.
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from portkit.targets import specs
 from portkit.core.errors import BadParameter, MissingPackage
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
-from portkit.xla.compiler import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
-                                 require_installed, require_xla, check_topology, check_lowering, compile_for_tpu,
-                                 compile_seconds, input_specs, is_abstract)
-from portkit.xla.results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes, plot_hbm  # noqa: F401
+from portkit.tpu_compile.compiler import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
+                                         require_installed, require_xla, check_topology, check_lowering,
+                                         compile_for_tpu, compile_seconds, input_specs, is_abstract)
+from portkit.tpu_compile.results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes, plot_hbm  # noqa: F401
 
 STAGE = "xla"
 
@@ -75,13 +75,13 @@ class Options(options.StageOptions):
               "scale_buckets": _buckets}
 
     def check(self, model: str | None) -> None:
-        from portkit.models import abstract
+        from portkit.models import meta_device
         from portkit.workloads import generation
-        if abstract.is_name(model):          # its sequence lengths against the config's limit
-            module = abstract.build(model)
+        if meta_device.is_name(model):          # its sequence lengths against the config's limit
+            module = meta_device.build(model)
             for seq in [self.scale_seq, *self.scale_buckets]:
-                abstract.text_shape(module, self.scale_batch, seq)
-        if generation.check_workload(self.workload, model) == "train" and abstract.is_name(model):
+                meta_device.text_shape(module, self.scale_batch, seq)
+        if generation.check_workload(self.workload, model) == "train" and meta_device.is_name(model):
             raise BadParameter("workload for a real-size model without weights", self.workload, ["inference"],
                                hint=f"{model} is checked sharded for inference; train a model with weights")
 
@@ -108,15 +108,15 @@ def xla_section(model, target_name: str, shapes, opts: Options | None = None) ->
 
 def load(spec: str):
     """The model of stage 3b: a portkit.models.registry spec (a LoadedModel), or an abstract model's name (its
-    architecture on the meta device, no weights: portkit.models.abstract)."""
-    from portkit.models import abstract
+    architecture on the meta device, no weights: portkit.models.meta_device)."""
+    from portkit.models import meta_device
     from portkit.models import registry
-    return abstract.build(spec) if abstract.is_name(spec) else registry.load(spec)
+    return meta_device.build(spec) if meta_device.is_name(spec) else registry.load(spec)
 
 
 def describe(model) -> str:
-    from portkit.models import abstract
-    return abstract.summary(model) if is_abstract(model) else model.summary()
+    from portkit.models import meta_device
+    return meta_device.summary(model) if is_abstract(model) else model.summary()
 
 
 def stage_shapes(out_dir, target: str, model, opts: Options | None = None) -> tuple[list[dict], list[str]]:
@@ -377,14 +377,14 @@ def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaS
 
 def _real_size(model, target_names, out_dir, opts: Options) -> XlaStage:
     """An abstract model's stage: each target's real-size check (portkit.stages.xla.realsize)."""
-    from portkit.models import abstract
+    from portkit.models import meta_device
     from portkit.stages.xla import realsize as scale
     checks = scale.run(model, target_names, opts)
     names = specs.parse_targets(target_names)
     reports = {n: checks[n].main if n in checks else XlaSkipped(
         n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
     sources = {n: stage_shapes(out_dir, n, model, opts)[1] for n in names}
-    return XlaStage(abstract.describe(model), reports, sources, checks)
+    return XlaStage(meta_device.describe(model), reports, sources, checks)
 
 
 def serving_graphs(model, target_names, out_dir, opts: Options | None = None) -> dict:
@@ -410,7 +410,7 @@ def _serving(model, plan, opts: Options) -> dict:
     """One TPU target's prefill and decode graphs at the plan's largest buckets (plan: stage 3's serving
     plan, (prompt buckets, context buckets), or None), and the largest batch whose decode step fits."""
     from portkit.stages.xla import generation as xla_generation
-    from portkit.xla import sharded
+    from portkit.tpu_compile import sharded
     if (why := xla_generation.not_kv_cache(model)) is not None:
         return {"status": xla_generation.NOT_KV,
                 "summary": f"serving graphs not compiled: {why}; portkit's serving graph carries a key/value cache "
@@ -447,7 +447,7 @@ def training_step(model, target_names, opts: Options | None = None) -> dict:
 def _training(model, corpus, opts: Options) -> dict:
     """One TPU target's training step, the largest micro-batch that fits, and its temporaries split into what
     grows with the batch and what does not."""
-    from portkit.xla import sharded
+    from portkit.tpu_compile import sharded
     from portkit.stages.xla import training as xla_training
     topology, dtype = opts.topology, opts.dtype
     spec = xla_training.step_inputs(model, corpus, opts.batch_size, opts.seq_len)

@@ -12,7 +12,7 @@
 The step is the model's own loss (training.loss_for) converted by torchax, its gradients by jax.value_and_grad,
 and AdamW in float32 (torch.optim.AdamW's update), weights and moments donated so the compiler updates them in
 place; compiled for the topology with JAX + libtpu, compile-only (nothing runs on a TPU), the verdict cached
-(portkit.xla.cache). The compiler's memory per device is broken down into weights, optimizer state and batch
+(portkit.tpu_compile.cache). The compiler's memory per device is broken down into weights, optimizer state and batch
 (the step's arguments, counted from their shapes), temporaries (gradients, saved activations, workspace) and
 outputs. On several devices the weights and moments are sharded FSDP-style and the batch split data-parallel.
 """
@@ -25,11 +25,11 @@ import torch
 
 from portkit.core import placement
 from portkit.workloads import training
-from portkit.xla import cache
-from portkit.xla import compiler
-from portkit.xla import sharded as xla_sharded
+from portkit.tpu_compile import cache
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded as xla_sharded
 from portkit.core.errors import BadParameter
-from portkit.xla.results import MemoryVerdict, format_bytes
+from portkit.tpu_compile.results import MemoryVerdict, format_bytes
 
 ADAMW = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}   # torch.optim.AdamW's defaults
 
