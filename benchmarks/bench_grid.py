@@ -28,7 +28,7 @@ from portkit.stages.buckets import stage
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.planning import grid
-from portkit.stages.buckets import grid as grid_costs
+from portkit.stages.buckets import grid_costs
 from portkit.models import inputs
 from portkit.models import registry
 

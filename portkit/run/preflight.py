@@ -18,7 +18,7 @@ from pathlib import Path
 from portkit.core import checks
 from portkit.core.errors import BadParameter, PortkitError
 from portkit.corpora import audio
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import check_folder_for, image_channels, is_folder, load_corpus, resolve_corpus
 from portkit.corpora import images
 from portkit.run import notebook_parameters
 from portkit.runfolder.layout import MARKER, Stage, is_run_folder
@@ -36,7 +36,7 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
             raise BadParameter("parameter", name, sorted(n for n in declared if n not in options.SHARED))
     user_params = dict(user_params)
     if "corpus" in user_params:
-        user_params["corpus"] = data.resolve_corpus(user_params["corpus"])
+        user_params["corpus"] = resolve_corpus(user_params["corpus"])
     # model and out come back absolute; the targets' mode lines wait until the whole plan holds (run prints them)
     model, names, out = options.common(model, targets, out_dir, announce=False)
     per_stage = []
@@ -108,14 +108,14 @@ def _check_corpora(per_stage, loaded: _Loaded) -> None:
         column = values.get("text_column", notebook_parameters.default(declared, "text_column"))
         if corpus == "stdlib" or (corpus, column) in checked:
             continue
-        if data.is_folder(corpus):
-            data.check_folder_for(loaded.get(), corpus)
-        if data.is_folder(corpus) and audio.holds_audio(Path(corpus).expanduser()):
+        if is_folder(corpus):
+            check_folder_for(loaded.get(), corpus)
+        if is_folder(corpus) and audio.holds_audio(Path(corpus).expanduser()):
             audio.folder_corpus(corpus)      # every file's header read: an unreadable one fails here
-        elif data.is_folder(corpus):
+        elif is_folder(corpus):
             images.check_folder(corpus)      # likewise every image's header
         else:
-            data.load_corpus(corpus, column)
+            load_corpus(corpus, column)
         checked.add((corpus, column))
 
 
@@ -148,7 +148,7 @@ def _probe_factory(loaded: _Loaded) -> None:
         own = declaration.own_items() if declaration.own_items else None
         items = own[:1] if own else {inputs.TEXT: [PROBE_TEXT]}.get(declaration.data)
         if items is None and declaration.data == inputs.IMAGE and model.image_size:
-            items = images.sample_images(1, model.image_size, 0, channels=data.image_channels(model))
+            items = images.sample_images(1, model.image_size, 0, channels=image_channels(model))
         batch = model.encode(list(items)) if items is not None else None
     except Exception:   # noqa: BLE001 (no items to probe with: the stages build their own batches)
         return

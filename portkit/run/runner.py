@@ -87,9 +87,9 @@ def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSe
         scheduling.run_stages(per_stage, scheduling.Run(out, model_spec, shown, printer, result, lanes=settings.lanes),
                               settings.lanes)
     if settings.rebuild_report and layout.REPORT not in {s.name for s in chosen}:
-        from portkit.stages.report import stage as report
+        from portkit.stages.report import stage
         try:
-            report.build_report(out, per_stage[0][1]["targets"]).save(out)
+            stage.build_report(out, per_stage[0][1]["targets"]).save(out)
             result.report_rebuilt = True
             log("[report] rebuilt from the run folder")
         except BadParameter as exc:          # no stage result at all: nothing to report on

@@ -175,8 +175,8 @@ def is_finished(cell: Cell) -> bool:
 
 
 def _report_schema() -> str:
-    from portkit.stages.report import stage as report
-    return report.SCHEMA
+    from portkit.stages.report import stage
+    return stage.SCHEMA
 
 
 # ---------------------------------------------------------------- the task

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.targets import numerics
 from portkit.targets import tolerance
 from portkit.targets.backends import (CompileCounter, EmulatedBackend, call_counting_recompiles, warm_inductor)
@@ -34,8 +34,8 @@ def compile_backend(backend, inductor: bool = False):
     emulated target backend (portkit_neuron, portkit_tpu) becomes a fresh EmulatedBackend with Inductor
     codegen only when asked: the replay checks and emulates each graph, then runs it eagerly."""
     if isinstance(backend, str):
-        known = _torch.known_backends()
-        found = _torch.backend_by_name(backend) if backend in known else None
+        known = torch_private.known_backends()
+        found = torch_private.backend_by_name(backend) if backend in known else None
         if isinstance(found, EmulatedBackend):
             return EmulatedBackend(found.target, found.precision.name, inductor=inductor)
         if found is None:
@@ -51,7 +51,8 @@ def _emulated(backend) -> EmulatedBackend | None:
     """The emulated backend behind `backend` (an object or a registered name), or None for any other."""
     if isinstance(backend, EmulatedBackend):
         return backend
-    found = _torch.backend_by_name(backend) if isinstance(backend, str) and backend in _torch.known_backends() else None
+    known = isinstance(backend, str) and backend in torch_private.known_backends()
+    found = torch_private.backend_by_name(backend) if known else None
     return found if isinstance(found, EmulatedBackend) else None
 
 
@@ -158,7 +159,7 @@ class BucketedModel:
         the first call) and graphs compiled."""
         from portkit.core.progress import bar as progress_bar
         done = []
-        with _torch.recompile_limit(self.plan.compiles), torch.no_grad():
+        with torch_private.recompile_limit(self.plan.compiles), torch.no_grad():
             for shape in progress_bar(self.plan.shapes(), desc=f"warm-up {self.plan.planner}", disable=not progress,
                               leave=False):
                 inputs = self.example(shape["batch"], shape["seq"])
@@ -189,7 +190,7 @@ def charge(costs: dict | None, model, backend: str, inputs: dict, seconds: float
 
 def compile_cache(fresh: bool):
     """An empty Inductor cache for the block (_torch.fresh_compile_cache), or nothing."""
-    return _torch.fresh_compile_cache() if fresh else contextlib.nullcontext()
+    return torch_private.fresh_compile_cache() if fresh else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- padding correctness

@@ -16,7 +16,7 @@ import numpy as np
 
 from portkit.core import assessed, grading
 from portkit.core import owners
-from portkit.corpora import corpus as data
+from portkit.corpora import corpus
 from portkit.planning import economics
 from portkit.runfolder import results
 from portkit.core.findings import PADDING_CAUSE
@@ -40,7 +40,7 @@ TRUNCATION_ADVICE = ("embed long {noun} in sliding windows of {limit} {unit} wit
                      "return_overflowing_tokens and stride) and pool the windows' outputs; or take a model with a "
                      "larger maximum; or refuse them with `-p overflow reject`, so that none is cut without a word")
 TRUNCATION_SOURCE = "https://huggingface.co/docs/transformers/pad_truncation"
-CAP_ADVICE = ("the limit is portkit's, not the model's: raise it to the longest {noun} you serve (" + data.RAISE_CAP
+CAP_ADVICE = ("the limit is portkit's, not the model's: raise it to the longest {noun} you serve (" + corpus.RAISE_CAP
               + "), and stage 3 buckets them whole; or refuse them with `-p overflow reject`, so that none is cut "
               "without a word")
 
@@ -67,7 +67,7 @@ def truncation_finding(cut: dict) -> dict:
     longer ones are rejected, as the overflow policy asks); its figures are truncation's, unchanged."""
     noun = "texts" if cut["unit"] == "tokens" else "items"
     limit, unit, source = cut["limit"], cut["unit"], cut.get("max_length_from")
-    cap, note = data.limit_text(cut["max_length"], unit, source), data.limit_note(source)
+    cap, note = corpus.limit_text(cut["max_length"], unit, source), corpus.limit_note(source)
     where = cap if limit == cut["max_length"] else f"{limit} {unit} (the largest bucket, below {cap})"
     # windows are for a model whose position table ends there; a cap of portkit's own is raised instead
     advice = (TRUNCATION_ADVICE if source else CAP_ADVICE).format(noun=noun, limit=limit, unit=unit)

@@ -28,10 +28,10 @@ from portkit.core import atomic_io
 from portkit.core import checks
 from portkit.stages.buckets import bucketed
 from portkit.stages.buckets import trace_replay
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import length_distribution, make_trace
 from portkit.planning import economics
-from portkit.stages.buckets import generation as generation_buckets
-from portkit.stages.buckets import grid as grid_costs
+from portkit.stages.buckets import generation
+from portkit.stages.buckets import grid_costs
 from portkit.runfolder import results
 from portkit.runfolder import layout
 from portkit.stages.options import StageOptions, check_corpus
@@ -79,8 +79,8 @@ class Options(StageOptions):
               "workload": checks.one_of(checks.WORKLOADS), "new_tokens": checks.up_to(512)}
 
     def check(self, model: str | None) -> None:
-        from portkit.workloads import generation
-        generation.check_workload(self.workload, model)
+        from portkit.workloads.generation import check_workload
+        check_workload(self.workload, model)
 
     def check_targets(self, targets) -> None:
         """`backend` against every target the stage compiles for (selection.check_parameter)."""
@@ -115,10 +115,10 @@ def skip_unless_it_applies(model, out_dir, targets) -> None:
 
 def distribution(corpus, model):
     """Each item's length along the model's varying dimension (tokens under its own tokenizer for text;
-    data.length_distribution), with a clear error for a model that takes one input shape."""
+    length_distribution), with a clear error for a model that takes one input shape."""
     if model.seq_dim is None:
         raise BadParameter("model for shape bucketing", model.name, hint=f"{model.name} {NOTHING_TO_BUCKET}")
-    return data.length_distribution(corpus, model)
+    return length_distribution(corpus, model)
 
 
 # ---------------------------------------------------------------- costs a plan is priced with
@@ -162,9 +162,9 @@ def grid(model, corpus, targets, costs: dict[str, economics.CostModel], options:
 
 def serving_plans(model, corpus, costs, token_seconds, options: Options | None = None):
     """Workload "generate": prefill and decode buckets per target for options.new_tokens, serve_requests and
-    max_batch, auto against pow2 (generation_buckets.fit)."""
+    max_batch, auto against pow2 (generation.fit)."""
     options = options or Options.defaults()
-    return generation_buckets.fit(model, corpus, costs, token_seconds, options.new_tokens, options.serve_requests,
+    return generation.fit(model, corpus, costs, token_seconds, options.new_tokens, options.serve_requests,
                                   options.max_batch)
 
 
@@ -293,7 +293,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", options: 
     hist = histogram(dist, max_seq, options.overflow)
     plans, curves = compare(hist, options.bucket_count, options.max_batch), sweep(hist)
     token_seconds = economics.padding_prices(model, names, hist.top)
-    trace = data.make_trace(corpus, model, options.requests, options.seed, options.max_batch, dist)
+    trace = make_trace(corpus, model, options.requests, options.seed, options.max_batch, dist)
     costs = costs or stage_costs(model, hist, names, out_dir, options)
     costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
     chosen = choose(hist, costs, token_seconds, options)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.core import owners
 from portkit.core import placement
 from portkit.targets.backends import (CompileCounter, compile_failure,
@@ -113,7 +113,7 @@ def _replay_unbucketed(model, encoded, backend, costs, progress, device) -> Repl
     counter = CompileCounter(backend)
     compiled = torch.compile(model.module, backend=counter, dynamic=False)
     compile_wall = charged = run = 0.0
-    with _torch.recompile_limit(len(encoded)), torch.no_grad():
+    with torch_private.recompile_limit(len(encoded)), torch.no_grad():
         for inputs in progress_bar(encoded, desc=f"replay {NO_BUCKETS}", disable=not progress, leave=False):
             before, start = len(counter.events), time.perf_counter()
             compiled(**{k: v.to(device) for k, v in inputs.items()})

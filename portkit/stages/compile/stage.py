@@ -23,9 +23,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from portkit.stages import options
-from portkit.stages.compile import generation as compile_generation
+from portkit.stages.compile import generation
 from portkit.stages.compile import loops
-from portkit.stages.compile import training as compile_training
+from portkit.stages.compile import training
 from portkit.planning import economics
 from portkit.core import checks
 from portkit.core import grading
@@ -172,10 +172,10 @@ def _foreign_op(op: dict, target: str) -> dict:
                                  "calls_inside": op.get("ops", {}), "traced": op.get("traced", False)})
 
 
-def _foreign_ops(check: dict, training, target: str) -> list[dict]:
+def _foreign_ops(check: dict, train_check, target: str) -> list[dict]:
     """One finding per op outside PyTorch's namespaces, whichever compiled graphs hold it: the inference graphs'
-    (check) or the training step's (training: compile_training.TrainCompile, or None)."""
-    found = {op["op"]: op for op in (training.foreign_ops if training is not None else [])}
+    (check) or the training step's (train_check: training.TrainCompile, or None)."""
+    found = {op["op"]: op for op in (train_check.foreign_ops if train_check is not None else [])}
     found.update({op["op"]: op for op in check.get("foreign_ops", [])})
     return [_foreign_op(op, target) for op in found.values()]
 
@@ -258,12 +258,12 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     return out
 
 
-def check_training(model, texts, targets, options: Options | None = None, *, steps: int = compile_training.STEPS,
-                   batch_size: int = compile_training.BATCH):
+def check_training(model, texts, targets, options: Options | None = None, *, steps: int = training.STEPS,
+                   batch_size: int = training.BATCH):
     """Workload "train": one AdamW step of the model's own loss compiled for each target, `steps` steps on
     real batches of batch_size x options.seq_len (portkit/stages/compile/training.py)."""
     opts = _options(options)
-    return compile_training.check(model, texts, targets, steps, batch_size, seq_len=opts.seq_len,
+    return training.check(model, texts, targets, steps, batch_size, seq_len=opts.seq_len,
                                   precision=opts.precision, seed=opts.seed)
 
 
@@ -272,7 +272,7 @@ def check_generation(model, texts, targets, options: Options | None = None):
     options.new_tokens, with the dynamic cache and the bucketed static cache, per target
     (portkit/stages/compile/generation.py)."""
     opts = _options(options)
-    return compile_generation.check(model, texts.sample(opts.prompts, opts.seed), targets, opts.new_tokens,
+    return generation.check(model, texts.sample(opts.prompts, opts.seed), targets, opts.new_tokens,
                                     opts.backend, opts.precision)
 
 
@@ -286,8 +286,8 @@ class CompileReport:
     storms: dict[str, Storm]
     fixed: dict[str, FixedShape]
     costs: dict[str, economics.CostModel]    # per target: what one compile costs there, and why
-    generation: dict = field(default_factory=dict)   # workload "generate": compile_generation.check's result
-    training: dict = field(default_factory=dict)     # workload "train": compile_training.check's result
+    generation: dict = field(default_factory=dict)   # workload "generate": generation.check's result
+    training: dict = field(default_factory=dict)     # workload "train": training.check's result
 
     @classmethod
     def from_steps(cls, model, requests: Requests, breaks: GraphBreaks, storms: dict[str, Storm],
@@ -520,8 +520,8 @@ class Options(options.StageOptions):
               "workload": checks.one_of(checks.WORKLOADS), "new_tokens": checks.up_to(512), "prompts": checks.up_to(64)}
 
     def check(self, model: str | None) -> None:
-        from portkit.workloads import generation
-        generation.check_workload(self.workload, model)
+        from portkit.workloads.generation import check_workload
+        check_workload(self.workload, model)
 
     def check_targets(self, targets) -> list[str]:
         """The rules on the chosen targets (the runner checks them before a run): the backend is one every

@@ -35,8 +35,7 @@ from portkit.stages import reconcile
 from portkit.stages import options
 from portkit.targets import specs
 from portkit.core.errors import BadParameter
-from portkit.core import findings as findings_mod
-from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
+from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding, cause_key, merge_occurrences
 from portkit.stages.fallbacks import source_scan
 from portkit.stages.fallbacks.recording import OpRecord, Recording, record
 from portkit.runfolder.results import save_result
@@ -210,7 +209,7 @@ def _feature_finding(recording: Recording, kind: str, subject: str, items: list,
     if kind in MODULE_KINDS and len(lines) > 1:   # one cause at several lines: each is an occurrence
         occurrences["lines"] = lines
     line_of = None if rule.severity == INFO or kind in MODULE_CLASS_KINDS else frame   # a class, a kind: no line
-    cause = findings_mod.cause_key(kind, subject, line_of)
+    cause = cause_key(kind, subject, line_of)
     return Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
                    f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}"
                    + (f"; {calls} calls" if calls > 1 else ""), advice, module=where, ops=op_names,
@@ -239,7 +238,7 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
             occurrence = {"modules": list(entry["modules"]), "count": len(entry["modules"]), "calls": entry["calls"],
                           "ops": {entry["op"]: entry["calls"]}}
             if host := _device_path_host(entry, findings):   # the module's own cause, seen on the CPU
-                host.occurrences = findings_mod.merge_occurrences(host.occurrences, {"ops": occurrence["ops"]})
+                host.occurrences = merge_occurrences(host.occurrences, {"ops": occurrence["ops"]})
                 host.message += f"; recorded on the CPU as {entry['op']} ({entry['calls']} calls)"
                 host.severity = min(host.severity, rule.severity, key=order.get)
                 continue
@@ -251,7 +250,7 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
                                     + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
                                     module=where, ops=[entry["op"]], source=rule.source, where=entry["where"],
                                     owner=owners.owner(entry["where"]), occurrences=occurrence,
-                                    cause=findings_mod.cause_key(entry["status"], entry["op"], entry["where"])))
+                                    cause=cause_key(entry["status"], entry["op"], entry["where"])))
     for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper, never a rewrite
         f.advice = reconcile.advice_for(f.to_dict(), f.owner)
     return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module or "", f.cause or ""))
@@ -439,7 +438,7 @@ def _tokenizer_findings(model, texts) -> list[Finding]:
     if found is None:
         return []
     return [Finding(found["kind"], found["severity"], found["message"], found["advice"],
-                    cause=findings_mod.cause_key(found["kind"], "tokenizer"),
+                    cause=cause_key(found["kind"], "tokenizer"),
                     occurrences={"texts": found["texts"], "lost": found["lost"]})]
 
 

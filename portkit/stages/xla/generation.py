@@ -2,11 +2,11 @@
 static KV cache, for a TPU topology, the cache in HBM, and the largest batch that fits at a context.
 
     >>> from portkit.models import registry as models
-    >>> from portkit.stages.xla import generation as xla_generation
+    >>> from portkit.stages.xla import generation
     >>> lm = models.load("gpt2")
-    >>> found = xla_generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
+    >>> found = generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
     >>> found["decode"].breakdown      # HBM per device: weights, KV cache, inputs, temporaries, logits, code
-    >>> xla_generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
+    >>> generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
 
 Serving with a static cache (portkit/workloads/generation.py) compiles one prefill graph per (batch, prompt bucket)
 and one decode step per (batch, context bucket); the cache's length is the context bucket. Here each graph
@@ -29,7 +29,7 @@ from torch import nn
 
 from portkit.core import placement
 from portkit.workloads import generation
-from portkit.tpu_compile import cache as xla_cache
+from portkit.tpu_compile.cache import source_digest
 from portkit.tpu_compile import compiler
 from portkit.tpu_compile import sharded
 from portkit.core.errors import BadParameter
@@ -159,7 +159,7 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
         found.status, found.message = "trace_failed", compiler.error_message(exc)
         return found
     context_key = sharded.check_context(topology, topo, "serving graph, cache donated",
-                                            code=xla_cache.source_digest(compile_graph))
+                                            code=source_digest(compile_graph))
     verdict, found.cached, _ = compiler.compiler_verdict(jax, lowered, topology, context_key)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
@@ -186,7 +186,7 @@ def compile_serving(lm, batch: int, prompt: int, context: int, topology: str,
 def largest_batch(lm, context: int, topology: str, dtype: str | None = None,
                   first: GraphCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
     """The largest batch whose decode step at a `context`-position cache fits one device (a compile per try,
-    at most `limit`, xla_sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:
+    at most `limit`, sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:
     what one row adds (its cache, inputs, temporaries and logits) into the room left."""
     first = first or compile_graph(lm, "decode", 1, 1, context, topology, dtype)
     guess = None

@@ -76,12 +76,12 @@ class Options(options.StageOptions):
 
     def check(self, model: str | None) -> None:
         from portkit.models import meta_device
-        from portkit.workloads import generation
+        from portkit.workloads.generation import check_workload
         if meta_device.is_name(model):          # its sequence lengths against the config's limit
             module = meta_device.build(model)
             for seq in [self.scale_seq, *self.scale_buckets]:
                 meta_device.text_shape(module, self.scale_batch, seq)
-        if generation.check_workload(self.workload, model) == "train" and meta_device.is_name(model):
+        if check_workload(self.workload, model) == "train" and meta_device.is_name(model):
             raise BadParameter("workload for a real-size model without weights", self.workload, ["inference"],
                                hint=f"{model} is checked sharded for inference; train a model with weights")
 
@@ -307,14 +307,14 @@ class XlaStage:
     def workload_questions(self, name: str) -> list[dict]:
         """The training step's or serving graphs' HBM fit, open where portkit's conversion stopped them before the
         compiler (core.assessed), or where the model's cache is not the key/value cache the serving graph carries."""
-        from portkit.stages.xla import generation as xla_generation
+        from portkit.stages.xla import generation
         found = []
         for what, graph in (("training step", self.training.get(name)), ("serving graphs", self.serving.get(name))):
             if isinstance(graph, dict) and graph.get("status") in CONVERTED:
                 found.append(assessed.open_question(
                     f"HBM fit of the {what}", f"portkit's {CONVERSION} stopped it before the compiler: "
                                               f"{str(graph.get('summary', ''))[:300]}"))
-            elif isinstance(graph, dict) and graph.get("status") == xla_generation.NOT_KV:
+            elif isinstance(graph, dict) and graph.get("status") == generation.NOT_KV:
                 found.append(assessed.open_question(f"HBM fit of the {what}", str(graph["summary"])[:300]))
         return found
 
@@ -364,8 +364,8 @@ def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaS
         shapes, sources[name] = stage_shapes(out_dir, name, model, opts)
         reports[name] = xla_section(model, name, shapes, opts)
         if opts.largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
-            from portkit.stages.xla import realsize as scale
-            largest[name] = scale.largest_per_shape(model, shapes, reports[name], opts.dtype)
+            from portkit.stages.xla import realsize
+            largest[name] = realsize.largest_per_shape(model, shapes, reports[name], opts.dtype)
         if specs.detect(name).native and not specs.get(name).reference:   # a measurement, not an estimate
             from portkit.targets import capacity
             measured[name] = capacity.measure_native(model, name, shapes)
@@ -378,8 +378,8 @@ def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaS
 def _real_size(model, target_names, out_dir, opts: Options) -> XlaStage:
     """An abstract model's stage: each target's real-size check (portkit.stages.xla.realsize)."""
     from portkit.models import meta_device
-    from portkit.stages.xla import realsize as scale
-    checks = scale.run(model, target_names, opts)
+    from portkit.stages.xla import realsize
+    checks = realsize.run(model, target_names, opts)
     names = specs.parse_targets(target_names)
     reports = {n: checks[n].main if n in checks else XlaSkipped(
         n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
@@ -409,10 +409,10 @@ def _per_compiler(target_names, what: str, instead: str, check) -> dict:
 def _serving(model, plan, opts: Options) -> dict:
     """One TPU target's prefill and decode graphs at the plan's largest buckets (plan: stage 3's serving
     plan, (prompt buckets, context buckets), or None), and the largest batch whose decode step fits."""
-    from portkit.stages.xla import generation as xla_generation
+    from portkit.stages.xla import generation
     from portkit.tpu_compile import sharded
-    if (why := xla_generation.not_kv_cache(model)) is not None:
-        return {"status": xla_generation.NOT_KV,
+    if (why := generation.not_kv_cache(model)) is not None:
+        return {"status": generation.NOT_KV,
                 "summary": f"serving graphs not compiled: {why}; portkit's serving graph carries a key/value cache "
                            "only, so their HBM fit and largest batch are not assessed"}
     if plan:
@@ -420,12 +420,12 @@ def _serving(model, plan, opts: Options) -> dict:
     else:
         context = min(model.max_length, 2 * opts.seq_len)
         prompt, source = min(opts.seq_len, context - 1), "parameter seq_len (no serving plan in buckets.json)"
-    graphs = xla_generation.compile_serving(model, opts.batch_size, prompt, context, opts.topology, opts.dtype)
+    graphs = generation.compile_serving(model, opts.batch_size, prompt, context, opts.topology, opts.dtype)
     found = {g: c.to_dict() for g, c in graphs.items()}
     found.update(prompt=prompt, context=context, source=source, status=graphs["decode"].status)
     found["summary"] = "; ".join(c.summary() for c in graphs.values())
     if graphs["decode"].status == "compiled":
-        n, tried = xla_generation.largest_batch(model, context, opts.topology, opts.dtype, first=graphs["decode"])
+        n, tried = generation.largest_batch(model, context, opts.topology, opts.dtype, first=graphs["decode"])
         found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
         found["summary"] += (f"; largest batch whose decode fits at context {context}: "
                              f"{n}{sharded.bound_text(n, tried)} ({source})")
@@ -437,9 +437,9 @@ def training_step(model, target_names, opts: Options | None = None) -> dict:
     topology at batch_size x seq_len of real text (portkit.stages.xla.training), its memory broken down, and the
     largest micro-batch that fits one device. Neuron has no compiler here: its entry says so. opts None: the
     notebook's defaults."""
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import load_corpus
     opts = Options.defaults() if opts is None else opts
-    corpus = functools.cache(data.load_corpus)      # read once, and only where a target compiles
+    corpus = functools.cache(load_corpus)      # read once, and only where a target compiles
     return _per_compiler(target_names, "training step", "stage 2 classified the step's ops, forward and backward",
                          lambda name: _training(model, corpus(), opts))
 
@@ -448,20 +448,20 @@ def _training(model, corpus, opts: Options) -> dict:
     """One TPU target's training step, the largest micro-batch that fits, and its temporaries split into what
     grows with the batch and what does not."""
     from portkit.tpu_compile import sharded
-    from portkit.stages.xla import training as xla_training
+    from portkit.stages.xla import training
     topology, dtype = opts.topology, opts.dtype
-    spec = xla_training.step_inputs(model, corpus, opts.batch_size, opts.seq_len)
-    step = xla_training.compile_step(model, spec, topology, dtype)
+    spec = training.step_inputs(model, corpus, opts.batch_size, opts.seq_len)
+    step = training.compile_step(model, spec, topology, dtype)
     found = step.to_dict()
     if step.status != "compiled":
         return found
     # twice the batch: the search's guess and the temporaries' split both read it, compiled once
-    second = xla_training.compile_step(model, xla_training.with_batch(spec, 2 * step.batch), topology, dtype)
-    n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
+    second = training.compile_step(model, training.with_batch(spec, 2 * step.batch), topology, dtype)
+    n, tried = training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
     found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
     found["summary"] += (f"; largest micro-batch that fits: {n}{sharded.bound_text(n, tried)} x {opts.seq_len} "
                          f"({len(tried)} compile(s))")
-    split = xla_training.split_temporaries(step, second)
+    split = training.split_temporaries(step, second)
     if split:
         found["temporaries"] = split
     found["summary"] += _temporaries(step, second, split)
