@@ -22,6 +22,7 @@ from portkit.run import jupyter_kernels
 from portkit.run import stage_kernel
 from portkit.runfolder import layout
 from portkit.runfolder import results
+from portkit.runfolder import run_log
 from portkit.runfolder.layout import Stage
 
 @dataclass
@@ -216,7 +217,7 @@ def _stop_interrupted(schedule: _Schedule, run: Run) -> list[str]:
             (run.out / stage.result).unlink(missing_ok=True)
             if stage.early:
                 (run.out / stage.early).unlink(missing_ok=True)
-            layout.record(run.out, stage.name, layout.INTERRUPTED, time.perf_counter() - start,
+            run_log.record(run.out, stage.name, layout.INTERRUPTED, time.perf_counter() - start,
                              "interrupted (Ctrl-C) before it ended; rerun the stage")
             stopped.append(stage.name)
         atomic_io.remove_partials(run.out)
@@ -287,11 +288,11 @@ def _ended(stage: Stage, start: float, outcome, run: Run) -> None:
     out, result = run.out, run.result
     seconds = result.seconds[stage.name] = time.perf_counter() - start
     if isinstance(outcome, StageSkipped):
-        layout.record(out, stage.name, "skipped", seconds, str(outcome))
+        run_log.record(out, stage.name, "skipped", seconds, str(outcome))
         result.summaries[stage.name] = f"skipped: {outcome}"
         run.printer.ended(f"[{stage.name}] skipped: {outcome} ({seconds:.0f} s)")
         return
-    layout.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
+    run_log.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
     if outcome:
         result.failures[stage.name] = outcome
         run.printer.ended(f"[{stage.name}] FAILED: {outcome} ({seconds:.0f} s)")
