@@ -264,7 +264,8 @@ def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
     # stage 1 reports it for every target, a cause of its own that torch.compile does not change
     from portkit.stages import reconcile
     from portkit.stages.fallbacks import stage
-    report = stage.find_fallbacks(m, m.encode(TEXTS[:2], pad_to=16), ["neuron", "tpu"], texts=TEXTS).to_dict()
+    report = stage.find_fallbacks(m, m.encode(TEXTS[:2], pad_to=16), ["neuron", "tpu"],
+                                  stage.RecordSettings(texts=TEXTS)).to_dict()
     for target in ("neuron", "tpu"):
         [f] = [f for f in report["targets"][target]["findings"] if f["kind"] == "tokenizer_roundtrip"]
         assert f["severity"] == "blocker" and f["occurrences"]["lost"] == found["lost"]

@@ -25,7 +25,8 @@ def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     m = registry.load("lstm")
     inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 16)
-    fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described).save(out / "fallbacks.json")
+    settings = fallbacks.RecordSettings(description=described)
+    fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], settings).save(out / "fallbacks.json")
     return out
 
 

@@ -157,7 +157,7 @@ def _stub_stages(monkeypatch, failing=()):
     from portkit.models import registry
     m = registry.load("lstm")
     inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 8)
-    made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described)
+    made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], fallbacks.RecordSettings(description=described))
     ran = []
 
     def execute(stage, values, out, progress, kernel):

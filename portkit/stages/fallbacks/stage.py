@@ -442,19 +442,33 @@ def _tokenizer_findings(model, texts) -> list[Finding]:
                     occurrences={"texts": found["texts"], "lost": found["lost"]})]
 
 
+@dataclass(frozen=True)
+class RecordSettings:
+    """How stage 1 records its pass, beyond the batch: a training step or a forward (train), the batch's words in the
+    report (description), the workload ("generate": greedy generation from `prompts`) and the corpus texts the batch
+    came from (texts, checked to round-trip through the model's tokenizer)."""
+    train: bool = False
+    description: str | None = None
+    workload: str = "inference"
+    prompts: list[str] | None = None
+    texts: list[str] | None = None
+
+
 def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"),
-                   train: bool = False, description: str | None = None, workload: str = "inference",
-                   prompts: list[str] | None = None, texts: list[str] | None = None) -> FallbackReport:
+                   settings: RecordSettings | None = None) -> FallbackReport:
     """Record one eager pass of `model` on `inputs` and classify it for every target.
 
-    model: a portkit.models.registry.LoadedModel. inputs: the dict its encode() returns.
+    model: a portkit.models.registry.LoadedModel. inputs: the dict its encode() returns. settings: RecordSettings
+    (None: a forward pass, inference).
     In native mode for a target, its pass is recorded on the device with the live dispatcher table,
     and the vendor's own fallback record is added. workload "generate" (a causal LM): greedy generation of
     GENERATED_TOKENS from `prompts` with a static KV cache is recorded instead (prefill, then decode steps
     writing the cache: generation.generate_static), on the CPU in both modes. texts: the corpus the batch came
     from, checked to round-trip through the model's tokenizer (a tokenizer that loses the text is a finding).
     """
-    run = _generation(model, prompts or [], inputs) if workload == "generate" else None
+    settings = settings or RecordSettings()
+    train, description, texts = settings.train, settings.description, settings.texts
+    run = _generation(model, settings.prompts or [], inputs) if settings.workload == "generate" else None
     if run is not None:
         description = f"{description or 'prompts'}; generation of {GENERATED_TOKENS} tokens, static KV cache"
     names = specs.parse_targets(targets)
