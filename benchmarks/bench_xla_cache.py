@@ -50,7 +50,7 @@ def _child(args) -> None:
 
     xla.xla_section = timed                          # run_stage calls it once per target
     start = time.perf_counter()
-    stage = xla.run_stage(model, args.targets, args.run, xla.Options.of({"topology": args.topology}))
+    stage = xla.run_stage(model, args.targets, xla.Options.of({"topology": args.topology}), run_dir=args.run)
     wall = time.perf_counter() - start
     shapes = {name: [{"label": s.label, "status": s.status, "cached": s.cached, "lower": s.lower_seconds,
                       "compile": s.compile_seconds} for s in r.shapes]

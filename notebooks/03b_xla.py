@@ -84,7 +84,7 @@ xla.shape_table(out, targets, m, opts=opts)
 # measurements. `benchmarks/bench_sharded.py` measures what such a compile takes on this host (time and memory).
 
 # %%
-stage = xla.run_stage(m, targets, out, opts=opts)
+stage = xla.run_stage(m, targets, opts, run_dir=out)
 stage
 
 # %% [markdown]

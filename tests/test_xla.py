@@ -462,7 +462,7 @@ def test_readers_name_each_stage_result_as_the_runner_does(tmp_path):
 
 @needs_xla
 def test_stage_turns_failures_into_findings(bert, tmp_path):
-    stage = xla.run_stage(bert, ["tpu", "cpu"], tmp_path, xla.Options.of({"batch_size": 4096, "seq_len": 512}))
+    stage = xla.run_stage(bert, ["tpu", "cpu"], xla.Options.of({"batch_size": 4096, "seq_len": 512}), run_dir=tmp_path)
     saved = stage.to_dict()
     tpu = saved["targets"]["tpu"]
     assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == specs.detect("tpu").mode
@@ -476,8 +476,8 @@ def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_p
     from portkit.stages.report import stage as report
     from portkit.tpu_compile import sharded
     monkeypatch.setattr(sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
-    stage = xla.run_stage(bert, ["tpu"], tmp_path,
-                          xla.Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}))
+    stage = xla.run_stage(bert, ["tpu"],
+                          xla.Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}), run_dir=tmp_path)
     (found,) = stage.largest["tpu"]
     # the memory model puts bert's boundary far past the search's limit: one compile, at the limit, fits
     assert found["guess"] > 4 and found["tried"] == {"4": True} and found["batch"] == 4
@@ -485,8 +485,8 @@ def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_p
     stage.save(tmp_path / "xla.json")
     scale = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["scale"]
     assert scale == {"largest batch that fits HBM, seq 32": "4+ (the search's limit) on v5e:1x1 (1 compiles)"}
-    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], tmp_path, xla.Options.of(
-        {"batch_size": 1, "seq_len": 32})).to_dict()["targets"]["tpu"]      # off by default: no extra compile
+    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], xla.Options.of(
+        {"batch_size": 1, "seq_len": 32}), run_dir=tmp_path).to_dict()["targets"]["tpu"]   # off by default: no compile
 
 
 @needs_xla

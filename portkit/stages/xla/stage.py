@@ -10,7 +10,7 @@ comes back from portkit's verdict cache (portkit.tpu_compile.cache) on a rerun; 
     >>> m = models.load("minilm")
     >>> opts = xla.Options.of({"topology": "v5e:1x1"}, model="minilm")   # the notebook's defaults, checked
     >>> xla.shape_table("runs/minilm", ["neuron", "tpu"], m, opts)       # what will be checked
-    >>> stage = xla.run_stage(m, ["neuron", "tpu"], "runs/minilm", opts)
+    >>> stage = xla.run_stage(m, ["neuron", "tpu"], opts, run_dir="runs/minilm")
     >>> stage.save("runs/minilm/xla.json"); print(stage.summary())
     >>> xla.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])     # one target, one line in a notebook cell
 
@@ -346,17 +346,17 @@ class XlaStage:
         return "".join(self.scale.get(n, r)._repr_html_() for n, r in self.reports.items())
 
 
-def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaStage:
-    """Run each target's XLA check over the shapes the earlier stages chose (opts None: the notebook's
-    defaults). An abstract model (no weights) gets the real-size check instead (portkit.stages.xla.realsize):
-    sharded over scale_topologies until one fits, the largest batch per bucket (scale_buckets, default
-    [scale_seq]), capacity per chip. largest_batch: also search each TPU shape's largest batch that fits HBM
-    (portkit.stages.xla.realsize.largest_per_shape; a few compiles each). workload "train": also the whole
-    training step compiled for the TPU topology at batch_size x seq_len, its memory broken down, and the
-    largest micro-batch that fits (training_step); workload "generate": the prefill and decode graphs with
-    their KV cache and the largest batch at the context (serving_graphs)."""
+def run_stage(model, target_names, opts: Options | None = None, *, run_dir) -> XlaStage:
+    """Run each target's XLA check over the shapes the earlier stages chose in the run folder `run_dir` (opts None:
+    the notebook's defaults). An abstract model (no weights) gets the real-size check instead
+    (portkit.stages.xla.realsize): sharded over scale_topologies until one fits, the largest batch per bucket
+    (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also search each TPU shape's largest
+    batch that fits HBM (portkit.stages.xla.realsize.largest_per_shape; a few compiles each). workload "train":
+    also the whole training step compiled for the TPU topology at batch_size x seq_len, its memory broken down,
+    and the largest micro-batch that fits (training_step); workload "generate": the prefill and decode graphs
+    with their KV cache and the largest batch at the context (serving_graphs)."""
     from portkit.core.progress import bar as progress_bar
-    opts = Options.defaults() if opts is None else opts
+    opts, out_dir = Options.defaults() if opts is None else opts, run_dir
     if is_abstract(model):
         return _real_size(model, target_names, out_dir, opts)
     reports, sources, largest, measured = {}, {}, {}, {}
