@@ -39,11 +39,11 @@ def main() -> None:
         stage.record(model, inputs, train=False)
 
     def without_frames():
-        recording.frames.caller = lambda depth=1: None
+        recording.owners.caller = lambda depth=1: None
         try:
             stage.record(model, inputs, train=False)
         finally:
-            recording.frames.caller = caller
+            recording.owners.caller = caller
 
     caller = owners.caller
     for _ in range(3):

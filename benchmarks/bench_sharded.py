@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, resource, sys, time
-from portkit.models import abstract as abstract_models
+from portkit.models import meta_device
 from portkit.targets import capacity
-from portkit.tpu_compile import sharded as xla_sharded
+from portkit.tpu_compile import sharded
 name, topology, batch, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 start = time.perf_counter()
-m = abstract_models.build(name)
+m = meta_device.build(name)
 built = time.perf_counter() - start
-r = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, batch, seq)], topology)
+r = sharded.compile_sharded(m, [meta_device.text_shape(m, batch, seq)], topology)
 x = r.shapes[0]
 roof = capacity.roofline(r, x, tokens=batch * seq) if x.status == "compiled" else None
 print(json.dumps({"parameters": r.parameters, "parameter_bytes": r.parameter_bytes, "build_s": built,

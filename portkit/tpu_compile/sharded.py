@@ -6,7 +6,7 @@ Each weight is split over the topology's devices along its first dimension that 
 compiler inserts the collectives this needs (all-gathers of weights, reductions); each result counts
 them in the compiled HLO. Compile-only, no TPU needed; verdicts go through portkit's verdict cache.
 
-    >>> from portkit.models import abstract
+    >>> from portkit.models import meta_device
     >>> from portkit.tpu_compile import sharded
     >>> m = meta_device.build("llama3-8b")
     >>> r = sharded.compile_sharded(m, [meta_device.text_shape(m, 8, 1024)], "v5e:2x4")

@@ -108,7 +108,7 @@ class Hit:
     detail: str
     key: str = ""                 # groups hits into one finding (a kernel's name, a package, a module class)
     guarded: bool = False         # an import inside try/except ImportError (or an availability check)
-    owner: dict | None = None     # None: frames.owner(where)
+    owner: dict | None = None     # None: owners.owner(where)
     module: str | None = None     # the module path, for a hit on the instantiated model
 
 

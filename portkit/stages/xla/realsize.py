@@ -8,7 +8,7 @@ out-of-HBM verdict (seeded from the memory the first compile measured); the roof
 Neuron: the StableHLO lowering check, and capacity per Trainium/Inferentia chip from the FLOPs counted
 on the graph (portkit.targets.capacity). Every verdict goes through the verdict cache: a rerun compiles nothing.
 
-    >>> from portkit.models import abstract
+    >>> from portkit.models import meta_device
     >>> from portkit.stages.xla import realsize as scale, stage as xla
     >>> m = meta_device.build("llama3-8b")
     >>> checks = scale.run(m, ["neuron", "tpu"], xla.Options.of({"scale_batch": 8, "scale_seq": 1024}))
