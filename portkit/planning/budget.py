@@ -7,13 +7,19 @@ runs, calibrated against published measured throughput, and the verdict it suppo
     >>> found.bound, found.seconds                           # 'HBM bandwidth', a lower bound on the time
     >>> budget.efficiency("neuron", batch=1)                 # the spread of measured / roofline (calibration.json)
     >>> budget.verdict("neuron", usd, 2.4, {"H100": gpu_usd})  # favours moving or staying, break-even, how sure
+    >>> budget.position_price(21.2e6, 1.8e5, "trn2", "neuron", budget.precision_of("neuron"))  # a padded position
 
 Rules (each owned here):
 - precision: a side computes at the matmul precision stage 4 chose (its precision's matmul_inputs: none -> fp32,
   TF32, bf16/fp16); the peak is the chip's published dense peak for it (data/targets/chips.json "peaks"); a TPU
   computes float32 matmuls in bf16 passes (data/targets/precision_costs.json), so its peak is bf16 / passes.
+- bytes, the same rule on every side (graph_workload): the weights as stored (4 bytes a parameter) once a batch,
+  plus the activations counted on the model's graph (capacity.ACTIVATION_RULE) a position; XLA's bytes accessed
+  of the compiled TPU shapes is a cross-check shown beside it, never the TPU's own term.
 - roofline: seconds a request = max(FLOPs / peak, bytes / HBM bandwidth) for a batch, over its requests; no
-  per-request fixed overhead is added (no public figure for these runtimes was found): a lower bound on time.
+  per-request fixed overhead is added (no public figure for these runtimes was found): a lower bound on time
+  but for the activations, which a fusing compiler may keep partly on chip.
+- padding (position_price): a padded position costs the roofline of the FLOPs and activation bytes it adds.
 - calibration: efficiency = measured / roofline throughput of each published measurement (calibration.json,
   docs/benchmarks/calibration.md; batch-1 ones for a batch-1 plan where a family has enough); a side's cost is
   the range bound / max efficiency .. bound / min efficiency, never below the bound (efficiency is at most 1).
@@ -36,6 +42,28 @@ def precision_class(precision: dict | None) -> str:
     """The matmul precision a side computes at, from a precision's to_dict() (stage 4's choice):
     its matmul_inputs (None: float32 throughout)."""
     return MATMUL_CLASS.get((precision or {}).get("matmul_inputs"), "fp32")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The precision a target is priced at: its matmul class, the bf16 passes a float32 matmul takes, what says so."""
+    cls: str
+    passes: float
+    said: str
+
+
+def precision_of(target: str, chosen: dict | None = None, default_said: str = "") -> Precision:
+    """The precision `target` computes at: `chosen` (a precision's to_dict(), stage 4's choice), else the target's
+    default precision, which `default_said` names (why the default). A TPU's float32 matmuls take the bf16 passes
+    data/targets/precision_costs.json states for the setting."""
+    from portkit.targets import numerics
+    from portkit.targets import specs
+    said = "stage 4 chose" if chosen else f"{default_said or 'the target default precision'}:"
+    chosen = chosen or specs.get(target).default_precision.to_dict()
+    cost = numerics.precision_cost(target, chosen.get("name", ""))
+    passes = cost["relative_matmul_cost"] if cost and chosen.get("matmul_inputs") is None and target == "tpu" else 1
+    return Precision(precision_class(chosen), float(passes),
+                     f"{said} '{chosen.get('name', '')}' ({chosen.get('description', '')})")
 
 
 def peak(chip: str, family: str, cls: str, passes: float = 1.0) -> tuple[float, str]:
@@ -87,6 +115,29 @@ def roofline(work: Workload, chip: str, cls: str, family: str = "tpu", passes: f
     memory = (work.bytes_per_batch / batch + work.bytes_per_request) / bandwidth
     return Roofline(max(compute, memory), compute, memory, "compute" if compute >= memory else "HBM bandwidth", cls,
                     flops_s, bandwidth, source)
+
+
+# ---------------------------------------------------------------- bytes: one rule for every side
+WEIGHT_BYTES_PER_PARAMETER = 4.0      # the weights as stored: float32
+BYTES_RULE = ("bytes, the same rule on every side: the weights as stored (4 bytes a parameter), read once a batch, "
+              "plus the activation bytes a position counted on the model's graph (every ATen op's outputs, views "
+              "excluded, once each: stage 3's count); XLA's bytes accessed by the compiled TPU shapes is shown beside "
+              "the TPU's as a cross-check, not used")
+
+
+def graph_workload(flops_per_position: float, parameters: float, activation_bytes_per_position: float | None,
+                   positions: float, batch: int) -> Workload:
+    """A request on any side by BYTES_RULE: `positions` positions of the graph's FLOPs and activation bytes (None:
+    not counted, a lower bound) and the weights once a batch of `batch` requests."""
+    return Workload(flops_per_position * positions, WEIGHT_BYTES_PER_PARAMETER * parameters,
+                    (activation_bytes_per_position or 0.0) * positions, batch)
+
+
+def position_price(flops: float, activation_bytes: float | None, chip: str, family: str,
+                   precision: Precision) -> Roofline:
+    """What one padded position costs: the roofline of the FLOPs and the activation bytes it adds (the weights
+    are read once a batch however long its sequences are), at `precision`."""
+    return roofline(Workload(flops, 0.0, activation_bytes or 0.0, 1), chip, precision.cls, family, precision.passes)
 
 
 # ---------------------------------------------------------------- calibration against published measurements
