@@ -197,6 +197,10 @@ def test_the_calibration_table_is_what_the_code_uses():
     assert "fewer than 3" in budget.efficiency("gpu", 1).note          # one L4 SingleStream result: said
     page = (budget.CALIBRATION.parents[2] / "docs" / "benchmarks" / "calibration.md").read_text()
     assert all(r["source"] in page for r in rows)
+    # a family with no measurement stays uncalibrated, and the page lists every search made for one
+    searched = budget.calibration_searches()
+    assert {r["family"] for r in searched} == {"tpu"} and not [r for r in rows if r["family"] == "tpu"]
+    assert all(r["query"] in page and r["found"] in page for r in searched)
     # one row checked by hand: bert-base at 128 tokens, batch 8, bf16 on one Inferentia2 chip (190 TFLOP/s)
     bert = next(r for r in rows if r["model"] == "bert-base-uncased")
     flops = 2 * 12 * (4 * 768 ** 2 + 2 * 768 * 3072) * 128 + 4 * 12 * 128 ** 2 * 768

@@ -147,6 +147,12 @@ def calibration_rows() -> tuple[dict, ...]:
     return tuple(json.loads(CALIBRATION.read_text(encoding="utf-8"))["rows"])
 
 
+def calibration_searches() -> tuple[dict, ...]:
+    """The searches made for published measurements of a family without one (calibration.json "searches": family,
+    where, query, what was found), listed on docs/benchmarks/calibration.md."""
+    return tuple(json.loads(CALIBRATION.read_text(encoding="utf-8")).get("searches", ()))
+
+
 def encoder_workload(row: dict) -> Workload:
     """A calibration row's sample: FLOPs = 2 x matmul weights x tokens + 4 x layers x tokens^2 x hidden
     (attention scores and their product with values); bytes = the matmul weights once a batch."""
