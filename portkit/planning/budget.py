@@ -7,22 +7,16 @@ runs, calibrated against published measured throughput, and the verdict it suppo
     >>> found.bound, found.seconds                           # 'HBM bandwidth', a lower bound on the time
     >>> budget.efficiency("neuron", batch=1)                 # the spread of measured / roofline (calibration.json)
     >>> budget.verdict("neuron", usd, 2.4, {"H100": gpu_usd})  # favours moving or staying, break-even, how sure
-    >>> budget.position_price(21.2e6, 1.8e5, "trn2", "neuron", budget.precision_of("neuron"))  # a padded position
 
 Rules (each owned here):
-- precision: a side computes at the matmul precision stage 4 chose (its precision's matmul_inputs: none -> fp32,
-  TF32, bf16/fp16); the peak is the chip's published dense peak for it (data/targets/chips.json "peaks"); a TPU
-  computes float32 matmuls in bf16 passes (data/targets/precision_costs.json), so its peak is bf16 / passes.
-- bytes, the same rule on every side (graph_workload): the weights as stored (4 bytes a parameter) once a batch,
-  plus the activations counted on the model's graph (capacity.ACTIVATION_RULE) a position; XLA's bytes accessed
-  of the compiled TPU shapes is a cross-check shown beside it, never the TPU's own term.
-- roofline: seconds a request = max(FLOPs / peak, bytes / HBM bandwidth) for a batch, over its requests; no
-  per-request fixed overhead is added (no public figure for these runtimes was found): a lower bound on time
-  but for the activations, which a fusing compiler may keep partly on chip.
-- padding (position_price): a padded position costs the roofline of the FLOPs and activation bytes it adds.
-- calibration: efficiency = measured / roofline throughput of each published measurement (calibration.json,
-  docs/benchmarks/calibration.md; batch-1 ones for a batch-1 plan where a family has enough); a side's cost is
-  the range bound / max efficiency .. bound / min efficiency, never below the bound (efficiency is at most 1).
+- precision (precision_of): the matmul precision stage 4 chose, else the target's default; the chip's published
+  dense peak for it (chips.json "peaks"); a TPU's float32 matmuls are bf16 passes (precision_costs.json).
+- bytes (graph_workload, BYTES_RULE), one rule on every side: the weights as stored once a batch plus the activation
+  bytes a position counted on the graph; XLA's bytes accessed is the TPU's cross-check, never its term.
+- roofline: a request's seconds = max(FLOPs / peak, bytes / HBM bandwidth) of its batch over its requests, with no
+  fixed overhead (none published); a padded position (position_price) costs the roofline of what it adds.
+- calibration: efficiency = measured / roofline of each published measurement (calibration.json); a side's cost
+  is the range bound / max efficiency .. bound / min efficiency, never below the bound (efficiency <= 1).
 """
 from __future__ import annotations
 
