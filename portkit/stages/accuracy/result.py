@@ -23,6 +23,7 @@ import torch
 
 from portkit.targets import specs
 from portkit.targets.backends import compile_cause
+from portkit.stages.accuracy import padding_side
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
 from portkit.core import grading
@@ -340,7 +341,7 @@ class TargetAccuracy:
         out = {}
         for path in self.failing_paths():
             entry = next((t for t in self.tried if t["precision"] == other.name and t["path"] == path
-                          and not t.get("unpadded")), None)
+                          and not t.get("unpadded") and not t.get("padding_side")), None)
             if entry is not None:
                 out[path] = entry["passed"]
             elif path == MAIN_BATCH and other.target_side == self.chosen.target_side:
@@ -389,9 +390,8 @@ class TargetAccuracy:
         return Finding("padding", grading.severity("padding"),
                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
                        "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
-                       "outputs at real positions",
-                       "this model needs exact-length batches or per-length buckets (stage 3's padding check names "
-                       "the same cause)", cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
+                       "outputs at real positions", padding_side.advice(self.tried, paths),
+                       cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
     def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
         """What portkit tried that still fails (each precision and where), then what it did not try, as leads."""
