@@ -3,11 +3,13 @@ second half against its first quarter. It does not depend on the order of the re
 first chunks are (a permutation property, and a step fed silence first), and its worst leaf is never one whose error
 is exactly 0. The noise guarantee (flat noise passes, a steady rise fails) is pinned in tests/test_audio.py."""
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from portkit.core.errors import BadParameter
 from portkit.models import audio
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
 from portkit.workloads import streaming
@@ -122,3 +124,60 @@ def test_a_state_part_carried_exactly_is_not_the_worst_leaf_of_a_real_stream():
     run = streaming.check_stream(step, streaming.Stream(_tone(2.5), 16000, "a tone", "synthetic"), ["tpu"]).runs[0]
     assert max(run.leaves["state_tail"]) == 0 and run.leaf_summary()["state_tail"]["exact"]
     assert run.drift_leaf == "state_h" and "state leaf state_h" in run.checks[0]["label"]
+
+
+class _Cancelling(nn.Module):
+    """A stable recurrence fed the difference of two near-equal projections of the chunk (weights 1e-3 apart): a
+    matmul whose operands are rounded to bf16 (TPU's default precision) loses that difference at the first chunk,
+    and the state, forgetting half of itself each chunk, stays as wrong as that without growing. Its one output has
+    one entry on its last axis, so the stream's output checks measure nothing."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(1600, 16, bias=False), nn.Linear(1600, 16, bias=False)
+        with torch.no_grad():
+            self.b.weight.copy_(self.a.weight * (1 + 1e-3))
+
+    def forward(self, chunk, state):
+        state = 0.5 * state + 1e3 * (self.b(chunk) - self.a(chunk))
+        return state.unsqueeze(-1), state
+
+
+def test_a_state_wrong_from_the_first_chunk_is_its_own_finding_not_drift():
+    """Rule (streams: a state wrong at once is told apart from one that drifts): a state whose one step from the
+    float64 state is beyond its precision's tolerance at the first chunk fails the state-level check and is the
+    stream_state finding, while the drift check, which sees no growth, passes; nothing is left to output checks
+    that here measure nothing. A stable step (_Leaky) passes the same level check at the same precision."""
+    from portkit.stages.accuracy.result import AccuracyReport
+    step = audio.StreamStep("cancelling", _Cancelling().eval(), 1600, (-1, 16), "test recurrence")
+    result = streaming.check_stream(step, streaming.Stream(_tone(3.0), 16000, "a tone", "synthetic"), ["tpu"])
+    run = result.runs[0]
+    checks = {c["metric"]: c for c in run.checks}
+    assert checks["drift_growth"]["passed"] and not checks["state_error"]["passed"]
+    assert run.level["first_chunk"] > run.state_rtol and "wrong from the first chunk" in str(run)
+    report = AccuracyReport({}, {}, {}, {}, stream=result)
+    [found] = report.stream_findings("tpu")
+    assert found.kind == "stream_state" and found.severity == "blocker" and "does not grow" in found.message
+    stable = audio.StreamStep("leaky", _Leaky().eval(), 1600, (-1, 16), "test recurrence")
+    run = streaming.check_stream(stable, streaming.Stream(_tone(3.0), 16000, "a tone", "synthetic"), ["tpu"]).runs[0]
+    assert {c["metric"]: c["passed"] for c in run.checks}["state_error"] and run.level["median"] < run.state_rtol
+
+
+def test_trailing_silence_is_left_out_of_the_drift():
+    """Rule (streams: silence at the end is no drift): 3 s of tone then 3 s of digital silence on a stable step. In
+    the silence one step's error is the rounding of a resting state, far below what the state carries from the tone,
+    so over the whole stream the statistic reads a rise beyond its budget (the old reading); the check judges the
+    chunks up to the last sound, says how many chunks of silence it left out, and passes."""
+    step = audio.StreamStep("leaky", _Leaky().eval(), 1600, (-1, 16), "test recurrence")
+    stream = streaming.Stream(np.concatenate([_tone(3.0), np.zeros(48000, dtype=np.float32)]), 16000,
+                              "a tone, then silence", "synthetic")
+    run = streaming.check_stream(step, stream, ["tpu"]).runs[0]
+    whole = _check(run.state_error, run.step_error)                 # every chunk, the silence counted
+    assert not whole["passed"] and whole["trend"]["rising"] and whole["value"] > BUDGET      # read as drift
+    assert run.sound_chunks == 30 and run.trailing_silence == 30
+    drift = run.checks[0]
+    assert drift["passed"] and not drift["trend"]["rising"] and "last 30 chunks are silence" in drift["label"]
+    with pytest.raises(BadParameter, match="chunks with sound"):
+        quiet = np.concatenate([_tone(1.0), np.zeros(48000, dtype=np.float32)])
+        streaming.check_stream(step, streaming.Stream(quiet, 16000, "mostly silence", "synthetic"), ["tpu"])

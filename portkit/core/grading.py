@@ -122,6 +122,9 @@ POLICY: tuple[Grade, ...] = (
     _g("accuracy", "accuracy_inconclusive", ANY, WORK, "the sample cannot tell the metric from its budget yet"),
     _g("accuracy", "output_shape", ANY, WORK, "an output's shape changes on the target: declare its axes"),
     _g("accuracy", "stream_drift", ANY, BLOCKER, "the streaming state drifts beyond noise: long streams degrade"),
+    _g("accuracy", "stream_state", ANY, BLOCKER,
+       "the streaming state is wrong beyond its precision's tolerance from the first chunk on: every chunk carries "
+       "it, however long the stream"),
     _g("accuracy", "stream_recompile", ANY, WORK, "a compile during a stream, after warm-up"),
     _g("accuracy", "stream_output", ANY, BLOCKER, "a stream output outside its budget"),
 )

@@ -468,7 +468,8 @@ class AccuracyReport:
         output outside its budget (stream_output)."""
         runs = [r for r in (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
                 if r["target"] == name]
-        return [stream_drift(r) if c["metric"] == "drift_growth" else stream_output(r, c)
+        return [stream_drift(r) if c["metric"] == "drift_growth" else stream_state(r, c)
+                if c["metric"] == "state_error" else stream_output(r, c)
                 for r in runs for c in r["checks"] if not c["passed"]] + \
             [stream_recompile(r) for r in runs if r.get("late_compiles")]
 
@@ -770,6 +771,20 @@ def stream_drift(run: dict) -> Finding:
                    f"keep the carried state in float32: {_keep_float32(run)}, or cast the state to float32 where it "
                    "is carried from step to step; a state rounded every step accumulates the rounding (recompute the "
                    "stream check after the change)")
+
+
+def stream_state(run: dict, check: dict) -> Finding:
+    """A stream run whose state is wrong from the first chunk (streaming.level_check fails), as the target's finding:
+    apart from the drift, which a state off by the same amount at every chunk does not show."""
+    return Finding("stream_state", grading.severity("stream_state"),
+                   f"streamed state wrong from the first chunk at precision '{run['precision']}' ({run['backend']}): "
+                   f"one step from the float64 state already gives {check['value']:.2g} ({check['budget']}, the "
+                   f"precision's tolerance), before anything is carried"
+                   + ("" if any(c["metric"] == "drift_growth" and not c["passed"] for c in run["checks"]) else
+                      f"; it does not grow (drift {run.get('drift_growth', float('nan')):.2f}x)"),
+                   f"may help: run the step in float32 ({_keep_float32(run)}; not tried on the stream), and look "
+                   "for an op that cancels (a difference of near-equal terms) or saturates in the step",
+                   consequence="every chunk's state, and what the stream decides from it, carries the error")
 
 
 def stream_recompile(run: dict) -> Finding:
