@@ -181,3 +181,43 @@ def test_trailing_silence_is_left_out_of_the_drift():
     with pytest.raises(BadParameter, match="chunks with sound"):
         quiet = np.concatenate([_tone(1.0), np.zeros(48000, dtype=np.float32)])
         streaming.check_stream(step, streaming.Stream(quiet, 16000, "mostly silence", "synthetic"), ["tpu"])
+
+
+class _NearTieStream(nn.Module):
+    """Two logits per chunk from weights 1e-3 apart (the same chunk through both): float32 tells them apart, a matmul
+    whose operands are rounded to bf16 (TPU's default precision) does not, so its top-1 labels part from float64's.
+    Its state halves each chunk from 1, exactly in any precision: nothing drifts and nothing is wrong in it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.near = nn.Linear(1600, 2, bias=False)
+        with torch.no_grad():
+            self.near.weight[1] = self.near.weight[0] * (1 + 1e-3)
+
+    def forward(self, chunk, state):
+        return self.near(chunk), 0.5 * state
+
+
+def test_a_stream_check_that_float32_fixes_is_work_and_says_it_was_tried():
+    """Rule (advice that was tried, one grading policy): a stream check failing at the target's default precision is
+    run again at its float32 precision on the same stream; where that passes, the finding is work (the policy's
+    FIXED_BY_SETTING) and says "tried: ... passes"; where it still fails (the cancelling state), a blocker that says
+    it still fails. Never advice to use float32 that portkit did not run."""
+    from portkit.core import grading
+    from portkit.models import inputs
+    from portkit.stages.accuracy.result import AccuracyReport
+    step = audio.StreamStep("near-tie", _NearTieStream().eval(), 1600, (-1, 4), "test head", initial_value=1.0,
+                            outputs=(inputs.Output("logits", inputs.CLASSIFIER),))
+    result = streaming.check_stream(step, streaming.Stream(_tone(3.0), 16000, "a tone", "synthetic"), ["tpu"])
+    run = result.runs[0]
+    assert run.tried == {"precision": "highest", "setting": run.tried["setting"], "checks": {"agreement:logits": True}}
+    [found] = AccuracyReport({}, {}, {}, {}, stream=result).stream_findings("tpu")
+    assert found.kind == "stream_output" and found.severity == grading.severity("stream_output",
+                                                                                grading.FIXED_BY_SETTING) == "work"
+    assert "tried: precision 'highest' passes" in found.advice
+    cancelling = audio.StreamStep("cancelling", _Cancelling().eval(), 1600, (-1, 16), "test recurrence")
+    result = streaming.check_stream(cancelling, streaming.Stream(_tone(3.0), 16000, "a tone", "synthetic"), ["tpu"])
+    [found] = AccuracyReport({}, {}, {}, {}, stream=result).stream_findings("tpu")
+    assert found.severity == "blocker" and "tried: precision 'highest'" in found.advice
+    assert "still fails" in found.advice

@@ -37,7 +37,8 @@ from portkit.targets import specs
 from portkit.models import inputs
 from portkit.models.audio import RATE, STATE, StreamStep
 from portkit.core.errors import BadParameter
-from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, tolerance_for, within
+from portkit.targets.tolerance import (DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, compute_dtype,
+                                       tolerance_for, within)
 
 # The drift's yardstick: the stream's first quarter, against its second half. A quarter of the stream holds many
 # chunks, so neither one chunk nor one quiet recording sets it (the first 3 chunks did: a silent start made any error
@@ -256,6 +257,9 @@ class TargetStream:
     not_lowered: list[str] = field(default_factory=list)
     sound_chunks: int | None = None           # chunks up to the last with sound (sounding); None: every chunk
     state_rtol: float | None = None           # the state's tolerance at the precision (tolerance.tolerance_for)
+    # where a check failed at a precision that rounds below float32: the same stream at the target's float32
+    # precision, {"precision", "setting", "checks": {check_key: passed}} (try_float32)
+    tried: dict | None = None
     checks: list[dict] = field(default_factory=list)
     leaf_errors: dict[str, list[float]] = field(default_factory=dict)   # per state leaf: carried error per chunk
     leaf_step_errors: dict[str, list[float]] = field(default_factory=dict)  # per state leaf: one step's per chunk
@@ -333,7 +337,7 @@ class TargetStream:
                 "state_level": self.level, "state_rtol": self.state_rtol,
                 "leaves": self.leaf_summary(), "label_agreement": self.agreement, "outputs": self.outputs,
                 "state_error": self.state_error, "step_error": self.step_error,
-                "not_lowered": self.not_lowered, "checks": self.checks, "passed": self.passed}
+                "not_lowered": self.not_lowered, "checks": self.checks, "passed": self.passed, "tried": self.tried}
 
     def __str__(self) -> str:
         d = self.to_dict()
@@ -464,6 +468,27 @@ def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list
     return run
 
 
+def check_key(check: dict) -> str:
+    """A stream check's key, the same at every precision: its metric and the output it judges."""
+    return f"{check['metric']}:{check['output'] or ''}"
+
+
+def try_float32(step: StreamStep, run: TargetStream, chunks, reference: tuple[list, list], bounds,
+                sound: int | None = None) -> dict | None:
+    """Where `run` fails a check at a precision that rounds below float32, the same stream at the target's float32
+    precision (the advice every stream finding gives), on the same target side: per failing check whether it passes
+    there. None where nothing failed, the run computes in float32 already, the target has no float32 precision, or
+    it runs natively (a precision is a flag set before the process starts there, so only the one in effect runs)."""
+    failing = [check_key(c) for c in run.checks if not c["passed"]]
+    target = specs.get(run.target)
+    fp32 = next((q for q in target.precisions if compute_dtype(q) == torch.float32), None)
+    if not failing or fp32 is None or fp32.name == run.precision or run.mode == "native":
+        return None
+    other = _run_target(step, run.target, chunks, reference, bounds, fp32.name, sound)
+    passed = {check_key(c): c["passed"] for c in other.checks}
+    return {"precision": fp32.name, "setting": fp32.setting, "checks": {k: passed.get(k, False) for k in failing}}
+
+
 def level_check(run: TargetStream) -> dict:
     """The stream's state-level check: one step's error from the float64 state at the stream's start (run.level)
     within the rtol of the dtype the precision computes in (tolerance.tolerance_for, the tolerance the state's
@@ -518,5 +543,7 @@ def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | No
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
     reference = _reference(step, chunks)
     runs = [_run_target(step, n, chunks, reference, bounds, (precision or {}).get(n), sound) for n in names]
+    for run in runs:
+        run.tried = try_float32(step, run, chunks, reference, bounds, sound)
     return StreamResult(step.describe(), {"seconds": stream.seconds, "source": stream.source,
                                           "label": stream.label, "rate": stream.rate}, len(chunks), runs)
