@@ -221,3 +221,19 @@ def test_a_stream_check_that_float32_fixes_is_work_and_says_it_was_tried():
     [found] = AccuracyReport({}, {}, {}, {}, stream=result).stream_findings("tpu")
     assert found.severity == "blocker" and "tried: precision 'highest'" in found.advice
     assert "still fails" in found.advice
+
+
+def test_the_built_in_gru_stream_ending_in_silence_does_not_drift():
+    """Rule (streams: silence at the end is no drift), on the registry's built-in streaming step (gru-stream: STFT
+    log-mel front end and GRU): 3 s of tone then 3 s of digital silence. Over every chunk the silence makes its
+    carried error hundreds of times one step's (the GRU rests; one step's error there is ~1e-7) and the old
+    reading fails it; judged up to the last sound, it passes, with its state within its precision's tolerance from
+    the first chunk and nothing to try at float32."""
+    step = audio.gru_step()
+    stream = streaming.Stream(np.concatenate([_tone(3.0), np.zeros(48000, dtype=np.float32)]), 16000,
+                              "a tone, then silence", "synthetic")
+    run = streaming.check_stream(step, stream, ["tpu"]).runs[0]
+    whole = _check(run.state_error, run.step_error)
+    assert not whole["passed"] and whole["value"] > 10 * BUDGET
+    assert run.trailing_silence == 30 and run.passed and run.tried is None
+    assert {c["metric"] for c in run.checks} >= {"drift_growth", "state_error"}
