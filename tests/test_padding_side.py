@@ -113,3 +113,14 @@ def test_the_other_side_is_only_tried_where_there_is_a_side():
     with padding_side.padding_on(m, "right"):
         assert m.encode(["a b"], pad_to=8)["attention_mask"][0, -1] == 0
     assert m.encode(["a b"], pad_to=8)["attention_mask"][0, 0] == 0 and m.tokenizer.padding_side == "left"
+
+
+def test_the_side_a_batch_is_padded_on_is_read_from_its_mask():
+    """Rule: the other side is tried only where flipping the tokenizer moves the padding (a declaration that builds
+    its batches another way gives no other side to try, rather than a try that tried nothing)."""
+    m = registry.LoadedModel("t", registry.TOKEN_CLASSIFIER, SequenceNormTagger(), "test", tokenizer=_tokenizer("left"))
+    texts = ["a b", "a much longer text than the other one"]
+    assert padding_side.lands_on(m, m.encode(texts, pad_to=16), "left")
+    assert not padding_side.lands_on(m, m.encode(texts, pad_to=16), "right")
+    with padding_side.padding_on(m, "right"):
+        assert padding_side.lands_on(m, m.encode(texts, pad_to=16), "right")

@@ -44,6 +44,16 @@ def padding_on(model, side: str):
         tokenizer.padding_side = own
 
 
+def lands_on(model, batch: dict, side: str) -> bool:
+    """Whether `batch` (built by the model's declaration) holds its padding on `side`: every row's real positions,
+    by the declaration's mask, start at the first slot (right) or end at the last (left). False where the
+    declaration names no mask, or builds its batches without the tokenizer's side (then flipping it tried nothing)."""
+    real = model.declaration.real_mask(batch, model.seq_dim) if model.seq_dim else None
+    if real is None or real.dim() != 2:
+        return False
+    return bool(real[:, 0 if side == "right" else -1].all())
+
+
 def advice(tried: list[dict], paths: list[str]) -> str:
     """The padding finding's advice from the other side's tries (entries with "padding_side", one per path): pad on
     that side where it passed on every path that fails only padded; else exact-length batches, saying what was

@@ -772,8 +772,11 @@ def _try_other_side(ref: Reference, side: TargetSide, paths: list[str], batches:
         return []
     tried = []
     for path in paths:
+        bucket = batches[int(path.removeprefix("bucket "))]
         with padding_side.padding_on(ref.model, other):
-            row = _bucket_row(ref, batches[int(path.removeprefix("bucket "))], precision, side, *how)
+            if not padding_side.lands_on(ref.model, ref.model.encode(bucket[2], pad_to=bucket[1]), other):
+                return []      # the declaration does not pad on the tokenizer's side: there is no other side to try
+            row = _bucket_row(ref, bucket, precision, side, *how)
         tried.append({"precision": precision.name, "setting": precision.setting, "path": path,
                       "padding_side": other, "passed": row["passed"], "reason": "; ".join(row["reasons"]) or None})
     return tried
