@@ -1,7 +1,11 @@
 """The stream's drift statistic: a state's carried error over one step's error at the same chunk, the stream's
 second half against its first quarter. It does not depend on the order of the recordings nor on how quiet the stream's
 first chunks are (a permutation property, and a step fed silence first), and its worst leaf is never one whose error
-is exactly 0. The noise guarantee (flat noise passes, a steady rise fails) is pinned in tests/test_audio.py."""
+is exactly 0. Trailing silence is left out of it; a state wrong from the first chunk is its own check and finding;
+a failing stream check is tried at the target's float32 precision before float32 is advised. The noise guarantee (flat
+noise passes, a steady rise fails) is pinned in tests/test_audio.py."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -237,3 +241,17 @@ def test_the_built_in_gru_stream_ending_in_silence_does_not_drift():
     assert not whole["passed"] and whole["value"] > 10 * BUDGET
     assert run.trailing_silence == 30 and run.passed and run.tried is None
     assert {c["metric"] for c in run.checks} >= {"drift_growth", "state_error"}
+
+
+def test_the_reports_stream_row_says_a_state_wrong_from_the_start_and_the_silence_left_out():
+    """Rule (streams, the report): the target's stream cell names one step's error at the start against its
+    tolerance (so a FAIL with a flat growth reads as a state wrong from the start) and the trailing silence the
+    drift left out."""
+    from portkit.stages.report import sections
+    errors = [0.1] * 30 + [0.05] * 10
+    run = streaming.TargetStream("tpu", "emulated", "portkit_tpu", "default", [], 0, errors, errors, 1.0,
+                                 sound_chunks=30, state_rtol=0.016)
+    run.checks = [streaming.drift_check(run, DEFAULT_TASK_BOUNDS), streaming.level_check(run)]
+    row = sections._stream_row(json.loads(json.dumps(run.to_dict())))
+    assert row.startswith("FAIL") and "one step 0.1 at the start (beyond 0.016)" in row
+    assert "10 chunks of trailing silence left out" in row and "growth 1.00x" in row
