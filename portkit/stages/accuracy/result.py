@@ -797,8 +797,8 @@ def stream_state(run: dict, check: dict) -> Finding:
             "; may help: look for an op that cancels (a difference of near-equal terms) or saturates in the step")
     return Finding("stream_state", grading.severity("stream_state", case),
                    f"streamed state wrong from the first chunk at precision '{run['precision']}' ({run['backend']}): "
-                   f"one step from the float64 state already gives {check['value']:.2g} ({check['budget']}, the "
-                   f"precision's tolerance), before anything is carried"
+                   f"one step from the float64 state already gives {check['value']:.2g} ({check['budget']}), "
+                   "before anything is carried"
                    + ("" if any(c["metric"] == "drift_growth" and not c["passed"] for c in run["checks"]) else
                       f"; it does not grow (drift {run.get('drift_growth', float('nan')):.2f}x)"),
                    tried + lead, consequence="every chunk's state, and what the stream decides from it, carries the "

@@ -247,9 +247,9 @@ def _accuracy_check(c: dict) -> str:
 def _stream_row(st: dict) -> str:
     """A target's stream run in one cell: its verdict, its state's error at the end and at its first step, the drift
     (over the chunks with sound: trailing silence left out) and the compiles after warm-up."""
-    level, rtol = st.get("state_level") or {}, st.get("state_rtol")
-    first = (f", one step {level['median']:.2g} at the start ({'within' if level['median'] <= rtol else 'beyond'} "
-             f"{rtol:g})" if level and rtol is not None else "")
+    level = next((c for c in st.get("checks") or () if c.get("metric") == "state_error" and c.get("bound")), None)
+    first = (f", one step {level['value']:.2g} at the start ({'within' if level['passed'] else 'beyond'} "
+             f"{level['bound']:.2g})" if level else "")
     silence = f" ({st['trailing_silence']} chunks of trailing silence left out)" if st.get("trailing_silence") else ""
     return (f"{'PASS' if st['passed'] else 'FAIL'}: error vs float64 {st['state_error_last']:.2g} at the end{first}, "
             f"growth {st['drift_growth']:.2f}x{silence}, {st['late_compiles']} compiles after warm-up")
