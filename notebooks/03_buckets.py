@@ -109,9 +109,10 @@ buckets.plot_histogram(hist, plans);
 # Each bucket costs one compile per batch size on the target: TPU's is the real XLA compile time for the
 # topology, measured on this host at a few lengths and interpolated; Neuron's is an estimate from public
 # reports (its source is printed), shown again at half and twice itself. Each padded token costs the
-# target compute: the FLOPs it adds, counted on the model's graph, at the chip's peak (an estimate; measured
-# on the device natively), never this CPU's time. `auto` takes the number of buckets with the least total
-# for the requests to be served (`serve_requests`), within the warm-up budget, and says when the budget binds.
+# target the FLOPs and activation bytes it adds, counted on the model's graph, at the chip's roofline at the
+# target's default precision (an estimate; measured on the device natively), never this CPU's time. `auto`
+# takes the number of buckets with the least total for the requests to be served (`serve_requests`), within
+# the warm-up budget, and says when the budget binds.
 
 # %%
 curves = buckets.sweep(hist)
@@ -178,8 +179,8 @@ if opts.workload == "train":
 # (each dimension's exact least-padding boundaries, every k1 x k2) against the best one-dimensional plan
 # (one dimension bucketed and the other padded to its longest, or one shared length), both priced for
 # `serve_requests` requests: the TPU's cell compile measured by XLA at the corner cells, padding by the
-# FLOPs a position adds along each dimension at the chip's peak (portkit/stages/buckets/grid_costs.py). The replay below
-# buckets the first dimension.
+# FLOPs and bytes a position adds along each dimension at the chip's roofline
+# (portkit/stages/buckets/grid_costs.py). The replay below buckets the first dimension.
 
 # %%
 grid = buckets.grid(m, texts, targets, costs=costs, options=opts)

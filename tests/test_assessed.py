@@ -282,3 +282,48 @@ def test_uncountable_flops_are_estimated_from_the_parameters_not_this_cpus_slope
     peak = capacity.chip("v5e", "tpu")["peak_bf16_flops"]
     assert price.kind == economics.ESTIMATE and price.seconds * peak == pytest.approx(2 * weights)
     assert "could not be counted" in price.source and "Kaplan et al. 2020" in price.source
+
+
+# ---------------------------------------------------------------- stage 2
+class RefusedWhenLonger(nn.Module):
+    """A token tagger that, for inputs longer than `longest` tokens, first pads them by an amount held in a tensor
+    (as EnCodec's _pad1d does): compiled, that amount is a size read from a tensor, which a static-shape target's
+    compiler refuses; eager it pads by nothing. Shorter requests compile, one graph per length."""
+
+    def __init__(self, longest: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.longest, self.embed, self.head = longest, nn.Embedding(30522, 8), nn.Linear(8, 3)
+        self.register_buffer("extra", torch.tensor(0), persistent=False)
+
+    def forward(self, input_ids, attention_mask):
+        if input_ids.shape[1] > self.longest:
+            input_ids = nn.functional.pad(input_ids, (0, self.extra))
+        return {"logits": self.head(self.embed(input_ids))}
+
+
+def test_a_storm_the_compiler_stopped_is_not_priced_and_its_storm_is_open():
+    """Rule (a stage that did nothing says so, stage 2): a storm the target's compiler stopped part-way (two lengths
+    compiled, then a refusal) is never priced as "N compiles priced by ..." beside the refusal: its summary says
+    where it stopped, the storm's compiles and time are "not assessed" (an open question of the target), no storm
+    finding stands for the stream, and the refusal is the blocker."""
+    from portkit.stages.compile import stage as compiling
+    from portkit.corpora.requests import Requests
+    m = registry.LoadedModel("refused when longer", registry.TOKEN_CLASSIFIER, RefusedWhenLonger(12).eval(),
+                             "test module", tokenizer=registry.minilm_tokenizer())
+    texts = ["Sum the values.", "Open the file and read it.", "Return the sum of the values of a list of numbers, "
+             "then close every file that was opened on the way."]
+    requests = Requests([[t] for t in texts], [m.encode([t]) for t in texts], "test", m)
+    lengths = [r["input_ids"].shape[1] for r in requests.inputs]
+    assert lengths[0] != lengths[1] and max(lengths[:2]) <= 12 < lengths[2]
+    cost = economics.neuron_estimate(10**6)
+    found = compiling.compile_model(m, requests, ["tpu"], compiling.Options.of({"seq_len": 8}), progress=False,
+                                    costs={"tpu": cost})
+    summary = found.target_summary("tpu")
+    assert "then cannot compile at request 3" in summary and "not assessed" in summary
+    assert "compiles are priced by" not in summary
+    saved = json.loads(json.dumps(found.to_dict()))["targets"]["tpu"]
+    [question] = saved[assessed.KEY]
+    assert question["question"].startswith("recompile storm over the 3 requests") and "request 3" in question["why"]
+    kinds = [f["kind"] for f in saved["findings"]]
+    assert "recompile_storm" not in kinds and "compile_refused" in kinds

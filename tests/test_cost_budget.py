@@ -16,11 +16,13 @@ from portkit.targets import capacity
 PARAMS = 22_713_216          # all-MiniLM-L6-v2's parameters, as stage 3 records them
 
 
-def _buckets(batch: int = 1, flops: float = 21.2e6) -> dict:
-    """Stage 3's result as planning.cost reads it: a plan per target over 1,000 requests, padding priced by FLOPs."""
+def _buckets(batch: int = 1, flops: float = 21.2e6, activation_bytes: float | None = None) -> dict:
+    """Stage 3's result as planning.cost reads it: a plan per target over 1,000 requests, padding priced by FLOPs
+    (and activation bytes a position, where given)."""
     plan = {"shapes": [{"batch": batch, "seq": 32}, {"batch": batch, "seq": 128}], "real_tokens": 40_000,
             "padded_tokens": 10_000, "batch_sizes": [batch], "padding_waste": 0.2, "settings": {"warmup_seconds": 40}}
-    price = {"kind": economics.ESTIMATE, "seconds": flops / 667e12, "flops": flops, "source": "estimate"}
+    price = {"kind": economics.ESTIMATE, "seconds": flops / 667e12, "flops": flops, "source": "estimate",
+             "activation_bytes": activation_bytes}
     return {"model": {"parameters": PARAMS}, "distribution": {"count": 1000},
             "targets": {"neuron": {"chosen": plan}, "tpu": {"chosen": plan}},
             "padding_price": {"neuron": price, "tpu": price}}
@@ -62,9 +64,10 @@ def test_the_precision_stage_4_chose_is_the_one_priced():
     assert fp32["chip_seconds_per_million_requests"] / bf16["chip_seconds_per_million_requests"] == pytest.approx(
         667 / 181)
     assert "stage 4 chose 'none'" in fp32["precision"]
-    gpu = cost.gpu_estimate(_figures(big, accuracy=_accuracy("none", "tf32")), "H100", 21.2e6)
+    graph = cost.Graph(21.2e6, None, PARAMS)
+    gpu = cost.gpu_estimate(_figures(big, accuracy=_accuracy("none", "tf32")), "H100", graph)
     assert gpu["roofline"]["precision"] == "tf32" and gpu["roofline"]["peak_flops"] == 494.5e12
-    plain = cost.gpu_estimate(_figures(big), "H100", 21.2e6)
+    plain = cost.gpu_estimate(_figures(big), "H100", graph)
     assert plain["roofline"]["precision"] == "fp32" and "float32 assumed" in plain["precision"]
 
 
@@ -86,14 +89,77 @@ def test_the_roofline_has_a_memory_term_and_says_which_binds():
     assert many.bound == "compute" and many.seconds == pytest.approx(21.2e6 * 50 / 667e12)
 
 
-def test_xla_bytes_accessed_feed_the_tpu_memory_term():
-    """The TPU side's bytes are XLA's cost analysis of the bucket shapes (xla.json), fitted in positions."""
+def test_every_side_counts_bytes_by_the_same_rule():
+    """One bytes rule on every side (budget.graph_workload): the weights as stored once a batch plus the activation
+    bytes a position counted on the graph (stage 3's padding price). The TPU side no longer takes XLA's bytes
+    accessed: those are shown beside it as a labelled cross-check and do not move its cost."""
+    act, batch = 1.8e5, 4
+    buckets = _buckets(batch=batch, activation_bytes=act)
     shapes = [{"label": f"batch=1 seq={s}", "flops": 2.2e7 * s, "bytes_accessed": 3e8 + 1e6 * s} for s in (32, 128)]
     xla = {"targets": {"tpu": {"topology": "v5e:1x1", "shapes": shapes}}}
-    found = cost.estimate(_figures(_buckets(), xla), "tpu")
-    positions = found["positions_per_request"]
-    assert found["roofline"]["memory_seconds"] == pytest.approx((3e8 + 1e6 * positions) / 819e9)
-    assert "bytes accessed" in found["method"] and found["roofline"]["bound"] == "HBM bandwidth"
+    found = cost.comparison(_figures(buckets, xla), ["neuron", "tpu"])
+    sides = [*found["targets"].values(), *found["gpus"].values()]
+    for side in sides:
+        spec = capacity.chip(side["chip"], "gpu" if "gpu" in side else side["target"])
+        request = 4.0 * PARAMS / batch + act * side["positions_per_request"]
+        assert side["roofline"]["memory_seconds"] == pytest.approx(request / spec["hbm_bytes_per_s"]), side["chip"]
+        assert "counted on the graph" in side["method"]
+    tpu = found["targets"]["tpu"]
+    assert tpu["cross_check"]["label"].startswith("cross-check, not used")
+    assert tpu["cross_check"]["xla_bytes_per_request"] == pytest.approx(
+        3e8 / batch + 1e6 * tpu["positions_per_request"])
+    assert "cross-check, not used: XLA's bytes accessed" in cost.line(tpu)
+    assert "cross_check" not in found["targets"]["neuron"]          # no compiled TPU shapes for Neuron
+    bigger = [{**s, "bytes_accessed": 10 * s["bytes_accessed"]} for s in shapes]
+    again = cost.estimate(_figures(buckets, {"targets": {"tpu": {"topology": "v5e:1x1", "shapes": bigger}}}), "tpu")
+    assert again["chip_seconds_per_million_requests"] == tpu["chip_seconds_per_million_requests"]
+    # a run folder whose stage 3 recorded no activation bytes: every side alike counts the weights only, and says so
+    old = cost.comparison(_figures(_buckets(batch=batch), xla), ["neuron", "tpu"])
+    for side in [*old["targets"].values(), *old["gpus"].values()]:
+        assert side["roofline"]["memory_seconds"] == pytest.approx(
+            4.0 * PARAMS / batch / capacity.chip(side["chip"], "gpu" if "gpu" in side else side["target"])[
+                "hbm_bytes_per_s"])
+        assert "activations not counted" in side["method"]
+
+
+def test_the_graph_counts_the_bytes_every_op_writes():
+    """capacity.ACTIVATION_RULE, on a module built for it: each op's outputs once (x * 2 and the in-place add_ write
+    n x 4 float32 each), a view writes nothing; a Linear's matmul writes its output once."""
+    import torch
+
+    class Writes(torch.nn.Module):
+        def forward(self, x):
+            y = (x * 2).view(-1)
+            y.add_(1)
+            return y
+
+    for n in (8, 16):
+        assert capacity.count_flops(Writes(), {"x": ((n, 4), "float32")}).activation_bytes == 2 * n * 4 * 4
+    linear = capacity.count_flops(torch.nn.Linear(4, 8), {"input": ((1, 16, 4), "float32")})
+    assert linear.activation_bytes == 16 * 8 * 4 and linear.flops == 2 * 16 * 4 * 8
+
+
+def test_the_padding_price_is_the_roofline_at_the_declared_precision():
+    """Stage 3 prices a padded position with budget.position_price: max(FLOPs / peak, activation bytes / HBM
+    bandwidth), at the target's default precision (stage 3 runs before stage 4 chooses): Neuron's 'none' at
+    Trainium2's FP32 peak, the TPU's one-pass bf16. Memory-bound, the price follows the HBM bandwidth."""
+    flops, act = 21.2e6, 1.8e5
+    neuron = economics.roofline_price("neuron", flops, act)
+    assert neuron.seconds == pytest.approx(max(flops / 181e12, act / 2.9e12))
+    assert "stage 3 runs before stage 4" in neuron.source and "'none'" in neuron.source
+    tpu = economics.roofline_price("tpu", flops, act)
+    assert tpu.seconds == pytest.approx(act / 819e9) and "HBM bandwidth-bound" in tpu.source
+    assert tpu.activation_bytes == act and tpu.to_dict()["activation_bytes"] == act
+    real = capacity.chip
+
+    def halved(name, family="tpu"):
+        spec = dict(real(name, family))
+        spec["hbm_bytes_per_s"] /= 2
+        return spec
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity, "chip", halved)
+        assert economics.roofline_price("tpu", flops, act).seconds == pytest.approx(2 * tpu.seconds)
+    assert economics.roofline_price("tpu", flops).seconds == pytest.approx(flops / 197e12)   # bytes not counted
 
 
 def test_the_range_never_extends_past_its_bound():
@@ -131,6 +197,10 @@ def test_the_calibration_table_is_what_the_code_uses():
     assert "fewer than 3" in budget.efficiency("gpu", 1).note          # one L4 SingleStream result: said
     page = (budget.CALIBRATION.parents[2] / "docs" / "benchmarks" / "calibration.md").read_text()
     assert all(r["source"] in page for r in rows)
+    # a family with no measurement stays uncalibrated, and the page lists every search made for one
+    searched = budget.calibration_searches()
+    assert {r["family"] for r in searched} == {"tpu"} and not [r for r in rows if r["family"] == "tpu"]
+    assert all(r["query"] in page and r["found"] in page for r in searched)
     # one row checked by hand: bert-base at 128 tokens, batch 8, bf16 on one Inferentia2 chip (190 TFLOP/s)
     bert = next(r for r in rows if r["model"] == "bert-base-uncased")
     flops = 2 * 12 * (4 * 768 ** 2 + 2 * 768 * 3072) * 128 + 4 * 12 * 128 ** 2 * 768

@@ -242,7 +242,7 @@ def calibration_page() -> str:
              "Limits, said rather than hidden: only Neuron publishes batch-1 measurements (trn1's Real Time table); "
              "the GPU rows are MLPerf Offline (large batches, int8/fp8 through TensorRT's variable-length BERT "
              "kernels), so a batch-1 plan on a GPU pays fixed per-request costs they do not show; no TPU row "
-             "exists.\n\n",
+             "exists (the searches made are listed at the end).\n\n",
              "| family | chip | model | measured / s (all chips) | chips | batch | tokens | precision | roofline "
              "/ s a chip | efficiency | scenario | source | date |\n",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"]
@@ -259,6 +259,13 @@ def calibration_page() -> str:
             eff = budget.efficiency(family, batch)
             lines.append(f"| {family}{' (a batch-1 plan)' if batch else ''} | {eff.low:.1%} | {eff.median:.1%} | "
                          f"{eff.high:.1%} | {eff.measurements} | {_cell(eff.note)} |\n")
+    searched = budget.calibration_searches()
+    if searched:
+        lines.append("\n## Searches for a family without a measurement\n\nWhat was searched, and what it found, "
+                     "for a family whose table is empty (it stays uncalibrated until a published measurement is "
+                     "found; no figure is made up).\n\n| family | where | query | found |\n|---|---|---|---|\n")
+        lines += [f"| {_cell(r['family'])} | {_cell(r['where'])} | {_cell(r['query'])} | {_cell(r['found'])} |\n"
+                  for r in searched]
     return "".join(lines)
 
 

@@ -121,9 +121,22 @@ POLICY: tuple[Grade, ...] = (
        "a task metric outside its budget at every precision portkit ran: the task sees the error"),
     _g("accuracy", "accuracy_inconclusive", ANY, WORK, "the sample cannot tell the metric from its budget yet"),
     _g("accuracy", "output_shape", ANY, WORK, "an output's shape changes on the target: declare its axes"),
-    _g("accuracy", "stream_drift", ANY, BLOCKER, "the streaming state drifts beyond noise: long streams degrade"),
+    _g("accuracy", "stream_drift", FIXED_BY_SETTING, WORK,
+       "the streaming state drifts at the target's default precision, not at a float32 precision portkit ran on the "
+       "same stream: the cost is that setting's"),
+    _g("accuracy", "stream_drift", NOT_FIXED, BLOCKER, "the streaming state drifts beyond noise at every precision "
+       "portkit ran: long streams degrade"),
+    _g("accuracy", "stream_state", FIXED_BY_SETTING, WORK,
+       "the streaming state is wrong from the first chunk at the default precision, not at a float32 precision "
+       "portkit ran on the same stream: the cost is that setting's"),
+    _g("accuracy", "stream_state", NOT_FIXED, BLOCKER,
+       "the streaming state is wrong beyond its precision's tolerance from the first chunk on, at every precision "
+       "portkit ran: every chunk carries it, however long the stream"),
     _g("accuracy", "stream_recompile", ANY, WORK, "a compile during a stream, after warm-up"),
-    _g("accuracy", "stream_output", ANY, BLOCKER, "a stream output outside its budget"),
+    _g("accuracy", "stream_output", FIXED_BY_SETTING, WORK, "a stream output outside its budget at the default "
+       "precision, within it at a float32 precision portkit ran on the same stream"),
+    _g("accuracy", "stream_output", NOT_FIXED, BLOCKER, "a stream output outside its budget at every precision "
+       "portkit ran"),
 )
 
 

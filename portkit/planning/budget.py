@@ -9,14 +9,14 @@ runs, calibrated against published measured throughput, and the verdict it suppo
     >>> budget.verdict("neuron", usd, 2.4, {"H100": gpu_usd})  # favours moving or staying, break-even, how sure
 
 Rules (each owned here):
-- precision: a side computes at the matmul precision stage 4 chose (its precision's matmul_inputs: none -> fp32,
-  TF32, bf16/fp16); the peak is the chip's published dense peak for it (data/targets/chips.json "peaks"); a TPU
-  computes float32 matmuls in bf16 passes (data/targets/precision_costs.json), so its peak is bf16 / passes.
-- roofline: seconds a request = max(FLOPs / peak, bytes / HBM bandwidth) for a batch, over its requests; no
-  per-request fixed overhead is added (no public figure for these runtimes was found): a lower bound on time.
-- calibration: efficiency = measured / roofline throughput of each published measurement (calibration.json,
-  docs/benchmarks/calibration.md; batch-1 ones for a batch-1 plan where a family has enough); a side's cost is
-  the range bound / max efficiency .. bound / min efficiency, never below the bound (efficiency is at most 1).
+- precision (precision_of): the matmul precision stage 4 chose, else the target's default; the chip's published
+  dense peak for it (chips.json "peaks"); a TPU's float32 matmuls are bf16 passes (precision_costs.json).
+- bytes (graph_workload, BYTES_RULE), one rule on every side: the weights as stored once a batch plus the activation
+  bytes a position counted on the graph; XLA's bytes accessed is the TPU's cross-check, never its term.
+- roofline: a request's seconds = max(FLOPs / peak, bytes / HBM bandwidth) of its batch over its requests, with no
+  fixed overhead (none published); a padded position (position_price) costs the roofline of what it adds.
+- calibration: efficiency = measured / roofline of each published measurement (calibration.json); a side's cost
+  is the range bound / max efficiency .. bound / min efficiency, never below the bound (efficiency <= 1).
 """
 from __future__ import annotations
 
@@ -36,6 +36,28 @@ def precision_class(precision: dict | None) -> str:
     """The matmul precision a side computes at, from a precision's to_dict() (stage 4's choice):
     its matmul_inputs (None: float32 throughout)."""
     return MATMUL_CLASS.get((precision or {}).get("matmul_inputs"), "fp32")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The precision a target is priced at: its matmul class, the bf16 passes a float32 matmul takes, what says so."""
+    cls: str
+    passes: float
+    said: str
+
+
+def precision_of(target: str, chosen: dict | None = None, default_said: str = "") -> Precision:
+    """The precision `target` computes at: `chosen` (a precision's to_dict(), stage 4's choice), else the target's
+    default precision, which `default_said` names (why the default). A TPU's float32 matmuls take the bf16 passes
+    data/targets/precision_costs.json states for the setting."""
+    from portkit.targets import numerics
+    from portkit.targets import specs
+    said = "stage 4 chose" if chosen else f"{default_said or 'the target default precision'}:"
+    chosen = chosen or specs.get(target).default_precision.to_dict()
+    cost = numerics.precision_cost(target, chosen.get("name", ""))
+    passes = cost["relative_matmul_cost"] if cost and chosen.get("matmul_inputs") is None and target == "tpu" else 1
+    return Precision(precision_class(chosen), float(passes),
+                     f"{said} '{chosen.get('name', '')}' ({chosen.get('description', '')})")
 
 
 def peak(chip: str, family: str, cls: str, passes: float = 1.0) -> tuple[float, str]:
@@ -89,11 +111,40 @@ def roofline(work: Workload, chip: str, cls: str, family: str = "tpu", passes: f
                     flops_s, bandwidth, source)
 
 
+# ---------------------------------------------------------------- bytes: one rule for every side
+WEIGHT_BYTES_PER_PARAMETER = 4.0      # the weights as stored: float32
+BYTES_RULE = ("bytes, the same rule on every side: the weights as stored (4 bytes a parameter), read once a batch, "
+              "plus the activation bytes a position counted on the model's graph (every ATen op's outputs, views "
+              "excluded, once each: stage 3's count); XLA's bytes accessed by the compiled TPU shapes is shown beside "
+              "the TPU's as a cross-check, not used")
+
+
+def graph_workload(flops_per_position: float, parameters: float, activation_bytes_per_position: float | None,
+                   positions: float, batch: int) -> Workload:
+    """A request on any side by BYTES_RULE: `positions` positions of the graph's FLOPs and activation bytes (None:
+    not counted, a lower bound) and the weights once a batch of `batch` requests."""
+    return Workload(flops_per_position * positions, WEIGHT_BYTES_PER_PARAMETER * parameters,
+                    (activation_bytes_per_position or 0.0) * positions, batch)
+
+
+def position_price(flops: float, activation_bytes: float | None, chip: str, family: str,
+                   precision: Precision) -> Roofline:
+    """What one padded position costs: the roofline of the FLOPs and the activation bytes it adds (the weights
+    are read once a batch however long its sequences are), at `precision`."""
+    return roofline(Workload(flops, 0.0, activation_bytes or 0.0, 1), chip, precision.cls, family, precision.passes)
+
+
 # ---------------------------------------------------------------- calibration against published measurements
 @functools.cache
 def calibration_rows() -> tuple[dict, ...]:
     """The published measurements (data/targets/calibration.json "rows"), read once a process."""
     return tuple(json.loads(CALIBRATION.read_text(encoding="utf-8"))["rows"])
+
+
+def calibration_searches() -> tuple[dict, ...]:
+    """The searches made for published measurements of a family without one (calibration.json "searches": family,
+    where, query, what was found), listed on docs/benchmarks/calibration.md."""
+    return tuple(json.loads(CALIBRATION.read_text(encoding="utf-8")).get("searches", ()))
 
 
 def encoder_workload(row: dict) -> Workload:

@@ -8,9 +8,9 @@ measurement, until a device measured the throughput.
 Time per request: the roofline of portkit.planning.budget (one owner of the model) at the batch the plan serves:
 max(FLOPs / peak at the precision that runs, bytes / HBM bandwidth), which term binds said beside it.
 - positions: a target computes its plan's padded positions (stage 3); the GPU, serving dynamic shapes, the real ones.
-- FLOPs and bytes: TPU from xla.json's cost analysis of the bucket shapes (FLOPs, bytes accessed); Neuron and the
-  GPUs the FLOPs a position adds (stage 3, counted on the graph), the weights as stored once a batch, and XLA's bytes
-  a position for the activations where xla.json has them.
+- FLOPs and bytes: one rule on every side, the TPU's included (budget.graph_workload): the FLOPs and activation bytes
+  a position adds, counted on the model's graph by stage 3, and the weights as stored once a batch. XLA's FLOPs and
+  bytes accessed of the compiled TPU bucket shapes (xla.json) are shown beside the TPU's as a cross-check, not used.
 - precision: each target at the precision stage 4 chose (accuracy.json), the GPU at the GPU setting stage 4 measured.
 - chips: Neuron on Trn2 (economics.PRICE_CHIPS), TPU on the topology's chip, the GPUs named in GPUS.
 The roofline is a lower bound on time and cost; the range divides it by the efficiency published measurements of
@@ -44,9 +44,7 @@ ASSUMPTIONS = (
     "the plan serves, a lower bound on time and cost; the range divides it by the efficiency published measurements "
     "reached (data/targets/calibration.json), so it never goes below the bound",
     "a target computes its bucket plan's padded positions; the GPU serves dynamic shapes and computes the real ones",
-    "bytes: a TPU's are XLA's bytes accessed by the compiled bucket shapes (every fused op's reads and writes, weights "
-    "included); Neuron's and a GPU's the weights as stored, read once a batch, plus XLA's bytes a position where "
-    "xla.json has them: the TPU's memory term counts more of the program's traffic than the others'",
+    budget.BYTES_RULE,
     "no fixed per-request overhead is added (no public figure for these runtimes was found)",
     "compile warm-up is paid once per replica start and is not in the per-request figure",
 )
@@ -121,6 +119,7 @@ class PaddingPrice:
     seconds: float | None = None
     flops: float | None = None          # the FLOPs a position adds, where the price is the FLOPs estimate
     source: str = ""
+    activation_bytes: float | None = None   # the activation bytes a position adds, counted on the graph
 
 
 @dataclass(frozen=True)
@@ -178,23 +177,9 @@ def _xla_fit(run: Figures, target: str) -> dict | None:
             "bytes_intercept": max(float(intercept), 0.0) * chips, "bytes_per_position": max(float(slope), 0.0) * chips}
 
 
-def _activation_bytes(run: Figures) -> float:
-    """XLA's bytes a position (the TPU's cost analysis), 0 where xla.json has none."""
-    fit = _xla_fit(run, "tpu")
-    return fit["bytes_per_position"] if fit is not None else 0.0
-
-
-def _precision(run: Figures, target: str) -> tuple[str, float, str]:
-    """The matmul precision class a target computes at, the bf16 passes a float32 matmul takes, and what says so:
-    stage 4's chosen precision (accuracy.json), else the target's default precision."""
-    from portkit.targets import numerics
-    from portkit.targets import specs
-    chosen = run.precision.get(target)
-    said = f"stage 4 chose '{chosen['name']}'" if chosen else "no stage 4 result: the target's default precision"
-    chosen = chosen or specs.get(target).default_precision.to_dict()
-    cost = numerics.precision_cost(target, chosen.get("name", ""))
-    passes = cost["relative_matmul_cost"] if cost and chosen.get("matmul_inputs") is None and target == "tpu" else 1
-    return budget.precision_class(chosen), float(passes), f"{said} ({chosen.get('description', '')})"
+def _precision(run: Figures, target: str) -> budget.Precision:
+    """The precision a target is priced at: stage 4's choice (accuracy.json), else its default (budget.precision_of)."""
+    return budget.precision_of(target, run.precision.get(target), "no stage 4 result: the target's default precision")
 
 
 def _gpu_precision(run: Figures) -> tuple[str, str]:
@@ -214,9 +199,50 @@ def _served_batch(run: Figures, target: str | None = None) -> int:
     return max(sizes, default=1)
 
 
-def _weight_bytes(run: Figures) -> float | None:
-    """The weights' bytes as stored (float32: 4 bytes a parameter), read once a batch."""
-    return 4.0 * run.parameters if run.parameters is not None else None
+@dataclass(frozen=True)
+class Graph:
+    """What a position costs on every side, counted once on the model's graph (stage 3's padding price): FLOPs,
+    activation bytes (None: stage 3 recorded none), and the model's parameters (its weights)."""
+    flops: float
+    activation_bytes: float | None
+    parameters: float
+
+    def workload(self, positions: float, batch: int) -> budget.Workload:
+        return budget.graph_workload(self.flops, self.parameters, self.activation_bytes, positions, batch)
+
+    def method(self) -> str:
+        moved = (f"{self.activation_bytes / 1e3:.0f} kB of activations a position" if self.activation_bytes
+                 is not None else "activations not counted (stage 3 recorded none): a lower bound")
+        return (f"{self.flops / 1e6:.1f} MFLOPs and {moved}, counted on the graph (stage 3), and the weights as "
+                f"stored ({budget.WEIGHT_BYTES_PER_PARAMETER * self.parameters / 1e6:.1f} MB) once a batch")
+
+
+def graph_figures(run: Figures, targets) -> Graph | None:
+    """The graph's figures every side is priced with: the first of `targets` whose padding price was counted on the
+    graph (one model, so the same figures for all), and the model's parameters; None without them."""
+    for name in targets:
+        flops = flops_per_position(run, name)
+        if flops is not None and run.parameters is not None:
+            return Graph(flops, run.padding_price[name].activation_bytes, run.parameters)
+    return None
+
+
+def _cross_check(run: Figures, target: str, positions: float, work: budget.Workload) -> dict | None:
+    """XLA's FLOPs and bytes accessed of the target's compiled bucket shapes for the same request, beside the
+    shared rule's figures: a cross-check, not used in the estimate."""
+    fit = _xla_fit(run, target)
+    if fit is None:
+        return None
+    batch = max(1, work.batch)
+    xla_bytes = fit["bytes_intercept"] / batch + fit["bytes_per_position"] * positions
+    ours = work.bytes_per_batch / batch + work.bytes_per_request
+    xla_flops = fit["flops_per_position"] * positions
+    return {"label": "cross-check, not used: XLA's cost analysis of the compiled bucket shapes (xla.json)",
+            "shapes": fit["shapes"], "xla_flops_per_request": xla_flops, "xla_bytes_per_request": xla_bytes,
+            "graph_flops_per_request": work.flops, "graph_bytes_per_request": ours,
+            "text": (f"cross-check, not used: XLA's bytes accessed {xla_bytes / 1e6:.3g} MB and {xla_flops / 1e9:.3g} "
+                     f"GFLOPs a request ({fit['shapes']} compiled bucket shape(s), xla.json) against "
+                     f"{ours / 1e6:.3g} MB and {work.flops / 1e9:.3g} GFLOPs by the shared rule")}
 
 
 def _priced(out: dict, chip: str, target: str | None, prices: dict | None, family: str) -> dict:
@@ -232,64 +258,61 @@ def _priced(out: dict, chip: str, target: str | None, prices: dict | None, famil
     return out
 
 
-def _side(out: dict, work: budget.Workload, chip: str, family: str, precision: tuple, positions: float) -> dict:
+def _side(out: dict, work: budget.Workload, chip: str, family: str, precision: budget.Precision,
+          positions: float) -> dict:
     """Fill a side's roofline figures: the time a request at the peak, which term binds, at which precision."""
-    cls, passes, said = precision
-    found = budget.roofline(work, chip, cls, family, passes)
+    found = budget.roofline(work, chip, precision.cls, family, precision.passes)
     out.update({"positions_per_request": positions, "seconds_per_position": found.seconds / positions,
                 "chip_seconds_per_million_requests": found.seconds * MILLION, "roofline": found.to_dict(),
-                "batch": work.batch, "precision": said})
+                "batch": work.batch, "precision": precision.said})
     out["method"] += (f"; {found.bound}-bound at batch {work.batch}: compute {found.compute_seconds * 1e6:.3g} us, "
-                      f"memory {found.memory_seconds * 1e6:.3g} us a request at {cls} ({said}; {found.peak_source}) "
-                      f"and {found.hbm_bytes_per_s / 1e9:.0f} GB/s HBM; no fixed per-request overhead (none published)")
+                      f"memory {found.memory_seconds * 1e6:.3g} us a request at {precision.cls} ({precision.said}; "
+                      f"{found.peak_source}) and {found.hbm_bytes_per_s / 1e9:.0f} GB/s HBM; no fixed per-request "
+                      "overhead (none published)")
     return out
 
 
-def estimate(run: Figures, target: str, prices: dict | None = None) -> dict:
-    """Chip-seconds and dollars per million requests of `target`'s bucket plan (see the module docstring)."""
+def _target_chip(run: Figures, target: str) -> str | None:
+    """The chip a target is priced on: the TPU topology's chip stage 3b compiled for, else economics.PRICE_CHIPS."""
+    topology = run.compiled.get(target, Compiled()).topology
+    return topology.split(":")[0] if topology else economics.PRICE_CHIPS.get(target)
+
+
+def estimate(run: Figures, target: str, prices: dict | None = None, graph: Graph | None = None) -> dict:
+    """Chip-seconds and dollars per million requests of `target`'s bucket plan (see the module docstring); `graph`:
+    the figures every side shares (graph_figures; None: this target's own padding price)."""
     chosen, requests = run.plans.get(target, Plan()), run.requests
     if not chosen.shapes or not requests:
         return {"target": target, "label": LABEL, "problem": "no bucket plan over a request distribution (stage 3)"}
     positions = ((chosen.real_tokens or 0) + (chosen.padded_tokens or 0)) / requests
-    batch, fit = _served_batch(run, target), _xla_fit(run, target)
-    if fit is not None:
-        chip = fit["chip"]
-        work = budget.Workload(fit["flops_per_position"] * positions, fit["bytes_intercept"],
-                               fit["bytes_per_position"] * positions, batch)
-        method = (f"FLOPs and bytes accessed of xla.json's cost analysis of {fit['shapes']} bucket shape(s) "
-                  f"(bytes fitted as fixed + per position)")
-    else:
-        flops, chip, weights = flops_per_position(run, target), economics.PRICE_CHIPS.get(target), _weight_bytes(run)
-        if flops is None or chip is None or weights is None:
-            return {"target": target, "label": LABEL, "problem": "no cost analysis (xla.json) and no FLOPs estimate"}
-        act = _activation_bytes(run)
-        work = budget.Workload(flops * positions, weights, act * positions, batch)
-        method = (f"{flops / 1e6:.1f} MFLOPs a position (stage 3, counted on the graph); bytes: the weights as "
-                  f"stored once a batch" + (", activations XLA's bytes a position (xla.json)" if act else
-                                            ", activations not counted (no xla.json): a lower bound"))
+    graph, chip = graph or graph_figures(run, [target]), _target_chip(run, target)
+    if graph is None or chip is None:
+        return {"target": target, "label": LABEL, "problem": "no FLOPs counted on the graph (stage 3)"}
+    work = graph.workload(positions, _served_batch(run, target))
     family = capacity.chip(chip, target)["family"]
     out = {"target": target, "chip": chip, "label": LABEL, "padding_waste": chosen.padding_waste,
-           "method": method, "warmup_chip_seconds": chosen.warmup_seconds}
+           "method": graph.method(), "warmup_chip_seconds": chosen.warmup_seconds}
     _side(out, work, chip, family, _precision(run, target), positions)
+    check = _cross_check(run, target, positions, work)
+    if check is not None:
+        out["cross_check"] = check
+        out["method"] += "; " + check["text"]
     return _priced(out, chip, target, prices, family)
 
 
-def gpu_estimate(run: Figures, gpu: str, flops: float | None, prices: dict | None = None) -> dict:
-    """The same requests on one `gpu` (a name of GPUS): real positions only, `flops` a position, at the GPU
+def gpu_estimate(run: Figures, gpu: str, graph: Graph | None, prices: dict | None = None) -> dict:
+    """The same requests on one `gpu` (a name of GPUS): real positions only, the same graph figures, at the GPU
     precision stage 4 measured, at the batch the plan serves."""
     requests = run.requests
     real = next((p.real_tokens for p in run.plans.values() if p.real_tokens), None)
-    weights = _weight_bytes(run)
-    if flops is None or not requests or not real or weights is None:
+    if graph is None or not requests or not real:
         return {"gpu": gpu, "label": LABEL, "problem": "no FLOPs estimate or no request distribution (stage 3)"}
     positions = real / requests
-    act = _activation_bytes(run)
-    work = budget.Workload(flops * positions, weights, act * positions, _served_batch(run))
     cls, said = _gpu_precision(run)
     out = {"gpu": gpu, "chip": gpu, "label": LABEL,
-           "method": f"{flops / 1e6:.1f} MFLOPs a position, real positions only (dynamic shapes); bytes: the "
-                     "weights as stored once a batch" + (", activations XLA's bytes a position" if act else "")}
-    _side(out, work, gpu, "gpu", (cls, 1.0, said), positions)
+           "method": graph.method() + "; real positions only (dynamic shapes)"}
+    _side(out, graph.workload(positions, _served_batch(run)), gpu, "gpu", budget.Precision(cls, 1.0, said),
+          positions)
     return _priced(out, gpu, None, prices, "gpu")
 
 
@@ -309,9 +332,9 @@ def verdicts(found: dict) -> dict:
 
 def comparison(run: Figures, targets, prices: dict | None = None) -> dict:
     """Each target's estimate and each named GPU's, side by side, with the method's assumptions and verdicts."""
-    found = {t: estimate(run, t, prices) for t in targets}
-    flops = next((f for f in (flops_per_position(run, t) for t in targets) if f is not None), None)
-    out = {"label": LABEL, "targets": found, "gpus": {g: gpu_estimate(run, g, flops, prices) for g in GPUS},
+    graph = graph_figures(run, targets)
+    found = {t: estimate(run, t, prices, graph) for t in targets}
+    out = {"label": LABEL, "targets": found, "gpus": {g: gpu_estimate(run, g, graph, prices) for g in GPUS},
            "assumptions": list(ASSUMPTIONS)}
     out["verdicts"] = verdicts(out)
     return out
@@ -336,4 +359,6 @@ def line(found: dict) -> str:
                  f"{price['supplied_by']}")
     elif "problem" in found:
         text += f"; {found['problem']}"
+    if found.get("cross_check"):
+        text += f"; {found['cross_check']['text']}"
     return text

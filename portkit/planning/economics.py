@@ -261,13 +261,14 @@ def fastest_seconds(module, batches: dict, repeats: int = 3, threads: int | None
     return best
 
 
-# A padded position costs the target the compute it adds. Priced per target (padding_price):
-# - emulated: the FLOPs one more position adds to a forward pass (counted on the model's graph by
-#   capacity.count_flops, no weights read) at the chip's published peak bf16 compute (data/targets/chips.json):
-#   an estimate, and a lower bound (real kernels reach a fraction of peak; the plan at half and twice the
-#   compile estimate, buckets.what_if, shows how the choice moves with the ratio). Where the graph cannot be
-#   counted (fake tensors refuse it), the FLOPs are estimated from the parameters (FORWARD_FLOPS_PER_PARAMETER).
-#   Batched serving is compute-bound, so a padded position displaces a real one: the price holds at any batch size.
+# A padded position costs the target the compute and the memory traffic it adds. Priced per target (padding_price):
+# - emulated: the FLOPs and activation bytes one more position adds to a forward pass (counted on the model's graph
+#   by capacity.count_flops, no weights read: those are read once a batch however long it is) at the roofline of
+#   the target's chip (planning.budget.position_price: max(FLOPs / peak, bytes / HBM bandwidth), data/targets/
+#   chips.json) at the target's default precision: stage 3 runs before stage 4 chooses one. An estimate and a lower
+#   bound (real kernels reach a fraction of the roofline; the plan at half and twice the compile estimate,
+#   buckets.what_if, shows how the choice moves with the ratio). Where the graph cannot be counted (fake tensors
+#   refuse it), the FLOPs are estimated from the parameters (FORWARD_FLOPS_PER_PARAMETER), activations not counted.
 # - native: measured on the target's device (capacity.measure_native, the vendor's backend).
 # - a reference target (cpu, cuda): the eager forward on this machine, which is that target.
 # The chip each target is priced on: TorchNeuron runs on Trn2 and Trn3 only (Neuron 2.33 release notes, 10/19/2026:
@@ -285,6 +286,7 @@ class TokenPrice:
     kind: str
     source: str
     flops: float | None = None     # the FLOPs a position adds, where the price is computed from them
+    activation_bytes: float | None = None   # the activation bytes a position adds, where counted on the graph
 
     def __post_init__(self):
         if self.kind not in PRICE_KINDS:
@@ -301,19 +303,25 @@ class TokenPrice:
 
     def to_dict(self) -> dict:
         return {"target": self.target, "seconds": self.seconds, "kind": self.kind, "source": self.source,
-                "label": self.label(), "flops": self.flops}
+                "label": self.label(), "flops": self.flops, "activation_bytes": self.activation_bytes}
 
 
-def flops_per_position(model, sizes: dict, dim: str, longer: int) -> float:
-    """FLOPs one more position along `dim` adds to a batch-1 forward, from `sizes` ({dimension: size}) to
-    `longer` positions along dim: the slope of the FLOPs counted on the graph (capacity.count_flops)."""
+def position_work(model, sizes: dict, dim: str, longer: int) -> tuple[float, float]:
+    """FLOPs and activation bytes one more position along `dim` adds to a batch-1 forward, from `sizes`
+    ({dimension: size}) to `longer` positions along dim: the slopes of what capacity.count_flops counts on the graph."""
     from portkit.targets import capacity
 
-    def flops(at: dict) -> int:
+    def count(at: dict):
         spec = {k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
                 for k, v in model.declaration.dummy(1, at).items()}
-        return capacity.count_flops(model.module, spec)[0]
-    return (flops({**sizes, dim: longer}) - flops(sizes)) / max(longer - sizes[dim], 1)
+        return capacity.count_flops(model.module, spec)
+    low, high, span = count(sizes), count({**sizes, dim: longer}), max(longer - sizes[dim], 1)
+    return (high.flops - low.flops) / span, (high.activation_bytes - low.activation_bytes) / span
+
+
+def counted_price(model, target: str, sizes: dict, dim: str, longer: int) -> TokenPrice:
+    """A padded position along `dim` on `target`: position_work's FLOPs and bytes at its chip's roofline."""
+    return roofline_price(target, *position_work(model, sizes, dim, longer))
 
 
 def padding_price(model, target: str, top: int, *, native: bool = False) -> TokenPrice:
@@ -331,14 +339,14 @@ def padding_price(model, target: str, top: int, *, native: bool = False) -> Toke
         seconds = max((hi["seconds"] - lo["seconds"]) / max(top - shapes[0]["seq"], 1), hi["seconds"] / top / 10)
         return TokenPrice(target, seconds, NATIVE, f"{hi['label']}, slope from {shapes[0]['seq']} to {top} positions")
     try:
-        return roofline_price(target, flops_per_position(model, {model.seq_dim: max(1, top // 2)}, model.seq_dim, top))
+        return counted_price(model, target, {model.seq_dim: max(1, top // 2)}, model.seq_dim, top)
     except Exception as exc:  # noqa: BLE001 - a graph the FLOP counter cannot run under fake tensors
         reason = " ".join(str(exc).split())[:160] or type(exc).__name__
         weights = non_embedding_parameters(model.module)
-        return roofline_price(target, FORWARD_FLOPS_PER_PARAMETER * weights,
+        return roofline_price(target, FORWARD_FLOPS_PER_PARAMETER * weights, None,
                               f"the FLOPs could not be counted on the graph ({reason}), so "
                               f"{FORWARD_FLOPS_PER_PARAMETER} x {parameter_count(weights)} outside embeddings: "
-                              f"{FORWARD_FLOPS_SOURCE}")
+                              f"{FORWARD_FLOPS_SOURCE}; activations not counted")
 
 
 # Where the graph cannot be counted: a forward pass costs about 2 FLOPs per non-embedding parameter per token
@@ -355,16 +363,27 @@ def non_embedding_parameters(module) -> int:
     return sum(p.numel() for p in module.parameters() if id(p) not in lookups)
 
 
-def roofline_price(target: str, flops: float, basis: str = "counted on the graph") -> TokenPrice:
-    """A padded position of `flops` FLOPs at the peak bf16 compute of the target's chip (PRICE_CHIPS); `basis` says
-    where the FLOPs came from."""
+# Stage 3 runs before stage 4 chooses a precision: a padded position is priced at the target's default precision.
+PADDING_PRECISION = "stage 3 runs before stage 4 chooses one, so the target's default precision"
+
+
+def roofline_price(target: str, flops: float, activation_bytes: float | None = None,
+                   basis: str = "counted on the graph") -> TokenPrice:
+    """A padded position of `flops` FLOPs and `activation_bytes` bytes (None: not counted) at the roofline of the
+    target's chip (PRICE_CHIPS; planning.budget.position_price) at PADDING_PRECISION; `basis` says where the
+    figures came from."""
+    from portkit.planning import budget
     from portkit.targets import capacity
     name = PRICE_CHIPS[target]
-    spec = capacity.chip(name, target)
-    return TokenPrice(target, flops / spec["peak_bf16_flops"], ESTIMATE,
-                      f"estimate, not measured: {flops / 1e6:.1f} MFLOPs a position ({basis}) at "
-                      f"{name}'s peak bf16 {spec['peak_bf16_flops'] / 1e12:.0f} TFLOP/s "
-                      f"({spec['sources']['peak_bf16_flops']})", flops=flops)
+    family = capacity.chip(name, target)["family"]
+    precision = budget.precision_of(target, None, PADDING_PRECISION)
+    found = budget.position_price(flops, activation_bytes, name, family, precision)
+    moved = f"{activation_bytes / 1e3:.0f} kB of activations" if activation_bytes is not None else "no bytes"
+    return TokenPrice(target, found.seconds, ESTIMATE,
+                      f"estimate, not measured: {flops / 1e6:.1f} MFLOPs and {moved} a position ({basis}) at "
+                      f"{name}'s roofline, {found.bound}-bound: {found.peak_source}, "
+                      f"{found.hbm_bytes_per_s / 1e9:.0f} GB/s HBM; at {found.precision}, {precision.said}",
+                      flops=flops, activation_bytes=activation_bytes)
 
 
 def padding_prices(model, targets, top: int) -> dict[str, TokenPrice]:

@@ -76,11 +76,12 @@ class PaddingPrice:
     label: str | None
     flops: float | None = None         # the FLOPs a position adds, where the price is the FLOPs estimate
     source: str | None = None
+    activation_bytes: float | None = None   # the activation bytes a position adds, counted on the graph
 
     @classmethod
     def from_dict(cls, node: reading.Node) -> PaddingPrice:
         return cls(node.number("seconds"), node.text("kind"), node.text("label"), node.number("flops"),
-                   node.text("source"))
+                   node.text("source"), node.number("activation_bytes"))
 
 
 @dataclass(frozen=True)

@@ -295,7 +295,7 @@ def cost_figures(buckets, xla=None, accuracy=None) -> cost.Figures:
     plans = {name: cost.Plan(t.chosen.shapes, t.chosen.real_tokens, t.chosen.padded_tokens, t.chosen.padding_waste,
                              t.chosen.warmup_seconds, tuple(t.chosen.batch_sizes or ()))
              for name, t in buckets.targets.items()}
-    prices = {name: cost.PaddingPrice(p.kind, p.seconds, p.flops, p.source or "")
+    prices = {name: cost.PaddingPrice(p.kind, p.seconds, p.flops, p.source or "", p.activation_bytes)
               for name, p in buckets.padding_price.items()}
     compiled = {name: cost.Compiled(t.topology, tuple((s.label, s.flops, s.bytes_accessed) for s in t.shapes))
                 for name, t in (xla.targets.items() if xla is not None else ())}

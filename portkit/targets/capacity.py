@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -69,11 +70,45 @@ def roofline(report, result, tokens: int) -> dict:
 
 
 # ---------------------------------------------------------------- Neuron: FLOPs counted on the graph
-def count_flops(module: torch.nn.Module, inputs: dict) -> tuple[int, dict[str, int], int]:
+class GraphCount(NamedTuple):
+    """What one forward pass costs, counted on the graph: FLOPs (total and by op), the bytes of the inputs and
+    outputs, and the activation bytes (ACTIVATION_RULE)."""
+    flops: int
+    by_op: dict[str, int]
+    io_bytes: int
+    activation_bytes: int
+
+
+# The bytes a forward's activations move: every ATen op's output tensors, counted once each as the op writes them
+# (the next op reads the same bytes back); views and other outputs that alias an input write nothing new, an
+# in-place op writes its output. The weights are not activations (weight_bytes). An unfused count: a compiler
+# that fuses ops may keep some intermediates on chip, so it is the graph's traffic, not a floor under it.
+ACTIVATION_RULE = ("activations: the bytes every ATen op of the forward writes (its outputs, views excluded), "
+                   "counted once each, on the model's graph under fake tensors")
+
+
+class _WrittenBytes(torch_private.TorchDispatchMode):
+    """Sums the bytes of the tensors each ATen op writes (ACTIVATION_RULE)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = torch_private.op_schema(func).returns
+        aliased = any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        if not aliased:
+            self.total += sum(t.numel() * t.element_size() for t in torch_private.tree_leaves(out)
+                              if isinstance(t, torch.Tensor))
+        return out
+
+
+def count_flops(module: torch.nn.Module, inputs: dict) -> GraphCount:
     """FLOPs of one forward pass of `module` on inputs of the given shapes ({name: (shape, dtype name)}),
     counted by torch.utils.flop_counter.FlopCounterMode (matmuls, convolutions, attention) under fake
-    tensors: no values are read, so a model on the meta device works. Returns (total, {op: FLOPs}, bytes of
-    the inputs and outputs)."""
+    tensors: no values are read, so a model on the meta device works. Returns a GraphCount: the total, {op:
+    FLOPs}, the bytes of the inputs and outputs, and the activation bytes (ACTIVATION_RULE) of the same pass."""
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
@@ -81,11 +116,12 @@ def count_flops(module: torch.nn.Module, inputs: dict) -> tuple[int, dict[str, i
             FlopCounterMode(display=False) as counter:
         fake = {name: mode.from_tensor(torch.empty(shape, dtype=getattr(torch, dtype), device=device))
                 for name, (shape, dtype) in inputs.items()}
-        out = module(**fake)
+        with _WrittenBytes() as written:
+            out = module(**fake)
         io_bytes = sum(t.numel() * t.element_size() for t in [*fake.values(), *torch_private.tree_leaves(out)]
                        if isinstance(t, torch.Tensor))
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    return int(counter.get_total_flops()), by_op, io_bytes
+    return GraphCount(int(counter.get_total_flops()), by_op, io_bytes, int(written.total))
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
@@ -101,7 +137,7 @@ def neuron_capacity(module: torch.nn.Module, inputs: dict, tokens: int | None = 
     inputs and outputs need (each core holds HBM / cores), copies per chip and per instance follow. The
     activations inside the step and the runtime's reserve are not counted, so copies are an upper bound.
     `tokens`: tokens a step processes (default: the first input's elements)."""
-    flops, by_op, io_bytes = count_flops(module, inputs)
+    flops, by_op, io_bytes, _ = count_flops(module, inputs)
     weights = weight_bytes(module)
     held = weights + io_bytes      # what a copy holds in HBM at least
     if tokens is None:

@@ -9,14 +9,15 @@ real stream, and the state's drift against float64 measured over the whole strea
     >>> print(result)        # per target: compiles per chunk shape, the state's error chunk by chunk, its growth
 
 A step is `step(chunk, state) -> (outputs, state)`, its state one tensor or a pytree of them (an LSTM cell's
-(h, c) beside a context buffer) with each leaf's batch axis declared (StreamStep). A state carries each step's
-rounding on, so each target's run carries its own state and at every chunk is measured against a float64 run,
-per leaf (the worst leaf reported; see TargetStream.drift_leaf), beside one step's error from the float64 state.
-A drift fails the budget (tolerance.DEFAULT_TASK_BOUNDS["drift_growth"]) where a leaf's error over one step's grows
-beyond it from the stream's first quarter to its second half and a rank test says the rise is no noise (_drift). Each
-declared output is judged by its metric kind over the stream (STREAM_METRICS). The step compiles once per chunk
-shape, warmed up on silence; the stream then runs under `set_stance("fail_on_recompile")`, so any further compile
-is caught and counted.
+(h, c) beside a context buffer) with each leaf's batch axis declared (StreamStep). Each target's run carries its own
+state, measured at every chunk against a float64 run per leaf (the worst reported: TargetStream.drift_leaf), beside
+one step's error from the float64 state. A drift fails the budget (tolerance.DEFAULT_TASK_BOUNDS["drift_growth"])
+where a leaf's error over one step's grows beyond it from the stream's first quarter to its second half and a rank
+test says the rise is no noise (_drift), on the chunks up to the stream's last sound (trailing silence left out and
+counted). A state wrong from the first chunk, which does not grow, fails the level check (level_check: one step's
+error against its precision's tolerance, or twice the model's own float32 error where larger). Each declared output
+is judged by its metric kind (STREAM_METRICS). The step compiles once per chunk shape, warmed up on silence, then
+runs under `set_stance("fail_on_recompile")`: a compile is counted.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ from portkit.targets import specs
 from portkit.models import inputs
 from portkit.models.audio import RATE, STATE, StreamStep
 from portkit.core.errors import BadParameter
-from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, within
+from portkit.targets.tolerance import (DEFAULT_TASK_BOUNDS, TASK_BOUND_REASONS, budget_text, compute_dtype,
+                                       tolerance_for, within)
 
 # The drift's yardstick: the stream's first quarter, against its second half. A quarter of the stream holds many
 # chunks, so neither one chunk nor one quiet recording sets it (the first 3 chunks did: a silent start made any error
@@ -46,6 +48,12 @@ START_SHARE = 0.25
 MIN_CHUNKS = 20            # a stream shorter than this cannot show a drift apart from its start
 DRIFT_P = 0.01             # a drift's significance: noise alone reads as a rising error once in a hundred streams
 STREAM_SECONDS = 20.0      # the workbook's stream: 200 chunks of 100 ms
+# A chunk is silence where every sample lies below -60 dBFS (amplitude 0.001 of full scale), ffmpeg's silencedetect
+# filter's default noise tolerance. A stream's trailing silence (a recording's quiet tail, the zeros padding its last
+# chunk) holds no content: one step's error there is the rounding of a resting state, far below the error the state
+# carries from the speech before it, so over one step's it would read as growth. The drift is judged on the chunks
+# up to the last one with sound; the silence after it is counted and said.
+SILENCE = 10 ** (-60 / 20)
 
 
 @dataclass
@@ -125,13 +133,22 @@ def _amplification(carried, single) -> tuple[np.ndarray, np.ndarray]:
     return c[measured] / np.maximum(s[measured], floor), np.flatnonzero(measured)
 
 
-def _drift(carried, single) -> dict:
-    """The drift of one state leaf: its amplification (_amplification) over the stream's second half against its
-    first START_SHARE. growth: the ratio of the windows' medians (windows of many chunks, so neither one high chunk
-    nor a quiet start makes a flat error look like drift); rising: a one-sided Mann-Whitney U test of the windows
-    (scipy.stats.mannwhitneyu). Noise around a flat amplification makes the windows exchangeable, so it reads
-    "rising" with probability DRIFT_P. exact: no chunk has any error (nothing drifts; never the worst leaf)."""
+def sounding(chunks: list[torch.Tensor]) -> int:
+    """How many chunks the stream has up to its last one with sound (any sample at or above SILENCE): the chunks
+    the drift is judged on; those after it are its trailing silence."""
+    loud = [i for i, c in enumerate(chunks) if float(c.abs().max()) >= SILENCE]
+    return loud[-1] + 1 if loud else 0
+
+
+def _drift(carried, single, end: int | None = None) -> dict:
+    """The drift of one state leaf over its first `end` chunks (sounding: the trailing silence left out; None: all):
+    its amplification (_amplification) over their second half against their first START_SHARE. growth: the ratio of
+    the windows' medians (windows of many chunks, so neither one high chunk nor a quiet start makes a flat error look
+    like drift); rising: a one-sided Mann-Whitney U test of the windows (scipy.stats.mannwhitneyu). Noise around a
+    flat amplification makes the windows exchangeable, so it reads "rising" with probability DRIFT_P. exact: no chunk
+    has any error (nothing drifts; never the worst leaf)."""
     from scipy import stats
+    carried, single = list(carried)[:end], list(single)[:end]
     ratio, where = _amplification(carried, single)
     start, half = max(1, int(len(carried) * START_SHARE)), len(carried) // 2
     first, last = ratio[where < start], ratio[where >= half]
@@ -238,6 +255,12 @@ class TargetStream:
     step_error: list[float]                   # per chunk: one step from the float64 state vs float64, its worst leaf
     agreement: float | None                   # the first decision output's decisions equal to float64's
     not_lowered: list[str] = field(default_factory=list)
+    sound_chunks: int | None = None           # chunks up to the last with sound (sounding); None: every chunk
+    state_rtol: float | None = None           # the state's tolerance at the precision (tolerance.tolerance_for)
+    float32_step_error: list[float] | None = None   # per chunk: one step of the model as written (float32_steps)
+    # where a check failed at a precision that rounds below float32: the same stream at the target's float32
+    # precision, {"precision", "setting", "checks": {check_key: passed}} (try_float32)
+    tried: dict | None = None
     checks: list[dict] = field(default_factory=list)
     leaf_errors: dict[str, list[float]] = field(default_factory=dict)   # per state leaf: carried error per chunk
     leaf_step_errors: dict[str, list[float]] = field(default_factory=dict)  # per state leaf: one step's per chunk
@@ -256,7 +279,7 @@ class TargetStream:
 
     def leaf_drift(self, name: str) -> dict:
         """One leaf's drift (_drift): its carried error over its one-step error, start against second half."""
-        return _drift(self.leaves[name], self.step_leaves[name])
+        return _drift(self.leaves[name], self.step_leaves[name], self.sound_chunks)
 
     @property
     def drift_leaf(self) -> str | None:
@@ -280,6 +303,23 @@ class TargetStream:
         return self.trend["growth"]
 
     @property
+    def trailing_silence(self) -> int:
+        """Chunks of silence after the stream's last sound, left out of the drift."""
+        return 0 if self.sound_chunks is None else len(self.state_error) - self.sound_chunks
+
+    @property
+    def level(self) -> dict:
+        """How wrong the state is from the stream's start, apart from any growth: the median over the first
+        START_SHARE of the sounding chunks of one step's error (worst leaf) from the float64 state, which carries
+        nothing from earlier chunks. A state whose one step is already beyond its precision's tolerance is wrong
+        from the first chunk, whether or not it then drifts."""
+        single = self.step_error[:self.sound_chunks]
+        start = single[:max(1, int(len(single) * START_SHARE))]
+        own = self.float32_step_error[:len(start)] if self.float32_step_error else None
+        return {"first_chunk": single[0], "median": float(np.median(start)), "chunks": len(start),
+                "float32_median": float(np.median(own)) if own else None}
+
+    @property
     def passed(self) -> bool:
         return all(c["passed"] for c in self.checks)
 
@@ -296,9 +336,11 @@ class TargetStream:
                 "state_error_max": max(self.state_error), "step_error_median": float(np.median(self.step_error)),
                 "carried_over_step": self.state_error[-1] / max(float(np.median(self.step_error)), 1e-300),
                 "drift_growth": self.growth, "drift_trend": self.trend, "drift_leaf": self.drift_leaf,
+                "sound_chunks": self.sound_chunks, "trailing_silence": self.trailing_silence,
+                "state_level": self.level, "state_rtol": self.state_rtol,
                 "leaves": self.leaf_summary(), "label_agreement": self.agreement, "outputs": self.outputs,
                 "state_error": self.state_error, "step_error": self.step_error,
-                "not_lowered": self.not_lowered, "checks": self.checks, "passed": self.passed}
+                "not_lowered": self.not_lowered, "checks": self.checks, "passed": self.passed, "tried": self.tried}
 
     def __str__(self) -> str:
         d = self.to_dict()
@@ -308,8 +350,12 @@ class TargetStream:
                  f"{len(self.compiles)} compiles for {len(d['compiled_shapes'])} chunk shapes, "
                  f"{self.late_compiles} during the stream; state error vs float64{leaves} "
                  f"{d['state_error_first']:.2e} at the first chunk, {d['state_error_last']:.2e} at the "
-                 f"last (one step alone: {d['step_error_median']:.2e}); growth {d['drift_growth']:.2f}x "
-                 f"-> {'PASS' if self.passed else 'FAIL'}"]
+                 f"last (one step alone: {d['step_error_median']:.2e}); growth {d['drift_growth']:.2f}x"
+                 + (f" over the chunks with sound ({self.trailing_silence} of trailing silence left out)"
+                    if self.trailing_silence else "")
+                 + "".join(f"; wrong from the first chunk: one step's error {c['value']:.2e} > {c['bound']:.2g}"
+                           for c in self.checks if c["metric"] == "state_error" and not c["passed"])
+                 + f" -> {'PASS' if self.passed else 'FAIL'}"]
         for name, o in self.outputs.items():
             verdict = ("PASS" if o["passed"] else "FAIL") if o["checks"] else "not judged"
             lines.append(f"    {name} ({o['kind']}): {o['summary']} -> {verdict}")
@@ -362,6 +408,17 @@ def _reference(step: StreamStep, chunks) -> tuple[list[dict], list]:
     return outs, states
 
 
+def float32_steps(step: StreamStep, chunks, ref_states: list) -> list[float]:
+    """Per chunk, the worst leaf's error of one step of the model as written (float32, eager on the CPU, no target's
+    numerics) from the float64 state: the error the model's own float32 arithmetic makes, today's yardstick."""
+    errors = []
+    with torch.no_grad():
+        for i, chunk in enumerate(chunks):
+            prior = _moved(ref_states[i - 1], None, torch.float32) if i else step.initial_state()
+            errors.append(max(_leaf_errors(step, step.module(chunk, prior)[1], ref_states[i]).values(), default=0.0))
+    return errors
+
+
 def _by_leaf(per_chunk: list[dict]) -> dict[str, list[float]]:
     return {n: [c[n] for c in per_chunk] for n in per_chunk[0]}
 
@@ -388,7 +445,8 @@ def _worst(leaves: dict[str, list[float]]) -> list[float]:
     return [max(errors) for errors in zip(*leaves.values())]
 
 
-def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list], bounds, precision=None):
+def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list, list], bounds, precision=None,
+                sound: int | None = None):
     detected = specs.detect(name)
     backend, device = selection.backend_for(detected, "auto", precision=precision)
     counter = backends.CompileCounter(backend)
@@ -410,16 +468,63 @@ def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list
                 for e in counter.events]
     not_lowered = sorted({f"{n['op']} ({n['status']})" for e in counter.events if e.check
                           for n in e.check.not_lowered})
-    precision_name = getattr(getattr(backend, "precision", None), "name", detected.target.default_precision.name)
+    precision_used = getattr(backend, "precision", None) or detected.target.default_precision
+    precision_name = precision_used.name
     outputs = output_metrics(step, outs, reference[0], bounds)
     checks = [c for o in outputs.values() for c in o["checks"]]
     agreement = next((c["value"] for c in checks if c["metric"] == "agreement"), None)
     run = TargetStream(name, detected.mode, counter.__name__, precision_name, compiles, len(late), _worst(carried),
                        _worst(single), agreement, not_lowered, leaf_errors=carried, leaf_step_errors=single,
                        outputs=outputs,
-                       late=[{"chunk": e["request"], "reason": e["reason"]} for e in late])
-    run.checks = [drift_check(run, bounds), *checks]
+                       late=[{"chunk": e["request"], "reason": e["reason"]} for e in late], sound_chunks=sound,
+                       state_rtol=tolerance_for(precision_used).rtol, float32_step_error=reference[2])
+    run.checks = [drift_check(run, bounds), level_check(run, bounds), *checks]
     return run
+
+
+def check_key(check: dict) -> str:
+    """A stream check's key, the same at every precision: its metric and the output it judges."""
+    return f"{check['metric']}:{check['output'] or ''}"
+
+
+def try_float32(step: StreamStep, run: TargetStream, chunks, reference: tuple[list, list, list], bounds,
+                sound: int | None = None) -> dict | None:
+    """Where `run` fails a check at a precision that rounds below float32, the same stream at the target's float32
+    precision (the advice every stream finding gives), on the same target side: per failing check whether it passes
+    there. None where nothing failed, the run computes in float32 already, the target has no float32 precision, or
+    it runs natively (a precision is a flag set before the process starts there, so only the one in effect runs)."""
+    failing = [check_key(c) for c in run.checks if not c["passed"]]
+    target = specs.get(run.target)
+    fp32 = next((q for q in target.precisions if compute_dtype(q) == torch.float32), None)
+    if not failing or fp32 is None or fp32.name == run.precision or run.mode == "native":
+        return None
+    other = _run_target(step, run.target, chunks, reference, bounds, fp32.name, sound)
+    passed = {check_key(c): c["passed"] for c in other.checks}
+    return {"precision": fp32.name, "setting": fp32.setting, "checks": {k: passed.get(k, False) for k in failing}}
+
+
+def level_check(run: TargetStream, bounds: dict | None = None) -> dict:
+    """The stream's state-level check: one step's error from the float64 state at the stream's start (run.level),
+    failing where it exceeds both the rtol of the dtype the precision computes in (tolerance.tolerance_for, the
+    tolerance the state's leaves are held to on stage 4's main batch) and baseline_factor times the error of one
+    step of the model as written in float32 (float32_steps: a deep step's own float32 arithmetic may exceed an rtol
+    meant for one op, and that is no regression). It fails where the state is wrong from the first chunk, which the
+    drift check, a ratio to one step's error, cannot see: a state off by the same amount at every chunk does not
+    grow. Passed where the run knows no tolerance."""
+    level, rtol = run.level, run.state_rtol
+    factor = {**DEFAULT_TASK_BOUNDS, **(bounds or {})}["baseline_factor"]
+    own = level.get("float32_median")
+    bound = None if rtol is None else max(rtol, factor * own) if own is not None else rtol
+    budget = ("no tolerance" if bound is None else f"<= {bound:.2g}, the larger of rtol {rtol:g} and {factor:g}x "
+              f"one float32 step's own error ({own:.2g})" if own is not None else f"<= {rtol:g}")
+    return {"metric": "state_error", "output": None,
+            "label": f"one step's state error from the float64 state (worst leaf, relative to its norm), median over "
+                     f"the stream's first {level['chunks']} sounding chunks; {level['first_chunk']:.2g} at the first",
+            "value": level["median"], "budget": budget, "bound": bound,
+            "passed": bound is None or level["median"] <= bound,
+            "why": "the rtol of the dtype the precision computes in (tolerance.tolerance_for), or the model's own "
+                   "float32 error where that is larger: a state wrong beyond it from the first chunk is wrong at "
+                   "every chunk, whatever the stream's length"}
 
 
 def drift_check(run: TargetStream, bounds: dict) -> dict:
@@ -428,10 +533,13 @@ def drift_check(run: TargetStream, bounds: dict) -> dict:
     trend, leaf = run.trend, run.drift_leaf
     where = (" (every state leaf equals float64's exactly)" if leaf is None else
              f" (state leaf {leaf}, the worst of {len(run.leaves)})" if len(run.leaves) > 1 else "")
+    silence = (f"; the last {run.trailing_silence} chunks are silence (below {20 * math.log10(SILENCE):.0f} dBFS) "
+               "and left out" if run.trailing_silence else "")
     check = _check("drift_growth", f"state error carried over one step's error at the same chunk, its median over "
                    f"the stream's second half / over its first {START_SHARE:.0%}{where}, failing only where it is "
-                   f"higher beyond noise ({trend['test']}: p = {trend['p']:.2g})", run.growth, bounds)
-    return {**check, "passed": check["passed"] or not trend["rising"], "trend": trend, "leaf": leaf}
+                   f"higher beyond noise ({trend['test']}: p = {trend['p']:.2g}){silence}", run.growth, bounds)
+    return {**check, "passed": check["passed"] or not trend["rising"], "trend": trend, "leaf": leaf,
+            "trailing_silence": run.trailing_silence}
 
 
 def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | None = None,
@@ -449,8 +557,16 @@ def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | No
     unknown = next((o for o in step.outputs if o.metric not in STREAM_METRICS), None)
     if unknown is not None:
         raise BadParameter(f"metric of stream output {unknown.name!r}", unknown.metric, list(STREAM_METRICS))
+    sound = sounding(chunks)
+    if sound < MIN_CHUNKS:
+        raise BadParameter("stream length", f"{sound} chunks with sound",
+                           hint=f"give at least {MIN_CHUNKS} chunks of {step.chunk} samples before its trailing "
+                                f"silence (every sample below {20 * math.log10(SILENCE):.0f} dBFS)")
     bounds = {**DEFAULT_TASK_BOUNDS, **(task_bounds or {})}
-    reference = _reference(step, chunks)
-    runs = [_run_target(step, n, chunks, reference, bounds, (precision or {}).get(n)) for n in names]
+    outs, states = _reference(step, chunks)
+    reference = (outs, states, float32_steps(step, chunks, states))
+    runs = [_run_target(step, n, chunks, reference, bounds, (precision or {}).get(n), sound) for n in names]
+    for run in runs:
+        run.tried = try_float32(step, run, chunks, reference, bounds, sound)
     return StreamResult(step.describe(), {"seconds": stream.seconds, "source": stream.source,
                                           "label": stream.label, "rate": stream.rate}, len(chunks), runs)

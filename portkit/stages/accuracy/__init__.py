@@ -1,3 +1,4 @@
 """Stage 4, accuracy (notebooks/04_accuracy.py): stage.py; result.py (the verdict, tables, advice),
 comparison.py, sample.py (the task metrics' n, 95% intervals and decision), localize.py (where the error enters),
-target_runs.py, training.py, generation.py."""
+target_runs.py, training.py, generation.py, padding_side.py (the other padding side, tried on a bucket that fails
+only padded)."""

@@ -23,6 +23,7 @@ import torch
 
 from portkit.targets import specs
 from portkit.targets.backends import compile_cause
+from portkit.stages.accuracy import padding_side
 from portkit.stages.accuracy import sample as stats
 from portkit.stages.accuracy.comparison import primary_output
 from portkit.core import grading
@@ -31,6 +32,7 @@ from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
 from portkit.targets.tolerance import compute_dtype
+from portkit.workloads import streaming
 
 STAGE = "accuracy"
 CAST_CAUSE = "float64 run as float32"      # error_by_cause's name for the target's dtype rules alone
@@ -340,7 +342,7 @@ class TargetAccuracy:
         out = {}
         for path in self.failing_paths():
             entry = next((t for t in self.tried if t["precision"] == other.name and t["path"] == path
-                          and not t.get("unpadded")), None)
+                          and not t.get("unpadded") and not t.get("padding_side")), None)
             if entry is not None:
                 out[path] = entry["passed"]
             elif path == MAIN_BATCH and other.target_side == self.chosen.target_side:
@@ -389,9 +391,8 @@ class TargetAccuracy:
         return Finding("padding", grading.severity("padding"),
                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
                        "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
-                       "outputs at real positions",
-                       "this model needs exact-length batches or per-length buckets (stage 3's padding check names "
-                       "the same cause)", cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
+                       "outputs at real positions", padding_side.advice(self.tried, paths),
+                       cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
     def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
         """What portkit tried that still fails (each precision and where), then what it did not try, as leads."""
@@ -468,7 +469,8 @@ class AccuracyReport:
         output outside its budget (stream_output)."""
         runs = [r for r in (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
                 if r["target"] == name]
-        return [stream_drift(r) if c["metric"] == "drift_growth" else stream_output(r, c)
+        return [stream_drift(r) if c["metric"] == "drift_growth" else stream_state(r, c)
+                if c["metric"] == "state_error" else stream_output(r, c)
                 for r in runs for c in r["checks"] if not c["passed"]] + \
             [stream_recompile(r) for r in runs if r.get("late_compiles")]
 
@@ -753,23 +755,54 @@ def _keep_float32(run: dict) -> str:
             "float32 for the recurrent matmuls")
 
 
+def _stream_case(run: dict, check: dict) -> tuple[str, str]:
+    """A failing stream check's grading case and what the advice says was tried: FIXED_BY_SETTING where the same
+    stream at the target's float32 precision passed that check (streaming.try_float32), else NOT_FIXED; the
+    float32 setting is then a lead, said to be untried where it was not run."""
+    tried = run.get("tried") or {}
+    passed = (tried.get("checks") or {}).get(streaming.check_key(check))
+    if passed:
+        return grading.FIXED_BY_SETTING, (f"set {tried['setting']}: tried: precision '{tried['precision']}' passes "
+                                          "this check on the same stream")
+    if passed is None:
+        return grading.NOT_FIXED, f"may help: run the step in float32 ({_keep_float32(run)}; not tried on the stream)"
+    return grading.NOT_FIXED, (f"tried: precision '{tried['precision']}' ({tried['setting']}) still fails this check "
+                               "on the same stream")
+
+
 def stream_drift(run: dict) -> Finding:
-    """A stream run (streaming.TargetStream.to_dict()) that fails its drift check, as the target's finding.
-    A blocker: its state's error grows with the stream's length beyond noise, so a long enough stream goes wrong
-    in deployment, and no precision setting was measured that brings it back (this stage's rule: a budget miss
-    that no measured setting fixes is a blocker)."""
+    """A stream run (streaming.TargetStream.to_dict()) that fails its drift check, as the target's finding: its
+    state's error grows with the stream's length beyond noise, so a long enough stream goes wrong in deployment.
+    Graded as a task metric is (_stream_case): work where the target's float32 precision, tried on the same stream,
+    brings it back, a blocker otherwise."""
     failed = next(c for c in run["checks"] if c["metric"] == "drift_growth")
     p = (failed.get("trend") or run.get("drift_trend") or {}).get("p")
     leaf = f" in state leaf {failed['leaf']}" if len(run.get("leaves") or {}) > 1 else ""
-    return Finding("stream_drift", grading.severity("stream_drift"),
+    case, tried = _stream_case(run, failed)
+    lead = ("" if case == grading.FIXED_BY_SETTING else "; may help: cast the state to float32 where it is carried "
+            "from step to step: a state rounded every step accumulates the rounding")
+    return Finding("stream_drift", grading.severity("stream_drift", case),
                    f"streamed state drifts at precision '{run['precision']}' ({run['backend']}): its error against "
                    f"float64{leaf} grows {failed['value']:.2f}x over the stream ({failed['budget']}), a rise beyond "
                    f"noise (Mann-Whitney U p = {p:.2g})" if p is not None else
                    f"streamed state drifts at precision '{run['precision']}': growth {failed['value']:.2f}x "
-                   f"({failed['budget']})",
-                   f"keep the carried state in float32: {_keep_float32(run)}, or cast the state to float32 where it "
-                   "is carried from step to step; a state rounded every step accumulates the rounding (recompute the "
-                   "stream check after the change)")
+                   f"({failed['budget']})", tried + lead)
+
+
+def stream_state(run: dict, check: dict) -> Finding:
+    """A stream run whose state is wrong from the first chunk (streaming.level_check fails), as the target's finding:
+    apart from the drift, which a state off by the same amount at every chunk does not show. Graded as the drift."""
+    case, tried = _stream_case(run, check)
+    lead = ("" if case == grading.FIXED_BY_SETTING else
+            "; may help: look for an op that cancels (a difference of near-equal terms) or saturates in the step")
+    return Finding("stream_state", grading.severity("stream_state", case),
+                   f"streamed state wrong from the first chunk at precision '{run['precision']}' ({run['backend']}): "
+                   f"one step from the float64 state already gives {check['value']:.2g} ({check['budget']}), "
+                   "before anything is carried"
+                   + ("" if any(c["metric"] == "drift_growth" and not c["passed"] for c in run["checks"]) else
+                      f"; it does not grow (drift {run.get('drift_growth', float('nan')):.2f}x)"),
+                   tried + lead, consequence="every chunk's state, and what the stream decides from it, carries the "
+                                             "error")
 
 
 def stream_recompile(run: dict) -> Finding:
@@ -790,11 +823,11 @@ def stream_recompile(run: dict) -> Finding:
 
 
 def stream_output(run: dict, check: dict) -> Finding:
-    """A streamed output outside its budget (a check of streaming.output_metrics) as the target's finding: a
-    blocker by the same rule as the drift, since the stream runs at one precision setting and none was measured
-    that brings it back."""
-    return Finding("stream_output", grading.severity("stream_output"),
+    """A streamed output outside its budget (a check of streaming.output_metrics) as the target's finding, graded as
+    the drift (_stream_case): the target's float32 precision tried on the same stream."""
+    case, tried = _stream_case(run, check)
+    return Finding("stream_output", grading.severity("stream_output", case),
                    f"streamed output '{check['output']}' at precision '{run['precision']}' ({run['backend']}): "
                    f"{check['label']} {check['value']:.4g} over the stream ({check['budget']})",
-                   f"run the step in float32 ({_keep_float32(run)}) and recompute the stream check: the target's "
-                   "rounding, carried in the state, changes what the stream decides")
+                   tried + ("" if case == grading.FIXED_BY_SETTING else ": the target's rounding, carried in the "
+                            "state, changes what the stream decides"))

@@ -34,7 +34,7 @@ from portkit.core import checks
 from portkit.core import progress as progress_bars
 from portkit.runfolder import results
 from portkit.stages import options
-from portkit.stages.accuracy import target_runs
+from portkit.stages.accuracy import padding_side, target_runs
 from portkit.targets import specs
 from portkit.stages.accuracy.result import (CAST_CAUSE, MAIN_BATCH, TASK_SAMPLE, AccuracyReport, PrecisionResult,
                                             TargetAccuracy, main_path,
@@ -393,7 +393,7 @@ class Reference:
     def bucket(self, high: int, texts: list, padded: dict, padding_side: str) -> tuple:
         """A bucket's batch at its own longest length (as an eager GPU run sees it), its reference, its GPU
         baseline and the truth that baseline is measured against (float64 as for the main batch)."""
-        key = (high, _key(texts))
+        key = (high, _key(texts), padding_side)
         if key not in self.buckets:
             plain = _unpadded(self.model, padded, padding_side)
             out = target_runs.forward(self.module, plain)
@@ -633,6 +633,8 @@ def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, precis
         if any(p.startswith("bucket ") for p in paths) and ref.corpus is not None else {}
     tried = [_try_unpadded(ref, side, batches[int(p.removeprefix("bucket "))], chosen, p, bucket_compiled, plan.batch)
              for p in paths if p.startswith("bucket ") and int(p.removeprefix("bucket ")) in batches]
+    tried += _try_other_side(ref, side, [t["path"] for t in tried if t["passed"]], batches, chosen,
+                             (bucket_compiled, plan.batch))
     for precision in others:
         for path in paths:
             if path == TASK_SAMPLE:
@@ -750,8 +752,8 @@ def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, pa
     """A failing bucket's texts at their own length (no bucket padding) on the same target side and precision:
     "passed" says whether the task metrics hold there, so the bucket fails only padded (the padding cause)."""
     model, (_, high, texts, _) = ref.model, bucket
-    padding_side = getattr(model.tokenizer, "padding_side", "right")
-    plain, expected, _, _ = ref.bucket(high, texts, model.encode(texts, pad_to=high), padding_side)
+    pad = padding_side.side_of(model) or "right"
+    plain, expected, _, _ = ref.bucket(high, texts, model.encode(texts, pad_to=high), pad)
     out = side.run(plain, precision, compiled=compiled, batch=batch)[0]
     main = _main(model, expected)
     task = task_metrics(model.declaration.primary.metric, out[main], expected[main], _mask(model, plain),
@@ -760,14 +762,34 @@ def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, pa
             "passed": task["decision"] != stats.FAIL, "reason": task.get("reason")}
 
 
+def _try_other_side(ref: Reference, side: TargetSide, paths: list[str], batches: dict, precision,
+                    how: tuple[bool, int | None]) -> list[dict]:
+    """Each bucket that fails only padded (its texts pass at their own length), padded on the side the tokenizer
+    does not pad on and run again on the same target side and precision (padding_side): "passed" says whether that
+    side fixes it, which the padding finding's advice then says it tried."""
+    other = padding_side.other(ref.model)
+    if other is None or not paths:
+        return []
+    tried = []
+    for path in paths:
+        bucket = batches[int(path.removeprefix("bucket "))]
+        with padding_side.padding_on(ref.model, other):
+            if not padding_side.lands_on(ref.model, ref.model.encode(bucket[2], pad_to=bucket[1]), other):
+                return []      # the declaration does not pad on the tokenizer's side: there is no other side to try
+            row = _bucket_row(ref, bucket, precision, side, *how)
+        tried.append({"precision": precision.name, "setting": precision.setting, "path": path,
+                      "padding_side": other, "passed": row["passed"], "reason": "; ".join(row["reasons"]) or None})
+    return tried
+
+
 def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, compiled: bool, batch: int | None) -> dict:
     """One bucket: its texts padded to the boundary on the target, against the reference at their own length."""
     model, dim, (low, high, texts, truncated) = ref.model, ref.model.seq_dim, bucket
-    padding_side = getattr(model.tokenizer, "padding_side", "right")
+    pad = padding_side.side_of(model) or "right"
     padded = model.encode(texts, pad_to=high)
-    plain, expected, baseline, truth = ref.bucket(high, texts, padded, padding_side)
+    plain, expected, baseline, truth = ref.bucket(high, texts, padded, pad)
     out = side.run(padded, precision, compiled=compiled, batch=batch)[0]
-    out = {k: _align(out[k], r, padding_side) for k, r in expected.items()}
+    out = {k: _align(out[k], r, pad) for k, r in expected.items()}
     mask, main = _mask(model, plain), _main(model, expected)
     outputs = {k: compare(out[k], r, tolerance_for(precision, ref.options.tolerances, r.dtype), mask)
                for k, r in expected.items()}

@@ -11,7 +11,7 @@ tokenizer); each request's context reaches its prompt plus `new_tokens`. For eac
 compile cost (portkit/planning/economics.py: measured XLA for TPU, the cited estimate for Neuron):
 - `auto`: each of the two bucket sets minimises warm-up compiles + padding for `serve_requests` requests
   (planner.plan_auto); a padded prompt position is priced at the target's `token_seconds`
-  (economics.padding_prices: FLOPs at the chip's peak, an estimate; measured natively),
+  (economics.padding_prices: FLOPs and bytes at the chip's roofline, an estimate; measured natively),
   and a padded cache position the same, once per request: an upper bound, as a decode step reads the
   padded cache rather than recomputing it;
 - `pow2`: what vLLM-TPU and NxD Inference make, powers of two from MIN_PROMPT_BUCKET (prompts) and twice

@@ -9,8 +9,8 @@ request to a bucket on each of them, so every (bucket, bucket) cell is one input
 portkit/planning/grid.py finds the least-cost grid for given prices; this module measures the prices for the model:
 - the real lengths of the corpus's items along both dimensions (the declaration measures them), each cut
   at the dimension's largest size;
-- one padded position per dimension, per target (padding_prices): the FLOPs it adds to a forward pass,
-  counted on the graph with the other dimension at its short corner, at the chip's peak (an estimate, as in
+- one padded position per dimension, per target (padding_prices): the FLOPs and bytes it adds to a forward pass,
+  counted on the graph with the other dimension at its short corner, at the chip's roofline (an estimate, as in
   economics.padding_price); for a reference target, the slope of eager forward time on this machine;
 - one cell's compile: for an emulated TPU, the real XLA compile for the stage's topology of the four
   corner cells (each dimension at its 10th percentile and its longest), fitted as a + s1 x d1 + s2 x d2
@@ -51,8 +51,8 @@ def lengths(model, corpus, seed: int = 0) -> np.ndarray:
 
 def padding_prices(model, corners, target: str) -> tuple[economics.TokenPrice, economics.TokenPrice]:
     """What a padded position of each dimension costs `target`: a reference target (cpu, cuda) measured on
-    this machine (token_seconds), a migration target the FLOPs that position adds, counted on the graph from
-    the low corner, at its chip's peak (economics.roofline_price, an estimate; natively too: one cell's
+    this machine (token_seconds), a migration target the FLOPs and bytes that position adds, counted on the graph
+    from the low corner, at its chip's roofline (economics.counted_price, an estimate; natively too: one cell's
     timing cannot separate the two dimensions)."""
     if specs.get(target).reference:
         how = f"{economics.THIS_MACHINE}: eager forward slope along the dimension, batch 1"
@@ -61,8 +61,8 @@ def padding_prices(model, corners, target: str) -> tuple[economics.TokenPrice, e
     (lo1, hi1), (lo2, hi2) = corners
     names = model.declaration.varying_names
     low = dict(zip(names, (lo1, lo2)))
-    return (economics.roofline_price(target, economics.flops_per_position(model, low, names[0], hi1)),
-            economics.roofline_price(target, economics.flops_per_position(model, low, names[1], hi2)))
+    return (economics.counted_price(model, target, low, names[0], hi1),
+            economics.counted_price(model, target, low, names[1], hi2))
 
 
 def token_seconds(model, corners: tuple[tuple[int, int], tuple[int, int]], repeats: int = 3) -> tuple[float, float]:

@@ -27,6 +27,7 @@ from portkit.stages.compile import generation
 from portkit.stages.compile import loops
 from portkit.stages.compile import training
 from portkit.planning import economics
+from portkit.core import assessed
 from portkit.core import checks
 from portkit.core import grading
 from portkit.core import owners
@@ -340,7 +341,7 @@ class CompileReport:
                                 occurrences={"calls": op.get("calls", 0), "count": len(op["where"])}))
         out += _foreign_ops(check, self.training.get(name), name)
         out += _graph_breaks(self.breaks)
-        if storm.requests and storm.compile_count() > 1:
+        if storm.requests and storm.compile_count() > 1 and not storm.failure:   # a stopped storm is open
             out.append(self._storm_finding(name))
         if not fixed.failure and fixed.compiles_after:
             out.append(_finding("recompile_after_warmup",
@@ -385,9 +386,21 @@ class CompileReport:
     def target_summary(self, name: str) -> str:
         priced = self.priced(name)
         text = f"{self.storms[name].summary()}; {self.fixed[name].summary()}"
-        if priced["compiles"]:   # their price rests on measured compile times: priced_storm holds the seconds
+        if self.storms[name].failure:     # a storm the target stopped has no price: the question stays open
+            text += f"; the storm's compiles and their time on {name} {grading.NOT_ASSESSED}"
+        elif priced["compiles"]:   # their price rests on measured compile times: priced_storm holds the seconds
             text += f"; on {name} these {priced['compiles']} compiles are priced by {priced['source']}"
         return text
+
+    def open_questions(self, name: str) -> list[dict]:
+        """What this stage left open for one target (core.assessed): the recompile storm over the requests, where
+        the target's compiler stopped it (its count and price are of the requests before the refusal only)."""
+        failure = self.storms[name].failure
+        if not failure:
+            return []
+        return [assessed.open_question(
+            f"recompile storm over the {self.requests['count']} requests (its compiles and their time on {name})",
+            f"the target stopped the storm at request {(failure.get('request') or 0) + 1}: {failure_text(failure)}")]
 
     def summary(self) -> str:
         return " | ".join(self.target_summary(n) + (f"; generation: {self.generation[n].summary()}"
@@ -399,7 +412,7 @@ class CompileReport:
                              "summary": self.target_summary(name), "compile_seconds": self.compile_seconds(name),
                              "compile_cost": self.costs[name].to_dict(), "priced_storm": self.priced(name),
                              "fixed_shape": self.fixed[name].shape, "checks": self.breaks.checks.get(name),
-                             "findings": self.findings(name),
+                             "findings": self.findings(name), assessed.KEY: self.open_questions(name),
                              "projection": self.projection(name), "storm": storm.to_dict(),
                              "fixed": self.fixed[name].to_dict(),
                              **({"generation": self.generation[name].to_dict()} if name in self.generation else {}),

@@ -141,6 +141,9 @@ class Storm:
                      "new shape would silently run eagerly")
         if self.loop:
             text += f"; {loops.CAUSE}, at {self.loop['where']['text']}"
+        if self.failure:      # the storm stopped: its count is of the requests before the refusal, not the stream's
+            text += (f"; then cannot compile at request {(self.failure.get('request') or 0) + 1}, so the storm "
+                     f"over the rest is not assessed: {failure_text(self.failure)}")
         return text
 
     def table(self) -> HtmlTable:

@@ -244,6 +244,17 @@ def _accuracy_check(c: dict) -> str:
     return f"{figures.share(c['value'], bound)}{ci}{n} ({c['budget']}): {said.get(decision, decision)}"
 
 
+def _stream_row(st: dict) -> str:
+    """A target's stream run in one cell: its verdict, its state's error at the end and at its first step, the drift
+    (over the chunks with sound: trailing silence left out) and the compiles after warm-up."""
+    level = next((c for c in st.get("checks") or () if c.get("metric") == "state_error" and c.get("bound")), None)
+    first = (f", one step {level['value']:.2g} at the start ({'within' if level['passed'] else 'beyond'} "
+             f"{level['bound']:.2g})" if level else "")
+    silence = f" ({st['trailing_silence']} chunks of trailing silence left out)" if st.get("trailing_silence") else ""
+    return (f"{'PASS' if st['passed'] else 'FAIL'}: error vs float64 {st['state_error_last']:.2g} at the end{first}, "
+            f"growth {st['drift_growth']:.2f}x{silence}, {st['late_compiles']} compiles after warm-up")
+
+
 def _accuracy_metrics(data, t, out, main) -> dict:
     """Stage 4's metrics of one target: the precision, the verdict's basis, the errors and the task checks."""
     task = t.task
@@ -259,10 +270,7 @@ def _accuracy_metrics(data, t, out, main) -> dict:
         "buckets passing": f"{sum(bool(b.passed) for b in t.buckets)}/{len(t.buckets)}",
         **({"generation (greedy tokens)": f"{'PASS' if gen['passed'] else 'FAIL'}: agree {gen['agreement']:.1%}, "
             f"{gen['judged_agreement']:.1%} with near-ties apart"} if gen else {}),
-        **({"state over a stream": f"{'PASS' if st['passed'] else 'FAIL'}: error vs float64 "
-                                   f"{st['state_error_last']:.2g} "
-            f"at the end, growth {st['drift_growth']:.2f}x, {st['late_compiles']} compiles after warm-up"}
-           if st else {}),
+        **({"state over a stream": _stream_row(st)} if st else {}),
         "judged on": _or(t.target_side, "—"),
     }
 
