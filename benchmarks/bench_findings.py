@@ -20,7 +20,7 @@ from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
 from portkit.stages.fallbacks import stage as fallbacks
 from portkit.models import registry
-from portkit.core import reconcile
+from portkit.stages import reconcile
 
 MODELS = ("minilm", "gpt2", "llama", "t5", "bert")
 

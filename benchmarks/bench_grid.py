@@ -28,7 +28,7 @@ from portkit.stages.buckets import stage
 from portkit.corpora import corpus as data
 from portkit.planning import economics
 from portkit.planning import grid
-from portkit.stages.buckets import grid as grid_costs
+from portkit.stages.buckets import grid_costs
 from portkit.models import inputs
 from portkit.models import registry
 
@@ -87,7 +87,7 @@ def pairs_from(corpus) -> list[tuple[str, str]]:
 
 
 def xla_cells(model) -> tuple[callable, str]:
-    from portkit.xla import compiler
+    from portkit.tpu_compile import compiler
     points = []
     for a, b in CELLS:
         shape = {"input_ids": ((1, a), "int64"), "attention_mask": ((1, a), "int64"),

@@ -4,7 +4,7 @@
 
 minilm (real weights), batch 8, sequence 128, real stdlib texts, torch.no_grad, interleaved runs
 after warm-up; the medians are compared. Aim: ratio 1.2 or less. Also the share of the recording
-that naming each op's source frame costs (#18): the recorder with portkit.core.frames.caller as it is,
+that naming each op's source frame costs (#18): the recorder with portkit.core.owners.caller as it is,
 against the same recorder with it stubbed out, interleaved in the same run.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from portkit.corpora import corpus
 from portkit.stages.fallbacks import stage
-from portkit.core import frames
+from portkit.core import owners
 from portkit.models import registry
 from portkit.stages.fallbacks import recording
 
@@ -39,13 +39,13 @@ def main() -> None:
         stage.record(model, inputs, train=False)
 
     def without_frames():
-        recording.frames.caller = lambda depth=1: None
+        recording.owners.caller = lambda depth=1: None
         try:
             stage.record(model, inputs, train=False)
         finally:
-            recording.frames.caller = caller
+            recording.owners.caller = caller
 
-    caller = frames.caller
+    caller = owners.caller
     for _ in range(3):
         plain(), recorded()
     times = {"plain": [], "recorded": [], "without_frames": []}

@@ -20,6 +20,7 @@ import torch
 from _inductor_cache import own_inductor_cache
 
 from portkit.stages.buckets import bucketed
+from portkit.stages.buckets import trace_replay
 from portkit.stages.buckets import stage
 from portkit.corpora import corpus as data
 from portkit.planning import economics
@@ -62,8 +63,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend inductor")
     print(trace)
     print(f"auto: {auto}\n  why: {auto.why}")
-    base, mine = bucketed.replay(model, trace, [auto], backend="inductor",
-                                 settings=bucketed.ReplaySettings(progress=False, fresh_caches=True))
+    base, mine = trace_replay.replay(model, trace, [auto], backend="inductor",
+                                 settings=trace_replay.ReplaySettings(progress=False, fresh_caches=True))
     for run in (base, mine):
         print(run)
     print(f"padding check per bucket: {'ok' if mine.padding_ok else 'FAILED'} "

@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/bench_sharded.py [--model llama3-8b] [--topology v5e:2x4] [--batch 8] [--seq 1024]
 
-The model is built from its published config on the meta device (portkit.models.abstract) and
+The model is built from its published config on the meta device (portkit.models.meta_device) and
 compiled by the real XLA TPU compiler (JAX + libtpu, compile-only) with its weights sharded over the
-topology's devices (portkit.xla.sharded). Each run is in a fresh child process, so its peak host
+topology's devices (portkit.tpu_compile.sharded). Each run is in a fresh child process, so its peak host
 memory (resource.getrusage maxrss of that child) is this check alone. Aim: under 4 GiB. Prints the
 compile verdict, HBM per device, collectives, the time to build, lower and compile, and the peak.
 The verdict cache is set to a fresh temporary folder, so the compile is measured, not read back.
@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, resource, sys, time
-from portkit.models import abstract as abstract_models
+from portkit.models import meta_device
 from portkit.targets import capacity
-from portkit.xla import sharded as xla_sharded
+from portkit.tpu_compile import sharded
 name, topology, batch, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 start = time.perf_counter()
-m = abstract_models.build(name)
+m = meta_device.build(name)
 built = time.perf_counter() - start
-r = xla_sharded.compile_sharded(m, [abstract_models.text_shape(m, batch, seq)], topology)
+r = sharded.compile_sharded(m, [meta_device.text_shape(m, batch, seq)], topology)
 x = r.shapes[0]
 roof = capacity.roofline(r, x, tokens=batch * seq) if x.status == "compiled" else None
 print(json.dumps({"parameters": r.parameters, "parameter_bytes": r.parameter_bytes, "build_s": built,

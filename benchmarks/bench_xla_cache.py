@@ -32,7 +32,7 @@ def _child(args) -> None:
     """One run of the stage in this process; prints one JSON line with its timings."""
     from portkit.models import registry
     from portkit.stages.xla import stage as xla
-    from portkit.xla import compiler
+    from portkit.tpu_compile import compiler
     model = registry.load(args.model)
     if not args.no_preload:
         from jax.experimental import topologies
@@ -50,7 +50,7 @@ def _child(args) -> None:
 
     xla.xla_section = timed                          # run_stage calls it once per target
     start = time.perf_counter()
-    stage = xla.run_stage(model, args.targets, args.run, xla.Options.of({"topology": args.topology}))
+    stage = xla.run_stage(model, args.targets, xla.Options.of({"topology": args.topology}), run_dir=args.run)
     wall = time.perf_counter() - start
     shapes = {name: [{"label": s.label, "status": s.status, "cached": s.cached, "lower": s.lower_seconds,
                       "compile": s.compile_seconds} for s in r.shapes]

@@ -34,7 +34,7 @@ from portkit.targets import backends  # noqa: E402
 from portkit.corpora import corpus  # noqa: E402
 from portkit.models import registry  # noqa: E402
 from portkit.stages.xla import stage  # noqa: E402
-from portkit.xla import compiler  # noqa: E402
+from portkit.tpu_compile import compiler  # noqa: E402
 
 os.environ[corpus.CACHE_VARIABLE] = CACHE        # read at each compile: no XLA verdict comes from a past run
 

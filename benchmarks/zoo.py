@@ -43,6 +43,7 @@ from benchmarks import zoo_build, zoo_rules  # noqa: E402
 from portkit.core import atomic_io  # noqa: E402
 from portkit.core.errors import PortkitError, StageFailed  # noqa: E402
 from portkit.run import runner  # noqa: E402
+from portkit.run import notebook_parameters  # noqa: E402
 from portkit.runfolder import layout  # noqa: E402
 from portkit.stages.report import stage as report_stage  # noqa: E402
 
@@ -99,7 +100,7 @@ def first_line(text) -> str:
 
 def parameters_for(stages: list[str], chosen: dict) -> dict:
     """The zoo's parameters the chosen stages declare (a parameter no stage declares is refused)."""
-    declared = runner.all_parameters(runner.select_stages(stages))
+    declared = notebook_parameters.all_parameters(notebook_parameters.select_stages(stages))
     return {k: v for k, v in chosen.items() if k in declared}
 
 
@@ -451,7 +452,7 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(f"{r.key}\t{r.cls}" for r in rows))
         return 0
-    stages = [s.name for s in runner.select_stages(args.stages)]
+    stages = [s.name for s in notebook_parameters.select_stages(args.stages)]
     base = QUICK_PARAMETERS if args.quick else PARAMETERS
     folder, cache = zoo_build.cache_folder(), {}
     signature = _signature(stages, parameters_for(stages, base), folder)

@@ -247,14 +247,14 @@ def _where(finding: dict) -> str:
 
 def user_findings_not_in_portkit(run: Run) -> list[Violation]:
     """No finding is attributed to the user (owner "user") from portkit's own files."""
-    from portkit.core import frames
+    from portkit.core import owners
     found, said = [], set()
     for stage in (*layout.STAGE_NAMES,):
         for target, half in (run.get(stage).get("targets") or {}).items():
             for finding in (half or {}).get("findings") or []:
                 where = _where(finding)
                 file = where.split(":", 1)[0]           # the same frame, as a stage and as the report write it
-                if _owner(finding) == frames.USER and PORTKIT_FILE.search(where) and (target, file) not in said:
+                if _owner(finding) == owners.USER and PORTKIT_FILE.search(where) and (target, file) not in said:
                     said.add((target, file))
                     found.append(Violation("user's finding in portkit's file", target,
                                            f"{finding.get('kind')} owned by the user at {where[:160]}"))

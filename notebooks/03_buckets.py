@@ -31,8 +31,8 @@
 # real positions against unpadded eager outputs.
 #
 # Logic: `portkit/planning/planner.py` (planning), `portkit/planning/economics.py` (compile costs),
-# `portkit/stages/buckets/bucketed.py`
-# (padding, compiling, replay) and `portkit/stages/buckets/stage.py` (the stage).
+# `portkit/stages/buckets/bucketed.py` (padding), `portkit/stages/buckets/trace_replay.py`
+# (compiling, replay) and `portkit/stages/buckets/stage.py` (the stage).
 # Headless: `portkit run --stages buckets`.
 
 # %% tags=["parameters"]
@@ -179,8 +179,8 @@ if opts.workload == "train":
 # (each dimension's exact least-padding boundaries, every k1 x k2) against the best one-dimensional plan
 # (one dimension bucketed and the other padded to its longest, or one shared length), both priced for
 # `serve_requests` requests: the TPU's cell compile measured by XLA at the corner cells, padding by the
-# FLOPs and bytes a position adds along each dimension at the chip's roofline (portkit/stages/buckets/grid.py).
-# The replay below buckets the first dimension.
+# FLOPs and bytes a position adds along each dimension at the chip's roofline
+# (portkit/stages/buckets/grid_costs.py). The replay below buckets the first dimension.
 
 # %%
 grid = buckets.grid(m, texts, targets, costs=costs, options=opts)

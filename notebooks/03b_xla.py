@@ -26,7 +26,7 @@
 # a rerun reads a shape's verdict back instead of compiling it again, and says so, with the compile
 # seconds measured the first time.
 #
-# Logic: `portkit/stages/xla/stage.py` (compiles: `portkit/xla/compiler.py`).
+# Logic: `portkit/stages/xla/stage.py` (compiles: `portkit/tpu_compile/compiler.py`).
 # Needs `pip install 'portkit[xla]'`; without
 # it this stage says so and skips.
 
@@ -84,7 +84,7 @@ xla.shape_table(out, targets, m, opts=opts)
 # measurements. `benchmarks/bench_sharded.py` measures what such a compile takes on this host (time and memory).
 
 # %%
-stage = xla.run_stage(m, targets, out, opts=opts)
+stage = xla.run_stage(m, targets, opts, run_dir=out)
 stage
 
 # %% [markdown]

@@ -145,6 +145,7 @@ def _deploy_parsers(sub) -> None:
 
 
 def _run(args) -> int:
+    from portkit.run import notebook_parameters
     from portkit.run import runner
     from portkit.core import checks
     targets = _unique("target", args.targets) or ["neuron", "tpu"]
@@ -152,9 +153,9 @@ def _run(args) -> int:
     from portkit.runfolder.layout import model_tag
     # --out "" is refused, not defaulted
     out = args.out if args.out is not None else os.path.join("runs", model_tag(args.model))
-    declared = runner.all_parameters(runner.select_stages(stages))
-    # Unknown names pass through as text; runner.plan rejects them with the valid list.
-    user = {name: runner.coerce(name, raw, declared) if name in declared else raw
+    declared = notebook_parameters.all_parameters(notebook_parameters.select_stages(stages))
+    # Unknown names pass through as text; preflight.plan rejects them with the valid list.
+    user = {name: notebook_parameters.coerce(name, raw, declared) if name in declared else raw
             for name, raw in _param_values(args.param).items()}
     lanes = runner.RunSettings.lanes if args.lanes is None else checks.positive_int("lanes", args.lanes, maximum=64)
     try:
@@ -229,14 +230,14 @@ def _report_held(run_dir, names):
     from portkit.core import atomic_io
     from portkit.core.errors import BadParameter
     from portkit.runfolder import layout
-    from portkit.stages.report import stage as report
+    from portkit.stages.report import stage
     try:
         with layout.hold(run_dir):
             removed = atomic_io.remove_partials(run_dir)
             if removed:
                 print(f"portkit: note: removed {len(removed)} partial file(s) a killed run left: "
                       f"{', '.join(p.name for p in removed)}")
-            r = report.build_report(run_dir, names)
+            r = stage.build_report(run_dir, names)
             r.save(run_dir)
             return r
     except layout.FolderInUse as exc:
@@ -248,11 +249,11 @@ def _report_held(run_dir, names):
 
 
 def _sweep(args) -> int:
-    from portkit.run import runner
+    from portkit.run import notebook_parameters
     from portkit.run import sweep
     sweep.require_ray()   # the install line before anything else
-    declared = runner.all_parameters()
-    user = {name: runner.coerce(name, raw, declared) if name in declared else raw
+    declared = notebook_parameters.all_parameters()
+    user = {name: notebook_parameters.coerce(name, raw, declared) if name in declared else raw
             for name, raw in _param_values(args.param).items()}
     resources = sweep.Resources(args.cpus_per_task, args.memory_per_task, args.address)
     cells = sweep.plan_sweep(_unique("model", args.models) or ["minilm"], _unique("target", args.targets) or
@@ -281,9 +282,10 @@ def _targets() -> int:
 def _params() -> int:
     """Each parameter once, with its default; where stages declare different defaults, one line per
     default, naming the stages that use it (what `-p` overrides in each)."""
-    from portkit.run import runner
-    for name, per_stage in runner.parameters_by_stage().items():
-        if name in runner.SHARED:
+    from portkit.run import notebook_parameters
+    from portkit.stages import options
+    for name, per_stage in notebook_parameters.parameters_by_stage().items():
+        if name in options.SHARED:
             continue
         by_default: dict[str, list[str]] = {}
         for stage, info in per_stage.items():
@@ -336,7 +338,9 @@ def _scan(args) -> int:
 
 def _deploy(args) -> int:
     """`portkit export` (exit 0) and `portkit check` (exit 1 on a regression)."""
-    from portkit.deploy import cost, export, gate
+    from portkit.deploy import export, gate
+    from portkit.planning import cost
+    from portkit.runfolder import results
     if args.command == "check":
         if args.junit:   # before the comparison: a path that cannot be written fails first, nothing printed
             gate.check_junit_path(args.junit)
@@ -349,7 +353,8 @@ def _deploy(args) -> int:
     targets = specs.parse_targets(args.targets) if args.targets else None   # an unknown one, with the choices
     prices = cost.read_prices(args.prices) if args.prices else None
     written, skipped = export.export(args.run_dir, args.stack, args.out, targets)
-    found = cost.comparison(args.run_dir, sorted({item.target for item in written}), prices) if written else {}
+    chosen = sorted({item.target for item in written})
+    found = cost.comparison(results.run_cost_figures(args.run_dir), chosen, prices) if written else {}
     for item in written:
         print(f"{item.target}: {', '.join(str(f) for f in item.files)}")
         for lost in item.lost:

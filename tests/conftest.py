@@ -19,7 +19,7 @@ def _session_cache_root() -> str:
     library's docstrings, keyed by Python version and path) are copied in: they do not depend on
     anything a test changes, and re-reading the standard library would cost seconds per session."""
     from portkit.corpora import corpus as data
-    from portkit.xla import cache
+    from portkit.tpu_compile import cache
     user_root, root = data.cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
     if user_root.is_dir():
         shutil.copytree(user_root, root, dirs_exist_ok=True,

@@ -13,6 +13,7 @@ from portkit.targets import numerics
 from portkit.core import availability
 from portkit.runfolder import results
 from portkit.run import runner
+from portkit.run import preflight
 from portkit.stages.accuracy import target_runs
 from portkit.targets import specs
 from portkit.core.errors import BadParameter, CompileRefused
@@ -127,9 +128,9 @@ def test_runner_runs_the_stage_checks_before_writing(tmp_path):
     assert runner.Stage("accuracy", "04_accuracy.ipynb", "portkit.stages.accuracy.stage", reads=("buckets",),
                         reads_early=("buckets",)) in runner.STAGES
     with pytest.raises(BadParameter, match="precision for target tpu"):
-        runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"precision": {"tpu": "fast"}}, stages=["accuracy"])
+        preflight.plan("minilm", ["tpu"], str(tmp_path / "run"), {"precision": {"tpu": "fast"}}, stages=["accuracy"])
     with pytest.raises(BadParameter, match="default_buckets"):
-        runner.plan("minilm", ["tpu"], str(tmp_path / "run"), {"default_buckets": [64, 32]}, stages=["accuracy"])
+        preflight.plan("minilm", ["tpu"], str(tmp_path / "run"), {"default_buckets": [64, 32]}, stages=["accuracy"])
     assert not (tmp_path / "run").exists()
 
 

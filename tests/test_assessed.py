@@ -308,7 +308,7 @@ def test_a_storm_the_compiler_stopped_is_not_priced_and_its_storm_is_open():
     where it stopped, the storm's compiles and time are "not assessed" (an open question of the target), no storm
     finding stands for the stream, and the refusal is the blocker."""
     from portkit.stages.compile import stage as compiling
-    from portkit.stages.compile.steps import Requests
+    from portkit.corpora.requests import Requests
     m = registry.LoadedModel("refused when longer", registry.TOKEN_CLASSIFIER, RefusedWhenLonger(12).eval(),
                              "test module", tokenizer=registry.minilm_tokenizer())
     texts = ["Sum the values.", "Open the file and read it.", "Return the sum of the values of a list of numbers, "

@@ -43,7 +43,7 @@ def test_crepe_runs_through_the_stages_on_a_folder_of_recordings(tmp_path, recor
     items = corpus.corpus_for(m, str(recordings))
     assert len(items) == 6 and "recorded" in items.source
     batch, described = corpus.example_batch(m, items, batch_size=2, seq_len=32, seed=0)
-    found = fallbacks.find_fallbacks(m, batch, TARGETS, description=described)
+    found = fallbacks.find_fallbacks(m, batch, TARGETS, fallbacks.RecordSettings(description=described))
     found.save(tmp_path / "fallbacks.json")
     # stage 1: the CPU fallbacks of CREPE's own layers on Neuron, named at torchcrepe's lines
     neuron = json.loads((tmp_path / "fallbacks.json").read_text())["targets"]["neuron"]["findings"]

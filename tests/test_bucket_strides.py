@@ -15,7 +15,7 @@ from portkit.corpora import corpus as data
 from portkit.models import inputs
 from portkit.models import registry
 from portkit.planning import economics
-from portkit.stages.buckets import bucketed
+from portkit.stages.buckets import output_probe
 from portkit.stages.buckets import stage
 
 HOP, LONGEST, SHORTEST = 4, 256, 8
@@ -118,18 +118,18 @@ def test_an_output_declares_its_stride_and_bad_declarations_name_the_value():
 
 
 def test_the_probe_finds_a_declared_or_a_plain_stride_and_says_when_none_explains_the_output():
-    found = bucketed.output_dims(declared(Framed(), inputs.Output("frames", inputs.WAVEFORM, stride=HOP)))
-    assert found["frames"] == bucketed.OutputDims((0,), (1,), HOP, HOP, False, "declared")
-    found = bucketed.output_dims(declared(Framed(), inputs.Output("frames", inputs.WAVEFORM)))
-    assert found["frames"] == bucketed.OutputDims((0,), (1,), HOP, HOP, False, "probed stride")
+    found = output_probe.output_dims(declared(Framed(), inputs.Output("frames", inputs.WAVEFORM, stride=HOP)))
+    assert found["frames"] == output_probe.OutputDims((0,), (1,), HOP, HOP, False, "declared")
+    found = output_probe.output_dims(declared(Framed(), inputs.Output("frames", inputs.WAVEFORM)))
+    assert found["frames"] == output_probe.OutputDims((0,), (1,), HOP, HOP, False, "probed stride")
     # window 8 at hop 4: (n - 8) // 4 + 1, which no stride with window = stride gives at both probe lengths
-    found = bucketed.output_dims(declared(Framed(window=8), inputs.Output("frames", inputs.WAVEFORM)))
+    found = output_probe.output_dims(declared(Framed(window=8), inputs.Output("frames", inputs.WAVEFORM)))
     assert found["frames"].seq == () and "no one stride explains" in found["frames"].unchecked
-    found = bucketed.output_dims(declared(Framed(window=8), inputs.Output("frames", inputs.WAVEFORM, stride=HOP,
+    found = output_probe.output_dims(declared(Framed(window=8), inputs.Output("frames", inputs.WAVEFORM, stride=HOP,
                                                                           window=8)))
     assert found["frames"].seq == (1,) and found["frames"].unchecked is None
     # a declaration the outputs contradict is not used to slice them
-    found = bucketed.output_dims(declared(Framed(), inputs.Output("frames", inputs.WAVEFORM, stride=3)))
+    found = output_probe.output_dims(declared(Framed(), inputs.Output("frames", inputs.WAVEFORM, stride=3)))
     assert found["frames"].seq == () and "declares stride 3" in found["frames"].unchecked
 
 
@@ -241,7 +241,7 @@ def test_encodec_refused_in_warm_up_is_a_finding_not_a_crash():
             return {"audio": out.audio_values[:, 0], "codes": out.audio_codes}
 
     m = declared(Codec(), inputs.Output("audio", inputs.WAVEFORM), "encodec", shortest=64, longest=1024)
-    found = bucketed.output_dims(m)    # codes: (1, batch, codebooks, ceil(samples / 8)), the hop its strides give
+    found = output_probe.output_dims(m)    # codes: (1, batch, codebooks, ceil(samples / 8)), the hop its strides give
     assert found["audio"].seq == (1,) and (found["codes"].batch, found["codes"].seq) == ((1,), (3,))
     assert (found["codes"].stride, found["codes"].ceil) == (8, True)
     rng = np.random.default_rng(0)

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import fixture_model
 from fixtures import models as fixtures
 from portkit.stages.buckets import bucketed
+from portkit.stages.buckets import trace_replay
 from portkit.stages.buckets import stage as buckets
 from portkit.corpora import corpus as data
 from portkit.planning import economics
@@ -327,8 +328,8 @@ def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(t
     leaky = PlanMissingABucket(*(getattr(plan, f.name) for f in dataclasses.fields(plan)))
     left_out = plan.boundaries[1]
     first = next(i for i, n in enumerate(trace.lengths) if plan.bucket_for(min(n[0], 64)) == left_out)
-    (run,) = bucketed.replay(tiny, trace, [leaky], backend="eager",
-                             settings=bucketed.ReplaySettings(baseline=False, progress=False))
+    (run,) = trace_replay.replay(tiny, trace, [leaky], backend="eager",
+                             settings=trace_replay.ReplaySettings(baseline=False, progress=False))
     assert run.compiles_after_warmup == 1 and run.compiles == plan.compiles == 3     # once, then cached
     (late,) = run.late_compiles
     assert late["request"] == first and late["shape"] == [1, left_out]
@@ -373,7 +374,8 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     distinct = {(len(t), min(max(n), 64)) for t, n in zip(trace.requests, trace.lengths)}
     assert len(distinct) > 8                          # more than Dynamo's default recompile limit
     plan = buckets.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64, max_batch=3)
-    runs = bucketed.replay(tiny, trace, [plan], backend="eager", settings=bucketed.ReplaySettings(progress=False))
+    runs = trace_replay.replay(tiny, trace, [plan], backend="eager",
+                               settings=trace_replay.ReplaySettings(progress=False))
     base, bucketed_run = runs
     assert base.name == "no buckets" and base.compiles == len(distinct) and base.waste > 0
     assert bucketed_run.compiles == plan.compiles == len(plan.shapes()) == 9
@@ -382,7 +384,7 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     assert bucketed_run.computed_tokens >= base.computed_tokens
     assert bucketed_run.to_dict()["plan"]["batch_sizes"] == [1, 2, 3]
     # the stage's default counts the baseline instead of compiling it: the same compiles, the same shapes
-    counted, again = bucketed.replay(tiny, trace, [plan], backend="eager", settings=bucketed.ReplaySettings(
+    counted, again = trace_replay.replay(tiny, trace, [plan], backend="eager", settings=trace_replay.ReplaySettings(
         progress=False, check=False, count_baseline=True))
     assert (counted.name, counted.compiles, counted.compiles_after_warmup) == ("no buckets", base.compiles, 0)
     assert sorted(counted.compiled_seqs) == sorted(base.compiled_seqs)
@@ -394,10 +396,10 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     assert f"the mean of this replay's {again.compiles} measured compiles" in counted.note
     # a compared plan counted, not compiled: one compile per bucket shape, its padding measured the same
     pow2 = buckets.plan_buckets(np.concatenate(trace.lengths), "pow2", k=3, max_seq=64, max_batch=3)
-    compiled_pow2 = bucketed.replay(tiny, trace, [pow2], backend="eager", settings=bucketed.ReplaySettings(
+    compiled_pow2 = trace_replay.replay(tiny, trace, [pow2], backend="eager", settings=trace_replay.ReplaySettings(
         progress=False, check=False, baseline=False))[0]
-    _, counted_pow2, chosen = bucketed.replay(tiny, trace, [pow2, plan], backend="eager",
-                                              settings=bucketed.ReplaySettings(progress=False, check=False,
+    _, counted_pow2, chosen = trace_replay.replay(tiny, trace, [pow2, plan], backend="eager",
+                                              settings=trace_replay.ReplaySettings(progress=False, check=False,
                                                                                count_baseline=True, count=(pow2,)))
     assert counted_pow2.compiles == compiled_pow2.compiles == len(pow2.shapes()) and not counted_pow2.padding_checks
     assert (counted_pow2.real_tokens, counted_pow2.computed_tokens) == (compiled_pow2.real_tokens,
@@ -493,8 +495,9 @@ def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, 
 
 def notebook_code_cells(stage_name: str) -> list[tuple[bool, str]]:
     """(is the parameters cell, source) of every code cell of a stage's notebook, as the runner finds it."""
+    from portkit.core.locations import NOTEBOOKS
     from portkit.run import runner
-    path = runner.NOTEBOOKS / next(s for s in runner.STAGES if s.name == stage_name).notebook
+    path = NOTEBOOKS / next(s for s in runner.STAGES if s.name == stage_name).notebook
     if path.suffix == ".ipynb":
         import nbformat
         cells = nbformat.read(path, as_version=4).cells
@@ -531,8 +534,9 @@ def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, mon
 
 def test_the_notebook_parameters_are_the_stage_defaults():
     from portkit.run import runner
+    from portkit.run import notebook_parameters
     stage = next(s for s in runner.STAGES if s.name == "buckets")
-    declared = runner.declared_parameters(stage)
+    declared = notebook_parameters.declared_parameters(stage)
     defaults = buckets.Options.defaults()
     for f in dataclasses.fields(defaults):
         assert eval(declared[f.name]["default"]) == getattr(defaults, f.name), f.name   # noqa: S307 (its own literal)

@@ -9,7 +9,8 @@ from conftest import fixture_model
 from portkit.core import findings
 from portkit.models import registry
 from portkit.stages.compile import stage as compiling
-from portkit.stages.compile import steps
+from portkit.corpora import requests
+from portkit.stages.compile import fixed_shape
 from portkit.stages.fallbacks import stage as fallbacks
 
 TEXTS = ["def f(x): return x", "Sum the values."]
@@ -91,7 +92,7 @@ def test_a_refusal_is_one_blocker_and_names_the_data_dependent_size(texts):
     capture_scalar_outputs: the refusal names the user's line, its cause and the advice that fixes it, and the
     capture, the storm and the fixed shape it stops are one finding."""
     m = registry.load(fixture_model("codec_padding_model"))
-    stream = steps.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
+    stream = requests.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
     opts = compiling.Options.of({"seq_len": 12, "requests": 4})
     with torch._dynamo.config.patch(capture_scalar_outputs=True):   # Dynamo's own scoped setting, restored after
         report = compiling.compile_model(m, stream, ["neuron"], opts, progress=False, compile_shapes=2,
@@ -123,9 +124,9 @@ def test_the_same_input_gives_the_same_result(texts):
     first, second = (json.dumps(untimed(stage1(spec).to_dict()), sort_keys=True) for _ in range(2))
     assert first == second
     m = registry.load(fixture_model("tiny_encoder"))
-    stream = steps.make_requests(m, texts, 6, max_tokens=10, seed=0, horizon=6)
+    stream = requests.make_requests(m, texts, 6, max_tokens=10, seed=0, horizon=6)
     opts = compiling.Options.of({"seq_len": 10, "requests": 6})
-    runs = [steps.check_fixed_shapes(m, stream, ["neuron", "tpu"], opts) for _ in range(2)]
+    runs = [fixed_shape.check_fixed_shapes(m, stream, ["neuron", "tpu"], opts) for _ in range(2)]
     a, b = ({n: untimed(f.to_dict()) for n, f in run.items()} for run in runs)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert not re.search(r"\d\s?(ms|s)\b", json.dumps(a))   # no measured time in a string
@@ -158,7 +159,7 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
     from portkit.planning import economics
     from portkit.stages.accuracy import result
     from portkit.stages.accuracy import target_runs
-    from portkit.stages.buckets import bucketed
+    from portkit.stages.buckets import trace_replay
     from portkit.stages.buckets import stage as buckets
     from portkit.stages.report import stage as report
 
@@ -166,12 +167,12 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
     inputs = m.encode(TEXTS, pad_to=12)
     cost = economics.neuron_estimate(10**6)
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
-        stream = steps.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
+        stream = requests.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
         stage2 = compiling.compile_model(m, stream, ["neuron"], compiling.Options.of({"seq_len": 12, "requests": 4}),
                                          progress=False, compile_shapes=2, costs={"neuron": cost}).findings("neuron")
         plan = buckets.plan_buckets([4, 8, 12], "optimal", k=2, max_seq=12)
-        runs = bucketed.replay(m, corpus.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
-                               settings=bucketed.ReplaySettings(baseline=False, progress=False))
+        runs = trace_replay.replay(m, corpus.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
+                               settings=trace_replay.ReplaySettings(baseline=False, progress=False))
         stage3 = buckets.TargetBuckets({"name": "neuron", "mode": "emulated"}, "portkit_neuron", plan, cost,
                                        runs).findings()
         torch.compiler.reset()

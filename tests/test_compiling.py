@@ -13,6 +13,8 @@ from portkit.models import registry
 from portkit.targets import numerics
 from portkit.core import availability
 from portkit.run import runner
+from portkit.run import notebook_parameters
+from portkit.run import preflight
 from portkit.targets import specs
 from portkit.core.errors import BadParameter
 
@@ -130,9 +132,9 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
         assert shared.compiles[0].check.numerics == alone.compiles[0].check.numerics   # each target's own rules
     assert both["tpu"].compiles[0].check.numerics != both["neuron"].compiles[0].check.numerics
     # a target that refuses the graph fails alone; the other is checked as before
-    from portkit.stages.compile import steps
+    from portkit.stages.compile import fixed_shape
     from portkit.core.errors import CompileRefused
-    real = steps.selection.backend_for
+    real = fixed_shape.selection.backend_for
 
     class Refusing(backends.EmulatedBackend):
         def __call__(self, gm, example_inputs, options=None):
@@ -141,7 +143,7 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
     def backend_for(detected, backend, precision=None, **kwargs):
         chosen, device = real(detected, backend, precision, **kwargs)
         return (Refusing(chosen.target) if detected.name == "neuron" else chosen), device
-    monkeypatch.setattr(steps.selection, "backend_for", backend_for)
+    monkeypatch.setattr(fixed_shape.selection, "backend_for", backend_for)
     both = compiling.check_fixed_shapes(small, uneven, MIGRATION, opts)
     assert both["neuron"].failure["kind"] == "refused" and both["neuron"].requests == 0
     assert both["tpu"].failure is None and both["tpu"].requests == 3 and "fail_on_recompile" in both["tpu"].armed
@@ -301,7 +303,7 @@ def test_unknown_backend_names_fail_with_the_valid_names():
 def test_the_runner_runs_the_stage_after_fallbacks():
     assert [s.name for s in runner.STAGES][:2] == ["fallbacks", "compile"]
     with pytest.raises(BadParameter, match="unknown compile backend for target tpu"):
-        runner.plan("minilm", ["tpu"], "/tmp/portkit-never-written", {"backend": "xla"}, stages=["compile"])
+        preflight.plan("minilm", ["tpu"], "/tmp/portkit-never-written", {"backend": "xla"}, stages=["compile"])
 
 
 @pytest.mark.native
@@ -359,7 +361,7 @@ def test_the_xla_cost_model_interpolates_a_few_measured_shapes(small):
 
 def test_the_notebook_parameters_are_the_stage_defaults():
     stage = next(s for s in runner.STAGES if s.name == "compile")
-    declared = runner.declared_parameters(stage)
+    declared = notebook_parameters.declared_parameters(stage)
     defaults = compiling.Options.defaults()
     for name in (f.name for f in dataclasses.fields(defaults)):
         assert eval(declared[name]["default"]) == getattr(defaults, name), name   # noqa: S307 (the notebook's literal)

@@ -27,7 +27,8 @@ def _whisper(folder):
 
 def _run_stage_1_only(m, inputs, out):
     """Stage 1 on tpu, every other stage saved as skipped: the verdict rests on stage 1 and the model's questions."""
-    fallbacks.find_fallbacks(m, inputs, ["tpu"], description="test batch").save(out / "fallbacks.json")
+    settings = fallbacks.RecordSettings(description="test batch")
+    fallbacks.find_fallbacks(m, inputs, ["tpu"], settings).save(out / "fallbacks.json")
     for stage in ("compile", "buckets", "xla", "accuracy"):
         with pytest.raises(results.StageSkipped):
             results.skip_stage(out, stage, m.describe(), ["tpu"], "not this test's")

@@ -11,7 +11,9 @@ import torch
 
 from conftest import ROOT
 from portkit import cli
-from portkit.deploy import cost, export, gate
+from portkit.deploy import export, gate
+from portkit.planning import cost
+from portkit.runfolder import results
 from portkit.runfolder import layout
 
 
@@ -192,7 +194,7 @@ def test_export_command_with_prices_prints_an_estimate(run_dir, tmp_path, capsys
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "lost:" in out and "estimate, not measured" in out and "per million" in out
-    found = cost.estimate(run_dir, "tpu", json.loads(prices.read_text()))
+    found = cost.estimate(results.run_cost_figures(run_dir), "tpu", json.loads(prices.read_text()))
     usd = found["usd_per_million_requests"]
     # the range never extends past the bound it claims: every figure costs at least the roofline's
     assert usd["bound"] <= usd["low"] <= usd["estimate"] <= usd["high"]
@@ -206,7 +208,7 @@ def test_export_command_with_prices_prints_an_estimate(run_dir, tmp_path, capsys
 
 def test_cost_compares_each_target_with_named_gpus_from_sourced_prices(run_dir):
     from portkit.planning import cost as planning_cost
-    found = cost.comparison(run_dir, ["neuron", "tpu"])
+    found = cost.comparison(results.run_cost_figures(run_dir), ["neuron", "tpu"])
     assert set(found["gpus"]) == set(planning_cost.GPUS) and found["label"] == "estimate, not measured"
     for side in [*found["targets"].values(), *found["gpus"].values()]:
         assert side["chip_seconds_per_million_requests"] > 0 and side["label"] == "estimate, not measured"
@@ -217,8 +219,9 @@ def test_cost_compares_each_target_with_named_gpus_from_sourced_prices(run_dir):
     assert "no price" in found["gpus"]["H200"]["problem"]                    # no source found: said, not invented
     assert set(found["verdicts"]) == {"neuron", "tpu"}
     # a user's price for a chip replaces the table's, and instance prices divide by the chips they hold
-    mine = cost.comparison(run_dir, ["neuron"], {"trn2": {"usd_per_instance_hour": 16.0, "chips_per_instance": 16,
-                                                           "source": "our contract", "date": "2026-12-01"}})
+    mine = cost.comparison(results.run_cost_figures(run_dir), ["neuron"], {
+        "trn2": {"usd_per_instance_hour": 16.0, "chips_per_instance": 16, "source": "our contract",
+                 "date": "2026-12-01"}})
     usd = mine["targets"]["neuron"]["usd_per_million_requests"]["bound"]
     assert usd == pytest.approx(neuron["chip_seconds_per_million_requests"] / 3600 * 1.0)
     assert mine["targets"]["neuron"]["price"]["supplied_by"] == "the user (--prices)"
@@ -253,7 +256,8 @@ def test_report_json_has_a_verdict_per_target_numbers_and_the_cost(run_dir):
         assert verdict["favours"] in ("moving", "staying") and verdict["break_even_usd_per_chip_hour"] > 0
         assert html.count(f"the estimate favours {verdict['favours']}") >= 1
         usd = report["cost"]["targets"][name]["usd_per_million_requests"]
-        assert f"${usd['low']:.3g} to ${usd['high']:.3g}" in cost.line(cost.estimate(run_dir, name))
+        found = cost.estimate(results.run_cost_figures(run_dir), name)
+        assert f"${usd['low']:.3g} to ${usd['high']:.3g}" in cost.line(found)
 
 
 # ---------------------------------------------------------------- check

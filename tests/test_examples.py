@@ -43,7 +43,7 @@ def _stages(spec: str, out: Path, seq_len: int = 32):
     m = registry.load(spec)
     items = data.corpus_for(m)
     batch, described = data.example_batch(m, items, batch_size=2, seq_len=seq_len, seed=0)
-    found = fallbacks.find_fallbacks(m, batch, TARGETS, description=described)
+    found = fallbacks.find_fallbacks(m, batch, TARGETS, fallbacks.RecordSettings(description=described))
     found.save(out / "fallbacks.json")
     stream = compiling.make_requests(m, items, 4, batch_size=1, max_tokens=seq_len, seed=4, horizon=16)
     breaks = compiling.find_graph_breaks(m, stream.inputs[0], TARGETS)
@@ -129,7 +129,7 @@ def test_the_guide_shows_every_example_file_exactly():
 
 
 def _stage1(m, batch, described):
-    found = fallbacks.find_fallbacks(m, batch, TARGETS, description=described)
+    found = fallbacks.find_fallbacks(m, batch, TARGETS, fallbacks.RecordSettings(description=described))
     assert set(found.targets) == set(TARGETS)
     return found.to_dict()["targets"]
 

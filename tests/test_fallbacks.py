@@ -7,7 +7,7 @@ from conftest import fixture_model
 from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
 from portkit.stages.fallbacks import stage as fallbacks
-from portkit.core import frames
+from portkit.core import owners
 from portkit.models import registry
 from portkit.core import availability
 from portkit.runfolder import results
@@ -17,7 +17,7 @@ from portkit.core.errors import BadParameter
 def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
     m = registry.load(spec)
     texts = corpus.sample(2, seed=0) if corpus is not None else ["def f(x): return x", "Sum the values."]
-    return fallbacks.find_fallbacks(m, m.encode(texts, pad_to=seq), targets, train=train)
+    return fallbacks.find_fallbacks(m, m.encode(texts, pad_to=seq), targets, fallbacks.RecordSettings(train=train))
 
 
 def kinds(report, target):
@@ -254,9 +254,9 @@ def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(co
     gpt2 = registry.load("gpt2")
     inputs, described = data.example_batch(gpt2, corpus, batch_size=2, seq_len=32, seed=0)
     prompts = list(corpus.sample(2, 0))
-    served = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], description=described, workload="generate",
-                                      prompts=prompts)
-    forward = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], description=described)
+    served = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], fallbacks.RecordSettings(
+        description=described, workload="generate", prompts=prompts))
+    forward = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], fallbacks.RecordSettings(description=described))
     only = {r.op for r in served.records} - {r.op for r in forward.records}
     # the static cache's writes and greedy decoding's argmax run only when generating
     assert {"aten::index_copy_", "aten::argmax"} <= only, only
@@ -267,6 +267,6 @@ def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(co
     # greedy decoding's argmax belongs to the serving loop (portkit's stands in for the stack's), not the user
     argmax = next(f for f in served.targets["neuron"].findings if "aten::argmax" in f.message)
     assert argmax.where["file"].endswith("portkit/workloads/generation.py") and "argmax" in argmax.where["code"]
-    assert argmax.owner["package"] == frames.SERVING_LOOP and argmax.owner["owner"] == frames.LIBRARY
+    assert argmax.owner["package"] == owners.SERVING_LOOP and argmax.owner["owner"] == owners.LIBRARY
     with pytest.raises(BadParameter, match="workload 'inference'"):
         fallbacks.Options.of({"workload": "generate"}, model="minilm")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from portkit.core import frames
-from portkit.core import reconcile
+from portkit.core import owners
+from portkit.stages import reconcile
 from portkit.core import torch_private as _torch
 from portkit.corpora.requests import Requests
 from portkit.models import registry
@@ -115,8 +115,8 @@ def test_every_non_aten_op_in_a_compiled_graph_is_a_finding_with_its_owner_and_w
         found = {f["message"].split(" ")[0]: f for f in experts.findings(target) if f["kind"] == "foreign_op"}
         assert set(found) == {"portkit_test_lib::grouped_mm", "portkit_test_user::scaled"}
         lib, user = found["portkit_test_lib::grouped_mm"], found["portkit_test_user::scaled"]
-        assert lib["owner"]["owner"] == frames.LIBRARY and lib["owner"]["package"] == "portkit_testlib"
-        assert user["owner"]["owner"] == frames.USER and user["where"]["file"] == __file__
+        assert lib["owner"]["owner"] == owners.LIBRARY and lib["owner"]["package"] == "portkit_testlib"
+        assert user["owner"]["owner"] == owners.USER and user["where"]["file"] == __file__
         assert "tolist()" in lib["message"] and "# the host read" in lib["message"]
         assert "aten::mm at" in lib["message"] and "# the data-sized matmul" in lib["message"]
         assert "Not checked: whether the target's compiler lowers it" in lib["message"]
@@ -155,7 +155,7 @@ def test_a_non_aten_op_in_the_training_steps_graphs_is_one_finding_too(corpus):
     inference = {"foreign_ops": found.foreign_ops}   # the same op in the inference graphs: still one finding
     for check in ({}, inference):
         [finding] = compiling._foreign_ops(check, found, "neuron")
-        assert finding["owner"]["owner"] == frames.USER and finding["kind"] == "foreign_op"
+        assert finding["owner"]["owner"] == owners.USER and finding["kind"] == "foreign_op"
         assert finding["message"].startswith("portkit_test_user::scaled is not an ATen op (user code")
 
 
@@ -208,9 +208,9 @@ def test_a_finding_in_portkits_own_adapter_is_portkits_not_the_users():
     found = fallbacks.find_fallbacks(m, m.encode(["Return x."], pad_to=6), ["neuron"])
     [f] = [f for f in found.targets["neuron"].findings if f.kind == "recurrent"]
     assert f.where["file"].endswith("portkit/models/adapters.py")
-    assert f.owner["owner"] == frames.PORTKIT and f.owner["package"] == "portkit (portkit/models/adapters.py)"
+    assert f.owner["owner"] == owners.PORTKIT and f.owner["package"] == "portkit (portkit/models/adapters.py)"
     assert "factory of your own" in f.advice
-    assert reconcile.reconcile([f.to_dict()], None, "neuron")[0]["owner"]["owner"] == frames.PORTKIT
+    assert reconcile.reconcile([f.to_dict()], None, "neuron")[0]["owner"]["owner"] == owners.PORTKIT
     # the user's own file stays the user's; portkit's other files are portkit's too
-    assert frames.owner({"file": __file__, "line": 1})["owner"] == frames.USER
-    assert frames.owner({"file": compiling.__file__, "line": 1})["owner"] == frames.PORTKIT
+    assert owners.owner({"file": __file__, "line": 1})["owner"] == owners.USER
+    assert owners.owner({"file": compiling.__file__, "line": 1})["owner"] == owners.PORTKIT

@@ -8,7 +8,7 @@ import torch
 from portkit.stages.buckets import stage as buckets
 from portkit.planning import economics
 from portkit.planning import grid
-from portkit.stages.buckets import grid as grid_costs
+from portkit.stages.buckets import grid_costs
 from portkit.models import registry
 from portkit.stages.report import stage as report
 from portkit.models import seq2seq
@@ -55,7 +55,7 @@ def test_compiles_and_padding_are_priced_together():
         grid.plans([[3, 0]], ("a", "b"), lambda a, b: 1.0, 1e-3)
 
 
-# ---------------------------------------------------------------- the grid in stage 3 (portkit/stages/buckets/grid.py)
+# -------------------------------------------------------- the grid in stage 3 (portkit/stages/buckets/grid_costs.py)
 @pytest.fixture(scope="module")
 def t5_pairs():
     return registry.load("t5-pairs")

@@ -16,6 +16,9 @@ from conftest import ROOT, fixture_model
 from portkit import cli
 from portkit.corpora import corpus
 from portkit.run import runner
+from portkit.run import preflight
+from portkit.run import scheduling
+from portkit.run import stage_kernel
 from portkit.runfolder import layout
 
 DYING = f"{ROOT / 'tests' / 'fixtures' / 'dying.py'}:killed_model"
@@ -91,7 +94,7 @@ def test_the_report_pair_is_written_html_first_json_last_and_a_json_alone_is_inc
 def test_repeated_lists_are_deduplicated_with_a_note(monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(runner, "run", lambda model, targets, out, user, stages, **kw: seen.update(
-        targets=targets, stages=stages, user=user) or runner.RunResult(Path(out)))
+        targets=targets, stages=stages, user=user) or scheduling.RunResult(Path(out)))
     assert cli.main(["run", "--target", "tpu", "--target", "tpu", "--stages", "fallbacks,fallbacks,",
                      "--out", "nowhere-written", "-p", "batch_size", "2"]) == 0
     assert seen == {"targets": ["tpu"], "stages": "fallbacks", "user": {"batch_size": 2}}
@@ -104,7 +107,7 @@ def test_repeated_lists_are_deduplicated_with_a_note(monkeypatch, capsys):
 def test_a_text_far_beyond_any_models_maximum_is_cut_in_the_plan_step(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "long.txt").write_text("short text\n" + "word " * (corpus.MAX_TEXT_CHARS // 2) + "\n")
-    runner.plan("minilm", ["neuron"], "run", {"corpus": "long.txt"}, "fallbacks")
+    preflight.plan("minilm", ["neuron"], "run", {"corpus": "long.txt"}, "fallbacks")
     assert (f"corpus long.txt: 1 text(s) longer than {corpus.MAX_TEXT_CHARS:,} characters (the longest "
             f"{corpus.MAX_TEXT_CHARS * 5 // 2 - 1:,}) cut to {corpus.MAX_TEXT_CHARS:,}") in capsys.readouterr().out
     assert max(len(t) for t in corpus.load_corpus(str(tmp_path / "long.txt")).texts) == corpus.MAX_TEXT_CHARS
@@ -167,16 +170,16 @@ def test_a_dead_kernels_advice_is_only_what_the_run_has_not_done():
     import psutil
     total = psutil.virtual_memory().total
     stage = layout.stage("fallbacks")
-    died = runner._KernelDied("fallbacks", -signal.SIGKILL, 8, Path("run/01_fallbacks.ipynb"))
-    line = runner._kernel_died(stage, total, died, lanes=2)
+    died = stage_kernel.KernelDied("fallbacks", -signal.SIGKILL, 8, Path("run/01_fallbacks.ipynb"))
+    line = stage_kernel.kernel_died(stage, total, died, lanes=2)
     assert "likely out of memory" in line and line.endswith("run with less: one kernel at a time (--lanes 1) or a "
                                                             "smaller -p batch_size")
-    assert runner._kernel_died(stage, total, died, lanes=1).endswith("run with less: a smaller -p batch_size")
-    alone = runner._KernelDied("fallbacks", -signal.SIGKILL, 1, Path("nb"))
-    assert runner._kernel_died(stage, total, alone, lanes=1).endswith("with one kernel and a batch of one already: "
-                                                                       "it needs a machine with more memory")
-    segfault = runner._KernelDied("fallbacks", -signal.SIGSEGV, 8, Path("nb"))
-    line = runner._kernel_died(stage, total, segfault, lanes=2)
+    assert stage_kernel.kernel_died(stage, total, died, lanes=1).endswith("run with less: a smaller -p batch_size")
+    alone = stage_kernel.KernelDied("fallbacks", -signal.SIGKILL, 1, Path("nb"))
+    assert stage_kernel.kernel_died(stage, total, alone, lanes=1).endswith(
+        "with one kernel and a batch of one already: it needs a machine with more memory")
+    segfault = stage_kernel.KernelDied("fallbacks", -signal.SIGSEGV, 8, Path("nb"))
+    line = stage_kernel.kernel_died(stage, total, segfault, lanes=2)
     assert "killed by SIGSEGV (signal 11)" in line and "out of memory" not in line
 
 
@@ -233,7 +236,7 @@ def test_libraries_fd_output_in_a_kernel_goes_to_the_run_kernel_log_not_the_term
     assert warning in log.read_text() and warning not in capfd.readouterr().err
     terminal = tmp_path / "terminal.txt"
     with open(terminal, "w", newline="") as shown:
-        stream = runner._StageStderr(shown, log)
+        stream = stage_kernel.StageStderr(shown, log)
         stream.write(warning + "\n")
         stream.write("  fallbacks cells: 40%\r")
     assert terminal.read_bytes() == b"  fallbacks cells: 40%\r" and log.read_text().count(warning) == 2

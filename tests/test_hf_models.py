@@ -11,7 +11,7 @@ import torch
 from portkit import cli
 from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.corpora import images
-from portkit.models import abstract
+from portkit.models import meta_device
 from portkit.models import huggingface as hf
 from portkit.models import inputs
 from portkit.models import registry
@@ -228,17 +228,17 @@ def test_a_config_without_weights_is_a_real_size_model_on_the_meta_device(tmp_pa
         '"model_type"', '"architectures": ["GPT2LMHeadModel"], "model_type"'))
     monkeypatch.chdir(tmp_path)
     spec = registry.validate("cfg")
-    assert spec == str(tmp_path / "cfg") and abstract.is_name(spec) and not abstract.is_name("cfg")
-    module = abstract.build(spec)
-    assert abstract.is_abstract(module)
-    described = abstract.describe(module)
+    assert spec == str(tmp_path / "cfg") and meta_device.is_name(spec) and not meta_device.is_name("cfg")
+    module = meta_device.build(spec)
+    assert meta_device.is_abstract(module)
+    described = meta_device.describe(module)
     assert described["abstract"] and described["name"] == "cfg" and described["kind"] == "causal-lm"
-    assert abstract.text_shape(module, 1, 128) == {"input_ids": ((1, 128), "int64")}
+    assert meta_device.text_shape(module, 1, 128) == {"input_ids": ((1, 128), "int64")}
     with pytest.raises(BadParameter, match="no weights"):
         registry.load(spec)
     cache, commit = _hub_cache(tmp_path, tmp_path / "cfg", "org/cfg-only")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    assert abstract.is_name(registry.validate("org/cfg-only"))
+    assert meta_device.is_name(registry.validate("org/cfg-only"))
 
 
 def test_a_config_without_weights_of_another_task_is_refused(tmp_path):
@@ -262,9 +262,10 @@ def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
     assert found is not None and found["lost"] > 0.5
     assert found["message"].startswith("tokenizer does not round-trip: ") and "% of characters lost" in found["message"]
     # stage 1 reports it for every target, a cause of its own that torch.compile does not change
-    from portkit.core import reconcile
+    from portkit.stages import reconcile
     from portkit.stages.fallbacks import stage
-    report = stage.find_fallbacks(m, m.encode(TEXTS[:2], pad_to=16), ["neuron", "tpu"], texts=TEXTS).to_dict()
+    report = stage.find_fallbacks(m, m.encode(TEXTS[:2], pad_to=16), ["neuron", "tpu"],
+                                  stage.RecordSettings(texts=TEXTS)).to_dict()
     for target in ("neuron", "tpu"):
         [f] = [f for f in report["targets"][target]["findings"] if f["kind"] == "tokenizer_roundtrip"]
         assert f["severity"] == "blocker" and f["occurrences"]["lost"] == found["lost"]

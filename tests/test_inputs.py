@@ -99,7 +99,7 @@ def test_text_and_image_models_are_two_instances_of_the_contract(minilm):
 
 
 def test_xla_input_shapes_and_dtypes_come_from_the_declaration():
-    from portkit.xla import compiler
+    from portkit.tpu_compile import compiler
     two = inputs.Declaration(
         (inputs.TensorSpec("input_ids", torch.long, ("batch", "source")),
          inputs.TensorSpec("decoder_input_ids", torch.long, ("batch", "target"))),

@@ -66,10 +66,11 @@ def test_portkit_run_draws_bars_in_a_terminal_alone_and_each_stage_line_starts_a
                                                                                       terminal, no_progress):
     from portkit import cli
     from portkit.run import runner
+    from portkit.run import stage_kernel
 
     def execute(stage, values, out, shown, kernel):   # a stage without a kernel: its result names it
         (out / stage.result).write_text(json.dumps({"summary": f"{stage.name} checked"}))
-    monkeypatch.setattr(runner, "_execute", execute)
+    monkeypatch.setattr(stage_kernel, "execute", execute)
     monkeypatch.setattr(runner.jupyter_kernels.SharedKernel, "prepare",
                         lambda kernel: setattr(kernel, "prepared", True))
     screen = _Terminal() if terminal else io.StringIO()   # a log file or a pipe: not a tty

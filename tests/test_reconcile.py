@@ -10,9 +10,9 @@ from portkit.stages.compile import stage as compiling
 from portkit.corpora import corpus as data
 from portkit.stages.fallbacks import recording
 from portkit.stages.fallbacks import stage as fallbacks
-from portkit.core import frames
+from portkit.core import owners
 from portkit.models import registry
-from portkit.core import reconcile
+from portkit.stages import reconcile
 from portkit.stages.report import stage as report
 from portkit.runfolder import results
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, VANISHES, WORK
@@ -51,7 +51,7 @@ def test_minilm_masking_host_sync_is_eager_only_library_code_that_vanishes(minil
     # stage 1 names transformers' own line, a library the user configures, not the user's code
     assert sync.where["file"].endswith(os.path.join("transformers", "masking_utils.py"))
     assert "padding_mask.all()" in sync.where["code"]
-    assert sync.owner["owner"] == frames.CONFIGURABLE and sync.owner["setting"] == "attn_implementation"
+    assert sync.owner["owner"] == owners.CONFIGURABLE and sync.owner["setting"] == "attn_implementation"
     assert "keep the value as a tensor" not in sync.advice and "attn_implementation" in sync.advice
     # stage 2 captured one graph without it: it vanishes, as info, and says so
     assert compiled["graph_breaks"]["breaks"] == [] and compiled["graph_breaks"]["fullgraph"]["ok"]
@@ -69,7 +69,7 @@ def test_the_report_opens_with_consequences_and_counts_what_vanishes(minilm_run)
     assert "host sync" in tpu["vanished"]
     assert "host sync" not in tpu["verdict_reason"]
     sync = next(f for f in tpu["findings"] if f["kind"] == "host_sync")
-    assert (sync["eager"], sync["compiled"], sync["owner"]) == (WORK, VANISHES, frames.CONFIGURABLE)
+    assert (sync["eager"], sync["compiled"], sync["owner"]) == (WORK, VANISHES, owners.CONFIGURABLE)
     assert tpu["findings"][-1]["compiled"] == VANISHES                       # ordered by consequence
     text = str(r).splitlines()
     assert any(line.strip().startswith("1 thing found when the model runs eagerly") for line in text[:6])
@@ -90,7 +90,7 @@ def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_lin
     for target in ("neuron", "tpu"):
         [f] = reconciled(eager, compiled, target, "host_sync")
         assert f["where"]["file"] == str(FIXTURES) and f["where"]["line"] == line
-        assert f["owner"]["owner"] == frames.USER and f["advice"].endswith("keep the value as a tensor")
+        assert f["owner"]["owner"] == owners.USER and f["advice"].endswith("keep the value as a tensor")
         assert (f["compiled"], f["severity"]) == (PERSISTS, WORK)
         assert "graph break at this line" in f["compiled_detail"] and "device-to-host" in f["consequence"]
     assert compiled["graph_breaks"]["breaks"][0]["where"]["line"] == line
@@ -98,7 +98,7 @@ def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_lin
     assert "no stage 1 result" in compiling.eager_findings(breaks, tmp_path, ["tpu"])["tpu"].caption
     eager.save(tmp_path / "fallbacks.json")
     shown = compiling.eager_findings(breaks, tmp_path, ["tpu"])["tpu"]
-    assert any(row[:2] == [WORK, WORK] and row[2].startswith(PERSISTS) and row[3] == frames.USER for row in shown.rows)
+    assert any(row[:2] == [WORK, WORK] and row[2].startswith(PERSISTS) and row[3] == owners.USER for row in shown.rows)
 
 
 @pytest.mark.parametrize("compiled_run", [True, False], ids=["compiled", "not compiled"])
@@ -111,32 +111,32 @@ def test_a_recurrent_cell_stays_a_blocker_on_neuron_whether_or_not_compiled(comp
     [f] = reconciled(eager, compiled, "neuron", "recurrent")
     assert f["severity"] == BLOCKER and f["compiled"] == (PERSISTS if compiled_run else NOT_CHECKED)
     assert "cannot run on the target" in f["consequence"]
-    assert f["owner"]["owner"] == frames.USER and f["where"]["line"] == line_of("out, _ = self.rnn(")
+    assert f["owner"]["owner"] == owners.USER and f["where"]["line"] == line_of("out, _ = self.rnn(")
 
 
 def test_whose_code_a_frame_is():
     site = sysconfig.get_paths()["purelib"]
     mask = {"file": os.path.join(site, "transformers", "masking_utils.py"), "line": 354}
-    assert frames.owner(mask)["owner"] == frames.CONFIGURABLE
+    assert owners.owner(mask)["owner"] == owners.CONFIGURABLE
     other = {"file": os.path.join(site, "timm", "layers", "mlp.py"), "line": 1}
-    assert frames.owner(other) == {"owner": frames.LIBRARY, "package": "timm", "setting": None, "setting_help": None}
-    assert frames.owner({"file": str(FIXTURES), "line": 1})["owner"] == frames.USER      # a factory file
-    assert frames.owner({"file": "/home/me/project/model.py", "line": 1})["owner"] == frames.USER
-    assert frames.owner(None)["owner"] == "unknown"
+    assert owners.owner(other) == {"owner": owners.LIBRARY, "package": "timm", "setting": None, "setting_help": None}
+    assert owners.owner({"file": str(FIXTURES), "line": 1})["owner"] == owners.USER      # a factory file
+    assert owners.owner({"file": "/home/me/project/model.py", "line": 1})["owner"] == owners.USER
+    assert owners.owner(None)["owner"] == "unknown"
     # a model factory's own package counts as the user's, even installed in site-packages
     mine = {"file": os.path.join(site, "acme_models", "heads.py"), "line": 3}
-    assert frames.owner(mine)["owner"] == frames.LIBRARY
-    frames.claim(os.path.join(site, "acme_models"))
-    assert frames.owner(mine)["owner"] == frames.USER and frames.owner(other)["owner"] == frames.LIBRARY
+    assert owners.owner(mine)["owner"] == owners.LIBRARY
+    owners.claim(os.path.join(site, "acme_models"))
+    assert owners.owner(mine)["owner"] == owners.USER and owners.owner(other)["owner"] == owners.LIBRARY
     # a library's line is never "rewrite this line": an upgrade or a wrapper, worded as leads where portkit knows
     # no setting of the library for the path and tried nothing (never "look for a setting")
     sync = {"kind": "host_sync", "severity": WORK, "advice": "keep the value as a tensor",
             "where": {**other, "text": "x"}}
-    advice = reconcile.advice_for(sync, frames.owner(other))
+    advice = reconcile.advice_for(sync, owners.owner(other))
     assert "keep the value" not in advice and "a newer timm" in advice and "wrap" in advice
     assert "may help" in advice and "look for a setting" not in advice
     # the frame a finding names skips torch and the standard library
-    assert frames.caller()["file"] == __file__
+    assert owners.caller()["file"] == __file__
 
 
 class RelativeBuckets(torch.nn.Module):

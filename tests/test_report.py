@@ -25,7 +25,8 @@ def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     m = registry.load("lstm")
     inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 16)
-    fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described).save(out / "fallbacks.json")
+    settings = fallbacks.RecordSettings(description=described)
+    fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], settings).save(out / "fallbacks.json")
     return out
 
 
@@ -267,8 +268,9 @@ def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_p
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
     m = xla.load("tiny-llama")           # the same shapes as tests/test_scale.py: the verdict cache serves them
-    xla.run_stage(m, ["neuron", "tpu"], out, xla.Options.of(
-        {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16})).save(out / "xla.json")
+    xla.run_stage(m, ["neuron", "tpu"], xla.Options.of(
+        {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}),
+        run_dir=out).save(out / "xla.json")
     r = report.build_report(out)
     saved = r.to_dict()
     assert saved["gaps"] == [] and saved["model"]["abstract"] is True

@@ -114,8 +114,9 @@ def test_an_abstract_models_scale_sections_render_in_chromium(tmp_path):
     for stage in layout.STAGES:
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
-    xla.run_stage(xla.load("tiny-llama"), ["neuron", "tpu"], out, xla.Options.of(
-        {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16})).save(out / "xla.json")
+    xla.run_stage(xla.load("tiny-llama"), ["neuron", "tpu"], xla.Options.of(
+        {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}),
+        run_dir=out).save(out / "xla.json")
     page_path = report.build_report(out).save(out)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=probes.chromium_path(), args=["--no-sandbox", "--disable-gpu"])

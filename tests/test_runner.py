@@ -15,8 +15,13 @@ import pytest
 
 from conftest import ROOT, fixture_model
 from portkit.core import atomic_io
+from portkit.core import locations
 from portkit import cli
 from portkit.run import runner
+from portkit.run import preflight
+from portkit.run import scheduling
+from portkit.run import stage_kernel
+from portkit.stages import options
 
 # Keys whose values are measured times or shares of a measured time (each named *time_share): two runs with one
 # seed differ there and nowhere else. A list whose order is by time (the op and module tables) is compared as a
@@ -35,7 +40,7 @@ def test_plan_makes_every_user_path_absolute_and_writes_nothing(tmp_path, monkey
     (tmp_path / "texts.jsonl").write_text('{"body": "first text"}\n{"body": "second text"}\n')
     (tmp_path / "mine.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(2, 2)\n")
     before = _files(tmp_path)
-    _, per_stage = runner.plan("mine.py:build", ["cpu"], "run", {"corpus": "texts.jsonl", "text_column": "body"},
+    _, per_stage = preflight.plan("mine.py:build", ["cpu"], "run", {"corpus": "texts.jsonl", "text_column": "body"},
                                "fallbacks")
     (stage, values), = per_stage
     assert values["corpus"] == str(tmp_path / "texts.jsonl")
@@ -152,7 +157,7 @@ def _stub_stages(monkeypatch, failing=()):
     from portkit.models import registry
     m = registry.load("lstm")
     inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 8)
-    made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], description=described)
+    made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], fallbacks.RecordSettings(description=described))
     ran = []
 
     def execute(stage, values, out, progress, kernel):
@@ -161,7 +166,7 @@ def _stub_stages(monkeypatch, failing=()):
             return f"cell 3 of {stage.notebook} raised CompileRefused: refused on purpose"
         made.save(out / stage.result)   # every stub writes a fallbacks-shaped result under its own name
         return None
-    monkeypatch.setattr(runner, "_execute", execute)
+    monkeypatch.setattr(stage_kernel, "execute", execute)
     # clearing a kernel for the next stage, without a kernel
     monkeypatch.setattr(runner.jupyter_kernels.SharedKernel, "prepare",
                         lambda kernel: setattr(kernel, "prepared", True))
@@ -205,9 +210,9 @@ def test_params_shows_each_stages_own_default(capsys):
     assert cli.main(["params"]) == 0
     shown = capsys.readouterr().out
     for stage in runner.STAGES:
-        declared = papermill.inspect_notebook(str(runner.NOTEBOOKS / stage.notebook))
+        declared = papermill.inspect_notebook(str(locations.NOTEBOOKS / stage.notebook))
         for name, info in declared.items():
-            if name in runner.SHARED:
+            if name in options.SHARED:
                 continue
             one = f"{name} = {info['default']}  # "
             many = f"    = {info['default']}  ["
@@ -225,13 +230,13 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
         def describe(self):
             return {"name": self.name}
     ran = _stub_stages(monkeypatch)
-    stub = runner._execute
+    stub = stage_kernel.execute
 
     def execute(stage, values, out, progress, kernel):
         if stage.name == "buckets":      # the notebook's first step, as 03_buckets runs it
             buckets.skip_unless_it_applies(ImageModel(), out, ["neuron", "tpu"])
         return stub(stage, values, out, progress, kernel)
-    monkeypatch.setattr(runner, "_execute", execute)
+    monkeypatch.setattr(stage_kernel, "execute", execute)
     out = tmp_path / "run"
     rc = cli.main(["run", "--model", "lstm", "--out", str(out), "--stages", "fallbacks,buckets", "--no-progress"])
     reason = f"vit {buckets.NOTHING_TO_BUCKET}"
@@ -252,7 +257,7 @@ def test_an_abstract_model_skips_the_stages_that_need_weights_without_starting_t
     from portkit.runfolder import results
     from portkit.core.errors import BadParameter
     ran = []
-    monkeypatch.setattr(runner, "_execute", lambda stage, *args: ran.append(stage.name))
+    monkeypatch.setattr(stage_kernel, "execute", lambda stage, *args: ran.append(stage.name))
     out = tmp_path / "run"
     rc = cli.main(["run", "--model", "tiny-llama", "--out", str(out), "--stages", "fallbacks,compile,buckets,accuracy",
                    "--no-progress"])
@@ -306,7 +311,7 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     # the order of events, not their times: each stage's start and end and each kernel cleared, as they happen;
     # a stage in `beside` waits at a barrier that the stage that must run beside it reaches too (a scheduler
     # that runs them one after another breaks the barrier and fails the run)
-    stub, events, lock, beside = runner._execute, [], threading.Lock(), {}
+    stub, events, lock, beside = stage_kernel.execute, [], threading.Lock(), {}
 
     def record(*event):
         with lock:
@@ -323,7 +328,7 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
         error = stub(stage, values, out, progress, kernel)
         record("end", stage.name, kernel.lane)
         return error
-    monkeypatch.setattr(runner, "_execute", execute)
+    monkeypatch.setattr(stage_kernel, "execute", execute)
 
     def prepare(kernel):
         record("cleared", kernel.lane)
@@ -349,7 +354,7 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     assert overlap("fallbacks", "buckets")
     assert ran["fallbacks"][2] != ran["buckets"][2]   # each in a kernel of its own
     for stage in runner.STAGES:                     # and none starts before what it reads has ended,
-        for read in runner._reads(stage, ["neuron", "tpu"]):
+        for read in scheduling.reads(stage, ["neuron", "tpu"]):
             if read in stage.reads_early:           # or for stage 4, before stage 3 has written its plans
                 assert ran[stage.name][0] > ran[read][0], (stage.name, read)
             else:
@@ -357,7 +362,7 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     # stage 4 starts in the kernel stage 2 leaves, while stage 3 still replays
     assert overlap("accuracy", "buckets") and ran["accuracy"][0] > ran["compile"][1]
     assert ran["accuracy"][2] == ran["compile"][2]
-    assert runner._reads(runner.layout.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
+    assert scheduling.reads(runner.layout.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
     # a kernel is cleared as soon as its stage has ended, while the next stage waits for what it reads: the
     # stages after the first two (new kernels) start in a cleared kernel; none is cleared after the last stage
     assert {name for name, span in ran.items() if not span[3]} == {"fallbacks", "buckets"}
@@ -393,7 +398,7 @@ def test_the_kernels_environment_is_set_for_the_run_where_the_user_set_none_and_
     for key in others:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-    with runner._kernel_environment("/models"):
+    with stage_kernel.kernel_environment("/models"):
         assert os.environ[first] == "mine"                 # the user's own setting is kept
         assert all(os.environ[key] == jupyter_kernels.ENVIRONMENT[key] for key in others)
         assert os.environ["PYTHONPATH"].split(os.pathsep) == ["/models", "/elsewhere"]

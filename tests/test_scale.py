@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from portkit.models import abstract
+from portkit.models import meta_device
 from portkit.core import availability
-from portkit.xla import compiler
-from portkit.xla import sharded
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded
 from portkit.core.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
@@ -18,14 +18,14 @@ needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
 
 
 def test_every_config_names_its_source():
-    table = json.loads(abstract.CONFIGS.read_text())
+    table = json.loads(meta_device.CONFIGS.read_text())
     assert "_provenance" in table
-    for name in abstract.names():
-        assert abstract.source(name).startswith(("https://huggingface.co/", "portkit test config"))
+    for name in meta_device.names():
+        assert meta_device.source(name).startswith(("https://huggingface.co/", "portkit test config"))
 
 
 def test_a_meta_model_has_its_config_size_and_no_storage():
-    m = abstract.build("tiny-llama")
+    m = meta_device.build("tiny-llama")
     params = list(m.parameters())
     assert all(p.is_meta and p.dtype == torch.bfloat16 for p in params)
     c = m.config      # embeddings and head, 2 layers of q,o (64x64), k,v (64x32), MLP 3x(64x128), 2 norms, final norm
@@ -36,14 +36,14 @@ def test_a_meta_model_has_its_config_size_and_no_storage():
 
 def test_bad_names_and_shapes_are_one_line_errors():
     with pytest.raises(BadParameter, match="llama3-9b"):
-        abstract.build("llama3-9b")
-    m = abstract.build("tiny-llama")
+        meta_device.build("llama3-9b")
+    m = meta_device.build("tiny-llama")
     with pytest.raises(BadParameter, match="at most 256 tokens"):
-        abstract.text_shape(m, 1, 257)
+        meta_device.text_shape(m, 1, 257)
     with pytest.raises(BadParameter, match="batch"):
-        abstract.text_shape(m, 0, 8)
+        meta_device.text_shape(m, 0, 8)
     with pytest.raises(BadParameter, match="v5e:9x9"):
-        sharded.compile_sharded(m, [abstract.text_shape(m, 4, 8)], "v5e:9x9")
+        sharded.compile_sharded(m, [meta_device.text_shape(m, 4, 8)], "v5e:9x9")
 
 
 def test_collectives_are_counted_once_per_op_not_per_reference():
@@ -54,7 +54,7 @@ def test_collectives_are_counted_once_per_op_not_per_reference():
 
 
 def test_an_unprintable_compiled_module_keeps_its_verdict_without_a_collective_count():
-    from portkit.xla import results
+    from portkit.tpu_compile import results
 
     class Unprintable:             # what libtpu gave for Llama-3-70B on v5p:2x2x1: compiled, as_text() fails
         def as_text(self):
@@ -71,8 +71,8 @@ def test_fsdp_splits_the_first_dimension_that_divides():
 
 @needs_xla
 def test_tiny_meta_llama_compiles_sharded_on_v5e_2x2():
-    m = abstract.build("tiny-llama")
-    report = sharded.compile_sharded(m, [abstract.text_shape(m, 4, 16)], "v5e:2x2")
+    m = meta_device.build("tiny-llama")
+    report = sharded.compile_sharded(m, [meta_device.text_shape(m, 4, 16)], "v5e:2x2")
     r = report.shapes[0]
     assert (r.status, r.platform, r.fits_hbm) == ("compiled", "tpu", True), r.message
     assert report.devices == 4 and r.collectives["all-gather"] > 0     # weights gathered: they were sharded
@@ -95,7 +95,7 @@ def test_scale_parameters_are_checked_before_any_compile():
 def test_the_real_size_check_stops_at_the_smallest_topology_that_fits_and_searches_the_batch():
     from portkit.stages.xla import realsize
     from portkit.stages.xla import stage
-    m = abstract.build("tiny-llama")
+    m = meta_device.build("tiny-llama")
     checks = realsize.run(m, ["neuron", "tpu", "cpu"], stage.Options.of(
         {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}))
     tpu = checks["tpu"]
@@ -156,8 +156,8 @@ def test_the_guess_is_a_linear_memory_model_of_one_compile():
 
 @needs_xla
 def test_the_compilers_out_of_hbm_verdict_is_the_boundary():
-    m = abstract.build("tiny-llama")
-    huge = sharded.compile_sharded(m, [abstract.text_shape(m, 65536, 256)], "v5e:1x1").shapes[0]
+    m = meta_device.build("tiny-llama")
+    huge = sharded.compile_sharded(m, [meta_device.text_shape(m, 65536, 256)], "v5e:1x1").shapes[0]
     assert huge.status == "out_of_hbm" and huge.fits_hbm is False, huge.message     # the compiler refused
     assert sharded.largest_batch(m, 16, "v5e:1x1", limit=1) == (1, {1: True})
 
@@ -194,8 +194,8 @@ def test_every_chip_value_names_its_source_and_the_compile_check_reads_the_same_
 
 def test_neuron_capacity_counts_llama3_8b_flops_on_the_graph_without_weights():
     from portkit.targets import capacity
-    m = abstract.build("llama3-8b")
-    found = capacity.neuron_capacity(m, abstract.text_shape(m, 8, 1024))
+    m = meta_device.build("llama3-8b")
+    found = capacity.neuron_capacity(m, meta_device.text_shape(m, 8, 1024))
     c = m.config
     tokens = 8 * 1024
     # matmuls: q,o (h x h), k,v (h x h/4), MLP 3 x (h x 14336) per layer, and the LM head; attention 2 x s x h

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from conftest import ROOT
-from portkit.core import frames, reconcile
+from portkit.core import owners
+from portkit.stages import reconcile
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, WORK
 from portkit.models import registry
 from portkit.runfolder import environment
@@ -27,7 +28,7 @@ def test_scan_a_triton_kernel_in_forward_through_the_module_it_imports():
         assert kernel.severity == BLOCKER and language in kernel.advice
         assert kernel.where["file"].endswith("kernels.py") and kernel.where["line"] == 9
         assert "fused_add_kernel (@triton.autotune, @triton.jit), launched at line 19 in fused_add" in kernel.message
-        assert kernel.owner["owner"] == frames.USER
+        assert kernel.owner["owner"] == owners.USER
 
 
 def test_scan_a_cuda_factory_names_each_line_and_its_replacement():

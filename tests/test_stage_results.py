@@ -17,7 +17,7 @@ READERS = {"runfolder/reading.py", "runfolder/results.py", "runfolder/layout.py"
                                                                                "accuracy"))}
 # the modules that read stage results back: the report, the run folder's numbers, the cost estimate, export, the
 # gate, reconciliation, the runner and the command line
-CONSUMERS = ("stages/report", "runfolder", "deploy", "run", "planning/cost.py", "core/reconcile.py", "cli.py")
+CONSUMERS = ("stages/report", "runfolder", "deploy", "run", "planning/cost.py", "stages/reconcile.py", "cli.py")
 CHAIN = re.compile(r"\.get\([^()]*\)\s*or\s*\{\}")
 
 
@@ -141,3 +141,17 @@ def test_the_run_log_and_report_json_are_read_as_types(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps({"targets": {"tpu": {"verdict": 1}}}))
     with pytest.raises(reading.UnreadableResult, match="targets.tpu.verdict is 1, not a string; rebuild it"):
         run_log.read_report(tmp_path)
+
+
+def test_the_run_log_is_written_by_the_writer_beside_its_reader(tmp_path):
+    """Rule: run.json has one schema, in runfolder/run_log.py: record writes each stage's StageRun.to_dict and keeps
+    the other stages' entries; read gives back what record wrote."""
+    run_log.record(tmp_path, "fallbacks", "ok", 12.34)
+    run_log.record(tmp_path, "compile", "failed", 3.0, "cell 4 raised ValueError: boom")
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert written["stages"]["fallbacks"] == {"status": "ok", "seconds": 12.3, "error": "",
+                                              "notebook": "01_fallbacks.ipynb"}
+    found = run_log.read(tmp_path).stages
+    assert found["fallbacks"] == run_log.StageRun("ok", "", 12.3, "01_fallbacks.ipynb")
+    assert found["compile"].status == "failed" and found["compile"].error.endswith("boom")
+    assert found["compile"].to_dict() == written["stages"]["compile"]

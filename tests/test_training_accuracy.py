@@ -3,7 +3,7 @@ import pytest
 
 from portkit.stages.accuracy import stage as accuracy
 from portkit.stages.report import stage as report
-from portkit.run import runner
+from portkit.run import preflight
 from portkit.workloads import training
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy.training import TrainingComparison, diverge, measured_master_weights
@@ -74,7 +74,7 @@ def test_training_verdicts_per_target_beside_the_inference_one():
 
 def test_workload_is_checked_before_anything_runs(tmp_path):
     with pytest.raises(BadParameter, match="unknown workload 'training'; choose one of: inference, generate, train"):
-        runner.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"workload": "training"}, stages=["accuracy"])
+        preflight.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"workload": "training"}, stages=["accuracy"])
     with pytest.raises(BadParameter, match="invalid train_steps 0"):
-        runner.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"train_steps": 0}, stages=["accuracy"])
+        preflight.plan("gpt2", ["tpu"], str(tmp_path / "run"), {"train_steps": 0}, stages=["accuracy"])
     assert not (tmp_path / "run").exists()

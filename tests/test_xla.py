@@ -1,4 +1,4 @@
-"""portkit.stages.xla.stage (stage 3b) and its machinery (portkit.xla.compiler, xla_results, xla_cache): real XLA
+"""portkit.stages.xla.stage (stage 3b) and its machinery (portkit.tpu_compile: compiler, results, cache): real XLA
 compiles for TPU topologies on this CPU host, the verdict cache, and the Neuron lowering check.
 
 Tests that compile need jax, jaxlib, libtpu and torchax (`pip install 'portkit[xla]'`) and skip
@@ -23,8 +23,8 @@ from portkit.runfolder import results
 from portkit.run import runner
 from portkit.targets import specs
 from portkit.stages.xla import stage as xla
-from portkit.xla import cache
-from portkit.xla import compiler
+from portkit.tpu_compile import cache
+from portkit.tpu_compile import compiler
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError
 
 needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
@@ -462,7 +462,7 @@ def test_readers_name_each_stage_result_as_the_runner_does(tmp_path):
 
 @needs_xla
 def test_stage_turns_failures_into_findings(bert, tmp_path):
-    stage = xla.run_stage(bert, ["tpu", "cpu"], tmp_path, xla.Options.of({"batch_size": 4096, "seq_len": 512}))
+    stage = xla.run_stage(bert, ["tpu", "cpu"], xla.Options.of({"batch_size": 4096, "seq_len": 512}), run_dir=tmp_path)
     saved = stage.to_dict()
     tpu = saved["targets"]["tpu"]
     assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == specs.detect("tpu").mode
@@ -474,10 +474,10 @@ def test_stage_turns_failures_into_findings(bert, tmp_path):
 @needs_xla
 def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_path, monkeypatch):
     from portkit.stages.report import stage as report
-    from portkit.xla import sharded
+    from portkit.tpu_compile import sharded
     monkeypatch.setattr(sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
-    stage = xla.run_stage(bert, ["tpu"], tmp_path,
-                          xla.Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}))
+    stage = xla.run_stage(bert, ["tpu"],
+                          xla.Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}), run_dir=tmp_path)
     (found,) = stage.largest["tpu"]
     # the memory model puts bert's boundary far past the search's limit: one compile, at the limit, fits
     assert found["guess"] > 4 and found["tried"] == {"4": True} and found["batch"] == 4
@@ -485,8 +485,8 @@ def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_p
     stage.save(tmp_path / "xla.json")
     scale = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["scale"]
     assert scale == {"largest batch that fits HBM, seq 32": "4+ (the search's limit) on v5e:1x1 (1 compiles)"}
-    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], tmp_path, xla.Options.of(
-        {"batch_size": 1, "seq_len": 32})).to_dict()["targets"]["tpu"]      # off by default: no extra compile
+    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], xla.Options.of(
+        {"batch_size": 1, "seq_len": 32}), run_dir=tmp_path).to_dict()["targets"]["tpu"]   # off by default: no compile
 
 
 @needs_xla
@@ -511,7 +511,7 @@ def test_one_compiler_rejection_or_hbm_miss_is_one_finding_with_its_shapes():
     """Rule (one cause, one finding): the XLA compiler rejecting several shapes for one reason, or several shapes not
     fitting one topology's HBM, is one finding each, the shapes its occurrences, not one finding per shape."""
     from portkit.stages.xla import stage as xla_stage
-    from portkit.xla.results import ShapeResult, XlaCompileReport
+    from portkit.tpu_compile.results import ShapeResult, XlaCompileReport
 
     def shape(seq, status, message=None, fits=None):
         return ShapeResult(f"1x{seq}", {"input_ids": [[1, seq], "int32"]}, status, 0.1, message=message,

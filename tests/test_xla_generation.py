@@ -11,9 +11,9 @@ from portkit.models import registry as models
 from portkit.core import availability
 from portkit.stages.report import stage as report
 from portkit.stages.xla import stage as xla
-from portkit.xla import compiler
+from portkit.tpu_compile import compiler
 from portkit.stages.xla import generation as xla_generation
-from portkit.xla import sharded
+from portkit.tpu_compile import sharded
 from portkit.core.errors import BadParameter
 
 needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
@@ -78,8 +78,8 @@ def test_stage_3b_compiles_stage_3s_largest_serving_buckets_and_the_report_shows
     plan = {"prompt": {"boundaries": [16, 48]}, "context": {"boundaries": [32, 80]}}
     (tmp_path / "buckets.json").write_text(json.dumps({"stage": "buckets", "targets": {}, "generation": {
         "targets": {"tpu": {"auto": plan}}}}))
-    stage = xla.run_stage(gpt2, ["neuron", "tpu"], tmp_path,
-                          xla.Options.of({"batch_size": 2, "seq_len": 32, "workload": "generate"}))
+    stage = xla.run_stage(gpt2, ["neuron", "tpu"],
+                          xla.Options.of({"batch_size": 2, "seq_len": 32, "workload": "generate"}), run_dir=tmp_path)
     served = stage.serving["tpu"]
     assert (served["prompt"], served["context"], served["status"]) == (48, 80, "compiled")
     assert served["prefill"]["batch"] == 2 and served["largest_batch"] == 2

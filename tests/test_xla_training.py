@@ -8,8 +8,8 @@ from portkit.models import registry
 from portkit.core import availability
 from portkit.stages.report import stage as report
 from portkit.stages.xla import stage as xla
-from portkit.xla import compiler
-from portkit.xla import sharded
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded
 from portkit.stages.xla import training
 from portkit.core.errors import BadParameter
 
@@ -71,8 +71,8 @@ def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, monkeypat
 @needs_xla
 def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(bert, tmp_path, monkeypatch):
     monkeypatch.setattr(sharded, "BATCH_LIMIT", 2)
-    stage = xla.run_stage(bert, ["neuron", "tpu"], tmp_path,
-                          xla.Options.of({"batch_size": 2, "seq_len": 32, "workload": "train"}))
+    stage = xla.run_stage(bert, ["neuron", "tpu"],
+                          xla.Options.of({"batch_size": 2, "seq_len": 32, "workload": "train"}), run_dir=tmp_path)
     stage.save(tmp_path / "xla.json")
     tpu = stage.to_dict()["targets"]["tpu"]["training_step"]
     assert tpu["status"] == "compiled" and tpu["largest_micro_batch"] == 2 and tpu["breakdown"]["optimizer state"]
@@ -83,8 +83,8 @@ def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(ber
     shown = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["xla"]
     assert shown["training step (XLA)"].startswith("training step (in-batch contrastive")
     assert "optimizer state" in shown["training step (XLA)"]
-    assert "training_step" not in xla.run_stage(bert, ["tpu"], tmp_path, xla.Options.of(
-        {"batch_size": 2, "seq_len": 32})).to_dict()["targets"]["tpu"]      # inference: no training compile
+    assert "training_step" not in xla.run_stage(bert, ["tpu"], xla.Options.of(
+        {"batch_size": 2, "seq_len": 32}), run_dir=tmp_path).to_dict()["targets"]["tpu"]   # inference: none
 
 
 def test_bad_workload_and_a_weightless_model_are_refused():

@@ -141,14 +141,14 @@ def test_a_finding_in_portkits_audio_wrapper_is_portkits_and_the_zoo_rule_agrees
     which flags a user's finding in a portkit file, passes that finding and fires on the old owner."""
     import inspect
     import json
-    from portkit.core import frames
+    from portkit.core import owners
     from portkit.models import audio
     lines, first = inspect.getsourcelines(audio.CTCAdapter.forward)
     line = first + next(i for i, text in enumerate(lines) if "torch.arange" in text)
-    where = frames.place(inspect.getsourcefile(audio.CTCAdapter), line, "forward", lines[line - first])
-    owner = frames.owner(where)
-    assert owner["owner"] == frames.PORTKIT
+    where = owners.place(inspect.getsourcefile(audio.CTCAdapter), line, "forward", lines[line - first])
+    owner = owners.owner(where)
+    assert owner["owner"] == owners.PORTKIT
     finding = {"kind": "int64", "severity": "work", "owner": owner, "where": where}
-    for found, fires in ((finding, False), ({**finding, "owner": {**owner, "owner": frames.USER}}, True)):
+    for found, fires in ((finding, False), ({**finding, "owner": {**owner, "owner": owners.USER}}, True)):
         (tmp_path / "fallbacks.json").write_text(json.dumps({"targets": {"neuron": {"findings": [found]}}}))
         assert bool(zoo_rules.user_findings_not_in_portkit(zoo_rules.Run.read(tmp_path))) == fires

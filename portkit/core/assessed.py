@@ -11,11 +11,11 @@ compiler refused) says "not assessed" for it, never "ok", "fits" or a count that
 per-target result lists those questions under KEY; the report (portkit/stages/report/stage.py) reads them with
 `read`: with no blocker found, an open question makes the target "not assessed", named in `unassessed` and in
 the verdict's reason. A failure of portkit's own machinery (the PyTorch-to-JAX conversion) is owned by PORTKIT.
-A foundation: it reads the owner word from core.frames and the verdict word from core.grading.
+A foundation: it reads the owner word from core.owners and the verdict word from core.grading.
 """
 from __future__ import annotations
 
-from portkit.core.frames import PORTKIT   # noqa: F401 (re-exported: the owner of portkit's own machinery)
+from portkit.core.owners import PORTKIT   # noqa: F401 (re-exported: the owner of portkit's own machinery)
 from portkit.core.grading import NOT_ASSESSED
 
 KEY = "not_assessed"            # a stage's per-target result: [{"question", "why"}]
@@ -43,5 +43,5 @@ def consequence(question: str) -> str:
 
 
 def portkit_owner(part: str) -> dict:
-    """A finding's owner (as portkit.core.frames.owner words it) where `part` of portkit's machinery failed."""
+    """A finding's owner (as portkit.core.owners.owner words it) where `part` of portkit's machinery failed."""
     return {"owner": PORTKIT, "package": f"portkit ({part})", "setting": None, "setting_help": None}

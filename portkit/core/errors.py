@@ -61,7 +61,7 @@ class StageSkipped(PortkitError):
 class CompileRefused(PortkitError):
     """An emulated compile backend refuses a graph the target's own compiler would refuse
     (a symbolic shape); `where` is the source frame of the refused node when known
-    (a dict with "file", "line", "function", "code" and "text": frames.place)."""
+    (a dict with "file", "line", "function", "code" and "text": owners.place)."""
 
     def __init__(self, message: str, where: dict | None = None):
         self.where = where

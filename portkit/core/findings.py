@@ -22,6 +22,8 @@ SEVERITIES = (BLOCKER, WORK, INFO)     # most to least severe: reports sort by t
 # An eager (stage 1) finding under torch.compile (stage 2): still there (the op is in a compiled graph,
 # or the code is a graph break), traced away, or not checked (stage 2 did not run, failed, or ran natively).
 PERSISTS, VANISHES, NOT_CHECKED = "persists", "vanishes", "not checked"
+# The ATen ops that read a tensor's value on the host (a host sync): a "host_sync" finding's ops.
+HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 COMPILED_STATUSES = (PERSISTS, VANISHES, NOT_CHECKED)
 
 
@@ -32,8 +34,8 @@ class Finding:
     finding (occurrences), never made a finding of its own; cause is its cause_key.
 
     severity: one of SEVERITIES. module, ops, source: where in the model, which ATen ops, and the
-    document or issue behind the advice. where: the source frame (portkit.core.frames.place); owner: whose
-    code that is (portkit.core.frames.owner); compiled: one of COMPILED_STATUSES with compiled_detail saying
+    document or issue behind the advice. where: the source frame (portkit.core.owners.place); owner: whose
+    code that is (portkit.core.owners.owner); compiled: one of COMPILED_STATUSES with compiled_detail saying
     why; consequence: the cost behind the severity. Left out of the JSON when not given."""
     kind: str
     severity: str

@@ -7,7 +7,7 @@
     >>> stream.shapes()[:3], len(stream.ahead)       # shapes run, and the stream's later shapes (not run)
     >>> stream.padded(64)                            # the same requests, padded to one fixed length
 
-Stage 2 streams these through the compiled model (portkit/stages/compile/steps.py).
+Stage 2 streams these through the compiled model (portkit/stages/compile/fixed_shape.py).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from xml.etree import ElementTree
 
 from portkit.runfolder import layout, numbers, results, run_log
 from portkit.core import atomic_io
-from portkit.core import checks as _checks
+from portkit.core import checks
 from portkit.core import figures
 from portkit.core.errors import BadParameter
 
@@ -232,7 +232,7 @@ def check_junit_path(path) -> Path:
         raise BadParameter(what, str(path), hint="it is a folder; give a file name in it, e.g. "
                                                  f"{file / 'portkit-check.xml'}")
     if file.is_symlink() and not file.exists():
-        raise BadParameter(what, str(path), hint=_checks.missing_path(file))
+        raise BadParameter(what, str(path), hint=checks.missing_path(file))
     base = next((p for p in file.absolute().parents if p.exists()), Path("/"))
     if not base.is_dir():
         raise BadParameter(what, str(path), hint=f"{base} is a file, not a folder")

@@ -52,7 +52,7 @@ TASKS = {
 TEXT_TASKS = ("causal-lm", "seq2seq-lm", "text-classification", "token-classification", "masked-lm", "text-encoder")
 AUDIO_TASKS = ("speech-seq2seq", "ctc", "audio-classification")
 IMAGE_TASKS = ("image-classification", "zero-shot-image")
-# Tasks a config alone (no weights) is built for on the meta device: token ids in, as portkit.models.abstract
+# Tasks a config alone (no weights) is built for on the meta device: token ids in, as portkit.models.meta_device
 # checks a real-size model (its text_shape).
 ABSTRACT_TASKS = ("causal-lm", "text-encoder", "masked-lm", "text-classification", "token-classification")
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
@@ -543,7 +543,7 @@ def tokenizer_roundtrip(model, texts, limit: int = 200) -> dict | None:
                       "tokenizer_class); every stage's inputs come from it"}
 
 
-# ---------------------------------------------------------------- config-only: for portkit.models.abstract
+# ---------------------------------------------------------------- config-only: for portkit.models.meta_device
 def config_only(spec) -> tuple[Path, str, str] | None:
     """(folder, name, source) where `spec` is a model spec after the plan step (an absolute directory, or a
     Hub id pinned to a commit) whose folder holds a config and no weights, of a task built without weights

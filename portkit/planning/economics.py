@@ -11,7 +11,7 @@
 Stages 2 and 3 price every compile a static-shape target pays (one per input shape) with a CostModel:
 seconds = intercept + per_token x sequence length (never below `floor`), and a `kind` every figure carries:
 - "measured XLA": the real XLA compiler for a TPU topology, run on this host by stage 3b's machinery
-  (portkit.xla.compiler.compile_seconds, verdict-cached); a few shapes are measured, the rest interpolated
+  (portkit.tpu_compile.compiler.compile_seconds, verdict-cached); a few shapes are measured, the rest interpolated
   linearly in tokens.
 - "estimate": no Neuron compiler is installable here; the per-graph time is estimated from public reports
   (NEURON_SOURCES) by `neuron_estimate`'s rule, labelled "estimate, not measured", overridable.
@@ -138,7 +138,7 @@ def xla_model(model, lengths, batch: int = 1, topology: str = DEFAULT_TOPOLOGY, 
     this host (or read back from the verdict cache), interpolated linearly in tokens. `measure` is
     xla_compile.compile_seconds (a test may pass another)."""
     if measure is None:
-        from portkit.xla.compiler import compile_seconds as measure
+        from portkit.tpu_compile.compiler import compile_seconds as measure
     seqs = spread(lengths) if model.seq_dim is not None and len(lengths) else [None]
     points, sources, problems = [], [], []
     for seq in seqs:

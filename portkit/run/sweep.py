@@ -38,6 +38,8 @@ from pathlib import Path
 import jinja2
 
 from portkit.runfolder import layout
+from portkit.run import notebook_parameters
+from portkit.run import preflight
 from portkit.run import runner
 from portkit.core.atomic_io import read_json, write_json, write_text
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError, StageFailed
@@ -117,16 +119,16 @@ def parse_options(text: str, declared: dict) -> dict:
         name, sep, raw = item.partition("=")
         if not sep or not name:
             raise BadParameter("option set", text, hint="write it as NAME=VALUE NAME=VALUE")
-        options[name] = runner.coerce(name, raw, declared) if name in declared else raw
+        options[name] = notebook_parameters.coerce(name, raw, declared) if name in declared else raw
     return options
 
 
 def plan_sweep(models, targets, out_dir, parameters: dict | None = None, option_sets=None,
                stages=None, log=print) -> list[Cell]:
-    """Every cell of the sweep, each run's plan checked (runner.plan) before anything is written.
+    """Every cell of the sweep, each run's plan checked (preflight.plan) before anything is written.
 
     option_sets: a list of {name: value} (one run per set per model and target); None for one set."""
-    chosen = [s.name for s in runner.select_stages(stages)]   # rejects an unknown stage
+    chosen = [s.name for s in notebook_parameters.select_stages(stages)]   # rejects an unknown stage
     sets = [dict(s) for s in option_sets] if option_sets else [{}]
     labels = [" ".join(f"{k}={v}" for k, v in s.items()) for s in sets]
     slugs = [re.sub(r"[^A-Za-z0-9._=-]+", "_", label).replace("=", "-") for label in labels]
@@ -140,7 +142,7 @@ def plan_sweep(models, targets, out_dir, parameters: dict | None = None, option_
                 parameters = {**(parameters or {}), **options}
                 printed = io.StringIO()
                 with contextlib.redirect_stdout(printed):   # each plan prints the target's mode; once is enough
-                    _, per_stage = runner.plan(model, [target], str(out / below), parameters, chosen)
+                    _, per_stage = preflight.plan(model, [target], str(out / below), parameters, chosen)
                 seen_lines += [line for line in printed.getvalue().splitlines() if line not in seen_lines]
                 cells.append(Cell(model, per_stage[0][1]["targets"][0], options, label if len(sets) > 1 else "",
                                   parameters, tuple(chosen), Path(per_stage[0][1]["out_dir"]), out / RECORDS / below))
@@ -173,8 +175,8 @@ def is_finished(cell: Cell) -> bool:
 
 
 def _report_schema() -> str:
-    from portkit.stages.report import stage as report
-    return report.SCHEMA
+    from portkit.stages.report import stage
+    return stage.SCHEMA
 
 
 # ---------------------------------------------------------------- the task

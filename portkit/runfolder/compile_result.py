@@ -81,7 +81,7 @@ def _cost(node: reading.Node) -> dict | None:
 
 
 def _graph_breaks(node: reading.Node) -> dict:
-    """compile.json's "graph_breaks", checked where portkit.core.reconcile and the report read it: breaks a list
+    """compile.json's "graph_breaks", checked where portkit.stages.reconcile and the report read it: breaks a list
     of objects, fullgraph an object, checks an object of objects whose ops are an object."""
     breaks = [dict(b.value) for b in node.objects("breaks")]
     checks = node.entries("checks")
@@ -100,7 +100,7 @@ class Result(reading.StageFile):
 
     @property
     def reconcilable(self) -> dict:
-        """What portkit.core.reconcile reads of stage 2 (its "graph_breaks"), checked."""
+        """What portkit.stages.reconcile reads of stage 2 (its "graph_breaks"), checked."""
         return {"graph_breaks": self.graph_breaks}
 
     @classmethod

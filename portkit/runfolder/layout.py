@@ -143,22 +143,13 @@ def _lock_pid(fd: int) -> int | None:
 
 
 def read_log(folder) -> dict:
-    """The run log as `record` extends it, or an empty one where no run wrote it (notebooks run by hand) or it is
+    """The run log as run_log.record extends it, or an empty one where no run wrote it (notebooks run by hand) or it is
     unreadable; a reader of the log reads it as a type (runfolder.run_log), which names a damaged one."""
     try:
         log = json.loads((Path(folder) / RUN_LOG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {"stages": {}}
     return log if isinstance(log, dict) and isinstance(log.get("stages"), dict) else {"stages": {}}
-
-
-def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
-    """Record how one stage ended ("ok", "skipped", "failed" or "interrupted" (Ctrl-C), with the reason or error in one
-    line), atomically."""
-    log = read_log(folder)
-    log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
-                           "notebook": stage(name).notebook}
-    atomic_io.write_json(Path(folder) / RUN_LOG, log)
 
 
 INTERRUPTED = "interrupted"   # a stage stopped by Ctrl-C: its kernel was stopped and its result removed

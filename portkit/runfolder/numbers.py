@@ -11,12 +11,13 @@ standing in for "unknown").
 """
 from __future__ import annotations
 
+from portkit.runfolder import results
+
 
 def _target(stages: dict, stage: str, name: str):
     """The typed part of target `name` in `stage`'s result; None where the stage or the target has none (or the
     target's part is damaged: the report names that as a gap)."""
-    found = stages.get(stage)
-    return None if found is None else found.targets.get(name)
+    return results.target_part(stages.get(stage), name, damaged_as_none=True)
 
 
 def compiles(stages: dict, name: str) -> int | None:

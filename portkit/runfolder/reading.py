@@ -252,7 +252,7 @@ class StageFile:
 @dataclass(frozen=True)
 class TargetPart:
     """What every stage records per target: its one-line summary, its findings (each a JSON object, passed on
-    to the report and portkit.core.reconcile as they are), and the questions it left open (core.assessed)."""
+    to the report and portkit.stages.reconcile as they are), and the questions it left open (core.assessed)."""
     summary: str | None
     findings: tuple[dict, ...]
     not_assessed: tuple[dict, ...]      # {"question", "why"}: what the stage could not assess for the target

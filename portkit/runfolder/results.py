@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from portkit.models import abstract
+from portkit.models import meta_device
 from portkit.planning import cost
 from portkit.runfolder import (accuracy_result, buckets_result, compile_result, environment, fallbacks_result, reading,
                                xla_result)
@@ -67,10 +67,10 @@ ABSTRACT = "abstract model: no weights"
 
 def skip_if_abstract(model: str, out_dir, stage: str, targets) -> None:
     """A stage that runs the model on values (runfolder.Stage.needs_weights) has nothing to run for an abstract
-    model (a real-size config without weights, portkit.models.abstract): it is saved as skipped with the reason
+    model (a real-size config without weights, portkit.models.meta_device): it is saved as skipped with the reason
     and stops (skip_stage). The runner skips such a stage without starting its notebook; a notebook run by
     hand stops here."""
-    if abstract.is_name(model) and layout.stage(stage).needs_weights:
+    if meta_device.is_name(model) and layout.stage(stage).needs_weights:
         skip_stage(out_dir, stage, {"name": model, "abstract": True}, targets,
                    f"{ABSTRACT}: {model} is a published config on the meta device, so stage {stage} has no values "
                    "to run; stage 3b (xla) checks it")
@@ -249,23 +249,26 @@ def load(out_dir, stage: str):
     return None if saved is None else typed(stage, saved, Path(out_dir) / result_file(stage))
 
 
-def _target(out_dir, stage: str, target: str):
-    """The typed part of `target` in `stage`'s result; None where the stage or the target has none."""
-    found = load(out_dir, stage)
-    return None if found is None else found.target(target)
+def target_part(found, name: str, *, damaged_as_none: bool = False):
+    """The typed part of target `name` in a stage's typed result `found` (load's); None where there is no result or
+    it has no part for the target. A damaged part raises UnreadableResult, or is None with damaged_as_none (the
+    report names the damage as a gap)."""
+    if found is None:
+        return None
+    return found.targets.get(name) if damaged_as_none else found.target(name)
 
 
 def fixed_shape(out_dir, target: str) -> dict | None:
     """Stage 2's fixed input shape for `target` (compile.json): {"batch": B, "seq": S}, seq None for an
     image model; None when stage 2 recorded none."""
-    found = _target(out_dir, "compile", target)
+    found = target_part(load(out_dir, "compile"), target)
     return None if found is None else found.fixed_shape
 
 
 def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
     """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
     when stage 3 chose none."""
-    found = _target(out_dir, "buckets", target)
+    found = target_part(load(out_dir, "buckets"), target)
     if found is None or not found.chosen.shapes:
         return None
     return found.chosen.planner or "", [{"batch": batch, "seq": seq} for batch, seq in found.chosen.shapes]
@@ -282,7 +285,7 @@ def compile_cost(out_dir, target: str) -> dict | None:
     """Stage 2's compile cost model for `target` (compile.json: targets[t].compile_cost, as
     economics.CostModel.to_dict writes it), or None when stage 2 recorded none. A model without a kind,
     a source or a numeric intercept raises UnreadableResult."""
-    found = _target(out_dir, "compile", target)
+    found = target_part(load(out_dir, "compile"), target)
     return None if found is None else found.compile_cost
 
 
@@ -302,3 +305,12 @@ def cost_figures(buckets, xla=None, accuracy=None) -> cost.Figures:
     return cost.Figures(buckets.distribution_count, plans, prices, compiled,
                         float(parameters) if reading.is_number(parameters) else None, precision,
                         accuracy.gpu_numerics if accuracy is not None else None)
+
+
+def run_cost_figures(run_dir) -> cost.Figures:
+    """What the cost estimate reads of the run folder `run_dir` (cost_figures over its stage results); empty
+    Figures where stage 3 left no result. The estimate itself is portkit.planning.cost's."""
+    buckets = load(run_dir, "buckets")
+    if buckets is None:
+        return cost.Figures()
+    return cost_figures(buckets, load(run_dir, "xla"), load(run_dir, "accuracy"))

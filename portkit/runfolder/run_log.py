@@ -5,7 +5,7 @@
     >>> log.stages["compile"].status                      # "ok", "skipped" or "failed"
     >>> run_log.read_report("runs/minilm").targets["tpu"].verdict
 
-run.json is written by runfolder.layout.record (one entry per stage of the latest `portkit run`), report.json by
+run.json is written by record here (one entry per stage of the latest `portkit run`), report.json by
 the report stage (portkit.stages.report.stage); a damaged file raises UnreadableResult naming the file, the key and
 the damage.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from portkit.core import atomic_io
 from portkit.runfolder import layout, reading
 
 RERUN = "rerun the run with `portkit run` (it resumes)"
@@ -23,15 +24,20 @@ REBUILD = "rebuild it with `portkit report`"
 @dataclass(frozen=True)
 class StageRun:
     """How one stage ended in the latest run."""
-    status: str            # "ok", "skipped" or "failed"
-    error: str             # the reason or error, one line ("" when ok)
+    status: str                    # "ok", "skipped", "failed" or "interrupted"
+    error: str                     # the reason or error, one line ("" when ok)
+    seconds: float | None = None   # how long it ran, to a tenth of a second
+    notebook: str = ""             # its executed notebook in the run folder
 
     @classmethod
     def from_dict(cls, node: reading.Node) -> StageRun:
         status = node.text("status")
         if status is None:
             node.at("status").fail("a stage's status")
-        return cls(status, node.text("error", ""))
+        return cls(status, node.text("error", ""), node.number("seconds"), node.text("notebook", ""))
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "seconds": self.seconds, "error": self.error, "notebook": self.notebook}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,14 @@ class RunLog:
     def recorded_ok(self, stage: str) -> bool:
         entry = self.stages.get(stage)
         return entry is not None and entry.status == "ok"
+
+
+def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
+    """Record how stage `name` ended in the run log ("ok", "skipped", "failed" or layout.INTERRUPTED, with the reason or
+    error in one line), atomically; the other stages' entries are kept as the log holds them (layout.read_log)."""
+    log = layout.read_log(folder)
+    log["stages"][name] = StageRun(status, error, round(seconds, 1), layout.stage(name).notebook).to_dict()
+    atomic_io.write_json(Path(folder) / layout.RUN_LOG, log)
 
 
 def read(folder) -> RunLog | None:

@@ -22,9 +22,9 @@ import functools
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from portkit.core.errors import BadParameter, NeedsNetwork
+from portkit.core.errors import BadParameter
 from portkit.core.locations import NOTEBOOKS
-from portkit.models import abstract
+from portkit.models import meta_device
 from portkit.models import registry
 from portkit.targets import specs
 
@@ -52,16 +52,31 @@ def _inspect(path: str, mtime_ns: int) -> dict[str, dict]:
     return papermill.inspect_notebook(path)
 
 
+def literal_default(source: str):
+    """A notebook parameter's default as written in its parameters cell, read as the Python literal it is;
+    ValueError where it is not one (an expression the notebook evaluates)."""
+    try:
+        return ast.literal_eval(source)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"not a literal: {source}") from exc
+
+
 def notebook_parameters(notebook: str) -> tuple[Parameter, ...]:
     """The parameters `notebooks/<notebook>` declares, in the cell's order."""
     found = []
     for name, info in declared(notebook).items():
         try:
-            default = ast.literal_eval(info["default"])
-        except (ValueError, SyntaxError) as exc:
+            default = literal_default(info["default"])
+        except ValueError as exc:
             raise TypeError(f"{notebook}: parameter {name} = {info['default']} is not a literal") from exc
         found.append(Parameter(name, default, (info.get("help") or "").strip(), info["default"]))
     return tuple(found)
+
+
+def check_corpus(name: str, value) -> str:
+    """A check (name, value) -> value for a stage's corpus parameter: corpora.corpus.check_corpus's reading of it."""
+    from portkit.corpora import corpus
+    return corpus.check_corpus(value)
 
 
 class StageOptions:
@@ -120,42 +135,18 @@ def options_for(cls: type) -> type:
     return built
 
 
-HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
-
-
-def _refuse_url(model) -> None:
-    """A URL given as the model: NeedsNetwork naming the Hub repository id in it (huggingface.co/ORG/NAME/...,
-    the Hub's URL scheme), which is what `hf download` takes, or saying that another site's URL
-    is no model spec at all."""
-    from urllib.parse import urlparse
-    if not isinstance(model, str) or not model.startswith(("http://", "https://")):
-        return
-    url = urlparse(model)
-    parts = [p for p in url.path.split("/") if p]
-    if parts[:1] in (["models"], ["datasets"], ["spaces"]):
-        parts = parts[1:] if parts[0] == "models" else []
-    if url.hostname in HUB_HOSTS and len(parts) >= 2:
-        repo = "/".join(parts[:2])
-        raise NeedsNetwork(f"model {model!r} looks like a Hugging Face Hub URL (repository {repo}), and portkit does "
-                           f"not download; fetch it on a machine with network (hf download {repo} "
-                           "--local-dir DIR) and pass DIR")
-    raise NeedsNetwork(f"model {model!r} looks like a URL of {url.hostname or 'a web site'}, not a model spec, and "
-                       "portkit does not download; download the model yourself and pass its folder (with "
-                       "config.json), or give a Hugging Face Hub repository id (ORG/NAME) to fetch it by")
-
-
 def common(model: str, targets, out_dir: str, announce: bool = True) -> tuple[str, list[str], Path]:
     """Validate the parameters every stage shares; print the decisions a user should see (each target's mode), or,
     with announce=False, leave them to the caller (the runner prints them once its whole plan holds, so that bad
     input is the only line). A model is a portkit.models spec, or an abstract model's name (a real-size config
     without weights: llama3-8b)."""
-    _refuse_url(model)
-    if not abstract.is_name(model):
+    registry.refuse_url(model)
+    if not meta_device.is_name(model):
         try:
             model = registry.validate(model)
         except BadParameter as exc:
             if exc.what == "model" and exc.choices:      # an unknown name: the abstract models are names too
-                raise BadParameter("model", model, [*exc.choices, *abstract.names()]) from None
+                raise BadParameter("model", model, [*exc.choices, *meta_device.names()]) from None
             raise
     names = specs.parse_targets(targets)
     if not isinstance(out_dir, str) or not out_dir:

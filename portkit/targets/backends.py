@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx.traceback as fx_traceback
 
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.targets import allocator
 from portkit.targets import foreign_ops
-from portkit.core import frames
+from portkit.core import owners
 from portkit.targets import numerics
 from portkit.targets import specs
 from portkit.core.errors import BadParameter, CompileRefused
@@ -47,7 +47,7 @@ _CAST = torch.ops.aten._to_copy.default
 
 def _from_trace(stack_trace: str | None) -> dict | None:
     """The innermost frame of an FX node's meta["stack_trace"]."""
-    found = frames.from_trace(stack_trace)
+    found = owners.from_trace(stack_trace)
     return found[-1] if found else None
 
 
@@ -77,7 +77,7 @@ class GraphCheck:
     foreign_ops: list[dict] = field(default_factory=list)
 
 
-class _OpLog(_torch.TorchDispatchMode):
+class _OpLog(torch_private.TorchDispatchMode):
     """Counts each ATen call with the stack trace of the Dynamo node that made it."""
 
     def __init__(self, dtypes: bool = False):
@@ -101,7 +101,7 @@ class _OpLog(_torch.TorchDispatchMode):
 
 
 def _symbolic(value) -> bool:
-    for leaf in _torch.tree_leaves(value):
+    for leaf in torch_private.tree_leaves(value):
         if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
                 isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape)):
             return True
@@ -123,7 +123,7 @@ DATA_DEPENDENT_SIZE = (
 
 def _data_dependent(value) -> bool:
     """Whether a symbolic value's shape rests on an unbacked symbol: a size read from a tensor's values."""
-    return _torch.unbacked_sizes(value)
+    return torch_private.unbacked_sizes(value)
 
 
 def _not_lowered(calls: collections.Counter, table: specs.OpTable) -> list[dict]:
@@ -155,7 +155,7 @@ def _foreign(log: _OpLog, table: specs.OpTable) -> list[dict]:
         traces = [(trace, count) for (op, trace), count in log.calls.items() if op == name]
         where = []
         for trace, _ in traces:
-            if (found := frames.innermost(frames.from_trace(trace))) and found not in where:
+            if (found := owners.innermost(owners.from_trace(trace))) and found not in where:
                 where.append({k: v for k, v in found.items() if k != "line_key"})
         out.append({**foreign_ops.look_inside(func, args, kwargs, table),
                     "calls": sum(count for _, count in traces), "where": where})
@@ -182,7 +182,7 @@ class EmulatedBackend:
         self.__name__ = target.emulated_backend      # how Dynamo's messages name a backend
         self.checks: collections.deque[GraphCheck] = collections.deque(maxlen=1000)
         self._rounded: collections.OrderedDict = collections.OrderedDict()   # see _Hoisted
-        # frames.graph_contents of each graph, recorded where a list (stage 2's capture check), not in storms
+        # owners.graph_contents of each graph, recorded where a list (stage 2's capture check), not in storms
         self.contents: list[dict] | None = None
 
     def __repr__(self) -> str:
@@ -198,7 +198,7 @@ class EmulatedBackend:
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
             self._refuse(gm, self._check(gm, precision, inductor, "joint"))   # Dynamo's graph, whole
             part = functools.partial(self._compile, precision=precision, inductor=inductor)
-            return _torch.aot_autograd(functools.partial(part, part="forward"),
+            return torch_private.aot_autograd(functools.partial(part, part="forward"),
                                        functools.partial(part, part="backward"))(gm, example_inputs)
         return self._compile(gm, example_inputs, precision, inductor)
 
@@ -218,7 +218,7 @@ class EmulatedBackend:
         if not inductor:   # the retraced graph itself: the target's casts and rounding are its nodes
             return hoisted.wrap(traced) if hoisted else traced
         start = time.perf_counter()
-        compiled = _torch.compile_with_inductor(
+        compiled = torch_private.compile_with_inductor(
             traced, [*example_inputs, *(hoisted.values(example_inputs) if hoisted else ())])
         check.inductor_seconds = time.perf_counter() - start
         return hoisted.wrap(compiled) if hoisted else compiled
@@ -229,7 +229,7 @@ class EmulatedBackend:
         if t.static_shapes and node is not None:
             trace = node.meta.get("stack_trace")
             # the first frame outside torch names the user's or the library's line, not torch's own (F.pad's)
-            found = frames.innermost(frames.from_trace(trace))
+            found = owners.innermost(owners.from_trace(trace))
             where = {k: v for k, v in found.items() if k != "line_key"} if found else _from_trace(trace)
             at = where_text(where) if where else "input " + node.name
             if _data_dependent(node.meta.get("example_value")):
@@ -248,8 +248,8 @@ class EmulatedBackend:
         # each into the target's form (casts, rounding); the recorder, below both, writes that form
         # into the new graph. preserve_node_meta carries each Dynamo node's stack trace along. Outside
         # Dynamo's tracing context, so the fake mode is a static-shape one of its own.
-        with _torch.outside_dynamo_tracing():
-            fake = _torch.fake_tensor_mode()
+        with torch_private.outside_dynamo_tracing():
+            fake = torch_private.fake_tensor_mode()
             recorder = _AtenRecorder(fake, example_inputs)
             with fx_traceback.preserve_node_meta(), torch.no_grad(), fake, recorder, mode, log:
                 out = torch.fx.Interpreter(gm).run(*recorder.inputs)
@@ -262,11 +262,11 @@ class EmulatedBackend:
         check.numerics = dict(mode.stats)
         check.foreign_ops = _foreign(log, table)
         if self.contents is not None:
-            self.contents.append(frames.graph_contents(log.calls, log.dtypes))
+            self.contents.append(owners.graph_contents(log.calls, log.dtypes))
         return recorder.graph_module(out)
 
 
-class _AtenRecorder(_torch.TorchDispatchMode):
+class _AtenRecorder(torch_private.TorchDispatchMode):
     """Writes every ATen call that reaches it into an FX graph, on fake tensors: the retrace.
 
     What make_fx(tracing_mode="fake") records for an inference graph of static shapes, without its
@@ -339,11 +339,11 @@ def _merge_repeats(graph: torch.fx.Graph) -> None:
     graph that writes into no tensor (where sharing a result cannot change what a later op reads) and
     only for deterministic ATen ops."""
     ops = [n for n in graph.nodes if n.op == "call_function"]
-    if any(_torch.is_op_overload(n.target) and _torch.op_schema(n.target).is_mutable for n in ops):
+    if any(torch_private.is_op_overload(n.target) and torch_private.op_schema(n.target).is_mutable for n in ops):
         return
     seen: dict = {}
     for node in ops:
-        if not _torch.is_op_overload(node.target) or torch.Tag.nondeterministic_seeded in node.target.tags:
+        if not torch_private.is_op_overload(node.target) or torch.Tag.nondeterministic_seeded in node.target.tags:
             continue
         key = (node.target, _hashable(node.args), _hashable(node.kwargs))
         try:
@@ -412,9 +412,11 @@ class _Hoisted:
         params = [args[i] for i in self.positions]
         key = (self.code, tuple(id(p) for p in params))
         entry = self.cache.get(key)
-        if entry is None or any(a is not b or _torch.tensor_version(a) != v for a, (b, v) in zip(params, entry[0])):
+        if entry is None or any(a is not b or torch_private.tensor_version(a) != v
+                                for a, (b, v) in zip(params, entry[0])):
             with torch.no_grad():
-                entry = self.cache[key] = ([(p, _torch.tensor_version(p)) for p in params], list(self.pre(*params)))
+                entry = self.cache[key] = ([(p, torch_private.tensor_version(p)) for p in params],
+                                           list(self.pre(*params)))
             while len(self.cache) > self.KEEP:
                 self.cache.popitem(last=False)
         self.cache.move_to_end(key)
@@ -447,10 +449,10 @@ def register() -> list[str]:
     import importlib.metadata
     points = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINTS)}
     missing = [b for b in REGISTERED.values() if b.__name__ not in points]
-    known = _torch.known_backends() if missing else points   # Dynamo's own list includes the entry points
+    known = torch_private.known_backends() if missing else points   # Dynamo's own list includes the entry points
     added = [b for b in missing if b.__name__ not in known]
     for backend in added:
-        _torch.register_backend(backend, name=backend.__name__)
+        torch_private.register_backend(backend, name=backend.__name__)
     return [b.__name__ for b in added]
 
 
@@ -474,24 +476,24 @@ class CompileCounter:
     torch 2.13 never increments counters["recompiles"] (checked)."""
 
     def __init__(self, backend):
-        self.backend = _torch.backend_by_name(backend) if isinstance(backend, str) else backend
+        self.backend = torch_private.backend_by_name(backend) if isinstance(backend, str) else backend
         self.__name__ = getattr(self.backend, "__name__", type(self.backend).__name__)
         self.events: list[CompileEvent] = []
         self.request: int | None = None
 
     def __call__(self, gm, example_inputs, **kwargs):
-        hits, start = _torch.inductor_cache_hits(), time.perf_counter()
+        hits, start = torch_private.inductor_cache_hits(), time.perf_counter()
         compiled = self.backend(gm, example_inputs, **kwargs)
         seconds = time.perf_counter() - start
         shapes = {}
         for node in gm.graph.find_nodes(op="placeholder"):
-            name, value = _torch.graph_input_name(node), node.meta.get("example_value")
+            name, value = torch_private.graph_input_name(node), node.meta.get("example_value")
             if name is not None and isinstance(value, torch.Tensor):
                 shapes[name] = [s if isinstance(s, int) else str(s) for s in value.shape]
         checks = getattr(self.backend, "checks", None)
         self.events.append(CompileEvent(len(self.events), self.request, seconds, shapes,
                                         sum(n.op == "call_function" for n in gm.graph.nodes),
-                                        _torch.inductor_cache_hits() > hits, checks[-1] if checks else None))
+                                        torch_private.inductor_cache_hits() > hits, checks[-1] if checks else None))
         return compiled
 
 
@@ -502,11 +504,11 @@ def compile_failure(exc: BaseException, request: int | None = None) -> dict:
     inner = getattr(exc, "inner_exception", None) or exc
     where, stack = getattr(inner, "where", None), getattr(exc, "real_stack", None)
     if where is None and stack:
-        where = frames.place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
+        where = owners.place(stack[-1].filename, stack[-1].lineno, stack[-1].name, stack[-1].line or "")
     lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()]
     field_of = lambda label: next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(label)), "")  # noqa: E731
     kind = ("refused" if isinstance(inner, CompileRefused) else
-            "graph break" if _torch.is_graph_break(exc) else type(inner).__name__)
+            "graph break" if torch_private.is_graph_break(exc) else type(inner).__name__)
     return {"kind": kind, "message": lines[0] if lines else type(inner).__name__,
             "explanation": field_of("Explanation:"), "hint": field_of("Hint:"), "where": where, "request": request}
 
@@ -555,7 +557,7 @@ def call_counting_recompiles(call, inputs: dict, late: list[dict], request: int 
                  "guard_failures": guards, "reason": guards[0] if guards else RECOMPILE_REFUSED})
     # Past Dynamo's recompile limit the call would run eagerly and nothing would be counted: this
     # compile is to be paid, whatever the number of shapes warmed up before it.
-    with torch.compiler.set_stance("default"), _torch.unlimited_recompiles():
+    with torch.compiler.set_stance("default"), torch_private.unlimited_recompiles():
         return call(inputs)
 
 

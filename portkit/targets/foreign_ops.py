@@ -20,9 +20,9 @@ import collections
 import inspect
 import traceback
 
-from portkit.core import frames
+from portkit.core import owners
 from portkit.core import torch_private
-from portkit.core.reconcile import HOST_SYNC_OPS
+from portkit.core.findings import HOST_SYNC_OPS
 
 # The dispatcher namespaces of PyTorch's own ops: ATen, its primitives, its collectives and its higher-order ops
 # (torch.ops.higher_order: cond, flex_attention). Any other namespace is a library's or the user's (torch.library:
@@ -76,8 +76,8 @@ class _Inside(torch_private.TorchDispatchMode):
             return out
         op = func.name()
         self.ops[op] += 1
-        where = frames.caller(2)
-        line = frames.line_key(where)
+        where = owners.caller(2)
+        line = owners.line_key(where)
         if op in HOST_SYNC_OPS:
             self.host_reads.setdefault(line or op, where)
         elif torch_private.unbacked_sizes(out):
@@ -92,7 +92,7 @@ def _defined(fn) -> dict | None:
     except (OSError, TypeError):
         return None
     hit = next((i for i, text in enumerate(lines) if text.lstrip().startswith("def ")), 0)
-    return frames.place(file, first + hit, fn.__name__, lines[hit]) if file else None
+    return owners.place(file, first + hit, fn.__name__, lines[hit]) if file else None
 
 
 def look_inside(func, args, kwargs, table) -> dict:
@@ -119,7 +119,7 @@ def look_inside(func, args, kwargs, table) -> dict:
                 fn(*fake_args, **fake_kwargs)
             found["traced"] = True
         except Exception as exc:   # noqa: BLE001 - the op's own code: named, and what follows it is unchecked
-            at = frames.innermost([frames.place(f.filename, f.lineno, f.name, f.line or "")
+            at = owners.innermost([owners.place(f.filename, f.lineno, f.name, f.line or "")
                                    for f in traceback.extract_tb(exc.__traceback__)])
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             found["stopped"] = f"{type(exc).__name__}: {text[:200]}" + (f" at {at['text']}" if at else "")

@@ -26,7 +26,7 @@ import torch
 from portkit.core import availability
 from portkit.core import locations
 from portkit.core import torch_private
-from portkit.targets.device_paths import FUNCTIONAL_FORMS, PRIVATEUSE1_PATH
+from portkit.targets.privateuse1_ops import FUNCTIONAL_FORMS, PRIVATEUSE1_PATH
 from portkit.core.errors import BadParameter
 from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK  # noqa: F401 (re-exported: targets.BLOCKER, ...)
 

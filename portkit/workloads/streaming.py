@@ -31,7 +31,7 @@ import torch
 from portkit.core import torch_private
 from portkit.corpora import audio
 from portkit.targets import backends
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import audio_corpus
 from portkit.targets import selection
 from portkit.targets import specs
 from portkit.models import inputs
@@ -81,10 +81,10 @@ class Stream:
 
 def speech_stream(seconds: float = STREAM_SECONDS, rate: int = RATE, clips=None, source: str | None = None,
                   seed: int = 0) -> Stream:
-    """`clips` (audio.Clip, e.g. the run's corpus: data.corpus_for) end to end, cut at `seconds`; by default
+    """`clips` (audio.Clip, e.g. the run's corpus: corpus.corpus_for) end to end, cut at `seconds`; by default
     the alsa-utils recordings, then stdlib docstrings spoken by espeak-ng."""
     if clips is None:
-        corpus = data.audio_corpus("stdlib", clips=64, seed=seed)
+        corpus = audio_corpus("stdlib", clips=64, seed=seed)
         clips, source = corpus.clips, corpus.source
     clips = [c for c in clips if isinstance(c, audio.Clip)]
     if not clips:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from portkit.core import torch_private
-from portkit.targets import device_paths
+from portkit.targets import privateuse1_ops
 from portkit.targets import numerics
 from portkit.core import progress
 from portkit.targets import specs
@@ -400,7 +400,7 @@ def step_ops(model, batch: dict[str, torch.Tensor], target: str, optimizer: str 
     with an AdamW step (`optimizer`: "fused" kernels, "foreach" kernels or a "for-loop"), and classify
     every ATen op of the forward graph, the backward graph and the optimizer step with the target's op
     table. Recurrent modules, which Dynamo leaves out of its graphs (they run eagerly on the CPU), add
-    the fused cell kernels their backward runs on the device (device_paths.fused_cell_ops)."""
+    the fused cell kernels their backward runs on the device (privateuse1_ops.fused_cell_ops)."""
     from portkit.targets import backends
     if optimizer not in OPTIMIZER_IMPLEMENTATIONS:
         raise BadParameter("optimizer implementation", optimizer, OPTIMIZER_IMPLEMENTATIONS)
@@ -426,7 +426,7 @@ def step_ops(model, batch: dict[str, torch.Tensor], target: str, optimizer: str 
     for op, n in counter.calls.items():
         calls[("optimizer", op)] = n
     for sub in module.modules():
-        if fused := device_paths.fused_cell_ops(sub):
+        if fused := privateuse1_ops.fused_cell_ops(sub):
             op = fused[2]
             calls[("backward", op)] = calls.get(("backward", op), 0) + 1
     found = StepOps(target, model.name, optimizer, sum(c.part == "joint" for c in backend.checks))

@@ -32,7 +32,7 @@ from portkit.targets import specs
 from portkit.core.errors import CompileRefused
 from portkit.stages.accuracy.localize import LayerProbe
 from portkit.targets.tolerance import Tolerance
-from portkit.targets.shared_pass import Turns
+from portkit.targets.shared_trace import Turns
 
 EAGER = "eager emulation"
 
@@ -43,7 +43,7 @@ class Refusal:
     backend: str
     message: str
     where: str | None = None
-    place: dict | None = None     # the source frame (core.frames.place) the cause is known by, stage 2's too
+    place: dict | None = None     # the source frame (core.owners.place) the cause is known by, stage 2's too
 
     @property
     def short(self) -> str:
@@ -124,7 +124,7 @@ def compiled_label(detected: specs.DetectedTarget) -> str:
 
 
 class SharedCompile:
-    """The emulated targets' compiled runs in one Dynamo pass (portkit.targets.shared_pass), each target's backend
+    """The emulated targets' compiled runs in one Dynamo pass (portkit.targets.shared_trace), each target's backend
     at the
     precision judged: a shape is traced once, not once a target; what each target's rules changed is recorded
     per input shape, whichever target's call compiled it.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import percentiles
 from portkit.planning import economics
 from portkit.workloads import generation
 from portkit.planning.planner import BucketPlan, Prices, batch_buckets, histogram, plan_auto, plan_pow2
@@ -116,5 +116,5 @@ def fit(model, corpus, costs: dict, token_seconds, new_tokens: int, serve_reques
                      "auto": _priced(*auto, cost, float(price), len(batches), serve_requests),
                      "pow2": _priced(*pow2, cost, float(price), len(batches), serve_requests),
                      "padding_price": economics.prices_to_dict({name: price})[name]}
-    pct = {"prompt": data.percentiles(prompts), "context": data.percentiles(contexts)}
+    pct = {"prompt": percentiles(prompts), "context": percentiles(contexts)}
     return ServingPlans(int(new_tokens), int(serve_requests), tuple(batches), pct, out)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit.core import frames, grading
+from portkit.core import owners, grading
 from portkit.workloads import generation
 from portkit.targets import selection
 from portkit.targets import specs
@@ -62,7 +62,7 @@ class TargetGeneration:
         stack trace outside torch and portkit (Dynamo prints it with the guard failure)."""
         if not self.static.late:
             return None
-        return frames.innermost(frames.from_trace("\n".join(self.static.late[0]["guard_failures"])))
+        return owners.innermost(owners.from_trace("\n".join(self.static.late[0]["guard_failures"])))
 
     def findings(self) -> list[tuple]:
         """(kind, case, message, advice, where), graded by the policy (core.grading): a compile during the

@@ -13,7 +13,7 @@ the length (graph_growth: they change more often than one shape-dependent branch
 the chunks or shrinking and growing again with a remainder loop), and a forward of the model's
 modules, or a function it calls (its own module's, or an imported one that is not torch's: transformers'
 apply_chunking_to_forward), loops on an input's .shape, .size(), .numel(), len(), .split() or .chunk() pieces
-(source_loops). What is the model's code, not machinery, is portkit.core.frames' rule.
+(source_loops). What is the model's code, not machinery, is portkit.core.owners' rule.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from torch import nn
 
-from portkit.core import frames
+from portkit.core import owners
 
 # The cause as findings name it (core.findings.cause_key's subject), and what the model's author can do instead.
 CAUSE = "a Python loop over the input length: one graph per length"
@@ -221,7 +221,7 @@ def _function_loops(fn, owner_cls, seen: set, depth: int = 0) -> list[dict]:
         reads = taint.loop_reads(loop) if isinstance(loop, LOOPS) else None
         if reads is not None:
             line = loop.lineno
-            where = frames.place(file, line, node.name, lines[line - 1] if 0 < line <= len(lines) else "")
+            where = owners.place(file, line, node.name, lines[line - 1] if 0 < line <= len(lines) else "")
             out.append({**where, "reads": ast.unparse(reads), "setting": LIBRARY_SETTINGS.get(node.name)})
     for callee in _callees(fn, node, owner_cls):
         out += _function_loops(callee, owner_cls, seen, depth + 1)
@@ -229,15 +229,15 @@ def _function_loops(fn, owner_cls, seen: set, depth: int = 0) -> list[dict]:
 
 
 def _models_code(fn) -> bool:
-    """Whether `fn` is the model's code, not machinery (torch, portkit's own): portkit.core.frames' rule."""
+    """Whether `fn` is the model's code, not machinery (torch, portkit's own): portkit.core.owners' rule."""
     code = getattr(fn, "__code__", None)
-    return code is not None and frames.innermost([frames.place(code.co_filename, code.co_firstlineno,
+    return code is not None and owners.innermost([owners.place(code.co_filename, code.co_firstlineno,
                                                                code.co_name)]) is not None
 
 
 def source_loops(module: nn.Module) -> list[dict]:
     """Every for/while loop in the forward of the model's modules (and the functions each calls from its own
-    module) whose trip count follows an input's size: each a frames.place with "reads", the expression read;
+    module) whose trip count follows an input's size: each a owners.place with "reads", the expression read;
     ordered by file and line, each once."""
     seen: set = set()
     found: dict[str, dict] = {}
@@ -247,7 +247,7 @@ def source_loops(module: nn.Module) -> list[dict]:
         forward = inspect.unwrap(forward) if inspect.isfunction(forward) else forward
         if inspect.isfunction(forward) and _models_code(forward):
             for loop in _function_loops(forward, cls, seen):
-                found.setdefault(frames.line_key(loop), loop)
+                found.setdefault(owners.line_key(loop), loop)
     return sorted(found.values(), key=lambda w: (w["file"], w["line"]))
 
 
@@ -304,6 +304,6 @@ def describe(loop: dict) -> str:
     else:   # whole chunks and a remainder: the sizes go down and up again
         shown = ", ".join(f"{n} at {length}" for length, n in list(zip(lengths, nodes))[:6])
         sizes = f"their nodes by length {shown}{', ...' if len(lengths) > 6 else ''}"
-    return (f"{frames.owner(where)['owner']} code at {where['text']}, whose count follows the input's size "
+    return (f"{owners.owner(where)['owner']} code at {where['text']}, whose count follows the input's size "
             f"({where['reads']}): Dynamo unrolls it into each graph, {loop['graphs']} graphs for {loop['requests']} "
             f"requests, {sizes}")

@@ -10,7 +10,7 @@
 Both targets compile one graph per input shape (awsdocs-neuron torch/compile/reference-torch-compile.html;
 torch_tpu _backend.py). The stage finds the graph breaks (torch._dynamo.explain), streams real requests
 through the model compiled with dynamic=False counting every compile and the guard failure behind it
-(storm.py), then proves one fixed shape under set_stance("fail_on_recompile") (steps.py). Every compile is
+(storm.py), then proves one fixed shape under set_stance("fail_on_recompile") (fixed_shape.py). Every compile is
 priced with the target's compile cost (portkit/planning/economics.py), which says where its figure came
 from. In emulated mode the backends check the target's rules and numerics and run each graph eagerly.
 The options are the parameters cell of notebooks/02_compile.py (Options); the other workloads compiled are
@@ -18,27 +18,27 @@ generation.py and training.py.
 """
 from __future__ import annotations
 
-import functools
 import html
 import statistics
 from dataclasses import dataclass, field
 
 from portkit.stages import options
-from portkit.stages.compile import generation as compile_generation
+from portkit.stages.compile import generation
 from portkit.stages.compile import loops
-from portkit.stages.compile import training as compile_training
+from portkit.stages.compile import training
 from portkit.planning import economics
 from portkit.core import assessed
 from portkit.core import checks
 from portkit.core import grading
-from portkit.core import frames
-from portkit.core import reconcile
+from portkit.core import owners
+from portkit.stages import reconcile
 from portkit.targets import selection
 from portkit.targets import specs
 from portkit.targets.backends import compile_cause, failure_text, where_text
-from portkit.stages.compile.steps import (AUTO, COMPILE_SHAPES, FixedShape, GraphBreaks, Requests, Storm,
-                                          check_fixed_shape, check_fixed_shapes, find_graph_breaks, make_requests,
-                                          recompile_storm, recompile_storms)
+from portkit.corpora.requests import Requests, make_requests
+from portkit.stages.compile.fixed_shape import FixedShape, check_fixed_shape, check_fixed_shapes
+from portkit.stages.compile.graph_breaks import GraphBreaks, find_graph_breaks
+from portkit.stages.compile.storm import AUTO, COMPILE_SHAPES, Storm, recompile_storm, recompile_storms
 from portkit.stages.compile.storm import eager_from
 from portkit.core.errors import BadParameter
 from portkit.core.findings import cause_key
@@ -89,7 +89,7 @@ def _finding(kind: str, message: str, advice: str, where: dict | None = None, *,
     severity = grading.severity(kind, case)
     consequence = CONSEQUENCES.get(kind)
     consequence = consequence.get(severity) if isinstance(consequence, dict) else consequence
-    owner = frames.owner(where) if where is not None else None
+    owner = owners.owner(where) if where is not None else None
     found = Finding(kind, severity, message, advice, where=where, owner=owner, consequence=consequence,
                     cause=cause or cause_key(kind, kind, where), occurrences=occurrences).to_dict()
     if owner is not None:
@@ -145,7 +145,7 @@ def _foreign_op(op: dict, target: str) -> dict:
     it and what it could not. Its cause is stage 1's for the same op at the same call (core.findings.cause_key)."""
     called = (op.get("where") or [None])[0]
     where = op.get("defined") or called
-    owner = frames.owner(where)
+    owner = owners.owner(where)
     inside = []
     if op.get("host_reads"):
         inside.append("reads tensor values on the host (a device-to-host copy per call) at "
@@ -173,10 +173,10 @@ def _foreign_op(op: dict, target: str) -> dict:
                                  "calls_inside": op.get("ops", {}), "traced": op.get("traced", False)})
 
 
-def _foreign_ops(check: dict, training, target: str) -> list[dict]:
+def _foreign_ops(check: dict, train_check, target: str) -> list[dict]:
     """One finding per op outside PyTorch's namespaces, whichever compiled graphs hold it: the inference graphs'
-    (check) or the training step's (training: compile_training.TrainCompile, or None)."""
-    found = {op["op"]: op for op in (training.foreign_ops if training is not None else [])}
+    (check) or the training step's (train_check: training.TrainCompile, or None)."""
+    found = {op["op"]: op for op in (train_check.foreign_ops if train_check is not None else [])}
     found.update({op["op"]: op for op in check.get("foreign_ops", [])})
     return [_foreign_op(op, target) for op in found.values()]
 
@@ -186,14 +186,14 @@ def _graph_breaks(breaks: GraphBreaks) -> list[dict]:
     as graphs, apart from the causes. Without a break, what stops fullgraph=True."""
     by_line: dict[str | None, list[dict]] = {}
     for b in breaks.breaks:
-        by_line.setdefault(frames.line_key(b.get("frame") or b["where"]), []).append(b)
+        by_line.setdefault(owners.line_key(b.get("frame") or b["where"]), []).append(b)
     out = []
     for found in by_line.values():
         first = found[0]
         where = first.get("frame") or first["where"]
         reasons = sorted({b["reason"] for b in found})
         out.append(_finding("graph_break", f"graph break at {where_text(where)} "
-                            f"({frames.owner(where)['owner']} code): {'; '.join(reasons[:3])}; "
+                            f"({owners.owner(where)['owner']} code): {'; '.join(reasons[:3])}; "
                             f"{len(by_line)} break cause(s) split the model into "
                             f"{breaks.graphs} graphs per input shape",
                             "every break is a separate graph to compile per shape: remove it, then "
@@ -259,12 +259,12 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     return out
 
 
-def check_training(model, texts, targets, options: Options | None = None, *, steps: int = compile_training.STEPS,
-                   batch_size: int = compile_training.BATCH):
+def check_training(model, texts, targets, options: Options | None = None, *, steps: int = training.STEPS,
+                   batch_size: int = training.BATCH):
     """Workload "train": one AdamW step of the model's own loss compiled for each target, `steps` steps on
     real batches of batch_size x options.seq_len (portkit/stages/compile/training.py)."""
     opts = _options(options)
-    return compile_training.check(model, texts, targets, steps, batch_size, seq_len=opts.seq_len,
+    return training.check(model, texts, targets, steps, batch_size, seq_len=opts.seq_len,
                                   precision=opts.precision, seed=opts.seed)
 
 
@@ -273,7 +273,7 @@ def check_generation(model, texts, targets, options: Options | None = None):
     options.new_tokens, with the dynamic cache and the bucketed static cache, per target
     (portkit/stages/compile/generation.py)."""
     opts = _options(options)
-    return compile_generation.check(model, texts.sample(opts.prompts, opts.seed), targets, opts.new_tokens,
+    return generation.check(model, texts.sample(opts.prompts, opts.seed), targets, opts.new_tokens,
                                     opts.backend, opts.precision)
 
 
@@ -287,8 +287,8 @@ class CompileReport:
     storms: dict[str, Storm]
     fixed: dict[str, FixedShape]
     costs: dict[str, economics.CostModel]    # per target: what one compile costs there, and why
-    generation: dict = field(default_factory=dict)   # workload "generate": compile_generation.check's result
-    training: dict = field(default_factory=dict)     # workload "train": compile_training.check's result
+    generation: dict = field(default_factory=dict)   # workload "generate": generation.check's result
+    training: dict = field(default_factory=dict)     # workload "train": training.check's result
 
     @classmethod
     def from_steps(cls, model, requests: Requests, breaks: GraphBreaks, storms: dict[str, Storm],
@@ -500,11 +500,6 @@ class CompileReport:
 
 
 # ---------------------------------------------------------------- parameters and the stage's verb
-def _corpus(name: str, value) -> str:
-    from portkit.corpora import corpus
-    return corpus.check_corpus(value)
-
-
 def _backend(name: str, value) -> str:
     """A backend name; which names each target accepts is Options.check_targets' rule (selection.py)."""
     if not isinstance(value, str):
@@ -526,23 +521,20 @@ def _seconds(name: str, value):
     return value
 
 
-def _at_most(maximum: int):
-    return functools.partial(checks.positive_int, maximum=maximum)
-
-
 class Options(options.StageOptions):
     """Stage 2's options: the parameters cell of notebooks/02_compile.py, each field checked. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them).
     The backend and the precision are checked against the chosen targets by check_targets."""
     NOTEBOOK = "02_compile.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "requests": _at_most(2000), "batch_size": _at_most(64),
-              "seq_len": _at_most(4096), "fullgraph": checks.boolean, "backend": _backend, "precision": _precision,
+    CHECKS = {"corpus": options.check_corpus, "text_column": checks.text, "requests": checks.up_to(2000),
+              "batch_size": checks.up_to(64), "seq_len": checks.up_to(4096), "fullgraph": checks.boolean,
+              "backend": _backend, "precision": _precision,
               "seed": checks.seed, "neuron_compile_seconds": _seconds,
-              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": _at_most(512), "prompts": _at_most(64)}
+              "workload": checks.one_of(checks.WORKLOADS), "new_tokens": checks.up_to(512), "prompts": checks.up_to(64)}
 
     def check(self, model: str | None) -> None:
-        from portkit.workloads import generation
-        generation.check_workload(self.workload, model)
+        from portkit.workloads.generation import check_workload
+        check_workload(self.workload, model)
 
     def check_targets(self, targets) -> list[str]:
         """The rules on the chosen targets (the runner checks them before a run): the backend is one every

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portkit.targets import device_paths
+from portkit.targets import privateuse1_ops
 from portkit.targets import foreign_ops
-from portkit.core import frames
+from portkit.core import owners
 from portkit.core.torch_private import TorchDispatchMode, current_autograd_node, output_size_follows_values
 from portkit.core.findings import ROOT
 from portkit.core.module_stack import ModuleTracker
@@ -43,7 +43,7 @@ class OpRecord:
     calls: int = 0
     seconds: float = 0.0
     dtypes: set = field(default_factory=set)
-    where: dict | None = None      # the source frame of its first call (portkit.core.frames.caller)
+    where: dict | None = None      # the source frame of its first call (portkit.core.owners.caller)
 
     def to_dict(self) -> dict:
         return {"op": self.op, "module": self.module, "phase": self.phase, "calls": self.calls,
@@ -54,7 +54,7 @@ class OpRecord:
 class Recording:
     records: dict[tuple[str, str, str], OpRecord] = field(default_factory=dict)
     features: list[tuple[str, str, str, str]] = field(default_factory=list)   # (kind, module, op, detail)
-    # (kind, module, op) -> the source frame where the feature was first seen (portkit.core.frames.place)
+    # (kind, module, op) -> the source frame where the feature was first seen (portkit.core.owners.place)
     frames: dict[tuple[str, str, str], dict | None] = field(default_factory=dict)
     # (kind, module, op) -> the calls that showed the feature: a finding's occurrences, not findings of their own
     feature_calls: dict[tuple[str, str, str], int] = field(default_factory=dict)
@@ -90,7 +90,7 @@ class _OpRecorder(TorchDispatchMode):
         rec = self.recording.records.get(key)
         if rec is None:
             rec = self.recording.records[key] = OpRecord(
-                op, module, phase, where=frames.caller(2) if phase == "forward" else None)
+                op, module, phase, where=owners.caller(2) if phase == "forward" else None)
         rec.calls += 1
         rec.seconds += elapsed
         tensors = _tensors(args, kwargs, out)
@@ -108,7 +108,7 @@ class _OpRecorder(TorchDispatchMode):
         if key not in self._seen_features:
             self._seen_features.add(key)
             self.recording.features.append((kind, module, op, detail))
-            self.recording.frames[key] = frames.caller(3)
+            self.recording.frames[key] = owners.caller(3)
 
     def _scan(self, op, func, module, args, kwargs, tensors) -> None:
         """Every feature this call shows: in its tensors, then in the op itself."""
@@ -243,13 +243,13 @@ def record(model, inputs: dict[str, torch.Tensor], train: bool = False, run=None
         module.train(was_training)
         module.zero_grad(set_to_none=True)
     for m_name, sub in module.named_modules():   # device dispatch the CPU recording cannot show
-        if fused := device_paths.fused_cell_ops(sub):
+        if fused := privateuse1_ops.fused_cell_ops(sub):
             kind, op = fused[:2]
             recording.classes[m_name or ROOT] = _class_name(sub)
             recording.features.append(("recurrent", m_name or ROOT, op,
                                        f"nn.{kind}: runs {op} on PrivateUse1 devices (ATen RNN.cpp)"))
             recording.frames[("recurrent", m_name or ROOT, op)] = _defined_in(module, m_name)
-        elif plain := device_paths.plain_recurrent_op(sub):
+        elif plain := privateuse1_ops.plain_recurrent_op(sub):
             kind, op = plain
             recording.classes[m_name or ROOT] = _class_name(sub)
             recording.features.append(("recurrent_loop", m_name or ROOT, op,
@@ -276,4 +276,4 @@ def _defined_in(root: torch.nn.Module, name: str) -> dict | None:
         return None
     attr = name.rpartition(".")[2]
     hit = next((i for i, text in enumerate(lines) if f"self.{attr}" in text), 0)
-    return frames.place(file, first + hit, type(parent).forward.__name__, lines[hit]) if file else None
+    return owners.place(file, first + hit, type(parent).forward.__name__, lines[hit]) if file else None

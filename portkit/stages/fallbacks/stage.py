@@ -28,14 +28,14 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit.core import frames
+from portkit.core import owners
 from portkit.core import placement
-from portkit.core import checks, grading, reconcile
+from portkit.core import checks, grading
+from portkit.stages import reconcile
 from portkit.stages import options
 from portkit.targets import specs
 from portkit.core.errors import BadParameter
-from portkit.core import findings as findings_mod
-from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding
+from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK, Finding, cause_key, merge_occurrences
 from portkit.stages.fallbacks import source_scan
 from portkit.stages.fallbacks.recording import OpRecord, Recording, record
 from portkit.runfolder.results import save_result
@@ -168,7 +168,7 @@ def _causes(recording: Recording, rules) -> dict[tuple, list]:
             key = (kind, _pattern(module), None)
         else:
             where = recording.frames.get((kind, module, op))
-            key = (kind, "", None if rule.severity == INFO else frames.line_key(where))
+            key = (kind, "", None if rule.severity == INFO else owners.line_key(where))
         by_line[key].append((module, op, detail))
     groups: dict[tuple, list] = {}
     for (kind, subject, line), items in by_line.items():
@@ -209,11 +209,11 @@ def _feature_finding(recording: Recording, kind: str, subject: str, items: list,
     if kind in MODULE_KINDS and len(lines) > 1:   # one cause at several lines: each is an occurrence
         occurrences["lines"] = lines
     line_of = None if rule.severity == INFO or kind in MODULE_CLASS_KINDS else frame   # a class, a kind: no line
-    cause = findings_mod.cause_key(kind, subject, line_of)
+    cause = cause_key(kind, subject, line_of)
     return Finding(kind, severity, f"{kind.replace('_', ' ')} in {where}: {details} "
                    f"({', '.join(op_names[:4])}{', ...' if len(op_names) > 4 else ''}){at}"
                    + (f"; {calls} calls" if calls > 1 else ""), advice, module=where, ops=op_names,
-                   source=rule.source, where=frame, owner=frames.owner(frame), cause=cause, occurrences=occurrences)
+                   source=rule.source, where=frame, owner=owners.owner(frame), cause=cause, occurrences=occurrences)
 
 
 def _device_path_host(entry: dict, found: list[Finding]) -> Finding | None:
@@ -221,7 +221,7 @@ def _device_path_host(entry: dict, found: list[Finding]) -> Finding | None:
     module runs on the device (its `via`), recorded at that module's line or in that module."""
     for f in found:
         if f.kind in MODULE_CLASS_KINDS and entry.get("via") in (f.ops or []) and (
-                frames.line_key(f.where) == frames.line_key(entry["where"])
+                owners.line_key(f.where) == owners.line_key(entry["where"])
                 or set(entry["modules"]) & set((f.occurrences or {}).get("modules", []))):
             return f
     return None
@@ -238,7 +238,7 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
             occurrence = {"modules": list(entry["modules"]), "count": len(entry["modules"]), "calls": entry["calls"],
                           "ops": {entry["op"]: entry["calls"]}}
             if host := _device_path_host(entry, findings):   # the module's own cause, seen on the CPU
-                host.occurrences = findings_mod.merge_occurrences(host.occurrences, {"ops": occurrence["ops"]})
+                host.occurrences = merge_occurrences(host.occurrences, {"ops": occurrence["ops"]})
                 host.message += f"; recorded on the CPU as {entry['op']} ({entry['calls']} calls)"
                 host.severity = min(host.severity, rule.severity, key=order.get)
                 continue
@@ -249,8 +249,8 @@ def _findings(recording: Recording, ops: list[dict], table, rules) -> list[Findi
                                     f"{entry['op']} {verb} ({entry['detail']}); {entry['calls']} calls from {where}"
                                     + (f" at {entry['where']['text']}" if entry["where"] else ""), rule.advice,
                                     module=where, ops=[entry["op"]], source=rule.source, where=entry["where"],
-                                    owner=frames.owner(entry["where"]), occurrences=occurrence,
-                                    cause=findings_mod.cause_key(entry["status"], entry["op"], entry["where"])))
+                                    owner=owners.owner(entry["where"]), occurrences=occurrence,
+                                    cause=cause_key(entry["status"], entry["op"], entry["where"])))
     for f in findings:   # a library's line is changed through its setting, an upgrade or a wrapper, never a rewrite
         f.advice = reconcile.advice_for(f.to_dict(), f.owner)
     return sorted(findings, key=lambda f: (order[f.severity], f.kind, f.module or "", f.cause or ""))
@@ -418,16 +418,11 @@ def _generation(model, prompts: list[str], inputs: dict):
 
 
 # ---------------------------------------------------------------- the stage's verb
-def _corpus(name: str, value) -> str:
-    from portkit.corpora import corpus
-    return corpus.check_corpus(value)
-
-
 class Options(options.StageOptions):
     """Stage 1's options: the parameters cell of notebooks/01_fallbacks.py, each field checked. With workload
     "generate" a built-in model is loaded to check it is a causal LM (other models: when the stage loads them)."""
     NOTEBOOK = "01_fallbacks.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
+    CHECKS = {"corpus": options.check_corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
               "seq_len": checks.up_to(checks.MAX_SEQ), "train": checks.boolean,
               "workload": checks.one_of(checks.WORKLOADS), "seed": checks.seed}
 
@@ -443,23 +438,37 @@ def _tokenizer_findings(model, texts) -> list[Finding]:
     if found is None:
         return []
     return [Finding(found["kind"], found["severity"], found["message"], found["advice"],
-                    cause=findings_mod.cause_key(found["kind"], "tokenizer"),
+                    cause=cause_key(found["kind"], "tokenizer"),
                     occurrences={"texts": found["texts"], "lost": found["lost"]})]
 
 
+@dataclass(frozen=True)
+class RecordSettings:
+    """How stage 1 records its pass, beyond the batch: a training step or a forward (train), the batch's words in the
+    report (description), the workload ("generate": greedy generation from `prompts`) and the corpus texts the batch
+    came from (texts, checked to round-trip through the model's tokenizer)."""
+    train: bool = False
+    description: str | None = None
+    workload: str = "inference"
+    prompts: list[str] | None = None
+    texts: list[str] | None = None
+
+
 def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "tpu"),
-                   train: bool = False, description: str | None = None, workload: str = "inference",
-                   prompts: list[str] | None = None, texts: list[str] | None = None) -> FallbackReport:
+                   settings: RecordSettings | None = None) -> FallbackReport:
     """Record one eager pass of `model` on `inputs` and classify it for every target.
 
-    model: a portkit.models.registry.LoadedModel. inputs: the dict its encode() returns.
+    model: a portkit.models.registry.LoadedModel. inputs: the dict its encode() returns. settings: RecordSettings
+    (None: a forward pass, inference).
     In native mode for a target, its pass is recorded on the device with the live dispatcher table,
     and the vendor's own fallback record is added. workload "generate" (a causal LM): greedy generation of
     GENERATED_TOKENS from `prompts` with a static KV cache is recorded instead (prefill, then decode steps
     writing the cache: generation.generate_static), on the CPU in both modes. texts: the corpus the batch came
     from, checked to round-trip through the model's tokenizer (a tokenizer that loses the text is a finding).
     """
-    run = _generation(model, prompts or [], inputs) if workload == "generate" else None
+    settings = settings or RecordSettings()
+    train, description, texts = settings.train, settings.description, settings.texts
+    run = _generation(model, settings.prompts or [], inputs) if settings.workload == "generate" else None
     if run is not None:
         description = f"{description or 'prompts'}; generation of {GENERATED_TOKENS} tokens, static KV cache"
     names = specs.parse_targets(targets)
@@ -484,7 +493,7 @@ def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         per_target[d.name] = result
         if not records:
             records = sorted(recording.records.values(),
-                             key=lambda r: (r.op, r.module, r.phase, frames.line_key(r.where) or ""))
+                             key=lambda r: (r.op, r.module, r.phase, owners.line_key(r.where) or ""))
     shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     first = next(iter(shapes.values()), [])
     desc = description or ("batch " + " x ".join(str(s) for s in first) if first else "no tensor inputs")

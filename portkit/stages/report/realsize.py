@@ -18,7 +18,7 @@ report.json keys it adds to a target (stable):
 """
 from __future__ import annotations
 
-from portkit.models import abstract
+from portkit.models import meta_device
 
 SECTION = "scale"
 CAPACITY = "capacity (estimate, not measured)"
@@ -44,7 +44,7 @@ def read(t, out) -> None:
         return
     model = scale["model"]
     label = scale["label"]
-    size = abstract.size(model["parameters"])
+    size = meta_device.size(model["parameters"])
     metrics = {"real-size check": f"{model['name']} ({size} parameters, no weights), "
                                   f"batch {scale['batch']} x seq {scale['seq']}", **metrics}
     if scale.get("capacity"):

@@ -31,7 +31,8 @@ import jinja2
 
 from portkit.planning import cost
 from portkit.runfolder import environment, numbers, run_log
-from portkit.core import assessed, figures, grading, reconcile
+from portkit.core import assessed, figures, grading
+from portkit.stages import reconcile
 from portkit.stages import options
 from portkit.stages.report import sections
 from portkit.stages.report import wording
@@ -40,8 +41,7 @@ from portkit.runfolder import layout
 from portkit.targets import specs
 from portkit.core.atomic_io import write_json, write_text
 from portkit.core.errors import BadParameter
-from portkit.core import findings as findings_mod
-from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
+from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK, cause_of
 
 SCHEMA = "portkit.report/1"
 STAGE = "report"
@@ -413,7 +413,7 @@ def _read_target(stage: StageResult, t, tr: TargetReport, compiled: dict | None 
                             "compiled_detail": str(f.get("compiled_detail", "")),
                             "owner": _inner(f, "owner", "owner"), "where": _inner(f, "where", "text"),
                             "resolved_by": "", "consequence": str(f.get("consequence") or _consequence(f)),
-                            "cause": findings_mod.cause_of(f), "stages": [stage.name]})
+                            "cause": cause_of(f), "stages": [stage.name]})
     if stage.name in sections.READERS:
         sections.READERS[stage.name](stage.result, t, tr)
 

@@ -2,11 +2,11 @@
 static KV cache, for a TPU topology, the cache in HBM, and the largest batch that fits at a context.
 
     >>> from portkit.models import registry as models
-    >>> from portkit.stages.xla import generation as xla_generation
+    >>> from portkit.stages.xla import generation
     >>> lm = models.load("gpt2")
-    >>> found = xla_generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
+    >>> found = generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
     >>> found["decode"].breakdown      # HBM per device: weights, KV cache, inputs, temporaries, logits, code
-    >>> xla_generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
+    >>> generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
 
 Serving with a static cache (portkit/workloads/generation.py) compiles one prefill graph per (batch, prompt bucket)
 and one decode step per (batch, context bucket); the cache's length is the context bucket. Here each graph
@@ -17,7 +17,7 @@ is donated, as a serving stack updates it in place, so HBM holds it once. The co
 (compiled.memory_analysis()) is broken down into parts that add up to its total: the weights, the KV cache
 and the inputs counted from their shapes (the compiler's argument size is checked against their sum), the
 temporaries (activations and workspace), outputs not written in place (the logits) and the generated code.
-Verdicts are cached like every XLA verdict (portkit.xla.cache).
+Verdicts are cached like every XLA verdict (portkit.tpu_compile.cache).
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from torch import nn
 
 from portkit.core import placement
 from portkit.workloads import generation
-from portkit.xla import cache as xla_cache
-from portkit.xla import compiler
-from portkit.xla import sharded
+from portkit.tpu_compile.cache import source_digest
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded
 from portkit.core.errors import BadParameter
-from portkit.xla.results import format_bytes
+from portkit.tpu_compile.results import MemoryVerdict, format_bytes
 
 
 class _Serving(nn.Module):
@@ -97,7 +97,7 @@ def graph_inputs(model: nn.Module, batch: int, tokens: int, context: int, dtype=
 
 
 @dataclass
-class GraphCompile:
+class GraphCompile(MemoryVerdict):
     """One serving graph's XLA verdict for a topology, with its memory broken down."""
     graph: str                       # "prefill" or "decode"
     batch: int
@@ -113,18 +113,12 @@ class GraphCompile:
     flops: float | None = None
     message: str = ""
 
-    @property
-    def fits(self) -> bool:
-        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
-
     def summary(self) -> str:
         what = f"{self.graph} (batch {self.batch}, {self.tokens} token(s) into a {self.context}-position cache)"
         if self.status != "compiled":
             return f"{what}: {self.status}: {self.message[:300]}"
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
         return (f"{what} compiled for {self.topology} in {self.compile_seconds:.1f} s"
-                f": {format_bytes(self.memory['total'])} per device "
-                f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
+                f": {format_bytes(self.memory['total'])} per device {self.memory_line()}")
 
     def to_dict(self) -> dict:
         return {"graph": self.graph, "batch": self.batch, "tokens": self.tokens, "context": self.context,
@@ -165,7 +159,7 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
         found.status, found.message = "trace_failed", compiler.error_message(exc)
         return found
     context_key = sharded.check_context(topology, topo, "serving graph, cache donated",
-                                            code=xla_cache.source_digest(compile_graph))
+                                            code=source_digest(compile_graph))
     verdict, found.cached, _ = compiler.compiler_verdict(jax, lowered, topology, context_key)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
@@ -192,7 +186,7 @@ def compile_serving(lm, batch: int, prompt: int, context: int, topology: str,
 def largest_batch(lm, context: int, topology: str, dtype: str | None = None,
                   first: GraphCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
     """The largest batch whose decode step at a `context`-position cache fits one device (a compile per try,
-    at most `limit`, xla_sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:
+    at most `limit`, sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:
     what one row adds (its cache, inputs, temporaries and logits) into the room left."""
     first = first or compile_graph(lm, "decode", 1, 1, context, topology, dtype)
     guess = None

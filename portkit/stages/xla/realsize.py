@@ -1,16 +1,16 @@
-"""Stage 3b for a real-size model without weights (portkit.models.abstract: a published config on the meta
+"""Stage 3b for a real-size model without weights (portkit.models.meta_device: a published config on the meta
 device): what the XLA stage checks when `portkit run --model llama3-8b` has no values to run.
 
 TPU: the model compiled with its weights sharded FSDP-style over each topology of `scale_topologies`,
-fewest chips first, until one fits (portkit.xla.sharded); on that topology the largest batch per
+fewest chips first, until one fits (portkit.tpu_compile.sharded); on that topology the largest batch per
 sequence bucket that fits HBM, by a search over compiles whose boundary is the compiler's own
 out-of-HBM verdict (seeded from the memory the first compile measured); the roofline estimate per chip.
 Neuron: the StableHLO lowering check, and capacity per Trainium/Inferentia chip from the FLOPs counted
 on the graph (portkit.targets.capacity). Every verdict goes through the verdict cache: a rerun compiles nothing.
 
-    >>> from portkit.models import abstract
+    >>> from portkit.models import meta_device
     >>> from portkit.stages.xla import realsize as scale, stage as xla
-    >>> m = abstract.build("llama3-8b")
+    >>> m = meta_device.build("llama3-8b")
     >>> checks = scale.run(m, ["neuron", "tpu"], xla.Options.of({"scale_batch": 8, "scale_seq": 1024}))
     >>> checks["tpu"].smallest, checks["tpu"].largest      # 'v5e:2x2', [{'seq': 1024, 'batch': ...}]
 """
@@ -19,15 +19,15 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from portkit.models import abstract
+from portkit.models import meta_device
 from portkit.targets import capacity
 from portkit.targets import specs
-from portkit.xla import compiler
-from portkit.xla import sharded
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded
 from portkit.core import grading
 from portkit.core.errors import MissingPackage, PortkitError
 from portkit.core.tables import HtmlTable
-from portkit.xla.results import XlaSkipped, format_bytes
+from portkit.tpu_compile.results import XlaSkipped, format_bytes
 
 # The stages that need the weights' values, and what each would have found: said once, in each target's findings.
 NOT_CHECKED = ("CPU fallbacks (stage 1), graph breaks and recompiles (stage 2), bucket replays (stage 3) and "
@@ -136,13 +136,13 @@ def _found(best: int, tried: dict, guess, topology: str, **where) -> dict:
 
 
 def _tpu(module, topologies, batch: int, seq: int, buckets) -> ScaleCheck:
-    check = ScaleCheck("tpu", abstract.describe(module), batch, seq)
-    shape = abstract.text_shape(module, batch, seq)
+    check = ScaleCheck("tpu", meta_device.describe(module), batch, seq)
+    shape = meta_device.text_shape(module, batch, seq)
     check.smallest, check.tried = sharded.smallest_fitting(module, shape, list(topologies))
     where = check.main
     first = where.shapes[0] if check.smallest else None
     for bucket in buckets or [seq]:
-        abstract.text_shape(module, 1, bucket)      # a bucket longer than the model takes: one line
+        meta_device.text_shape(module, 1, bucket)      # a bucket longer than the model takes: one line
         guess = sharded.guess_batch(first, where.hbm_bytes_per_device, batch, seq, bucket)
         best, tried = sharded.largest_batch(module, bucket, where.topology, guess=guess)
         check.largest.append(_found(best, tried, guess, where.topology, seq=bucket))
@@ -173,8 +173,8 @@ def largest_per_shape(model, shapes, report, dtype: str | None = None) -> list[d
 
 
 def _neuron(module, batch: int, seq: int) -> ScaleCheck:
-    check = ScaleCheck("neuron", abstract.describe(module), batch, seq)
-    shape = abstract.text_shape(module, batch, seq)
+    check = ScaleCheck("neuron", meta_device.describe(module), batch, seq)
+    shape = meta_device.text_shape(module, batch, seq)
     try:
         check.lowering = compiler.check_lowering(module, [shape])
     except MissingPackage as exc:

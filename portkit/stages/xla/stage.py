@@ -2,20 +2,20 @@
 
 For TPU every shape stage 2 fixed and stage 3 bucketed is compiled for a real TPU topology on this CPU
 host (JAX + libtpu, compile-only: nothing executes on a TPU); for Neuron it is lowered to StableHLO (a
-lowering check, not a Neuron compile). The machinery is portkit.xla.compiler; a verdict compiled once
-comes back from portkit's verdict cache (portkit.xla.cache) on a rerun; xla.json's cached_shapes says how many.
+lowering check, not a Neuron compile). The machinery is portkit.tpu_compile.compiler; a verdict compiled once
+comes back from portkit's verdict cache (portkit.tpu_compile.cache) on a rerun; xla.json's cached_shapes says how many.
 
     >>> from portkit import models
     >>> from portkit.stages.xla import stage as xla
     >>> m = models.load("minilm")
     >>> opts = xla.Options.of({"topology": "v5e:1x1"}, model="minilm")   # the notebook's defaults, checked
     >>> xla.shape_table("runs/minilm", ["neuron", "tpu"], m, opts)       # what will be checked
-    >>> stage = xla.run_stage(m, ["neuron", "tpu"], "runs/minilm", opts)
+    >>> stage = xla.run_stage(m, ["neuron", "tpu"], opts, run_dir="runs/minilm")
     >>> stage.save("runs/minilm/xla.json"); print(stage.summary())
     >>> xla.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])     # one target, one line in a notebook cell
 
 `xla.compile_for_tpu`, `xla.check_lowering`, `xla.compile_seconds` and the result classes are
-portkit.xla.compiler's and portkit.xla.results', reachable from here for notebooks and scripts.
+portkit.tpu_compile.compiler's and portkit.tpu_compile.results', reachable from here for notebooks and scripts.
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from portkit.targets import specs
 from portkit.core.errors import BadParameter, MissingPackage
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
-from portkit.xla.compiler import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
-                                 require_installed, require_xla, check_topology, check_lowering, compile_for_tpu,
-                                 compile_seconds, input_specs, is_abstract)
-from portkit.xla.results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes, plot_hbm  # noqa: F401
+from portkit.tpu_compile.compiler import (COMPILE_ONLY_ENV, DTYPES, HBM_GIB_PER_CHIP, INSTALL, TOPOLOGIES,  # noqa: F401
+                                         require_installed, require_xla, check_topology, check_lowering,
+                                         compile_for_tpu, compile_seconds, input_specs, is_abstract)
+from portkit.tpu_compile.results import ShapeResult, XlaCompileReport, XlaSkipped, format_bytes, plot_hbm  # noqa: F401
 
 STAGE = "xla"
 
@@ -75,13 +75,13 @@ class Options(options.StageOptions):
               "scale_buckets": _buckets}
 
     def check(self, model: str | None) -> None:
-        from portkit.models import abstract
-        from portkit.workloads import generation
-        if abstract.is_name(model):          # its sequence lengths against the config's limit
-            module = abstract.build(model)
+        from portkit.models import meta_device
+        from portkit.workloads.generation import check_workload
+        if meta_device.is_name(model):          # its sequence lengths against the config's limit
+            module = meta_device.build(model)
             for seq in [self.scale_seq, *self.scale_buckets]:
-                abstract.text_shape(module, self.scale_batch, seq)
-        if generation.check_workload(self.workload, model) == "train" and abstract.is_name(model):
+                meta_device.text_shape(module, self.scale_batch, seq)
+        if check_workload(self.workload, model) == "train" and meta_device.is_name(model):
             raise BadParameter("workload for a real-size model without weights", self.workload, ["inference"],
                                hint=f"{model} is checked sharded for inference; train a model with weights")
 
@@ -108,15 +108,15 @@ def xla_section(model, target_name: str, shapes, opts: Options | None = None) ->
 
 def load(spec: str):
     """The model of stage 3b: a portkit.models.registry spec (a LoadedModel), or an abstract model's name (its
-    architecture on the meta device, no weights: portkit.models.abstract)."""
-    from portkit.models import abstract
+    architecture on the meta device, no weights: portkit.models.meta_device)."""
+    from portkit.models import meta_device
     from portkit.models import registry
-    return abstract.build(spec) if abstract.is_name(spec) else registry.load(spec)
+    return meta_device.build(spec) if meta_device.is_name(spec) else registry.load(spec)
 
 
 def describe(model) -> str:
-    from portkit.models import abstract
-    return abstract.summary(model) if is_abstract(model) else model.summary()
+    from portkit.models import meta_device
+    return meta_device.summary(model) if is_abstract(model) else model.summary()
 
 
 def stage_shapes(out_dir, target: str, model, opts: Options | None = None) -> tuple[list[dict], list[str]]:
@@ -307,14 +307,14 @@ class XlaStage:
     def workload_questions(self, name: str) -> list[dict]:
         """The training step's or serving graphs' HBM fit, open where portkit's conversion stopped them before the
         compiler (core.assessed), or where the model's cache is not the key/value cache the serving graph carries."""
-        from portkit.stages.xla import generation as xla_generation
+        from portkit.stages.xla import generation
         found = []
         for what, graph in (("training step", self.training.get(name)), ("serving graphs", self.serving.get(name))):
             if isinstance(graph, dict) and graph.get("status") in CONVERTED:
                 found.append(assessed.open_question(
                     f"HBM fit of the {what}", f"portkit's {CONVERSION} stopped it before the compiler: "
                                               f"{str(graph.get('summary', ''))[:300]}"))
-            elif isinstance(graph, dict) and graph.get("status") == xla_generation.NOT_KV:
+            elif isinstance(graph, dict) and graph.get("status") == generation.NOT_KV:
                 found.append(assessed.open_question(f"HBM fit of the {what}", str(graph["summary"])[:300]))
         return found
 
@@ -346,17 +346,17 @@ class XlaStage:
         return "".join(self.scale.get(n, r)._repr_html_() for n, r in self.reports.items())
 
 
-def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaStage:
-    """Run each target's XLA check over the shapes the earlier stages chose (opts None: the notebook's
-    defaults). An abstract model (no weights) gets the real-size check instead (portkit.stages.xla.realsize):
-    sharded over scale_topologies until one fits, the largest batch per bucket (scale_buckets, default
-    [scale_seq]), capacity per chip. largest_batch: also search each TPU shape's largest batch that fits HBM
-    (portkit.stages.xla.realsize.largest_per_shape; a few compiles each). workload "train": also the whole
-    training step compiled for the TPU topology at batch_size x seq_len, its memory broken down, and the
-    largest micro-batch that fits (training_step); workload "generate": the prefill and decode graphs with
-    their KV cache and the largest batch at the context (serving_graphs)."""
+def run_stage(model, target_names, opts: Options | None = None, *, run_dir) -> XlaStage:
+    """Run each target's XLA check over the shapes the earlier stages chose in the run folder `run_dir` (opts None:
+    the notebook's defaults). An abstract model (no weights) gets the real-size check instead
+    (portkit.stages.xla.realsize): sharded over scale_topologies until one fits, the largest batch per bucket
+    (scale_buckets, default [scale_seq]), capacity per chip. largest_batch: also search each TPU shape's largest
+    batch that fits HBM (portkit.stages.xla.realsize.largest_per_shape; a few compiles each). workload "train":
+    also the whole training step compiled for the TPU topology at batch_size x seq_len, its memory broken down,
+    and the largest micro-batch that fits (training_step); workload "generate": the prefill and decode graphs
+    with their KV cache and the largest batch at the context (serving_graphs)."""
     from portkit.core.progress import bar as progress_bar
-    opts = Options.defaults() if opts is None else opts
+    opts, out_dir = Options.defaults() if opts is None else opts, run_dir
     if is_abstract(model):
         return _real_size(model, target_names, out_dir, opts)
     reports, sources, largest, measured = {}, {}, {}, {}
@@ -364,8 +364,8 @@ def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaS
         shapes, sources[name] = stage_shapes(out_dir, name, model, opts)
         reports[name] = xla_section(model, name, shapes, opts)
         if opts.largest_batch and isinstance(reports[name], XlaCompileReport) and reports[name].check == "compile":
-            from portkit.stages.xla import realsize as scale
-            largest[name] = scale.largest_per_shape(model, shapes, reports[name], opts.dtype)
+            from portkit.stages.xla import realsize
+            largest[name] = realsize.largest_per_shape(model, shapes, reports[name], opts.dtype)
         if specs.detect(name).native and not specs.get(name).reference:   # a measurement, not an estimate
             from portkit.targets import capacity
             measured[name] = capacity.measure_native(model, name, shapes)
@@ -377,14 +377,14 @@ def run_stage(model, target_names, out_dir, opts: Options | None = None) -> XlaS
 
 def _real_size(model, target_names, out_dir, opts: Options) -> XlaStage:
     """An abstract model's stage: each target's real-size check (portkit.stages.xla.realsize)."""
-    from portkit.models import abstract
-    from portkit.stages.xla import realsize as scale
-    checks = scale.run(model, target_names, opts)
+    from portkit.models import meta_device
+    from portkit.stages.xla import realsize
+    checks = realsize.run(model, target_names, opts)
     names = specs.parse_targets(target_names)
     reports = {n: checks[n].main if n in checks else XlaSkipped(
         n, f"XLA check skipped: {n} is a reference platform, not an XLA target") for n in names}
     sources = {n: stage_shapes(out_dir, n, model, opts)[1] for n in names}
-    return XlaStage(abstract.describe(model), reports, sources, checks)
+    return XlaStage(meta_device.describe(model), reports, sources, checks)
 
 
 def serving_graphs(model, target_names, out_dir, opts: Options | None = None) -> dict:
@@ -409,10 +409,10 @@ def _per_compiler(target_names, what: str, instead: str, check) -> dict:
 def _serving(model, plan, opts: Options) -> dict:
     """One TPU target's prefill and decode graphs at the plan's largest buckets (plan: stage 3's serving
     plan, (prompt buckets, context buckets), or None), and the largest batch whose decode step fits."""
-    from portkit.stages.xla import generation as xla_generation
-    from portkit.xla import sharded
-    if (why := xla_generation.not_kv_cache(model)) is not None:
-        return {"status": xla_generation.NOT_KV,
+    from portkit.stages.xla import generation
+    from portkit.tpu_compile import sharded
+    if (why := generation.not_kv_cache(model)) is not None:
+        return {"status": generation.NOT_KV,
                 "summary": f"serving graphs not compiled: {why}; portkit's serving graph carries a key/value cache "
                            "only, so their HBM fit and largest batch are not assessed"}
     if plan:
@@ -420,12 +420,12 @@ def _serving(model, plan, opts: Options) -> dict:
     else:
         context = min(model.max_length, 2 * opts.seq_len)
         prompt, source = min(opts.seq_len, context - 1), "parameter seq_len (no serving plan in buckets.json)"
-    graphs = xla_generation.compile_serving(model, opts.batch_size, prompt, context, opts.topology, opts.dtype)
+    graphs = generation.compile_serving(model, opts.batch_size, prompt, context, opts.topology, opts.dtype)
     found = {g: c.to_dict() for g, c in graphs.items()}
     found.update(prompt=prompt, context=context, source=source, status=graphs["decode"].status)
     found["summary"] = "; ".join(c.summary() for c in graphs.values())
     if graphs["decode"].status == "compiled":
-        n, tried = xla_generation.largest_batch(model, context, opts.topology, opts.dtype, first=graphs["decode"])
+        n, tried = generation.largest_batch(model, context, opts.topology, opts.dtype, first=graphs["decode"])
         found["largest_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
         found["summary"] += (f"; largest batch whose decode fits at context {context}: "
                              f"{n}{sharded.bound_text(n, tried)} ({source})")
@@ -437,9 +437,9 @@ def training_step(model, target_names, opts: Options | None = None) -> dict:
     topology at batch_size x seq_len of real text (portkit.stages.xla.training), its memory broken down, and the
     largest micro-batch that fits one device. Neuron has no compiler here: its entry says so. opts None: the
     notebook's defaults."""
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import load_corpus
     opts = Options.defaults() if opts is None else opts
-    corpus = functools.cache(data.load_corpus)      # read once, and only where a target compiles
+    corpus = functools.cache(load_corpus)      # read once, and only where a target compiles
     return _per_compiler(target_names, "training step", "stage 2 classified the step's ops, forward and backward",
                          lambda name: _training(model, corpus(), opts))
 
@@ -447,21 +447,21 @@ def training_step(model, target_names, opts: Options | None = None) -> dict:
 def _training(model, corpus, opts: Options) -> dict:
     """One TPU target's training step, the largest micro-batch that fits, and its temporaries split into what
     grows with the batch and what does not."""
-    from portkit.xla import sharded
-    from portkit.stages.xla import training as xla_training
+    from portkit.tpu_compile import sharded
+    from portkit.stages.xla import training
     topology, dtype = opts.topology, opts.dtype
-    spec = xla_training.step_inputs(model, corpus, opts.batch_size, opts.seq_len)
-    step = xla_training.compile_step(model, spec, topology, dtype)
+    spec = training.step_inputs(model, corpus, opts.batch_size, opts.seq_len)
+    step = training.compile_step(model, spec, topology, dtype)
     found = step.to_dict()
     if step.status != "compiled":
         return found
     # twice the batch: the search's guess and the temporaries' split both read it, compiled once
-    second = xla_training.compile_step(model, xla_training.with_batch(spec, 2 * step.batch), topology, dtype)
-    n, tried = xla_training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
+    second = training.compile_step(model, training.with_batch(spec, 2 * step.batch), topology, dtype)
+    n, tried = training.largest_micro_batch(model, spec, topology, dtype, first=step, second=second)
     found["largest_micro_batch"], found["tried"] = n, {str(k): v for k, v in sorted(tried.items())}
     found["summary"] += (f"; largest micro-batch that fits: {n}{sharded.bound_text(n, tried)} x {opts.seq_len} "
                          f"({len(tried)} compile(s))")
-    split = xla_training.split_temporaries(step, second)
+    split = training.split_temporaries(step, second)
     if split:
         found["temporaries"] = split
     found["summary"] += _temporaries(step, second, split)

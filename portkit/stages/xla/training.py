@@ -2,17 +2,17 @@
 
     >>> from portkit.corpora import corpus as data
     >>> from portkit.models import registry as models
-    >>> from portkit.stages.xla import training as xla_training
+    >>> from portkit.stages.xla import training
     >>> m = models.load("gpt2")
-    >>> spec = xla_training.step_inputs(m, data.load_corpus(), batch_size=8, seq_len=128)
-    >>> step = xla_training.compile_step(m, spec, topology="v5e:1x1")
+    >>> spec = training.step_inputs(m, data.load_corpus(), batch_size=8, seq_len=128)
+    >>> step = training.compile_step(m, spec, topology="v5e:1x1")
     >>> step.breakdown          # HBM per device: weights, optimizer state, batch, temporaries ...
-    >>> xla_training.largest_micro_batch(m, spec, "v5e:1x1", first=step)    # (n, {n tried: fits})
+    >>> training.largest_micro_batch(m, spec, "v5e:1x1", first=step)    # (n, {n tried: fits})
 
 The step is the model's own loss (training.loss_for) converted by torchax, its gradients by jax.value_and_grad,
 and AdamW in float32 (torch.optim.AdamW's update), weights and moments donated so the compiler updates them in
 place; compiled for the topology with JAX + libtpu, compile-only (nothing runs on a TPU), the verdict cached
-(portkit.xla.cache). The compiler's memory per device is broken down into weights, optimizer state and batch
+(portkit.tpu_compile.cache). The compiler's memory per device is broken down into weights, optimizer state and batch
 (the step's arguments, counted from their shapes), temporaries (gradients, saved activations, workspace) and
 outputs. On several devices the weights and moments are sharded FSDP-style and the batch split data-parallel.
 """
@@ -25,17 +25,17 @@ import torch
 
 from portkit.core import placement
 from portkit.workloads import training
-from portkit.xla import cache
-from portkit.xla import compiler
-from portkit.xla import sharded as xla_sharded
+from portkit.tpu_compile import cache
+from portkit.tpu_compile import compiler
+from portkit.tpu_compile import sharded
 from portkit.core.errors import BadParameter
-from portkit.xla.results import format_bytes
+from portkit.tpu_compile.results import MemoryVerdict, format_bytes
 
 ADAMW = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}   # torch.optim.AdamW's defaults
 
 
 @dataclass
-class StepCompile:
+class StepCompile(MemoryVerdict):
     """One training step's XLA verdict for a topology, with its memory broken down."""
     model: str
     loss: str
@@ -56,19 +56,14 @@ class StepCompile:
     def batch(self) -> int:
         return int(next(iter(self.inputs.values()))[0][0])
 
-    @property
-    def fits(self) -> bool:
-        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
-
     def summary(self) -> str:
         if self.status != "compiled":
             return f"training step (batch {self.batch}) on {self.topology}: {self.status}: {self.message[:300]}"
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
         return (f"training step ({self.loss}, AdamW; batch {self.batch}; {self.sharding}) compiled for "
                 f"{self.topology} in "
                 f"{self.compile_seconds:.1f} s: "
                 f"{format_bytes(self.memory['total'])} per device of {format_bytes(self.hbm_bytes_per_device)} "
-                f"({'fits' if self.fits else 'does NOT fit'}): {parts}")
+                f"{self.memory_line()}")
 
     def to_dict(self) -> dict:
         return {"model": self.model, "loss": self.loss, "topology": self.topology, "inputs": self.inputs,
@@ -124,7 +119,7 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
     if dtype is not None and dtype not in compiler.DTYPES:
         raise BadParameter("dtype", dtype, compiler.DTYPES)
     description, loss = training.loss_for(model)
-    jax, topo, devices, mesh, replicated = xla_sharded.compile_only(topology, "fsdp")
+    jax, topo, devices, mesh, replicated = sharded.compile_only(topology, "fsdp")
     from jax.sharding import NamedSharding, PartitionSpec
 
     module = training.WithLoss(model.module, loss)
@@ -135,24 +130,24 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
     rows = {s[0] for s, _ in spec.values()}
     split = devices > 1 and len(rows) == 1 and next(iter(rows)) % devices == 0
 
-    def struct(shape, torch_dtype, sharded: bool = False, batch: bool = False):
+    def struct(shape, torch_dtype, fsdp: bool = False, batch: bool = False):
         """FSDP over several devices: a weight or moment split along its first dimension that divides (else
-        whole on each device, xla_sharded.fsdp_weight_spec), the batch split data-parallel when its rows divide."""
+        whole on each device, sharded.fsdp_weight_spec), the batch split data-parallel when its rows divide."""
         sharding = replicated
-        if sharded and devices > 1:
-            sharding = NamedSharding(mesh, xla_sharded.fsdp_weight_spec(tuple(shape), devices, PartitionSpec))
+        if fsdp and devices > 1:
+            sharding = NamedSharding(mesh, sharded.fsdp_weight_spec(tuple(shape), devices, PartitionSpec))
         elif batch and split:
             sharding = NamedSharding(mesh, PartitionSpec("fsdp"))
         return jax.ShapeDtypeStruct(tuple(shape), mappings.t2j_dtype(torch_dtype), sharding=sharding)
 
-    def per_device(shape, torch_dtype, sharded: bool) -> int:
+    def per_device(shape, torch_dtype, fsdp: bool) -> int:
         whole = _nbytes(shape, torch_dtype)
-        return whole // devices if sharded and devices > 1 and any(d % devices == 0 for d in shape) else whole
+        return whole // devices if fsdp and devices > 1 and any(d % devices == 0 for d in shape) else whole
 
     narrowed = {k: program.narrow(mappings.j2t_dtype(a.dtype)) for k, a in states.items()}
-    params = {k: struct(a.shape, narrowed[k], sharded=True) for k, a in states.items() if k in trainable}
-    frozen = {k: struct(a.shape, narrowed[k], sharded=True) for k, a in states.items() if k not in trainable}
-    moments = {k: struct(a.shape, torch.float32, sharded=True) for k, a in params.items()}
+    params = {k: struct(a.shape, narrowed[k], fsdp=True) for k, a in states.items() if k in trainable}
+    frozen = {k: struct(a.shape, narrowed[k], fsdp=True) for k, a in states.items() if k not in trainable}
+    moments = {k: struct(a.shape, torch.float32, fsdp=True) for k, a in params.items()}
     count = struct((), torch.float32)
     inputs = {k: (tuple(s), program.narrow(d)) for k, (s, d) in spec.items()}
     batch = {k: struct(s, d, batch=True) for k, (s, d) in inputs.items()}
@@ -179,7 +174,7 @@ def compile_step(model, spec: dict, topology: str, dtype: str | None = None) -> 
         if isinstance(exc, program.torchax.tensor.OperatorNotFound):
             found.status = "no_lowering"
         return found
-    context = xla_sharded.check_context(topology, topo, "training step", sharding=found.sharding,
+    context = sharded.check_context(topology, topo, "training step", sharding=found.sharding,
                                         code=cache.source_digest(compile_step))
     verdict, found.cached, _ = compiler.compiler_verdict(jax, lowered, topology, context)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
@@ -207,19 +202,19 @@ def largest_micro_batch(model, spec: dict, topology: str, dtype: str | None = No
                         first: StepCompile | None = None, limit: int | None = None,
                         second: StepCompile | None = None) -> tuple[int, dict[int, bool]]:
     """The largest micro-batch whose training step fits one device's HBM (a compile per try, at most `limit`,
-    xla_sharded.BATCH_LIMIT by default), galloping from a guess: the memory of `first` and of twice its batch,
+    sharded.BATCH_LIMIT by default), galloping from a guess: the memory of `first` and of twice its batch,
     extended in a line to the device's HBM (what a row adds is its batch and activations; weights,
     optimizer state and gradients do not grow). second: the step at twice first's batch, when compiled already."""
     first = first or compile_step(model, spec, topology, dtype)
     known, guess = {first.batch: first.fits}, None
-    if first.fits and 2 * first.batch <= (limit or xla_sharded.BATCH_LIMIT):
+    if first.fits and 2 * first.batch <= (limit or sharded.BATCH_LIMIT):
         second = second or compile_step(model, with_batch(spec, 2 * first.batch), topology, dtype)
         known[second.batch] = second.fits
         if second.status == "compiled":
             per_row = (second.memory["total"] - first.memory["total"]) / first.batch
             room = second.hbm_bytes_per_device - first.memory["total"]
-            guess = first.batch + int(room // per_row) if per_row > 0 else limit or xla_sharded.BATCH_LIMIT
-    return xla_sharded.search_compiles(lambda n: compile_step(model, with_batch(spec, n), topology, dtype).fits,
+            guess = first.batch + int(room // per_row) if per_row > 0 else limit or sharded.BATCH_LIMIT
+    return sharded.search_compiles(lambda n: compile_step(model, with_batch(spec, n), topology, dtype).fits,
                                        known, guess, "largest micro-batch (an XLA compile a try)", limit)
 
 

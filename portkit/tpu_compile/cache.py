@@ -4,14 +4,14 @@ JAX's persistent compilation cache cannot serve compile-only executables (readin
 PjRt client with devices), so portkit keeps the verdict itself: compiled or refused, the compile seconds as
 measured, HBM per device, FLOPs and bytes accessed. That is all a report needs.
 
-    >>> from portkit.xla import cache as xla_cache
+    >>> from portkit.tpu_compile import cache as xla_cache
     >>> key = xla_cache.verdict_key(lowered.as_text(), {"topology": "v5e:1x1", "versions": {...}})
     >>> xla_cache.load(key)           # a Verdict, or None (absent, or damaged: compile again)
     >>> xla_cache.store(key, verdict)  # one JSON file per key, written atomically
 
 The key is the SHA-256 of the lowered StableHLO text with everything else that decides the compiler's
 answer (jax/jaxlib/libtpu versions, topology, dtype, XLA_FLAGS, LIBTPU_INIT_ARGS, compile options: built by
-portkit.xla.compiler). The folder is `xla-verdicts` under portkit.corpora.corpus.cache_root ($PORTKIT_CACHE_DIR,
+portkit.tpu_compile.compiler). The folder is `xla-verdicts` under portkit.corpora.corpus.cache_root ($PORTKIT_CACHE_DIR,
 else $XDG_CACHE_HOME/portkit, else ~/.cache/portkit); deleting it only costs recompiles. `program_key` lets a
 rerun skip even the lowering: it keys a shape by what decides its lowered module (the model's classes and
 their source files' SHA-256, parameter names, shapes and dtypes, config, input shapes, the check, the

@@ -7,13 +7,13 @@ device, FLOPs, and whether it fits. Nothing is executed on a TPU. For Neuron (ne
 installable here) the same conversion stops at StableHLO: a lowering check, not a Neuron compile.
 
     >>> from portkit import models
-    >>> from portkit.xla import compiler as xla_compile
+    >>> from portkit.tpu_compile import compiler as xla_compile
     >>> m = models.load("minilm")
     >>> report = xla_compile.compile_for_tpu(m, shapes=[{"batch": 8, "seq": 128}], topology="v5e:1x1")
     >>> print(report)                 # per shape: compiled?, seconds, HBM per device, FLOPs, fits
     >>> xla_compile.check_lowering(m, [{"batch": 8, "seq": 128}])     # Neuron: StableHLO only
 
-Every TPU compile verdict is kept in portkit's verdict cache (portkit.xla.cache), keyed by the lowered module
+Every TPU compile verdict is kept in portkit's verdict cache (portkit.tpu_compile.cache), keyed by the lowered module
 and the compile context: a shape is never compiled twice, by a rerun or another stage (its ShapeResult says
 `cached`); a program key names the verdict before any lowering, so a rerun does not even import jax.
 Shapes are {"batch": B, "seq": S} (text), {"batch": B} (images), or {input_name: (shape, dtype)}.
@@ -33,15 +33,15 @@ from torch import nn
 
 from portkit.core import torch_private
 from portkit.core import availability
-from portkit.core import frames
+from portkit.core import owners
 from portkit.core import placement
-from portkit.xla import cache
-from portkit.models.abstract import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
+from portkit.tpu_compile import cache
+from portkit.models.meta_device import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models.registry import LoadedModel
 from portkit.core.module_stack import ModuleTracker
-from portkit.xla.results import (GIB, HBM_GIB_PER_CHIP, ShapeResult, XlaCompileReport, collectives,  # noqa: F401
-                                 compiled_collectives, hbm_per_device)
+from portkit.tpu_compile.results import (GIB, HBM_GIB_PER_CHIP, ShapeResult, XlaCompileReport,  # noqa: F401
+                                         collectives, compiled_collectives, hbm_per_device)
 # Names jax.experimental.topologies.get_topology_desc accepts with libtpu for compile-only devices
 # (checked on a CPU-only host, jax 0.10); v4 needs megacore.
 TOPOLOGIES = {"v5e:1x1": {}, "v5e:2x2": {}, "v5e:2x4": {}, "v6e:1x1": {}, "v6e:2x2": {}, "v6e:2x4": {},
@@ -213,7 +213,7 @@ class Program:
     fn = property(lambda self: self._convert()[3])
 
     def key(self, result: ShapeResult, check: str, context: dict) -> str | None:
-        """The program key of one shape's check (portkit.xla.cache.program_key), this code's digest included."""
+        """The program key of one shape's check (portkit.tpu_compile.cache.program_key), this code's digest included."""
         return cache.program_key(self.module, result.inputs, check,
                                      {**context, "code": cache.source_digest(Program)})
 
@@ -267,8 +267,8 @@ CONVERSION_PACKAGES = ("torchax", "jax", "jaxlib")
 def _model_frame(exc: BaseException) -> dict | None:
     """The innermost frame of the model's code (the user's or a library's, not torch, portkit, the stdlib or the
     conversion's packages) in the traceback of a failed trace: the line that called the op."""
-    stack = [frames.place(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(exc.__traceback__)]
-    found = frames.innermost([f for f in stack if frames.package(f["file"]) not in CONVERSION_PACKAGES])
+    stack = [owners.place(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(exc.__traceback__)]
+    found = owners.innermost([f for f in stack if owners.package(f["file"]) not in CONVERSION_PACKAGES])
     return {k: v for k, v in found.items() if k != "line_key"} if found else None
 
 

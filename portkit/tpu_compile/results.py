@@ -1,14 +1,14 @@
 """What an XLA check returns: one ShapeResult per input shape, gathered in an XlaCompileReport per target
-(or an XlaSkipped saying why the check did not run). portkit.xla.compiler fills them; the xla stage
+(or an XlaSkipped saying why the check did not run). portkit.tpu_compile.compiler fills them; the xla stage
 (portkit.stages.xla.stage) saves them and turns failures into findings.
 
-    >>> from portkit.xla import compiler
+    >>> from portkit.tpu_compile import compiler
     >>> report = compiler.compile_for_tpu(model, [{"batch": 8, "seq": 128}], topology="v5e:1x1")
     >>> report.shapes[0].status, report.shapes[0].fits_hbm, report.shapes[0].cached
     >>> print(report)                  # per shape: compiled?, seconds, HBM per device, FLOPs, fits
     >>> report.to_dict()               # what the xla stage writes to xla.json
 
-A shape whose verdict came from portkit's verdict cache (portkit.xla.cache) says so: `cached` is True
+A shape whose verdict came from portkit's verdict cache (portkit.tpu_compile.cache) says so: `cached` is True
 and its compile seconds are those measured when it was compiled (`measured_at`), not a new measurement.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ class ShapeResult:
     cached: bool = False            # the verdict came from portkit's verdict cache: nothing was compiled now
     measured_at: str | None = None  # when compile_seconds was measured (UTC, ISO 8601)
     collectives: dict | None = None  # collective ops the compiler inserted (counted in the compiled HLO)
-    where: dict | None = None       # a failed conversion: the model's line that was running (core.frames.place)
+    where: dict | None = None       # a failed conversion: the model's line that was running (core.owners.place)
 
     @property
     def ok(self) -> bool:
@@ -206,6 +206,20 @@ class XlaSkipped:
 
     def _repr_html_(self) -> str:
         return f"<div><b>{html.escape(self.target)}</b>: {html.escape(self.reason)}</div>"
+
+
+class MemoryVerdict:
+    """What a compiled graph's memory says, for a dataclass with status, memory (the compiler's memory_analysis),
+    breakdown ({part: bytes}) and hbm_bytes_per_device: whether it fits one device's HBM, and the parts' line."""
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "compiled" and self.memory.get("total", math.inf) <= self.hbm_bytes_per_device
+
+    def memory_line(self) -> str:
+        """'fits' or 'does NOT fit' in parentheses, then each part of the memory with its size."""
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
+        return f"({'fits' if self.fits else 'does NOT fit'}): {parts}"
 
 
 def format_bytes(n) -> str:

@@ -6,12 +6,12 @@ Each weight is split over the topology's devices along its first dimension that 
 compiler inserts the collectives this needs (all-gathers of weights, reductions); each result counts
 them in the compiled HLO. Compile-only, no TPU needed; verdicts go through portkit's verdict cache.
 
-    >>> from portkit.models import abstract
-    >>> from portkit.xla import sharded
-    >>> m = abstract.build("llama3-8b")
-    >>> r = sharded.compile_sharded(m, [abstract.text_shape(m, 8, 1024)], "v5e:2x4")
+    >>> from portkit.models import meta_device
+    >>> from portkit.tpu_compile import sharded
+    >>> m = meta_device.build("llama3-8b")
+    >>> r = sharded.compile_sharded(m, [meta_device.text_shape(m, 8, 1024)], "v5e:2x4")
     >>> r.shapes[0].memory["total"], r.shapes[0].collectives
-    >>> sharded.smallest_fitting(m, abstract.text_shape(m, 8, 1024), ["v5e:1x1", "v5e:2x2", "v5e:2x4"])
+    >>> sharded.smallest_fitting(m, meta_device.text_shape(m, 8, 1024), ["v5e:1x1", "v5e:2x2", "v5e:2x4"])
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import math
 import os
 
 from portkit.core import availability
-from portkit.xla import compiler
+from portkit.tpu_compile import compiler
 from portkit.core.errors import BadParameter
-from portkit.xla.results import XlaCompileReport
+from portkit.tpu_compile.results import XlaCompileReport
 
 
 def chips(topology: str) -> int:
@@ -191,11 +191,11 @@ def largest_batch(model, seq: int, topology: str, limit: int = BATCH_LIMIT, dtyp
     cached by portkit's verdict cache, so a rerun compiles nothing. A compile failing for another reason
     than memory raises PortkitError with the compiler's words: that is not a size boundary. `guess`: where
     to start (guess_batch), else doubling from 1."""
-    from portkit.models import abstract
+    from portkit.models import meta_device
     from portkit.core.errors import PortkitError
 
     def fits(batch: int) -> bool:
-        report = compile_sharded(model, [abstract.text_shape(model, batch, seq)], topology, dtype)
+        report = compile_sharded(model, [meta_device.text_shape(model, batch, seq)], topology, dtype)
         r = report.shapes[0]
         if r.status not in ("compiled", "out_of_hbm"):
             raise PortkitError(f"batch {batch} on {topology}: {r.describe(report.hbm_bytes_per_device)}")

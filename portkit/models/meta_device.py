@@ -4,10 +4,10 @@ config on the meta device, so the XLA compile-only check runs on it with no weig
 The configs are data (data/models/configs.json, each with the model card it was copied from). A
 meta model has shapes and dtypes only: stages that need values (fallbacks, accuracy) cannot run it.
 
-    >>> from portkit.models import abstract as abstract_models
-    >>> from portkit.xla import compiler as xla_compile
-    >>> m = abstract_models.build("llama3-8b")            # 8.0e9 parameters, 0 bytes of weights
-    >>> xla_compile.compile_for_tpu(m, [abstract_models.text_shape(m, batch=1, seq=512)], "v5e:2x2")
+    >>> from portkit.models import meta_device
+    >>> from portkit.tpu_compile import compiler
+    >>> m = meta_device.build("llama3-8b")                # 8.0e9 parameters, 0 bytes of weights
+    >>> compiler.compile_for_tpu(m, [meta_device.text_shape(m, batch=1, seq=512)], "v5e:2x2")
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def size(parameters: int) -> str:
     return f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.2f} M"
 
 
-# ---------------------------------------------------------------- for the XLA compile (portkit/xla/compiler.py)
+# ---------------------------------------------------------------- for the XLA compile (portkit/tpu_compile/compiler.py)
 def is_abstract(module: nn.Module) -> bool:
     """True for an nn.Module whose weights are on the meta device: shapes and dtypes, no values (False for
     anything else, a LoadedModel included)."""

@@ -1,6 +1,6 @@
 """Each eager finding (stage 1) against the compiled graphs (stage 2): persists, vanishes or not checked.
 
-    >>> from portkit.core import reconcile
+    >>> from portkit.stages import reconcile
     >>> from portkit.runfolder import results
     >>> eager = results.load("runs/minilm", "fallbacks").target("tpu")    # stage 1's typed part for a target
     >>> compiled = results.load("runs/minilm", "compile").reconcilable    # stage 2's graph breaks, checked
@@ -14,16 +14,16 @@ findings), or when its source line is where Dynamo breaks the graph (the code th
 graphs); it vanishes when neither holds; it is not checked when stage 2 did not run for the target,
 failed, ran natively, or the target refused the graph. Severity follows what persists and states its
 consequence: a vanished finding is info (no cost under compile), a persisting or unchecked one keeps the
-target's severity with its cost named. Whose code it is (portkit.core.frames.owner) decides the advice: the
+target's severity with its cost named. Whose code it is (portkit.core.owners.owner) decides the advice: the
 user's code is fixed in place, a library's through its setting, an upgrade or a wrapper, portkit's own wrapper
 through a factory of the user's own.
 Pure functions over the stage results' dicts: the report and the notebooks call them.
 """
 from __future__ import annotations
 
-from portkit.core import frames, grading
+from portkit.core import owners, grading
 from portkit.core.tables import HtmlTable
-from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
+from portkit.core.findings import BLOCKER, HOST_SYNC_OPS, INFO, NOT_CHECKED, PERSISTS, SEVERITIES, VANISHES, WORK
 
 # Findings whose op is a dtype's use, not the op itself: they persist only with that dtype in the graph.
 DTYPE_KINDS = {"float64": "float64", "int64": "int64", "int64_overflow": "int64", "int64_saturated": "int64"}
@@ -33,7 +33,6 @@ DEVICE_PATH = ("not checked: the device takes another path (the CPU trace decomp
                "device the same call runs the fused cell)")
 OP_KINDS = ("cpu_fallback", "unsupported")   # about the op wherever it runs: any line of the graph counts
 LINE_EDITS = ("host_sync", "data_dependent")   # kinds whose target advice is an edit of the line itself
-HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 # Found by stage 1's source scan (portkit/stages/fallbacks/source_scan.py) in the source or the model's modules, not
 # in the recording: torch.compile does not change them, so they are not checked against the graphs.
 SCANNED_KINDS = ("gpu_kernel", "gpu_package", "gpu_device", "vendor_list")
@@ -132,7 +131,7 @@ def status_of(finding: dict, view: dict) -> tuple[str, str]:
     dtype = DTYPE_KINDS.get(kind)
     hits = [op for op in ops if op in view["ops"] and (dtype is None or dtype in view["ops"][op]["dtypes"])]
     if kind not in OP_KINDS and where:   # a feature of one line: its op must be made there in the graph
-        key = frames.line_key(where)
+        key = owners.line_key(where)
         hits = [op for op in hits if key in view["ops"][op].get("lines", [key])]
     if hits:
         at = where if kind not in OP_KINDS and where else next(iter(view["ops"][hits[0]]["where"]), None)
@@ -146,17 +145,17 @@ def advice_for(finding: dict, owner: dict) -> str:
     """The finding's advice in terms of who can change the code: never "rewrite this line" of a library.
     The target's own advice is kept where it is no edit of the line (a kernel, an input layout, a dtype)."""
     advice, where = finding.get("advice", ""), _member(finding, "where")
-    if finding.get("severity") == INFO or owner["owner"] not in (frames.CONFIGURABLE, frames.LIBRARY, frames.PORTKIT):
+    if finding.get("severity") == INFO or owner["owner"] not in (owners.CONFIGURABLE, owners.LIBRARY, owners.PORTKIT):
         return advice   # the user's code, or nothing to change: the target's advice stands
     note = "" if finding.get("kind") in LINE_EDITS else f"; the target's note: {advice}"
     head = f"not your code ({owner['package']}, {where.get('text', '')})"
-    if owner["owner"] == frames.PORTKIT:   # the wrapper portkit put around the model, not the model itself
+    if owner["owner"] == owners.PORTKIT:   # the wrapper portkit put around the model, not the model itself
         return (f"{head}: portkit's own wrapper around the model makes this; load the model through a factory of "
                 f"your own (`--model file.py:factory`) to choose how it is called, or report it to portkit{note}")
-    if owner["owner"] == frames.CONFIGURABLE:
+    if owner["owner"] == owners.CONFIGURABLE:
         return (f"{head}: the setting that changes this path is {owner['setting']} ({owner['setting_help']}); "
                 f"or upgrade {owner['package']}{note}")
-    # portkit knows no setting of this library that changes the path (frames.SETTINGS): leads, not a tried fix
+    # portkit knows no setting of this library that changes the path (owners.SETTINGS): leads, not a tried fix
     return (f"{head}: may help (not tried by portkit, which knows no setting of {owner['package']} for this path): "
             f"a newer {owner['package']}, or wrapping the module that calls it in one of your own{note}")
 
@@ -168,7 +167,7 @@ def reconcile(findings: list[dict], compiled: dict | None, target: str) -> list[
     out = []
     for f in findings:
         f = dict(f.items())   # a finding that is no object fails here, as a reader expects
-        owner = f.get("owner") or frames.owner(f.get("where"))
+        owner = f.get("owner") or owners.owner(f.get("where"))
         eager = f.get("eager_severity") or f.get("severity", INFO)
         status, detail = status_of(f, view) if view else (NOT_CHECKED, why_not)
         cost = COSTS.get(f.get("kind"), "")

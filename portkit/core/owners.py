@@ -1,10 +1,10 @@
 """Whose code a finding comes from: the source frame behind an op, and who can change it.
 
-    >>> from portkit.core import frames
-    >>> where = frames.caller()          # innermost frame outside torch, portkit and the stdlib
-    >>> frames.owner(where)["owner"]     # "user", "configurable library", "library" or "portkit"
+    >>> from portkit.core import owners
+    >>> where = owners.caller()          # innermost frame outside torch, portkit and the stdlib
+    >>> owners.owner(where)["owner"]     # "user", "configurable library", "library" or "portkit"
     'user'
-    >>> frames.owner({"file": ".../site-packages/transformers/masking_utils.py", "line": 354})["setting"]
+    >>> owners.owner({"file": ".../site-packages/transformers/masking_utils.py", "line": 354})["setting"]
     'attn_implementation'
 
 A frame is the user's code when its file is outside the installed packages and the standard library
@@ -173,7 +173,7 @@ def owner(where: dict | None) -> dict:
 
 
 def graph_contents(calls, op_dtypes: dict | None, limit: int = 3) -> dict[str, dict]:
-    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (for portkit/core/reconcile.py).
+    """Per ATen op of one graph: calls, input dtypes, up to `limit` source frames (for portkit/stages/reconcile.py).
     calls: (op, node stack trace) -> count; op_dtypes: op -> the input dtypes seen, or None."""
     found: dict[str, dict] = {}
     for (op, trace), count in calls.items():

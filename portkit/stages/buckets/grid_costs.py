@@ -1,5 +1,6 @@
 """Stage 3 for a model with two varying dimensions: a grid of buckets on both, priced per target.
 
+    >>> from portkit.stages.buckets import grid_costs
     >>> found = grid_costs.compare(m, corpus, ["neuron", "tpu"], costs, serve_requests=10_000_000)
     >>> found.table()          # per target: the grid plan, the best one-dimensional plan, their cost ratio
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import percentiles
 from portkit.planning import economics
 from portkit.planning import grid
 from portkit.targets import specs
@@ -89,7 +90,7 @@ def xla_cells(model, corners, topology: str = economics.DEFAULT_TOPOLOGY, measur
     """TPU: the real XLA compile of the four corner cells, fitted as a + s1 x d1 + s2 x d2 (never below the
     cheapest corner). Returns (price(d1, d2), label)."""
     if measure is None:
-        from portkit.xla.compiler import compile_seconds as measure
+        from portkit.tpu_compile.compiler import compile_seconds as measure
     decl = model.declaration
     names = decl.varying_names
     points = []
@@ -177,5 +178,5 @@ def compare(model, corpus, targets, costs: dict, serve_requests: int, seed: int 
         found[name] = {"compile": label, "grid": result["grid"].to_dict(),
                        "one_dimensional": result["one_dimensional"].to_dict(), "ratio": float(result["ratio"]),
                        "k_max_binds": result["k_max_binds"]}
-    pct = {d: data.percentiles(arr[:, i]) for i, d in enumerate(dims)}
+    pct = {d: percentiles(arr[:, i]) for i, d in enumerate(dims)}
     return GridComparison(dims, int(arr.shape[0]), pct, prices, int(serve_requests), found)

@@ -2,7 +2,7 @@
 
 A static-shape target compiles one graph per input shape, so the emulated targets compile the same graphs:
 tracing a shape once for all of them, not once a target, saves one Dynamo trace per shape for every
-target after the first. Stage 2's fixed shape (compile_steps.check_fixed_shapes) and stage 4's
+target after the first. Stage 2's fixed shape (fixed_shape.check_fixed_shapes) and stage 4's
 compiled runs (target_runs.SharedCompile) use it; stage 2's storm shares its pass the same way but runs
 Dynamo's graph as captured (storm.recompile_storms).
 """
