@@ -66,8 +66,8 @@ def test_on_several_devices_weights_and_moments_are_sharded_fsdp_style(bert, spe
 
 
 @needs_xla
-def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, monkeypatch):
-    first = training.compile_step(bert, spec, "v5e:1x1")
+def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, one_chip, monkeypatch):
+    first = one_chip
     # a device whose HBM holds the step at 2 rows and not a byte more: the compiler must refuse 3 rows
     monkeypatch.setitem(compiler.HBM_GIB_PER_CHIP, "v5e", (first.memory["total"] + 1) / 2 ** 30)
     n, tried = training.largest_micro_batch(bert, spec, "v5e:1x1", limit=64)
