@@ -23,7 +23,7 @@ fi
 # on this 2-core machine: 457 s side by side with two threads each, 324 s with one).
 export OMP_NUM_THREADS=1
 BESIDE=(tests/test_workbook_report.py tests/test_cli.py tests/test_runner.py tests/test_report_browser.py tests/test_zoo.py
-        tests/test_interrupt.py tests/test_loop_finding.py)
+        tests/test_zoo_caches.py tests/test_interrupt.py tests/test_loop_finding.py)
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null

@@ -50,11 +50,14 @@ def test_argparse_errors_are_one_line():
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_targets_and_params_commands():
-    done = portkit("targets")
-    assert done.returncode == 0 and "target neuron: EMULATED" in done.stdout and "target cpu: NATIVE" in done.stdout
-    done = portkit("params")
-    assert done.returncode == 0 and "    = 8  [fallbacks]" in done.stdout and "[fallbacks]" in done.stdout
+def test_targets_and_params_commands(capsys):
+    # in-process, as the console script calls it (its own process: test_bad_input_exits_2_from_the_console_script)
+    assert cli.main(["targets"]) == 0
+    out = capsys.readouterr().out
+    assert "target neuron: EMULATED" in out and "target cpu: NATIVE" in out
+    assert cli.main(["params"]) == 0
+    out = capsys.readouterr().out
+    assert "    = 8  [fallbacks]" in out and "[fallbacks]" in out
 
 
 @pytest.mark.slow

@@ -109,11 +109,13 @@ def test_sweep_report_escapes_and_links(tmp_path):
 def swept(tmp_path_factory):
     """One sweep on a local Ray: two good models and one whose stage fails (retried once).
 
-    It runs as `portkit sweep` in a new interpreter: ray.init forks its processes (preexec_fn), and this
+    The failing model comes first: its two attempts hold one worker while the good models run one after the other
+    on the other, two rounds of runs where it last would take three. It runs as `portkit sweep` in a new
+    interpreter: ray.init forks its processes (preexec_fn), and this
     test process may hold JAX's threads, started by earlier tests (forking those can deadlock)."""
     out = tmp_path_factory.mktemp("sweep") / "sweep"
     done = subprocess.run([sys.executable, "-m", "portkit.cli", "sweep", "--out", str(out),
-                           *_models(*GOOD, BROKEN), *CHEAP], capture_output=True, text=True, cwd=ROOT, timeout=900)
+                           *_models(BROKEN, *GOOD), *CHEAP], capture_output=True, text=True, cwd=ROOT, timeout=900)
     return out, done.returncode, done
 
 

@@ -27,9 +27,15 @@ def spec(bert):
     return training.step_inputs(bert, corpus.load_corpus(), batch_size=2, seq_len=32)
 
 
+@pytest.fixture(scope="module")
+def one_chip(bert, spec):
+    """The step compiled for one v5e chip, read by the tests that compare against it (one compile, not one each)."""
+    return training.compile_step(bert, spec, "v5e:1x1")
+
+
 @needs_xla
-def test_the_step_compiles_and_its_memory_parts_add_up_to_the_compilers_total(bert, spec):
-    step = training.compile_step(bert, spec, "v5e:1x1")
+def test_the_step_compiles_and_its_memory_parts_add_up_to_the_compilers_total(bert, spec, one_chip):
+    step = one_chip
     assert step.status == "compiled" and step.fits and step.batch == 2
     assert sum(step.breakdown.values()) == step.memory["total"]
     # the arguments as counted from their shapes are what the compiler holds, up to TPU layout padding
@@ -48,8 +54,8 @@ def test_the_step_compiles_and_its_memory_parts_add_up_to_the_compilers_total(be
 
 
 @needs_xla
-def test_on_several_devices_weights_and_moments_are_sharded_fsdp_style(bert, spec):
-    one = training.compile_step(bert, spec, "v5e:1x1")
+def test_on_several_devices_weights_and_moments_are_sharded_fsdp_style(bert, spec, one_chip):
+    one = one_chip
     four = training.compile_step(bert, spec, "v5e:2x2")           # 4 devices, the batch of 2 does not divide
     assert four.status == "compiled" and "FSDP over 4 devices" in four.sharding and "replicated" in four.sharding
     assert sum(four.breakdown.values()) == four.memory["total"]
@@ -60,8 +66,8 @@ def test_on_several_devices_weights_and_moments_are_sharded_fsdp_style(bert, spe
 
 
 @needs_xla
-def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, monkeypatch):
-    first = training.compile_step(bert, spec, "v5e:1x1")
+def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, one_chip, monkeypatch):
+    first = one_chip
     # a device whose HBM holds the step at 2 rows and not a byte more: the compiler must refuse 3 rows
     monkeypatch.setitem(compiler.HBM_GIB_PER_CHIP, "v5e", (first.memory["total"] + 1) / 2 ** 30)
     n, tried = training.largest_micro_batch(bert, spec, "v5e:1x1", limit=64)
