@@ -332,11 +332,10 @@ def plan_auto(hist: Histogram, prices: Prices, requests: int | None = None, k_ma
     total = warmup + pad_cost
     best = int(ks[total.argmin()])
     fits = warmup <= budget_seconds if budget_seconds is not None else np.ones(ks.size, bool)
-    if not fits.any():
-        raise BadParameter("warm-up budget_seconds", budget_seconds,
-                           hint=f"even one bucket takes {warmup[0]:.1f} s to compile ({compile_source}); "
-                                "raise the budget")
-    k = int(ks[np.where(fits, total, np.inf).argmin()])
+    # A budget even one bucket exceeds is what the target's compiler measured, not bad input: the plan takes
+    # the fewest compiles (one bucket) and says by how much the budget is missed, and the stage goes on.
+    exceeded = not fits.any()
+    k = 1 if exceeded else int(ks[np.where(fits, total, np.inf).argmin()])
 
     def cost(kk: int) -> str:
         return f"k={kk}: {warmup[kk - 1]:.1f} s warm-up + {pad_cost[kk - 1]:.1f} s padding = {total[kk - 1]:.1f} s"
@@ -346,7 +345,11 @@ def plan_auto(hist: Histogram, prices: Prices, requests: int | None = None, k_ma
            f"{padding[k] * requests / hist.requests:,.0f} padded tokens x {token_seconds * 1e6:.3g} us "
            f"({price_source}) = "
            f"{pad_cost[k - 1]:.1f} s; total {total[k - 1]:.1f} s" + (f" (vs {'; '.join(near)})" if near else ""))
-    if k != best:
+    if exceeded:
+        why += (f". The warm-up budget of {budget_seconds:g} s cannot be met: one bucket alone takes "
+                f"{warmup[0]:.1f} s ({compile_source}), so the plan takes the fewest compiles; without the budget, "
+                f"{cost(best)} would be cheapest")
+    elif k != best:
         why += (f". The warm-up budget of {budget_seconds:g} s binds: without it, {cost(best)} would be "
                 "cheapest")
     elif budget_seconds is not None:
@@ -357,7 +360,8 @@ def plan_auto(hist: Histogram, prices: Prices, requests: int | None = None, k_ma
                  token_seconds=token_seconds, price_source=price_source, budget_seconds=budget_seconds)
     return replace(plan, settings={**plan.settings, "compile_seconds": float(warmup[k - 1] / (k * batch_buckets)),
                                    "warmup_seconds": float(warmup[k - 1]),
-                                   "budget_binds": k != best, "unbounded": {"k": best, "boundaries": bounds[best],
+                                   "budget_binds": k != best or exceeded,
+                                   "budget_exceeded": exceeded, "unbounded": {"k": best, "boundaries": bounds[best],
                                                                            "warmup_seconds": float(warmup[best - 1]),
                                                                            "total_seconds": float(total[best - 1])},
                                    "cost_by_k": {int(kk): float(total[kk - 1]) for kk in ks},

@@ -145,7 +145,9 @@ class TargetBuckets:
         text = (f"{self.name} ({mode}, {self.backend}): {plural(self.chosen.k, 'bucket')} "
                 f"{list(self.chosen.boundaries)}, "
                 f"{self.chosen.waste:.1%} padding over the corpus, {warmup}")
-        if self.chosen.settings.get("budget_binds"):
+        if self.chosen.settings.get("budget_exceeded"):
+            text += " (the warm-up budget cannot be met even by one bucket)"
+        elif self.chosen.settings.get("budget_binds"):
             text += " (the warm-up budget binds)"
         mine, base = self.run_for(self.chosen), next((r for r in self.runs if r.plan is None), None)
         if mine is not None and mine.failure:     # nothing the replay was to establish is known: it says so
