@@ -108,6 +108,7 @@ class Result:
     seeded: dict = dataclasses.field(default_factory=dict)      # target: the task-metric finding set aside
     judged: dict = dataclasses.field(default_factory=dict)      # target: the verdict without it, where it differs
     peak: dict = dataclasses.field(default_factory=dict)        # {"bytes": n, "source": what measured it}
+    cpu_seconds: float = 0.0        # --workers 1: CPU time of this process and the row's kernels (its children)
 
     @classmethod
     def of(cls, row: zoo_build.Row) -> "Result":
@@ -385,7 +386,8 @@ def _details(result: Result, stages: list[str]) -> str:
     if result.peak:
         items.append(f"<b>peak memory</b>: {_peak(result)} ({_esc(result.peak['source'])})")
     if result.seconds:
-        items.append(f"<b>wall</b>: {result.seconds:.0f} s")
+        items.append(f"<b>wall</b>: {result.seconds:.0f} s" + (f", CPU {result.cpu_seconds:.0f} s (this process and "
+                                                               "the row's kernels)" if result.cpu_seconds else ""))
     alarms = [f"crash in {', '.join(s for s, _ in result.crashes)}"] if result.crashes else []
     alarms += [f"{len(result.violations)} rule violation(s)"] if result.violations else []
     text = result.finding or result.built or result.refused or _status(result, stages)
@@ -453,6 +455,14 @@ def render(results: list[Result], stages: list[str], meta: dict) -> str:
         lines.append(f"| {r.model_type}{flag} <br><sub>{r.cls}</sub> | {r.family} | {_esc(_status(r, stages))} | "
                      + " | ".join(verdicts) + f" | {_peak(r)} | {_details(r, stages)} |")
     return "\n".join(lines) + "\n"
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children that ended (a row's kernels end with its
+    run): on a shared machine a row's CPU time moves less with the load than its wall time."""
+    import resource
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def host_speed() -> str:
@@ -608,8 +618,9 @@ def main(argv=None) -> int:
         if args.build_only:
             continue
         if args.workers == 1:
+            used = cpu_seconds()
             result = run_serial(row, built, out, stages, row_parameters(row, stages, base))
-            result.seconds = time.perf_counter() - begin
+            result.seconds, result.cpu_seconds = time.perf_counter() - begin, cpu_seconds() - used
             finish(result)
         else:
             pending.append((row, built))
@@ -637,7 +648,9 @@ def main(argv=None) -> int:
             print(f"  rule violation: {r.key}: {line}")
     print(f"  table: {doc}")
     c = counts(ordered)
-    print(f"{summary} (wall {wall:.0f} s; host {host})")
+    ran = [r for r in ordered if r.cpu_seconds]
+    cpu = f"; CPU {sum(r.cpu_seconds for r in ran) / len(ran):.0f} s per row run here ({len(ran)})" if ran else ""
+    print(f"{summary} (wall {wall:.0f} s{cpu}; host {host})")
     return 1 if c["crashes"] or c["violations"] else 0
 
 

@@ -204,6 +204,13 @@ def test_the_peak_memory_a_stage_records_in_run_json_wins_over_the_sampled_one(t
     assert zoo._recorded_peak(tmp_path) == 7 * 2 ** 20 and zoo._recorded_peak(tmp_path / "absent") == 0
 
 
+def test_a_rows_cpu_time_counts_the_kernels_it_started():
+    """CPU time: a child process that ended (a row's kernel) counts in the row's CPU seconds, beside this process."""
+    before = zoo.cpu_seconds()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    assert zoo.cpu_seconds() > before
+
+
 def test_a_zoo_started_again_skips_the_rows_it_finished(tmp_path):
     """Resume: a finished row's result is on disk; the same stages and parameters read it back, others do not."""
     result = _result("a.causal-lm", "causal-lm", verdicts={"neuron": "ready", "tpu": "ready"})
