@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import zoo, zoo_build  # noqa: E402
 
 LAST_LINE = re.compile(r"^zoo: (\d+) architectures \((\d+) not buildable\), (\d+) stage crashes, (\d+) rule "
-                       r"violations, (\d+) not assessed \(wall \d+ s; host .+ GFLOP/s one thread, load .+\)$")
+                       r"violations, (\d+) not assessed \(wall \d+ s(?:; CPU \d+ s per row run here \(\d+\))?; host .+ "
+                       r"GFLOP/s one thread, load .+\)$")
 # the families migrations stall on: recurrent and state-space, hybrids with attention, mixture-of-experts of
 # each routing style, sliding-window and soft-capped attention, long-context sparse attention, convolutional
 # speech front ends with group norm, detection heads
