@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES_FILE = ROOT / "data" / "models" / "zoo.json"
 TOKENIZER_TEXTS = 3000          # corpus texts the tokenizers are trained on
 TOKENIZER_VOCAB = 1000
+SIZES_IMAGE_PROBE = 48          # the side of the grey image an image model's smoke pass starts from
 
 # family: (the Auto mapping, the processor the zoo saves beside it, what portkit does with it). Ordered: a model
 # type's class is a row of the first family that names it.
@@ -289,18 +290,29 @@ def processors(row: Row, cache: dict) -> tuple[object | None, list]:
 
 
 # ---------------------------------------------------------------- building
-def smoke(model, row: Row, tok) -> None:
-    """A text model runs one eager forward pass on real tokens at the zoo's size, outside portkit; NotBuilt where
-    it does not (the zoo's size is wrong for it, or the model does not run): a stage crash on such a model would be
-    the zoo's, not portkit's."""
+# image families whose heads the zoo's generic size may not fit (a decoder's neck sized for another backbone)
+SMOKED_IMAGES = ("object-detection", "semantic-segmentation")
+
+
+def smoke(model, row: Row, tok, saved=()) -> None:
+    """A text model runs one eager forward pass on real tokens at the zoo's size, outside portkit, and a detector
+    or segmenter one on a grey image its own processor made; NotBuilt where it does not (the zoo's size is wrong
+    for it, or the model does not run): a stage crash on such a model would be the zoo's, not portkit's."""
+    import numpy as np
     import torch
-    if tok is None or row.family not in ("causal-lm", "seq2seq-lm", *TEXT_HEADS):
+    if row.family in SMOKED_IMAGES:
+        image = np.full((SIZES_IMAGE_PROBE, SIZES_IMAGE_PROBE, 3), 0.5, np.float32)
+        made = saved[-1](images=[image, image], do_rescale=False, return_tensors="pt")
+        inputs = {"pixel_values": made["pixel_values"]}
+    elif tok is None or row.family not in ("causal-lm", "seq2seq-lm", *TEXT_HEADS):
         return
-    batch = tok(["Return the sum of two numbers.", "Raise ValueError"], padding=True, return_tensors="pt")
-    extra = {"decoder_input_ids": batch["input_ids"][:, :4]} if row.family == "seq2seq-lm" else {}
+    else:
+        batch = tok(["Return the sum of two numbers.", "Raise ValueError"], padding=True, return_tensors="pt")
+        extra = {"decoder_input_ids": batch["input_ids"][:, :4]} if row.family == "seq2seq-lm" else {}
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **extra}
     try:
         with torch.no_grad():
-            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra)
+            model(**inputs)
     except Exception as exc:    # noqa: BLE001 (any failure is the row's one line)
         raise NotBuilt(f"an eager forward pass at the zoo's size fails, outside portkit: {one_line(exc)}") from exc
 
@@ -350,7 +362,7 @@ def build(row: Row, folder: Path, cache: dict) -> Path:
             raise NotBuilt(f"transformers {transformers.__version__} exports no class {row.cls}")
         torch.manual_seed(0)
         model = model_cls(config).eval()
-        smoke(model, row, tok)
+        smoke(model, row, tok, saved)
         partial = folder / f".{row.key}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial)

@@ -62,3 +62,21 @@ def test_every_encoder_decoder_names_its_decoding_as_not_assessed():
     assert registry.load("t5-pairs").not_assessed == (seq2seq.DECODING,)
     assert registry.load("t5").not_assessed == (seq2seq.DECODING,)
     assert registry.load("gpt2").not_assessed == ()
+
+
+def test_a_detr_style_detector_decodes_its_queries_in_one_pass_and_has_nothing_to_decode_token_by_token(tmp_path):
+    """Rule: a DETR-style detector's config says is_encoder_decoder, but its decoder takes a fixed set of object
+    queries (num_queries) in one pass, which the stages run whole: its decoding is no open question. Conditional
+    DETR (a public architecture at tiny size, no timm backbone) against a config without num_queries (T5's kind)."""
+    from types import SimpleNamespace
+    from transformers import ConditionalDetrConfig, ConditionalDetrForObjectDetection, ResNetConfig
+    torch.manual_seed(0)
+    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], out_features=["stage2"])
+    detr = ConditionalDetrForObjectDetection(ConditionalDetrConfig(
+        use_timm_backbone=False, backbone_config=backbone, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=5,
+        num_labels=3))
+    assert detr.config.is_encoder_decoder and seq2seq.not_assessed(detr) == ()
+    seq2seq_like = torch.nn.Module()
+    seq2seq_like.config = SimpleNamespace(is_encoder_decoder=True)
+    assert seq2seq.not_assessed(seq2seq_like) == (seq2seq.DECODING,)

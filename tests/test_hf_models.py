@@ -387,3 +387,30 @@ def test_each_rule_of_the_tokenizer_check_reads_a_tokenizer_built_to_break_it(tm
     (table,) = hf.tokenizer_problems(tiny, {"vocab_size": 4 * len(tiny)})
     assert table == f"its {len(tiny)} entries reach 25% of the model's {4 * len(tiny)}-row embedding table"
     assert hf.tokenizer_problems(hf.minilm_tokenizer(), {"vocab_size": 30522}) == []
+
+
+def test_a_detector_and_a_segmenter_are_image_models_with_their_declared_metrics(tmp_path):
+    """Rule pinned: an object detector (YOLOS, a public architecture at tiny size) is loaded with its class logits
+    and boxes per query as two declared outputs (detection, boxes), a semantic segmenter (SegFormer) with its
+    per-pixel logits (segmentation); each runs on its own processor's batches."""
+    from transformers import (SegformerConfig, SegformerForSemanticSegmentation, SegformerImageProcessor, YolosConfig,
+                              YolosForObjectDetection, YolosImageProcessor)
+    yolos = YolosForObjectDetection(YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, intermediate_size=64, num_detection_tokens=5,
+                                                num_labels=3))
+    folder = _save(tmp_path / "yolos", yolos, YolosImageProcessor(size={"height": 32, "width": 32}))
+    m = registry.load(registry.validate(str(folder)))
+    assert m.kind == inputs.DETECTION
+    assert [(o.name, o.metric) for o in m.declaration.outputs] == [("logits", inputs.DETECTION),
+                                                                    ("pred_boxes", inputs.BOXES)]
+    with torch.no_grad():
+        out = m(m.encode(images.sample_images(2, m.image_size, seed=0)))
+    assert out["logits"].shape == (2, 5, 4) and out["pred_boxes"].shape == (2, 5, 4)
+    segformer = SegformerForSemanticSegmentation(SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                                                                 hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+                                                                 decoder_hidden_size=32, num_labels=3))
+    folder = _save(tmp_path / "segformer", segformer, SegformerImageProcessor(size={"height": 32, "width": 32}))
+    m = registry.load(registry.validate(str(folder)))
+    assert m.kind == inputs.SEGMENTATION and [o.metric for o in m.declaration.outputs] == [inputs.SEGMENTATION]
+    with torch.no_grad():
+        assert m(m.encode(images.sample_images(2, m.image_size, seed=0)))["logits"].shape == (2, 3, 8, 8)

@@ -210,3 +210,45 @@ def test_an_output_of_another_length_on_a_target_is_a_finding_and_the_rest_is_co
     assert not any("accuracy.json" in gap for gap in built["gaps"])
     assert built["targets"]["tpu"]["metrics"]["accuracy"]["max abs error (audio)"] == "—"
     assert "output_shape" in {f["kind"] for f in built["targets"]["tpu"]["findings"]}
+
+
+# ---------------------------------------------------------------- detection and semantic segmentation
+def test_box_iou_of_known_boxes():
+    """Rule pinned: a detection box is compared by its IoU with the reference's box for the same query (cx, cy, w,
+    h): equal boxes 1, a box shifted by half its width 1/3, disjoint boxes 0, two empty boxes agree."""
+    a = torch.tensor([[0.5, 0.5, 0.2, 0.2], [0.5, 0.5, 0.2, 0.2], [0.2, 0.2, 0.1, 0.1], [0.3, 0.3, 0.0, 0.0]],
+                     dtype=torch.float64)
+    b = torch.tensor([[0.5, 0.5, 0.2, 0.2], [0.6, 0.5, 0.2, 0.2], [0.8, 0.8, 0.1, 0.1], [0.3, 0.3, 0.0, 0.0]],
+                     dtype=torch.float64)
+    assert comparison.box_iou(a, b).tolist() == pytest.approx([1.0, 1 / 3, 0.0, 1.0])
+
+
+def test_detection_outputs_are_judged_per_query_and_by_box_iou():
+    """Rule pinned: a detector's class logits are judged by top-1 agreement per query, its boxes by the lowest IoU
+    with the reference's (budget box_iou 0.95, decided on its bootstrap interval as the lowest cosine is): boxes moved
+    by 0.1% of the image pass, a quarter of them moved by a third of their width fail."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 200, 4, generator=g, dtype=torch.float64)     # 400 decisions: enough to pass at 0.99
+    boxes = torch.rand(2, 200, 4, generator=g, dtype=torch.float64) * 0.3 + 0.3
+    same = comparison.task_metrics(inputs.DETECTION, logits, logits, None, DEFAULT_TASK_BOUNDS)
+    assert same["passed"] and same["decisions"] == 400 and same["checks"][0]["unit"] == "queries"
+    near = comparison.task_metrics(inputs.BOXES, boxes + torch.tensor([0.001, 0, 0, 0]), boxes, None,
+                                   DEFAULT_TASK_BOUNDS)
+    assert near["passed"] and near["boxes"] == 400 and 0.95 < near["iou_min"] < 1
+    moved = boxes.clone()
+    moved[:, ::4, 0] += moved[:, ::4, 2] / 3
+    far = comparison.task_metrics(inputs.BOXES, moved, boxes, None, DEFAULT_TASK_BOUNDS)
+    assert far["decision"] == "fail" and far["iou_min"] == pytest.approx(0.5, abs=1e-9)
+    assert far["checks"][0]["metric"] == "box_iou" and far["checks"][0]["bound"] == 0.95
+
+
+def test_segmentation_is_judged_on_the_argmax_map_per_pixel():
+    """Rule pinned: a semantic segmenter's (batch, classes, height, width) logits are judged by the agreement of the
+    per-pixel argmax map; one pixel's class flipped in 2 x 16 x 16 pixels is 511 of 512 agreeing."""
+    logits = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    flipped = logits.clone()
+    top = flipped[1, :, 4, 7].argmax()
+    flipped[1, (top + 1) % 3, 4, 7] = flipped[1, top, 4, 7] + 1
+    found = comparison.task_metrics(inputs.SEGMENTATION, flipped, logits, None, DEFAULT_TASK_BOUNDS)
+    assert found["decisions"] == 512 and found["argmax_agreement"] == pytest.approx(511 / 512)
+    assert found["checks"][0]["unit"] == "pixels" and "argmax (class) map" in found["metric"]

@@ -146,6 +146,31 @@ class ImageAdapter(nn.Module):
         return {"logits": self.model(pixel_values=pixel_values).logits}
 
 
+class DetectionAdapter(nn.Module):
+    """An object detector (DETR, YOLOS, RT-DETR): images in, each query's class logits and box (cx, cy, w, h, in
+    [0, 1] of the image) out, the two outputs transformers' post_process_object_detection reads."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values)
+        return {"logits": out.logits, "pred_boxes": out.pred_boxes}
+
+
+class SegmentationAdapter(nn.Module):
+    """A semantic segmenter (SegFormer, UperNet, DPT): images in, per-class logits over the model's own output map
+    (batch, classes, height, width) out, before any upsampling to the image's size."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return {"logits": self.model(pixel_values=pixel_values).logits}
+
+
 class LSTMTagger(nn.Module):
     """Embedding -> 2-layer LSTM -> per-token logits: the recurrent model the vendors flag."""
 

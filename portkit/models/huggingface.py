@@ -48,10 +48,14 @@ TASKS = {
                              "token classifiers"),
     "masked-lm": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM", "masked LMs"),
     "text-encoder": ("MODEL_MAPPING_NAMES", "AutoModel", "text encoders (sentence embeddings)"),
+    "object-detection": ("MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForObjectDetection",
+                         "object detectors with class logits and boxes per query (DETR)"),
+    "semantic-segmentation": ("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES", "AutoModelForSemanticSegmentation",
+                              "semantic segmenters (SegFormer)"),
 }
 TEXT_TASKS = ("causal-lm", "seq2seq-lm", "text-classification", "token-classification", "masked-lm", "text-encoder")
 AUDIO_TASKS = ("speech-seq2seq", "ctc", "audio-classification")
-IMAGE_TASKS = ("image-classification", "zero-shot-image")
+IMAGE_TASKS = ("image-classification", "zero-shot-image", "object-detection", "semantic-segmentation")
 # Tasks a config alone (no weights) is built for on the meta device: token ids in, as portkit.models.meta_device
 # checks a real-size model (its text_shape).
 ABSTRACT_TASKS = ("causal-lm", "text-encoder", "masked-lm", "text-classification", "token-classification")
@@ -216,7 +220,9 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
     elif any((path / f).is_file() for f in PROCESSOR_FILES):
         side = image_side(image_processor(path))
         size = _vision(config).get("image_size")
-        if size is not None and side != size:
+        # a detector's image_size is a (height, width) pair it was pretrained at and interpolates its position
+        # embeddings from (YOLOS: [512, 864]; transformers' YolosEmbeddings), no size it requires
+        if size is not None and not (task == "object-detection" and isinstance(size, list)) and side != size:
             raise BadParameter("model directory", spec,
                                hint=f"its image processor makes {side}x{side} images and its config takes "
                                     f"{size}x{size}; save the image processor it was trained with")
@@ -493,14 +499,21 @@ def _image(path: Path, config: dict, task: str, model) -> dict:
     has_processor = any((path / f).is_file() for f in PROCESSOR_FILES)
     processor = image_processor(path) if has_processor else None
     side = image_side(processor) if processor is not None else int(_vision(config)["image_size"])
-    kind = inputs.IMAGE_CLASSIFIER
+    kind, outputs = inputs.IMAGE_CLASSIFIER, (inputs.Output("logits", inputs.IMAGE_CLASSIFIER),)
     if task == "zero-shot-image":
         tokenizer = text_tokenizer(path)
         captions = tokenizer(list(CAPTIONS), padding=True, return_tensors="pt")
         module = adapters.ZeroShotImageAdapter(model, captions["input_ids"], captions["attention_mask"])
+    elif task == "object-detection":
+        kind, outputs = inputs.DETECTION, (inputs.Output("logits", inputs.DETECTION),
+                                           inputs.Output("pred_boxes", inputs.BOXES))
+        module = adapters.DetectionAdapter(model)
+    elif task == "semantic-segmentation":
+        kind, outputs = inputs.SEGMENTATION, (inputs.Output("logits", inputs.SEGMENTATION),)
+        module = adapters.SegmentationAdapter(model)
     else:
         module = adapters.ImageAdapter(model)
-    declaration = inputs.image_declaration(side, (inputs.Output("logits", kind),))
+    declaration = inputs.image_declaration(side, outputs)
     if processor is not None:
         declaration = _processed(declaration, processor)
     return {"kind": kind, "module": module.eval(), "image_size": side, "input_names": ("pixel_values",),

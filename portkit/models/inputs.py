@@ -39,6 +39,9 @@ PITCH = "pitch"                  # per frame (cents, confidence): cents error on
 PROBABILITY = "probability"      # a probability per item or frame: absolute error, decision agreement at a threshold
 WAVEFORM = "waveform"            # audio samples: SNR and SI-SDR in dB
 CODES = "codes"                  # discrete tokens (VQ codes, CTC labels): code agreement
+DETECTION = "detection"          # (batch, queries, classes) class logits per query: top-1 agreement per query
+BOXES = "boxes"                  # (batch, queries, 4) boxes (cx, cy, w, h) in [0, 1]: IoU with the reference's box
+SEGMENTATION = "segmentation"    # (batch, classes, height, width) logits: agreement of the argmax map, per pixel
 # A PROBABILITY output's decision: the positive side from 0.5 on, where a calibrated binary classifier's expected
 # cost of either error is equal (the Bayes rule for equal costs); silero-vad's get_speech_timestamps counts a chunk as
 # speech at probability >= 0.5 too (src/silero_vad/utils_vad.py). A stream output may declare its own.

@@ -30,11 +30,18 @@ DECODING = assessed.open_question(
     "workload drives causal LMs only")
 
 
+def _decodes_token_by_token(config) -> bool:
+    """Whether a transformers config is an encoder-decoder that decodes token by token. A DETR-style detector's is
+    not: its decoder takes a fixed set of object queries (num_queries) and "decodes the N objects in parallel" in
+    one pass (Carion et al. 2020, End-to-End Object Detection with Transformers), which the stages run whole."""
+    return bool(getattr(config, "is_encoder_decoder", False)) and getattr(config, "num_queries", None) is None
+
+
 def not_assessed(module: nn.Module) -> tuple[dict, ...]:
     """The questions the stages cannot answer for `module` (core.assessed's {"question", "why"}): (DECODING,) where
-    it holds an encoder-decoder (a transformers model whose config says is_encoder_decoder: Whisper, T5, BART...),
-    else none."""
-    decoders = (m for m in module.modules() if getattr(getattr(m, "config", None), "is_encoder_decoder", False))
+    it holds an encoder-decoder that decodes token by token (a transformers model whose config says
+    is_encoder_decoder: Whisper, T5, BART...; not a DETR-style detector), else none."""
+    decoders = (m for m in module.modules() if _decodes_token_by_token(getattr(m, "config", None)))
     return (DECODING,) if next(decoders, None) is not None else ()
 
 

@@ -13,7 +13,7 @@ Three decisions live here and nowhere else:
 - DEFAULT_TASK_BOUNDS: the budget of each task metric (cosine, nearest-neighbour agreement, top-1
   agreement, KL, perplexity change; for pitch, the cents error and the voicing agreement; for a streamed
   state, the growth of its drift; for audio, SNR and SI-SDR floors in dB; discrete codes' agreement; probabilities'
-  mean absolute error) and how many times the GPU baseline's own error a target may carry
+  mean absolute error; detection boxes' IoU) and how many times the GPU baseline's own error a target may carry
   (baseline_factor); TASK_BOUND_REASONS says why each default is what it is. The task metrics decide a
   verdict; assert_close at the dtype tolerance is detail.
 - padding_tolerance: what stage 3's padding check allows between a compiled bucket and the unpadded
@@ -32,7 +32,8 @@ DEFAULT_TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "floa
 # perplexity change) and the no-regression factor against the GPU baseline's own error.
 DEFAULT_TASK_BOUNDS = {"cosine": 0.999, "neighbours": 0.9, "agreement": 0.99, "kl": 0.01, "perplexity": 0.01,
                        "cents": 10.0, "voicing": 0.99, "drift_growth": 2.0, "baseline_factor": 2.0,
-                       "snr_db": 30.0, "si_sdr_db": 30.0, "codes": 0.95, "probability_mae": 0.01}
+                       "snr_db": 30.0, "si_sdr_db": 30.0, "codes": 0.95, "probability_mae": 0.01,
+                       "box_iou": 0.95}
 # a measurement above these fails; below the others
 UPPER_BOUNDS = ("kl", "perplexity", "cents", "drift_growth", "baseline_factor", "probability_mae")
 # budgets in decibels (floors >= 0); the other floors are shares in [0, 1]
@@ -72,6 +73,10 @@ TASK_BOUND_REASONS = {
     "probability_mae": "highest mean absolute error of probabilities in [0, 1]: 0.01, about the expected "
                        "calibration error temperature scaling leaves (Guo et al. 2017, 'On Calibration of Modern "
                        "Neural Networks'), so the target moves the probabilities less than they were off already",
+    "box_iou": "lowest IoU of any detection box with the reference's box for the same query: 0.95 (portkit's "
+               "choice), the strictest IoU threshold of COCO's detection metric (AP@[.50:.05:.95], "
+               "https://cocodataset.org/#detection-eval): each box stays as close to the reference's as COCO's "
+               "strictest match requires of a box and its ground truth",
 }
 # Padding checks compare a compiled bucket with the unpadded eager outputs. Compiled kernels may sum in
 # another order, so allow more than assert_close's float32 default. Where the precision rounds to bf16

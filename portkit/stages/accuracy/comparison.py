@@ -337,6 +337,49 @@ def _probability(v, bounds, unit):
                          "probabilities")]
 
 
+def _detection_items(a, e, mask, inputs):    # (batch, queries, classes): one decision per query
+    return _classifier_items(a.reshape(-1, a.shape[-1]), e.reshape(-1, e.shape[-1]), mask, None)
+
+
+def _detection(v, bounds, unit):
+    return _classifier(v, bounds, "queries")
+
+
+def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IoU of each box in `a` with the box at the same index in `b`, both (..., 4) as (cx, cy, w, h), the centre and
+    size DETR-style heads predict (transformers' center_to_corners_format); two empty boxes agree (1)."""
+    def corners(t):
+        half = t[..., 2:].clamp(min=0) / 2
+        return t[..., :2] - half, t[..., :2] + half
+    (a0, a1), (b0, b1) = corners(a), corners(b)
+    inter = (torch.minimum(a1, b1) - torch.maximum(a0, b0)).clamp(min=0).prod(-1)
+    union = (a1 - a0).prod(-1) + (b1 - b0).prod(-1) - inter
+    return torch.where(union > 0, inter / union.clamp(min=torch.finfo(union.dtype).tiny), torch.ones_like(union))
+
+
+def _boxes_items(a, e, mask, inputs):        # (batch, queries, 4) boxes
+    return {"iou": box_iou(a.reshape(-1, 4), e.reshape(-1, 4))}
+
+
+def _boxes(v, bounds, unit):
+    iou = v["iou"]
+    found = {"metric": "IoU of each query's box with the reference's", "iou_min": iou.min().item(),
+             "iou_mean": iou.mean().item(), "boxes": int(iou.numel())}
+    return found, [check("box_iou", "lowest box IoU with the reference", found["iou_min"], bounds, found["boxes"],
+                         sample.bootstrap(iou, sample.MIN), "boxes")]
+
+
+def _segmentation_items(a, e, mask, inputs):   # (batch, classes, height, width): the argmax map, per pixel
+    return _classifier_items(a.movedim(1, -1).reshape(-1, a.shape[1]), e.movedim(1, -1).reshape(-1, e.shape[1]),
+                             mask, None)
+
+
+def _segmentation(v, bounds, unit):
+    found, checks = _classifier(v, bounds, "pixels")
+    found["metric"] = "agreement of the argmax (class) map, per pixel"
+    return found, checks
+
+
 # Task metrics by output kind (models' kind strings; a model declaration names one of these keys): the per-item
 # values of one batch, and the metrics with their checks over the values of every batch.
 #   embedding: lowest cosine; top-k neighbour agreement over the task sample
@@ -346,6 +389,8 @@ def _probability(v, bounds, unit):
 #   waveform: lowest SNR and SI-SDR of any recording in dB, over its real samples
 #   codes: agreement of discrete codes (integer tensors; float logits by their argmax) at real positions
 #   probability: mean absolute error of values in [0, 1], and agreement of their side of PROBABILITY_THRESHOLD
+#   detection: top-1 class agreement per query; boxes: lowest IoU of a query's box with the reference's
+#   segmentation: agreement of the per-pixel argmax (class) map
 TASK_METRICS = {registry.EMBEDDING: (_embedding_items, _embedding),
                 registry.CAUSAL_LM: (_language_model_items, _language_model),
                 registry.SEQ2SEQ_LM: (_language_model_items, _language_model),
@@ -353,7 +398,8 @@ TASK_METRICS = {registry.EMBEDDING: (_embedding_items, _embedding),
                 registry.TOKEN_CLASSIFIER: (_classifier_items, _classifier),
                 inputs.CLASSIFIER: (_classifier_items, _classifier), inputs.PITCH: (_pitch_items, _pitch),
                 WAVEFORM: (_waveform_items, _waveform), CODES: (_codes_items, _codes),
-                PROBABILITY: (_probability_items, _probability)}
+                PROBABILITY: (_probability_items, _probability), inputs.DETECTION: (_detection_items, _detection),
+                inputs.BOXES: (_boxes_items, _boxes), inputs.SEGMENTATION: (_segmentation_items, _segmentation)}
 # Kinds whose per-item values take the whole outputs and the mask (the others get the real positions only), and
 # those with one value per position (a (batch, seq) output of the mask's shape is cut to its real positions).
 _WHOLE = (registry.CAUSAL_LM, registry.SEQ2SEQ_LM, WAVEFORM)
