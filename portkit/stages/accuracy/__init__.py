@@ -1,3 +1,4 @@
-"""Stage 4, accuracy (notebooks/04_accuracy.py): stage.py; result.py (the verdict, tables, advice),
-comparison.py, sample.py (the task metrics' n, 95% intervals and decision), localize.py (where the error enters),
-target_runs.py, training.py, generation.py."""
+"""Stage 4, accuracy (notebooks/04_accuracy.py): stage.py (the verb); settings.py (options and sizes); reference.py
+(the reference and the task sample); target_check.py (one target's run); result.py (the verdict), tables.py,
+advice.py, stream_findings.py; comparison.py, sample.py (the task metrics' n, 95% intervals and decision),
+localize.py (where the error enters), target_runs.py, training.py, generation.py."""
