@@ -34,6 +34,7 @@ from pathlib import Path
 
 from portkit.core import atomic_io
 from portkit.core import checks
+from portkit.core import memory
 from portkit.corpora import audio
 from portkit.corpora import corpus as data
 from portkit.corpora import images
@@ -704,6 +705,7 @@ def _collect(future, schedule: _Schedule, pool, run: _Run) -> None:
         schedule.free.append(schedule.clearing.pop(future))
         return
     stage, start, kernel = schedule.running.pop(future)
+    peak = kernel.peak_memory()   # before the kernel is cleared for the next stage
     if schedule.pending:
         schedule.clearing[pool.submit(kernel.prepare)] = kernel
     else:
@@ -714,7 +716,7 @@ def _collect(future, schedule: _Schedule, pool, run: _Run) -> None:
         outcome = skipped
     except _KernelDied as died:          # a failure of the stage (the report names the gap), not a traceback
         outcome = _kernel_died(stage, run.memory.peak, died, run.lanes)
-    _ended(stage, start, outcome, run)
+    _ended(stage, start, outcome, run, peak)
     schedule.ended.append(stage.name)
     if not schedule.counted and (found := _model_parameters(run.out, stage)) is not None:
         schedule.parameters, schedule.counted = found, True
@@ -729,22 +731,24 @@ def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> 
                     and (out / layout.stage(read).early).exists())}
 
 
-def _ended(stage: Stage, start: float, outcome, run: _Run) -> None:
-    """Record how a stage ended: skipped (outcome is the StageSkipped), failed (its one-line error) or ok (None)."""
+def _ended(stage: Stage, start: float, outcome, run: _Run, peak: int | None = None) -> None:
+    """Record how a stage ended: skipped (outcome is the StageSkipped), failed (its one-line error) or ok (None),
+    with its kernel's peak resident memory (`peak` bytes, None: not measured)."""
     out, result = run.out, run.result
     seconds = result.seconds[stage.name] = time.perf_counter() - start
     if isinstance(outcome, StageSkipped):
-        layout.record(out, stage.name, "skipped", seconds, str(outcome))
+        layout.record(out, stage.name, "skipped", seconds, str(outcome), peak)
         result.summaries[stage.name] = f"skipped: {outcome}"
         run.printer.ended(f"[{stage.name}] skipped: {outcome} ({seconds:.0f} s)")
         return
-    layout.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
+    layout.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "", peak)
     if outcome:
         result.failures[stage.name] = outcome
         run.printer.ended(f"[{stage.name}] FAILED: {outcome} ({seconds:.0f} s)")
         return
     result.summaries[stage.name] = _summary(out / stage.result)
-    run.printer.ended(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s)")
+    used = f", peak {memory.gib(peak)}" if peak is not None else ""
+    run.printer.ended(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s{used})")
 
 
 # Lines the libraries under a stage write to the kernel's stderr that are no news to the user: libtpu's host-bounds
@@ -776,6 +780,7 @@ class _StageStderr:
 def _execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: jupyter_kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     km = kernel.for_stage()   # first: a new kernel starts up while papermill is imported
+    kernel.reset_peak()       # the stage's own peak memory from here (run.json's peak_memory_bytes)
     import papermill
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError

@@ -152,12 +152,17 @@ def read_log(folder) -> dict:
     return log if isinstance(log, dict) and isinstance(log.get("stages"), dict) else {"stages": {}}
 
 
-def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
+# run.json's key for a stage's peak resident memory in bytes (its kernel's VmHWM from the stage's start, core.memory)
+PEAK_KEY = "peak_memory_bytes"
+
+
+def record(folder, name: str, status: str, seconds: float, error: str = "", peak: int | None = None) -> None:
     """Record how one stage ended ("ok", "skipped", "failed" or "interrupted" (Ctrl-C), with the reason or error in one
-    line), atomically."""
+    line) and its kernel's peak resident memory in bytes (None: not measured), atomically (run_log.StageRun reads
+    it back)."""
     log = read_log(folder)
     log["stages"][name] = {"status": status, "seconds": round(seconds, 1), "error": error,
-                           "notebook": stage(name).notebook}
+                           "notebook": stage(name).notebook, PEAK_KEY: peak}
     atomic_io.write_json(Path(folder) / RUN_LOG, log)
 
 

@@ -22,16 +22,22 @@ REBUILD = "rebuild it with `portkit report`"
 
 @dataclass(frozen=True)
 class StageRun:
-    """How one stage ended in the latest run."""
+    """How one stage ended in the latest run (layout.record writes it): its status, the reason, its wall time and
+    its kernel's peak resident memory (None where the run did not record them)."""
     status: str            # "ok", "skipped" or "failed"
     error: str             # the reason or error, one line ("" when ok)
+    seconds: float | None = None
+    peak_memory_bytes: int | None = None    # layout.PEAK_KEY: the kernel's peak from the stage's start (core.memory)
 
     @classmethod
     def from_dict(cls, node: reading.Node) -> StageRun:
         status = node.text("status")
         if status is None:
             node.at("status").fail("a stage's status")
-        return cls(status, node.text("error", ""))
+        peak = node.integer(layout.PEAK_KEY)
+        if peak is not None and peak < 0:
+            node.at(layout.PEAK_KEY).fail("a number of bytes >= 0")
+        return cls(status, node.text("error", ""), node.number("seconds"), peak)
 
 
 @dataclass(frozen=True)
