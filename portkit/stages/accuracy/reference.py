@@ -19,6 +19,7 @@ import torch
 from portkit.corpora import images
 from portkit.models import registry
 from portkit.stages.accuracy import sample as stats
+from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy import target_runs
 from portkit.stages.accuracy.comparison import (check, compare, finish, item_values, join_values, neighbour_shares,
                                                 primary_output, shape_mismatch, summarize, task_metrics, unmeasured)
@@ -115,6 +116,8 @@ class Reference:
                   main=judged_output(model, out))
         ref.baseline = measure_baseline(module, inputs, out, ref.truth, ref.main, mask, options)
         ref.sample = TaskSample.build(model, corpus, inputs, options.seed, scope.task_items, scope.task_items_max)
+        if ref.sample is not None:
+            ref.sample.size_passes(model, inputs, scope.pass_budget())
         return ref
 
     @property
@@ -201,7 +204,8 @@ def unit_of(model, kind: str) -> str:
 @dataclass
 class TaskSample:
     """The task sample: Scope.task_items items of the user's data (all it holds where fewer), in batches of
-    TASK_BATCH (encoded when a pass reaches them), each with its reference output (kept up to REFERENCE_BYTES, else
+    `rows` (TASK_BATCH, fewer where its activations would not fit a pass's budget: size_passes), encoded when a pass
+    reaches them; each batch with its reference output (kept up to REFERENCE_BYTES, else
     recomputed a pass); grown (grown()) to all the data holds, up to Scope.task_items_max, where undecided."""
     items: list
     encode: Callable                     # a list of items -> the model's inputs
@@ -211,6 +215,8 @@ class TaskSample:
     draw: Callable | None = None         # n -> n items of the data (a larger sample), None: made up, it does not grow
     pool: int | None = None              # the items the data holds (None: no data, made-up items)
     cap: int = TASK_ITEMS_MAX            # what the sample grows to at most (Scope.task_items_max)
+    rows: int = TASK_BATCH               # items a pass holds (size_passes)
+    rows_why: str | None = None          # why fewer than TASK_BATCH, in words (None: TASK_BATCH)
 
     @classmethod
     def build(cls, model, corpus, inputs: dict, seed: int, first: int, cap: int = TASK_ITEMS_MAX) -> TaskSample | None:
@@ -241,7 +247,19 @@ class TaskSample:
             return None
         n = min(self.cap, self.pool)
         return TaskSample(self.draw(n), self.encode, self.source, self.fixed_rows, draw=self.draw, pool=self.pool,
+                          rows=self.rows, rows_why=self.rows_why,
                           cap=self.cap)
+
+    def size_passes(self, model, inputs: dict, budget: int) -> None:
+        """Rows a pass holds: TASK_BATCH, or as many as fit `budget` bytes of activations where fewer (footprint,
+        measured on one row of the main batch, at the longest item where rows are padded to their own longest)."""
+        per_row = footprint.row_bytes(model, inputs, self.fixed_rows)
+        self.rows = footprint.rows_per_pass(per_row, TASK_BATCH, budget)
+        if self.rows < TASK_BATCH:
+            self.rows_why = (f"{self.rows} a pass, not {TASK_BATCH}: a row's activations measured "
+                             f"{per_row / 2**20:,.0f} MiB, and a pass takes at most {budget / 2**20:,.0f} MiB at "
+                             f"{footprint.PASS_OVERHEAD}x that (portkit's pass budget, footprint.pass_budget)")
+            print(f"task sample: {self.rows_why}")
 
     def why(self) -> str:
         """Why the sample holds the items it does, in words."""
@@ -258,10 +276,10 @@ class TaskSample:
 
     @property
     def batches(self) -> int:
-        return -(-len(self.items) // TASK_BATCH)
+        return -(-len(self.items) // self.rows)
 
     def batch(self, i: int) -> dict:
-        return self.encode(self.items[i * TASK_BATCH:(i + 1) * TASK_BATCH])
+        return self.encode(self.items[i * self.rows:(i + 1) * self.rows])
 
     def reference(self, ref: Reference, i: int) -> torch.Tensor:
         """Batch i's reference main output (the model as written, eager on the CPU)."""
@@ -275,19 +293,21 @@ class TaskSample:
 
     def run(self, ref: Reference, side: TargetSide, precision, compiled: bool, batch: int | None) -> tuple:
         """One precision's pass: per-item values of every batch of the sample; (the joined values, what was run in
-        words). Compiled where judged so, in calls of TASK_BATCH rows (the last padded to them: one graph shape
+        words). Compiled where judged so, in calls of `rows` rows (the last padded to them: one graph shape
         more than the main batch's, compiled once). A batch whose output has another shape than its reference's
         ends the pass: (None, the words with "shape_mismatch")."""
         compiled = compiled and self.fixed_rows and side.refused is None
         values = []
-        described = {"of": len(self.items), "source": self.source, "batch": TASK_BATCH, "run": side.label(compiled)}
+        described = {"of": len(self.items), "source": self.source, "batch": self.rows, "run": side.label(compiled)}
+        if self.rows_why:
+            described["batch_why"] = self.rows_why
         for i in range(self.batches):
             inputs = self.batch(i)
-            out = side.run(inputs, precision, compiled=compiled, batch=TASK_BATCH if compiled else None)[0][ref.main]
+            out = side.run(inputs, precision, compiled=compiled, batch=self.rows if compiled else None)[0][ref.main]
             expected = self.reference(ref, i)
             differs = shape_mismatch(out, expected)
             if differs is not None:
-                return None, {**described, "items": i * TASK_BATCH, "shape_mismatch": differs,
+                return None, {**described, "items": i * self.rows, "shape_mismatch": differs,
                               "text": f"task sample batch {i + 1} of {self.batches} from {self.source}"}
             values.append(item_values(ref.kind, out, expected, real_mask(ref.model, inputs), inputs))
         done = len(self.items)

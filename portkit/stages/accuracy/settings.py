@@ -15,6 +15,7 @@ from typing import Callable
 from portkit.core import checks
 from portkit.core.errors import BadParameter
 from portkit.stages import options
+from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy.target_runs import compiled_available
 from portkit.targets import numerics
 from portkit.targets import specs
@@ -142,18 +143,25 @@ class Scope:
     progress: bool = True            # progress bars
     task_items: int = TASK_ITEMS     # the task sample: items of the corpus the task metrics are decided on
     task_items_max: int = TASK_ITEMS_MAX   # what the sample grows to where its interval straddles the budget
+    pass_bytes: int | None = None    # activation bytes one task-sample pass may take; None: footprint.pass_budget()
 
     def __post_init__(self) -> None:
         for name in ("all_precisions", "layers", "float64_reference", "compiled_buckets", "progress"):
             checks.boolean(name, getattr(self, name))
         checks.positive_int("task_items", self.task_items)
         checks.positive_int("task_items_max", self.task_items_max)
+        if self.pass_bytes is not None:
+            checks.positive_int("pass_bytes", self.pass_bytes)
         if self.task_items_max < self.task_items:
             raise BadParameter("task_items_max", self.task_items_max,
                                hint=f"at least task_items ({self.task_items}): the sample only grows")
         if self.compiled and self.emulation is not numerics.emulate:
             raise BadParameter("compiled", self.compiled,
                                hint=f"{self.emulation.__name__} runs eagerly only; pass compiled=False")
+
+    def pass_budget(self) -> int:
+        """Bytes of activations one task-sample pass may take: pass_bytes, else portkit's (footprint.pass_budget)."""
+        return self.pass_bytes if self.pass_bytes is not None else footprint.pass_budget()
 
     def judged_compiled(self) -> bool:
         """`compiled`; None: whether stage 2's backends are present (and the emulation is the targets' own)."""

@@ -25,6 +25,7 @@ import torch
 
 from portkit.core import progress as progress_bars
 from portkit.runfolder import results
+from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy import target_check
 from portkit.stages.accuracy import target_runs
 from portkit.stages.accuracy.comparison import compare
@@ -200,3 +201,30 @@ def check_training(model, corpus, targets=("neuron", "tpu"), options: Options | 
     for target in names if ops else ():
         found.ops[target] = training.step_ops(model, batches[0], target, precision=found.chosen[target])
     return found
+
+
+# ---------------------------------------------------------------- the plan step
+def check_memory(model, values: dict) -> str | None:
+    """Whether the stage's main batch fits this machine, before anything runs: an estimate from the model's weights and
+    one row's measured activations (footprint.stage_estimate). Beyond the machine's whole memory it cannot run:
+    BadParameter naming the batch_size that fits. Beyond the memory available now, a warning line (returned), since
+    what other processes hold changes; None where it fits. `values`: the stage's parameters as the run passes them."""
+    from portkit.core import memory
+    from portkit.core.errors import BadParameter
+    from portkit.corpora import corpus as data
+    opts = Options.of(values)
+    row, _ = data.example_batch(model, data.corpus_for(model, opts.corpus, opts.text_column), 1, opts.seq_len,
+                                seed=opts.seed)
+    total, available = memory.total(), memory.available()
+    needed, fits = footprint.stage_estimate(model, row, opts.batch_size, total or None)
+    where = (f"stage accuracy's main batch of {opts.batch_size} would need an estimated {memory.gib(needed)} "
+             f"(footprint.stage_estimate: the weights three times, {footprint.MAIN_BATCH_OVERHEAD}x a row's measured "
+             f"activations a row)")
+    if total and needed > total:
+        hint = f"{where}, more than the machine's {memory.gib(total)}; " + (
+            f"-p batch_size {fits} fits" if fits else "not even a batch of one fits: it needs a larger machine")
+        raise BadParameter("batch_size", opts.batch_size, hint=hint)
+    if available and needed > available:
+        _, now = footprint.stage_estimate(model, row, opts.batch_size, available)
+        return f"{where}, more than the {memory.gib(available)} available now; -p batch_size {max(1, now)} fits"
+    return None

@@ -1,0 +1,135 @@
+"""Memory by construction: the accuracy stage streams its task sample in passes sized from the model's measured
+activations and a budget, keeping per-item values; each stage's peak memory is recorded in run.json and read back.
+A tiny image classifier built to hold a large activation a row (its input repeated WIDE times): seconds."""
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from portkit.core import memory
+from portkit.corpora import corpus as data
+from portkit.models import inputs
+from portkit.models import registry
+from portkit.runfolder import layout, reading, run_log
+from portkit.stages.accuracy import footprint
+from portkit.stages.accuracy import settings
+from portkit.stages.accuracy import stage
+
+SIZE = 8
+WIDE = 4096                                  # the input repeated: 3 * 8 * 8 * 4096 floats = 3 MiB a row
+ROW = 3 * SIZE * SIZE * WIDE * 4
+
+
+class _Wide(nn.Module):
+    """Four classes far apart on every image (each target's top-1 label equals float32's), through one activation
+    of ROW bytes a row."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, pixel_values):
+        wide = pixel_values.repeat(1, WIDE, 1, 1)              # ROW bytes a row, alive until the sum below
+        logits = self.conv(pixel_values).mean((2, 3)) + wide.sum((1, 2, 3), keepdim=True) * 0
+        return {"logits": logits + 100 * nn.functional.one_hot(logits.argmax(-1), 4)}
+
+
+def _model() -> registry.LoadedModel:
+    decl = inputs.image_declaration(SIZE, (inputs.Output("logits", inputs.IMAGE_CLASSIFIER),))
+    return registry.LoadedModel("wide-classifier", inputs.IMAGE_CLASSIFIER, _Wide().eval(), "test",
+                                image_size=SIZE, declaration=decl)
+
+
+def _folder(path, n: int) -> str:
+    from PIL import Image
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(path / f"{i}.png")
+    return str(path)
+
+
+def _task(model, corpus, pass_bytes):
+    batch, described = data.example_batch(model, corpus, 2, SIZE, seed=0)
+    report = stage.check_accuracy(model, batch, ["tpu"], stage.Options.of({"task_bounds": {"agreement": 0.95}}),
+                                  corpus=corpus, description=described,
+                                  scope=stage.Scope(all_precisions=False, layers=False, compiled=False, progress=False,
+                                                    float64_reference=False, task_items=40, pass_bytes=pass_bytes))
+    return report.targets["tpu"].chosen.task
+
+
+def test_live_bytes_counts_what_ops_create_and_still_hold_once_per_storage():
+    """Rule: a pass's activations are the bytes its ops create and still reference, at their peak: a view counts
+    nothing more, a freed tensor leaves the count, a view of a tensor made before (an input) counts nothing."""
+    x = torch.ones(1000)
+    with footprint.LiveBytes() as meter:
+        a = x * 2                        # 4,000 bytes
+        view = a[:10]                    # the same storage: nothing more
+        del a
+        b = x + 1                        # a's storage is still held by the view: 8,000 at the peak
+        del view, b
+        x.view(10, 100)                  # a view of the input: nothing
+        c = torch.ones(250)              # 1,000 bytes, after the others were freed
+    assert meter.peak == 8000 and meter.live == c.nbytes == 1000
+
+
+def test_a_model_with_large_activations_gets_passes_sized_to_the_budget_and_the_same_verdict(tmp_path):
+    """Rule: the task sample runs in passes of TASK_BATCH rows, fewer where a row's measured activations times
+    PASS_OVERHEAD would take the pass past its budget; the result says so, and the values decided on are the same
+    as in passes of TASK_BATCH (per-item values, joined)."""
+    model = _model()
+    corpus = data.corpus_for(model, _folder(tmp_path / "photos", 40))
+    batch, _ = data.example_batch(model, corpus, 2, SIZE, seed=0)
+    per_row = footprint.row_bytes(model, batch, fixed_rows=True)
+    assert ROW <= per_row < 2 * ROW          # the repeated input dominates what one row holds
+    budget = 10 * ROW
+    rows = footprint.rows_per_pass(per_row, settings.TASK_BATCH, budget)
+    assert rows == budget // (per_row * footprint.PASS_OVERHEAD) == 3
+    streamed = _task(model, corpus, budget)
+    assert streamed["sample"]["batch"] == rows and streamed["sample"]["items"] == 40
+    assert f"{rows} a pass, not {settings.TASK_BATCH}" in streamed["sample"]["batch_why"]
+    whole = _task(model, corpus, None)       # portkit's budget: 3 MiB rows fit 32 to a pass
+    assert whole["sample"]["batch"] == settings.TASK_BATCH and "batch_why" not in whole["sample"]
+    assert [c["value"] for c in streamed["checks"]] == [c["value"] for c in whole["checks"]]
+    assert streamed["decision"] == whole["decision"] == "pass"
+
+
+def test_a_pass_holds_one_row_at_least_and_the_budget_follows_the_memory_available():
+    """Rule: a row too large for the budget still runs, alone; the budget is portkit's cap or a share of the memory
+    available, whichever is less."""
+    assert footprint.rows_per_pass(10 * memory.GIB, 32, footprint.PASS_BYTES) == 1
+    assert footprint.rows_per_pass(1, 32, footprint.PASS_BYTES) == 32
+    assert footprint.pass_budget(available=64 * memory.GIB) == footprint.PASS_BYTES
+    assert footprint.pass_budget(available=4 * memory.GIB) == int(footprint.PASS_SHARE * 4 * memory.GIB)
+
+
+def test_each_stage_records_its_peak_memory_in_the_run_log_and_reads_it_back(tmp_path):
+    """Rule: run.json holds each stage's peak resident memory in bytes under layout.PEAK_KEY, written by
+    layout.record and read by run_log.StageRun beside the stage's time; a damaged value is named."""
+    layout.record(tmp_path, "accuracy", "ok", 12.34, "", 3 * memory.GIB)
+    layout.record(tmp_path, "compile", "failed", 1.0, "boom")
+    saved = json.loads((tmp_path / layout.RUN_LOG).read_text())
+    assert saved["stages"]["accuracy"][layout.PEAK_KEY] == 3 * memory.GIB
+    log = run_log.read(tmp_path)
+    assert log.stages["accuracy"] == run_log.StageRun("ok", "", 12.3, 3 * memory.GIB)
+    assert log.stages["compile"].peak_memory_bytes is None
+    saved["stages"]["accuracy"][layout.PEAK_KEY] = "3 GiB"
+    (tmp_path / layout.RUN_LOG).write_text(json.dumps(saved))
+    with pytest.raises(reading.UnreadableResult, match=r"stages.accuracy.peak_memory_bytes is '3 GiB', not an integer"):
+        run_log.read(tmp_path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peak is read from Linux's /proc")
+def test_a_process_peak_is_reset_and_read_from_the_systems_own_accounting():
+    """Rule: a stage's peak is the kernel's VmHWM since the stage started (reset through clear_refs), not sampled."""
+    assert memory.reset_peak()
+    before = memory.resident()
+    held = torch.ones(64 * 2**20 // 4)       # 64 MiB, written
+    high = memory.peak()
+    del held
+    assert high - before >= 60 * 2**20
+    assert memory.reset_peak() and memory.peak() < high
