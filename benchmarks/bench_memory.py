@@ -41,14 +41,15 @@ def _complete(folder: Path) -> bool:
 
 
 def _run(name: str, folder: Path, params: list[list[str]]) -> tuple[int, float]:
-    """`portkit run` for one model into `folder`: (exit status, wall seconds); its output goes to folder/bench.log."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """`portkit run` for one model into `folder`: (exit status, wall seconds); its output goes to FOLDER.log beside
+    it (a run folder holds only what a run writes)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "portkit.cli", "run", "--model", name, "--target", "neuron", "--target", "tpu",
                "--out", str(folder), "--no-progress", *[x for p in params for x in ("-p", *p)]]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()
-    with open(folder / "bench.log", "w") as log:
+    with open(folder.with_suffix(".log"), "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     return done.returncode, time.perf_counter() - start
 
@@ -91,7 +92,7 @@ def main() -> int:
         if args.read_only or _complete(folder):
             continue
         status, seconds = _run(name, folder, args.param)
-        print(f"{name}: portkit run exited {status} after {seconds:,.0f} s ({folder / 'bench.log'})", flush=True)
+        print(f"{name}: portkit run exited {status} after {seconds:,.0f} s ({folder.with_suffix('.log')})", flush=True)
     rows = [r for name in names for r in _rows(name, args.out / name)]
     widths = [max(len(str(r[i])) for r in rows + [["model", "stage", "status", "s", "peak"]]) for i in range(5)]
     for row in [["model", "stage", "status", "s", "peak"], *rows]:

@@ -133,3 +133,16 @@ def test_a_process_peak_is_reset_and_read_from_the_systems_own_accounting():
     del held
     assert high - before >= 60 * 2**20
     assert memory.reset_peak() and memory.peak() < high
+
+
+def test_the_reports_stage_table_shows_each_stages_time_and_peak_memory():
+    """Rule: the report shows a stage's peak memory beside its time, from run.json; "not measured" where the run
+    recorded none, a dash where no run recorded the stage."""
+    from portkit.stages.report.stage import StageResult
+    recorded = StageResult("accuracy", "accuracy.json", "04_accuracy.ipynb", "ok",
+                           run=run_log.StageRun("ok", "", 612.4, 3 * memory.GIB))
+    assert recorded.time_and_memory() == ("612 s", "3.00 GiB")
+    assert recorded.to_dict()["peak_memory_bytes"] == 3 * memory.GIB
+    unmeasured = StageResult("xla", "xla.json", "03b_xla.ipynb", "ok", run=run_log.StageRun("ok", "", 5.0))
+    assert unmeasured.time_and_memory() == ("5 s", "not measured")
+    assert StageResult("compile", "compile.json", "02_compile.ipynb", "missing").time_and_memory() == ("—", "—")
