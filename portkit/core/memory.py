@@ -76,3 +76,46 @@ def resident(pid: int | None = None) -> int | None:
 def gib(n: int | float | None) -> str:
     """Bytes in GiB for a reader, e.g. "3.21 GiB"; "not measured" for None."""
     return "not measured" if n is None else f"{n / GIB:.2f} GiB"
+
+
+class Sampled:
+    """The largest resident memory of this process seen while the block runs, read every `every` seconds on a
+    thread (/proc/self/statm): what a block adds at its peak, workspaces inside an op included, without resetting
+    the process's own peak (a stage's recorded peak stays whole). `added` is None where the system does not say.
+
+        >>> with memory.Sampled() as seen:
+        ...     module(**row)
+        >>> seen.added
+    """
+
+    def __init__(self, every: float = 0.002):
+        import threading
+        self.every, self.start, self.high = every, resident(), None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="portkit-memory-sample", daemon=True)
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        path = Path("/proc/self/statm")
+        while True:
+            try:
+                now = int(path.read_text().split()[1]) * page
+            except (OSError, ValueError, IndexError):
+                return
+            self.high = now if self.high is None else max(self.high, now)
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> Sampled:
+        if self.start is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def added(self) -> int | None:
+        return None if self.start is None or self.high is None else max(0, self.high - self.start)

@@ -75,19 +75,29 @@ class LiveBytes(TorchDispatchMode):
             del self._storages[key]
 
 
+def added_bytes(fn) -> tuple[object, int]:
+    """Run `fn` once: (its result, the bytes it added at its peak). The larger of what LiveBytes counts and what
+    the process's resident memory rose by (memory.Sampled): an op's own workspace (the columns a float64
+    convolution unfolds its input into, say) is no tensor an op returns, and the allocator's pages are more than
+    the tensors they hold."""
+    with memory.Sampled() as seen, LiveBytes() as meter:
+        out = fn()
+    return out, max(meter.peak, seen.added or 0)
+
+
 def row_bytes(model, inputs: dict, fixed_rows: bool) -> int:
-    """The peak activation bytes of one row of `inputs` through the model (eager, no autograd), scaled to the
+    """The peak bytes one row of `inputs` adds through the model (eager, no autograd: added_bytes), scaled to the
     longest item the model takes along its varying dimension where a pass's rows are padded to their own longest
     item (`fixed_rows` False: a recording of the declared maximum length costs that much more)."""
     row = {k: v[:1] for k, v in inputs.items()}
-    with torch.no_grad(), LiveBytes() as meter:
-        model.module(**row)
+    with torch.no_grad():
+        _, peak = added_bytes(lambda: model.module(**row))
     scale = 1.0
     dim = model.seq_dim
     if dim and not fixed_rows:
         longest = model.declaration.dim(dim).max
         scale = max(1.0, longest / max(1, model.declaration.size_of(row, dim))) if longest else 1.0
-    return int(meter.peak * scale)
+    return int(peak * scale)
 
 
 def pass_budget(available: int | None = None) -> int:

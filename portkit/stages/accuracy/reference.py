@@ -108,7 +108,7 @@ class Reference:
         probe = LayerProbe(module, mask, scope.progress) if scope.layers else None
         out = probe.capture(lambda: module(**inputs)) if probe else target_runs.forward(module, inputs)
         wide = target_runs.float64_model(module)
-        float64 = target_runs.Float64Reference(module)
+        float64 = target_runs.Float64Reference(module, scope.pass_budget())
         out64, note64 = float64(inputs) if scope.float64_reference and not wide else \
             (None, "the reference is the float64 model itself" if wide else "not requested")
         ref = cls(model=model, inputs=inputs, options=options, scope=scope, corpus=corpus, compiled=compiled,
