@@ -85,13 +85,16 @@ def added_bytes(fn) -> tuple[object, int]:
     return out, max(meter.peak, seen.added or 0)
 
 
-def row_bytes(model, inputs: dict, fixed_rows: bool) -> int:
-    """The peak bytes one row of `inputs` adds through the model (eager, no autograd: added_bytes), scaled to the
-    longest item the model takes along its varying dimension where a pass's rows are padded to their own longest
-    item (`fixed_rows` False: a recording of the declared maximum length costs that much more)."""
+def row_bytes(model, inputs: dict, fixed_rows: bool, metric=None) -> int:
+    """The peak bytes one row of `inputs` adds through the model (eager, no autograd: added_bytes), then through
+    `metric(outputs, row)` where given (a language model's per-item values hold several copies of its logits),
+    scaled to the longest item the model takes along its varying dimension where a pass's rows are padded to
+    their own longest item (`fixed_rows` False: a recording of the declared maximum length costs that much more)."""
     row = {k: v[:1] for k, v in inputs.items()}
     with torch.no_grad():
-        _, peak = added_bytes(lambda: model.module(**row))
+        out, peak = added_bytes(lambda: model.module(**row))
+        if metric is not None:
+            peak += added_bytes(lambda: metric(out, row))[1]
     scale = 1.0
     dim = model.seq_dim
     if dim and not fixed_rows:

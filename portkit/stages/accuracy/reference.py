@@ -117,7 +117,7 @@ class Reference:
         ref.baseline = measure_baseline(module, inputs, out, ref.truth, ref.main, mask, options)
         ref.sample = TaskSample.build(model, corpus, inputs, options.seed, scope.task_items, scope.task_items_max)
         if ref.sample is not None:
-            ref.sample.size_passes(model, inputs, scope.pass_budget())
+            ref.sample.size_passes(model, inputs, scope.pass_budget(), ref.main)
         return ref
 
     @property
@@ -250,13 +250,18 @@ class TaskSample:
                           rows=self.rows, rows_why=self.rows_why,
                           cap=self.cap)
 
-    def size_passes(self, model, inputs: dict, budget: int) -> None:
-        """Rows a pass holds: TASK_BATCH, or as many as fit `budget` bytes of activations where fewer (footprint,
-        measured on one row of the main batch, at the longest item where rows are padded to their own longest)."""
-        per_row = footprint.row_bytes(model, inputs, self.fixed_rows)
+    def size_passes(self, model, inputs: dict, budget: int, main: str) -> None:
+        """Rows a pass holds: TASK_BATCH, or as many as fit `budget` bytes where fewer (footprint, measured on one row
+        of the main batch: the model's pass and the per-item values of its `main` output, at the longest item where
+        rows are padded to their own longest)."""
+        kind = model.declaration.primary.metric
+
+        def values(out, row):
+            return item_values(kind, out[main], out[main].clone(), real_mask(model, row), row)
+        per_row = footprint.row_bytes(model, inputs, self.fixed_rows, values)
         self.rows = footprint.rows_per_pass(per_row, TASK_BATCH, budget)
         if self.rows < TASK_BATCH:
-            self.rows_why = (f"{self.rows} a pass, not {TASK_BATCH}: a row's activations measured "
+            self.rows_why = (f"{self.rows} a pass, not {TASK_BATCH}: a row (its pass and per-item values) measured "
                              f"{per_row / 2**20:,.0f} MiB, and a pass takes at most {budget / 2**20:,.0f} MiB at "
                              f"{footprint.PASS_OVERHEAD}x that (portkit's pass budget, footprint.pass_budget)")
             print(f"task sample: {self.rows_why}")
