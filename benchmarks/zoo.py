@@ -45,6 +45,7 @@ from portkit.core.errors import PortkitError, StageFailed  # noqa: E402
 from portkit.run import runner  # noqa: E402
 from portkit.run import notebook_parameters  # noqa: E402
 from portkit.runfolder import layout  # noqa: E402
+from portkit.runfolder import run_log  # noqa: E402
 from portkit.stages.report import stage as report_stage  # noqa: E402
 
 TARGETS = ("neuron", "tpu")
@@ -79,7 +80,7 @@ TASK_METRIC_FINDINGS = ("accuracy", "accuracy_inconclusive")
 SEEDED = "seeded weights: task metric not judged"
 # The row's peak memory: the largest a stage's run.json records (PEAK_KEY, per stage), else the resident memory of
 # the row's kernels sampled while it ran ("process peak"; --workers 1 only: on Ray the rows run in other processes).
-PEAK_KEY = "peak_rss_bytes"
+PEAK_KEY = run_log.PEAK_KEY
 PEAK_EVERY = 0.5                # seconds between samples of the kernels' resident memory
 ZOO_MARKER = ".portkit-zoo"     # in the runs folder: a folder the zoo may clear with --fresh
 NOT_BUILDABLE = "not buildable"

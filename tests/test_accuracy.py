@@ -6,6 +6,8 @@ import torch
 
 from conftest import fixture_model
 from portkit.stages.accuracy import stage
+from portkit.stages.accuracy import reference
+from portkit.stages.accuracy import settings
 from portkit.stages.accuracy import comparison
 from portkit.corpora import corpus as data
 from portkit.models import registry
@@ -545,7 +547,7 @@ def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_includ
                                          progress=False))
     rows = report.targets["tpu"].buckets
     checked = [r for r in rows if "skipped" not in r or not r["skipped"].startswith("not checked")]
-    assert len(rows) == 20 and len(checked) == stage.MAX_CHECKED_BUCKETS
+    assert len(rows) == 20 and len(checked) == settings.MAX_CHECKED_BUCKETS
     assert checked[0]["boundary"] == 16 and checked[-1]["boundary"] == boundaries[-1]
     assert "8 of the plan's 20 buckets" in next(r["skipped"] for r in rows if r not in checked)
 
@@ -582,7 +584,7 @@ def test_the_gpu_baseline_is_the_model_run_under_the_gpu_setting(gpu_numerics):
     with torch.no_grad(), numerics.emulate(specs.get("cuda"), numerics.GPU_NUMERICS[gpu_numerics]):
         expect = module(x=x)
     opts = stage.Options.of({"gpu_numerics": gpu_numerics, "task_bounds": {"baseline_factor": 2.0}})
-    got = stage._baseline(module, {"x": x}, plain, None, "y", None, opts)["outputs"]   # no float64 run
+    got = reference.measure_baseline(module, {"x": x}, plain, None, "y", None, opts)["outputs"]   # no float64 run
     assert torch.equal(got["y"], expect["y"])
     assert torch.equal(got["y"], plain["y"]) == (gpu_numerics == "fp32")   # fp32: the model's own outputs
 
@@ -591,10 +593,10 @@ def test_an_element_wise_difference_names_its_output():
     """Outputs beyond assert_close's tolerance while the task holds: the reason names the output its max abs error
     is on (each output has its own error: the report's embedding figure is not the hidden state's)."""
     import types
-    from portkit.stages.accuracy import result
+    from portkit.stages.accuracy import advice
     tol = {"dtype": "bfloat16"}
     chosen = types.SimpleNamespace(task={"passed": True}, outputs={
         "embedding": {"passed": False, "max_abs": 8.6e-4, "tolerance": tol},
         "last_hidden_state": {"passed": False, "max_abs": 0.011, "tolerance": tol}})
-    (line,) = result._element_wise_only(chosen)
+    (line,) = advice._element_wise_only(chosen)
     assert "(max abs 0.011, on output 'last_hidden_state')" in line

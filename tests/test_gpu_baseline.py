@@ -13,6 +13,7 @@ import torch
 from portkit.core import availability
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy import stage
+from portkit.stages.accuracy import reference
 from portkit.stages.accuracy import target_runs
 from portkit.targets import gpu_baseline, numerics
 from portkit.targets import specs
@@ -131,7 +132,7 @@ def _baseline(name: str, module=None):
     x = torch.randn(4, 16, dtype=module.linear.weight.dtype)
     plain = target_runs.forward(module, {"x": x})
     opts = stage.Options.of({"gpu_numerics": name})
-    return stage._baseline(module, {"x": x}, plain, None, "y", None, opts), plain, module
+    return reference.measure_baseline(module, {"x": x}, plain, None, "y", None, opts), plain, module
 
 
 def test_without_a_gpu_the_baseline_is_emulated_and_says_so(monkeypatch):

@@ -243,7 +243,7 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
     assert rc == 0 and ran == ["fallbacks"]
     assert f"[buckets] skipped: {reason}" in capsys.readouterr().out
     assert json.loads((out / "run.json").read_text())["stages"]["buckets"] == {
-        "status": "skipped", "seconds": 0.0, "error": reason, "notebook": "03_buckets.ipynb"}
+        "status": "skipped", "seconds": 0.0, "error": reason, "notebook": "03_buckets.ipynb", "peak_memory_bytes": None}
     assert results.read_buckets(out) is None and results.read_stage(out, "buckets") is None   # later stages: absent
     saved = json.loads((out / "report.json").read_text())
     assert saved["stages"]["buckets"]["status"] == "skipped" and saved["stages"]["buckets"]["problem"] == reason

@@ -202,7 +202,7 @@ def test_a_state_returned_as_a_view_recompiles_mid_stream_and_the_finding_says_h
     """_VAD hands its context back as x[:, -CONTEXT:], a view with x's strides: Dynamo guards on strides, so the
     second chunk compiles again. That compile is a finding naming the guard and the copy that keeps the layout;
     the same step returning a fresh buffer compiles nothing during the stream."""
-    from portkit.stages.accuracy import result as accuracy_result
+    from portkit.stages.accuracy import stream_findings
 
     class Copied(_VAD):
         def forward(self, chunk, state):
@@ -211,7 +211,7 @@ def test_a_state_returned_as_a_view_recompiles_mid_stream_and_the_finding_says_h
 
     viewed = streaming.check_stream(_vad_step(), _stream(), ["tpu"]).runs[0].to_dict()
     assert viewed["late_compiles"] >= 1
-    found = accuracy_result.stream_recompile(viewed)
+    found = stream_findings.stream_recompile(viewed)
     assert found.severity == "work" and "stride" in found.message and "contiguous_format" in found.advice
     step = audio.StreamStep("vad", Copied().eval(), CHUNK, STATE, "test LSTM cell VAD",
                                    outputs=(inputs.Output("speech", inputs.PROBABILITY),))

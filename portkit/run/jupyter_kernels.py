@@ -23,6 +23,7 @@ import os
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
+from portkit.core import memory
 from portkit.targets import allocator
 
 # The kernels' environment, set by the runner where the user has not:
@@ -115,6 +116,17 @@ class SharedKernel:
         self.closed, self.prepared = True, False
         self._stop()
 
+    def reset_peak(self) -> None:
+        """Start counting the kernel's peak resident memory afresh (core.memory): the next stage's own peak."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if process is not None:
+            memory.reset_peak(process.pid)
+
+    def peak_memory(self) -> int | None:
+        """The kernel process's peak resident bytes since reset_peak() (None: not known, or no kernel)."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        return memory.peak(process.pid) if process is not None else None
+
     def exit_status(self) -> int | None:
         """A dead kernel's exit status as subprocess reports it (negative: killed by that signal); None: it is
         running, or the status is not known."""
@@ -178,17 +190,6 @@ def lanes_for(parameters: int | None, lanes: int = LANES) -> int:
     return max(1, min(lanes, os.cpu_count() or 1, fits))
 
 
-def available_memory() -> int:
-    """Bytes of memory available to new processes (Linux's MemAvailable; elsewhere the free pages); 0 unknown."""
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
+# Bytes of memory available to new processes (core.memory owns the reading; tests replace this name)
+available_memory = memory.available
 

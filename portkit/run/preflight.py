@@ -11,6 +11,7 @@ other non-empty folder, and a folder inside another run's folder.
 from __future__ import annotations
 
 import importlib
+import sys
 import os
 import tempfile
 from pathlib import Path
@@ -49,6 +50,7 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
     loaded = _Loaded(model)
     _check_sizes(per_stage, user_params, loaded)
     _check_corpora(per_stage, loaded)
+    _check_memory(per_stage, user_params, loaded)
     _probe_factory(loaded)
     check_out_dir(out)   # last: its probe is the one step that touches the disk
     return chosen, per_stage
@@ -94,6 +96,31 @@ def _check_sizes(per_stage, user_params: dict, loaded: _Loaded) -> None:
     for name, value in given.items():
         if value > model.max_length:
             raise BadParameter(name, value, hint=f"{model.name} takes at most {model.max_length} tokens")
+
+
+MEMORY_PARAMETERS = ("batch_size", "seq_len")   # what sizes stage 4's main batch
+
+
+def _check_memory(per_stage, user_params: dict, loaded: _Loaded) -> None:
+    """Stage 4's main batch against the machine's memory where the user sized it (MEMORY_PARAMETERS; the defaults are
+    measured to fit every built-in model, benchmarks/bench_memory.py): a batch that cannot fit the machine is
+    BadParameter naming the batch_size that fits (accuracy.stage.check_memory); one beyond the memory available now
+    is a warning on stderr, since what other processes hold changes. A model that does not build, or a batch that
+    cannot be made, is left to the stage, whose notebook shows why."""
+    from portkit.models import meta_device
+    chosen = [values for stage, values in per_stage if stage.name == "accuracy"]
+    if not chosen or not set(MEMORY_PARAMETERS) & set(user_params) or meta_device.is_name(loaded.spec):
+        return
+    from portkit.stages.accuracy import stage as accuracy
+    try:
+        model = loaded.get()
+        warning = accuracy.check_memory(model, chosen[0])
+    except BadParameter:
+        raise
+    except Exception:   # noqa: BLE001 (the stage meets the same error and shows where)
+        return
+    if warning:
+        print(f"portkit: warning: {warning}", file=sys.stderr)
 
 
 def _check_corpora(per_stage, loaded: _Loaded) -> None:

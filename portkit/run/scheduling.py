@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from portkit.core import atomic_io
+from portkit.core import memory
 from portkit.core.errors import StageSkipped
 from portkit.core.locations import NOTEBOOKS
 from portkit.run import jupyter_kernels
@@ -258,6 +259,7 @@ def _collect(future, schedule: _Schedule, pool, run: Run) -> None:
         schedule.free.append(schedule.clearing.pop(future))
         return
     stage, start, kernel = schedule.running.pop(future)
+    peak = kernel.peak_memory()   # before the kernel is cleared for the next stage
     if schedule.pending:
         schedule.clearing[pool.submit(kernel.prepare)] = kernel
     else:
@@ -268,7 +270,7 @@ def _collect(future, schedule: _Schedule, pool, run: Run) -> None:
         outcome = skipped
     except stage_kernel.KernelDied as died:   # a failure of the stage (the report names the gap), not a traceback
         outcome = stage_kernel.kernel_died(stage, run.memory.peak, died, run.lanes)
-    _ended(stage, start, outcome, run)
+    _ended(stage, start, outcome, run, peak)
     schedule.ended.append(stage.name)
     if not schedule.counted and (found := _model_parameters(run.out, stage)) is not None:
         schedule.parameters, schedule.counted = found, True
@@ -283,20 +285,22 @@ def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> 
                     and (out / layout.stage(read).early).exists())}
 
 
-def _ended(stage: Stage, start: float, outcome, run: Run) -> None:
-    """Record how a stage ended: skipped (outcome is the StageSkipped), failed (its one-line error) or ok (None)."""
+def _ended(stage: Stage, start: float, outcome, run: Run, peak: int | None = None) -> None:
+    """Record how a stage ended: skipped (outcome is the StageSkipped), failed (its one-line error) or ok (None),
+    with its kernel's peak resident memory (`peak` bytes, None: not measured)."""
     out, result = run.out, run.result
     seconds = result.seconds[stage.name] = time.perf_counter() - start
     if isinstance(outcome, StageSkipped):
-        run_log.record(out, stage.name, "skipped", seconds, str(outcome))
+        run_log.record(out, stage.name, "skipped", seconds, str(outcome), peak)
         result.summaries[stage.name] = f"skipped: {outcome}"
         run.printer.ended(f"[{stage.name}] skipped: {outcome} ({seconds:.0f} s)")
         return
-    run_log.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "")
+    run_log.record(out, stage.name, "failed" if outcome else "ok", seconds, outcome or "", peak)
     if outcome:
         result.failures[stage.name] = outcome
         run.printer.ended(f"[{stage.name}] FAILED: {outcome} ({seconds:.0f} s)")
         return
     result.summaries[stage.name] = _summary(out / stage.result)
-    run.printer.ended(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s)")
+    used = f", peak {memory.gib(peak)}" if peak is not None else ""
+    run.printer.ended(f"[{stage.name}] {result.summaries[stage.name]} ({seconds:.0f} s{used})")
 

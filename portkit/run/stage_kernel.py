@@ -159,6 +159,7 @@ class StageStderr:
 def execute(stage: Stage, values: dict, out: Path, progress: bool, kernel: jupyter_kernels.SharedKernel) -> str | None:
     """Run one stage notebook into the run folder; None, or the failure's one line."""
     km = kernel.for_stage()   # first: a new kernel starts up while papermill is imported
+    kernel.reset_peak()       # the stage's own peak memory from here (run.json's peak_memory_bytes)
     import papermill
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError

@@ -21,23 +21,33 @@ RERUN = "rerun the run with `portkit run` (it resumes)"
 REBUILD = "rebuild it with `portkit report`"
 
 
+# run.json's key for a stage's peak resident memory in bytes (its kernel's VmHWM from the stage's start, core.memory)
+PEAK_KEY = "peak_memory_bytes"
+
+
 @dataclass(frozen=True)
 class StageRun:
-    """How one stage ended in the latest run."""
+    """How one stage ended in the latest run: its status, the reason, its wall time and its kernel's peak resident
+    memory (None where the run did not record them)."""
     status: str                    # "ok", "skipped", "failed" or "interrupted"
     error: str                     # the reason or error, one line ("" when ok)
     seconds: float | None = None   # how long it ran, to a tenth of a second
     notebook: str = ""             # its executed notebook in the run folder
+    peak_memory_bytes: int | None = None    # PEAK_KEY: the kernel's peak from the stage's start (core.memory)
 
     @classmethod
     def from_dict(cls, node: reading.Node) -> StageRun:
         status = node.text("status")
         if status is None:
             node.at("status").fail("a stage's status")
-        return cls(status, node.text("error", ""), node.number("seconds"), node.text("notebook", ""))
+        peak = node.integer(PEAK_KEY)
+        if peak is not None and peak < 0:
+            node.at(PEAK_KEY).fail("a number of bytes >= 0")
+        return cls(status, node.text("error", ""), node.number("seconds"), node.text("notebook", ""), peak)
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "seconds": self.seconds, "error": self.error, "notebook": self.notebook}
+        return {"status": self.status, "seconds": self.seconds, "error": self.error, "notebook": self.notebook,
+                PEAK_KEY: self.peak_memory_bytes}
 
 
 @dataclass(frozen=True)
@@ -64,11 +74,12 @@ class RunLog:
         return entry is not None and entry.status == "ok"
 
 
-def record(folder, name: str, status: str, seconds: float, error: str = "") -> None:
+def record(folder, name: str, status: str, seconds: float, error: str = "", peak: int | None = None) -> None:
     """Record how stage `name` ended in the run log ("ok", "skipped", "failed" or layout.INTERRUPTED, with the reason or
-    error in one line), atomically; the other stages' entries are kept as the log holds them (layout.read_log)."""
+    error in one line) and its kernel's peak resident memory in bytes (None: not measured), atomically; the other
+    stages' entries are kept as the log holds them (layout.read_log)."""
     log = layout.read_log(folder)
-    log["stages"][name] = StageRun(status, error, round(seconds, 1), layout.stage(name).notebook).to_dict()
+    log["stages"][name] = StageRun(status, error, round(seconds, 1), layout.stage(name).notebook, peak).to_dict()
     atomic_io.write_json(Path(folder) / layout.RUN_LOG, log)
 
 

@@ -1,65 +1,34 @@
-"""Stage 4's result: per target and precision setting, what was measured, the verdict, and what to change.
+"""Stage 4's result: per target and precision setting, what was measured, the verdict and the findings.
 
     >>> report = accuracy.check_accuracy(model, inputs, ["tpu"])      # an AccuracyReport
     >>> print(report)                  # verdict, reasons, suggestions per target
-    >>> report.outputs_table(), report.precision_table(), report.bucket_table(), report.layer_table("tpu")
-    >>> report.plot()                  # error against depth, one line per precision; max error per bucket
     >>> report.save("runs/minilm/accuracy.json")
     >>> report.targets["tpu"].findings()          # findings.Finding: the report's terms
 
-The suggestions come from what was measured: a higher precision's measured error, norm layers that are
-out of tolerance only when every op is rounded, float64 ops that ran as float32 (quoting the error the
-cast alone causes, error_by_cause), the atol a task-level pass needs, buckets that fail while the main
-batch passes. A compiler that refused the model is a blocker finding (kind "compile_refused"); an output whose
-shape on the target differs from the reference's is a work finding per output (kind "output_shape"), its
-comparison left out while the other outputs and targets are compared.
+A compiler that refused the model is a blocker finding (kind "compile_refused"); an output whose shape on the
+target differs from the reference's is a work finding per output (kind "output_shape"), its comparison left out
+while the other outputs and targets are compared. The notebook's tables and plot: tables.py; the suggestions:
+advice.py; a stream's findings: stream_findings.py.
 """
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
 
-import torch
-
-from portkit.targets import specs
 from portkit.targets.backends import compile_cause
-from portkit.stages.accuracy import padding_side
 from portkit.stages.accuracy import sample as stats
-from portkit.stages.accuracy.comparison import primary_output
 from portkit.core import grading
 from portkit.core.findings import PADDING_CAUSE, Finding, cause_key
 from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
-from portkit.targets.tolerance import compute_dtype
-from portkit.workloads import streaming
+from portkit.stages.accuracy import padding_side
+from portkit.stages.accuracy.stream_findings import stream_drift, stream_output, stream_recompile, stream_state
+from portkit.stages.accuracy.tables import AccuracyTables, against_baseline, baseline_role
 
 STAGE = "accuracy"
 CAST_CAUSE = "float64 run as float32"      # error_by_cause's name for the target's dtype rules alone
 DETAIL = "detail (element-wise assert_close, does not decide)"
-ASSERT_CLOSE = "element-wise assert_close (detail, does not decide)"
-NORM_TYPES = ("LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm")
-
-
-def against_baseline(b: dict) -> str:
-    """A result's error against float64 next to the GPU baseline's own, in words."""
-    if b["target_error"] != b["target_error"]:      # nan: the output's shape differs, nothing was compared
-        return f"no error against {b['truth']}: the output's shape differs from it"
-    if b["ratio"] is None:
-        return f"relative L2 error {b['target_error']:.2g} against {b['truth']} where {b['label']} has none"
-    return f"error against {b['truth']} {b['ratio']:.3g}x that of {b['label']}"
-
-
-def baseline_role(b: dict) -> str:
-    """Whether the GPU comparison decides, in words. It decides only within its factor: an error no worse than
-    today's deployment's is no regression, a PASS whatever the task metrics say. Beyond it, the task metrics decide:
-    the ratio is to the GPU setup's own error, and an fp32 GPU's is float32 rounding alone (relative ~1e-7), so any
-    reduced-precision rounding reads as thousands of times it without being a regression by itself."""
-    if b["within"]:
-        return f"within {b['factor']:g}x: no regression against today's GPU, so this decides (PASS)"
-    own = f"its own error is {b['gpu_error']:.1g}" if b.get("gpu_error") else "it has no error of its own"
-    return (f"beyond {b['factor']:g}x of today's error, so the task metrics decide; a ratio to {b['label']} is no "
-            f"regression by itself: {own}, so any rounding below float32 reads as a large multiple of it")
 
 
 @dataclass
@@ -446,7 +415,7 @@ class TargetAccuracy:
 
 
 @dataclass
-class AccuracyReport:
+class AccuracyReport(AccuracyTables):
     """Stage 4's result: the references, and each target's comparison with them."""
     model: dict
     inputs: dict
@@ -537,297 +506,3 @@ class AccuracyReport:
             if rows:
                 parts.append(HtmlTable(["", ""], rows)._repr_html_())
         return "\n".join(parts)
-
-    # -- tables and plots for the notebook
-    def outputs_table(self) -> HtmlTable:
-        rows = []
-        for t in self.targets.values():
-            for name, o in t.chosen.outputs.items():
-                rows.append([t.name, t.chosen.name, t.chosen.target_side, name, f"{o['max_abs']:.3g}",
-                             f"{o['max_rel']:.3g}",
-                             f"{o['rel_l2']:.3g}", f"{o['cosine_min']:.7f}",
-                             f"{o['tolerance']['dtype']} ({o['tolerance']['rtol']:g}, {o['tolerance']['atol']:g})",
-                             "pass" if o["passed"] else "FAIL", "every change the target makes"])
-                for cause in t.chosen.error_by_cause or []:   # the same error, split by what caused it
-                    c = cause["outputs"][name]
-                    rows.append([t.name, t.chosen.name, cause["measured"], name, f"{c['max_abs']:.3g}",
-                                 f"{c['max_rel']:.3g}", f"{c['rel_l2']:.3g}", f"{c['cosine_min']:.7f}", "-", "-",
-                                 cause["cause"]])
-        return HtmlTable(["target", "precision", "run as", "output", "max abs", "max rel", "rel L2", "cosine min",
-                          "tolerance (rtol, atol)", ASSERT_CLOSE, "error caused by"], rows,
-                         f"outputs at real positions vs the reference ({self.reference['description']}); the "
-                         "verdict is the task metrics' against their budgets (see the verdict), not this table")
-
-    def precision_table(self) -> HtmlTable:
-        rows = []
-        for t in self.targets.values():
-            for r, a in zip((t.chosen, *t.others), t.advice()):
-                o = r.outputs[primary_output(self.model["kind"], r.outputs)]
-                first = (r.layers or {}).get("first_failing")
-                cost = f"{a['relative_matmul_cost']:g}x ({a['cost_source']})" if a["cost_source"] else a["cost_stated"]
-                rows.append([t.name, r.name, r.precision["setting"], r.target_side, a["task"],
-                             f"{against_baseline(r.baseline)} ({baseline_role(r.baseline)})" if r.baseline else "-",
-                             f"{o['max_abs']:.3g}", first["module"] if first else "-", cost, r.decision.upper()])
-        return HtmlTable(["target", "precision", "set on hardware with", "run as", "task metrics [95% interval] on "
-                          "their sample (budget): they decide", "against today's GPU (decides only within its "
-                          "factor)", "max abs (main output)", "first module out of tolerance (eager)",
-                          "matmul cost, vendor-stated", "verdict"], rows,
-                         "every precision setting of each target (chosen first): what it buys, what it costs")
-
-    def bucket_table(self) -> HtmlTable:
-        rows = []
-        for t in self.targets.values():
-            for b in t.buckets:
-                if b.get("skipped"):
-                    rows.append([t.name, b["boundary"], 0, "-", "-", "-", b["skipped"]])
-                    continue
-                o = b["outputs"][b["primary"]]
-                task = "; ".join(stats.described(c) for c in b["task"].get("checks", []))
-                decided = b["task"].get("decision", "pass")
-                rows.append([t.name, b["boundary"], b["texts"], f"{b['padding']:.0%}", f"{o['max_abs']:.3g}", task,
-                             "FAIL: " + "; ".join(b["reasons"])[:120] if not b["passed"] else
-                             "pass" if decided == stats.PASS else
-                             "not failed: too few items to decide, the task sample decides"])
-        return HtmlTable(["target", "bucket", "texts", "padding", "max abs", "task", "verdict"], rows,
-                         "per bucket: reference unpadded (as on the GPU), target padded to the bucket")
-
-    def layer_table(self, target: str, limit: int = 12) -> HtmlTable:
-        r = self.targets[target].chosen
-        mods = [m for m in (r.layers or {}).get("modules", []) if m.get("compared")]
-        first = next((i for i, m in enumerate(mods) if not m["passed"]), None)
-        if first is None:
-            shown, caption = sorted(mods, key=lambda m: -m["rel_l2"])[:limit], "none out of tolerance; largest errors"
-        else:
-            shown, caption = mods[first:first + limit], "execution order from the first module out of tolerance"
-        rows = [[m["index"], m["module"], m["type"], f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
-                 f"{m['mismatched']}/{m['numel']}", ", ".join(f"{k} x{v}" for k, v in m.get("changes", {}).items())]
-                for m in shown]
-        return HtmlTable(["#", "module", "type", "max abs", "rel L2", "out of tolerance", "changed by the target"],
-                         rows, f"{target} ({r.name}, {(r.layers or {}).get('target_side', r.target_side)}): {caption}")
-
-    def plot(self):
-        """Left: relative L2 error of every module's output against depth, one line per precision.
-        Right: the main output's max abs error per bucket."""
-        import matplotlib.pyplot as plt
-        names = list(self.targets)
-        fig, axes = plt.subplots(len(names), 2, figsize=(13, 3.4 * len(names)), squeeze=False,
-                                 gridspec_kw={"width_ratios": [3, 1]})
-        floor = 1e-10
-        for row, name in enumerate(names):
-            t, ax = self.targets[name], axes[row][0]
-            for r in (t.chosen, *t.others):
-                mods = [m for m in (r.layers or {}).get("modules", []) if m.get("compared")]
-                if mods:
-                    ax.plot([m["index"] for m in mods], [max(m["rel_l2"], floor) for m in mods], lw=1,
-                            label=f"{r.name}{' (chosen)' if r is t.chosen else ''}")
-            first = (t.chosen.layers or {}).get("first_failing")
-            if first:
-                ax.axvline(first["index"], color="#C44E52", ls="--", lw=1)
-                ax.text(first["index"], ax.get_ylim()[1], f" first out of tolerance: {first['module']}",
-                        color="#C44E52", fontsize=7, va="top")
-            ax.set_yscale("log")
-            ax.set_xlabel("module, in execution order")
-            ax.set_ylabel(f"rel. L2 error (floor {floor:g})")
-            ax.set_title(f"{name} ({t.target['mode']}, layers in {(t.chosen.layers or {}).get('target_side', '-')}): "
-                         "error against depth", fontsize=10)
-            ax.legend(fontsize=7, loc="lower right")
-            done = [b for b in t.buckets if not b.get("skipped")]
-            axes[row][1].bar([str(b["boundary"]) for b in done],
-                             [b["outputs"][b["primary"]]["max_abs"] for b in done],
-                             color=["#55A868" if b["passed"] else "#C44E52" for b in done])
-            axes[row][1].set_title(f"{name}: max abs error per bucket", fontsize=9)
-            axes[row][1].set_xlabel("bucket (tokens)")
-        fig.tight_layout()
-        return fig
-
-
-# ---------------------------------------------------------------- suggestions from what was measured
-def suggest(target: specs.Target, t: TargetAccuracy, kind: str) -> list[str]:
-    """What to change, drawn only from what was measured (see the module docstring)."""
-    chosen = t.chosen
-    main = primary_output(kind, chosen.outputs)
-    out = [*_where_error_enters(target, t, main), *_norms_in_float32(target, t), *_float64(target, chosen, main),
-           *_element_wise_only(chosen), *_padding(t)]
-    if not out and t.verdict == "pass":
-        out.append(f"no change needed at precision '{chosen.name}': task metrics hold on the batch and every bucket"
-                   + (" (emulated: confirm on hardware)" if t.target["mode"] == "emulated" else ""))
-    return out
-
-
-def _where_error_enters(target: specs.Target, t: TargetAccuracy, main: str) -> list[str]:
-    """The module where the error first exceeds the tolerance, once a task metric is out of budget, and the
-    float32 precision to run it at (with what the whole model measured there, when it was measured)."""
-    chosen = t.chosen
-    first = (chosen.layers or {}).get("first_failing")
-    if not first or chosen.passed:
-        return []
-    measured = {r.name: r for r in (chosen, *t.others)}
-    fp32 = next((p for p in target.precisions if compute_dtype(p) == torch.float32), None)
-    row = chosen.layers["modules"][first["index"]]
-    changed = ", ".join(f"{k} x{v}" for k, v in row.get("changes", {}).items()) or "nothing counted"
-    if compute_dtype(target.precision(chosen.name)) == torch.float32 or fp32 is None:
-        return [f"error first exceeds the tolerance in `{first['module']}` ({first['type']}) although "
-                f"precision '{chosen.name}' computes in float32: the target changed {changed} there; "
-                "check that module's ops on the target"]
-    text = (f"error first exceeds the {chosen.layers['tolerance']['dtype']} tolerance in `{first['module']}` "
-            f"({first['type']}; the target changed: {changed}): run it at precision '{fp32.name}' "
-            f"({fp32.setting})")
-    if fp32.name in measured:
-        r = measured[fp32.name]
-        text += (f"; the whole model at '{fp32.name}' measured max abs error "
-                 f"{r.outputs[main]['max_abs']:.2g} "
-                 f"({'passes' if r.passed else 'still fails'}; {r.target_side})")
-    return [text]
-
-
-def _norms_in_float32(target: specs.Target, t: TargetAccuracy) -> list[str]:
-    """Per measured precision: norm layers out of tolerance only because a setting rounds every op, not just
-    matmuls (a sibling precision that rounds only matmuls keeps them within it)."""
-    out = []
-    chosen, results = t.chosen, (t.chosen, *t.others)
-    measured = {r.name: r for r in results}
-    for r in results:
-        p = target.precision(r.name)
-        sibling = next((q for q in target.precisions if q.all_ops is None and q.matmul_inputs == p.matmul_inputs
-                        and q.name in measured and measured[q.name].layers), None) if p.all_ops else None
-        if sibling is None or not r.layers:
-            continue
-        fine = {m["module"]: m for m in measured[sibling.name].layers["modules"] if m.get("compared") and m["passed"]}
-        norms = [m for m in r.layers["modules"] if m.get("compared") and not m["passed"] and m["module"] in fine
-                 and any(n in m["type"] for n in NORM_TYPES)]
-        if norms:
-            m = norms[0]
-            out.append(f"{'with' if r is chosen else 'if you use'} precision '{r.name}' ({p.setting}): keep "
-                       f"{', '.join(sorted({n['type'] for n in norms}))} in float32: {len(norms)} norm module(s) are "
-                       f"out of tolerance only under it, first `{m['module']}` (rel. L2 error {m['rel_l2']:.2g}, "
-                       f"{fine[m['module']]['rel_l2']:.2g} under '{sibling.name}', {sibling.setting}, which rounds "
-                       "only matmuls)")
-    return out
-
-
-def _float64(target: specs.Target, chosen: PrecisionResult, main: str) -> list[str]:
-    """float64 ops the target ran as float32: per module where the layers were compared, else in all, with the
-    measured effect of that cast on the main output."""
-    rows = [m for m in (chosen.layers or {}).get("modules", []) if m.get("float64_ops")]
-    cast, rounding = chosen.cause(CAST_CAUSE, main), chosen.cause("precision", main)
-    if cast:
-        effect = f"measured effect of {CAST_CAUSE} alone on `{main}`: max abs error {cast['max_abs']:.2g}" + \
-            (f" (precision '{chosen.name}' rounding adds {rounding['max_abs']:.2g} on its own)" if rounding else "")
-    else:
-        effect = f"max abs error on `{main}` with every change together: {chosen.outputs[main]['max_abs']:.2g}"
-    out = []
-    for m in rows:
-        ops = ", ".join(f"{k} x{v}" for k, v in sorted(m["float64_ops"].items()))
-        out.append(f"avoid float64 in `{m['module']}` ({m['type']}): {sum(m['float64_ops'].values())} float64 ops ran "
-                   f"as float32 on {target.name} ({ops}); make it float32 (.float()) on the GPU too, so the "
-                   f"reference is what the target runs; {effect}")
-    if not rows and chosen.float64_ops:
-        out.append(f"avoid float64: {sum(chosen.float64_ops.values())} float64 ops ran as float32 on {target.name} "
-                   f"({', '.join(sorted(chosen.float64_ops))}); run with layers=True to find their modules; {effect}")
-    return out
-
-
-def _element_wise_only(chosen: PrecisionResult) -> list[str]:
-    """Outputs beyond assert_close's tolerance while every task metric holds: a detail a reader may ask about;
-    the verdict rests on the task."""
-    failing = {name: o for name, o in chosen.outputs.items() if not o["passed"]}
-    if not failing or not chosen.task["passed"]:
-        return []
-    worst = max(failing, key=lambda name: failing[name]["max_abs"])   # named: each output has its own error
-    tol = failing[worst]["tolerance"]
-    return [f"element-wise, outputs differ beyond assert_close's {tol['dtype']} tolerance (max abs "
-            f"{failing[worst]['max_abs']:.2g}, on output '{worst}') while every task metric holds: rounding the "
-            "task does not see; no change needed for the verdict"]
-
-
-def _padding(t: TargetAccuracy) -> list[str]:
-    """Buckets that fail while the main batch passes: padding changes the result."""
-    return [f"bucket {b['boundary']} fails while the main batch passes ({b['reasons'][0][:100]}): padding "
-            "changes the result; check that the model masks padded positions, or choose buckets that pad less"
-            for b in t.buckets if not b.get("skipped") and not b["passed"] and t.chosen.passed]
-
-
-def _keep_float32(run: dict) -> str:
-    """What keeps a stream run's step in float32 on its target: its float32 precision setting where it has one."""
-    target = specs.get(run["target"]) if run["target"] in specs.TARGETS else None
-    fp32 = next((q for q in target.precisions if compute_dtype(q) == torch.float32), None) if target else None
-    return (f"precision '{fp32.name}' ({fp32.setting}) for the step" if fp32 and fp32.name != run["precision"] else
-            "float32 for the recurrent matmuls")
-
-
-def _stream_case(run: dict, check: dict) -> tuple[str, str]:
-    """A failing stream check's grading case and what the advice says was tried: FIXED_BY_SETTING where the same
-    stream at the target's float32 precision passed that check (streaming.try_float32), else NOT_FIXED; the
-    float32 setting is then a lead, said to be untried where it was not run."""
-    tried = run.get("tried") or {}
-    passed = (tried.get("checks") or {}).get(streaming.check_key(check))
-    if passed:
-        return grading.FIXED_BY_SETTING, (f"set {tried['setting']}: tried: precision '{tried['precision']}' passes "
-                                          "this check on the same stream")
-    if passed is None:
-        return grading.NOT_FIXED, f"may help: run the step in float32 ({_keep_float32(run)}; not tried on the stream)"
-    return grading.NOT_FIXED, (f"tried: precision '{tried['precision']}' ({tried['setting']}) still fails this check "
-                               "on the same stream")
-
-
-def stream_drift(run: dict) -> Finding:
-    """A stream run (streaming.TargetStream.to_dict()) that fails its drift check, as the target's finding: its
-    state's error grows with the stream's length beyond noise, so a long enough stream goes wrong in deployment.
-    Graded as a task metric is (_stream_case): work where the target's float32 precision, tried on the same stream,
-    brings it back, a blocker otherwise."""
-    failed = next(c for c in run["checks"] if c["metric"] == "drift_growth")
-    p = (failed.get("trend") or run.get("drift_trend") or {}).get("p")
-    leaf = f" in state leaf {failed['leaf']}" if len(run.get("leaves") or {}) > 1 else ""
-    case, tried = _stream_case(run, failed)
-    lead = ("" if case == grading.FIXED_BY_SETTING else "; may help: cast the state to float32 where it is carried "
-            "from step to step: a state rounded every step accumulates the rounding")
-    return Finding("stream_drift", grading.severity("stream_drift", case),
-                   f"streamed state drifts at precision '{run['precision']}' ({run['backend']}): its error against "
-                   f"float64{leaf} grows {failed['value']:.2f}x over the stream ({failed['budget']}), a rise beyond "
-                   f"noise (Mann-Whitney U p = {p:.2g})" if p is not None else
-                   f"streamed state drifts at precision '{run['precision']}': growth {failed['value']:.2f}x "
-                   f"({failed['budget']})", tried + lead)
-
-
-def stream_state(run: dict, check: dict) -> Finding:
-    """A stream run whose state is wrong from the first chunk (streaming.level_check fails), as the target's finding:
-    apart from the drift, which a state off by the same amount at every chunk does not show. Graded as the drift."""
-    case, tried = _stream_case(run, check)
-    lead = ("" if case == grading.FIXED_BY_SETTING else
-            "; may help: look for an op that cancels (a difference of near-equal terms) or saturates in the step")
-    return Finding("stream_state", grading.severity("stream_state", case),
-                   f"streamed state wrong from the first chunk at precision '{run['precision']}' ({run['backend']}): "
-                   f"one step from the float64 state already gives {check['value']:.2g} ({check['budget']}), "
-                   "before anything is carried"
-                   + ("" if any(c["metric"] == "drift_growth" and not c["passed"] for c in run["checks"]) else
-                      f"; it does not grow (drift {run.get('drift_growth', float('nan')):.2f}x)"),
-                   tried + lead, consequence="every chunk's state, and what the stream decides from it, carries the "
-                                             "error")
-
-
-def stream_recompile(run: dict) -> Finding:
-    """Compiles during the stream, after warm-up: each is a compile paid mid-stream on the device. Where Dynamo's
-    guard names a stride, the step hands a state part back as a view of a larger tensor (a slice of the chunk
-    it read): its strides differ from the warm-up's fresh state, and Dynamo guards on strides."""
-    first = (run.get("late") or [{}])[0]
-    reason = first.get("reason") or "?"
-    strided = "stride" in reason
-    advice = ("return each state part as a fresh buffer: x[:, -n:].clone(memory_format=torch.contiguous_format) "
-              "(a plain clone() keeps a view's strides), so every chunk feeds the layout the warm-up compiled"
-              if strided else "warm up every chunk shape and state layout the stream feeds the step, and keep them "
-                                  "the same from chunk to chunk")
-    return Finding("stream_recompile", grading.severity("stream_recompile"),
-                   f"{run['late_compiles']} compile(s) during the stream after warm-up ({run['backend']}), first at "
-                   f"chunk {first.get('chunk', '?')}: {reason}", advice,
-                   consequence="each is a compile paid in the middle of a stream on the device")
-
-
-def stream_output(run: dict, check: dict) -> Finding:
-    """A streamed output outside its budget (a check of streaming.output_metrics) as the target's finding, graded as
-    the drift (_stream_case): the target's float32 precision tried on the same stream."""
-    case, tried = _stream_case(run, check)
-    return Finding("stream_output", grading.severity("stream_output", case),
-                   f"streamed output '{check['output']}' at precision '{run['precision']}' ({run['backend']}): "
-                   f"{check['label']} {check['value']:.4g} over the stream ({check['budget']})",
-                   tried + ("" if case == grading.FIXED_BY_SETTING else ": the target's rounding, carried in the "
-                            "state, changes what the stream decides"))

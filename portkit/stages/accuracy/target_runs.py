@@ -30,6 +30,7 @@ from portkit.core import placement
 from portkit.core import availability
 from portkit.targets import specs
 from portkit.core.errors import CompileRefused
+from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy.localize import LayerProbe
 from portkit.targets.tolerance import Tolerance
 from portkit.targets.shared_trace import Turns
@@ -99,21 +100,46 @@ def has_float64(module) -> bool:
 class Float64Reference:
     """The model in float64 on the CPU, where it runs in float64 (some ops or models do not): one float64
     copy of the module, made at the first call, for every batch compared (the main batch and each bucket's).
+    With a `budget` (bytes), a batch runs in calls of as many rows as fit it, sized once by one row's measured peak
+    (footprint.added_bytes): a batch that fits runs whole. Float64 has no fast kernels on the CPU for some ops (a
+    convolution unfolds its input into columns), so a row can cost many times its float32 pass.
 
-        >>> out, note = Float64Reference(module)(inputs)   # out None where the model does not run in float64
+        >>> out, note = Float64Reference(module, budget)(inputs)   # out None where the model does not run in float64
     """
 
-    def __init__(self, module):
-        self.module, self._wide = module, None
+    def __init__(self, module, budget: int | None = None):
+        self.module, self._wide, self.budget = module, None, budget
+        self.rows: int | None = None     # rows a call holds, once measured (None: not yet)
 
     def __call__(self, inputs) -> tuple[dict | None, str]:
         try:
             if self._wide is None:
                 self._wide = copy.deepcopy(self.module).double()
-            out = forward(self._wide, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+            out = self._forward({k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
             return out, "float64 eager on the CPU"
         except (RuntimeError, TypeError, NotImplementedError) as exc:
             return None, f"not available: the model does not run in float64 ({str(exc).splitlines()[0][:160]})"
+
+
+    def _forward(self, inputs: dict) -> dict:
+        """The float64 copy on `inputs`, in calls of `rows` rows where a budget is set and every output has the
+        batch's rows first (else in one call)."""
+        rows = len(next(iter(inputs.values()))) if inputs else 0
+        if self.budget is None or rows <= 1 or any(v.dim() == 0 or len(v) != rows for v in inputs.values()):
+            return forward(self._wide, inputs)
+        if self.rows is None:     # one row measured first: a batch that fits runs whole, as without a budget
+            _, used = footprint.added_bytes(lambda: forward(self._wide, {k: v[:1] for k, v in inputs.items()}))
+            self.rows = max(1, self.budget // max(1, used))
+        if self.rows >= rows:
+            return forward(self._wide, inputs)
+        parts = [(len(range(start, min(rows, start + self.rows))),
+                  forward(self._wide, {k: v[start:start + self.rows] for k, v in inputs.items()}))
+                 for start in range(0, rows, self.rows)]
+        if any(not isinstance(part, dict) or any(not isinstance(t, torch.Tensor) or t.dim() == 0 or len(t) != n
+                                                 for t in part.values()) for n, part in parts):
+            return forward(self._wide, inputs)    # outputs whose rows do not come first: one call
+        parts = [part for _, part in parts]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def compiled_label(detected: specs.DetectedTarget) -> str:

@@ -24,14 +24,14 @@ import copy
 import datetime
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import jinja2
 
 from portkit.planning import cost
 from portkit.runfolder import environment, numbers, run_log
-from portkit.core import assessed, figures, grading
+from portkit.core import assessed, figures, grading, memory
 from portkit.stages import reconcile
 from portkit.stages import options
 from portkit.stages.report import sections
@@ -72,10 +72,19 @@ class StageResult:
     status: str                 # ok, skipped (problem: why), missing, failed, unreadable, incomplete
     problem: str = ""
     result: object = None       # the stage's typed result (portkit.runfolder.results.TYPED) where status is ok
+    run: run_log.StageRun | None = None    # how the latest run recorded it (time, peak memory); None: not recorded
 
     def to_dict(self) -> dict:
         return {"file": self.file, "notebook": self.notebook, "status": self.status, "problem": self.problem,
-                "summary": self.summary}
+                "summary": self.summary, "seconds": self.run.seconds if self.run else None,
+                "peak_memory_bytes": self.run.peak_memory_bytes if self.run else None}
+
+    def time_and_memory(self) -> tuple[str, str]:
+        """The stage's wall time and its kernel's peak memory in the latest run, for the report's stage table."""
+        if self.run is None:
+            return "—", "—"
+        return (f"{self.run.seconds:,.0f} s" if self.run.seconds is not None else "—",
+                memory.gib(self.run.peak_memory_bytes))
 
     @property
     def summary(self) -> str | None:
@@ -294,7 +303,8 @@ def build_report(run_dir, target_names=None) -> MigrationReport:
     """Read every stage result in `run_dir` and assemble the report; unreadable parts become gaps."""
     run_dir = Path(run_dir)
     log, log_problem = _run_log(run_dir)
-    stages = {s.name: read_stage(run_dir, s, log) for s in _stages()}
+    stages = {s.name: replace(read_stage(run_dir, s, log), run=log.stages.get(s.name) if log else None)
+              for s in _stages()}
     if all(s.status == "missing" for s in stages.values()):
         raise BadParameter("run folder", str(run_dir), hint="it holds no stage result ("
                            + ", ".join(s.file for s in stages.values()) + "); give one written by `portkit run`")
@@ -519,5 +529,5 @@ def _render(r: MigrationReport, standalone: bool) -> str:
         kernel_rows={n: [[k["op"], k["status"], f"{k['time_share']:.1%}", k["calls"], ", ".join(k["modules"]),
                           k["language"]] for k in sorted(t.kernels, key=lambda k: -k["time_share"])]
                      for n, t in r.targets.items()},
-        stage_rows=[[n, s.file, s.status if s.status == "ok" else f"{s.status}: {s.problem}",
+        stage_rows=[[n, s.file, s.status if s.status == "ok" else f"{s.status}: {s.problem}", *s.time_and_memory(),
                      s.summary if s.result is not None else ""] for n, s in r.stages.items()])
