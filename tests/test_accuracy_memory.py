@@ -140,7 +140,7 @@ def test_the_reports_stage_table_shows_each_stages_time_and_peak_memory():
     recorded none, a dash where no run recorded the stage."""
     from portkit.stages.report.stage import StageResult
     recorded = StageResult("accuracy", "accuracy.json", "04_accuracy.ipynb", "ok",
-                           run=run_log.StageRun("ok", "", 612.4, 3 * memory.GIB))
+                           run=run_log.StageRun("ok", "", 612.4, peak_memory_bytes=3 * memory.GIB))
     assert recorded.time_and_memory() == ("612 s", "3.00 GiB")
     assert recorded.to_dict()["peak_memory_bytes"] == 3 * memory.GIB
     unmeasured = StageResult("xla", "xla.json", "03b_xla.ipynb", "ok", run=run_log.StageRun("ok", "", 5.0))

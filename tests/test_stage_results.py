@@ -150,7 +150,7 @@ def test_the_run_log_is_written_by_the_writer_beside_its_reader(tmp_path):
     run_log.record(tmp_path, "compile", "failed", 3.0, "cell 4 raised ValueError: boom")
     written = json.loads((tmp_path / "run.json").read_text())
     assert written["stages"]["fallbacks"] == {"status": "ok", "seconds": 12.3, "error": "",
-                                              "notebook": "01_fallbacks.ipynb"}
+                                              "notebook": "01_fallbacks.ipynb", run_log.PEAK_KEY: None}
     found = run_log.read(tmp_path).stages
     assert found["fallbacks"] == run_log.StageRun("ok", "", 12.3, "01_fallbacks.ipynb")
     assert found["compile"].status == "failed" and found["compile"].error.endswith("boom")
