@@ -76,7 +76,7 @@ print(described)
 
 # %%
 prompts = list(texts.sample(opts.batch_size, opts.seed)) if opts.workload == "generate" else None   # its texts
-report = fallbacks.find_fallbacks(m, inputs, targets, fallbacks.RecordSettings(
+report = fallbacks.find_fallbacks(m, inputs, targets, settings=fallbacks.RecordSettings(
     train=opts.train, description=described, workload=opts.workload, prompts=prompts,
     texts=getattr(texts, "texts", None)))
 report

@@ -11,7 +11,7 @@ from conftest import fixture_model
 from portkit.core.findings import BLOCKER, WORK
 from portkit.models import registry
 from portkit.stages.accuracy import comparison
-from portkit.stages.accuracy import sample
+from portkit.stages.accuracy import stats
 from portkit.stages.accuracy import stage
 from portkit.stages.report.stage import build_report
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
@@ -23,7 +23,7 @@ from portkit.workloads import streaming
 @given(st.integers(1, 5000), st.floats(0, 1))
 def test_the_wilson_interval_holds_the_rate_and_lies_in_0_1(n, share):
     k = round(share * n)
-    low, high = sample.wilson(k, n)
+    low, high = stats.wilson(k, n)
     assert 0.0 <= low <= k / n <= high <= 1.0
 
 
@@ -31,35 +31,35 @@ def test_the_wilson_interval_holds_the_rate_and_lies_in_0_1(n, share):
 @given(st.integers(1, 2000), st.floats(0, 1))
 def test_the_wilson_interval_narrows_as_n_grows_at_the_same_rate(n, share):
     k = round(share * n)
-    low, high = sample.wilson(k, n)
-    low4, high4 = sample.wilson(4 * k, 4 * n)
+    low, high = stats.wilson(k, n)
+    low4, high4 = stats.wilson(4 * k, 4 * n)
     assert high4 - low4 < high - low
 
 
 def test_the_wilson_interval_of_the_cases_that_matter():
-    assert sample.wilson(4, 4)[0] == pytest.approx(4 / (4 + sample.Z95 ** 2))          # four agreeing images
-    assert sample.wilson(380, 380)[0] < 0.99 < sample.wilson(381, 381)[0]             # where 0.99 becomes decidable
-    assert sample.wilson(0, 0) == (0.0, 1.0)
+    assert stats.wilson(4, 4)[0] == pytest.approx(4 / (4 + stats.Z95 ** 2))          # four agreeing images
+    assert stats.wilson(380, 380)[0] < 0.99 < stats.wilson(381, 381)[0]             # where 0.99 becomes decidable
+    assert stats.wilson(0, 0) == (0.0, 1.0)
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.floats(-1e3, 1e3), min_size=2, max_size=60))
 def test_a_bootstrap_interval_is_seeded_and_ordered(values):
     v = torch.tensor(values, dtype=torch.float64)
-    first = sample.bootstrap(v, sample.MEAN)
-    assert first == sample.bootstrap(v, sample.MEAN)                  # seeded: a run repeats
+    first = stats.bootstrap(v, stats.MEAN)
+    assert first == stats.bootstrap(v, stats.MEAN)                  # seeded: a run repeats
     assert v.min() - 1e-9 <= first[0] <= first[1] <= v.max() + 1e-9
-    low, high = sample.bootstrap(v, sample.MIN)
+    low, high = stats.bootstrap(v, stats.MIN)
     assert low == pytest.approx(v.min().item())                       # a resample's minimum is never below it
 
 
 def test_a_decision_is_pass_fail_or_inconclusive_by_the_whole_interval():
     bounds = DEFAULT_TASK_BOUNDS
-    assert sample.decide((0.995, 1.0), "agreement", bounds) == sample.PASS
-    assert sample.decide((0.5, 1.0), "agreement", bounds) == sample.INCONCLUSIVE
-    assert sample.decide((0.5, 0.98), "agreement", bounds) == sample.FAIL
-    assert sample.decide((0.001, 0.02), "kl", bounds) == sample.INCONCLUSIVE           # an upper bound: kl <= 0.01
-    assert sample.decide((0.001, 0.005), "kl", bounds) == sample.PASS
+    assert stats.decide((0.995, 1.0), "agreement", bounds) == stats.PASS
+    assert stats.decide((0.5, 1.0), "agreement", bounds) == stats.INCONCLUSIVE
+    assert stats.decide((0.5, 0.98), "agreement", bounds) == stats.FAIL
+    assert stats.decide((0.001, 0.02), "kl", bounds) == stats.INCONCLUSIVE           # an upper bound: kl <= 0.01
+    assert stats.decide((0.001, 0.005), "kl", bounds) == stats.PASS
 
 
 def test_top1_agreement_on_four_images_is_inconclusive_and_on_1797_it_passes():
@@ -73,7 +73,7 @@ def test_top1_agreement_on_four_images_is_inconclusive_and_on_1797_it_passes():
     every = comparison.task_metrics(registry.IMAGE_CLASSIFIER, logits, logits, None, DEFAULT_TASK_BOUNDS, unit="images")
     (check,) = every["checks"]
     assert every["passed"] and check["n"] == 1797 and check["ci95"][0] > 0.99
-    assert sample.described(check) == "top-1 agreement 1.000 [0.998, 1.000] on 1,797 images"
+    assert stats.described(check) == "top-1 agreement 1.000 [0.998, 1.000] on 1,797 images"
 
 
 def test_every_task_metric_carries_n_and_ci95():

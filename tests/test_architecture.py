@@ -125,6 +125,31 @@ def test_no_module_is_over_600_lines():
     assert modules and not long, f"modules over {MAX_MODULE_LINES} lines (split them along their seams): {long}"
 
 
+def test_no_import_renames_a_portkit_module():
+    """Rule: every portkit module is imported under its own name (one vocabulary): `import portkit.x.y as z` and
+    `from portkit.x import y as z`, where y is a module, are refused; where the alias is the better name, the module
+    is renamed. Renaming an imported function or class stays allowed."""
+    import importlib.util
+
+    def is_module(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:     # a name inside a module (a function, a class), not a module
+            return False
+    renamed = []
+    for path in sorted((ROOT / "portkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                renamed += [(path, node.lineno, a.name) for a in node.names
+                            if a.asname and a.name.startswith("portkit.")]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("portkit"):
+                renamed += [(path, node.lineno, f"{node.module}.{a.name}") for a in node.names
+                            if a.asname and a.asname != a.name
+                            and is_module(f"{node.module}.{a.name}")]
+    assert not renamed, "portkit modules imported under another name: " + "; ".join(
+        f"{p.relative_to(ROOT)}:{line} {name}" for p, line, name in renamed)
+
+
 # ---------------------------------------------------------------- boundaries between modules
 def _dotted(node) -> str | None:
     """`a.b.c` for an attribute chain rooted at a name, else None."""

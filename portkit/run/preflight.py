@@ -111,10 +111,10 @@ def _check_memory(per_stage, user_params: dict, loaded: _Loaded) -> None:
     chosen = [values for stage, values in per_stage if stage.name == "accuracy"]
     if not chosen or not set(MEMORY_PARAMETERS) & set(user_params) or meta_device.is_name(loaded.spec):
         return
-    from portkit.stages.accuracy import stage as accuracy
+    from portkit.stages.accuracy.stage import check_memory
     try:
         model = loaded.get()
-        warning = accuracy.check_memory(model, chosen[0])
+        warning = check_memory(model, chosen[0])
     except BadParameter:
         raise
     except Exception:   # noqa: BLE001 (the stage meets the same error and shows where)

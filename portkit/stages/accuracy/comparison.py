@@ -23,7 +23,7 @@ from portkit.models import inputs
 from portkit.models import registry
 from portkit.models.inputs import CODES, PROBABILITY, WAVEFORM
 from portkit.core.errors import BadParameter
-from portkit.stages.accuracy import sample
+from portkit.stages.accuracy import stats
 from portkit.targets.tolerance import TASK_BOUND_REASONS, Tolerance, budget_text, within
 
 
@@ -114,20 +114,20 @@ def primary_output(kind: str, names) -> str:
 def check(key: str, label: str, value: float, bounds: dict, n: int | None = None, ci95=None,
           unit: str | None = None) -> dict:
     """One task metric's measurement against its budget (tolerance.DEFAULT_TASK_BOUNDS' key), with the items it
-    was decided on (`n`, `unit`) and its 95% interval (sample.py): "decision" is pass only where the whole
+    was decided on (`n`, `unit`) and its 95% interval (stats.py): "decision" is pass only where the whole
     interval lies inside the budget, inconclusive where it straddles it; without an interval, the point decides."""
     interval = [float(ci95[0]), float(ci95[1])] if ci95 is not None else None
-    decision = sample.decide(interval or (value, value), key, bounds)
+    decision = stats.decide(interval or (value, value), key, bounds)
     return {"metric": key, "label": label, "value": value, "n": n, "unit": unit, "ci95": interval,
             "budget": budget_text(key, bounds), "bound": bounds[key], "decision": decision,
-            "passed": decision == sample.PASS, "within": within(key, value, bounds), "why": TASK_BOUND_REASONS[key]}
+            "passed": decision == stats.PASS, "within": within(key, value, bounds), "why": TASK_BOUND_REASONS[key]}
 
 
 def _rate(key: str, label: str, hits: torch.Tensor, bounds: dict, unit: str) -> dict:
     """A share of decisions that agree, with its Wilson interval."""
     n = int(hits.numel())
     return check(key, label, hits.double().mean().item() if n else 1.0, bounds, n,
-                 sample.wilson(int(hits.sum()), n), unit)
+                 stats.wilson(int(hits.sum()), n), unit)
 
 
 # ---------------------------------------------------------------- per-item values, then the metrics over them
@@ -142,7 +142,7 @@ def _embedding(v, bounds, unit):
     found = {"metric": "cosine to the reference", "cosine_min": cos.min().item(), "cosine_mean": cos.mean().item(),
              "items": int(cos.numel())}
     return found, [check("cosine", "lowest cosine to the reference", found["cosine_min"], bounds, found["items"],
-                         sample.bootstrap(cos, sample.MIN), unit)]
+                         stats.bootstrap(cos, stats.MIN), unit)]
 
 
 def _language_model_items(a3, e3, mask, inputs):
@@ -174,14 +174,14 @@ def _language_model(v, bounds, unit):
              "kl_mean": kl.mean().item(), "kl_max": kl.max().item(), "positions": positions}
     checks = [_rate("agreement", "greedy-token agreement", v["agree"], bounds, "token positions"),
               check("kl", "mean KL(reference || target)", found["kl_mean"], bounds, positions,
-                    sample.bootstrap(kl, sample.MEAN), "token positions")]
+                    stats.bootstrap(kl, stats.MEAN), "token positions")]
     if "ce_reference" in v:
         found["perplexity_reference"] = v["ce_reference"].mean().exp().item()
         found["perplexity_target"] = v["ce_target"].mean().exp().item()
         found["perplexity_change"] = abs(found["perplexity_target"] / found["perplexity_reference"] - 1)
         d = v["ce_target"] - v["ce_reference"]
         checks.append(check("perplexity", "relative perplexity change on the batch's own text",
-                            found["perplexity_change"], bounds, int(d.numel()), sample.bootstrap(d, _ppl_change),
+                            found["perplexity_change"], bounds, int(d.numel()), stats.bootstrap(d, _ppl_change),
                             "token positions"))
     else:
         found["perplexity_note"] = "perplexity not measured: the logits do not predict the input ids"
@@ -238,7 +238,7 @@ def _pitch(v, bounds, unit):
         found.update(cents_median=0.0, cents_p95=0.0, cents_max=0.0,
                      cents_note="no frame is voiced in both runs: the pitch error is not measured")
     return found, [check("cents", "95th-percentile absolute pitch error (cents, voiced frames)", found["cents_p95"],
-                         bounds, int(error.numel()), sample.bootstrap(error, sample.quantile(0.95))
+                         bounds, int(error.numel()), stats.bootstrap(error, stats.quantile(0.95))
                          if error.numel() else None, "voiced frames"),
                    _rate("voicing", "voiced/unvoiced agreement", v["voicing"], bounds, "frames")]
 
@@ -291,9 +291,9 @@ def _waveform(v, bounds, unit):
              "samples": int(v["samples"].sum()), "snr_db_min": snr.min().item(), "snr_db_mean": snr.mean().item(),
              "si_sdr_db_min": sdr.min().item(), "si_sdr_db_mean": sdr.mean().item()}
     return found, [check("snr_db", "lowest SNR (dB)", found["snr_db_min"], bounds, found["items"],
-                         sample.bootstrap(snr, sample.MIN), unit),
+                         stats.bootstrap(snr, stats.MIN), unit),
                    check("si_sdr_db", "lowest SI-SDR (dB)", found["si_sdr_db_min"], bounds, found["items"],
-                         sample.bootstrap(sdr, sample.MIN), unit)]
+                         stats.bootstrap(sdr, stats.MIN), unit)]
 
 
 def codes(t: torch.Tensor) -> torch.Tensor:
@@ -332,7 +332,7 @@ def _probability(v, bounds, unit):
         found["range_note"] = (f"{outside} of the reference's {n} values lie outside [0, 1]: not probabilities; "
                                "declare logits as a classifier output")
     return found, [check("probability_mae", "mean absolute probability error", found["mae"], bounds, n,
-                         sample.bootstrap(error, sample.MEAN) if n else None, "probabilities"),
+                         stats.bootstrap(error, stats.MEAN) if n else None, "probabilities"),
                    _rate("agreement", f"decision agreement at {PROBABILITY_THRESHOLD:g}", v["decision"], bounds,
                          "probabilities")]
 
@@ -366,7 +366,7 @@ def _boxes(v, bounds, unit):
     found = {"metric": "IoU of each query's box with the reference's", "iou_min": iou.min().item(),
              "iou_mean": iou.mean().item(), "boxes": int(iou.numel())}
     return found, [check("box_iou", "lowest box IoU with the reference", found["iou_min"], bounds, found["boxes"],
-                         sample.bootstrap(iou, sample.MIN), "boxes")]
+                         stats.bootstrap(iou, stats.MIN), "boxes")]
 
 
 def _segmentation_items(a, e, mask, inputs):   # (batch, classes, height, width): the argmax map, per pixel
@@ -452,17 +452,17 @@ def unmeasured(kind: str, differs: dict, name: str | None = None) -> dict:
     if kind not in TASK_METRICS:
         raise BadParameter("output kind", kind, list(TASK_METRICS))
     return {"metric": f"{kind}: not measured", "shape_mismatch": {**differs, "output": name}, "checks": [],
-            "decision": sample.FAIL, "passed": False, "reason": mismatch_text(differs, name)}
+            "decision": stats.FAIL, "passed": False, "reason": mismatch_text(differs, name)}
 
 
 def finish(found: dict, checks: list[dict]) -> dict:
     """A task result's decision and reasons from its checks (also after more checks are added): fail where any
     check fails, inconclusive where none fails and one straddles its budget, else pass."""
-    fails = [f"{sample.described(c)} outside its {c['budget']}" for c in checks if c["decision"] == sample.FAIL]
-    open_ = [f"{sample.described(c)} straddles its {c['budget']}: inconclusive" for c in checks
-             if c["decision"] == sample.INCONCLUSIVE]
-    decision = sample.FAIL if fails else sample.INCONCLUSIVE if open_ else sample.PASS
-    found.update(checks=checks, decision=decision, passed=decision == sample.PASS,
+    fails = [f"{stats.described(c)} outside its {c['budget']}" for c in checks if c["decision"] == stats.FAIL]
+    open_ = [f"{stats.described(c)} straddles its {c['budget']}: inconclusive" for c in checks
+             if c["decision"] == stats.INCONCLUSIVE]
+    decision = stats.FAIL if fails else stats.INCONCLUSIVE if open_ else stats.PASS
+    found.update(checks=checks, decision=decision, passed=decision == stats.PASS,
                  reason="; ".join(fails + open_) or None)
     return found
 

@@ -18,6 +18,7 @@ import torch
 
 from portkit.core import memory
 from portkit.core.torch_private import TorchDispatchMode, tree_leaves
+from portkit.models.inputs import BATCH
 
 # portkit's cap on one pass's activations, and the share of the memory available when the stage starts that a pass
 # may take at most: the model, its float64 copy, the compiled graphs and the other kernel of the run share the rest
@@ -90,7 +91,9 @@ def row_bytes(model, inputs: dict, fixed_rows: bool, metric=None) -> int:
     `metric(outputs, row)` where given (a language model's per-item values hold several copies of its logits),
     scaled to the longest item the model takes along its varying dimension where a pass's rows are padded to
     their own longest item (`fixed_rows` False: a recording of the declared maximum length costs that much more)."""
-    row = {k: v[:1] for k, v in inputs.items()}
+    # one row along each input's declared batch axis (a recurrent state is (layers, batch, hidden))
+    axes = {spec.name: spec.dims.index(BATCH) for spec in model.declaration.inputs if BATCH in spec.dims}
+    row = {k: v.narrow(axes.get(k, 0), 0, 1) for k, v in inputs.items()}
     with torch.no_grad():
         out, peak = added_bytes(lambda: model.module(**row))
         if metric is not None:

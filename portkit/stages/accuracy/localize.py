@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from portkit.core import progress as progress_bars
+from portkit.core.progress import bar as progress_bar
 from portkit.stages.accuracy.comparison import real_positions
 from portkit.targets.tolerance import Tolerance
 from portkit.core.module_stack import ModuleTracker
@@ -45,7 +45,7 @@ class LayerProbe:
     def _run(self, fn, pre, post, desc: str):
         calls: collections.Counter = collections.Counter()
         # one step per module output; the reference pass learns how many there are
-        bar = progress_bars.bar(total=len(self.reference) or None, desc=desc, unit="module", leave=False,
+        bar = progress_bar(total=len(self.reference) or None, desc=desc, unit="module", leave=False,
                                 disable=not self.progress)
 
         def leave(path, module, output):

@@ -18,7 +18,7 @@ import torch
 
 from portkit.corpora import images
 from portkit.models import registry
-from portkit.stages.accuracy import sample as stats
+from portkit.stages.accuracy import stats
 from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy import target_runs
 from portkit.stages.accuracy.comparison import (check, compare, finish, item_values, join_values, neighbour_shares,

@@ -16,7 +16,7 @@ import html
 from dataclasses import dataclass, field
 
 from portkit.targets.backends import compile_cause
-from portkit.stages.accuracy import sample as stats
+from portkit.stages.accuracy import stats
 from portkit.core import grading
 from portkit.core.findings import PADDING_CAUSE, Finding, cause_key
 from portkit.targets.numerics import precision_cost
@@ -61,7 +61,7 @@ class PrecisionResult:
 
     @property
     def main_decision(self) -> str:
-        """The judged output's decision: its task metrics' on their sample (sample.py: a check whose 95% interval
+        """The judged output's decision: its task metrics' on their sample (stats.py: a check whose 95% interval
         straddles its budget is inconclusive, never a pass), unless the error is no worse than the GPU setup's own
         (baseline_factor): then pass. An output of another shape than the reference's fails (nothing compared)."""
         if self.task.get("shape_mismatch"):

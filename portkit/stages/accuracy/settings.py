@@ -53,9 +53,6 @@ class BucketBoundaries:
 
 
 # ---------------------------------------------------------------- the stage's options
-def _corpus(name: str, value) -> str:
-    from portkit.corpora import corpus as data
-    return data.check_corpus(value)
 
 
 def _new_tokens(name: str, value) -> int:
@@ -117,7 +114,7 @@ def bucket_boundaries(name: str, value):
 class Options(options.StageOptions):
     """Stage 4's options: the parameters cell of notebooks/04_accuracy.py, each field checked."""
     NOTEBOOK = "04_accuracy.ipynb"
-    CHECKS = {"corpus": _corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
+    CHECKS = {"corpus": options.check_corpus, "text_column": checks.text, "batch_size": checks.up_to(checks.MAX_BATCH),
               "seq_len": checks.up_to(checks.MAX_SEQ), "seed": checks.seed, "precision": _precision,
               "tolerances": _tolerances, "task_bounds": _task_bounds,
               "gpu_numerics": checks.one_of(numerics.GPU_NUMERICS), "default_buckets": bucket_boundaries,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from portkit.core import progress as progress_bars
+from portkit.core.progress import bar as progress_bar
 from portkit.runfolder import results
 from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy import target_check
@@ -121,7 +121,7 @@ def check_accuracy(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     ref = Reference.build(model, inputs, options, scope, corpus)
     steps = sum(1 + (len(specs.get(n).precisions) - 1) * scope.all_precisions for n in names) + \
         (sum(len(plans[n].boundaries) for n in names) if corpus is not None and model.seq_dim else 0)
-    bar = progress_bars.bar(total=steps, desc="accuracy", unit="pass", disable=not scope.progress)
+    bar = progress_bar(total=steps, desc="accuracy", unit="pass", disable=not scope.progress)
     shared = target_runs.SharedCompile.for_targets(ref.module, names, options.precision, ref.compiled)
     per_target = {name: target_check.check_target(ref, name, plans[name], shared, bar) for name in names}
     bar.close()
@@ -160,11 +160,11 @@ def check_generation(model, corpus, targets=("neuron", "tpu"), options: Options 
     (sampled with options.seed) under each target's numerics (options.precision) against the float32
     reference: token agreement, first divergence, logit error per step, near-ties, judged against
     options.task_bounds (portkit/stages/accuracy/generation.py). None: Options.defaults()."""
-    from portkit.workloads import generation
-    from portkit.stages.accuracy import generation as generation_accuracy
+    from portkit.workloads.generation import check_causal
+    from portkit.stages.accuracy import generation
     options = options if options is not None else Options.defaults()
-    generation.check_causal(model)
-    return generation_accuracy.compare(model, corpus.sample(options.batch_size, options.seed), targets, options)
+    check_causal(model)
+    return generation.compare(model, corpus.sample(options.batch_size, options.seed), targets, options)
 
 
 # ---------------------------------------------------------------- training
@@ -211,9 +211,9 @@ def check_memory(model, values: dict) -> str | None:
     what other processes hold changes; None where it fits. `values`: the stage's parameters as the run passes them."""
     from portkit.core import memory
     from portkit.core.errors import BadParameter
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import corpus_for, example_batch
     opts = Options.of(values)
-    row, _ = data.example_batch(model, data.corpus_for(model, opts.corpus, opts.text_column), 1, opts.seq_len,
+    row, _ = example_batch(model, corpus_for(model, opts.corpus, opts.text_column), 1, opts.seq_len,
                                 seed=opts.seed)
     total, available = memory.total(), memory.available()
     needed, fits = footprint.stage_estimate(model, row, opts.batch_size, total or None)

@@ -10,7 +10,7 @@ the report's fields (model, reference, targets).
 from __future__ import annotations
 
 from portkit.core.tables import HtmlTable
-from portkit.stages.accuracy import sample as stats
+from portkit.stages.accuracy import stats
 from portkit.stages.accuracy.comparison import primary_output
 
 ASSERT_CLOSE = "element-wise assert_close (detail, does not decide)"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from portkit.models.inputs import BATCH
-from portkit.stages.accuracy import sample as stats
+from portkit.stages.accuracy import stats
 from portkit.stages.accuracy import padding_side, target_runs
 from portkit.stages.accuracy.advice import suggest
 from portkit.stages.accuracy.comparison import compare, task_metrics

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit.core import torch_private as _torch
+from portkit.core import torch_private
 from portkit.core import placement
 from portkit.core import availability
 from portkit.targets import specs
@@ -183,7 +183,8 @@ class SharedCompile:
         self.turns.turn = name
         self.shapes.add(shape)
         try:
-            with torch.no_grad(), _torch.recompile_limit(len(self.shapes)):   # every shape compiles (see TargetSide)
+            # every shape compiles (see TargetSide)
+            with torch.no_grad(), torch_private.recompile_limit(len(self.shapes)):
                 out = self.fn(**inputs)
         finally:   # also where this target refused: the others compiled in its call
             for target, counter in self.counters.items():
@@ -276,7 +277,7 @@ class TargetSide:
         # Dynamo runs a function eagerly after recompile_limit shapes (pytorch/pytorch#114511): an
         # uncompiled bucket would pass for a compiled one, so every shape this side runs must compile.
         self._shapes.add(input_shape(inputs))
-        with torch.no_grad(), _torch.recompile_limit(len(self._shapes)):
+        with torch.no_grad(), torch_private.recompile_limit(len(self._shapes)):
             out = fn(**inputs)
         if checks is not None and len(checks) > before:
             changed = collections.Counter()

@@ -1,9 +1,9 @@
 """How sure a task metric is: the items it was decided on, a 95% interval, and a three-way decision.
 
-    >>> from portkit.stages.accuracy import sample
-    >>> sample.wilson(1797, 1797)                     # (0.99787..., 1.0): a rate's Wilson score interval
-    >>> sample.bootstrap(cosines, sample.MIN)        # a seeded percentile interval for any other statistic
-    >>> sample.decide((0.51, 1.0), "agreement", {"agreement": 0.99})     # 'inconclusive': it straddles 0.99
+    >>> from portkit.stages.accuracy import stats
+    >>> stats.wilson(1797, 1797)                     # (0.99787..., 1.0): a rate's Wilson score interval
+    >>> stats.bootstrap(cosines, stats.MIN)         # a seeded percentile interval for any other statistic
+    >>> stats.decide((0.51, 1.0), "agreement", {"agreement": 0.99})     # 'inconclusive': it straddles 0.99
 
 A metric measured on a handful of items says little: four agreeing images put top-1 agreement's 95% interval at
 [0.51, 1], which holds both a pass and a fail of a 0.99 budget. So every task metric carries `n` and `ci95`, and
