@@ -50,27 +50,26 @@ def reset_peak(pid: int | None = None) -> bool:
         return False
 
 
-def peak(pid: int | None = None) -> int | None:
-    """The peak resident memory of process `pid` (None: this one) in bytes, since it started or since
-    reset_peak(); None where the system does not say."""
+def _status_bytes(pid: int | None, field: str) -> int | None:
+    """A kB field of /proc/<pid>/status (VmHWM, VmRSS) in bytes; None where the system does not say."""
     try:
         for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def peak(pid: int | None = None) -> int | None:
+    """The peak resident memory of process `pid` (None: this one) in bytes, since it started or since
+    reset_peak(); None where the system does not say."""
+    return _status_bytes(pid, "VmHWM")
 
 
 def resident(pid: int | None = None) -> int | None:
     """The resident memory of process `pid` (None: this one) now, in bytes; None where the system does not say."""
-    try:
-        for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return _status_bytes(pid, "VmRSS")
 
 
 def gib(n: int | float | None) -> str:
