@@ -4,7 +4,6 @@ A tiny image classifier built to hold a large activation a row (its input repeat
 import json
 import sys
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -17,6 +16,8 @@ from portkit.runfolder import layout, reading, run_log
 from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy import settings
 from portkit.stages.accuracy import stage
+
+from fixtures.images import image_folder
 
 SIZE = 8
 WIDE = 4096                                  # the input repeated: 3 * 8 * 8 * 4096 floats = 3 MiB a row
@@ -42,15 +43,6 @@ def _model() -> registry.LoadedModel:
     decl = inputs.image_declaration(SIZE, (inputs.Output("logits", inputs.IMAGE_CLASSIFIER),))
     return registry.LoadedModel("wide-classifier", inputs.IMAGE_CLASSIFIER, _Wide().eval(), "test",
                                 image_size=SIZE, declaration=decl)
-
-
-def _folder(path, n: int) -> str:
-    from PIL import Image
-    path.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(path / f"{i}.png")
-    return str(path)
 
 
 def _task(model, corpus, pass_bytes):
@@ -82,7 +74,7 @@ def test_a_model_with_large_activations_gets_passes_sized_to_the_budget_and_the_
     PASS_OVERHEAD would take the pass past its budget; the result says so, and the values decided on are the same
     as in passes of TASK_BATCH (per-item values, joined)."""
     model = _model()
-    corpus = data.corpus_for(model, _folder(tmp_path / "photos", 40))
+    corpus = data.corpus_for(model, image_folder(tmp_path / "photos", 40, SIZE))
     batch, _ = data.example_batch(model, corpus, 2, SIZE, seed=0)
     per_row = footprint.row_bytes(model, batch, fixed_rows=True)
     assert per_row >= ROW                    # the repeated input at least; the process's own pages may add more

@@ -2,7 +2,6 @@
 data holds (up to portkit's cap, Scope.task_items_max, owned by accuracy.TASK_ITEMS_MAX) where the chosen
 precision's interval straddles its budget. A tiny image classifier on a folder of small PNGs, an agreement budget of
 0.95 (perfect agreement clears it from 74 items on) so the samples stay small: seconds."""
-import numpy as np
 import torch
 from torch import nn
 
@@ -10,6 +9,8 @@ from portkit.corpora import corpus as data
 from portkit.models import inputs
 from portkit.models import registry
 from portkit.stages.accuracy import stage
+
+from fixtures.images import image_folder
 
 SIZE = 8
 OPTIONS = {"task_bounds": {"agreement": 0.95}}
@@ -34,15 +35,6 @@ def _model() -> registry.LoadedModel:
                               image_size=SIZE, declaration=decl)
 
 
-def _folder(path, n: int) -> str:
-    from PIL import Image
-    path.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(path / f"{i}.png")
-    return str(path)
-
-
 def _check(model, corpus, **scope):
     batch, described = data.example_batch(model, corpus, 2, SIZE, seed=0)
     report = stage.check_accuracy(model, batch, ["tpu"], stage.Options.of(OPTIONS),
@@ -57,7 +49,7 @@ def test_an_undecided_sample_grows_to_what_the_folder_holds_and_says_why(tmp_pat
     and the sample's text says why n is what it is. 20 agreeing images cannot clear a 0.95 agreement budget
     (Wilson lower bound 0.84); the folder's 90 can (0.959)."""
     model = _model()
-    corpus = data.corpus_for(model, _folder(tmp_path / "photos", 90))
+    corpus = data.corpus_for(model, image_folder(tmp_path / "photos", 90, SIZE))
     task = _check(model, corpus, task_items=20).chosen.task
     assert task["decision"] == "pass" and task["checks"][0]["n"] == 90
     assert task["sample"]["items"] == task["sample"]["pool"] == 90
@@ -70,7 +62,7 @@ def test_a_decided_sample_stays_and_a_grown_one_stops_at_portkits_cap(tmp_path):
     """Rule: n is the first sample where it decides, said as portkit's choice; a grown sample stops at portkit's
     cap, named as portkit's with the parameter that raises it, and the inconclusive advice points at that cap."""
     model = _model()
-    corpus = data.corpus_for(model, _folder(tmp_path / "photos", 90))
+    corpus = data.corpus_for(model, image_folder(tmp_path / "photos", 90, SIZE))
     task = _check(model, corpus, task_items=80).chosen.task       # 80 agreeing images: lower bound 0.954, decided
     assert task["decision"] == "pass" and task["sample"]["items"] == 80 and "grown_from" not in task["sample"]
     assert "of the 90 the data holds: portkit's first sample (Scope.task_items)" in task["sample"]["text"]
