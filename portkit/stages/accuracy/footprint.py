@@ -92,8 +92,7 @@ def row_bytes(model, inputs: dict, fixed_rows: bool, metric=None) -> int:
     scaled to the longest item the model takes along its varying dimension where a pass's rows are padded to
     their own longest item (`fixed_rows` False: a recording of the declared maximum length costs that much more)."""
     # one row along each input's declared batch axis (a recurrent state is (layers, batch, hidden))
-    axes = {spec.name: spec.dims.index(BATCH) for spec in model.declaration.inputs if BATCH in spec.dims}
-    row = {k: v.narrow(axes.get(k, 0), 0, 1) for k, v in inputs.items()}
+    row = model.declaration.fit(inputs, {BATCH: 1}, pad=False)
     with torch.no_grad():
         out, peak = added_bytes(lambda: model.module(**row))
         if metric is not None:
