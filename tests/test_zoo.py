@@ -140,7 +140,7 @@ def test_a_detector_that_does_not_run_at_the_zoos_size_is_not_buildable():
 
 
 def _result(key, family, **fields):
-    result = zoo.Result(key, key.split(".")[0], family, "Cls")
+    result = zoo.Result(key, key.split(".")[0], family, "Cls", commit="c")
     for name, value in fields.items():
         setattr(result, name, value)
     return result
@@ -171,6 +171,16 @@ def test_the_page_and_the_last_line_count_what_the_rows_hold():
     assert "missing: timm" in page and "rule violation" in page and "- commit: `c`" in page
     alarms = page.split("## Stage crashes and rule violations", 1)[1].split("##", 1)[0]
     assert "c.ctc: crash in xla: boom" in alarms and "c.ctc: cause counted twice" in alarms
+
+
+def test_a_table_of_rows_run_at_several_commits_names_each_commit_with_its_rows():
+    """A zoo resumed across commits: the page names every commit the rows ran at, with its count, and the one the
+    table was written at; a row whose commit was not recorded is counted as such, never as the current one."""
+    results = [_result("a.ctc", "ctc"), _result("b.ctc", "ctc"), _result("c.ctc", "ctc", commit="old"),
+               _result("d.ctc", "ctc", commit="")]
+    page = zoo.render(results, ["fallbacks"], {"date": "d", "commit": "c", "command": "python zoo", "host": "h",
+                                               "summary": "s"})
+    assert "- commit: `c` (2 rows); `old` (1 rows); `not recorded` (1 rows); table written at `c`" in page
 
 
 def _report_target(verdict, *findings):
@@ -236,3 +246,11 @@ def test_the_zoo_runs_rows_writes_its_page_and_resumes(tmp_path):
     assert "detr" in page and "bert" in page and "- command: `python benchmarks/zoo.py --only" in page
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert "2 finished before" in again.stdout and again.stdout.strip().splitlines()[-1].startswith(last[:60])
+    row = json.loads((tmp_path / "runs" / "rows" / "bert.masked-lm.json").read_text())["result"]
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", row["commit"]) and "GFLOP/s" in row["host"]
+    # --table: the page from the finished rows; a selected row not finished is counted as such and never run
+    table = subprocess.run([*command[:3], "bert.masked-lm,detr.object-detection,albert.masked-lm", *command[4:],
+                            "--table"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert table.returncode == 0, table.stderr[-3000:]
+    assert "(2 of 3 rows finished)" in (tmp_path / "zoo.md").read_text()
+    assert not (tmp_path / "runs" / "runs" / "albert.masked-lm").exists()
