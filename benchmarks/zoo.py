@@ -338,8 +338,9 @@ def shares(results: list[Result]) -> dict:
     return table
 
 
-def causal_claim(results: list[Result]) -> str:
-    """The causal-LM share ready or ready with work per target: the figure comparable to a vendor's claim."""
+def causal_claim(results: list[Result], listed: int | None = None) -> str:
+    """The causal-LM share ready or ready with work per target: the figure comparable to a vendor's claim. `listed`:
+    how many causal-LM model types the mapping lists; where fewer have a row, the share is said to be a sample's."""
     causal = [r for r in results if r.family == "causal-lm"]
     if not causal:
         return ""
@@ -348,8 +349,11 @@ def causal_claim(results: list[Result]) -> str:
         good = sum(outcome(r, target) in (report_stage.READY, report_stage.READY_WITH_WORK) for r in causal)
         parts.append(f"{target} {good}/{len(causal)} ({good / len(causal):.0%})")
     return (f"Causal LMs ready or ready with work (generation workload, emulated: CPU under each target's rules, "
-            f"not hardware): {', '.join(parts)}; the denominator holds every causal-LM model type the mapping lists, "
-            "the not buildable ones and the rows with a stage crash or a rule violation included.")
+            f"not hardware): {', '.join(parts)}; " + (
+                "the denominator holds every causal-LM model type the mapping lists" if not listed or
+                listed <= len(causal) else f"a sample: {len(causal)} of the {listed} causal-LM model types the "
+                "mapping lists have a row here; the denominator holds the sample's rows")
+            + ", the not buildable ones and the rows with a stage crash or a rule violation included.")
 
 
 # ---------------------------------------------------------------- the page
@@ -441,7 +445,7 @@ def render(results: list[Result], stages: list[str], meta: dict) -> str:
     if len(stages) < len(layout.STAGE_NAMES):
         lines += [f"Stages run: {', '.join(stages)}. A verdict needs every stage's result, so with a subset "
                   "every target's verdict reads \"not assessed\".", ""]
-    claim = causal_claim(results)
+    claim = causal_claim(results, meta.get("causal_listed"))
     if claim:
         lines += [f"**{claim}**", ""]
     lines += ["## Share per task family and target", "",
@@ -591,7 +595,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     for key, value in KERNEL_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
-    rows = select(zoo_build.enumerate_rows(), args.only, args.family, args.quick, parser)
+    every = zoo_build.enumerate_rows()
+    rows = select(every, args.only, args.family, args.quick, parser)
     if args.list:
         print("\n".join(f"{r.key}\t{r.cls}" for r in rows))
         return 0
@@ -610,7 +615,7 @@ def main(argv=None) -> int:
     doc.parent.mkdir(parents=True, exist_ok=True)
     results = {k: v for k, v in done.items() if k in {r.key for r in rows}}
     meta = {"date": datetime.date.today().isoformat(), "commit": _commit(), "command": command.strip(),
-            "host": f"{os.cpu_count()} cores"}
+            "host": f"{os.cpu_count()} cores", "causal_listed": sum(r.family == "causal-lm" for r in every)}
 
     def finish(result: Result) -> None:
         result.commit = result.commit or meta["commit"]

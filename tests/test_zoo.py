@@ -164,6 +164,8 @@ def test_the_page_and_the_last_line_count_what_the_rows_hold():
                                                            zoo.ROW_FAILED: 0}
     assert zoo.shares(results)["ctc"]["tpu"][zoo.ROW_FAILED] == 1     # "ready", but with a crash and a violation
     assert "neuron 1/2 (50%), tpu 0/2 (0%)" in zoo.causal_claim(results) and "emulated" in zoo.causal_claim(results)
+    assert "denominator holds every causal-LM model type" in zoo.causal_claim(results, listed=2)
+    assert "a sample: 2 of the 196 causal-LM model types" in zoo.causal_claim(results, listed=196)
     page = zoo.render(results, ["fallbacks", "xla"], {"date": "d", "commit": "c", "command": "python zoo", "host": "h",
                                                       "summary": "s"})
     table = page.split("## Architectures", 1)[1]
