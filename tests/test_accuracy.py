@@ -388,7 +388,7 @@ def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(cor
     assert advice and all(f"alone on `pooled`: max abs error {cast_err:.2g} " in s for s in advice)
     assert not any(f"max abs error {total:.2g}" in s for s in advice)
     report.save(tmp_path / "accuracy.json")                   # the migration report shows both, each by cause
-    metrics = build_report(tmp_path).to_dict()["targets"]["tpu"]["metrics"]["accuracy"]
+    metrics = build_report(run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["accuracy"]
     assert metrics["max abs error from float64 run as float32"] == f"{cast_err:.2g}"
     assert metrics["max abs error from precision 'default' rounding"] == f"{bf16_err:.2g}"
 

@@ -115,7 +115,7 @@ def test_an_undecided_verdict_is_inconclusive_work_never_a_pass(tmp_path):
     saved = json.loads((tmp_path / "accuracy.json").read_text())
     check = saved["targets"]["tpu"]["task"]["checks"][0]
     assert check["n"] == 4 and len(check["ci95"]) == 2 and saved["verdict"] == "inconclusive"
-    target = build_report(tmp_path).to_dict()["targets"]["tpu"]
+    target = build_report(run_dir=tmp_path).to_dict()["targets"]["tpu"]
     assert target["verdict"] != "ready"
     assert any(f["kind"] == "accuracy_inconclusive" and f["severity"] == WORK
                for f in target["findings"])
@@ -138,7 +138,7 @@ def test_the_report_says_what_decides_and_labels_the_element_wise_detail(minilm,
     assert "on 12 texts" in basis and "12 texts from" in basis
     assert "element-wise assert_close (detail, does not decide)" in report.outputs_table().header
     report.save(tmp_path / "accuracy.json")
-    target = build_report(tmp_path).to_dict()["targets"]["tpu"]
+    target = build_report(run_dir=tmp_path).to_dict()["targets"]["tpu"]
     gpu = target["metrics"]["accuracy"]["error vs today's GPU"]
     assert "so it does not decide (the task metrics do)" in gpu and "no regression by itself" in gpu
     assert "on 12 texts" in target["metrics"]["accuracy"]["task: lowest cosine to the reference"]
@@ -164,4 +164,4 @@ def test_a_drifting_stream_is_a_blocker_finding_of_its_target(tmp_path):
     assert drift["severity"] == BLOCKER and f"grows {run.growth:.2f}x" in drift["message"]
     assert "Mann-Whitney U p = " in drift["message"] and "float32" in drift["advice"]
     assert any("streamed state drifts" in r for r in saved["reasons"])
-    assert build_report(tmp_path).to_dict()["targets"]["tpu"]["verdict"] == "blocked"
+    assert build_report(run_dir=tmp_path).to_dict()["targets"]["tpu"]["verdict"] == "blocked"

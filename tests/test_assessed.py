@@ -96,7 +96,7 @@ def stage_folder(tmp_path, stage: xla.XlaStage):
         with contextlib.suppress(results.StageSkipped):
             results.skip_stage(tmp_path, name, {"name": "test"}, ["tpu"], "not part of this test")
     stage.save(tmp_path / "xla.json")
-    return report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]
+    return report.build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]
 
 
 # ---------------------------------------------------------------- stage 3b
@@ -317,8 +317,8 @@ def test_a_storm_the_compiler_stopped_is_not_priced_and_its_storm_is_open():
     lengths = [r["input_ids"].shape[1] for r in requests.inputs]
     assert lengths[0] != lengths[1] and max(lengths[:2]) <= 12 < lengths[2]
     cost = economics.neuron_estimate(10**6)
-    found = compiling.compile_model(m, requests, ["tpu"], compiling.Options.of({"seq_len": 8}), progress=False,
-                                    costs={"tpu": cost})
+    found = compiling.compile_model(m, requests, ["tpu"], compiling.Options.of({"seq_len": 8}),
+                                    storm=compiling.StormSettings(progress=False), costs={"tpu": cost})
     summary = found.target_summary("tpu")
     assert "then cannot compile at request 3" in summary and "not assessed" in summary
     assert "compiles are priced by" not in summary

@@ -443,8 +443,8 @@ def test_padding_check_on_the_emulated_tpu_backend(tiny, trace):
 
 
 def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
-    report = buckets.fit_buckets(tiny, corpus, ["neuron", "tpu"], tmp_path,
-                                 buckets.Options.of({"bucket_count": 2, "requests": 4}), max_seq=48,
+    report = buckets.fit_buckets(tiny, corpus, ["neuron", "tpu"],
+                                 buckets.Options.of({"bucket_count": 2, "requests": 4}), run_dir=tmp_path, max_seq=48,
                                  costs=costs_for(tiny), replay=buckets.Replay(progress=False))
     report.save(tmp_path / "buckets.json")
     saved = json.loads((tmp_path / "buckets.json").read_text())
@@ -487,8 +487,8 @@ def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, 
     from portkit.targets import specs
     if not availability.device_available(module, device):
         pytest.skip(f"needs {module} and a {device} device")
-    report = buckets.fit_buckets(tiny, corpus, [target], tmp_path,
-                                 buckets.Options.of({"bucket_count": 1, "requests": 3}), max_seq=32,
+    report = buckets.fit_buckets(tiny, corpus, [target],
+                                 buckets.Options.of({"bucket_count": 1, "requests": 3}), run_dir=tmp_path, max_seq=32,
                                  replay=buckets.Replay(progress=False))
     t = report.targets[target]
     assert t.target["mode"] == "native" and t.backend == specs.get(target).backend
@@ -526,8 +526,8 @@ def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, mon
                                       "warmup_budget_seconds", "neuron_compile_seconds")}
     assert defaults["serve_requests"] > scope["trace"].texts    # priced for traffic, not for the short replay
     assert {k: getattr(scope["opts"], k) for k in defaults} == defaults     # the notebook's options are its values
-    report = buckets.fit_buckets(scope["m"], scope["texts"], given["targets"], tmp_path,
-                                 dataclasses.replace(scope["opts"], requests=4),
+    report = buckets.fit_buckets(scope["m"], scope["texts"], given["targets"],
+                                 dataclasses.replace(scope["opts"], requests=4), run_dir=tmp_path,
                                  replay=buckets.Replay(check=False, progress=False))
     for name in given["targets"]:
         assert report.targets[name].chosen == scope["chosen"][name]

@@ -95,7 +95,8 @@ def test_a_refusal_is_one_blocker_and_names_the_data_dependent_size(texts):
     stream = requests.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
     opts = compiling.Options.of({"seq_len": 12, "requests": 4})
     with torch._dynamo.config.patch(capture_scalar_outputs=True):   # Dynamo's own scoped setting, restored after
-        report = compiling.compile_model(m, stream, ["neuron"], opts, progress=False, compile_shapes=2,
+        report = compiling.compile_model(m, stream, ["neuron"], opts,
+                                         storm=compiling.StormSettings(progress=False, compile_shapes=2),
                                          costs={"neuron": compiling.economics.neuron_estimate(10**6)})
     blockers = [f for f in report.findings("neuron") if f["severity"] == "blocker"]
     assert len(blockers) == 1, blockers
@@ -169,7 +170,8 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         stream = requests.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
         stage2 = compiling.compile_model(m, stream, ["neuron"], compiling.Options.of({"seq_len": 12, "requests": 4}),
-                                         progress=False, compile_shapes=2, costs={"neuron": cost}).findings("neuron")
+                                         storm=compiling.StormSettings(progress=False, compile_shapes=2),
+                                         costs={"neuron": cost}).findings("neuron")
         plan = buckets.plan_buckets([4, 8, 12], "optimal", k=2, max_seq=12)
         runs = trace_replay.replay(m, corpus.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
                                settings=trace_replay.ReplaySettings(baseline=False, progress=False))

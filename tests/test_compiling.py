@@ -50,8 +50,8 @@ def costs_for(m, lengths=(8, 16, 24)):
 def report(small, stream):
     # A default recompile limit of 2 stands in for Dynamo's 8: the storm must still pay every compile.
     with torch._dynamo.config.patch(recompile_limit=2):
-        return compiling.compile_model(small, stream, MIGRATION, compiling.Options.of({"seq_len": 24}), progress=False,
-                                       costs=costs_for(small))
+        return compiling.compile_model(small, stream, MIGRATION, compiling.Options.of({"seq_len": 24}),
+                                       storm=compiling.StormSettings(progress=False), costs=costs_for(small))
 
 
 def test_compiles_equal_distinct_shapes_without_bucketing(report, stream):
@@ -259,7 +259,7 @@ def test_a_model_that_cannot_compile_gives_a_report(corpus):
     m = registry.load(fixture_model("branch_model"))
     stream = compiling.make_requests(m, corpus, n=2, max_tokens=16, seed=0, horizon=10)
     report = compiling.compile_model(m, stream, ["tpu"], compiling.Options.of({"seq_len": 8, "fullgraph": True}),
-                                     progress=False, costs=costs_for(m))
+                                     storm=compiling.StormSettings(progress=False), costs=costs_for(m))
     storm, fixed = report.storms["tpu"], report.fixed["tpu"]
     assert storm.failure["kind"] == "graph break" and storm.failure["where"]["line"] == line_of("if h.mean() > 0:")
     assert not storm.compiles and not storm.requests

@@ -32,7 +32,7 @@ def _run_stage_1_only(m, inputs, out):
     for stage in ("compile", "buckets", "xla", "accuracy"):
         with pytest.raises(results.StageSkipped):
             results.skip_stage(out, stage, m.describe(), ["tpu"], "not this test's")
-    return report.build_report(out).to_dict()["targets"]["tpu"]
+    return report.build_report(run_dir=out).to_dict()["targets"]["tpu"]
 
 
 def test_a_speech_encoder_decoder_is_never_ready_without_its_decoding_assessed(tmp_path):

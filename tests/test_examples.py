@@ -68,7 +68,7 @@ def _stages(spec: str, out: Path, seq_len: int = 32):
                                      buckets=accuracy.bucket_plan(out, TARGETS), description=described,
                                      scope=accuracy.Scope(compiled=False, progress=False))
     judged.save(out / "accuracy.json")
-    return m, found, stream, breaks, fixed, dist, per_target, judged, report.build_report(out, TARGETS)
+    return m, found, stream, breaks, fixed, dist, per_target, judged, report.build_report(TARGETS, run_dir=out)
 
 
 @needs_alsa

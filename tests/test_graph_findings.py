@@ -97,7 +97,7 @@ def compiled_findings(module: nn.Module, targets=("neuron", "tpu")) -> compiling
     requests = Requests([[text]], [m.encode([text], pad_to=8)], "test", m)
     cost = compiling.economics.neuron_estimate(10**6)    # not about the price of a compile
     return compiling.compile_model(m, requests, list(targets), compiling.Options.of({"seq_len": 8}),
-                                   progress=False, costs=dict.fromkeys(targets, cost))
+                                   storm=compiling.StormSettings(progress=False), costs=dict.fromkeys(targets, cost))
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,7 @@ def test_the_report_pair_is_written_html_first_json_last_and_a_json_alone_is_inc
     real_replace = os.replace
     monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
     (tmp_path / "fallbacks.json").write_text('{"stage": "fallbacks", "targets": {}}')
-    r = report.build_report(tmp_path, ["neuron"])
+    r = report.build_report(["neuron"], run_dir=tmp_path)
     r.save(tmp_path)
     assert renamed[-2:] == ["report.html", "report.json"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no partial name left

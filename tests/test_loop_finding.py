@@ -103,7 +103,7 @@ def report_of(module: nn.Module, targets=("neuron",)) -> compiling.CompileReport
     m = loaded(module)
     cost = compiling.economics.neuron_estimate(10**6)    # these tests are not about the price of a compile
     return compiling.compile_model(m, storm_of(m), list(targets), compiling.Options.of({"seq_len": LENGTHS[0]}),
-                                   progress=False, costs=dict.fromkeys(targets, cost))
+                                   storm=compiling.StormSettings(progress=False), costs=dict.fromkeys(targets, cost))
 
 
 def storm_findings(report: compiling.CompileReport) -> list[dict]:
@@ -184,7 +184,7 @@ def test_the_report_lists_the_loop_once_with_its_line(chunked, tmp_path):
     """Stage 5 reads stage 2's findings as they are: the cause needs no registration there."""
     from portkit.stages.report import stage as reporting
     chunked.save(tmp_path / "compile.json")
-    found = [f for f in reporting.build_report(tmp_path).targets["neuron"].findings
+    found = [f for f in reporting.build_report(run_dir=tmp_path).targets["neuron"].findings
              if f["message"].startswith(loops.CAUSE)]
     assert len(found) == 1 and found[0]["stage"] == "compile" and found[0]["severity"] == "work"
     assert f"test_loop_finding.py:{line_of('# the length loop')} in forward" in found[0]["where"]
@@ -265,7 +265,7 @@ def test_a_library_loop_over_chunks_and_the_remainder_is_named(tmp_path):
     requests = Requests([[text] for _ in lengths], [m.encode([text], pad_to=n) for n in lengths], "test", m)
     cost = compiling.economics.neuron_estimate(10**6)
     report = compiling.compile_model(m, requests, ["neuron"], compiling.Options.of({"seq_len": lengths[0]}),
-                                     progress=False, costs={"neuron": cost})
+                                     storm=compiling.StormSettings(progress=False), costs={"neuron": cost})
     storm = report.storms["neuron"]
     nodes = storm.loop["nodes"]
     assert storm.loop["lengths"] == list(lengths) and nodes[1] < nodes[0]   # not growing: the remainder's steps

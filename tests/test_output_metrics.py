@@ -206,7 +206,7 @@ def test_an_output_of_another_length_on_a_target_is_a_finding_and_the_rest_is_co
     assert neuron.verdict == "pass" and not neuron.findings()    # the other target: float32, the same length
     assert neuron.chosen.task["snr_db_min"] == comparison.DB_LIMIT
     report.save(tmp_path / "accuracy.json")                 # nan errors are written as null, and read back
-    built = build_report(tmp_path).to_dict()
+    built = build_report(run_dir=tmp_path).to_dict()
     assert not any("accuracy.json" in gap for gap in built["gaps"])
     assert built["targets"]["tpu"]["metrics"]["accuracy"]["max abs error (audio)"] == "—"
     assert "output_shape" in {f["kind"] for f in built["targets"]["tpu"]["findings"]}

@@ -62,7 +62,7 @@ def test_minilm_masking_host_sync_is_eager_only_library_code_that_vanishes(minil
 
 def test_the_report_opens_with_consequences_and_counts_what_vanishes(minilm_run):
     _, _, folder = minilm_run
-    r = report.build_report(folder)
+    r = report.build_report(run_dir=folder)
     tpu = r.to_dict()["targets"]["tpu"]
     assert not any(f["kind"] == "host_sync" for f in tpu["first"])          # not listed as work
     assert tpu["vanished"].startswith("1 thing found when the model runs eagerly is gone once torch.compile traces")

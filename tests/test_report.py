@@ -31,7 +31,7 @@ def run_dir(tmp_path_factory):
 
 
 def test_verdicts_and_checklist(run_dir):
-    r = report.build_report(run_dir)
+    r = report.build_report(run_dir=run_dir)
     # stage 1 alone: its blocker decides neuron; tpu's stage 1 found only work, and the stages that could still
     # find a blocker did not run, so tpu is not assessed (never ready) and the reason names them
     assert r.verdicts() == {"neuron": "blocked", "tpu": "not assessed"}
@@ -51,7 +51,7 @@ def test_verdicts_and_checklist(run_dir):
 def test_saved_files_are_self_contained(run_dir, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(run_dir, folder)
-    r = report.build_report(folder)
+    r = report.build_report(run_dir=folder)
     html_path = r.save(folder)
     page = html_path.read_text()
     assert page.startswith("<!DOCTYPE html>") and "http://" not in page and "https://" not in page
@@ -101,7 +101,7 @@ def test_report_describes_the_machine_that_ran_the_stages(run_dir, tmp_path):
     """A run folder made on another machine (a Trainium host): the report shows its mode and platform."""
     folder = _copy(run_dir, tmp_path)
     _edit(folder / "fallbacks.json", _foreign)
-    r = report.build_report(folder)
+    r = report.build_report(run_dir=folder)
     assert {n: t.mode for n, t in r.targets.items()} == {"neuron": "native", "tpu": "emulated"}
     assert not r.targets["neuron"].measure_on_hardware and r.targets["tpu"].measure_on_hardware
     assert r.environment["platform"] == FOREIGN["platform"] and r.environment["python"] == "3.10.14"
@@ -123,7 +123,7 @@ def test_stages_that_disagree_on_the_environment_are_a_gap(run_dir, tmp_path):
                       "environment": fallbacks_result["environment"]}
     _foreign(compile_result)
     (folder / "compile.json").write_text(json.dumps(compile_result))
-    gaps = report.build_report(folder).gaps
+    gaps = report.build_report(run_dir=folder).gaps
     assert (f"stage results disagree on the environment: platform is {platform.platform()!r} in fallbacks.json "
             f"but {FOREIGN['platform']!r} in compile.json") in gaps, gaps
     assert ("stage results disagree on target neuron: mode is 'emulated' in fallbacks.json but 'native' in "
@@ -133,7 +133,7 @@ def test_stages_that_disagree_on_the_environment_are_a_gap(run_dir, tmp_path):
 def test_old_run_folder_is_described_by_this_machine_and_says_so(run_dir, tmp_path):
     folder = _copy(run_dir, tmp_path)
     _edit(folder / "fallbacks.json", lambda result: result.pop("environment"))
-    r = report.build_report(folder)
+    r = report.build_report(run_dir=folder)
     assert r.environment_source == results.NOT_RECORDED == "environment not recorded; detected at report time"
     assert f"fallbacks.json: {results.NOT_RECORDED}" in r.gaps
     assert r.environment["platform"] == platform.platform() and r.targets["neuron"].mode == "emulated"
@@ -147,7 +147,7 @@ def test_html_escapes_every_value(run_dir, tmp_path):
         result["model"]["name"] = "<script>alert('model')</script>"
         result["targets"]["neuron"]["findings"][0]["message"] = "<script>alert('finding')</script>"
     _edit(folder / "fallbacks.json", inject)
-    report.build_report(folder).save(folder)
+    report.build_report(run_dir=folder).save(folder)
     page = (folder / "report.html").read_text()
     assert "<script" not in page
     assert page.count("&lt;script&gt;alert(&#39;model&#39;)&lt;/script&gt;") == 2      # title and heading
@@ -271,7 +271,7 @@ def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_p
     xla.run_stage(m, ["neuron", "tpu"], xla.Options.of(
         {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}),
         run_dir=out).save(out / "xla.json")
-    r = report.build_report(out)
+    r = report.build_report(run_dir=out)
     saved = r.to_dict()
     assert saved["gaps"] == [] and saved["model"]["abstract"] is True
     assert {n: s["status"] for n, s in saved["stages"].items()} == {
@@ -375,7 +375,7 @@ def test_an_unreadable_stage_leaves_the_target_not_assessed_and_keeps_the_findin
     else:
         compiled["targets"]["tpu"]["storm"] = []
     (folder / "compile.json").write_text(json.dumps(compiled))
-    saved = report.build_report(folder).to_dict()
+    saved = report.build_report(run_dir=folder).to_dict()
     assert saved["stages"]["compile"]["status"] == "incomplete"
     tpu = saved["targets"]["tpu"]
     assert tpu["verdict"] == "not assessed" and "compile" in tpu["unassessed"] and tpu["based_on"] == ["fallbacks"]
@@ -399,9 +399,9 @@ def test_a_finding_reads_in_plain_words_with_its_detail_behind_a_disclosure(run_
     assert detail["ops"] == "aten::_sdpa_for_cpu" and detail["where"] == "transformers/sdpa_attention.py:182 in forward"
     assert detail["source line"].endswith("(the statement continues on the next lines)")
     assert detail["under torch.compile"] == "persists: in the compiled graph"
-    page = report.build_report(run_dir).html()
+    page = report.build_report(run_dir=run_dir).html()
     assert page.count("<summary>technical detail</summary>") == sum(
-        len(t.findings) for t in report.build_report(run_dir).targets.values())
+        len(t.findings) for t in report.build_report(run_dir=run_dir).targets.values())
     assert "<h2>What to fix first</h2>" in page
 
 

@@ -93,7 +93,7 @@ def _accuracy_verdicts_report(out, corpus):
                                       "aten::addmm", call=1, error=5.0)))
     AccuracyReport(good.model, good.inputs, good.reference, {**good.targets, **bad.targets}).save(
         out / "accuracy.json")
-    return build_report(out).save(out)
+    return build_report(run_dir=out).save(out)
 
 
 
@@ -117,7 +117,7 @@ def test_an_abstract_models_scale_sections_render_in_chromium(tmp_path):
     xla.run_stage(xla.load("tiny-llama"), ["neuron", "tpu"], xla.Options.of(
         {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}),
         run_dir=out).save(out / "xla.json")
-    page_path = report.build_report(out).save(out)
+    page_path = report.build_report(run_dir=out).save(out)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=probes.chromium_path(), args=["--no-sandbox", "--disable-gpu"])
         try:

@@ -483,7 +483,7 @@ def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_p
     assert found["guess"] > 4 and found["tried"] == {"4": True} and found["batch"] == 4
     assert "largest batch that fits, seq=32: 4+" in stage.summary()
     stage.save(tmp_path / "xla.json")
-    scale = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["scale"]
+    scale = report.build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["scale"]
     assert scale == {"largest batch that fits HBM, seq 32": "4+ (the search's limit) on v5e:1x1 (1 compiles)"}
     assert "largest_batch" not in xla.run_stage(bert, ["tpu"], xla.Options.of(
         {"batch_size": 1, "seq_len": 32}), run_dir=tmp_path).to_dict()["targets"]["tpu"]   # off by default: no compile

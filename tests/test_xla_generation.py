@@ -86,7 +86,7 @@ def test_stage_3b_compiles_stage_3s_largest_serving_buckets_and_the_report_shows
     assert "(the search's limit)" in served["summary"]
     assert stage.serving["neuron"]["status"] == "skipped"
     stage.save(tmp_path / "xla.json")
-    shown = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["xla"]
+    shown = report.build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["xla"]
     assert "KV cache" in shown["serving graphs (XLA)"] and "context 80" in shown["serving graphs (XLA)"]
     # the notebook's plot: one stacked bar per graph, its parts adding up to the compiler's total
     fig = xla.plot_hbm({g: served[g]["breakdown"] for g in ("prefill", "decode")},

@@ -86,7 +86,7 @@ def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(ber
     assert split["batches"] == [2, 4] and split["per_row"] > 0 and split["fixed"] > 0
     assert "a row (activations)" in tpu["summary"]
     assert stage.training["neuron"]["status"] == "skipped"
-    shown = report.build_report(tmp_path, ["tpu"]).to_dict()["targets"]["tpu"]["metrics"]["xla"]
+    shown = report.build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["xla"]
     assert shown["training step (XLA)"].startswith("training step (in-batch contrastive")
     assert "optimizer state" in shown["training step (XLA)"]
     assert "training_step" not in xla.run_stage(bert, ["tpu"], xla.Options.of(
