@@ -424,3 +424,12 @@ def test_a_model_xla_cannot_lower_is_priced_with_a_labelled_stand_in_not_a_failu
     assert cost.label().startswith("estimate, not measured: no XLA compile time (")
     assert "aten::set_.source_Tensor" in cost.label() and "Neuron rule as a stand-in" in cost.label()
     assert "aten::set_" in cost.details["xla_problem"]
+
+
+@pytest.mark.parametrize("field, value", [("progress", "yes"), ("compile_shapes", -1), ("compile_shapes", 2.5)])
+def test_storm_settings_refuse_a_bad_value_by_name(field, value):
+    """Rule: compile_model's storm settings are checked where they are made, naming the bad value (0 shapes
+    compiled then counted is valid: every shape compiled)."""
+    assert compiling.StormSettings(compile_shapes=0).compile_shapes == 0
+    with pytest.raises(BadParameter, match=field):
+        compiling.StormSettings(**{field: value})
