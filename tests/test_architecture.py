@@ -71,12 +71,22 @@ def test_a_broken_layer_is_reported(tmp_path):
     assert "portkit.core.errors -> portkit.stages.report.stage" in result.stdout, result.stdout
 
 
-def test_design_names_every_package():
-    """docs/design.md (generated from the contracts and the package docstrings) names every package of portkit."""
+def test_design_names_every_package_and_module():
+    """docs/design.md (generated from the contracts and the package docstrings) names every package of portkit,
+    and under each package the modules the tree holds, no more: its "Modules:" line is built from the tree."""
     design = (ROOT / "docs" / "design.md").read_text()
     packages = sorted(".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "portkit").rglob("__init__.py"))
     unnamed = [name for name in packages if f"`{name}`" not in design]
     assert not unnamed, f"docs/design.md does not name these packages (run: python tools/build_docs.py): {unnamed}"
+    wrong = [f"portkit/{p.name}" for p in (ROOT / "portkit").glob("*.py")      # the top level's own modules
+             if p.name != "__init__.py" and f"`portkit.{p.stem}` (module)" not in design]
+    for name in packages[1:]:
+        section = design.split(f"`{name}` (package)", 1)[1].split("\n#", 1)[0]
+        listed = re.findall(r"`(\w+\.py)`", section.split("Modules: ", 1)[1]) if "Modules: " in section else []
+        folder = ROOT.joinpath(*name.split("."))
+        tree = sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+        wrong += [f"{name}: lists {listed}, the tree holds {tree}"] if listed != tree else []
+    assert not wrong, "docs/design.md's module lists (run: python tools/build_docs.py):\n" + "\n".join(wrong)
 
 
 # An issue number in a comment ("#13", "(issue 17)") says where a rule came from in this project's tracker, which a

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -106,6 +107,17 @@ def test_a_broken_link_fails_the_build(tmp_path):
     assert "no-such-page.md" in result.stdout + result.stderr
 
 
+def test_the_layout_page_quotes_the_tests_small_requests():
+    """docs/reference/layout.md's count of requests a storm under test is tools/prepare_notebooks.py's, the one
+    place the tests' small parameters are set."""
+    spec = importlib.util.spec_from_file_location("prepare_notebooks", ROOT / "tools" / "prepare_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    layout = (ROOT / "docs" / "reference" / "layout.md").read_text()
+    stated = re.findall(r"(\d+) requests a storm instead of 100", layout)
+    assert stated == [str(module.QUICK["02_compile"]["requests"])], stated
+
+
 def test_the_declaration_api_has_one_documented_path_and_old_ones_warn():
     """One documented import path for the declaration API (portkit.models.inputs), the one every example on the
     guide imports; the old paths (portkit.inputs, `from portkit import audio`, ...) still import the same module,
@@ -133,3 +145,76 @@ def test_the_declaration_api_has_one_documented_path_and_old_ones_warn():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert "changelog.md" in (ROOT / "mkdocs.yml").read_text()
+
+
+# ---------------------------------------------------------------- the examples' imports
+FENCE = re.compile(r"^\s*```")
+PORTKIT_IMPORT = re.compile(r"^(from|import)\s+portkit\b")
+
+
+def example_imports(text: str) -> list[str]:
+    """Each import of portkit in `text`'s examples: a `>>>` line, or a line of a fenced code block."""
+    found, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        statement = line.strip().removeprefix(">>> ") if line.strip().startswith(">>> ") or fenced else ""
+        if PORTKIT_IMPORT.match(statement):
+            found.append(statement.split("#")[0].strip())
+    return found
+
+
+def import_problems(statement: str) -> list[str]:
+    """What is wrong with one example's import: a portkit module imported under another name, or a name that
+    does not exist (an example left behind by a rename)."""
+    import importlib
+    import warnings
+
+    def is_module(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            return False
+    problems = []
+    for node in ast.walk(ast.parse(statement)):
+        if isinstance(node, ast.Import):
+            problems += [f"{a.name} as {a.asname}" for a in node.names if a.asname]
+            problems += [f"no module {a.name}" for a in node.names if not is_module(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            if not is_module(node.module):
+                problems.append(f"no module {node.module}")
+                continue
+            module = importlib.import_module(node.module)
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                with warnings.catch_warnings():       # an old path that still imports, with its warning
+                    warnings.simplefilter("ignore")
+                    exists = is_module(full) or hasattr(module, a.name)
+                problems += [f"{full} does not exist"] if not exists else []
+                problems += [f"{full} as {a.asname}"] if a.asname and a.asname != a.name and is_module(full) else []
+    return problems
+
+
+def test_examples_import_each_portkit_module_under_its_own_name():
+    """Rule: the docstrings' `>>>` examples and the docs' code (docs/**/*.md, README.md) import each portkit module
+    under its own name, as the code does (tests/test_architecture.py), and only modules and names that exist. The
+    changelog is history: it names the old paths on purpose."""
+    sources = {path: "\n".join(ast.get_docstring(node) or "" for node in ast.walk(ast.parse(path.read_text()))
+                               if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))
+               for path in sorted((ROOT / "portkit").rglob("*.py"))}
+    sources |= {path: path.read_text() for path in [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+                if path.name != "changelog.md"}
+    found = [f"{path.relative_to(ROOT)}: {statement}: {problem}" for path, text in sources.items()
+             for statement in example_imports(text) for problem in import_problems(statement)]
+    assert sum(len(example_imports(text)) for text in sources.values()) > 50
+    assert not found, "examples that rename a portkit module or import what does not exist:\n" + "\n".join(found)
+
+
+def test_an_example_that_renames_a_module_is_found():
+    text = "Use:\n\n    >>> from portkit.targets import specs as targets\n\n```python\nimport portkit.cli as c\n```\n"
+    assert example_imports(text) == ["from portkit.targets import specs as targets", "import portkit.cli as c"]
+    assert import_problems("from portkit.targets import specs as targets") == ["portkit.targets.specs as targets"]
+    assert import_problems("import portkit.cli as c") == ["portkit.cli as c"]
+    assert import_problems("from portkit import accuracy") == ["portkit.accuracy does not exist"]
+    assert import_problems("from portkit.targets.specs import get as lookup, Target") == []
