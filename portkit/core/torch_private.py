@@ -9,7 +9,7 @@
 
 Each name here wraps one private attribute (torch._C, torch._dynamo, torch._inductor, torch._decomp,
 torch.utils._pytree, torch.utils._python_dispatch) and says what portkit relies on it for; no other portkit module
-names one (tests/test_architecture.py). Public equivalents are used
+names one (tests/architecture/test_architecture.py). Public equivalents are used
 where they exist (torch.compiler.reset, torch.compiler.set_stance).
 """
 from __future__ import annotations

@@ -248,7 +248,7 @@ def test_a_warm_up_the_compiler_refused_leaves_the_plan_not_assessed(waves):
 
 @pytest.fixture(scope="module")
 def waves():
-    """Clips of 9 to 255 samples (as tests/test_bucket_strides.py's): the refused model pads those above 64."""
+    """Clips of 9 to 255 samples (as tests/stages/buckets/test_bucket_strides.py's): the refused model pads those above 64."""
     rng = np.random.default_rng(0)
     return corpus.Corpus("waves", "random (seed 0)", tuple((0.5 + 0.1 * rng.standard_normal(n)).astype(np.float32)
                                                         for n in (9, 13, 22, 30, 37, 45, 51, 63, 70, 83, 99, 121)))

@@ -4,18 +4,17 @@ decode step compile again after warm-up (a finding with its guard and line, not 
 state-space layers, whose cache holds fixed-size states instead of keys and values (moved between context buckets,
 and stage 3b's key/value serving graph "not assessed" for them, not a crash)."""
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import ROOT
 from portkit.core import grading
 
 from portkit.models import registry
 from portkit.targets import backends
 from portkit.workloads import generation
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import zoo_build, zoo_rules  # noqa: E402
 

@@ -10,12 +10,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from conftest import ROOT
 from portkit.corpora import corpus
 from portkit.models import registry
 from portkit.core import availability
@@ -342,7 +342,7 @@ def test_compiles_while_another_process_holds_libtpu():
         pytest.skip("TPU chips on this host (or JAX cannot scan for them): there the lockfile guards a device")
     # Neither process is told about the lockfile: portkit.stages.xla.stage must allow the second load itself.
     env = {k: v for k, v in os.environ.items() if k not in xla.COMPILE_ONLY_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LIBTPU], env={**env, "TPU_WORKER_HOSTNAMES": "localhost"},
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT
 from portkit.stages.accuracy import stage as accuracy
 from portkit.stages.buckets import stage as buckets
 from portkit.stages.compile import stage as compiling
@@ -21,7 +22,6 @@ from portkit.stages.fallbacks import stage as fallbacks
 from portkit.models import registry
 from portkit.stages.report import stage as report
 
-ROOT = Path(__file__).resolve().parents[1]
 AUDIO = f"{ROOT / 'examples' / 'audio_classifier.py'}:build"
 THREE = f"{ROOT / 'examples' / 'text_and_features.py'}:build"
 GREY = f"{ROOT / 'examples' / 'greyscale_classifier.py'}:build"
@@ -34,7 +34,7 @@ needs_alsa = pytest.mark.skipif(not list(Path("/usr/share/sounds/alsa").glob("*.
 
 
 def fake_xla(model, shape, topology, dtype):
-    """A stand-in for xla_compile.compile_seconds (these tests are not about XLA; tests/test_xla.py is)."""
+    """A stand-in for xla_compile.compile_seconds (these tests are not about XLA; tests/stages/xla/test_xla.py is)."""
     return 1.0 + shape["seq"] / 10_000, "XLA compile for v5e:1x1, measured now (test stand-in)"
 
 

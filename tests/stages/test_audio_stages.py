@@ -21,7 +21,7 @@ TARGETS = ["neuron", "tpu"]
 
 
 def fake_xla(model, shape, topology, dtype):
-    """A stand-in for xla_compile.compile_seconds (these tests are not about XLA; tests/test_xla.py is)."""
+    """A stand-in for xla_compile.compile_seconds (these tests are not about XLA; tests/stages/xla/test_xla.py is)."""
     return 1.0 + shape["seq"] / 10_000, "XLA compile for v5e:1x1, measured now (test stand-in)"
 
 

@@ -5,16 +5,16 @@ import sys
 
 import pytest
 
+from conftest import ROOT
 from portkit.targets import allocator
 from portkit.run import jupyter_kernels
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _python(code: str, **env) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in allocator.ENVIRONMENT}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={**clean, "PYTHONPATH": ROOT, **env})
+                          env={**clean, "PYTHONPATH": str(ROOT), **env})
     return done.stdout.strip().splitlines()[-1]
 
 

@@ -5,11 +5,11 @@ import functools
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import ROOT
 from portkit.core import availability
 from portkit.core.errors import BadParameter
 from portkit.stages.accuracy import stage
@@ -19,7 +19,6 @@ from portkit.targets import gpu_baseline, numerics
 from portkit.targets import specs
 from tests.fixtures.sections import read_section
 
-ROOT = Path(__file__).resolve().parents[1]
 NEW_API = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul")   # torch.backends.<...>.fp32_precision
 SKIP_LINE = "bench_gpu_baseline: skipped: no CUDA device (torch.cuda.is_available() is False)"
 

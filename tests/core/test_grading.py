@@ -1,9 +1,9 @@
 """The grading policy (portkit/core/grading.py): one table, one verdict rule, applied by every stage."""
 import ast
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from portkit.core import grading
 from portkit.core.findings import BLOCKER, INFO, SEVERITIES, WORK
 
@@ -93,7 +93,7 @@ def test_no_finding_in_portkit_is_given_a_severity_outside_the_grading_policy():
     assert _given_severities(ast.parse('RULES = {"r": (KIND, BLOCKER, "what", "fix")}'))
     assert _given_severities(ast.parse('Finding("accuracy", WORK if fixable else BLOCKER, "m", "a")'))
     assert not _given_severities(ast.parse('[f for f in found if f["severity"] == BLOCKER]'))
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     found = {}
     for path in sorted((root / "portkit").rglob("*.py")):
         rel = path.relative_to(root).as_posix()
@@ -106,7 +106,7 @@ def test_no_finding_in_portkit_is_given_a_severity_outside_the_grading_policy():
 
 def test_every_kind_a_stage_grades_is_in_the_policy():
     """Rule: grading.severity(kind, case) for every kind and case the stages name resolves (a KeyError otherwise)."""
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     asked = set()
     for path in (root / "portkit").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -3,7 +3,7 @@ second half against its first quarter. It does not depend on the order of the re
 first chunks are (a permutation property, and a step fed silence first), and its worst leaf is never one whose error
 is exactly 0. Trailing silence is left out of it; a state wrong from the first chunk is its own check and finding;
 a failing stream check is tried at the target's float32 precision before float32 is advised. The noise guarantee (flat
-noise passes, a steady rise fails) is pinned in tests/test_audio.py."""
+noise passes, a steady rise fails) is pinned in tests/corpora/test_audio.py."""
 import json
 
 import numpy as np

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from portkit import cli
 from portkit.corpora import corpus
 
@@ -247,5 +248,5 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
 
 def test_the_guide_states_the_tables_size():
     """docs/guides/bad-input.md's promise names the size of this table: the figure stays the table's."""
-    guide = (Path(__file__).parent.parent / "docs" / "guides" / "bad-input.md").read_text()
-    assert f"`tests/test_bad_input.py`'s table of {len(CASES)}\ncases" in guide
+    guide = (ROOT / "docs" / "guides" / "bad-input.md").read_text()
+    assert f"`tests/cli/test_bad_input.py`'s table of {len(CASES)}\ncases" in guide

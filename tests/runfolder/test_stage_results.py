@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from portkit.runfolder import accuracy_result, buckets_result, compile_result, fallbacks_result, reading, results
 from portkit.runfolder import run_log, xla_result
 
-PORTKIT = Path(__file__).resolve().parents[1] / "portkit"
+PORTKIT = ROOT / "portkit"
 # the readers: the only modules that take a stage result (or the run log, or an environment block) apart
 READERS = {"runfolder/reading.py", "runfolder/results.py", "runfolder/layout.py", "runfolder/run_log.py",
            "runfolder/environment.py", *(f"runfolder/{s}_result.py" for s in ("fallbacks", "compile", "buckets", "xla",

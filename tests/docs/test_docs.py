@@ -198,7 +198,7 @@ def import_problems(statement: str) -> list[str]:
 
 def test_examples_import_each_portkit_module_under_its_own_name():
     """Rule: the docstrings' `>>>` examples and the docs' code (docs/**/*.md, README.md) import each portkit module
-    under its own name, as the code does (tests/test_architecture.py), and only modules and names that exist. The
+    under its own name, as the code does (tests/architecture/test_architecture.py), and only modules and names that exist. The
     changelog is history: it names the old paths on purpose."""
     sources = {path: "\n".join(ast.get_docstring(node) or "" for node in ast.walk(ast.parse(path.read_text()))
                                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))

@@ -1,14 +1,13 @@
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from portkit.core import availability as probes
 from portkit.targets import specs
 from portkit.core.errors import BadParameter
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "data" / "sources"     # the snapshots the op tables are built from, shipped in the repo
 
 

@@ -265,7 +265,7 @@ def test_portkit_report_removes_what_a_killed_report_stage_left(tmp_path, capsys
 
 def test_check_against_itself_passes_with_a_note(tmp_path, capsys):
     """`portkit check RUN --baseline RUN` cannot fail: it passes, and its output says the baseline is the run
-    itself (a baseline of another model is refused: tests/test_bad_input.py)."""
+    itself (a baseline of another model is refused: tests/cli/test_bad_input.py)."""
     (tmp_path / "report.json").write_text('{"model": {"name": "minilm", "kind": "embedding"}, "targets": '
                                           '{"tpu": {"verdict": "ready"}}}')
     assert cli.main(["check", str(tmp_path), "--baseline", str(tmp_path)]) == 0

@@ -5,11 +5,11 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 sys.path.insert(0, str(ROOT))
 from benchmarks import zoo, zoo_build  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 It reads the run folder the notebooks wrote when nbval executed them in this same pytest session
 (scripts/test.sh prepares them with tools/prepare_notebooks.py, then runs `pytest test-artifacts/notebooks
-tests/test_workbook_report.py --nbval-lax`), so the workbook runs once for both checks. conftest.py moves this test after the notebooks.
+tests/notebooks/test_workbook_report.py --nbval-lax`), so the workbook runs once for both checks. conftest.py moves this test after the notebooks.
 """
 import json
 
@@ -19,7 +19,7 @@ def test_minilm_report_holds_every_section(request):
     executed = [i.nodeid for i in request.session.items if "05_report.ipynb" in i.nodeid]
     if not executed:
         pytest.skip("needs the notebooks executed in this session (scripts/test.sh: tools/prepare_notebooks.py, "
-                    "then pytest test-artifacts/notebooks tests/test_workbook_report.py --nbval-lax)")
+                    "then pytest test-artifacts/notebooks tests/notebooks/test_workbook_report.py --nbval-lax)")
     path = RUN / "report.json"
     assert path.stat().st_mtime >= request.config.portkit_started, "report.json was not rewritten by this run"
     report = json.loads(path.read_text())

@@ -267,7 +267,7 @@ def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_p
     for stage in layout.STAGES:       # what `portkit run --model tiny-llama` leaves of the stages with values
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
-    m = xla.load("tiny-llama")           # the same shapes as tests/test_scale.py: the verdict cache serves them
+    m = xla.load("tiny-llama")           # the same shapes as tests/stages/xla/test_scale.py: the verdict cache serves them
     xla.run_stage(m, ["neuron", "tpu"], xla.Options.of(
         {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}),
         run_dir=out).save(out / "xla.json")

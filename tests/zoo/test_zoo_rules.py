@@ -2,11 +2,11 @@
 on one that breaks it: a rule that cannot fire would count nothing."""
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 sys.path.insert(0, str(ROOT))
 from benchmarks import zoo_rules  # noqa: E402
 

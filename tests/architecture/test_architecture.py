@@ -108,7 +108,7 @@ def test_an_issue_number_is_found():
 
 def test_size_is_ruled_by_complexity():
     """ruff sizes functions by McCabe complexity, branches, arguments and statements (not modules by lines);
-    tests/test_notebooks.py runs ruff on portkit/ and the notebooks with these settings."""
+    tests/notebooks/test_notebooks.py runs ruff on portkit/ and the notebooks with these settings."""
     ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
     assert {"C901", "PLR0912", "PLR0913", "PLR0915"} <= set(ruff["select"])
     assert ruff["mccabe"]["max-complexity"] <= 12 and ruff["pylint"]["max-args"] <= 8
@@ -288,3 +288,55 @@ def test_a_private_import_is_found():
         (2, "portkit.planning.planner._boundaries"), (5, "portkit.xla.compiler._prepare"),
         (6, "portkit.xla.sharded._weight_spec")]
     assert portkit_private_imports("from portkit.a import _mine\n", "portkit.a") == []
+
+
+# ---------------------------------------------------------------- the tests mirror the package
+# Folders of tests that test no one package: the rules over the whole tree, the docs and examples, the notebooks'
+# runs and the conformance zoo (benchmarks/zoo.py).
+INTEGRATION = {"architecture": "the rules over portkit's tree", "docs": "the docs and examples",
+               "notebooks": "the notebooks and their runs", "zoo": "the conformance zoo"}
+
+
+def misplaced_tests(tests, package) -> list[str]:
+    """Each test file under `tests` that does not sit in a folder mirroring a package (or a top-level module, such
+    as cli.py) of `package`, or in one of the INTEGRATION folders; and each file name used twice (pytest imports
+    test files by their name: two of one name collide)."""
+    found, seen = [], {}
+    for path in sorted(tests.rglob("test_*.py")):
+        parts = path.parent.relative_to(tests).parts
+        mirrored = bool(parts) and ((package.joinpath(*parts) / "__init__.py").is_file()
+                                    or (len(parts) == 1 and (package / f"{parts[0]}.py").is_file()))
+        if not (mirrored or (len(parts) == 1 and parts[0] in INTEGRATION)):
+            found.append(f"{path.relative_to(tests)}: no portkit package {'/'.join(parts) or '(the tests root)'}")
+        if path.name in seen:
+            found.append(f"{path.relative_to(tests)}: the name of {seen[path.name].relative_to(tests)}")
+        seen.setdefault(path.name, path)
+    return found
+
+
+def test_tests_mirror_the_package():
+    """Rule: a unit test lives in the folder that mirrors the package it tests (tests/stages/accuracy/ for
+    portkit/stages/accuracy/, tests/cli/ for portkit/cli.py); only the INTEGRATION folders hold tests of no one
+    package."""
+    tests = ROOT / "tests"
+    assert len(list(tests.rglob("test_*.py"))) > 50
+    misplaced = misplaced_tests(tests, ROOT / "portkit")
+    assert not misplaced, "test files outside a folder that mirrors portkit/:\n" + "\n".join(misplaced)
+
+
+def test_a_misplaced_test_is_found(tmp_path):
+    package, tests = tmp_path / "portkit", tmp_path / "tests"
+    for folder in (package / "stages" / "report", tests / "stages" / "report", tests / "reports", tests / "zoo"):
+        folder.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "stages" / "__init__.py").write_text("")
+    (package / "stages" / "report" / "__init__.py").write_text("")
+    (package / "cli.py").write_text("")
+    for name in ("stages/report/test_report.py", "reports/test_html.py", "zoo/test_zoo.py", "test_flat.py",
+                 "zoo/test_report.py"):
+        (tests / name).write_text("")
+    (tests / "cli").mkdir()
+    (tests / "cli" / "test_cli.py").write_text("")
+    assert misplaced_tests(tests, package) == ["reports/test_html.py: no portkit package reports",
+                                               "test_flat.py: no portkit package (the tests root)",
+                                               "zoo/test_report.py: the name of stages/report/test_report.py"]
