@@ -2,10 +2,10 @@
 a Hub id served from the local Hugging Face cache, each loaded through the Auto class of the task its
 config names and fed batches built by its own processor.
 
-    >>> from portkit.models import huggingface as hf
-    >>> hf.task_of({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]})
+    >>> from portkit.models import huggingface
+    >>> huggingface.task_of({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]})
     'speech-seq2seq'
-    >>> hub = hf.resolve("org/name")          # the cached snapshot; NeedsNetwork when the cache lacks it
+    >>> hub = huggingface.resolve("org/name")   # the cached snapshot; NeedsNetwork when the cache lacks it
 
 The task is read from the config's `architectures` (the class save_pretrained wrote), looked up in
 transformers' Auto mappings (transformers/models/auto/modeling_auto.py), never guessed from a name. A task

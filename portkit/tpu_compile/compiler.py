@@ -7,11 +7,11 @@ device, FLOPs, and whether it fits. Nothing is executed on a TPU. For Neuron (ne
 installable here) the same conversion stops at StableHLO: a lowering check, not a Neuron compile.
 
     >>> from portkit import models
-    >>> from portkit.tpu_compile import compiler as xla_compile
+    >>> from portkit.tpu_compile import compiler
     >>> m = models.load("minilm")
-    >>> report = xla_compile.compile_for_tpu(m, shapes=[{"batch": 8, "seq": 128}], topology="v5e:1x1")
+    >>> report = compiler.compile_for_tpu(m, shapes=[{"batch": 8, "seq": 128}], topology="v5e:1x1")
     >>> print(report)                 # per shape: compiled?, seconds, HBM per device, FLOPs, fits
-    >>> xla_compile.check_lowering(m, [{"batch": 8, "seq": 128}])     # Neuron: StableHLO only
+    >>> compiler.check_lowering(m, [{"batch": 8, "seq": 128}])         # Neuron: StableHLO only
 
 Every TPU compile verdict is kept in portkit's verdict cache (portkit.tpu_compile.cache), keyed by the lowered module
 and the compile context: a shape is never compiled twice, by a rerun or another stage (its ShapeResult says

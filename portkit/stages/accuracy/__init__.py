@@ -2,4 +2,4 @@
 (the reference and the task sample); target_check.py (one target's run); result.py (the verdict), tables.py,
 advice.py, stream_findings.py; comparison.py, stats.py (the task metrics' n, 95% intervals and decision),
 localize.py (where the error enters), target_runs.py, training.py, generation.py, padding_side.py (the other
-padding side, tried on a bucket that fails only padded)."""
+padding side, tried on a bucket that fails only padded), footprint.py (the memory one row of a pass takes)."""
