@@ -90,6 +90,31 @@ def test_a_model_with_large_activations_gets_passes_sized_to_the_budget_and_the_
     assert streamed["decision"] == whole["decision"] == "pass"
 
 
+class _LazyBuffer(nn.Module):
+    """Builds a 64 MiB buffer on its first call and keeps it: a one-time cost of the first call, like weights loaded
+    memory-mapped from safetensors entering resident memory when an op first reads them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.table = nn.Conv2d(3, 4, 3), None
+
+    def forward(self, pixel_values):
+        if self.table is None:
+            self.table = torch.ones(16 * 2 ** 20)
+        return {"logits": self.conv(pixel_values).mean((2, 3)) + self.table[:4]}
+
+
+def test_a_first_calls_one_time_costs_are_no_rows_activations():
+    """Rule: one row's measured activations exclude what a first call allocates once and keeps (a lazily built
+    buffer; memory-mapped weights paging in): measured cold, a tiny masked LM's plan step estimated 40 GiB for a
+    batch of 2 and refused it."""
+    decl = inputs.image_declaration(SIZE, (inputs.Output("logits", inputs.IMAGE_CLASSIFIER),))
+    model = registry.LoadedModel("lazy", inputs.IMAGE_CLASSIFIER, _LazyBuffer().eval(), "test", image_size=SIZE,
+                                 declaration=decl)
+    row = {"pixel_values": torch.zeros(1, 3, SIZE, SIZE)}
+    assert footprint.row_bytes(model, row, fixed_rows=True) < 2 ** 20
+
+
 def test_a_pass_holds_one_row_at_least_and_the_budget_follows_the_memory_available():
     """Rule: a row too large for the budget still runs, alone; the budget is portkit's cap or a share of the memory
     available, whichever is less."""
