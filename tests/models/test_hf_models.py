@@ -289,6 +289,24 @@ def test_offset_positions_follow_the_embeddings_padding_index():
         model(input_ids=torch.full((1, longest + 1), 5))
 
 
+def test_which_models_number_positions_after_the_padding_id_is_read_from_their_modeling_files():
+    """Rule: the offset is decided by the installed transformers' code (create_position_ids_from_input_ids), not by a
+    list of names: ESM, missing from such a list, crashed stage 4 at its longest bucket. Checked on the real ESM:
+    the longest sequence portkit allows runs, one more token indexes past the position table."""
+    from transformers import EsmConfig, EsmForMaskedLM
+    assert hf.positions_after_padding("esm") and hf.positions_after_padding("xlm-roberta")
+    assert not hf.positions_after_padding("bert") and not hf.positions_after_padding("llama")
+    config = EsmConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=32, max_position_embeddings=24, pad_token_id=1,
+                       position_embedding_type="absolute")
+    model = EsmForMaskedLM(config).eval()
+    longest = config.max_position_embeddings - hf.position_offset(config.to_dict())
+    assert longest == 22
+    model(input_ids=torch.full((1, longest), 5))
+    with pytest.raises(IndexError):
+        model(input_ids=torch.full((1, longest + 1), 5))
+
+
 def test_a_spectrogram_audio_classifier_runs_on_its_feature_extractors_window(tmp_path):
     from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification
     folder = tmp_path / "ast"
