@@ -115,6 +115,7 @@ class Result:
     cpu_seconds: float = 0.0        # --workers 1: CPU time of this process and the row's kernels (its children)
     commit: str = ""                # the portkit commit the row ran at (rows of one table may span commits)
     host: str = ""                  # the host's speed and load when the row ended (host_speed)
+    builder: str = ""               # the key of the builders and sizes it was built with (zoo_build.cache_folder)
 
     @classmethod
     def of(cls, row: zoo_build.Row) -> "Result":
@@ -548,18 +549,23 @@ def select(rows: list[zoo_build.Row], only: str | None, family: str | None, quic
     return [r for r in rows if r.key in names or r.model_type in names]
 
 
-def _signature(stages: list[str], params: dict, folder: Path) -> str:
-    """What a finished row was run with: its stages, parameters and builders (the cache folder's key)."""
-    return f"{','.join(stages)}|{sorted(params.items())}|{sorted(GENERATION.items())}|{folder.name}"
+def _signature(stages: list[str], params: dict) -> str:
+    """What a finished row was run with: its stages and parameters. Its builder is the row's own (Result.builder),
+    like its commit: a zoo resumed after a builder change keeps the rows it finished; --fresh, or deleting a row's
+    <out>/rows file, runs them again."""
+    return f"{','.join(stages)}|{sorted(params.items())}|{sorted(GENERATION.items())}"
 
 
 def load_done(out: Path, signature: str) -> dict[str, Result]:
-    """The rows an earlier zoo with the same stages and parameters finished (<out>/rows/*.json)."""
+    """The rows an earlier zoo with the same stages and parameters finished (<out>/rows/*.json). A row saved when
+    the signature also held the builder's key ("<signature>|<key>") is read with that key as its builder."""
     done = {}
     for path in sorted((out / "rows").glob("*.json")):
         data = _json(path)
-        if data.get("signature") == signature and data.get("result"):
+        saved = str(data.get("signature") or "")
+        if (saved == signature or saved.startswith(signature + "|")) and data.get("result"):
             result = Result(**data["result"])
+            result.builder = result.builder or saved[len(signature) + 1:]
             done[result.key] = result
     return done
 
@@ -603,7 +609,7 @@ def main(argv=None) -> int:
     stages = [s.name for s in notebook_parameters.select_stages(args.stages)]
     base = QUICK_PARAMETERS if args.quick else PARAMETERS
     folder, cache = zoo_build.cache_folder(), {}
-    signature = _signature(stages, parameters_for(stages, base), folder)
+    signature = _signature(stages, parameters_for(stages, base))
     out = Path(args.out).expanduser().resolve()
     _prepare_out(out, args.fresh)
     command = "python benchmarks/zoo.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -618,7 +624,7 @@ def main(argv=None) -> int:
             "host": f"{os.cpu_count()} cores", "causal_listed": sum(r.family == "causal-lm" for r in every)}
 
     def finish(result: Result) -> None:
-        result.commit = result.commit or meta["commit"]
+        result.commit, result.builder = result.commit or meta["commit"], result.builder or folder.name
         result.host = result.host or host_speed()
         results[result.key] = result
         save(out, result, signature)

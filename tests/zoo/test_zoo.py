@@ -100,6 +100,17 @@ def test_per_layer_lists_keep_one_layer_of_each_kind():
     assert out["hidden_size"] == table["scalars"]["hidden_size"]
 
 
+def test_multi_head_attention_stays_multi_head_and_grouped_query_stays_grouped():
+    """Size: the tiny size keeps an architecture's attention kind: as many key/value heads as query heads where its
+    default has them (ESMC refuses grouped-query attention, so made grouped it was not buildable), fewer where its
+    default groups them."""
+    table = zoo_build.sizes()
+    mha = zoo_build.shrink({"hidden_size": 960, "num_attention_heads": 15, "num_key_value_heads": 15}, table, {})
+    assert mha["num_key_value_heads"] == mha["num_attention_heads"] == table["scalars"]["num_attention_heads"]
+    gqa = zoo_build.shrink({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8}, table, {})
+    assert gqa["num_key_value_heads"] == table["scalars"]["num_key_value_heads"] < gqa["num_attention_heads"]
+
+
 def test_a_width_derived_from_the_hidden_size_keeps_its_ratio():
     """Size: RWKV's attention is as wide as its model; shrinking one and not the other breaks its forward pass."""
     out = zoo_build.shrink({"hidden_size": 4096, "attention_hidden_size": 4096}, zoo_build.sizes(), {})
@@ -231,6 +242,10 @@ def test_a_zoo_started_again_skips_the_rows_it_finished(tmp_path):
     zoo.save(tmp_path, result, "sig")
     assert zoo.load_done(tmp_path, "sig") == {"a.causal-lm": result}
     assert zoo.load_done(tmp_path, "other") == {}
+    # a row saved when the signature held the builder's key keeps it as its own builder
+    zoo.save(tmp_path, _result("b.ctc", "ctc"), "sig|fd4cdb66170f")
+    assert zoo.load_done(tmp_path, "sig")["b.ctc"].builder == "fd4cdb66170f"
+    assert "b.ctc" not in zoo.load_done(tmp_path, "si")
 
 
 @pytest.mark.slow
