@@ -10,12 +10,15 @@ XLA itself compiles for that computation, so the compiler judges the model rathe
   diff(offs) (https://docs.jax.dev/en/latest/_autosummary/jax.lax.ragged_dot.html); a 3-D input against
   a 3-D stack without `offs` is a batched matmul. The other layouts (ragged K, used by weight gradients)
   stay unlowered, so torchax's "NO LOWERING" still names them.
+- transformers::grouped_mm_fallback (the custom op transformers registers for the same product where PyTorch's
+  grouped GEMM does not apply, e.g. float32 weights on the CPU; a loop over the experts with a host read of
+  `offs`): the same lowering, so a graph traced on the CPU lowers as the grouped GEMM it stands for.
 """
 from __future__ import annotations
 
 import torch
 
-LOWERED = ("aten::_grouped_mm",)
+LOWERED = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
 
 
 def _grouped_mm(jnp, lax):
@@ -45,3 +48,9 @@ def register() -> None:
     from jax import lax
     from torchax.ops import ops_registry
     ops_registry.register_torch_dispatch_op(torch.ops.aten._grouped_mm.default, _grouped_mm(jnp, lax))
+    try:
+        import transformers.integrations.moe  # noqa: F401 (registers transformers::grouped_mm_fallback)
+        fallback = torch.ops.transformers.grouped_mm_fallback.default
+    except (ImportError, AttributeError, RuntimeError):     # no transformers, or a release without the op
+        return
+    ops_registry.register_torch_dispatch_op(fallback, _grouped_mm(jnp, lax))

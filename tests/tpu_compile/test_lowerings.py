@@ -46,6 +46,21 @@ def test_grouped_mm_of_rows_against_a_stack_of_experts_computes_what_pytorch_com
     np.testing.assert_allclose(_through_torchax(Grouped(), a, b, offs), expected, rtol=1e-5, atol=1e-5)
 
 
+class Fallback(nn.Module):
+    def forward(self, a, b, offs):
+        return torch.ops.transformers.grouped_mm_fallback(a, b, offs)
+
+
+@needs_xla
+def test_transformers_grouped_mm_fallback_op_lowers_as_the_grouped_gemm_it_stands_for():
+    """Rule: the library's custom op for the same product (its float32 CPU path, axk1's experts) lowers too."""
+    pytest.importorskip("transformers.integrations.moe")
+    torch.manual_seed(0)
+    a, b, offs = torch.randn(10, 8), torch.randn(3, 8, 12), torch.tensor([4, 4, 10], dtype=torch.int32)
+    expected = torch.ops.transformers.grouped_mm_fallback(a, b, offs).numpy()
+    np.testing.assert_allclose(_through_torchax(Fallback(), a, b, offs), expected, rtol=1e-5, atol=1e-5)
+
+
 @needs_xla
 def test_grouped_mm_of_two_stacks_is_a_batched_matmul():
     torch.manual_seed(0)

@@ -45,6 +45,38 @@ def test_the_compiled_graph_is_generation_with_a_static_cache(gpt2):
     assert not keys.abs().sum()                  # the caller's cache is not written: the graph returns a new one
 
 
+def test_a_latent_attention_cache_takes_the_shapes_the_model_writes():
+    """Rule: the serving graph's cache is shaped as the model's attention writes it, read from one step, not from
+    config fields: DeepSeek V3's latent attention caches its compressed keys and values, other shapes than
+    num_key_value_heads x head_dim (the config formula made axk1's prefill fail to trace: "not assessed")."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, DynamicCache
+    config = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16,
+                              q_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=8, head_dim=8,
+                              n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+                              max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).eval()
+    keys, values = xla_generation.cache_shapes(model, 1, 16)
+    cache = DynamicCache(config=config)
+    with torch.no_grad():
+        model(input_ids=torch.ones(1, 1, dtype=torch.long), cache=cache, use_cache=True)
+    layer = cache.layers[0]
+    assert keys == (1, 1, layer.keys.shape[1], 16, layer.keys.shape[-1])
+    assert values == (1, 1, layer.values.shape[1], 16, layer.values.shape[-1])
+    assert (keys[2], keys[4]) != (config.num_key_value_heads, config.head_dim)
+    ids = torch.tensor([[3, 5, 7, 9]])
+    mask = torch.zeros(1, 16, dtype=torch.long)
+    mask[:, :5] = 1
+    with torch.no_grad():
+        first, k, v = xla_generation._Serving(model)(ids, mask, torch.arange(4)[None], torch.arange(4),
+                                                     torch.zeros(keys), torch.zeros(values))
+        nxt = first.argmax(-1)[:, None]
+        second, _, _ = xla_generation._Serving(model)(nxt, mask, torch.tensor([[4]]), torch.tensor([4]), k, v)
+        whole = model(input_ids=torch.cat([ids, nxt], 1)).logits[:, -1]
+    torch.testing.assert_close(second, whole, rtol=1e-4, atol=1e-4)
+
+
 @needs_xla
 def test_prefill_and_decode_compile_with_the_cache_in_hbm(gpt2):
     graphs = xla_generation.compile_serving(gpt2, batch=4, prompt=32, context=64, topology="v5e:1x1")
