@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 from portkit.targets.backends import compile_cause
 from portkit.stages.accuracy import stats
+from portkit.models import padding_side
 from portkit.core import grading
 from portkit.core.findings import PADDING_CAUSE, Finding, cause_key
 from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
-from portkit.stages.accuracy import padding_side
 from portkit.stages.accuracy.stream_findings import stream_drift, stream_output, stream_recompile, stream_state
 from portkit.stages.accuracy.tables import AccuracyTables, against_baseline, baseline_role
 
@@ -360,7 +360,7 @@ class TargetAccuracy:
         return Finding("padding", grading.severity("padding"),
                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
                        "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
-                       "outputs at real positions", padding_side.advice(self.tried, paths),
+                       "outputs at real positions", padding_side.advice(self.tried, paths, "at the same precision"),
                        cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
     def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
