@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from portkit.targets.backends import compile_cause
+from portkit.targets.backends import compile_cause, refusal_advice
 from portkit.stages.accuracy import stats
 from portkit.models import padding_side
 from portkit.core import grading
@@ -394,8 +394,8 @@ class TargetAccuracy:
         where = f" at {refused['where']}" if refused.get("where") and refused["where"] not in refused["message"] else ""
         return Finding("compile_refused", grading.severity("compile_refused"),
                        f"{refused['backend']} refuses the compiled model{where}: {refused['message'][:400]}",
-                       "tried: the main batch's fixed shape, still refused: change the code the compiler names "
-                       f"(stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
+                       refusal_advice(refused["message"], refused.get("place"), "the main batch's fixed shape")
+                       + f" (stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
                        "instead",
                        # stage 2's and 3's cause for the same refusal: one finding in the report
                        cause=compile_cause("refused", refused.get("place"), refused["message"]))

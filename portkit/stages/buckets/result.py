@@ -26,7 +26,7 @@ from portkit.stages.buckets.plots import draw_buckets, padding_slider, plot_hist
 from portkit.runfolder.results import Finding
 from portkit.stages.buckets.output_probe import FOLLOWS_ADVICE
 from portkit.core.tables import HtmlTable
-from portkit.targets.backends import compile_cause, failure_text
+from portkit.targets.backends import compile_cause, failure_text, refusal_advice
 
 
 STAGE = "buckets"
@@ -279,10 +279,9 @@ class TargetBuckets:
             out.append(Finding(
                 kind, grading.severity(kind),
                 f"{', '.join(runs)} could not be measured on {self.name}: {failure_text(f)}",
-                f.get("hint") or ("tried: the bucket plan's fixed shapes, compiled with dynamic=False, still refused "
-                                  "(stage 2 names the same cause): change the code the compiler names, then replay "
-                                  "the buckets" if refused
-                                  else "fix the model where it raises, then replay the buckets"),
+                (refusal_advice(f["message"], f["where"], "the bucket plan's fixed shapes")
+                 + " (stage 2 names the same cause), then replay the buckets") if refused
+                else f.get("hint") or "fix the model where it raises, then replay the buckets",
                 where=f["where"], owner=owners.owner(f["where"]) if f["where"] else None, cause=cause,
                 consequence=("blocker: the target's compiler refuses the model, so no bucket plan runs there"
                              if refused else "blocker: the model raises at these bucket shapes"),
