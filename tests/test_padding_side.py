@@ -98,6 +98,11 @@ def test_a_left_padded_decoder_is_told_to_pad_on_the_right_because_it_was_tried(
     assert padding.severity == grading.severity("padding") and padding.cause == PADDING_CAUSE
     assert "pad on the right" in padding.advice and "tried:" in padding.advice
     assert "exact-length" not in padding.advice and "accuracy" not in found
+    # the stage's suggestions say the same, from the same tries, never an untried "check the mask"
+    bucket = [s for s in tpu.suggestions if s.startswith("bucket ")]
+    assert bucket and all("tried: its texts pass at their own length" in s and "pad on the right" in s
+                          for s in bucket), tpu.suggestions
+    assert not any("check that the model masks" in s for s in tpu.suggestions)
 
 
 def test_padding_that_fails_on_either_side_says_the_other_side_was_tried_and_still_fails(corpus):

@@ -63,9 +63,9 @@ def check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar)
     result = TargetAccuracy(detected.to_dict(), found[0], found[1:],
                             {"boundaries": plan.boundaries, "source": plan.source}, rows,
                             compile_refused=side.refused.to_dict() if side.refused else None)
-    result.suggestions = suggest(target, result, ref.kind)
     result.tried = _try_others(ref, side, result, (chosen, others), plan) + _try_compiled(ref, side, result, others,
                                                                                           plan, bar)
+    result.suggestions = suggest(target, result, ref.kind)       # after the tries: it says what they gave
     return result
 
 
