@@ -177,6 +177,7 @@ def test_stage_3_checks_a_left_padding_decoder_left_padded_and_tries_the_right(m
     assert run.padding_ok is False and all(c["side"] == "left" for c in run.padding_checks)
     failed = [c for c in run.padding_checks if c["ok"] is False]
     assert failed and all(c["other_side"] == {"side": "right", "ok": True, "failures": []} for c in failed)
+    assert run.compiles_after_warmup == 0        # the other side's try has the bucket's shapes: no compile
     [padding] = [f for f in t.findings() if f["kind"] == "padding"]
     assert padding["severity"] == grading.severity("padding") and padding["cause"] == PADDING_CAUSE
     assert "on the left" in padding["message"] and "pad on the right" in padding["advice"]
