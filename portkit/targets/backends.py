@@ -432,7 +432,7 @@ def emulated_backend(target: str, precision=None, inductor: bool = False) -> Emu
 
 
 # One instance per target, module-level so that the entry points (pyproject.toml) can name them;
-# tests/test_backends_entrypoint.py checks the two lists agree.
+# tests/targets/test_backends_entrypoint.py checks the two lists agree.
 portkit_neuron = EmulatedBackend(specs.get("neuron"))
 portkit_tpu = EmulatedBackend(specs.get("tpu"))
 REGISTERED: dict[str, EmulatedBackend] = {"neuron": portkit_neuron, "tpu": portkit_tpu}

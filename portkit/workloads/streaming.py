@@ -1,9 +1,9 @@
 """A stateful streaming step under each target: compiled once per chunk shape, its state carried across a
 real stream, and the state's drift against float64 measured over the whole stream.
 
-    >>> from portkit.models import audio as audio_models
+    >>> from portkit.models import audio
     >>> from portkit.workloads import streaming
-    >>> step = audio_models.gru_step()                  # STFT log-mel front end + GRU; random weights (seed 0)
+    >>> step = audio.gru_step()                         # STFT log-mel front end + GRU; random weights (seed 0)
     >>> stream = streaming.speech_stream(seconds=20)    # recordings and spoken corpus texts, end to end, 16 kHz
     >>> result = streaming.check_stream(step, stream, ["neuron", "tpu"])
     >>> print(result)        # per target: compiles per chunk shape, the state's error chunk by chunk, its growth

@@ -1,7 +1,9 @@
 """Stage 4's suggestions: what to change for a target, drawn only from what was measured.
 
+    >>> from portkit.models import inputs
     >>> from portkit.stages.accuracy import advice
-    >>> result.suggestions = advice.suggest(targets.get("tpu"), result, registry.EMBEDDING)
+    >>> from portkit.targets import specs
+    >>> result.suggestions = advice.suggest(specs.get("tpu"), result, inputs.EMBEDDING)
 
 A higher precision's measured error, norm layers that are out of tolerance only when every op is rounded,
 float64 ops that ran as float32 (quoting the error the cast alone causes, error_by_cause), the atol a

@@ -1,6 +1,7 @@
 """Stage 4's result: per target and precision setting, what was measured, the verdict and the findings.
 
-    >>> report = accuracy.check_accuracy(model, inputs, ["tpu"])      # an AccuracyReport
+    >>> from portkit.stages.accuracy import stage
+    >>> report = stage.check_accuracy(model, inputs, ["tpu"])         # an AccuracyReport
     >>> print(report)                  # verdict, reasons, suggestions per target
     >>> report.save("runs/minilm/accuracy.json")
     >>> report.targets["tpu"].findings()          # findings.Finding: the report's terms

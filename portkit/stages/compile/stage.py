@@ -1,9 +1,9 @@
 """Stage 2, compile for the target: graph breaks, compiles, and the recompile storm on real data.
 
-    >>> from portkit.stages.compile import stage as compiling
-    >>> opts = compiling.Options.of({"seq_len": 64})         # the notebook's defaults, these values over them
-    >>> stream = compiling.make_requests(m, texts, opts.requests, max_tokens=opts.seq_len, seed=opts.seed)
-    >>> report = compiling.compile_model(m, stream, ["neuron", "tpu"], opts)
+    >>> from portkit.stages.compile import stage
+    >>> opts = stage.Options.of({"seq_len": 64})         # the notebook's defaults, these values over them
+    >>> stream = stage.make_requests(m, texts, opts.requests, max_tokens=opts.seq_len, seed=opts.seed)
+    >>> report = stage.compile_model(m, stream, ["neuron", "tpu"], opts)
     >>> print(report)            # per target: compiles against requests, what they cost on the target, the fix
     >>> report.save("runs/minilm/compile.json")
 
@@ -46,8 +46,8 @@ from portkit.runfolder.results import Finding, save_result
 from portkit.core.tables import HtmlTable
 
 __all__ = ["AUTO", "COMPILE_SHAPES", "CompileReport", "FixedShape", "GraphBreaks", "Options", "Requests", "Storm",
-           "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_training", "compile_costs",
-           "compile_model", "eager_findings", "find_graph_breaks", "make_requests", "recompile_storm",
+           "StormSettings", "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_training",
+           "compile_costs", "compile_model", "eager_findings", "find_graph_breaks", "make_requests", "recompile_storm",
            "recompile_storms"]
 
 STAGE = "compile"
@@ -541,17 +541,31 @@ class Options(options.StageOptions):
         return names
 
 
+@dataclass(frozen=True)
+class StormSettings:
+    """How compile_model runs the storm, beyond the notebook's options (the API's and the tests' settings; the
+    notebook runs the defaults): its first `compile_shapes` shapes compiled, the later ones counted from Dynamo's
+    guard failures (0: compile every shape; storm.py), and progress bars."""
+    progress: bool = True
+    compile_shapes: int = COMPILE_SHAPES
+
+    def __post_init__(self) -> None:
+        checks.boolean("progress", self.progress)
+        checks.non_negative_int("compile_shapes", self.compile_shapes)
+
+
 def compile_model(model, requests: Requests, targets=("neuron", "tpu"), options: Options | None = None, *,
-                  costs: dict[str, economics.CostModel] | None = None, progress: bool = True,
-                  compile_shapes: int = COMPILE_SHAPES) -> CompileReport:
+                  costs: dict[str, economics.CostModel] | None = None,
+                  storm: StormSettings | None = None) -> CompileReport:
     """The whole stage: graph breaks, the storm and the fixed-shape proof for every target, each
     compile priced with the target's cost (compile_costs, unless `costs` gives them). `options`: the
-    notebook's parameters (None: its defaults). The storm compiles its first `compile_shapes` shapes here
-    and counts the later ones from Dynamo's guard failures (0: compile every shape; storm.py)."""
-    opts = _options(options)
+    notebook's parameters (None: its defaults). `storm`: StormSettings (None: its defaults, the first
+    COMPILE_SHAPES shapes compiled, the later ones counted)."""
+    opts, storm = _options(options), storm or StormSettings()
     names = opts.check_targets(targets)
     breaks = find_graph_breaks(model, requests.inputs[0], names, opts.precision)
-    storms = recompile_storms(model, requests, names, opts, progress=progress, compile_shapes=compile_shapes or None)
+    storms = recompile_storms(model, requests, names, opts, progress=storm.progress,
+                              compile_shapes=storm.compile_shapes or None)
     fixed = check_fixed_shapes(model, requests, names, opts)
     costs = costs or compile_costs(model, requests, names, opts, storms=storms)
     return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

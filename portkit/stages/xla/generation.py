@@ -1,9 +1,9 @@
 """Stage 3b with workload "generate": the real XLA compile of a causal LM's prefill and decode graphs with a
 static KV cache, for a TPU topology, the cache in HBM, and the largest batch that fits at a context.
 
-    >>> from portkit.models import registry as models
+    >>> from portkit.models import registry
     >>> from portkit.stages.xla import generation
-    >>> lm = models.load("gpt2")
+    >>> lm = registry.load("gpt2")
     >>> found = generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
     >>> found["decode"].breakdown      # HBM per device: weights, KV cache, inputs, temporaries, logits, code
     >>> generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
