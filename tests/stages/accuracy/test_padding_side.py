@@ -178,6 +178,7 @@ def test_stage_3_checks_a_left_padding_decoder_left_padded_and_tries_the_right(m
     failed = [c for c in run.padding_checks if c["ok"] is False]
     assert failed and all(c["other_side"] == {"side": "right", "ok": True, "failures": []} for c in failed)
     assert run.compiles_after_warmup == 0        # the other side's try has the bucket's shapes: no compile
+    assert "padding check FAILED (padded on the left, as the model's batches are)" in t.summary()
     [padding] = [f for f in t.findings() if f["kind"] == "padding"]
     assert padding["severity"] == grading.severity("padding") and padding["cause"] == PADDING_CAUSE
     assert "on the left" in padding["message"] and "pad on the right" in padding["advice"]
