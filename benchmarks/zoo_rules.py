@@ -25,6 +25,7 @@ from pathlib import Path
 from portkit.core import grading
 from portkit.runfolder import layout
 from portkit.stages.report import stage as report_stage
+from portkit.stages.xla.stage import CONVERTED    # 3b's statuses of a shape its conversion stopped before the compiler
 
 OK, SKIPPED = "ok", "skipped"
 # where a finding's source frame lies inside portkit's own package (the report shortens paths: "portkit/...")
@@ -92,6 +93,10 @@ def _assessed(stage: str, data: dict) -> list[tuple[str, str]]:
             empty.append((target, "no graph compiled (checks.graphs is 0)"))
         elif stage == "xla" and "shapes" in half and not half.get("shapes"):
             empty.append((target, "no shape checked (shapes is empty)"))
+        elif stage == "xla" and half.get("shapes") and not half.get("not_assessed") and all(
+                s.get("status") in CONVERTED for s in half["shapes"]):
+            # every shape stopped in portkit's conversion, before the compiler: the fit was never established
+            empty.append((target, "no shape reached the compiler and the fit is not marked not assessed"))
         elif stage == "accuracy" and half.get("verdict") == "pass" and not half.get("basis"):
             empty.append((target, "a pass with no basis (no task metric or tolerance behind it)"))
     if stage == "buckets" and "plans" in data and not data.get("plans"):

@@ -519,6 +519,24 @@ def failure_text(f: dict) -> str:
         f" at {where_text(f['where'])}"
 
 
+# A size read from tensor values (an unbacked SymInt): no compile option or padding to fixed shapes removes it.
+DATA_DEPENDENT_ADVICE = (
+    "compute the size from static metadata (.shape or a config value) or pass it as a Python int argument; or "
+    "mark the region with torch._check / torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs "
+    "Unbacked Symints: docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
+
+
+def refusal_advice(text: str, where: dict | None, compiled: str) -> str:
+    """The advice on a refusal of the target's compiler that portkit met compiling `compiled` with dynamic=False at
+    fixed shapes (e.g. "one fixed input shape"): a size read from values is DATA_DEPENDENT_ADVICE; anything else
+    was refused at fixed shapes already, so the advice says that was tried, never to make the shapes static. The one
+    wording of this advice for every stage that meets a refusal."""
+    if "data-dependent size at" in text:
+        return DATA_DEPENDENT_ADVICE
+    return (f"tried: torch.compile(dynamic=False) at {compiled}, still refused, so padding to fixed shapes does not "
+            "help; change the code the compiler names" + (f" at {where_text(where)}" if where else ""))
+
+
 def compile_cause(what: str, where: dict | None, text: str) -> str:
     """A compile failure's cause (core.findings.cause_key): "refused" or the failure's kind, at its source line;
     without a line, the start of its message. Stages 2 and 3 give the one refusal this one cause."""

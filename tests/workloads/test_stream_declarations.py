@@ -216,3 +216,35 @@ def test_a_state_returned_as_a_view_recompiles_mid_stream_and_the_finding_says_h
     step = audio.StreamStep("vad", Copied().eval(), CHUNK, STATE, "test LSTM cell VAD",
                                    outputs=(inputs.Output("speech", inputs.PROBABILITY),))
     assert streaming.check_stream(step, _stream(), ["tpu"]).runs[0].late_compiles == 0
+
+
+class _Float64VAD(_VAD):
+    """_VAD computing in float64 as some users write a step for accuracy: the chunk and the state are cast up and
+    the state handed back in float64 (its context a fresh buffer, so no stride guard is in play)."""
+
+    def __init__(self):
+        super().__init__()
+        self.double()
+
+    def forward(self, chunk, state):
+        state = {"lstm": tuple(t.double() for t in state["lstm"]), "context": state["context"].double()}
+        out, new = super().forward(chunk.double(), state)
+        return out, {**new, "context": new["context"].clone(memory_format=torch.contiguous_format)}
+
+
+def test_a_step_that_carries_its_state_in_float64_starts_from_a_float64_state_and_compiles_nothing_mid_stream():
+    """Rule (a stream's first state is the step's own): a step that hands its state back in float64 got portkit's
+    float32 initial state on the first chunk and its own float64 state from the second, a dtype guard failure and
+    one compile mid-stream under every backend (the CPU's Inductor too), an artefact of the harness, not of the
+    target's float64 rule (which casts results back to float64). The stream now starts from the state in the dtype
+    the step carries (StreamStep.carried_dtypes), says so, and compiles only in its warm-up."""
+    step = audio.StreamStep("vad64", _Float64VAD().eval(), CHUNK, STATE, "test float64 VAD",
+                            outputs=(inputs.Output("speech", inputs.PROBABILITY),))
+    assert set(step.carried_dtypes().values()) == {torch.float64}
+    assert all(t.dtype == torch.float64 for t in step.flat_state(step.carried_state()).values())
+    found = streaming.check_stream(step, _stream(), ["tpu"])
+    run = found.runs[0]
+    assert run.late_compiles == 0 and all(c["when"] == "warm-up" for c in run.compiles), run.compiles
+    assert found.step["state_dtypes"] == {name: "float64" for name in step.state_leaves}
+    # a step carrying float32 keeps its float32 state: nothing changes for it
+    assert set(_vad_step().carried_dtypes().values()) == {torch.float32}

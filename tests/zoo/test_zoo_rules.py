@@ -61,6 +61,19 @@ def test_a_stage_ok_that_assessed_nothing_is_a_violation(tmp_path):
     assert {(v.target, v.detail.split()[1]) for v in found} == {("tpu", "fallbacks"), ("neuron", "xla")}
 
 
+def test_a_3b_whose_shapes_never_reached_the_compiler_must_leave_the_fit_open(tmp_path):
+    """Rule (a stage that did nothing says so, stage 3b): every shape stopped in portkit's conversion ("0/2 shapes
+    compiled") with nothing marked not assessed is a violation; the same shapes with the fit open are none."""
+    files = _good()
+    files["xla"]["targets"]["tpu"]["shapes"] = [{"status": "no_lowering"}, {"status": "trace_failed"}]
+    (tmp_path / "bad").mkdir()
+    [found] = zoo_rules.assessed_something(_run(tmp_path / "bad", files))
+    assert found.target == "tpu" and "no shape reached the compiler" in found.detail
+    files["xla"]["targets"]["tpu"]["not_assessed"] = [{"question": "HBM fit on v5e:1x1", "why": "NO LOWERING"}]
+    (tmp_path / "open").mkdir()
+    assert zoo_rules.assessed_something(_run(tmp_path / "open", files)) == []
+
+
 def test_a_non_aten_op_without_a_finding_is_a_violation(tmp_path):
     """Rule: every op outside PyTorch's own namespaces in a compiled graph has a finding; a finding naming it
     clears it. PyTorch's namespaces are portkit's one list (foreign_ops.CORE_NAMESPACES): a prims op needs none,

@@ -16,14 +16,14 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from portkit.targets.backends import compile_cause
+from portkit.targets.backends import compile_cause, refusal_advice
 from portkit.stages.accuracy import stats
+from portkit.models import padding_side
 from portkit.core import grading
 from portkit.core.findings import PADDING_CAUSE, Finding, cause_key
 from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
-from portkit.stages.accuracy import padding_side
 from portkit.stages.accuracy.stream_findings import stream_drift, stream_output, stream_recompile, stream_state
 from portkit.stages.accuracy.tables import AccuracyTables, against_baseline, baseline_role
 
@@ -361,7 +361,7 @@ class TargetAccuracy:
         return Finding("padding", grading.severity("padding"),
                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
                        "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
-                       "outputs at real positions", padding_side.advice(self.tried, paths),
+                       "outputs at real positions", padding_side.advice(self.tried, paths, "at the same precision"),
                        cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
     def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
@@ -395,8 +395,8 @@ class TargetAccuracy:
         where = f" at {refused['where']}" if refused.get("where") and refused["where"] not in refused["message"] else ""
         return Finding("compile_refused", grading.severity("compile_refused"),
                        f"{refused['backend']} refuses the compiled model{where}: {refused['message'][:400]}",
-                       "tried: the main batch's fixed shape, still refused: change the code the compiler names "
-                       f"(stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
+                       refusal_advice(refused["message"], refused.get("place"), "the main batch's fixed shape")
+                       + f" (stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
                        "instead",
                        # stage 2's and 3's cause for the same refusal: one finding in the report
                        cause=compile_cause("refused", refused.get("place"), refused["message"]))

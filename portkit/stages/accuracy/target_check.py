@@ -17,7 +17,8 @@ import torch
 
 from portkit.models.inputs import BATCH
 from portkit.stages.accuracy import stats
-from portkit.stages.accuracy import padding_side, target_runs
+from portkit.models import padding_side
+from portkit.stages.accuracy import target_runs
 from portkit.stages.accuracy.advice import suggest
 from portkit.stages.accuracy.comparison import compare, task_metrics
 from portkit.stages.accuracy.localize import layer_summary
@@ -75,9 +76,9 @@ def check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar)
     result = TargetAccuracy(detected.to_dict(), found[0], found[1:],
                             {"boundaries": plan.boundaries, "source": plan.source}, rows,
                             compile_refused=side.refused.to_dict() if side.refused else None)
-    result.suggestions = suggest(target, result, ref.kind)
     result.tried = _try_others(ref, side, result, (chosen, others), plan) + _try_compiled(ref, side, result, others,
                                                                                           plan, bar)
+    result.suggestions = suggest(target, result, ref.kind)       # after the tries: it says what they gave
     return result
 
 
@@ -214,7 +215,7 @@ def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, pa
     """A failing bucket's texts at their own length (no bucket padding) on the same target side and precision:
     "passed" says whether the task metrics hold there, so the bucket fails only padded (the padding cause)."""
     model, (_, high, texts, _) = ref.model, bucket
-    pad = padding_side.side_of(model) or "right"
+    pad = padding_side.pads_on(model)
     plain, expected, _, _ = ref.bucket(high, texts, model.encode(texts, pad_to=high), pad)
     out = side.run(plain, precision, compiled=mode.compiled, batch=mode.batch)[0]
     main = judged_output(model, expected)
@@ -229,15 +230,13 @@ def _try_other_side(ref: Reference, side: TargetSide, paths: list[str], batches:
     """Each bucket that fails only padded (its texts pass at their own length), padded on the side the tokenizer
     does not pad on and run again on the same target side and precision (padding_side): "passed" says whether that
     side fixes it, which the padding finding's advice then says it tried."""
-    other = padding_side.other(ref.model)
-    if other is None or not paths:
+    buckets = {path: batches[int(path.removeprefix("bucket "))] for path in paths}
+    other = padding_side.flippable(ref.model, next(iter(buckets.values()))[2]) if buckets else None
+    if other is None:      # no tokenizer side, or the declaration does not pad on it: no other side to try
         return []
     tried = []
-    for path in paths:
-        bucket = batches[int(path.removeprefix("bucket "))]
+    for path, bucket in buckets.items():
         with padding_side.padding_on(ref.model, other):
-            if not padding_side.lands_on(ref.model, ref.model.encode(bucket[2], pad_to=bucket[1]), other):
-                return []      # the declaration does not pad on the tokenizer's side: there is no other side to try
             row = _bucket_row(ref, bucket, precision, side, mode)
         tried.append({"precision": precision.name, "setting": precision.setting, "path": path,
                       "padding_side": other, "passed": row["passed"], "reason": "; ".join(row["reasons"]) or None})
@@ -247,7 +246,7 @@ def _try_other_side(ref: Reference, side: TargetSide, paths: list[str], batches:
 def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, mode: PassMode) -> dict:
     """One bucket: its texts padded to the boundary on the target, against the reference at their own length."""
     model, dim, (low, high, texts, truncated) = ref.model, ref.model.seq_dim, bucket
-    pad = padding_side.side_of(model) or "right"
+    pad = padding_side.pads_on(model)
     padded = model.encode(texts, pad_to=high)
     plain, expected, baseline, truth = ref.bucket(high, texts, padded, pad)
     out = side.run(padded, precision, compiled=mode.compiled, batch=mode.batch)[0]

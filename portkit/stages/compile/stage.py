@@ -34,7 +34,7 @@ from portkit.core import owners
 from portkit.stages import reconcile
 from portkit.targets import selection
 from portkit.targets import specs
-from portkit.targets.backends import compile_cause, failure_text, where_text
+from portkit.targets.backends import compile_cause, failure_text, refusal_advice, where_text
 from portkit.corpora.requests import Requests, make_requests
 from portkit.stages.compile.fixed_shape import FixedShape, check_fixed_shape, check_fixed_shapes
 from portkit.stages.compile.graph_breaks import GraphBreaks, find_graph_breaks
@@ -97,12 +97,6 @@ def _finding(kind: str, message: str, advice: str, where: dict | None = None, *,
     return found
 
 
-DATA_DEPENDENT_ADVICE = (
-    "compute the size from static metadata (.shape or a config value) or pass it as a Python int argument; or "
-    "mark the region with torch._check / torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs "
-    "Unbacked Symints: docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
-
-
 def _lowering_case(op: dict) -> str:
     """The grading case of an op that would not lower: no kernel and no fallback, or run on the host CPU."""
     return grading.NO_KERNEL if op["status"] == "unsupported" else grading.RUNS_ON_HOST
@@ -123,12 +117,8 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
     for text, entry in causes.items():
         failure, refused = entry["failure"] or {}, entry["steps"][0] == "graph capture"
         where = failure.get("where")
-        if "data-dependent size at" in text:   # a size read from values: no compile option or padding fixes it
-            advice = DATA_DEPENDENT_ADVICE
-        elif refused:   # portkit compiled with dynamic=False at fixed shapes: padding to fixed shapes was tried
-            advice = ("tried: torch.compile(dynamic=False) at one fixed input shape, still refused, so padding to "
-                      "fixed shapes does not help; change the code the compiler names"
-                      + (f" at {where_text(where)}" if where else ""))
+        if refused or "data-dependent size at" in text:   # portkit compiled with dynamic=False at a fixed shape
+            advice = refusal_advice(text, where, "one fixed input shape")
         else:
             advice = failure.get("hint") or "fix the model so the target's backend compiles it"
         kind = "compile_refused" if refused or failure.get("kind") == "refused" else "compile_failed"

@@ -1,6 +1,8 @@
 """Advice that was tried, for the padding side: where a bucket fails only padded (its texts pass at their own length),
 stage 4 pads it on the side the tokenizer does not pad on and runs it again on the same target side and precision,
-and the padding finding says "tried: passes" (pad on that side) or "tried: still fails" (exact-length batches)."""
+and the padding finding says "tried: passes" (pad on that side) or "tried: still fails" (exact-length batches).
+Stage 3's padding check pads on the side the model's own batches are padded on, and tries the other side by the same
+rule (portkit/models/padding_side.py, the one owner)."""
 import pytest
 import torch
 from torch import nn
@@ -9,7 +11,11 @@ from portkit.models import registry
 from portkit.core import grading
 from portkit.core.findings import PADDING_CAUSE
 from portkit.stages.accuracy import stage
-from portkit.stages.accuracy import padding_side
+from portkit.corpora import corpus as data
+from portkit.models import padding_side
+from portkit.planning import economics
+from portkit.stages.buckets import bucketed
+from portkit.stages.buckets import stage as buckets
 
 SCOPE = dict(task_items=8, all_precisions=False, layers=False, float64_reference=False, compiled=False,
              progress=False)
@@ -66,8 +72,17 @@ class TinyGPT2Tagger(nn.Module):
         return {"logits": self.gpt2(input_ids=input_ids, attention_mask=attention_mask).logits}
 
 
+RUNS: dict = {}      # (stage, module class, side) -> its result, so that a later test reuses an earlier run
+
+
 def _padding_finding(module: nn.Module, side: str, corpus):
-    from portkit.corpora import corpus as data
+    key = ("accuracy", type(module), side)
+    if key not in RUNS:
+        RUNS[key] = _stage4(module, side, corpus)
+    return RUNS[key]
+
+
+def _stage4(module: nn.Module, side: str, corpus):
     m = registry.LoadedModel("padding-side test", registry.TOKEN_CLASSIFIER, module.eval(), "test model",
                            tokenizer=_tokenizer(side))
     inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
@@ -92,6 +107,11 @@ def test_a_left_padded_decoder_is_told_to_pad_on_the_right_because_it_was_tried(
     assert padding.severity == grading.severity("padding") and padding.cause == PADDING_CAUSE
     assert "pad on the right" in padding.advice and "tried:" in padding.advice
     assert "exact-length" not in padding.advice and "accuracy" not in found
+    # the stage's suggestions say the same, from the same tries, never an untried "check the mask"
+    bucket = [s for s in tpu.suggestions if s.startswith("bucket ")]
+    assert bucket and all("tried: its texts pass at their own length" in s and "pad on the right" in s
+                          for s in bucket), tpu.suggestions
+    assert not any("check that the model masks" in s for s in tpu.suggestions)
 
 
 def test_padding_that_fails_on_either_side_says_the_other_side_was_tried_and_still_fails(corpus):
@@ -124,3 +144,86 @@ def test_the_side_a_batch_is_padded_on_is_read_from_its_mask():
     assert not padding_side.lands_on(m, m.encode(texts, pad_to=16), "right")
     with padding_side.padding_on(m, "right"):
         assert padding_side.lands_on(m, m.encode(texts, pad_to=16), "right")
+
+
+def _stage3(module: nn.Module, side: str, corpus):
+    """Stage 3's replay of buckets [8, 32] on the emulated TPU with the padding check: its TargetBuckets."""
+    key = ("buckets", type(module), side)
+    if key not in RUNS:
+        RUNS[key] = _replay(module, side, corpus)
+    return RUNS[key]
+
+
+def _replay(module: nn.Module, side: str, corpus):
+    m = registry.LoadedModel("padding-side test", registry.TOKEN_CLASSIFIER, module.eval(), "test model",
+                             tokenizer=_tokenizer(side))
+    trace = data.make_trace(corpus, m, 6, seed=1)
+    plans = {"tpu": buckets.plan_buckets([8, 32], "optimal", k=2)}
+    t = buckets.replay_targets(m, trace, [], plans, {"tpu": economics.neuron_estimate(10**6)},
+                               replay=buckets.Replay(progress=False))["tpu"]
+    assert m.tokenizer.padding_side == side            # the try leaves the tokenizer's own side as it was
+    return m, t
+
+
+@pytest.mark.parametrize("module", [SlotCountingDecoder, TinyGPT2Tagger], ids=["built", "gpt2"])
+def test_stage_3_checks_a_left_padding_decoder_left_padded_and_tries_the_right(module, corpus):
+    """Rule (stage 3's padding check is honest about the side; advice that was tried): a decoder whose tokenizer pads
+    on the left is bucketed and padding-checked left-padded, as its batches are, where its positions move: the check
+    fails (right padding alone had passed it). The right side, tried on the same shapes, passes, so the padding
+    finding (work, the cause stage 4 names) says to pad on the right and that it was tried. Pinned on a model built
+    for it and on GPT-2 at tiny size."""
+    m, t = _stage3(module(), "left", corpus)
+    (run,) = [r for r in t.runs if r.plan]
+    assert run.padding_ok is False and all(c["side"] == "left" for c in run.padding_checks)
+    failed = [c for c in run.padding_checks if c["ok"] is False]
+    assert failed and all(c["other_side"] == {"side": "right", "ok": True, "failures": []} for c in failed)
+    assert run.compiles_after_warmup == 0        # the other side's try has the bucket's shapes: no compile
+    assert "padding check FAILED (padded on the left, as the model's batches are)" in t.summary()
+    [padding] = [f for f in t.findings() if f["kind"] == "padding"]
+    assert padding["severity"] == grading.severity("padding") and padding["cause"] == PADDING_CAUSE
+    assert "on the left" in padding["message"] and "pad on the right" in padding["advice"]
+    assert "tried:" in padding["advice"] and "exact-length" not in padding["advice"]
+
+
+def test_stage_3_says_the_other_side_still_fails_where_padding_fails_on_either(corpus):
+    """Rule (advice that was tried: a padding side, stage 3): a model that normalises over the whole sequence fails
+    its padding check on the right and, tried, on the left: the advice stays exact-length batches and says so."""
+    _, t = _stage3(SequenceNormTagger(), "right", corpus)
+    [padding] = [f for f in t.findings() if f["kind"] == "padding"]
+    assert "exact-length" in padding["advice"] and "tried: padding on the left still fails" in padding["advice"]
+    assert padding["occurrences"]["tried"] and not any(x["passed"] for x in padding["occurrences"]["tried"])
+
+
+def test_the_bucketed_model_pads_on_the_side_the_models_batches_are_padded_on():
+    """Rule: stage 3 pads a bucket where the model's own batches hold their padding (read from the declaration's
+    mask), real positions read back from that side; a right-padding tokenizer keeps the right."""
+    plan = buckets.plan_buckets([8, 32], "optimal", k=2)
+    for side in ("left", "right"):
+        m = registry.LoadedModel("t", registry.TOKEN_CLASSIFIER, SlotCountingDecoder().eval(), "test",
+                                 tokenizer=_tokenizer(side))
+        bm = bucketed.BucketedModel(m, plan, backend="portkit_tpu")
+        assert bm.side == side and padding_side.pads_on(m, ["a b", "a longer text"]) == side
+        padded, rows, length = bm.pad(m.encode(["a b c"]))
+        mask = padded["attention_mask"][0]
+        assert int(mask.sum()) == length and bool(mask[-1 if side == "left" else 0])
+        out = bm.unpad(bm.run_padded(padded), rows, length)["logits"]
+        assert out.shape[1] == length
+
+
+def test_stage_3_and_4s_padding_findings_on_gpt2_are_one_cause_with_one_advice(corpus):
+    """Rule (one cause, one finding, with every stage's evidence): tiny GPT-2 padded on the left fails stage 3's
+    padding check and stage 4's buckets; both name the padding cause and, having tried the right, the same fix, so
+    the report lists one finding found by stages buckets and accuracy, its advice the tried one."""
+    from portkit.core import findings
+    from portkit.stages.report import stage as report
+    _, buckets_tpu = _stage3(TinyGPT2Tagger(), "left", corpus)
+    accuracy_tpu, _ = _padding_finding(TinyGPT2Tagger(), "left", corpus)
+    found = [("buckets", f) for f in buckets_tpu.findings() if f["kind"] == "padding"]
+    found += [("accuracy", f.to_dict()) for f in accuracy_tpu.findings() if f.kind == "padding"]
+    assert [s for s, _ in found] == ["buckets", "accuracy"]
+    rows = [{"stage": s, "severity": f["severity"], "kind": f["kind"], "message": f["message"], "advice": f["advice"],
+             "consequence": "", "where": "", "owner": "", "cause": findings.cause_of(f), "stages": [s]}
+            for s, f in found]
+    [merged] = report.merge_causes(rows)
+    assert merged["stages"] == ["buckets", "accuracy"] and len(merged["evidence"]) == 2
+    assert all("pad on the right" in f["advice"] and "tried:" in f["advice"] for _, f in found)

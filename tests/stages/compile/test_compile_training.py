@@ -59,3 +59,17 @@ def test_the_stage_checks_a_training_step_with_one_compiling_step_then_the_proof
     assert training.STEPS >= 2                 # one compiling step, then at least one under the proof
     with pytest.raises(BadParameter, match="steps"):
         stage.check_training(gpt2, corpus, ["tpu"], steps=0)
+
+
+def test_a_refused_training_step_is_told_what_was_tried_not_to_make_its_shapes_static(gpt2, corpus):
+    """Rule (advice that was tried): the training step is compiled with dynamic=False at one fixed batch shape, so a
+    refusal there is advice saying that was tried and naming the code to change, never "make the step's graph
+    static (dynamic=False, fixed batch shapes)"; stage 2's refusal advice is the same wording (one owner,
+    backends.refusal_advice). A model whose graph turns symbolic after a graph break is refused either way."""
+    refused = training.check(_fixture("dynamic_after_break_model", gpt2), corpus, ["tpu"], steps=2, batch_size=2,
+                             seq_len=8)["tpu"]
+    assert refused.refused is not None, refused.summary()
+    [(kind, case, message, advice, where)] = refused.findings()
+    assert kind == "train_refused" and grading.severity(kind, case) == "blocker"
+    assert advice.startswith("tried: torch.compile(dynamic=False) at the batch's fixed shape (input_ids 2x8")
+    assert "still refused" in advice and "make the step's graph static" not in advice

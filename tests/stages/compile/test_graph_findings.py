@@ -214,3 +214,38 @@ def test_a_finding_in_portkits_own_adapter_is_portkits_not_the_users():
     # the user's own file stays the user's; portkit's other files are portkit's too
     assert owners.owner({"file": __file__, "line": 1})["owner"] == owners.USER
     assert owners.owner({"file": compiling.__file__, "line": 1})["owner"] == owners.PORTKIT
+
+
+def _tiny_mixtral(experts: str) -> nn.Module:
+    """transformers' Mixtral at a tiny size, random weights, its experts run by `experts` (experts_implementation)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=64, experts_implementation=experts)
+    model = MixtralForCausalLM(config).eval()
+
+    class Logits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return {"logits": self.model(input_ids=input_ids, attention_mask=attention_mask).logits}
+    return Logits()
+
+
+def test_a_real_moes_grouped_matmul_fallback_is_a_finding_with_its_host_read_and_its_setting():
+    """Rule (every non-ATen op in a compiled graph is a finding), on a real public architecture: transformers' Mixtral
+    at a tiny size with experts_implementation='grouped_mm' compiles, in float32, to the library's own custom op
+    transformers::grouped_mm_fallback, which reads the group offsets on the host (.tolist()). Its finding names the
+    op, transformers as the owner with the setting that changes the path (experts_implementation), the host read at
+    its line and what portkit could not check (the other direction, ATen-only graphs without the finding, is pinned
+    on the built models above)."""
+    report = compiled_findings(_tiny_mixtral("grouped_mm"), targets=("tpu",))
+    [found] = [f for f in report.findings("tpu") if f["kind"] == "foreign_op"]
+    assert found["message"].startswith("transformers::grouped_mm_fallback is not an ATen op (configurable library")
+    assert found["owner"]["owner"] == owners.CONFIGURABLE and found["owner"]["setting"] == "experts_implementation"
+    assert "reads tensor values on the host" in found["message"] and ".tolist()" in found["message"]
+    assert "Not checked:" in found["message"] and "experts_implementation" in found["advice"]
+    assert found["severity"] == "work"
