@@ -100,6 +100,26 @@ class _OpLog(torch_private.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# A runtime assert Dynamo writes into the graph for an `assert` on a value read from a tensor (flaubert's
+# `assert lengths.max().item() <= slen`: item -> le -> aten._assert_scalar). The read sizes nothing: it is a host read,
+# stage 1's finding, not a dynamic shape.
+ASSERTS = (torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_async.default,
+           torch.ops.aten._assert_async.msg)
+
+
+def without_asserted_reads(gm: torch.fx.GraphModule) -> int:
+    """Remove the graph's runtime asserts (ASSERTS) and what only they used (the read and the comparison), in place;
+    the number removed. The target's checks then see what the graph computes: a value read from a tensor that
+    sizes or feeds anything else stays, and is refused as before."""
+    found = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in ASSERTS]
+    for node in found:
+        gm.graph.erase_node(node)
+    if found:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return len(found)
+
+
 def _symbolic(value) -> bool:
     for leaf in torch_private.tree_leaves(value):
         if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
@@ -225,6 +245,7 @@ class EmulatedBackend:
 
     def _refuse(self, gm, check: GraphCheck) -> None:
         t = self.target
+        without_asserted_reads(gm)
         node = next((n for n in gm.graph.nodes if _symbolic(n.meta.get("example_value"))), None)
         if t.static_shapes and node is not None:
             trace = node.meta.get("stack_trace")

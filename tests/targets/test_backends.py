@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import FIXTURES, fixture_model
+from fixtures import models as fixture_models
 from portkit.targets import backends
 from portkit.models import registry
 from portkit.targets import numerics
@@ -126,3 +127,23 @@ def test_bad_options_are_one_line_with_the_choices():
     with pytest.raises(BadParameter, match=r"unknown inductor option of backend portkit_tpu 'yes'; "
                                            r"choose one of: True, False"):
         backends.emulated_backend("tpu")(gm, [], options={"inductor": "yes"})
+
+
+class _SizesByARead(torch.nn.Module):
+    def forward(self, input_ids):
+        return torch.zeros(int((input_ids != 0).sum().item())) + 1
+
+
+def test_an_asserted_read_is_no_dynamic_shape_but_a_read_that_sizes_a_tensor_is():
+    """Rule: a static-shape target refuses a tensor whose shape rests on a value read from a tensor; a read that only
+    a runtime assert compares (Dynamo captures `assert t.item() <= n` whole) sizes nothing and compiles: tiny
+    Flaubert was 'blocked' on both targets by its input-length assert."""
+    ids = torch.tensor([[3, 4, 0, 0], [5, 0, 0, 0]])
+    for backend in (backends.portkit_neuron, backends.portkit_tpu):
+        torch.compiler.reset()
+        out = torch.compile(fixture_models.AssertsOnARead(), backend=backend, fullgraph=True, dynamic=False)(ids)
+        torch.testing.assert_close(out, ids.float() * 2)
+    torch.compiler.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True), pytest.raises(Exception, match="data-dependent size"):
+        torch.compile(_SizesByARead(), backend=backends.portkit_tpu, fullgraph=True, dynamic=False)(ids)
+    torch.compiler.reset()
