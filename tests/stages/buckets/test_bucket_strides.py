@@ -251,3 +251,23 @@ def test_encodec_refused_in_warm_up_is_a_finding_not_a_crash():
     found = {f["kind"]: f for f in t.findings()}["compile_refused"]
     assert "modeling_encodec.py" in found["where"]["file"] and "warm-up" in found["message"]
     assert t.run_for(t.chosen).failure["step"] == "warm-up"
+
+
+class _Pools(nn.Module):
+    """One output position per input sample, but like Funnel's pooling blocks (transformers' modeling_funnel.py)
+    the model takes no fewer than 5 positions: shorter, its shapes do not broadcast."""
+
+    def forward(self, waveform):
+        if waveform.shape[-1] < 5:
+            raise RuntimeError("output with shape [2, 2, 2, 1] doesn't match the broadcast shape [2, 2, 2, 2]")
+        return {"frames": waveform * 2.0}
+
+
+def test_a_probe_length_the_model_refuses_is_portkits_choice_and_a_longer_one_is_tried():
+    """Rule: the probe's first length is portkit's (3 positions), not the model's input: where the model refuses it,
+    a longer one is tried, and the output is found to follow the input one position per sample (tiny Funnel was
+    'blocked' on both targets by a probe at 3 tokens, while every bucket of its plan runs)."""
+    found = output_probe.output_dims(declared(_Pools(), inputs.Output("frames", inputs.WAVEFORM), shortest=1))
+    assert found["frames"].seq == (1,) and found["frames"].stride == 1 and found["frames"].unchecked is None
+    with pytest.raises(RuntimeError):      # a model that refuses every length still fails, with its own error
+        output_probe.output_dims(declared(_Pools(), inputs.Output("frames", inputs.WAVEFORM), shortest=1, longest=4))
