@@ -67,10 +67,10 @@ class TinyGPT2Tagger(nn.Module):
 
 
 def _padding_finding(module: nn.Module, side: str, corpus):
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import example_batch
     m = registry.LoadedModel("padding-side test", registry.TOKEN_CLASSIFIER, module.eval(), "test model",
                            tokenizer=_tokenizer(side))
-    inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
+    inputs, _ = example_batch(m, corpus, batch_size=2, seq_len=32)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
                                      corpus=corpus, buckets=[16, 128], scope=stage.Scope(**SCOPE))
     tpu = report.targets["tpu"]
