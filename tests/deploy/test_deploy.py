@@ -207,7 +207,6 @@ def test_export_command_with_prices_prints_an_estimate(run_dir, tmp_path, capsys
 
 
 def test_cost_compares_each_target_with_named_gpus_from_sourced_prices(run_dir):
-    from portkit.planning import cost
     found = cost.comparison(results.run_cost_figures(run_dir), ["neuron", "tpu"])
     assert set(found["gpus"]) == set(cost.GPUS) and found["label"] == "estimate, not measured"
     for side in [*found["targets"].values(), *found["gpus"].values()]:
@@ -228,7 +227,6 @@ def test_cost_compares_each_target_with_named_gpus_from_sourced_prices(run_dir):
 
 
 def test_every_price_names_its_page_and_date():
-    from portkit.planning import cost
     from portkit.targets import capacity
     table = json.loads(cost.PRICES.read_text())
     assert "_provenance" in table
