@@ -209,8 +209,8 @@ def test_a_state_returned_as_a_view_recompiles_mid_stream_and_the_finding_says_h
             out, new = super().forward(chunk, state)
             return out, {**new, "context": new["context"].clone(memory_format=torch.contiguous_format)}
 
-    viewed = streaming.check_stream(_vad_step(), _stream(), ["tpu"]).runs[0].to_dict()
-    assert viewed["late_compiles"] >= 1
+    viewed = streaming.check_stream(_vad_step(), _stream(), ["tpu"]).runs[0]
+    assert viewed.late_compiles >= 1
     found = stream_findings.stream_recompile(viewed)
     assert found.severity == "work" and "stride" in found.message and "contiguous_format" in found.advice
     step = audio.StreamStep("vad", Copied().eval(), CHUNK, STATE, "test LSTM cell VAD",
