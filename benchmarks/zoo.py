@@ -47,7 +47,7 @@ from portkit.run import runner  # noqa: E402
 from portkit.run import notebook_parameters  # noqa: E402
 from portkit.runfolder import layout  # noqa: E402
 from portkit.runfolder import run_log  # noqa: E402
-from portkit.stages.report import stage as report_stage  # noqa: E402
+from portkit.stages.report.stage import BLOCKED, NOT_ASSESSED, READY, READY_WITH_WORK  # noqa: E402
 
 TARGETS = ("neuron", "tpu")
 # Small parameters of every stage; each run gets those its stages declare. Four requests give stage 2's storm
@@ -87,7 +87,7 @@ ZOO_MARKER = ".portkit-zoo"     # in the runs folder: a folder the zoo may clear
 NOT_BUILDABLE = "not buildable"
 # a row with a stage crash or a rule violation has failed, whatever its verdict says: its verdict is not counted
 ROW_FAILED = "row failed (crash or rule violation)"
-OUTCOMES = (report_stage.READY, report_stage.READY_WITH_WORK, report_stage.BLOCKED, report_stage.NOT_ASSESSED,
+OUTCOMES = (READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED,
             SEEDED, NOT_BUILDABLE, ROW_FAILED)
 
 
@@ -175,7 +175,7 @@ def read_result(result: Result, run_dirs: dict, stages: list[str], config: dict 
                 error = first_line(run.error(stage)).split("; the executed notebook is ")[0]
                 result.crashes.append([stage, error])
         entry = run.get("report").get("targets", {}).get(target) or {}
-        result.verdicts[target] = entry.get("verdict") or report_stage.NOT_ASSESSED
+        result.verdicts[target] = entry.get("verdict") or NOT_ASSESSED
         first = entry.get("first") or entry.get("findings") or []
         if first and not result.finding:
             result.finding = f"{target}: {first_line(first[0].get('message'))}"
@@ -268,7 +268,7 @@ def run_serial(row: zoo_build.Row, folder: Path, out: Path, stages, params: dict
         pass                                   # each failed stage is read from the run log below
     except PortkitError as exc:                # refused in the plan step: one line, nothing run
         result.refused = first_line(exc)
-        result.verdicts = {t: report_stage.NOT_ASSESSED for t in TARGETS}
+        result.verdicts = {t: NOT_ASSESSED for t in TARGETS}
         return result
     except Exception as exc:  # noqa: BLE001 (a run that ends in a traceback is portkit's crash, a row of the table)
         result.crashes.append(["run", f"{type(exc).__name__}: {first_line(exc)}"])
@@ -287,7 +287,7 @@ def run_ray(rows: list[tuple[zoo_build.Row, Path]], out: Path, stages, params: d
                                           row_parameters(row, stages, params), stages=stages, log=lambda _: None)
         except PortkitError as exc:
             results[row.key].refused = first_line(exc)
-            results[row.key].verdicts = {t: report_stage.NOT_ASSESSED for t in TARGETS}
+            results[row.key].verdicts = {t: NOT_ASSESSED for t in TARGETS}
     cores = os.cpu_count() or 1
     resources = sweep.Resources(cpus_per_task=max(cores / max(workers, 1), 0.01), memory_per_task_gib=2.0)
     if cells:
@@ -309,7 +309,7 @@ def run_ray(rows: list[tuple[zoo_build.Row, Path]], out: Path, stages, params: d
 def counts(results: list[Result]) -> dict:
     return {"architectures": len(results), "not_buildable": sum(bool(r.built) for r in results),
             "crashes": sum(len(r.crashes) for r in results), "violations": sum(len(r.violations) for r in results),
-            "not_assessed": sum(v == report_stage.NOT_ASSESSED for r in results for v in r.verdicts.values())}
+            "not_assessed": sum(v == NOT_ASSESSED for r in results for v in r.verdicts.values())}
 
 
 def summary_line(results: list[Result]) -> str:
@@ -326,7 +326,7 @@ def outcome(result: Result, target: str) -> str:
         return ROW_FAILED
     if target in result.judged:
         return SEEDED
-    return result.verdicts.get(target, report_stage.NOT_ASSESSED)
+    return result.verdicts.get(target, NOT_ASSESSED)
 
 
 def shares(results: list[Result]) -> dict:
@@ -347,7 +347,7 @@ def causal_claim(results: list[Result], listed: int | None = None) -> str:
         return ""
     parts = []
     for target in TARGETS:
-        good = sum(outcome(r, target) in (report_stage.READY, report_stage.READY_WITH_WORK) for r in causal)
+        good = sum(outcome(r, target) in (READY, READY_WITH_WORK) for r in causal)
         parts.append(f"{target} {good}/{len(causal)} ({good / len(causal):.0%})")
     return (f"Causal LMs ready or ready with work (generation workload, emulated: CPU under each target's rules, "
             f"not hardware): {', '.join(parts)}; " + (
@@ -418,7 +418,7 @@ def _peak(result: Result) -> str:
 def _verdict_cell(result: Result, target: str) -> str:
     if result.built:
         return NOT_BUILDABLE
-    verdict = result.verdicts.get(target, report_stage.NOT_ASSESSED)
+    verdict = result.verdicts.get(target, NOT_ASSESSED)
     if target in result.judged:
         return f"{verdict}<br><sub>{_esc(SEEDED)}: {result.judged[target]} without it</sub>"
     return verdict

@@ -135,10 +135,12 @@ def test_no_module_is_over_600_lines():
     assert modules and not long, f"modules over {MAX_MODULE_LINES} lines (split them along their seams): {long}"
 
 
-def test_no_import_renames_a_portkit_module():
-    """Rule: every portkit module is imported under its own name (one vocabulary): `import portkit.x.y as z` and
-    `from portkit.x import y as z`, where y is a module, are refused; where the alias is the better name, the module
-    is renamed. Renaming an imported function or class stays allowed."""
+# Where portkit's Python lives: the package, and the code that uses it the way a user would.
+PYTHON_TREES = ("portkit", "notebooks", "tests", "benchmarks", "tools", "examples")
+
+
+def renamed_portkit_modules(source: str) -> list[tuple[int, str]]:
+    """(line, module) for each import in `source` that binds a portkit module to another name."""
     import importlib.util
 
     def is_module(name: str) -> bool:
@@ -147,17 +149,37 @@ def test_no_import_renames_a_portkit_module():
         except ModuleNotFoundError:     # a name inside a module (a function, a class), not a module
             return False
     renamed = []
-    for path in sorted((ROOT / "portkit").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                renamed += [(path, node.lineno, a.name) for a in node.names
-                            if a.asname and a.name.startswith("portkit.")]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("portkit"):
-                renamed += [(path, node.lineno, f"{node.module}.{a.name}") for a in node.names
-                            if a.asname and a.asname != a.name
-                            and is_module(f"{node.module}.{a.name}")]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            renamed += [(node.lineno, a.name) for a in node.names if a.asname and a.name.startswith("portkit.")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "portkit":
+            renamed += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                        if a.asname and a.asname != a.name and is_module(f"{node.module}.{a.name}")]
+    return renamed
+
+
+def test_no_import_renames_a_portkit_module():
+    """Rule: every portkit module is imported under its own name (one vocabulary), in the package and in the code
+    that uses it (notebooks, tests, benchmarks, tools, examples): `import portkit.x.y as z` and
+    `from portkit.x import y as z`, where y is a module, are refused; where the alias is the better name, the module
+    is renamed. Renaming an imported function or class stays allowed."""
+    paths = [p for tree in PYTHON_TREES for p in sorted((ROOT / tree).rglob("*.py"))
+             if ".ipynb_checkpoints" not in p.parts]
+    renamed = [(p, line, name) for p in paths for line, name in renamed_portkit_modules(p.read_text())]
+    assert len({p.parts[len(ROOT.parts)] for p in paths}) == len(PYTHON_TREES)
     assert not renamed, "portkit modules imported under another name: " + "; ".join(
         f"{p.relative_to(ROOT)}:{line} {name}" for p, line, name in renamed)
+
+
+def test_a_renamed_portkit_module_is_found():
+    """The rule above finds a module alias (a from-import, a dotted import, inside a function) and leaves alone a
+    renamed function, a module under its own name and a module of another package."""
+    source = ("from portkit.corpora import corpus as data\nimport portkit.cli as c\n"
+              "def f():\n    from portkit.stages.compile import stage as compiling\n"
+              "from portkit.targets.specs import get as lookup\nfrom portkit.corpora import corpus\n"
+              "import numpy as np\n")
+    assert renamed_portkit_modules(source) == [(1, "portkit.corpora.corpus"), (2, "portkit.cli"),
+                                               (4, "portkit.stages.compile.stage")]
 
 
 # ---------------------------------------------------------------- boundaries between modules

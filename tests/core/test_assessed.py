@@ -26,9 +26,9 @@ from portkit.corpora import corpus
 from portkit.models import registry
 from portkit.planning import economics
 from portkit.runfolder import results
-from portkit.stages.fallbacks import stage as fallbacks
-from portkit.stages.report import stage as report
-from portkit.stages.xla import stage as xla
+from portkit.stages.fallbacks.stage import find_fallbacks
+from portkit.stages.report.stage import build_report
+from portkit.stages.xla.stage import XlaSkipped, XlaStage, check_lowering, compile_for_tpu
 from portkit.targets import capacity
 
 needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
@@ -90,13 +90,13 @@ def text_model(module, name):
                               tokenizer=registry.minilm_tokenizer())
 
 
-def stage_folder(tmp_path, stage: xla.XlaStage):
+def stage_folder(tmp_path, stage: XlaStage):
     """A run folder holding only stage 3b's result, every other stage skipped: the verdict rests on 3b alone."""
     for name in OTHER_STAGES:
         with contextlib.suppress(results.StageSkipped):
             results.skip_stage(tmp_path, name, {"name": "test"}, ["tpu"], "not part of this test")
     stage.save(tmp_path / "xla.json")
-    return report.build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]
+    return build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]
 
 
 # ---------------------------------------------------------------- stage 3b
@@ -106,8 +106,8 @@ def test_a_conversion_failure_is_portkits_one_finding_per_cause_and_leaves_the_f
     cause however many shapes it stopped, with its op and the model's line; it is neither a blocker nor work; the
     HBM fit is "not assessed" in the summary, the result's not_assessed and the report's verdict and unassessed."""
     shapes = [{"x": ((4, 16), "float32")}, {"x": ((8, 16), "float32")}]
-    tpu = xla.compile_for_tpu(AiryHead(), shapes)
-    stage = xla.XlaStage({"name": "airy"}, {"tpu": tpu}, {"tpu": ["test", "test"]})
+    tpu = compile_for_tpu(AiryHead(), shapes)
+    stage = XlaStage({"name": "airy"}, {"tpu": tpu}, {"tpu": ["test", "test"]})
     saved = stage.to_dict()["targets"]["tpu"]
     (found,) = saved["findings"]
     assert (found["kind"], found["severity"], found["owner"]["owner"]) == ("xla_conversion", "info", assessed.PORTKIT)
@@ -124,7 +124,7 @@ def test_a_conversion_failure_is_portkits_one_finding_per_cause_and_leaves_the_f
     assert "HBM fit on v5e:1x1" in verdict["verdict_reason"] and "not assessed" in verdict["verdict_reason"]
     assert not [f for f in verdict["findings"] if f["severity"] in ("blocker", "work")]
     # the control: the same check where every shape compiles establishes the fit, and the verdict rests on it
-    fits = xla.XlaStage({"name": "dense"}, {"tpu": xla.compile_for_tpu(Dense(), shapes)}, {"tpu": ["test"] * 2})
+    fits = XlaStage({"name": "dense"}, {"tpu": compile_for_tpu(Dense(), shapes)}, {"tpu": ["test"] * 2})
     assert fits.to_dict()["targets"]["tpu"][assessed.KEY] == [] and "2/2 shapes compiled and fit" in fits.summary()
     (tmp_path / "control").mkdir()
     control = stage_folder(tmp_path / "control", fits)
@@ -149,8 +149,8 @@ def test_longformers_boolean_index_is_a_conversion_gap_not_a_compiler_blocker():
             return {"h": self.longformer(input_ids=input_ids).last_hidden_state}
 
     torch.manual_seed(0)
-    tpu = xla.compile_for_tpu(Encoder().eval(), [{"input_ids": ((1, 16), "int64")}])
-    saved = xla.XlaStage({"name": "longformer"}, {"tpu": tpu}, {"tpu": ["test"]}).to_dict()["targets"]["tpu"]
+    tpu = compile_for_tpu(Encoder().eval(), [{"input_ids": ((1, 16), "int64")}])
+    saved = XlaStage({"name": "longformer"}, {"tpu": tpu}, {"tpu": ["test"]}).to_dict()["targets"]["tpu"]
     (found,) = saved["findings"]
     assert (found["kind"], found["severity"], found["owner"]["owner"]) == ("xla_conversion", "info", assessed.PORTKIT)
     assert found["where"]["file"].endswith("modeling_longformer.py") and "attention_mask == 2" in found["where"]["code"]
@@ -161,8 +161,8 @@ def test_longformers_boolean_index_is_a_conversion_gap_not_a_compiler_blocker():
 def test_the_lowering_check_failing_in_the_converter_is_not_work():
     """Rule: Neuron's StableHLO lowering check stopped by portkit's converter is portkit's finding, the lowering
     "not assessed", never "work: runs, with the cost named in the finding" (no cost is named)."""
-    neuron = xla.check_lowering(AiryHead(), [{"x": ((4, 16), "float32")}])
-    stage = xla.XlaStage({"name": "airy"}, {"neuron": neuron}, {"neuron": ["test"]})
+    neuron = check_lowering(AiryHead(), [{"x": ((4, 16), "float32")}])
+    stage = XlaStage({"name": "airy"}, {"neuron": neuron}, {"neuron": ["test"]})
     saved = stage.to_dict()["targets"]["neuron"]
     assert [(f["kind"], f["severity"]) for f in saved["findings"]] == [("xla_conversion", "info")]
     assert saved[assessed.KEY][0]["question"].startswith("StableHLO lowering")
@@ -172,9 +172,9 @@ def test_the_lowering_check_failing_in_the_converter_is_not_work():
 def test_a_training_step_the_converter_stopped_leaves_its_fit_open():
     """Rule: workload "train" or "generate" whose graph portkit's converter stopped leaves that graph's HBM fit
     not assessed; a compiled one leaves nothing open."""
-    skipped = xla.XlaSkipped("tpu", "not part of this test")
+    skipped = XlaSkipped("tpu", "not part of this test")
     stopped = {"status": "trace_failed", "summary": "training step (batch 2) on v5e:1x1: trace_failed: View"}
-    stage = xla.XlaStage({"name": "t"}, {"tpu": skipped}, {}, training={"tpu": stopped},
+    stage = XlaStage({"name": "t"}, {"tpu": skipped}, {}, training={"tpu": stopped},
                          serving={"tpu": {"status": "compiled", "summary": "decode compiled"}})
     (q,) = stage.to_dict()["targets"]["tpu"][assessed.KEY]
     assert q["question"] == "HBM fit of the training step" and "trace_failed" in q["why"]
@@ -261,7 +261,7 @@ def test_the_summary_counts_what_cannot_run_by_the_findings(spec):
     (no unsupported op in the recording) is a blocker on Neuron, and the summary never says "0 cannot run" beside
     it (the cell model); an LSTM whose CPU op has no Neuron kernel counts the same way."""
     m = registry.load(spec)
-    found = fallbacks.find_fallbacks(m, m.encode(["Sum the values.", "def f(x): return x"], pad_to=6), ["neuron"])
+    found = find_fallbacks(m, m.encode(["Sum the values.", "def f(x): return x"], pad_to=6), ["neuron"])
     neuron = found.targets["neuron"]
     blockers = neuron.severity_counts()["blocker"]
     assert blockers >= 1 and f"{blockers} cannot run (blocker)" in neuron.summary()
@@ -307,7 +307,7 @@ def test_a_storm_the_compiler_stopped_is_not_priced_and_its_storm_is_open():
     compiled, then a refusal) is never priced as "N compiles priced by ..." beside the refusal: its summary says
     where it stopped, the storm's compiles and time are "not assessed" (an open question of the target), no storm
     finding stands for the stream, and the refusal is the blocker."""
-    from portkit.stages.compile import stage as compiling
+    from portkit.stages.compile.stage import Options, StormSettings, compile_model
     from portkit.corpora.requests import Requests
     m = registry.LoadedModel("refused when longer", registry.TOKEN_CLASSIFIER, RefusedWhenLonger(12).eval(),
                              "test module", tokenizer=registry.minilm_tokenizer())
@@ -317,8 +317,8 @@ def test_a_storm_the_compiler_stopped_is_not_priced_and_its_storm_is_open():
     lengths = [r["input_ids"].shape[1] for r in requests.inputs]
     assert lengths[0] != lengths[1] and max(lengths[:2]) <= 12 < lengths[2]
     cost = economics.neuron_estimate(10**6)
-    found = compiling.compile_model(m, requests, ["tpu"], compiling.Options.of({"seq_len": 8}),
-                                    storm=compiling.StormSettings(progress=False), costs={"tpu": cost})
+    found = compile_model(m, requests, ["tpu"], Options.of({"seq_len": 8}),
+                                    storm=StormSettings(progress=False), costs={"tpu": cost})
     summary = found.target_summary("tpu")
     assert "then cannot compile at request 3" in summary and "not assessed" in summary
     assert "compiles are priced by" not in summary

@@ -8,10 +8,11 @@ import torch
 from conftest import fixture_model
 from portkit.core import findings
 from portkit.models import registry
-from portkit.stages.compile import stage as compiling
+from portkit.planning import economics
+from portkit.stages.compile.stage import Options, StormSettings, compile_model
 from portkit.corpora import requests
 from portkit.stages.compile import fixed_shape
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.fallbacks.stage import find_fallbacks
 
 TEXTS = ["def f(x): return x", "Sum the values."]
 FIXTURES = ("gru_model", "cell_model", "cell_only_model", "data_dependent_model", "float64_model", "sparse_model",
@@ -26,7 +27,7 @@ def texts():
 
 def stage1(spec, seq=8):
     m = registry.load(spec)
-    return fallbacks.find_fallbacks(m, m.encode(TEXTS, pad_to=seq), ["neuron", "tpu"])
+    return find_fallbacks(m, m.encode(TEXTS, pad_to=seq), ["neuron", "tpu"])
 
 
 def causes_of(found: list[dict]) -> list[str]:
@@ -77,7 +78,7 @@ def test_host_syncs_on_one_line_are_one_finding_with_their_calls():
 
     m = registry.LoadedModel("syncs", registry.TOKEN_CLASSIFIER, registry.OutputsAdapter(Model()).eval(), "test",
                            tokenizer=registry.minilm_tokenizer())
-    report = fallbacks.find_fallbacks(m, m.encode(TEXTS, pad_to=6), ["neuron"])
+    report = find_fallbacks(m, m.encode(TEXTS, pad_to=6), ["neuron"])
     [sync] = [f for f in report.targets["neuron"].findings if f.kind == "host_sync"]
     assert sync.occurrences["calls"] == 5 and len(sync.occurrences["modules"]) == 4
     assert sync.where["code"].startswith("return h * (h.abs().max().item()")
@@ -93,11 +94,11 @@ def test_a_refusal_is_one_blocker_and_names_the_data_dependent_size(texts):
     capture, the storm and the fixed shape it stops are one finding."""
     m = registry.load(fixture_model("codec_padding_model"))
     stream = requests.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
-    opts = compiling.Options.of({"seq_len": 12, "requests": 4})
+    opts = Options.of({"seq_len": 12, "requests": 4})
     with torch._dynamo.config.patch(capture_scalar_outputs=True):   # Dynamo's own scoped setting, restored after
-        report = compiling.compile_model(m, stream, ["neuron"], opts,
-                                         storm=compiling.StormSettings(progress=False, compile_shapes=2),
-                                         costs={"neuron": compiling.economics.neuron_estimate(10**6)})
+        report = compile_model(m, stream, ["neuron"], opts,
+                                         storm=StormSettings(progress=False, compile_shapes=2),
+                                         costs={"neuron": economics.neuron_estimate(10**6)})
     blockers = [f for f in report.findings("neuron") if f["severity"] == "blocker"]
     assert len(blockers) == 1, blockers
     [refused] = blockers
@@ -126,7 +127,7 @@ def test_the_same_input_gives_the_same_result(texts):
     assert first == second
     m = registry.load(fixture_model("tiny_encoder"))
     stream = requests.make_requests(m, texts, 6, max_tokens=10, seed=0, horizon=6)
-    opts = compiling.Options.of({"seq_len": 10, "requests": 6})
+    opts = Options.of({"seq_len": 10, "requests": 6})
     runs = [fixed_shape.check_fixed_shapes(m, stream, ["neuron", "tpu"], opts) for _ in range(2)]
     a, b = ({n: untimed(f.to_dict()) for n, f in run.items()} for run in runs)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
@@ -157,25 +158,24 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
     compile, stage 3's bucket replay and stage 4's compiled run, has one cause in each (backends.compile_cause at
     the user's line), and the report lists it once, the most severe grade, every stage's evidence under it."""
     from portkit.corpora import corpus
-    from portkit.planning import economics
     from portkit.stages.accuracy import result
     from portkit.stages.accuracy import target_runs
     from portkit.stages.buckets import trace_replay
-    from portkit.stages.buckets import stage as buckets
-    from portkit.stages.report import stage as report
+    from portkit.stages.buckets.stage import TargetBuckets, plan_buckets
+    from portkit.stages.report.stage import merge_causes
 
     m = registry.load(fixture_model("codec_padding_model"))
     inputs = m.encode(TEXTS, pad_to=12)
     cost = economics.neuron_estimate(10**6)
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         stream = requests.make_requests(m, texts, 4, max_tokens=12, seed=0, horizon=4)
-        stage2 = compiling.compile_model(m, stream, ["neuron"], compiling.Options.of({"seq_len": 12, "requests": 4}),
-                                         storm=compiling.StormSettings(progress=False, compile_shapes=2),
+        stage2 = compile_model(m, stream, ["neuron"], Options.of({"seq_len": 12, "requests": 4}),
+                                         storm=StormSettings(progress=False, compile_shapes=2),
                                          costs={"neuron": cost}).findings("neuron")
-        plan = buckets.plan_buckets([4, 8, 12], "optimal", k=2, max_seq=12)
+        plan = plan_buckets([4, 8, 12], "optimal", k=2, max_seq=12)
         runs = trace_replay.replay(m, corpus.make_trace(texts, m, 4, seed=1), [plan], backend="portkit_neuron",
                                settings=trace_replay.ReplaySettings(baseline=False, progress=False))
-        stage3 = buckets.TargetBuckets({"name": "neuron", "mode": "emulated"}, "portkit_neuron", plan, cost,
+        stage3 = TargetBuckets({"name": "neuron", "mode": "emulated"}, "portkit_neuron", plan, cost,
                                        runs).findings()
         torch.compiler.reset()
         with pytest.raises(Exception) as raised:
@@ -192,7 +192,7 @@ def test_one_refusal_met_by_stages_2_3_and_4_is_one_finding_with_each_stages_evi
     rows = [{"stage": s, "severity": f["severity"], "kind": f["kind"], "message": f["message"],
              "advice": f["advice"], "consequence": "", "where": "", "owner": "", "cause": findings.cause_of(f),
              "stages": [s]} for s, found in blockers.items() for f in found]
-    [merged] = report.merge_causes(rows)
+    [merged] = merge_causes(rows)
     assert merged["stages"] == ["compile", "buckets", "accuracy"] and len(merged["evidence"]) == 3
     assert merged["severity"] == "blocker" and "found by stages compile, buckets, accuracy" in merged["message"]
     # portkit compiled with dynamic=False at fixed shapes: that fix was tried, and is never the advice

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.testing._comparison import default_tolerances
 
-from portkit.core import torch_private as _torch
+from portkit.core.torch_private import default_recompile_limit, recompile_limit, recompile_limit_for
 from portkit.core import placement
 from portkit.runfolder import results
 from portkit.targets import specs
@@ -153,19 +153,19 @@ def test_to_device_walks_containers():
 def test_recompile_limit_raises_both_limits_and_never_lowers():
     import torch._dynamo
     config = torch._dynamo.config
-    default = _torch.default_recompile_limit()
-    assert _torch.recompile_limit_for(1) == 1 + default and _torch.recompile_limit_for(100) == 100 + default
-    with _torch.recompile_limit(100) as limit:
+    default = default_recompile_limit()
+    assert recompile_limit_for(1) == 1 + default and recompile_limit_for(100) == 100 + default
+    with recompile_limit(100) as limit:
         assert config.recompile_limit == limit == 100 + default
         assert config.accumulated_recompile_limit >= limit
     assert config.recompile_limit == default
-    with config.patch(recompile_limit=1000), _torch.recompile_limit(3):
+    with config.patch(recompile_limit=1000), recompile_limit(3):
         assert config.recompile_limit >= 1000
 
 
 def test_every_shape_compiles_under_the_limit():
     from torch._dynamo.testing import CompileCounter
-    shapes = _torch.default_recompile_limit() + 4
+    shapes = default_recompile_limit() + 4
 
     def run(limit):
         torch.compiler.reset()
@@ -176,10 +176,10 @@ def test_every_shape_compiles_under_the_limit():
                 fn(torch.ones(n))
         torch.compiler.reset()
         return counter.frame_count
-    assert run(_torch.recompile_limit(shapes)) == shapes
+    assert run(recompile_limit(shapes)) == shapes
     # what the limit prevents: Dynamo silently runs the shapes past its default eagerly
     import contextlib
-    assert run(contextlib.nullcontext()) == _torch.default_recompile_limit()
+    assert run(contextlib.nullcontext()) == default_recompile_limit()
 
 
 # ---------------------------------------------------------------- tables and results

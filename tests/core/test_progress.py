@@ -11,8 +11,8 @@ import tqdm.auto
 import tqdm.std
 
 from conftest import fixture_model
-from portkit.stages.accuracy import stage as accuracy
-from portkit.corpora import corpus as data
+from portkit.stages.accuracy.stage import Scope, check_accuracy
+from portkit.corpora.corpus import Corpus, length_distribution
 from portkit.models import registry
 from portkit.core import progress
 
@@ -34,10 +34,10 @@ def test_headless_runs_get_a_text_bar_on_stderr(monkeypatch, capsys, value, head
 def test_the_long_loops_report_progress_headless(monkeypatch, capsys):
     monkeypatch.setenv(progress.HEADLESS_VARIABLE, "1")
     m = registry.load(fixture_model("tiny_encoder"))
-    corpus = data.Corpus("three texts", "test", ("a b c", "def f(x): return x", "Sum of two numbers."))
-    assert list(data.length_distribution(corpus, m).lengths) == m.token_lengths(list(corpus.texts))
+    corpus = Corpus("three texts", "test", ("a b c", "def f(x): return x", "Sum of two numbers."))
+    assert list(length_distribution(corpus, m).lengths) == m.token_lengths(list(corpus.texts))
     inputs = m.encode(list(corpus.texts), pad_to=8)
-    accuracy.check_accuracy(m, inputs, ["tpu"], scope=accuracy.Scope(all_precisions=False, compiled=False,
+    check_accuracy(m, inputs, ["tpu"], scope=Scope(all_precisions=False, compiled=False,
                                                                      float64_reference=False))
     err = capsys.readouterr().err
     for label in ("tokenizing three texts", "layers: reference", "layers: compared", "accuracy: 100%"):

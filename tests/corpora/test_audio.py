@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from portkit.corpora import audio
-from portkit.models import audio as audio_models
+from portkit.models.audio import StreamStep, gru_step
 from portkit.stages.accuracy import comparison
 from portkit.models import registry
 from portkit.workloads import streaming
@@ -153,7 +153,7 @@ def _stream(seconds: float) -> streaming.Stream:
 
 
 def test_streaming_step_compiles_once_per_chunk_shape_and_carries_its_state():
-    step = audio_models.gru_step()
+    step = gru_step()
     result = streaming.check_stream(step, _stream(2.05), ["tpu"])
     run = result.to_dict()["runs"][0]
     # 2.05 s of 100 ms chunks: the last 50 ms padded with silence to a whole chunk, so one shape compiles
@@ -182,7 +182,7 @@ class _Rotation(torch.nn.Module):
 
 def test_drift_that_accumulates_fails_the_growth_budget():
     """Rule: a state whose rounding accumulates over the stream fails the drift check (growth and rank test)."""
-    step = audio_models.StreamStep("rotation", _Rotation(), 1600, (-1, 8), "test recurrence", initial_value=0.3)
+    step = StreamStep("rotation", _Rotation(), 1600, (-1, 8), "test recurrence", initial_value=0.3)
     result = streaming.check_stream(step, _stream(4.0), ["tpu"])
     run = result.runs[0]
     assert not run.passed and run.growth > DEFAULT_TASK_BOUNDS["drift_growth"] and run.trend["rising"]
@@ -191,29 +191,29 @@ def test_drift_that_accumulates_fails_the_growth_budget():
 
 def test_bad_stream_input_is_one_line():
     with pytest.raises(BadParameter, match="invalid stream length"):
-        streaming.check_stream(audio_models.gru_step(), _stream(0.5), ["tpu"])
+        streaming.check_stream(gru_step(), _stream(0.5), ["tpu"])
     with pytest.raises(BadParameter, match="invalid chunk_ms 10"):
-        audio_models.gru_step(10)
+        gru_step(10)
 
 
 def test_corpus_spec_takes_a_folder_of_recordings(tmp_path):
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import audio_corpus, check_corpus
     soundfile.write(tmp_path / "one.wav", _tone(200, 0.3, 8000), 8000)
-    assert data.check_corpus(str(tmp_path)) == str(tmp_path)
-    corpus = data.audio_corpus(str(tmp_path))
+    assert check_corpus(str(tmp_path)) == str(tmp_path)
+    corpus = audio_corpus(str(tmp_path))
     assert corpus.label == "recorded" and corpus.lengths(16000).tolist() == [4800]
     (tmp_path / "texts").mkdir()
     with pytest.raises(BadParameter, match="not a file, nor a folder of .wav/.flac recordings"):
-        data.check_corpus(str(tmp_path / "texts"))
+        check_corpus(str(tmp_path / "texts"))
 
 
 @needs_alsa
 @needs_espeak
 def test_the_text_corpus_is_spoken_beside_the_recordings(tmp_path):
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import audio_corpus
     texts = tmp_path / "texts.txt"
     texts.write_text("Open a file.\nReturn the sum of a and b, then close it.\n")
-    corpus = data.audio_corpus(str(texts), clips=2)
+    corpus = audio_corpus(str(texts), clips=2)
     assert corpus.label == "recorded and synthetic" and corpus.describe()["synthetic"] == 2
     assert corpus.describe()["recorded"] == 8
 

@@ -207,9 +207,8 @@ def test_export_command_with_prices_prints_an_estimate(run_dir, tmp_path, capsys
 
 
 def test_cost_compares_each_target_with_named_gpus_from_sourced_prices(run_dir):
-    from portkit.planning import cost as planning_cost
     found = cost.comparison(results.run_cost_figures(run_dir), ["neuron", "tpu"])
-    assert set(found["gpus"]) == set(planning_cost.GPUS) and found["label"] == "estimate, not measured"
+    assert set(found["gpus"]) == set(cost.GPUS) and found["label"] == "estimate, not measured"
     for side in [*found["targets"].values(), *found["gpus"].values()]:
         assert side["chip_seconds_per_million_requests"] > 0 and side["label"] == "estimate, not measured"
         if "usd_per_million_requests" in side:        # every price names its page and its date
@@ -228,14 +227,13 @@ def test_cost_compares_each_target_with_named_gpus_from_sourced_prices(run_dir):
 
 
 def test_every_price_names_its_page_and_date():
-    from portkit.planning import cost as planning_cost
     from portkit.targets import capacity
-    table = json.loads(planning_cost.PRICES.read_text())
+    table = json.loads(cost.PRICES.read_text())
     assert "_provenance" in table
-    for chip, entry in planning_cost.price_table().items():
+    for chip, entry in cost.price_table().items():
         assert entry["source"].startswith("https://") and entry["as_of"], chip
         assert chip in capacity.chips(), chip                 # a price for a chip whose peak portkit knows
-    assert set(planning_cost.GPUS) <= set(capacity.chips("gpu"))
+    assert set(cost.GPUS) <= set(capacity.chips("gpu"))
 
 
 def test_report_json_has_a_verdict_per_target_numbers_and_the_cost(run_dir):

@@ -13,14 +13,17 @@ import pytest
 import torch
 
 from conftest import ROOT
-from portkit.stages.accuracy import stage as accuracy
-from portkit.stages.buckets import stage as buckets
-from portkit.stages.compile import stage as compiling
-from portkit.corpora import corpus as data
+from portkit.stages.accuracy.stage import Options, Scope, bucket_plan, check_accuracy
+from portkit.stages.buckets.stage import (BucketReport, Options as BucketsOptions, Replay, choose, compare,
+    distribution, histogram, replay_targets, sweep)
+from portkit.stages.compile.stage import (CompileReport, Options as CompileOptions, check_fixed_shape,
+    find_graph_breaks, make_requests, recompile_storms)
+from portkit.corpora.corpus import corpus_for, example_batch, make_trace
 from portkit.planning import economics
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.fallbacks.stage import RecordSettings, find_fallbacks
 from portkit.models import registry
-from portkit.stages.report import stage as report
+from portkit.stages.buckets.bucketed import BucketedModel
+from portkit.stages.report.stage import build_report
 
 AUDIO = f"{ROOT / 'examples' / 'audio_classifier.py'}:build"
 THREE = f"{ROOT / 'examples' / 'text_and_features.py'}:build"
@@ -41,34 +44,34 @@ def fake_xla(model, shape, topology, dtype):
 def _stages(spec: str, out: Path, seq_len: int = 32):
     """Stages 1, 2, 3, 4 and the report, as notebooks/0*.py call them, with small parameters."""
     m = registry.load(spec)
-    items = data.corpus_for(m)
-    batch, described = data.example_batch(m, items, batch_size=2, seq_len=seq_len, seed=0)
-    found = fallbacks.find_fallbacks(m, batch, TARGETS, fallbacks.RecordSettings(description=described))
+    items = corpus_for(m)
+    batch, described = example_batch(m, items, batch_size=2, seq_len=seq_len, seed=0)
+    found = find_fallbacks(m, batch, TARGETS, RecordSettings(description=described))
     found.save(out / "fallbacks.json")
-    stream = compiling.make_requests(m, items, 4, batch_size=1, max_tokens=seq_len, seed=4, horizon=16)
-    breaks = compiling.find_graph_breaks(m, stream.inputs[0], TARGETS)
-    opts = compiling.Options.of({"seq_len": seq_len})
-    storms = compiling.recompile_storms(m, stream, TARGETS, opts, progress=False)
-    fixed = {t: compiling.check_fixed_shape(m, stream, t, opts) for t in TARGETS}
+    stream = make_requests(m, items, 4, batch_size=1, max_tokens=seq_len, seed=4, horizon=16)
+    breaks = find_graph_breaks(m, stream.inputs[0], TARGETS)
+    opts = CompileOptions.of({"seq_len": seq_len})
+    storms = recompile_storms(m, stream, TARGETS, opts, progress=False)
+    fixed = {t: check_fixed_shape(m, stream, t, opts) for t in TARGETS}
     costs = {"tpu": economics.xla_model(m, [s[1] for s in stream.shapes()], measure=fake_xla),
              "neuron": economics.neuron_estimate(m.parameters)}
-    compiled = compiling.CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs)
+    compiled = CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs)
     compiled.save(out / "compile.json")
-    dist = buckets.distribution(items, m)
-    hist = buckets.histogram(dist)
-    plans = buckets.compare(hist, 2, 1)
-    trace = data.make_trace(items, m, 6, seed=0, dist=dist)
-    chosen = buckets.choose(hist, costs, 1e-7, buckets.Options.of({"serve_requests": 1000}), quiet=True)
-    per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs,
-                                        replay=buckets.Replay(progress=False))     # backend "auto", the default
-    bucketed = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=2, plans=plans, curves=buckets.sweep(hist),
+    dist = distribution(items, m)
+    hist = histogram(dist)
+    plans = compare(hist, 2, 1)
+    trace = make_trace(items, m, 6, seed=0, dist=dist)
+    chosen = choose(hist, costs, 1e-7, BucketsOptions.of({"serve_requests": 1000}), quiet=True)
+    per_target = replay_targets(m, trace, plans, chosen=chosen, costs=costs,
+                                        replay=Replay(progress=False))     # backend "auto", the default
+    bucketed = BucketReport(m.describe(), dist.to_dict(), hist, k=2, plans=plans, curves=sweep(hist),
                                     token_seconds=1e-7, trace=trace.describe(), targets=per_target)
     bucketed.save(out / "buckets.json")
-    judged = accuracy.check_accuracy(m, batch, TARGETS, accuracy.Options.of({"batch_size": 2, "seed": 0}), corpus=items,
-                                     buckets=accuracy.bucket_plan(out, TARGETS), description=described,
-                                     scope=accuracy.Scope(compiled=False, progress=False))
+    judged = check_accuracy(m, batch, TARGETS, Options.of({"batch_size": 2, "seed": 0}), corpus=items,
+                                     buckets=bucket_plan(out, TARGETS), description=described,
+                                     scope=Scope(compiled=False, progress=False))
     judged.save(out / "accuracy.json")
-    return m, found, stream, breaks, fixed, dist, per_target, judged, report.build_report(TARGETS, run_dir=out)
+    return m, found, stream, breaks, fixed, dist, per_target, judged, build_report(TARGETS, run_dir=out)
 
 
 @needs_alsa
@@ -102,7 +105,7 @@ def test_the_three_input_example_pads_only_what_varies(tmp_path):
     saved = json.loads((tmp_path / "fallbacks.json").read_text())
     assert saved["inputs"]["description"].endswith("padded or truncated to 32 tokens")
     assert all(f.shape["dims"] == [1, 32] and f.armed for f in fixed.values())
-    bm = buckets.bucketed.BucketedModel(m, per_target["tpu"].chosen, backend="aot_eager")
+    bm = BucketedModel(m, per_target["tpu"].chosen, backend="aot_eager")
     padded, rows, length = bm.pad(m.encode(["Return the sum of a and b."]))
     assert padded["features"].shape == (1, 4) and padded["input_ids"].shape[1] == per_target["tpu"].chosen.bucket_for(9)
     assert all(c["ok"] for r in per_target["tpu"].runs for c in r.padding_checks)
@@ -129,7 +132,7 @@ def test_the_guide_shows_every_example_file_exactly():
 
 
 def _stage1(m, batch, described):
-    found = fallbacks.find_fallbacks(m, batch, TARGETS, fallbacks.RecordSettings(description=described))
+    found = find_fallbacks(m, batch, TARGETS, RecordSettings(description=described))
     assert set(found.targets) == set(TARGETS)
     return found.to_dict()["targets"]
 
@@ -141,8 +144,8 @@ def test_the_greyscale_example_takes_one_channel_of_real_photographs(tmp_path):
     m = registry.load(GREY)
     decl = m.declaration
     assert decl.fixed_shape and decl.dim("channels").size == 1 and decl.input_names == ("pixel_values",)
-    assert data.corpus_for(m) is None                # no folder: crops of matplotlib's photographs, in grey
-    batch, described = data.example_batch(m, None, batch_size=2, seq_len=32, seed=0)
+    assert corpus_for(m) is None                # no folder: crops of matplotlib's photographs, in grey
+    batch, described = example_batch(m, None, batch_size=2, seq_len=32, seed=0)
     pixels = batch["pixel_values"]
     assert pixels.shape == (2, 1, 32, 32) and described == "2 image crops of 32x32"
     crops = np.stack(images.sample_images(2, 32, 0, channels=1)).transpose(0, 3, 1, 2)
@@ -155,7 +158,7 @@ def test_the_greyscale_example_takes_one_channel_of_real_photographs(tmp_path):
     (tmp_path / "photos").mkdir()
     with cbook.get_sample_data("grace_hopper.jpg") as src:
         (tmp_path / "photos" / "grace_hopper.jpg").write_bytes(src.read())
-    folder = data.corpus_for(m, str(tmp_path / "photos"))
+    folder = corpus_for(m, str(tmp_path / "photos"))
     (grey,) = folder.texts
     (rgb,) = images.folder_images(str(tmp_path / "photos"), 32, channels=3)[2]
     assert grey.shape == (32, 32, 1) and rgb.shape == (32, 32, 3)
@@ -171,8 +174,8 @@ def test_the_vad_stream_example_carries_its_tuple_state_through_a_step():
     step = m.stream
     assert step.state_leaves == {"state_0_0": (-1, 64), "state_0_1": (-1, 64), "state_1": (-1, 64)}
     assert [(o.name, o.metric, o.threshold) for o in step.outputs] == [("speech", "probability", 0.5)]
-    corpus = data.corpus_for(m)                      # its own_items(): the alsa-utils recordings
-    batch, described = data.example_batch(m, corpus, batch_size=2, seq_len=32, seed=0)
+    corpus = corpus_for(m)                      # its own_items(): the alsa-utils recordings
+    batch, described = example_batch(m, corpus, batch_size=2, seq_len=32, seed=0)
     assert {k: tuple(v.shape) for k, v in batch.items()} == {"chunk": (2, 512), "state_0_0": (2, 64),
                                                              "state_0_1": (2, 64), "state_1": (2, 64)}
     with torch.no_grad():
@@ -205,7 +208,7 @@ def test_the_two_lengths_example_pads_each_side_to_its_own_size():
     decl = m.declaration
     assert decl.varying_names == ("summary", "body") and m.seq_dim == "summary"
     assert decl.masks == {"summary": "summary_mask", "body": "body_mask"}
-    corpus = data.corpus_for(m)                      # the standard library's docstrings
+    corpus = corpus_for(m)                      # the standard library's docstrings
     texts = corpus.sample(16, 0)
     lengths = decl.lengths(texts)
     s, b = np.array(lengths["summary"]), np.array(lengths["body"])
@@ -220,6 +223,6 @@ def test_the_two_lengths_example_pads_each_side_to_its_own_size():
         match = m(longest)["match"]
         torch.testing.assert_close(m(padded)["match"], match)        # padding on either side changes nothing
     assert match.shape == (16,) and bool(((match > 0) & (match < 1)).all())
-    batch, described = data.example_batch(m, corpus, batch_size=2, seq_len=32, seed=0)
+    batch, described = example_batch(m, corpus, batch_size=2, seq_len=32, seed=0)
     assert "padded to the longest" in described
     _stage1(m, batch, described)

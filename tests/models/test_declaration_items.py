@@ -11,8 +11,8 @@ from torch import nn
 
 from portkit.core.errors import BadParameter
 from portkit.corpora import audio, images
-from portkit.corpora import corpus as data
-from portkit.models import audio as audio_models
+from portkit.corpora.corpus import corpus_for, example_batch
+from portkit.models.audio import W2V_STRIDE, wav2vec2_declaration, waveform
 from portkit.models import inputs
 from portkit.models import registry
 
@@ -93,7 +93,7 @@ def test_an_audio_models_build_and_measure_receive_waveforms_at_its_rate(tmp_pat
     paths = _write_wavs(tmp_path / "tones")
     seen = {}
     m = _checked_waveform_model(seen)
-    corpus = data.corpus_for(m, str(tmp_path / "tones"))
+    corpus = corpus_for(m, str(tmp_path / "tones"))
     clips = list(corpus.texts)
     assert all(isinstance(c, audio.Clip) for c in clips) and len(clips) == len(SECONDS)   # the run's items
     expected = [int(s * RATE) for s in SECONDS]               # 8 kHz files at 16 kHz: twice the samples
@@ -103,7 +103,7 @@ def test_an_audio_models_build_and_measure_receive_waveforms_at_its_rate(tmp_pat
     for row, clip in enumerate(clips):                        # the real samples are the clip's, resampled
         real = audio.resample(audio._decode(clip.path, FILE_RATE), FILE_RATE, RATE)
         assert torch.allclose(built["waveform"][row, :expected[row]], torch.from_numpy(real), atol=1e-5)
-    batch, described = data.example_batch(m, corpus, batch_size=2, seq_len=64)
+    batch, described = example_batch(m, corpus, batch_size=2, seq_len=64)
     assert batch["waveform"].shape[0] == 2 and "padded to the longest" in described
     with torch.no_grad():
         assert m(batch)["logits"].shape == (2, 2)
@@ -113,7 +113,7 @@ def test_an_audio_models_build_and_measure_receive_waveforms_at_its_rate(tmp_pat
 def test_measuring_then_building_decodes_each_file_once(tmp_path, decodes):
     paths = _write_wavs(tmp_path / "tones")
     m = _checked_waveform_model({})
-    clips = list(data.corpus_for(m, str(tmp_path / "tones")).texts)
+    clips = list(corpus_for(m, str(tmp_path / "tones")).texts)
     m.declaration.lengths(clips)
     assert decodes == {p: 1 for p in paths}
     m.declaration.batch(clips)                       # measures (to the longest) and builds: from the cache
@@ -152,15 +152,15 @@ def test_an_item_that_is_already_a_waveform_passes_through_and_a_rate_is_require
 def test_built_in_framed_declarations_take_recordings_through_the_same_path(tmp_path, decodes):
     paths = _write_wavs(tmp_path / "tones")
     clips = list(audio.folder_corpus(str(tmp_path / "tones")).clips)
-    decl = audio_models.wav2vec2_declaration()
-    frames = [-(-int(s * RATE) // audio_models.W2V_STRIDE) for s in SECONDS]
+    decl = wav2vec2_declaration()
+    frames = [-(-int(s * RATE) // W2V_STRIDE) for s in SECONDS]
     assert decl.lengths(clips) == {"frames": frames}
     built = decl.batch(clips)
-    assert built["frames"].shape == (3, max(frames), audio_models.W2V_STRIDE)
+    assert built["frames"].shape == (3, max(frames), W2V_STRIDE)
     assert built["frame_mask"].sum(1).tolist() == frames
     first = torch.from_numpy(clips[0].load(RATE))
     assert torch.equal(built["frames"][0].reshape(-1)[:len(first)], first)
-    assert torch.equal(audio_models.waveform(clips[0]), first)     # a Clip given directly is decoded the same way
+    assert torch.equal(waveform(clips[0]), first)     # a Clip given directly is decoded the same way
     assert decodes == {p: 1 for p in paths}
 
 
@@ -197,18 +197,18 @@ def _png_folder(folder, colour, mode):
 def test_a_one_channel_model_reads_grey_and_colour_folders_as_luminance(tmp_path):
     grey, colour = _png_folder(tmp_path / "grey", GREY, "L"), _png_folder(tmp_path / "rgb", RGB, "RGB")
     m = _image_model(1)
-    corpus = data.corpus_for(m, grey)
+    corpus = corpus_for(m, grey)
     assert all(item.shape == (SIZE, SIZE, 1) and item.dtype == np.float32 for item in corpus.texts)
-    batch, _ = data.example_batch(m, corpus, batch_size=2, seq_len=SIZE)
+    batch, _ = example_batch(m, corpus, batch_size=2, seq_len=SIZE)
     assert batch["pixel_values"].shape == (2, 1, SIZE, SIZE)
     assert torch.allclose(batch["pixel_values"], torch.full_like(batch["pixel_values"], GREY / 255))
     with torch.no_grad():
         assert m(batch)["logits"].shape == (2, 4)
     luma = (0.299 * RGB[0] + 0.587 * RGB[1] + 0.114 * RGB[2]) / 255        # ITU-R BT.601 luminance
-    batch, _ = data.example_batch(m, data.corpus_for(m, colour), batch_size=3, seq_len=SIZE)
+    batch, _ = example_batch(m, corpus_for(m, colour), batch_size=3, seq_len=SIZE)
     assert batch["pixel_values"].shape == (3, 1, SIZE, SIZE)
     assert torch.allclose(batch["pixel_values"], torch.full_like(batch["pixel_values"], luma), atol=1e-6)
-    photos, _ = data.example_batch(m, None, batch_size=2, seq_len=SIZE)      # matplotlib's photographs
+    photos, _ = example_batch(m, None, batch_size=2, seq_len=SIZE)      # matplotlib's photographs
     assert photos["pixel_values"].shape == (2, 1, SIZE, SIZE)
     rgb_crops = images.sample_images(2, SIZE, seed=0)                        # as stage 4 draws them: RGB
     assert torch.allclose(m.encode(rgb_crops)["pixel_values"], photos["pixel_values"], atol=1e-6)
@@ -219,9 +219,9 @@ def test_a_one_channel_model_reads_grey_and_colour_folders_as_luminance(tmp_path
 def test_a_three_channel_model_reads_a_grey_folder_as_three_equal_channels(tmp_path):
     grey = _png_folder(tmp_path / "grey", GREY, "L")
     m = _image_model(3)
-    corpus = data.corpus_for(m, grey)
+    corpus = corpus_for(m, grey)
     assert all(item.shape == (SIZE, SIZE, 3) for item in corpus.texts)
-    batch, _ = data.example_batch(m, corpus, batch_size=3, seq_len=SIZE)
+    batch, _ = example_batch(m, corpus, batch_size=3, seq_len=SIZE)
     assert batch["pixel_values"].shape == (3, 3, SIZE, SIZE)
     assert torch.allclose(batch["pixel_values"], torch.full_like(batch["pixel_values"], GREY / 255))
     with torch.no_grad():
@@ -236,7 +236,7 @@ def test_the_models_own_normalisation_is_applied_per_channel(tmp_path):
     assert pixels.shape == (1, 3, SIZE, SIZE)
     assert [float(pixels[0, c].unique()) for c in range(3)] == [0.5, 1.0, 0.5]     # (x - mean) / std
     grey = _image_model(1, mean=(0.5,), std=(0.25,))
-    batch, _ = data.example_batch(grey, data.corpus_for(grey, _png_folder(tmp_path / "g", GREY, "L")), 1, SIZE)
+    batch, _ = example_batch(grey, corpus_for(grey, _png_folder(tmp_path / "g", GREY, "L")), 1, SIZE)
     assert torch.allclose(batch["pixel_values"], torch.full((1, 1, SIZE, SIZE), (GREY / 255 - 0.5) / 0.25))
     only_mean = _image_model(3, mean=(0.5, 0.5, 0.5))
     assert float(only_mean.encode([item])["pixel_values"][0, 0, 0, 0]) == 0.25

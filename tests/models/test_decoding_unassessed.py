@@ -9,8 +9,8 @@ import torch
 from portkit.models import registry
 from portkit.models import seq2seq
 from portkit.runfolder import results
-from portkit.stages.fallbacks import stage as fallbacks
-from portkit.stages.report import stage as report
+from portkit.stages.fallbacks.stage import RecordSettings, find_fallbacks
+from portkit.stages.report.stage import build_report
 
 
 def _whisper(folder):
@@ -27,12 +27,12 @@ def _whisper(folder):
 
 def _run_stage_1_only(m, inputs, out):
     """Stage 1 on tpu, every other stage saved as skipped: the verdict rests on stage 1 and the model's questions."""
-    settings = fallbacks.RecordSettings(description="test batch")
-    fallbacks.find_fallbacks(m, inputs, ["tpu"], settings).save(out / "fallbacks.json")
+    settings = RecordSettings(description="test batch")
+    find_fallbacks(m, inputs, ["tpu"], settings).save(out / "fallbacks.json")
     for stage in ("compile", "buckets", "xla", "accuracy"):
         with pytest.raises(results.StageSkipped):
             results.skip_stage(out, stage, m.describe(), ["tpu"], "not this test's")
-    return report.build_report(run_dir=out).to_dict()["targets"]["tpu"]
+    return build_report(run_dir=out).to_dict()["targets"]["tpu"]
 
 
 def test_a_speech_encoder_decoder_is_never_ready_without_its_decoding_assessed(tmp_path):

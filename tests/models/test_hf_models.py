@@ -12,7 +12,9 @@ from portkit import cli
 from portkit.core.errors import BadParameter, NeedsNetwork
 from portkit.corpora import images
 from portkit.models import meta_device
-from portkit.models import huggingface as hf
+from portkit.models.huggingface import (CAPTIONS, minilm_tokenizer, position_offset, positions_after_padding,
+                                        read_config, task_of,
+    tokenizer_problems, tokenizer_roundtrip)
 from portkit.models import inputs
 from portkit.models import registry
 
@@ -74,7 +76,7 @@ def test_text_directories_load_through_their_task_and_tokenizer(tmp_path, build,
     with torch.no_grad():
         logits = m(batch)["logits"]
     assert logits.shape[0] == 3 and logits.dim() == rank
-    assert hf.tokenizer_roundtrip(m, TEXTS) is None       # its own tokenizer gives the text back
+    assert tokenizer_roundtrip(m, TEXTS) is None       # its own tokenizer gives the text back
 
 
 def _whisper(tmp_path, **extractor):
@@ -117,7 +119,7 @@ def test_wav2vec2_directories_run_on_framed_waveforms(tmp_path, task):
     from transformers import Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC, Wav2Vec2ForSequenceClassification
     cls = Wav2Vec2ForCTC if task == "ctc" else Wav2Vec2ForSequenceClassification
     folder = _save(tmp_path / "w2v", cls(_w2v_config(num_labels=4)), Wav2Vec2FeatureExtractor())
-    assert hf.task_of(hf.read_config(folder)) == task
+    assert task_of(read_config(folder)) == task
     m = registry.load(registry.validate(str(folder)))
     batch = m.encode([np.random.default_rng(0).standard_normal(n).astype(np.float32) for n in (3200, 6400)])
     with torch.no_grad():
@@ -155,7 +157,7 @@ def test_a_vision_language_encoder_is_a_zero_shot_image_classifier(tmp_path):
     folder = _save(tmp_path / "clip", CLIPModel(cfg), processor, tokenizer)
     m = registry.load(registry.validate(str(folder)))
     with torch.no_grad():
-        assert m(m.encode(images.sample_images(3, m.image_size, seed=0)))["logits"].shape == (3, len(hf.CAPTIONS))
+        assert m(m.encode(images.sample_images(3, m.image_size, seed=0)))["logits"].shape == (3, len(CAPTIONS))
 
 
 def test_a_vocabulary_larger_than_the_config_is_refused_in_the_plan_step(tmp_path, monkeypatch, capsys):
@@ -258,7 +260,7 @@ def test_a_tokenizer_that_loses_the_text_is_a_finding(tmp_path):
     folder = _save(tmp_path / "m", BertModel(BertConfig(vocab_size=len(broken), hidden_size=32, num_hidden_layers=1,
                                                        num_attention_heads=2, intermediate_size=64)), broken)
     m = registry.load(str(folder))
-    found = hf.tokenizer_roundtrip(m, TEXTS)
+    found = tokenizer_roundtrip(m, TEXTS)
     assert found is not None and found["lost"] > 0.5
     assert found["message"].startswith("tokenizer does not round-trip: ") and "% of characters lost" in found["message"]
     # stage 1 reports it for every target, a cause of its own that torch.compile does not change
@@ -278,12 +280,12 @@ def test_offset_positions_follow_the_embeddings_padding_index():
     its padding index at 1 whatever the config says. Checked on the real MPNet: the longest sequence portkit allows
     runs, one more token indexes past the position table."""
     from transformers import MPNetConfig, MPNetModel
-    assert hf.position_offset({"model_type": "roberta", "pad_token_id": 1, "max_position_embeddings": 514}) == 2
-    assert hf.position_offset({"model_type": "bert", "pad_token_id": 0}) == 0
+    assert position_offset({"model_type": "roberta", "pad_token_id": 1, "max_position_embeddings": 514}) == 2
+    assert position_offset({"model_type": "bert", "pad_token_id": 0}) == 0
     config = MPNetConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=32, max_position_embeddings=24, pad_token_id=0)
     model = MPNetModel(config).eval()
-    longest = config.max_position_embeddings - hf.position_offset(config.to_dict())
+    longest = config.max_position_embeddings - position_offset(config.to_dict())
     model(input_ids=torch.full((1, longest), 5))
     with pytest.raises(IndexError):
         model(input_ids=torch.full((1, longest + 1), 5))
@@ -294,13 +296,13 @@ def test_which_models_number_positions_after_the_padding_id_is_read_from_their_m
     list of names: ESM, missing from such a list, crashed stage 4 at its longest bucket. Checked on the real ESM:
     the longest sequence portkit allows runs, one more token indexes past the position table."""
     from transformers import EsmConfig, EsmForMaskedLM
-    assert hf.positions_after_padding("esm") and hf.positions_after_padding("xlm-roberta")
-    assert not hf.positions_after_padding("bert") and not hf.positions_after_padding("llama")
+    assert positions_after_padding("esm") and positions_after_padding("xlm-roberta")
+    assert not positions_after_padding("bert") and not positions_after_padding("llama")
     config = EsmConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                        intermediate_size=32, max_position_embeddings=24, pad_token_id=1,
                        position_embedding_type="absolute")
     model = EsmForMaskedLM(config).eval()
-    longest = config.max_position_embeddings - hf.position_offset(config.to_dict())
+    longest = config.max_position_embeddings - position_offset(config.to_dict())
     assert longest == 22
     model(input_ids=torch.full((1, longest), 5))
     with pytest.raises(IndexError):
@@ -369,7 +371,7 @@ def _wordpiece_vocabulary_under_bpe(folder):
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers import models as tokenizer_models
     from transformers import PreTrainedTokenizerFast
-    bpe = Tokenizer(tokenizer_models.BPE(vocab=hf.minilm_tokenizer().get_vocab(), merges=[], unk_token="[UNK]"))
+    bpe = Tokenizer(tokenizer_models.BPE(vocab=minilm_tokenizer().get_vocab(), merges=[], unk_token="[UNK]"))
     bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.Whitespace(), decoders.BPEDecoder()
     return PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="[UNK]", pad_token="[PAD]")
 
@@ -388,7 +390,7 @@ def test_a_tokenizer_of_another_model_is_refused_in_the_plan_step(tmp_path, monk
                                            r"single characters \(4\.0 tokens per word of 4\.0 characters\)"):
         registry.validate(str(folder))
     _one_line_exit_2(tmp_path, monkeypatch, capsys, str(folder), "splits text into single characters")
-    own = _save(tmp_path / "own", bert, hf.minilm_tokenizer())
+    own = _save(tmp_path / "own", bert, minilm_tokenizer())
     assert registry.validate(str(own)) == str(own)
 
 
@@ -396,15 +398,15 @@ def test_each_rule_of_the_tokenizer_check_reads_a_tokenizer_built_to_break_it(tm
     """Rule: each of the plan step's tokenizer rules, on the tokenizer it is there for: a vocabulary that maps
     prose to its unknown token, one that reaches under half the embedding table; MiniLM's own passes them all."""
     tiny = _tokenizer(tmp_path / "tiny", WORDS)
-    assert hf.tokenizer_problems(tiny, {"vocab_size": len(tiny)}) == []        # spelled, not [UNK]
+    assert tokenizer_problems(tiny, {"vocab_size": len(tiny)}) == []        # spelled, not [UNK]
     from transformers import BertTokenizerFast
     words_only = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])})
-    (unknown, lossy) = hf.tokenizer_problems(words_only, {"vocab_size": len(words_only)})
+    (unknown, lossy) = tokenizer_problems(words_only, {"vocab_size": len(words_only)})
     assert "tokens of plain English are its unknown token '[UNK]' (portkit refuses over 5%)" in unknown
     assert "decoding its ids loses" in lossy
-    (table,) = hf.tokenizer_problems(tiny, {"vocab_size": 4 * len(tiny)})
+    (table,) = tokenizer_problems(tiny, {"vocab_size": 4 * len(tiny)})
     assert table == f"its {len(tiny)} entries reach 25% of the model's {4 * len(tiny)}-row embedding table"
-    assert hf.tokenizer_problems(hf.minilm_tokenizer(), {"vocab_size": 30522}) == []
+    assert tokenizer_problems(minilm_tokenizer(), {"vocab_size": 30522}) == []
 
 
 def test_a_detector_and_a_segmenter_are_image_models_with_their_declared_metrics(tmp_path):

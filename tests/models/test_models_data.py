@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import check_corpus, corpus_for, example_batch, length_distribution, load_corpus
 from portkit.corpora import images
 from portkit.models import registry
 from portkit.core.errors import BadParameter, NeedsNetwork
@@ -63,14 +63,14 @@ def _photo_folder(root):
 
 def test_an_image_model_takes_the_users_folder_of_images(tmp_path):
     folder = _photo_folder(tmp_path / "photos")
-    assert data.check_corpus(str(folder)) == str(folder)
+    assert check_corpus(str(folder)) == str(folder)
     m = registry.load("vit")
-    corpus = data.corpus_for(m, str(folder))
+    corpus = corpus_for(m, str(folder))
     assert len(corpus) == 3 and "3 images in" in corpus.source
     assert all(item.shape == (64, 64, 3) and item.dtype == np.float32 for item in corpus.texts)
     grey = [item for item in corpus.texts if np.allclose(item[..., 0], item[..., 1])]
     assert len(grey) == 1          # the grey PNG became three equal channels
-    inputs, described = data.example_batch(m, corpus, batch_size=2, seq_len=64)
+    inputs, described = example_batch(m, corpus, batch_size=2, seq_len=64)
     assert inputs["pixel_values"].shape == (2, 3, 64, 64) and "images from photos" in described
     with torch.no_grad():
         assert m(inputs)["logits"].shape == (2, 10)
@@ -81,13 +81,13 @@ def test_a_bad_image_folder_is_refused_naming_the_file(tmp_path):
     empty.mkdir()
     (empty / "a.txt").write_text("x")
     with pytest.raises(BadParameter, match="of .jpg/.jpeg/.png"):
-        data.check_corpus(str(empty))
+        check_corpus(str(empty))
     folder = _photo_folder(tmp_path / "photos")
     (folder / "broken.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(BadParameter, match="broken.jpg"):
         images.check_folder(str(folder))
     with pytest.raises(BadParameter, match="takes text"):
-        data.corpus_for(registry.load("bert"), str(folder))
+        corpus_for(registry.load("bert"), str(folder))
 
 
 def test_hub_ids_fail_at_once_with_advice():
@@ -138,7 +138,7 @@ def test_encode_policies(minilm):
 def test_stdlib_corpus_is_real_and_long_tailed(corpus, minilm):
     assert len(corpus) > 5000
     assert corpus.sample(5, seed=3) == corpus.sample(5, seed=3)
-    dist = data.length_distribution(corpus, minilm)
+    dist = length_distribution(corpus, minilm)
     p = dist.percentiles()
     assert p["p50"] < p["p90"] < p["p99"] < p["max"]
     assert p["max"] > 512 and dist.over_limit() > 0          # some texts exceed MiniLM's 512
@@ -147,27 +147,27 @@ def test_stdlib_corpus_is_real_and_long_tailed(corpus, minilm):
 
 def test_user_corpora(tmp_path):
     (tmp_path / "a.txt").write_text("first text\n\nsecond text\n")
-    assert data.load_corpus(str(tmp_path / "a.txt")).texts == ("first text", "second text")
+    assert load_corpus(str(tmp_path / "a.txt")).texts == ("first text", "second text")
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"body": t}) for t in ["x y", "z"]))
-    assert data.load_corpus(str(tmp_path / "b.jsonl"), column="body").texts == ("x y", "z")
+    assert load_corpus(str(tmp_path / "b.jsonl"), column="body").texts == ("x y", "z")
     with pytest.raises(BadParameter, match="unknown text column in b.jsonl line 1 'text'; choose one of: body"):
-        data.load_corpus(str(tmp_path / "b.jsonl"))
+        load_corpus(str(tmp_path / "b.jsonl"))
     (tmp_path / "c.csv").write_text("id,review\n1,great\n2,bad\n")
-    assert data.load_corpus(str(tmp_path / "c.csv"), column="review").texts == ("great", "bad")
+    assert load_corpus(str(tmp_path / "c.csv"), column="review").texts == ("great", "bad")
     with pytest.raises(BadParameter, match="choose one of: id, review"):
-        data.load_corpus(str(tmp_path / "c.csv"))
+        load_corpus(str(tmp_path / "c.csv"))
     with pytest.raises(BadParameter, match="no such file"):
-        data.load_corpus(str(tmp_path / "missing.jsonl"))
+        load_corpus(str(tmp_path / "missing.jsonl"))
     (tmp_path / "d.parquet").write_text("")
     with pytest.raises(BadParameter, match="corpus file type"):
-        data.load_corpus(str(tmp_path / "d.parquet"))
+        load_corpus(str(tmp_path / "d.parquet"))
 
 
 def test_example_batch(corpus, minilm):
-    inputs, described = data.example_batch(minilm, corpus, 4, 48, seed=0)
+    inputs, described = example_batch(minilm, corpus, 4, 48, seed=0)
     assert inputs["input_ids"].shape == (4, 48) and "4 texts" in described
     vit = registry.load("vit")
-    pixels, described = data.example_batch(vit, None, 2, 48)
+    pixels, described = example_batch(vit, None, 2, 48)
     assert pixels["pixel_values"].shape == (2, 3, 64, 64) and "image" in described
     assert np.isfinite(pixels["pixel_values"].numpy()).all()
 
@@ -191,11 +191,11 @@ def test_validate_makes_paths_absolute_without_running_user_code(tmp_path, monke
 
 def test_corpus_files_are_read_as_written(tmp_path):
     (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbftext,label\r\nhello there,1\r\n")   # a spreadsheet export
-    assert data.load_corpus(str(tmp_path / "bom.csv")).texts == ("hello there",)
+    assert load_corpus(str(tmp_path / "bom.csv")).texts == ("hello there",)
     long_text = "word " * 40_000                                                      # over csv's 128 KiB field
     (tmp_path / "long.csv").write_text(f'text\n"{long_text}"\nshort\n')
-    assert data.load_corpus(str(tmp_path / "long.csv")).texts == (long_text, "short")
+    assert load_corpus(str(tmp_path / "long.csv")).texts == (long_text, "short")
     (tmp_path / "ids.jsonl").write_text('{"text": "42"}\n{"text": "a sentence"}\n')  # digits in a string are text
-    assert data.load_corpus(str(tmp_path / "ids.jsonl")).texts == ("42", "a sentence")
+    assert load_corpus(str(tmp_path / "ids.jsonl")).texts == ("42", "a sentence")
     (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
-    assert data.load_corpus(str(tmp_path / "crlf.txt")).texts == ("one", "two")
+    assert load_corpus(str(tmp_path / "crlf.txt")).texts == ("one", "two")

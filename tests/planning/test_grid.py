@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from portkit.stages.buckets import stage as buckets
+from portkit.stages.buckets import stage
 from portkit.planning import economics
 from portkit.planning import grid
 from portkit.stages.buckets import grid_costs
 from portkit.models import registry
-from portkit.stages.report import stage as report
+from portkit.stages.report.stage import TargetReport
 from portkit.models import seq2seq
 from portkit.core.errors import BadParameter
 from tests.fixtures.sections import read_section
@@ -101,7 +101,7 @@ def test_stage_3_prices_a_grid_per_target_and_the_report_shows_it(t5_pairs, corp
         assert t["ratio"] == pytest.approx(g["total_seconds"] / one["total_seconds"])
     # cheaper compiles buy more cells: the TPU's grid has more of them than Neuron's (20 s a graph)
     assert tpu["grid"]["compiles"] > neuron["grid"]["compiles"]
-    out = report.TargetReport("tpu", "TPU", "emulated")
+    out = TargetReport("tpu", "TPU", "emulated")
     read_section("buckets", out, data={"grid": found.to_dict()})
     assert "ratio" in out.metrics["buckets"]["grid plan (source x target)"]
-    assert buckets.grid(registry.load("minilm"), corpus, ["tpu"], {}) is None     # one varying dimension
+    assert stage.grid(registry.load("minilm"), corpus, ["tpu"], {}) is None     # one varying dimension

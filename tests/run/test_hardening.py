@@ -74,12 +74,12 @@ def test_a_run_folder_in_use_by_another_run_is_refused_and_a_stale_lock_taken_ov
 
 def test_the_report_pair_is_written_html_first_json_last_and_a_json_alone_is_incomplete(tmp_path, monkeypatch,
                                                                                         capsys):
-    from portkit.stages.report import stage as report
+    from portkit.stages.report.stage import build_report
     renamed = []
     real_replace = os.replace
     monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
     (tmp_path / "fallbacks.json").write_text('{"stage": "fallbacks", "targets": {}}')
-    r = report.build_report(["neuron"], run_dir=tmp_path)
+    r = build_report(["neuron"], run_dir=tmp_path)
     r.save(tmp_path)
     assert renamed[-2:] == ["report.html", "report.json"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no partial name left

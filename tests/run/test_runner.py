@@ -153,11 +153,11 @@ def _stub_stages(monkeypatch, failing=()):
     """Stage execution without kernels: a stage in `failing` fails as a notebook cell would; the others
     write the stage 1 result of the lstm model (a real one, made once per test)."""
     from portkit.corpora import corpus
-    from portkit.stages.fallbacks import stage as fallbacks
+    from portkit.stages.fallbacks.stage import RecordSettings, find_fallbacks
     from portkit.models import registry
     m = registry.load("lstm")
     inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 8)
-    made = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], fallbacks.RecordSettings(description=described))
+    made = find_fallbacks(m, inputs, ["neuron", "tpu"], RecordSettings(description=described))
     ran = []
 
     def execute(stage, values, out, progress, kernel):
@@ -221,7 +221,7 @@ def test_params_shows_each_stages_own_default(capsys):
 
 
 def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_path, monkeypatch, capsys):
-    from portkit.stages.buckets import stage as buckets
+    from portkit.stages.buckets.stage import NOTHING_TO_BUCKET, skip_unless_it_applies
     from portkit.runfolder import results
 
     class ImageModel:        # what the stage reads of a model that takes one fixed image shape
@@ -234,12 +234,12 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
 
     def execute(stage, values, out, progress, kernel):
         if stage.name == "buckets":      # the notebook's first step, as 03_buckets runs it
-            buckets.skip_unless_it_applies(ImageModel(), out, ["neuron", "tpu"])
+            skip_unless_it_applies(ImageModel(), out, ["neuron", "tpu"])
         return stub(stage, values, out, progress, kernel)
     monkeypatch.setattr(stage_kernel, "execute", execute)
     out = tmp_path / "run"
     rc = cli.main(["run", "--model", "lstm", "--out", str(out), "--stages", "fallbacks,buckets", "--no-progress"])
-    reason = f"vit {buckets.NOTHING_TO_BUCKET}"
+    reason = f"vit {NOTHING_TO_BUCKET}"
     assert rc == 0 and ran == ["fallbacks"]
     assert f"[buckets] skipped: {reason}" in capsys.readouterr().out
     assert json.loads((out / "run.json").read_text())["stages"]["buckets"] == {
@@ -249,7 +249,7 @@ def test_a_stage_that_does_not_apply_is_skipped_with_its_reason_not_failed(tmp_p
     assert saved["stages"]["buckets"]["status"] == "skipped" and saved["stages"]["buckets"]["problem"] == reason
     assert not any("buckets" in g for g in saved["gaps"])          # not applying is not a gap
     text_model = type("TextModel", (ImageModel,), {"seq_dim": "tokens"})()
-    assert buckets.skip_unless_it_applies(text_model, out, ["tpu"]) is None       # a text model goes on
+    assert skip_unless_it_applies(text_model, out, ["tpu"]) is None       # a text model goes on
 
 
 def test_an_abstract_model_skips_the_stages_that_need_weights_without_starting_them(tmp_path, monkeypatch, capsys):
@@ -305,7 +305,7 @@ def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_repl
 
 def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_allows(tmp_path, monkeypatch):
     import threading
-    from portkit.stages.buckets import stage as buckets
+    from portkit.stages.buckets.stage import reads
     from portkit.run import jupyter_kernels
     _stub_stages(monkeypatch)
     # the order of events, not their times: each stage's start and end and each kernel cleared, as they happen;
@@ -336,7 +336,7 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     monkeypatch.setattr(jupyter_kernels.SharedKernel, "prepare", prepare)
     monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 64 * 2 ** 30)
     monkeypatch.setattr(jupyter_kernels.os, "cpu_count", lambda: 2)
-    assert buckets.reads(["neuron", "tpu"]) == () and buckets.reads(["tpu", "cpu"]) == ("compile",)
+    assert reads(["neuron", "tpu"]) == () and reads(["tpu", "cpu"]) == ("compile",)
     # stage 3 reads neither stage 1 nor (emulated targets) stage 2: it runs beside stage 1, a built-in model
     # being known to be small before it is loaded; stage 4 needs stage 3's plans only: it runs while stage 3
     # still replays

@@ -6,12 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from portkit.stages.accuracy import stage as accuracy
-from portkit.stages.buckets import stage as buckets
-from portkit.stages.compile import stage as compiling
+from portkit.stages.accuracy.stage import Options, Scope, bucket_plan, check_accuracy
+from portkit.stages.buckets.stage import (BucketReport, Options as BucketsOptions, Replay, choose, compare,
+    distribution, histogram, replay_targets, sweep)
+from portkit.stages.compile.stage import make_requests
 from portkit.corpora import corpus
 from portkit.planning import economics
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.fallbacks.stage import RecordSettings, find_fallbacks
 from portkit.models import registry
 
 soundfile = pytest.importorskip("soundfile", reason="the audio extra is not installed (pip install 'portkit[audio]')")
@@ -43,36 +44,36 @@ def test_crepe_runs_through_the_stages_on_a_folder_of_recordings(tmp_path, recor
     items = corpus.corpus_for(m, str(recordings))
     assert len(items) == 6 and "recorded" in items.source
     batch, described = corpus.example_batch(m, items, batch_size=2, seq_len=32, seed=0)
-    found = fallbacks.find_fallbacks(m, batch, TARGETS, fallbacks.RecordSettings(description=described))
+    found = find_fallbacks(m, batch, TARGETS, RecordSettings(description=described))
     found.save(tmp_path / "fallbacks.json")
     # stage 1: the CPU fallbacks of CREPE's own layers on Neuron, named at torchcrepe's lines
     neuron = json.loads((tmp_path / "fallbacks.json").read_text())["targets"]["neuron"]["findings"]
     assert any("max_pool2d" in f["message"] and "torchcrepe/model.py" in json.dumps(f) for f in neuron)
     # stage 2's requests: each a real clip at its own number of frames (the storm itself: the workbook run)
-    stream = compiling.make_requests(m, items, 4, batch_size=1, max_tokens=32, seed=4, horizon=8)
+    stream = make_requests(m, items, 4, batch_size=1, max_tokens=32, seed=4, horizon=8)
     assert all(shape[0] == 1 for shape in stream.shapes())
     costs = {"tpu": economics.xla_model(m, [s[1] for s in stream.shapes()], measure=fake_xla),
              "neuron": economics.neuron_estimate(m.parameters)}
     # stage 3: buckets fitted to the clips' frames (10 ms each), padding checked on the real frames
-    dist = buckets.distribution(items, m)
+    dist = distribution(items, m)
     assert dist.unit == "frames" and sorted(dist.lengths.tolist()) == [11, 16, 21, 26, 31, 36]
-    hist = buckets.histogram(dist)
-    plans = buckets.compare(hist, 2, 1)
+    hist = histogram(dist)
+    plans = compare(hist, 2, 1)
     trace = corpus.make_trace(items, m, 4, seed=0, dist=dist)
-    chosen = buckets.choose(hist, costs, 1e-7, buckets.Options.of({"serve_requests": 1000}), quiet=True)
+    chosen = choose(hist, costs, 1e-7, BucketsOptions.of({"serve_requests": 1000}), quiet=True)
     # stages 3 and 4 for TPU alone (their per-target code is shared; one target keeps the test short)
     chosen = {"tpu": chosen["tpu"]}
-    per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs,
-                                        replay=buckets.Replay(progress=False))     # backend "auto", the default
+    per_target = replay_targets(m, trace, plans, chosen=chosen, costs=costs,
+                                        replay=Replay(progress=False))     # backend "auto", the default
     for t in chosen:
         assert all(c["ok"] for r in per_target[t].runs for c in r.padding_checks)
-    bucketed = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=2, plans=plans, curves=buckets.sweep(hist),
+    bucketed = BucketReport(m.describe(), dist.to_dict(), hist, k=2, plans=plans, curves=sweep(hist),
                                     token_seconds=1e-7, trace=trace.describe(), targets=per_target)
     bucketed.save(tmp_path / "buckets.json")
     # stage 4: the pitch judged in cents on voiced frames, and the voicing, per bucket too
-    judged = accuracy.check_accuracy(m, batch, ["tpu"], accuracy.Options.of({"batch_size": 2, "seed": 0}), corpus=items,
-                                     buckets=accuracy.bucket_plan(tmp_path, ["tpu"]), description=described,
-                                     scope=accuracy.Scope(compiled=False, progress=False))
+    judged = check_accuracy(m, batch, ["tpu"], Options.of({"batch_size": 2, "seed": 0}), corpus=items,
+                                     buckets=bucket_plan(tmp_path, ["tpu"]), description=described,
+                                     scope=Scope(compiled=False, progress=False))
     task = judged.targets["tpu"].chosen.task
     assert task["metric"].startswith("pitch error in cents") and task["voiced_reference"] > 0
     assert {c["metric"] for c in task["checks"]} == {"cents", "voicing"}

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from conftest import FIXTURES, fixture_model
-from portkit.stages.compile import stage as compiling
-from portkit.corpora import corpus as data
+from portkit.stages.compile.stage import eager_findings, find_graph_breaks
+from portkit.corpora.corpus import example_batch
 from portkit.stages.fallbacks import recording
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.fallbacks.stage import find_fallbacks
 from portkit.core import owners
 from portkit.models import registry
 from portkit.stages import reconcile
-from portkit.stages.report import stage as report
+from portkit.stages.report.stage import build_report
 from portkit.runfolder import results
 from portkit.core.findings import BLOCKER, INFO, NOT_CHECKED, PERSISTS, VANISHES, WORK
 
@@ -23,8 +23,8 @@ def line_of(marker: str) -> int:
 
 
 def eager_and_compiled(m, inputs, targets):
-    eager = fallbacks.find_fallbacks(m, inputs, targets)
-    compiled = {"stage": "compile", "graph_breaks": compiling.find_graph_breaks(m, inputs, targets).to_dict()}
+    eager = find_fallbacks(m, inputs, targets)
+    compiled = {"stage": "compile", "graph_breaks": find_graph_breaks(m, inputs, targets).to_dict()}
     return eager, compiled
 
 
@@ -36,7 +36,7 @@ def reconciled(eager, compiled, target, kind):
 @pytest.fixture(scope="module")
 def minilm_run(minilm, corpus, tmp_path_factory):
     """MiniLM (real weights), stage 1 and stage 2's capture for TPU, saved as a run folder."""
-    inputs, described = data.example_batch(minilm, corpus, 2, 16)
+    inputs, described = example_batch(minilm, corpus, 2, 16)
     eager, compiled = eager_and_compiled(minilm, inputs, ["tpu"])
     folder = tmp_path_factory.mktemp("minilm")
     eager.save(folder / "fallbacks.json")
@@ -62,7 +62,7 @@ def test_minilm_masking_host_sync_is_eager_only_library_code_that_vanishes(minil
 
 def test_the_report_opens_with_consequences_and_counts_what_vanishes(minilm_run):
     _, _, folder = minilm_run
-    r = report.build_report(run_dir=folder)
+    r = build_report(run_dir=folder)
     tpu = r.to_dict()["targets"]["tpu"]
     assert not any(f["kind"] == "host_sync" for f in tpu["first"])          # not listed as work
     assert tpu["vanished"].startswith("1 thing found when the model runs eagerly is gone once torch.compile traces")
@@ -83,8 +83,8 @@ def test_the_report_opens_with_consequences_and_counts_what_vanishes(minilm_run)
 def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_line(tmp_path):
     m = registry.load(fixture_model("item_branch_model"))
     inputs = m.encode(["Return x."], pad_to=6)
-    eager = fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"])
-    breaks = compiling.find_graph_breaks(m, inputs, ["neuron", "tpu"])
+    eager = find_fallbacks(m, inputs, ["neuron", "tpu"])
+    breaks = find_graph_breaks(m, inputs, ["neuron", "tpu"])
     compiled = {"graph_breaks": breaks.to_dict()}
     line = line_of(".item() > 1.0")
     for target in ("neuron", "tpu"):
@@ -95,9 +95,9 @@ def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_lin
         assert "graph break at this line" in f["compiled_detail"] and "device-to-host" in f["consequence"]
     assert compiled["graph_breaks"]["breaks"][0]["where"]["line"] == line
     # the stage 2 notebook shows the same, read from stage 1's saved result
-    assert "no stage 1 result" in compiling.eager_findings(breaks, tmp_path, ["tpu"])["tpu"].caption
+    assert "no stage 1 result" in eager_findings(breaks, tmp_path, ["tpu"])["tpu"].caption
     eager.save(tmp_path / "fallbacks.json")
-    shown = compiling.eager_findings(breaks, tmp_path, ["tpu"])["tpu"]
+    shown = eager_findings(breaks, tmp_path, ["tpu"])["tpu"]
     assert any(row[:2] == [WORK, WORK] and row[2].startswith(PERSISTS) and row[3] == owners.USER for row in shown.rows)
 
 
@@ -105,8 +105,8 @@ def test_a_host_sync_in_the_users_forward_persists_as_a_graph_break_with_its_lin
 def test_a_recurrent_cell_stays_a_blocker_on_neuron_whether_or_not_compiled(compiled_run):
     m = registry.load(fixture_model("gru_model"))
     inputs = m.encode(["Return x."], pad_to=6)
-    eager = fallbacks.find_fallbacks(m, inputs, ["neuron"])
-    compiled = ({"graph_breaks": compiling.find_graph_breaks(m, inputs, ["neuron"]).to_dict()}
+    eager = find_fallbacks(m, inputs, ["neuron"])
+    compiled = ({"graph_breaks": find_graph_breaks(m, inputs, ["neuron"]).to_dict()}
                 if compiled_run else None)
     [f] = reconciled(eager, compiled, "neuron", "recurrent")
     assert f["severity"] == BLOCKER and f["compiled"] == (PERSISTS if compiled_run else NOT_CHECKED)
@@ -156,7 +156,7 @@ class BigIds(torch.nn.Module):
 def neuron_findings(module) -> dict:
     ids = {"input_ids": torch.tensor([[0, 3, 9, 20]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
     m = registry.LoadedModel("t", registry.TOKEN_CLASSIFIER, module, "test", tokenizer=None)
-    return {f.kind: f for f in fallbacks.find_fallbacks(m, ids, ["neuron"]).targets["neuron"].findings}
+    return {f.kind: f for f in find_fallbacks(m, ids, ["neuron"]).targets["neuron"].findings}
 
 
 def test_int64_sentinels_of_a_masked_cast_are_a_check_not_a_blocker():

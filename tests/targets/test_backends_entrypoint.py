@@ -99,14 +99,14 @@ print(sorted(m for m in ("torch", "numpy") if m in sys.modules))
 
 
 def test_portkit_exposes_one_verb_per_stage_loaded_on_first_use():
-    from portkit.stages.accuracy import stage as accuracy
-    from portkit.stages.buckets import stage as buckets
-    from portkit.stages.compile import stage as compiling
-    from portkit.stages.fallbacks import stage as fallbacks
-    from portkit.stages.report import stage as report
-    assert portkit.find_fallbacks is fallbacks.find_fallbacks and portkit.compile_model is compiling.compile_model
-    assert portkit.fit_buckets is buckets.fit_buckets and portkit.check_accuracy is accuracy.check_accuracy
-    assert portkit.build_report is report.build_report
+    from portkit.stages.accuracy.stage import check_accuracy
+    from portkit.stages.buckets.stage import fit_buckets
+    from portkit.stages.compile.stage import compile_model
+    from portkit.stages.fallbacks.stage import find_fallbacks
+    from portkit.stages.report.stage import build_report
+    assert portkit.find_fallbacks is find_fallbacks and portkit.compile_model is compile_model
+    assert portkit.fit_buckets is fit_buckets and portkit.check_accuracy is check_accuracy
+    assert portkit.build_report is build_report
     assert set(portkit.__all__) <= set(dir(portkit))
     with pytest.raises(AttributeError, match="no attribute 'compile'"):
         portkit.compile

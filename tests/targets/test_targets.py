@@ -4,7 +4,7 @@ import json
 import pytest
 
 from conftest import ROOT
-from portkit.core import availability as probes
+from portkit.core import availability
 from portkit.targets import specs
 from portkit.core.errors import BadParameter
 
@@ -55,7 +55,7 @@ def test_detect_is_native_only_with_the_vendor_device(monkeypatch):
     monkeypatch.delenv(specs.MODE_VARIABLE, raising=False)
     for name in specs.MIGRATION_TARGETS:
         t, d = specs.get(name), specs.detect(name)
-        mode = "native" if probes.device_available(t.vendor_module, t.device) else "emulated"
+        mode = "native" if availability.device_available(t.vendor_module, t.device) else "emulated"
         assert d.mode == mode and d.to_dict()["mode"] == mode and str(d).startswith(f"target {name}: {mode}, ")
         assert d.backend == (t.backend if mode == "native" else t.emulated_backend)
         if mode == "emulated":
@@ -70,8 +70,8 @@ def test_detect_is_native_only_with_the_vendor_device(monkeypatch):
 ])
 def test_detect_in_native_mode_says_so(monkeypatch, name, package, reason, backend):
     # What detect() writes on a host with the device, checked here by answering the probes as one would.
-    monkeypatch.setattr(probes, "device_available", lambda module, device: True)
-    monkeypatch.setattr(probes, "package_version", lambda dist: "0.2.0" if dist == package else None)
+    monkeypatch.setattr(availability, "device_available", lambda module, device: True)
+    monkeypatch.setattr(availability, "package_version", lambda dist: "0.2.0" if dist == package else None)
     d = specs._detect.__wrapped__(name, "auto")   # uncached: the real detection is left as it was
     assert (d.mode, d.reason, d.backend) == ("native", reason, backend)
     assert str(d) == f"target {name}: native, {reason}"
@@ -122,27 +122,28 @@ def test_classification(target, op, status, via):
 
 
 def test_probes_return_false_instead_of_raising():
-    assert probes.module_available("torch")
-    assert not probes.module_available("no_such_module_portkit")
-    assert not probes.device_available("no_such_module_portkit", "tpu")
-    assert probes.package_version("no-such-dist-portkit") is None
+    assert availability.module_available("torch")
+    assert not availability.module_available("no_such_module_portkit")
+    assert not availability.device_available("no_such_module_portkit", "tpu")
+    assert availability.package_version("no-such-dist-portkit") is None
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_neuronx", "neuron"), reason="needs torch-neuronx and a Trainium device")
+@pytest.mark.skipif(not availability.device_available("torch_neuronx", "neuron"),
+                    reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_live_table():
     d = specs.detect("neuron")
     assert d.mode == "native" and d.backend == "neuron"
-    assert d.reason == f"torch-neuronx {probes.package_version('torch-neuronx')} with a neuron device"
+    assert d.reason == f"torch-neuronx {availability.package_version('torch-neuronx')} with a neuron device"
     assert d.op_table.provenance["source"] == "live dispatcher, key PrivateUse1"
 
 
 @pytest.mark.native
-@pytest.mark.skipif(not probes.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
+@pytest.mark.skipif(not availability.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_reads_the_live_table():
     d = specs.detect("tpu")
     assert d.mode == "native" and d.backend == "tpu"
-    assert d.reason == f"torch-tpu {probes.package_version('torch-tpu')} with a tpu device"
+    assert d.reason == f"torch-tpu {availability.package_version('torch-tpu')} with a tpu device"
     assert d.op_table.provenance["source"] == "live dispatcher, key PrivateUse1"
     assert "aten::addmm.out" in d.op_table.native
 
@@ -222,7 +223,7 @@ def test_only_overloads_with_a_decomposition_follow_a_bare_name():
 
 
 def test_portkit_mode_forces_emulation_and_rejects_other_values(monkeypatch):
-    monkeypatch.setattr(probes, "device_available", lambda module, device: True)   # as on a device host
+    monkeypatch.setattr(availability, "device_available", lambda module, device: True)   # as on a device host
     monkeypatch.setattr(specs.OpTable, "live", classmethod(lambda cls, *a, **k: specs.OpTable.load("tpu.json")))
     monkeypatch.setattr(specs, "_detect", specs._detect.__wrapped__)   # uncached, as the probes are faked
     monkeypatch.delenv(specs.MODE_VARIABLE, raising=False)

@@ -10,7 +10,7 @@ from portkit.core.errors import BadParameter
 from portkit.models import audio
 from portkit.models import inputs
 from portkit.models import registry
-from portkit.stages.accuracy import result as accuracy_result
+from portkit.stages.accuracy.result import AccuracyReport
 from portkit.targets.tolerance import DEFAULT_TASK_BOUNDS
 from portkit.workloads import streaming
 
@@ -118,7 +118,7 @@ def test_a_probability_whose_decisions_flip_fails_its_decision_check():
     (decisions,) = [c for c in run.checks if c["output"] == "p" and c["metric"] == "agreement"]
     assert not decisions["passed"] and decisions["value"] < DEFAULT_TASK_BOUNDS["agreement"]
     assert run.outputs["p"]["flips"] > 0 and not run.passed
-    report = accuracy_result.AccuracyReport({"name": "chaotic"}, {}, {}, {}, stream=result)
+    report = AccuracyReport({"name": "chaotic"}, {}, {}, {}, stream=result)
     kinds = {f.kind for f in report.stream_findings("tpu")}
     assert "stream_output" in kinds
     message = next(f.message for f in report.stream_findings("tpu") if f.kind == "stream_output")
@@ -209,8 +209,8 @@ def test_a_state_returned_as_a_view_recompiles_mid_stream_and_the_finding_says_h
             out, new = super().forward(chunk, state)
             return out, {**new, "context": new["context"].clone(memory_format=torch.contiguous_format)}
 
-    viewed = streaming.check_stream(_vad_step(), _stream(), ["tpu"]).runs[0].to_dict()
-    assert viewed["late_compiles"] >= 1
+    viewed = streaming.check_stream(_vad_step(), _stream(), ["tpu"]).runs[0]
+    assert viewed.late_compiles >= 1
     found = stream_findings.stream_recompile(viewed)
     assert found.severity == "work" and "stride" in found.message and "contiguous_format" in found.advice
     step = audio.StreamStep("vad", Copied().eval(), CHUNK, STATE, "test LSTM cell VAD",

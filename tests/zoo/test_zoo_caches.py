@@ -38,7 +38,7 @@ def test_a_sliding_window_cache_that_recompiles_after_warm_up_is_a_finding_with_
     """Rule: whatever the model does inside a stage is a finding with cause, line and owner, and the stage goes on.
     Gemma2's StaticSlidingWindowLayer counts positions in a Python int that the attention mask reads, so every
     decode step fails a guard and compiles: counted, named, and the tokens still equal the eager run's."""
-    from portkit.stages.compile import generation as compile_generation
+    from portkit.stages.compile.generation import TargetGeneration
     from portkit.targets import specs
     lm = zoo("gemma2.causal-lm")
     plan = generation.Plan(prompt_buckets=(16,), context_buckets=(32,), batch=2)
@@ -47,7 +47,7 @@ def test_a_sliding_window_cache_that_recompiles_after_warm_up_is_a_finding_with_
     assert torch.equal(run.tokens, reference.tokens)
     assert run.late and run.compiles == len(run.late) > 0
     assert "cumulative_length_int" in run.late[0]["reason"]
-    found = compile_generation.TargetGeneration(specs.detect("tpu").to_dict(), "portkit_tpu", 2, 4,
+    found = TargetGeneration(specs.detect("tpu").to_dict(), "portkit_tpu", 2, 4,
                                                 {"prompt_buckets": [16]}, run, run)
     [(kind, case, message, _, where)] = found.findings()
     assert kind == "recompile_after_warmup" and grading.severity(kind, case) == "work"
@@ -90,15 +90,15 @@ def test_stage_3b_leaves_a_state_space_models_serving_graphs_not_assessed(zoo, k
     """Rule: a stage that assessed nothing says "not assessed" for that question. Stage 3b's serving graph carries
     a key/value cache; Mamba2's (no attention heads at all) and Jamba's caches are not one, so their HBM fit is an
     open question, not a crash sizing a cache by num_attention_heads."""
-    from portkit.stages.xla import generation as xla_generation
+    from portkit.stages.xla.generation import NOT_KV, not_kv_cache
     from portkit.stages.xla import stage
     lm = zoo(key)
-    assert "LinearAttentionLayer" in xla_generation.not_kv_cache(lm)
+    assert "LinearAttentionLayer" in not_kv_cache(lm)
     served = stage._serving(lm, None, stage.Options.defaults())
-    assert served["status"] == xla_generation.NOT_KV and "not assessed" in served["summary"]
+    assert served["status"] == NOT_KV and "not assessed" in served["summary"]
     [question] = stage.XlaStage({}, {}, {}, serving={"tpu": served}).workload_questions("tpu")
     assert question["question"] == "HBM fit of the serving graphs" and "LinearAttentionLayer" in question["why"]
-    assert xla_generation.not_kv_cache(zoo("gemma2.causal-lm")) is None
+    assert not_kv_cache(zoo("gemma2.causal-lm")) is None
 
 
 def test_t5s_n_positions_is_not_called_the_models_maximum(tmp_path):

@@ -437,12 +437,11 @@ class AccuracyReport(AccuracyTables):
     def stream_findings(self, name: str) -> list[Finding]:
         """The target's stream checks that fail, as findings: its state's drift (stream_drift), each streamed
         output outside its budget (stream_output)."""
-        runs = [r for r in (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
-                if r["target"] == name]
+        runs = [r for r in (self.stream.runs if self.stream is not None else []) if r.target == name]
         return [stream_drift(r) if c["metric"] == "drift_growth" else stream_state(r, c)
                 if c["metric"] == "state_error" else stream_output(r, c)
-                for r in runs for c in r["checks"] if not c["passed"]] + \
-            [stream_recompile(r) for r in runs if r.get("late_compiles")]
+                for r in runs for c in r.checks if not c["passed"]] + \
+            [stream_recompile(r) for r in runs if r.late_compiles]
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())

@@ -9,7 +9,7 @@ from portkit.stages.accuracy import stage
 from portkit.stages.accuracy import reference
 from portkit.stages.accuracy import settings
 from portkit.stages.accuracy import comparison
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import example_batch
 from portkit.models import registry
 from portkit.targets import numerics
 from portkit.core import availability
@@ -27,7 +27,7 @@ TPU, NEURON = specs.get("tpu"), specs.get("neuron")
 
 @pytest.fixture(scope="module")
 def minilm_batch(minilm, corpus):
-    inputs, described = data.example_batch(minilm, corpus, 2, 32, seed=0)
+    inputs, described = example_batch(minilm, corpus, 2, 32, seed=0)
     return inputs, described
 
 
@@ -230,7 +230,7 @@ def test_report_json_contract_and_rendering(minilm_report, tmp_path):
 
 def test_compiled_target_side_uses_stage_2s_backend_for_outputs_and_buckets(corpus):
     m = registry.load(fixture_model("tiny_encoder"))
-    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(m, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                      corpus=corpus, buckets=[16],
                                      scope=stage.Scope(task_items=8, float64_reference=False, progress=False))
@@ -271,7 +271,7 @@ def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path
     plan = stage.bucket_plan(tmp_path, ["tpu"])["tpu"]
     assert plan.boundaries == [16, 64] and plan.batch == 4
     m = registry.load(fixture_model("tiny_encoder"))
-    batch, _ = data.example_batch(m, corpus, 3, 16, seed=0)
+    batch, _ = example_batch(m, corpus, 3, 16, seed=0)
     side = target_runs.TargetSide(specs.detect("tpu"), m.module.eval(), numerics.emulate, True)
     whole = side.run(batch, TPU.default_precision, compiled=True)[0]
     ones = side.run(batch, TPU.default_precision, compiled=True, batch=1)[0]
@@ -285,7 +285,7 @@ def test_compiled_calls_take_the_plans_batch_and_keep_every_row(corpus, tmp_path
 def test_the_targets_compiled_in_one_dynamo_pass_give_what_each_gives_alone(corpus):
     m = registry.load(fixture_model("tiny_encoder"))
     module, names = m.module.eval(), ["neuron", "tpu"]
-    batch, _ = data.example_batch(m, corpus, 3, 16, seed=0)
+    batch, _ = example_batch(m, corpus, 3, 16, seed=0)
     shared = target_runs.SharedCompile.for_targets(module, names, {"neuron": "matmult"}, compiled=True)
     together = {n: target_runs.TargetSide(specs.detect(n), module, numerics.emulate, True, shared) for n in names}
     chosen = {n: shared.precisions[n] for n in names}
@@ -357,7 +357,7 @@ def test_a_float64_classifier_whose_cast_to_float32_changes_a_decision():
 # ---------------------------------------------------------------- other model kinds
 def test_float64_running_as_float32_is_found_in_its_module(corpus):
     m = registry.load(fixture_model("float64_model"))
-    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(m, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
                                      scope=stage.Scope(all_precisions=False, compiled=False, progress=False))
     tpu = report.targets["tpu"].chosen
@@ -371,7 +371,7 @@ def test_float64_running_as_float32_is_found_in_its_module(corpus):
 
 def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(corpus, tmp_path):
     m = registry.load(fixture_model("float64_encoder_model"))
-    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(m, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(m, inputs, ["tpu"], scope=stage.Scope(all_precisions=False, compiled=False,
                                                                               progress=False))
     # the reference is the float64 model: no float32-against-float64 comparison that can only read 0
@@ -395,7 +395,7 @@ def test_a_float64_models_error_is_split_into_the_cast_and_the_bf16_rounding(cor
 
 def test_a_compile_the_target_refuses_is_a_blocker_and_judged_eagerly(corpus, tmp_path):
     m = registry.load(fixture_model("dynamic_after_break_model"))
-    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(m, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                      corpus=corpus, buckets=[16],
                                      scope=stage.Scope(task_items=8, all_precisions=False, float64_reference=False,
@@ -429,14 +429,14 @@ def test_only_a_refusal_is_caught_on_the_compiled_path():
 
 def test_language_model_metrics_and_image_classifier_without_buckets(corpus):
     gpt2 = registry.load("gpt2")
-    inputs, _ = data.example_batch(gpt2, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(gpt2, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(gpt2, inputs, ["tpu"], scope=stage.Scope(
         all_precisions=False, float64_reference=False, compiled=False, progress=False))
     task = report.targets["tpu"].chosen.task
     assert task["positions"] == int(inputs["attention_mask"].sum())
     assert task["top1_agreement"] > 0.9 and task["top5_agreement"] >= task["top1_agreement"] and task["kl_mean"] > 0
     vit = registry.load("vit")
-    inputs, _ = data.example_batch(vit, None, 2, 0, seed=0)
+    inputs, _ = example_batch(vit, None, 2, 0, seed=0)
     opts = stage.Options.of({"precision": {"neuron": "matmult"}})
     report = stage.check_accuracy(vit, inputs, ["neuron"], opts, corpus=corpus, scope=stage.Scope(
         task_items=4, all_precisions=False, layers=False, compiled=False, progress=False))
@@ -450,7 +450,7 @@ def test_float32_emulation_keeps_in_place_and_view_semantics(corpus):
     # T5 builds its decoder inputs and position buckets with int64 views and in-place ops; a mode that
     # casts int64 to int32 must still write through them (it once lost them: top-1 agreement 0.07).
     t5 = registry.load("t5")
-    inputs, _ = data.example_batch(t5, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(t5, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(t5, inputs, ["neuron"], scope=stage.Scope(
         all_precisions=False, layers=False, float64_reference=False, compiled=False, progress=False))
     neuron = report.targets["neuron"].chosen
@@ -499,7 +499,7 @@ def test_native_mode_measures_the_precision_in_effect_on_the_device(monkeypatch,
     # ones this host has ("cpu", Dynamo's "eager"), so every step but the device itself runs.
     _detect_native(monkeypatch, "tpu", device="cpu", backend="eager")
     m = registry.load(fixture_model("tiny_encoder"))
-    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(m, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                      corpus=corpus, buckets=[16],
                                      scope=stage.Scope(task_items=8, float64_reference=False, progress=False))
@@ -536,11 +536,11 @@ def test_native_neuron_compares_the_device(minilm, minilm_batch):
 
 
 def test_a_plan_of_many_buckets_is_checked_on_a_spread_sample_the_largest_included(corpus):
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import example_batch
     from portkit.models import registry
     m = registry.load(fixture_model("tiny_encoder"))        # which buckets are checked does not depend on the model
     boundaries = list(range(16, 16 * 21, 16))            # 20 buckets: more than the checked sample
-    inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
+    inputs, _ = example_batch(m, corpus, batch_size=2, seq_len=32)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"batch_size": 2}),
                                      corpus=corpus, buckets=boundaries, scope=stage.Scope(
                                          task_items=8, all_precisions=False, layers=False, float64_reference=False,

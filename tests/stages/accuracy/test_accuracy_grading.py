@@ -138,10 +138,10 @@ def test_a_bucket_that_fails_only_padded_is_the_padding_cause_not_an_accuracy_bl
     same precision; where they pass, the bucket's failure is padding's (work, findings.PADDING_CAUSE, the cause
     stage 3's padding check names), never an accuracy blocker."""
     from portkit.core.findings import PADDING_CAUSE
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import example_batch
     m = registry.LoadedModel("norm tagger", registry.TOKEN_CLASSIFIER, SequenceNormTagger().eval(), "test model",
                            tokenizer=registry.minilm_tokenizer())
-    inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
+    inputs, _ = example_batch(m, corpus, batch_size=2, seq_len=32)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
                                      corpus=corpus, buckets=[16, 128], scope=stage.Scope(
                                          task_items=8, all_precisions=False, layers=False, float64_reference=False,

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from portkit.core import memory
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import corpus_for, example_batch
 from portkit.models import inputs
 from portkit.models import registry
 from portkit.runfolder import layout, reading, run_log
@@ -46,7 +46,7 @@ def _model() -> registry.LoadedModel:
 
 
 def _task(model, corpus, pass_bytes):
-    batch, described = data.example_batch(model, corpus, 2, SIZE, seed=0)
+    batch, described = example_batch(model, corpus, 2, SIZE, seed=0)
     report = stage.check_accuracy(model, batch, ["tpu"], stage.Options.of({"task_bounds": {"agreement": 0.95}}),
                                   corpus=corpus, description=described,
                                   scope=stage.Scope(all_precisions=False, layers=False, compiled=False, progress=False,
@@ -74,8 +74,8 @@ def test_a_model_with_large_activations_gets_passes_sized_to_the_budget_and_the_
     PASS_OVERHEAD would take the pass past its budget; the result says so, and the values decided on are the same
     as in passes of TASK_BATCH (per-item values, joined)."""
     model = _model()
-    corpus = data.corpus_for(model, image_folder(tmp_path / "photos", 40, SIZE))
-    batch, _ = data.example_batch(model, corpus, 2, SIZE, seed=0)
+    corpus = corpus_for(model, image_folder(tmp_path / "photos", 40, SIZE))
+    batch, _ = example_batch(model, corpus, 2, SIZE, seed=0)
     per_row = footprint.row_bytes(model, batch, fixed_rows=True)
     assert per_row >= ROW                    # the repeated input at least; the process's own pages may add more
     budget = 10 * ROW                        # at PASS_OVERHEAD x ROW a row: at most 3 rows a pass

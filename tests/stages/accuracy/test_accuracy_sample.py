@@ -125,8 +125,8 @@ def test_an_undecided_verdict_is_inconclusive_work_never_a_pass(tmp_path):
 
 
 def test_the_report_says_what_decides_and_labels_the_element_wise_detail(minilm, corpus, tmp_path):
-    from portkit.corpora import corpus as data
-    inputs, described = data.example_batch(minilm, corpus, 2, 16, seed=0)
+    from portkit.corpora.corpus import example_batch
+    inputs, described = example_batch(minilm, corpus, 2, 16, seed=0)
     report = stage.check_accuracy(minilm, inputs, ["tpu"], stage.Options.defaults(), corpus=corpus,
                                      buckets=[16], description=described,
                                      scope=stage.Scope(task_items=12, all_precisions=False, layers=False,

@@ -11,11 +11,11 @@ from portkit.models import registry
 from portkit.core import grading
 from portkit.core.findings import PADDING_CAUSE
 from portkit.stages.accuracy import stage
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import example_batch, make_trace
 from portkit.models import padding_side
 from portkit.planning import economics
 from portkit.stages.buckets import bucketed
-from portkit.stages.buckets import stage as buckets
+from portkit.stages.buckets.stage import Replay, plan_buckets, replay_targets
 
 SCOPE = dict(task_items=8, all_precisions=False, layers=False, float64_reference=False, compiled=False,
              progress=False)
@@ -85,7 +85,7 @@ def _padding_finding(module: nn.Module, side: str, corpus):
 def _stage4(module: nn.Module, side: str, corpus):
     m = registry.LoadedModel("padding-side test", registry.TOKEN_CLASSIFIER, module.eval(), "test model",
                            tokenizer=_tokenizer(side))
-    inputs, _ = data.example_batch(m, corpus, batch_size=2, seq_len=32)
+    inputs, _ = example_batch(m, corpus, batch_size=2, seq_len=32)
     report = stage.check_accuracy(m, inputs, ["tpu"], stage.Options.of({"precision": {"tpu": "highest"}}),
                                      corpus=corpus, buckets=[16, 128], scope=stage.Scope(**SCOPE))
     tpu = report.targets["tpu"]
@@ -157,10 +157,10 @@ def _stage3(module: nn.Module, side: str, corpus):
 def _replay(module: nn.Module, side: str, corpus):
     m = registry.LoadedModel("padding-side test", registry.TOKEN_CLASSIFIER, module.eval(), "test model",
                              tokenizer=_tokenizer(side))
-    trace = data.make_trace(corpus, m, 6, seed=1)
-    plans = {"tpu": buckets.plan_buckets([8, 32], "optimal", k=2)}
-    t = buckets.replay_targets(m, trace, [], plans, {"tpu": economics.neuron_estimate(10**6)},
-                               replay=buckets.Replay(progress=False))["tpu"]
+    trace = make_trace(corpus, m, 6, seed=1)
+    plans = {"tpu": plan_buckets([8, 32], "optimal", k=2)}
+    t = replay_targets(m, trace, [], plans, {"tpu": economics.neuron_estimate(10**6)},
+                               replay=Replay(progress=False))["tpu"]
     assert m.tokenizer.padding_side == side            # the try leaves the tokenizer's own side as it was
     return m, t
 
@@ -197,7 +197,7 @@ def test_stage_3_says_the_other_side_still_fails_where_padding_fails_on_either(c
 def test_the_bucketed_model_pads_on_the_side_the_models_batches_are_padded_on():
     """Rule: stage 3 pads a bucket where the model's own batches hold their padding (read from the declaration's
     mask), real positions read back from that side; a right-padding tokenizer keeps the right."""
-    plan = buckets.plan_buckets([8, 32], "optimal", k=2)
+    plan = plan_buckets([8, 32], "optimal", k=2)
     for side in ("left", "right"):
         m = registry.LoadedModel("t", registry.TOKEN_CLASSIFIER, SlotCountingDecoder().eval(), "test",
                                  tokenizer=_tokenizer(side))
@@ -215,7 +215,7 @@ def test_stage_3_and_4s_padding_findings_on_gpt2_are_one_cause_with_one_advice(c
     padding check and stage 4's buckets; both name the padding cause and, having tried the right, the same fix, so
     the report lists one finding found by stages buckets and accuracy, its advice the tried one."""
     from portkit.core import findings
-    from portkit.stages.report import stage as report
+    from portkit.stages.report.stage import merge_causes
     _, buckets_tpu = _stage3(TinyGPT2Tagger(), "left", corpus)
     accuracy_tpu, _ = _padding_finding(TinyGPT2Tagger(), "left", corpus)
     found = [("buckets", f) for f in buckets_tpu.findings() if f["kind"] == "padding"]
@@ -224,6 +224,6 @@ def test_stage_3_and_4s_padding_findings_on_gpt2_are_one_cause_with_one_advice(c
     rows = [{"stage": s, "severity": f["severity"], "kind": f["kind"], "message": f["message"], "advice": f["advice"],
              "consequence": "", "where": "", "owner": "", "cause": findings.cause_of(f), "stages": [s]}
             for s, f in found]
-    [merged] = report.merge_causes(rows)
+    [merged] = merge_causes(rows)
     assert merged["stages"] == ["buckets", "accuracy"] and len(merged["evidence"]) == 2
     assert all("pad on the right" in f["advice"] and "tried:" in f["advice"] for _, f in found)

@@ -5,7 +5,7 @@ precision's interval straddles its budget. A tiny image classifier on a folder o
 import torch
 from torch import nn
 
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import corpus_for, example_batch
 from portkit.models import inputs
 from portkit.models import registry
 from portkit.stages.accuracy import stage
@@ -36,7 +36,7 @@ def _model() -> registry.LoadedModel:
 
 
 def _check(model, corpus, **scope):
-    batch, described = data.example_batch(model, corpus, 2, SIZE, seed=0)
+    batch, described = example_batch(model, corpus, 2, SIZE, seed=0)
     report = stage.check_accuracy(model, batch, ["tpu"], stage.Options.of(OPTIONS),
                                      corpus=corpus, description=described,
                                      scope=stage.Scope(all_precisions=False, layers=False, compiled=False,
@@ -49,7 +49,7 @@ def test_an_undecided_sample_grows_to_what_the_folder_holds_and_says_why(tmp_pat
     and the sample's text says why n is what it is. 20 agreeing images cannot clear a 0.95 agreement budget
     (Wilson lower bound 0.84); the folder's 90 can (0.959)."""
     model = _model()
-    corpus = data.corpus_for(model, image_folder(tmp_path / "photos", 90, SIZE))
+    corpus = corpus_for(model, image_folder(tmp_path / "photos", 90, SIZE))
     task = _check(model, corpus, task_items=20).chosen.task
     assert task["decision"] == "pass" and task["checks"][0]["n"] == 90
     assert task["sample"]["items"] == task["sample"]["pool"] == 90
@@ -62,7 +62,7 @@ def test_a_decided_sample_stays_and_a_grown_one_stops_at_portkits_cap(tmp_path):
     """Rule: n is the first sample where it decides, said as portkit's choice; a grown sample stops at portkit's
     cap, named as portkit's with the parameter that raises it, and the inconclusive advice points at that cap."""
     model = _model()
-    corpus = data.corpus_for(model, image_folder(tmp_path / "photos", 90, SIZE))
+    corpus = corpus_for(model, image_folder(tmp_path / "photos", 90, SIZE))
     task = _check(model, corpus, task_items=80).chosen.task       # 80 agreeing images: lower bound 0.954, decided
     assert task["decision"] == "pass" and task["sample"]["items"] == 80 and "grown_from" not in task["sample"]
     assert "of the 90 the data holds: portkit's first sample (Scope.task_items)" in task["sample"]["text"]

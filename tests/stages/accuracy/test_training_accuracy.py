@@ -1,8 +1,8 @@
 """Stage 4 for training: where a target precision's loss and gradients part from fp32, and the advice."""
 import pytest
 
-from portkit.stages.accuracy import stage as accuracy
-from portkit.stages.report import stage as report
+from portkit.stages.accuracy.stage import Options, check_training, training_precisions
+from portkit.stages.report.stage import TargetReport
 from portkit.run import preflight
 from portkit.workloads import training
 from portkit.core.errors import BadParameter
@@ -43,10 +43,10 @@ def test_bf16_updates_call_for_fp32_master_weights_with_the_measured_gap():
 
 
 def test_check_training_runs_each_rounding_precision_on_real_batches(gpt2, corpus):
-    assert accuracy.training_precisions(["neuron", "tpu", "cpu"]) == [("neuron", "matmult"), ("neuron", "all"),
+    assert training_precisions(["neuron", "tpu", "cpu"]) == [("neuron", "matmult"), ("neuron", "all"),
                                                                       ("tpu", "default")]
-    opts = accuracy.Options.of({"train_steps": 3, "batch_size": 2, "seq_len": 16})
-    found = accuracy.check_training(gpt2, corpus, ["tpu"], opts, lr=1e-3, layout="packed", ops=False)
+    opts = Options.of({"train_steps": 3, "batch_size": 2, "seq_len": 16})
+    found = check_training(gpt2, corpus, ["tpu"], opts, lr=1e-3, layout="packed", ops=False)
     assert [(r.target, r.precision) for r in found.runs] == [("tpu", "default")]
     assert len(found.reference.losses) == 3 and found.reference.losses[-1] < found.reference.losses[0]
     assert len(found.runs[0].max_grad_gap) == 3 and found.to_dict()["runs"][0]["run"]["target"] == "tpu"
@@ -67,7 +67,7 @@ def test_training_verdicts_per_target_beside_the_inference_one():
     assert verdicts["tpu"]["verdict"] == "ready with work" and "loss parts at step 1" in verdicts["tpu"]["work"][0]
     assert "training verdict neuron: BLOCKED" in str(found)
     # the report reads them from accuracy.json, beside the inference verdict
-    target = report.TargetReport("tpu", "Google TPU", "emulated")
+    target = TargetReport("tpu", "Google TPU", "emulated")
     read_section("accuracy", target, data={"training": found.to_dict()})
     assert target.training["verdict"] == "ready with work" and target.training_reason().startswith("tpu default")
 

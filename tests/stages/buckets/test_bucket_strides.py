@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from portkit.core.errors import BadParameter
 from portkit.core.findings import cause_key
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import Corpus, make_trace
 from portkit.models import inputs
 from portkit.models import registry
 from portkit.planning import economics
@@ -79,13 +79,13 @@ def waves():
     """Clips of 8 to 256 samples around 0.5 (a mean over padded frames moves it), lengths not multiples of HOP."""
     rng = np.random.default_rng(0)
     lengths = [9, 13, 22, 30, 37, 45, 51, 63, 70, 83, 99, 121, 150, 177, 201, 230, 255]
-    return data.Corpus("waves", "random (seed 0)", tuple(
+    return Corpus("waves", "random (seed 0)", tuple(
         (0.5 + 0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths))
 
 
 def stage3(m, corpus, chosen: dict[str, list[int]]):
     """Stage 3's replay for each target's chosen buckets, as fit_buckets runs it: {target: TargetBuckets}."""
-    trace = data.make_trace(corpus, m, 6, seed=1, dist=stage.distribution(corpus, m))
+    trace = make_trace(corpus, m, 6, seed=1, dist=stage.distribution(corpus, m))
     plans = {t: stage.plan_buckets(b, "optimal", k=len(b)) for t, b in chosen.items()}   # exactly these buckets
     costs = {t: economics.neuron_estimate(1_000_000) for t in chosen}
     return stage.replay_targets(m, trace, [], plans, costs, replay=stage.Replay(progress=False))
@@ -245,7 +245,7 @@ def test_encodec_refused_in_warm_up_is_a_finding_not_a_crash():
     assert found["audio"].seq == (1,) and (found["codes"].batch, found["codes"].seq) == ((1,), (3,))
     assert (found["codes"].stride, found["codes"].ceil) == (8, True)
     rng = np.random.default_rng(0)
-    clips = data.Corpus("clips", "random", tuple(0.1 * rng.standard_normal(n).astype(np.float32)
+    clips = Corpus("clips", "random", tuple(0.1 * rng.standard_normal(n).astype(np.float32)
                                                  for n in (100, 300, 500, 700, 900, 1000)))
     t = stage3(m, clips, {"tpu": [512, 1024]})["tpu"]
     found = {f["kind"]: f for f in t.findings()}["compile_refused"]

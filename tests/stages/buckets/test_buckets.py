@@ -14,8 +14,8 @@ from conftest import fixture_model
 from fixtures import models as fixtures
 from portkit.stages.buckets import bucketed
 from portkit.stages.buckets import trace_replay
-from portkit.stages.buckets import stage as buckets
-from portkit.corpora import corpus as data
+from portkit.stages.buckets import stage
+from portkit.corpora.corpus import LengthDistribution, make_trace
 from portkit.planning import economics
 from portkit.models import registry
 from portkit.planning import planner
@@ -29,7 +29,7 @@ lengths_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=40)
 def brute_force(hist, k):
     """Least padding over every choice of at most k boundaries among the distinct lengths."""
     inner = hist.values[:-1]
-    return min(buckets.padded_tokens([*c, hist.top], hist)
+    return min(stage.padded_tokens([*c, hist.top], hist)
                for r in range(min(k - 1, inner.size) + 1) for c in itertools.combinations(inner, r))
 
 
@@ -37,26 +37,26 @@ def brute_force(hist, k):
 @settings(max_examples=150, deadline=None)
 @given(lengths_strategy, st.integers(1, 5))
 def test_optimal_equals_brute_force(lengths, k):
-    hist = buckets.histogram(lengths)
-    assert buckets.plan_optimal(hist, k).padded_tokens == brute_force(hist, k)
+    hist = stage.histogram(lengths)
+    assert stage.plan_optimal(hist, k).padded_tokens == brute_force(hist, k)
 
 
 @settings(max_examples=150, deadline=None)
 @given(lengths_strategy, st.integers(1, 8), st.randoms(use_true_random=False))
 def test_optimal_never_pads_more_than_another_plan_with_as_many_buckets(lengths, k, rnd):
-    hist = buckets.histogram(lengths)
-    others = [buckets.plan_buckets(hist, name, k=k) for name in ("pow2", "linear", "padding_bounded")]
+    hist = stage.histogram(lengths)
+    others = [stage.plan_buckets(hist, name, k=k) for name in ("pow2", "linear", "padding_bounded")]
     picked = rnd.sample(range(1, hist.top), min(k - 1, hist.top - 1))   # any boundaries at all
     others.append(planner._plan("random", [*picked, hist.top], hist, "random"))
     for other in others:
         assert other.k <= max(k, 1)
-        assert buckets.plan_optimal(hist, other.k).padded_tokens <= other.padded_tokens, other
+        assert stage.plan_optimal(hist, other.k).padded_tokens <= other.padded_tokens, other
 
 
 @settings(max_examples=100, deadline=None)
-@given(lengths_strategy, st.sampled_from(buckets.PLANNER_NAMES[:-1]), st.integers(1, 6))
+@given(lengths_strategy, st.sampled_from(stage.PLANNER_NAMES[:-1]), st.integers(1, 6))
 def test_every_length_lands_in_the_smallest_bucket_that_holds_it(lengths, planner, k):
-    plan = buckets.plan_buckets(lengths, planner, k=k)
+    plan = stage.plan_buckets(lengths, planner, k=k)
     b = np.asarray(plan.boundaries)
     assert list(b) == sorted(set(b)) and b[-1] == max(lengths)
     for length, bucket in zip(lengths, plan.assign(lengths)):
@@ -67,57 +67,57 @@ def test_every_length_lands_in_the_smallest_bucket_that_holds_it(lengths, planne
 @settings(max_examples=100, deadline=None)
 @given(st.integers(20, 4000), st.floats(1, 60))
 def test_padding_bounded_keeps_every_request_under_its_bound(top, pad_percent):
-    hist = buckets.histogram(np.arange(1, top + 1))
-    plan = buckets.plan_padding_bounded(hist, pad_percent=pad_percent, minimum=16, max_step=10**9)
+    hist = stage.histogram(np.arange(1, top + 1))
+    plan = stage.plan_padding_bounded(hist, pad_percent=pad_percent, minimum=16, max_step=10**9)
     for length, bucket in zip(hist.values, plan.assign(hist.values)):
         if length > 16:
             assert (bucket - length) / bucket <= pad_percent / 100 + 1e-9
 
 
 def test_planners_follow_their_recipes():
-    hist = buckets.histogram([3, 40, 90, 300, 700], max_seq=512)
-    assert buckets.plan_pow2(hist).boundaries == (128, 256, 512)          # NxD Inference: from 128
-    assert buckets.plan_pow2(hist, minimum=16).boundaries == (16, 32, 64, 128, 256, 512)
-    assert buckets.plan_pow2(hist, k=3).boundaries == (128, 256, 512)
-    assert buckets.plan_linear(hist, gap=200).boundaries == (200, 400, 512)
-    assert buckets.plan_linear(hist, k=4).boundaries == (128, 256, 384, 512)
-    odd = buckets.histogram([5, 300])                            # a top that is not a power of two
-    assert buckets.plan_pow2(odd).boundaries == (128, 256, 300)
+    hist = stage.histogram([3, 40, 90, 300, 700], max_seq=512)
+    assert stage.plan_pow2(hist).boundaries == (128, 256, 512)          # NxD Inference: from 128
+    assert stage.plan_pow2(hist, minimum=16).boundaries == (16, 32, 64, 128, 256, 512)
+    assert stage.plan_pow2(hist, k=3).boundaries == (128, 256, 512)
+    assert stage.plan_linear(hist, gap=200).boundaries == (200, 400, 512)
+    assert stage.plan_linear(hist, k=4).boundaries == (128, 256, 384, 512)
+    odd = stage.histogram([5, 300])                            # a top that is not a power of two
+    assert stage.plan_pow2(odd).boundaries == (128, 256, 300)
 
 
 def test_overflow_is_truncated_or_rejected_never_silent():
-    truncated = buckets.histogram([10, 20, 900, 1000], max_seq=512)
+    truncated = stage.histogram([10, 20, 900, 1000], max_seq=512)
     assert truncated.top == 512 and truncated.over == 2 and truncated.requests == 4
-    plan = buckets.plan_buckets(truncated, "optimal", k=2)
+    plan = stage.plan_buckets(truncated, "optimal", k=2)
     assert plan.bucket_for(5000) == 512
-    rejected = buckets.histogram([10, 20, 900, 1000], max_seq=512, overflow="reject")
+    rejected = stage.histogram([10, 20, 900, 1000], max_seq=512, overflow="reject")
     assert rejected.requests == 2 and rejected.over == 2 and rejected.top == 20
-    strict = buckets.plan_buckets(rejected, "optimal", k=2)
+    strict = stage.plan_buckets(rejected, "optimal", k=2)
     with pytest.raises(BadParameter, match="longer than the largest bucket .20 tokens.*'reject'"):
         strict.bucket_for(21)
 
 
 def test_truncation_counts_the_items_cut_and_the_share_of_their_tokens_lost():
-    dist = data.LengthDistribution(np.array([10, 20, 600, 1024]), "tok", "texts", max_length=512,
+    dist = LengthDistribution(np.array([10, 20, 600, 1024]), "tok", "texts", max_length=512,
                                    max_length_from="its config's max_position_embeddings")
-    cut = buckets.truncation(dist, buckets.histogram(dist))
+    cut = stage.truncation(dist, stage.histogram(dist))
     assert (cut["limit"], cut["items"], cut["over"], cut["over_tokens"], cut["lost_tokens"]) == (512, 4, 2, 1624, 600)
     assert cut["lost_share_of_over"] == pytest.approx(600 / 1624) and cut["lost_share"] == pytest.approx(600 / 1654)
-    found = buckets.truncation_finding(cut)
+    found = stage.truncation_finding(cut)
     assert found["kind"] == "truncation" and found["severity"] == "work"
     assert found["message"].startswith("2 of 4 texts (50.0%) are longer than 512 tokens (the model's maximum)")
     assert found["message"].endswith("; the limit is its config's max_position_embeddings")
     assert "they lose 36.9% of their tokens (600 of 1,624; 36.3% of the corpus's 1,654)" in found["message"]
     assert all(x in found["advice"] for x in ("sliding windows of 512 tokens", "larger maximum", "-p overflow reject"))
-    rejected = buckets.truncation(dist, buckets.histogram(dist, overflow="reject"))
+    rejected = stage.truncation(dist, stage.histogram(dist, overflow="reject"))
     assert rejected["over"] == 2 and rejected["lost_tokens"] == 1624    # a rejected text loses every token
-    assert buckets.truncation_finding(rejected)["severity"] == "info"
-    assert "rejected (overflow reject)" in buckets.truncation_finding(rejected)["message"]
-    short = data.LengthDistribution(np.array([10, 20]), "tok", "texts", max_length=512)
-    none = buckets.truncation(short, buckets.histogram(short))
+    assert stage.truncation_finding(rejected)["severity"] == "info"
+    assert "rejected (overflow reject)" in stage.truncation_finding(rejected)["message"]
+    short = LengthDistribution(np.array([10, 20]), "tok", "texts", max_length=512)
+    none = stage.truncation(short, stage.histogram(short))
     assert none["over"] == 0 and none["lost_share"] == 0.0
-    assert buckets.truncation_finding(none)["severity"] == "info"
-    assert "nothing is cut" in buckets.truncation_finding(none)["message"]
+    assert stage.truncation_finding(none)["severity"] == "info"
+    assert "nothing is cut" in stage.truncation_finding(none)["message"]
 
 
 def test_a_parameter_count_reads_as_people_write_it():
@@ -127,52 +127,52 @@ def test_a_parameter_count_reads_as_people_write_it():
 
 
 def test_auto_prices_compiles_against_padding(tmp_path):
-    hist = buckets.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
-    few = buckets.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), requests=50)
-    many = buckets.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), requests=10**6)
+    hist = stage.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
+    few = stage.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), requests=50)
+    many = stage.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), requests=10**6)
     assert few.k < many.k
     costs = many.settings["cost_by_k"]
     assert costs[many.k] == min(costs.values())
     assert f"k={many.k} minimises" in many.why and "parameter" in many.why
-    assert many.boundaries == buckets.plan_optimal(hist, many.k).boundaries
+    assert many.boundaries == stage.plan_optimal(hist, many.k).boundaries
     # batch buckets multiply the compiles auto pays for
-    batched = buckets.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), requests=10**6,
+    batched = stage.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), requests=10**6,
                                    max_batch=8)
     assert batched.batch_sizes == (1, 2, 4, 8) and batched.k <= many.k and batched.compiles == 4 * batched.k
 
 
 def test_auto_takes_more_buckets_when_compiles_are_cheap_and_the_budget_binds_when_small():
-    hist = buckets.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
-    cheap = buckets.plan_buckets(hist, "auto", prices=planner.Prices(1.0, 1e-4), requests=10**5)
-    dear = buckets.plan_buckets(hist, "auto", prices=planner.Prices(100.0, 1e-4), requests=10**5)
+    hist = stage.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
+    cheap = stage.plan_buckets(hist, "auto", prices=planner.Prices(1.0, 1e-4), requests=10**5)
+    dear = stage.plan_buckets(hist, "auto", prices=planner.Prices(100.0, 1e-4), requests=10**5)
     assert cheap.k > dear.k and cheap.waste < dear.waste
     assert not cheap.settings["budget_binds"] and cheap.k > 3            # no cap of 3 decides it
     # a compile cost that grows with the length (a cost model) is summed over the boundaries
     model = lambda seq: 1.0 + seq / 100                                   # noqa: E731
-    priced = buckets.plan_buckets(hist, "auto", prices=planner.Prices(model, 1e-4), requests=10**5)
+    priced = stage.plan_buckets(hist, "auto", prices=planner.Prices(model, 1e-4), requests=10**5)
     assert priced.settings["warmup_seconds"] == pytest.approx(sum(model(b) for b in priced.boundaries))
     # a budget smaller than the unbounded optimum's warm-up binds, and the why says so and shows the optimum
     budget = cheap.settings["warmup_seconds"] / 2
-    bound = buckets.plan_buckets(hist, "auto", prices=planner.Prices(1.0, 1e-4), requests=10**5,
+    bound = stage.plan_buckets(hist, "auto", prices=planner.Prices(1.0, 1e-4), requests=10**5,
                                  budget_seconds=budget)
     assert bound.k < cheap.k and bound.settings["warmup_seconds"] <= budget and bound.settings["budget_binds"]
     assert bound.settings["unbounded"]["k"] == cheap.k
     assert f"warm-up budget of {budget:g} s binds" in bound.why and f"k={cheap.k}:" in bound.why
     # a budget even one bucket misses is the compiler's measurement, not bad input: one bucket, and it says so
-    missed = buckets.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), budget_seconds=1.0)
+    missed = stage.plan_buckets(hist, "auto", prices=planner.Prices(10.0, 1e-4), budget_seconds=1.0)
     assert missed.k == 1 and missed.settings["budget_exceeded"] and missed.settings["budget_binds"]
     assert "warm-up budget of 1 s cannot be met: one bucket alone takes 10.0 s" in missed.why
 
 
 def test_the_neuron_estimate_is_planned_at_half_and_twice_itself(tiny):
-    hist = buckets.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
+    hist = stage.histogram(np.random.default_rng(0).integers(1, 400, size=5000))
     costs = {"neuron": economics.neuron_estimate(tiny.parameters, override=20.0)}
-    plans = buckets.what_if(hist, costs, 1e-4, buckets.Options.of({"serve_requests": 10**5,
+    plans = stage.what_if(hist, costs, 1e-4, stage.Options.of({"serve_requests": 10**5,
                                                                    "warmup_budget_seconds": None}))["neuron"]
     assert set(plans) == {0.5, 2.0} and plans[0.5].k >= plans[2.0].k
     assert "x0.5" in plans[0.5].settings["compile_source"]
     measured = {"tpu": economics.CostModel("tpu", "measured XLA", "measured XLA (test)", 3.0)}
-    assert buckets.what_if(hist, measured, 1e-4) == {}                   # only an estimate is varied
+    assert stage.what_if(hist, measured, 1e-4) == {}                   # only an estimate is varied
 
 
 def test_a_padded_position_is_priced_on_the_target_not_on_this_cpu(minilm):
@@ -202,9 +202,9 @@ def test_a_padded_position_is_priced_on_the_target_not_on_this_cpu(minilm):
     # a reference target is this machine, measured; auto's why names where its price came from
     cpu = economics.padding_price(minilm, "cpu", 64)
     assert cpu.kind == economics.THIS_MACHINE and cpu.seconds > 0
-    hist = buckets.histogram(np.random.default_rng(0).integers(1, 128, size=500))
+    hist = stage.histogram(np.random.default_rng(0).integers(1, 128, size=500))
     costs = {"tpu": economics.CostModel("tpu", "measured XLA", "measured XLA (test)", 3.0)}
-    chosen = buckets.choose(hist, costs, prices, quiet=True)["tpu"]
+    chosen = stage.choose(hist, costs, prices, quiet=True)["tpu"]
     assert "v5e's roofline" in chosen.why and chosen.settings["token_seconds"] == prices["tpu"].seconds
 
 
@@ -213,7 +213,7 @@ def test_planning_a_million_lengths_is_fast(monkeypatch):
     searched, table = [], planner.optimal_table
     monkeypatch.setattr(planner, "optimal_table", lambda hist, k_max: searched.append(
         (hist.values.size, hist.requests, k_max)) or table(hist, k_max))
-    plan = buckets.plan_buckets(lengths, "optimal", k=8, max_seq=512)
+    plan = stage.plan_buckets(lengths, "optimal", k=8, max_seq=512)
     # fast: one search over the distinct lengths (at most max_seq of them, K m^2 candidate buckets), however
     # many requests; the benchmark measures the time
     (distinct, requests, k_max), = searched
@@ -223,15 +223,15 @@ def test_planning_a_million_lengths_is_fast(monkeypatch):
 
 def test_bad_parameters_name_the_value_and_the_choices():
     with pytest.raises(BadParameter, match="unknown planner 'pow3'; choose one of: pow2, linear"):
-        buckets.plan_buckets([1, 2], "pow3")
+        stage.plan_buckets([1, 2], "pow3")
     with pytest.raises(BadParameter, match="overflow policy 'wrap'"):
-        buckets.histogram([1, 2], overflow="wrap")
+        stage.histogram([1, 2], overflow="wrap")
     with pytest.raises(BadParameter, match="invalid requests 0: must be a positive whole number"):
-        buckets.Options.of({"requests": 0})
+        stage.Options.of({"requests": 0})
     with pytest.raises(BadParameter, match="overflow 'drop'.*truncate, reject"):
-        buckets.Options.of({"overflow": "drop"})
+        stage.Options.of({"overflow": "drop"})
     with pytest.raises(BadParameter, match="vit takes one input shape"):
-        buckets.distribution(None, registry.load("vit"))
+        stage.distribution(None, registry.load("vit"))
 
 
 # ---------------------------------------------------------------- running with buckets
@@ -252,11 +252,11 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def trace(corpus, minilm):
-    return data.make_trace(corpus, minilm, 12, seed=3)
+    return make_trace(corpus, minilm, 12, seed=3)
 
 
 def test_minilm_bucketed_outputs_equal_unpadded_ones(minilm, corpus, trace):
-    plan = buckets.plan_buckets([3, 9, 24, 40], "optimal", k=2, max_batch=2)   # (1|2) x (9|40)
+    plan = stage.plan_buckets([3, 9, 24, 40], "optimal", k=2, max_batch=2)   # (1|2) x (9|40)
     bm = bucketed.BucketedModel(minilm, plan, backend="eager")     # Dynamo's graphs, run as captured
     bm.warm_up()
     assert bm.compiles == 4
@@ -278,7 +278,7 @@ def test_minilm_bucketed_outputs_equal_unpadded_ones(minilm, corpus, trace):
 @pytest.mark.parametrize("name", ["gpt2"])
 def test_decoder_bucketed_logits_equal_unpadded_ones(name, trace):
     m = registry.load(name)
-    plan = buckets.plan_buckets([5, 17, 33], "linear", k=2)
+    plan = stage.plan_buckets([5, 17, 33], "linear", k=2)
     bm = bucketed.BucketedModel(m, plan, backend="aot_eager")
     bm.warm_up()
     with torch.compiler.set_stance("fail_on_recompile"):
@@ -289,7 +289,7 @@ def test_decoder_bucketed_logits_equal_unpadded_ones(name, trace):
 
 def test_padding_check_catches_a_mask_bug(trace):
     broken = registry.load(fixture_model("mask_ignoring_model"))
-    bm = bucketed.BucketedModel(broken, buckets.plan_buckets([4, 30], "optimal", k=1), backend="eager")
+    bm = bucketed.BucketedModel(broken, stage.plan_buckets([4, 30], "optimal", k=1), backend="eager")
     bm.warm_up()
     checks = bucketed.check_padding(bm, trace)
     assert not checks[0]["ok"] and checks[0]["max_abs_error"] > 1e-2
@@ -301,7 +301,7 @@ def test_padding_check_catches_a_mask_bug(trace):
 
 def test_an_unwarmed_shape_is_counted_not_a_silent_compile(tiny):
     torch._dynamo.reset()      # earlier tests compiled this module's forward: their graphs would be listed too
-    bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 8, 16], "optimal", k=2), backend="eager")
+    bm = bucketed.BucketedModel(tiny, stage.plan_buckets([4, 8, 16], "optimal", k=2), backend="eager")
     bm.warm_up()
     with torch.compiler.set_stance("fail_on_recompile"):
         bm(bm.encode(["Add two numbers."]))
@@ -316,7 +316,7 @@ def test_an_unwarmed_shape_is_counted_not_a_silent_compile(tiny):
     assert len(late["guard_failures"]) == 2            # one per warmed bucket, in Dynamo's words
 
 
-class PlanMissingABucket(buckets.BucketPlan):
+class PlanMissingABucket(stage.BucketPlan):
     """A plan whose warm-up deliberately leaves its middle length out: requests that land there
     compile after warm-up."""
 
@@ -325,8 +325,8 @@ class PlanMissingABucket(buckets.BucketPlan):
 
 
 def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(tiny, corpus):
-    trace = data.make_trace(corpus, tiny, 10, seed=1)
-    plan = buckets.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64)
+    trace = make_trace(corpus, tiny, 10, seed=1)
+    plan = stage.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64)
     leaky = PlanMissingABucket(*(getattr(plan, f.name) for f in dataclasses.fields(plan)))
     left_out = plan.boundaries[1]
     first = next(i for i, n in enumerate(trace.lengths) if plan.bucket_for(min(n[0], 64)) == left_out)
@@ -338,7 +338,7 @@ def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(t
     assert f"actual {left_out}" in late["reason"] and "size mismatch at index 1" in late["reason"]
     assert run.padding_ok and run.compile_seconds > 0 and sorted(run.compiled_seqs) == sorted(
         plan.boundaries)                              # the warm-up's two, and the one it left out
-    target = buckets.TargetBuckets({"name": "tpu", "mode": "emulated"}, "eager", leaky,
+    target = stage.TargetBuckets({"name": "tpu", "mode": "emulated"}, "eager", leaky,
                                    economics.CostModel("tpu", "measured XLA", "measured XLA (test)", 2.0), [run])
     assert target.priced(run) == 2.0 * 3          # every graph it compiled, at the target's cost
     saved = json.loads(json.dumps(target.to_dict()))
@@ -348,7 +348,7 @@ def test_a_plan_that_leaves_a_length_out_compiles_after_warm_up_and_says_where(t
 
 
 def test_buckets_shorter_than_the_special_tokens_still_warm_up_and_check(tiny, trace):
-    bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([1, 2, 16], "optimal", k=3), backend="eager")
+    bm = bucketed.BucketedModel(tiny, stage.plan_buckets([1, 2, 16], "optimal", k=3), backend="eager")
     bm.warm_up()
     assert bm.compiles == 3
     with torch.compiler.set_stance("fail_on_recompile"):
@@ -358,12 +358,12 @@ def test_buckets_shorter_than_the_special_tokens_still_warm_up_and_check(tiny, t
 
 def test_overflow_policy_in_the_wrapper(tiny):
     long_text = " ".join(["word"] * 40)
-    cut = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 8, 16], "optimal", k=2), backend="eager")
+    cut = bucketed.BucketedModel(tiny, stage.plan_buckets([4, 8, 16], "optimal", k=2), backend="eager")
     cut.warm_up()
     with torch.compiler.set_stance("fail_on_recompile"):
         assert cut(cut.encode([long_text]))["hidden"].shape[1] == 16          # tokenizer cut, [SEP] kept
         assert cut(tiny.encode([long_text]))["hidden"].shape[1] == 16         # a longer tensor, sliced
-    strict = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 8, 16], "optimal", k=2, overflow="reject"),
+    strict = bucketed.BucketedModel(tiny, stage.plan_buckets([4, 8, 16], "optimal", k=2, overflow="reject"),
                                     backend="eager")
     with pytest.raises(BadParameter, match="input length 42"):
         strict.encode([long_text])
@@ -372,10 +372,10 @@ def test_overflow_policy_in_the_wrapper(tiny):
 
 
 def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_up(tiny, corpus):
-    trace = data.make_trace(corpus, tiny, 14, seed=1, max_batch=3)
+    trace = make_trace(corpus, tiny, 14, seed=1, max_batch=3)
     distinct = {(len(t), min(max(n), 64)) for t, n in zip(trace.requests, trace.lengths)}
     assert len(distinct) > 8                          # more than Dynamo's default recompile limit
-    plan = buckets.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64, max_batch=3)
+    plan = stage.plan_buckets(np.concatenate(trace.lengths), "optimal", k=3, max_seq=64, max_batch=3)
     runs = trace_replay.replay(tiny, trace, [plan], backend="eager",
                                settings=trace_replay.ReplaySettings(progress=False))
     base, bucketed_run = runs
@@ -397,7 +397,7 @@ def test_replay_pays_one_compile_per_shape_without_buckets_and_none_after_warm_u
     assert counted.note.startswith(f"counted, not compiled: {len(distinct)} distinct shapes")
     assert f"the mean of this replay's {again.compiles} measured compiles" in counted.note
     # a compared plan counted, not compiled: one compile per bucket shape, its padding measured the same
-    pow2 = buckets.plan_buckets(np.concatenate(trace.lengths), "pow2", k=3, max_seq=64, max_batch=3)
+    pow2 = stage.plan_buckets(np.concatenate(trace.lengths), "pow2", k=3, max_seq=64, max_batch=3)
     compiled_pow2 = trace_replay.replay(tiny, trace, [pow2], backend="eager", settings=trace_replay.ReplaySettings(
         progress=False, check=False, baseline=False))[0]
     _, counted_pow2, chosen = trace_replay.replay(tiny, trace, [pow2, plan], backend="eager",
@@ -418,7 +418,7 @@ def test_backend_is_the_targets_own_unless_named():
     tpu = specs.detect("tpu")
     assert selection.check_backend(tpu, "auto") == "portkit_tpu"       # the emulated backend, one rule for both stages
     with pytest.raises(BadParameter, match="compile backend for target neuron"):
-        buckets.Options.of({"backend": "inductor"}).check_targets(["neuron", "tpu"])
+        stage.Options.of({"backend": "inductor"}).check_targets(["neuron", "tpu"])
     # the replay's emulated backend checks and emulates, and generates no code unless asked
     made = bucketed.compile_backend("portkit_tpu")
     assert isinstance(made, backends.EmulatedBackend) and not made.inductor and made.target.name == "tpu"
@@ -429,7 +429,7 @@ def test_backend_is_the_targets_own_unless_named():
 
 
 def test_padding_check_on_the_emulated_tpu_backend(tiny, trace):
-    bm = bucketed.BucketedModel(tiny, buckets.plan_buckets([4, 30], "optimal", k=1), backend="portkit_tpu")
+    bm = bucketed.BucketedModel(tiny, stage.plan_buckets([4, 30], "optimal", k=1), backend="portkit_tpu")
     bm.warm_up()
     from portkit.targets import tolerance
     wide, narrow = tolerance.PADDING_TOLERANCE_BF16, tolerance.PADDING_TOLERANCE
@@ -443,9 +443,9 @@ def test_padding_check_on_the_emulated_tpu_backend(tiny, trace):
 
 
 def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
-    report = buckets.fit_buckets(tiny, corpus, ["neuron", "tpu"],
-                                 buckets.Options.of({"bucket_count": 2, "requests": 4}), run_dir=tmp_path, max_seq=48,
-                                 costs=costs_for(tiny), replay=buckets.Replay(progress=False))
+    report = stage.fit_buckets(tiny, corpus, ["neuron", "tpu"],
+                                 stage.Options.of({"bucket_count": 2, "requests": 4}), run_dir=tmp_path, max_seq=48,
+                                 costs=costs_for(tiny), replay=stage.Replay(progress=False))
     report.save(tmp_path / "buckets.json")
     saved = json.loads((tmp_path / "buckets.json").read_text())
     assert saved["stage"] == "buckets" and "emulated" in saved["summary"]
@@ -465,8 +465,8 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     assert [r["name"] for r in saved["targets"]["tpu"]["replay"]] == ["auto"]
     assert set(saved["padding_by_buckets"]) == {"optimal", "pow2", "linear", "padding_bounded"}
     assert {n: p["kind"] for n, p in saved["padding_price"].items()} == {"neuron": "estimate", "tpu": "estimate"}
-    from portkit.stages.report import stage as report_mod
-    out = report_mod.TargetReport("tpu", "TPU", "emulated")
+    from portkit.stages.report.stage import TargetReport
+    out = TargetReport("tpu", "TPU", "emulated")
     read_section("buckets", out, data=saved, target=saved["targets"]["tpu"])
     assert "estimate, not measured" in out.metrics["buckets"]["padded position priced at"]
     # the truncation finding leads each target's findings; the replay rows carry their compile time on the target
@@ -477,7 +477,7 @@ def test_stage_result_keeps_the_contract(tiny, corpus, tmp_path):
     assert "no buckets" in str(report) and "<table>" in report._repr_html_()
     # one replay panel per target (the padding curve is plot_padding's, drawn once in the notebook)
     assert [ax.get_title().split(" ")[0] for ax in report.plot().axes] == ["neuron", "tpu"]
-    assert buckets.padding_slider(report.histogram, report.curves, report.k) is None   # not in a notebook kernel
+    assert stage.padding_slider(report.histogram, report.curves, report.k) is None   # not in a notebook kernel
 
 
 @pytest.mark.native
@@ -487,9 +487,9 @@ def test_native_replay_runs_on_the_device(target, module, device, tiny, corpus, 
     from portkit.targets import specs
     if not availability.device_available(module, device):
         pytest.skip(f"needs {module} and a {device} device")
-    report = buckets.fit_buckets(tiny, corpus, [target],
-                                 buckets.Options.of({"bucket_count": 1, "requests": 3}), run_dir=tmp_path, max_seq=32,
-                                 replay=buckets.Replay(progress=False))
+    report = stage.fit_buckets(tiny, corpus, [target],
+                                 stage.Options.of({"bucket_count": 1, "requests": 3}), run_dir=tmp_path, max_seq=32,
+                                 replay=stage.Replay(progress=False))
     t = report.targets[target]
     assert t.target["mode"] == "native" and t.backend == specs.get(target).backend
     assert all(r.compiles_after_warmup == 0 for r in t.runs) and all(r.padding_ok for r in t.runs if r.plan)
@@ -526,9 +526,9 @@ def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, mon
                                       "warmup_budget_seconds", "neuron_compile_seconds")}
     assert defaults["serve_requests"] > scope["trace"].texts    # priced for traffic, not for the short replay
     assert {k: getattr(scope["opts"], k) for k in defaults} == defaults     # the notebook's options are its values
-    report = buckets.fit_buckets(scope["m"], scope["texts"], given["targets"],
+    report = stage.fit_buckets(scope["m"], scope["texts"], given["targets"],
                                  dataclasses.replace(scope["opts"], requests=4), run_dir=tmp_path,
-                                 replay=buckets.Replay(check=False, progress=False))
+                                 replay=stage.Replay(check=False, progress=False))
     for name in given["targets"]:
         assert report.targets[name].chosen == scope["chosen"][name]
     assert report.plans == scope["plans"] and report.histogram.to_dict() == scope["hist"].to_dict()
@@ -537,9 +537,9 @@ def test_fit_buckets_and_the_notebook_choose_the_same_plan(corpus, tmp_path, mon
 def test_the_notebook_parameters_are_the_stage_defaults():
     from portkit.run import runner
     from portkit.run import notebook_parameters
-    stage = next(s for s in runner.STAGES if s.name == "buckets")
-    declared = notebook_parameters.declared_parameters(stage)
-    defaults = buckets.Options.defaults()
+    entry = next(s for s in runner.STAGES if s.name == "buckets")
+    declared = notebook_parameters.declared_parameters(entry)
+    defaults = stage.Options.defaults()
     for f in dataclasses.fields(defaults):
         assert eval(declared[f.name]["default"]) == getattr(defaults, f.name), f.name   # noqa: S307 (its own literal)
         assert f.metadata["default"] == declared[f.name]["default"] and f.metadata["help"], f.name
@@ -578,10 +578,10 @@ def test_padding_that_a_mask_cannot_fix_is_work_with_the_mask_tried(corpus, modu
     torch.manual_seed(0)
     m = registry.LoadedModel("norm", registry.TOKEN_CLASSIFIER, module().eval(), "test model",
                            tokenizer=registry.minilm_tokenizer())
-    trace = data.make_trace(corpus, m, 6, seed=1)
-    plans = {"tpu": buckets.plan_buckets([8, 32], "optimal", k=2)}
-    t = buckets.replay_targets(m, trace, [], plans, {"tpu": economics.neuron_estimate(10**6)},
-                               replay=buckets.Replay(progress=False))["tpu"]
+    trace = make_trace(corpus, m, 6, seed=1)
+    plans = {"tpu": stage.plan_buckets([8, 32], "optimal", k=2)}
+    t = stage.replay_targets(m, trace, [], plans, {"tpu": economics.neuron_estimate(10**6)},
+                               replay=stage.Replay(progress=False))["tpu"]
     assert t.mask_read is read
     [padding] = [f for f in t.findings() if f["kind"] == "padding"]
     assert padding["severity"] == "work" and "exact-length batches or per-length buckets" in padding["advice"]
@@ -605,8 +605,7 @@ def test_each_targets_chosen_plan_has_its_own_marker():
 def test_length_histogram_labels_do_not_overprint():
     """The length histogram's p50, p90 and p99 labels sit on different lines, so close percentiles stay legible."""
     import numpy as np
-    from portkit.corpora import corpus as corpora
-    dist = corpora.LengthDistribution(np.array([10] * 50 + [11] * 45 + [12] * 5), "tok", "corpus", 512)
+    dist = LengthDistribution(np.array([10] * 50 + [11] * 45 + [12] * 5), "tok", "corpus", 512)
     ax = dist.plot()
     heights = [text.get_position()[1] for text in ax.texts]
     assert [t.get_text().split("=")[0].strip() for t in ax.texts] == ["p50", "p90", "p99"]

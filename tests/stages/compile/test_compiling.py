@@ -7,7 +7,8 @@ import torch
 
 from conftest import FIXTURES, fixture_model
 from portkit.targets import backends
-from portkit.stages.compile import stage as compiling
+from portkit.stages.compile.stage import (COMPILE_SHAPES, Options, Requests, StormSettings, check_fixed_shape,
+    check_fixed_shapes, compile_model, find_graph_breaks, make_requests, recompile_storm, recompile_storms)
 from portkit.planning import economics
 from portkit.models import registry
 from portkit.targets import numerics
@@ -33,7 +34,7 @@ def small():
 @pytest.fixture(scope="module")
 def stream(small, corpus):
     # Real texts at their own lengths, truncated at 24 tokens: lengths 21, 17, 24, 10, 24 (one repeat).
-    return compiling.make_requests(small, corpus, n=5, max_tokens=24, seed=2, horizon=200)
+    return make_requests(small, corpus, n=5, max_tokens=24, seed=2, horizon=200)
 
 
 def fake_xla(model, shape, topology, dtype):
@@ -50,8 +51,8 @@ def costs_for(m, lengths=(8, 16, 24)):
 def report(small, stream):
     # A default recompile limit of 2 stands in for Dynamo's 8: the storm must still pay every compile.
     with torch._dynamo.config.patch(recompile_limit=2):
-        return compiling.compile_model(small, stream, MIGRATION, compiling.Options.of({"seq_len": 24}),
-                                       storm=compiling.StormSettings(progress=False), costs=costs_for(small))
+        return compile_model(small, stream, MIGRATION, Options.of({"seq_len": 24}),
+                                       storm=StormSettings(progress=False), costs=costs_for(small))
 
 
 def test_compiles_equal_distinct_shapes_without_bucketing(report, stream):
@@ -104,8 +105,8 @@ def test_fixed_shape_compiles_once_and_fail_on_recompile_proves_it(report, strea
 
 def test_a_request_outside_the_fixed_shape_is_counted_with_its_guard(report, small, stream):
     # The last request batches two texts: padded to the same length, it is still a new shape.
-    uneven = compiling.Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
-    fixed = compiling.check_fixed_shape(small, uneven, "tpu", compiling.Options.of({"seq_len": 24}))
+    uneven = Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
+    fixed = check_fixed_shape(small, uneven, "tpu", Options.of({"seq_len": 24}))
     assert fixed.warmup_compiles == 1 and fixed.compiles_after == 1 and fixed.requests == 3
     (late,) = fixed.late
     assert late["request"] == 2 and late["shape"] == [2, 24] and fixed.compiles[-1].request == 2
@@ -119,11 +120,11 @@ def test_a_request_outside_the_fixed_shape_is_counted_with_its_guard(report, sma
 
 
 def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small, stream, monkeypatch):
-    uneven = compiling.Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
-    opts = compiling.Options.of({"seq_len": 24})
-    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, opts)
+    uneven = Requests([*stream.texts[:2], stream.texts[2] + stream.texts[3]], [], "test", small)
+    opts = Options.of({"seq_len": 24})
+    both = check_fixed_shapes(small, uneven, MIGRATION, opts)
     for name in MIGRATION:
-        alone, shared = compiling.check_fixed_shape(small, uneven, name, opts), both[name]
+        alone, shared = check_fixed_shape(small, uneven, name, opts), both[name]
         assert shared.backend == alone.backend and shared.target["name"] == name
         assert (shared.warmup_compiles, shared.compiles_after, shared.requests) == (1, 1, 3)
         assert [(e.request, e.shapes) for e in shared.compiles] == [(e.request, e.shapes) for e in alone.compiles]
@@ -144,7 +145,7 @@ def test_the_targets_share_one_dynamo_pass_and_find_what_each_alone_finds(small,
         chosen, device = real(detected, backend, precision, **kwargs)
         return (Refusing(chosen.target) if detected.name == "neuron" else chosen), device
     monkeypatch.setattr(fixed_shape.selection, "backend_for", backend_for)
-    both = compiling.check_fixed_shapes(small, uneven, MIGRATION, opts)
+    both = check_fixed_shapes(small, uneven, MIGRATION, opts)
     assert both["neuron"].failure["kind"] == "refused" and both["neuron"].requests == 0
     assert both["tpu"].failure is None and both["tpu"].requests == 3 and "fail_on_recompile" in both["tpu"].armed
 
@@ -219,7 +220,7 @@ def test_dynamic_shapes_are_refused_with_the_vendors_words(small, name):
 
 def test_data_dependent_sizes_are_refused_where_they_happen():
     m = registry.load(fixture_model("data_dependent_model"))
-    found = compiling.find_graph_breaks(m, m.encode(["def f(x): return x", "Sum."], pad_to=12), MIGRATION)
+    found = find_graph_breaks(m, m.encode(["def f(x): return x", "Sum."], pad_to=12), MIGRATION)
     assert found.fullgraph["ok"]                       # fullgraph=True captures it with unbacked sizes ...
     for name in MIGRATION:                             # ... which both targets refuse, at the user's line
         check = found.checks[name]
@@ -245,7 +246,7 @@ def test_training_graphs_compile_forward_and_backward_and_dynamic_ones_are_refus
 
 def test_graph_break_is_found_at_its_line():
     m = registry.load(fixture_model("branch_model"))
-    found = compiling.find_graph_breaks(m, m.encode(["Return x."], pad_to=6), MIGRATION)
+    found = find_graph_breaks(m, m.encode(["Return x."], pad_to=6), MIGRATION)
     branch = line_of("if h.mean() > 0:")
     assert len(found.breaks) == 1
     where = found.breaks[0]["where"]
@@ -257,9 +258,9 @@ def test_graph_break_is_found_at_its_line():
 
 def test_a_model_that_cannot_compile_gives_a_report(corpus):
     m = registry.load(fixture_model("branch_model"))
-    stream = compiling.make_requests(m, corpus, n=2, max_tokens=16, seed=0, horizon=10)
-    report = compiling.compile_model(m, stream, ["tpu"], compiling.Options.of({"seq_len": 8, "fullgraph": True}),
-                                     storm=compiling.StormSettings(progress=False), costs=costs_for(m))
+    stream = make_requests(m, corpus, n=2, max_tokens=16, seed=0, horizon=10)
+    report = compile_model(m, stream, ["tpu"], Options.of({"seq_len": 8, "fullgraph": True}),
+                                     storm=StormSettings(progress=False), costs=costs_for(m))
     storm, fixed = report.storms["tpu"], report.fixed["tpu"]
     assert storm.failure["kind"] == "graph break" and storm.failure["where"]["line"] == line_of("if h.mean() > 0:")
     assert not storm.compiles and not storm.requests
@@ -271,7 +272,7 @@ def test_a_model_that_cannot_compile_gives_a_report(corpus):
 def test_an_op_missing_from_the_table_is_reported_with_its_line():
     m = registry.load(fixture_model("svd_model"))
     inputs = m.encode(["Return the sum of a and b."], pad_to=8)
-    found = compiling.find_graph_breaks(m, inputs, MIGRATION)
+    found = find_graph_breaks(m, inputs, MIGRATION)
     svd = next(o for o in found.checks["neuron"]["not_lowered"] if o["op"] == "aten::_linalg_svd")
     assert svd["status"] == "cpu_fallback" and svd["where"][0]["line"] == line_of("torch.linalg.svd")
     assert not any(o["op"] == "aten::_linalg_svd" for o in found.checks["tpu"]["not_lowered"])
@@ -287,15 +288,15 @@ def test_an_op_missing_from_the_table_is_reported_with_its_line():
 
 def test_unknown_backend_names_fail_with_the_valid_names():
     with pytest.raises(BadParameter) as caught:
-        compiling.Options.of({"backend": "portkit_trn"}).check_targets(["neuron", "tpu"])
+        Options.of({"backend": "portkit_trn"}).check_targets(["neuron", "tpu"])
     assert str(caught.value) == ("unknown compile backend for target neuron 'portkit_trn'; "
                                  "choose one of: auto, portkit_neuron")
     with pytest.raises(BadParameter, match="needs torch-tpu and a tpu device"):
-        compiling.Options.of({"backend": "tpu"}).check_targets(["tpu"])
+        Options.of({"backend": "tpu"}).check_targets(["tpu"])
     with pytest.raises(BadParameter, match="choose one of: default, highest"):
-        compiling.Options.of({"precision": {"tpu": "fp8"}}).check_targets(["tpu"])
+        Options.of({"precision": {"tpu": "fp8"}}).check_targets(["tpu"])
     with pytest.raises(BadParameter, match="unknown target in precision 'cuda'"):
-        compiling.Options.of({"precision": {"cuda": "fp32"}}).check_targets(["tpu"])
+        Options.of({"precision": {"cuda": "fp32"}}).check_targets(["tpu"])
     with pytest.raises(BadParameter, match="unknown option of backend portkit_tpu 'mode'"):
         backends.emulated_backend("tpu")(torch.fx.symbolic_trace(torch.nn.ReLU()), [], options={"mode": "x"})
 
@@ -310,24 +311,24 @@ def test_the_runner_runs_the_stage_after_fallbacks():
 @pytest.mark.skipif(not availability.device_available("torch_neuronx", "neuron"),
                     reason="needs torch-neuronx and a Trainium device")
 def test_native_neuron_reads_the_vendor_compile_metrics(small, stream):
-    storm = compiling.recompile_storm(small, stream, "neuron", compiling.Options.defaults(), progress=False)
+    storm = recompile_storm(small, stream, "neuron", Options.defaults(), progress=False)
     assert storm.backend == "neuron" and "torch_neuronx:get_dynamo_metrics" in storm.vendor_metrics
 
 
 @pytest.mark.native
 @pytest.mark.skipif(not availability.device_available("torch_tpu", "tpu"), reason="needs torch-tpu and a TPU")
 def test_native_tpu_reads_the_compile_cache_stats(small, stream):
-    storm = compiling.recompile_storm(small, stream, "tpu", compiling.Options.defaults(), progress=False)
+    storm = recompile_storm(small, stream, "tpu", Options.defaults(), progress=False)
     assert storm.backend == "tpu" and "torch.tpu:_get_cache_stats" in storm.vendor_metrics
 
 
 def test_a_storm_of_100_real_requests_compiles_once_per_distinct_shape(small, corpus):
-    stream = compiling.make_requests(small, corpus, n=100, max_tokens=24, seed=3, horizon=100)
-    storm = compiling.recompile_storm(small, stream, "tpu", compiling.Options.defaults(), progress=False)
+    stream = make_requests(small, corpus, n=100, max_tokens=24, seed=3, horizon=100)
+    storm = recompile_storm(small, stream, "tpu", Options.defaults(), progress=False)
     distinct = {tuple(s) for s in stream.shapes()}
     assert len(storm.requests) == 100 and len(distinct) > 8          # more than Dynamo's default limit
     assert storm.compile_count() == len(distinct) == storm.distinct_shapes()
-    assert len(storm.compiles) == compiling.COMPILE_SHAPES   # the rest counted from Dynamo's refusals
+    assert len(storm.compiles) == COMPILE_SHAPES   # the rest counted from Dynamo's refusals
     assert storm.counted() == len(distinct) - len(storm.compiles)
     assert all(r["reason"] and "size mismatch" in r["reason"] for r in storm.requests if r.get("counted"))
     assert storm.eager_from() is not None and storm.recompile_limit >= 100
@@ -344,7 +345,7 @@ def test_the_neuron_estimate_is_labelled_cited_and_overridable(small):
     with pytest.raises(BadParameter, match="neuron_compile_seconds"):
         economics.neuron_estimate(small.parameters, override=-1)
     with pytest.raises(BadParameter, match="invalid neuron_compile_seconds 0"):
-        compiling.Options.of({"neuron_compile_seconds": 0}).check_targets(["neuron"])
+        Options.of({"neuron_compile_seconds": 0}).check_targets(["neuron"])
 
 
 def test_the_xla_cost_model_interpolates_a_few_measured_shapes(small):
@@ -362,16 +363,16 @@ def test_the_xla_cost_model_interpolates_a_few_measured_shapes(small):
 def test_the_notebook_parameters_are_the_stage_defaults():
     stage = next(s for s in runner.STAGES if s.name == "compile")
     declared = notebook_parameters.declared_parameters(stage)
-    defaults = compiling.Options.defaults()
+    defaults = Options.defaults()
     for name in (f.name for f in dataclasses.fields(defaults)):
         assert eval(declared[name]["default"]) == getattr(defaults, name), name   # noqa: S307 (the notebook's literal)
 
 
 def test_past_compile_shapes_each_new_shape_is_counted_from_dynamos_own_refusal(report, small, stream):
     # lengths 21, 17, 24, 10, 24: two shapes compiled, then 24 and 10 refused by Dynamo and counted, 24 again free
-    shared = compiling.recompile_storms(small, stream, MIGRATION, compiling.Options.defaults(), progress=False,
+    shared = recompile_storms(small, stream, MIGRATION, Options.defaults(), progress=False,
                                          compile_shapes=2)
-    alone = compiling.recompile_storm(small, stream, "neuron", compiling.Options.defaults(), progress=False,
+    alone = recompile_storm(small, stream, "neuron", Options.defaults(), progress=False,
                                       compile_shapes=2)
     for storm in (shared["neuron"], shared["tpu"], alone):
         full = report.storms[storm.target["name"]]
@@ -385,11 +386,11 @@ def test_past_compile_shapes_each_new_shape_is_counted_from_dynamos_own_refusal(
         # a counted shape costs nothing compiling here (a timing comparison with the full storm would flake)
         assert storm.seconds()["compiling"] == sum(r["wall"] - r["run"] for r in storm.requests[:2])
         assert "2 counted from Dynamo's guard failures past the first 2 shapes" in storm.summary()
-    assert compiling.COMPILE_SHAPES == torch._dynamo.config.recompile_limit
+    assert COMPILE_SHAPES == torch._dynamo.config.recompile_limit
 
 
 def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, stream):
-    alone = compiling.recompile_storm(small, stream, "neuron", compiling.Options.defaults(), progress=False)
+    alone = recompile_storm(small, stream, "neuron", Options.defaults(), progress=False)
     shared = report.storms["neuron"]
     assert [r["compiles"] for r in shared.requests] == [r["compiles"] for r in alone.requests]
     assert [r["shape"] for r in shared.requests] == [r["shape"] for r in alone.requests]
@@ -399,8 +400,8 @@ def test_the_emulated_targets_share_one_trace_and_count_alike(report, small, str
 
 def test_an_image_model_has_one_fixed_shape_named_in_full_and_no_sequence_to_price():
     vit = registry.load("vit")
-    requests = compiling.make_requests(vit, None, 3)
-    fixed = compiling.check_fixed_shape(vit, requests, "tpu", compiling.Options.defaults())
+    requests = make_requests(vit, None, 3)
+    fixed = check_fixed_shape(vit, requests, "tpu", Options.defaults())
     dims = list(next(iter(requests.inputs[0].values())).shape)
     assert len(dims) == 4 and fixed.label == "x".join(map(str, dims))         # 1x3xHxW, not "1x3"
     assert fixed.shape == {"batch": 1, "seq": None, "dims": dims} and not fixed.probed and fixed.armed is None
@@ -430,6 +431,6 @@ def test_a_model_xla_cannot_lower_is_priced_with_a_labelled_stand_in_not_a_failu
 def test_storm_settings_refuse_a_bad_value_by_name(field, value):
     """Rule: compile_model's storm settings are checked where they are made, naming the bad value (0 shapes
     compiled then counted is valid: every shape compiled)."""
-    assert compiling.StormSettings(compile_shapes=0).compile_shapes == 0
+    assert StormSettings(compile_shapes=0).compile_shapes == 0
     with pytest.raises(BadParameter, match=field):
-        compiling.StormSettings(**{field: value})
+        StormSettings(**{field: value})

@@ -10,12 +10,12 @@ from torch import nn
 
 from portkit.core import owners
 from portkit.stages import reconcile
-from portkit.core import torch_private as _torch
+from portkit.core.torch_private import output_size_follows_values
 from portkit.corpora.requests import Requests
 from portkit.models import registry
-from portkit.stages.compile import stage as compiling
+from portkit.stages.compile import stage
 from portkit.stages.fallbacks import recording
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.fallbacks.stage import find_fallbacks
 from portkit.targets import foreign_ops
 
 
@@ -90,14 +90,14 @@ class GroupedExperts(nn.Module):
         return {"out": scaled(out, attention_mask.sum().to(out.dtype))}   # the user's op
 
 
-def compiled_findings(module: nn.Module, targets=("neuron", "tpu")) -> compiling.CompileReport:
+def compiled_findings(module: nn.Module, targets=("neuron", "tpu")) -> stage.CompileReport:
     m = registry.LoadedModel(type(module).__name__, registry.TOKEN_CLASSIFIER, registry.OutputsAdapter(module).eval(),
                            "test module", tokenizer=registry.minilm_tokenizer())
     text = "Experts split the tokens into groups."
     requests = Requests([[text]], [m.encode([text], pad_to=8)], "test", m)
-    cost = compiling.economics.neuron_estimate(10**6)    # not about the price of a compile
-    return compiling.compile_model(m, requests, list(targets), compiling.Options.of({"seq_len": 8}),
-                                   storm=compiling.StormSettings(progress=False), costs=dict.fromkeys(targets, cost))
+    cost = stage.economics.neuron_estimate(10**6)    # not about the price of a compile
+    return stage.compile_model(m, requests, list(targets), stage.Options.of({"seq_len": 8}),
+                                   storm=stage.StormSettings(progress=False), costs=dict.fromkeys(targets, cost))
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_a_non_aten_op_in_the_training_steps_graphs_is_one_finding_too(corpus):
     assert [op["op"] for op in found.foreign_ops] == ["portkit_test_user::scaled"] and found.refused is None
     inference = {"foreign_ops": found.foreign_ops}   # the same op in the inference graphs: still one finding
     for check in ({}, inference):
-        [finding] = compiling._foreign_ops(check, found, "neuron")
+        [finding] = stage._foreign_ops(check, found, "neuron")
         assert finding["owner"]["owner"] == owners.USER and finding["kind"] == "foreign_op"
         assert finding["message"].startswith("portkit_test_user::scaled is not an ATen op (user code")
 
@@ -170,7 +170,7 @@ def test_an_op_without_a_python_function_says_it_was_not_looked_inside():
     lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
     func = torch.ops.portkit_test_opaque.twice.default
     assert foreign_ops.is_foreign(func) and not foreign_ops.is_foreign(torch.ops.aten.mm.default)
-    found = foreign_ops.look_inside(func, (torch.ones(2),), {}, compiling.specs.detect("tpu").op_table)
+    found = foreign_ops.look_inside(func, (torch.ones(2),), {}, stage.specs.detect("tpu").op_table)
     assert not found["traced"] and found["defined"] is None
     assert found["not_checked"][0].startswith("what it runs inside: it was not made with torch.library.custom_op")
 
@@ -197,7 +197,7 @@ def test_data_dependence_is_what_pytorchs_fake_kernel_says(call, depends):
     found = recording.record(Call(), {"x": torch.randn(10), "r": torch.tensor([1, 2, 3])})
     assert any(kind == "data_dependent" for kind, *_ in found.features) == depends
     op = {False: torch.ops.aten.histc.default, True: torch.ops.aten.nonzero.default}[depends]
-    assert _torch.output_size_follows_values(op, (torch.randn(4),), {"bins": 3} if not depends else {}) == depends
+    assert output_size_follows_values(op, (torch.randn(4),), {"bins": 3} if not depends else {}) == depends
 
 
 # ---------------------------------------------------------------- portkit's own code
@@ -205,7 +205,7 @@ def test_a_finding_in_portkits_own_adapter_is_portkits_not_the_users():
     """Rule: a finding located in portkit's model wrappers (portkit/models/adapters.py: here the built-in LSTM
     tagger's recurrent layer) is owned by portkit, with advice about a factory of the user's own, never "user"."""
     m = registry.load("lstm")
-    found = fallbacks.find_fallbacks(m, m.encode(["Return x."], pad_to=6), ["neuron"])
+    found = find_fallbacks(m, m.encode(["Return x."], pad_to=6), ["neuron"])
     [f] = [f for f in found.targets["neuron"].findings if f.kind == "recurrent"]
     assert f.where["file"].endswith("portkit/models/adapters.py")
     assert f.owner["owner"] == owners.PORTKIT and f.owner["package"] == "portkit (portkit/models/adapters.py)"
@@ -213,7 +213,7 @@ def test_a_finding_in_portkits_own_adapter_is_portkits_not_the_users():
     assert reconcile.reconcile([f.to_dict()], None, "neuron")[0]["owner"]["owner"] == owners.PORTKIT
     # the user's own file stays the user's; portkit's other files are portkit's too
     assert owners.owner({"file": __file__, "line": 1})["owner"] == owners.USER
-    assert owners.owner({"file": compiling.__file__, "line": 1})["owner"] == owners.PORTKIT
+    assert owners.owner({"file": stage.__file__, "line": 1})["owner"] == owners.PORTKIT
 
 
 def _tiny_mixtral(experts: str) -> nn.Module:

@@ -9,9 +9,9 @@ from torch import nn
 
 from portkit.core.findings import cause_key
 from portkit.corpora.requests import Requests
-from portkit.models import registry as models
+from portkit.models.registry import LoadedModel, OutputsAdapter, TOKEN_CLASSIFIER, minilm_tokenizer
 from portkit.stages.compile import loops
-from portkit.stages.compile import stage as compiling
+from portkit.stages.compile.stage import CompileReport, Options, StormSettings, compile_model, economics
 
 CHUNK = 4
 LENGTHS = (8, 16, 24)            # 2, 4 and 6 chunks: three graphs, each larger than the last
@@ -87,26 +87,26 @@ class ShapeBranch(nn.Module):
         return {"out": self.proj(h)}
 
 
-def loaded(module: nn.Module) -> models.LoadedModel:
+def loaded(module: nn.Module) -> LoadedModel:
     torch.manual_seed(0)
-    return models.LoadedModel(type(module).__name__, models.TOKEN_CLASSIFIER, models.OutputsAdapter(module).eval(),
-                              "test module", tokenizer=models.minilm_tokenizer())
+    return LoadedModel(type(module).__name__, TOKEN_CLASSIFIER, OutputsAdapter(module).eval(),
+                              "test module", tokenizer=minilm_tokenizer())
 
 
-def storm_of(m: models.LoadedModel) -> Requests:
+def storm_of(m: LoadedModel) -> Requests:
     """One request at each of LENGTHS tokens (a real text padded to it)."""
     text = "A chunked model reads its input in fixed chunks."
     return Requests([[text] for _ in LENGTHS], [m.encode([text], pad_to=n) for n in LENGTHS], "test", m)
 
 
-def report_of(module: nn.Module, targets=("neuron",)) -> compiling.CompileReport:
+def report_of(module: nn.Module, targets=("neuron",)) -> CompileReport:
     m = loaded(module)
-    cost = compiling.economics.neuron_estimate(10**6)    # these tests are not about the price of a compile
-    return compiling.compile_model(m, storm_of(m), list(targets), compiling.Options.of({"seq_len": LENGTHS[0]}),
-                                   storm=compiling.StormSettings(progress=False), costs=dict.fromkeys(targets, cost))
+    cost = economics.neuron_estimate(10**6)    # these tests are not about the price of a compile
+    return compile_model(m, storm_of(m), list(targets), Options.of({"seq_len": LENGTHS[0]}),
+                                   storm=StormSettings(progress=False), costs=dict.fromkeys(targets, cost))
 
 
-def storm_findings(report: compiling.CompileReport) -> list[dict]:
+def storm_findings(report: CompileReport) -> list[dict]:
     return [f for f in report.findings("neuron") if f["kind"] == "recompile_storm"]
 
 
@@ -182,9 +182,9 @@ def test_the_scan_follows_forward_into_its_own_modules_functions():
 
 def test_the_report_lists_the_loop_once_with_its_line(chunked, tmp_path):
     """Stage 5 reads stage 2's findings as they are: the cause needs no registration there."""
-    from portkit.stages.report import stage as reporting
+    from portkit.stages.report.stage import build_report
     chunked.save(tmp_path / "compile.json")
-    found = [f for f in reporting.build_report(run_dir=tmp_path).targets["neuron"].findings
+    found = [f for f in build_report(run_dir=tmp_path).targets["neuron"].findings
              if f["message"].startswith(loops.CAUSE)]
     assert len(found) == 1 and found[0]["stage"] == "compile" and found[0]["severity"] == "work"
     assert f"test_loop_finding.py:{line_of('# the length loop')} in forward" in found[0]["where"]
@@ -263,9 +263,9 @@ def test_a_library_loop_over_chunks_and_the_remainder_is_named(tmp_path):
     m = loaded(library.ChunkedMixer())
     text = "A chunked model reads its input in fixed chunks."
     requests = Requests([[text] for _ in lengths], [m.encode([text], pad_to=n) for n in lengths], "test", m)
-    cost = compiling.economics.neuron_estimate(10**6)
-    report = compiling.compile_model(m, requests, ["neuron"], compiling.Options.of({"seq_len": lengths[0]}),
-                                     storm=compiling.StormSettings(progress=False), costs={"neuron": cost})
+    cost = economics.neuron_estimate(10**6)
+    report = compile_model(m, requests, ["neuron"], Options.of({"seq_len": lengths[0]}),
+                                     storm=StormSettings(progress=False), costs={"neuron": cost})
     storm = report.storms["neuron"]
     nodes = storm.loop["nodes"]
     assert storm.loop["lengths"] == list(lengths) and nodes[1] < nodes[0]   # not growing: the remainder's steps

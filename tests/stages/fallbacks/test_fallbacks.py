@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import fixture_model
-from portkit.stages.compile import stage as compiling
-from portkit.corpora import corpus as data
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.compile.stage import find_graph_breaks
+from portkit.corpora.corpus import example_batch
+from portkit.stages.fallbacks.stage import GENERATED_TOKENS, Options, RecordSettings, find_fallbacks
 from portkit.core import owners
 from portkit.models import registry
 from portkit.core import availability
@@ -17,7 +17,7 @@ from portkit.core.errors import BadParameter
 def run(spec, targets=("neuron", "tpu"), seq=12, train=False, corpus=None):
     m = registry.load(spec)
     texts = corpus.sample(2, seed=0) if corpus is not None else ["def f(x): return x", "Sum the values."]
-    return fallbacks.find_fallbacks(m, m.encode(texts, pad_to=seq), targets, fallbacks.RecordSettings(train=train))
+    return find_fallbacks(m, m.encode(texts, pad_to=seq), targets, RecordSettings(train=train))
 
 
 def kinds(report, target):
@@ -25,8 +25,8 @@ def kinds(report, target):
 
 
 def test_minilm_records_every_call_with_its_module(minilm, corpus):
-    inputs, _ = data.example_batch(minilm, corpus, 2, 32)
-    report = fallbacks.find_fallbacks(minilm, inputs, ["neuron", "tpu"])
+    inputs, _ = example_batch(minilm, corpus, 2, 32)
+    report = find_fallbacks(minilm, inputs, ["neuron", "tpu"])
     ops = {r.op for r in report.records}
     assert {"aten::addmm", "aten::native_layer_norm", "aten::gelu", "aten::embedding"} <= ops
     addmm = [r for r in report.records if r.op == "aten::addmm"]
@@ -103,7 +103,7 @@ def _hf(module, name, inputs):
     """A Hugging Face module built from its public architecture's config (random weights), run on `inputs`."""
     m = registry.LoadedModel(name, registry.TOKEN_CLASSIFIER, module.eval(), "random weights from a small config",
                            input_names=tuple(inputs))
-    return fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"])
+    return find_fallbacks(m, inputs, ["neuron", "tpu"])
 
 
 def test_recurrent_modules_of_real_public_architectures_are_named_with_their_paths():
@@ -241,10 +241,10 @@ def elu_model():
 def test_an_op_the_neuron_compiler_decomposes_falls_back_eagerly_but_lowers_compiled():
     m = registry.load(f"{__file__}:elu_model")
     inputs = m.encode(["def f(x): return x"], pad_to=8)
-    eager = next(o for o in fallbacks.find_fallbacks(m, inputs, ["neuron"]).targets["neuron"].ops
+    eager = next(o for o in find_fallbacks(m, inputs, ["neuron"]).targets["neuron"].ops
                  if o["op"] == "aten::elu")
     assert eager["status"] == "cpu_fallback" and "torch.compile decomposes it" in eager["detail"]
-    checks = compiling.find_graph_breaks(m, inputs, ["neuron", "tpu"]).checks
+    checks = find_graph_breaks(m, inputs, ["neuron", "tpu"]).checks
     assert not any(o["op"] == "aten::elu" for o in checks["neuron"]["not_lowered"])   # not "would not lower"
     assert checks["neuron"]["decomposed"] == {"aten::elu": 1}
     assert checks["tpu"]["decomposed"] == {} and not checks["tpu"]["not_lowered"]   # TPU runs it as elu.out
@@ -252,21 +252,21 @@ def test_an_op_the_neuron_compiler_decomposes_falls_back_eagerly_but_lowers_comp
 
 def test_workload_generate_records_the_decode_steps_a_forward_pass_never_runs(corpus):
     gpt2 = registry.load("gpt2")
-    inputs, described = data.example_batch(gpt2, corpus, batch_size=2, seq_len=32, seed=0)
+    inputs, described = example_batch(gpt2, corpus, batch_size=2, seq_len=32, seed=0)
     prompts = list(corpus.sample(2, 0))
-    served = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], fallbacks.RecordSettings(
+    served = find_fallbacks(gpt2, inputs, ["neuron", "tpu"], RecordSettings(
         description=described, workload="generate", prompts=prompts))
-    forward = fallbacks.find_fallbacks(gpt2, inputs, ["neuron", "tpu"], fallbacks.RecordSettings(description=described))
+    forward = find_fallbacks(gpt2, inputs, ["neuron", "tpu"], RecordSettings(description=described))
     only = {r.op for r in served.records} - {r.op for r in forward.records}
     # the static cache's writes and greedy decoding's argmax run only when generating
     assert {"aten::index_copy_", "aten::argmax"} <= only, only
     assert "generation of 4 tokens, static KV cache" in served.inputs["description"]
     writes = sum(r.calls for r in served.records if r.op == "aten::index_copy_")
     layers = gpt2.module.model.config.num_hidden_layers
-    assert writes == 2 * layers * fallbacks.GENERATED_TOKENS       # keys and values, each layer, each step
+    assert writes == 2 * layers * GENERATED_TOKENS       # keys and values, each layer, each step
     # greedy decoding's argmax belongs to the serving loop (portkit's stands in for the stack's), not the user
     argmax = next(f for f in served.targets["neuron"].findings if "aten::argmax" in f.message)
     assert argmax.where["file"].endswith("portkit/workloads/generation.py") and "argmax" in argmax.where["code"]
     assert argmax.owner["package"] == owners.SERVING_LOOP and argmax.owner["owner"] == owners.LIBRARY
     with pytest.raises(BadParameter, match="workload 'inference'"):
-        fallbacks.Options.of({"workload": "generate"}, model="minilm")
+        Options.of({"workload": "generate"}, model="minilm")

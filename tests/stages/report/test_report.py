@@ -13,9 +13,9 @@ import pytest
 
 from portkit import cli
 from portkit.corpora import corpus
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.fallbacks.stage import RecordSettings, find_fallbacks
 from portkit.models import registry
-from portkit.stages.report import stage as report
+from portkit.stages.report.stage import DAMAGED, SCHEMA, build_report
 from portkit.runfolder import results
 
 
@@ -25,13 +25,13 @@ def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     m = registry.load("lstm")
     inputs, described = corpus.example_batch(m, corpus.load_corpus(), 2, 16)
-    settings = fallbacks.RecordSettings(description=described)
-    fallbacks.find_fallbacks(m, inputs, ["neuron", "tpu"], settings).save(out / "fallbacks.json")
+    settings = RecordSettings(description=described)
+    find_fallbacks(m, inputs, ["neuron", "tpu"], settings).save(out / "fallbacks.json")
     return out
 
 
 def test_verdicts_and_checklist(run_dir):
-    r = report.build_report(run_dir=run_dir)
+    r = build_report(run_dir=run_dir)
     # stage 1 alone: its blocker decides neuron; tpu's stage 1 found only work, and the stages that could still
     # find a blocker did not run, so tpu is not assessed (never ready) and the reason names them
     assert r.verdicts() == {"neuron": "blocked", "tpu": "not assessed"}
@@ -45,13 +45,13 @@ def test_verdicts_and_checklist(run_dir):
     assert kernels[0]["recorded_as"] == "aten::mkldnn_rnn_layer"
     assert any("recurrent in lstm" in x for x in neuron["checklist"]["rewrite"])
     assert neuron["checklist"]["measure_on_hardware"]
-    assert r.to_dict()["schema"] == report.SCHEMA
+    assert r.to_dict()["schema"] == SCHEMA
 
 
 def test_saved_files_are_self_contained(run_dir, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(run_dir, folder)
-    r = report.build_report(run_dir=folder)
+    r = build_report(run_dir=folder)
     html_path = r.save(folder)
     page = html_path.read_text()
     assert page.startswith("<!DOCTYPE html>") and "http://" not in page and "https://" not in page
@@ -101,7 +101,7 @@ def test_report_describes_the_machine_that_ran_the_stages(run_dir, tmp_path):
     """A run folder made on another machine (a Trainium host): the report shows its mode and platform."""
     folder = _copy(run_dir, tmp_path)
     _edit(folder / "fallbacks.json", _foreign)
-    r = report.build_report(run_dir=folder)
+    r = build_report(run_dir=folder)
     assert {n: t.mode for n, t in r.targets.items()} == {"neuron": "native", "tpu": "emulated"}
     assert not r.targets["neuron"].measure_on_hardware and r.targets["tpu"].measure_on_hardware
     assert r.environment["platform"] == FOREIGN["platform"] and r.environment["python"] == "3.10.14"
@@ -123,7 +123,7 @@ def test_stages_that_disagree_on_the_environment_are_a_gap(run_dir, tmp_path):
                       "environment": fallbacks_result["environment"]}
     _foreign(compile_result)
     (folder / "compile.json").write_text(json.dumps(compile_result))
-    gaps = report.build_report(run_dir=folder).gaps
+    gaps = build_report(run_dir=folder).gaps
     assert (f"stage results disagree on the environment: platform is {platform.platform()!r} in fallbacks.json "
             f"but {FOREIGN['platform']!r} in compile.json") in gaps, gaps
     assert ("stage results disagree on target neuron: mode is 'emulated' in fallbacks.json but 'native' in "
@@ -133,7 +133,7 @@ def test_stages_that_disagree_on_the_environment_are_a_gap(run_dir, tmp_path):
 def test_old_run_folder_is_described_by_this_machine_and_says_so(run_dir, tmp_path):
     folder = _copy(run_dir, tmp_path)
     _edit(folder / "fallbacks.json", lambda result: result.pop("environment"))
-    r = report.build_report(run_dir=folder)
+    r = build_report(run_dir=folder)
     assert r.environment_source == results.NOT_RECORDED == "environment not recorded; detected at report time"
     assert f"fallbacks.json: {results.NOT_RECORDED}" in r.gaps
     assert r.environment["platform"] == platform.platform() and r.targets["neuron"].mode == "emulated"
@@ -147,7 +147,7 @@ def test_html_escapes_every_value(run_dir, tmp_path):
         result["model"]["name"] = "<script>alert('model')</script>"
         result["targets"]["neuron"]["findings"][0]["message"] = "<script>alert('finding')</script>"
     _edit(folder / "fallbacks.json", inject)
-    report.build_report(run_dir=folder).save(folder)
+    build_report(run_dir=folder).save(folder)
     page = (folder / "report.html").read_text()
     assert "<script" not in page
     assert page.count("&lt;script&gt;alert(&#39;model&#39;)&lt;/script&gt;") == 2      # title and heading
@@ -192,7 +192,7 @@ def test_damaged_run_folder_is_reported_with_its_gaps(run_dir, tmp_path, capsys,
     damage(folder / "fallbacks.json")
     code = cli.main(["report", str(folder)])
     captured = capsys.readouterr()
-    damaged = json.loads((folder / "report.json").read_text())["stages"]["fallbacks"]["status"] in report.DAMAGED
+    damaged = json.loads((folder / "report.json").read_text())["stages"]["fallbacks"]["status"] in DAMAGED
     # a damaged result exits 1 naming it (the report still written); missing stages and notebooks' plots do not
     assert code == (1 if damaged else 0)
     assert captured.err.strip().splitlines() == ([f"portkit: damaged result(s) in {folder}: fallbacks.json (the "
@@ -261,17 +261,17 @@ def test_a_refused_compile_runs_the_workbook_to_a_report_with_the_blocker(tmp_pa
                     reason="needs jax, jaxlib, libtpu and torchax (pip install 'portkit[xla]')")
 def test_an_abstract_models_real_size_check_and_capacity_are_in_the_report(tmp_path):
     from portkit.runfolder import layout
-    from portkit.stages.xla import stage as xla
+    from portkit.stages.xla.stage import Options, load, run_stage
     out = tmp_path / "run"
     out.mkdir()
     for stage in layout.STAGES:       # what `portkit run --model tiny-llama` leaves of the stages with values
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
-    m = xla.load("tiny-llama")           # the same shapes as tests/stages/xla/test_scale.py: the verdict cache serves them
-    xla.run_stage(m, ["neuron", "tpu"], xla.Options.of(
+    m = load("tiny-llama")           # the same shapes as tests/stages/xla/test_scale.py: the verdict cache serves them
+    run_stage(m, ["neuron", "tpu"], Options.of(
         {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}),
         run_dir=out).save(out / "xla.json")
-    r = report.build_report(run_dir=out)
+    r = build_report(run_dir=out)
     saved = r.to_dict()
     assert saved["gaps"] == [] and saved["model"]["abstract"] is True
     assert {n: s["status"] for n, s in saved["stages"].items()} == {
@@ -375,7 +375,7 @@ def test_an_unreadable_stage_leaves_the_target_not_assessed_and_keeps_the_findin
     else:
         compiled["targets"]["tpu"]["storm"] = []
     (folder / "compile.json").write_text(json.dumps(compiled))
-    saved = report.build_report(run_dir=folder).to_dict()
+    saved = build_report(run_dir=folder).to_dict()
     assert saved["stages"]["compile"]["status"] == "incomplete"
     tpu = saved["targets"]["tpu"]
     assert tpu["verdict"] == "not assessed" and "compile" in tpu["unassessed"] and tpu["based_on"] == ["fallbacks"]
@@ -399,9 +399,9 @@ def test_a_finding_reads_in_plain_words_with_its_detail_behind_a_disclosure(run_
     assert detail["ops"] == "aten::_sdpa_for_cpu" and detail["where"] == "transformers/sdpa_attention.py:182 in forward"
     assert detail["source line"].endswith("(the statement continues on the next lines)")
     assert detail["under torch.compile"] == "persists: in the compiled graph"
-    page = report.build_report(run_dir=run_dir).html()
+    page = build_report(run_dir=run_dir).html()
     assert page.count("<summary>technical detail</summary>") == sum(
-        len(t.findings) for t in report.build_report(run_dir=run_dir).targets.values())
+        len(t.findings) for t in build_report(run_dir=run_dir).targets.values())
     assert "<h2>What to fix first</h2>" in page
 
 

@@ -3,7 +3,7 @@ Screenshot kept in test-artifacts/."""
 import pytest
 
 from conftest import ROOT
-from portkit.core import availability as probes
+from portkit.core.availability import chromium_path, xla_tpu_compile_available
 from portkit.run import runner
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -26,7 +26,7 @@ def _overflow(page, url) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(probes.chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
+@pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
 def test_report_renders_in_chromium(tmp_path, corpus):
     sync_api = pytest.importorskip("playwright.sync_api")
     out = tmp_path / "run"
@@ -35,7 +35,7 @@ def test_report_renders_in_chromium(tmp_path, corpus):
     accuracy_page = _accuracy_verdicts_report(tmp_path / "accuracy", corpus)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=probes.chromium_path(), args=[
+        browser = p.chromium.launch(executable_path=chromium_path(), args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"])
         try:
@@ -78,18 +78,18 @@ def test_report_renders_in_chromium(tmp_path, corpus):
 def _accuracy_verdicts_report(out, corpus):
     """report.html of a stage 4 result with one PASS (neuron) and one FAIL (tpu under a wrong addmm)."""
     from conftest import fixture_model
-    from portkit.stages.accuracy import stage as accuracy
-    from portkit.corpora import corpus as data
+    from portkit.stages.accuracy.stage import Options, Scope, check_accuracy
+    from portkit.corpora.corpus import example_batch
     from portkit.models import registry
     from portkit.targets import numerics
     from portkit.stages.accuracy.result import AccuracyReport
     from portkit.stages.report.stage import build_report
     m = registry.load(fixture_model("tiny_encoder"))
-    inputs, _ = data.example_batch(m, corpus, 2, 16, seed=0)
+    inputs, _ = example_batch(m, corpus, 2, 16, seed=0)
     run = {"all_precisions": False, "compiled": False, "progress": False, "float64_reference": False}
-    good = accuracy.check_accuracy(m, inputs, ["neuron"], scope=accuracy.Scope(**run))
-    bad = accuracy.check_accuracy(m, inputs, ["tpu"], accuracy.Options.of({"precision": {"tpu": "highest"}}),
-                                  scope=accuracy.Scope(**run, emulation=numerics.wrong_op_TESTING_ONLY(
+    good = check_accuracy(m, inputs, ["neuron"], scope=Scope(**run))
+    bad = check_accuracy(m, inputs, ["tpu"], Options.of({"precision": {"tpu": "highest"}}),
+                                  scope=Scope(**run, emulation=numerics.wrong_op_TESTING_ONLY(
                                       "aten::addmm", call=1, error=5.0)))
     AccuracyReport(good.model, good.inputs, good.reference, {**good.targets, **bad.targets}).save(
         out / "accuracy.json")
@@ -98,28 +98,28 @@ def _accuracy_verdicts_report(out, corpus):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(probes.chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
-@pytest.mark.skipif(not probes.xla_tpu_compile_available(), reason="needs jax, jaxlib, libtpu and torchax")
+@pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
+@pytest.mark.skipif(not xla_tpu_compile_available(), reason="needs jax, jaxlib, libtpu and torchax")
 def test_an_abstract_models_scale_sections_render_in_chromium(tmp_path):
     """An abstract model's report (stage 3b alone, the other stages skipped): its scale and capacity tables show."""
     import contextlib
 
-    from portkit.stages.report import stage as report
+    from portkit.stages.report.stage import build_report
     from portkit.runfolder import results
     from portkit.runfolder import layout
-    from portkit.stages.xla import stage as xla
+    from portkit.stages.xla.stage import Options, load, run_stage
     sync_api = pytest.importorskip("playwright.sync_api")
     out = tmp_path / "run"
     out.mkdir()
     for stage in layout.STAGES:
         with pytest.raises(results.StageSkipped) if stage.needs_weights else contextlib.nullcontext():
             results.skip_if_abstract("tiny-llama", out, stage.name, ["neuron", "tpu"])
-    xla.run_stage(xla.load("tiny-llama"), ["neuron", "tpu"], xla.Options.of(
+    run_stage(load("tiny-llama"), ["neuron", "tpu"], Options.of(
         {"scale_topologies": ["v5e:2x2", "v5e:1x1"], "scale_batch": 4, "scale_seq": 16}),
         run_dir=out).save(out / "xla.json")
-    page_path = report.build_report(run_dir=out).save(out)
+    page_path = build_report(run_dir=out).save(out)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=probes.chromium_path(), args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu"])
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(page_path.as_uri())

@@ -22,7 +22,8 @@ from portkit.core import availability
 from portkit.runfolder import results
 from portkit.run import runner
 from portkit.targets import specs
-from portkit.stages.xla import stage as xla
+from portkit.stages.xla.stage import (COMPILE_ONLY_ENV, Options, XlaSkipped, check_lowering, compile_for_tpu,
+    compile_seconds, run_stage, stage_shapes, xla_section)
 from portkit.tpu_compile import cache
 from portkit.tpu_compile import compiler
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError
@@ -76,7 +77,7 @@ def bert():
 # ---------------------------------------------------------------- compiles (need jax + libtpu + torchax)
 @needs_xla
 def test_small_model_compiles_for_v5e_with_hbm_and_flops(bert, tmp_path):
-    report = xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 32}, {"batch": 4, "seq": 32}])
+    report = compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 32}, {"batch": 4, "seq": 32}])
     one, four = report.shapes
     for s in (one, four):
         assert s.status == "compiled" and s.ok, s.message
@@ -108,7 +109,7 @@ def test_guard_rejects_an_executable_compiled_for_the_cpu():
 
 @needs_xla
 def test_op_without_lowering_is_reported_with_its_module_path():
-    report = xla.compile_for_tpu(NoLowering(), shapes=[{"x": ((4, 16), "float32")}])
+    report = compile_for_tpu(NoLowering(), shapes=[{"x": ((4, 16), "float32")}])
     (s,) = report.shapes
     assert s.status == "no_lowering" and not report.ok
     assert s.op == "aten::special_airy_ai"
@@ -119,7 +120,7 @@ def test_op_without_lowering_is_reported_with_its_module_path():
 
 @needs_xla
 def test_oversized_shape_does_not_fit_hbm():
-    report = xla.compile_for_tpu(Dense(), shapes=[{"x": ((8, 1024), "float32")},
+    report = compile_for_tpu(Dense(), shapes=[{"x": ((8, 1024), "float32")},
                                                   {"x": ((1 << 22, 1024), "float32")}])   # 16 GiB of input
     small, huge = report.shapes
     assert small.ok and small.fits_hbm is True
@@ -127,14 +128,14 @@ def test_oversized_shape_does_not_fit_hbm():
     assert "HBM" in huge.message                  # the compiler's own words
     assert "DOES NOT FIT HBM" in str(report) and not report.ok
     # Not fitting is the compiler's verdict on this program: a rerun reads it back instead of compiling.
-    again = xla.compile_for_tpu(Dense(), shapes=[{"x": ((1 << 22, 1024), "float32")}]).shapes[0]
+    again = compile_for_tpu(Dense(), shapes=[{"x": ((1 << 22, 1024), "float32")}]).shapes[0]
     assert again.cached and again.status == "out_of_hbm" and again.fits_hbm is False
     assert again.message == huge.message and again.compile_seconds == huge.compile_seconds
 
 
 @needs_xla
 def test_batch_splits_over_devices_when_it_divides():
-    report = xla.compile_for_tpu(Dense(256), shapes=[{"x": ((8, 256), "float32")}, {"x": ((2, 256), "float32")}],
+    report = compile_for_tpu(Dense(256), shapes=[{"x": ((8, 256), "float32")}, {"x": ((2, 256), "float32")}],
                                  topology="v5e:2x2")
     split, replicated = report.shapes
     assert report.devices == 4
@@ -146,7 +147,7 @@ def test_batch_splits_over_devices_when_it_divides():
 
 @needs_xla
 def test_bfloat16_halves_the_weights(bert):
-    report = xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 16}], dtype="bfloat16")
+    report = compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 16}], dtype="bfloat16")
     assert report.dtype == "bfloat16" and report.shapes[0].ok
     assert 0.95 < report.shapes[0].memory["argument"] / report.parameter_bytes < 1.1
     assert report.parameter_bytes == 2 * report.parameters
@@ -154,12 +155,12 @@ def test_bfloat16_halves_the_weights(bert):
 
 @needs_xla
 def test_neuron_gets_a_lowering_check_only(bert):
-    report = xla.xla_section(bert, "neuron", [{"batch": 2, "seq": 16}])
+    report = xla_section(bert, "neuron", [{"batch": 2, "seq": 16}])
     assert report.check == "lowering" and report.ok
     assert report.headline == "lowering check only (StableHLO export), not a Neuron compile"
     assert report.shapes[0].stablehlo_ops > 100 and report.shapes[0].memory is None
     assert str(report).startswith("neuron: lowering check only")
-    failed = xla.xla_section(NoLowering(), "neuron", [{"x": ((4, 16), "float32")}])
+    failed = xla_section(NoLowering(), "neuron", [{"x": ((4, 16), "float32")}])
     assert failed.shapes[0].op == "aten::special_airy_ai" and failed.shapes[0].module_path == "layers.1.act"
 
 
@@ -199,11 +200,11 @@ TINY = [{"x": ((2, 64), "float32")}]
 
 @needs_xla
 def test_a_rerun_reads_the_verdict_instead_of_compiling(empty_cache, tmp_path):
-    first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+    first = compile_for_tpu(Dense(64), TINY).shapes[0]
     assert empty_cache == [1] and first.status == "compiled" and not first.cached
     assert cache.cache_dir() == tmp_path / "cache" / "xla-verdicts"      # PORTKIT_CACHE_DIR moves it
     assert len(list(cache.cache_dir().glob("*.json"))) == 1
-    report = xla.compile_for_tpu(Dense(64), TINY)
+    report = compile_for_tpu(Dense(64), TINY)
     second = report.shapes[0]
     assert empty_cache == [1], "the second call compiled again"
     assert second.cached and second.status == "compiled" and second.fits_hbm is True
@@ -219,9 +220,9 @@ def test_a_rerun_reads_the_verdict_instead_of_compiling(empty_cache, tmp_path):
 
 @needs_xla
 def test_another_topology_or_dtype_is_another_verdict(empty_cache):
-    xla.compile_for_tpu(Dense(64), TINY)
-    other_topology = xla.compile_for_tpu(Dense(64), TINY, topology="v6e:1x1").shapes[0]
-    other_dtype = xla.compile_for_tpu(Dense(64), TINY, dtype="bfloat16").shapes[0]
+    compile_for_tpu(Dense(64), TINY)
+    other_topology = compile_for_tpu(Dense(64), TINY, topology="v6e:1x1").shapes[0]
+    other_dtype = compile_for_tpu(Dense(64), TINY, dtype="bfloat16").shapes[0]
     assert empty_cache == [1, 1, 1] and not other_topology.cached and not other_dtype.cached
     assert len(list(cache.cache_dir().glob("*.json"))) == 3
 
@@ -230,13 +231,13 @@ def test_another_topology_or_dtype_is_another_verdict(empty_cache):
 @pytest.mark.parametrize("damage", ["not json {", '{"format": 1, "key": "another key", "verdict": {}}',
                                     "[1, 2]", '{"format": 1, "key": "KEY", "verdict": {"status": "compiled"}}'])
 def test_a_damaged_entry_is_compiled_again_and_rewritten(empty_cache, damage):
-    first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+    first = compile_for_tpu(Dense(64), TINY).shapes[0]
     (entry,) = cache.cache_dir().glob("*.json")
     entry.write_text(damage.replace("KEY", entry.stem))
-    again = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+    again = compile_for_tpu(Dense(64), TINY).shapes[0]
     assert empty_cache == [1, 1] and not again.cached and again.memory == first.memory
     assert json.loads(entry.read_text())["verdict"]["status"] == "compiled"
-    assert xla.compile_for_tpu(Dense(64), TINY).shapes[0].cached and empty_cache == [1, 1]
+    assert compile_for_tpu(Dense(64), TINY).shapes[0].cached and empty_cache == [1, 1]
 
 
 @needs_xla
@@ -249,7 +250,7 @@ def test_an_internal_compiler_error_is_reported_but_not_cached(empty_cache, monk
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", internal)
     for _ in range(2):
-        result = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
+        result = compile_for_tpu(Dense(64), TINY).shapes[0]
         assert result.status == "compile_failed" and not result.cached and "INTERNAL" in result.message
     assert empty_cache == [1, 1] and not list(cache.cache_dir().glob("*.json"))
 
@@ -257,33 +258,33 @@ def test_an_internal_compiler_error_is_reported_but_not_cached(empty_cache, monk
 @needs_xla
 def test_a_rerun_neither_converts_nor_lowers(empty_cache, monkeypatch):
     """The program key names the verdict (TPU) or the lowering figures (Neuron) before any conversion."""
-    first = xla.compile_for_tpu(Dense(64), TINY).shapes[0]
-    lowered = xla.check_lowering(Dense(64), TINY).shapes[0]
+    first = compile_for_tpu(Dense(64), TINY).shapes[0]
+    lowered = check_lowering(Dense(64), TINY).shapes[0]
     assert not lowered.cached and lowered.stablehlo_ops > 0 and lowered.measured_at
     conversions = []
     original = compiler.Program._convert
     monkeypatch.setattr(compiler.Program, "_convert",
                         lambda self: (self._converted is None and conversions.append(1)) or original(self))
-    report = xla.compile_for_tpu(Dense(64), TINY)
+    report = compile_for_tpu(Dense(64), TINY)
     again = report.shapes[0]
     assert again.cached and conversions == [] and empty_cache == [1]
     for field in ("memory", "compile_seconds", "measured_at", "lower_seconds", "input_sharding"):
         assert getattr(again, field) == getattr(first, field), field
     assert (report.devices, report.device_kind) == (1, "TPU v5 lite")
-    neuron = xla.check_lowering(Dense(64), TINY)
+    neuron = check_lowering(Dense(64), TINY)
     assert neuron.shapes[0].cached and conversions == []
     for field in ("stablehlo_ops", "custom_calls", "lower_seconds", "measured_at"):
         assert getattr(neuron.shapes[0], field) == getattr(lowered, field), field
     assert f"(lowering cache; measured {lowered.measured_at})" in str(neuron)
     assert "1 of 1 shapes read from it" in str(neuron)
     # Another model (other weight shapes), or a class with no source file, is converted and lowered again.
-    assert not xla.compile_for_tpu(Dense(32), [{"x": ((2, 32), "float32")}]).shapes[0].cached
+    assert not compile_for_tpu(Dense(32), [{"x": ((2, 32), "float32")}]).shapes[0].cached
     configured = Dense(64)
     configured.fc.config = {"hidden_act": "gelu"}      # a submodule's config is part of the key
     assert cache.module_fingerprint(configured) != cache.module_fingerprint(Dense(64))
     Unsourced = type("Unsourced", (Dense,), {"__module__": "not_a_module"})
     assert cache.module_fingerprint(Unsourced(64)) is None
-    assert xla.compile_for_tpu(Unsourced(64), TINY).shapes[0].cached      # its lowered module is Dense(64)'s
+    assert compile_for_tpu(Unsourced(64), TINY).shapes[0].cached      # its lowered module is Dense(64)'s
     assert len(conversions) == 2 and empty_cache == [1, 1]
 
 
@@ -297,12 +298,12 @@ def test_only_repeatable_verdicts_are_cached():
 
 @needs_xla
 def test_compile_seconds_prices_a_shape_once(empty_cache, bert):
-    seconds, source = xla.compile_seconds(bert, {"batch": 1, "seq": 16})
+    seconds, source = compile_seconds(bert, {"batch": 1, "seq": 16})
     assert seconds > 0 and source == "XLA compile for v5e:1x1, measured on this host (compile-only)"
-    again, cached_source = xla.compile_seconds(bert, {"batch": 1, "seq": 16})
+    again, cached_source = compile_seconds(bert, {"batch": 1, "seq": 16})
     assert again == seconds and cached_source == source     # the same words cold and warm (no cache state, no time)
     assert empty_cache == [1]
-    none, why = xla.compile_seconds(NoLowering(), {"x": ((4, 16), "float32")})
+    none, why = compile_seconds(NoLowering(), {"x": ((4, 16), "float32")})
     assert none is None and "NO LOWERING for aten::special_airy_ai" in why and empty_cache == [1]
 
 
@@ -330,8 +331,8 @@ time.sleep(300)
 """
 _COMPILE_TINY = """
 import os, torch
-from portkit.stages.xla import stage as xla
-report = xla.compile_for_tpu(torch.nn.Linear(8, 8), [{"input": ((2, 8), "float32")}], topology="v5e:1x1")
+from portkit.stages.xla.stage import compile_for_tpu
+report = compile_for_tpu(torch.nn.Linear(8, 8), [{"input": ((2, 8), "float32")}], topology="v5e:1x1")
 print(report.shapes[0].status, report.shapes[0].platform, os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD"))
 """
 
@@ -341,7 +342,7 @@ def test_compiles_while_another_process_holds_libtpu():
     if availability.tpu_chip_count() != 0:
         pytest.skip("TPU chips on this host (or JAX cannot scan for them): there the lockfile guards a device")
     # Neither process is told about the lockfile: portkit.stages.xla.stage must allow the second load itself.
-    env = {k: v for k, v in os.environ.items() if k not in xla.COMPILE_ONLY_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in COMPILE_ONLY_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LIBTPU], env={**env, "TPU_WORKER_HOSTNAMES": "localhost"},
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -359,11 +360,11 @@ def test_compiles_while_another_process_holds_libtpu():
 
 
 def test_compile_only_environment_is_set_only_without_tpu_chips(monkeypatch):
-    for name in xla.COMPILE_ONLY_ENV:
+    for name in COMPILE_ONLY_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(availability, "tpu_chip_count", lambda: 4)        # a TPU host: the lock guards real chips
     assert compiler._compile_only_environment() == {}
-    assert not set(xla.COMPILE_ONLY_ENV) & set(os.environ)
+    assert not set(COMPILE_ONLY_ENV) & set(os.environ)
     monkeypatch.setattr(availability, "tpu_chip_count", lambda: None)     # cannot tell: leave libtpu's defaults
     assert compiler._compile_only_environment() == {}
     monkeypatch.setattr(availability, "tpu_chip_count", lambda: 0)
@@ -375,13 +376,13 @@ def test_compile_only_environment_is_set_only_without_tpu_chips(monkeypatch):
 # ---------------------------------------------------------------- validation and skips (run everywhere)
 def test_bad_topology_is_one_line_naming_the_choices(bert):
     with pytest.raises(BadParameter) as info:
-        xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 8}], topology="v5e:3x3")
+        compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 8}], topology="v5e:3x3")
     message = str(info.value)
     assert "\n" not in message
     assert message == ("unknown TPU topology 'v5e:3x3'; choose one of: v5e:1x1, v5e:2x2, v5e:2x4, v6e:1x1, "
                        "v6e:2x2, v6e:2x4, v5p:2x2x1, v5p:2x2x2, v4:2x2x1, tpu7x:2x2x1")
     with pytest.raises(BadParameter, match="v5e:3x3"):
-        xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}], xla.Options.of({"topology": "v5e:3x3"}))
+        xla_section(bert, "tpu", [{"batch": 1, "seq": 8}], Options.of({"topology": "v5e:3x3"}))
 
 
 @pytest.mark.parametrize("shape, words", [
@@ -393,48 +394,48 @@ def test_bad_topology_is_one_line_naming_the_choices(bert):
 ])
 def test_bad_shapes_are_rejected_before_any_work(bert, shape, words):
     with pytest.raises(BadParameter, match=words.replace("(", r"\(").replace(")", r"\)")):
-        xla.compile_for_tpu(bert, shapes=[shape])
+        compile_for_tpu(bert, shapes=[shape])
 
 
 def test_bad_dtype_and_bare_module_shapes():
     with pytest.raises(BadParameter, match="choose one of: float32, bfloat16"):
-        xla.compile_for_tpu(Dense(8), shapes=[{"x": ((1, 8), "float32")}], dtype="float16")
+        compile_for_tpu(Dense(8), shapes=[{"x": ((1, 8), "float32")}], dtype="float16")
     with pytest.raises(BadParameter, match="bare nn.Module"):
-        xla.compile_for_tpu(Dense(8), shapes=[{"batch": 1, "seq": 8}])
+        compile_for_tpu(Dense(8), shapes=[{"batch": 1, "seq": 8}])
 
 
 def test_skipped_with_one_install_line_when_packages_are_missing(bert, monkeypatch):
     monkeypatch.setattr(availability, "missing_for_xla_tpu_compile", lambda: ["libtpu", "torchax"])
-    skipped = xla.xla_section(bert, "tpu", [{"batch": 1, "seq": 8}])
-    assert isinstance(skipped, xla.XlaSkipped)
+    skipped = xla_section(bert, "tpu", [{"batch": 1, "seq": 8}])
+    assert isinstance(skipped, XlaSkipped)
     assert str(skipped) == ("XLA check skipped: libtpu, torchax not installed; pip install 'portkit[xla]' "
                             "(or: pip install jax jaxlib libtpu torchax==0.0.13)")
     assert skipped.to_dict()["skipped"] is True and "pip install" in skipped._repr_html_()
     with pytest.raises(MissingPackage, match="pip install 'portkit\\[xla\\]'"):
-        xla.compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 8}])
+        compile_for_tpu(bert, shapes=[{"batch": 1, "seq": 8}])
 
 
 def test_reference_targets_have_no_xla_check(bert):
-    skipped = xla.xla_section(bert, "cpu", [{"batch": 1, "seq": 8}])
-    assert isinstance(skipped, xla.XlaSkipped) and "reference platform" in str(skipped)
+    skipped = xla_section(bert, "cpu", [{"batch": 1, "seq": 8}])
+    assert isinstance(skipped, XlaSkipped) and "reference platform" in str(skipped)
     with pytest.raises(BadParameter, match="choose one of: neuron, tpu, cpu, cuda"):
-        xla.xla_section(bert, "trn", [{"batch": 1, "seq": 8}])
+        xla_section(bert, "trn", [{"batch": 1, "seq": 8}])
 
 
 def test_stage_shapes_come_from_the_earlier_stages(bert, tmp_path):
-    assert xla.stage_shapes(tmp_path, "tpu", bert, xla.Options.of({"batch_size": 2, "seq_len": 48}))[0] == [
+    assert stage_shapes(tmp_path, "tpu", bert, Options.of({"batch_size": 2, "seq_len": 48}))[0] == [
         {"batch": 2, "seq": 48}]
     (tmp_path / "compile.json").write_text(json.dumps({"targets": {"tpu": {"fixed_shape": {"batch": 1, "seq": 64}}}}))
     (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {
         "planner": "auto", "shapes": [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]}}}}))
-    shapes, sources = xla.stage_shapes(tmp_path, "tpu", bert,
-                                       xla.Options.of({"batch_size": 2, "seq_len": 48, "max_shapes": 3}))
+    shapes, sources = stage_shapes(tmp_path, "tpu", bert,
+                                       Options.of({"batch_size": 2, "seq_len": 48, "max_shapes": 3}))
     assert shapes == [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 64}, {"batch": 1, "seq": 256}]
     assert sources[1] == "stage 2's fixed shape" and "auto bucket" in sources[2]
-    assert xla.stage_shapes(tmp_path, "tpu", bert, xla.Options.of(
+    assert stage_shapes(tmp_path, "tpu", bert, Options.of(
         {"batch_size": 2, "seq_len": 48, "max_shapes": 1}))[0] == [{"batch": 1, "seq": 256}]
     with pytest.raises(BadParameter, match="invalid max_shapes 0: must be a positive whole number"):
-        xla.Options.of({"max_shapes": 0})
+        Options.of({"max_shapes": 0})
 
 
 @pytest.mark.parametrize("file, text, words", [
@@ -448,7 +449,7 @@ def test_stage_shapes_come_from_the_earlier_stages(bert, tmp_path):
 def test_a_damaged_earlier_result_is_named_not_ignored(bert, tmp_path, file, text, words):
     (tmp_path / file).write_text(text)
     with pytest.raises(results.UnreadableResult) as info:
-        xla.stage_shapes(tmp_path, "tpu", bert)
+        stage_shapes(tmp_path, "tpu", bert)
     assert words in str(info.value) and "\n" not in str(info.value)
 
 
@@ -462,7 +463,7 @@ def test_readers_name_each_stage_result_as_the_runner_does(tmp_path):
 
 @needs_xla
 def test_stage_turns_failures_into_findings(bert, tmp_path):
-    stage = xla.run_stage(bert, ["tpu", "cpu"], xla.Options.of({"batch_size": 4096, "seq_len": 512}), run_dir=tmp_path)
+    stage = run_stage(bert, ["tpu", "cpu"], Options.of({"batch_size": 4096, "seq_len": 512}), run_dir=tmp_path)
     saved = stage.to_dict()
     tpu = saved["targets"]["tpu"]
     assert tpu["target"]["name"] == "tpu" and tpu["target"]["mode"] == specs.detect("tpu").mode
@@ -473,19 +474,19 @@ def test_stage_turns_failures_into_findings(bert, tmp_path):
 
 @needs_xla
 def test_largest_batch_per_shape_is_searched_on_request_and_reported(bert, tmp_path, monkeypatch):
-    from portkit.stages.report import stage as report
+    from portkit.stages.report.stage import build_report
     from portkit.tpu_compile import sharded
     monkeypatch.setattr(sharded, "BATCH_LIMIT", 4)      # batch 4 x 32: the shape the first test compiled
-    stage = xla.run_stage(bert, ["tpu"],
-                          xla.Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}), run_dir=tmp_path)
+    stage = run_stage(bert, ["tpu"],
+                          Options.of({"batch_size": 1, "seq_len": 32, "largest_batch": True}), run_dir=tmp_path)
     (found,) = stage.largest["tpu"]
     # the memory model puts bert's boundary far past the search's limit: one compile, at the limit, fits
     assert found["guess"] > 4 and found["tried"] == {"4": True} and found["batch"] == 4
     assert "largest batch that fits, seq=32: 4+" in stage.summary()
     stage.save(tmp_path / "xla.json")
-    scale = report.build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["scale"]
+    scale = build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["scale"]
     assert scale == {"largest batch that fits HBM, seq 32": "4+ (the search's limit) on v5e:1x1 (1 compiles)"}
-    assert "largest_batch" not in xla.run_stage(bert, ["tpu"], xla.Options.of(
+    assert "largest_batch" not in run_stage(bert, ["tpu"], Options.of(
         {"batch_size": 1, "seq_len": 32}), run_dir=tmp_path).to_dict()["targets"]["tpu"]   # off by default: no compile
 
 
@@ -501,8 +502,8 @@ def test_the_cost_model_and_the_shape_texts_read_the_same_cold_and_warm(empty_ca
     assert len(empty_cache) == compiled, "the warm run compiled again"
     assert warm.source == cold.source and warm.details == cold.details and warm.label() == cold.label()
     assert "cache" not in cold.source and "measured now" not in str(cold.details)
-    first = xla.compile_for_tpu(bert, [{"batch": 1, "seq": 8}])
-    again = xla.compile_for_tpu(bert, [{"batch": 1, "seq": 8}])
+    first = compile_for_tpu(bert, [{"batch": 1, "seq": 8}])
+    again = compile_for_tpu(bert, [{"batch": 1, "seq": 8}])
     assert again.shapes[0].cached and again.to_dict()["shapes"][0]["measured_at"] == first.shapes[0].measured_at
     assert "cache" not in again.shapes[0].describe(again.hbm_bytes_per_device)
 
@@ -510,7 +511,7 @@ def test_the_cost_model_and_the_shape_texts_read_the_same_cold_and_warm(empty_ca
 def test_one_compiler_rejection_or_hbm_miss_is_one_finding_with_its_shapes():
     """Rule (one cause, one finding): the XLA compiler rejecting several shapes for one reason, or several shapes not
     fitting one topology's HBM, is one finding each, the shapes its occurrences, not one finding per shape."""
-    from portkit.stages.xla import stage as xla_stage
+    from portkit.stages.xla.stage import _findings
     from portkit.tpu_compile.results import ShapeResult, XlaCompileReport
 
     def shape(seq, status, message=None, fits=None):
@@ -520,7 +521,7 @@ def test_one_compiler_rejection_or_hbm_miss_is_one_finding_with_its_shapes():
     report = XlaCompileReport("m", "tpu", "compile", "bfloat16", 10, 20, topology="v5e:1x1", hbm_bytes_per_device=1,
                               shapes=[*rejected, shape(32, "out_of_hbm", "RESOURCE_EXHAUSTED", False),
                                       shape(64, "out_of_hbm", "RESOURCE_EXHAUSTED", False)])
-    found = {f["kind"]: f for f in xla_stage._findings(report)}
-    assert len(xla_stage._findings(report)) == 2
+    found = {f["kind"]: f for f in _findings(report)}
+    assert len(_findings(report)) == 2
     assert found["xla_compile"]["occurrences"]["shapes"] == ["1x8", "1x16"]
     assert found["hbm"]["occurrences"]["count"] == 2 and found["hbm"]["severity"] == "blocker"

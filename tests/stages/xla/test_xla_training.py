@@ -6,8 +6,8 @@ import pytest
 from portkit.corpora import corpus
 from portkit.models import registry
 from portkit.core import availability
-from portkit.stages.report import stage as report
-from portkit.stages.xla import stage as xla
+from portkit.stages.report.stage import build_report
+from portkit.stages.xla.stage import Options, run_stage
 from portkit.tpu_compile import compiler
 from portkit.tpu_compile import sharded
 from portkit.stages.xla import training
@@ -77,8 +77,8 @@ def test_the_largest_micro_batch_is_the_compilers_boundary(bert, spec, one_chip,
 @needs_xla
 def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(bert, tmp_path, monkeypatch):
     monkeypatch.setattr(sharded, "BATCH_LIMIT", 2)
-    stage = xla.run_stage(bert, ["neuron", "tpu"],
-                          xla.Options.of({"batch_size": 2, "seq_len": 32, "workload": "train"}), run_dir=tmp_path)
+    stage = run_stage(bert, ["neuron", "tpu"],
+                          Options.of({"batch_size": 2, "seq_len": 32, "workload": "train"}), run_dir=tmp_path)
     stage.save(tmp_path / "xla.json")
     tpu = stage.to_dict()["targets"]["tpu"]["training_step"]
     assert tpu["status"] == "compiled" and tpu["largest_micro_batch"] == 2 and tpu["breakdown"]["optimizer state"]
@@ -86,15 +86,15 @@ def test_stage_3b_with_workload_train_saves_the_step_and_the_report_shows_it(ber
     assert split["batches"] == [2, 4] and split["per_row"] > 0 and split["fixed"] > 0
     assert "a row (activations)" in tpu["summary"]
     assert stage.training["neuron"]["status"] == "skipped"
-    shown = report.build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["xla"]
+    shown = build_report(["tpu"], run_dir=tmp_path).to_dict()["targets"]["tpu"]["metrics"]["xla"]
     assert shown["training step (XLA)"].startswith("training step (in-batch contrastive")
     assert "optimizer state" in shown["training step (XLA)"]
-    assert "training_step" not in xla.run_stage(bert, ["tpu"], xla.Options.of(
+    assert "training_step" not in run_stage(bert, ["tpu"], Options.of(
         {"batch_size": 2, "seq_len": 32}), run_dir=tmp_path).to_dict()["targets"]["tpu"]   # inference: none
 
 
 def test_bad_workload_and_a_weightless_model_are_refused():
     with pytest.raises(BadParameter, match="workload"):
-        xla.Options.of({"workload": "serve"})
+        Options.of({"workload": "serve"})
     with pytest.raises(BadParameter, match="llama3-8b"):
-        xla.Options.of({"workload": "train"}, model="llama3-8b")
+        Options.of({"workload": "train"}, model="llama3-8b")
