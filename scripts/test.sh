@@ -24,7 +24,8 @@ fi
 export OMP_NUM_THREADS=1
 BESIDE=(tests/notebooks/test_workbook_report.py tests/cli/test_cli.py tests/run/test_runner.py
         tests/stages/report/test_report_browser.py tests/zoo/test_zoo.py tests/zoo/test_zoo_caches.py
-        tests/run/test_interrupt.py tests/stages/compile/test_loop_finding.py)
+        tests/run/test_interrupt.py tests/stages/compile/test_loop_finding.py
+        tests/deploy/test_deploy.py tests/stages/report/test_report_numbers.py)
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null

@@ -1,5 +1,7 @@
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -78,6 +80,19 @@ def tiny_run(tmp_path_factory):
             "--out", str(out), "--no-progress"]
     assert cli.main(args) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def lstm_fallbacks_run(tmp_path_factory):
+    """`portkit run --stages fallbacks` on the LSTM model for both targets, in its own process (the console
+    command's output, exit code and files), the report rebuilt after it: one run for the tests that check that
+    command end to end and the tests that open its report (tests/cli/test_cli.py, the browser test)."""
+    out = tmp_path_factory.mktemp("lstm_fallbacks") / "run"
+    done = subprocess.run([sys.executable, "-m", "portkit.cli", "run", "--model", "lstm", "--target", "neuron",
+                           "--target", "tpu", "--out", str(out), "--stages", "fallbacks", "--no-progress",
+                           "-p", "batch_size", "2", "-p", "seq_len", "16"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    return out, done
 
 
 def pytest_configure(config):

@@ -41,15 +41,35 @@ class Parameter:
 
 
 def declared(notebook: str) -> dict[str, dict]:
-    """papermill's reading of `notebooks/<notebook>`'s parameters cell: {name: {default, help, ...}}."""
+    """`notebooks/<notebook>`'s parameters cell as papermill's inspector reads it: {name: {name, default, help}}."""
     path = NOTEBOOKS / notebook
     return {name: dict(info) for name, info in _inspect(str(path), path.stat().st_mtime_ns).items()}
 
 
 @functools.lru_cache(maxsize=32)
 def _inspect(path: str, mtime_ns: int) -> dict[str, dict]:
-    import papermill      # its notebook inspector reads the cell tagged "parameters"
-    return papermill.inspect_notebook(path)
+    """The cell tagged "parameters" (papermill's tag), one `name = default  # help` per line, read with the
+    standard library: papermill's own inspector imports nbformat and with it jsonschema, whose format checkers
+    build their grammars at import, a cost every stage kernel would pay to build its options. The notebook is JSON
+    (nbformat 4); each top-level assignment is a parameter, its default the value's source and its help the
+    comment on its line, as papermill's PythonTranslator.inspect reads them."""
+    import io
+    import json
+    import tokenize
+    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+    cell = next((c for c in cells if "parameters" in c.get("metadata", {}).get("tags", ())), None)
+    if cell is None:
+        return {}
+    source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+    comments = {token.start[0]: token.string.lstrip("#").strip()
+                for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            found[name] = {"name": name, "default": ast.get_source_segment(source, node.value),
+                           "help": comments.get(node.end_lineno, "")}
+    return found
 
 
 def literal_default(source: str):

@@ -61,11 +61,11 @@ def test_targets_and_params_commands(capsys):
 
 
 @pytest.mark.slow
-def test_run_fallbacks_stage_end_to_end(tmp_path):
-    out = tmp_path / "run"
-    done = portkit("run", "--model", "lstm", "--target", "neuron", "--target", "tpu", "--out", str(out),
-                   "--stages", "fallbacks", "--no-progress", "-p", "batch_size", "2", "-p", "seq_len", "16")
+def test_run_fallbacks_stage_end_to_end(lstm_fallbacks_run):
+    out, done = lstm_fallbacks_run       # `portkit run --model lstm ... --stages fallbacks` in its own process
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.args[3:] == ["run", "--model", "lstm", "--target", "neuron", "--target", "tpu", "--out", str(out),
+                             "--stages", "fallbacks", "--no-progress", "-p", "batch_size", "2", "-p", "seq_len", "16"]
     assert "[fallbacks] neuron (emulated):" in done.stdout and f"results: {out}" in done.stdout
     result = json.loads((out / "fallbacks.json").read_text())
     assert result["inputs"]["shapes"]["input_ids"] == [2, 16]
@@ -75,13 +75,15 @@ def test_run_fallbacks_stage_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_failed_stage_names_notebook_and_cell(tmp_path):
+def test_failed_stage_names_notebook_and_cell(tmp_path, capsys):
+    # in-process (the exit code as a process's: test_run_fallbacks_stage_end_to_end, test_bad_input_exits_2_...)
     out = tmp_path / "run"
-    done = portkit("run", "--model", fixture_model("broken_model"), "--out", str(out), "--stages", "fallbacks",
-                   "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8")
-    assert done.returncode == 1
-    assert "stage fallbacks failed: cell" in done.stderr and "01_fallbacks.ipynb" in done.stderr
-    assert "fails on purpose" in done.stderr
+    code = cli.main(["run", "--model", fixture_model("broken_model"), "--out", str(out), "--stages", "fallbacks",
+                     "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8"])
+    stderr = capsys.readouterr().err
+    assert code == 1
+    assert "stage fallbacks failed: cell" in stderr and "01_fallbacks.ipynb" in stderr
+    assert "fails on purpose" in stderr
     executed = json.loads((out / "01_fallbacks.ipynb").read_text())
     assert any(o.get("output_type") == "error" for c in executed["cells"] for o in c.get("outputs", []))
     assert not (out / "fallbacks.json").exists()

@@ -1,6 +1,6 @@
 """Ctrl-C during a run (portkit.run.runner): the stages' kernels stop, run.json records the stage as
 interrupted, one line, exit 130, and the same command reruns it. Its own file so that scripts/test.sh runs it
-beside the notebooks (two real runs in subprocesses: the longest unit test)."""
+beside the notebooks (two real runs: the interrupted one in a subprocess, the rerun in-process)."""
 from __future__ import annotations
 
 import os
@@ -10,13 +10,15 @@ import sys
 import time
 
 from conftest import ROOT
+from portkit import cli
 from portkit.runfolder import layout
 
 SLOW = f"{ROOT / 'tests' / 'fixtures' / 'dying.py'}:slow_model"   # sleeps in its kernel while told to
 CHEAP = ["--target", "neuron", "--stages", "fallbacks", "--no-progress", "-p", "batch_size", "1", "-p", "seq_len", "8"]
 
 
-def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_rerun_completes(tmp_path):
+def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_rerun_completes(
+        tmp_path, monkeypatch):
     """Ctrl-C (SIGINT to the terminal's process group) mid-stage: the kernel is killed, run.json records the stage
     as interrupted, its result is gone, no partial file stays, one line on stderr, exit 130; the same command
     then runs the stage to its end. The model's forward sleeps in the first run's kernel, so the stage is still
@@ -46,6 +48,9 @@ def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_
     assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "interrupted"
     assert not (out / "fallbacks.json").exists()
     assert not [p.name for p in out.iterdir() if ".partial." in p.name or p.name.endswith(".tmp")]
-    rerun = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
+    # the same command again, in-process (the signal and the exit code are the process's, above); its model sleeps
+    # only where PORTKIT_TEST_SLOW_FORWARD is set, as it was for the first run alone
+    monkeypatch.delenv("PORTKIT_TEST_SLOW_FORWARD", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv[3:]) == 0
     assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "ok" and (out / "fallbacks.json").is_file()

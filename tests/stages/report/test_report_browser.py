@@ -4,7 +4,6 @@ import pytest
 
 from conftest import ROOT
 from portkit.core.availability import chromium_path, xla_tpu_compile_available
-from portkit.run import runner
 
 ARTIFACTS = ROOT / "test-artifacts"
 WIDTHS = (1400, 1920, 390)   # a laptop, a desktop and a phone (390x844): the page never scrolls sideways
@@ -27,11 +26,10 @@ def _overflow(page, url) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
-def test_report_renders_in_chromium(tmp_path, corpus):
+def test_report_renders_in_chromium(tmp_path, corpus, lstm_fallbacks_run):
     sync_api = pytest.importorskip("playwright.sync_api")
-    out = tmp_path / "run"
-    runner.run("lstm", ["neuron", "tpu"], str(out), {"batch_size": 2, "seq_len": 16},
-               stages="fallbacks,report", progress=False, log=lambda line: None)
+    out, done = lstm_fallbacks_run      # stage 1 on the LSTM model for both targets, the report rebuilt after it
+    assert done.returncode == 0, done.stderr[-3000:]
     accuracy_page = _accuracy_verdicts_report(tmp_path / "accuracy", corpus)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as p:
