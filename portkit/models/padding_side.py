@@ -57,17 +57,22 @@ def padding_on(model, side: str):
 def lands_on(model, batch: dict, side: str) -> bool:
     """Whether `batch` (built by the model's declaration) holds its padding on `side`: every row's real positions,
     by the declaration's mask, start at the first slot (right) or end at the last (left). False where the
-    declaration names no mask, or builds its batches without the tokenizer's side (then flipping it tried nothing)."""
+    declaration names no mask, where no row holds padding (texts at the model's largest), or where it builds its
+    batches without the tokenizer's side (then flipping it tried nothing)."""
     real = model.declaration.real_mask(batch, model.seq_dim) if model.seq_dim else None
-    if real is None or real.dim() != 2:
+    if real is None or real.dim() != 2 or bool(real.all()):      # no mask, or no padding to tell a side by
         return False
     return bool(real[:, 0 if side == "right" else -1].all())
 
 
 def _padded(model, texts: list) -> dict:
-    """`texts` built by the model's declaration past their longest, so that every row holds padding."""
-    longest = model.declaration.size_of(model.encode(list(texts)), model.seq_dim)
-    return model.encode(list(texts), pad_to=longest + 2)
+    """`texts` built by the model's declaration past their longest, so that every row holds padding: those with room
+    for two more positions within the model's largest (all of them, capped at it, where none has)."""
+    largest = model.declaration.dim(model.seq_dim).max
+    roomy = [t for t, n in zip(texts, model.token_lengths(list(texts))) if not largest or n + 2 <= largest]
+    chosen = roomy or list(texts)
+    longest = model.declaration.size_of(model.encode(chosen), model.seq_dim)
+    return model.encode(chosen, pad_to=min(longest + 2, largest) if largest else longest + 2)
 
 
 def pads_on(model, texts: list | None = None) -> str:
@@ -76,7 +81,8 @@ def pads_on(model, texts: list | None = None) -> str:
     if not texts or model.seq_dim is None or not getattr(model, "takes_text", True):
         return side_of(model) or "right"
     batch = _padded(model, texts)
-    if model.declaration.real_mask(batch, model.seq_dim) is None:     # no mask to read the side from
+    real = model.declaration.real_mask(batch, model.seq_dim)
+    if real is None or bool(real.all()):     # no mask to read the side from, or no padding in the batch
         return side_of(model) or "right"
     return "left" if lands_on(model, batch, "left") else "right"
 

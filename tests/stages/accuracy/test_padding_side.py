@@ -146,6 +146,17 @@ def test_the_side_a_batch_is_padded_on_is_read_from_its_mask():
         assert padding_side.lands_on(m, m.encode(texts, pad_to=16), "right")
 
 
+def test_texts_at_the_models_largest_are_padded_within_it_and_a_batch_without_padding_tells_no_side():
+    """Rule: reading the padding side never pads past the model's largest (tiny Nystromformer, 128 positions, crashed
+    stage 3 with 'sequence length 130' on its two longest texts); a batch that holds no padding tells no side: the
+    tokenizer's side is taken and no other side is tried."""
+    m = registry.LoadedModel("t", registry.TOKEN_CLASSIFIER, SequenceNormTagger(), "test",
+                             tokenizer=_tokenizer("right"), max_length=8)
+    full = ["one two three four five six seven eight nine ten", "ten nine eight seven six five four three two one"]
+    assert padding_side.pads_on(m, full) == "right" and padding_side.flippable(m, full) is None
+    assert padding_side.flippable(m, [full[0], "a b"]) == "left"     # a row with room: the other side is tried
+
+
 def _stage3(module: nn.Module, side: str, corpus):
     """Stage 3's replay of buckets [8, 32] on the emulated TPU with the padding check: its TargetBuckets."""
     key = ("buckets", type(module), side)
