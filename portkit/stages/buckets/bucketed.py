@@ -293,8 +293,15 @@ def _check_shape(bm: BucketedModel, rows: list[dict], lengths: list[int], refere
     got = bm(bm.declaration.stack(rows, side=bm.side))
     found = {"worst": 0.0, "failures": [], "unchecked": {}}
     for r, (row, length) in enumerate(zip(rows, lengths)):
-        with torch.no_grad(), reference():
-            want = bm.model.module(**{k: v.to(bm.device) for k, v in row.items()})
+        try:
+            with torch.no_grad(), reference():
+                want = bm.model.module(**{k: v.to(bm.device) for k, v in row.items()})
+        except Exception as exc:  # noqa: BLE001 - the model refuses the item unpadded: nothing to compare it with
+            # eager, outside any target's compiler: the model itself does not take this length (Funnel's pooling
+            # blocks take no fewer than 5 positions), on every device; padded, the bucket ran it
+            found["unchecked"].setdefault(f"item of {length}", f"the model does not run it at its own length "
+                                          f"{length}, eagerly: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
         for name, expected in want.items():
             _compare(bm, name, got[name], expected.cpu(), (r, length), tol, found)
     failures, unchecked = found["failures"], found["unchecked"]

@@ -271,3 +271,28 @@ def test_a_probe_length_the_model_refuses_is_portkits_choice_and_a_longer_one_is
     assert found["frames"].seq == (1,) and found["frames"].stride == 1 and found["frames"].unchecked is None
     with pytest.raises(RuntimeError):      # a model that refuses every length still fails, with its own error
         output_probe.output_dims(declared(_Pools(), inputs.Output("frames", inputs.WAVEFORM), shortest=1, longest=4))
+
+
+class _ShortRefused(nn.Module):
+    """Frames like Framed, but no fewer than 16 samples taken (Funnel's pooling blocks take no fewer than 5 tokens)."""
+
+    def forward(self, waveform):
+        if waveform.shape[-1] < 16:
+            raise RuntimeError("output with shape [1, 2, 2, 1] doesn't match the broadcast shape [1, 2, 2, 2]")
+        return {"frames": waveform.unfold(-1, HOP, HOP).mean(-1) * 2.0}
+
+
+def test_an_item_the_model_refuses_at_its_own_length_is_left_out_of_the_padding_check(waves):
+    """Rule: the padding check's unpadded reference runs eagerly, outside any target: an item the model itself does
+    not take at its own length (on every device) cannot be compared; it is unchecked, with the model's words, and
+    the check goes on (tiny Funnel's shortest texts stopped the check, read as 'could not be measured on neuron')."""
+    from portkit.stages.buckets import trace_replay
+    from portkit.targets import backends
+    m = declared(_ShortRefused(), inputs.Output("frames", inputs.WAVEFORM, stride=HOP))
+    trace = make_trace(waves, m, 6, seed=1, dist=stage.distribution(waves, m))
+    (run,) = trace_replay.replay(m, trace, [stage.plan_buckets([64, 256], "optimal", k=2)], backends.portkit_tpu,
+                                 trace_replay.ReplaySettings(baseline=False, progress=False))
+    assert run.failure is None and run.padding_checks, run.failure
+    left_out = [why for c in run.padding_checks for why in c["unchecked"].values()]
+    assert any("does not run it at its own length" in why and "broadcast shape" in why for why in left_out), left_out
+    assert any(c["ok"] is True for c in run.padding_checks)     # the shape whose items it takes is compared
