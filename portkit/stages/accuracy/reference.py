@@ -161,10 +161,11 @@ class Reference:
         failing bucket's tries) while the kept buckets' outputs stay within REFERENCE_BYTES, the oldest given up
         first; one beyond it is recomputed where needed again (the same eager passes on the CPU: the same values)."""
         size = _output_bytes(found)
+        if size > REFERENCE_BYTES:
+            return
         while self.buckets and sum(map(_output_bytes, self.buckets.values())) + size > REFERENCE_BYTES:
             del self.buckets[next(iter(self.buckets))]
-        if size <= REFERENCE_BYTES:
-            self.buckets[key] = found
+        self.buckets[key] = found
 
     def task(self, out: torch.Tensor, side: TargetSide, precision, compiled: bool = False,
              batch: int | None = None, sampled: bool = True) -> dict:
