@@ -8,9 +8,10 @@
     >>> comparison.snr_db(decoded, reference_audio), comparison.si_sdr_db(decoded, reference_audio)   # in dB
 
 Only real positions count: a (batch, seq, ...) tensor is cut to its real tokens by the attention mask.
-Errors are measured in float64, so the measurement adds no rounding of its own. An output whose shape on the
-target differs from the reference's is not compared: compare() says so ("shape_mismatch") and task_metrics()
-returns an unmeasured result that fails, for the stage to report as a finding.
+Errors are measured in float64, so the measurement adds no rounding of its own, a piece of the real positions at a
+time (PIECE_BYTES; language models' logits are vocabulary-wide): a comparison's memory does not grow with the
+output. An output whose shape on the target differs from the reference's is not compared: compare() says so
+("shape_mismatch") and task_metrics() returns an unmeasured result that fails, for the stage to report as a finding.
 """
 from __future__ import annotations
 
