@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 from portkit.corpora import audio
-from portkit.models import audio as audio_models
-from portkit.corpora import corpus as data
+from portkit.models.audio import crepe_declaration, wav2vec2_declaration
+from portkit.corpora.corpus import audio_corpus
 from portkit.planning import planner
 
 RATE = 16000
@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     recorded = audio.alsa_recordings()
-    both = data.audio_corpus("stdlib", clips=args.texts)      # the workbook's audio corpus, as the stages read it
+    both = audio_corpus("stdlib", clips=args.texts)      # the workbook's audio corpus, as the stages read it
     print(f"synthesis (or cache) {time.perf_counter() - start:.1f} s")
     cap = int(args.max_seconds * RATE)
     for corpus in (recorded, both):
@@ -63,7 +63,7 @@ def main() -> None:
               f"{best.padded_tokens / pow2.padded_tokens if pow2.padded_tokens else 1.0:.3f}")
 
     print("\nWhat the workbook buckets for each audio model: its varying dimension (frames), capped at its maximum")
-    for name, decl in (("crepe", audio_models.crepe_declaration()), ("wav2vec2", audio_models.wav2vec2_declaration())):
+    for name, decl in (("crepe", crepe_declaration()), ("wav2vec2", wav2vec2_declaration())):
         dim = decl.varying[0]
         frames = decl.lengths(list(both.clips))[dim.name]
         hist = planner.histogram(frames, max_seq=dim.max)

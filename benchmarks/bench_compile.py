@@ -33,7 +33,7 @@ from _inductor_cache import own_inductor_cache
 
 from portkit.targets import allocator
 from portkit.targets import backends
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import example_batch, load_corpus
 from portkit.models import registry
 
 EMULATED = ("portkit_neuron", "portkit_tpu")
@@ -101,7 +101,7 @@ def main() -> None:
         variants += ["inductor", *(f"{v}+inductor" for v in EMULATED)]
         warmup = backends.warm_inductor()
     model = registry.load("minilm")
-    corpus = data.load_corpus()
+    corpus = load_corpus()
     text = max(corpus.sample(50, seed=0), key=len)
 
     backend_s = {v: [] for v in variants if v != "eager"}
@@ -125,7 +125,7 @@ def main() -> None:
                     backend_s[variant].append(counter.events[0].seconds)
                     backend_cpu_s[variant].extend(timed.cpu)
 
-    inputs, described = data.example_batch(model, corpus, 8, 128, seed=0)
+    inputs, described = example_batch(model, corpus, 8, 128, seed=0)
     torch.compiler.reset()
     compiled, forward_s, forward_cpu_s = {}, {v: [] for v in variants}, {v: [] for v in variants}
     with torch.no_grad():

@@ -16,9 +16,9 @@ import collections
 import statistics
 import time
 
-from portkit.stages.compile import stage as compiling
-from portkit.corpora import corpus as data
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.stages.compile.stage import find_graph_breaks
+from portkit.corpora.corpus import example_batch, load_corpus
+from portkit.stages.fallbacks.stage import find_fallbacks
 from portkit.models import registry
 from portkit.stages import reconcile
 
@@ -30,16 +30,16 @@ def main() -> None:
     parser.add_argument("--model", action="append", help=f"models to check (default: {', '.join(MODELS)})")
     parser.add_argument("--seq", type=int, default=16, help="tokens per text")
     args = parser.parse_args()
-    corpus, targets = data.load_corpus(), ["neuron", "tpu"]
-    contents_cost(registry.load("minilm"), data.example_batch(registry.load("minilm"), corpus, 2, args.seq)[0], targets)
+    corpus, targets = load_corpus(), ["neuron", "tpu"]
+    contents_cost(registry.load("minilm"), example_batch(registry.load("minilm"), corpus, 2, args.seq)[0], targets)
     for name in args.model or MODELS:
         m = registry.load(name)
-        inputs, described = data.example_batch(m, corpus, 2, args.seq)
+        inputs, described = example_batch(m, corpus, 2, args.seq)
         start = time.perf_counter()
-        eager = fallbacks.find_fallbacks(m, inputs, targets)
+        eager = find_fallbacks(m, inputs, targets)
         recorded = time.perf_counter() - start
         start = time.perf_counter()
-        breaks = compiling.find_graph_breaks(m, inputs, targets)
+        breaks = find_graph_breaks(m, inputs, targets)
         captured = time.perf_counter() - start
         print(f"== {name} ({described}): stage 1 eager pass {recorded:.2f} s, stage 2 capture with its graph "
               f"contents {captured:.2f} s; {breaks.summary()}")
@@ -61,7 +61,7 @@ def contents_cost(m, inputs, targets, repeats: int = 3) -> None:
     for _ in range(repeats + 1):
         for contents in (True, False):
             start = time.perf_counter()
-            compiling.find_graph_breaks(m, inputs, targets, contents=contents)
+            find_graph_breaks(m, inputs, targets, contents=contents)
             times[contents].append(time.perf_counter() - start)
     on, off = (statistics.median(times[c][1:]) for c in (True, False))
     print(f"minilm capture ({len(times[True]) - 1} interleaved repeats after a warm-up): with graph contents "

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from portkit.stages.buckets import stage
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import load_corpus
 from portkit.planning import economics
 from portkit.planning import grid
 from portkit.stages.buckets import grid_costs
@@ -108,7 +108,7 @@ def xla_cells(model) -> tuple[callable, str]:
 def main() -> None:
     wall, cpu = time.perf_counter(), os.times()
     model = declared_t5()
-    pairs = pairs_from(data.load_corpus("stdlib"))
+    pairs = pairs_from(load_corpus("stdlib"))
     measured = model.declaration.lengths(pairs)
     lengths = np.column_stack([np.minimum(measured["source"], 512), np.minimum(measured["target"], 512)])
     p = {d: np.percentile(lengths[:, i], [50, 90, 99]).astype(int).tolist() for i, d in enumerate(("source", "target"))}

@@ -22,7 +22,7 @@ from _inductor_cache import own_inductor_cache
 from portkit.stages.buckets import bucketed
 from portkit.stages.buckets import trace_replay
 from portkit.stages.buckets import stage
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import load_corpus, make_trace
 from portkit.planning import economics
 from portkit.models import registry
 from portkit.planning import planner
@@ -51,13 +51,13 @@ def main() -> None:
     parser.add_argument("--compile-seconds", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    model, corpus = registry.load("minilm"), data.load_corpus("stdlib")
+    model, corpus = registry.load("minilm"), load_corpus("stdlib")
     dist = stage.distribution(corpus, model)
     hist = stage.histogram(dist)
     token_seconds = economics.padding_price(model, "cpu", hist.top).seconds   # this CPU is the target here
     compile_seconds = args.compile_seconds or cold_compile_seconds(model)
     source = "--compile-seconds" if args.compile_seconds else "measured cold compile of one minilm shape"
-    trace = data.make_trace(corpus, model, args.requests, args.seed, dist=dist)
+    trace = make_trace(corpus, model, args.requests, args.seed, dist=dist)
     prices = planner.Prices(compile_seconds, token_seconds, compile_source=source)
     auto = stage.plan_buckets(hist, "auto", prices=prices, requests=len(trace.texts))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend inductor")

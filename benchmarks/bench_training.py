@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import load_corpus
 from portkit.models import registry
 from portkit.workloads import training
 
@@ -43,7 +43,7 @@ def main() -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
-    model, corpus = registry.load(args.model), data.load_corpus("stdlib")
+    model, corpus = registry.load(args.model), load_corpus("stdlib")
     batches = training.batches(model, corpus, args.steps + 1, args.batch_size, args.seq_len)
     steps = {label: training.TrainingStep(model, 1e-5, target, None, compiled) for label, target, compiled in VARIANTS}
     warmup, times = {}, {label: [] for label in steps}

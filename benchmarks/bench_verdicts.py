@@ -16,7 +16,7 @@ import time
 import torch
 
 from portkit.stages.accuracy import stage
-from portkit.corpora import corpus as data
+from portkit.corpora.corpus import example_batch, load_corpus
 from portkit.models import registry
 from portkit.targets import numerics
 
@@ -27,12 +27,12 @@ def main() -> None:
     parser.add_argument("--gpu-numerics", default=stage.Options.defaults().gpu_numerics,
                         choices=list(numerics.GPU_NUMERICS))
     args = parser.parse_args()
-    corpus = data.load_corpus()
+    corpus = load_corpus()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GPU baseline {args.gpu_numerics}")
     for name in args.models:
         start = time.perf_counter()
         m = registry.load(name)
-        inputs, described = data.example_batch(m, corpus if m.takes_text else None, 4, 64, seed=0)
+        inputs, described = example_batch(m, corpus if m.takes_text else None, 4, 64, seed=0)
         opts = stage.Options.of({"batch_size": 4, "gpu_numerics": args.gpu_numerics})
         report = stage.check_accuracy(m, inputs, ["neuron", "tpu"], opts, corpus=corpus, buckets=[32, 64],
                                          description=described, scope=stage.Scope(compiled=False, progress=False))

@@ -48,10 +48,10 @@ def _run(out: Path) -> tuple[float, dict, dict]:
 # (no backend work) timed in a fresh process before and after the runs; most of a warm run is such tracing.
 _TRACE = """
 import statistics, time, torch
-from portkit.corpora import corpus as data
-from portkit.models import registry as models
-m, times = models.load("minilm"), []
-text = data.load_corpus().sample(1, seed=0)
+from portkit.corpora import corpus
+from portkit.models import registry
+m, times = registry.load("minilm"), []
+text = corpus.load_corpus().sample(1, seed=0)
 with torch.no_grad():
     for length in (40, 41, 42):
         torch.compiler.reset()

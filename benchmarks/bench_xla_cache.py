@@ -31,15 +31,15 @@ TARGET_RATIO = 20       # a rerun of the xla stage at least 20x faster than its 
 def _child(args) -> None:
     """One run of the stage in this process; prints one JSON line with its timings."""
     from portkit.models import registry
-    from portkit.stages.xla import stage as xla
+    from portkit.stages.xla import stage
     from portkit.tpu_compile import compiler
     model = registry.load(args.model)
     if not args.no_preload:
         from jax.experimental import topologies
         compiler.require_xla()                   # imports and libtpu's start-up: charged to neither run
-        topologies.get_topology_desc(platform="tpu", topology_name=args.topology, **xla.TOPOLOGIES[args.topology])
+        topologies.get_topology_desc(platform="tpu", topology_name=args.topology, **stage.TOPOLOGIES[args.topology])
     seconds = {}
-    section = xla.xla_section
+    section = stage.xla_section
 
     def timed(model, name, *rest, **kwargs):
         start = time.perf_counter()
@@ -48,13 +48,13 @@ def _child(args) -> None:
         finally:
             seconds[name] = time.perf_counter() - start
 
-    xla.xla_section = timed                          # run_stage calls it once per target
+    stage.xla_section = timed                          # run_stage calls it once per target
     start = time.perf_counter()
-    stage = xla.run_stage(model, args.targets, xla.Options.of({"topology": args.topology}), run_dir=args.run)
+    ran = stage.run_stage(model, args.targets, stage.Options.of({"topology": args.topology}), run_dir=args.run)
     wall = time.perf_counter() - start
     shapes = {name: [{"label": s.label, "status": s.status, "cached": s.cached, "lower": s.lower_seconds,
                       "compile": s.compile_seconds} for s in r.shapes]
-              for name, r in stage.reports.items() if hasattr(r, "shapes")}
+              for name, r in ran.reports.items() if hasattr(r, "shapes")}
     print(json.dumps({"wall": wall, "targets": seconds, "shapes": shapes}))
 
 

@@ -5,7 +5,7 @@ a verdict must keep (benchmarks/zoo_rules.py).
 
     .venv/bin/python benchmarks/zoo.py [--workers 2] [--family causal-lm,ctc] [--only gpt2,bert.masked-lm]
                                        [--quick] [--stages fallbacks,compile,report] [--out runs/zoo]
-                                       [--doc docs/zoo.md] [--fresh] [--build-only]
+                                       [--doc docs/zoo.md] [--fresh] [--build-only] [--table]
 
 A row is one model type in one task family (zoo_build.FAMILIES). Causal LMs run the generation workload
 (`-p workload generate`: prefill and decode buckets, KV cache); text seq2seq models run one teacher-forced forward
@@ -15,7 +15,8 @@ On seeded weights stage 4's task-metric findings are set aside (SEEDED). --worke
 in this process (portkit.run.runner); more run on Ray (portkit.run.sweep), a row's two targets as two tasks.
 
 Each row's result is written to <out>/rows/<row>.json as it ends: a zoo killed and started again with the same
-command skips the rows it finished (--fresh clears them). The table (--doc) is rewritten after every row.
+command skips the rows it finished (--fresh clears them). The table (--doc) is rewritten after every row; --table
+writes it from the finished rows alone (a zoo run in parts, one family at a time), each row naming its commit and host.
 
 The last line: `zoo: N architectures (B not buildable), K stage crashes, V rule violations, M not assessed (wall
 ...; host ...)`. N counts rows, B those the zoo could not build (each with its one line), K row x stage pairs that
@@ -46,7 +47,7 @@ from portkit.run import runner  # noqa: E402
 from portkit.run import notebook_parameters  # noqa: E402
 from portkit.runfolder import layout  # noqa: E402
 from portkit.runfolder import run_log  # noqa: E402
-from portkit.stages.report import stage as report_stage  # noqa: E402
+from portkit.stages.report.stage import BLOCKED, NOT_ASSESSED, READY, READY_WITH_WORK  # noqa: E402
 
 TARGETS = ("neuron", "tpu")
 # Small parameters of every stage; each run gets those its stages declare. Four requests give stage 2's storm
@@ -86,7 +87,7 @@ ZOO_MARKER = ".portkit-zoo"     # in the runs folder: a folder the zoo may clear
 NOT_BUILDABLE = "not buildable"
 # a row with a stage crash or a rule violation has failed, whatever its verdict says: its verdict is not counted
 ROW_FAILED = "row failed (crash or rule violation)"
-OUTCOMES = (report_stage.READY, report_stage.READY_WITH_WORK, report_stage.BLOCKED, report_stage.NOT_ASSESSED,
+OUTCOMES = (READY, READY_WITH_WORK, BLOCKED, NOT_ASSESSED,
             SEEDED, NOT_BUILDABLE, ROW_FAILED)
 
 
@@ -112,6 +113,9 @@ class Result:
     judged: dict = dataclasses.field(default_factory=dict)      # target: the verdict without it, where it differs
     peak: dict = dataclasses.field(default_factory=dict)        # {"bytes": n, "source": what measured it}
     cpu_seconds: float = 0.0        # --workers 1: CPU time of this process and the row's kernels (its children)
+    commit: str = ""                # the portkit commit the row ran at (rows of one table may span commits)
+    host: str = ""                  # the host's speed and load when the row ended (host_speed)
+    builder: str = ""               # the key of the builders and sizes it was built with (zoo_build.cache_folder)
 
     @classmethod
     def of(cls, row: zoo_build.Row) -> "Result":
@@ -171,7 +175,7 @@ def read_result(result: Result, run_dirs: dict, stages: list[str], config: dict 
                 error = first_line(run.error(stage)).split("; the executed notebook is ")[0]
                 result.crashes.append([stage, error])
         entry = run.get("report").get("targets", {}).get(target) or {}
-        result.verdicts[target] = entry.get("verdict") or report_stage.NOT_ASSESSED
+        result.verdicts[target] = entry.get("verdict") or NOT_ASSESSED
         first = entry.get("first") or entry.get("findings") or []
         if first and not result.finding:
             result.finding = f"{target}: {first_line(first[0].get('message'))}"
@@ -264,7 +268,7 @@ def run_serial(row: zoo_build.Row, folder: Path, out: Path, stages, params: dict
         pass                                   # each failed stage is read from the run log below
     except PortkitError as exc:                # refused in the plan step: one line, nothing run
         result.refused = first_line(exc)
-        result.verdicts = {t: report_stage.NOT_ASSESSED for t in TARGETS}
+        result.verdicts = {t: NOT_ASSESSED for t in TARGETS}
         return result
     except Exception as exc:  # noqa: BLE001 (a run that ends in a traceback is portkit's crash, a row of the table)
         result.crashes.append(["run", f"{type(exc).__name__}: {first_line(exc)}"])
@@ -283,7 +287,7 @@ def run_ray(rows: list[tuple[zoo_build.Row, Path]], out: Path, stages, params: d
                                           row_parameters(row, stages, params), stages=stages, log=lambda _: None)
         except PortkitError as exc:
             results[row.key].refused = first_line(exc)
-            results[row.key].verdicts = {t: report_stage.NOT_ASSESSED for t in TARGETS}
+            results[row.key].verdicts = {t: NOT_ASSESSED for t in TARGETS}
     cores = os.cpu_count() or 1
     resources = sweep.Resources(cpus_per_task=max(cores / max(workers, 1), 0.01), memory_per_task_gib=2.0)
     if cells:
@@ -305,7 +309,7 @@ def run_ray(rows: list[tuple[zoo_build.Row, Path]], out: Path, stages, params: d
 def counts(results: list[Result]) -> dict:
     return {"architectures": len(results), "not_buildable": sum(bool(r.built) for r in results),
             "crashes": sum(len(r.crashes) for r in results), "violations": sum(len(r.violations) for r in results),
-            "not_assessed": sum(v == report_stage.NOT_ASSESSED for r in results for v in r.verdicts.values())}
+            "not_assessed": sum(v == NOT_ASSESSED for r in results for v in r.verdicts.values())}
 
 
 def summary_line(results: list[Result]) -> str:
@@ -322,7 +326,7 @@ def outcome(result: Result, target: str) -> str:
         return ROW_FAILED
     if target in result.judged:
         return SEEDED
-    return result.verdicts.get(target, report_stage.NOT_ASSESSED)
+    return result.verdicts.get(target, NOT_ASSESSED)
 
 
 def shares(results: list[Result]) -> dict:
@@ -335,18 +339,22 @@ def shares(results: list[Result]) -> dict:
     return table
 
 
-def causal_claim(results: list[Result]) -> str:
-    """The causal-LM share ready or ready with work per target: the figure comparable to a vendor's claim."""
+def causal_claim(results: list[Result], listed: int | None = None) -> str:
+    """The causal-LM share ready or ready with work per target: the figure comparable to a vendor's claim. `listed`:
+    how many causal-LM model types the mapping lists; where fewer have a row, the share is said to be a sample's."""
     causal = [r for r in results if r.family == "causal-lm"]
     if not causal:
         return ""
     parts = []
     for target in TARGETS:
-        good = sum(outcome(r, target) in (report_stage.READY, report_stage.READY_WITH_WORK) for r in causal)
+        good = sum(outcome(r, target) in (READY, READY_WITH_WORK) for r in causal)
         parts.append(f"{target} {good}/{len(causal)} ({good / len(causal):.0%})")
     return (f"Causal LMs ready or ready with work (generation workload, emulated: CPU under each target's rules, "
-            f"not hardware): {', '.join(parts)}; the denominator holds every causal-LM model type the mapping lists, "
-            "the not buildable ones and the rows with a stage crash or a rule violation included.")
+            f"not hardware): {', '.join(parts)}; " + (
+                "the denominator holds every causal-LM model type the mapping lists" if not listed or
+                listed <= len(causal) else f"a sample: {len(causal)} of the {listed} causal-LM model types the "
+                "mapping lists have a row here; the denominator holds the sample's rows")
+            + ", the not buildable ones and the rows with a stage crash or a rule violation included.")
 
 
 # ---------------------------------------------------------------- the page
@@ -390,7 +398,8 @@ def _details(result: Result, stages: list[str]) -> str:
         items.append(f"<b>peak memory</b>: {_peak(result)} ({_esc(result.peak['source'])})")
     if result.seconds:
         items.append(f"<b>wall</b>: {result.seconds:.0f} s" + (f", CPU {result.cpu_seconds:.0f} s (this process and "
-                                                               "the row's kernels)" if result.cpu_seconds else ""))
+                                                               "the row's kernels)" if result.cpu_seconds else "")
+                     + (f"; host {_esc(result.host)}" if result.host else ""))
     alarms = [f"crash in {', '.join(s for s, _ in result.crashes)}"] if result.crashes else []
     alarms += [f"{len(result.violations)} rule violation(s)"] if result.violations else []
     text = result.finding or result.built or result.refused or _status(result, stages)
@@ -409,7 +418,7 @@ def _peak(result: Result) -> str:
 def _verdict_cell(result: Result, target: str) -> str:
     if result.built:
         return NOT_BUILDABLE
-    verdict = result.verdicts.get(target, report_stage.NOT_ASSESSED)
+    verdict = result.verdicts.get(target, NOT_ASSESSED)
     if target in result.judged:
         return f"{verdict}<br><sub>{_esc(SEEDED)}: {result.judged[target]} without it</sub>"
     return verdict
@@ -431,12 +440,13 @@ def render(results: list[Result], stages: list[str], meta: dict) -> str:
              "(its cell shows both), not as ready, ready with work or blocked. Peak memory: the largest a stage "
              f"records in run.json (`{PEAK_KEY}`), else the row's kernels' resident memory sampled every "
              f"{PEAK_EVERY:g} s (\"process peak\", both targets in one run).", "",
-             f"- date: {meta['date']}", f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
+             f"- date: {meta['date']}", f"- commit: {_commits(results, meta['commit'])}",
+             f"- command: `{meta['command']}`",
              f"- host: {meta['host']}", f"- result: {meta['summary']}", ""]
     if len(stages) < len(layout.STAGE_NAMES):
         lines += [f"Stages run: {', '.join(stages)}. A verdict needs every stage's result, so with a subset "
                   "every target's verdict reads \"not assessed\".", ""]
-    claim = causal_claim(results)
+    claim = causal_claim(results, meta.get("causal_listed"))
     if claim:
         lines += [f"**{claim}**", ""]
     lines += ["## Share per task family and target", "",
@@ -458,6 +468,15 @@ def render(results: list[Result], stages: list[str], meta: dict) -> str:
         lines.append(f"| {r.model_type}{flag} <br><sub>{r.cls}</sub> | {r.family} | {_esc(_status(r, stages))} | "
                      + " | ".join(verdicts) + f" | {_peak(r)} | {_details(r, stages)} |")
     return "\n".join(lines) + "\n"
+
+
+def _commits(results: list[Result], current: str) -> str:
+    """The commits the rows ran at, with their counts: a zoo resumed across commits says which rows ran where."""
+    import collections
+    ran = collections.Counter(r.commit or "not recorded" for r in results if not r.built)
+    if not ran or set(ran) == {current}:
+        return f"`{current}`"
+    return "; ".join(f"`{c}` ({n} rows)" for c, n in ran.most_common()) + f"; table written at `{current}`"
 
 
 def cpu_seconds() -> float:
@@ -530,18 +549,23 @@ def select(rows: list[zoo_build.Row], only: str | None, family: str | None, quic
     return [r for r in rows if r.key in names or r.model_type in names]
 
 
-def _signature(stages: list[str], params: dict, folder: Path) -> str:
-    """What a finished row was run with: its stages, parameters and builders (the cache folder's key)."""
-    return f"{','.join(stages)}|{sorted(params.items())}|{sorted(GENERATION.items())}|{folder.name}"
+def _signature(stages: list[str], params: dict) -> str:
+    """What a finished row was run with: its stages and parameters. Its builder is the row's own (Result.builder),
+    like its commit: a zoo resumed after a builder change keeps the rows it finished; --fresh, or deleting a row's
+    <out>/rows file, runs them again."""
+    return f"{','.join(stages)}|{sorted(params.items())}|{sorted(GENERATION.items())}"
 
 
 def load_done(out: Path, signature: str) -> dict[str, Result]:
-    """The rows an earlier zoo with the same stages and parameters finished (<out>/rows/*.json)."""
+    """The rows an earlier zoo with the same stages and parameters finished (<out>/rows/*.json). A row saved when
+    the signature also held the builder's key ("<signature>|<key>") is read with that key as its builder."""
     done = {}
     for path in sorted((out / "rows").glob("*.json")):
         data = _json(path)
-        if data.get("signature") == signature and data.get("result"):
+        saved = str(data.get("signature") or "")
+        if (saved == signature or saved.startswith(signature + "|")) and data.get("result"):
             result = Result(**data["result"])
+            result.builder = result.builder or saved[len(signature) + 1:]
             done[result.key] = result
     return done
 
@@ -564,6 +588,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fresh", action="store_true", help="clear the runs folder's finished rows first")
     parser.add_argument("--build-only", action="store_true", help="build the rows' directories, run no stage")
     parser.add_argument("--list", action="store_true", help="print the rows and exit")
+    parser.add_argument("--table", action="store_true",
+                        help="write the table from the rows finished before (same stages and parameters), run none")
     return parser
 
 
@@ -575,14 +601,15 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     for key, value in KERNEL_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
-    rows = select(zoo_build.enumerate_rows(), args.only, args.family, args.quick, parser)
+    every = zoo_build.enumerate_rows()
+    rows = select(every, args.only, args.family, args.quick, parser)
     if args.list:
         print("\n".join(f"{r.key}\t{r.cls}" for r in rows))
         return 0
     stages = [s.name for s in notebook_parameters.select_stages(args.stages)]
     base = QUICK_PARAMETERS if args.quick else PARAMETERS
     folder, cache = zoo_build.cache_folder(), {}
-    signature = _signature(stages, parameters_for(stages, base), folder)
+    signature = _signature(stages, parameters_for(stages, base))
     out = Path(args.out).expanduser().resolve()
     _prepare_out(out, args.fresh)
     command = "python benchmarks/zoo.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -594,9 +621,11 @@ def main(argv=None) -> int:
     doc.parent.mkdir(parents=True, exist_ok=True)
     results = {k: v for k, v in done.items() if k in {r.key for r in rows}}
     meta = {"date": datetime.date.today().isoformat(), "commit": _commit(), "command": command.strip(),
-            "host": f"{os.cpu_count()} cores"}
+            "host": f"{os.cpu_count()} cores", "causal_listed": sum(r.family == "causal-lm" for r in every)}
 
     def finish(result: Result) -> None:
+        result.commit, result.builder = result.commit or meta["commit"], result.builder or folder.name
+        result.host = result.host or host_speed()
         results[result.key] = result
         save(out, result, signature)
         ordered = [results[r.key] for r in rows if r.key in results]
@@ -607,7 +636,7 @@ def main(argv=None) -> int:
               f"{'; refused: ' + result.refused if result.refused else ''} ({result.seconds:.0f} s)", flush=True)
 
     pending = []
-    for row in rows:
+    for row in ([] if args.table else rows):
         if row.key in results:
             continue
         begin = time.perf_counter()
@@ -639,7 +668,9 @@ def main(argv=None) -> int:
     ordered = [results[r.key] for r in rows if r.key in results]
     host, wall = host_speed(), time.perf_counter() - start
     summary = summary_line(ordered)
-    meta.update(summary=f"{summary} in {wall:.0f} s", host=host)
+    left = f" ({len(ordered)} of {len(rows)} rows finished)" if len(ordered) < len(rows) else ""
+    meta.update(summary=f"{summary}{left}" if args.table else f"{summary} in {wall:.0f} s",
+                host=f"{host} now; each row's own in its detail" if args.table else host)
     atomic_io.write_text(doc, render(ordered, stages, meta))
     atomic_io.write_json(out / "zoo.json", {"summary": summary, "wall_seconds": round(wall, 1), "host": host,
                                             "command": meta["command"], "commit": meta["commit"],

@@ -142,6 +142,11 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
     for key in table["per_layer"]:
         if key in out and "num_hidden_layers" in defaults:
             out["num_hidden_layers"] = len(out[key])
+    heads, kv = defaults.get("num_attention_heads"), defaults.get("num_key_value_heads")
+    if heads and kv == heads and "num_attention_heads" in out:
+        # multi-head attention at its default size (as many key/value heads as query heads) stays multi-head:
+        # grouped-query attention is a choice of the architecture the tiny size must not make for it (ESMC refuses it)
+        out["num_key_value_heads"] = out["num_attention_heads"]
     if "kv_lora_rank" in defaults:
         # multi-head latent attention (DeepSeek V2/V3): as many key/value heads as query heads, and its rotary
         # part is the head_dim its rotary embedding is built for

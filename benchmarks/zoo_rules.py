@@ -24,7 +24,8 @@ from pathlib import Path
 
 from portkit.core import grading
 from portkit.runfolder import layout
-from portkit.stages.report import stage as report_stage
+from portkit.stages.xla.stage import CONVERTED    # 3b's statuses of a shape its conversion stopped before the compiler
+from portkit.stages.report.stage import BLOCKER, READY, READY_WITH_WORK, WORK
 
 OK, SKIPPED = "ok", "skipped"
 # where a finding's source frame lies inside portkit's own package (the report shortens paths: "portkit/...")
@@ -92,6 +93,10 @@ def _assessed(stage: str, data: dict) -> list[tuple[str, str]]:
             empty.append((target, "no graph compiled (checks.graphs is 0)"))
         elif stage == "xla" and "shapes" in half and not half.get("shapes"):
             empty.append((target, "no shape checked (shapes is empty)"))
+        elif stage == "xla" and half.get("shapes") and not half.get("not_assessed") and all(
+                s.get("status") in CONVERTED for s in half["shapes"]):
+            # every shape stopped in portkit's conversion, before the compiler: the fit was never established
+            empty.append((target, "no shape reached the compiler and the fit is not marked not assessed"))
         elif stage == "accuracy" and half.get("verdict") == "pass" and not half.get("basis"):
             empty.append((target, "a pass with no basis (no task metric or tolerance behind it)"))
     if stage == "buckets" and "plans" in data and not data.get("plans"):
@@ -152,7 +157,7 @@ def causes_counted_once(run: Run) -> list[Violation]:
     for target, half in run.get("report").get("targets", {}).items():
         seen: dict[str, str] = {}
         for finding in half.get("findings") or []:
-            if finding.get("severity") not in (report_stage.BLOCKER, report_stage.WORK):
+            if finding.get("severity") not in (BLOCKER, WORK):
                 continue
             key = _cause(finding)
             if key in seen:
@@ -227,7 +232,7 @@ def verdicts_follow_policy(run: Run) -> list[Violation]:
             found.append(Violation("verdict off the grading policy", target,
                                    f"verdicts[{target}] is {report['verdicts'][target]!r}, the target's {verdict!r}"))
         missed = [s for s in broken if s not in (half.get("unassessed") or [])]
-        if missed and verdict in (report_stage.READY, report_stage.READY_WITH_WORK):
+        if missed and verdict in (READY, READY_WITH_WORK):
             found.append(Violation("verdict off the grading policy", target,
                                    f"{verdict!r} while stage(s) {', '.join(missed)} did not end ok and are not in "
                                    "unassessed"))

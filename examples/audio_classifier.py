@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from portkit import models
 from portkit.corpora import audio
 from portkit.models import inputs
-from portkit.models import registry as models
 
 RATE = 16_000
 WINDOW, HOP = 400, 160          # 25 ms windows every 10 ms

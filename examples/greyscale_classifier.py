@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from portkit import models
 from portkit.models import inputs
-from portkit.models import registry as models
 
 SIZE = 32
 # The normalisation of PyTorch's MNIST example (github.com/pytorch/examples, mnist/main.py): the mean and

@@ -15,8 +15,8 @@ import math
 import torch
 from torch import nn
 
+from portkit import models
 from portkit.models import inputs
-from portkit.models import registry as models
 
 FEATURES = 4
 

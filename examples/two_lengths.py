@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from portkit import models
 from portkit.models import inputs
-from portkit.models import registry as models
 
 SUMMARY, BODY = "summary", "body"
 MAX_SUMMARY, MAX_BODY = 64, 512        # tokens each side takes; longer sides are cut

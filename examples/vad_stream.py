@@ -19,10 +19,10 @@ import os
 import torch
 from torch import nn
 
+from portkit import models
 from portkit.corpora import audio
-from portkit.models import audio as audio_models
+from portkit.models.audio import StreamAdapter, StreamOutput, StreamStep, stream_declaration
 from portkit.models import inputs
-from portkit.models import registry as models
 
 RATE, CHUNK, CONTEXT, HIDDEN = 16_000, 512, 64, 64
 WAVS = os.environ.get("PORTKIT_EXAMPLE_WAVS", "/usr/share/sounds/alsa")
@@ -51,18 +51,18 @@ class VADStep(nn.Module):
         return torch.sigmoid(self.head(h))[:, 0], ((h, c), context)
 
 
-def step() -> audio_models.StreamStep:
+def step() -> StreamStep:
     torch.manual_seed(0)
-    return audio_models.StreamStep(
+    return StreamStep(
         "vad-stream", VADStep().eval(), CHUNK, state_shape=(((-1, HIDDEN), (-1, HIDDEN)), (-1, CONTEXT)),
         origin="random weights (seed 0), examples/vad_stream.py", rate=RATE,
-        outputs=(audio_models.StreamOutput("speech", inputs.PROBABILITY, threshold=0.5),))
+        outputs=(StreamOutput("speech", inputs.PROBABILITY, threshold=0.5),))
 
 
 def build() -> models.LoadedModel:
     vad = step()
     # One call of the step on each recording's first chunk, from the recordings themselves (not the run's corpus).
-    declared = dataclasses.replace(audio_models.stream_declaration(vad),
+    declared = dataclasses.replace(stream_declaration(vad),
                                    own_items=lambda: audio.folder_corpus(WAVS).clips)
-    return models.LoadedModel("vad-stream", inputs.PROBABILITY, audio_models.StreamAdapter(vad).eval(),
+    return models.LoadedModel("vad-stream", inputs.PROBABILITY, StreamAdapter(vad).eval(),
                               vad.origin, declaration=declared, stream=vad)

@@ -39,13 +39,13 @@ from IPython.display import display
 from portkit import models
 from portkit.runfolder import environment, results
 from portkit.stages import options
-from portkit.corpora import corpus as data
-from portkit.stages.fallbacks import stage as fallbacks
+from portkit.corpora.corpus import corpus_for, example_batch
+from portkit.stages.fallbacks.stage import Options, RecordSettings, find_fallbacks
 
 # %%
 model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "fallbacks", targets=targets)  # no weights: stage 3b checks it
-opts = fallbacks.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts = Options.of(globals(), model=model)   # this stage's parameters, checked
 opts
 
 # %%
@@ -59,8 +59,8 @@ m = models.load(model)
 print(m.summary())
 
 # %%
-texts = data.corpus_for(m, opts.corpus, opts.text_column)
-inputs, described = data.example_batch(m, texts, batch_size=opts.batch_size, seq_len=opts.seq_len, seed=opts.seed)
+texts = corpus_for(m, opts.corpus, opts.text_column)
+inputs, described = example_batch(m, texts, batch_size=opts.batch_size, seq_len=opts.seq_len, seed=opts.seed)
 print(described)
 
 # %% [markdown]
@@ -76,7 +76,7 @@ print(described)
 
 # %%
 prompts = list(texts.sample(opts.batch_size, opts.seed)) if opts.workload == "generate" else None   # its texts
-report = fallbacks.find_fallbacks(m, inputs, targets, settings=fallbacks.RecordSettings(
+report = find_fallbacks(m, inputs, targets, settings=RecordSettings(
     train=opts.train, description=described, workload=opts.workload, prompts=prompts,
     texts=getattr(texts, "texts", None)))
 report

@@ -57,13 +57,14 @@ from IPython.display import display
 from portkit import models
 from portkit.runfolder import environment, results
 from portkit.stages import options
-from portkit.stages.compile import stage as compiling
-from portkit.corpora import corpus as data
+from portkit.stages.compile.stage import (CompileReport, Options, check_fixed_shapes, check_generation,
+    check_training, compile_costs, eager_findings, find_graph_breaks, make_requests, recompile_storms)
+from portkit.corpora.corpus import corpus_for
 
 # %%
 model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "compile", targets=targets)  # no weights: stage 3b checks it
-opts = compiling.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts = Options.of(globals(), model=model)   # this stage's parameters, checked
 opts.check_targets(targets)                            # the backend and the precision, for each target
 opts
 
@@ -77,8 +78,8 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
-texts = data.corpus_for(m, opts.corpus, opts.text_column)   # the items its declaration builds batches from
-stream = compiling.make_requests(m, texts, opts.requests, batch_size=opts.batch_size, max_tokens=opts.seq_len,
+texts = corpus_for(m, opts.corpus, opts.text_column)   # the items its declaration builds batches from
+stream = make_requests(m, texts, opts.requests, batch_size=opts.batch_size, max_tokens=opts.seq_len,
                                  seed=opts.seed)
 print(f"{m.name}: {m.kind}, {m.parameters / 1e6:.1f} M parameters, {m.origin}")
 print(stream)
@@ -90,7 +91,7 @@ print(stream)
 # capture runs every emulated target's checks (no compile yet).
 
 # %%
-breaks = compiling.find_graph_breaks(m, stream.inputs[0], targets, precision=opts.precision)
+breaks = find_graph_breaks(m, stream.inputs[0], targets, precision=opts.precision)
 breaks
 
 # %% [markdown]
@@ -101,7 +102,7 @@ breaks
 # **vanishes** (traced away: info, no cost compiled) or is **not checked**; and it names whose code it is.
 
 # %%
-for table in compiling.eager_findings(breaks, out, targets).values():
+for table in eager_findings(breaks, out, targets).values():
     display(table)
 
 # %% [markdown]
@@ -118,7 +119,7 @@ for table in compiling.eager_findings(breaks, out, targets).values():
 # compiles cost on each target follows below.
 
 # %%
-storms = compiling.recompile_storms(m, stream, targets, options=opts)
+storms = recompile_storms(m, stream, targets, options=opts)
 for storm in storms.values():
     display(storm)
 
@@ -130,7 +131,7 @@ for storm in storms.values():
 # recorded (request, shape, the guard that failed), then paid and counted: a finding, not a crash.
 
 # %%
-fixed = compiling.check_fixed_shapes(m, stream, targets, options=opts)
+fixed = check_fixed_shapes(m, stream, targets, options=opts)
 for result in fixed.values():
     print(result)
 
@@ -142,7 +143,7 @@ for result in fixed.values():
 # plot carries the same stream on (tokenized, not run): the compiles keep growing with the distinct lengths.
 
 # %%
-costs = compiling.compile_costs(m, stream, targets, options=opts, storms=storms)
+costs = compile_costs(m, stream, targets, options=opts, storms=storms)
 for name, cost in costs.items():
     print(f"{name}: {cost.seconds(opts.seq_len):.1f} s to compile one {opts.seq_len}-token shape ({cost.label()})")
 
@@ -157,7 +158,7 @@ for name, cost in costs.items():
 # %%
 generated = {}
 if opts.workload == "generate":
-    generated = compiling.check_generation(m, texts, targets, options=opts)
+    generated = check_generation(m, texts, targets, options=opts)
     for found in generated.values():
         print(found)
 
@@ -172,12 +173,12 @@ if opts.workload == "generate":
 # %%
 trained = {}
 if opts.workload == "train":
-    trained = compiling.check_training(m, texts, targets, options=opts)
+    trained = check_training(m, texts, targets, options=opts)
     for found in trained.values():
         print(found.summary())
 
 # %%
-report = compiling.CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs,
+report = CompileReport.from_steps(m, stream, breaks, storms=storms, fixed=fixed, costs=costs,
                                             generation=generated, training=trained)
 report
 

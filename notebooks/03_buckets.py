@@ -58,13 +58,13 @@ from portkit import models
 from portkit.planning import economics
 from portkit.runfolder import environment, results
 from portkit.stages import options
-from portkit.stages.buckets import stage as buckets
-from portkit.corpora import corpus as data
+from portkit.stages.buckets import stage
+from portkit.corpora.corpus import corpus_for, make_trace
 
 # %%
 model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "buckets", targets=targets)  # no weights: stage 3b checks it
-opts = buckets.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts = stage.Options.of(globals(), model=model)   # this stage's parameters, checked
 opts.check_targets(targets)   # the backend, for every target
 opts
 
@@ -80,14 +80,14 @@ print(environment.block(targets))
 
 # %%
 m = models.load(model)
-buckets.skip_unless_it_applies(m, out, targets)   # a model with one input shape has nothing to bucket
-texts = data.corpus_for(m, opts.corpus, opts.text_column)
-dist = buckets.distribution(texts, m)
-hist = buckets.histogram(dist, overflow=opts.overflow)
-cut = buckets.truncation(dist, hist)   # what the overflow policy cuts: a finding of its own
+stage.skip_unless_it_applies(m, out, targets)   # a model with one input shape has nothing to bucket
+texts = corpus_for(m, opts.corpus, opts.text_column)
+dist = stage.distribution(texts, m)
+hist = stage.histogram(dist, overflow=opts.overflow)
+cut = stage.truncation(dist, hist)   # what the overflow policy cuts: a finding of its own
 print(dist)
 print(hist)
-print(buckets.truncation_finding(cut)["message"])
+print(stage.truncation_finding(cut)["message"])
 dist.plot();
 
 # %% [markdown]
@@ -98,10 +98,10 @@ dist.plot();
 # dynamic programming over the histogram).
 
 # %%
-plans = buckets.compare(hist, opts.bucket_count, opts.max_batch)
+plans = stage.compare(hist, opts.bucket_count, opts.max_batch)
 for plan in plans:
     print(plan)
-buckets.plot_histogram(hist, plans);
+stage.plot_histogram(hist, plans);
 
 # %% [markdown]
 # ## How many buckets? `auto` prices compiles against padding
@@ -115,31 +115,31 @@ buckets.plot_histogram(hist, plans);
 # the warm-up budget, and says when the budget binds.
 
 # %%
-curves = buckets.sweep(hist)
+curves = stage.sweep(hist)
 token_seconds = economics.padding_prices(m, targets, hist.top)
-trace = data.make_trace(texts, m, opts.requests, seed=opts.seed, max_batch=opts.max_batch, dist=dist)
+trace = make_trace(texts, m, opts.requests, seed=opts.seed, max_batch=opts.max_batch, dist=dist)
 print(trace)
 for price in token_seconds.values():
     print(f"a padded token on {price.target}: {price.label()}")
 
 # %%
-costs = buckets.stage_costs(m, hist, targets, out_dir=out, options=opts)
-chosen = buckets.choose(hist, costs, token_seconds, options=opts)
-buckets.save_plans(chosen, out)   # stage 4 may start on these while the replay below runs
-alternatives = buckets.what_if(hist, costs, token_seconds, options=opts)
+costs = stage.stage_costs(m, hist, targets, out_dir=out, options=opts)
+chosen = stage.choose(hist, costs, token_seconds, options=opts)
+stage.save_plans(chosen, out)   # stage 4 may start on these while the replay below runs
+alternatives = stage.what_if(hist, costs, token_seconds, options=opts)
 for name, plans_at in alternatives.items():
     for factor, plan in plans_at.items():
         print(f"{name} at {factor:g}x the estimate: {plan}")
 
 # %%
-buckets.plot_padding(curves, chosen, opts.bucket_count);
+stage.plot_padding(curves, chosen, opts.bucket_count);
 
 # %% [markdown]
 # In JupyterLab, move the slider to redraw the buckets and the padding for another number of buckets
 # (headless runs skip it).
 
 # %%
-buckets.padding_slider(hist, curves, opts.bucket_count)
+stage.padding_slider(hist, curves, opts.bucket_count)
 
 # %% [markdown]
 # ## Generation (workload "generate"): prefill and decode buckets
@@ -151,7 +151,7 @@ buckets.padding_slider(hist, curves, opts.bucket_count)
 # %%
 served = None
 if opts.workload == "generate":
-    served = buckets.serving_plans(m, texts, costs, token_seconds=token_seconds, options=opts)
+    served = stage.serving_plans(m, texts, costs, token_seconds=token_seconds, options=opts)
 served
 
 # %% [markdown]
@@ -165,7 +165,7 @@ served
 # %%
 layouts = None
 if opts.workload == "train":
-    layouts = buckets.training_layouts(m, texts, chosen)
+    layouts = stage.training_layouts(m, texts, chosen)
     for name, rows in layouts.items():
         for row in rows:
             print(f"{name}: {row['layout']}: {row['compiles']} compile(s), {row['tokens_per_step']:.0f} real "
@@ -183,7 +183,7 @@ if opts.workload == "train":
 # (portkit/stages/buckets/grid_costs.py). The replay below buckets the first dimension.
 
 # %%
-grid = buckets.grid(m, texts, targets, costs=costs, options=opts)
+grid = stage.grid(m, texts, targets, costs=costs, options=opts)
 grid if grid is not None else print(f"{m.name} has one varying dimension: no grid to fit")
 
 # %% [markdown]
@@ -195,13 +195,13 @@ grid if grid is not None else print(f"{m.name} has one varying dimension: no gri
 # after warm-up: each is counted, with its request, shape and guard failure. Each shape's compile is
 # charged at its first measured time, so the order of
 # the runs favours no plan. The comparison runs on the first target's backend; every target replays
-# its own chosen plan on its own backend (`buckets.replay_targets(...,
-# replay=buckets.Replay(compare_every_target=True))` compares on all of them). In emulated mode every time is
+# its own chosen plan on its own backend (`stage.replay_targets(...,
+# replay=stage.Replay(compare_every_target=True))` compares on all of them). In emulated mode every time is
 # this CPU's, never the target's.
 
 # %%
-per_target = buckets.replay_targets(m, trace, plans, chosen=chosen, costs=costs, options=opts, what_ifs=alternatives)
-report = buckets.BucketReport(m.describe(), dist.to_dict(), hist, k=opts.bucket_count, plans=plans, curves=curves,
+per_target = stage.replay_targets(m, trace, plans, chosen=chosen, costs=costs, options=opts, what_ifs=alternatives)
+report = stage.BucketReport(m.describe(), dist.to_dict(), hist, k=opts.bucket_count, plans=plans, curves=curves,
                               token_seconds=token_seconds, trace=trace.describe(), targets=per_target,
                               grid=grid.to_dict() if grid is not None else None,
                               generation=served.to_dict() if served is not None else None, training=layouts,

@@ -49,11 +49,11 @@ scale_buckets = []  # real-size model: sequence buckets whose largest fitting ba
 # %%
 from portkit.runfolder import environment
 from portkit.stages import options
-from portkit.stages.xla import stage as xla
+from portkit.stages.xla.stage import Options, describe, load, plot_hbm, run_stage, shape_table
 
 # %%
 model, targets, out = options.common(model, targets, out_dir)
-opts = xla.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts = Options.of(globals(), model=model)   # this stage's parameters, checked
 opts
 
 # %%
@@ -68,11 +68,11 @@ print(environment.block(targets))
 # fewest chips first, until one fits (`portkit/stages/xla/realsize.py`).
 
 # %%
-m = xla.load(model)
-print(xla.describe(m))
+m = load(model)
+print(describe(m))
 
 # %%
-xla.shape_table(out, targets, m, opts=opts)
+shape_table(out, targets, m, opts=opts)
 
 # %% [markdown]
 # ## Compile (TPU) or lower (Neuron) every shape
@@ -84,7 +84,7 @@ xla.shape_table(out, targets, m, opts=opts)
 # measurements. `benchmarks/bench_sharded.py` measures what such a compile takes on this host (time and memory).
 
 # %%
-stage = xla.run_stage(m, targets, opts, run_dir=out)
+stage = run_stage(m, targets, opts, run_dir=out)
 stage
 
 # %% [markdown]
@@ -99,7 +99,7 @@ stage
 for name, step in stage.training.items():
     print(f"{name}: {step['summary']}")
     if step.get("breakdown"):
-        xla.plot_hbm({f"training step, batch {step['batch']}": step["breakdown"]}, step["hbm_bytes_per_device"]);
+        plot_hbm({f"training step, batch {step['batch']}": step["breakdown"]}, step["hbm_bytes_per_device"]);
 
 # %% [markdown]
 # ## Generation (workload "generate"): prefill and decode with the KV cache in HBM
@@ -115,7 +115,7 @@ for name, served in stage.serving.items():
     graphs = {f"{g} ({served[g]['tokens']} into {served[g]['context']})": served[g]["breakdown"]
               for g in ("prefill", "decode") if served.get(g, {}).get("breakdown")}
     if graphs:
-        xla.plot_hbm(graphs, served["decode"]["hbm_bytes_per_device"]);
+        plot_hbm(graphs, served["decode"]["hbm_bytes_per_device"]);
 
 # %% [markdown]
 # ## Save the result for the later stages and the report

@@ -70,13 +70,14 @@ from portkit.runfolder import environment, results
 from portkit.stages import options
 from portkit.targets import tolerance
 from portkit.workloads import streaming
-from portkit.stages.accuracy import stage as accuracy
-from portkit.corpora import corpus as data
+from portkit.stages.accuracy.stage import (Options, Scope, bucket_plan, check_accuracy, check_generation,
+    check_training, target_side)
+from portkit.corpora.corpus import corpus_for, example_batch
 
 # %%
 model, targets, out = options.common(model, targets, out_dir)
 results.skip_if_abstract(model, out, "accuracy", targets=targets)  # no weights: stage 3b checks it
-opts = accuracy.Options.of(globals(), model=model)   # this stage's parameters, checked
+opts = Options.of(globals(), model=model)   # this stage's parameters, checked
 print(tolerance.describe(opts.tolerances, opts.task_bounds))
 opts
 
@@ -96,15 +97,15 @@ m = models.load(model)
 print(m.summary())
 
 # %%
-texts = data.corpus_for(m, opts.corpus, opts.text_column)
-inputs, described = data.example_batch(m, texts, batch_size=opts.batch_size, seq_len=opts.seq_len, seed=opts.seed)
+texts = corpus_for(m, opts.corpus, opts.text_column)
+inputs, described = example_batch(m, texts, batch_size=opts.batch_size, seq_len=opts.seq_len, seed=opts.seed)
 print(described)
 
 # %%
-plan = accuracy.bucket_plan(out, targets, opts.default_buckets)
+plan = bucket_plan(out, targets, opts.default_buckets)
 
 # %%
-compiled = accuracy.target_side(targets)
+compiled = target_side(targets)
 
 # %% [markdown]
 # ## Reference against target, for every precision setting
@@ -115,8 +116,8 @@ compiled = accuracy.target_side(targets)
 # failed verdict and what to change, from what was measured.
 
 # %%
-report = accuracy.check_accuracy(m, inputs, targets, options=opts, corpus=texts, buckets=plan, description=described,
-                                 scope=accuracy.Scope(compiled=compiled))
+report = check_accuracy(m, inputs, targets, options=opts, corpus=texts, buckets=plan, description=described,
+                                 scope=Scope(compiled=compiled))
 report
 
 # %% [markdown]
@@ -183,7 +184,7 @@ if streamed is not None:
 # %%
 generated = None
 if opts.workload == "generate":
-    generated = accuracy.check_generation(m, texts, targets, options=opts)
+    generated = check_generation(m, texts, targets, options=opts)
     report.generation = generated
     report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
 generated
@@ -200,7 +201,7 @@ generated
 # %%
 training = None
 if opts.workload == "train":
-    training = accuracy.check_training(m, texts, targets, options=opts)
+    training = check_training(m, texts, targets, options=opts)
     report.training = training
     report.save(out / "accuracy.json")   # the inference result above was saved first: kept if this cell fails
 training

@@ -31,7 +31,7 @@ out_dir = "../runs/notebook"  # run folder holding the stage results; report.htm
 
 # %%
 from portkit.stages import options
-from portkit.stages.report import stage as report
+from portkit.stages.report.stage import build_report
 
 # %%
 model, targets, out = options.common(model, targets, out_dir)
@@ -43,7 +43,7 @@ model, targets, out = options.common(model, targets, out_dir)
 # each stage ran), not from the machine building the report.
 
 # %%
-migration = report.build_report(out, targets)
+migration = build_report(targets, run_dir=out)
 migration
 
 # %% [markdown]

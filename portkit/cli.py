@@ -237,7 +237,7 @@ def _report_held(run_dir, names):
             if removed:
                 print(f"portkit: note: removed {len(removed)} partial file(s) a killed run left: "
                       f"{', '.join(p.name for p in removed)}")
-            r = stage.build_report(run_dir, names)
+            r = stage.build_report(names, run_dir=run_dir)
             r.save(run_dir)
             return r
     except layout.FolderInUse as exc:

@@ -3,7 +3,7 @@
 # browser test, alsa-utils and espeak-ng for the audio tests, where missing and installable), then unit tests, notebook runs and nbval. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# sweep: Ray, so that tests/test_sweep.py runs a real sweep (the test extra stays the test tools alone)
+# sweep: Ray, so that tests/run/test_sweep.py runs a real sweep (the test extra stays the test tools alone)
 scripts/bootstrap.sh xla,audio,test,sweep
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -22,8 +22,9 @@ fi
 # One thread of torch (OpenMP) each: two processes of two threads on two cores wait on each other (measured
 # on this 2-core machine: 457 s side by side with two threads each, 324 s with one).
 export OMP_NUM_THREADS=1
-BESIDE=(tests/test_workbook_report.py tests/test_cli.py tests/test_runner.py tests/test_report_browser.py tests/test_zoo.py
-        tests/test_zoo_caches.py tests/test_interrupt.py tests/test_loop_finding.py)
+BESIDE=(tests/notebooks/test_workbook_report.py tests/cli/test_cli.py tests/run/test_runner.py
+        tests/stages/report/test_report_browser.py tests/zoo/test_zoo.py tests/zoo/test_zoo_caches.py
+        tests/run/test_interrupt.py tests/stages/compile/test_loop_finding.py)
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null

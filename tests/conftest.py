@@ -18,13 +18,13 @@ def _session_cache_root() -> str:
     within a session no shape is compiled twice. The user's other portkit caches (the standard
     library's docstrings, keyed by Python version and path) are copied in: they do not depend on
     anything a test changes, and re-reading the standard library would cost seconds per session."""
-    from portkit.corpora import corpus as data
+    from portkit.corpora.corpus import CACHE_VARIABLE, cache_root
     from portkit.tpu_compile import cache
-    user_root, root = data.cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
+    user_root, root = cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
     if user_root.is_dir():
         shutil.copytree(user_root, root, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(cache.FOLDER, cache.PROGRAMS))
-    os.environ[data.CACHE_VARIABLE] = root
+    os.environ[CACHE_VARIABLE] = root
     return root
 
 
@@ -51,8 +51,8 @@ def emulated_unless_native(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def corpus():
-    from portkit.corpora import corpus as data
-    return data.load_corpus("stdlib")
+    from portkit.corpora.corpus import load_corpus
+    return load_corpus("stdlib")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Write the generated pages of the docs site from their one source each, so they cannot drift from the code.
 
     python tools/build_docs.py            # rewrite the pages in docs/
-    python tools/build_docs.py --check    # exit 1 naming each page that is not current (tests/test_docs.py)
+    python tools/build_docs.py --check    # exit 1 naming each page that is not current (tests/docs/test_docs.py)
     python tools/build_docs.py --out DIR  # write them under DIR instead (same relative paths)
 
 - docs/reference/commands.md: every `portkit` command and its options, from the argparse parser (portkit/cli.py);
@@ -161,7 +161,8 @@ def design_page() -> str:
     lines = [GENERATED.format(source="pyproject.toml's [tool.importlinter] and each package's docstring"),
              "# Design\n\n", _docstring(ROOT / root / "__init__.py").strip().split("\n\n")[0] + "\n\n",
              f"`{root}` is built in layers, written down as [import-linter](https://import-linter.readthedocs.io) "
-             "contracts in `pyproject.toml` (`[tool.importlinter]`) and checked by `tests/test_architecture.py`; "
+             "contracts in `pyproject.toml` (`[tool.importlinter]`) and checked by "
+             "`tests/architecture/test_architecture.py`; "
              "a function-level import counts like a module-level one. Run them yourself from the repository "
              "root:\n\n```bash\n.venv/bin/lint-imports\n```\n\n## Contracts\n\n"]
     lines.extend(f"- **{c['name']}** (`{c['id']}`, {c['type']})\n" for c in contracts)

@@ -5,7 +5,7 @@
 The notebooks' own defaults are the workbook's (100 requests a storm, a warm-up budget of minutes);
 the tests execute the same notebooks with smaller values, injected by papermill (`--prepare-only`:
 the injected-parameters cell is added, nothing is run) and then executed by nbval. Every notebook
-writes into RUN_DIR, which tests/test_workbook_report.py reads afterwards.
+writes into RUN_DIR, which tests/notebooks/test_workbook_report.py reads afterwards.
 """
 from __future__ import annotations
 

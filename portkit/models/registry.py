@@ -373,7 +373,7 @@ def _from_factory(spec: str) -> LoadedModel:
     raise BadParameter(f"return value of {spec}", type(made).__name__, ("LoadedModel", "torch.nn.Module"))
 
 
-# Every built-in model has at most this many parameters (minilm, the largest, 22.7 M; tests/test_runner.py
+# Every built-in model has at most this many parameters (minilm, the largest, 22.7 M; tests/run/test_runner.py
 # loads each to check it): what the runner may assume of one before it is loaded.
 BUILTIN_MAX_PARAMETERS = 25_000_000
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")

@@ -89,7 +89,7 @@ def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSe
     if settings.rebuild_report and layout.REPORT not in {s.name for s in chosen}:
         from portkit.stages.report import stage
         try:
-            stage.build_report(out, per_stage[0][1]["targets"]).save(out)
+            stage.build_report(per_stage[0][1]["targets"], run_dir=out).save(out)
             result.report_rebuilt = True
             log("[report] rebuilt from the run folder")
         except BadParameter as exc:          # no stage result at all: nothing to report on

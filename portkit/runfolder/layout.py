@@ -1,9 +1,9 @@
 """The run folder: which stage writes which file, how a run folder is recognised, and the run log.
 
-    >>> from portkit.runfolder import layout as runfolder
-    >>> [s.name for s in runfolder.STAGES]
+    >>> from portkit.runfolder import layout
+    >>> [s.name for s in layout.STAGES]
     ['fallbacks', 'compile', 'buckets', 'xla', 'accuracy', 'report']
-    >>> runfolder.read_log("runs/minilm")["stages"]["compile"]["status"]      # "ok" or "failed"
+    >>> layout.read_log("runs/minilm")["stages"]["compile"]["status"]         # "ok" or "failed"
     'ok'
 
 A foundation: the runner, the report and the sweep read the layout from here, so no stage or

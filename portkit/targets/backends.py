@@ -36,6 +36,7 @@ from portkit.targets import allocator
 from portkit.targets import foreign_ops
 from portkit.core import owners
 from portkit.targets import numerics
+from portkit.targets import graph_shapes
 from portkit.targets import specs
 from portkit.core.errors import BadParameter, CompileRefused
 from portkit.core.findings import cause_key
@@ -98,32 +99,6 @@ class _OpLog(torch_private.TorchDispatchMode):
                         if isinstance(t, torch.Tensor):
                             seen.add(t.dtype)
         return func(*args, **(kwargs or {}))
-
-
-def _symbolic(value) -> bool:
-    for leaf in torch_private.tree_leaves(value):
-        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
-                isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape)):
-            return True
-    return False
-
-
-# A size read from a tensor's values (.item(), .tolist(), int(tensor)) is an unbacked symbol: no compile option
-# or padding of the inputs makes it static. The fixes, from PyTorch's "Backed vs Unbacked Symints" and
-# "Troubleshooting GuardOnDataDependentSymNode Errors" (docs.pytorch.org/docs/main/compile/
-# dynamic_shapes_backed_unbacked.html): compute the size from static metadata, or bound it with torch._check.
-DATA_DEPENDENT_SIZE = (
-    "data-dependent size at {}; a value read from a tensor with .item(), .tolist() or int(tensor) is used as a "
-    "size, so the graph's shape is known only at run time; torch.compile(dynamic=False), which portkit already "
-    "uses, and padding the inputs to buckets cannot make it static). Compute the size from static metadata "
-    "(.shape or a config value) or pass it as a Python int argument; or mark the region with torch._check / "
-    "torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs Unbacked Symints: "
-    "docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
-
-
-def _data_dependent(value) -> bool:
-    """Whether a symbolic value's shape rests on an unbacked symbol: a size read from a tensor's values."""
-    return torch_private.unbacked_sizes(value)
 
 
 def _not_lowered(calls: collections.Counter, table: specs.OpTable) -> list[dict]:
@@ -225,15 +200,17 @@ class EmulatedBackend:
 
     def _refuse(self, gm, check: GraphCheck) -> None:
         t = self.target
-        node = next((n for n in gm.graph.nodes if _symbolic(n.meta.get("example_value"))), None)
+        graph_shapes.without_asserted_reads(gm)
+        node = next((n for n in gm.graph.nodes if graph_shapes.symbolic(n.meta.get("example_value"))), None)
         if t.static_shapes and node is not None:
             trace = node.meta.get("stack_trace")
             # the first frame outside torch names the user's or the library's line, not torch's own (F.pad's)
             found = owners.innermost(owners.from_trace(trace))
             where = {k: v for k, v in found.items() if k != "line_key"} if found else _from_trace(trace)
             at = where_text(where) if where else "input " + node.name
-            if _data_dependent(node.meta.get("example_value")):
-                check.refused = f"{t.dynamic_shape_error} ({self.__name__}, emulated: {DATA_DEPENDENT_SIZE.format(at)}"
+            if graph_shapes.data_dependent(node.meta.get("example_value")):
+                size = graph_shapes.DATA_DEPENDENT_SIZE.format(at)
+                check.refused = f"{t.dynamic_shape_error} ({self.__name__}, emulated: {size}"
             else:
                 # portkit compiles with dynamic=False at fixed input shapes: a symbolic size left is not the inputs'
                 check.refused = (f"{t.dynamic_shape_error} ({self.__name__}, emulated: symbolic shape in {at}). "
@@ -432,7 +409,7 @@ def emulated_backend(target: str, precision=None, inductor: bool = False) -> Emu
 
 
 # One instance per target, module-level so that the entry points (pyproject.toml) can name them;
-# tests/test_backends_entrypoint.py checks the two lists agree.
+# tests/targets/test_backends_entrypoint.py checks the two lists agree.
 portkit_neuron = EmulatedBackend(specs.get("neuron"))
 portkit_tpu = EmulatedBackend(specs.get("tpu"))
 REGISTERED: dict[str, EmulatedBackend] = {"neuron": portkit_neuron, "tpu": portkit_tpu}
@@ -517,6 +494,24 @@ def failure_text(f: dict) -> str:
     """A compile_failure in one line: kind, message, explanation, where."""
     return f"{f['kind']}: {f['message']}" + (f" ({f['explanation']})" if f.get("explanation") else "") + \
         f" at {where_text(f['where'])}"
+
+
+# A size read from tensor values (an unbacked SymInt): no compile option or padding to fixed shapes removes it.
+DATA_DEPENDENT_ADVICE = (
+    "compute the size from static metadata (.shape or a config value) or pass it as a Python int argument; or "
+    "mark the region with torch._check / torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs "
+    "Unbacked Symints: docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
+
+
+def refusal_advice(text: str, where: dict | None, compiled: str) -> str:
+    """The advice on a refusal of the target's compiler that portkit met compiling `compiled` with dynamic=False at
+    fixed shapes (e.g. "one fixed input shape"): a size read from values is DATA_DEPENDENT_ADVICE; anything else
+    was refused at fixed shapes already, so the advice says that was tried, never to make the shapes static. The one
+    wording of this advice for every stage that meets a refusal."""
+    if "data-dependent size at" in text:
+        return DATA_DEPENDENT_ADVICE
+    return (f"tried: torch.compile(dynamic=False) at {compiled}, still refused, so padding to fixed shapes does not "
+            "help; change the code the compiler names" + (f" at {where_text(where)}" if where else ""))
 
 
 def compile_cause(what: str, where: dict | None, text: str) -> str:

@@ -1,7 +1,7 @@
 """A target's numerics on the CPU: its dtype rules and matmul precision, applied op by op.
 
-    >>> from portkit.targets import numerics, specs as targets
-    >>> tpu = targets.get("tpu")
+    >>> from portkit.targets import numerics, specs
+    >>> tpu = specs.get("tpu")
     >>> with numerics.emulate(tpu, "default") as mode:   # matmul operands rounded to bf16, fp32 accumulate
     ...     out = model(**inputs)
     >>> mode.stats                                       # what was changed, per kind

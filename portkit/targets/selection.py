@@ -1,7 +1,7 @@
 """Which torch.compile backend a stage uses for a target: the one rule, for stages 2 and 3 alike.
 
-    >>> from portkit.targets import selection, specs as targets
-    >>> detected = targets.detect("tpu")
+    >>> from portkit.targets import selection, specs
+    >>> detected = specs.detect("tpu")
     >>> selection.check_backend(detected, "auto")            # 'portkit_tpu' here (emulated), 'tpu' natively
     >>> backend, device = selection.backend_for(detected, "auto", precision=None)
     >>> torch.compile(module, backend=backend, dynamic=False)   # checks + target numerics, no codegen

@@ -1,7 +1,7 @@
 """The targets portkit moves models to, as data: one frozen entry per target, one `detect()`.
 
-    >>> from portkit.targets import specs as targets
-    >>> t = targets.detect("tpu")
+    >>> from portkit.targets import specs
+    >>> t = specs.detect("tpu")
     >>> t.mode, t.target.static_shapes, t.target.default_precision.name
     ('emulated', True, 'default')
     >>> t.op_table.classify("aten::addmm").status

@@ -1,11 +1,11 @@
 """The tolerance policy: how close a target's result must be to the reference to count as the same.
 
-    >>> from portkit.targets import specs as targets, tolerance
-    >>> tol = tolerance.tolerance_for(targets.get("tpu").default_precision)   # bf16 matmul operands
+    >>> from portkit.targets import specs, tolerance
+    >>> tol = tolerance.tolerance_for(specs.get("tpu").default_precision)     # bf16 matmul operands
     >>> tol.dtype, tol.rtol, tol.atol
     ('bfloat16', 0.016, 1e-05)
     >>> tol.check(actual, expected)          # None, or assert_close's message on one line
-    >>> tolerance.padding_tolerance(targets.get("tpu").default_precision)     # stage 3's padding check
+    >>> tolerance.padding_tolerance(specs.get("tpu").default_precision)       # stage 3's padding check
 
 Three decisions live here and nowhere else:
 - DEFAULT_TOLERANCES: the (rtol, atol) per dtype a result is held to, torch.testing.assert_close's own

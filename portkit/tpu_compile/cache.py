@@ -4,10 +4,10 @@ JAX's persistent compilation cache cannot serve compile-only executables (readin
 PjRt client with devices), so portkit keeps the verdict itself: compiled or refused, the compile seconds as
 measured, HBM per device, FLOPs and bytes accessed. That is all a report needs.
 
-    >>> from portkit.tpu_compile import cache as xla_cache
-    >>> key = xla_cache.verdict_key(lowered.as_text(), {"topology": "v5e:1x1", "versions": {...}})
-    >>> xla_cache.load(key)           # a Verdict, or None (absent, or damaged: compile again)
-    >>> xla_cache.store(key, verdict)  # one JSON file per key, written atomically
+    >>> from portkit.tpu_compile import cache
+    >>> key = cache.verdict_key(lowered.as_text(), {"topology": "v5e:1x1", "versions": {...}})
+    >>> cache.load(key)               # a Verdict, or None (absent, or damaged: compile again)
+    >>> cache.store(key, verdict)      # one JSON file per key, written atomically
 
 The key is the SHA-256 of the lowered StableHLO text with everything else that decides the compiler's
 answer (jax/jaxlib/libtpu versions, topology, dtype, XLA_FLAGS, LIBTPU_INIT_ARGS, compile options: built by

@@ -7,11 +7,11 @@ device, FLOPs, and whether it fits. Nothing is executed on a TPU. For Neuron (ne
 installable here) the same conversion stops at StableHLO: a lowering check, not a Neuron compile.
 
     >>> from portkit import models
-    >>> from portkit.tpu_compile import compiler as xla_compile
+    >>> from portkit.tpu_compile import compiler
     >>> m = models.load("minilm")
-    >>> report = xla_compile.compile_for_tpu(m, shapes=[{"batch": 8, "seq": 128}], topology="v5e:1x1")
+    >>> report = compiler.compile_for_tpu(m, shapes=[{"batch": 8, "seq": 128}], topology="v5e:1x1")
     >>> print(report)                 # per shape: compiled?, seconds, HBM per device, FLOPs, fits
-    >>> xla_compile.check_lowering(m, [{"batch": 8, "seq": 128}])     # Neuron: StableHLO only
+    >>> compiler.check_lowering(m, [{"batch": 8, "seq": 128}])         # Neuron: StableHLO only
 
 Every TPU compile verdict is kept in portkit's verdict cache (portkit.tpu_compile.cache), keyed by the lowered module
 and the compile context: a shape is never compiled twice, by a rerun or another stage (its ShapeResult says
@@ -36,6 +36,7 @@ from portkit.core import availability
 from portkit.core import owners
 from portkit.core import placement
 from portkit.tpu_compile import cache
+from portkit.tpu_compile import lowerings
 from portkit.models.meta_device import extract_abstract as _extract_abstract, is_abstract  # noqa: F401 (re-exported)
 from portkit.core.errors import BadParameter, MissingPackage, PortkitError
 from portkit.models.registry import LoadedModel
@@ -72,11 +73,14 @@ def _import_torchax():
        is one-way: where torch_tpu or torch_neuronx already claimed PrivateUse1, torchax cannot
        load, and the section is skipped with that reason.
     3. torchax turns PyTorch's MHA fast path off process-wide; the setting is restored.
+    4. portkit's lowerings of ATen ops torchax 0.0.13 leaves unlowered (portkit.tpu_compile.lowerings) join its
+       op registry before its environment first reads it.
     """
     fast_path = torch.backends.mha.get_fastpath_enabled()
     try:
         with torch_private.removed_named_overloads_tolerated():
             import torchax
+            lowerings.register()
             torchax.default_env()      # loads torchax.decompositions and the op registry
         torchax.device_module.is_available = lambda: False
     finally:
@@ -213,9 +217,11 @@ class Program:
     fn = property(lambda self: self._convert()[3])
 
     def key(self, result: ShapeResult, check: str, context: dict) -> str | None:
-        """The program key of one shape's check (portkit.tpu_compile.cache.program_key), this code's digest included."""
+        """The program key of one shape's check (portkit.tpu_compile.cache.program_key), the digests of this code
+        and of portkit's own lowerings included."""
         return cache.program_key(self.module, result.inputs, check,
-                                     {**context, "code": cache.source_digest(Program)})
+                                 {**context, "code": cache.source_digest(Program),
+                                  "lowerings": cache.source_digest(lowerings.register)})
 
     def narrow(self, dtype: torch.dtype) -> torch.dtype:
         if dtype.is_floating_point:

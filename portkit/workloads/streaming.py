@@ -1,9 +1,9 @@
 """A stateful streaming step under each target: compiled once per chunk shape, its state carried across a
 real stream, and the state's drift against float64 measured over the whole stream.
 
-    >>> from portkit.models import audio as audio_models
+    >>> from portkit.models import audio
     >>> from portkit.workloads import streaming
-    >>> step = audio_models.gru_step()                  # STFT log-mel front end + GRU; random weights (seed 0)
+    >>> step = audio.gru_step()                         # STFT log-mel front end + GRU; random weights (seed 0)
     >>> stream = streaming.speech_stream(seconds=20)    # recordings and spoken corpus texts, end to end, 16 kHz
     >>> result = streaming.check_stream(step, stream, ["neuron", "tpu"])
     >>> print(result)        # per target: compiles per chunk shape, the state's error chunk by chunk, its growth
@@ -409,12 +409,13 @@ def _reference(step: StreamStep, chunks) -> tuple[list[dict], list]:
 
 
 def float32_steps(step: StreamStep, chunks, ref_states: list) -> list[float]:
-    """Per chunk, the worst leaf's error of one step of the model as written (float32, eager on the CPU, no target's
-    numerics) from the float64 state: the error the model's own float32 arithmetic makes, today's yardstick."""
+    """Per chunk, the worst leaf's error of one step of the model as written (eager on the CPU, no target's numerics)
+    from the float64 state, in the dtype the step carries its state in (StreamStep.as_carried: float32, or float64
+    for a step that computes in it): the error the model's own arithmetic makes, today's yardstick."""
     errors = []
     with torch.no_grad():
         for i, chunk in enumerate(chunks):
-            prior = _moved(ref_states[i - 1], None, torch.float32) if i else step.initial_state()
+            prior = step.as_carried(ref_states[i - 1]) if i else step.carried_state()
             errors.append(max(_leaf_errors(step, step.module(chunk, prior)[1], ref_states[i]).values(), default=0.0))
     return errors
 
@@ -428,13 +429,13 @@ def _carry(step: StreamStep, compiled, chunks, device, ref_states, counter, late
     carried, and from one step off the float64 state."""
     def call(x):
         return compiled(**x)
-    state, outs, carried, single = _moved(step.initial_state(), device), [], [], []
+    state, outs, carried, single = _moved(step.carried_state(), device), [], [], []
     for i, chunk in enumerate(chunks):
         counter.request = i
         out, state = backends.call_counting_recompiles(call, {"chunk": chunk.to(device), "state": state}, late, i)
         outs.append({n: t.detach().cpu() for n, t in step.named_outputs(out).items()})
         carried.append(_leaf_errors(step, state, ref_states[i]))
-        prior = _moved(ref_states[i - 1], device, torch.float32) if i else _moved(step.initial_state(), device)
+        prior = _moved(step.as_carried(ref_states[i - 1]) if i else step.carried_state(), device)
         one = backends.call_counting_recompiles(call, {"chunk": chunk.to(device), "state": prior}, late, i)[1]
         single.append(_leaf_errors(step, one, ref_states[i]))
     return outs, _by_leaf(carried), _by_leaf(single)
@@ -458,7 +459,7 @@ def _run_target(step: StreamStep, name: str, chunks, reference: tuple[list, list
     late: list[dict] = []
     with torch.no_grad():
         for shape in dict.fromkeys(tuple(c.shape) for c in chunks):      # warm-up: one compile per shape
-            compiled(torch.zeros(shape, device=device), _moved(step.initial_state(), device))
+            compiled(torch.zeros(shape, device=device), _moved(step.carried_state(), device))
         warm = len(counter.events)
         with torch.compiler.set_stance("fail_on_recompile"):
             outs, carried, single = _carry(step, compiled, chunks, device, reference[1], counter, late)
@@ -568,5 +569,8 @@ def check_stream(step: StreamStep, stream: Stream, names, task_bounds: dict | No
     runs = [_run_target(step, n, chunks, reference, bounds, (precision or {}).get(n), sound) for n in names]
     for run in runs:
         run.tried = try_float32(step, run, chunks, reference, bounds, sound)
-    return StreamResult(step.describe(), {"seconds": stream.seconds, "source": stream.source,
-                                          "label": stream.label, "rate": stream.rate}, len(chunks), runs)
+    # the dtype each state leaf is carried in: the stream starts from it (StreamStep.carried_state)
+    carried = {name: str(d).removeprefix("torch.") for name, d in step.carried_dtypes().items()}
+    return StreamResult({**step.describe(), "state_dtypes": carried},
+                        {"seconds": stream.seconds, "source": stream.source, "label": stream.label,
+                         "rate": stream.rate}, len(chunks), runs)

@@ -1,10 +1,10 @@
 """A real training step: the model's own loss on real data, AdamW, N steps from the loaded weights.
 
     >>> from portkit import models
-    >>> from portkit.corpora import corpus as data
+    >>> from portkit.corpora import corpus
     >>> from portkit.workloads import training
-    >>> m, corpus = models.load("gpt2"), data.load_corpus("stdlib")
-    >>> batches = training.batches(m, corpus, steps=10, batch_size=4, seq_len=64, layout="packed")
+    >>> m, texts = models.load("gpt2"), corpus.load_corpus("stdlib")
+    >>> batches = training.batches(m, texts, steps=10, batch_size=4, seq_len=64, layout="packed")
     >>> run = training.train(m, batches, lr=1e-3)                        # eager float32, the reference
     >>> tpu = training.train(m, batches, lr=1e-3, target="tpu", compiled=True)  # torch.compile(portkit_tpu)
 

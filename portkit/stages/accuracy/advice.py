@@ -1,7 +1,9 @@
 """Stage 4's suggestions: what to change for a target, drawn only from what was measured.
 
+    >>> from portkit.models import inputs
     >>> from portkit.stages.accuracy import advice
-    >>> result.suggestions = advice.suggest(targets.get("tpu"), result, registry.EMBEDDING)
+    >>> from portkit.targets import specs
+    >>> result.suggestions = advice.suggest(specs.get("tpu"), result, inputs.EMBEDDING)
 
 A higher precision's measured error, norm layers that are out of tolerance only when every op is rounded,
 float64 ops that ran as float32 (quoting the error the cast alone causes, error_by_cause), the atol a
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from portkit.models import padding_side
 from portkit.targets import specs
 from portkit.stages.accuracy.comparison import primary_output
 from portkit.stages.accuracy.result import CAST_CAUSE, PrecisionResult, TargetAccuracy
@@ -118,7 +121,24 @@ def _element_wise_only(chosen: PrecisionResult) -> list[str]:
 
 
 def _padding(t: TargetAccuracy) -> list[str]:
-    """Buckets that fail while the main batch passes: padding changes the result."""
-    return [f"bucket {b['boundary']} fails while the main batch passes ({b['reasons'][0][:100]}): padding "
-            "changes the result; check that the model masks padded positions, or choose buckets that pad less"
-            for b in t.buckets if not b.get("skipped") and not b["passed"] and t.chosen.passed]
+    """Buckets that fail while the main batch passes, with what the stage tried on each (target_check._try_others):
+    its texts at their own length, unpadded (passes: padding is the cause, and the other padding side's try says
+    whether that side fixes it, padding_side.advice; still fails: the bucket's texts fail unpadded too, so padding
+    is not the cause); a bucket nothing was tried on gets leads, worded as such."""
+    out = []
+    for b in t.buckets:
+        if b.get("skipped") or b["passed"] or not t.chosen.passed:
+            continue
+        path = f"bucket {b['boundary']}"
+        head = f"{path} fails while the main batch passes ({b['reasons'][0][:100]})"
+        unpadded = next((x for x in t.tried if x.get("unpadded") and x["path"] == path), None)
+        if unpadded is None:
+            out.append(f"{head}; may help (not tried by portkit): buckets that pad less, or masking the padded "
+                       "positions in every layer that mixes positions")
+        elif unpadded["passed"]:
+            out.append(f"{head}: padding changes the result (tried: its texts pass at their own length); "
+                       + padding_side.advice(t.tried, [path], "at the same precision"))
+        else:
+            out.append(f"{head}: not padding (tried: its texts fail at their own length too), so these texts "
+                       "themselves fail at this precision")
+    return out

@@ -1,10 +1,12 @@
 """How a target's output is compared with the reference: elementwise errors and the task's own metric.
 
+    >>> from portkit.models import inputs
     >>> from portkit.stages.accuracy import comparison
-    >>> tol = tolerance.tolerance_for(targets.get("tpu").default_precision)
-    >>> found = comparison.compare(actual, expected, tol, mask=inputs["attention_mask"])
+    >>> from portkit.targets import specs, tolerance
+    >>> tol = tolerance.tolerance_for(specs.get("tpu").default_precision)
+    >>> found = comparison.compare(actual, expected, tol, mask=batch["attention_mask"])
     >>> found["max_abs"], found["passed"], found["reason"]        # reason: assert_close's message, or None
-    >>> comparison.task_metrics(models.EMBEDDING, actual, expected, mask, tolerance.DEFAULT_TASK_BOUNDS)
+    >>> comparison.task_metrics(inputs.EMBEDDING, actual, expected, mask, tolerance.DEFAULT_TASK_BOUNDS)
     >>> comparison.snr_db(decoded, reference_audio), comparison.si_sdr_db(decoded, reference_audio)   # in dB
 
 Only real positions count: a (batch, seq, ...) tensor is cut to its real tokens by the attention mask.

@@ -94,6 +94,10 @@ def row_bytes(model, inputs: dict, fixed_rows: bool, metric=None) -> int:
     # one row along each input's declared batch axis (a recurrent state is (layers, batch, hidden))
     row = model.declaration.fit(inputs, {BATCH: 1}, pad=False)
     with torch.no_grad():
+        # Once unmeasured first: a first call's one-time costs are no row's activations. Weights loaded from
+        # safetensors are memory-mapped (safetensors.torch.load_file maps the file) and enter resident memory
+        # when an op first reads them; a module may build a buffer on its first call and keep it.
+        model.module(**row)
         out, peak = added_bytes(lambda: model.module(**row))
         if metric is not None:
             peak += added_bytes(lambda: metric(out, row))[1]

@@ -1,6 +1,7 @@
 """Stage 4's result: per target and precision setting, what was measured, the verdict and the findings.
 
-    >>> report = accuracy.check_accuracy(model, inputs, ["tpu"])      # an AccuracyReport
+    >>> from portkit.stages.accuracy import stage
+    >>> report = stage.check_accuracy(model, inputs, ["tpu"])         # an AccuracyReport
     >>> print(report)                  # verdict, reasons, suggestions per target
     >>> report.save("runs/minilm/accuracy.json")
     >>> report.targets["tpu"].findings()          # findings.Finding: the report's terms
@@ -15,14 +16,14 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from portkit.targets.backends import compile_cause
+from portkit.targets.backends import compile_cause, refusal_advice
 from portkit.stages.accuracy import stats
+from portkit.models import padding_side
 from portkit.core import grading
 from portkit.core.findings import PADDING_CAUSE, Finding, cause_key
 from portkit.targets.numerics import precision_cost
 from portkit.runfolder.results import save_result
 from portkit.core.tables import HtmlTable
-from portkit.stages.accuracy import padding_side
 from portkit.stages.accuracy.stream_findings import stream_drift, stream_output, stream_recompile, stream_state
 from portkit.stages.accuracy.tables import AccuracyTables, against_baseline, baseline_role
 
@@ -360,7 +361,7 @@ class TargetAccuracy:
         return Finding("padding", grading.severity("padding"),
                        f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
                        "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
-                       "outputs at real positions", padding_side.advice(self.tried, paths),
+                       "outputs at real positions", padding_side.advice(self.tried, paths, "at the same precision"),
                        cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
     def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
@@ -394,8 +395,8 @@ class TargetAccuracy:
         where = f" at {refused['where']}" if refused.get("where") and refused["where"] not in refused["message"] else ""
         return Finding("compile_refused", grading.severity("compile_refused"),
                        f"{refused['backend']} refuses the compiled model{where}: {refused['message'][:400]}",
-                       "tried: the main batch's fixed shape, still refused: change the code the compiler names "
-                       f"(stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
+                       refusal_advice(refused["message"], refused.get("place"), "the main batch's fixed shape")
+                       + f" (stage 2 names the same cause); the numerics were judged in {self.chosen.target_side} "
                        "instead",
                        # stage 2's and 3's cause for the same refusal: one finding in the report
                        cause=compile_cause("refused", refused.get("place"), refused["message"]))
@@ -436,12 +437,11 @@ class AccuracyReport(AccuracyTables):
     def stream_findings(self, name: str) -> list[Finding]:
         """The target's stream checks that fail, as findings: its state's drift (stream_drift), each streamed
         output outside its budget (stream_output)."""
-        runs = [r for r in (self.stream.to_dict() if self.stream is not None else {}).get("runs", [])
-                if r["target"] == name]
+        runs = [r for r in (self.stream.runs if self.stream is not None else []) if r.target == name]
         return [stream_drift(r) if c["metric"] == "drift_growth" else stream_state(r, c)
                 if c["metric"] == "state_error" else stream_output(r, c)
-                for r in runs for c in r["checks"] if not c["passed"]] + \
-            [stream_recompile(r) for r in runs if r.get("late_compiles")]
+                for r in runs for c in r.checks if not c["passed"]] + \
+            [stream_recompile(r) for r in runs if r.late_compiles]
 
     def summary(self) -> str:
         return " | ".join(t.summary() for t in self.targets.values())

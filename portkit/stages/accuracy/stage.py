@@ -1,23 +1,23 @@
 """Stage 4, accuracy: the target's numerics against a reference, per output, per bucket and per layer.
 
-    >>> opts = accuracy.Options.of({"batch_size": 4})             # notebooks/04_accuracy.py's parameters, checked
-    >>> inputs, described = data.example_batch(model, corpus, opts.batch_size, opts.seq_len)
-    >>> plan = accuracy.bucket_plan("runs/minilm", ["tpu"])      # stage 3's buckets.json, else [32, 64, 128]
-    >>> report = accuracy.check_accuracy(model, inputs, ["tpu"], opts, corpus=corpus, buckets=plan)
+    >>> from portkit.corpora import corpus
+    >>> from portkit.stages.accuracy import stage
+    >>> opts = stage.Options.of({"batch_size": 4})                # notebooks/04_accuracy.py's parameters, checked
+    >>> inputs, described = corpus.example_batch(model, texts, opts.batch_size, opts.seq_len)
+    >>> plan = stage.bucket_plan("runs/minilm", ["tpu"])         # stage 3's buckets.json, else [32, 64, 128]
+    >>> report = stage.check_accuracy(model, inputs, ["tpu"], opts, corpus=texts, buckets=plan)
     >>> print(report); report.plot(); report.save("runs/minilm/accuracy.json")
 
 Reference: the model eager on the CPU as written, and a float64 copy (how far float32 is from exact). Target:
 the device natively; emulated, the CPU under `numerics.emulate(target, precision)`. The verdict is the task's:
 each output kind's task metrics (comparison.TASK_METRICS) within their budgets (`task_bounds`), or an error
 against float64 within `baseline_factor` times that of today's GPU setup (`gpu_numerics`: measured on the GPU
-where one is present, else emulated). `torch.testing.assert_close` at the dtype's tolerance is detail; only real
-positions count (the mask). Per layer, hooks name the first module out of tolerance; float64 run as float32 is
-split from the rounding. A target whose compiler refuses the model is judged in eager emulation (a blocker).
+where one is present, else emulated). Only real positions count (the mask). Per layer, hooks name the first
+module out of tolerance. A target whose compiler refuses the model is judged in eager emulation (a blocker).
 
-The parts: tolerances portkit/targets/tolerance.py; options and sizes settings.py; the reference and the task
-sample reference.py; one target's run target_check.py; comparisons comparison.py; per-layer hooks localize.py;
-how each target side runs target_runs.py; the result result.py, its tables tables.py, suggestions advice.py.
-This module: the stage's verb, its bucket plan, and the generation and training workloads' verbs.
+The parts: tolerances portkit/targets/tolerance.py; options settings.py; the reference reference.py; one target
+target_check.py; comparisons comparison.py; hooks localize.py; target sides target_runs.py; the result result.py,
+its tables tables.py, suggestions advice.py. This module: the verb, its bucket plan, the workloads' verbs.
 """
 from __future__ import annotations
 

@@ -11,11 +11,14 @@ bucket unpadded (padding as the cause).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from portkit.models.inputs import BATCH
 from portkit.stages.accuracy import stats
-from portkit.stages.accuracy import padding_side, target_runs
+from portkit.models import padding_side
+from portkit.stages.accuracy import target_runs
 from portkit.stages.accuracy.advice import suggest
 from portkit.stages.accuracy.comparison import compare, task_metrics
 from portkit.stages.accuracy.localize import layer_summary
@@ -28,6 +31,16 @@ from portkit.stages.accuracy.tables import against_baseline
 from portkit.stages.accuracy.target_runs import TargetSide
 from portkit.targets import specs
 from portkit.targets.tolerance import tolerance_for
+
+
+@dataclass(frozen=True)
+class PassMode:
+    """How one pass runs on a target side: compiled by the target's backend or eager, the batch the compiled
+    model is cut to (TargetSide.run's `batch`), and judged (its task metrics over the task sample: the chosen
+    precision only; the others are measured on the main batch)."""
+    compiled: bool
+    batch: int | None
+    judged: bool = False
 
 
 def _align(target_out: torch.Tensor, ref_out: torch.Tensor, padding_side: str) -> torch.Tensor:
@@ -52,7 +65,8 @@ def check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar)
     found, outs = [], []
     for p in [chosen, *others]:
         bar.set_postfix_str(f"{name} {p.name}")
-        result, out = _precision_result(ref, side, p, (ref.compiled and p == chosen, p == chosen), plan.batch, bar)
+        mode = PassMode(compiled=ref.compiled and p == chosen, batch=plan.batch, judged=p == chosen)
+        result, out = _precision_result(ref, side, p, mode, bar)
         found.append(result)
         outs.append(out)
         bar.update()
@@ -62,9 +76,9 @@ def check_target(ref: Reference, name: str, plan: BucketBoundaries, shared, bar)
     result = TargetAccuracy(detected.to_dict(), found[0], found[1:],
                             {"boundaries": plan.boundaries, "source": plan.source}, rows,
                             compile_refused=side.refused.to_dict() if side.refused else None)
-    result.suggestions = suggest(target, result, ref.kind)
     result.tried = _try_others(ref, side, result, (chosen, others), plan) + _try_compiled(ref, side, result, others,
                                                                                           plan, bar)
+    result.suggestions = suggest(target, result, ref.kind)       # after the tries: it says what they gave
     return result
 
 
@@ -81,10 +95,10 @@ def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, precis
     batches = {high: (low, high, texts, cut) for low, high, texts, cut in
                bucket_batches(ref.model, ref.corpus, plan.boundaries, ref.options.batch_size, ref.options.seed)} \
         if any(p.startswith("bucket ") for p in paths) and ref.corpus is not None else {}
-    tried = [_try_unpadded(ref, side, batches[int(p.removeprefix("bucket "))], chosen, p, bucket_compiled, plan.batch)
+    bucket_mode = PassMode(compiled=bucket_compiled, batch=plan.batch)
+    tried = [_try_unpadded(ref, side, batches[int(p.removeprefix("bucket "))], chosen, p, bucket_mode)
              for p in paths if p.startswith("bucket ") and int(p.removeprefix("bucket ")) in batches]
-    tried += _try_other_side(ref, side, [t["path"] for t in tried if t["passed"]], batches, chosen,
-                             (bucket_compiled, plan.batch))
+    tried += _try_other_side(ref, side, [t["path"] for t in tried if t["passed"]], batches, chosen, bucket_mode)
     for precision in others:
         for path in paths:
             if path == TASK_SAMPLE:
@@ -94,19 +108,19 @@ def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, precis
                 bucket = batches.get(int(path.removeprefix("bucket ")))
                 if bucket is None:
                     continue
-                row = _bucket_row(ref, bucket, precision, side, bucket_compiled, plan.batch)
+                row = _bucket_row(ref, bucket, precision, side, bucket_mode)
                 passed, reason = row["passed"], "; ".join(row["reasons"]) or None
             tried.append({"precision": precision.name, "setting": precision.setting, "path": path,
                           "passed": passed, "reason": reason})
     return tried
 
 
-def _precision_result(ref: Reference, side: TargetSide, precision, how: tuple[bool, bool], batch: int | None, bar):
-    """One precision on the main batch: eager with the per-layer hooks, then, where compiled (how[0]), judged on
+def _precision_result(ref: Reference, side: TargetSide, precision, mode: PassMode, bar):
+    """One precision on the main batch: eager with the per-layer hooks, then, where mode.compiled, judged on
     the compiled model (its outputs against the eager ones kept as compiled_vs_eager); its task metrics over the
-    task sample where judged (how[1]: the chosen precision; the others are measured on the main batch, beside
+    task sample where mode.judged (the chosen precision; the others are measured on the main batch, beside
     their vendor-stated cost). Returns the PrecisionResult and the outputs judged."""
-    compiled, judged = how
+    compiled, judged, batch = mode.compiled, mode.judged, mode.batch
     tolerances, mask, expected = ref.options.tolerances, ref.mask, ref.outputs
     tol = tolerance_for(precision, tolerances)
     per_dtype = {k: tolerance_for(precision, tolerances, r.dtype) for k, r in expected.items()}
@@ -167,7 +181,7 @@ def _buckets(ref: Reference, plan: BucketBoundaries, precision, side: TargetSide
     compiled = ref.compiled and (ref.scope.compiled_buckets or side.detected.native)
     checked = {round(i * (n - 1) / (MAX_CHECKED_BUCKETS - 1)) for i in range(MAX_CHECKED_BUCKETS)} \
         if n > MAX_CHECKED_BUCKETS else range(n)
-    rows = []
+    rows, mode = [], PassMode(compiled, plan.batch)
     batches = bucket_batches(model, ref.corpus, plan.boundaries, ref.options.batch_size, ref.options.seed)
     for i, (low, high, texts, truncated) in enumerate(batches):
         bar.update()
@@ -178,7 +192,7 @@ def _buckets(ref: Reference, plan: BucketBoundaries, precision, side: TargetSide
             items = "text" if model.takes_text else "item"
             rows.append({"boundary": high, "skipped": f"no {items} of {low + 1}-{high} {model.seq_dim} in the sample"})
         else:
-            rows.append(_bucket_row(ref, (low, high, texts, truncated), precision, side, compiled, plan.batch))
+            rows.append(_bucket_row(ref, (low, high, texts, truncated), precision, side, mode))
     return rows
 
 
@@ -189,7 +203,7 @@ def _try_compiled(ref: Reference, side: TargetSide, result: TargetAccuracy, othe
         return []
     tried = []
     for precision in others:
-        found = _precision_result(ref, side, precision, (True, False), plan.batch, bar)[0]
+        found = _precision_result(ref, side, precision, PassMode(compiled=True, batch=plan.batch), bar)[0]
         main_fails = main_path(result.chosen) == MAIN_BATCH and found.main_decision == stats.FAIL
         passed = not main_fails and not any(t["decision"] == stats.FAIL for t in found.output_tasks.values())
         tried.append({"precision": precision.name, "setting": precision.setting, "path": MAIN_BATCH,
@@ -197,14 +211,13 @@ def _try_compiled(ref: Reference, side: TargetSide, result: TargetAccuracy, othe
     return tried
 
 
-def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, path: str, compiled: bool,
-                  batch: int | None) -> dict:
+def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, path: str, mode: PassMode) -> dict:
     """A failing bucket's texts at their own length (no bucket padding) on the same target side and precision:
     "passed" says whether the task metrics hold there, so the bucket fails only padded (the padding cause)."""
     model, (_, high, texts, _) = ref.model, bucket
-    pad = padding_side.side_of(model) or "right"
+    pad = padding_side.pads_on(model)
     plain, expected, _, _ = ref.bucket(high, texts, model.encode(texts, pad_to=high), pad)
-    out = side.run(plain, precision, compiled=compiled, batch=batch)[0]
+    out = side.run(plain, precision, compiled=mode.compiled, batch=mode.batch)[0]
     main = judged_output(model, expected)
     task = task_metrics(model.declaration.primary.metric, out[main], expected[main], real_mask(model, plain),
                         ref.options.bounds, plain, ref.unit, main)
@@ -213,32 +226,30 @@ def _try_unpadded(ref: Reference, side: TargetSide, bucket: tuple, precision, pa
 
 
 def _try_other_side(ref: Reference, side: TargetSide, paths: list[str], batches: dict, precision,
-                    how: tuple[bool, int | None]) -> list[dict]:
+                    mode: PassMode) -> list[dict]:
     """Each bucket that fails only padded (its texts pass at their own length), padded on the side the tokenizer
     does not pad on and run again on the same target side and precision (padding_side): "passed" says whether that
     side fixes it, which the padding finding's advice then says it tried."""
-    other = padding_side.other(ref.model)
-    if other is None or not paths:
+    buckets = {path: batches[int(path.removeprefix("bucket "))] for path in paths}
+    other = padding_side.flippable(ref.model, next(iter(buckets.values()))[2]) if buckets else None
+    if other is None:      # no tokenizer side, or the declaration does not pad on it: no other side to try
         return []
     tried = []
-    for path in paths:
-        bucket = batches[int(path.removeprefix("bucket "))]
+    for path, bucket in buckets.items():
         with padding_side.padding_on(ref.model, other):
-            if not padding_side.lands_on(ref.model, ref.model.encode(bucket[2], pad_to=bucket[1]), other):
-                return []      # the declaration does not pad on the tokenizer's side: there is no other side to try
-            row = _bucket_row(ref, bucket, precision, side, *how)
+            row = _bucket_row(ref, bucket, precision, side, mode)
         tried.append({"precision": precision.name, "setting": precision.setting, "path": path,
                       "padding_side": other, "passed": row["passed"], "reason": "; ".join(row["reasons"]) or None})
     return tried
 
 
-def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, compiled: bool, batch: int | None) -> dict:
+def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, mode: PassMode) -> dict:
     """One bucket: its texts padded to the boundary on the target, against the reference at their own length."""
     model, dim, (low, high, texts, truncated) = ref.model, ref.model.seq_dim, bucket
-    pad = padding_side.side_of(model) or "right"
+    pad = padding_side.pads_on(model)
     padded = model.encode(texts, pad_to=high)
     plain, expected, baseline, truth = ref.bucket(high, texts, padded, pad)
-    out = side.run(padded, precision, compiled=compiled, batch=batch)[0]
+    out = side.run(padded, precision, compiled=mode.compiled, batch=mode.batch)[0]
     out = {k: _align(out[k], r, pad) for k, r in expected.items()}
     mask, main = real_mask(model, plain), judged_output(model, expected)
     outputs = {k: compare(out[k], r, tolerance_for(precision, ref.options.tolerances, r.dtype), mask)
@@ -260,8 +271,8 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, comp
     reasons += [f"output {name!r}: {t['reason']}" for name, t in others.items()
                 if t["decision"] == stats.FAIL and not t.get("shape_mismatch")]
     real = sum(model.declaration.real_lengths(padded)[dim])
-    target = f"{side.label(compiled or side.refused is not None)}, padded to {high} {dim}"
-    if side.compiled and not compiled and side.refused is None:
+    target = f"{side.label(mode.compiled or side.refused is not None)}, padded to {high} {dim}"
+    if side.compiled and not mode.compiled and side.refused is None:
         target += "; compiled and padding-checked in stage 3"
     return {"boundary": high, "lengths": [low + 1, high], "texts": len(texts), "truncated": truncated,
             "padding": 1 - real / (len(texts) * model.declaration.size_of(padded, dim)), "primary": main,

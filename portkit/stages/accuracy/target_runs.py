@@ -1,9 +1,9 @@
 """How a target's outputs are produced for the accuracy comparison, and the float64 reference.
 
-    >>> from portkit import numerics, targets
+    >>> from portkit.targets import numerics, specs
     >>> from portkit.stages.accuracy.target_runs import TargetSide
-    >>> side = TargetSide(targets.detect("tpu"), model.module.eval(), numerics.emulate, compiled=True)
-    >>> out, rows, reason, changed, f64 = side.run(inputs, targets.get("tpu").default_precision)
+    >>> side = TargetSide(specs.detect("tpu"), model.module.eval(), numerics.emulate, compiled=True)
+    >>> out, rows, reason, changed, f64 = side.run(inputs, specs.get("tpu").default_precision)
     >>> out, *_ = side.run(inputs, precision, compiled=True, batch=4)     # stage 2's emulated backend
     >>> side.refused               # a Refusal when the target's compiler refused the model, else None
     >>> side.label(True)           # "compiled with portkit_tpu (retraced ATen graph, eager on the CPU)"
@@ -156,7 +156,7 @@ class SharedCompile:
     per input shape, whichever target's call compiled it.
 
         >>> shared = SharedCompile.for_targets(module, ["neuron", "tpu"], None, compiled=True)
-        >>> TargetSide(targets.detect("tpu"), module, numerics.emulate, True, shared)
+        >>> TargetSide(specs.detect("tpu"), module, numerics.emulate, True, shared)
     """
 
     def __init__(self, module, precisions: dict):

@@ -1,8 +1,10 @@
 """Stage 4 for training: loss curves and per-layer gradient norms under each target's numerics against fp32.
 
-    >>> from portkit import accuracy, data, models
-    >>> opts = accuracy.Options.of({"train_steps": 20})
-    >>> found = accuracy.check_training(models.load("gpt2"), data.load_corpus(), ["neuron", "tpu"], opts)
+    >>> from portkit import models
+    >>> from portkit.corpora import corpus
+    >>> from portkit.stages.accuracy import stage
+    >>> opts = stage.Options.of({"train_steps": 20})
+    >>> found = stage.check_training(models.load("gpt2"), corpus.load_corpus(), ["neuron", "tpu"], opts)
     >>> print(found)        # per target and precision: where the loss and the gradients part, and the advice
     >>> found.plot()        # the loss curves side by side; the largest per-layer gradient-norm gap per step
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from portkit.core import torch_private
+from portkit.models import padding_side
 from portkit.targets import numerics
 from portkit.targets import tolerance
 from portkit.targets.backends import (CompileCounter, EmulatedBackend, call_counting_recompiles, warm_inductor)
@@ -79,6 +80,10 @@ def reference_numerics(backend):
     return lambda: numerics.emulate(emulated.target, emulated.precision.name)
 
 
+# Texts of two lengths: the warm-up's example, and the batch the side the model pads on is read from.
+EXAMPLE_TEXTS = ("Return the sum of a and b.", "Sum.")
+
+
 class BucketedModel:
     """A model that pads every input along its varying dimension (its declaration's, portkit/models/inputs.py) to
     its plan's bucket, runs one torch.compile'd module, and slices sequence- and batch-shaped outputs back
@@ -95,10 +100,30 @@ class BucketedModel:
         self.late: list[dict] = []       # compiles refused under fail_on_recompile: request, shape, guard
         self.compiled = torch.compile(model.module, backend=self.counter, dynamic=False)
         self.declaration, self.dim = model.declaration, model.seq_dim
+        # the side the model's own batches hold their padding on (a decoder's tokenizer pads on the left): every
+        # bucket is padded there, so the padding check checks the padding the model gets
+        self.side = padding_side.pads_on(model, list(EXAMPLE_TEXTS) if self.plain_texts else None)
         self.device = device             # the target's device in native mode; the module must be there
         # per output: its batch and varying dims, its real positions
         self.follows = output_probe.output_dims(model, device)
         self.dims = {name: (o.batch, o.seq) for name, o in self.follows.items()}
+
+    @property
+    def plain_texts(self) -> bool:
+        """Whether the model's items are plain texts (one varying dimension, tokens)."""
+        return bool(self.model.takes_text) and len(self.declaration.varying) == 1
+
+    @contextlib.contextmanager
+    def padded_on(self, side: str):
+        """Every bucket padded on `side` inside the block, the tokenizer's side too where the model has one (as the
+        advice to flip it would set it), the model's own side again after it."""
+        own, self.side = self.side, side
+        try:
+            with padding_side.padding_on(self.model, side) if padding_side.side_of(self.model) else \
+                    contextlib.nullcontext():
+                yield
+        finally:
+            self.side = own
 
     @property
     def compiles(self) -> int:
@@ -116,7 +141,7 @@ class BucketedModel:
         length = min(length, self.plan.top)          # overflow "truncate": cut at the largest bucket
         seq, batch = self.plan.bucket_for(length), self.plan.batch_for(rows)
         # cut or padded along the varying dimension; more rows are copies of a real one (Declaration.fit)
-        padded = self.declaration.fit(inputs, {self.dim: seq}, rows=batch)
+        padded = self.declaration.fit(inputs, {self.dim: seq}, rows=batch, side=self.side)
         return {name: _dense(t).to(self.device) for name, t in padded.items()}, rows, length
 
     def unpad(self, outputs: dict[str, torch.Tensor], rows: int, length: int) -> dict[str, torch.Tensor]:
@@ -125,13 +150,15 @@ class BucketedModel:
         return {name: self.real_part(name, t, slice(0, rows), length) for name, t in outputs.items()}
 
     def real_part(self, name: str, t: torch.Tensor, rows: slice, length: int) -> torch.Tensor:
-        """Output `name` at the given rows (along its batch dims) and its real positions for `length`."""
+        """Output `name` at the given rows (along its batch dims) and its real positions for `length`: the first
+        ones, or the last where the buckets are padded on the left."""
         follows = self.follows.get(name, output_probe.OutputDims())
         index = [slice(None)] * t.dim()
         for d in follows.batch:
             index[d] = rows
         for d in follows.seq:
-            index[d] = slice(0, follows.positions(length))
+            n = follows.positions(length)
+            index[d] = slice(0, n) if self.side == "right" else slice(t.shape[d] - n, t.shape[d])
         return t[tuple(index)]
 
     def run_padded(self, padded: dict[str, torch.Tensor], request: int | None = None) -> dict[str, torch.Tensor]:
@@ -148,11 +175,12 @@ class BucketedModel:
 
     def example(self, batch: int, seq: int) -> dict[str, torch.Tensor]:
         """Inputs of one bucket's shape, for warm-up: a short real text cut or padded; other data: dummy()."""
-        if not self.model.takes_text or len(self.declaration.varying) > 1:    # items are not plain texts
+        if not self.plain_texts:    # items are not plain texts
             return {k: _dense(v).to(self.device) for k, v in self.declaration.dummy(batch, {self.dim: seq}).items()}
         # the tokenizer cannot cut below its special tokens: slice for buckets of 1 or 2 tokens
-        one = self.model.encode(["Return the sum of a and b."], max_length=max(seq, 3))
-        return {k: _dense(v).to(self.device) for k, v in self.declaration.fit(one, {self.dim: seq}, rows=batch).items()}
+        one = self.model.encode([EXAMPLE_TEXTS[0]], max_length=max(seq, 3))
+        fitted = self.declaration.fit(one, {self.dim: seq}, rows=batch, side=self.side)
+        return {k: _dense(v).to(self.device) for k, v in fitted.items()}
 
     def warm_up(self, progress: bool = False, costs: dict | None = None) -> list[dict]:
         """Compile every (batch, seq) shape of the plan once. Returns per shape: seconds (wall time of
@@ -227,6 +255,11 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
     the eager run happens under (default: reference_numerics(bm.backend), the emulated target's
     numerics); rtol/atol default to padding_tolerance(bm.backend).
 
+    Each bucket is padded on the side the model's own batches are (bm.side). A shape that fails is checked again
+    padded on the other side where the tokenizer's side moves the declaration's padding (padding_side.flippable):
+    its "other_side" says whether that side passes ({"side", "ok", "failures"}), which the padding finding's advice
+    says it tried.
+
     Real positions are each output's OutputDims.positions of the row's length (output_probe.py). An output whose real
     positions cannot be told (OutputDims.unchecked, or a padded output whose real part is not the unpadded output's
     shape) is not compared: it is listed in "unchecked" with why, and the shape's "ok" is None unless another output
@@ -235,23 +268,38 @@ def check_padding(bm: BucketedModel, trace: Trace, reference=None, rtol: float |
     if rtol is None or atol is None:
         tol = padding_tolerance(bm.backend)
         rtol, atol = tol.rtol, tol.atol
-    results = []
+    results, other = [], None
     batches, seqs = (0, *bm.plan.batch_sizes), (0, *bm.plan.boundaries)
     for bi in range(1, len(batches)):
         for si in range(1, len(seqs)):
-            rows, lengths = check_inputs(bm, trace, batches[bi], seqs[si], batches[bi - 1], seqs[si - 1])
-            got = bm(bm.declaration.stack(rows))
-            found = {"worst": 0.0, "failures": [], "unchecked": {}}
-            for r, (row, length) in enumerate(zip(rows, lengths)):
-                with torch.no_grad(), reference():
-                    want = bm.model.module(**{k: v.to(bm.device) for k, v in row.items()})
-                for name, expected in want.items():
-                    _compare(bm, name, got[name], expected.cpu(), (r, length), (rtol, atol), found)
-            failures, unchecked = found["failures"], found["unchecked"]
-            results.append({"batch": batches[bi], "seq": seqs[si], "rows": len(rows), "lengths": lengths,
-                            "max_abs_error": found["worst"], "ok": False if failures else None if unchecked else True,
-                            "failures": failures, "unchecked": unchecked, "rtol": rtol, "atol": atol})
+            shape = (batches[bi], seqs[si], batches[bi - 1], seqs[si - 1])
+            rows, lengths = check_inputs(bm, trace, *shape)
+            found = _check_shape(bm, rows, lengths, reference, (rtol, atol))
+            entry = {"batch": shape[0], "seq": shape[1], "rows": len(rows), "lengths": lengths, "side": bm.side,
+                     **found, "rtol": rtol, "atol": atol}
+            if found["ok"] is False and bm.plain_texts:
+                other = other or padding_side.flippable(bm.model, trace.pool_texts[:2]) or "none"
+                if other != "none":
+                    with bm.padded_on(other):
+                        tried = _check_shape(bm, rows, lengths, reference, (rtol, atol))
+                    entry["other_side"] = {"side": other, "ok": tried["ok"], "failures": tried["failures"][:3]}
+            results.append(entry)
     return results
+
+
+def _check_shape(bm: BucketedModel, rows: list[dict], lengths: list[int], reference, tol: tuple) -> dict:
+    """One bucket shape's check: `rows` stacked and padded on bm.side, run bucketed, each row's real part against
+    its unpadded eager run. Returns "ok", "max_abs_error", "failures" and "unchecked"."""
+    got = bm(bm.declaration.stack(rows, side=bm.side))
+    found = {"worst": 0.0, "failures": [], "unchecked": {}}
+    for r, (row, length) in enumerate(zip(rows, lengths)):
+        with torch.no_grad(), reference():
+            want = bm.model.module(**{k: v.to(bm.device) for k, v in row.items()})
+        for name, expected in want.items():
+            _compare(bm, name, got[name], expected.cpu(), (r, length), tol, found)
+    failures, unchecked = found["failures"], found["unchecked"]
+    return {"max_abs_error": found["worst"], "ok": False if failures else None if unchecked else True,
+            "failures": failures, "unchecked": unchecked}
 
 
 def mask_is_read(model, trace, extra: int = 8) -> bool | None:
@@ -279,6 +327,13 @@ def _compare(bm: BucketedModel, name: str, padded: torch.Tensor, expected: torch
     (r, length), follows = row, bm.follows.get(name, output_probe.OutputDims())
     if follows.unchecked:
         found["unchecked"].setdefault(name, follows.unchecked)
+        return
+    if bm.side == "left" and (follows.stride, follows.window) != (1, 1) and follows.seq:
+        # a strided output's windows start at the padded input's first slot: under left padding they do not
+        # line up with the unpadded run's, so its real part cannot be told
+        found["unchecked"].setdefault(name, f"output {name!r} has one position per {follows.stride} input "
+                                            "positions and the buckets are padded on the left: its windows start "
+                                            "in the padding and do not line up with the unpadded run's")
         return
     actual = bm.real_part(name, padded, slice(r, r + 1), length).cpu()
     if actual.shape != expected.shape:

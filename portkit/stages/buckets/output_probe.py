@@ -48,13 +48,25 @@ class OutputDims:
         return inputs.Output.count(n, self.stride, self.window, self.ceil)
 
 
-def probe_lengths(dim) -> tuple[int, int]:
-    """The two lengths output_dims probes a varying dimension at: its smallest size (at least 3), then the largest
-    length up to PROBE_SPAN times that plus one, within its largest, that shares no factor with the first (at least
-    2 more than the first)."""
-    short = max(3, dim.min)
+# portkit's first probe length, and how many times it is doubled where the model refuses a probe: the smallest
+# length is portkit's choice, not the model's input (Funnel's pooling blocks take no fewer than 5 positions)
+PROBE_LEAST = 3
+PROBE_TRIES = 5
+
+
+def probe_lengths(dim, least: int = PROBE_LEAST) -> tuple[int, int]:
+    """The two lengths output_dims probes a varying dimension at: its smallest size (at least `least`), then the
+    largest length up to PROBE_SPAN times that plus one, within its largest, that shares no factor with the first (at
+    least 2 more than the first)."""
+    short = max(least, dim.min)
     cap = max(short + 2, min(dim.max or short + 2, PROBE_SPAN * short + 1))
     return short, next((n for n in range(cap, short + 1, -1) if math.gcd(n, short) == 1), short + 2)
+
+
+def _probe(model, rows: int, sizes: dict, device: str) -> dict:
+    with torch.no_grad():
+        outputs = model.module(**model.declaration.dummy(rows, sizes, device=device))
+    return {k: tuple(v.shape) for k, v in outputs.items()}
 
 
 def _probed_stride(n: tuple[int, int], size: tuple[int, int]) -> tuple[int, bool] | None:
@@ -105,19 +117,24 @@ def _follows(name: str, a: tuple, b: tuple, n: tuple[int, int], declared) -> Out
 
 def output_dims(model, device: str = "cpu") -> dict[str, OutputDims]:
     """Which dims of each output follow the batch and the varying dimension, from two tiny eager runs of the
-    declaration's probe inputs (Declaration.dummy): 2 rows at the dimension's smallest size (at least 3), then 3
-    rows at PROBE_SPAN times that plus one (probe_lengths). A dim that reads 2 then 3 is a batch dim. An output
+    declaration's probe inputs (Declaration.dummy): 2 rows at the dimension's smallest size (at least 3; twice as
+    long where the model refuses that, PROBE_TRIES times at most), then 3 rows at PROBE_SPAN times that plus one
+    (probe_lengths). A dim that reads 2 then 3 is a batch dim. An output
     that declares a stride (inputs.Output) has the dims that read its positions at both lengths; any other, the
     dims that read the two lengths, else the dims a stride explains exactly (_probed_stride). Pooled outputs
     (minilm's "embedding") have no such dim and are never sliced; an output whose dims no rule explains is marked
     unchecked, with what to declare."""
     decl, dim = model.declaration, model.seq_dim
-    n = probe_lengths(decl.dim(dim))
-    shapes = []
-    for rows, length in zip((2, 3), n):
-        with torch.no_grad():
-            outputs = model.module(**decl.dummy(rows, {dim: length}, device=device))
-            shapes.append({k: tuple(v.shape) for k, v in outputs.items()})
+    least, largest = PROBE_LEAST, decl.dim(dim).max
+    for attempt in range(PROBE_TRIES):     # a refused probe length is portkit's choice: twice as long, again
+        n = probe_lengths(decl.dim(dim), least)
+        try:
+            shapes = [_probe(model, rows, {dim: length}, device) for rows, length in zip((2, 3), n)]
+            break
+        except Exception:  # noqa: BLE001 - the model refuses this length; the last try's error is the finding
+            least = 2 * n[0]
+            if attempt == PROBE_TRIES - 1 or (largest and least > largest):
+                raise
     declared = {o.name: o for o in decl.outputs}
     return {name: _follows(name, a, shapes[1].get(name, ()), n, declared.get(name))
             for name, a in shapes[0].items()}

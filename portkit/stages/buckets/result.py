@@ -16,6 +16,7 @@ import numpy as np
 
 from portkit.core import assessed, grading
 from portkit.core import owners
+from portkit.models import padding_side
 from portkit.corpora import corpus
 from portkit.planning import economics
 from portkit.runfolder import results
@@ -25,7 +26,7 @@ from portkit.stages.buckets.plots import draw_buckets, padding_slider, plot_hist
 from portkit.runfolder.results import Finding
 from portkit.stages.buckets.output_probe import FOLLOWS_ADVICE
 from portkit.core.tables import HtmlTable
-from portkit.targets.backends import compile_cause, failure_text
+from portkit.targets.backends import compile_cause, failure_text, refusal_advice
 
 
 STAGE = "buckets"
@@ -165,6 +166,8 @@ class TargetBuckets:
                          f"{self.priced(mine):.0f} s with the plan")
             ok = padding_ok(self.runs)
             text += {True: "; padding check passed", False: "; padding check FAILED", None: ""}[ok]
+            left = any(c.get("side") == "left" for r in self.runs for c in r.padding_checks)
+            text += " (padded on the left, as the model's batches are)" if ok is not None and left else ""
         unchecked = self.padding_unchecked()
         if unchecked:
             text += f"; could not check padding of output(s) {', '.join(unchecked)} (their real positions are unknown)"
@@ -223,30 +226,40 @@ class TargetBuckets:
 
     def _padding_finding(self, failed: list) -> dict:
         """Padding that changes the outputs at real positions, as one finding for the target however many runs
-        and bucket shapes showed it (the grading policy's "padding": work, the model runs at exact lengths). A
-        model with no mask input reads its padded positions wherever it mixes positions (a normalisation or a
-        pooling over the sequence axis): no mask can fix that, so the advice is what the policy names; with a mask,
-        where the mask does not reach is a lead, not a tried fix."""
-        first = next(f for r in failed for c in r.padding_checks for f in c.get("failures", []))
-        shapes = [f"{c['batch']}x{c['seq']}" for r in failed for c in r.padding_checks if c.get("ok") is False]
+        and bucket shapes showed it (the grading policy's "padding": work, the model runs at exact lengths). Each
+        failing shape was checked again padded on the other side where the tokenizer's side moves the padding
+        (bucketed.check_padding's "other_side"): the advice says what that try gave (padding_side.advice, stage 4's
+        rule too). A model with no mask input reads its padded positions wherever it mixes positions (a
+        normalisation or a pooling over the sequence axis): no mask can fix that, so the advice is what the policy
+        names; with a mask, where the mask does not reach is a lead, not a tried fix."""
+        checks = [c for r in failed for c in r.padding_checks if c.get("ok") is False]
+        first = next(f for c in checks for f in c.get("failures", []))
+        shapes = sorted({f"{c['batch']}x{c['seq']}" for c in checks})
+        side = checks[0].get("side", "right")
+        tried = [{"path": f"{c['batch']}x{c['seq']}", "padding_side": c["other_side"]["side"],
+                  "passed": c["other_side"]["ok"] is True} for c in checks if c.get("other_side")]
         mixing = "a layer that mixes positions (a normalisation or a pooling over the sequence axis)"
         why = {None: f"the model takes no mask input, so {mixing} reads the padded ones",
                False: "tried: the outputs are the same whether the mask marks the padding or not, so the model does "
                       f"not read its mask and {mixing} reads the padded ones",
                True: "the padded positions are masked, yet a layer reads them (a normalisation over the sequence "
                      "axis, or a layer the mask does not reach)"}[self.mask_read]
-        advice = ("this model needs exact-length batches or per-length buckets: batch requests of one length "
-                  "together, or plan one bucket per length (a compile each)")
-        if self.mask_read:
+        fixed = bool(tried) and all(t["passed"] for t in tried) and {t["path"] for t in tried} == set(shapes)
+        if fixed:
+            why = (f"padded on the {side}, the real positions move or read the padding (positions counted from the "
+                   f"first slot, or a layer that mixes positions); padded on the {tried[0]['padding_side']}, tried, "
+                   "they do not")
+        advice = padding_side.advice(tried, shapes, "in stage 3's padding check")
+        if self.mask_read and not fixed:
             advice += "; may help: pass the mask to every layer that mixes positions (not tried by portkit)"
         return Finding("padding", grading.severity("padding"),
-                       f"padding to a bucket changes the outputs at real positions ({', '.join(sorted(set(shapes)))} "
-                       f"in {', '.join(r.name for r in failed)}; first: {first}): {why}", advice,
+                       f"padding to a bucket on the {side} changes the outputs at real positions "
+                       f"({', '.join(shapes)} in {', '.join(r.name for r in failed)}; first: {first}): {why}", advice,
                        source="vllm-project/tpu-inference#3466",
                        consequence="work: the model runs, at exact-length batches or a compile per length",
                        cause=PADDING_CAUSE,
-                       occurrences={"runs": [r.name for r in failed], "shapes": sorted(set(shapes)),
-                                    "count": len(shapes)}).to_dict()
+                       occurrences={"runs": [r.name for r in failed], "shapes": shapes, "count": len(checks),
+                                    "side": side, "tried": tried}).to_dict()
 
     def _not_measured(self) -> list[dict]:
         """One finding per cause that stopped a run (a refusal of the target's compiler, or what the model raised):
@@ -266,10 +279,9 @@ class TargetBuckets:
             out.append(Finding(
                 kind, grading.severity(kind),
                 f"{', '.join(runs)} could not be measured on {self.name}: {failure_text(f)}",
-                f.get("hint") or ("tried: the bucket plan's fixed shapes, compiled with dynamic=False, still refused "
-                                  "(stage 2 names the same cause): change the code the compiler names, then replay "
-                                  "the buckets" if refused
-                                  else "fix the model where it raises, then replay the buckets"),
+                (refusal_advice(f["message"], f["where"], "the bucket plan's fixed shapes")
+                 + " (stage 2 names the same cause), then replay the buckets") if refused
+                else f.get("hint") or "fix the model where it raises, then replay the buckets",
                 where=f["where"], owner=owners.owner(f["where"]) if f["where"] else None, cause=cause,
                 consequence=("blocker: the target's compiler refuses the model, so no bucket plan runs there"
                              if refused else "blocker: the model raises at these bucket shapes"),

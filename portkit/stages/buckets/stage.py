@@ -1,22 +1,23 @@
 """Stage 3, shape bucketing: fit sequence buckets to the real length distribution, choose how many
 from the compile economics, and prove that nothing recompiles once every bucket is warm.
 
-    >>> from portkit import buckets, data, economics, models
-    >>> m, corpus = models.load("minilm"), data.load_corpus()
-    >>> opts = buckets.Options.of({"bucket_count": 4})      # the notebook's parameters over its defaults, checked
-    >>> hist = buckets.histogram(buckets.distribution(corpus, m))   # the model's own tokenizer
-    >>> costs = buckets.stage_costs(m, hist, ["neuron", "tpu"], options=opts)   # measured XLA; Neuron's estimate
+    >>> from portkit.corpora import corpus
+    >>> from portkit.models import registry
+    >>> from portkit.planning import economics
+    >>> from portkit.stages.buckets import stage
+    >>> m, texts = registry.load("minilm"), corpus.load_corpus()
+    >>> opts = stage.Options.of({"bucket_count": 4})      # the notebook's parameters over its defaults, checked
+    >>> hist = stage.histogram(stage.distribution(texts, m))   # the model's own tokenizer
+    >>> costs = stage.stage_costs(m, hist, ["neuron", "tpu"], options=opts)   # measured XLA; Neuron's estimate
     >>> prices = economics.padding_prices(m, ["neuron", "tpu"], hist.top)   # a padded position on each target
-    >>> print(buckets.choose(hist, costs, prices, opts)["tpu"].why)   # k, warm-up vs padding, the budget
-    >>> report = buckets.fit_buckets(m, corpus, ["neuron", "tpu"], "runs/minilm", opts)   # the whole stage
+    >>> print(stage.choose(hist, costs, prices, opts)["tpu"].why)   # k, warm-up vs padding, the budget
+    >>> report = stage.fit_buckets(m, texts, ["neuron", "tpu"], opts, run_dir="runs/minilm")   # the whole stage
     >>> report.save("runs/minilm/buckets.json")    # targets[t]["chosen"]: planner, boundaries, shapes, why
 
-Targets that compile one graph per input shape pay one compile for every distinct length they see
-(pytorch/xla#2422: 27 compiles in step 0). Per target, `auto` takes the number of buckets whose warm-up
-compiles plus padded compute over `serve_requests` cost least within the warm-up budget (planner.plan_auto):
-a compile priced by the target's cost model, a padded position on the target (portkit/planning/economics.py);
-an estimated cost is also planned at half and twice itself. Then real requests are replayed per target
-(bucketed.py: padding and checking outputs; trace_replay.py: compiling and replaying), the result in result.py.
+Targets that compile one graph per input shape pay a compile per distinct length (pytorch/xla#2422: 27 compiles
+in step 0). Per target, `auto` takes the bucket count whose warm-up compiles plus padded compute over
+`serve_requests` cost least within the warm-up budget (planner.plan_auto; prices: portkit/planning/economics.py,
+an estimate also planned at half and twice itself); then real requests are replayed per target (trace_replay.py).
 """
 from __future__ import annotations
 
@@ -279,13 +280,16 @@ def save_plans(chosen: dict[str, BucketPlan], out_dir) -> Path:
     return path
 
 
-def fit_buckets(model, corpus, targets=("neuron", "tpu"), out_dir=".", options: Options | None = None, *,
+def fit_buckets(model, corpus, targets=("neuron", "tpu"), options: Options | None = None, *, run_dir,
                 max_seq: int | None = None, costs: dict[str, economics.CostModel] | None = None,
                 replay: Replay | None = None) -> BucketReport:
     """The whole stage in one call (the notebook walks the same steps one by one, with the same calls).
     options: the notebook's parameters (None: its defaults). The chosen plan is priced for
-    options.serve_requests requests; options.requests only sets the replay's length. max_seq caps the
-    lengths (histogram; None: the model's). `costs` (per target) replaces stage_costs' cost models."""
+    options.serve_requests requests; options.requests only sets the replay's length. run_dir: the run folder
+    (stage 2's measured compiles are read from it; the chosen plans are written to it before the replay).
+    max_seq caps the lengths (histogram; None: the model's). `costs` (per target) replaces stage_costs' cost
+    models. replay: Replay (None: its defaults)."""
+    out_dir = run_dir
     options = options or Options.defaults()
     names = specs.parse_targets(targets)
     options.check_targets(names)

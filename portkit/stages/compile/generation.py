@@ -1,9 +1,9 @@
 """Stage 2 with `-p workload generate`: greedy generation compiled for each target, the dynamic KV cache
 against the bucketed static one.
 
-    >>> from portkit.stages.compile import generation as compile_generation
+    >>> from portkit.stages.compile import generation
     >>> lm = models.load("gpt2")
-    >>> found = compile_generation.check(lm, texts.sample(4, seed=0), ["neuron", "tpu"], 16, "auto")
+    >>> found = generation.check(lm, texts.sample(4, seed=0), ["neuron", "tpu"], 16, "auto")
     >>> found["tpu"].summary()
 
 Per target, on its compile backend (selection.backend_for: emulated here, the vendor's natively):

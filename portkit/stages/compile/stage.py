@@ -1,9 +1,9 @@
 """Stage 2, compile for the target: graph breaks, compiles, and the recompile storm on real data.
 
-    >>> from portkit.stages.compile import stage as compiling
-    >>> opts = compiling.Options.of({"seq_len": 64})         # the notebook's defaults, these values over them
-    >>> stream = compiling.make_requests(m, texts, opts.requests, max_tokens=opts.seq_len, seed=opts.seed)
-    >>> report = compiling.compile_model(m, stream, ["neuron", "tpu"], opts)
+    >>> from portkit.stages.compile import stage
+    >>> opts = stage.Options.of({"seq_len": 64})         # the notebook's defaults, these values over them
+    >>> stream = stage.make_requests(m, texts, opts.requests, max_tokens=opts.seq_len, seed=opts.seed)
+    >>> report = stage.compile_model(m, stream, ["neuron", "tpu"], opts)
     >>> print(report)            # per target: compiles against requests, what they cost on the target, the fix
     >>> report.save("runs/minilm/compile.json")
 
@@ -34,7 +34,7 @@ from portkit.core import owners
 from portkit.stages import reconcile
 from portkit.targets import selection
 from portkit.targets import specs
-from portkit.targets.backends import compile_cause, failure_text, where_text
+from portkit.targets.backends import compile_cause, failure_text, refusal_advice, where_text
 from portkit.corpora.requests import Requests, make_requests
 from portkit.stages.compile.fixed_shape import FixedShape, check_fixed_shape, check_fixed_shapes
 from portkit.stages.compile.graph_breaks import GraphBreaks, find_graph_breaks
@@ -46,8 +46,8 @@ from portkit.runfolder.results import Finding, save_result
 from portkit.core.tables import HtmlTable
 
 __all__ = ["AUTO", "COMPILE_SHAPES", "CompileReport", "FixedShape", "GraphBreaks", "Options", "Requests", "Storm",
-           "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_training", "compile_costs",
-           "compile_model", "eager_findings", "find_graph_breaks", "make_requests", "recompile_storm",
+           "StormSettings", "check_fixed_shape", "check_fixed_shapes", "check_generation", "check_training",
+           "compile_costs", "compile_model", "eager_findings", "find_graph_breaks", "make_requests", "recompile_storm",
            "recompile_storms"]
 
 STAGE = "compile"
@@ -97,12 +97,6 @@ def _finding(kind: str, message: str, advice: str, where: dict | None = None, *,
     return found
 
 
-DATA_DEPENDENT_ADVICE = (
-    "compute the size from static metadata (.shape or a config value) or pass it as a Python int argument; or "
-    "mark the region with torch._check / torch._check_is_size and torch.compiler guards (PyTorch docs, Backed vs "
-    "Unbacked Symints: docs.pytorch.org/docs/main/compile/dynamic_shapes_backed_unbacked.html)")
-
-
 def _lowering_case(op: dict) -> str:
     """The grading case of an op that would not lower: no kernel and no fallback, or run on the host CPU."""
     return grading.NO_KERNEL if op["status"] == "unsupported" else grading.RUNS_ON_HOST
@@ -123,12 +117,8 @@ def _compile_failures(check: dict, *failures) -> list[dict]:
     for text, entry in causes.items():
         failure, refused = entry["failure"] or {}, entry["steps"][0] == "graph capture"
         where = failure.get("where")
-        if "data-dependent size at" in text:   # a size read from values: no compile option or padding fixes it
-            advice = DATA_DEPENDENT_ADVICE
-        elif refused:   # portkit compiled with dynamic=False at fixed shapes: padding to fixed shapes was tried
-            advice = ("tried: torch.compile(dynamic=False) at one fixed input shape, still refused, so padding to "
-                      "fixed shapes does not help; change the code the compiler names"
-                      + (f" at {where_text(where)}" if where else ""))
+        if refused or "data-dependent size at" in text:   # portkit compiled with dynamic=False at a fixed shape
+            advice = refusal_advice(text, where, "one fixed input shape")
         else:
             advice = failure.get("hint") or "fix the model so the target's backend compiles it"
         kind = "compile_refused" if refused or failure.get("kind") == "refused" else "compile_failed"
@@ -551,17 +541,31 @@ class Options(options.StageOptions):
         return names
 
 
+@dataclass(frozen=True)
+class StormSettings:
+    """How compile_model runs the storm, beyond the notebook's options (the API's and the tests' settings; the
+    notebook runs the defaults): its first `compile_shapes` shapes compiled, the later ones counted from Dynamo's
+    guard failures (0: compile every shape; storm.py), and progress bars."""
+    progress: bool = True
+    compile_shapes: int = COMPILE_SHAPES
+
+    def __post_init__(self) -> None:
+        checks.boolean("progress", self.progress)
+        checks.non_negative_int("compile_shapes", self.compile_shapes)
+
+
 def compile_model(model, requests: Requests, targets=("neuron", "tpu"), options: Options | None = None, *,
-                  costs: dict[str, economics.CostModel] | None = None, progress: bool = True,
-                  compile_shapes: int = COMPILE_SHAPES) -> CompileReport:
+                  costs: dict[str, economics.CostModel] | None = None,
+                  storm: StormSettings | None = None) -> CompileReport:
     """The whole stage: graph breaks, the storm and the fixed-shape proof for every target, each
     compile priced with the target's cost (compile_costs, unless `costs` gives them). `options`: the
-    notebook's parameters (None: its defaults). The storm compiles its first `compile_shapes` shapes here
-    and counts the later ones from Dynamo's guard failures (0: compile every shape; storm.py)."""
-    opts = _options(options)
+    notebook's parameters (None: its defaults). `storm`: StormSettings (None: its defaults, the first
+    COMPILE_SHAPES shapes compiled, the later ones counted)."""
+    opts, storm = _options(options), storm or StormSettings()
     names = opts.check_targets(targets)
     breaks = find_graph_breaks(model, requests.inputs[0], names, opts.precision)
-    storms = recompile_storms(model, requests, names, opts, progress=progress, compile_shapes=compile_shapes or None)
+    storms = recompile_storms(model, requests, names, opts, progress=storm.progress,
+                              compile_shapes=storm.compile_shapes or None)
     fixed = check_fixed_shapes(model, requests, names, opts)
     costs = costs or compile_costs(model, requests, names, opts, storms=storms)
     return CompileReport.from_steps(model, requests, breaks, storms, fixed, costs)

@@ -43,7 +43,8 @@ AUTO = selection.AUTO
 # Shapes compiled for real before the rest are counted from Dynamo's guard failures: Dynamo's own default
 # recompile limit (torch._dynamo.config.recompile_limit), the number of shapes a frame compiles before Dynamo
 # itself stops compiling it. Written out, not read from Dynamo: importing Dynamo takes seconds, and the
-# runner's checks import this module before any stage starts; tests/test_compiling.py checks the two agree.
+# runner's checks import this module before any stage starts; tests/stages/compile/test_compiling.py checks
+# the two agree.
 COMPILE_SHAPES = 8
 
 

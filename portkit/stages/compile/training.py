@@ -78,9 +78,12 @@ class TrainCompile:
         """(kind, its case in the grading policy, message, advice, where) for the stage's findings."""
         name = self.target["name"]
         if self.refused:
+            # the step was compiled with dynamic=False at its first batch's fixed shape (TrainingStep): refused there
+            shape = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in self.shape.items())
             return [("train_refused", grading.ANY, f"the training step does not compile for {name}: "
-                     f"{self.refused['message']}", "make the step's graph static (dynamic=False, fixed batch "
-                     "shapes)", self.refused.get("where"))]
+                     f"{self.refused['message']}", backends.refusal_advice(
+                         self.refused["message"], self.refused.get("where"), f"the batch's fixed shape ({shape})"),
+                     self.refused.get("where"))]
         out = []
         if self.joint_graphs > 1:
             out.append(("train_graph_break", grading.ANY, f"the training step compiles as {self.joint_graphs} graphs "

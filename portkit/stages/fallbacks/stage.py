@@ -3,10 +3,10 @@ them would fall back to the CPU or not run at all on each target.
 
     >>> from portkit import models
     >>> from portkit.corpora import corpus
-    >>> from portkit.stages.fallbacks import stage as fallbacks
+    >>> from portkit.stages.fallbacks import stage
     >>> model = models.load("minilm")
     >>> inputs = model.encode(corpus.load_corpus().sample(8, seed=0), pad_to=128)
-    >>> report = fallbacks.find_fallbacks(model, inputs, targets=["neuron", "tpu"])
+    >>> report = stage.find_fallbacks(model, inputs, targets=["neuron", "tpu"])
     >>> print(report)                      # per target: op counts by status, findings
     >>> report.plot()                      # per-module bars, coloured by status
     >>> report.save("runs/minilm/fallbacks.json")

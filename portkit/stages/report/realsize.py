@@ -13,8 +13,8 @@ report.json keys it adds to a target (stable):
 - "details"["capacity (estimate, not measured)"]: Neuron, one row per chip: "chip", "instance",
   "tokens/s per chip", "bound", "NeuronCores per copy", "copies per chip", "copies per instance".
 
-    >>> from portkit.stages.report import realsize as report_scale
-    >>> report_scale.read(results.load(run_dir, "xla").target("tpu"), target_report)   # no "scale": nothing added
+    >>> from portkit.stages.report import realsize
+    >>> realsize.read(results.load(run_dir, "xla").target("tpu"), target_report)   # no "scale": nothing added
 """
 from __future__ import annotations
 

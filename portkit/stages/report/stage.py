@@ -1,7 +1,7 @@
 """Stage 5, the migration report: a verdict per target, side by side, with the work it takes.
 
-    >>> from portkit.stages.report import stage as report
-    >>> r = report.build_report("runs/minilm")       # reads the stage results already in the folder
+    >>> from portkit.stages.report import stage
+    >>> r = stage.build_report(run_dir="runs/minilm")   # reads the stage results already in the folder
     >>> r.verdicts()                                  # {'neuron': 'ready with work', 'tpu': 'ready'}
     >>> r.save("runs/minilm")                         # report.html (self-contained) and report.json
 
@@ -299,9 +299,11 @@ class MigrationReport:
         return _render(self, standalone=True)
 
 
-def build_report(run_dir, target_names=None) -> MigrationReport:
-    """Read every stage result in `run_dir` and assemble the report; unreadable parts become gaps."""
-    run_dir = Path(run_dir)
+def build_report(targets=None, *, run_dir) -> MigrationReport:
+    """Read every stage result in the run folder `run_dir` and assemble the report for `targets` (None: every
+    target a stage result names); unreadable parts become gaps. The stages' shape without a model or options: the
+    model is the one the results describe, and the notebook declares no parameter beyond the shared three."""
+    run_dir, target_names = Path(run_dir), targets
     log, log_problem = _run_log(run_dir)
     stages = {s.name: replace(read_stage(run_dir, s, log), run=log.stages.get(s.name) if log else None)
               for s in _stages()}

@@ -1,9 +1,9 @@
 """Stage 3b with workload "generate": the real XLA compile of a causal LM's prefill and decode graphs with a
 static KV cache, for a TPU topology, the cache in HBM, and the largest batch that fits at a context.
 
-    >>> from portkit.models import registry as models
+    >>> from portkit.models import registry
     >>> from portkit.stages.xla import generation
-    >>> lm = models.load("gpt2")
+    >>> lm = registry.load("gpt2")
     >>> found = generation.compile_serving(lm, batch=8, prompt=64, context=128, topology="v5e:1x1")
     >>> found["decode"].breakdown      # HBM per device: weights, KV cache, inputs, temporaries, logits, code
     >>> generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
@@ -21,13 +21,16 @@ Verdicts are cached like every XLA verdict (portkit.tpu_compile.cache).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from portkit.core import placement
+from portkit.core import torch_private
 from portkit.workloads import generation
 from portkit.tpu_compile.cache import source_digest
 from portkit.tpu_compile import compiler
@@ -78,22 +81,51 @@ def not_kv_cache(lm) -> str | None:
     return None
 
 
-def cache_shape(model: nn.Module, batch: int, context: int) -> tuple[int, ...]:
-    """(layers, batch, key-value heads, context, head size) of one of the keys or values tensors."""
-    config = model.config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return (config.num_hidden_layers, batch, kv_heads, context, head_dim)
+def cache_shapes(model: nn.Module, batch: int, context: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The keys' and the values' shapes, (layers, batch, key-value heads, context, head size) each, as the model's
+    own attention writes them: read from one step of one token into transformers' DynamicCache (eager where the
+    weights are real, on fake tensors where they are on the meta device), since latent attention (DeepSeek's MLA)
+    caches keys and values of other sizes than its config's head_dim. Where that step cannot run, or its layers
+    differ, the config's head size for both."""
+    layers = _probed(model)
+    if layers is None:
+        config = model.config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        layers = ((kv_heads, head_dim), (kv_heads, head_dim))
+    (kh, kd), (vh, vd) = layers
+    count = model.config.num_hidden_layers
+    return (count, batch, kh, context, kd), (count, batch, vh, context, vd)
+
+
+_PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _probed(model: nn.Module):
+    """((key heads, key size), (value heads, value size)) of every layer of one fake step, or None."""
+    if model not in _PROBED:
+        from transformers import DynamicCache
+        abstract = any(p.is_meta for p in model.parameters())
+        try:
+            with torch.no_grad(), (torch_private.fake_tensor_mode() if abstract else contextlib.nullcontext()):
+                cache = DynamicCache(config=model.config)
+                model(input_ids=torch.ones(1, 1, dtype=torch.long), cache=cache, use_cache=True)
+                found = {((layer.keys.shape[1], layer.keys.shape[-1]), (layer.values.shape[1], layer.values.shape[-1]))
+                         for layer in cache.layers}
+        except Exception:  # noqa: BLE001 - a model the fake step cannot run keeps the config's sizes
+            found = set()
+        _PROBED[model] = found.pop() if len(found) == 1 else None
+    return _PROBED[model]
 
 
 def graph_inputs(model: nn.Module, batch: int, tokens: int, context: int, dtype=torch.float32) -> dict:
     """{name: (shape, dtype)} of a step feeding `tokens` new positions (the prompt for prefill, 1 for decode)
     into a cache of `context` positions."""
-    kv = cache_shape(model, batch, context)
+    keys, values = cache_shapes(model, batch, context)
     return {"input_ids": ((batch, tokens), torch.int64), "attention_mask": ((batch, context), torch.int64),
             "position_ids": ((batch, tokens), torch.int64), "cache_position": ((tokens,), torch.int64),
-            "keys": (kv, dtype), "values": (kv, dtype)}
+            "keys": (keys, dtype), "values": (values, dtype)}
 
 
 @dataclass
@@ -145,7 +177,7 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     states, inputs = program.abstract(spec, replicated, replicated)
     narrowed = {k: program.narrow(d) for k, (_, d) in spec.items()}
     counted = {"weights": sum(math.prod(a.shape) * a.dtype.itemsize for a in states.values()),
-               "KV cache": 2 * math.prod(spec["keys"][0]) * _itemsize(narrowed["keys"]),
+               "KV cache": (math.prod(spec["keys"][0]) + math.prod(spec["values"][0])) * _itemsize(narrowed["keys"]),
                "inputs": sum(math.prod(s) * _itemsize(narrowed[k]) for k, (s, _) in spec.items()
                              if k not in ("keys", "values"))}
     fn = program.fn

@@ -9,9 +9,9 @@ Neuron: the StableHLO lowering check, and capacity per Trainium/Inferentia chip 
 on the graph (portkit.targets.capacity). Every verdict goes through the verdict cache: a rerun compiles nothing.
 
     >>> from portkit.models import meta_device
-    >>> from portkit.stages.xla import realsize as scale, stage as xla
+    >>> from portkit.stages.xla import realsize, stage
     >>> m = meta_device.build("llama3-8b")
-    >>> checks = scale.run(m, ["neuron", "tpu"], xla.Options.of({"scale_batch": 8, "scale_seq": 1024}))
+    >>> checks = realsize.run(m, ["neuron", "tpu"], stage.Options.of({"scale_batch": 8, "scale_seq": 1024}))
     >>> checks["tpu"].smallest, checks["tpu"].largest      # 'v5e:2x2', [{'seq': 1024, 'batch': ...}]
 """
 from __future__ import annotations

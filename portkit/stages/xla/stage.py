@@ -6,13 +6,13 @@ lowering check, not a Neuron compile). The machinery is portkit.tpu_compile.comp
 comes back from portkit's verdict cache (portkit.tpu_compile.cache) on a rerun; xla.json's cached_shapes says how many.
 
     >>> from portkit import models
-    >>> from portkit.stages.xla import stage as xla
+    >>> from portkit.stages.xla import stage
     >>> m = models.load("minilm")
-    >>> opts = xla.Options.of({"topology": "v5e:1x1"}, model="minilm")   # the notebook's defaults, checked
-    >>> xla.shape_table("runs/minilm", ["neuron", "tpu"], m, opts)       # what will be checked
-    >>> stage = xla.run_stage(m, ["neuron", "tpu"], opts, run_dir="runs/minilm")
-    >>> stage.save("runs/minilm/xla.json"); print(stage.summary())
-    >>> xla.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])     # one target, one line in a notebook cell
+    >>> opts = stage.Options.of({"topology": "v5e:1x1"}, model="minilm")   # the notebook's defaults, checked
+    >>> stage.shape_table("runs/minilm", ["neuron", "tpu"], m, opts)     # what will be checked
+    >>> result = stage.run_stage(m, ["neuron", "tpu"], opts, run_dir="runs/minilm")
+    >>> result.save("runs/minilm/xla.json"); print(result.summary())
+    >>> stage.xla_section(m, "tpu", [{"batch": 8, "seq": 128}])   # one target, one line in a notebook cell
 
 `xla.compile_for_tpu`, `xla.check_lowering`, `xla.compile_seconds` and the result classes are
 portkit.tpu_compile.compiler's and portkit.tpu_compile.results', reachable from here for notebooks and scripts.

@@ -1,10 +1,10 @@
 """Stage 3b with workload "train": the real XLA compile of a whole training step for a TPU topology.
 
-    >>> from portkit.corpora import corpus as data
-    >>> from portkit.models import registry as models
+    >>> from portkit.corpora import corpus
+    >>> from portkit.models import registry
     >>> from portkit.stages.xla import training
-    >>> m = models.load("gpt2")
-    >>> spec = training.step_inputs(m, data.load_corpus(), batch_size=8, seq_len=128)
+    >>> m = registry.load("gpt2")
+    >>> spec = training.step_inputs(m, corpus.load_corpus(), batch_size=8, seq_len=128)
     >>> step = training.compile_step(m, spec, topology="v5e:1x1")
     >>> step.breakdown          # HBM per device: weights, optimizer state, batch, temporaries ...
     >>> training.largest_micro_batch(m, spec, "v5e:1x1", first=step)    # (n, {n tried: fits})
