@@ -207,7 +207,7 @@ class _TinyLM(nn.Module):
 
 
 def _lm() -> registry.LoadedModel:
-    return registry.LoadedModel("tiny-lm", registry.CAUSAL_LM, _TinyLM().eval(), "test model",
+    return registry.LoadedModel("tiny-lm", inputs.CAUSAL_LM, _TinyLM().eval(), "test model",
                                 tokenizer=registry.minilm_tokenizer())
 
 
@@ -226,11 +226,11 @@ def test_comparisons_of_vocabulary_wide_outputs_hold_a_piece_not_the_output_and_
     ids = torch.randint(0, VOCAB, (2, 128))
     tol = tolerance_for(specs.get("tpu").precision("highest"))
     whole = comparison.compare(actual, expected, tol, mask), comparison.item_values(
-        registry.CAUSAL_LM, actual, expected, mask, {"input_ids": ids})
+        inputs.CAUSAL_LM, actual, expected, mask, {"input_ids": ids})
     monkeypatch.setattr(comparison, "PIECE_BYTES", 2**20)
     with footprint.LiveBytes() as meter:
         pieces = comparison.compare(actual, expected, tol, mask), comparison.item_values(
-            registry.CAUSAL_LM, actual, expected, mask, {"input_ids": ids})
+            inputs.CAUSAL_LM, actual, expected, mask, {"input_ids": ids})
     assert meter.peak < expected.numel() * 8 / 4          # a quarter of one float64 copy: a few 1 MiB pieces
     assert pieces[0].pop("rel_l2") == pytest.approx(whole[0].pop("rel_l2"), rel=1e-12)
     assert pieces[0] == whole[0] and not whole[0]["passed"]
@@ -280,7 +280,7 @@ def test_bucket_references_are_kept_within_reference_bytes_and_recomputing_them_
         kept.append(build(*args, **kwargs))
         return kept[-1]
     monkeypatch.setattr(reference.Reference, "build", keep)
-    batch, _ = data.example_batch(model, corpus, 2, 16, seed=0)
+    batch, _ = example_batch(model, corpus, 2, 16, seed=0)
     scope = stage.Scope(task_items=8, task_items_max=8, all_precisions=False, layers=False, compiled=False,
                         progress=False)
 
