@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 from portkit import models  # noqa: E402
 from portkit.core import memory  # noqa: E402
-from portkit.corpora import corpus as data  # noqa: E402
+from portkit.corpora.corpus import corpus_for, example_batch  # noqa: E402
 from portkit.stages.accuracy import comparison, reference, target_check, target_runs  # noqa: E402
-from portkit.stages.accuracy import stage as accuracy  # noqa: E402
+from portkit.stages.accuracy import stage  # noqa: E402
 
 STACK, PEAKS = ["(top)"], collections.defaultdict(int)
 
@@ -70,16 +70,16 @@ def main(name: str, folder: Path, out: Path | None) -> None:
     stop = threading.Event()
     threading.Thread(target=_sample, args=(stop,), daemon=True).start()
     memory.reset_peak()
-    model, opts, targets = models.load(name), accuracy.Options.of({}), ["neuron", "tpu"]
-    texts = data.corpus_for(model, opts.corpus, opts.text_column)
-    inputs, described = data.example_batch(model, texts, batch_size=opts.batch_size, seq_len=opts.seq_len,
-                                           seed=opts.seed)
-    plan = accuracy.bucket_plan(folder, targets, opts.default_buckets)
-    compiled = accuracy.target_side(targets)
+    model, opts, targets = models.load(name), stage.Options.of({}), ["neuron", "tpu"]
+    texts = corpus_for(model, opts.corpus, opts.text_column)
+    inputs, described = example_batch(model, texts, batch_size=opts.batch_size, seq_len=opts.seq_len,
+                                      seed=opts.seed)
+    plan = stage.bucket_plan(folder, targets, opts.default_buckets)
+    compiled = stage.target_side(targets)
     start = time.time()
     STACK.append("check_accuracy")
-    report = accuracy.check_accuracy(model, inputs, targets, options=opts, corpus=texts, buckets=plan,
-                                     description=described, scope=accuracy.Scope(compiled=compiled, progress=False))
+    report = stage.check_accuracy(model, inputs, targets, options=opts, corpus=texts, buckets=plan,
+                                  description=described, scope=stage.Scope(compiled=compiled, progress=False))
     stop.set()
     print(f"done in {time.time() - start:.0f} s; process peak {memory.gib(memory.peak())}")
     if out is not None:
