@@ -21,7 +21,7 @@ Three decisions live here and nowhere else:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -100,12 +100,80 @@ class Tolerance:
             torch.testing.assert_close(actual, expected, rtol=self.rtol, atol=self.atol)
         except AssertionError as exc:
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-            return f"not within {self.dtype} tolerance (rtol {self.rtol:g}, atol {self.atol:g}): " + \
-                "; ".join(lines[1:] or lines)
+            return self._missed("; ".join(lines[1:] or lines))
         return None
+
+    def misses(self, shape) -> Misses:
+        """check() over a tensor of `shape` taken a piece at a time (Misses.add each piece, in order)."""
+        return Misses(self, tuple(shape))
+
+    def _missed(self, detail: str) -> str:
+        return f"not within {self.dtype} tolerance (rtol {self.rtol:g}, atol {self.atol:g}): {detail}"
 
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "rtol": self.rtol, "atol": self.atol, "check": "torch.testing.assert_close"}
+
+
+@dataclass
+class Misses:
+    """Tolerance.check on a tensor too large to compare whole, taken as consecutive pieces of its rows: assert_close's
+    rule (torch.isclose at rtol and atol, NaN never close) on each piece, and where elements miss, its message's
+    facts over the whole (how many of how many; the greatest absolute and relative difference among the misses, the
+    first where they tie, at its index in the whole tensor) in its words. Memory: one piece's, not the tensor's.
+
+        >>> misses = tol.misses(whole.shape)
+        >>> for a, e in zip(whole.split(1000), expected.split(1000)):
+        ...     misses.add(a, e)
+        >>> misses.reason()          # what tol.check(whole, expected) says: None where every element is close
+    """
+    tol: Tolerance
+    shape: tuple
+    seen: int = 0
+    missed: int = 0
+    greatest: dict = field(default_factory=dict)     # "absolute" / "relative" -> (difference, flat index)
+
+    def add(self, actual: torch.Tensor, expected: torch.Tensor) -> None:
+        """The next piece: `actual` and `expected` of one dtype and shape."""
+        matches = torch.isclose(actual, expected, rtol=self.tol.rtol, atol=self.tol.atol, equal_nan=False)
+        missed = matches.numel() - int(matches.sum())
+        if missed:   # torch.testing's make_tensor_mismatch_msg: differences in the tensors' dtype, misses only
+            a, e, hit = actual.flatten(), expected.flatten(), matches.flatten()
+            if not a.dtype.is_floating_point and not a.dtype.is_complex:
+                a, e = a.to(torch.int64), e.to(torch.int64)
+            diff = torch.abs(a - e)
+            diff[hit] = 0
+            self._keep("absolute", diff)
+            rel = diff / torch.abs(e)
+            rel[hit] = 0
+            self._keep("relative", rel)
+        self.seen += matches.numel()
+        self.missed += missed
+
+    def _keep(self, kind: str, diff: torch.Tensor) -> None:
+        value, index = torch.max(diff, 0)     # the first greatest; NaN is greatest
+        value = value.item()
+        best = self.greatest.get(kind)
+        if best is None or (value != value and best[0] == best[0]) or value > best[0]:
+            self.greatest[kind] = (value, self.seen + int(index))
+
+    def _index(self, flat: int) -> tuple:
+        index = []
+        for size in self.shape[::-1]:
+            flat, rest = divmod(flat, size)
+            index.append(rest)
+        return tuple(index[::-1])
+
+    def reason(self) -> str | None:
+        """None where every element was close; else Tolerance.check's words for the whole tensor."""
+        if not self.missed:
+            return None
+        exact = self.tol.rtol == 0 and self.tol.atol == 0
+        lines = [f"Mismatched elements: {self.missed} / {self.seen} ({self.missed / self.seen:.1%})"]
+        for kind, allowed in (("absolute", self.tol.atol), ("relative", self.tol.rtol)):
+            value, flat = self.greatest[kind]
+            lines.append(f"Greatest {kind} difference: {value} at index {self._index(flat)}"
+                         + ("" if exact else f" (up to {allowed} allowed)"))
+        return self.tol._missed("; ".join(lines))
 
 
 def compute_dtype(precision) -> torch.dtype:

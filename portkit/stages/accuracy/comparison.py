@@ -10,9 +10,10 @@
     >>> comparison.snr_db(decoded, reference_audio), comparison.si_sdr_db(decoded, reference_audio)   # in dB
 
 Only real positions count: a (batch, seq, ...) tensor is cut to its real tokens by the attention mask.
-Errors are measured in float64, so the measurement adds no rounding of its own. An output whose shape on the
-target differs from the reference's is not compared: compare() says so ("shape_mismatch") and task_metrics()
-returns an unmeasured result that fails, for the stage to report as a finding.
+Errors are measured in float64, so the measurement adds no rounding of its own, a piece of the real positions at a
+time (PIECE_BYTES; language models' logits are vocabulary-wide): a comparison's memory does not grow with the
+output. An output whose shape on the target differs from the reference's is not compared: compare() says so
+("shape_mismatch") and task_metrics() returns an unmeasured result that fails, for the stage to report as a finding.
 """
 from __future__ import annotations
 
@@ -29,14 +30,53 @@ from portkit.stages.accuracy import stats
 from portkit.targets.tolerance import TASK_BOUND_REASONS, Tolerance, budget_text, within
 
 
+# The most float64 bytes one piece of a comparison holds: compare() and a language model's per-item values work
+# through an output's real positions a piece at a time, so their copies (float64, differences, log-softmax) take a
+# piece's memory, not the output's. A bucket of 4 texts of 512 tokens over a 30,522-word vocabulary is 500 MiB of
+# float64 logits, and each step of the comparison made another copy of it. A batch within it is one piece.
+PIECE_BYTES = 64 * 2**20
+
+
+def _cut(t: torch.Tensor, mask: torch.Tensor | None, per_position: bool) -> bool:
+    return mask is not None and (t.dim() >= 3 or per_position and t.dim() == 2) and \
+        tuple(t.shape[:2]) == tuple(mask.shape)
+
+
 def real_positions(t: torch.Tensor, mask: torch.Tensor | None, per_position: bool = False) -> torch.Tensor:
     """Real positions only: a (batch, seq, features...) tensor becomes (tokens, features...) under the
     attention mask. A 2-d tensor is (batch, features), a pooled embedding say, and is kept whole even when
     its width equals the sequence length, unless the output kind has one value per position (`per_position`:
     codes, probabilities), where a (batch, seq) tensor of the mask's shape is cut to its real positions too."""
-    if mask is not None and (t.dim() >= 3 or per_position and t.dim() == 2) and tuple(t.shape[:2]) == tuple(mask.shape):
+    if _cut(t, mask, per_position):
         return t[mask.to(t.device, torch.bool)]
     return t
+
+
+def real_shape(t: torch.Tensor, mask: torch.Tensor | None, per_position: bool = False) -> tuple:
+    """The shape real_positions(t, mask, per_position) has, without making it."""
+    if _cut(t, mask, per_position):
+        return (int(mask.to(torch.bool).sum()), *t.shape[2:])
+    return tuple(t.shape)
+
+
+def real_pieces(t: torch.Tensor, mask: torch.Tensor | None, per_position: bool = False, piece_bytes: int | None = None):
+    """real_positions(t, mask, per_position) on the CPU in consecutive pieces of its rows, each at most `piece_bytes`
+    in float64 (None: PIECE_BYTES; one row at least), in order: torch.cat of the pieces is real_positions' tensor, and
+    one that fits is a single piece. A tensor of fewer than 2 dimensions is one piece."""
+    t, piece_bytes = t.detach(), piece_bytes or PIECE_BYTES
+    if t.dim() < 2:
+        yield t.cpu()
+        return
+    if _cut(t, mask, per_position):
+        where = mask.to(t.device, torch.bool).nonzero()           # (batch, position) of each real one, in order
+        rows = max(1, piece_bytes // (8 * max(1, math.prod(t.shape[2:]))))
+        for start in range(0, max(1, len(where)), rows):     # no real position: one empty piece
+            part = where[start:start + rows]
+            yield t[part[:, 0], part[:, 1]].cpu()
+        return
+    rows = max(1, piece_bytes // (8 * max(1, math.prod(t.shape[1:]))))
+    for start in range(0, max(1, t.shape[0]), rows):
+        yield t[start:start + rows].cpu()
 
 
 def recordings(t: torch.Tensor, mask: torch.Tensor | None) -> list[torch.Tensor]:
@@ -80,23 +120,60 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None,
         if tol is not None:
             found.update(passed=False, reason=mismatch_text(differs), tolerance=tol.to_dict(), atol_to_pass=nan)
         return found
-    a, e = real_positions(actual.detach().cpu(), mask), real_positions(expected.detach().cpu(), mask)
-    a64, e64 = a.double(), e.double()
-    diff = torch.where(a64 == e64, 0.0, a64 - e64).abs()
-    rel = diff / e64.abs()
-    rel = torch.where(diff == 0, 0.0, rel)
-    cos = F.cosine_similarity(_rows(a64), _rows(e64), dim=1, eps=1e-30)
-    found = {"shape": list(actual.shape), "real_elements": a.numel(),
-             "max_abs": diff.max().item() if a.numel() else 0.0,
-             "max_rel": rel.max().item() if a.numel() else 0.0,
-             "rel_l2": (diff.norm() / e64.norm().clamp_min(1e-300)).item(),
-             "cosine_min": cos.min().item(), "cosine_mean": cos.mean().item()}
-    if tol is not None:
-        reason = tol.check(a, e.to(a.dtype))
-        found.update(passed=reason is None, reason=reason, tolerance=tol.to_dict(),
-                     # the smallest atol that passes at this rtol: a concrete number for a looser policy
-                     atol_to_pass=max(0.0, (diff - tol.rtol * e64.abs()).max().item()) if a.numel() else 0.0)
-    return found
+    mask = mask.cpu() if mask is not None else None
+    errors = _Errors(tol, real_shape(actual, mask))
+    for a, e in zip(real_pieces(actual, mask), real_pieces(expected, mask)):    # a piece at a time: PIECE_BYTES
+        errors.add(a, e)
+    return errors.found(list(actual.shape))
+
+
+class _Errors:
+    """compare()'s errors, gathered a piece of the real positions at a time: maxima, the L2 norms the relative
+    error is made of, each row's cosine (a piece holds whole rows), and the tolerance's misses."""
+
+    def __init__(self, tol: Tolerance | None, shape: tuple):
+        self.tol, self.elements = tol, 0
+        self.misses = tol.misses(shape) if tol is not None and len(shape) else None
+        self.whole = [] if tol is not None and not len(shape) else None    # a 0-d tensor: assert_close's own words
+        self.max_abs, self.max_rel, self.over, self.diff_norms, self.norms, self.cos = [], [], [], [], [], []
+
+    def add(self, a: torch.Tensor, e: torch.Tensor) -> None:
+        a64, e64 = a.double(), e.double()
+        diff = torch.where(a64 == e64, 0.0, a64 - e64).abs()
+        rel = diff / e64.abs()
+        rel = torch.where(diff == 0, 0.0, rel)
+        self.cos.append(F.cosine_similarity(_rows(a64), _rows(e64), dim=1, eps=1e-30))
+        self.diff_norms.append(diff.norm().item())
+        self.norms.append(e64.norm().item())
+        if a.numel():
+            self.max_abs.append(diff.max())
+            self.max_rel.append(rel.max())
+            if self.tol is not None:    # the smallest atol that passes at this rtol
+                self.over.append((diff - self.tol.rtol * e64.abs()).max())
+        if self.misses is not None:
+            self.misses.add(a, e.to(a.dtype))
+        elif self.whole is not None:
+            self.whole.append((a, e))
+        self.elements += a.numel()
+
+    def found(self, shape: list) -> dict:
+        cos = torch.cat(self.cos)
+        found = {"shape": shape, "real_elements": self.elements,
+                 "max_abs": _greatest(self.max_abs), "max_rel": _greatest(self.max_rel),
+                 "rel_l2": math.hypot(*self.diff_norms) / max(math.hypot(*self.norms), 1e-300),
+                 "cosine_min": cos.min().item(), "cosine_mean": cos.mean().item()}
+        if self.tol is not None:
+            reason = self.misses.reason() if self.misses is not None else \
+                self.tol.check(self.whole[0][0], self.whole[0][1].to(self.whole[0][0].dtype))
+            found.update(passed=reason is None, reason=reason, tolerance=self.tol.to_dict(),
+                         # a concrete number for a looser policy
+                         atol_to_pass=max(0.0, _greatest(self.over)))
+        return found
+
+
+def _greatest(maxima: list[torch.Tensor]) -> float:
+    """The greatest of the pieces' maxima (NaN where any is), 0.0 where there were no elements."""
+    return torch.stack(maxima).max().item() if maxima else 0.0
 
 
 def mismatch_text(differs: dict, name: str | None = None) -> str:
@@ -148,20 +225,31 @@ def _embedding(v, bounds, unit):
 
 
 def _language_model_items(a3, e3, mask, inputs):
-    """a3, e3: the whole (batch, seq, vocab) logits; agreement and KL count real positions only."""
-    a, e = real_positions(a3, mask), real_positions(e3, mask)
-    a, e = a.reshape(-1, a.shape[-1]), e.reshape(-1, e.shape[-1])
-    top = e.argmax(-1, keepdim=True)
-    values = {"agree": a.argmax(-1) == top[:, 0],
-              "top5": (a.topk(min(5, a.shape[-1]), -1).indices == top).any(-1),
-              "kl": F.kl_div(F.log_softmax(a, -1), F.log_softmax(e, -1), log_target=True, reduction="none").sum(-1)}
+    """a3, e3: the whole (batch, seq, vocab) logits as the model returned them; agreement and KL count real positions
+    only. Each value is one position's, so they are computed a piece of positions at a time in float64
+    (real_pieces): the logits are never copied whole."""
+    values = join_values([_positions(a.double().reshape(-1, a.shape[-1]), e.double().reshape(-1, e.shape[-1]))
+                          for a, e in zip(real_pieces(a3, mask), real_pieces(e3, mask))])
     ids = (inputs or {}).get("input_ids")
     if ids is not None and a3.dim() == 3 and tuple(ids.shape) == tuple(a3.shape[:2]) and ids.shape[1] > 1:
         ids = ids.cpu()
         keep = (mask[:, 1:] if mask is not None else torch.ones_like(ids[:, 1:])).to(torch.bool)
+        targets = ids[:, 1:][keep]
         for name, logits in (("ce_reference", e3), ("ce_target", a3)):
-            values[name] = F.cross_entropy(logits[:, :-1][keep], ids[:, 1:][keep], reduction="none")
+            found, start = [], 0
+            for piece in real_pieces(logits[:, :-1], keep):
+                found.append(F.cross_entropy(piece.double(), targets[start:start + len(piece)], reduction="none"))
+                start += len(piece)
+            values[name] = torch.cat(found)
     return values
+
+
+def _positions(a: torch.Tensor, e: torch.Tensor) -> dict:
+    """A language model's values at each position of (positions, vocab) float64 logits."""
+    top = e.argmax(-1, keepdim=True)
+    return {"agree": a.argmax(-1) == top[:, 0],
+            "top5": (a.topk(min(5, a.shape[-1]), -1).indices == top).any(-1),
+            "kl": F.kl_div(F.log_softmax(a, -1), F.log_softmax(e, -1), log_target=True, reduction="none").sum(-1)}
 
 
 def _ppl_change(d: torch.Tensor) -> torch.Tensor:
@@ -406,6 +494,8 @@ TASK_METRICS = {registry.EMBEDDING: (_embedding_items, _embedding),
 # those with one value per position (a (batch, seq) output of the mask's shape is cut to its real positions).
 _WHOLE = (registry.CAUSAL_LM, registry.SEQ2SEQ_LM, WAVEFORM)
 _PER_POSITION = (CODES, PROBABILITY)
+# Kinds whose per-item values cast to float64 a piece at a time themselves (their outputs are vocabulary-wide).
+_PIECEWISE = (registry.CAUSAL_LM, registry.SEQ2SEQ_LM)
 
 
 def item_values(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, inputs: dict | None = None) -> dict:
@@ -416,7 +506,8 @@ def item_values(kind: str, actual: torch.Tensor, expected: torch.Tensor, mask, i
     a, e = actual.detach().cpu(), expected.detach().cpu()
     if kind == CODES:       # codes before the cast: an integer code stays exact, logits become their argmax
         a, e = codes(a), codes(e)
-    a, e = a.double(), e.double()
+    if kind not in _PIECEWISE:
+        a, e = a.double(), e.double()
     mask = mask.cpu() if mask is not None else None
     if kind in _WHOLE:
         return TASK_METRICS[kind][0](a, e, mask, inputs)

@@ -63,6 +63,13 @@ def judged_output(model, outputs) -> str:
     return declared if declared in outputs else primary_output(model.declaration.primary.metric, outputs)
 
 
+def _output_bytes(bucket: tuple) -> int:
+    """The bytes of a kept bucket's reference outputs: float32, and float64 where it is another tensor."""
+    _, out, _, wide = bucket
+    tensors = {id(t): t for d in (out, wide) for t in d.values() if isinstance(t, torch.Tensor)}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _key(items) -> tuple:
     """A batch of items as a cache key: texts by value, other items (arrays) by identity within the run."""
     return tuple(t if isinstance(t, str) else id(t) for t in items)
@@ -137,14 +144,28 @@ class Reference:
         """A bucket's batch at its own longest length (as an eager GPU run sees it), its reference, its GPU
         baseline and the truth that baseline is measured against (float64 as for the main batch)."""
         key = (high, _key(texts), padding_side)
-        if key not in self.buckets:
+        found = self.buckets.get(key)
+        if found is None:
             plain = _unpadded(self.model, padded, padding_side)
             out = target_runs.forward(self.module, plain)
             wide = out if self.wide else self.float64(plain)[0] if self.truth is not None else None
             baseline = measure_baseline(self.module, plain, out, wide, self.main, real_mask(self.model, plain),
                                         self.options)
-            self.buckets[key] = (plain, out, baseline, wide if wide is not None else out)
-        return self.buckets[key]
+            baseline.pop("outputs")       # its error is what a bucket's row needs, not its outputs
+            found = (plain, out, baseline, wide if wide is not None else out)
+            self._keep_bucket(key, found)
+        return found
+
+    def _keep_bucket(self, key: tuple, found: tuple) -> None:
+        """Keep a bucket's references for the next path that needs them (another target with the same boundaries, a
+        failing bucket's tries) while the kept buckets' outputs stay within REFERENCE_BYTES, the oldest given up
+        first; one beyond it is recomputed where needed again (the same eager passes on the CPU: the same values)."""
+        size = _output_bytes(found)
+        if size > REFERENCE_BYTES:
+            return
+        while self.buckets and sum(map(_output_bytes, self.buckets.values())) + size > REFERENCE_BYTES:
+            del self.buckets[next(iter(self.buckets))]
+        self.buckets[key] = found
 
     def task(self, out: torch.Tensor, side: TargetSide, precision, compiled: bool = False,
              batch: int | None = None, sampled: bool = True) -> dict:

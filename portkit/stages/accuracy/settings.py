@@ -38,7 +38,7 @@ TASK_ITEMS = 400
 # 95% interval of [0.991, 0.997], wholly inside the budget; a rate closer to the budget needs more than any cap.
 TASK_ITEMS_MAX = 2000
 TASK_BATCH = 32
-REFERENCE_BYTES = 256 * 2**20   # reference outputs kept for every pass up to this, recomputed beyond (LM logits)
+REFERENCE_BYTES = 256 * 2**20   # reference outputs kept (task-sample passes; buckets) up to this, recomputed beyond
 
 
 @dataclass

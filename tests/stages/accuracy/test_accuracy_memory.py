@@ -188,3 +188,114 @@ def test_the_float64_reference_runs_in_calls_that_fit_its_budget_and_whole_where
     torch.testing.assert_close(split["y"], whole["y"], rtol=1e-12, atol=1e-12)
     roomy = target_runs.Float64Reference(_Named(), budget=footprint.PASS_BYTES)
     assert torch.equal(roomy({"x": x})[0]["y"], whole["y"]) and roomy.rows >= 5
+
+
+# ---------------------------------------------------------------- vocabulary-wide outputs: a piece at a time
+VOCAB = 30522                                # minilm's tokenizer: 2 texts x 128 tokens of logits = 62 MiB in float64
+
+
+class _TinyLM(nn.Module):
+    """A causal LM built for the comparisons' memory: a few weights, logits as wide as a real vocabulary."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB)
+
+    def forward(self, input_ids, attention_mask):
+        return {"logits": self.head(torch.tanh(self.embed(input_ids).cumsum(1)))}
+
+
+def _lm() -> registry.LoadedModel:
+    return registry.LoadedModel("tiny-lm", inputs.CAUSAL_LM, _TinyLM().eval(), "test model",
+                                tokenizer=registry.minilm_tokenizer())
+
+
+def test_comparisons_of_vocabulary_wide_outputs_hold_a_piece_not_the_output_and_give_the_same_values(monkeypatch):
+    """Rule: compare() and a language model's per-item values work through the real positions in pieces of at most
+    PIECE_BYTES of float64, so what they create at their peak is a few pieces, less than one float64 copy of the
+    logits; the values are the one-piece values (the relative L2 error up to the order of its sum)."""
+    from portkit.stages.accuracy import comparison
+    from portkit.targets.tolerance import tolerance_for
+    from portkit.targets import specs
+    torch.manual_seed(1)
+    expected = torch.randn(2, 128, VOCAB)
+    actual = expected.to(torch.bfloat16).float()
+    mask = torch.ones(2, 128, dtype=torch.long)
+    mask[1, 100:] = 0
+    ids = torch.randint(0, VOCAB, (2, 128))
+    tol = tolerance_for(specs.get("tpu").precision("highest"))
+    whole = comparison.compare(actual, expected, tol, mask), comparison.item_values(
+        inputs.CAUSAL_LM, actual, expected, mask, {"input_ids": ids})
+    monkeypatch.setattr(comparison, "PIECE_BYTES", 2**20)
+    with footprint.LiveBytes() as meter:
+        pieces = comparison.compare(actual, expected, tol, mask), comparison.item_values(
+            inputs.CAUSAL_LM, actual, expected, mask, {"input_ids": ids})
+    assert meter.peak < expected.numel() * 8 / 4          # a quarter of one float64 copy: a few 1 MiB pieces
+    assert pieces[0].pop("rel_l2") == pytest.approx(whole[0].pop("rel_l2"), rel=1e-12)
+    assert pieces[0] == whole[0] and not whole[0]["passed"]
+    assert pieces[1].keys() == whole[1].keys() and all(torch.equal(pieces[1][k], whole[1][k]) for k in whole[1])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 64])
+def test_the_tolerance_over_pieces_says_what_assert_close_says_over_the_whole(rows):
+    """Rule: Tolerance.misses gives Tolerance.check's words (torch.testing.assert_close's message) for a tensor taken
+    in pieces of rows: how many elements miss, and the greatest absolute and relative difference among them, the
+    first where they tie, NaN first of all, at its index in the whole tensor; None where every element is close."""
+    from portkit.targets.tolerance import Tolerance
+    tol = Tolerance("float32", 1.3e-6, 1e-5)
+    expected = torch.zeros(64, 5)
+    cases = [expected.clone()]
+    ties = expected.clone()
+    ties[3, 2], ties[10, 1], ties[40, 0] = 1.0, 1.0, -1.0
+    cases.append(ties)
+    nan = ties.clone()
+    nan[50, 4] = float("nan")
+    cases.append(nan)
+    relative = torch.full((64, 5), 2.0)
+    relative[5, 0], relative[60, 3] = 2.5, 9.0
+    cases += [relative, torch.randn(64, 5)]
+    for actual in cases:
+        misses = tol.misses(actual.shape)
+        for a, e in zip(actual.split(rows), (expected if actual is not relative else torch.full((64, 5), 2.0 + 1e-3))
+                        .split(rows)):
+            misses.add(a, e)
+        whole = tol.check(actual, expected if actual is not relative else torch.full((64, 5), 2.0 + 1e-3))
+        assert misses.reason() == whole
+    assert tol.check(cases[0], expected) is None
+    ints = tol.misses((4,))
+    ints.add(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 5, 3, 0]))
+    assert ints.reason() == tol.check(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 5, 3, 0]))
+
+
+def test_bucket_references_are_kept_within_reference_bytes_and_recomputing_them_changes_no_result(monkeypatch, corpus):
+    """Rule: a bucket's reference outputs (float32, float64) are kept for the next path that needs them only while the
+    kept ones stay within REFERENCE_BYTES, the oldest given up first, and never its GPU-baseline outputs; a bucket
+    given up is recomputed where needed again (another target with the same boundaries), with the same result."""
+    from portkit.stages.accuracy import reference
+    model, kept = _lm(), []
+    build = reference.Reference.build
+
+    def keep(*args, **kwargs):
+        kept.append(build(*args, **kwargs))
+        return kept[-1]
+    monkeypatch.setattr(reference.Reference, "build", keep)
+    batch, _ = example_batch(model, corpus, 2, 16, seed=0)
+    scope = stage.Scope(task_items=8, task_items_max=8, all_precisions=False, layers=False, compiled=False,
+                        progress=False)
+
+    def run():
+        return stage.check_accuracy(model, batch, ["neuron", "tpu"], stage.Options.of({"batch_size": 2}),
+                                    corpus=corpus, buckets=[16, 128], scope=scope).to_dict()
+    unbounded = run()
+    every = kept[-1].buckets
+    assert len(every) == 2 and all("outputs" not in b[2] for b in every.values())     # both buckets, no GPU outputs
+    largest = max(map(reference._output_bytes, every.values()))
+    monkeypatch.setattr(reference, "REFERENCE_BYTES", largest - 1)
+    bounded = run()
+    assert sum(map(reference._output_bytes, kept[-1].buckets.values())) < largest    # the 128-token bucket given up
+    assert len(kept[-1].buckets) == 1
+    for found in (bounded, unbounded):
+        for target in found["targets"].values():
+            target.pop("seconds", None)
+    assert bounded == unbounded
