@@ -7,20 +7,12 @@ import torch
 from torch import nn
 
 from portkit.core import availability
+from portkit.models.adapters import LogitsAdapter
 from portkit.stages.xla import stage
 from portkit.tpu_compile import compiler
 
 needs_xla = pytest.mark.skipif(not availability.xla_tpu_compile_available(),
                                reason="needs jax, jaxlib, libtpu and torchax: pip install 'portkit[xla]'")
-
-
-class Logits(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return {"logits": self.model(input_ids=input_ids, use_cache=False).logits}
 
 
 class Grouped(nn.Module):
@@ -78,6 +70,7 @@ def test_a_mixture_of_experts_from_its_transformers_config_compiles_for_a_tpu():
                                         num_experts_per_tok=2, max_position_embeddings=64)
     torch.manual_seed(0)
     model = transformers.MixtralForCausalLM(config).eval()
-    report = stage.compile_for_tpu(Logits(model), shapes=[{"input_ids": ((1, 16), "int64")}])
+    report = stage.compile_for_tpu(LogitsAdapter(model), shapes=[{"input_ids": ((1, 16), "int64"),
+                                                                  "attention_mask": ((1, 16), "int64")}])
     (shape,) = report.shapes
     assert shape.status == "compiled" and shape.fits_hbm is True, shape.message

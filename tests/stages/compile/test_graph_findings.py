@@ -219,20 +219,12 @@ def test_a_finding_in_portkits_own_adapter_is_portkits_not_the_users():
 def _tiny_mixtral(experts: str) -> nn.Module:
     """transformers' Mixtral at a tiny size, random weights, its experts run by `experts` (experts_implementation)."""
     from transformers import MixtralConfig, MixtralForCausalLM
+    from portkit.models.adapters import LogitsAdapter
     torch.manual_seed(0)
     config = MixtralConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
                            max_position_embeddings=64, experts_implementation=experts)
-    model = MixtralForCausalLM(config).eval()
-
-    class Logits(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask):
-            return {"logits": self.model(input_ids=input_ids, attention_mask=attention_mask).logits}
-    return Logits()
+    return LogitsAdapter(MixtralForCausalLM(config).eval(), cache_flag=False)
 
 
 def test_a_real_moes_grouped_matmul_fallback_is_a_finding_with_its_host_read_and_its_setting():
