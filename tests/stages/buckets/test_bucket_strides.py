@@ -253,33 +253,30 @@ def test_encodec_refused_in_warm_up_is_a_finding_not_a_crash():
     assert t.run_for(t.chosen).failure["step"] == "warm-up"
 
 
-class _Pools(nn.Module):
-    """One output position per input sample, but like Funnel's pooling blocks (transformers' modeling_funnel.py)
-    the model takes no fewer than 5 positions: shorter, its shapes do not broadcast."""
+class _RefusesShort(nn.Module):
+    """Frames of `hop` samples (one per sample at hop 1), but like Funnel's pooling blocks (transformers'
+    modeling_funnel.py, no fewer than 5 tokens) no fewer than `shortest` samples taken: shorter, its shapes do not
+    broadcast."""
+
+    def __init__(self, shortest: int, hop: int):
+        super().__init__()
+        self.shortest, self.hop = shortest, hop
 
     def forward(self, waveform):
-        if waveform.shape[-1] < 5:
+        if waveform.shape[-1] < self.shortest:
             raise RuntimeError("output with shape [2, 2, 2, 1] doesn't match the broadcast shape [2, 2, 2, 2]")
-        return {"frames": waveform * 2.0}
+        return {"frames": waveform.unfold(-1, self.hop, self.hop).mean(-1) * 2.0}
 
 
 def test_a_probe_length_the_model_refuses_is_portkits_choice_and_a_longer_one_is_tried():
     """Rule: the probe's first length is portkit's (3 positions), not the model's input: where the model refuses it,
     a longer one is tried, and the output is found to follow the input one position per sample (tiny Funnel was
     'blocked' on both targets by a probe at 3 tokens, while every bucket of its plan runs)."""
-    found = output_probe.output_dims(declared(_Pools(), inputs.Output("frames", inputs.WAVEFORM), shortest=1))
+    frames = inputs.Output("frames", inputs.WAVEFORM)
+    found = output_probe.output_dims(declared(_RefusesShort(5, 1), frames, shortest=1))
     assert found["frames"].seq == (1,) and found["frames"].stride == 1 and found["frames"].unchecked is None
     with pytest.raises(RuntimeError):      # a model that refuses every length still fails, with its own error
-        output_probe.output_dims(declared(_Pools(), inputs.Output("frames", inputs.WAVEFORM), shortest=1, longest=4))
-
-
-class _ShortRefused(nn.Module):
-    """Frames like Framed, but no fewer than 16 samples taken (Funnel's pooling blocks take no fewer than 5 tokens)."""
-
-    def forward(self, waveform):
-        if waveform.shape[-1] < 16:
-            raise RuntimeError("output with shape [1, 2, 2, 1] doesn't match the broadcast shape [1, 2, 2, 2]")
-        return {"frames": waveform.unfold(-1, HOP, HOP).mean(-1) * 2.0}
+        output_probe.output_dims(declared(_RefusesShort(5, 1), frames, shortest=1, longest=4))
 
 
 def test_an_item_the_model_refuses_at_its_own_length_is_left_out_of_the_padding_check(waves):
@@ -288,7 +285,7 @@ def test_an_item_the_model_refuses_at_its_own_length_is_left_out_of_the_padding_
     the check goes on (tiny Funnel's shortest texts stopped the check, read as 'could not be measured on neuron')."""
     from portkit.stages.buckets import trace_replay
     from portkit.targets import backends
-    m = declared(_ShortRefused(), inputs.Output("frames", inputs.WAVEFORM, stride=HOP))
+    m = declared(_RefusesShort(16, HOP), inputs.Output("frames", inputs.WAVEFORM, stride=HOP))
     trace = make_trace(waves, m, 6, seed=1, dist=stage.distribution(waves, m))
     (run,) = trace_replay.replay(m, trace, [stage.plan_buckets([64, 256], "optimal", k=2)], backends.portkit_tpu,
                                  trace_replay.ReplaySettings(baseline=False, progress=False))
