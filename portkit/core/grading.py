@@ -94,6 +94,9 @@ POLICY: tuple[Grade, ...] = (
     _g("compile", "train_recompile", ANY, WORK, "the training step compiles again mid-run"),
     _g("compile", "eager_feature", VANISHED, INFO,
        "a stage-1 finding torch.compile traces away costs nothing compiled, the way both vendors run models"),
+    _g("compile", "static_cache", ANY, WORK,
+       "the model raises with a fixed-size KV cache and generates with the growing one only: on a static-shape "
+       "target every generated token is a new shape and a compile, until the model gets a fixed-size cache"),
     _g("compile", "fixed_shape", ANY, WORK, "a fixed shape still recompiles: a guard on something else changes"),
     _g("compile", "foreign_op", ANY, WORK,
        "an op that is not ATen (a library's or the user's torch.library op) runs opaque in the compiled graph: "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +92,7 @@ class Generation:
     guard_failures: list[str] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)   # per step, (prompts, vocab)
     late: list[dict] = field(default_factory=list)   # static: compiles after warm-up, each with its guard failure
+    refused: dict = field(default_factory=dict)      # generate_eager: {cache: Refused} the model raised with
 
 
 def check_causal(lm) -> None:
@@ -131,6 +133,34 @@ def _step(model, ids, mask, positions, cache_position, cache):
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache_position=cache_position,
                 cache=cache, use_cache=True)
     return out.logits[:, -1].float()
+
+
+def _mask(model, mask: torch.Tensor, prompt: int | None = None) -> torch.Tensor | None:
+    """The attention mask a step passes: the cache's, every position so far (what attention layers read). A model
+    whose every cache layer holds states, not positions (a state-space model: FalconMamba, Mamba2), multiplies its
+    hidden states by the mask, so it takes the prompt's mask in prefill (`prompt` its length) and none in decode,
+    as its own prepare_inputs_for_generation passes them (transformers' modeling_falcon_mamba.py)."""
+    if not _states_only(model):
+        return mask
+    return mask[:, :prompt] if prompt is not None else None
+
+
+def _states_only(model) -> bool:
+    """Whether every layer of the model's cache is a state-space or linear-attention one (transformers'
+    LinearAttentionCacheLayerMixin), read once per model from a one-position StaticCache (False where the library
+    cannot build one for it)."""
+    if model not in _STATES_ONLY:
+        from transformers import StaticCache
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+        try:
+            layers = StaticCache(config=model.config, max_cache_len=1).layers
+        except Exception:  # noqa: BLE001 - a cache the library cannot build is not a state-space one
+            layers = []
+        _STATES_ONLY[model] = bool(layers) and all(isinstance(x, LinearAttentionCacheLayerMixin) for x in layers)
+    return _STATES_ONLY[model]
+
+
+_STATES_ONLY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _encode(lm, texts: list[str], plan: Plan) -> tuple[dict, int]:
@@ -201,7 +231,7 @@ def _run_static(model, call, ids, mask, new_tokens: int, plan: Plan, keep_logits
     full[:, :prompt] = mask
     cache = _new_cache(model, context)
     positions = (full.cumsum(-1) - 1).clamp(min=0)
-    logits = call(model, ids, full, positions[:, :prompt], torch.arange(prompt), cache)
+    logits = call(model, ids, _mask(model, full, prompt), positions[:, :prompt], torch.arange(prompt), cache)
     tokens, kept = [], []
     for step in range(new_tokens):
         kept.append(logits) if keep_logits else None
@@ -216,7 +246,7 @@ def _run_static(model, call, ids, mask, new_tokens: int, plan: Plan, keep_logits
             full = torch.cat([full, full.new_zeros(batch, context - full.shape[1])], dim=1)
         full[:, at] = 1
         positions = full.cumsum(-1)[:, at:at + 1] - 1
-        logits = call(model, nxt[:, None], full, positions, torch.tensor([at]), cache)
+        logits = call(model, nxt[:, None], _mask(model, full), positions, torch.tensor([at]), cache)
     return torch.stack(tokens, 1), kept, cache
 
 
@@ -234,7 +264,8 @@ def warm_up(model, call, plan: Plan) -> None:
             continue
         moved = _new_cache(model, context, like=cache)
         mask = torch.ones(plan.batch, context, dtype=torch.long)
-        call(model, torch.ones(plan.batch, 1, dtype=torch.long), mask, torch.zeros(plan.batch, 1, dtype=torch.long),
+        call(model, torch.ones(plan.batch, 1, dtype=torch.long), _mask(model, mask),
+             torch.zeros(plan.batch, 1, dtype=torch.long),
              torch.tensor([filled]), moved)
 
 
@@ -280,8 +311,9 @@ def _counting(call, late: list[dict]):
 
 
 def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length: int | None = None,
-                     limit: bool = True) -> Generation:
-    """Greedy generation with the default DynamicCache, every step compiled at static shapes.
+                     limit: bool = True, keep_logits: bool = False) -> Generation:
+    """Greedy generation with the default DynamicCache, every step compiled at static shapes (backend None:
+    eagerly, a reference where the model refuses the static cache: generate_eager).
 
     limit: Dynamo's recompile limit applies (past it a step runs eagerly: eager_from_step); False lifts
     it, so every new shape compiles, as on a static-shape target that has no eager fallback."""
@@ -291,30 +323,109 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
                        padding_side="left", truncation_side="left", return_tensors="pt")   # as Plan's "truncate"
     ids, mask = enc["input_ids"], enc["attention_mask"]
     from portkit.targets import backends
-    counter = backends.CompileCounter(backend)
+    counter = backends.CompileCounter(backend) if backend is not None else None
     torch.compiler.reset()
-    recompiles, tokens, eager_from = default_recompile_limit(), [], None
+    recompiles, tokens, kept, eager_from = default_recompile_limit(), [], [], None
     torch_private.guard_failures(clear=True)
     with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
-        call = torch.compile(_step, backend=counter, dynamic=False)   # it keeps the config it is made under
+        # a compiled step keeps the config it is made under
+        call = torch.compile(_step, backend=counter, dynamic=False) if counter else _step
         start = time.perf_counter()
         cache = DynamicCache(config=model.config)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         prompt = ids.shape[1]
-        logits = call(model, ids, mask, positions, torch.arange(prompt), cache)
+        logits = call(model, ids, _mask(model, mask, prompt), positions, torch.arange(prompt), cache)
         for step in progress.bar(range(new_tokens), desc="dynamic-cache decode"):
+            kept.append(logits) if keep_logits else None
             nxt = logits.argmax(-1)
             tokens.append(nxt)
             if step == new_tokens - 1:
                 break
-            before = len(counter.events)
+            before = len(counter.events) if counter else 0
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = mask.cumsum(-1)[:, -1:] - 1
-            logits = call(model, nxt[:, None], mask, positions, torch.tensor([prompt + step]), cache)
-            if eager_from is None and len(counter.events) == before and len(counter.events) >= recompiles:
+            logits = call(model, nxt[:, None], _mask(model, mask), positions, torch.tensor([prompt + step]), cache)
+            if counter and eager_from is None and len(counter.events) == before and len(counter.events) >= recompiles:
                 eager_from = step + 1
         seconds = time.perf_counter() - start
     failures = torch_private.guard_failures()
-    compiles = len(counter.events)
+    compiles = len(counter.events) if counter else 0
     return Generation("dynamic", torch.stack(tokens, 1), compiles, compiles / new_tokens, seconds,
-                      eager_from_step=eager_from, guard_failures=failures)
+                      eager_from_step=eager_from, guard_failures=failures, logits=kept)
+
+
+# ---------------------------------------------------------------- a model that refuses a cache
+CACHES = ("static", "dynamic")
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The model raised in greedy generation with one cache, run eagerly on the CPU: not portkit's machinery
+    (refused() re-raises that), a result about the model."""
+    cache: str                  # "static" (transformers' StaticCache, bucketed) or "dynamic" (DynamicCache)
+    message: str                # the exception's type and first line
+    where: dict | None          # the innermost frame outside torch and portkit (core.owners.place), or None
+
+    def text(self) -> str:
+        where = f" at {self.where['text']}" if self.where else ""
+        return f"greedy generation with the {self.cache} KV cache raises, eagerly on the CPU: {self.message}{where}"
+
+    def to_dict(self) -> dict:
+        return {"cache": self.cache, "message": self.message, "where": self.where, "text": self.text()}
+
+
+class GenerationRefused(Exception):
+    """The model raises in eager greedy generation with every cache (CACHES): generation cannot be assessed."""
+
+    def __init__(self, refusals: dict[str, Refused]):
+        self.refusals = refusals
+        super().__init__("; ".join(r.text() for r in refusals.values()))
+
+
+def refused(exc: BaseException, cache: str) -> Refused:
+    """`exc`, raised by an eager generation, as the model's Refused: the innermost frame outside torch, the stdlib
+    and portkit's machinery (core.owners.innermost) is the model's or its library's. Re-raised where that frame is
+    portkit's own (its decoding loop, its adapters) or there is none: a defect in portkit, not a result."""
+    import traceback
+    from portkit.core import owners
+    stack = [owners.place(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(exc.__traceback__)]
+    where = owners.innermost(stack)
+    if isinstance(exc, BadParameter) or where is None or owners.owner(where)["owner"] == owners.PORTKIT \
+            or owners.owner(where)["package"] == owners.SERVING_LOOP:
+        raise exc
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return Refused(cache, f"{type(exc).__name__}: {first[:300]}", where)
+
+
+def refusal(lm, texts: list[str], cache: str) -> Refused | None:
+    """Why the model raises in two tokens of eager greedy generation of texts' first prompt with `cache`, or
+    None where it runs: what tells a model's refusal from a compiler's when a compiled generation fails."""
+    plan = plan_for(lm.token_lengths(texts[:1]), 2, 1, MAX_PROMPT)
+    try:
+        if cache == "static":
+            generate_static(lm, texts[:1], 2, plan)
+        else:
+            generate_dynamic(lm, texts[:1], 2, None, max_length=MAX_PROMPT)
+    except Exception as exc:  # noqa: BLE001 - the model's exception is the result; refused() re-raises portkit's
+        return refused(exc, cache)
+    return None
+
+
+def generate_eager(lm, texts: list[str], new_tokens: int, plan: Plan, keep_logits: bool = False,
+                   cache: str | None = None) -> Generation:
+    """Greedy generation eagerly on the CPU, the way the workbook's references run: with the bucketed
+    StaticCache (the static-shape targets' cache); where the model raises with it, with the DynamicCache, the
+    refusal kept in Generation.refused. cache: only that one. Raises GenerationRefused where every cache tried
+    raises."""
+    met: dict[str, Refused] = {}
+    for kind in ([cache] if cache else CACHES):
+        try:
+            run = (generate_static(lm, texts, new_tokens, plan, keep_logits=keep_logits) if kind == "static" else
+                   generate_dynamic(lm, texts, new_tokens, None, max_length=max(plan.prompt_buckets),
+                                    keep_logits=keep_logits))
+        except Exception as exc:  # noqa: BLE001 - the model's exception is the result; refused() re-raises portkit's
+            met[kind] = refused(exc, kind)
+            continue
+        run.refused = met
+        return run
+    raise GenerationRefused(met)

@@ -217,7 +217,7 @@ def test_a_warm_up_the_compiler_refused_leaves_the_plan_not_assessed(waves):
     the refusal stays the one blocker."""
     from portkit.models import inputs
     from portkit.stages.report import sections
-    from test_bucket_strides import HOP, RefusedWhenLong, declared, stage3
+    from tests.stages.buckets.test_bucket_strides import HOP, RefusedWhenLong, declared, stage3
     m = declared(RefusedWhenLong(), inputs.Output("frames", inputs.WAVEFORM, stride=HOP))
     tpu = stage3(m, waves, {"tpu": [64, 256]})["tpu"]
     assert tpu.replay_failure()["kind"] == "refused"

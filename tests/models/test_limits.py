@@ -6,7 +6,7 @@ import types
 from portkit.corpora import corpus
 from portkit.models import registry
 from portkit.stages.buckets import stage
-from test_hf_models import _gpt2, _text_dir
+from tests.models.test_hf_models import _gpt2, _text_dir
 
 LONG = " ".join(["hello world return the sum of two numbers"] * 120)     # ~960 tokens
 TEXTS = ["hello world", "return the sum of two numbers", LONG, LONG + " open a network socket"]

@@ -4,7 +4,8 @@ eager reference.
     >>> found = generation_accuracy.compare(lm, texts, ["neuron", "tpu"], accuracy.Options.of({"new_tokens": 16}))
     >>> found.targets["tpu"].summary()
 
-Both runs use the same bucketed static cache (generation.plan_for) and run eagerly: the reference in
+Both runs use the same bucketed static cache (generation.plan_for; the dynamic one where the model raises with
+it, generation.generate_eager) and run eagerly: the reference in
 float32, each target under numerics.emulate (its dtype rules and matmul rounding). Per target and prompt: the
 generated tokens' agreement, the first step where they part, and the largest logit error of every step up to
 there (after it the two runs continue different texts, so their logits are no longer comparable).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from portkit.core import grading
 from portkit.workloads import generation
 from portkit.targets import numerics
 from portkit.targets import specs
@@ -85,14 +87,20 @@ class GenerationComparison:
     new_tokens: int
     plan: dict
     targets: dict[str, TargetGeneration] = field(default_factory=dict)
+    cache: str = "static"             # the KV cache both runs used (generation.generate_eager)
+    refused: str | None = None        # why nothing was generated: the model raised with every cache
 
     def summary(self) -> str:
-        return " | ".join(t.summary() for t in self.targets.values())
+        if self.refused:
+            return f"generation {grading.NOT_ASSESSED}: {self.refused}"
+        return " | ".join(t.summary() for t in self.targets.values()) + (
+            "" if self.cache == "static" else f" ({self.cache} KV cache: the model raises with the static one)")
 
     __str__ = __repr__ = summary
 
     def to_dict(self) -> dict:
         return {"model": self.model, "new_tokens": self.new_tokens, "plan": self.plan, "summary": self.summary(),
+                "cache": self.cache, "refused": self.refused,
                 "targets": {n: t.to_dict() for n, t in self.targets.items()}}
 
 
@@ -115,16 +123,21 @@ def compare(lm, texts: list[str], targets, options) -> GenerationComparison:
     task bound "agreement" (options.bounds). options: the stage's options (stage.Options)."""
     new_tokens, precision, budget = options.new_tokens, options.precision, options.bounds["agreement"]
     plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
-    ref = generation.generate_static(lm, texts, new_tokens, plan, keep_logits=True)
     found = GenerationComparison(lm.name, new_tokens, {"prompt_buckets": list(plan.prompt_buckets),
                                                        "context_buckets": list(plan.context_buckets)})
+    try:
+        ref = generation.generate_eager(lm, texts, new_tokens, plan, keep_logits=True)
+    except generation.GenerationRefused as refused:      # nothing generated: the comparison is not assessed
+        found.refused = str(refused)
+        return found
+    found.cache = ref.mode
     for name in specs.parse_targets(targets):
         target = specs.get(name)
         if target.reference:
             continue
         chosen = target.precision((precision or {}).get(name) or target.default_precision.name)
         with numerics.emulate(target, chosen):
-            run = generation.generate_static(lm, texts, new_tokens, plan, keep_logits=True)
+            run = generation.generate_eager(lm, texts, new_tokens, plan, keep_logits=True, cache=ref.mode)
         found.targets[name] = TargetGeneration(name, chosen.name, budget, [
             _prompt(ref.tokens, ref.logits, run.tokens, run.logits, row) for row in range(len(texts))])
     torch.compiler.reset()

@@ -16,10 +16,14 @@ Per target, on its compile backend (selection.backend_for: emulated here, the ve
   warm-up" is PyTorch's word, not portkit's; a refused compile is counted, paid, and a finding with the guard
   that failed and its source line.
 The two runs' tokens are compared (the same greedy decoding, so they should agree where the numerics do).
+
+A compiled run that raises is run again eagerly (generation.refusal): where the model raises there too, that is
+the model's refusal of the cache, a result (a static cache the model refuses is a finding: every generated token
+a compile), and the stage goes on; where the eager run passes, the compiled failure is raised, as any other.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,24 +40,32 @@ class TargetGeneration:
     prompts: int
     new_tokens: int
     plan: dict                         # the static cache's buckets
-    dynamic: generation.Generation
-    static: generation.Generation
+    dynamic: generation.Generation | None    # None where the model refuses the cache (refused)
+    static: generation.Generation | None
+    refused: dict = field(default_factory=dict)   # {cache: generation.Refused}, eagerly as compiled
 
     @property
-    def agreement(self) -> float:
-        """Share of generated tokens the dynamic and static runs agree on."""
+    def agreement(self) -> float | None:
+        """Share of generated tokens the dynamic and static runs agree on; None where one did not run."""
+        if self.dynamic is None or self.static is None:
+            return None
         return float((self.dynamic.tokens == self.static.tokens).float().mean())
 
     def summary(self) -> str:
         d, s = self.dynamic, self.static
-        eager = (f"; from token {d.eager_from_step + 1} the decode step ran eagerly (Dynamo's recompile limit)"
-                 if d.eager_from_step is not None else "")
-        return (f"{self.target['name']} ({self.target['mode']}, {self.backend}): {self.prompts} prompts x "
-                f"{self.new_tokens} new tokens; dynamic cache: {d.compiles} compiles "
-                f"({d.compiles_per_token:.2f} per generated token){eager}; static cache "
-                f"(prompt buckets {self.plan['prompt_buckets']}, context buckets {self.plan['context_buckets']}): "
-                f"{s.warmup_compiles} compiles in warm-up, {s.compiles} during "
-                f"the generation under fail_on_recompile; tokens agree {self.agreement:.0%}")
+        head = f"{self.target['name']} ({self.target['mode']}, {self.backend}): {self.prompts} prompts x " \
+               f"{self.new_tokens} new tokens"
+        parts = [f"dynamic cache: {self.refused['dynamic'].text()}" if d is None else
+                 f"dynamic cache: {d.compiles} compiles ({d.compiles_per_token:.2f} per generated token)"
+                 + (f"; from token {d.eager_from_step + 1} the decode step ran eagerly (Dynamo's recompile limit)"
+                    if d.eager_from_step is not None else "")]
+        parts.append(f"static cache: {self.refused['static'].text()}" if s is None else
+                     f"static cache (prompt buckets {self.plan['prompt_buckets']}, context buckets "
+                     f"{self.plan['context_buckets']}): {s.warmup_compiles} compiles in warm-up, {s.compiles} during "
+                     "the generation under fail_on_recompile")
+        if self.agreement is not None:
+            parts.append(f"tokens agree {self.agreement:.0%}")
+        return "; ".join([head, *parts])
 
     __str__ = __repr__ = summary
 
@@ -65,8 +77,21 @@ class TargetGeneration:
         return owners.innermost(owners.from_trace("\n".join(self.static.late[0]["guard_failures"])))
 
     def findings(self) -> list[tuple]:
-        """(kind, case, message, advice, where), graded by the policy (core.grading): a compile during the
-        static-cache generation, after every bucket's graph was warmed up, is one per decode step it recurs at."""
+        """(kind, case, message, advice, where), graded by the policy (core.grading): a static cache the model
+        refuses where the dynamic one runs; a compile during the static-cache generation, after every bucket's
+        graph was warmed up, is one per decode step it recurs at."""
+        if self.static is None:
+            if self.dynamic is None:        # nothing generated: an open question (open_questions), no finding
+                return []
+            refused = self.refused["static"]
+            return [("static_cache", grading.ANY,
+                     f"{refused.text()}; with the dynamic cache it generates, at {self.dynamic.compiles} compiles "
+                     f"for {self.new_tokens} tokens on {self.target['name']} ({self.dynamic.compiles_per_token:.2f} "
+                     "per generated token)",
+                     "a lead, not tried: the model needs a fixed-size KV cache it accepts (transformers' "
+                     "StaticCache raised above) before its decode step can be compiled once per context bucket; "
+                     "a serving stack's own cache for this architecture, or a cache layer written for it",
+                     refused.where)]
         late = self.static.late
         if not late:
             return []
@@ -79,8 +104,17 @@ class TargetGeneration:
                  "one); keep it in a tensor, or use a cache whose layers do",
                  self.late_where())]
 
+    def open_questions(self) -> list[tuple[str, str]]:
+        """(question, why) this check left open: generation itself, where the model raised with every cache."""
+        if self.static is None and self.dynamic is None:
+            return [(f"generation on {self.target['name']} (its compiles per token, the static cache)",
+                     "; ".join(r.text() for r in self.refused.values()))]
+        return []
+
     def to_dict(self) -> dict:
-        def run(g: generation.Generation) -> dict:
+        def run(g: generation.Generation | None) -> dict | None:
+            if g is None:
+                return None
             return {"compiles": g.compiles, "compiles_per_token": g.compiles_per_token, "seconds": g.seconds,
                     "warmup_compiles": g.warmup_compiles, "warmup_seconds": g.warmup_seconds,
                     "eager_from_step": g.eager_from_step, "truncated": g.truncated,
@@ -88,7 +122,8 @@ class TargetGeneration:
                     "late": [{k: e[k] for k in ("request", "shape", "reason")} for e in g.late]}
         return {"target": self.target, "backend": self.backend, "prompts": self.prompts,
                 "new_tokens": self.new_tokens, "plan": self.plan, "dynamic": run(self.dynamic),
-                "static": run(self.static), "token_agreement": self.agreement, "summary": self.summary()}
+                "static": run(self.static), "token_agreement": self.agreement, "summary": self.summary(),
+                "refused": {k: r.to_dict() for k, r in self.refused.items()}}
 
 
 def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precision=None) -> dict[str, TargetGeneration]:
@@ -97,17 +132,31 @@ def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precisio
     cache. The stage passes its options (stage.check_generation)."""
     generation.check_causal(lm)
     plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
-    out = {}
+    out, eager = {}, {}       # eager: {cache: Refused or None}, the eager rerun, once for every target
+
+    def tried(cache: str, run):
+        try:
+            return run(), None
+        except Exception:
+            if cache not in eager:
+                eager[cache] = generation.refusal(lm, texts, cache)
+            if eager[cache] is None:      # the model runs eagerly: the compiled failure is not the model's refusal
+                raise
+            return None, eager[cache]
+
     for name in specs.parse_targets(targets):
         detected = specs.detect(name)
         chosen, _ = selection.backend_for(detected, backend, (precision or {}).get(name))
         label = chosen if isinstance(chosen, str) else getattr(chosen, "__name__", type(chosen).__name__)
-        dynamic = generation.generate_dynamic(lm, texts, new_tokens, chosen, max_length=generation.MAX_PROMPT)
+        dynamic, no_dynamic = tried("dynamic", lambda: generation.generate_dynamic(
+            lm, texts, new_tokens, chosen, max_length=generation.MAX_PROMPT))
         fresh, _ = selection.backend_for(detected, backend, (precision or {}).get(name))   # its own record
-        static = generation.generate_static(lm, texts, new_tokens, plan, backend=fresh)
+        static, no_static = tried("static", lambda: generation.generate_static(lm, texts, new_tokens, plan,
+                                                                                backend=fresh))
+        refused = {k: r for k, r in (("dynamic", no_dynamic), ("static", no_static)) if r is not None}
         out[name] = TargetGeneration(detected.to_dict(), label, len(texts), new_tokens,
                                      {"prompt_buckets": list(plan.prompt_buckets),
                                       "context_buckets": list(plan.context_buckets), "batch": plan.batch,
-                                      "overflow": plan.overflow}, dynamic, static)
+                                      "overflow": plan.overflow}, dynamic, static, refused)
     torch.compiler.reset()
     return out

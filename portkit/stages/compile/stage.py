@@ -72,6 +72,7 @@ CONSEQUENCES = {
     "recompile_storm": "work: one compile per new input shape, each paid at the target's compile time above",
     "recompile_after_warmup": "work: compiles after warm-up at one fixed shape, each paid at request time",
     "fixed_shape": "work: a fixed shape is not proven to compile once",
+    "static_cache": "work: the model generates with the growing cache only, a compile per generated token",
     "train_refused": "blocker: the target's compiler refuses the training step, so training does not compile there",
     "train_not_lowered": {"blocker": "blocker: the op has no kernel and no fallback on the target, so the step "
                                      "cannot run",
@@ -384,13 +385,17 @@ class CompileReport:
 
     def open_questions(self, name: str) -> list[dict]:
         """What this stage left open for one target (core.assessed): the recompile storm over the requests, where
-        the target's compiler stopped it (its count and price are of the requests before the refusal only)."""
-        failure = self.storms[name].failure
-        if not failure:
-            return []
-        return [assessed.open_question(
-            f"recompile storm over the {self.requests['count']} requests (its compiles and their time on {name})",
-            f"the target stopped the storm at request {(failure.get('request') or 0) + 1}: {failure_text(failure)}")]
+        the target's compiler stopped it (its count and price are of the requests before the refusal only);
+        generation, where the model raised with every cache."""
+        failure, out = self.storms[name].failure, []
+        if failure:
+            out.append(assessed.open_question(
+                f"recompile storm over the {self.requests['count']} requests (its compiles and their time on {name})",
+                f"the target stopped the storm at request {(failure.get('request') or 0) + 1}: "
+                f"{failure_text(failure)}"))
+        if name in self.generation:
+            out += [assessed.open_question(q, why) for q, why in self.generation[name].open_questions()]
+        return out
 
     def summary(self) -> str:
         return " | ".join(self.target_summary(n) + (f"; generation: {self.generation[n].summary()}"

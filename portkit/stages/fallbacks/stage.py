@@ -406,15 +406,34 @@ VENDOR_RECORDERS = {"torch_neuronx": _neuron_vendor_record, "torch_tpu": _tpu_ve
 GENERATED_TOKENS = 4       # prefill, then three decode steps: every op a decode step runs, recorded
 
 
-def _generation(model, prompts: list[str], inputs: dict):
-    """A function that generates GENERATED_TOKENS for the batch's prompts with a bucketed static cache, eagerly."""
-    from portkit.workloads import generation
-    generation.check_causal(model)
-    lines = list(prompts)[:max(1, len(next(iter(inputs.values()))))]
-    if not lines:
-        raise BadParameter("prompts for workload 'generate'", prompts, hint="give the batch's texts")
-    plan = generation.plan_for(model.token_lengths(lines), GENERATED_TOKENS, len(lines), generation.MAX_PROMPT)
-    return lambda: generation.generate_static(model, lines, GENERATED_TOKENS, plan)
+class _Generation:
+    """Stage 1's recorded run for workload "generate": GENERATED_TOKENS for the batch's prompts, eagerly, with the
+    bucketed static cache, or where the model raises with it the dynamic one (generation.generate_eager); where it
+    raises with both, the batch's forward pass instead, so the ops are still recorded. `what` says which ran."""
+
+    def __init__(self, model, prompts: list[str], inputs: dict):
+        from portkit.workloads import generation
+        generation.check_causal(model)
+        self.lines = list(prompts)[:max(1, len(next(iter(inputs.values()))))]
+        if not self.lines:
+            raise BadParameter("prompts for workload 'generate'", prompts, hint="give the batch's texts")
+        self.model, self.inputs = model, inputs
+        self.plan = generation.plan_for(model.token_lengths(self.lines), GENERATED_TOKENS, len(self.lines),
+                                        generation.MAX_PROMPT)
+        self.what = f"generation of {GENERATED_TOKENS} tokens, static KV cache"
+
+    def __call__(self):
+        from portkit.workloads import generation
+        try:
+            run = generation.generate_eager(self.model, self.lines, GENERATED_TOKENS, self.plan)
+        except generation.GenerationRefused as refused:
+            self.what = f"the forward pass (generation not recorded: {refused})"
+            with torch.no_grad():
+                return self.model.module(**self.inputs)
+        if run.refused:
+            self.what = (f"generation of {GENERATED_TOKENS} tokens, dynamic KV cache (the static one raises: "
+                         f"{run.refused['static'].message})")
+        return run
 
 
 # ---------------------------------------------------------------- the stage's verb
@@ -463,14 +482,13 @@ def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
     In native mode for a target, its pass is recorded on the device with the live dispatcher table,
     and the vendor's own fallback record is added. workload "generate" (a causal LM): greedy generation of
     GENERATED_TOKENS from `prompts` with a static KV cache is recorded instead (prefill, then decode steps
-    writing the cache: generation.generate_static), on the CPU in both modes. texts: the corpus the batch came
+    writing the cache: _Generation says which cache, or the forward pass where the model refuses both), on the
+    CPU in both modes. texts: the corpus the batch came
     from, checked to round-trip through the model's tokenizer (a tokenizer that loses the text is a finding).
     """
     settings = settings or RecordSettings()
     train, description, texts = settings.train, settings.description, settings.texts
-    run = _generation(model, settings.prompts or [], inputs) if settings.workload == "generate" else None
-    if run is not None:
-        description = f"{description or 'prompts'}; generation of {GENERATED_TOKENS} tokens, static KV cache"
+    run = _Generation(model, settings.prompts or [], inputs) if settings.workload == "generate" else None
     names = specs.parse_targets(targets)
     detected = [specs.detect(n) for n in names]
     scan = source_scan.scan_model(model)   # before recording: a model that cannot run here still gets its findings
@@ -494,6 +512,8 @@ def find_fallbacks(model, inputs: dict[str, torch.Tensor], targets=("neuron", "t
         if not records:
             records = sorted(recording.records.values(),
                              key=lambda r: (r.op, r.module, r.phase, owners.line_key(r.where) or ""))
+    if run is not None:       # what the recorded run was is known once it ran
+        description = f"{description or 'prompts'}; {run.what}"
     shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     first = next(iter(shapes.values()), [])
     desc = description or ("batch " + " x ".join(str(s) for s in first) if first else "no tensor inputs")

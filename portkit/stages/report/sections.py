@@ -74,14 +74,17 @@ def _compile(data, t, out) -> None:
         "compiles after warm-up, fixed shape": _or(t.fixed_compiles_after, "—"),
     }
     if gen := t.generation:       # workload "generate": the dynamic KV cache against the static one
-        d, s, plan = gen["dynamic"], gen["static"], gen["plan"]
-        eager = f", eager from token {d['eager_from_step'] + 1}" if d.get("eager_from_step") is not None else ""
+        d, s, plan, refused = gen["dynamic"], gen["static"], gen["plan"], gen["refused"]
+        eager = f", eager from token {d['eager_from_step'] + 1}" if d and d.get("eager_from_step") is not None else ""
         out.metrics["compile"]["generation, dynamic cache"] = (
+            f"refused: {refused['dynamic']['text']}" if d is None else
             f"{d['compiles']} compiles for {gen['new_tokens']} tokens ({d['compiles_per_token']:.2f} per token){eager}")
+        agree = gen.get("token_agreement")
         out.metrics["compile"]["generation, static cache"] = (
+            f"refused: {refused['static']['text']}" if s is None else
             f"prompt buckets {plan['prompt_buckets']}, context buckets {plan['context_buckets']}: "
-            f"{s['warmup_compiles']} warm-up compiles, {s['compiles']} after; "
-            f"tokens agree {gen['token_agreement']:.0%}")
+            f"{s['warmup_compiles']} warm-up compiles, {s['compiles']} after"
+            + (f"; tokens agree {agree:.0%}" if agree is not None else ""))
     if tr := t.training:         # workload "train": the training step compiled
         out.metrics["compile"]["training step"] = (
             f"refused: {tr['refused']['message']}" if tr.get("refused") else

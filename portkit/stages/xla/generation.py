@@ -66,11 +66,17 @@ def not_kv_cache(lm) -> str | None:
     """Why the model's StaticCache is not one the serving graph carries (keys and values of every layer, as
     heads x positions x head size), or None where it is: a state-space or linear-attention layer holds
     fixed-size conv and recurrent states instead (transformers' LinearAttentionCacheLayerMixin: Mamba2, Jamba's
-    Mamba layers), which this graph does not pass."""
+    Mamba layers), which this graph does not pass; a model whose layer types the StaticCache has no layer for
+    (it raises) has none to carry."""
     from transformers import StaticCache
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
     model = generation.causal_model(lm)
-    cache = StaticCache(config=model.config, max_cache_len=1)
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=1)
+    except Exception as exc:  # noqa: BLE001 - a cache the library cannot build for the model is the answer
+        refused = generation.refused(exc, "static")
+        return f"transformers' StaticCache cannot be built for {type(model).__name__}: {refused.message}" + (
+            f" at {refused.where['text']}" if refused.where else "")
     other = sorted({type(layer).__name__ for layer in cache.layers
                     if isinstance(layer, LinearAttentionCacheLayerMixin)})
     if other:

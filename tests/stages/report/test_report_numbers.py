@@ -5,6 +5,7 @@ resolved, and the first work item is what remains."""
 import json
 import re
 
+import numpy as np
 import pytest
 
 import report_numbers
@@ -28,9 +29,11 @@ def test_the_check_names_a_figure_no_stage_wrote(run_dir):
     buckets = json.loads((run_dir / "buckets.json").read_text())
     share = buckets["truncation"]["lost_share_of_over"]
     assert report_numbers.owned(f"{share:.1%}", figures) and report_numbers.owned("8,604", figures)
-    assert not report_numbers.owned("818.8", figures) and not report_numbers.owned("77.7%", figures)
-    page = (run_dir / "report.html").read_text().replace("<td>captures the model</td>", "<td>818.8 s</td>", 1)
-    assert ("compile / fullgraph=True", "818.8") in report_numbers.printed_figures(page)
+    # a figure no stage wrote: the run's own figures vary run to run, so one is picked that is none of them
+    stray = next(f"{n / 10:.1f}" for n in range(8188, 9999) if not report_numbers.owned(f"{n / 10:.1f}", figures))
+    assert report_numbers.owned(stray, np.array([float(stray)]))       # the same number once a stage writes it
+    page = (run_dir / "report.html").read_text().replace("<td>captures the model</td>", f"<td>{stray} s</td>", 1)
+    assert ("compile / fullgraph=True", stray) in report_numbers.printed_figures(page)
 
 
 @pytest.mark.slow
