@@ -272,29 +272,97 @@ def warm_up(model, call, plan: Plan) -> None:
 def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=None,
                     keep_logits: bool = False) -> Generation:
     """Greedy generation with a bucketed StaticCache; backend None runs eagerly (the reference)."""
+    if backend is not None:
+        return _only(generate_static_for(lm, texts, new_tokens, plan, {"": backend}, keep_logits))
     model = causal_model(lm)
+    ids, mask, truncated = _prompts(lm, model, texts, new_tokens, plan)
+    with torch.no_grad():
+        start = time.perf_counter()
+        tokens, kept, _ = _run_static(model, _step, ids, mask, new_tokens, plan, keep_logits)
+        seconds = time.perf_counter() - start
+    rows = len(texts)
+    return Generation("static", tokens[:rows], 0, 0.0, seconds, truncated=truncated,
+                      logits=[x[:rows] for x in kept])
+
+
+def _prompts(lm, model, texts: list[str], new_tokens: int, plan: Plan):
+    """The prompts left-padded to their prompt bucket and to the plan's batch: (ids, mask, prompts truncated)."""
     enc, truncated = _encode(lm, texts, plan)
     plan.context_bucket(enc["input_ids"].shape[1] + new_tokens - 1)    # refuse an overflowing context early
     ids, mask = _pad_batch(enc, plan.batch)
-    from portkit.targets import backends  # registers the emulated backends: imports Dynamo, which validation need not
-    counter = backends.CompileCounter(backend) if backend is not None else None
-    torch.compiler.reset()      # _step's compiled graphs from an earlier generation would count against the limit
-    call = torch.compile(_step, backend=counter, dynamic=False) if counter else _step
-    with torch.no_grad():
-        start = time.perf_counter()
-        if counter:
-            warm_up(model, call, plan)
-        warm_seconds, warm_compiles = time.perf_counter() - start, len(counter.events) if counter else 0
-        start = time.perf_counter()
+    return ids, mask, truncated
+
+
+def generate_static_for(lm, texts: list[str], new_tokens: int, plan: Plan, backends: dict,
+                        keep_logits: bool = False) -> dict:
+    """generate_static compiled for several targets' backends ({name: backend}) in one Dynamo trace where they are
+    emulated static-shape backends (shared_trace.Turns: every graph goes to each backend's checks, each target
+    runs its own compiled graph); any other backend traces alone. {name: Generation, or the exception its run
+    raised}: a target whose backend refuses a graph raises in its own run, the others go on. Every target
+    compiles the same graphs, so warm-up compiles and the compiles after it (`late`, shared) are the trace's."""
+    model = causal_model(lm)
+    ids, mask, truncated = _prompts(lm, model, texts, new_tokens, plan)
+    out, rows = {}, len(texts)
+    for group in _traces(backends):
+        lanes = {n: backends[n] for n in group}
+        turns, counters = _turns(lanes)
+        torch.compiler.reset()      # compiled graphs from an earlier generation would count against the limit
+        call = torch.compile(_step, backend=turns, dynamic=False)
         late: list[dict] = []
-        with torch.compiler.set_stance("fail_on_recompile"):
-            tokens, kept, _ = _run_static(model, _counting(call, late) if counter else call, ids, mask, new_tokens,
-                                          plan, keep_logits)
-        seconds = time.perf_counter() - start
-    compiles = (len(counter.events) - warm_compiles) if counter else 0
-    rows = len(texts)
-    return Generation("static", tokens[:rows], compiles, compiles / new_tokens, seconds, warm_compiles,
-                      warm_seconds, truncated, logits=[x[:rows] for x in kept], late=late)
+        with torch.no_grad():
+            start = time.perf_counter()
+            for name in lanes:      # the first warm-up compiles every graph for every lane; the others reuse them
+                turns.turn = name
+                out[name] = _attempt(warm_up, model, call, plan)
+            warm_seconds, warm = time.perf_counter() - start, {n: len(c.events) for n, c in counters.items()}
+            runs = {}
+            for name in (n for n in lanes if out[n] is None):
+                turns.turn, start = name, time.perf_counter()
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    ran = _attempt(_run_static, model, _counting(call, late), ids, mask, new_tokens, plan,
+                                   keep_logits)
+                runs[name] = (ran, time.perf_counter() - start)
+        for name, (ran, seconds) in runs.items():
+            if isinstance(ran, BaseException):
+                out[name] = ran
+                continue
+            tokens, kept, _ = ran
+            compiles = len(counters[name].events) - warm[name]
+            out[name] = Generation("static", tokens[:rows], compiles, compiles / new_tokens, seconds, warm[name],
+                                   warm_seconds, truncated, logits=[x[:rows] for x in kept], late=late)
+    return out
+
+
+def _traces(backends: dict) -> list[list[str]]:
+    """The targets grouped by the Dynamo trace they share: the emulated static-shape backends one trace (they
+    compile the same graphs, one per shape), any other backend (a vendor's, natively) a trace of its own."""
+    from portkit.targets.backends import EmulatedBackend
+    shared = [n for n, b in backends.items() if isinstance(b, EmulatedBackend)]
+    return ([shared] if shared else []) + [[n] for n in backends if n not in shared]
+
+
+def _turns(lanes: dict):
+    """(one Turns over the lanes' counted backends, {name: CompileCounter}) for one trace."""
+    from portkit.targets import backends as target_backends
+    from portkit.targets.shared_trace import Turns
+    counters = {n: target_backends.CompileCounter(b) for n, b in lanes.items()}
+    return Turns(counters), counters
+
+
+def _attempt(fn, *args):
+    """fn(*args) where it returns; the exception it raised instead (a target's refusal, for its caller to read)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the caller reads the exception per target
+        return exc
+
+
+def _only(found: dict) -> Generation:
+    """The one target's Generation of a *_for call, its exception raised."""
+    [run] = found.values()
+    if isinstance(run, BaseException):
+        raise run
+    return run
 
 
 def _counting(call, late: list[dict]):
@@ -317,41 +385,86 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
 
     limit: Dynamo's recompile limit applies (past it a step runs eagerly: eager_from_step); False lifts
     it, so every new shape compiles, as on a static-shape target that has no eager fallback."""
-    from transformers import DynamicCache
+    if backend is not None:
+        return _only(generate_dynamic_for(lm, texts, new_tokens, {"": backend}, max_length, limit, keep_logits))
     model = causal_model(lm)
+    ids, mask = _dynamic_prompts(lm, texts, max_length)
+    with torch.no_grad():
+        tokens, kept, seconds = _run_dynamic(model, _step, ids, mask, new_tokens, keep_logits, [])
+    return Generation("dynamic", tokens, 0, 0.0, seconds, logits=kept)
+
+
+def _dynamic_prompts(lm, texts: list[str], max_length: int | None):
     enc = lm.tokenizer(texts, padding="longest", truncation=True, max_length=max_length or lm.max_length,
                        padding_side="left", truncation_side="left", return_tensors="pt")   # as Plan's "truncate"
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    from portkit.targets import backends
-    counter = backends.CompileCounter(backend) if backend is not None else None
-    torch.compiler.reset()
-    recompiles, tokens, kept, eager_from = default_recompile_limit(), [], [], None
-    torch_private.guard_failures(clear=True)
-    with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
-        # a compiled step keeps the config it is made under
-        call = torch.compile(_step, backend=counter, dynamic=False) if counter else _step
-        start = time.perf_counter()
-        cache = DynamicCache(config=model.config)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        prompt = ids.shape[1]
-        logits = call(model, ids, _mask(model, mask, prompt), positions, torch.arange(prompt), cache)
-        for step in progress.bar(range(new_tokens), desc="dynamic-cache decode"):
-            kept.append(logits) if keep_logits else None
-            nxt = logits.argmax(-1)
-            tokens.append(nxt)
-            if step == new_tokens - 1:
-                break
-            before = len(counter.events) if counter else 0
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            positions = mask.cumsum(-1)[:, -1:] - 1
-            logits = call(model, nxt[:, None], _mask(model, mask), positions, torch.tensor([prompt + step]), cache)
-            if counter and eager_from is None and len(counter.events) == before and len(counter.events) >= recompiles:
-                eager_from = step + 1
-        seconds = time.perf_counter() - start
-    failures = torch_private.guard_failures()
-    compiles = len(counter.events) if counter else 0
-    return Generation("dynamic", torch.stack(tokens, 1), compiles, compiles / new_tokens, seconds,
-                      eager_from_step=eager_from, guard_failures=failures, logits=kept)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def _run_dynamic(model, call, ids, mask, new_tokens: int, keep_logits: bool, counters):
+    """One greedy generation into a fresh DynamicCache through `call`, each call's compiles tagged with its step
+    (CompileCounter.request: 0 the prefill, s the decode step giving token s): (tokens, logits kept, seconds)."""
+    from transformers import DynamicCache
+    tokens, kept = [], []
+    start = time.perf_counter()
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    prompt = ids.shape[1]
+    for counter in counters:
+        counter.request = 0
+    logits = call(model, ids, _mask(model, mask, prompt), positions, torch.arange(prompt), cache)
+    for step in progress.bar(range(new_tokens), desc="dynamic-cache decode"):
+        kept.append(logits) if keep_logits else None
+        nxt = logits.argmax(-1)
+        tokens.append(nxt)
+        if step == new_tokens - 1:
+            break
+        for counter in counters:
+            counter.request = step + 1
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        positions = mask.cumsum(-1)[:, -1:] - 1
+        logits = call(model, nxt[:, None], _mask(model, mask), positions, torch.tensor([prompt + step]), cache)
+    return torch.stack(tokens, 1), kept, time.perf_counter() - start
+
+
+def _eager_from(events, new_tokens: int, recompiles: int) -> int | None:
+    """The first decode step Dynamo ran eagerly: no compile tagged with it, after the recompile limit's worth."""
+    tagged = [e.request for e in events]
+    for step in range(1, new_tokens):
+        if step not in tagged and sum(r is not None and r < step for r in tagged) >= recompiles:
+            return step
+    return None
+
+
+def generate_dynamic_for(lm, texts: list[str], new_tokens: int, backends: dict, max_length: int | None = None,
+                         limit: bool = True, keep_logits: bool = False) -> dict:
+    """generate_dynamic compiled for several targets' backends ({name: backend}), one Dynamo trace for the
+    emulated ones (generate_static_for's rule): {name: Generation, or the exception its run raised}. The compiles,
+    the step from which Dynamo ran eagerly and the guard failures are the shared trace's, every target's."""
+    model = causal_model(lm)
+    ids, mask = _dynamic_prompts(lm, texts, max_length)
+    recompiles, out = default_recompile_limit(), {}
+    for group in _traces(backends):
+        turns, counters = _turns({n: backends[n] for n in group})
+        torch.compiler.reset()
+        torch_private.guard_failures(clear=True)
+        runs = {}
+        with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
+            call = torch.compile(_step, backend=turns, dynamic=False)   # it keeps the config it is made under
+            for name in group:      # the first run compiles every shape for every lane; the others reuse them
+                turns.turn = name
+                runs[name] = _attempt(_run_dynamic, model, call, ids, mask, new_tokens, keep_logits,
+                                      list(counters.values()))
+        failures = torch_private.guard_failures()
+        for name, ran in runs.items():
+            if isinstance(ran, BaseException):
+                out[name] = ran
+                continue
+            tokens, kept, seconds = ran
+            events = counters[name].events
+            eager = _eager_from(events, new_tokens, recompiles) if limit else None
+            out[name] = Generation("dynamic", tokens, len(events), len(events) / new_tokens, seconds,
+                                   eager_from_step=eager, guard_failures=failures, logits=kept)
+    return out
 
 
 # ---------------------------------------------------------------- a model that refuses a cache

@@ -140,3 +140,30 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     with pytest.raises(BadParameter, match="causal"):
         serving_plans(registry.load("minilm"), corpus, costs, 2e-5,
                               Options.of({"new_tokens": 16, "serve_requests": 100_000}))
+
+
+def test_both_targets_share_one_trace_of_each_generation_and_get_what_their_own_trace_gives(llama, monkeypatch):
+    """Rule: static-shape targets compile the same graphs, so stage 2 traces each generation graph once for both
+    emulated targets (shared_trace.Turns), and each target's compiles, eager step and tokens are those of a trace of
+    its own."""
+    from portkit.targets import shared_trace
+    texts, plan = ["Return a copy of the list", "x"], generation.Plan((8,), (16,), 2)
+    fp32 = {"neuron": "none", "tpu": "highest"}      # each target's precision without matmul rounding
+    each = {n: (generation.generate_static(llama, texts, 6, plan, backend=backends.emulated_backend(n, p)),
+                generation.generate_dynamic(llama, texts, 6, backends.emulated_backend(n, p)))
+            for n, p in fp32.items()}
+    traced = []
+    calls = shared_trace.Turns.__call__
+    monkeypatch.setattr(shared_trace.Turns, "__call__", lambda self, gm, ex, **kw: traced.append(1) or calls(
+        self, gm, ex, **kw))
+    static = generation.generate_static_for(llama, texts, 6, plan,
+                                            {n: backends.emulated_backend(n, p) for n, p in fp32.items()})
+    assert len(traced) == each["tpu"][0].warmup_compiles == 2       # one prefill, one decode: traced once, not twice
+    dynamic = generation.generate_dynamic_for(llama, texts, 6,
+                                              {n: backends.emulated_backend(n, p) for n, p in fp32.items()})
+    for name, (own_static, own_dynamic) in each.items():
+        assert (static[name].warmup_compiles, static[name].compiles) == (own_static.warmup_compiles, 0)
+        assert torch.equal(static[name].tokens, own_static.tokens)
+        assert (dynamic[name].compiles, dynamic[name].eager_from_step) == (own_dynamic.compiles,
+                                                                          own_dynamic.eager_from_step)
+        assert torch.equal(dynamic[name].tokens, own_dynamic.tokens)

@@ -17,6 +17,9 @@ Per target, on its compile backend (selection.backend_for: emulated here, the ve
   that failed and its source line.
 The two runs' tokens are compared (the same greedy decoding, so they should agree where the numerics do).
 
+The targets' emulated backends share one Dynamo trace per cache (generation.generate_static_for): each graph is
+traced once and checked by every target's backend.
+
 A compiled run that raises is run again eagerly (generation.refusal): where the model raises there too, that is
 the model's refusal of the cache, a result (a static cache the model refuses is a finding: every generated token
 a compile), and the stage goes on; where the eager run passes, the compiled failure is raised, as any other.
@@ -132,31 +135,30 @@ def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precisio
     cache. The stage passes its options (stage.check_generation)."""
     generation.check_causal(lm)
     plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
-    out, eager = {}, {}       # eager: {cache: Refused or None}, the eager rerun, once for every target
-
-    def tried(cache: str, run):
-        try:
-            return run(), None
-        except Exception:
-            if cache not in eager:
-                eager[cache] = generation.refusal(lm, texts, cache)
-            if eager[cache] is None:      # the model runs eagerly: the compiled failure is not the model's refusal
-                raise
-            return None, eager[cache]
-
-    for name in specs.parse_targets(targets):
-        detected = specs.detect(name)
-        chosen, _ = selection.backend_for(detected, backend, (precision or {}).get(name))
-        label = chosen if isinstance(chosen, str) else getattr(chosen, "__name__", type(chosen).__name__)
-        dynamic, no_dynamic = tried("dynamic", lambda: generation.generate_dynamic(
-            lm, texts, new_tokens, chosen, max_length=generation.MAX_PROMPT))
-        fresh, _ = selection.backend_for(detected, backend, (precision or {}).get(name))   # its own record
-        static, no_static = tried("static", lambda: generation.generate_static(lm, texts, new_tokens, plan,
-                                                                                backend=fresh))
-        refused = {k: r for k, r in (("dynamic", no_dynamic), ("static", no_static)) if r is not None}
-        out[name] = TargetGeneration(detected.to_dict(), label, len(texts), new_tokens,
+    names = specs.parse_targets(targets)
+    detected = {n: specs.detect(n) for n in names}
+    chosen = {n: selection.backend_for(detected[n], backend, (precision or {}).get(n))[0] for n in names}
+    fresh = {n: selection.backend_for(detected[n], backend, (precision or {}).get(n))[0] for n in names}  # own records
+    runs = {"dynamic": generation.generate_dynamic_for(lm, texts, new_tokens, chosen, max_length=generation.MAX_PROMPT),
+            "static": generation.generate_static_for(lm, texts, new_tokens, plan, fresh)}
+    eager: dict = {}         # {cache: Refused or None}, the eager rerun, once for every target
+    out = {}
+    for name in names:
+        found, refused = {}, {}
+        for cache, per_target in runs.items():
+            run = per_target[name]
+            if isinstance(run, BaseException):
+                if cache not in eager:
+                    eager[cache] = generation.refusal(lm, texts, cache)
+                if eager[cache] is None:      # it runs eagerly: the compiled failure is not the model's refusal
+                    raise run
+                run, refused[cache] = None, eager[cache]
+            found[cache] = run
+        label = chosen[name] if isinstance(chosen[name], str) else getattr(chosen[name], "__name__",
+                                                                           type(chosen[name]).__name__)
+        out[name] = TargetGeneration(detected[name].to_dict(), label, len(texts), new_tokens,
                                      {"prompt_buckets": list(plan.prompt_buckets),
                                       "context_buckets": list(plan.context_buckets), "batch": plan.batch,
-                                      "overflow": plan.overflow}, dynamic, static, refused)
+                                      "overflow": plan.overflow}, found["dynamic"], found["static"], refused)
     torch.compiler.reset()
     return out
