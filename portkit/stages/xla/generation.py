@@ -82,8 +82,9 @@ def not_kv_cache(lm) -> str | None:
     if other:
         return (f"{type(model).__name__}'s cache has layers of {', '.join(other)} (state-space or linear-attention "
                 "states, not keys and values per position)")
-    if not getattr(model.config, "num_attention_heads", None):
-        return f"{type(model.config).__name__} names no num_attention_heads to size a key/value cache by"
+    config = _text_config(model)
+    if not getattr(config, "num_attention_heads", None):
+        return f"{type(config).__name__} names no num_attention_heads to size a key/value cache by"
     return None
 
 
@@ -95,14 +96,27 @@ def cache_shapes(model: nn.Module, batch: int, context: int) -> tuple[tuple[int,
     differ, the config's head size for both."""
     layers = _probed(model)
     if layers is None:
-        config = model.config
+        config = _text_config(model)
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         layers = ((kv_heads, head_dim), (kv_heads, head_dim))
     (kh, kd), (vh, vd) = layers
-    count = model.config.num_hidden_layers
+    count = _cache_layers(model)
     return (count, batch, kh, context, kd), (count, batch, vh, context, vd)
+
+
+def _text_config(model: nn.Module):
+    """The config of the model's text decoder, the one its cache is built from (a multimodal model's text_config:
+    transformers' PretrainedConfig.get_text_config(decoder=True), as StaticCache reads it)."""
+    return model.config.get_text_config(decoder=True)
+
+
+def _cache_layers(model: nn.Module) -> int:
+    """How many layers the model's StaticCache holds, the ones _Serving fills (a model whose layers share another
+    layer's keys and values holds fewer than its hidden layers)."""
+    from transformers import StaticCache
+    return len(StaticCache(config=model.config, max_cache_len=1).layers)
 
 
 _PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -191,7 +205,9 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
         cache = {k: inputs[k] for k in ("keys", "values")}          # donated: the only buffers updated in place
         rest = {k: v for k, v in inputs.items() if k not in cache}
         with placement.tensors_kept(program.module):      # forward leaves no converted tensor on the model
-            lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,)).trace(
+            # keep_unused: every weight stays an argument, as a served checkpoint holds them all in HBM (a multimodal
+            # model's vision tower too, which a text step does not read and jit would otherwise drop)
+            lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,), keep_unused=True).trace(
                 states, cache, rest).lower()
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
         found.status, found.message = "trace_failed", compiler.error_message(exc)
