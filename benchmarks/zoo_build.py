@@ -118,13 +118,20 @@ def _layer_list(value, layers: int) -> list:
     return (picked + list(value))[:max(layers, len(picked))]
 
 
+def own_overrides(table: dict, model_type: str | None) -> dict:
+    """A model type's overrides, without their reasons: a sub-config is sized as its own model type is at the top
+    (Dots3 Note's text config as dots3_note_text's)."""
+    return {k: v for k, v in table["overrides"].get(model_type, {}).items() if not k.startswith("_")}
+
+
 def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
     """The config's keyword arguments at the zoo's size: `table` values for the keys `defaults` holds (a
     sub-config, a dict ending in _config, shrunk the same way), per-layer lists shortened, `overrides` last."""
     out, layers = {}, table["scalars"].get("num_hidden_layers", 2)
     for key, value in defaults.items():
         if isinstance(value, dict) and (key.endswith("_config") or key in table["sub_configs"]):
-            sub = shrink(value, table, overrides.get(key, {}) if isinstance(overrides.get(key), dict) else {})
+            sub = shrink(value, table, {**own_overrides(table, value.get("model_type")),
+                                        **(overrides.get(key, {}) if isinstance(overrides.get(key), dict) else {})})
             out[key] = {"model_type": value["model_type"], **sub} if "model_type" in value else sub
         elif key in table["of_hidden"] and isinstance(value, int) and isinstance(defaults.get("hidden_size"), int):
             # a width the config derives from hidden_size (RWKV's attention is as wide as the model): kept in ratio
