@@ -118,17 +118,28 @@ def _layer_list(value, layers: int) -> list:
     return (picked + list(value))[:max(layers, len(picked))]
 
 
+def own_overrides(table: dict, model_type: str | None) -> dict:
+    """A model type's overrides, without their reasons: a sub-config is sized as its own model type is at the top
+    (Dots3 Note's text config as dots3_note_text's)."""
+    return {k: v for k, v in table["overrides"].get(model_type, {}).items() if not k.startswith("_")}
+
+
 def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
     """The config's keyword arguments at the zoo's size: `table` values for the keys `defaults` holds (a
     sub-config, a dict ending in _config, shrunk the same way), per-layer lists shortened, `overrides` last."""
     out, layers = {}, table["scalars"].get("num_hidden_layers", 2)
     for key, value in defaults.items():
         if isinstance(value, dict) and (key.endswith("_config") or key in table["sub_configs"]):
-            sub = shrink(value, table, overrides.get(key, {}) if isinstance(overrides.get(key), dict) else {})
+            sub = shrink(value, table, {**own_overrides(table, value.get("model_type")),
+                                        **(overrides.get(key, {}) if isinstance(overrides.get(key), dict) else {})})
             out[key] = {"model_type": value["model_type"], **sub} if "model_type" in value else sub
         elif key in table["of_hidden"] and isinstance(value, int) and isinstance(defaults.get("hidden_size"), int):
             # a width the config derives from hidden_size (RWKV's attention is as wide as the model): kept in ratio
             out[key] = max(1, value * table["scalars"]["hidden_size"] // defaults["hidden_size"])
+        elif key in table["experts_per_token"] and isinstance(value, int) and not isinstance(value, bool):
+            # the experts a token is routed to, under whichever name the config gives it (ERNIE 4.5's moe_k): within
+            # the tiny expert count, as a top-k over more experts than there are fails (torch.topk's "k out of range")
+            out[key] = min(value, table["scalars"]["num_experts_per_tok"])
         elif key in table["scalars"] and (value is None or isinstance(value, (int, float))) \
                 and not isinstance(value, bool):
             if value is None and key not in table["set_when_none"]:
@@ -349,6 +360,16 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+def _model_config(config, model_cls):
+    """The config the model class is built from: a composite config's text sub-config where the class is its text
+    model's (Emu3ForCausalLM takes Emu3TextConfig), as AutoModelForCausalLM.from_config and from_pretrained give it
+    (transformers models/auto/auto_factory.py); else the config itself."""
+    text = getattr(config, "sub_configs", {}).get("text_config")
+    if text is not None and getattr(model_cls, "config_class", None) is text:
+        return config.get_text_config()
+    return config
+
+
 def build(row: Row, folder: Path, cache: dict) -> Path:
     """The row's directory (built and saved once: a folder holding DONE is complete); NotBuilt in one line."""
     import torch
@@ -366,11 +387,14 @@ def build(row: Row, folder: Path, cache: dict) -> Path:
         if model_cls is None:
             raise NotBuilt(f"transformers {transformers.__version__} exports no class {row.cls}")
         torch.manual_seed(0)
-        model = model_cls(config).eval()
+        model = model_cls(_model_config(config, model_cls)).eval()
         smoke(model, row, tok, saved)
         partial = folder / f".{row.key}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial)
+        if model.config is not config:      # the composite config, naming the class, as a user's directory holds it
+            config.architectures = [row.cls]
+            config.save_pretrained(partial)
         for processor in saved:
             processor.save_pretrained(partial)
     except NotBuilt:
