@@ -103,6 +103,19 @@ def test_stage_3b_leaves_a_state_space_models_serving_graphs_not_assessed(zoo, k
     assert not_kv_cache(zoo("gemma2.causal-lm")) is None
 
 
+def test_a_multimodal_models_serving_cache_is_sized_from_its_text_config(zoo):
+    """Rule: a stage that could assess a question does not leave it open for a reason of portkit's. Gemma3's top
+    config (image and text) names no attention heads; its text config does, and its StaticCache is built from it.
+    Stage 3b left the serving graphs' HBM fit "not assessed" for it ("names no num_attention_heads")."""
+    from portkit.stages.xla.generation import cache_shapes, not_kv_cache
+    lm = zoo("gemma3.causal-lm")
+    model = generation.causal_model(lm)
+    text = model.config.get_text_config(decoder=True)
+    assert not getattr(model.config, "num_attention_heads", None) and not_kv_cache(lm) is None
+    keys, values = cache_shapes(model, 2, 32)
+    assert keys[0] == text.num_hidden_layers and keys[2] == text.num_key_value_heads and keys[3] == 32
+
+
 def test_t5s_n_positions_is_not_called_the_models_maximum(tmp_path):
     """Rule: a limit portkit set is named as portkit's, never as the model's. T5's published configs carry
     n_positions=512, but T5's attention uses relative position buckets and has no position table, so 512 is
