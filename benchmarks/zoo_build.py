@@ -153,6 +153,17 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
     for key in table["per_layer"]:
         if key in out and "num_hidden_layers" in defaults:
             out["num_hidden_layers"] = len(out[key])
+    shared = defaults.get("num_kv_shared_layers")
+    if shared and out.get("layer_types") and shared == defaults.get("num_hidden_layers"):
+        # every layer reads another model's keys and values (a draft model sharing its target's cache: Gemma 4
+        # Assistant's validator wants all layers shared): all of them still
+        out["num_kv_shared_layers"] = out["num_hidden_layers"]
+    elif shared and out.get("layer_types"):
+        # the last num_kv_shared_layers layers reuse the keys and values of an earlier layer of their type, so the
+        # layers before them must hold every type (transformers' Gemma3nTextConfig.kv_sharing_modes): each kind
+        # once producing, then once sharing
+        kinds = out["layer_types"]
+        out["layer_types"], out["num_hidden_layers"], out["num_kv_shared_layers"] = kinds * 2, 2 * len(kinds), len(kinds)
     heads, kv = defaults.get("num_attention_heads"), defaults.get("num_key_value_heads")
     if heads and kv == heads and "num_attention_heads" in out:
         # multi-head attention at its default size (as many key/value heads as query heads) stays multi-head:
@@ -172,7 +183,8 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
 
 def _token_ids(defaults: dict, tok) -> dict:
     """The tokenizer's vocabulary size and special ids, for the keys the config (or its text sub-config) has."""
-    ids = {"vocab_size": len(tok), "pad_token_id": tok.pad_token_id,
+    # vocab_size_per_layer_input: Gemma 3n's per-layer embeddings index the same token ids
+    ids = {"vocab_size": len(tok), "vocab_size_per_layer_input": len(tok), "pad_token_id": tok.pad_token_id,
            "bos_token_id": tok.bos_token_id if tok.bos_token_id is not None else tok.cls_token_id,
            "eos_token_id": tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id,
            "decoder_start_token_id": tok.pad_token_id, "sep_token_id": tok.sep_token_id,
@@ -191,7 +203,11 @@ def config_for(row: Row, tok) -> object:
     from transformers import CONFIG_MAPPING
     table = sizes()
     config_cls = CONFIG_MAPPING[row.model_type]
-    defaults = config_cls().to_dict()
+    try:
+        defaults = config_cls().to_dict()
+    except Exception:  # noqa: BLE001 - a config whose own defaults fail its validator: built with its overrides
+        given = {k: v for k, v in table["overrides"].get(row.model_type, {}).items() if not k.startswith("_")}
+        defaults = config_cls(**given).to_dict()
     overrides = {k: v for k, v in {**table["families"].get(row.family, {}),
                                    **table["overrides"].get(row.model_type, {}),
                                    **table["overrides"].get(row.key, {})}.items() if not k.startswith("_")}
@@ -200,7 +216,8 @@ def config_for(row: Row, tok) -> object:
         kwargs.update({k: v for k, v in _token_ids(defaults, tok).items() if k not in overrides})
         text = next((k for k in ("text_config", "decoder") if isinstance(kwargs.get(k), dict)), None)
         if text is not None:
-            kwargs[text].update(_token_ids(kwargs[text], tok))
+            given = overrides.get(text) if isinstance(overrides.get(text), dict) else {}
+            kwargs[text].update({k: v for k, v in _token_ids(kwargs[text], tok).items() if k not in given})
     if row.family in ("text-classification", "audio-classification", "image-classification"):
         kwargs.setdefault("num_labels", table["labels"])
     return config_cls(**kwargs)

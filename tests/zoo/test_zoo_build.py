@@ -67,3 +67,20 @@ def test_a_sub_config_is_sized_as_its_own_model_type(rows, tokenizers, tmp_path)
     assert out["text_config"]["head_dim"] == own
     folder = zoo_build.build(rows["dots3_note.causal-lm"], tmp_path, tokenizers)
     assert json.loads((folder / "config.json").read_text())["text_config"]["head_dim"] == own
+
+
+def test_layers_that_share_another_layers_cache_keep_a_producer_of_every_type(rows, tokenizers, tmp_path):
+    """Size: Gemma 3n's last num_kv_shared_layers layers reuse an earlier layer's keys and values of their type; at two
+    layers its 15 shared layers left no producer ("the set of layer types producing a cache is different than the set
+    of layer types using them"). Each kind now produces once and shares once, and its per-layer inputs index the
+    tokenizer's ids at a tiny width (the default 262,144 x 256 per layer made a 275 M-parameter "tiny" model)."""
+    table = zoo_build.sizes()
+    out = zoo_build.shrink({"num_hidden_layers": 35, "num_kv_shared_layers": 15,
+                            "layer_types": ["sliding_attention"] * 4 + ["full_attention"]}, table, {})
+    assert out["layer_types"] == ["sliding_attention", "full_attention"] * 2 and out["num_kv_shared_layers"] == 2
+    every = zoo_build.shrink({"num_hidden_layers": 4, "num_kv_shared_layers": 4,
+                              "layer_types": ["sliding_attention", "full_attention"] * 2}, table, {})
+    assert every["num_kv_shared_layers"] == every["num_hidden_layers"]      # a draft model sharing every layer
+    config = json.loads((zoo_build.build(rows["gemma3n_text.causal-lm"], tmp_path, tokenizers)
+                         / "config.json").read_text())
+    assert config["num_kv_shared_layers"] == 2 and config["vocab_size_per_layer_input"] == config["vocab_size"]
