@@ -5,8 +5,9 @@ targets (generation.generate_static_for / generate_dynamic_for) against one trac
 
 Both ways run portkit.stages.compile.generation.check: once with both targets (one trace), then once per target
 (each its own trace, as before the traces were shared). Every target's compiles, warm-up compiles and tokens must be
-equal both ways (checked, printed). A short check runs first so that neither way pays the first call's costs. The host's speed is printed beside the seconds: one MiniLM Dynamo trace in a
-fresh process (bench_workbook's probe), 1.1 s on a quiet host of this kind.
+equal both ways (checked, printed). A short check runs first so that neither way pays the first call's costs. The
+host's speed is printed beside the seconds: one MiniLM Dynamo trace in a fresh process (bench_workbook's probe), 1.1
+s on a quiet host of this kind.
 """
 from __future__ import annotations
 

@@ -163,7 +163,8 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
         # layers before them must hold every type (transformers' Gemma3nTextConfig.kv_sharing_modes): each kind
         # once producing, then once sharing
         kinds = out["layer_types"]
-        out["layer_types"], out["num_hidden_layers"], out["num_kv_shared_layers"] = kinds * 2, 2 * len(kinds), len(kinds)
+        out["layer_types"], out["num_kv_shared_layers"] = kinds * 2, len(kinds)
+        out["num_hidden_layers"] = 2 * len(kinds)
     heads, kv = defaults.get("num_attention_heads"), defaults.get("num_key_value_heads")
     if heads and kv == heads and "num_attention_heads" in out:
         # multi-head attention at its default size (as many key/value heads as query heads) stays multi-head:
