@@ -309,21 +309,24 @@ def _check_shape(bm: BucketedModel, rows: list[dict], lengths: list[int], refere
             "failures": failures, "unchecked": unchecked}
 
 
-def mask_is_read(model, trace, extra: int = 8) -> bool | None:
+def mask_is_read(model, trace, extra: int = 8) -> bool | str | None:
     """Tried on one corpus item padded by `extra` positions: whether the model's outputs change when its mask input
     marks the padding as real. False: the model does not read its mask (an adapter that drops it, as Mamba's does),
-    so no mask handling can keep padding out; None: the model takes no mask input, or the try could not run."""
+    so no mask handling can keep padding out; None: the model takes no mask input; a string: why the try could not
+    run (the model raised), so nothing is said of its mask."""
     name = model.declaration.masks.get(model.seq_dim)
-    if name is None or not trace.pool_texts:
+    if name is None:
         return None
+    if not trace.pool_texts:
+        return "no corpus item to try it on"
     try:
         one = model.encode([trace.pool_texts[0]])
         padded = model.encode([trace.pool_texts[0]], pad_to=model.declaration.size_of(one, model.seq_dim) + extra)
         with torch.no_grad():
             masked = model.module(**padded)
             unmasked = model.module(**{**padded, name: torch.ones_like(padded[name])})
-    except Exception:   # noqa: BLE001 - the try is advice only: one that cannot run leaves the advice a lead
-        return None
+    except Exception as exc:   # noqa: BLE001 - the try is advice only: one that cannot run leaves the advice a lead
+        return f"the model raised on a padded item, eagerly: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     return any(not torch.equal(masked[k], unmasked[k]) for k in masked)
 
 

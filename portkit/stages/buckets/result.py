@@ -109,7 +109,7 @@ class TargetBuckets:
     what_if: dict = field(default_factory=dict)   # {factor: the auto plan at factor x an estimated cost}
     # whether the model reads its mask input (bucketed.mask_is_read: tried where padding failed); None: no mask
     # input, or not tried
-    mask_read: bool | None = None
+    mask_read: bool | str | None = None   # bucketed.mask_is_read's answer
 
     @property
     def name(self) -> str:
@@ -239,18 +239,22 @@ class TargetBuckets:
         tried = [{"path": f"{c['batch']}x{c['seq']}", "padding_side": c["other_side"]["side"],
                   "passed": c["other_side"]["ok"] is True} for c in checks if c.get("other_side")]
         mixing = "a layer that mixes positions (a normalisation or a pooling over the sequence axis)"
-        why = {None: f"the model takes no mask input, so {mixing} reads the padded ones",
-               False: "tried: the outputs are the same whether the mask marks the padding or not, so the model does "
-                      f"not read its mask and {mixing} reads the padded ones",
-               True: "the padded positions are masked, yet a layer reads them (a normalisation over the sequence "
-                     "axis, or a layer the mask does not reach)"}[self.mask_read]
+        if isinstance(self.mask_read, str):       # the try could not run: nothing is said of the mask
+            why = (f"whether the model reads its mask was not tried ({self.mask_read}); the real positions move or "
+                   f"read the padding (positions counted from the first slot, or {mixing})")
+        else:
+            why = {None: f"the model takes no mask input, so {mixing} reads the padded ones",
+                   False: "tried: the outputs are the same whether the mask marks the padding or not, so the model "
+                          f"does not read its mask and {mixing} reads the padded ones",
+                   True: "the padded positions are masked, yet a layer reads them (a normalisation over the sequence "
+                         "axis, or a layer the mask does not reach)"}[self.mask_read]
         fixed = bool(tried) and all(t["passed"] for t in tried) and {t["path"] for t in tried} == set(shapes)
         if fixed:
             why = (f"padded on the {side}, the real positions move or read the padding (positions counted from the "
                    f"first slot, or a layer that mixes positions); padded on the {tried[0]['padding_side']}, tried, "
                    "they do not")
         advice = padding_side.advice(tried, shapes, "in stage 3's padding check")
-        if self.mask_read and not fixed:
+        if self.mask_read is True and not fixed:
             advice += "; may help: pass the mask to every layer that mixes positions (not tried by portkit)"
         return Finding("padding", grading.severity("padding"),
                        f"padding to a bucket on the {side} changes the outputs at real positions "

@@ -610,3 +610,28 @@ def test_length_histogram_labels_do_not_overprint():
     heights = [text.get_position()[1] for text in ax.texts]
     assert [t.get_text().split("=")[0].strip() for t in ax.texts] == ["p50", "p90", "p99"]
     assert len(set(heights)) == 3
+
+
+class RaisesOnAnyInput(torch.nn.Module):
+    def forward(self, input_ids, attention_mask):
+        raise RuntimeError("The size of tensor a (64) must match the size of tensor b (33)")
+
+
+def test_a_mask_try_that_could_not_run_never_says_the_model_takes_no_mask(corpus, monkeypatch):
+    """Rule: a finding states only what portkit established. CPM-Ant takes an attention mask but raised on the
+    padded item of the mask try; the padding finding said "the model takes no mask input". The try that could not
+    run returns why, and the finding says the mask was not tried, with no claim about it."""
+    m = registry.LoadedModel("raises", registry.TOKEN_CLASSIFIER, RaisesOnAnyInput(), "test model",
+                             tokenizer=registry.minilm_tokenizer())
+    why = bucketed.mask_is_read(m, make_trace(corpus, m, 2, seed=1))
+    assert isinstance(why, str) and why.startswith("the model raised on a padded item, eagerly: RuntimeError")
+    monkeypatch.setattr(bucketed, "mask_is_read", lambda model, trace: why)
+    torch.manual_seed(0)
+    dropping = registry.LoadedModel("norm", registry.TOKEN_CLASSIFIER, MaskDropping().eval(), "test model",
+                                    tokenizer=registry.minilm_tokenizer())
+    trace = make_trace(corpus, dropping, 6, seed=1)
+    t = stage.replay_targets(dropping, trace, [], {"tpu": stage.plan_buckets([8, 32], "optimal", k=2)},
+                             {"tpu": economics.neuron_estimate(10**6)}, replay=stage.Replay(progress=False))["tpu"]
+    [padding] = [f for f in t.findings() if f["kind"] == "padding"]
+    assert "whether the model reads its mask was not tried (the model raised" in padding["message"]
+    assert "takes no mask input" not in padding["message"] and "may help: pass the mask" not in padding["advice"]
