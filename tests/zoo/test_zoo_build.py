@@ -84,3 +84,13 @@ def test_layers_that_share_another_layers_cache_keep_a_producer_of_every_type(ro
     config = json.loads((zoo_build.build(rows["gemma3n_text.causal-lm"], tmp_path, tokenizers)
                          / "config.json").read_text())
     assert config["num_kv_shared_layers"] == 2 and config["vocab_size_per_layer_input"] == config["vocab_size"]
+
+
+def test_a_null_head_dim_is_sized_as_hidden_size_over_heads(rows, tokenizers, tmp_path):
+    """Size: HunYuan MoE V1 reads getattr(config, "head_dim", hidden_size // heads), which gives its default None
+    (the attribute exists), so it failed at any size ("NoneType ** float"). A null head_dim takes the tiny size's,
+    which is what null means elsewhere: hidden_size // num_attention_heads."""
+    scalars = zoo_build.sizes()["scalars"]
+    out = zoo_build.shrink({"head_dim": None, "hidden_size": 4096, "num_attention_heads": 32}, zoo_build.sizes(), {})
+    assert out["head_dim"] == scalars["hidden_size"] // scalars["num_attention_heads"]
+    zoo_build.build(rows["hunyuan_v1_moe.causal-lm"], tmp_path, tokenizers)      # builds and runs its forward pass
