@@ -200,8 +200,22 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
     if task == "speech-seq2seq":
         extractor = feature_extractor(path)
         frames = getattr(extractor, "nb_max_frames", None)
+        missing = [what for what, absent in (
+            (f"its feature extractor ({type(extractor).__name__}) names no fixed window of frames (nb_max_frames)",
+             frames is None),
+            ("its config names no decoder_start_token_id", config.get("decoder_start_token_id") is None)) if absent]
+        if missing:
+            # portkit feeds a speech encoder-decoder as Whisper is fed (models.adapters.SpeechSeq2SeqAdapter,
+            # speech_declaration): log-mel input_features in one fixed window, the decoder started from the config's
+            # decoder_start_token_id; a model fed otherwise is the user's to declare
+            raise BadParameter("model directory", spec,
+                               hint=f"model type '{config.get('model_type')}' transcribes from inputs portkit does not "
+                                    f"build ({'; '.join(missing)}): portkit feeds speech encoder-decoders the "
+                                    "Whisper way, a fixed window of log-mel input_features and a decoder started "
+                                    "from decoder_start_token_id; declare it with --model file.py:build returning a "
+                                    "LoadedModel (docs/guides/declaring-a-model.md)")
         wanted = 2 * config.get("max_source_positions", 1500)
-        if frames is not None and frames != wanted:
+        if frames != wanted:
             raise BadParameter("model directory", spec,
                                hint=f"its feature extractor makes {frames} frames and its encoder takes {wanted} "
                                     "(2 x max_source_positions); save the feature extractor it was trained with")

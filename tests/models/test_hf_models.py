@@ -2,6 +2,7 @@
 architectures, random weights, their own processors built without downloads), a Hub id served from a
 cache the test lays out, a config without weights, and the inputs refused in the plan step."""
 import json
+import re
 import shutil
 
 import numpy as np
@@ -106,6 +107,25 @@ def test_a_whisper_directory_whose_feature_extractor_does_not_fit_is_refused_in_
         registry.validate(str(folder))
 
 
+@pytest.mark.parametrize("model_type, missing", [
+    ("speech_to_text", "Speech2TextFeatureExtractor) names no fixed window"),   # log-mel of any length
+    ("moonshine", "Wav2Vec2FeatureExtractor) names no fixed window")])          # the raw waveform
+def test_a_speech_encoder_decoder_portkit_cannot_feed_is_refused_in_one_line(tmp_path, model_type, missing):
+    """Rule: bad input is refused in one line before anything runs, never a stage crash. portkit feeds speech
+    encoder-decoders the Whisper way (a fixed window of log-mel features); Speech2Text's and Moonshine's (built from
+    their configs at the zoo's size) crashed stages 1 and 2 on the extractor's missing nb_max_frames."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import zoo_build
+    row = next(r for r in zoo_build.enumerate_rows(["speech-seq2seq"]) if r.model_type == model_type)
+    folder = zoo_build.build(row, tmp_path, {})
+    with pytest.raises(BadParameter, match="transcribes from inputs portkit does not build .*" + re.escape(missing)) \
+            as refused:
+        registry.validate(str(folder))
+    assert "\n" not in str(refused.value) and "declaring-a-model.md" in str(refused.value)
+
+
 def _w2v_config(**extra):
     from transformers import Wav2Vec2Config
     return Wav2Vec2Config(vocab_size=12, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -171,6 +191,7 @@ def test_a_vocabulary_larger_than_the_config_is_refused_in_the_plan_step(tmp_pat
 
 def _one_line_exit_2(tmp_path, monkeypatch, capsys, model, expected):
     monkeypatch.chdir(tmp_path)
+    capsys.readouterr()          # what the test printed before (save_pretrained's progress bar) is not the CLI's
     code = cli.main(["run", "--no-progress", "--out", str(tmp_path / "run"), "--model", model])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and expected in err[0], err
