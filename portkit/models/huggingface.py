@@ -177,6 +177,15 @@ def check_directory(path: Path, spec: str, config: dict) -> str:
     config-only directories (built without weights where the task allows), its processor, and its
     tokenizer's vocabulary against the config's. Returns the task."""
     task = task_of(config, spec)
+    if task in ("seq2seq-lm", "speech-seq2seq") and not config.get("is_encoder_decoder"):
+        # transformers' seq2seq mappings also list audio-text models that generate from one prompt (Voxtral, Qwen2
+        # Audio, Audio Flamingo 3: is_encoder_decoder false, no decoder_input_ids); portkit's seq2seq adapters feed
+        # an encoder and a decoder
+        raise BadParameter("model directory", spec,
+                           hint=f"model type '{config.get('model_type')}' is in transformers' {task} mapping but is "
+                                "not an encoder-decoder (its config's is_encoder_decoder is not true), and portkit "
+                                f"feeds {task} models as encoder-decoders; declare it with --model file.py:build "
+                                "returning a LoadedModel (docs/guides/declaring-a-model.md)")
     if not has_weights(path) and task not in ABSTRACT_TASKS:
         raise BadParameter("model directory", spec,
                            hint=f"it holds no weights ({', '.join(WEIGHT_FILES)}), and a config alone is checked "
