@@ -275,7 +275,7 @@ def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=N
     if backend is not None:
         return _only(generate_static_for(lm, texts, new_tokens, plan, {"": backend}, keep_logits))
     model = causal_model(lm)
-    ids, mask, truncated = _prompts(lm, model, texts, new_tokens, plan)
+    ids, mask, truncated = _prompts(lm, texts, new_tokens, plan)
     with torch.no_grad():
         start = time.perf_counter()
         tokens, kept, _ = _run_static(model, _step, ids, mask, new_tokens, plan, keep_logits)
@@ -285,7 +285,7 @@ def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=N
                       logits=[x[:rows] for x in kept])
 
 
-def _prompts(lm, model, texts: list[str], new_tokens: int, plan: Plan):
+def _prompts(lm, texts: list[str], new_tokens: int, plan: Plan):
     """The prompts left-padded to their prompt bucket and to the plan's batch: (ids, mask, prompts truncated)."""
     enc, truncated = _encode(lm, texts, plan)
     plan.context_bucket(enc["input_ids"].shape[1] + new_tokens - 1)    # refuse an overflowing context early
@@ -301,7 +301,7 @@ def generate_static_for(lm, texts: list[str], new_tokens: int, plan: Plan, backe
     raised}: a target whose backend refuses a graph raises in its own run, the others go on. Every target
     compiles the same graphs, so warm-up compiles and the compiles after it (`late`, shared) are the trace's."""
     model = causal_model(lm)
-    ids, mask, truncated = _prompts(lm, model, texts, new_tokens, plan)
+    ids, mask, truncated = _prompts(lm, texts, new_tokens, plan)
     out, rows = {}, len(texts)
     for group in _traces(backends):
         lanes = {n: backends[n] for n in group}
