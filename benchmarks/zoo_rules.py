@@ -169,16 +169,20 @@ def causes_counted_once(run: Run) -> list[Violation]:
 
 # ---------------------------------------------------------------- 4. portkit's caps are portkit's
 def model_limit(config: dict | None) -> int | None:
-    """The model's own length limit from its config (LIMIT_KEYS, a text sub-config's too), or None. A
-    relative-position model's keys are the ones portkit reads as a position table (huggingface.position_key: T5's
-    n_positions is none)."""
+    """The model's own length limit from its config (LIMIT_KEYS), else the smallest of its text sub-configs' (a
+    multimodal text_config, an encoder-decoder's encoder and decoder), or None. A relative-position model's keys are
+    the ones portkit reads as a position table (huggingface.position_key: T5's n_positions is none)."""
     from portkit.models import huggingface
-    for part in (config or {}, (config or {}).get("text_config") or {}):
+    config, found = config or {}, []
+    for part in (config, *(config.get(k) for k in ("text_config", "encoder", "decoder"))):
+        if not isinstance(part, dict):
+            continue
         keys = LIMIT_KEYS if huggingface.RELATIVE_ONLY not in part else (huggingface.position_key(part),)
-        for key in filter(None, keys):
-            if isinstance(part.get(key), int) and part[key] > 0:
-                return part[key]
-    return None
+        limits = [part[k] for k in filter(None, keys) if isinstance(part.get(k), int) and part[k] > 0]
+        if limits and part is config:
+            return limits[0]
+        found += limits[:1]
+    return min(found, default=None)
 
 
 def caps_named_as_portkits(run: Run) -> list[Violation]:

@@ -450,16 +450,40 @@ def position_key(config: dict) -> str | None:
     return next((k for k in keys if config.get(k)), None)
 
 
+# The sub-configs a composite config keeps its text models' sizes in: an encoder-decoder's two halves (transformers'
+# EncoderDecoderConfig: encoder, decoder), a multimodal model's text model (text_config).
+TEXT_SUB_CONFIGS = ("encoder", "decoder", "text_config")
+
+
+def text_limit(config: dict) -> dict:
+    """{"max_length", "max_length_from"}: the tokens the model's position table takes, less the positions before the
+    first token (position_offset), read from its config, else from the sub-configs its text runs through (the
+    smallest: a BERT-to-BERT encoder-decoder's encoder and decoder each have their own table); a model without one
+    (state-space, recurrent, relative positions) states no limit, and portkit caps it (PORTKIT_CAP, named as
+    portkit's by max_length_from None)."""
+    found = []
+    for where, part in ((None, config), *((k, config.get(k)) for k in TEXT_SUB_CONFIGS)):
+        key = position_key(part) if isinstance(part, dict) else None
+        if key is None:
+            continue
+        offset = position_offset(part)
+        name = f"{where}.{key}" if where else key
+        found.append((int(part[key]) - offset,
+                      f"its config's {name}" + (f", less the {offset} positions before its first token" if offset
+                                                else "")))
+        if where is None:       # the model's own table: its sub-configs' do not override it
+            break
+    if not found:
+        return {"max_length": PORTKIT_CAP, "max_length_from": None}
+    length, source = min(found, key=lambda item: item[0])      # the first of equal ones: the encoder
+    return {"max_length": length, "max_length_from": source}
+
+
 def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
     tokenizer = check_vocabulary(path, name, config)
     names = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids")
                   if n in getattr(tokenizer, "model_input_names", ("input_ids", "attention_mask")))
-    key = position_key(config)
-    # a model without a position table (state-space, recurrent, relative positions) states no limit: portkit caps it
-    max_length = (int(config[key]) if key else PORTKIT_CAP) - position_offset(config)
-    offset = position_offset(config)
-    source = f"its config's {key}" + (f", less the {offset} positions before its first token" if offset else "")
-    limit = {"max_length": max_length, "max_length_from": source if key else None}
+    limit = text_limit(config)
     if task == "text-encoder":
         return {"kind": inputs.EMBEDDING, "module": adapters.EmbeddingAdapter(model), "tokenizer": tokenizer,
                 **limit, "input_names": ("input_ids", "attention_mask", "token_type_ids")}
@@ -472,7 +496,7 @@ def _text(path: Path, name: str, config: dict, task: str, model) -> dict:
         module = adapters.TextTaskAdapter(model, cache_flag=task == "causal-lm")
         if task == "causal-lm":
             names = ("input_ids", "attention_mask")
-    declaration = inputs.text_declaration(tokenizer, names, max_length, (inputs.Output("logits", kind),))
+    declaration = inputs.text_declaration(tokenizer, names, limit["max_length"], (inputs.Output("logits", kind),))
     return {"kind": kind, "module": module, "tokenizer": tokenizer, **limit, "declaration": declaration}
 
 

@@ -87,3 +87,23 @@ def test_a_state_space_directory_is_capped_by_portkit_a_gpt2_directory_by_its_co
     assert found["message"].endswith("; the limit is its config's n_positions")
     assert "sliding windows of 64 tokens" in found["advice"]
     assert gpt2.describe()["max_length_from"] == "its config's n_positions"
+
+
+def test_an_encoder_decoders_limit_is_read_from_its_halves(tmp_path):
+    """Rule: the model's maximum is read from the model. transformers' EncoderDecoderModel (BERT to BERT) keeps its
+    position tables in its encoder's and decoder's sub-configs; portkit read none at the top and capped it at its
+    own 512, so stage 4 fed 512 tokens to 128-position tables and crashed. The smaller half's table is the limit,
+    named with its key, and the zoo's rule reads the same sub-configs."""
+    import json
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import zoo_build, zoo_rules
+    row = next(r for r in zoo_build.enumerate_rows(["seq2seq-lm"]) if r.model_type == "encoder-decoder")
+    folder = zoo_build.build(row, tmp_path, {})
+    config = json.loads((folder / "config.json").read_text())
+    lm = registry.load(str(folder))
+    halves = min(config[k]["max_position_embeddings"] for k in ("encoder", "decoder"))
+    assert lm.max_length == halves < registry.huggingface.PORTKIT_CAP
+    assert lm.max_length_from.startswith("its config's encoder.max_position_embeddings")
+    assert zoo_rules.model_limit(config) == halves
