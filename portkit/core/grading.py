@@ -111,6 +111,9 @@ POLICY: tuple[Grade, ...] = (
     _g("buckets", "truncation", REJECTED, INFO, "inputs longer than the largest bucket are rejected, as the "
        "overflow policy chosen asks: never served, nothing computed wrong"),
     _g("buckets", "bucket_plan", ANY, INFO, "the plan itself: what to serve with"),
+    _g("buckets, accuracy", "model_raises", ANY, WORK,
+       "the model itself raises at a bucket's shape, eagerly in float32 on the CPU, so on every device: not the "
+       "target's failure; the plan must stay below that shape, and what it would show stays open"),
     _g("xla", "hbm", ANY, BLOCKER, "the compiled shape does not fit the topology's HBM per device"),
     _g("xla", "xla_compile", ANY, BLOCKER, "the real XLA TPU compiler rejects the shape"),
     _g("xla", "xla_conversion", ANY, INFO,

@@ -192,8 +192,24 @@ def _buckets(ref: Reference, plan: BucketBoundaries, precision, side: TargetSide
             items = "text" if model.takes_text else "item"
             rows.append({"boundary": high, "skipped": f"no {items} of {low + 1}-{high} {model.seq_dim} in the sample"})
         else:
-            rows.append(_bucket_row(ref, (low, high, texts, truncated), precision, side, mode))
+            rows.append(_checked_bucket(ref, (low, high, texts, truncated), precision, side, mode))
     return rows
+
+
+def _checked_bucket(ref: Reference, bucket: tuple, precision, side: TargetSide, mode: PassMode) -> dict:
+    """_bucket_row, or where the bucket's padded batch raises and the model raises on it eagerly in float32 on the
+    CPU too (LoadedModel.raises_eagerly: on every device, not the target's), the bucket skipped with why; an
+    exception the model does not raise eagerly is the target's or portkit's, and raised."""
+    try:
+        return _bucket_row(ref, bucket, precision, side, mode)
+    except Exception:
+        _, high, texts, _ = bucket
+        raised = ref.model.raises_eagerly(ref.model.encode(texts, pad_to=high))
+        if raised is None:
+            raise
+        where = f" at {raised['where']['text']}" if raised["where"] else ""
+        return {"boundary": high, "skipped": f"not checked: the model itself raises at length {high:,}, eagerly in "
+                                             f"float32 on the CPU (on every device): {raised['message']}{where}"}
 
 
 def _try_compiled(ref: Reference, side: TargetSide, result: TargetAccuracy, others: list, plan, bar) -> list[dict]:

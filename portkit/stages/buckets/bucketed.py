@@ -110,8 +110,7 @@ class BucketedModel:
 
     @property
     def plain_texts(self) -> bool:
-        """Whether the model's items are plain texts (one varying dimension, tokens)."""
-        return bool(self.model.takes_text) and len(self.declaration.varying) == 1
+        return plain_texts(self.model)
 
     @contextlib.contextmanager
     def padded_on(self, side: str):
@@ -174,13 +173,8 @@ class BucketedModel:
         return self.unpad(self.run_padded(padded), rows, length)
 
     def example(self, batch: int, seq: int) -> dict[str, torch.Tensor]:
-        """Inputs of one bucket's shape, for warm-up: a short real text cut or padded; other data: dummy()."""
-        if not self.plain_texts:    # items are not plain texts
-            return {k: _dense(v).to(self.device) for k, v in self.declaration.dummy(batch, {self.dim: seq}).items()}
-        # the tokenizer cannot cut below its special tokens: slice for buckets of 1 or 2 tokens
-        one = self.model.encode([EXAMPLE_TEXTS[0]], max_length=max(seq, 3))
-        fitted = self.declaration.fit(one, {self.dim: seq}, rows=batch, side=self.side)
-        return {k: _dense(v).to(self.device) for k, v in fitted.items()}
+        """Inputs of one bucket's shape, for warm-up (example_inputs), on the run's device."""
+        return {k: v.to(self.device) for k, v in example_inputs(self.model, batch, seq, self.side).items()}
 
     def warm_up(self, progress: bool = False, costs: dict | None = None) -> list[dict]:
         """Compile every (batch, seq) shape of the plan once. Returns per shape: seconds (wall time of
@@ -198,6 +192,23 @@ class BucketedModel:
                 charged = charge(costs, self.model, backend_name(self.backend), inputs, seconds) if graphs else 0.0
                 done.append({**shape, "seconds": seconds, "charged_seconds": charged, "graphs": graphs})
         return done
+
+
+def plain_texts(model) -> bool:
+    """Whether the model's items are plain texts (one varying dimension, tokens)."""
+    return bool(model.takes_text) and len(model.declaration.varying) == 1
+
+
+def example_inputs(model, batch: int, seq: int, side: str | None = None) -> dict[str, torch.Tensor]:
+    """Inputs of one bucket's shape: a short real text cut or padded (on `side`, default the side the model's batches
+    pad on); data other than plain texts: the declaration's dummy()."""
+    declaration, dim = model.declaration, model.seq_dim
+    if not plain_texts(model):
+        return {k: _dense(v) for k, v in declaration.dummy(batch, {dim: seq}).items()}
+    # the tokenizer cannot cut below its special tokens: slice for buckets of 1 or 2 tokens
+    one = model.encode([EXAMPLE_TEXTS[0]], max_length=max(seq, 3))
+    fitted = declaration.fit(one, {dim: seq}, rows=batch, side=side or padding_side.pads_on(model))
+    return {k: _dense(v) for k, v in fitted.items()}
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:

@@ -278,6 +278,9 @@ class TargetBuckets:
         out = []
         for cause, entry in causes.items():
             f, runs = entry["failure"], entry["runs"]
+            if f.get("eager"):
+                out.append(self._raises_itself(f, runs, cause))
+                continue
             refused = f["kind"] == "refused"
             kind = "compile_refused" if refused else "compile_failed"
             out.append(Finding(
@@ -291,6 +294,25 @@ class TargetBuckets:
                              if refused else "blocker: the model raises at these bucket shapes"),
                 occurrences={"runs": runs, "count": len(runs)}).to_dict())
         return out
+
+    def _raises_itself(self, f: dict, runs: list[str], cause: str) -> dict:
+        """A run the model stopped by raising at its shapes without any target: run eagerly in float32 on the CPU
+        at the run's largest shape it raises too, so the shape is beyond what the model takes on every device (a
+        maximum in practice below its config's), not the target's failure; the plan's questions stay open."""
+        eager = f["eager"]
+        where = eager["where"] or f["where"]
+        return Finding(
+            "model_raises", grading.severity("model_raises"),
+            f"{', '.join(runs)} could not be measured on {self.name}: the model itself raises at length "
+            f"{eager['length']:,}, eagerly in float32 on the CPU without the target ({eager['message']}), so on "
+            f"every device; the target's run stopped on it ({failure_text(f)})",
+            f"a lead, not tried: the model takes less than length {eager['length']:,} in practice: cap its inputs "
+            "below that (a factory of your own: LoadedModel(..., max_length=N), docs/guides/declaring-a-model.md) "
+            "and replay the buckets",
+            where=where, owner=owners.owner(where) if where else None, cause=cause,
+            consequence="work: the bucket plan must stay below the length the model raises at; what the plan "
+                        "would show stays open",
+            occurrences={"runs": runs, "count": len(runs), "length": eager["length"]}).to_dict()
 
     def what_if_text(self) -> str:
         """How the plan changes at WHAT_IF times an estimated compile cost ("" for a measured one)."""

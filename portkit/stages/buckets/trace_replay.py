@@ -257,6 +257,8 @@ def _failed_run(model, encoded, plan, backend, exc: BaseException, step: str) ->
     a refusal of the target's compiler, or what the model raised) and where (the refused node's line, or the
     innermost frame of the model's code in the traceback); nothing measured."""
     failure = {**compile_failure(exc), "step": step}
+    if failure["kind"] != "refused":        # what the model raises there eagerly, without the target, on any device
+        failure["eager"] = _raises_eagerly(model, encoded, plan)
     if failure["where"] is None:
         found = owners.innermost([owners.place(f.filename, f.lineno, f.name, f.line or "")
                                   for f in traceback.extract_tb(exc.__traceback__)])
@@ -266,6 +268,19 @@ def _failed_run(model, encoded, plan, backend, exc: BaseException, step: str) ->
     run = ReplayRun(name, bucketed.backend_name(backend), plan.to_dict() if plan else None,
                     len(encoded), 0, 0, _real_tokens(model, encoded), 0, 0.0, 0.0, 0.0, failure=failure)
     return dataclasses.replace(run, note=run.not_measured)
+
+
+def _raises_eagerly(model, encoded: list[dict], plan) -> dict | None:
+    """Whether the model itself raises, eagerly in float32 on the CPU, at the run's largest shape: its plan's largest
+    bucket (a real text cut or padded to it), or without buckets its longest request; with the length
+    (LoadedModel.raises_eagerly's answer), or None where it runs there."""
+    if plan is not None:
+        length, inputs = plan.top, bucketed.example_inputs(model, 1, plan.top)
+    else:
+        inputs = max(encoded, key=lambda x: model.declaration.size_of(x, model.seq_dim))
+        length = model.declaration.size_of(inputs, model.seq_dim)
+    raised = model.raises_eagerly(inputs)
+    return {**raised, "length": length} if raised else None
 
 
 def _encoded(model, trace: Trace, plans: list[BucketPlan]) -> list[dict]:

@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import json
 import re
+import types
 
 import numpy as np
 import pytest
@@ -635,3 +636,31 @@ def test_a_mask_try_that_could_not_run_never_says_the_model_takes_no_mask(corpus
     [padding] = [f for f in t.findings() if f["kind"] == "padding"]
     assert "whether the model reads its mask was not tried (the model raised" in padding["message"]
     assert "takes no mask input" not in padding["message"] and "may help: pass the mask" not in padding["advice"]
+
+
+def test_a_length_the_model_itself_raises_at_is_its_limit_in_practice_not_the_targets_failure(corpus, tmp_path):
+    """Rule: a blocker is the target's; what the model does on every device is said as the model's. ProphetNet's
+    decoder reads position ids one past its sequence (its predicting streams), so at its config's 128 positions it
+    raises eagerly ("index out of range"), on any device: stage 3 called that a compile failure, a blocker on both
+    targets, and stage 4 crashed on the 128-token bucket. Now the eager run decides: one work finding at the model's
+    line with the length, the plan's questions open; stage 4 skips the bucket saying why."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import zoo_build
+    from portkit.stages.accuracy import target_check
+    row = next(r for r in zoo_build.enumerate_rows(["seq2seq-lm"]) if r.model_type == "prophetnet")
+    m = registry.load(str(zoo_build.build(row, tmp_path, {})))
+    top = m.max_length
+    raised = m.raises_eagerly(m.encode(corpus.sample(1, seed=0), pad_to=top))
+    assert raised and raised["where"]["file"].endswith("modeling_prophetnet.py")
+    trace = make_trace(corpus, m, 4, seed=1)
+    t = stage.replay_targets(m, trace, [], {"tpu": stage.plan_buckets([16, top], "optimal", k=2)},
+                             {"tpu": economics.neuron_estimate(10**6)}, replay=stage.Replay(progress=False))["tpu"]
+    found = [f for f in t.findings() if f["kind"] in ("model_raises", "compile_failed")]
+    assert found and {f["kind"] for f in found} == {"model_raises"} and all(f["severity"] == "work" for f in found)
+    assert f"the model itself raises at length {top}" in found[0]["message"]
+    assert found[0]["owner"]["owner"] != "user" and t.open_questions()
+    checked = target_check._checked_bucket(types.SimpleNamespace(model=m), (16, top, corpus.sample(2, seed=0), 0),
+                                           None, None, None)
+    assert checked["skipped"].startswith(f"not checked: the model itself raises at length {top}")
