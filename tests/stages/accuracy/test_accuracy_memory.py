@@ -299,3 +299,17 @@ def test_bucket_references_are_kept_within_reference_bytes_and_recomputing_them_
         for target in found["targets"].values():
             target.pop("seconds", None)
     assert bounded == unbounded
+
+
+def test_a_model_that_takes_no_single_row_runs_its_float64_batch_whole():
+    """Rule: a stage fails only for a defect in portkit. The float64 reference sizes its calls by one row's
+    measured peak; a group norm over a 1x1 map has one value a group at batch 1 and raises (Deformable DETR's input
+    projection, built at the zoo's size, crashed stage 4). One row is portkit's measure, so the batch runs whole."""
+    import torch
+    from portkit.stages.accuracy.target_runs import Float64Reference
+    module = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 1), torch.nn.GroupNorm(8, 8)).eval()
+    batch = torch.randn(3, 4, 1, 1)
+    with pytest.raises(ValueError):
+        module.double()(batch[:1].double())
+    out, note = Float64Reference(torch.nn.Sequential(module), budget=10**9)({"input": batch})
+    assert out is not None and note == "float64 eager on the CPU"
