@@ -20,7 +20,7 @@ from bench_workbook import _trace_seconds
 
 from portkit.corpora import corpus
 from portkit.models import registry
-from portkit.stages.compile import generation as compile_generation
+from portkit.stages.compile.generation import check
 
 TARGETS = ("neuron", "tpu")
 
@@ -46,12 +46,12 @@ def main() -> None:
     texts = corpus.load_corpus().sample(args.prompts, seed=0)
     trace = _trace_seconds()
     print(f"{lm.summary()}; {args.prompts} prompts, {args.tokens} new tokens, targets {', '.join(TARGETS)} (emulated)")
-    compile_generation.check(lm, texts[:1], ["tpu"], 2, "auto")    # first-call costs (imports, the backends) apart
+    check(lm, texts[:1], ["tpu"], 2, "auto")    # first-call costs (imports, the backends) apart
     separate, apart = {}, 0.0
     for name in TARGETS:
-        found, seconds = _timed(lambda n=name: compile_generation.check(lm, texts, [n], args.tokens, "auto"))
+        found, seconds = _timed(lambda n=name: check(lm, texts, [n], args.tokens, "auto"))
         separate[name], apart = found[name], apart + seconds
-    shared, together = _timed(lambda: compile_generation.check(lm, texts, list(TARGETS), args.tokens, "auto"))
+    shared, together = _timed(lambda: check(lm, texts, list(TARGETS), args.tokens, "auto"))
     same = all(_counts(shared[n]) == _counts(separate[n]) for n in TARGETS)
     for name in TARGETS:
         d, s = shared[name].dynamic, shared[name].static

@@ -343,9 +343,9 @@ def _traces(backends: dict) -> list[list[str]]:
 
 def _turns(lanes: dict):
     """(one Turns over the lanes' counted backends, {name: CompileCounter}) for one trace."""
-    from portkit.targets import backends as target_backends
+    from portkit.targets.backends import CompileCounter
     from portkit.targets.shared_trace import Turns
-    counters = {n: target_backends.CompileCounter(b) for n, b in lanes.items()}
+    counters = {n: CompileCounter(b) for n, b in lanes.items()}
     return Turns(counters), counters
 
 

@@ -174,11 +174,11 @@ def test_a_static_cache_the_model_raises_with_is_a_finding_and_the_stages_go_on(
     KeyError while it is built): stages 1, 2 and 3b crashed on it. Now stage 2 makes it one work finding at
     transformers' line, with the dynamic cache's compiles per token measured; stage 1 records the dynamic-cache
     generation and says so; stage 3b's key/value serving graph is "not assessed" with the reason."""
-    from portkit.stages.compile import generation as compile_generation
+    from portkit.stages.compile.generation import check
     from portkit.stages.fallbacks.stage import RecordSettings, find_fallbacks
     from portkit.stages.xla.generation import not_kv_cache
     lm = zoo("deepseek_v4.causal-lm")
-    [found] = compile_generation.check(lm, TEXTS, ["tpu"], 2, "auto").values()
+    [found] = check(lm, TEXTS, ["tpu"], 2, "auto").values()
     assert found.static is None and found.dynamic.compiles >= 1 and not found.open_questions()
     [(kind, case, message, advice, where)] = found.findings()
     assert kind == "static_cache" and grading.severity(kind, case) == "work"
@@ -197,19 +197,19 @@ def test_a_model_that_raises_in_generation_with_every_cache_leaves_generation_op
     builds its own attention mask from a prompt prefix and raises in portkit's greedy step with either cache, eagerly
     as compiled: stage 2 leaves generation an open question (no finding, no crash), stage 1 records the forward
     pass and says why, stage 4's generation comparison is "not assessed"."""
-    from portkit.stages.accuracy import generation as accuracy_generation
+    from portkit.stages.accuracy.generation import compare
     from portkit.stages.accuracy.stage import Options
-    from portkit.stages.compile import generation as compile_generation
+    from portkit.stages.compile.generation import check
     from portkit.stages.fallbacks.stage import RecordSettings, find_fallbacks
     lm = zoo("cpmant.causal-lm")
-    [found] = compile_generation.check(lm, TEXTS, ["neuron"], 2, "auto").values()
+    [found] = check(lm, TEXTS, ["neuron"], 2, "auto").values()
     assert found.static is None and found.dynamic is None and found.findings() == []
     [(question, why)] = found.open_questions()
     assert question.startswith("generation on neuron") and "modeling_cpmant.py" in why
     assert found.to_dict()["token_agreement"] is None
     recorded = find_fallbacks(lm, lm.encode(TEXTS, 16), ["neuron"], RecordSettings(workload="generate", prompts=TEXTS))
     assert recorded.inputs["description"].startswith("prompts; the forward pass (generation not recorded")
-    compared = accuracy_generation.compare(lm, TEXTS, ["tpu"], Options.of({"new_tokens": 2}))
+    compared = compare(lm, TEXTS, ["tpu"], Options.of({"new_tokens": 2}))
     assert compared.summary().startswith("generation not assessed") and not compared.targets
 
 

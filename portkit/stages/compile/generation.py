@@ -15,14 +15,9 @@ Per target, on its compile backend (selection.backend_for: emulated here, the ve
   generation under set_stance("fail_on_recompile"): any compile there is refused by PyTorch, so "0 after
   warm-up" is PyTorch's word, not portkit's; a refused compile is counted, paid, and a finding with the guard
   that failed and its source line.
-The two runs' tokens are compared (the same greedy decoding, so they should agree where the numerics do).
-
-The targets' emulated backends share one Dynamo trace per cache (generation.generate_static_for): each graph is
-traced once and checked by every target's backend.
-
-A compiled run that raises is run again eagerly (generation.refusal): where the model raises there too, that is
-the model's refusal of the cache, a result (a static cache the model refuses is a finding: every generated token
-a compile), and the stage goes on; where the eager run passes, the compiled failure is raised, as any other.
+The two runs' tokens are compared (the same greedy decoding, so they should agree where the numerics do). The
+emulated targets share one Dynamo trace per cache (generation.generate_static_for). A compiled run that raises
+is run again eagerly (generation.refusal): where the model raises there too, it refuses the cache, a result.
 """
 from __future__ import annotations
 
