@@ -149,17 +149,17 @@ def test_both_targets_share_one_trace_of_each_generation_and_get_what_their_own_
     from portkit.targets import shared_trace
     texts, plan = ["Return a copy of the list", "x"], generation.Plan((8,), (16,), 2)
     fp32 = {"neuron": "none", "tpu": "highest"}      # each target's precision without matmul rounding
-    each = {n: (generation.generate_static(llama, texts, 6, plan, backend=backends.emulated_backend(n, p)),
-                generation.generate_dynamic(llama, texts, 6, backends.emulated_backend(n, p)))
+    each = {n: (generation.generate_static(llama, texts, 4, plan, backend=backends.emulated_backend(n, p)),
+                generation.generate_dynamic(llama, texts, 4, backends.emulated_backend(n, p)))
             for n, p in fp32.items()}
     traced = []
     calls = shared_trace.Turns.__call__
     monkeypatch.setattr(shared_trace.Turns, "__call__", lambda self, gm, ex, **kw: traced.append(1) or calls(
         self, gm, ex, **kw))
-    static = generation.generate_static_for(llama, texts, 6, plan,
+    static = generation.generate_static_for(llama, texts, 4, plan,
                                             {n: backends.emulated_backend(n, p) for n, p in fp32.items()})
     assert len(traced) == each["tpu"][0].warmup_compiles == 2       # one prefill, one decode: traced once, not twice
-    dynamic = generation.generate_dynamic_for(llama, texts, 6,
+    dynamic = generation.generate_dynamic_for(llama, texts, 4,
                                               {n: backends.emulated_backend(n, p) for n, p in fp32.items()})
     for name, (own_static, own_dynamic) in each.items():
         assert (static[name].warmup_compiles, static[name].compiles) == (own_static.warmup_compiles, 0)
