@@ -127,6 +127,19 @@ def innermost(stack: list[dict]) -> dict | None:
     return {**where, "line_key": line_key(where)} if where else None
 
 
+def frames_of(exc: BaseException) -> list[dict]:
+    """The frames of an exception's traceback, outermost first, as place() stores them."""
+    import traceback
+    return [place(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def raised_at(exc: BaseException) -> dict | None:
+    """Where an exception was raised in the model's or a library's code: innermost() of its traceback, without the
+    line_key results do not store; None where every frame is torch's, portkit's or the stdlib's."""
+    where = innermost(frames_of(exc))
+    return {k: v for k, v in where.items() if k != "line_key"} if where else None
+
+
 def line_key(where: dict | None) -> str | None:
     return f"{os.path.abspath(where['file'])}:{where['line']}" if where and where.get("file") else None
 

@@ -153,17 +153,13 @@ class LoadedModel:
         """What the model itself raises on `inputs`, run eagerly in float32 on the CPU without any target's compiler
         or numerics (so on every device): {"message", "where"} (the innermost frame of the model's or its library's
         code), or None where it runs. Tells a failure of the model at a shape from the target's at that shape."""
-        import traceback
         from portkit.core import owners
         try:
             with torch.no_grad():
                 self.module(**inputs)
         except Exception as exc:  # noqa: BLE001 - what the model raises is the answer
-            where = owners.innermost([owners.place(f.filename, f.lineno, f.name, f.line or "")
-                                      for f in traceback.extract_tb(exc.__traceback__)])
             first = (str(exc).strip().splitlines() or [""])[0]
-            return {"message": f"{type(exc).__name__}: {first[:240]}",
-                    "where": {k: v for k, v in where.items() if k != "line_key"} if where else None}
+            return {"message": f"{type(exc).__name__}: {first[:240]}", "where": owners.raised_at(exc)}
         return None
 
     def summary(self) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import traceback
 
 from portkit.core import owners
 from portkit.core import torch_private
@@ -119,8 +118,7 @@ def look_inside(func, args, kwargs, table) -> dict:
                 fn(*fake_args, **fake_kwargs)
             found["traced"] = True
         except Exception as exc:   # noqa: BLE001 - the op's own code: named, and what follows it is unchecked
-            at = owners.innermost([owners.place(f.filename, f.lineno, f.name, f.line or "")
-                                   for f in traceback.extract_tb(exc.__traceback__)])
+            at = owners.raised_at(exc)
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             found["stopped"] = f"{type(exc).__name__}: {text[:200]}" + (f" at {at['text']}" if at else "")
     found["ops"] = dict(recorder.ops)

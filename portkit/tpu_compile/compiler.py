@@ -25,7 +25,6 @@ import functools
 import os
 import re
 import time
-import traceback
 import warnings
 
 import torch
@@ -273,8 +272,7 @@ CONVERSION_PACKAGES = ("torchax", "jax", "jaxlib")
 def _model_frame(exc: BaseException) -> dict | None:
     """The innermost frame of the model's code (the user's or a library's, not torch, portkit, the stdlib or the
     conversion's packages) in the traceback of a failed trace: the line that called the op."""
-    stack = [owners.place(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(exc.__traceback__)]
-    found = owners.innermost([f for f in stack if owners.package(f["file"]) not in CONVERSION_PACKAGES])
+    found = owners.innermost([f for f in owners.frames_of(exc) if owners.package(f["file"]) not in CONVERSION_PACKAGES])
     return {k: v for k, v in found.items() if k != "line_key"} if found else None
 
 

@@ -499,10 +499,8 @@ def refused(exc: BaseException, cache: str) -> Refused:
     """`exc`, raised by an eager generation, as the model's Refused: the innermost frame outside torch, the stdlib
     and portkit's machinery (core.owners.innermost) is the model's or its library's. Re-raised where that frame is
     portkit's own (its decoding loop, its adapters) or there is none: a defect in portkit, not a result."""
-    import traceback
     from portkit.core import owners
-    stack = [owners.place(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_tb(exc.__traceback__)]
-    where = owners.innermost(stack)
+    where = owners.raised_at(exc)
     if isinstance(exc, BadParameter) or where is None or owners.owner(where)["owner"] == owners.PORTKIT \
             or owners.owner(where)["package"] == owners.SERVING_LOOP:
         raise exc

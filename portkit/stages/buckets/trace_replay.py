@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -260,9 +259,7 @@ def _failed_run(model, encoded, plan, backend, exc: BaseException, step: str) ->
     if failure["kind"] != "refused":        # what the model raises there eagerly, without the target, on any device
         failure["eager"] = _raises_eagerly(model, encoded, plan)
     if failure["where"] is None:
-        found = owners.innermost([owners.place(f.filename, f.lineno, f.name, f.line or "")
-                                  for f in traceback.extract_tb(exc.__traceback__)])
-        failure["where"] = {k: v for k, v in found.items() if k != "line_key"} if found else None
+        failure["where"] = owners.raised_at(exc)
     torch.compiler.reset()   # what Dynamo kept of the failed compile is no later run's
     name = plan.planner if plan else NO_BUCKETS
     run = ReplayRun(name, bucketed.backend_name(backend), plan.to_dict() if plan else None,
