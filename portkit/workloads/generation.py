@@ -146,18 +146,29 @@ def _mask(model, mask: torch.Tensor, prompt: int | None = None) -> torch.Tensor 
 
 
 def _states_only(model) -> bool:
-    """Whether every layer of the model's cache is a state-space or linear-attention one (transformers'
-    LinearAttentionCacheLayerMixin), read once per model from a one-position StaticCache (False where the library
-    cannot build one for it)."""
+    """Whether every layer of the model's cache holds states (holds_states), read once per model (False where the
+    library cannot build a StaticCache for it)."""
     if model not in _STATES_ONLY:
-        from transformers import StaticCache
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
         try:
-            layers = StaticCache(config=model.config, max_cache_len=1).layers
+            layers = cache_layers(model)
         except Exception:  # noqa: BLE001 - a cache the library cannot build is not a state-space one
             layers = []
-        _STATES_ONLY[model] = bool(layers) and all(isinstance(x, LinearAttentionCacheLayerMixin) for x in layers)
+        _STATES_ONLY[model] = bool(layers) and all(holds_states(x) for x in layers)
     return _STATES_ONLY[model]
+
+
+def cache_layers(model) -> list:
+    """The layers of a one-position StaticCache for the model, one per cache layer of its layer types, as
+    transformers builds it; raises as StaticCache does where the library has no layer for a layer type."""
+    from transformers import StaticCache
+    return StaticCache(config=model.config, max_cache_len=1).layers
+
+
+def holds_states(layer) -> bool:
+    """Whether a cache layer holds fixed-size states, not keys and values per position (transformers'
+    LinearAttentionCacheLayerMixin: a state-space or linear-attention layer's conv and recurrent states)."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
 
 
 _STATES_ONLY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -68,17 +68,14 @@ def not_kv_cache(lm) -> str | None:
     fixed-size conv and recurrent states instead (transformers' LinearAttentionCacheLayerMixin: Mamba2, Jamba's
     Mamba layers), which this graph does not pass; a model whose layer types the StaticCache has no layer for
     (it raises) has none to carry."""
-    from transformers import StaticCache
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
     model = generation.causal_model(lm)
     try:
-        cache = StaticCache(config=model.config, max_cache_len=1)
+        layers = generation.cache_layers(model)
     except Exception as exc:  # noqa: BLE001 - a cache the library cannot build for the model is the answer
         refused = generation.refused(exc, "static")
         return f"transformers' StaticCache cannot be built for {type(model).__name__}: {refused.message}" + (
             f" at {refused.where['text']}" if refused.where else "")
-    other = sorted({type(layer).__name__ for layer in cache.layers
-                    if isinstance(layer, LinearAttentionCacheLayerMixin)})
+    other = sorted({type(layer).__name__ for layer in layers if generation.holds_states(layer)})
     if other:
         return (f"{type(model).__name__}'s cache has layers of {', '.join(other)} (state-space or linear-attention "
                 "states, not keys and values per position)")
@@ -102,7 +99,7 @@ def cache_shapes(model: nn.Module, batch: int, context: int) -> tuple[tuple[int,
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         layers = ((kv_heads, head_dim), (kv_heads, head_dim))
     (kh, kd), (vh, vd) = layers
-    count = _cache_layers(model)
+    count = len(generation.cache_layers(model))     # the layers _Serving fills (shared-cache layers hold none)
     return (count, batch, kh, context, kd), (count, batch, vh, context, vd)
 
 
@@ -110,13 +107,6 @@ def _text_config(model: nn.Module):
     """The config of the model's text decoder, the one its cache is built from (a multimodal model's text_config:
     transformers' PretrainedConfig.get_text_config(decoder=True), as StaticCache reads it)."""
     return model.config.get_text_config(decoder=True)
-
-
-def _cache_layers(model: nn.Module) -> int:
-    """How many layers the model's StaticCache holds, the ones _Serving fills (a model whose layers share another
-    layer's keys and values holds fewer than its hidden layers)."""
-    from transformers import StaticCache
-    return len(StaticCache(config=model.config, max_cache_len=1).layers)
 
 
 _PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
