@@ -372,6 +372,20 @@ def image_processor(path: Path):
     return AutoImageProcessor.from_pretrained(path, local_files_only=True)
 
 
+def processor_input_names(path: Path) -> list[str]:
+    """The inputs a directory's own processor makes for its model (model_input_names: Siglip2's image processor makes
+    pixel_values, pixel_attention_mask and spatial_shapes); none where the directory holds no processor."""
+    if not any((path / f).is_file() for f in PROCESSOR_FILES):
+        return []
+    from transformers import AutoProcessor
+    try:
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    except Exception:   # noqa: BLE001 (a processor transformers cannot build names nothing; the probe's error stands)
+        return []
+    made = getattr(processor, "image_processor", None) or getattr(processor, "feature_extractor", None) or processor
+    return list(getattr(made, "model_input_names", []))
+
+
 def image_side(processor) -> int:
     """The side of the square images `processor` makes, read from one it makes."""
     made = processor(images=[np.zeros((8, 8, 3), np.float32)], do_rescale=False, return_tensors="pt")

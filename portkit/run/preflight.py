@@ -52,6 +52,7 @@ def plan(model: str, targets, out_dir: str, user_params: dict, stages=None):
     _check_corpora(per_stage, loaded)
     _check_memory(per_stage, user_params, loaded)
     _probe_factory(loaded)
+    _probe_directory(loaded)
     check_out_dir(out)   # last: its probe is the one step that touches the disk
     return chosen, per_stage
 
@@ -191,6 +192,46 @@ def _probe_factory(loaded: _Loaded) -> None:
     if not isinstance(out, (torch.Tensor, tuple, list, dict)):
         raise BadParameter(f"forward of {model.name}", type(out).__name__,
                            hint="forward must return a tensor, a tuple or a dict of tensors")
+
+
+PROBE_BATCH = 2   # items in the probe's batch: 2, as a model may take no single row (a group norm over 1x1 maps)
+
+
+def _probe_directory(loaded: _Loaded) -> None:
+    """An image or audio model from a directory (or the Hub) is called once on a batch of the inputs portkit builds
+    for its task (its adapter over its own processor): a model that raises on them cannot be assessed by any stage,
+    so it is refused here in one line, naming what it raised and where, and the inputs its processor makes that
+    portkit does not feed. Text models are not loaded for this (every text model takes input_ids and
+    attention_mask, and a large one would load twice); a model that does not build is left to stage 1."""
+    from portkit.models import huggingface, meta_device
+    from portkit.corpora.corpus import corpus_for, example_batch
+    if ":" in loaded.spec or meta_device.is_name(loaded.spec):
+        return
+    path = Path(loaded.spec).expanduser()
+    if not path.is_dir() and huggingface.is_hub_id(loaded.spec):
+        path = huggingface.resolve(loaded.spec).path
+    if not path.is_dir() or not (path / "config.json").is_file():
+        return
+    try:
+        model = loaded.get()
+    except PortkitError:
+        raise
+    except Exception:   # noqa: BLE001 (a model that does not build: stage 1's notebook shows where)
+        return
+    if model.takes_text:
+        return
+    batch, _ = example_batch(model, corpus_for(model), PROBE_BATCH, 0)
+    raised = model.raises_eagerly(batch)
+    if raised is None:
+        return
+    where = f" at {raised['where']['text']}" if raised.get("where") else ""
+    unfed = sorted(set(huggingface.processor_input_names(path)) - set(model.input_names))
+    also = (f"; its processor also makes {', '.join(unfed)}, which portkit does not feed" if unfed else "")
+    raise BadParameter("model directory", loaded.spec,
+                       hint=f"it raises on the inputs portkit builds for it ({', '.join(model.input_names)}: "
+                            f"{PROBE_BATCH} items through its own processor): {raised['message']}{where}{also}; "
+                            "declare it with --model file.py:build returning a LoadedModel "
+                            "(docs/guides/declaring-a-model.md)")
 
 
 def check_out_dir(out: Path) -> None:
