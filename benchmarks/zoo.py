@@ -7,9 +7,9 @@ a verdict must keep (benchmarks/zoo_rules.py).
                                        [--quick] [--stages fallbacks,compile,report] [--out runs/zoo]
                                        [--doc docs/zoo.md] [--fresh] [--build-only] [--table]
 
-A row is one model type in one task family (zoo_build.FAMILIES). Causal LMs run the generation workload
-(`-p workload generate`: prefill and decode buckets, KV cache); text seq2seq models run one teacher-forced forward
-pass and speech seq2seq one decoder step, each row saying so (portkit's generation workload takes causal LMs only).
+A row is one model type in one task family (zoo_build.FAMILIES). Causal LMs and encoder-decoders (text and speech
+seq2seq) run the generation workload (`-p workload generate`): a causal LM's prefill and decode buckets and KV
+cache; an encoder-decoder's decoding token by token in stage 2 (its serving buckets and graphs stay open questions).
 Object detectors are judged per query (class agreement, box IoU), semantic segmenters on the argmax map per pixel.
 On seeded weights stage 4's task-metric findings are set aside (SEEDED). --workers 1 runs one row after another
 in this process (portkit.run.runner); more run on Ray (portkit.run.sweep), a row's two targets as two tasks.
@@ -64,10 +64,7 @@ GENERATION = {"workload": "generate", "new_tokens": 4, "prompts": 2}
 # unset (ipykernel's kernelapp), so a plot cell builds its figure but renders no PNG into the notebook. The zoo
 # reads the stages' JSON results; report.html draws its own figures (Agg) either way.
 KERNEL_ENVIRONMENT = {"MPLBACKEND": "agg"}
-SEQ2SEQ_NOTE = ("run as one teacher-forced forward pass (portkit.models.adapters.Seq2SeqAdapter), not as "
-                "generation: portkit's generation workload takes causal LMs only (portkit.workloads.generation)")
-SPEECH_NOTE = ("run as one decoder step from the start token on each clip (portkit.models.adapters."
-               "SpeechSeq2SeqAdapter), not as generation: portkit's generation workload takes causal LMs only")
+GENERATING = ("causal-lm", "seq2seq-lm", "speech-seq2seq")     # the families run with GENERATION
 # one row of each family, the cheapest
 QUICK = ("gpt2.causal-lm", "bert.masked-lm", "t5.seq2seq-lm", "wav2vec2.ctc", "vit.image-classification",
          "clip.zero-shot-image")
@@ -134,7 +131,7 @@ def parameters_for(stages: list[str], chosen: dict) -> dict:
 
 
 def row_parameters(row: zoo_build.Row, stages: list[str], base: dict) -> dict:
-    extra = GENERATION if row.family == "causal-lm" else {}
+    extra = GENERATION if row.family in GENERATING else {}
     return parameters_for(stages, {**base, **extra})
 
 
@@ -152,6 +149,23 @@ def _generation(run_dirs: dict) -> str:
                          f"({plan['compiles']} compiles){f'; 3b {served}' if served else ''}")
         else:
             parts.append(f"{target}: no generation buckets (stage 3 {'absent' if not buckets else 'empty'})")
+    return "; ".join(parts)
+
+
+def _decoding(run_dirs: dict) -> str:
+    """An encoder-decoder's decoding per target (compile.json's "generation": stage 2's dynamic and static caches), in
+    one line."""
+    parts = []
+    for target, run_dir in run_dirs.items():
+        gen = ((_json(run_dir / "compile.json").get("targets") or {}).get(target) or {}).get("generation") or {}
+        dynamic, static = gen.get("dynamic"), gen.get("static")
+        if not gen:
+            parts.append(f"{target}: no decoding (stage 2 holds no generation)")
+            continue
+        parts.append(f"{target}: dynamic cache "
+                     + (f"{dynamic['compiles']} compiles" if dynamic else "refused") + ", static cache "
+                     + (f"{static['warmup_compiles']} warm-up + {static['compiles']} after" if static else "refused")
+                     + f" ({gen['new_tokens']} tokens)")
     return "; ".join(parts)
 
 
@@ -192,8 +206,8 @@ def read_result(result: Result, run_dirs: dict, stages: list[str], config: dict 
         result.stages[stage] = values.pop() if len(values) == 1 else split
     if result.family == "causal-lm":
         result.generation = _generation(run_dirs)
-    elif result.family in ("seq2seq-lm", "speech-seq2seq"):
-        result.generation = SEQ2SEQ_NOTE if result.family == "seq2seq-lm" else SPEECH_NOTE
+    elif result.family in GENERATING:
+        result.generation = _decoding(run_dirs)
     return result
 
 

@@ -31,7 +31,7 @@ text_column = "text"  # column that holds the text in a .jsonl/.csv corpus
 batch_size = 8  # texts in the recorded batch
 seq_len = 128  # tokens every text is padded or truncated to
 train = False  # also record the backward pass
-workload = "inference"  # generate (causal LMs): record greedy generation with a static KV cache instead
+workload = "inference"  # generate (causal LMs, encoder-decoders): greedy generation with a static KV cache instead
 seed = 0  # which texts are sampled
 
 # %%

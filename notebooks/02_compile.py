@@ -48,7 +48,7 @@ backend = "auto"  # auto picks the native backend with its device, else portkit'
 precision = {}  # per target, e.g. {"neuron": "matmult", "tpu": "highest"}; a target left out uses its default
 seed = 4  # which texts are sampled
 neuron_compile_seconds = None  # seconds per Neuron graph; None: the estimate from public reports (planning/economics)
-workload = "inference"  # "inference"; "train": also the training step compiled; "generate" (causal LMs): KV cache
+workload = "inference"  # "inference"; "train": the training step too; "generate" (causal LMs, encoder-decoders)
 new_tokens = 16  # tokens each prompt generates when workload is "generate"
 prompts = 4  # real prompts from the corpus, one batch, when workload is "generate"
 

@@ -59,7 +59,7 @@ tolerances = {}  # [rtol, atol] per compute dtype, e.g. {"bfloat16": [3e-2, 1e-3
 task_bounds = {}  # verdict budgets, e.g. {"cosine": 0.9999, "baseline_factor": 2}; others: DEFAULT_TASK_BOUNDS
 gpu_numerics = "fp32"  # how the model runs on the GPU today, the baseline: fp32, tf32, bf16_autocast, fp16_autocast
 default_buckets = None  # boundaries when out_dir holds no buckets.json from stage 3; None: accuracy.DEFAULT_BUCKETS
-workload = "inference"  # "inference"; "train": AdamW steps under each target's numerics too; "generate" (causal LMs)
+workload = "inference"  # "inference"; "train": AdamW steps too; "generate" (causal LMs, encoder-decoders)
 new_tokens = 16  # tokens each prompt generates when workload is "generate"
 train_steps = 20  # AdamW steps (one batch of batch_size x seq_len real texts each) when workload is "train"
 

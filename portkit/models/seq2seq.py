@@ -20,17 +20,32 @@ from portkit.models import inputs
 
 SOURCE, TARGET = "source", "target"
 MAX_TOKENS = 512      # each dimension: T5's relative positions take any length; the tokenizer's limit
-# What the stages cannot say of an encoder-decoder: they run its decoder on a fixed input (one step from the start
-# token, or a teacher-forced target), while serving it decodes token by token, its length growing and its KV cache
-# written each step. portkit's generation workload (portkit/workloads/generation.py) drives causal LMs only, so
-# the report names this question as not assessed for every target, and no verdict is "ready" without it.
+# What the stages cannot say of an encoder-decoder under the inference workload: they run its decoder on a fixed
+# input (one step from the start token, or a teacher-forced target), while serving it decodes token by token, its
+# length growing and its KV cache written each step. The report names this question as not assessed for every target,
+# and no verdict is "ready" without it. With `-p workload generate` (portkit/workloads/encoder_decoder.py) stage 2
+# compiles the decoding token by token and stage 4 compares its tokens; what stays open then is SERVING.
 DECODING = assessed.open_question(
     "autoregressive decoding (the decoder's length growing token by token, its KV cache)",
-    "the stages ran the decoder on a fixed input (one step, or a teacher-forced target); portkit's generation "
-    "workload drives causal LMs only")
+    "the run's workload ran the decoder on a fixed input (one step, or a teacher-forced target); "
+    "-p workload generate decodes it token by token")
+SERVING = assessed.open_question(
+    "serving the encoder-decoder's decoding: source and decoder buckets (stage 3) and the real XLA compile of its "
+    "encoder and decoder step (stage 3b)",
+    "stage 2 compiled the decoding token by token and stage 4 compared its tokens; portkit's serving plans and "
+    "serving graphs are a causal LM's prefill and decode")
 
 
-def _decodes_token_by_token(config) -> bool:
+def after_generation(questions: list[dict], generated: bool) -> list[dict]:
+    """The model's open questions once the run is read: DECODING is SERVING where stage 2 generated (workload
+    generate), since the decoding itself was then assessed."""
+    if not generated:
+        return questions
+    return [({"stage": q.get("stage", "model"), **SERVING} if q.get("question") == DECODING["question"] else q)
+            for q in questions]
+
+
+def decodes_token_by_token(config) -> bool:
     """Whether a transformers config is an encoder-decoder that decodes token by token. A DETR-style detector's is
     not: its decoder takes a fixed set of object queries (num_queries) and "decodes the N objects in parallel" in
     one pass (Carion et al. 2020, End-to-End Object Detection with Transformers), which the stages run whole."""
@@ -41,7 +56,7 @@ def not_assessed(module: nn.Module) -> tuple[dict, ...]:
     """The questions the stages cannot answer for `module` (core.assessed's {"question", "why"}): (DECODING,) where
     it holds an encoder-decoder that decodes token by token (a transformers model whose config says
     is_encoder_decoder: Whisper, T5, BART...; not a DETR-style detector), else none."""
-    decoders = (m for m in module.modules() if _decodes_token_by_token(getattr(m, "config", None)))
+    decoders = (m for m in module.modules() if decodes_token_by_token(getattr(m, "config", None)))
     return (DECODING,) if next(decoders, None) is not None else ()
 
 

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -33,37 +33,8 @@ from portkit.core import torch_private
 from portkit.core import progress
 from portkit.core.torch_private import default_recompile_limit, unlimited_recompiles
 from portkit.core.errors import BadParameter
-
-OVERFLOW = ("truncate", "error")
-
-
-@dataclass(frozen=True)
-class Plan:
-    prompt_buckets: tuple[int, ...]
-    context_buckets: tuple[int, ...]
-    batch: int
-    overflow: str = "truncate"
-
-    def __post_init__(self):
-        if self.overflow not in OVERFLOW:
-            raise BadParameter("overflow", self.overflow, list(OVERFLOW))
-
-    def prompt_bucket(self, length: int) -> int:
-        return next((b for b in sorted(self.prompt_buckets) if b >= length), max(self.prompt_buckets))
-
-    def context_bucket(self, length: int) -> int:
-        for b in sorted(self.context_buckets):
-            if b >= length:
-                return b
-        raise BadParameter("context length", length,
-                           hint=f"longer than the largest context bucket {max(self.context_buckets)}")
-
-
-MIN_PROMPT_BUCKET = 16     # the smallest prompt bucket plan_for makes (a prefill graph per bucket above it)
-# The workbook's generation checks (stages 2 and 4) cut prompts to their last MAX_PROMPT tokens: each prompt
-# bucket is one prefill graph to warm up, so they bound them.
-MAX_PROMPT = 64
-
+from portkit.workloads.decoding import (  # noqa: F401 - generation's names, defined there
+    MAX_PROMPT, MIN_PROMPT_BUCKET, OVERFLOW, Generation, Plan, attempt, counted_turns, eager_from, only, traces)
 
 def plan_for(prompt_lengths, new_tokens: int, batch: int, max_prompt: int) -> Plan:
     """Powers-of-two buckets, as the serving stacks make them: prompt buckets from MIN_PROMPT_BUCKET up to
@@ -78,30 +49,33 @@ def plan_for(prompt_lengths, new_tokens: int, batch: int, max_prompt: int) -> Pl
     return Plan(tuple(prompts), tuple(contexts), batch)
 
 
-@dataclass
-class Generation:
-    mode: str                          # "static" or "dynamic"
-    tokens: torch.Tensor               # (prompts, new_tokens)
-    compiles: int                      # graphs compiled during the generation (after warm-up for static)
-    compiles_per_token: float
-    seconds: float                     # the generation, warm-up excluded
-    warmup_compiles: int = 0
-    warmup_seconds: float = 0.0
-    truncated: int = 0                 # prompts cut by the overflow policy
-    eager_from_step: int | None = None  # dynamic: the first token whose decode step ran eagerly (limit)
-    guard_failures: list[str] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)   # per step, (prompts, vocab)
-    late: list[dict] = field(default_factory=list)   # static: compiles after warm-up, each with its guard failure
-    refused: dict = field(default_factory=dict)      # generate_eager: {cache: Refused} the model raised with
-
-
 def check_causal(lm) -> None:
-    """The generate workload needs a causal language model; one line naming the model's kind otherwise."""
+    """The generate workload needs a causal language model or an encoder-decoder that decodes token by token
+    (workloads.encoder_decoder); one line naming the model's kind otherwise."""
     from portkit.models.registry import CAUSAL_LM
-    if lm.kind != CAUSAL_LM:
+    if lm.kind != CAUSAL_LM and _encoder_decoder(lm) is None:
         raise BadParameter("workload", "generate",
-                           hint=f"greedy generation needs a causal language model; {lm.name} is not one "
-                                f"(its kind: {lm.kind}; use workload 'inference')")
+                           hint=f"greedy generation needs a causal language model or an encoder-decoder; {lm.name} "
+                                f"is neither (its kind: {lm.kind}; use workload 'inference')")
+
+
+def _encoder_decoder(lm):
+    """portkit.workloads.encoder_decoder where `lm` is an encoder-decoder that decodes token by token, else None:
+    the generation verbs below hand such a model to it."""
+    from portkit.workloads import encoder_decoder
+    return encoder_decoder if encoder_decoder.is_encoder_decoder(lm) else None
+
+
+def is_encoder_decoder(lm) -> bool:
+    return _encoder_decoder(lm) is not None
+
+
+def plan_of(lm, items: list, new_tokens: int) -> Plan:
+    """The static cache's buckets for generating new_tokens from `items` (one batch): plan_for's for a causal LM's
+    prompts (at most MAX_PROMPT tokens), encoder_decoder.plan_of's for an encoder-decoder's sources."""
+    if (ed := _encoder_decoder(lm)) is not None:
+        return ed.plan_of(lm, items, new_tokens)
+    return plan_for(lm.token_lengths(items), new_tokens, len(items), MAX_PROMPT)
 
 
 def check_workload(workload, model: str | None = None) -> str:
@@ -140,12 +114,12 @@ def _mask(model, mask: torch.Tensor, prompt: int | None = None) -> torch.Tensor 
     whose every cache layer holds states, not positions (a state-space model: FalconMamba, Mamba2), multiplies its
     hidden states by the mask, so it takes the prompt's mask in prefill (`prompt` its length) and none in decode,
     as its own prepare_inputs_for_generation passes them (transformers' modeling_falcon_mamba.py)."""
-    if not _states_only(model):
+    if not _statesonly(model):
         return mask
     return mask[:, :prompt] if prompt is not None else None
 
 
-def _states_only(model) -> bool:
+def _statesonly(model) -> bool:
     """Whether every layer of the model's cache holds states (holds_states), read once per model (False where the
     library cannot build a StaticCache for it)."""
     if model not in _STATES_ONLY:
@@ -283,8 +257,10 @@ def warm_up(model, call, plan: Plan) -> None:
 def generate_static(lm, texts: list[str], new_tokens: int, plan: Plan, backend=None,
                     keep_logits: bool = False) -> Generation:
     """Greedy generation with a bucketed StaticCache; backend None runs eagerly (the reference)."""
+    if (ed := _encoder_decoder(lm)) is not None:
+        return ed.generate_static(lm, texts, new_tokens, plan, backend, keep_logits)
     if backend is not None:
-        return _only(generate_static_for(lm, texts, new_tokens, plan, {"": backend}, keep_logits))
+        return only(generate_static_for(lm, texts, new_tokens, plan, {"": backend}, keep_logits))
     model = causal_model(lm)
     ids, mask, truncated = _prompts(lm, texts, new_tokens, plan)
     with torch.no_grad():
@@ -311,12 +287,14 @@ def generate_static_for(lm, texts: list[str], new_tokens: int, plan: Plan, backe
     runs its own compiled graph); any other backend traces alone. {name: Generation, or the exception its run
     raised}: a target whose backend refuses a graph raises in its own run, the others go on. Every target
     compiles the same graphs, so warm-up compiles and the compiles after it (`late`, shared) are the trace's."""
+    if (ed := _encoder_decoder(lm)) is not None:
+        return ed.generate_static_for(lm, texts, new_tokens, plan, backends, keep_logits)
     model = causal_model(lm)
     ids, mask, truncated = _prompts(lm, texts, new_tokens, plan)
     out, rows = {}, len(texts)
-    for group in _traces(backends):
+    for group in traces(backends):
         lanes = {n: backends[n] for n in group}
-        turns, counters = _turns(lanes)
+        turns, counters = counted_turns(lanes)
         torch.compiler.reset()      # compiled graphs from an earlier generation would count against the limit
         call = torch.compile(_step, backend=turns, dynamic=False)
         late: list[dict] = []
@@ -324,13 +302,13 @@ def generate_static_for(lm, texts: list[str], new_tokens: int, plan: Plan, backe
             start = time.perf_counter()
             for name in lanes:      # the first warm-up compiles every graph for every lane; the others reuse them
                 turns.turn = name
-                out[name] = _attempt(warm_up, model, call, plan)
+                out[name] = attempt(warm_up, model, call, plan)
             warm_seconds, warm = time.perf_counter() - start, {n: len(c.events) for n, c in counters.items()}
             runs = {}
             for name in (n for n in lanes if out[n] is None):
                 turns.turn, start = name, time.perf_counter()
                 with torch.compiler.set_stance("fail_on_recompile"):
-                    ran = _attempt(_run_static, model, _counting(call, late), ids, mask, new_tokens, plan,
+                    ran = attempt(_run_static, model, _counting(call, late), ids, mask, new_tokens, plan,
                                    keep_logits)
                 runs[name] = (ran, time.perf_counter() - start)
         for name, (ran, seconds) in runs.items():
@@ -342,38 +320,6 @@ def generate_static_for(lm, texts: list[str], new_tokens: int, plan: Plan, backe
             out[name] = Generation("static", tokens[:rows], compiles, compiles / new_tokens, seconds, warm[name],
                                    warm_seconds, truncated, logits=[x[:rows] for x in kept], late=late)
     return out
-
-
-def _traces(backends: dict) -> list[list[str]]:
-    """The targets grouped by the Dynamo trace they share: the emulated static-shape backends one trace (they
-    compile the same graphs, one per shape), any other backend (a vendor's, natively) a trace of its own."""
-    from portkit.targets.backends import EmulatedBackend
-    shared = [n for n, b in backends.items() if isinstance(b, EmulatedBackend)]
-    return ([shared] if shared else []) + [[n] for n in backends if n not in shared]
-
-
-def _turns(lanes: dict):
-    """(one Turns over the lanes' counted backends, {name: CompileCounter}) for one trace."""
-    from portkit.targets.backends import CompileCounter
-    from portkit.targets.shared_trace import Turns
-    counters = {n: CompileCounter(b) for n, b in lanes.items()}
-    return Turns(counters), counters
-
-
-def _attempt(fn, *args):
-    """fn(*args) where it returns; the exception it raised instead (a target's refusal, for its caller to read)."""
-    try:
-        return fn(*args)
-    except Exception as exc:  # noqa: BLE001 - the caller reads the exception per target
-        return exc
-
-
-def _only(found: dict) -> Generation:
-    """The one target's Generation of a *_for call, its exception raised."""
-    [run] = found.values()
-    if isinstance(run, BaseException):
-        raise run
-    return run
 
 
 def _counting(call, late: list[dict]):
@@ -396,8 +342,10 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
 
     limit: Dynamo's recompile limit applies (past it a step runs eagerly: eager_from_step); False lifts
     it, so every new shape compiles, as on a static-shape target that has no eager fallback."""
+    if (ed := _encoder_decoder(lm)) is not None:
+        return ed.generate_dynamic(lm, texts, new_tokens, backend, keep_logits)
     if backend is not None:
-        return _only(generate_dynamic_for(lm, texts, new_tokens, {"": backend}, max_length, limit, keep_logits))
+        return only(generate_dynamic_for(lm, texts, new_tokens, {"": backend}, max_length, limit, keep_logits))
     model = causal_model(lm)
     ids, mask = _dynamic_prompts(lm, texts, max_length)
     with torch.no_grad():
@@ -437,25 +385,18 @@ def _run_dynamic(model, call, ids, mask, new_tokens: int, keep_logits: bool, cou
     return torch.stack(tokens, 1), kept, time.perf_counter() - start
 
 
-def _eager_from(events, new_tokens: int, recompiles: int) -> int | None:
-    """The first decode step Dynamo ran eagerly: no compile tagged with it, after the recompile limit's worth."""
-    tagged = [e.request for e in events]
-    for step in range(1, new_tokens):
-        if step not in tagged and sum(r is not None and r < step for r in tagged) >= recompiles:
-            return step
-    return None
-
-
 def generate_dynamic_for(lm, texts: list[str], new_tokens: int, backends: dict, max_length: int | None = None,
                          limit: bool = True, keep_logits: bool = False) -> dict:
     """generate_dynamic compiled for several targets' backends ({name: backend}), one Dynamo trace for the
     emulated ones (generate_static_for's rule): {name: Generation, or the exception its run raised}. The compiles,
     the step from which Dynamo ran eagerly and the guard failures are the shared trace's, every target's."""
+    if (ed := _encoder_decoder(lm)) is not None:
+        return ed.generate_dynamic_for(lm, texts, new_tokens, backends, max_length, limit, keep_logits)
     model = causal_model(lm)
     ids, mask = _dynamic_prompts(lm, texts, max_length)
     recompiles, out = default_recompile_limit(), {}
-    for group in _traces(backends):
-        turns, counters = _turns({n: backends[n] for n in group})
+    for group in traces(backends):
+        turns, counters = counted_turns({n: backends[n] for n in group})
         torch.compiler.reset()
         torch_private.guard_failures(clear=True)
         runs = {}
@@ -463,7 +404,7 @@ def generate_dynamic_for(lm, texts: list[str], new_tokens: int, backends: dict, 
             call = torch.compile(_step, backend=turns, dynamic=False)   # it keeps the config it is made under
             for name in group:      # the first run compiles every shape for every lane; the others reuse them
                 turns.turn = name
-                runs[name] = _attempt(_run_dynamic, model, call, ids, mask, new_tokens, keep_logits,
+                runs[name] = attempt(_run_dynamic, model, call, ids, mask, new_tokens, keep_logits,
                                       list(counters.values()))
         failures = torch_private.guard_failures()
         for name, ran in runs.items():
@@ -472,7 +413,7 @@ def generate_dynamic_for(lm, texts: list[str], new_tokens: int, backends: dict, 
                 continue
             tokens, kept, seconds = ran
             events = counters[name].events
-            eager = _eager_from(events, new_tokens, recompiles) if limit else None
+            eager = eager_from(events, new_tokens, recompiles) if limit else None
             out[name] = Generation("dynamic", tokens, len(events), len(events) / new_tokens, seconds,
                                    eager_from_step=eager, guard_failures=failures, logits=kept)
     return out
@@ -522,7 +463,7 @@ def refused(exc: BaseException, cache: str) -> Refused:
 def refusal(lm, texts: list[str], cache: str) -> Refused | None:
     """Why the model raises in two tokens of eager greedy generation of texts' first prompt with `cache`, or
     None where it runs: what tells a model's refusal from a compiler's when a compiled generation fails."""
-    plan = plan_for(lm.token_lengths(texts[:1]), 2, 1, MAX_PROMPT)
+    plan = plan_of(lm, texts[:1], 2)
     try:
         if cache == "static":
             generate_static(lm, texts[:1], 2, plan)

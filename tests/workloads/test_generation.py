@@ -75,7 +75,7 @@ def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
 
 def test_the_generate_workload_needs_a_causal_lm_and_says_so_before_the_run():
     from portkit.stages.compile.stage import Options
-    with pytest.raises(BadParameter, match="workload .generate.*minilm is not one \\(its kind: embedding;"):
+    with pytest.raises(BadParameter, match="workload .generate.*minilm is neither \\(its kind: embedding;"):
         Options.of({"workload": "generate"}, model="minilm")
     with pytest.raises(BadParameter, match="unknown workload 'decode'; choose one of: inference, generate, train"):
         Options.of({"workload": "decode"})

@@ -122,7 +122,7 @@ def compare(lm, texts: list[str], targets, options) -> GenerationComparison:
     target's numerics (options.precision: {target: name}, default the target's own), judged against the
     task bound "agreement" (options.bounds). options: the stage's options (stage.Options)."""
     new_tokens, precision, budget = options.new_tokens, options.precision, options.bounds["agreement"]
-    plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
+    plan = generation.plan_of(lm, texts, new_tokens)
     found = GenerationComparison(lm.name, new_tokens, {"prompt_buckets": list(plan.prompt_buckets),
                                                        "context_buckets": list(plan.context_buckets)})
     try:

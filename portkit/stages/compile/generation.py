@@ -51,15 +51,17 @@ class TargetGeneration:
 
     def summary(self) -> str:
         d, s = self.dynamic, self.static
-        head = f"{self.target['name']} ({self.target['mode']}, {self.backend}): {self.prompts} prompts x " \
-               f"{self.new_tokens} new tokens"
+        seq2seq = self.plan.get("encoder_decoder", False)     # sources for its encoder, not prompts
+        head = f"{self.target['name']} ({self.target['mode']}, {self.backend}): {self.prompts} " \
+               f"{'sources' if seq2seq else 'prompts'} x {self.new_tokens} new tokens"
         parts = [f"dynamic cache: {self.refused['dynamic'].text()}" if d is None else
                  f"dynamic cache: {d.compiles} compiles ({d.compiles_per_token:.2f} per generated token)"
                  + (f"; from token {d.eager_from_step + 1} the decode step ran eagerly (Dynamo's recompile limit)"
                     if d.eager_from_step is not None else "")]
         parts.append(f"static cache: {self.refused['static'].text()}" if s is None else
-                     f"static cache (prompt buckets {self.plan['prompt_buckets']}, context buckets "
-                     f"{self.plan['context_buckets']}): {s.warmup_compiles} compiles in warm-up, {s.compiles} during "
+                     f"static cache ({'source' if seq2seq else 'prompt'} buckets {self.plan['prompt_buckets']}, "
+                     f"{'decoder context' if seq2seq else 'context buckets'} {self.plan['context_buckets']}): "
+                     f"{s.warmup_compiles} compiles in warm-up, {s.compiles} during "
                      "the generation under fail_on_recompile")
         if self.agreement is not None:
             parts.append(f"tokens agree {self.agreement:.0%}")
@@ -129,7 +131,7 @@ def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precisio
     (`backend`: "auto" or a backend name, selection.py), with the dynamic cache and with the bucketed static
     cache. The stage passes its options (stage.check_generation)."""
     generation.check_causal(lm)
-    plan = generation.plan_for(lm.token_lengths(texts), new_tokens, len(texts), generation.MAX_PROMPT)
+    plan = generation.plan_of(lm, texts, new_tokens)
     names = specs.parse_targets(targets)
     detected = {n: specs.detect(n) for n in names}
     chosen = {n: selection.backend_for(detected[n], backend, (precision or {}).get(n))[0] for n in names}
@@ -154,6 +156,8 @@ def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precisio
         out[name] = TargetGeneration(detected[name].to_dict(), label, len(texts), new_tokens,
                                      {"prompt_buckets": list(plan.prompt_buckets),
                                       "context_buckets": list(plan.context_buckets), "batch": plan.batch,
-                                      "overflow": plan.overflow}, found["dynamic"], found["static"], refused)
+                                      "overflow": plan.overflow,
+                                      "encoder_decoder": generation.is_encoder_decoder(lm)},
+                                     found["dynamic"], found["static"], refused)
     torch.compiler.reset()
     return out

@@ -418,8 +418,7 @@ class _Generation:
         if not self.lines:
             raise BadParameter("prompts for workload 'generate'", prompts, hint="give the batch's texts")
         self.model, self.inputs = model, inputs
-        self.plan = generation.plan_for(model.token_lengths(self.lines), GENERATED_TOKENS, len(self.lines),
-                                        generation.MAX_PROMPT)
+        self.plan = generation.plan_of(model, self.lines, GENERATED_TOKENS)
         self.what = f"generation of {GENERATED_TOKENS} tokens, static KV cache"
 
     def __call__(self):

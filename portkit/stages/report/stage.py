@@ -29,6 +29,7 @@ from pathlib import Path
 
 import jinja2
 
+from portkit.models import seq2seq
 from portkit.planning import cost
 from portkit.runfolder import environment, numbers, run_log
 from portkit.core import assessed, figures, grading, memory
@@ -316,7 +317,8 @@ def build_report(targets=None, *, run_dir) -> MigrationReport:
     run_env = results.run_environment({s.file: s.result.stamp() for s in present}, names)
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
     asked = _model_questions(model)
-    reports = {name: _target_report(name, present, run_env.info["targets"].get(name, {}), assessing, asked)
+    reports = {name: _target_report(name, present, run_env.info["targets"].get(name, {}), assessing,
+                                    seq2seq.after_generation(asked, _decoded(present, name)))
                for name in names}
     typed = {s.name: s.result for s in present}
     for name, report in reports.items():
@@ -331,6 +333,13 @@ def _cost(typed: dict, names: list[str]) -> dict | None:
     if typed.get("buckets") is None:
         return None
     return cost.comparison(results.cost_figures(typed["buckets"], typed.get("xla"), typed.get("accuracy")), names)
+
+
+def _decoded(present: list[StageResult], name: str) -> bool:
+    """Whether stage 2 generated token by token on target `name` (workload generate, with either cache)."""
+    compiled = next((s.result.targets.get(name) for s in present if s.name == "compile"), None)
+    found = getattr(compiled, "generation", None) or {}
+    return bool(found.get("dynamic") or found.get("static"))
 
 
 def _model_questions(model: dict) -> list[dict]:

@@ -68,7 +68,11 @@ def not_kv_cache(lm) -> str | None:
     fixed-size conv and recurrent states instead (transformers' LinearAttentionCacheLayerMixin: Mamba2, Jamba's
     Mamba layers), which this graph does not pass; a model whose layer types the StaticCache has no layer for
     (it raises) has none to carry."""
+    from portkit.workloads import encoder_decoder
     model = generation.causal_model(lm)
+    if encoder_decoder.is_encoder_decoder(lm):
+        return (f"{type(model).__name__} is an encoder-decoder, and portkit's serving graph is a causal LM's prefill "
+                "and decode over one self-attention cache: the encoder and the cross-attention cache are not in it")
     try:
         layers = generation.cache_layers(model)
     except Exception as exc:  # noqa: BLE001 - a cache the library cannot build for the model is the answer
