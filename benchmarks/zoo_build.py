@@ -317,15 +317,16 @@ def processors(row: Row, cache: dict) -> tuple[object | None, list]:
     tok = tokenizer(kind.split("+")[-1], cache) if kind in ("bpe", "wordpiece", "image+wordpiece") else None
     made = [tok] if tok is not None else []
     if kind.startswith("image"):
-        made.append(image_processor(row.model_type, table["image_side"]))
+        made.append(image_processor(row.model_type, table["image_sides"].get(row.model_type, table["image_side"])))
     elif kind == "audio":
         made.append(feature_extractor(row.model_type))
     return tok, made
 
 
 # ---------------------------------------------------------------- building
-# image families whose heads the zoo's generic size may not fit (a decoder's neck sized for another backbone)
-SMOKED_IMAGES = ("object-detection", "semantic-segmentation")
+# image families the zoo's generic size may not fit (a decoder's neck sized for another backbone; a backbone that
+# downsamples a 32-pixel image below its own patch); a zero-shot model also needs captions, which portkit adds
+SMOKED_IMAGES = ("image-classification", "object-detection", "semantic-segmentation")
 
 
 def smoke(model, row: Row, tok, saved=()) -> None:

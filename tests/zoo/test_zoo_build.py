@@ -94,3 +94,17 @@ def test_a_null_head_dim_is_sized_as_hidden_size_over_heads(rows, tokenizers, tm
     out = zoo_build.shrink({"head_dim": None, "hidden_size": 4096, "num_attention_heads": 32}, zoo_build.sizes(), {})
     assert out["head_dim"] == scalars["hidden_size"] // scalars["num_attention_heads"]
     zoo_build.build(rows["hunyuan_v1_moe.causal-lm"], tmp_path, tokenizers)      # builds and runs its forward pass
+
+
+def test_an_image_classifier_the_tiny_size_does_not_fit_is_not_buildable_and_overrides_fit_two(tmp_path):
+    """Size: an image classifier runs one eager forward pass on its processor's image at build, so a size the zoo set
+    wrong is the zoo's "not buildable" line, never a model portkit refuses (Donut-Swin's 7-wide attention windows
+    over a 32-pixel image). MobileViTV2 (a 64-pixel image: five stride-2 stages) and EfficientNet (its top
+    convolution's width) build with their overrides, and the plan step's probe then passes them."""
+    from portkit.run import preflight
+    rows = {r.key: r for r in zoo_build.enumerate_rows(["image-classification"])}
+    with pytest.raises(zoo_build.NotBuilt, match="an eager forward pass at the zoo's size fails, outside portkit"):
+        zoo_build.build(rows["donut-swin.image-classification"], tmp_path, {})
+    for key in ("mobilevitv2.image-classification", "efficientnet.image-classification"):
+        folder = zoo_build.build(rows[key], tmp_path, {})
+        preflight.plan(str(folder), ["tpu"], str(tmp_path / f"run-{key}"), {}, stages=["fallbacks"])
