@@ -33,8 +33,9 @@ _PORTKIT = str(PACKAGE)
 _WRAPPERS = tuple(os.path.join(_PORTKIT, "models", name) for name in ("registry.py", "adapters.py", "audio.py"))
 # portkit's decoding loop (greedy generation with a KV cache) stands in for a serving stack's: its ops
 # (argmax, the cache's position bookkeeping) belong to the serving loop, not to the model or the user
-_SERVING = (os.path.join(_PORTKIT, "workloads", "generation.py"),)
-SERVING_LOOP = "serving loop (portkit/workloads/generation.py's greedy decoding, standing in for the serving stack's)"
+_SERVING = tuple(os.path.join(_PORTKIT, "workloads", name) for name in ("generation.py", "encoder_decoder.py"))
+SERVING_LOOP = ("serving loop (portkit/workloads/generation.py's and encoder_decoder.py's greedy decoding, standing in "
+                "for the serving stack's)")
 _TORCH = os.path.join(os.path.dirname(_PORTKIT), "torch")   # replaced below by the installed torch
 _INSTALLED = ("site-packages", "dist-packages")
 _STDLIB = tuple({os.path.realpath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])})

@@ -244,7 +244,10 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
             raise BadParameter("model directory", spec,
                                hint=f"its feature extractor reads {rate} Hz audio; portkit's audio is 16000 Hz")
     elif any((path / f).is_file() for f in PROCESSOR_FILES):
-        side = image_side(image_processor(path))
+        try:
+            side = image_side(image_processor(path))
+        except Exception as exc:  # noqa: BLE001 - the directory's processor raising is the answer (or portkit's defect)
+            raise processor_refusal(spec, exc, "an image") from None
         size = _vision(config).get("image_size")
         # a detector's image_size is a (height, width) pair it was pretrained at and interpolates its position
         # embeddings from (YOLOS: [512, 864]; transformers' YolosEmbeddings), no size it requires
@@ -370,6 +373,20 @@ def feature_extractor(path: Path):
 def image_processor(path: Path):
     from transformers import AutoImageProcessor
     return AutoImageProcessor.from_pretrained(path, local_files_only=True)
+
+
+def processor_refusal(spec: str, exc: Exception, items: str) -> BadParameter:
+    """A directory's own processor raising on the `items` portkit feeds it, as the plan step's one line (ImageGPT's
+    image processor saved without its colour palette raises on any image); re-raised where the innermost frame
+    outside torch is portkit's, a defect in portkit and not the directory's."""
+    from portkit.core import owners
+    where = owners.raised_at(exc)
+    if where is None or owners.owner(where)["owner"] == owners.PORTKIT:
+        raise exc
+    first = (str(exc).strip().splitlines() or [""])[0][:240]
+    return BadParameter("model directory", spec,
+                        hint=f"its own processor raises on {items} portkit feeds it: {type(exc).__name__}: {first} "
+                             f"at {where['text']}; save the processor the model was trained with")
 
 
 def processor_input_names(path: Path) -> list[str]:

@@ -220,7 +220,12 @@ def _probe_directory(loaded: _Loaded) -> None:
         return
     if model.takes_text:
         return
-    batch, _ = example_batch(model, corpus_for(model), PROBE_BATCH, 0)
+    try:
+        batch, _ = example_batch(model, corpus_for(model), PROBE_BATCH, 0)
+    except PortkitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the directory's processor raising on portkit's items is the answer
+        raise huggingface.processor_refusal(loaded.spec, exc, f"the {PROBE_BATCH} {model.declaration.items}") from None
     raised = model.raises_eagerly(batch)
     if raised is None:
         return

@@ -44,3 +44,18 @@ def test_a_model_that_runs_on_portkits_inputs_passes_and_one_that_raises_names_i
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(BadParameter, match=r"AttributeError: .*intermediate.* at transformers/models/blip_2/"):
         preflight.plan(str(folder), ["neuron"], str(tmp_path / "run2"), {}, stages=["fallbacks"])
+
+
+def test_a_directory_whose_own_processor_raises_on_portkits_images_is_refused_naming_it(tmp_path):
+    # ImageGPT's image processor quantizes colours to its palette (clusters); one saved without it raises on any
+    # image: the directory's processor, not portkit, and not a crash of the run
+    import torch
+    from transformers import ImageGPTConfig, ImageGPTForImageClassification, ImageGPTImageProcessor
+    torch.manual_seed(0)
+    config = ImageGPTConfig(vocab_size=17, n_positions=64, n_embd=16, n_layer=1, n_head=2, num_labels=3)
+    ImageGPTForImageClassification(config).save_pretrained(tmp_path / "igpt")
+    ImageGPTImageProcessor(size={"height": 8, "width": 8}).save_pretrained(tmp_path / "igpt")
+    with pytest.raises(BadParameter, match=r"its own processor raises on an image portkit feeds it: ValueError: "
+                                           r"Clusters must be provided.* at transformers/models/imagegpt/"):
+        preflight.plan(str(tmp_path / "igpt"), ["tpu"], str(tmp_path / "run"), {}, stages=["fallbacks"])
+    assert not (tmp_path / "run").exists()
