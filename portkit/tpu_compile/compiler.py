@@ -21,6 +21,8 @@ Needs `pip install 'portkit[xla]'`; without it these raise MissingPackage with t
 """
 from __future__ import annotations
 
+import copy
+
 import functools
 import os
 import re
@@ -185,12 +187,31 @@ def _label(shape: dict, specs: dict) -> str:
 
 
 # ---------------------------------------------------------------- conversion and compile
+def baked(module: nn.Module) -> tuple[nn.Module, list[str]]:
+    """The module the conversion traces: `module` itself, or where it holds parametrizations (weight norm: wav2vec2's
+    positional convolution), a copy with each parametrized tensor computed once and kept as a plain parameter
+    (torch.nn.utils.parametrize.remove_parametrizations, leave_parametrized=True), as an inference export bakes
+    them: torchax swaps weights in through the parametrization's right_inverse, whose Tensor.set_ has no lowering.
+    Returns (module, the baked tensors' names)."""
+    from torch.nn.utils import parametrize
+    names = [f"{n}.{t}" if n else t for n, m in module.named_modules() if parametrize.is_parametrized(m)
+             for t in m.parametrizations]
+    if not names:
+        return module, []
+    copied = copy.deepcopy(module)
+    for _, m in list(copied.named_modules()):
+        if parametrize.is_parametrized(m):
+            for tensor in list(m.parametrizations):
+                parametrize.remove_parametrizations(m, tensor, leave_parametrized=True)
+    return copied, names
+
+
 class Program:
     """A module converted by torchax when first lowered (never, when every shape comes from the cache);
     lowered (and compiled) once per input shape."""
 
     def __init__(self, module: nn.Module, dtype: torch.dtype | None):
-        self.module = module
+        self.module, self.baked = baked(module)
         float_dtype = dtype or next((p.dtype for p in module.parameters() if p.is_floating_point()),
                                     torch.float32)
         self.float_dtype = _NARROW.get(float_dtype, float_dtype)
@@ -306,7 +327,9 @@ def new_report(model, target: str, check: str, program: Program) -> XlaCompileRe
                   "jaxlib": availability.package_version("jaxlib"), "libtpu": availability.package_version("libtpu"),
                   "torchax": availability.package_version("torchax")},
         notes=["JAX runs with 32-bit types (jax_enable_x64 off): int64 inputs and buffers compile as int32, "
-               "float64 as float32"])
+               "float64 as float32"] + ([f"{len(program.baked)} parametrized weight(s) ({program.baked[0]}, weight "
+                                          "norm or another parametrization) computed once and compiled as plain "
+                                          "weights, as an inference export bakes them"] if program.baked else []))
 
 
 def new_result(shape: dict, spec: dict, program: Program, status: str, **extra) -> ShapeResult:

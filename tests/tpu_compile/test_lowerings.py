@@ -74,3 +74,26 @@ def test_a_mixture_of_experts_from_its_transformers_config_compiles_for_a_tpu():
                                                                   "attention_mask": ((1, 16), "int64")}])
     (shape,) = report.shapes
     assert shape.status == "compiled" and shape.fits_hbm is True, shape.message
+
+
+@needs_xla
+def test_a_weight_normed_convolution_compiles_with_its_weight_baked_and_the_model_untouched(tmp_path):
+    """Rule: a converter gap portkit can close is closed. wav2vec2's family (HuBERT, WavLM, Data2VecAudio...) holds
+    its positional convolution's weight under weight norm (a parametrization): torchax swaps weights in through the
+    parametrization's right_inverse, whose Tensor.set_ it cannot lower, and every shape stopped with NO LOWERING for
+    aten::set_.source_Tensor. The conversion traces a copy with the weight computed once (as an inference export
+    bakes it), says so in the report's notes, and leaves the user's model as it was."""
+    import sys
+    from torch.nn.utils import parametrize
+    from conftest import ROOT
+    from portkit.models import registry
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import zoo_build
+    row = next(r for r in zoo_build.enumerate_rows(["ctc"]) if r.model_type == "hubert")
+    lm = registry.load(str(zoo_build.build(row, tmp_path, {})))
+    conv = lm.module.get_submodule("model.hubert.encoder.pos_conv_embed.conv")
+    report = stage.compile_for_tpu(lm, shapes=[{"batch": 1, "seq": 1000}])
+    (shape,) = report.shapes
+    assert shape.status == "compiled" and shape.fits_hbm is True, shape.message
+    assert any("1 parametrized weight(s) (model.hubert.encoder.pos_conv_embed.conv.weight" in n for n in report.notes)
+    assert parametrize.is_parametrized(conv, "weight")
