@@ -149,11 +149,31 @@ def weight_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
+def _at_longest(model, row: dict, budget: int, scaled: int) -> int:
+    """One row's bytes measured at the longest length its varying dimension takes, where row_bytes' proportional
+    estimate (`scaled`) would refuse the batch and one such row is safe to run (within MEASURE_SHARE of `budget`):
+    activations need not grow with the length (Kimi Linear's chunked attention: about 205 MiB at 16, 32 and 64
+    tokens), and a refusal rests on a measure, not on a scale. `scaled` where it cannot be measured."""
+    dim = model.seq_dim
+    longest = model.declaration.dim(dim).max if dim else None
+    if not longest or scaled > MEASURE_SHARE * budget:
+        return scaled
+    at = model.declaration.fit(row, {dim: longest})
+    if model.declaration.size_of(at, dim) != longest:
+        return scaled
+    return _measured(model, at, None)
+
+
+MEASURE_SHARE = 0.5     # one row measured at its longest length where its estimate is within this share of the budget
+
+
 def stage_estimate(model, row: dict, batch_size: int, budget: int | None = None) -> tuple[int, int]:
     """An estimate of the stage's peak bytes with a main batch of `batch_size` rows like `row` (one row of the main
     batch, padded as the stage pads it), and the largest batch_size whose estimate is within `budget` bytes (None:
     the estimate's own batch_size), 0 where not even one row is."""
     per_row = row_bytes(model, row, fixed_rows=False) * MAIN_BATCH_OVERHEAD
     fixed = INTERPRETER_BYTES + WEIGHT_COPIES * weight_bytes(model.module) + pass_budget()
+    if budget is not None and fixed + batch_size * per_row > budget:
+        per_row = _at_longest(model, row, budget, per_row // MAIN_BATCH_OVERHEAD) * MAIN_BATCH_OVERHEAD
     fits = batch_size if budget is None else max(0, (budget - fixed) // max(1, per_row))
     return fixed + batch_size * per_row, int(fits)

@@ -343,3 +343,33 @@ def test_a_model_that_takes_no_single_row_is_measured_on_its_batch():
     with pytest.raises(ValueError):
         m.module(**m.declaration.fit(batch, {"batch": 1}, pad=False))
     assert footprint.row_bytes(m, batch, fixed_rows=False) > 0
+
+
+class _Chunked(nn.Module):
+    """Activations that do not grow with the length: one CHUNK-byte buffer a row whatever its tokens (as Kimi Linear's
+    chunked attention holds about 205 MiB at 16, 32 and 64 tokens)."""
+    CHUNK = 32 * 2 ** 20
+
+    def forward(self, input_ids, attention_mask):
+        held = torch.ones(input_ids.shape[0], self.CHUNK // 4)
+        return {"logits": (input_ids[..., None].float() + held.sum(-1)[:, None, None] * 0).repeat(1, 1, 4)}
+
+
+def test_a_batch_refused_on_a_scaled_estimate_is_measured_at_the_longest_length_first():
+    """Rule: a refusal rests on a measure. One row's activations, measured at 16 tokens, are scaled to the model's
+    longest length (512) in proportion; where that estimate would refuse the batch and one such row is safe to run,
+    the row is measured at 512 tokens instead. Kimi Linear's plan step refused a batch of 2 on 79.9 GiB."""
+    tok = registry.minilm_tokenizer()
+    decl = inputs.text_declaration(tok, ("input_ids", "attention_mask"), 512,
+                                   (inputs.Output("logits", inputs.TOKEN_CLASSIFIER),))
+    model = registry.LoadedModel("chunked", inputs.TOKEN_CLASSIFIER, _Chunked().eval(), "test", tokenizer=tok,
+                                 max_length=512, declaration=decl)
+    row = model.encode(["Open the file and read it."], pad_to=16)
+    scaled = footprint.row_bytes(model, row, fixed_rows=False)
+    assert scaled >= 30 * _Chunked.CHUNK                         # 512 / 16 times the buffer
+    fixed = footprint.INTERPRETER_BYTES + footprint.WEIGHT_COPIES * footprint.weight_bytes(model.module) \
+        + footprint.pass_budget()
+    budget = fixed + 4 * footprint.MAIN_BATCH_OVERHEAD * _Chunked.CHUNK      # room for 4 measured rows, not 2 scaled
+    needed, fits = footprint.stage_estimate(model, row, 2, budget)
+    assert fits >= 2 and needed < budget
+    assert needed - fixed < 2 * 2 * footprint.MAIN_BATCH_OVERHEAD * _Chunked.CHUNK
