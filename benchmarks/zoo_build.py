@@ -146,6 +146,9 @@ def shrink(defaults: dict, table: dict, overrides: dict) -> dict:
                 continue
             new = table["scalars"][key]
             out[key] = min(new, value) if isinstance(value, int) and key in table["never_grow"] else new
+        elif key == "image_size" and isinstance(value, (list, tuple)) and len(value) == 2:
+            # a (height, width) pair (Hiera's [224, 224]): the zoo's square side, as its processor makes it
+            out[key] = [table["scalars"]["image_size"]] * 2
         elif key in table["per_stage"] and isinstance(value, (list, tuple)) and value:
             out[key] = [table["per_stage"][key]] * len(value)
         elif key in table["per_layer"] and isinstance(value, (list, tuple)) and value:

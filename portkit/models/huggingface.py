@@ -249,12 +249,13 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
         except Exception as exc:  # noqa: BLE001 - the directory's processor raising is the answer (or portkit's defect)
             raise processor_refusal(spec, exc, "an image") from None
         size = _vision(config).get("image_size")
+        pair = tuple(size) if isinstance(size, (list, tuple)) else (size, size)   # Hiera's is [224, 224]
         # a detector's image_size is a (height, width) pair it was pretrained at and interpolates its position
         # embeddings from (YOLOS: [512, 864]; transformers' YolosEmbeddings), no size it requires
-        if size is not None and not (task == "object-detection" and isinstance(size, list)) and side != size:
+        if size is not None and not (task == "object-detection" and isinstance(size, list)) and pair != (side, side):
             raise BadParameter("model directory", spec,
                                hint=f"its image processor makes {side}x{side} images and its config takes "
-                                    f"{size}x{size}; save the image processor it was trained with")
+                                    f"{'x'.join(map(str, pair))}; save the image processor it was trained with")
 
 
 def check_vocabulary(path: Path, spec: str, config: dict):

@@ -59,3 +59,11 @@ def test_a_directory_whose_own_processor_raises_on_portkits_images_is_refused_na
                                            r"Clusters must be provided.* at transformers/models/imagegpt/"):
         preflight.plan(str(tmp_path / "igpt"), ["tpu"], str(tmp_path / "run"), {}, stages=["fallbacks"])
     assert not (tmp_path / "run").exists()
+
+
+def test_an_image_size_given_as_a_height_width_pair_is_read_as_the_square_it_names(tmp_path):
+    # Hiera's config says image_size [224, 224]; its processor makes 224x224 images: the plan step compared the
+    # processor's side with the list and refused every Hiera directory ("takes [224, 224]x[224, 224]")
+    folder = _built(tmp_path, "hiera", family="image-classification")
+    assert json.loads((folder / "config.json").read_text())["image_size"] == [32, 32]
+    preflight.plan(str(folder), ["tpu"], str(tmp_path / "run"), {}, stages=["fallbacks"])
