@@ -13,12 +13,15 @@ XLA itself compiles for that computation, so the compiler judges the model rathe
 - transformers::grouped_mm_fallback (the custom op transformers registers for the same product where PyTorch's
   grouped GEMM does not apply, e.g. float32 weights on the CPU; a loop over the experts with a host read of
   `offs`): the same lowering, so a graph traced on the CPU lowers as the grouped GEMM it stands for.
+- aten::copy_ from a view (a state-space cache layer keeps the last positions of its conv states:
+  `conv_states.copy_(full[..., -k:])`, transformers' LinearAttentionLayer): torchax's copy_ reads the source's
+  array, which a view of its keeps lazily; the view is materialized first, then torchax's own copy_ runs.
 """
 from __future__ import annotations
 
 import torch
 
-LOWERED = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
+LOWERED = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")     # aten::copy_ is torchax's, extended
 
 
 def _grouped_mm(jnp, lax):
@@ -37,6 +40,23 @@ def _grouped_mm(jnp, lax):
     return lower
 
 
+def _copy_from_view(ops_registry) -> None:
+    """torchax's aten::copy_ entry, its function wrapped to materialize a view source first (replaced in place: a
+    second registration would log a duplicate)."""
+    import dataclasses
+    from torchax.ops import jaten  # noqa: F401 (its table first: the entry replaced below is the one it registers)
+    from torchax.view import View
+    entry = ops_registry.all_aten_ops[torch.ops.aten.copy_]
+    torchax_copy = entry.func
+    if getattr(torchax_copy, "portkit_view_source", False):
+        return
+
+    def copy(x, y, memory_format=None, env=None):
+        return torchax_copy(x, y.torch() if isinstance(y, View) else y, memory_format, env=env)
+    copy.portkit_view_source = True
+    ops_registry.all_aten_ops[torch.ops.aten.copy_] = dataclasses.replace(entry, func=copy)
+
+
 def _jax_dtype(dtype):
     from torchax.ops import mappings
     return mappings.t2j_dtype(dtype)
@@ -48,6 +68,7 @@ def register() -> None:
     from jax import lax
     from torchax.ops import ops_registry
     ops_registry.register_torch_dispatch_op(torch.ops.aten._grouped_mm.default, _grouped_mm(jnp, lax))
+    _copy_from_view(ops_registry)
     try:
         import transformers.integrations.moe  # noqa: F401 (registers transformers::grouped_mm_fallback)
         fallback = torch.ops.transformers.grouped_mm_fallback.default

@@ -109,7 +109,7 @@ def _step(model, ids, mask, positions, cache_position, cache):
     return out.logits[:, -1].float()
 
 
-def _mask(model, mask: torch.Tensor, prompt: int | None = None) -> torch.Tensor | None:
+def serving_mask(model, mask: torch.Tensor, prompt: int | None = None) -> torch.Tensor | None:
     """The attention mask a step passes: the cache's, every position so far (what attention layers read). A model
     whose every cache layer holds states, not positions (a state-space model: FalconMamba, Mamba2), multiplies its
     hidden states by the mask, so it takes the prompt's mask in prefill (`prompt` its length) and none in decode,
@@ -216,7 +216,7 @@ def _run_static(model, call, ids, mask, new_tokens: int, plan: Plan, keep_logits
     full[:, :prompt] = mask
     cache = _new_cache(model, context)
     positions = (full.cumsum(-1) - 1).clamp(min=0)
-    logits = call(model, ids, _mask(model, full, prompt), positions[:, :prompt], torch.arange(prompt), cache)
+    logits = call(model, ids, serving_mask(model, full, prompt), positions[:, :prompt], torch.arange(prompt), cache)
     tokens, kept = [], []
     for step in range(new_tokens):
         kept.append(logits) if keep_logits else None
@@ -231,7 +231,7 @@ def _run_static(model, call, ids, mask, new_tokens: int, plan: Plan, keep_logits
             full = torch.cat([full, full.new_zeros(batch, context - full.shape[1])], dim=1)
         full[:, at] = 1
         positions = full.cumsum(-1)[:, at:at + 1] - 1
-        logits = call(model, nxt[:, None], _mask(model, full), positions, torch.tensor([at]), cache)
+        logits = call(model, nxt[:, None], serving_mask(model, full), positions, torch.tensor([at]), cache)
     return torch.stack(tokens, 1), kept, cache
 
 
@@ -249,7 +249,7 @@ def warm_up(model, call, plan: Plan) -> None:
             continue
         moved = _new_cache(model, context, like=cache)
         mask = torch.ones(plan.batch, context, dtype=torch.long)
-        call(model, torch.ones(plan.batch, 1, dtype=torch.long), _mask(model, mask),
+        call(model, torch.ones(plan.batch, 1, dtype=torch.long), serving_mask(model, mask),
              torch.zeros(plan.batch, 1, dtype=torch.long),
              torch.tensor([filled]), moved)
 
@@ -370,7 +370,7 @@ def _run_dynamic(model, call, ids, mask, new_tokens: int, keep_logits: bool, cou
     prompt = ids.shape[1]
     for counter in counters:
         counter.request = 0
-    logits = call(model, ids, _mask(model, mask, prompt), positions, torch.arange(prompt), cache)
+    logits = call(model, ids, serving_mask(model, mask, prompt), positions, torch.arange(prompt), cache)
     for step in progress.bar(range(new_tokens), desc="dynamic-cache decode"):
         kept.append(logits) if keep_logits else None
         nxt = logits.argmax(-1)
@@ -381,7 +381,7 @@ def _run_dynamic(model, call, ids, mask, new_tokens: int, keep_logits: bool, cou
             counter.request = step + 1
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         positions = mask.cumsum(-1)[:, -1:] - 1
-        logits = call(model, nxt[:, None], _mask(model, mask), positions, torch.tensor([prompt + step]), cache)
+        logits = call(model, nxt[:, None], serving_mask(model, mask), positions, torch.tensor([prompt + step]), cache)
     return torch.stack(tokens, 1), kept, time.perf_counter() - start
 
 

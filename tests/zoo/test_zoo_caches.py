@@ -88,18 +88,19 @@ def test_a_state_space_model_compiles_its_generation_once_per_bucket(zoo):
 
 
 @pytest.mark.parametrize("key", ["mamba2.causal-lm", "jamba.causal-lm"])
-def test_stage_3b_leaves_a_state_space_models_serving_graphs_not_assessed(zoo, key):
-    """Rule: a stage that assessed nothing says "not assessed" for that question. Stage 3b's serving graph carries
-    a key/value cache; Mamba2's (no attention heads at all) and Jamba's caches are not one, so their HBM fit is an
-    open question, not a crash sizing a cache by num_attention_heads."""
-    from portkit.stages.xla.generation import NOT_KV, not_kv_cache
-    from portkit.stages.xla import stage
+def test_stage_3b_compiles_a_state_space_models_serving_graphs_with_its_states_in_hbm(zoo, key):
+    """Rule: a stage that could assess a question does not leave it open for a reason of portkit's. Mamba2's cache
+    (no attention heads at all) and Jamba's (Mamba layers beside attention) hold conv and recurrent states: the
+    serving graph carries them beside any keys and values, donated, and their bytes are a part of HBM of their own.
+    They were "not assessed" (the graph carried keys and values only); the conversion also needed torchax's copy_
+    from a view (the conv state keeps its last positions), portkit.tpu_compile.lowerings."""
+    from portkit.stages.xla.generation import compile_serving, not_kv_cache, state_shapes
     lm = zoo(key)
-    assert "LinearAttentionLayer" in not_kv_cache(lm)
-    served = stage._serving(lm, None, stage.Options.defaults())
-    assert served["status"] == NOT_KV and "not assessed" in served["summary"]
-    [question] = stage.XlaStage({}, {}, {}, serving={"tpu": served}).workload_questions("tpu")
-    assert question["question"] == "HBM fit of the serving graphs" and "LinearAttentionLayer" in question["why"]
+    assert not_kv_cache(lm) is None and state_shapes(generation.causal_model(lm))
+    for name, graph in compile_serving(lm, batch=2, prompt=16, context=32, topology="v5e:1x1").items():
+        assert graph.status == "compiled" and graph.fits, (name, graph.message)
+        assert graph.breakdown["recurrent states"] > 0
+        assert (graph.breakdown["KV cache"] == 0) == (key == "mamba2.causal-lm")
     assert not_kv_cache(zoo("gemma2.causal-lm")) is None
 
 

@@ -10,8 +10,9 @@ static KV cache, for a TPU topology, the cache in HBM, and the largest batch tha
 
 Serving with a static cache (portkit/workloads/generation.py) compiles one prefill graph per (batch, prompt bucket)
 and one decode step per (batch, context bucket); the cache's length is the context bucket. Here each graph
-is the model with transformers' StaticCache built over the cache tensors it is given (keys and values per
-layer: batch x key-value heads x context x head size) and returning them updated, converted by torchax and
+is the model with transformers' StaticCache built over the cache tensors it is given (keys and values per attention
+layer: batch x key-value heads x context x head size; a state-space layer's conv and recurrent states) and
+returning them updated, converted by torchax and
 compiled by JAX + libtpu for the topology, compile-only on this CPU host (nothing runs on a TPU). The cache
 is donated, as a serving stack updates it in place, so HBM holds it once. The compiler's memory per device
 (compiled.memory_analysis()) is broken down into parts that add up to its total: the weights, the KV cache
@@ -40,34 +41,54 @@ from portkit.tpu_compile.results import MemoryVerdict, format_bytes
 
 
 class _Serving(nn.Module):
-    """A prefill or decode step over an explicit KV cache: (logits of the last position, keys, values)."""
+    """A prefill or decode step over an explicit cache: (logits of the last position, keys, values, then every state
+    tensor in state_names order). Keys and values are stacked over the cache's attention layers; a state-space or
+    linear-attention layer's conv and recurrent states (transformers' LinearAttentionCacheLayerMixin: Jamba's Mamba
+    layers, Falcon-H1's hybrid ones) come as named inputs `conv_L_J` / `recurrent_L_J` (layer L, state J). `decode`:
+    the states hold a previous step's (has_previous_state), as in a serving stack's decode."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, decode: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.decode = model, decode
 
-    def forward(self, input_ids, attention_mask, position_ids, cache_position, keys, values):
+    def forward(self, input_ids, attention_mask, position_ids, cache_position, keys=None, values=None, **states):
         from transformers import StaticCache
-        cache = StaticCache(config=self.model.config, max_cache_len=keys.shape[3])
-        for i, layer in enumerate(cache.layers):    # the given cache, filled up to the first new position
+        context = attention_mask.shape[1]
+        cache = StaticCache(config=self.model.config, max_cache_len=context)
+        attending = [layer for layer in cache.layers if hasattr(layer, "keys")]
+        for i, layer in enumerate(attending):    # the given cache, filled up to the first new position
             layer.lazy_initialization(keys[i], values[i])
             layer.keys, layer.values = keys[i].clone(), values[i].clone()
             layer.cumulative_length = cache_position[0].clone()
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        for name in sorted(states):
+            kind, at, j = name.split("_")
+            layer, given = cache.layers[int(at)], states[name].clone()
+            getattr(layer, f"{kind}_states")[int(j)] = given
+            getattr(layer, f"is_{kind}_states_initialized")[int(j)] = True
+            layer.has_previous_state[int(j)] = self.decode
+            if kind == "conv":
+                layer.conv_kernel_size[int(j)] = given.shape[-1]
+            layer.dtype, layer.device = given.dtype, given.device
+        prompt = None if self.decode else input_ids.shape[1]
+        mask = generation.serving_mask(self.model, attention_mask, prompt)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          cache_position=cache_position, cache=cache, use_cache=True)
-        return (out.logits[:, -1], torch.stack([layer.keys for layer in cache.layers]),
-                torch.stack([layer.values for layer in cache.layers]))
+        found = [torch.stack([layer.keys for layer in attending]), torch.stack([layer.values for layer in attending])] \
+            if attending else []
+        return (out.logits[:, -1], *found,
+                *(getattr(cache.layers[int(n.split("_")[1])], f"{n.split('_')[0]}_states")[int(n.split("_")[2])]
+                  for n in sorted(states)))
 
 
+STATE_PREFIXES = ("conv_", "recurrent_")    # a state-space layer's cache inputs (_Serving)
 NOT_KV = "not a key/value cache"     # the serving graphs' status where the model's cache is something else
 
 
 def not_kv_cache(lm) -> str | None:
-    """Why the model's StaticCache is not one the serving graph carries (keys and values of every layer, as
-    heads x positions x head size), or None where it is: a state-space or linear-attention layer holds
-    fixed-size conv and recurrent states instead (transformers' LinearAttentionCacheLayerMixin: Mamba2, Jamba's
-    Mamba layers), which this graph does not pass; a model whose layer types the StaticCache has no layer for
-    (it raises) has none to carry."""
+    """Why the model's StaticCache is not one the serving graph carries (keys and values of its attention layers, as
+    heads x positions x head size, and the conv and recurrent states of its state-space or linear-attention layers),
+    or None where it is: an encoder-decoder's caches are two; a model whose layer types the StaticCache has no layer
+    for (it raises) has none to carry."""
     from portkit.workloads import encoder_decoder
     model = generation.causal_model(lm)
     if encoder_decoder.is_encoder_decoder(lm):
@@ -79,12 +100,8 @@ def not_kv_cache(lm) -> str | None:
         refused = generation.refused(exc, "static")
         return f"transformers' StaticCache cannot be built for {type(model).__name__}: {refused.message}" + (
             f" at {refused.where['text']}" if refused.where else "")
-    other = sorted({type(layer).__name__ for layer in layers if generation.holds_states(layer)})
-    if other:
-        return (f"{type(model).__name__}'s cache has layers of {', '.join(other)} (state-space or linear-attention "
-                "states, not keys and values per position)")
     config = _text_config(model)
-    if not getattr(config, "num_attention_heads", None):
+    if any(hasattr(layer, "keys") for layer in layers) and not getattr(config, "num_attention_heads", None):
         return f"{type(config).__name__} names no num_attention_heads to size a key/value cache by"
     return None
 
@@ -95,6 +112,10 @@ def cache_shapes(model: nn.Module, batch: int, context: int) -> tuple[tuple[int,
     weights are real, on fake tensors where they are on the meta device), since latent attention (DeepSeek's MLA)
     caches keys and values of other sizes than its config's head_dim. Where that step cannot run, or its layers
     differ, the config's head size for both."""
+    # the attention layers _Serving fills (shared-cache layers hold none; a state-space layer holds states instead)
+    count = sum(hasattr(layer, "keys") for layer in generation.cache_layers(model))
+    if not count:       # a state-space model (Mamba2): no keys or values at all
+        return (0, batch, 0, context, 0), (0, batch, 0, context, 0)
     layers = _probed(model)
     if layers is None:
         config = _text_config(model)
@@ -103,8 +124,36 @@ def cache_shapes(model: nn.Module, batch: int, context: int) -> tuple[tuple[int,
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         layers = ((kv_heads, head_dim), (kv_heads, head_dim))
     (kh, kd), (vh, vd) = layers
-    count = len(generation.cache_layers(model))     # the layers _Serving fills (shared-cache layers hold none)
     return (count, batch, kh, context, kd), (count, batch, vh, context, vd)
+
+
+_STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def state_shapes(model: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """{"conv_L_J" / "recurrent_L_J": (shape after the batch, dtype)} of every state a state-space or linear-attention
+    cache layer holds (layer L, state J), read from one step of one token into a StaticCache (on fake tensors where
+    the weights are on the meta device): a layer creates its states at its first update. Empty for a key/value
+    cache."""
+    if model not in _STATES:
+        from transformers import StaticCache
+        found = {}
+        if any(generation.holds_states(layer) for layer in generation.cache_layers(model)):
+            abstract = any(p.is_meta for p in model.parameters())
+            with torch.no_grad(), (torch_private.fake_tensor_mode() if abstract else contextlib.nullcontext()):
+                cache = StaticCache(config=model.config, max_cache_len=2)
+                ids = torch.ones(1, 1, dtype=torch.long)
+                model(input_ids=ids, attention_mask=generation.serving_mask(model, torch.ones(1, 2, dtype=torch.long),
+                                                                            1),
+                      cache_position=torch.arange(1), cache=cache, use_cache=True)
+            for at, layer in enumerate(cache.layers):
+                for j in range(getattr(layer, "number_of_states", 0)) if generation.holds_states(layer) else ():
+                    for kind in ("conv", "recurrent"):
+                        state = getattr(layer, f"{kind}_states")[j]
+                        if state is not None:
+                            found[f"{kind}_{at}_{j}"] = (tuple(state.shape[1:]), state.dtype)
+        _STATES[model] = found
+    return _STATES[model]
 
 
 def _text_config(model: nn.Module):
@@ -126,7 +175,7 @@ def _probed(model: nn.Module):
                 cache = DynamicCache(config=model.config)
                 model(input_ids=torch.ones(1, 1, dtype=torch.long), cache=cache, use_cache=True)
                 found = {((layer.keys.shape[1], layer.keys.shape[-1]), (layer.values.shape[1], layer.values.shape[-1]))
-                         for layer in cache.layers}
+                         for layer in cache.layers if getattr(layer, "keys", None) is not None}
         except Exception:  # noqa: BLE001 - a model the fake step cannot run keeps the config's sizes
             found = set()
         _PROBED[model] = found.pop() if len(found) == 1 else None
@@ -137,9 +186,11 @@ def graph_inputs(model: nn.Module, batch: int, tokens: int, context: int, dtype=
     """{name: (shape, dtype)} of a step feeding `tokens` new positions (the prompt for prefill, 1 for decode)
     into a cache of `context` positions."""
     keys, values = cache_shapes(model, batch, context)
+    states = {name: ((batch, *shape), dtype if d.is_floating_point else d)
+              for name, (shape, d) in state_shapes(model).items()}
     return {"input_ids": ((batch, tokens), torch.int64), "attention_mask": ((batch, context), torch.int64),
             "position_ids": ((batch, tokens), torch.int64), "cache_position": ((tokens,), torch.int64),
-            "keys": (keys, dtype), "values": (values, dtype)}
+            **({"keys": (keys, dtype), "values": (values, dtype)} if keys[0] else {}), **states}
 
 
 @dataclass
@@ -184,19 +235,21 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
         raise BadParameter("prompt bucket", tokens, hint=f"longer than the context bucket {context}")
     model = generation.causal_model(lm)
     jax, topo, devices, _, replicated = sharded.compile_only(topology)
-    program = compiler.Program(_Serving(model), compiler.DTYPES.get(dtype))
+    program = compiler.Program(_Serving(model, decode=graph == "decode"), compiler.DTYPES.get(dtype))
     spec = graph_inputs(model, batch, tokens, context, program.float_dtype)
     found = GraphCompile(graph, batch, tokens, context, topology, "compiled",
                          hbm_bytes_per_device=compiler.hbm_per_device(topology, devices))
     states, inputs = program.abstract(spec, replicated, replicated)
     narrowed = {k: program.narrow(d) for k, (_, d) in spec.items()}
+    size = {k: math.prod(shape) * _itemsize(narrowed[k]) for k, (shape, _) in spec.items()}
+    kv, held = [k for k in spec if k in ("keys", "values")], [k for k in spec if k.startswith(STATE_PREFIXES)]
     counted = {"weights": sum(math.prod(a.shape) * a.dtype.itemsize for a in states.values()),
-               "KV cache": (math.prod(spec["keys"][0]) + math.prod(spec["values"][0])) * _itemsize(narrowed["keys"]),
-               "inputs": sum(math.prod(s) * _itemsize(narrowed[k]) for k, (s, _) in spec.items()
-                             if k not in ("keys", "values"))}
+               "KV cache": sum(size[k] for k in kv),
+               **({"recurrent states": sum(size[k] for k in held)} if held else {}),
+               "inputs": sum(size[k] for k in spec if k not in kv + held)}
     fn = program.fn
     try:
-        cache = {k: inputs[k] for k in ("keys", "values")}          # donated: the only buffers updated in place
+        cache = {k: inputs[k] for k in kv + held}          # donated: the only buffers updated in place
         rest = {k: v for k, v in inputs.items() if k not in cache}
         with placement.tensors_kept(program.module):      # forward leaves no converted tensor on the model
             # keep_unused: every weight stays an argument, as a served checkpoint holds them all in HBM (a multimodal
@@ -240,7 +293,7 @@ def largest_batch(lm, context: int, topology: str, dtype: str | None = None,
     guess = None
     if first.status == "compiled":
         b = first.breakdown
-        per_row = (b["KV cache"] + b["inputs"] + b["activations and workspace"]
+        per_row = (b["KV cache"] + b.get("recurrent states", 0) + b["inputs"] + b["activations and workspace"]
                    + b.get("outputs not in place", 0)) / first.batch
         fixed = first.memory["total"] - per_row * first.batch
         guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else None
