@@ -9,14 +9,13 @@ static KV cache, for a TPU topology, the cache in HBM, and the largest batch tha
     >>> generation.largest_batch(lm, context=1024, topology="v5e:1x1")     # (n, {n tried: fits})
 
 Serving with a static cache (portkit/workloads/generation.py) compiles one prefill graph per (batch, prompt bucket)
-and one decode step per (batch, context bucket); the cache's length is the context bucket. Here each graph
-is the model with transformers' StaticCache built over the cache tensors it is given (keys and values per attention
-layer: batch x key-value heads x context x head size; a state-space layer's conv and recurrent states) and
-returning them updated, converted by torchax and
-compiled by JAX + libtpu for the topology, compile-only on this CPU host (nothing runs on a TPU). The cache
-is donated, as a serving stack updates it in place, so HBM holds it once. The compiler's memory per device
-(compiled.memory_analysis()) is broken down into parts that add up to its total: the weights, the KV cache
-and the inputs counted from their shapes (the compiler's argument size is checked against their sum), the
+and one decode step per (batch, context bucket), the cache as long as the context bucket. Here each graph is the
+model with transformers' StaticCache built over the cache tensors it is given (keys and values per attention layer,
+batch x key-value heads x context x head size; a state-space layer's conv and recurrent states) and returning them
+updated, converted by torchax and compiled by JAX + libtpu for the topology, compile-only on this CPU host (nothing
+runs on a TPU). The cache is donated, as a serving stack updates it in place, so HBM holds it once. The compiler's
+memory per device (compiled.memory_analysis()) is broken down into parts that add up to its total: the weights, the
+cache and the inputs counted from their shapes (the compiler's argument size is checked against their sum), the
 temporaries (activations and workspace), outputs not written in place (the logits) and the generated code.
 Verdicts are cached like every XLA verdict (portkit.tpu_compile.cache).
 """
