@@ -190,8 +190,8 @@ def _label(shape: dict, specs: dict) -> str:
 def baked(module: nn.Module) -> tuple[nn.Module, list[str]]:
     """The module the conversion traces: `module` itself, or where it holds parametrizations (weight norm: wav2vec2's
     positional convolution), a copy with each parametrized tensor computed once and kept as a plain parameter
-    (torch.nn.utils.parametrize.remove_parametrizations, leave_parametrized=True), as an inference export bakes
-    them: torchax swaps weights in through the parametrization's right_inverse, whose Tensor.set_ has no lowering.
+    (what torch.nn.utils.parametrize.remove_parametrizations(leave_parametrized=True) leaves), as an inference export
+    bakes them: torchax swaps weights in through the parametrization's right_inverse, whose Tensor.set_ has no lowering.
     Returns (module, the baked tensors' names)."""
     from torch.nn.utils import parametrize
     names = [f"{n}.{t}" if n else t for n, m in module.named_modules() if parametrize.is_parametrized(m)
@@ -201,8 +201,14 @@ def baked(module: nn.Module) -> tuple[nn.Module, list[str]]:
     copied = copy.deepcopy(module)
     for _, m in list(copied.named_modules()):
         if parametrize.is_parametrized(m):
-            for tensor in list(m.parametrizations):
-                parametrize.remove_parametrizations(m, tensor, leave_parametrized=True)
+            values = {t: getattr(m, t).detach() for t in m.parametrizations}
+            # parametrize made the module a subclass holding a property per tensor, a class the copy shares with the
+            # original: the copy goes back to its own class (remove_parametrizations would delete the property from
+            # the shared class, and the user's model would lose its weight)
+            m.__class__ = type(m).__bases__[0]
+            del m._modules["parametrizations"]
+            for t, value in values.items():
+                m.register_parameter(t, nn.Parameter(value, requires_grad=False))
     return copied, names
 
 

@@ -97,3 +97,6 @@ def test_a_weight_normed_convolution_compiles_with_its_weight_baked_and_the_mode
     assert shape.status == "compiled" and shape.fits_hbm is True, shape.message
     assert any("1 parametrized weight(s) (model.hubert.encoder.pos_conv_embed.conv.weight" in n for n in report.notes)
     assert parametrize.is_parametrized(conv, "weight")
+    assert conv.weight.shape == conv.parametrizations.weight.original1.shape
+    with torch.no_grad():       # the user's model still runs: its class keeps the parametrized weight
+        lm.module(**lm.encode([np.zeros(1600, np.float32)] * 2))
