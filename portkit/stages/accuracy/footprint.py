@@ -113,8 +113,10 @@ def _measured(model, row: dict, metric) -> int:
     with torch.no_grad():
         # Once unmeasured first: a first call's one-time costs are no row's activations. Weights loaded from
         # safetensors are memory-mapped (safetensors.torch.load_file maps the file) and enter resident memory
-        # when an op first reads them; a module may build a buffer on its first call and keep it.
-        model.module(**row)
+        # when an op first reads them; a module may build a buffer on its first call and keep it. The first call
+        # runs under the measure too, its result dropped: the measure's own first use in a process (its sampling
+        # thread, its dispatch mode) raised resident memory by about 36 MiB, counted as the row's.
+        added_bytes(lambda: model.module(**row))
         out, peak = added_bytes(lambda: model.module(**row))
         if metric is not None:
             peak += added_bytes(lambda: metric(out, row))[1]
