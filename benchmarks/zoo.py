@@ -653,12 +653,12 @@ def main(argv=None) -> int:
     for row in ([] if args.table else rows):
         if row.key in results:
             continue
-        begin = time.perf_counter()
+        begin, at = time.perf_counter(), _commit()     # the row's own commit: a resumed zoo's tree may move
         try:
             built = zoo_build.build(row, folder, cache)
         except zoo_build.NotBuilt as exc:
             result = Result.of(row)
-            result.built, result.seconds = str(exc), time.perf_counter() - begin
+            result.built, result.seconds, result.commit = str(exc), time.perf_counter() - begin, at
             finish(result)
             continue
         if args.build_only:
@@ -667,6 +667,8 @@ def main(argv=None) -> int:
             used = cpu_seconds()
             result = run_serial(row, built, out, stages, row_parameters(row, stages, base))
             result.seconds, result.cpu_seconds = time.perf_counter() - begin, cpu_seconds() - used
+            now = _commit()
+            result.commit = at if now == at else f"{at[:12]}..{now[:12]} (the tree moved during the row)"
             finish(result)
         else:
             pending.append((row, built))
