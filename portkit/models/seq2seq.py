@@ -24,16 +24,17 @@ MAX_TOKENS = 512      # each dimension: T5's relative positions take any length;
 # input (one step from the start token, or a teacher-forced target), while serving it decodes token by token, its
 # length growing and its KV cache written each step. The report names this question as not assessed for every target,
 # and no verdict is "ready" without it. With `-p workload generate` (portkit/workloads/encoder_decoder.py) stage 2
-# compiles the decoding token by token and stage 4 compares its tokens; what stays open then is SERVING.
+# compiles the decoding token by token and stage 4 compares its tokens; what stays open then is SERVING (and,
+# for a TPU, stage 3b's own question: the serving graphs' HBM fit).
 DECODING = assessed.open_question(
     "autoregressive decoding (the decoder's length growing token by token, its KV cache)",
     "the run's workload ran the decoder on a fixed input (one step, or a teacher-forced target); "
     "-p workload generate decodes it token by token")
 SERVING = assessed.open_question(
-    "serving the encoder-decoder's decoding: source and decoder buckets (stage 3) and the real XLA compile of its "
-    "encoder and decoder step (stage 3b)",
-    "stage 2 compiled the decoding token by token and stage 4 compared its tokens; portkit's serving plans and "
-    "serving graphs are a causal LM's prefill and decode")
+    "serving buckets for the encoder-decoder's decoding (source buckets by decoder contexts, each a decode graph to "
+    "warm up: stage 3)",
+    "stage 2 compiled the decoding token by token and stage 4 compared its tokens; stage 3 plans and prices a "
+    "causal LM's prefill and decode buckets only")
 
 
 def after_generation(questions: list[dict], generated: bool) -> list[dict]:

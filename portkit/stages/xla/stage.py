@@ -413,8 +413,8 @@ def _serving(model, plan, opts: Options) -> dict:
     from portkit.tpu_compile import sharded
     if (why := generation.not_kv_cache(model)) is not None:
         return {"status": generation.NOT_KV,
-                "summary": f"serving graphs not compiled: {why}; portkit's serving graph carries a key/value cache "
-                           "only, so their HBM fit and largest batch are not assessed"}
+                "summary": f"serving graphs not compiled: {why}; so their HBM fit and largest batch are not "
+                           "assessed"}
     if plan:
         prompt, context, source = max(plan[0]), max(plan[1]), "stage 3's serving plan, largest buckets"
     else:
