@@ -111,6 +111,18 @@ class SpeechSeq2SeqAdapter(nn.Module):
         return {"logits": out.logits[:, -1]}
 
 
+class FeaturesAdapter(nn.Module):
+    """An audio classifier on a Whisper-style feature extractor's log-mel input_features in its fixed window
+    (WhisperForAudioClassification: Whisper's encoder and a classification head)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features):
+        return {"logits": self.model(input_features=input_features).logits}
+
+
 class SpectrogramAdapter(nn.Module):
     """An audio classifier on its feature extractor's spectrogram (AST's input_values: frames x mel bins)."""
 

@@ -499,3 +499,45 @@ def stream_declaration(step: StreamStep) -> inputs.Declaration:
                                                                   for axis, d in enumerate(shape))))
     return inputs.Declaration(tuple(specs), tuple(dims), build, lambda items: {}, step.outputs, inputs.AUDIO,
                               sample_rate=step.rate, item_label="first chunks of recordings")
+
+
+# ---------------------------------------------------------------- a feature extractor's fixed window
+def speech_declaration(extractor) -> inputs.Declaration:
+    """A Whisper-style model's contract: each clip as its feature extractor's log-mel input_features, padded
+    (or cut) to the extractor's fixed window (30 s for Whisper): one shape, nothing varies."""
+    rate, mels, frames = extractor.sampling_rate, extractor.feature_size, extractor.nb_max_frames
+
+    def build(items, sizes):
+        waves = [waveform(item, rate).numpy() for item in items]
+        made = extractor(waves, sampling_rate=rate, return_tensors="pt")
+        return {"input_features": made["input_features"].float()}
+
+    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("mels", size=mels), inputs.Dim("frames", size=frames))
+    return inputs.Declaration((inputs.TensorSpec("input_features", torch.float32, (inputs.BATCH, "mels", "frames")),),
+                              dims, build, lambda items: {}, (inputs.Output("logits", inputs.CLASSIFIER),),
+                              inputs.AUDIO, sample_rate=rate)
+
+
+def fixed_spectrogram(extractor) -> bool:
+    return all(isinstance(getattr(extractor, k, None), int) for k in ("max_length", "num_mel_bins"))
+
+
+def whisper_window(extractor) -> bool:
+    """A Whisper-style extractor: log-mel input_features in a fixed window of nb_max_frames (speech_declaration's)."""
+    return isinstance(getattr(extractor, "nb_max_frames", None), int) and "input_features" in getattr(
+        extractor, "model_input_names", ())
+
+
+def spectrogram_declaration(extractor) -> inputs.Declaration:
+    """An AST-style classifier's contract: each clip as its feature extractor's log-mel filterbank, padded (or cut)
+    to the extractor's fixed window of max_length frames: one shape, nothing varies."""
+    rate, frames, mels = extractor.sampling_rate, extractor.max_length, extractor.num_mel_bins
+
+    def build(items, sizes):
+        waves = [waveform(item, rate).numpy() for item in items]
+        return {"input_values": extractor(waves, sampling_rate=rate, return_tensors="pt")["input_values"].float()}
+
+    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("frames", size=frames), inputs.Dim("mels", size=mels))
+    return inputs.Declaration((inputs.TensorSpec("input_values", torch.float32, (inputs.BATCH, "frames", "mels")),),
+                              dims, build, lambda items: {}, (inputs.Output("logits", inputs.CLASSIFIER),),
+                              inputs.AUDIO, sample_rate=rate)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from portkit.core import grading
 from portkit.core.errors import BadParameter, NeedsNetwork
@@ -217,8 +216,8 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
             ("its config names no decoder_start_token_id", config.get("decoder_start_token_id") is None)) if absent]
         if missing:
             # portkit feeds a speech encoder-decoder as Whisper is fed (models.adapters.SpeechSeq2SeqAdapter,
-            # speech_declaration): log-mel input_features in one fixed window, the decoder started from the config's
-            # decoder_start_token_id; a model fed otherwise is the user's to declare
+            # models.audio.speech_declaration): log-mel input_features in one fixed window, the decoder started from
+            # the config's decoder_start_token_id; a model fed otherwise is the user's to declare
             raise BadParameter("model directory", spec,
                                hint=f"model type '{config.get('model_type')}' transcribes from inputs portkit does not "
                                     f"build ({'; '.join(missing)}): portkit feeds speech encoder-decoders the "
@@ -233,7 +232,9 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
     elif task in ("ctc", "audio-classification"):
         # a waveform front end (wav2vec2's family: conv_kernel), or a fixed spectrogram window (AST's extractor
         # pads or cuts every clip to max_length frames of num_mel_bins); anything else cannot be fed
-        if "conv_kernel" not in config and not _fixed_spectrogram(feature_extractor(path)):
+        from portkit.models import audio
+        if "conv_kernel" not in config and not audio.fixed_spectrogram(feature_extractor(path)) \
+                and not (task == "audio-classification" and audio.whisper_window(feature_extractor(path))):
             raise BadParameter("model directory", spec,
                                hint=f"model type '{config.get('model_type')}' classifies audio from features "
                                     "portkit does not build (neither a waveform front end nor a fixed spectrogram "
@@ -459,10 +460,13 @@ def _audio(path: Path, config: dict, task: str, model) -> dict:
     extractor = feature_extractor(path)
     if task == "speech-seq2seq":
         return {"kind": inputs.CLASSIFIER, "module": adapters.SpeechSeq2SeqAdapter(model),
-                "declaration": speech_declaration(extractor)}
+                "declaration": audio.speech_declaration(extractor)}
+    if "conv_kernel" not in config and audio.whisper_window(extractor):     # WhisperForAudioClassification
+        return {"kind": inputs.CLASSIFIER, "module": adapters.FeaturesAdapter(model).eval(),
+                "declaration": audio.speech_declaration(extractor)}
     if "conv_kernel" not in config:       # a spectrogram classifier (AST), admitted by _processor_fits
         return {"kind": inputs.CLASSIFIER, "module": adapters.SpectrogramAdapter(model).eval(),
-                "declaration": spectrogram_declaration(extractor)}
+                "declaration": audio.spectrogram_declaration(extractor)}
     stride, field = 1, 1
     for kernel, step in zip(reversed(config["conv_kernel"]), reversed(config["conv_stride"])):
         field, stride = (field - 1) * step + kernel, stride * step
@@ -471,43 +475,6 @@ def _audio(path: Path, config: dict, task: str, model) -> dict:
     return {"kind": kind, "module": module.eval(),
             "declaration": audio.waveform_declaration(stride, inputs.Output("logits", kind),
                                                              normalize=bool(getattr(extractor, "do_normalize", 0)))}
-
-
-def speech_declaration(extractor) -> inputs.Declaration:
-    """A Whisper-style model's contract: each clip as its feature extractor's log-mel input_features, padded
-    (or cut) to the extractor's fixed window (30 s for Whisper): one shape, nothing varies."""
-    from portkit.models import audio
-    rate, mels, frames = extractor.sampling_rate, extractor.feature_size, extractor.nb_max_frames
-
-    def build(items, sizes):
-        waves = [audio.waveform(item, rate).numpy() for item in items]
-        made = extractor(waves, sampling_rate=rate, return_tensors="pt")
-        return {"input_features": made["input_features"].float()}
-
-    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("mels", size=mels), inputs.Dim("frames", size=frames))
-    return inputs.Declaration((inputs.TensorSpec("input_features", torch.float32, (inputs.BATCH, "mels", "frames")),),
-                              dims, build, lambda items: {}, (inputs.Output("logits", inputs.CLASSIFIER),),
-                              inputs.AUDIO, sample_rate=rate)
-
-
-def _fixed_spectrogram(extractor) -> bool:
-    return all(isinstance(getattr(extractor, k, None), int) for k in ("max_length", "num_mel_bins"))
-
-
-def spectrogram_declaration(extractor) -> inputs.Declaration:
-    """An AST-style classifier's contract: each clip as its feature extractor's log-mel filterbank, padded (or cut)
-    to the extractor's fixed window of max_length frames: one shape, nothing varies."""
-    from portkit.models import audio
-    rate, frames, mels = extractor.sampling_rate, extractor.max_length, extractor.num_mel_bins
-
-    def build(items, sizes):
-        waves = [audio.waveform(item, rate).numpy() for item in items]
-        return {"input_values": extractor(waves, sampling_rate=rate, return_tensors="pt")["input_values"].float()}
-
-    dims = (inputs.Dim(inputs.BATCH, batch=True), inputs.Dim("frames", size=frames), inputs.Dim("mels", size=mels))
-    return inputs.Declaration((inputs.TensorSpec("input_values", torch.float32, (inputs.BATCH, "frames", "mels")),),
-                              dims, build, lambda items: {}, (inputs.Output("logits", inputs.CLASSIFIER),),
-                              inputs.AUDIO, sample_rate=rate)
 
 
 def _image(path: Path, config: dict, task: str, model) -> dict:

@@ -101,6 +101,23 @@ def test_a_saved_whisper_directory_loads_and_runs_on_its_feature_extractors_inpu
         assert m(batch)["logits"].shape == (2, 60)
 
 
+def test_a_whisper_audio_classifier_runs_on_its_feature_extractors_window(tmp_path):
+    """WhisperForAudioClassification (Whisper's encoder and a head) reads the same log-mel window as Whisper: fed as
+    such, where the plan step refused it ("neither a waveform front end nor a fixed spectrogram window")."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import zoo_build
+    row = next(r for r in zoo_build.enumerate_rows(["audio-classification"]) if r.model_type == "whisper")
+    folder = zoo_build.build(row, tmp_path, {})
+    m = registry.load(registry.validate(str(folder)))
+    waves = [np.sin(np.linspace(0, 400, n)).astype(np.float32) for n in (8000, 16000)]
+    batch = m.encode(waves)
+    assert set(batch) == {"input_features"} and batch["input_features"].shape[0] == 2
+    with torch.no_grad():
+        assert m(batch)["logits"].shape == (2, len(json.loads((folder / "config.json").read_text())["id2label"]))
+
+
 def test_a_whisper_directory_whose_feature_extractor_does_not_fit_is_refused_in_one_line(tmp_path):
     folder = _whisper(tmp_path, chunk_length=10)
     with pytest.raises(BadParameter, match=r"makes 1000 frames and its encoder takes 3000"):
