@@ -1,5 +1,6 @@
-"""Generating 64 tokens for 16 real corpus prompts (#14): the default dynamic KV cache compiled for a
-target against the bucketed static cache, compiles and total time side by side, in one run.
+"""Generating 64 tokens for 16 real corpus prompts: the default dynamic KV cache compiled for a
+target against the bucketed static cache, compiles and total time side by side, in one run. An encoder-decoder
+(--model a T5, BART or Whisper folder) generates from 16 sources with its two caches (workloads.encoder_decoder).
 
     PYTHONPATH=. python benchmarks/bench_generation.py [--model llama] [--target tpu] [--tokens 64]
 
@@ -30,10 +31,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     args = parser.parse_args()
     lm = registry.load(args.model)
-    texts = corpus.load_corpus("stdlib").sample(args.prompts, seed=0)
-    lengths = lm.token_lengths(texts)
-    plan = generation.Plan(prompt_buckets=(32, 64), context_buckets=(64, 128), batch=args.prompts)
-    print(f"{lm.summary()}; {args.prompts} prompts of {min(lengths)}-{max(lengths)} tokens, "
+    texts = corpus.corpus_for(lm).sample(args.prompts, seed=0)     # an encoder-decoder's sources (clips: speech)
+    if generation.is_encoder_decoder(lm):
+        plan, what = generation.plan_of(lm, texts, args.tokens), "sources (encoder-decoder)"
+    else:
+        plan, what = generation.Plan(prompt_buckets=(32, 64), context_buckets=(64, 128), batch=args.prompts), "prompts"
+    sizes = lm.token_lengths(texts) if lm.seq_dim == "tokens" else [0]
+    print(f"{lm.summary()}; {args.prompts} {what} of {min(sizes)}-{max(sizes)} tokens, "
           f"{args.tokens} new tokens, target {args.target} (emulated); plan {plan}")
     dynamic = generation.generate_dynamic(lm, texts, args.tokens, backends.emulated_backend(args.target),
                                           max_length=64, limit=False)

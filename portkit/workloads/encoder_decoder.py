@@ -156,10 +156,12 @@ def generate_static(lm, items: list, new_tokens: int, plan: Plan, backend=None, 
     return Generation("static", tokens, 0, 0.0, seconds, truncated=truncated, logits=kept)
 
 
-def generate_dynamic(lm, items: list, new_tokens: int, backend=None, keep_logits: bool = False, **_):
-    """Greedy generation with the two DynamicCaches; backend None runs eagerly."""
+def generate_dynamic(lm, items: list, new_tokens: int, backend=None, keep_logits: bool = False, limit: bool = True):
+    """Greedy generation with the two DynamicCaches; backend None runs eagerly. limit: Dynamo's recompile limit
+    applies (generation.generate_dynamic's)."""
     if backend is not None:
-        return decoding.only(generate_dynamic_for(lm, items, new_tokens, {"": backend}, keep_logits=keep_logits))
+        return decoding.only(generate_dynamic_for(lm, items, new_tokens, {"": backend}, limit=limit,
+                                                  keep_logits=keep_logits))
     model = decoder_model(lm)
     inputs, mask, _ = _sources(lm, items, None)
     with torch.no_grad():

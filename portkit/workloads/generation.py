@@ -343,7 +343,7 @@ def generate_dynamic(lm, texts: list[str], new_tokens: int, backend, max_length:
     limit: Dynamo's recompile limit applies (past it a step runs eagerly: eager_from_step); False lifts
     it, so every new shape compiles, as on a static-shape target that has no eager fallback."""
     if (ed := _encoder_decoder(lm)) is not None:
-        return ed.generate_dynamic(lm, texts, new_tokens, backend, keep_logits)
+        return ed.generate_dynamic(lm, texts, new_tokens, backend, keep_logits, limit)
     if backend is not None:
         return only(generate_dynamic_for(lm, texts, new_tokens, {"": backend}, max_length, limit, keep_logits))
     model = causal_model(lm)
