@@ -142,6 +142,7 @@ class Figures:
     parameters: float | None = None                     # the model's parameter count (buckets.json's "model")
     precision: dict[str, dict] = field(default_factory=dict)   # stage 4's chosen precision per target
     gpu_numerics: str | None = None                     # the GPU setting stage 4 measured against
+    generated_tokens: int | None = None                 # workload generate: tokens a request generates (stage 2)
 
 
 def flops_per_position(run: Figures, target: str) -> float | None:
@@ -337,6 +338,16 @@ def comparison(run: Figures, targets, prices: dict | None = None) -> dict:
     out = {"label": LABEL, "targets": found, "gpus": {g: gpu_estimate(run, g, graph, prices) for g in GPUS},
            "assumptions": list(ASSUMPTIONS)}
     out["verdicts"] = verdicts(out)
+    if run.generated_tokens:
+        # the estimate prices one forward pass over a request's positions; a generation's decode steps (each reading
+        # the weights and the cache again) are not in it, so it is a lower bound, and says so where it is read
+        n = run.generated_tokens
+        out["not_priced"] = (f"the workload generates {n} tokens a request: only the forward pass of its prompt (or "
+                             f"source) is priced, not its {n} decode steps, so every figure is a lower bound of the "
+                             "generation's cost")
+        out["assumptions"].append(out["not_priced"])
+        for verdict in out["verdicts"].values():
+            verdict["line"] += f" (prompt only: {n} decode steps a request not priced, a lower bound)"
     return out
 
 

@@ -289,22 +289,26 @@ def compile_cost(out_dir, target: str) -> dict | None:
     return None if found is None else found.compile_cost
 
 
-def cost_figures(buckets, xla=None, accuracy=None) -> cost.Figures:
+def cost_figures(buckets, xla=None, accuracy=None, compiled=None) -> cost.Figures:
     """What the cost estimate (portkit.planning.cost) reads of a run: stage 3's typed result (buckets_result.Result),
-    stage 3b's (xla_result.Result) and stage 4's (accuracy_result.Result), the last two None where absent."""
+    stage 3b's (xla_result.Result), stage 4's (accuracy_result.Result) and stage 2's (compile_result.Result: the tokens
+    a request generates under workload generate), the last three None where absent."""
     plans = {name: cost.Plan(t.chosen.shapes, t.chosen.real_tokens, t.chosen.padded_tokens, t.chosen.padding_waste,
                              t.chosen.warmup_seconds, tuple(t.chosen.batch_sizes or ()))
              for name, t in buckets.targets.items()}
     prices = {name: cost.PaddingPrice(p.kind, p.seconds, p.flops, p.source or "", p.activation_bytes)
               for name, p in buckets.padding_price.items()}
-    compiled = {name: cost.Compiled(t.topology, tuple((s.label, s.flops, s.bytes_accessed) for s in t.shapes))
-                for name, t in (xla.targets.items() if xla is not None else ())}
+    xla_compiled = {name: cost.Compiled(t.topology, tuple((s.label, s.flops, s.bytes_accessed) for s in t.shapes))
+                    for name, t in (xla.targets.items() if xla is not None else ())}
     parameters = (buckets.model or {}).get("parameters")
     precision = ({name: t.precision for name, t in accuracy.targets.items() if t.precision}
                  if accuracy is not None else {})
-    return cost.Figures(buckets.distribution_count, plans, prices, compiled,
+    generated = next((t.generation.get("new_tokens") for t in (compiled.targets.values() if compiled else ())
+                      if t.generation), None)
+    return cost.Figures(buckets.distribution_count, plans, prices, xla_compiled,
                         float(parameters) if reading.is_number(parameters) else None, precision,
-                        accuracy.gpu_numerics if accuracy is not None else None)
+                        accuracy.gpu_numerics if accuracy is not None else None,
+                        int(generated) if reading.is_number(generated) else None)
 
 
 def run_cost_figures(run_dir) -> cost.Figures:
@@ -313,4 +317,4 @@ def run_cost_figures(run_dir) -> cost.Figures:
     buckets = load(run_dir, "buckets")
     if buckets is None:
         return cost.Figures()
-    return cost_figures(buckets, load(run_dir, "xla"), load(run_dir, "accuracy"))
+    return cost_figures(buckets, load(run_dir, "xla"), load(run_dir, "accuracy"), load(run_dir, "compile"))

@@ -223,3 +223,24 @@ def test_the_verdict_reads_the_ranges_and_gives_the_break_even():
     found = cost.comparison(_figures(_buckets()), ["neuron", "tpu"])
     assert set(found["verdicts"]) == {"neuron", "tpu"}
     assert all(v["favours"] in ("moving", "staying") for v in found["verdicts"].values())
+
+
+def test_a_generation_runs_cost_says_its_decode_steps_are_not_priced():
+    """Rule: a cost says what it priced. The estimate prices one forward pass over a request's positions; under
+    workload generate a request also runs new_tokens decode steps, which it does not price: the assumptions say so
+    and every verdict line calls the figure a lower bound. Without a generation nothing is added."""
+    from portkit.runfolder import compile_result
+    plain = cost.comparison(_figures(_buckets()), ["neuron", "tpu"])
+    assert "not_priced" not in plain and not any("decode steps" in v["line"] for v in plain["verdicts"].values())
+    compiled = compile_result.Result.from_dict(
+        {"targets": {"tpu": {"generation": {"new_tokens": 16, "dynamic": None, "static": None}}}},
+        Path("compile.json"))
+    figures = results.cost_figures(buckets_result.Result.from_dict(_buckets(), Path("buckets.json")), None, None,
+                                   compiled)
+    assert figures.generated_tokens == 16
+    found = cost.comparison(figures, ["neuron", "tpu"])
+    assert "not its 16 decode steps" in found["not_priced"] and found["not_priced"] in found["assumptions"]
+    for verdict in found["verdicts"].values():
+        assert verdict["line"].endswith("(prompt only: 16 decode steps a request not priced, a lower bound)")
+    assert found["targets"]["tpu"]["chip_seconds_per_million_requests"] == \
+        plain["targets"]["tpu"]["chip_seconds_per_million_requests"]

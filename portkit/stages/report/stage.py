@@ -332,7 +332,8 @@ def _cost(typed: dict, names: list[str]) -> dict | None:
     """The cost per million requests where stage 3 planned buckets (None otherwise): an estimate."""
     if typed.get("buckets") is None:
         return None
-    return cost.comparison(results.cost_figures(typed["buckets"], typed.get("xla"), typed.get("accuracy")), names)
+    return cost.comparison(results.cost_figures(typed["buckets"], typed.get("xla"), typed.get("accuracy"),
+                                                typed.get("compile")), names)
 
 
 def _decoded(present: list[StageResult], name: str) -> bool:
