@@ -141,6 +141,12 @@ def raised_at(exc: BaseException) -> dict | None:
     return {k: v for k, v in where.items() if k != "line_key"} if where else None
 
 
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """An exception as a result quotes it: its type and the first line of its message, at most `limit` characters."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:limit]}"
+
+
 def line_key(where: dict | None) -> str | None:
     return f"{os.path.abspath(where['file'])}:{where['line']}" if where and where.get("file") else None
 

@@ -385,9 +385,8 @@ def processor_refusal(spec: str, exc: Exception, items: str) -> BadParameter:
     where = owners.raised_at(exc)
     if where is None or owners.owner(where)["owner"] == owners.PORTKIT:
         raise exc
-    first = (str(exc).strip().splitlines() or [""])[0][:240]
     return BadParameter("model directory", spec,
-                        hint=f"its own processor raises on {items} portkit feeds it: {type(exc).__name__}: {first} "
+                        hint=f"its own processor raises on {items} portkit feeds it: {owners.one_line(exc)} "
                              f"at {where['text']}; save the processor the model was trained with")
 
 

@@ -158,8 +158,7 @@ class LoadedModel:
             with torch.no_grad():
                 self.module(**inputs)
         except Exception as exc:  # noqa: BLE001 - what the model raises is the answer
-            first = (str(exc).strip().splitlines() or [""])[0]
-            return {"message": f"{type(exc).__name__}: {first[:240]}", "where": owners.raised_at(exc)}
+            return {"message": owners.one_line(exc), "where": owners.raised_at(exc)}
         return None
 
     def summary(self) -> str:

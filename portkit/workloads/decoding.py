@@ -1,17 +1,22 @@
 """What a greedy generation of any model shares (portkit/workloads/generation.py drives causal LMs,
 portkit/workloads/encoder_decoder.py encoder-decoders): the static cache's bucket Plan, the Generation a run gives,
-and the targets' shared Dynamo traces (one for the emulated static-shape backends, shared_trace.Turns).
+the targets' shared Dynamo traces (one for the emulated static-shape backends, shared_trace.Turns), and the two
+compiled runs over them (static_for: warm-up, then fail_on_recompile; dynamic_for: a compile per new shape).
 
     >>> from portkit.workloads import decoding
     >>> plan = decoding.Plan(prompt_buckets=(16, 32), context_buckets=(32, 64), batch=4)
 """
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from portkit.core import torch_private
 from portkit.core.errors import BadParameter
+from portkit.core.torch_private import default_recompile_limit, unlimited_recompiles
 
 OVERFLOW = ("truncate", "error")
 
@@ -103,3 +108,67 @@ def eager_from(events, new_tokens: int, recompiles: int) -> int | None:
     return None
 
 
+def static_for(backends: dict, new_tokens: int, compile_calls, warm_up, run, truncated: int = 0,
+               rows: int | None = None) -> dict:
+    """A static-cache generation compiled for several targets' backends, one Dynamo trace per group (traces): per
+    trace compile_calls(turns) makes the compiled calls, warm_up(calls) compiles every graph (the first lane compiles
+    them for every lane; the others reuse them), then each lane runs run(calls, late) -> (tokens, logits kept) under
+    set_stance("fail_on_recompile"), a compile there recorded in `late` (shared: every lane compiles the same graphs).
+    {name: Generation, its first `rows` rows (the prompts, not the batch's padding rows), or the exception raised}."""
+    out = {}
+    for group in traces(backends):
+        lanes = {n: backends[n] for n in group}
+        turns, counters = counted_turns(lanes)
+        torch.compiler.reset()      # compiled graphs from an earlier generation would count against the limit
+        calls, late = compile_calls(turns), []
+        with torch.no_grad():
+            start = time.perf_counter()
+            for name in lanes:
+                turns.turn = name
+                out[name] = attempt(warm_up, calls)
+            warm_seconds, warm = time.perf_counter() - start, {n: len(c.events) for n, c in counters.items()}
+            runs = {}
+            for name in (n for n in lanes if out[n] is None):
+                turns.turn, start = name, time.perf_counter()
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    ran = attempt(run, calls, late)
+                runs[name] = (ran, time.perf_counter() - start)
+        for name, (ran, seconds) in runs.items():
+            if isinstance(ran, BaseException):
+                out[name] = ran
+                continue
+            tokens, kept = ran
+            compiles = len(counters[name].events) - warm[name]
+            out[name] = Generation("static", tokens[:rows], compiles, compiles / new_tokens, seconds, warm[name],
+                                   warm_seconds, truncated, logits=[x[:rows] for x in kept], late=late)
+    return out
+
+
+def dynamic_for(backends: dict, new_tokens: int, limit: bool, compile_calls, run) -> dict:
+    """A dynamic-cache generation compiled for several targets' backends, one Dynamo trace per group (traces): per
+    trace compile_calls(turns) makes the compiled calls (under the recompile limit, or without it where `limit` is
+    False: a compiled function keeps the config it is made under), then each lane runs run(calls, counters) ->
+    (tokens, logits kept, seconds), its compiles tagged with their step. {name: Generation, or the exception raised};
+    the compiles, the step from which Dynamo ran eagerly (eager_from) and the guard failures are the trace's."""
+    recompiles, out = default_recompile_limit(), {}
+    for group in traces(backends):
+        turns, counters = counted_turns({n: backends[n] for n in group})
+        torch.compiler.reset()
+        torch_private.guard_failures(clear=True)
+        runs = {}
+        with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
+            calls = compile_calls(turns)
+            for name in group:      # the first run compiles every shape for every lane; the others reuse them
+                turns.turn = name
+                runs[name] = attempt(run, calls, list(counters.values()))
+        failures = torch_private.guard_failures()
+        for name, ran in runs.items():
+            if isinstance(ran, BaseException):
+                out[name] = ran
+                continue
+            tokens, kept, seconds = ran
+            events = counters[name].events
+            eager = eager_from(events, new_tokens, recompiles) if limit else None
+            out[name] = Generation("dynamic", tokens, len(events), len(events) / new_tokens, seconds,
+                                   eager_from_step=eager, guard_failures=failures, logits=kept)
+    return out

@@ -21,14 +21,11 @@ cross-attention cache holding the encoder's keys and values, written at the firs
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
 
 from portkit.core import progress
-from portkit.core.torch_private import default_recompile_limit, unlimited_recompiles
-from portkit.core import torch_private
 from portkit.workloads import decoding
 from portkit.workloads.decoding import MAX_PROMPT, MIN_PROMPT_BUCKET, Generation, Plan
 
@@ -175,74 +172,36 @@ def _compiled(turns):
 
 def generate_static_for(lm, items: list, new_tokens: int, plan: Plan, backends: dict, keep_logits: bool = False):
     """generate_static compiled for several targets' backends, the emulated ones in one Dynamo trace
-    (generation.generate_static_for's rule): {name: Generation, or the exception its run raised}."""
-    from portkit.targets.backends import call_counting_recompiles
+    (decoding.static_for): {name: Generation, or the exception its run raised}."""
     model = decoder_model(lm)
     inputs, mask, truncated = _sources(lm, items, plan)
-    context, out = plan.context_buckets[0], {}
-    for group in decoding.traces(backends):
-        lanes = {n: backends[n] for n in group}
-        turns, counters = decoding.counted_turns(lanes)
-        torch.compiler.reset()
-        encode, decode = _compiled(turns)
-        late: list[dict] = []
-        steps = iter(range(1 << 30))
+    context = plan.context_buckets[0]
+    return decoding.static_for(backends, new_tokens, _compiled, lambda calls: _warm_up(model, calls, lm, items, plan),
+                               lambda calls, late: _run(model, (calls[0], _counting(calls[1], late)), inputs, mask,
+                                                        new_tokens, ("static", context), keep_logits)[:2],
+                               truncated)
 
-        def counted(m, hidden, source_mask, ids, cache_position, cache):
-            shapes = {"hidden": hidden, "ids": ids, "cache_position": cache_position}
-            return call_counting_recompiles(
-                lambda x: decode(m, x["hidden"], source_mask, x["ids"], x["cache_position"], cache), shapes, late,
-                next(steps))
-        with torch.no_grad():
-            start = time.perf_counter()
-            for name in lanes:
-                turns.turn = name
-                out[name] = decoding.attempt(_warm_up, model, (encode, decode), lm, items, plan)
-            warm_seconds, warm = time.perf_counter() - start, {n: len(c.events) for n, c in counters.items()}
-            runs = {}
-            for name in (n for n in lanes if out[n] is None):
-                turns.turn, start = name, time.perf_counter()
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    ran = decoding.attempt(_run, model, (encode, counted), inputs, mask, new_tokens,
-                                              ("static", context), keep_logits)
-                runs[name] = ran
-        for name, ran in runs.items():
-            if isinstance(ran, BaseException):
-                out[name] = ran
-                continue
-            tokens, kept, seconds = ran
-            compiles = len(counters[name].events) - warm[name]
-            out[name] = Generation("static", tokens, compiles, compiles / new_tokens, seconds, warm[name],
-                                   warm_seconds, truncated, logits=kept, late=late)
-    return out
+
+def _counting(decode, late: list[dict]):
+    """The compiled decoder step under fail_on_recompile, a refused compile recorded in `late` and then paid
+    (backends.call_counting_recompiles), so every compile after warm-up is counted."""
+    from portkit.targets.backends import call_counting_recompiles
+    steps = iter(range(1 << 30))
+
+    def step(model, hidden, source_mask, ids, cache_position, cache):
+        shapes = {"hidden": hidden, "ids": ids, "cache_position": cache_position}
+        return call_counting_recompiles(
+            lambda x: decode(model, x["hidden"], source_mask, x["ids"], x["cache_position"], cache), shapes, late,
+            next(steps))
+    return step
 
 
 def generate_dynamic_for(lm, items: list, new_tokens: int, backends: dict, max_length: int | None = None,
                          limit: bool = True, keep_logits: bool = False) -> dict:
     """generate_dynamic compiled for several targets' backends, one Dynamo trace for the emulated ones
-    (generation.generate_dynamic_for's rule): {name: Generation, or the exception its run raised}."""
+    (decoding.dynamic_for): {name: Generation, or the exception its run raised}."""
     model = decoder_model(lm)
     inputs, mask, _ = _sources(lm, items, None)
-    recompiles, out = default_recompile_limit(), {}
-    for group in decoding.traces(backends):
-        turns, counters = decoding.counted_turns({n: backends[n] for n in group})
-        torch.compiler.reset()
-        torch_private.guard_failures(clear=True)
-        runs = {}
-        with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
-            calls = _compiled(turns)
-            for name in group:
-                turns.turn = name
-                runs[name] = decoding.attempt(_run, model, calls, inputs, mask, new_tokens,
-                                                 ("dynamic", 0), keep_logits, list(counters.values()))
-        failures = torch_private.guard_failures()
-        for name, ran in runs.items():
-            if isinstance(ran, BaseException):
-                out[name] = ran
-                continue
-            tokens, kept, seconds = ran
-            events = counters[name].events
-            eager = decoding.eager_from(events, new_tokens, recompiles) if limit else None
-            out[name] = Generation("dynamic", tokens, len(events), len(events) / new_tokens, seconds,
-                                   eager_from_step=eager, guard_failures=failures, logits=kept)
-    return out
+    return decoding.dynamic_for(backends, new_tokens, limit, _compiled,
+                                lambda calls, counters: _run(model, calls, inputs, mask, new_tokens, ("dynamic", 0),
+                                                             keep_logits, counters))

@@ -21,7 +21,6 @@ prompt bucket plus new tokens beyond the largest context bucket is refused befor
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 import weakref
@@ -29,12 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from portkit.core import torch_private
 from portkit.core import progress
-from portkit.core.torch_private import default_recompile_limit, unlimited_recompiles
 from portkit.core.errors import BadParameter
 from portkit.workloads.decoding import (  # noqa: F401 - generation's names, defined there
-    MAX_PROMPT, MIN_PROMPT_BUCKET, OVERFLOW, Generation, Plan, attempt, counted_turns, eager_from, only, traces)
+    MAX_PROMPT, MIN_PROMPT_BUCKET, OVERFLOW, Generation, Plan, attempt, counted_turns, dynamic_for, eager_from, only,
+    static_for, traces)
 
 def plan_for(prompt_lengths, new_tokens: int, batch: int, max_prompt: int) -> Plan:
     """Powers-of-two buckets, as the serving stacks make them: prompt buckets from MIN_PROMPT_BUCKET up to
@@ -291,35 +289,11 @@ def generate_static_for(lm, texts: list[str], new_tokens: int, plan: Plan, backe
         return ed.generate_static_for(lm, texts, new_tokens, plan, backends, keep_logits)
     model = causal_model(lm)
     ids, mask, truncated = _prompts(lm, texts, new_tokens, plan)
-    out, rows = {}, len(texts)
-    for group in traces(backends):
-        lanes = {n: backends[n] for n in group}
-        turns, counters = counted_turns(lanes)
-        torch.compiler.reset()      # compiled graphs from an earlier generation would count against the limit
-        call = torch.compile(_step, backend=turns, dynamic=False)
-        late: list[dict] = []
-        with torch.no_grad():
-            start = time.perf_counter()
-            for name in lanes:      # the first warm-up compiles every graph for every lane; the others reuse them
-                turns.turn = name
-                out[name] = attempt(warm_up, model, call, plan)
-            warm_seconds, warm = time.perf_counter() - start, {n: len(c.events) for n, c in counters.items()}
-            runs = {}
-            for name in (n for n in lanes if out[n] is None):
-                turns.turn, start = name, time.perf_counter()
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    ran = attempt(_run_static, model, _counting(call, late), ids, mask, new_tokens, plan,
-                                   keep_logits)
-                runs[name] = (ran, time.perf_counter() - start)
-        for name, (ran, seconds) in runs.items():
-            if isinstance(ran, BaseException):
-                out[name] = ran
-                continue
-            tokens, kept, _ = ran
-            compiles = len(counters[name].events) - warm[name]
-            out[name] = Generation("static", tokens[:rows], compiles, compiles / new_tokens, seconds, warm[name],
-                                   warm_seconds, truncated, logits=[x[:rows] for x in kept], late=late)
-    return out
+    return static_for(backends, new_tokens, lambda turns: torch.compile(_step, backend=turns, dynamic=False),
+                      lambda call: warm_up(model, call, plan),
+                      lambda call, late: _run_static(model, _counting(call, late), ids, mask, new_tokens, plan,
+                                                     keep_logits)[:2],
+                      truncated, len(texts))
 
 
 def _counting(call, late: list[dict]):
@@ -394,29 +368,9 @@ def generate_dynamic_for(lm, texts: list[str], new_tokens: int, backends: dict, 
         return ed.generate_dynamic_for(lm, texts, new_tokens, backends, max_length, limit, keep_logits)
     model = causal_model(lm)
     ids, mask = _dynamic_prompts(lm, texts, max_length)
-    recompiles, out = default_recompile_limit(), {}
-    for group in traces(backends):
-        turns, counters = counted_turns({n: backends[n] for n in group})
-        torch.compiler.reset()
-        torch_private.guard_failures(clear=True)
-        runs = {}
-        with torch.no_grad(), (contextlib.nullcontext() if limit else unlimited_recompiles()):
-            call = torch.compile(_step, backend=turns, dynamic=False)   # it keeps the config it is made under
-            for name in group:      # the first run compiles every shape for every lane; the others reuse them
-                turns.turn = name
-                runs[name] = attempt(_run_dynamic, model, call, ids, mask, new_tokens, keep_logits,
-                                      list(counters.values()))
-        failures = torch_private.guard_failures()
-        for name, ran in runs.items():
-            if isinstance(ran, BaseException):
-                out[name] = ran
-                continue
-            tokens, kept, seconds = ran
-            events = counters[name].events
-            eager = eager_from(events, new_tokens, recompiles) if limit else None
-            out[name] = Generation("dynamic", tokens, len(events), len(events) / new_tokens, seconds,
-                                   eager_from_step=eager, guard_failures=failures, logits=kept)
-    return out
+    # the compiled step keeps the config it is made under (the recompile limit): dynamic_for makes it inside
+    return dynamic_for(backends, new_tokens, limit, lambda turns: torch.compile(_step, backend=turns, dynamic=False),
+                       lambda call, counters: _run_dynamic(model, call, ids, mask, new_tokens, keep_logits, counters))
 
 
 # ---------------------------------------------------------------- a model that refuses a cache
@@ -456,8 +410,7 @@ def refused(exc: BaseException, cache: str) -> Refused:
     if isinstance(exc, BadParameter) or where is None or owners.owner(where)["owner"] == owners.PORTKIT \
             or owners.owner(where)["package"] == owners.SERVING_LOOP:
         raise exc
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return Refused(cache, f"{type(exc).__name__}: {first[:300]}", where)
+    return Refused(cache, owners.one_line(exc, 300), where)
 
 
 def refusal(lm, texts: list[str], cache: str) -> Refused | None:

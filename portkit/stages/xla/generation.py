@@ -59,8 +59,8 @@ class _Serving(nn.Module):
             layer.lazy_initialization(keys[i], values[i])
             layer.keys, layer.values = keys[i].clone(), values[i].clone()
             layer.cumulative_length = cache_position[0].clone()
-        for name in sorted(states):
-            kind, at, j = name.split("_")
+        held = [(name, *name.split("_")) for name in sorted(states)]      # (name, kind, layer, state)
+        for name, kind, at, j in held:
             layer, given = cache.layers[int(at)], states[name].clone()
             getattr(layer, f"{kind}_states")[int(j)] = given
             getattr(layer, f"is_{kind}_states_initialized")[int(j)] = True
@@ -75,8 +75,7 @@ class _Serving(nn.Module):
         found = [torch.stack([layer.keys for layer in attending]), torch.stack([layer.values for layer in attending])] \
             if attending else []
         return (out.logits[:, -1], *found,
-                *(getattr(cache.layers[int(n.split("_")[1])], f"{n.split('_')[0]}_states")[int(n.split("_")[2])]
-                  for n in sorted(states)))
+                *(getattr(cache.layers[int(at)], f"{kind}_states")[int(j)] for _, kind, at, j in held))
 
 
 STATE_PREFIXES = ("conv_", "recurrent_")    # a state-space layer's cache inputs (_Serving)
