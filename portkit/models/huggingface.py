@@ -231,16 +231,18 @@ def _processor_fits(path: Path, spec: str, config: dict, task: str) -> None:
                                     "(2 x max_source_positions); save the feature extractor it was trained with")
     elif task in ("ctc", "audio-classification"):
         # a waveform front end (wav2vec2's family: conv_kernel), or a fixed spectrogram window (AST's extractor
-        # pads or cuts every clip to max_length frames of num_mel_bins); anything else cannot be fed
+        # pads or cuts every clip to max_length frames of num_mel_bins; Whisper's classifier its window of log-mel
+        # input_features); anything else cannot be fed
         from portkit.models import audio
-        if "conv_kernel" not in config and not audio.fixed_spectrogram(feature_extractor(path)) \
-                and not (task == "audio-classification" and audio.whisper_window(feature_extractor(path))):
+        extractor = feature_extractor(path)      # read from the folder once
+        if "conv_kernel" not in config and not audio.fixed_spectrogram(extractor) \
+                and not (task == "audio-classification" and audio.whisper_window(extractor)):
             raise BadParameter("model directory", spec,
                                hint=f"model type '{config.get('model_type')}' classifies audio from features "
                                     "portkit does not build (neither a waveform front end nor a fixed spectrogram "
                                     "window); declare it with --model file.py:build returning a LoadedModel "
                                     "(docs/guides/declaring-a-model.md)")
-        rate = getattr(feature_extractor(path), "sampling_rate", 16000)
+        rate = getattr(extractor, "sampling_rate", 16000)
         if rate != 16000:
             raise BadParameter("model directory", spec,
                                hint=f"its feature extractor reads {rate} Hz audio; portkit's audio is 16000 Hz")
