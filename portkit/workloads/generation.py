@@ -47,7 +47,7 @@ def plan_for(prompt_lengths, new_tokens: int, batch: int, max_prompt: int) -> Pl
     return Plan(tuple(prompts), tuple(contexts), batch)
 
 
-def check_causal(lm) -> None:
+def check_generates(lm) -> None:
     """The generate workload needs a causal language model or an encoder-decoder that decodes token by token
     (workloads.encoder_decoder); one line naming the model's kind otherwise."""
     from portkit.models.registry import CAUSAL_LM
@@ -55,6 +55,16 @@ def check_causal(lm) -> None:
         raise BadParameter("workload", "generate",
                            hint=f"greedy generation needs a causal language model or an encoder-decoder; {lm.name} "
                                 f"is neither (its kind: {lm.kind}; use workload 'inference')")
+
+
+def check_causal(lm) -> None:
+    """What needs a causal language model itself (a prefill and a decode over one cache: stage 3's serving buckets);
+    one line naming the model's kind otherwise."""
+    from portkit.models.registry import CAUSAL_LM
+    if lm.kind != CAUSAL_LM:
+        raise BadParameter("workload", "generate",
+                           hint=f"prefill and decode buckets are a causal language model's; {lm.name} is not one "
+                                f"(its kind: {lm.kind})")
 
 
 def _encoder_decoder(lm):
@@ -83,7 +93,7 @@ def check_workload(workload, model: str | None = None) -> str:
     from portkit.models import registry
     from portkit.core import checks
     if checks.workload(workload) == "generate" and model in registry.SOURCES:
-        check_causal(_builtin(model))
+        check_generates(_builtin(model))
     return workload
 
 

@@ -160,10 +160,10 @@ def check_generation(model, corpus, targets=("neuron", "tpu"), options: Options 
     (sampled with options.seed) under each target's numerics (options.precision) against the float32
     reference: token agreement, first divergence, logit error per step, near-ties, judged against
     options.task_bounds (portkit/stages/accuracy/generation.py). None: Options.defaults()."""
-    from portkit.workloads.generation import check_causal
+    from portkit.workloads.generation import check_generates
     from portkit.stages.accuracy import generation
     options = options if options is not None else Options.defaults()
-    check_causal(model)
+    check_generates(model)
     return generation.compare(model, corpus.sample(options.batch_size, options.seed), targets, options)
 
 

@@ -130,7 +130,7 @@ def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precisio
     """Greedy generation of `new_tokens` for the `texts` (one batch) on every target's compile backend
     (`backend`: "auto" or a backend name, selection.py), with the dynamic cache and with the bucketed static
     cache. The stage passes its options (stage.check_generation)."""
-    generation.check_causal(lm)
+    generation.check_generates(lm)
     plan = generation.plan_of(lm, texts, new_tokens)
     names = specs.parse_targets(targets)
     detected = {n: specs.detect(n) for n in names}

@@ -413,7 +413,7 @@ class _Generation:
 
     def __init__(self, model, prompts: list[str], inputs: dict):
         from portkit.workloads import generation
-        generation.check_causal(model)
+        generation.check_generates(model)
         self.lines = list(prompts)[:max(1, len(next(iter(inputs.values()))))]
         if not self.lines:
             raise BadParameter("prompts for workload 'generate'", prompts, hint="give the batch's texts")
