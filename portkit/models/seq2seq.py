@@ -24,8 +24,9 @@ MAX_TOKENS = 512      # each dimension: T5's relative positions take any length;
 # input (one step from the start token, or a teacher-forced target), while serving it decodes token by token, its
 # length growing and its KV cache written each step. The report names this question as not assessed for every target,
 # and no verdict is "ready" without it. With `-p workload generate` (portkit/workloads/encoder_decoder.py) stage 2
-# compiles the decoding token by token and stage 4 compares its tokens; what stays open then is SERVING (and,
-# for a TPU, stage 3b's own question: the serving graphs' HBM fit).
+# compiles the decoding token by token and stage 4 compares its tokens; what stays open then is SERVING, until stage
+# 3 plans the source buckets and decoder context (and, for a TPU, stage 3b's own question: the serving graphs' HBM
+# fit).
 DECODING = assessed.open_question(
     "autoregressive decoding (the decoder's length growing token by token, its KV cache)",
     "the run's workload ran the decoder on a fixed input (one step, or a teacher-forced target); "
@@ -33,17 +34,19 @@ DECODING = assessed.open_question(
 SERVING = assessed.open_question(
     "serving buckets for the encoder-decoder's decoding (source buckets by decoder contexts, each a decode graph to "
     "warm up: stage 3)",
-    "stage 2 compiled the decoding token by token and stage 4 compared its tokens; stage 3 plans and prices a "
-    "causal LM's prefill and decode buckets only")
+    "stage 2 compiled the decoding token by token and stage 4 compared its tokens; stage 3, which plans and prices "
+    "the source buckets and the decoder context, did not plan them for this target")
 
 
-def after_generation(questions: list[dict], generated: bool) -> list[dict]:
+def after_generation(questions: list[dict], generated: bool, served: bool = False) -> list[dict]:
     """The model's open questions once the run is read: DECODING is SERVING where stage 2 generated (workload
-    generate), since the decoding itself was then assessed."""
+    generate), since the decoding itself was then assessed; and neither is open where the serving buckets were
+    planned too (`served`: stage 3's source buckets and decoder context, or the one source window and decoder
+    context stage 2 compiled for an encoder that takes one source shape)."""
     if not generated:
         return questions
     return [({"stage": q.get("stage", "model"), **SERVING} if q.get("question") == DECODING["question"] else q)
-            for q in questions]
+            for q in questions if not (served and q.get("question") == DECODING["question"])]
 
 
 def decodes_token_by_token(config) -> bool:

@@ -43,6 +43,16 @@ class Plan:
                            hint=f"longer than the largest context bucket {max(self.context_buckets)}")
 
 
+# The two kinds of serving plan (stage 3's, saved as "prompt" and "context" bucket sets) and what each set is: a
+# causal LM's prompts (prefill graphs) and contexts (decode graphs); an encoder-decoder's sources (the encoder and
+# the cross-attention cache) and its decoder's context.
+CAUSAL, ENCODER_DECODER = "causal-lm", "encoder-decoder"
+SERVING_LABELS = {CAUSAL: ("prompt", "context buckets"), ENCODER_DECODER: ("source", "decoder context buckets")}
+SERVING_HEADERS = {CAUSAL: ("prompt buckets (prefill)", "prompt padding", "context buckets (decode)",
+                           "context padding"),
+                   ENCODER_DECODER: ("source buckets (encoder, cross-attention)", "source padding", "decoder context",
+                                     "context padding")}
+
 MIN_PROMPT_BUCKET = 16     # the smallest prompt bucket plan_for makes (a prefill graph per bucket above it)
 # The workbook's generation checks (stages 2 and 4) cut prompts to their last MAX_PROMPT tokens: each prompt
 # bucket is one prefill graph to warm up, so they bound them.

@@ -48,6 +48,26 @@ def _text_source(lm) -> bool:
     return lm.tokenizer is not None and lm.seq_dim == "tokens"
 
 
+# The graphs a static-cache decoding compiles per source bucket (per batch size): the encoder, the first decoder step
+# (it writes the cross-attention cache) and the steps after it (they read it): the three _warm_up compiles.
+GRAPHS_PER_SOURCE = 3
+
+
+def fixed_source(lm) -> bool:
+    """Whether the encoder takes one source shape (a speech model's fixed window of frames): its serving plan is then
+    the one source bucket and decoder context stage 2 compiled, with nothing to choose."""
+    return is_encoder_decoder(lm) and not _text_source(lm) and lm.seq_dim is None
+
+
+def decoder_context(new_tokens: int) -> int:
+    """The self-attention cache's one length: new_tokens rounded up to a power of two, at least MIN_PROMPT_BUCKET.
+    The decoder's length is the tokens generated, whatever the source: one context serves every request."""
+    context = MIN_PROMPT_BUCKET
+    while context < new_tokens:
+        context *= 2
+    return context
+
+
 def plan_of(lm, items: list, new_tokens: int) -> Plan:
     """Source buckets (text: powers of two from MIN_PROMPT_BUCKET up to the longest source, at most MAX_PROMPT
     tokens; speech: its fixed window of frames) and one decoder context for new_tokens, at the items' batch."""
@@ -57,10 +77,7 @@ def plan_of(lm, items: list, new_tokens: int) -> Plan:
             sources.append(sources[-1] * 2)
     else:
         sources = [int(next(iter(lm.encode(list(items[:1])).values())).shape[-1])]
-    context = MIN_PROMPT_BUCKET
-    while context < new_tokens:
-        context *= 2
-    return Plan(tuple(sources), (context,), len(items))
+    return Plan(tuple(sources), (decoder_context(new_tokens),), len(items))
 
 
 def _sources(lm, items: list, plan: Plan | None) -> tuple[dict, torch.Tensor | None, int]:
@@ -76,18 +93,18 @@ def _sources(lm, items: list, plan: Plan | None) -> tuple[dict, torch.Tensor | N
         sum(n > largest for n in lengths)
 
 
-def _encode(model, inputs: dict) -> torch.Tensor:
+def encode(model, inputs: dict) -> torch.Tensor:
     return model.get_encoder()(**inputs).last_hidden_state
 
 
-def _decode(model, hidden, source_mask, ids, cache_position, cache):
+def decode(model, hidden, source_mask, ids, cache_position, cache):
     from transformers.modeling_outputs import BaseModelOutput
     out = model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=source_mask,
                 decoder_input_ids=ids, cache=cache, cache_position=cache_position, use_cache=True)
     return out.logits[:, -1].float()
 
 
-def _cache(model, kind: str, context: int, source: int):
+def caches(model, kind: str, context: int, source: int):
     from transformers import DynamicCache, EncoderDecoderCache, StaticCache
     config = model.config.get_text_config(decoder=True)
     if kind == "dynamic":
@@ -96,12 +113,12 @@ def _cache(model, kind: str, context: int, source: int):
                                StaticCache(config=config, max_cache_len=source))
 
 
-def _start(model, batch: int) -> torch.Tensor:
+def start(model, batch: int) -> torch.Tensor:
     cfg = model.generation_config
-    start = cfg.decoder_start_token_id
-    start = model.config.decoder_start_token_id if start is None else start
-    start = start[0] if isinstance(start, (list, tuple)) else start
-    return torch.full((batch, 1), int(start if start is not None else 0), dtype=torch.long)
+    token = cfg.decoder_start_token_id
+    token = model.config.decoder_start_token_id if token is None else token
+    token = token[0] if isinstance(token, (list, tuple)) else token
+    return torch.full((batch, 1), int(token if token is not None else 0), dtype=torch.long)
 
 
 def _run(model, calls, inputs: dict, mask, new_tokens: int, cache: tuple[str, int], keep_logits: bool,
@@ -109,12 +126,12 @@ def _run(model, calls, inputs: dict, mask, new_tokens: int, cache: tuple[str, in
     """One greedy generation through `calls` (encode, decode): (tokens, logits kept, seconds). Each call's compiles
     are tagged with its step (CompileCounter.request: 0 the encoder and first step, s the step giving token s)."""
     (encode, decode), (kind, context) = calls, cache
-    start = time.perf_counter()
+    began = time.perf_counter()
     for counter in counters:
         counter.request = 0
     hidden = encode(model, inputs)
-    cache = _cache(model, kind, context, hidden.shape[1])
-    ids, tokens, kept = _start(model, hidden.shape[0]), [], []
+    cache = caches(model, kind, context, hidden.shape[1])
+    ids, tokens, kept = start(model, hidden.shape[0]), [], []
     for step in progress.bar(range(new_tokens), desc=f"{kind}-cache decode", leave=False):
         for counter in counters:
             counter.request = step
@@ -122,7 +139,7 @@ def _run(model, calls, inputs: dict, mask, new_tokens: int, cache: tuple[str, in
         kept.append(logits) if keep_logits else None
         ids = logits.argmax(-1)[:, None]
         tokens.append(ids[:, 0])
-    return torch.stack(tokens, 1), kept, time.perf_counter() - start
+    return torch.stack(tokens, 1), kept, time.perf_counter() - began
 
 
 def _warm_up(model, calls, lm, items: list, plan: Plan) -> None:
@@ -138,7 +155,7 @@ def _warm_up(model, calls, lm, items: list, plan: Plan) -> None:
 
 
 def _eager_calls():
-    return _encode, _decode
+    return encode, decode
 
 
 def generate_static(lm, items: list, new_tokens: int, plan: Plan, backend=None, keep_logits: bool = False):
@@ -167,7 +184,7 @@ def generate_dynamic(lm, items: list, new_tokens: int, backend=None, keep_logits
 
 
 def _compiled(turns):
-    return (torch.compile(_encode, backend=turns, dynamic=False), torch.compile(_decode, backend=turns, dynamic=False))
+    return (torch.compile(encode, backend=turns, dynamic=False), torch.compile(decode, backend=turns, dynamic=False))
 
 
 def generate_static_for(lm, items: list, new_tokens: int, plan: Plan, backends: dict, keep_logits: bool = False):

@@ -66,12 +66,66 @@ def test_a_speech_encoder_decoder_decodes_from_its_fixed_window(tmp_path):
     static = generation.generate_eager(whisper, clips, 4, plan)
     dynamic = generation.generate_eager(whisper, clips, 4, plan, cache="dynamic")
     assert static.tokens.shape == (2, 4) and torch.equal(static.tokens, dynamic.tokens)
+    # one source shape: stage 3 has nothing to bucket, and stage 2's window and decoder context are the serving plan
+    assert encoder_decoder.fixed_source(whisper) and whisper.seq_dim is None
+
+
+def test_stage_3_plans_an_encoder_decoders_source_buckets_and_one_decoder_context(t5, corpus):
+    """Rule: an encoder-decoder is served with source buckets (the encoder and the cross-attention cache) and one
+    decoder context (its length is the tokens generated, whatever the source); each source bucket is the three
+    graphs stage 2's warm-up compiles, per batch size, every one priced."""
+    from portkit.planning import economics
+    from portkit.stages.buckets.stage import Options, distribution, serving_plans
+    from tests.fixtures.sections import read_section
+    from portkit.stages.report.stage import TargetReport
+    assert not encoder_decoder.fixed_source(t5)
+    costs = {"neuron": economics.neuron_estimate(t5.parameters),
+             "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}
+    found = serving_plans(t5, corpus, costs, token_seconds=2e-5,
+                          options=Options.of({"new_tokens": 20, "serve_requests": 100_000, "max_batch": 2}))
+    longest = int(min(distribution(corpus, t5).lengths.max(), t5.max_length))
+    assert found.kind == "encoder-decoder" and found.batch_sizes == (1, 2)
+    for name, t in found.targets.items():
+        for plan in ("auto", "pow2"):
+            p = t[plan]
+            assert p["context"]["boundaries"] == [32]       # 20 new tokens, rounded up as stage 2 compiles them
+            assert p["prompt"]["boundaries"][-1] == longest, (name, plan)
+            assert p["compiles"] == 2 * encoder_decoder.GRAPHS_PER_SOURCE * len(p["prompt"]["boundaries"])
+        assert t["pow2"]["prompt"]["boundaries"][0] == generation.MIN_PROMPT_BUCKET
+        auto, pow2 = t["auto"], t["pow2"]
+        assert auto["warmup_seconds"] + auto["padding_seconds"] <= pow2["warmup_seconds"] + pow2["padding_seconds"]
+    assert "source" in found.summary() and "decoder context" in str(found.table())
+    out = TargetReport("neuron", "AWS Trainium", "emulated")
+    read_section("buckets", out, data={"generation": found.to_dict()})
+    assert out.metrics["buckets"]["generation buckets (auto)"].startswith("source [")
 
 
 def test_the_report_asks_about_serving_once_the_decoding_was_assessed():
-    """Rule: one question per cause: DECODING where the run did not generate, SERVING (the buckets and graphs stages
-    3 and 3b make for causal LMs only) where stage 2 did; other questions are kept."""
+    """Rule: one question per cause: DECODING where the run did not generate, SERVING (the source buckets and decoder
+    context) where stage 2 did and stage 3 did not plan them, none where both did; other questions are kept."""
     asked = [{"stage": "model", **seq2seq.DECODING}, {"stage": "xla", "question": "HBM fit", "why": "x"}]
     assert seq2seq.after_generation(asked, False) == asked
+    assert seq2seq.after_generation(asked, False, True) == asked        # planned buckets, decoding never run
     after = seq2seq.after_generation(asked, True)
     assert after == [{"stage": "model", **seq2seq.SERVING}, asked[1]]
+    assert seq2seq.after_generation(asked, True, True) == [asked[1]]
+
+
+def test_stage_3b_compiles_the_decode_step_with_both_caches_for_a_tpu(t5, tmp_path):
+    """Rule: an encoder-decoder's serving graphs are assessed, not left open: its decode step is compiled by XLA with
+    the self-attention cache (donated) and the cross-attention cache (the encoder's length) in HBM, each counted
+    from its shape, and the largest batch that fits is searched; a speech model's is at its fixed window, the
+    encoder's output length (Whisper: 1500 positions for 3000 frames)."""
+    from tests.models.test_decoding_unassessed import _whisper
+    from portkit.stages.xla import seq2seq_serving
+    found = seq2seq_serving.serve(t5, ([16, 32], [16]), "stage 3's serving plan", 2, "v5e:1x1")
+    assert found["status"] == "compiled" and found["largest_batch"] >= 2, found["summary"]
+    config = encoder_decoder.decoder_model(t5).config
+    per_position = 2 * config.num_decoder_layers * 2 * config.num_heads * config.d_kv * 4   # keys and values, fp32
+    breakdown = found["decode"]["breakdown"]
+    assert breakdown["KV cache"] == 16 * per_position and breakdown["cross-attention cache"] == 32 * per_position
+    assert "at a 32-token source bucket" in found["summary"]
+    whisper = registry.load(registry.validate(_whisper(tmp_path / "whisper")))
+    speech = seq2seq_serving.serve(whisper, ([3000], [16]), "stage 2's", 1, "v5e:1x1")
+    assert speech["status"] == "compiled" and speech["encoded"] == 1500, speech["summary"]
+    assert "its fixed source window (1500 encoded positions)" in speech["summary"]

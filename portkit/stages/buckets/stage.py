@@ -163,14 +163,15 @@ def grid(model, corpus, targets, costs: dict[str, economics.CostModel], options:
 
 def serving_plans(model, corpus, costs, token_seconds, options: Options | None = None):
     """Workload "generate": prefill and decode buckets per target for options.new_tokens, serve_requests and
-    max_batch, auto against pow2 (generation.fit). None for an encoder-decoder: its serving buckets (sources, and
-    the decoder's context) are not planned, an open question of the report (models.seq2seq.SERVING)."""
+    max_batch, auto against pow2 (generation.fit); for an encoder-decoder, source buckets over the corpus's source
+    lengths (the stage's own histogram) and one decoder context."""
     from portkit.workloads import encoder_decoder
-    if encoder_decoder.is_encoder_decoder(model):
-        return None
     options = options or Options.defaults()
+    if encoder_decoder.is_encoder_decoder(model):
+        return generation.fit_sources(histogram(distribution(corpus, model), None, options.overflow), costs,
+                                      token_seconds, options.new_tokens, options.serve_requests, options.max_batch)
     return generation.fit(model, corpus, costs, token_seconds, options.new_tokens, options.serve_requests,
-                                  options.max_batch)
+                          options.max_batch)
 
 
 def training_layouts(model, corpus, chosen: dict[str, BucketPlan], batch_size: int = 8, seq_len: int = 128):

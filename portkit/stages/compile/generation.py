@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portkit.core import owners, grading
-from portkit.workloads import generation
+from portkit.workloads import encoder_decoder, generation
 from portkit.targets import selection
 from portkit.targets import specs
 
@@ -157,7 +157,8 @@ def check(lm, texts: list[str], targets, new_tokens: int, backend: str, precisio
                                      {"prompt_buckets": list(plan.prompt_buckets),
                                       "context_buckets": list(plan.context_buckets), "batch": plan.batch,
                                       "overflow": plan.overflow,
-                                      "encoder_decoder": generation.is_encoder_decoder(lm)},
+                                      "encoder_decoder": generation.is_encoder_decoder(lm),
+                                      "fixed_source": encoder_decoder.fixed_source(lm)},
                                      found["dynamic"], found["static"], refused)
     torch.compiler.reset()
     return out

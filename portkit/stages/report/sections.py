@@ -12,6 +12,7 @@ import re
 
 from portkit.stages.report import realsize
 from portkit.targets import specs
+from portkit.workloads import decoding
 from portkit.core import figures, grading
 from portkit.core.findings import INFO
 
@@ -193,10 +194,11 @@ def _buckets(data, t, out) -> None:
                      else "replay with the chosen plan")
             out.metrics["buckets"].setdefault(label, _replay(row, data, out.name))
     served = data.generation.get(out.name)
+    first, second = decoding.SERVING_LABELS[(served or {}).get("kind", decoding.CAUSAL)]
     for plan in ("auto", "pow2") if served else ():     # workload "generate": prefill and decode buckets
         p = served[plan]
         out.metrics["buckets"][f"generation buckets ({plan})"] = (
-            f"prompt {p['prompt']['boundaries']}, context {p['context']['boundaries']}: {p['compiles']} warm-up "
+            f"{first} {p['prompt']['boundaries']}, {second} {p['context']['boundaries']}: {p['compiles']} warm-up "
             f"compiles, {p['warmup_seconds']:,.0f} s; padding {p['prompt']['padding_waste']:.1%} / "
             f"{p['context']['padding_waste']:.1%}")
     for row in data.training.get(out.name, []):      # workload "train": packing vs padding

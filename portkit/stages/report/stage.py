@@ -318,7 +318,7 @@ def build_report(targets=None, *, run_dir) -> MigrationReport:
     assessing = [s.name for s in stages.values() if s.status != "skipped"]   # a skipped stage does not apply
     asked = _model_questions(model)
     reports = {name: _target_report(name, present, run_env.info["targets"].get(name, {}), assessing,
-                                    seq2seq.after_generation(asked, _decoded(present, name)))
+                                    seq2seq.after_generation(asked, _decoded(present, name), _served(present, name)))
                for name in names}
     typed = {s.name: s.result for s in present}
     for name, report in reports.items():
@@ -341,6 +341,18 @@ def _decoded(present: list[StageResult], name: str) -> bool:
     compiled = next((s.result.targets.get(name) for s in present if s.name == "compile"), None)
     found = getattr(compiled, "generation", None) or {}
     return bool(found.get("dynamic") or found.get("static"))
+
+
+def _served(present: list[StageResult], name: str) -> bool:
+    """Whether an encoder-decoder's serving buckets are planned for target `name`: stage 3's source buckets and
+    decoder context, or, for an encoder taking one source shape (stage 3 has nothing to bucket), the one window and
+    decoder context stage 2's static cache compiled."""
+    planned = next((s.result for s in present if s.name == "buckets"), None)
+    if planned is not None and name in planned.generation:
+        return True
+    compiled = next((s.result.targets.get(name) for s in present if s.name == "compile"), None)
+    found = getattr(compiled, "generation", None) or {}
+    return bool(found.get("static") and (found.get("plan") or {}).get("fixed_source"))
 
 
 def _model_questions(model: dict) -> list[dict]:

@@ -85,13 +85,9 @@ NOT_KV = "not a key/value cache"     # the serving graphs' status where the mode
 def not_kv_cache(lm) -> str | None:
     """Why the model's StaticCache is not one the serving graph carries (keys and values of its attention layers, as
     heads x positions x head size, and the conv and recurrent states of its state-space or linear-attention layers),
-    or None where it is: an encoder-decoder's caches are two; a model whose layer types the StaticCache has no layer
-    for (it raises) has none to carry."""
-    from portkit.workloads import encoder_decoder
+    or None where it is: a model whose layer types the StaticCache has no layer for (it raises) has none to carry.
+    (An encoder-decoder's two caches are portkit.stages.xla.seq2seq_serving's.)"""
     model = generation.causal_model(lm)
-    if encoder_decoder.is_encoder_decoder(lm):
-        return (f"{type(model).__name__} is an encoder-decoder, and portkit's serving graph is a causal LM's prefill "
-                "and decode over one self-attention cache: the encoder and the cross-attention cache are not in it")
     try:
         layers = generation.cache_layers(model)
     except Exception as exc:  # noqa: BLE001 - a cache the library cannot build for the model is the answer
@@ -232,22 +228,31 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     if tokens > context:
         raise BadParameter("prompt bucket", tokens, hint=f"longer than the context bucket {context}")
     model = generation.causal_model(lm)
-    jax, topo, devices, _, replicated = sharded.compile_only(topology)
     program = compiler.Program(_Serving(model, decode=graph == "decode"), compiler.DTYPES.get(dtype))
     spec = graph_inputs(model, batch, tokens, context, program.float_dtype)
-    found = GraphCompile(graph, batch, tokens, context, topology, "compiled",
-                         hbm_bytes_per_device=compiler.hbm_per_device(topology, devices))
+    kv, held = [k for k in spec if k in ("keys", "values")], [k for k in spec if k.startswith(STATE_PREFIXES)]
+    parts = {"KV cache": kv, **({"recurrent states": held} if held else {})}
+    return compile_program(GraphCompile(graph, batch, tokens, context, topology, "compiled"), program, spec, parts,
+                           kv + held)
+
+
+def compile_program(found: GraphCompile, program, spec: dict, parts: dict[str, list[str]], donated: list[str]):
+    """`program` (a serving graph's module) traced on inputs of `spec` ({name: (shape, dtype)}) and compiled for
+    found.topology; its memory broken down into the weights, each of `parts` (input names counted from their
+    shapes), the other inputs, the temporaries, the outputs not written in place and the code. The `donated`
+    inputs are the buffers updated in place (a cache), so HBM holds them once."""
+    jax, topo, devices, _, replicated = sharded.compile_only(found.topology)
+    found.hbm_bytes_per_device = compiler.hbm_per_device(found.topology, devices)
     states, inputs = program.abstract(spec, replicated, replicated)
     narrowed = {k: program.narrow(d) for k, (_, d) in spec.items()}
     size = {k: math.prod(shape) * _itemsize(narrowed[k]) for k, (shape, _) in spec.items()}
-    kv, held = [k for k in spec if k in ("keys", "values")], [k for k in spec if k.startswith(STATE_PREFIXES)]
+    grouped = [k for names in parts.values() for k in names]
     counted = {"weights": sum(math.prod(a.shape) * a.dtype.itemsize for a in states.values()),
-               "KV cache": sum(size[k] for k in kv),
-               **({"recurrent states": sum(size[k] for k in held)} if held else {}),
-               "inputs": sum(size[k] for k in spec if k not in kv + held)}
+               **{part: sum(size[k] for k in names) for part, names in parts.items()},
+               "inputs": sum(size[k] for k in spec if k not in grouped)}
     fn = program.fn
     try:
-        cache = {k: inputs[k] for k in kv + held}          # donated: the only buffers updated in place
+        cache = {k: inputs[k] for k in donated}          # donated: the only buffers updated in place
         rest = {k: v for k, v in inputs.items() if k not in cache}
         with placement.tensors_kept(program.module):      # forward leaves no converted tensor on the model
             # keep_unused: every weight stays an argument, as a served checkpoint holds them all in HBM (a multimodal
@@ -257,17 +262,17 @@ def compile_graph(lm, graph: str, batch: int, tokens: int, context: int, topolog
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
         found.status, found.message = "trace_failed", compiler.error_message(exc)
         return found
-    context_key = sharded.check_context(topology, topo, "serving graph, cache donated",
-                                            code=source_digest(compile_graph))
-    verdict, found.cached, _ = compiler.compiler_verdict(jax, lowered, topology, context_key)
+    context_key = sharded.check_context(found.topology, topo, "serving graph, cache donated",
+                                        code=f"{source_digest(compile_program)}|{source_digest(type(program.module))}")
+    verdict, found.cached, _ = compiler.compiler_verdict(jax, lowered, found.topology, context_key)
     found.status, found.compile_seconds, found.message = verdict.status, verdict.compile_seconds, verdict.message
     found.memory, found.flops = dict(verdict.memory or {}), verdict.flops
     if verdict.status == "compiled":
         m = found.memory
-        parts = {**counted, "arguments beyond those counted": m["argument"] - sum(counted.values()),
-                 "activations and workspace": m["temporary"], "outputs not in place": m["output"] - m["alias"],
-                 "generated code": m["generated_code"]}
-        found.breakdown = {k: int(v) for k, v in parts.items() if v or k != "arguments beyond those counted"}
+        measured = {**counted, "arguments beyond those counted": m["argument"] - sum(counted.values()),
+                    "activations and workspace": m["temporary"], "outputs not in place": m["output"] - m["alias"],
+                    "generated code": m["generated_code"]}
+        found.breakdown = {k: int(v) for k, v in measured.items() if v or k != "arguments beyond those counted"}
     return found
 
 
@@ -285,16 +290,22 @@ def compile_serving(lm, batch: int, prompt: int, context: int, topology: str,
 def largest_batch(lm, context: int, topology: str, dtype: str | None = None,
                   first: GraphCompile | None = None, limit: int | None = None) -> tuple[int, dict[int, bool]]:
     """The largest batch whose decode step at a `context`-position cache fits one device (a compile per try,
-    at most `limit`, sharded.BATCH_LIMIT by default), galloping from the guess `first`'s memory gives:
-    what one row adds (its cache, inputs, temporaries and logits) into the room left."""
+    at most `limit`, sharded.BATCH_LIMIT by default)."""
     first = first or compile_graph(lm, "decode", 1, 1, context, topology, dtype)
+    return gallop(lambda n: compile_graph(lm, "decode", n, 1, context, topology, dtype), first,
+                  f"largest batch at context {context} (an XLA compile a try)", limit)
+
+
+FIXED_PARTS = ("weights", "arguments beyond those counted", "generated code")   # a breakdown's parts no row adds
+
+
+def gallop(compile_at, first: GraphCompile, what: str, limit: int | None = None) -> tuple[int, dict[int, bool]]:
+    """The largest batch n whose graph compile_at(n) fits one device, galloping from the guess `first`'s memory
+    gives: what one row adds (every part of its breakdown but FIXED_PARTS: caches, states, inputs, temporaries,
+    logits) into the room the fixed parts leave."""
     guess = None
     if first.status == "compiled":
-        b = first.breakdown
-        per_row = (b["KV cache"] + b.get("recurrent states", 0) + b["inputs"] + b["activations and workspace"]
-                   + b.get("outputs not in place", 0)) / first.batch
+        per_row = sum(v for k, v in first.breakdown.items() if k not in FIXED_PARTS) / first.batch
         fixed = first.memory["total"] - per_row * first.batch
         guess = max(1, int((first.hbm_bytes_per_device - fixed) // per_row)) if per_row else None
-    return sharded.search_compiles(lambda n: compile_graph(lm, "decode", n, 1, context, topology, dtype).fits,
-                                       {first.batch: first.fits}, guess,
-                                       f"largest batch at context {context} (an XLA compile a try)", limit)
+    return sharded.search_compiles(lambda n: compile_at(n).fits, {first.batch: first.fits}, guess, what, limit)

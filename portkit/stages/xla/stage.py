@@ -395,7 +395,21 @@ def serving_graphs(model, target_names, out_dir, opts: Options | None = None) ->
     notebook's defaults."""
     opts = Options.defaults() if opts is None else opts
     return _per_compiler(target_names, "serving graphs", "stage 2 compiled generation with its emulated backend",
-                         lambda name: _serving(model, results.serving_buckets(out_dir, name), opts))
+                         lambda name: _serving(model, *_serving_plan(out_dir, name), opts))
+
+
+def _serving_plan(out_dir, name: str) -> tuple[tuple[list[int], list[int]] | None, str]:
+    """(the serving plan's (prompt or source buckets, context buckets), where it comes from): stage 3's; else, for
+    an encoder-decoder, what stage 2's static caches compiled (an encoder taking one source shape, whose window
+    stage 3 does not bucket); else (None, "")."""
+    if planned := results.serving_buckets(out_dir, name):
+        return planned, "stage 3's serving plan, largest buckets"
+    found = results.target_part(results.load(out_dir, "compile"), name)
+    plan = ((getattr(found, "generation", None) or {}).get("plan") or {})
+    if plan.get("encoder_decoder"):
+        return (plan["prompt_buckets"], plan["context_buckets"]), "the source buckets and decoder context stage 2 " \
+                                                                  "compiled"
+    return None, ""
 
 
 def _per_compiler(target_names, what: str, instead: str, check) -> dict:
@@ -406,17 +420,21 @@ def _per_compiler(target_names, what: str, instead: str, check) -> dict:
             for name in specs.parse_targets(target_names)}
 
 
-def _serving(model, plan, opts: Options) -> dict:
+def _serving(model, plan, basis: str, opts: Options) -> dict:
     """One TPU target's prefill and decode graphs at the plan's largest buckets (plan: stage 3's serving
-    plan, (prompt buckets, context buckets), or None), and the largest batch whose decode step fits."""
-    from portkit.stages.xla import generation
+    plan, (prompt buckets, context buckets), or None; basis: where it comes from), and the largest batch whose
+    decode step fits."""
+    from portkit.stages.xla import generation, seq2seq_serving
     from portkit.tpu_compile import sharded
+    from portkit.workloads import encoder_decoder
+    if encoder_decoder.is_encoder_decoder(model):
+        return seq2seq_serving.serve(model, plan, basis, opts.batch_size, opts.topology, opts.dtype)
     if (why := generation.not_kv_cache(model)) is not None:
         return {"status": generation.NOT_KV,
                 "summary": f"serving graphs not compiled: {why}; so their HBM fit and largest batch are not "
                            "assessed"}
     if plan:
-        prompt, context, source = max(plan[0]), max(plan[1]), "stage 3's serving plan, largest buckets"
+        prompt, context, source = max(plan[0]), max(plan[1]), basis
     else:
         context = min(model.max_length, 2 * opts.seq_len)
         prompt, source = min(opts.seq_len, context - 1), "parameter seq_len (no serving plan in buckets.json)"
