@@ -145,8 +145,9 @@ stage.padding_slider(hist, curves, opts.bucket_count)
 # ## Generation (workload "generate"): prefill and decode buckets
 #
 # Serving with a static KV cache compiles a prefill graph per prompt bucket and a decode step per context
-# bucket (the cache's length). Per target, the auto plan (warm-up compiles against padding for
-# `serve_requests`, each compile at the target's cost) beside the powers of two the serving stacks make.
+# bucket (the cache's length); an encoder-decoder, its encoder and decode steps per source bucket, with one
+# decoder context. Per target, the auto plan (warm-up compiles against padding for `serve_requests`, each
+# compile at the target's cost) beside the powers of two the serving stacks make.
 
 # %%
 served = None
