@@ -285,7 +285,7 @@ class Program:
                     found = re.search(r"name (\S+) has no lowering", str(exc))
                     result.status, result.op = "no_lowering", found.group(1) if found else str(exc)
                 result.module_path = tracker.current      # "" is the model's own forward
-                result.where = _model_frame(exc)
+                result.where = model_frame(exc)
                 result.module_type = type(self.module.get_submodule(result.module_path)).__name__
                 return None
             finally:
@@ -296,7 +296,7 @@ class Program:
 CONVERSION_PACKAGES = ("torchax", "jax", "jaxlib")
 
 
-def _model_frame(exc: BaseException) -> dict | None:
+def model_frame(exc: BaseException) -> dict | None:
     """The innermost frame of the model's code (the user's or a library's, not torch, portkit, the stdlib or the
     conversion's packages) in the traceback of a failed trace: the line that called the op."""
     found = owners.innermost([f for f in owners.frames_of(exc) if owners.package(f["file"]) not in CONVERSION_PACKAGES])

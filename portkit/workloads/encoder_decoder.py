@@ -22,6 +22,7 @@ cross-attention cache holding the encoder's keys and values, written at the firs
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
@@ -94,12 +95,28 @@ def _sources(lm, items: list, plan: Plan | None) -> tuple[dict, torch.Tensor | N
 
 
 def encode(model, inputs: dict) -> torch.Tensor:
+    """The encoder's output states for a batch of sources (its inputs as the model's processor makes them)."""
     return model.get_encoder()(**inputs).last_hidden_state
 
 
-def decode(model, hidden, source_mask, ids, cache_position, cache):
+_OUTPUTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def output_class(model, inputs: dict) -> type:
+    """The class of the encoder's own output, read from one eager pass over the first source of `inputs` (once per
+    model): the decoder steps get the encoder's states wrapped in it, as transformers' generate passes the encoder's
+    output whole (an MoE encoder's, Switch Transformers' or NLLB-MoE's, carries router_logits the model reads)."""
+    if model not in _OUTPUTS:
+        with torch.no_grad():
+            _OUTPUTS[model] = type(model.get_encoder()(**{k: v[:1] for k, v in inputs.items()}))
+    return _OUTPUTS[model]
+
+
+def decode(model, hidden, source_mask, ids, cache_position, cache, outputs: type | None = None):
+    """One decoder step: the logits of the next token after `ids`, the caches written in place. outputs: the
+    encoder's output class (output_class), transformers' BaseModelOutput where None."""
     from transformers.modeling_outputs import BaseModelOutput
-    out = model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=source_mask,
+    out = model(encoder_outputs=(outputs or BaseModelOutput)(last_hidden_state=hidden), attention_mask=source_mask,
                 decoder_input_ids=ids, cache=cache, cache_position=cache_position, use_cache=True)
     return out.logits[:, -1].float()
 
@@ -129,13 +146,14 @@ def _run(model, calls, inputs: dict, mask, new_tokens: int, cache: tuple[str, in
     began = time.perf_counter()
     for counter in counters:
         counter.request = 0
+    outputs = output_class(model, inputs)
     hidden = encode(model, inputs)
     cache = caches(model, kind, context, hidden.shape[1])
     ids, tokens, kept = start(model, hidden.shape[0]), [], []
     for step in progress.bar(range(new_tokens), desc=f"{kind}-cache decode", leave=False):
         for counter in counters:
             counter.request = step
-        logits = decode(model, hidden, mask, ids, torch.tensor([step]), cache)
+        logits = decode(model, hidden, mask, ids, torch.tensor([step]), cache, outputs)
         kept.append(logits) if keep_logits else None
         ids = logits.argmax(-1)[:, None]
         tokens.append(ids[:, 0])
@@ -205,11 +223,11 @@ def _counting(decode, late: list[dict]):
     from portkit.targets.backends import call_counting_recompiles
     steps = iter(range(1 << 30))
 
-    def step(model, hidden, source_mask, ids, cache_position, cache):
+    def step(model, hidden, source_mask, ids, cache_position, cache, outputs=None):
         shapes = {"hidden": hidden, "ids": ids, "cache_position": cache_position}
         return call_counting_recompiles(
-            lambda x: decode(model, x["hidden"], source_mask, x["ids"], x["cache_position"], cache), shapes, late,
-            next(steps))
+            lambda x: decode(model, x["hidden"], source_mask, x["ids"], x["cache_position"], cache, outputs), shapes,
+            late, next(steps))
     return step
 
 

@@ -19,12 +19,16 @@ TEXTS = ["Open the file, read every line, and return the sum of the numbers in i
          "A model that runs on one device should give the same answer on another."]
 
 
-@pytest.fixture(scope="module")
-def t5(tmp_path_factory):
+def _zoo(model_type: str, folder):
     sys.path.insert(0, str(ROOT))
     from benchmarks import zoo_build
-    row = next(r for r in zoo_build.enumerate_rows(["seq2seq-lm"]) if r.model_type == "t5")
-    return registry.load(str(zoo_build.build(row, tmp_path_factory.mktemp("zoo"), {})))
+    row = next(r for r in zoo_build.enumerate_rows(["seq2seq-lm"]) if r.model_type == model_type)
+    return registry.load(str(zoo_build.build(row, folder, {})))
+
+
+@pytest.fixture(scope="module")
+def t5(tmp_path_factory):
+    return _zoo("t5", tmp_path_factory.mktemp("zoo"))
 
 
 def test_eager_generation_with_either_cache_is_transformers_own_greedy_decoding(t5):
@@ -129,3 +133,30 @@ def test_stage_3b_compiles_the_decode_step_with_both_caches_for_a_tpu(t5, tmp_pa
     speech = seq2seq_serving.serve(whisper, ([3000], [16]), "stage 2's", 1, "v5e:1x1")
     assert speech["status"] == "compiled" and speech["encoded"] == 1500, speech["summary"]
     assert "its fixed source window (1500 encoded positions)" in speech["summary"]
+
+
+def test_an_moe_encoders_output_reaches_the_decoder_steps_whole(tmp_path):
+    """Rule: the decoder steps get the encoder's states in the encoder's own output class, as transformers' generate
+    passes them: Switch Transformers reads router_logits from it (a BaseModelOutput made stage 2 call the model's
+    generation "refused" for portkit's own wrapper)."""
+    switch = _zoo("switch_transformers", tmp_path)
+    plan = generation.plan_of(switch, TEXTS, 4)
+    static = generation.generate_eager(switch, TEXTS, 4, plan)
+    model = encoder_decoder.decoder_model(switch)
+    enc = switch.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = model.generate(**enc, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1)
+    assert torch.equal(static.tokens, ref[:, 1:])
+
+
+def test_a_decode_step_the_conversion_cannot_trace_names_the_models_line(tmp_path):
+    """Rule: a serving graph portkit's PyTorch-to-JAX conversion stops is "trace_failed" (an open question, never a
+    crash), with the model's line that stopped it (M2M100's positions compare a traced cache position); a decoder
+    without cross-attention (an EncoderDecoderModel's BERT decoder built without it) carries no cross cache."""
+    from portkit.stages.xla import seq2seq_serving
+    m2m = _zoo("m2m_100", tmp_path / "m2m")
+    found = seq2seq_serving.serve(m2m, ([16], [16]), "test", 1, "v5e:1x1")
+    assert found["status"] == "trace_failed" and "modeling_m2m_100.py" in found["summary"], found["summary"]
+    bert = _zoo("encoder-decoder", tmp_path / "bert")
+    assert "cross_keys" not in seq2seq_serving.step_inputs(bert, 1, 16, 16)
+    assert seq2seq_serving.serve(bert, ([16], [16]), "test", 1, "v5e:1x1")["status"] in ("compiled", "trace_failed")

@@ -260,7 +260,9 @@ def compile_program(found: GraphCompile, program, spec: dict, parts: dict[str, l
             lowered = jax.jit(lambda s, c, x: fn(s, (), {**x, **c}), donate_argnums=(1,), keep_unused=True).trace(
                 states, cache, rest).lower()
     except Exception as exc:  # noqa: BLE001 - a graph that does not trace is the finding
-        found.status, found.message = "trace_failed", compiler.error_message(exc)
+        where = compiler.model_frame(exc)       # the model's line, not the conversion's
+        found.status, found.message = "trace_failed", (f"at {where['text']}: " if where else "") + \
+            compiler.error_message(exc)
         return found
     context_key = sharded.check_context(found.topology, topo, "serving graph, cache donated",
                                         code=f"{source_digest(compile_program)}|{source_digest(type(program.module))}")

@@ -33,31 +33,33 @@ class _DecodeStep(nn.Module):
     """One decoder step over explicit caches: (logits of the new token, self-attention keys, values), the keys and
     values stacked over the decoder's layers."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, outputs: type):
         super().__init__()
-        self.model = model
+        self.model, self.outputs = model, outputs     # outputs: the encoder's output class
 
     def forward(self, hidden, decoder_input_ids, cache_position, keys, values, **given):
         """given: cross_keys and cross_values; source_mask (a text source's) and decoder_mask where step_inputs
         gives them."""
-        cross_keys, cross_values = given["cross_keys"], given["cross_values"]
+        cross_keys, cross_values = given.get("cross_keys"), given.get("cross_values")   # None: no cross-attention
         source_mask, decoder_mask = given.get("source_mask"), given.get("decoder_mask")
         from transformers import EncoderDecoderCache, StaticCache
-        from transformers.modeling_outputs import BaseModelOutput
         config = self.model.config.get_text_config(decoder=True)
+        sources = cross_keys.shape[3] if cross_keys is not None else 1
         cache = EncoderDecoderCache(StaticCache(config=config, max_cache_len=keys.shape[3]),
-                                    StaticCache(config=config, max_cache_len=cross_keys.shape[3]))
+                                    StaticCache(config=config, max_cache_len=sources))
         own, cross = cache.self_attention_cache.layers, cache.cross_attention_cache.layers
         for i, (mine, theirs) in enumerate(zip(own, cross)):
             mine.lazy_initialization(keys[i], values[i])
             mine.keys, mine.values = keys[i].clone(), values[i].clone()
             mine.cumulative_length = cache_position[0].clone()
+            if cross_keys is None:
+                continue
             theirs.lazy_initialization(cross_keys[i], cross_values[i])
             theirs.keys, theirs.values = cross_keys[i], cross_values[i]
             theirs.cumulative_length = torch.tensor(cross_keys.shape[3])
             cache.is_updated[i] = True        # written by the first step: every later step reads it
         masks = {} if decoder_mask is None else {"decoder_attention_mask": decoder_mask}
-        out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=source_mask,
+        out = self.model(encoder_outputs=self.outputs(last_hidden_state=hidden), attention_mask=source_mask,
                          decoder_input_ids=decoder_input_ids, cache=cache, cache_position=cache_position,
                          use_cache=True, **masks)
         return out.logits[:, -1], torch.stack([m.keys for m in own]), torch.stack([m.values for m in own])
@@ -66,12 +68,14 @@ class _DecodeStep(nn.Module):
 def step_inputs(lm, batch: int, source: int, context: int, dtype=torch.float32) -> dict:
     """{name: (shape, dtype)} of the decode step for a source bucket of `source` (tokens, or a speech model's window
     of frames) and a decoder context of `context` positions (the sizes _probe reads)."""
-    width, kv, (ck, cv), masked, decoder_mask = _probe(lm, source)
-    layers, encoded, ((kh, kd), (vh, vd)) = ck[0], ck[2], kv       # ck: layers, heads, encoded length, size
-    return {"hidden": ((batch, encoded, width), dtype), "decoder_input_ids": ((batch, 1), torch.int64),
+    width, kv, crossed, masked, decoder_mask, _ = _probe(lm, source)
+    (layers, encoded), ((kh, kd), (vh, vd)) = width[1:], kv
+    (ck, cv) = crossed or (None, None)          # each (layers, heads, encoded length, size)
+    return {"hidden": ((batch, encoded, width[0]), dtype), "decoder_input_ids": ((batch, 1), torch.int64),
             "cache_position": ((1,), torch.int64),
             "keys": ((layers, batch, kh, context, kd), dtype), "values": ((layers, batch, vh, context, vd), dtype),
-            "cross_keys": ((layers, batch, *ck[1:]), dtype), "cross_values": ((layers, batch, *cv[1:]), dtype),
+            **({"cross_keys": ((layers, batch, *ck[1:]), dtype), "cross_values": ((layers, batch, *cv[1:]), dtype)}
+               if crossed else {}),
             **({"source_mask": ((batch, encoded), torch.int64)} if masked else {}),
             # the decoder's mask over its cache, as a serving stack passes it (BART's decoder otherwise sizes one from
             # the cache's length, a traced value: no static shape)
@@ -82,10 +86,11 @@ _PROBES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _probe(lm, source: int):
-    """(encoder width, self-attention (heads, size) of keys and values, cross-attention (layers, heads, encoded
-    length, size) of keys and values, whether the source has a mask, whether the decoder takes one), read from the
-    encoder and one decoder step of one item as the model's own layers write them (on fake tensors where the weights
-    are on the meta device); once per model and source bucket."""
+    """((encoder width, decoder layers, encoded length), self-attention (heads, size) of keys and values, the
+    cross-attention cache's (layers, heads, encoded length, size) of keys and values or None, whether the source
+    has a mask, whether the decoder takes one, the encoder's output class), read from the encoder and one decoder
+    step of one item as the model's own layers write them (on fake tensors where the weights are on the meta
+    device); once per model and source bucket."""
     model = encoder_decoder.decoder_model(lm)
     known = _PROBES.setdefault(model, {})
     if source not in known:
@@ -93,22 +98,28 @@ def _probe(lm, source: int):
         with torch.no_grad(), (torch_private.fake_tensor_mode() if abstract else contextlib.nullcontext()):
             inputs = lm.declaration.dummy(1, {lm.seq_dim: source} if lm.seq_dim else None)
             hidden, mask = encoder_decoder.encode(model, inputs), inputs.get("attention_mask")
+            outputs = encoder_decoder.output_class(model, inputs)
             cache = encoder_decoder.caches(model, "dynamic", 0, 0)
-            encoder_decoder.decode(model, hidden, mask, encoder_decoder.start(model, 1), torch.tensor([0]), cache)
+            encoder_decoder.decode(model, hidden, mask, encoder_decoder.start(model, 1), torch.tensor([0]), cache,
+                                   outputs)
         own, cross = cache.self_attention_cache.layers, cache.cross_attention_cache.layers
         kv = ((own[0].keys.shape[1], own[0].keys.shape[-1]), (own[0].values.shape[1], own[0].values.shape[-1]))
-        shapes = ((len(cross), *cross[0].keys.shape[1:]), (len(cross), *cross[0].values.shape[1:]))
-        known[source] = (hidden.shape[2], kv, shapes, mask is not None,
-                         "decoder_attention_mask" in inspect.signature(model.forward).parameters)
+        # a decoder without cross-attention (an EncoderDecoderModel whose decoder was built without it) writes none
+        crossed = None if getattr(cross[0], "keys", None) is None else (
+            (len(cross), *cross[0].keys.shape[1:]), (len(cross), *cross[0].values.shape[1:]))
+        known[source] = ((hidden.shape[2], len(own), hidden.shape[1]), kv, crossed, mask is not None,
+                         "decoder_attention_mask" in inspect.signature(model.forward).parameters, outputs)
     return known[source]
 
 
 def compile_decode(lm, batch: int, source: int, context: int, topology: str, dtype: str | None = None) -> GraphCompile:
     """The decode step at `batch` for a source bucket and a decoder context, compiled for `topology`."""
     compiler.check_topology(topology)
-    program = compiler.Program(_DecodeStep(encoder_decoder.decoder_model(lm)), compiler.DTYPES.get(dtype))
+    outputs = _probe(lm, source)[-1]
+    program = compiler.Program(_DecodeStep(encoder_decoder.decoder_model(lm), outputs), compiler.DTYPES.get(dtype))
     spec = step_inputs(lm, batch, source, context, program.float_dtype)
-    parts = {"KV cache": ["keys", "values"], "cross-attention cache": ["cross_keys", "cross_values"]}
+    parts = {"KV cache": ["keys", "values"],
+             **({"cross-attention cache": ["cross_keys", "cross_values"]} if "cross_keys" in spec else {})}
     return compile_program(GraphCompile("decode", batch, 1, context, topology, "compiled"), program, spec, parts,
                            ["keys", "values"])
 
