@@ -17,15 +17,15 @@ def _session_cache_root() -> str:
 
     Set in os.environ at import, so the notebook kernels and subprocesses the tests start inherit it:
     no test reads or writes the user's XLA verdicts or lowerings, every session compiles for real once, and
-    within a session no shape is compiled twice. The user's other portkit caches (the standard
-    library's docstrings, keyed by Python version and path) are copied in: they do not depend on
-    anything a test changes, and re-reading the standard library would cost seconds per session."""
-    from portkit.corpora.corpus import CACHE_VARIABLE, cache_root
-    from portkit.tpu_compile import cache
+    within a session no shape is compiled twice. The corpora's caches of the user's (corpus.CORPUS_CACHES: the
+    standard library's docstrings, keyed by Python version and path; synthesized speech) are copied in: they do not
+    depend on anything a test changes, and re-reading the standard library would cost seconds per session. Nothing
+    else is (the zoo's model directories, gigabytes, are rebuilt by the tests that need them)."""
+    from portkit.corpora.corpus import CACHE_VARIABLE, CORPUS_CACHES, cache_root
     user_root, root = cache_root(), tempfile.mkdtemp(prefix="portkit-test-cache-")
-    if user_root.is_dir():
-        shutil.copytree(user_root, root, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(cache.FOLDER, cache.PROGRAMS))
+    for pattern in CORPUS_CACHES if user_root.is_dir() else ():
+        for found in user_root.glob(pattern):
+            (shutil.copytree if found.is_dir() else shutil.copy2)(found, Path(root) / found.name)
     os.environ[CACHE_VARIABLE] = root
     return root
 

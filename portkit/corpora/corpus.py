@@ -77,6 +77,11 @@ _TOKENIZE_CHUNK = 1024     # texts per tokenizer call in length_distribution: on
 SPOKEN_CLIPS = 256         # texts of the corpus an audio model hears spoken (seeded sample; synthesis cached)
 
 
+# The corpora's own caches under cache_root(): what reading the standard library and synthesizing speech leave (each
+# keyed by what it depends on), safe to copy into another cache root.
+CORPUS_CACHES = ("stdlib-docstrings-*.json", "speech")
+
+
 def cache_root() -> Path:
     """The folder every portkit on-disk cache lives under: $PORTKIT_CACHE_DIR when set, else
     $XDG_CACHE_HOME/portkit, else ~/.cache/portkit (the XDG base-directory convention)."""
