@@ -142,19 +142,24 @@ def _generation(run_dirs: dict) -> str:
     for target, run_dir in run_dirs.items():
         buckets = _json(run_dir / "buckets.json").get("generation") or {}
         plan = ((buckets.get("targets") or {}).get(target) or {}).get("auto") or {}
-        xla = (((_json(run_dir / "xla.json").get("targets") or {}).get(target) or {}).get("serving") or {})
-        served = ", ".join(f"{k} {v['status']}" for k, v in xla.items() if isinstance(v, dict) and "status" in v)
         if plan:
             parts.append(f"{target}: prefill {plan['prompt']['boundaries']} decode {plan['context']['boundaries']} "
-                         f"({plan['compiles']} compiles){f'; 3b {served}' if served else ''}")
+                         f"({plan['compiles']} compiles){_served(run_dir, target)}")
         else:
             parts.append(f"{target}: no generation buckets (stage 3 {'absent' if not buckets else 'empty'})")
     return "; ".join(parts)
 
 
+def _served(run_dir: Path, target: str) -> str:
+    """"; 3b GRAPH STATUS, ..." of stage 3b's serving graphs for `target` (xla.json's "serving"), or ""."""
+    xla = (((_json(run_dir / "xla.json").get("targets") or {}).get(target) or {}).get("serving") or {})
+    served = ", ".join(f"{k} {v['status']}" for k, v in xla.items() if isinstance(v, dict) and "status" in v)
+    return f"; 3b {served}" if served else ""
+
+
 def _decoding(run_dirs: dict) -> str:
-    """An encoder-decoder's decoding per target (compile.json's "generation": stage 2's dynamic and static caches), in
-    one line."""
+    """An encoder-decoder's decoding per target (compile.json's "generation": stage 2's dynamic and static caches),
+    its serving plan (buckets.json's, the auto plan) and stage 3b's decode step, in one line."""
     parts = []
     for target, run_dir in run_dirs.items():
         gen = ((_json(run_dir / "compile.json").get("targets") or {}).get(target) or {}).get("generation") or {}
@@ -162,10 +167,14 @@ def _decoding(run_dirs: dict) -> str:
         if not gen:
             parts.append(f"{target}: no decoding (stage 2 holds no generation)")
             continue
+        plan = (((_json(run_dir / "buckets.json").get("generation") or {}).get("targets") or {}).get(target)
+                or {}).get("auto") or {}
+        serving = (f"; serving: source {plan['prompt']['boundaries']} x decoder context "
+                   f"{plan['context']['boundaries']} ({plan['compiles']} compiles)" if plan else "")
         parts.append(f"{target}: dynamic cache "
                      + (f"{dynamic['compiles']} compiles" if dynamic else "refused") + ", static cache "
                      + (f"{static['warmup_compiles']} warm-up + {static['compiles']} after" if static else "refused")
-                     + f" ({gen['new_tokens']} tokens)")
+                     + f" ({gen['new_tokens']} tokens){serving}{_served(run_dir, target)}")
     return "; ".join(parts)
 
 
