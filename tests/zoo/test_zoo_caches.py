@@ -187,6 +187,9 @@ def test_a_static_cache_the_model_raises_with_is_a_finding_and_the_stages_go_on(
     assert where["file"].endswith("transformers/cache_utils.py") and advice.startswith("a lead, not tried")
     assert found.to_dict()["refused"]["static"]["cache"] == "static"
     assert "StaticCache cannot be built" in not_kv_cache(lm)
+    # a model with a cache of its own refuses the StaticCache in its forward: the serving graph's question, not a crash
+    refusal = not_kv_cache(zoo("minimax.causal-lm"))
+    assert "refused by MiniMaxForCausalLM" in refusal and "modeling_minimax.py" in refusal, refusal
     inputs = lm.encode(TEXTS, 16)
     recorded = find_fallbacks(lm, inputs, ["tpu"], RecordSettings(workload="generate", prompts=TEXTS))
     assert "dynamic KV cache (the static one raises: KeyError" in recorded.inputs["description"]

@@ -85,15 +85,17 @@ NOT_KV = "not a key/value cache"     # the serving graphs' status where the mode
 def not_kv_cache(lm) -> str | None:
     """Why the model's StaticCache is not one the serving graph carries (keys and values of its attention layers, as
     heads x positions x head size, and the conv and recurrent states of its state-space or linear-attention layers),
-    or None where it is: a model whose layer types the StaticCache has no layer for (it raises) has none to carry.
+    or None where it is: a model whose layer types the StaticCache has no layer for (it raises), or that refuses it in
+    its forward, has none to carry.
     (An encoder-decoder's two caches are portkit.stages.xla.seq2seq_serving's.)"""
     model = generation.causal_model(lm)
     try:
         layers = generation.cache_layers(model)
-    except Exception as exc:  # noqa: BLE001 - a cache the library cannot build for the model is the answer
+        state_shapes(model)     # one step into a StaticCache: a model with a cache of its own refuses it (MiniMax)
+    except Exception as exc:  # noqa: BLE001 - a cache the library cannot build, or the model refuses, is the answer
         refused = generation.refused(exc, "static")
-        return f"transformers' StaticCache cannot be built for {type(model).__name__}: {refused.message}" + (
-            f" at {refused.where['text']}" if refused.where else "")
+        return f"transformers' StaticCache cannot be built for or is refused by {type(model).__name__}: " \
+               f"{refused.message}" + (f" at {refused.where['text']}" if refused.where else "")
     config = _text_config(model)
     if any(hasattr(layer, "keys") for layer in layers) and not getattr(config, "num_attention_heads", None):
         return f"{type(config).__name__} names no num_attention_heads to size a key/value cache by"
