@@ -59,9 +59,24 @@ def decodes_token_by_token(config) -> bool:
 def not_assessed(module: nn.Module) -> tuple[dict, ...]:
     """The questions the stages cannot answer for `module` (core.assessed's {"question", "why"}): (DECODING,) where
     it holds an encoder-decoder that decodes token by token (a transformers model whose config says
-    is_encoder_decoder: Whisper, T5, BART...; not a DETR-style detector), else none."""
-    decoders = (m for m in module.modules() if decodes_token_by_token(getattr(m, "config", None)))
+    is_encoder_decoder: Whisper, T5, BART...; not a DETR-style detector, nor a model of such a config that cannot
+    generate: WhisperForAudioClassification, Whisper's encoder and a classification head), else none."""
+    decoders = _decoders(module)
     return (DECODING,) if next(decoders, None) is not None else ()
+
+
+def _decoders(module: nn.Module):
+    """The modules of `module` whose config decodes token by token, outside any transformers model that cannot
+    generate (its can_generate() false: a model class without GenerationMixin, its layers sharing its config)."""
+    inside = set()
+    for m in module.modules():            # parents before their children
+        if id(m) in inside:
+            continue
+        can = getattr(m, "can_generate", None)
+        if callable(can) and not can():
+            inside.update(id(x) for x in m.modules())
+        elif decodes_token_by_token(getattr(m, "config", None)):
+            yield m
 
 
 def pair(text: str) -> tuple[str, str]:

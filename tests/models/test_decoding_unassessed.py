@@ -80,3 +80,18 @@ def test_a_detr_style_detector_decodes_its_queries_in_one_pass_and_has_nothing_t
     seq2seq_like = torch.nn.Module()
     seq2seq_like.config = SimpleNamespace(is_encoder_decoder=True)
     assert seq2seq.not_assessed(seq2seq_like) == (seq2seq.DECODING,)
+
+
+def test_a_classifier_on_an_encoder_decoders_config_has_no_decoding_to_assess():
+    """Rule: WhisperForAudioClassification holds Whisper's config (is_encoder_decoder) but only its encoder and a
+    classification head: it cannot generate, so its decoding is no open question (the zoo's Whisper audio classifier
+    was "not assessed" for it); Whisper's generating model still names it."""
+    from transformers import WhisperConfig, WhisperForAudioClassification, WhisperForConditionalGeneration
+    torch.manual_seed(0)
+    cfg = WhisperConfig(vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80,
+                        max_target_positions=32, num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                        decoder_start_token_id=3)
+    assert WhisperForAudioClassification(cfg).config.is_encoder_decoder
+    assert seq2seq.not_assessed(WhisperForAudioClassification(cfg)) == ()
+    assert seq2seq.not_assessed(WhisperForConditionalGeneration(cfg)) == (seq2seq.DECODING,)
