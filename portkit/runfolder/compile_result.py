@@ -57,6 +57,17 @@ class Target(reading.TargetPart):
     fixed_shape: dict | None             # the fixed input shape {"batch": B, "seq": S}, seq None for an image model
     compile_cost: dict | None            # the compile cost model (economics.CostModel.to_dict)
 
+    @property
+    def encoder_decoder_plan(self) -> tuple[list[int], list[int], bool] | None:
+        """An encoder-decoder's static-cache plan stage 2 decoded with (workload generate): (source buckets, decoder
+        contexts, whether the source is one fixed shape); None for another model, or where the static caches did
+        not run."""
+        found = self.generation if isinstance(self.generation, dict) else {}
+        plan = found.get("plan")
+        if not (found.get("static") and isinstance(plan, dict) and plan.get("encoder_decoder")):
+            return None
+        return list(plan["prompt_buckets"]), list(plan["context_buckets"]), bool(plan.get("fixed_source"))
+
     @classmethod
     def from_dict(cls, t: reading.Node) -> Target:
         shape = t.at("fixed_shape")

@@ -351,8 +351,8 @@ def _served(present: list[StageResult], name: str) -> bool:
     if planned is not None and name in planned.generation:
         return True
     compiled = next((s.result.targets.get(name) for s in present if s.name == "compile"), None)
-    found = getattr(compiled, "generation", None) or {}
-    return bool(found.get("static") and (found.get("plan") or {}).get("fixed_source"))
+    decoded = compiled.encoder_decoder_plan if compiled is not None else None
+    return bool(decoded and decoded[2])
 
 
 def _model_questions(model: dict) -> list[dict]:

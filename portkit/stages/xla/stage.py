@@ -405,10 +405,9 @@ def _serving_plan(out_dir, name: str) -> tuple[tuple[list[int], list[int]] | Non
     if planned := results.serving_buckets(out_dir, name):
         return planned, "stage 3's serving plan, largest buckets"
     found = results.target_part(results.load(out_dir, "compile"), name)
-    plan = ((getattr(found, "generation", None) or {}).get("plan") or {})
-    if plan.get("encoder_decoder"):
-        return (plan["prompt_buckets"], plan["context_buckets"]), "the source buckets and decoder context stage 2 " \
-                                                                  "compiled"
+    decoded = found.encoder_decoder_plan if found is not None else None
+    if decoded:
+        return decoded[:2], "the source buckets and decoder context stage 2 compiled"
     return None, ""
 
 
