@@ -16,8 +16,9 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 # Two processes side by side (compiling leaves a core idle much of the time): the notebooks under
 # nbval, in order (each reads the results of the ones before, in runs/notebook), then the check of
-# the report they wrote, then the unit tests that run notebooks or a browser themselves (BESIDE: the two
-# halves then take about as long); and the other unit tests. Extra arguments go to both. The notebooks run
+# the report they wrote, then the unit tests that run notebooks or a browser themselves and one file of compiles
+# (BESIDE: the two halves then take about as long, 451 s and 508 s from a fresh clone before that file moved);
+# and the other unit tests. Extra arguments go to both. The notebooks run
 # with the small parameters of tools/prepare_notebooks.py (papermill injects them; nothing else changes).
 # One thread of torch (OpenMP) each: two processes of two threads on two cores wait on each other (measured
 # on this 2-core machine: 457 s side by side with two threads each, 324 s with one).
@@ -25,7 +26,8 @@ export OMP_NUM_THREADS=1
 BESIDE=(tests/notebooks/test_workbook_report.py tests/cli/test_cli.py tests/run/test_runner.py
         tests/stages/report/test_report_browser.py tests/zoo/test_zoo.py tests/zoo/test_zoo_caches.py
         tests/run/test_interrupt.py tests/stages/compile/test_loop_finding.py
-        tests/deploy/test_deploy.py tests/stages/report/test_report_numbers.py)
+        tests/deploy/test_deploy.py tests/stages/report/test_report_numbers.py
+        tests/workloads/test_encoder_decoder.py)
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null
