@@ -27,6 +27,11 @@ from _inductor_cache import own_inductor_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_VARIABLE = "PORTKIT_CACHE_DIR"      # portkit.corpora.corpus.CACHE_VARIABLE: portkit's cache root
+# What the default workbook aims at for both targets, in seconds, on a host whose MiniLM trace takes about 1.1 s
+# (printed below): an everyday rerun after each change to the model.
+COLD_AIM, WARM_AIM = 60, 40
+# A stage's line as `portkit run` prints it: "[stage] summary (N s)" or "(N s, peak X GiB)"
+STAGE_LINE = re.compile(r"^\[(\w+)\] .* \((\d+) s(?:, peak [^)]*)?\)$", re.M)
 
 
 def _run(out: Path) -> tuple[float, dict, dict]:
@@ -39,7 +44,7 @@ def _run(out: Path) -> tuple[float, dict, dict]:
     if done.returncode != 0:
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
         sys.exit(f"portkit run failed with exit code {done.returncode}")
-    stages = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\[(\w+)\] .* \((\d+) s\)$", done.stdout, re.M)}
+    stages = {m.group(1): float(m.group(2)) for m in STAGE_LINE.finditer(done.stdout)}
     verdicts = json.loads((out / "report.json").read_text())["targets"]
     return total, stages, {n: f"{t['verdict']} ({t['mode']})" for n, t in verdicts.items()}
 
@@ -81,8 +86,8 @@ def main() -> None:
         for name, seconds in stages.items():
             print(f"  {name:10s} {seconds:6.0f} s  {'#' * int(seconds / 2)}")
         slowest = max(stages, key=stages.get) if stages else "?"
-        print(f"total wall time {total:.0f} s ({total / 60:.1f} min; caches as found; aim <= 60 s warm, "
-              f"<= 120 s cold); slowest stage: {slowest}")
+        print(f"total wall time {total:.0f} s ({total / 60:.1f} min; caches as found; aim <= {WARM_AIM} s warm, "
+              f"<= {COLD_AIM} s cold); slowest stage: {slowest}")
         print("verdicts: " + ", ".join(f"{n}: {v}" for n, v in verdicts.items()))
         return
     trace_before = _trace_seconds()
@@ -102,9 +107,10 @@ def main() -> None:
     print(f"  {'stage':10s} {'cold':>7s} {'warm':>7s}   (stage seconds as `portkit run` prints them, whole seconds)")
     for name in dict.fromkeys([*cold[1], *warm[1]]):
         print(f"  {name:10s} {cold[1].get(name, float('nan')):6.0f}s {warm[1].get(name, float('nan')):6.0f}s")
-    print(f"total wall time: cold {cold[0]:.0f} s (aim <= 120 s: {'met' if cold[0] <= 120 else 'NOT met'}), "
-          f"warm {warm[0]:.0f} s (aim <= 60 s: {'met' if warm[0] <= 60 else 'NOT met'}); cold/warm "
-          f"{cold[0] / warm[0]:.1f}x")
+    met = {name: "met" if run[0] <= aim else "NOT met" for name, run, aim in (("cold", cold, COLD_AIM),
+                                                                             ("warm", warm, WARM_AIM))}
+    print(f"total wall time: cold {cold[0]:.0f} s (aim <= {COLD_AIM} s: {met['cold']}), warm {warm[0]:.0f} s "
+          f"(aim <= {WARM_AIM} s: {met['warm']}); cold/warm {cold[0] / warm[0]:.1f}x")
     for name, run in (("cold", cold), ("warm", warm)):
         print(f"verdicts {name}: " + ", ".join(f"{n}: {v}" for n, v in run[2].items()))
     print(f"host speed: one MiniLM Dynamo trace (no backend work, median of 3) took {trace_before:.2f} s before "
