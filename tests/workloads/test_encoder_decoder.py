@@ -160,3 +160,17 @@ def test_a_decode_step_the_conversion_cannot_trace_names_the_models_line(tmp_pat
     bert = _zoo("encoder-decoder", tmp_path / "bert")
     assert "cross_keys" not in seq2seq_serving.step_inputs(bert, 1, 16, 16)
     assert seq2seq_serving.serve(bert, ([16], [16]), "test", 1, "v5e:1x1")["status"] in ("compiled", "trace_failed")
+
+
+def test_a_decoder_step_the_model_raises_in_leaves_the_serving_graphs_open(t5, monkeypatch):
+    """Rule: stage 3b's probe of the decoder step is the model's call: where the model raises in it (its own code,
+    not portkit's), the serving graphs' HBM fit is an open question with what it raised, never a crash of the stage."""
+    from portkit.stages.xla import seq2seq_serving
+    from portkit.stages.xla.generation import NOT_KV
+
+    def raising(*args, **kwargs):
+        raise ValueError("this decoder refuses the cache it is given")
+    monkeypatch.setattr(seq2seq_serving, "_PROBES", type(seq2seq_serving._PROBES)())
+    monkeypatch.setattr(encoder_decoder, "decode", raising)
+    found = seq2seq_serving.serve(t5, ([16], [16]), "test", 1, "v5e:1x1")
+    assert found["status"] == NOT_KV and "refuses the cache it is given" in found["summary"]

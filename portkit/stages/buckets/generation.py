@@ -126,8 +126,8 @@ def fit(model, corpus, costs: dict, token_seconds, new_tokens: int, serve_reques
 def fit_sources(hist, costs: dict, token_seconds, new_tokens: int, serve_requests: int, max_batch: int,
                  budget_seconds: float | None = None) -> ServingPlans:
     """An encoder-decoder's serving plans per target: auto and pow2 source buckets over `hist` (its source lengths,
-    the stage's histogram), one decoder
-    context (encoder_decoder.decoder_context), GRAPHS_PER_SOURCE graphs per source bucket and batch size."""
+    the stage's histogram), one decoder context (encoder_decoder.decoder_context), GRAPHS_PER_SOURCE graphs per
+    source bucket and batch size."""
     graphs, context = encoder_decoder.GRAPHS_PER_SOURCE, encoder_decoder.decoder_context(new_tokens)
     batches = batch_buckets(max_batch)
     one = {"boundaries": [context], "k": 1, "padding_waste": (context - new_tokens) / context,
@@ -143,8 +143,8 @@ def fit_sources(hist, costs: dict, token_seconds, new_tokens: int, serve_request
                  "pow2": plan_pow2(hist, minimum=generation.MIN_PROMPT_BUCKET)}
         out[name] = {"compile": label, "kind": ENCODER_DECODER,
                      "padding_price": economics.prices_to_dict({name: price})[name]}
-        for label, plan in plans.items():
-            out[name][label] = {
+        for which, plan in plans.items():
+            out[name][which] = {
                 "prompt": _plan(plan), "context": one, "compiles": len(batches) * graphs * plan.k,
                 "warmup_seconds": float(len(batches) * sum(per_bucket(b) for b in plan.boundaries)),
                 "padding_seconds": float(plan.padded_tokens * serve_requests / plan.requests * float(price))}

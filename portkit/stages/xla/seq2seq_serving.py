@@ -137,14 +137,22 @@ def serve(lm, plan, basis: str, batch: int, topology: str, dtype: str | None = N
     """One TPU target's decode step at the plan's largest source bucket and its decoder context (plan: (source
     buckets, decoder contexts), stage 3's serving plan or the one stage 2's static caches compiled, as `basis`
     says), at `batch`, and the largest batch whose decode step fits: the serving graphs' entry of xla.json."""
+    from portkit.stages.xla.generation import NOT_KV
     from portkit.tpu_compile import sharded
+    from portkit.workloads import generation
     if plan:
         source, context = max(plan[0]), max(plan[1])
     else:
         source = min(lm.max_length or encoder_decoder.MAX_PROMPT, encoder_decoder.MAX_PROMPT)
         context, basis = encoder_decoder.decoder_context(1), "no serving plan from stage 2 or 3: portkit's defaults"
+    try:
+        encoded = _probe(lm, source)[0][2]      # the encoder's output length
+    except Exception as exc:  # noqa: BLE001 - a decoder step the model raises in is the answer (portkit's own: raised)
+        refused = generation.refused(exc, "dynamic")
+        return {"status": NOT_KV, "summary": f"serving graphs not compiled: the model raises in one eager decoder "
+                                             f"step: {refused.text()}; so their HBM fit and largest batch are not "
+                                             "assessed"}
     step = compile_decode(lm, batch, source, context, topology, dtype)
-    encoded = step_inputs(lm, 1, source, context)["hidden"][0][1]     # the encoder's output length
     at = (f"its fixed source window ({encoded} encoded positions)" if encoder_decoder.fixed_source(lm)
           else f"a {source}-token source bucket")
     found = {"decode": step.to_dict(), "source_bucket": source, "encoded": encoded, "context": context,
