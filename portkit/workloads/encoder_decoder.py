@@ -57,7 +57,7 @@ GRAPHS_PER_SOURCE = 3
 def fixed_source(lm) -> bool:
     """Whether the encoder takes one source shape (a speech model's fixed window of frames): its serving plan is then
     the one source bucket and decoder context stage 2 compiled, with nothing to choose."""
-    return is_encoder_decoder(lm) and not _text_source(lm) and lm.seq_dim is None
+    return is_encoder_decoder(lm) and lm.seq_dim is None      # no varying dimension: not a text source either
 
 
 def decoder_context(new_tokens: int) -> int:
