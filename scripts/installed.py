@@ -21,6 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = ROOT / ".venv" / "portkit-installed.json"
 EXTRA_PACKAGES = {"audio": ["torchcrepe==0.0.24"]}   # installed with --no-deps by bootstrap.sh: not followed
+# What an install by bootstrap.sh includes; a stamp of another format reinstalls once. 2: its packages
+# byte-compiled (an install stamped before that may hold none, and each new interpreter then compiles torch).
+FORMAT = 2
 
 
 def _digest() -> str:
@@ -59,7 +62,8 @@ def _satisfied(requirements: list[str], follow: bool) -> bool:
 def installed(extras: list[str]) -> bool:
     try:
         stamp = json.loads(STAMP.read_text())
-        if stamp.get("pyproject") != _digest() or not set(extras) <= set(stamp.get("extras", [])):
+        if stamp.get("format") != FORMAT or stamp.get("pyproject") != _digest() \
+                or not set(extras) <= set(stamp.get("extras", [])):
             return False
         project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
         wanted = project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
@@ -74,8 +78,9 @@ def record(extras: list[str]) -> None:
         before = json.loads(STAMP.read_text())
     except (OSError, ValueError):
         before = {}
-    kept = before.get("extras", []) if before.get("pyproject") == _digest() else []
-    STAMP.write_text(json.dumps({"pyproject": _digest(), "extras": sorted(set(kept) | set(extras))}))
+    same = before.get("pyproject") == _digest() and before.get("format") == FORMAT
+    kept = before.get("extras", []) if same else []
+    STAMP.write_text(json.dumps({"format": FORMAT, "pyproject": _digest(), "extras": sorted(set(kept) | set(extras))}))
 
 
 if __name__ == "__main__":
