@@ -23,13 +23,16 @@ else
   # pip's configuration: where uv cannot be installed or cannot install (no PyPI here, a private index), pip does it
   # all as before. torch comes from pip either way: its CPU build is the local wheel pip's find-links names, or
   # PyTorch's CPU index; uv keeps the installed torch, which satisfies portkit's pin.
-  uv=()
+  # With uv, pip installs torch alone and uv installs torch's dependencies with portkit's (and byte-compiles them):
+  # what pip installs is then torch (and torchcrepe) only, the folders compiled below.
+  uv=() torch_alone=()
   if "${install[@]}" 'uv>=0.9,<1' > /dev/null 2>&1; then
     uv=(.venv/bin/uv pip install --quiet --python .venv/bin/python --compile-bytecode)
+    torch_alone=(--no-deps)
   fi
   if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-      "${install[@]}" torch==2.13.0
+      "${install[@]}" "${torch_alone[@]}" torch==2.13.0
     else
       # A local CPU wheel (pip's find-links) first, its dependencies from pip's configured index (or uv's, below).
       # Otherwise the CPU build comes from PyTorch's CPU wheel index, added beside pip's own index
@@ -37,7 +40,7 @@ else
       if "${install[@]}" --no-index --no-deps torch==2.13.0 2>/dev/null; then
         [ ${#uv[@]} -gt 0 ] || "${install[@]}" torch==2.13.0
       else
-        "${install[@]}" torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+        "${install[@]}" "${torch_alone[@]}" torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
       fi
     fi
   fi
