@@ -4,13 +4,14 @@
     ...     papermill.execute_notebook(a, a_out, km=kernel.for_stage())   # starts the kernel
     ...     papermill.execute_notebook(b, b_out, km=kernel.for_stage())   # the same kernel, its namespace cleared
 
-A fresh kernel per stage pays for a new interpreter and for importing torch, transformers and portkit again;
-a kept kernel pays for them once per run. A kept kernel is cleared between stages: IPython's reset empties
-the namespace (no variable of one stage reaches the next), open figures are closed, Dynamo's compiled code dropped
-(torch.compiler.reset) and the cells numbered from 1 again, so a stage starts as it would in a new kernel,
-with its imports already done. The stages seed what they sample, so kept kernels give the same results as
-fresh ones. A kernel that died is replaced for the next stage. Each notebook still runs on its own in a
-fresh kernel (JupyterLab, nbval): nothing in a stage may rely on an earlier stage's kernel.
+A fresh kernel per stage pays for a new interpreter and for importing torch, transformers and portkit again; a kept
+kernel pays for them once per run, and a new one is forked from a server that has imported them
+(run/kernel_forks.py), so the run's second kernel and a replaced one start with them imported. A kept kernel is
+cleared between stages: IPython's reset empties the namespace (no variable of one stage reaches the next), open
+figures are closed, Dynamo's compiled code dropped (torch.compiler.reset) and the cells numbered from 1 again, so a
+stage starts as it would in a new kernel, with its imports already done. The stages seed what they sample, so kept
+kernels give the same results as fresh ones. A kernel that died is replaced for the next stage. Each notebook still
+runs on its own in a fresh kernel (JupyterLab, nbval): nothing in a stage may rely on an earlier stage's kernel.
 
 Two stages that do not read each other's results run at once, each in its own kernel (a lane), where the
 machine has the cores and the memory for both (lanes_for).
@@ -24,6 +25,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
 from portkit.core import memory
+from portkit.run import kernel_forks
 from portkit.targets import allocator
 
 # The kernels' environment, set by the runner where the user has not:
@@ -46,6 +48,9 @@ LANES = 2
 # state and copies (about 2.5 times those 12 bytes).
 KERNEL_BYTES = 2 * 2 ** 30
 BYTES_PER_PARAMETER = 32
+# Whether a new kernel is forked from a server that has imported torch, transformers and the stages already
+# (run/kernel_forks.py: where it can; elsewhere it starts as jupyter_client starts it)
+FORK = True
 # seconds to wait for the kept kernel to answer, and to clear its namespace (a reset takes well under one)
 READY_SECONDS = 60
 # Run in the kept kernel before each later stage. Nothing here imports a module the stage did not.
@@ -93,12 +98,17 @@ class SharedKernel:
         if self.closed:
             return
         self.km = AsyncKernelManager(kernel_name=self.kernel_name)
+        if FORK:
+            self.km.provisioner = kernel_forks.provisioner(self.km)
         with contextlib.ExitStack() as stack:
             streams = {}
             if self.log is not None:
                 handle = stack.enter_context(open(self.log, "ab"))   # the kernel holds its own copy once started
                 streams = {"stdout": handle, "stderr": handle}
             run_sync(self.km.start_kernel)(cwd=self.cwd, extra_arguments=self.extra_arguments, **streams)
+            started = getattr(self.km.provisioner, "started", "")
+            if self.log is not None and started:
+                handle.write(f"---- kernel lane {self.lane} started: {started}\n".encode())
         self.prepared = True
         if self.killed:   # killed while it started: the new kernel goes too
             self.kill()

@@ -56,8 +56,9 @@ def _keep_if_whole(partial: Path, output: Path) -> None:
 
 
 class PeakMemory:
-    """The largest resident memory this process and its children (the kernels) held together, sampled every
-    `every` seconds on a daemon thread while the stages run (psutil), to say what a dead kernel had reached."""
+    """The largest resident memory this process and its children (the kernels, their fork server) held together,
+    sampled every `every` seconds on a daemon thread while the stages run (psutil), to say what a dead kernel had
+    reached. Pages a forked kernel shares with its server count in both: a bound from above."""
 
     def __init__(self, every: float = 0.5):
         import threading

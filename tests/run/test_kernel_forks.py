@@ -1,0 +1,139 @@
+"""Stage kernels forked from the fork server (portkit/run/kernel_forks.py): a forked kernel is what a launched one would
+be (its environment, folder, Python path, arguments, session, output), its death and exit status are seen as a
+launched kernel's, it does not outlive the process that started it, and a kernel that cannot be forked starts as a
+new interpreter with the reason in the run's kernel log."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from portkit.run import kernel_forks
+
+# In a process of its own (the fork server takes this process's environment when it starts): two kernels as the
+# runner starts them, one launched (FORK off) and one forked, each answering what it was started with; then the forked
+# one killed and its status read; one started after the environment changed (not forked); and a last forked kernel
+# left running when the process exits.
+PROBE = textwrap.dedent('''
+    import json, os, signal, sys, time
+    from jupyter_core.utils import run_sync
+    from portkit.run import jupyter_kernels, stage_kernel
+
+    CELL = """
+    import json, os, sys, psutil
+    import mine
+    os.write(2, b"written on the kernel's stderr\\\\n")
+    print(json.dumps({"cwd": os.getcwd(), "path": sys.path, "argv0": sys.argv[0], "mine": mine.__file__,
+                      "variables": {k: os.environ.get(k) for k in ("PYTHONPATH", "OMP_WAIT_POLICY", "PROBE_VALUE")},
+                      "own_group": os.getpgid(0) == os.getpid(), "own_session": os.getsid(0) == os.getpid(),
+                      "stdin": os.path.realpath("/proc/self/fd/0"),
+                      "parent_threads": len(psutil.Process(os.getppid()).threads())}))
+    """
+
+    async def ask(km):
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=60)
+        out = []
+        await kc.execute_interactive(CELL, timeout=60, output_hook=lambda m: out.append(m["content"].get("text", ""))
+                                     if m["msg_type"] == "stream" and m["content"]["name"] == "stdout" else None)
+        kc.stop_channels()
+        return json.loads("".join(out))
+
+    folder, log = sys.argv[1], sys.argv[2]
+    answers = {}
+    with stage_kernel.kernel_environment(folder):
+        for fork in (False, True):
+            jupyter_kernels.FORK = fork
+            kernel = jupyter_kernels.SharedKernel(cwd=folder, log=log)
+            km = kernel.for_stage()
+            answers["forked" if fork else "launched"] = {**run_sync(ask)(km),
+                                                         "process": type(km.provisioner.process).__name__}
+            if fork:
+                pid = km.provisioner.process.pid
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while kernel.exit_status() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                answers["killed_status"] = kernel.exit_status()
+            kernel.close()
+        os.environ["PROBE_VALUE"] = "changed after the server started"   # read at import by nothing, but unknown
+        kernel = jupyter_kernels.SharedKernel(cwd=folder, log=log)
+        answers["changed"] = {**run_sync(ask)(kernel.for_stage()),
+                              "process": type(kernel.km.provisioner.process).__name__}
+        kernel.close()
+        os.environ["PROBE_VALUE"] = "from the run"
+        left = jupyter_kernels.SharedKernel(cwd=folder, log=log)
+        answers["left_pid"] = left.for_stage().provisioner.process.pid
+    print("ANSWERS " + json.dumps(answers))
+''')
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kernel-folder")
+    (folder / "mine.py").write_text("VALUE = 1\n")
+    log = folder / "kernels.log"
+    script = folder / "probe.py"
+    script.write_text(PROBE)
+    env = {**os.environ, "PROBE_VALUE": "from the run"}
+    done = subprocess.run([sys.executable, str(script), str(folder), str(log)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=folder)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("ANSWERS ")), None)
+    assert done.returncode == 0 and line, done.stdout + done.stderr
+    return json.loads(line.removeprefix("ANSWERS ")), log.read_text(), folder
+
+
+def test_a_forked_kernel_is_what_a_launched_one_would_be(probed):
+    answers, log, folder = probed
+    launched, forked = answers["launched"], answers["forked"]
+    assert launched["process"] == "Popen" and forked["process"] == "ForkedKernel"
+    for key in ("cwd", "path", "argv0", "mine", "variables", "own_group", "own_session"):
+        assert forked[key] == launched[key], key
+    # stdin: the launched kernel's is a pipe nobody writes to (jupyter_client's), the forked one's /dev/null: neither
+    # is ever read (a kernel's input comes over its stdin channel) nor a terminal
+    assert forked["cwd"] == str(folder) and forked["mine"] == str(folder / "mine.py")   # the run's folder imports
+    assert forked["variables"]["PROBE_VALUE"] == "from the run" and forked["variables"]["OMP_WAIT_POLICY"]
+    assert forked["own_group"] and forked["own_session"] and forked["stdin"] == os.devnull
+    assert launched["stdin"].startswith("/proc/") and "pipe:" in launched["stdin"]
+    # the server it was forked from runs one thread: a fork copies only the forking one, so a lock another thread
+    # held at the fork would stay held in the kernel for ever
+    assert forked["parent_threads"] == 1
+    # both kernels' own output reached the run's kernel log, and the log says how each started
+    assert log.count("written on the kernel's stderr") == 3
+    assert log.count("forked from the fork server") == 2   # the probed kernel, the one left running
+
+
+def test_a_kernel_that_cannot_be_forked_starts_as_a_new_interpreter_and_the_log_says_why(probed):
+    answers, log, _ = probed
+    changed = answers["changed"]
+    assert changed["process"] == "Popen" and changed["variables"]["PROBE_VALUE"] == "changed after the server started"
+    assert ("started: a new interpreter (not forked: its environment differs from the fork server's in PROBE_VALUE)"
+            in log)
+
+
+def test_a_forked_kernels_death_is_seen_with_its_signal_and_none_outlives_its_process(probed):
+    answers, _, _ = probed
+    assert answers["killed_status"] == -signal.SIGKILL   # as subprocess.Popen reports a SIGKILL
+    deadline = time.monotonic() + 30   # the process that started it has exited: so has the kernel
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{answers['left_pid']}"):
+        time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{answers['left_pid']}")
+
+
+def test_a_kernel_is_forked_only_where_nothing_read_at_import_differs(monkeypatch):
+    monkeypatch.setattr(kernel_forks, "_server", {})   # no server yet in this process: one would start with os.environ
+    monkeypatch.delenv("PORTKIT_PROBE_VALUE", raising=False)
+    command = [sys.executable, "-m", "ipykernel_launcher", "-f", "connection.json"]
+    assert kernel_forks.forkable(command, {"env": {**os.environ, "PYTEST_CURRENT_TEST": "another"}}) == ""
+    why = kernel_forks.forkable(command, {"env": {**os.environ, "PORTKIT_PROBE_VALUE": "1"}})
+    assert why == "its environment differs from the fork server's in PORTKIT_PROBE_VALUE"
+    why = kernel_forks.forkable(["/usr/bin/env", "python", "-m", "ipykernel_launcher"], {})
+    assert why.startswith("its command is not this Python's ipykernel_launcher")
+    assert kernel_forks.forkable(command, {"stdout": subprocess.PIPE}) == "its stdout is not a file"
