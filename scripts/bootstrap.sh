@@ -35,12 +35,17 @@ else
       "${install[@]}" "${torch_alone[@]}" torch==2.13.0
     else
       # A local CPU wheel (pip's find-links) first, its dependencies from pip's configured index (or uv's, below).
-      # Otherwise the CPU build comes from PyTorch's CPU wheel index, added beside pip's own index
-      # (not instead of it): PyPI's Linux torch wheel is the CUDA build, and 2.13.0+cpu ranks above it.
+      # Otherwise the CPU build from PyTorch's CPU wheel index alone (--index-url, and the +cpu version): PyPI's
+      # Linux torch wheel is the CUDA build, several GB, which pip would otherwise take without a word where that
+      # index cannot be reached. Its dependencies come with portkit's below (pip or uv resolve them from there).
       if "${install[@]}" --no-index --no-deps torch==2.13.0 2>/dev/null; then
         [ ${#uv[@]} -gt 0 ] || "${install[@]}" torch==2.13.0
-      else
-        "${install[@]}" "${torch_alone[@]}" torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+      elif ! "${install[@]}" --no-deps --retries 1 --timeout 20 torch==2.13.0+cpu \
+             --index-url https://download.pytorch.org/whl/cpu 2>/dev/null; then
+        echo "bootstrap: could not install torch 2.13.0's CPU build: no torch-2.13.0+cpu wheel in pip's find-links" \
+             "and https://download.pytorch.org/whl/cpu cannot be reached; put the wheel in a folder and set" \
+             "PIP_FIND_LINKS to it (a CUDA build is not installed on a machine without an NVIDIA GPU)" >&2
+        exit 1
       fi
     fi
   fi
