@@ -503,11 +503,13 @@ def _commits(results: list[Result], current: str) -> str:
 
 
 def cpu_seconds() -> float:
-    """User and system CPU seconds of this process and of its children that ended (a row's kernels end with its
-    run): on a shared machine a row's CPU time moves less with the load than its wall time."""
+    """User and system CPU seconds of this process, of its children that ended and of the kernels forked for it that
+    ended (a row's kernels end with its run): on a shared machine a row's CPU time moves less with the load than its
+    wall time."""
     import resource
-    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
-                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+    from portkit.run import kernel_forks
+    return kernel_forks.cpu_seconds() + sum(u.ru_utime + u.ru_stime for u in (
+        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def host_speed() -> str:

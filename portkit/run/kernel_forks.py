@@ -236,6 +236,22 @@ class _Kernel:
         return code
 
 
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process's fork server and of the kernels it forked that have ended (the
+    server reaps them: their time is its children's, which a getrusage(RUSAGE_CHILDREN) here never sees while the
+    server runs); 0 where no server was started."""
+    server = _server.get("server")
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return 0.0
+    import psutil
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def _kill_forked() -> None:
     """At exit: a forked kernel still running is killed with its group, as the run would have closed it (a kernel
     started as a subprocess would wait for its parent poller to notice)."""

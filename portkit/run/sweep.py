@@ -38,6 +38,7 @@ from pathlib import Path
 import jinja2
 
 from portkit.runfolder import layout
+from portkit.run import kernel_forks
 from portkit.run import notebook_parameters
 from portkit.run import preflight
 from portkit.run import runner
@@ -223,9 +224,9 @@ def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
 
 
 def _cpu_seconds() -> float:
-    """CPU time of this process and of its finished children (the notebook kernels)."""
+    """CPU time of this process, of its finished children and of the notebook kernels forked for it that ended."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + kernel_forks.cpu_seconds()
 
 
 # ---------------------------------------------------------------- the sweep

@@ -23,11 +23,14 @@ from portkit.run import kernel_forks
 PROBE = textwrap.dedent('''
     import json, os, signal, sys, time
     from jupyter_core.utils import run_sync
-    from portkit.run import jupyter_kernels, stage_kernel
+    from portkit.run import jupyter_kernels, kernel_forks, stage_kernel
 
     CELL = """
-    import json, os, sys, psutil
+    import json, os, sys, time, psutil
     import mine
+    busy = time.process_time()
+    while time.process_time() - busy < 0.5:   # half a second of the kernel's own CPU
+        pass
     os.write(2, b"written on the kernel's stderr\\\\n")
     print(json.dumps({"cwd": os.getcwd(), "path": sys.path, "argv0": sys.argv[0], "mine": mine.__file__,
                       "variables": {k: os.environ.get(k) for k in ("PYTHONPATH", "OMP_WAIT_POLICY", "PROBE_VALUE")},
@@ -56,12 +59,14 @@ PROBE = textwrap.dedent('''
             answers["forked" if fork else "launched"] = {**run_sync(ask)(km),
                                                          "process": type(km.provisioner.process).__name__}
             if fork:
+                cpu = kernel_forks.cpu_seconds()
                 pid = km.provisioner.process.pid
                 os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + 30
                 while kernel.exit_status() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
                 answers["killed_status"] = kernel.exit_status()
+                answers["ended_kernel_cpu"] = kernel_forks.cpu_seconds() - cpu
             kernel.close()
         os.environ["PROBE_VALUE"] = "changed after the server started"   # read at import by nothing, but unknown
         kernel = jupyter_kernels.SharedKernel(cwd=folder, log=log)
@@ -118,9 +123,12 @@ def test_a_kernel_that_cannot_be_forked_starts_as_a_new_interpreter_and_the_log_
             in log)
 
 
-def test_a_forked_kernels_death_is_seen_with_its_signal_and_none_outlives_its_process(probed):
+def test_a_forked_kernels_death_is_seen_with_its_signal_its_cpu_counted_and_none_outlives_its_process(probed):
     answers, _, _ = probed
     assert answers["killed_status"] == -signal.SIGKILL   # as subprocess.Popen reports a SIGKILL
+    # its CPU time (half a second busy in its cell, and its start) is counted once it has ended, as a launched
+    # kernel's is in getrusage(RUSAGE_CHILDREN): a sweep's and the zoo's CPU seconds per run include it
+    assert answers["ended_kernel_cpu"] >= 0.5
     deadline = time.monotonic() + 30   # the process that started it has exited: so has the kernel
     while time.monotonic() < deadline and os.path.exists(f"/proc/{answers['left_pid']}"):
         time.sleep(0.2)
