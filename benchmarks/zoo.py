@@ -44,6 +44,7 @@ from benchmarks import zoo_build, zoo_rules  # noqa: E402
 from portkit.core import atomic_io  # noqa: E402
 from portkit.core.errors import PortkitError, StageFailed  # noqa: E402
 from portkit.run import runner  # noqa: E402
+from portkit.run import kernel_forks  # noqa: E402
 from portkit.run import notebook_parameters  # noqa: E402
 from portkit.runfolder import layout  # noqa: E402
 from portkit.runfolder import run_log  # noqa: E402
@@ -241,8 +242,8 @@ def _recorded_peak(run_dir: Path) -> int:
 
 
 class KernelPeak:
-    """The largest resident memory this process's children (the row's kernels) held together, sampled every
-    PEAK_EVERY seconds on a daemon thread while the row runs (psutil)."""
+    """The largest resident memory this process's children (the row's kernels, but the fork server they are forked
+    from) held together, sampled every PEAK_EVERY seconds on a daemon thread while the row runs (psutil)."""
 
     def __init__(self):
         import threading
@@ -254,7 +255,11 @@ class KernelPeak:
         me = psutil.Process()
         while not self._stop.is_set():
             total = 0
+            # not the fork server the kernels are forked from: it serves every row (portkit/run/kernel_forks.py)
+            server = kernel_forks.server_pid()
             for child in me.children(recursive=True):
+                if child.pid == server:
+                    continue
                 try:
                     total += child.memory_info().rss
                 except psutil.Error:      # a kernel that ended between the listing and the read
@@ -507,7 +512,6 @@ def cpu_seconds() -> float:
     ended (a row's kernels end with its run): on a shared machine a row's CPU time moves less with the load than its
     wall time."""
     import resource
-    from portkit.run import kernel_forks
     return kernel_forks.cpu_seconds() + sum(u.ru_utime + u.ru_stime for u in (
         resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 

@@ -236,12 +236,16 @@ class _Kernel:
         return code
 
 
+def server_pid() -> int | None:
+    """The process id of this process's fork server; None where none was started."""
+    return getattr(_server.get("server"), "_forkserver_pid", None)
+
+
 def cpu_seconds() -> float:
     """User and system CPU seconds of this process's fork server and of the kernels it forked that have ended (the
     server reaps them: their time is its children's, which a getrusage(RUSAGE_CHILDREN) here never sees while the
     server runs); 0 where no server was started."""
-    server = _server.get("server")
-    pid = getattr(server, "_forkserver_pid", None)
+    pid = server_pid()
     if pid is None:
         return 0.0
     import psutil
