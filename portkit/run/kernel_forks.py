@@ -209,6 +209,7 @@ class _Kernel:
     def _bootstrap(self, parent_sentinel=None) -> int:
         from multiprocessing import forkserver
         handshake, = forkserver.get_inherited_fds()
+        _own_resource_tracker()
         os.setsid()   # its own session and process group, as start_new_session=True gives a launched kernel
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -234,6 +235,19 @@ class _Kernel:
         finally:
             atexit._run_exitfuncs()   # the fork server ends its children with os._exit, which skips them
         return code
+
+
+def _own_resource_tracker() -> None:
+    """In the forked kernel: forget the resource tracker of the process that asked for it (the fork server hands every
+    child that process's), so that the kernel starts its own on first use, as a launched kernel does: what the
+    kernel's own multiprocessing leaves (a killed kernel's semaphores) is reported on the kernel's stderr, the run's
+    kernel log, not on the terminal of the run when it exits."""
+    from multiprocessing import resource_tracker
+    tracker = resource_tracker._resource_tracker
+    fd = getattr(tracker, "_fd", None)
+    if fd is not None:
+        os.close(fd)
+        tracker._fd, tracker._pid = None, None
 
 
 def server_pid() -> int | None:

@@ -26,8 +26,9 @@ PROBE = textwrap.dedent('''
     from portkit.run import jupyter_kernels, kernel_forks, stage_kernel
 
     CELL = """
-    import json, os, sys, time, psutil
+    import json, multiprocessing, os, sys, time, psutil
     import mine
+    held = multiprocessing.get_context("spawn").Semaphore()   # registered with a resource tracker, never released
     busy = time.process_time()
     while time.process_time() - busy < 0.5:   # half a second of the kernel's own CPU
         pass
@@ -92,6 +93,8 @@ def probed(tmp_path_factory):
                           timeout=240, env=env, cwd=folder)
     line = next((x for x in done.stdout.splitlines() if x.startswith("ANSWERS ")), None)
     assert done.returncode == 0 and line, done.stdout + done.stderr
+    # what a kernel leaves to its resource tracker is the kernel's: its tracker reports it, not the run's at exit
+    assert "leaked semaphore" not in done.stderr, done.stderr
     return json.loads(line.removeprefix("ANSWERS ")), log.read_text(), folder
 
 
