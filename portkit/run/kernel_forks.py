@@ -11,8 +11,9 @@ memory shared until written. A forked kernel is what jupyter_client's `python -m
 would be: the same arguments, environment, folder and Python path, its own session (process group = pid), its
 output to the file it was given; stdin is /dev/null (a kernel reads its input over its stdin channel).
 
-It is forked only where nothing it would differ in was read at import time: its environment must equal the
-server's (but PER_KERNEL), its command this Python's ipykernel_launcher, its output a file or this process's.
+It is forked only where nothing it would differ in was read at import time: its environment equal to the server's
+(but PER_KERNEL), its command this Python's ipykernel_launcher, no interpreter option (-W, -X) a new interpreter
+would lack, its output a file or this process's.
 Otherwise, or where the server cannot fork, jupyter_client starts it (LocalProvisioner): the same kernel, slower.
 The run's kernel log says which. The server ignores Ctrl-C (the run stops its kernels) and exits with the process
 that started it; a kernel whose server has gone exits (ipykernel's parent poller); one left at exit is killed.
@@ -90,7 +91,31 @@ def forkable(cmd: list[str], kwargs: dict) -> str:
     if environment != started:
         differ = sorted(k for k in set(environment) | set(started) if environment.get(k) != started.get(k))
         return f"its environment differs from the fork server's in {', '.join(differ[:3])}"
-    return ""
+    if "options" not in _server:
+        _server["options"] = _own_options()
+    return _server["options"]
+
+
+# This interpreter's options (-O, -W, -X, ...): the fork server is started with them (multiprocessing passes them
+# on), a launched kernel gets only what its environment sets. One expression, read here and in a new interpreter.
+_OPTIONS = ("{**{f'sys.flags.{n}': getattr(sys.flags, n) for n in dir(sys.flags) if not n.startswith('_') "
+            "and n not in ('count', 'index')}, **{f'-X {k}': v for k, v in sys._xoptions.items()}, "
+            "'-W': sys.warnoptions}")
+
+
+def _own_options() -> str:
+    """Why a kernel cannot be forked for the options this interpreter was started with ("" where a new interpreter
+    with this environment has the same): a forked kernel would run with them, a launched one would not."""
+    import json
+    import subprocess
+    try:
+        fresh = json.loads(subprocess.run([sys.executable, "-c", f"import json, sys; print(json.dumps({_OPTIONS}))"],
+                                          capture_output=True, text=True, timeout=60, check=True).stdout)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return f"this Python's options could not be compared with a new interpreter's: {exc}"
+    own = json.loads(json.dumps(eval(_OPTIONS, {"sys": sys})))   # a constant expression of this module
+    differ = sorted(k for k in set(fresh) | set(own) if fresh.get(k) != own.get(k))
+    return f"this Python was started with options a new interpreter lacks: {', '.join(differ)}" if differ else ""
 
 
 class ForkedKernel:

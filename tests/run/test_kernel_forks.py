@@ -148,3 +148,9 @@ def test_a_kernel_is_forked_only_where_nothing_read_at_import_differs(monkeypatc
     why = kernel_forks.forkable(["/usr/bin/env", "python", "-m", "ipykernel_launcher"], {})
     assert why.startswith("its command is not this Python's ipykernel_launcher")
     assert kernel_forks.forkable(command, {"stdout": subprocess.PIPE}) == "its stdout is not a file"
+    # options a launched kernel would not get (the server is started with this interpreter's, its forks run with them)
+    asked = subprocess.run([sys.executable, "-X", "faulthandler", "-W", "error::DeprecationWarning", "-c",
+                            "import sys; from portkit.run import kernel_forks; "
+                            "print(kernel_forks.forkable([sys.executable, '-m', 'ipykernel_launcher'], {}))"],
+                           capture_output=True, text=True, timeout=120)
+    assert asked.stdout.strip() == "this Python was started with options a new interpreter lacks: -W, -X faulthandler"
