@@ -26,10 +26,10 @@ def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_
     then runs the stage to its end. The model's forward sleeps in the first run's kernel, so the stage is still
     running when Ctrl-C comes, however fast the host."""
     out = tmp_path / "run"
-    # -X faulthandler: a hang after Ctrl-C is reported with every thread's stack (SIGABRT, below)
-    argv = [sys.executable, "-X", "faulthandler", "-m", "portkit.cli", "run", "--model", SLOW, "--out", str(out),
-            *CHEAP]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "portkit.cli", "run", "--model", SLOW, "--out", str(out), *CHEAP]
+    # PYTHONFAULTHANDLER: a hang after Ctrl-C is reported with every thread's stack (SIGABRT, below); set in the
+    # environment, not as -X faulthandler, so that the run's kernel is forked as a user's is (kernel_forks.forkable)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                            env={**env, "PORTKIT_TEST_SLOW_FORWARD": "120"},
                            start_new_session=True,   # its own process group, as a shell gives a foreground job
@@ -53,6 +53,7 @@ def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_
         pytest.fail(f"no exit within 120 s of Ctrl-C ({'mid-stage' if started else 'the stage had not started'}); "
                     f"its threads:\n{stderr[-6000:]}\nkernel log:\n{log.read_text()[-2000:] if log.exists() else '-'}")
     assert run.returncode == 130, stderr
+    assert "forked from the fork server" in (out / layout.KERNEL_LOG).read_text()   # the kernel a user's run has
     assert stderr.strip().splitlines() == [f"portkit: interrupted: stage(s) fallbacks stopped and recorded as "
                                            f"interrupted in {out / 'run.json'}; rerun the same command to run them "
                                            "again"]
@@ -64,5 +65,5 @@ def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_
     # only where PORTKIT_TEST_SLOW_FORWARD is set, as it was for the first run alone
     monkeypatch.delenv("PORTKIT_TEST_SLOW_FORWARD", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(argv[5:]) == 0
+    assert cli.main(argv[3:]) == 0
     assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "ok" and (out / "fallbacks.json").is_file()
