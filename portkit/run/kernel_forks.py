@@ -76,8 +76,10 @@ def _connect(handshake: int) -> tuple[int, int]:
 
 def forkable(cmd: list[str], kwargs: dict) -> str:
     """Why a kernel cannot be forked ("" where it can): what it would start with that the server's fork lacks."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return "this platform has no fork server"
+    # Linux only: macOS's system libraries are not fork-safe once loaded (Python's multiprocessing docs, "Contexts
+    # and start methods"), and Windows has no fork
+    if not sys.platform.startswith("linux") or "forkserver" not in multiprocessing.get_all_start_methods():
+        return f"kernels are forked on Linux only, this is {sys.platform}"
     if _server.get("failed"):
         return _server["failed"]
     if len(cmd) < 3 or cmd[1:3] != ["-m", "ipykernel_launcher"] or os.path.realpath(cmd[0]) != \

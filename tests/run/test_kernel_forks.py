@@ -148,6 +148,9 @@ def test_a_kernel_is_forked_only_where_nothing_read_at_import_differs(monkeypatc
     why = kernel_forks.forkable(["/usr/bin/env", "python", "-m", "ipykernel_launcher"], {})
     assert why.startswith("its command is not this Python's ipykernel_launcher")
     assert kernel_forks.forkable(command, {"stdout": subprocess.PIPE}) == "its stdout is not a file"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert kernel_forks.forkable(command, {}) == "kernels are forked on Linux only, this is darwin"
+    monkeypatch.undo()
     # options a launched kernel would not get (the server is started with this interpreter's, its forks run with them)
     asked = subprocess.run([sys.executable, "-X", "faulthandler", "-W", "error::DeprecationWarning", "-c",
                             "import sys; from portkit.run import kernel_forks; "
