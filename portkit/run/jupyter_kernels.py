@@ -142,9 +142,10 @@ class SharedKernel:
         running, or the status is not known."""
         process = getattr(getattr(self.km, "provisioner", None), "process", None)
         try:
-            return process.poll() if process is not None else None
+            status = process.poll() if process is not None else None
         except OSError:
             return None
+        return status if getattr(process, "status_known", True) else None   # a forked kernel's, after its server
 
     def kill(self) -> None:
         """Stop the kernel's processes at once (SIGKILL to its process group), from any thread: an interrupted run

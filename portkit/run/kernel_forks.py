@@ -48,7 +48,7 @@ PER_KERNEL = ("JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTEST_CURRENT_TEST")
 STARTED_SECONDS = 30
 
 # The Python path this module was first imported with: in the fork server, its path before the other imports, which
-# is the kernels' (multiprocessing sets a forked child's path to the starting process's; _kernel_main sets it back)
+# is the kernels' (multiprocessing sets a forked child's path to the starting process's; _Kernel sets it back)
 _IMPORTED_WITH_PATH = list(sys.path)
 _lock = threading.Lock()
 # "server": the fork server, "environment": the environment it was started with, "failed": why it cannot fork
@@ -125,19 +125,32 @@ class ForkedKernel:
     terminate. Its exit status is what the fork server reports on `status` once it has reaped it (negative: the
     signal that ended it, as Popen's)."""
     stdin = stdout = stderr = None
+    status_known = True   # False: it ended after its server, which alone could say how (returncode is then 1)
 
     def __init__(self, pid: int, status: int):
         self.pid, self.status, self.returncode = pid, status, None
 
     def wait(self, timeout: float | None = None) -> int | None:
+        import time
         from multiprocessing import connection, forkserver
-        if self.returncode is None and connection.wait([self.status], timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.status is None:   # its server went before reporting it: ended, or running on without it
+                if not _exists(self.pid):
+                    self.returncode, self.status_known = 1, False
+                elif left != 0:
+                    time.sleep(0.1 if left is None else min(0.1, left))
+                    continue
+                break
+            if not connection.wait([self.status], left):
+                break
             try:
                 self.returncode = forkserver.read_signed(self.status)
-            except EOFError:   # the server went before reporting it
-                self.returncode = -signal.SIGKILL if not _exists(self.pid) else None
-            if self.returncode is not None:
-                os.close(self.status)
+            except EOFError:
+                pass
+            os.close(self.status)
+            self.status = None
         return self.returncode
 
     def poll(self) -> int | None:
@@ -244,13 +257,16 @@ class _Kernel:
                 os.dup2(os.open(self.streams[name], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), fd)
         os.environ.clear()
         os.environ.update(self.environment)
-        # ipykernel's parent poller watches the server, which exits with the run: a kernel never outlives its run
+        # ipykernel's parent poller watches the server, which exits with the run: a kernel never outlives its run.
+        # The variable for what the kernel starts; the option for the poller itself, whose default ipykernel read from
+        # the variable when the server imported it.
         os.environ["JPY_PARENT_PID"] = str(os.getppid())
         os.chdir(self.cwd)
         # the server's path, without its first entry: the server was started with `python -c`, so that entry is ""
         # (the folder it started in), which ipykernel_launcher removes too (InteractiveShellApp adds the kernel's)
         sys.path[:] = _IMPORTED_WITH_PATH[1:] if _IMPORTED_WITH_PATH[:1] == [""] else _IMPORTED_WITH_PATH
-        sys.argv = [importlib.util.find_spec("ipykernel_launcher").origin, *self.arguments]   # as `-m` sets it
+        sys.argv = [importlib.util.find_spec("ipykernel_launcher").origin,   # as `-m` sets it
+                    *self.arguments, f"--IPKernelApp.parent_handle={os.getppid()}"]
         os.write(handshake, b"1")
         os.close(handshake)
         from ipykernel import kernelapp

@@ -18,8 +18,8 @@ from portkit.run import kernel_forks
 
 # In a process of its own (the fork server takes this process's environment when it starts): two kernels as the
 # runner starts them, one launched (FORK off) and one forked, each answering what it was started with; then the forked
-# one killed and its status read; one started after the environment changed (not forked); and a last forked kernel
-# left running when the process exits.
+# one killed and its status read; one started after the environment changed (not forked); one whose server is killed
+# under it; and a last forked kernel, from a new server, left running when the process exits.
 PROBE = textwrap.dedent('''
     import json, os, signal, sys, time
     from jupyter_core.utils import run_sync
@@ -75,7 +75,15 @@ PROBE = textwrap.dedent('''
                               "process": type(kernel.km.provisioner.process).__name__}
         kernel.close()
         os.environ["PROBE_VALUE"] = "from the run"
-        left = jupyter_kernels.SharedKernel(cwd=folder, log=log)
+        orphan = jupyter_kernels.SharedKernel(cwd=folder, log=log)   # its server killed under it
+        process = orphan.for_stage().provisioner.process
+        os.kill(kernel_forks.server_pid(), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answers["orphan"] = [process.poll(), orphan.exit_status(), os.path.exists(f"/proc/{process.pid}")]
+        orphan.close()
+        left = jupyter_kernels.SharedKernel(cwd=folder, log=log)   # from a new server
         answers["left_pid"] = left.for_stage().provisioner.process.pid
     print("ANSWERS " + json.dumps(answers))
 ''')
@@ -114,8 +122,15 @@ def test_a_forked_kernel_is_what_a_launched_one_would_be(probed):
     # held at the fork would stay held in the kernel for ever
     assert forked["parent_threads"] == 1
     # both kernels' own output reached the run's kernel log, and the log says how each started
-    assert log.count("written on the kernel's stderr") == 3
-    assert log.count("forked from the fork server") == 2   # the probed kernel, the one left running
+    assert log.count("written on the kernel's stderr") == 3   # launched, forked, launched after the change
+
+
+def test_a_kernel_whose_server_died_ends_with_it_and_its_status_is_not_made_up(probed):
+    """ipykernel's parent poller watches the server: the kernel ends; how it ended only the server could say, so its
+    exit status is not known (None), never a guessed signal; the next kernel is forked from a new server."""
+    answers, log, _ = probed
+    assert answers["orphan"] == [1, None, False]
+    assert log.count("forked from the fork server") == 3   # the probed kernel, the orphan, the one left running
 
 
 def test_a_kernel_that_cannot_be_forked_starts_as_a_new_interpreter_and_the_log_says_why(probed):
