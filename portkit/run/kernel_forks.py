@@ -211,7 +211,7 @@ def _fork(cmd: list[str], kwargs: dict) -> ForkedKernel | None:
     child = _Kernel(cmd[3:], dict(kwargs.get("env") or os.environ), str(kwargs.get("cwd") or os.getcwd()),
                     {k: os.path.abspath(kwargs[k].name) for k in ("stdout", "stderr") if kwargs.get(k) is not None})
     ready, handshake = os.pipe()
-    status = None
+    status = pid = None
     try:
         try:
             status, data = _connect(handshake)
@@ -229,6 +229,9 @@ def _fork(cmd: list[str], kwargs: dict) -> ForkedKernel | None:
             raise EOFError("the forked kernel ended before it started")
     except (OSError, EOFError, TimeoutError, RuntimeError) as exc:
         _server["failed"] = f"the fork server failed: {type(exc).__name__}: {exc}"
+        if pid is not None:   # forked, but never said it started: it goes, and a launched kernel replaces it
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         if status is not None:
             os.close(status)
         return None

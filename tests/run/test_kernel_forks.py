@@ -172,3 +172,16 @@ def test_a_kernel_is_forked_only_where_nothing_read_at_import_differs(monkeypatc
                             "print(kernel_forks.forkable([sys.executable, '-m', 'ipykernel_launcher'], {}))"],
                            capture_output=True, text=True, timeout=120)
     assert asked.stdout.strip() == "this Python was started with options a new interpreter lacks: -W, -X faulthandler"
+
+
+def test_a_fork_server_that_fails_leaves_the_kernels_to_be_launched_with_the_reason(monkeypatch):
+    monkeypatch.setattr(kernel_forks, "_server", {})
+
+    def refused(handshake):
+        raise ConnectionRefusedError("no server")
+    monkeypatch.setattr(kernel_forks, "_connect", refused)
+    command = [sys.executable, "-m", "ipykernel_launcher", "-f", "connection.json"]
+    assert kernel_forks.forkable(command, {}) == ""
+    assert kernel_forks._fork(command, {}) is None
+    why = "the fork server failed: ConnectionRefusedError: no server"
+    assert kernel_forks.forkable(command, {}) == why   # every later kernel is launched, with the reason
