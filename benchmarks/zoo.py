@@ -110,7 +110,7 @@ class Result:
     seeded: dict = dataclasses.field(default_factory=dict)      # target: the task-metric finding set aside
     judged: dict = dataclasses.field(default_factory=dict)      # target: the verdict without it, where it differs
     peak: dict = dataclasses.field(default_factory=dict)        # {"bytes": n, "source": what measured it}
-    cpu_seconds: float = 0.0        # --workers 1: CPU time of this process and the row's kernels (its children)
+    cpu_seconds: float = 0.0        # --workers 1: CPU time of this process and the row's kernels (kernel_forks)
     commit: str = ""                # the portkit commit the row ran at (rows of one table may span commits)
     host: str = ""                  # the host's speed and load when the row ended (host_speed)
     builder: str = ""               # the key of the builders and sizes it was built with (zoo_build.cache_folder)
@@ -507,15 +507,6 @@ def _commits(results: list[Result], current: str) -> str:
     return "; ".join(f"`{c}` ({n} rows)" for c, n in ran.most_common()) + f"; table written at `{current}`"
 
 
-def cpu_seconds() -> float:
-    """User and system CPU seconds of this process, of its children that ended and of the kernels forked for it that
-    ended (a row's kernels end with its run): on a shared machine a row's CPU time moves less with the load than its
-    wall time."""
-    import resource
-    return kernel_forks.cpu_seconds() + sum(u.ru_utime + u.ru_stime for u in (
-        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
-
-
 def host_speed() -> str:
     """The host's speed at the time, for reading the wall time on a shared machine: float32 matmuls on one
     thread, and the load average."""
@@ -679,9 +670,9 @@ def main(argv=None) -> int:
         if args.build_only:
             continue
         if args.workers == 1:
-            used = cpu_seconds()
+            used = kernel_forks.cpu_seconds()
             result = run_serial(row, built, out, stages, row_parameters(row, stages, base))
-            result.seconds, result.cpu_seconds = time.perf_counter() - begin, cpu_seconds() - used
+            result.seconds, result.cpu_seconds = time.perf_counter() - begin, kernel_forks.cpu_seconds() - used
             now = _commit()
             result.commit = at if now == at else f"{at[:12]}..{now[:12]} (the tree moved during the row)"
             finish(result)

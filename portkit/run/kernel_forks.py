@@ -133,11 +133,13 @@ class ForkedKernel:
     def wait(self, timeout: float | None = None) -> int | None:
         import time
         from multiprocessing import connection, forkserver
+
+        import psutil
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self.status is None:   # its server went before reporting it: ended, or running on without it
-                if not _exists(self.pid):
+                if not psutil.pid_exists(self.pid):
                     self.returncode, self.status_known = 1, False
                 elif left != 0:
                     time.sleep(0.1 if left is None else min(0.1, left))
@@ -165,16 +167,6 @@ class ForkedKernel:
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ForkingProvisioner(LocalProvisioner):
@@ -302,18 +294,22 @@ def server_pid() -> int | None:
 
 
 def cpu_seconds() -> float:
-    """User and system CPU seconds of this process's fork server and of the kernels it forked that have ended (the
-    server reaps them: their time is its children's, which a getrusage(RUSAGE_CHILDREN) here never sees while the
-    server runs); 0 where no server was started."""
+    """User and system CPU seconds of this process, of its children that ended, and of its fork server with the
+    kernels the server forked that ended: the server reaps them, so their time is its children's, which
+    getrusage(RUSAGE_CHILDREN) here never sees while the server runs. A sweep's cell and a zoo row take the
+    difference across their run."""
+    import resource
+    import psutil
+    total = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
     pid = server_pid()
     if pid is None:
-        return 0.0
-    import psutil
+        return total
     try:
         times = psutil.Process(pid).cpu_times()
     except psutil.Error:
-        return 0.0
-    return times.user + times.system + times.children_user + times.children_system
+        return total
+    return total + times.user + times.system + times.children_user + times.children_system
 
 
 def _kill_forked() -> None:

@@ -27,7 +27,6 @@ import io
 import json
 import os
 import re
-import resource
 import shutil
 import socket
 import tempfile
@@ -188,7 +187,7 @@ def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
     os.environ.update(environ)
     if os.path.isdir(cwd):   # relative paths in parameters mean what they mean to `portkit run` there
         os.chdir(cwd)
-    cpu_before = _cpu_seconds()
+    cpu_before = kernel_forks.cpu_seconds()
     cell.record_dir.mkdir(parents=True, exist_ok=True)
     result = {"status": "failed", "attempts": 0, "error": None, "notebook": None, "seconds": 0.0}
     with open(cell.record_dir / LOG_FILE, "a", encoding="utf-8") as handle, \
@@ -217,16 +216,10 @@ def run_cell(cell: Cell, environ: dict, cwd: str) -> dict:
                 result["seconds"] += time.perf_counter() - start
             result.update(status="finished", error=None, notebook=None)
             break
-    result.update(cpu_seconds=_cpu_seconds() - cpu_before, started=started, ended=time.time())
+    result.update(cpu_seconds=kernel_forks.cpu_seconds() - cpu_before, started=started, ended=time.time())
     if result["status"] == "finished":
         write_json(cell.record_dir / CELL_FILE, {"schema": CELL_SCHEMA, "spec": cell.spec(), **result})
     return result
-
-
-def _cpu_seconds() -> float:
-    """CPU time of this process, of its finished children and of the notebook kernels forked for it that ended."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + kernel_forks.cpu_seconds()
 
 
 # ---------------------------------------------------------------- the sweep
