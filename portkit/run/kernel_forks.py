@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
-import multiprocessing
 import os
 import pickle
 import signal
@@ -78,7 +77,7 @@ def forkable(cmd: list[str], kwargs: dict) -> str:
     """Why a kernel cannot be forked ("" where it can): what it would start with that the server's fork lacks."""
     # Linux only: macOS's system libraries are not fork-safe once loaded (Python's multiprocessing docs, "Contexts
     # and start methods"), and Windows has no fork
-    if not sys.platform.startswith("linux") or "forkserver" not in multiprocessing.get_all_start_methods():
+    if not sys.platform.startswith("linux"):
         return f"kernels are forked on Linux only, this is {sys.platform}"
     if _server.get("failed"):
         return _server["failed"]
