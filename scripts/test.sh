@@ -21,6 +21,7 @@ fi
 # stages' test moved here);
 # and the other unit tests. Extra arguments go to both. The notebooks run
 # with the small parameters of tools/prepare_notebooks.py (papermill injects them; nothing else changes).
+# nbval's kernels are forked from portkit's fork server, as a run's are (tests/conftest.py).
 # One thread of torch (OpenMP) each: two processes of two threads on two cores wait on each other (measured
 # on this 2-core machine: 457 s side by side with two threads each, 324 s with one).
 export OMP_NUM_THREADS=1
@@ -28,7 +29,8 @@ BESIDE=(tests/notebooks/test_workbook_report.py tests/cli/test_cli.py tests/run/
         tests/stages/report/test_report_browser.py tests/zoo/test_zoo.py tests/zoo/test_zoo_caches.py
         tests/run/test_interrupt.py tests/stages/compile/test_loop_finding.py
         tests/deploy/test_deploy.py tests/stages/report/test_report_numbers.py
-        tests/workloads/test_encoder_decoder.py tests/tpu_compile/test_lowerings.py tests/stages/test_audio_stages.py)
+        tests/workloads/test_encoder_decoder.py tests/tpu_compile/test_lowerings.py tests/stages/test_audio_stages.py
+        tests/notebooks/test_nbval_kernels.py)
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null

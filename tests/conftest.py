@@ -97,6 +97,26 @@ def lstm_fallbacks_run(tmp_path_factory):
 
 def pytest_configure(config):
     config.portkit_started = time.time()
+    if config.pluginmanager.hasplugin("nbval"):
+        _fork_nbval_kernels()
+
+
+def _fork_nbval_kernels():
+    """nbval's notebook kernels forked from portkit's fork server, as a run's are (portkit.run.kernel_forks): a
+    notebook's kernel then starts with torch, transformers and the stages imported, instead of a new interpreter
+    importing them. Nothing else changes: each notebook still gets a kernel of its own, with an empty namespace,
+    and a kernel forking cannot give is launched as nbval launches it (kernel_forks.forkable says when).
+    nbval starts its kernels with nbval.kernel.KernelManager; jupyter_client keeps a provisioner it finds set
+    (KernelManager.pre_start_kernel creates one only where there is none), restarts included."""
+    import nbval.kernel
+    from portkit.run import kernel_forks
+
+    class ForkingKernelManager(nbval.kernel.KernelManager):
+        def start_kernel(self, **kwargs):
+            self.provisioner = self.provisioner or kernel_forks.provisioner(self)
+            return super().start_kernel(**kwargs)
+
+    nbval.kernel.KernelManager = ForkingKernelManager
 
 
 def pytest_unconfigure(config):
