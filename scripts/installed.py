@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/installed.py check xla,test     # exit 0: installed, nothing to do; 1: run pip
     .venv/bin/python scripts/installed.py record xla,test    # after pip succeeded: remember this pyproject.toml
+    pip install --dry-run --report - torch==X | python scripts/installed.py wheel   # the local wheel pip would take
 
 Installed means: portkit is this folder's editable install, made from this very pyproject.toml with these extras
 (its entry points and package data come from that file, so any edit of it reinstalls), and every requirement
@@ -83,9 +84,23 @@ def record(extras: list[str]) -> None:
     STAMP.write_text(json.dumps({"format": FORMAT, "pyproject": _digest(), "extras": sorted(set(kept) | set(extras))}))
 
 
+def local_wheel(report: dict) -> str:
+    """The file of the one wheel a pip installation report (`pip install --dry-run --report -`, its JSON) installs,
+    where that is a local file; ValueError otherwise."""
+    from urllib.parse import unquote, urlparse
+    chosen = report["install"]
+    url = urlparse(chosen[0]["download_info"]["url"]) if len(chosen) == 1 else None
+    if url is None or url.scheme != "file" or not url.path.endswith(".whl"):
+        raise ValueError(f"not one local wheel: {[c['download_info']['url'] for c in chosen]}")
+    return unquote(url.path)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["wheel"]:
+        print(local_wheel(json.load(sys.stdin)))
+        sys.exit(0)
     if len(sys.argv) != 3 or sys.argv[1] not in ("check", "record"):
-        raise SystemExit("usage: python scripts/installed.py check|record EXTRAS")
+        raise SystemExit("usage: python scripts/installed.py check|record EXTRAS, or wheel (pip's report on stdin)")
     chosen = [e for e in sys.argv[2].split(",") if e]
     if sys.argv[1] == "record":
         record(chosen)
