@@ -145,6 +145,8 @@ def _deploy_parsers(sub) -> None:
 
 
 def _run(args) -> int:
+    from portkit.run import jupyter_kernels
+    jupyter_kernels.start_early(args.model)   # the kernels' fork server imports while this process does
     from portkit.run import notebook_parameters
     from portkit.run import runner
     from portkit.core import checks

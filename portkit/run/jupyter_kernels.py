@@ -25,6 +25,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
 from portkit.core import memory
+from portkit.core.progress import HEADLESS_VARIABLE
 from portkit.run import kernel_forks
 from portkit.targets import allocator
 
@@ -66,6 +67,42 @@ if "torch" in _sys.modules:
     _sys.modules["torch"].compiler.reset()
 del _gc, _sys
 """
+
+
+def kernel_folder(model_spec: str) -> str | None:
+    """The folder first on the kernels' Python path for `model_spec`: a spec with ":" is file.py:factory or
+    package.module:factory, and the kernel (working in notebooks/) imports a package module from the folder the user
+    ran portkit in; None for the others."""
+    return os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
+
+
+@contextlib.contextmanager
+def kernel_environment(folder: str | None):
+    """The environment of the kernels started inside the block: `folder` first on their Python path, headless (nobody
+    watches a kernel: its stages skip widgets, core.progress), and ENVIRONMENT where the user set none of it. Set once
+    for the run, before any stage starts, and put back after."""
+    before = {k: os.environ.get(k) for k in ("PYTHONPATH", HEADLESS_VARIABLE, *ENVIRONMENT)}
+    if folder is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before["PYTHONPATH"]) if p)
+    for key, value in {HEADLESS_VARIABLE: "1", **ENVIRONMENT}.items():
+        os.environ.setdefault(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def start_early(model_spec: str) -> None:
+    """Start the fork server the run's kernels will be forked from (run/kernel_forks.py) now, in the environment they
+    will have: it imports torch, transformers and the stages while this process imports and checks what it needs
+    (`portkit run` calls this first), instead of after. Nothing where kernels are not forked."""
+    if FORK:
+        with kernel_environment(kernel_folder(model_spec)):
+            kernel_forks.start()
 
 
 class SharedKernel:

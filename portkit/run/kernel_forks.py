@@ -59,18 +59,39 @@ def _comparable(environment) -> dict:
     return {k: v for k, v in environment.items() if k not in PER_KERNEL}
 
 
-def _connect(handshake: int) -> tuple[int, int]:
-    """A new child of the run's fork server (multiprocessing's ForkServer, an instance of this module's own: not the
-    process-wide one another library may have started with another environment), started with PRELOAD and this
-    process's environment the first time: (status, data) file descriptors, as multiprocessing's forkserver Popen
-    gets them. `handshake` is passed on to the child."""
+def _fork_server():
+    """The run's fork server (multiprocessing's ForkServer, an instance of this module's own: not the process-wide one
+    another library may have started with another environment), made the first time with PRELOAD and this process's
+    environment, which it starts with (when it first runs)."""
     from multiprocessing import forkserver
     if "server" not in _server:
         server = forkserver.ForkServer()
         server.set_forkserver_preload(list(PRELOAD))
         _server.update(server=server, environment=_comparable(os.environ))
         atexit.register(_kill_forked)
-    return _server["server"].connect_to_new_process([handshake])
+    return _server["server"]
+
+
+def _connect(handshake: int) -> tuple[int, int]:
+    """A new child of the run's fork server: (status, data) file descriptors, as multiprocessing's forkserver Popen
+    gets them. `handshake` is passed on to the child."""
+    return _fork_server().connect_to_new_process([handshake])
+
+
+def start() -> None:
+    """Start this process's fork server now, where kernels are forked (Linux) and none was started: it imports PRELOAD
+    while this process goes on with its own work, instead of when the first kernel is asked for. It takes os.environ as
+    it is now; a kernel started later with another environment is launched, not forked (forkable says why). A server
+    that cannot start is the reason every later kernel is launched."""
+    if not sys.platform.startswith("linux"):
+        return
+    with _lock:
+        if "server" in _server or _server.get("failed"):
+            return
+        try:
+            _fork_server().ensure_running()
+        except Exception as exc:   # noqa: BLE001 - whatever stops the server, the kernels start without it
+            _server["failed"] = f"the fork server failed: {type(exc).__name__}: {exc}"
 
 
 def forkable(cmd: list[str], kwargs: dict) -> str:

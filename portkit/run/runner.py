@@ -14,17 +14,15 @@ run, and StageFailed names every failure at the end.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from portkit.core import atomic_io
 from portkit.core.errors import BadParameter, StageFailed
-from portkit.core.progress import HEADLESS_VARIABLE, watched
+from portkit.core.progress import watched
 from portkit.run import jupyter_kernels
 from portkit.run import preflight
 from portkit.run import scheduling
-from portkit.run import stage_kernel
 from portkit.runfolder import layout
 from portkit.runfolder.layout import MARKER, STAGE_NAMES, STAGES, Stage, is_run_folder  # noqa: F401 (the runner's API)
 from portkit.stages import options
@@ -74,15 +72,11 @@ def _run_held(chosen, per_stage, out: Path, progress: bool, log, settings: RunSe
         atomic_io.write_text(out / MARKER, "A portkit run folder: `portkit run` writes its stage results here.\n")
     atomic_io.remove_partials(out)   # what a killed run left
     result = scheduling.RunResult(out)
-    # bars where someone watches (asked before this process is marked headless); a log file gets lines alone
+    # bars where someone watches (asked outside the kernels' environment, which is headless); a log file gets lines
+    # alone
     shown = progress and watched()
-    # The kernels papermill starts inherit this: nobody watches them, so stages skip widgets.
-    os.environ.setdefault(HEADLESS_VARIABLE, "1")
     model_spec = per_stage[0][1]["model"]
-    # a validated spec with ":" is file.py:factory (absolute now) or package.module:factory, which the
-    # kernel (working in notebooks/) imports from the folder the user ran portkit in
-    user_folder = os.getcwd() if ":" in model_spec and not model_spec.rpartition(":")[0].endswith(".py") else None
-    with stage_kernel.kernel_environment(user_folder):
+    with jupyter_kernels.kernel_environment(jupyter_kernels.kernel_folder(model_spec)):
         printer = scheduling.Printer(len(per_stage), shown, log)
         scheduling.run_stages(per_stage, scheduling.Run(out, model_spec, shown, printer, result, lanes=settings.lanes),
                               settings.lanes)

@@ -1,6 +1,5 @@
 """One stage notebook executed under papermill in a kept kernel, and what a run learns when that kernel dies:
-the kernels' environment, the run's peak memory, the dead kernel's one line, the library noise kept off the
-terminal.
+the run's peak memory, the dead kernel's one line, the library noise kept off the terminal.
 
     >>> from portkit.run import stage_kernel
     >>> error = stage_kernel.execute(stage, values, out, progress=False, kernel=kernel)   # None, or its one line
@@ -23,25 +22,6 @@ from portkit.run import jupyter_kernels
 from portkit.run import notebook_parameters
 from portkit.runfolder import layout
 from portkit.runfolder.layout import Stage
-
-@contextlib.contextmanager
-def kernel_environment(folder: str | None):
-    """The environment of the kernels started inside the block: `folder` first on their Python path, and
-    kernels.ENVIRONMENT where the user set none of it. Set once for the run, before any stage starts."""
-    before = {k: os.environ.get(k) for k in ("PYTHONPATH", *jupyter_kernels.ENVIRONMENT)}
-    if folder is not None:
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, before["PYTHONPATH"]) if p)
-    for key, value in jupyter_kernels.ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
 
 def _keep_if_whole(partial: Path, output: Path) -> None:
     """Move an executed notebook into place if it reads as a notebook; remove it otherwise."""

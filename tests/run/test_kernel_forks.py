@@ -52,7 +52,7 @@ PROBE = textwrap.dedent('''
 
     folder, log = sys.argv[1], sys.argv[2]
     answers = {}
-    with stage_kernel.kernel_environment(folder):
+    with jupyter_kernels.kernel_environment(folder):
         for fork in (False, True):
             jupyter_kernels.FORK = fork
             kernel = jupyter_kernels.SharedKernel(cwd=folder, log=log)

@@ -20,6 +20,7 @@ from portkit import cli
 from portkit.run import runner
 from portkit.run import preflight
 from portkit.run import scheduling
+from portkit.core.progress import HEADLESS_VARIABLE
 from portkit.run import stage_kernel
 from portkit.stages import options
 
@@ -424,9 +425,18 @@ def test_the_kernels_environment_is_set_for_the_run_where_the_user_set_none_and_
     for key in others:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-    with stage_kernel.kernel_environment("/models"):
+    monkeypatch.delenv(HEADLESS_VARIABLE, raising=False)
+    with jupyter_kernels.kernel_environment("/models"):
         assert os.environ[first] == "mine"                 # the user's own setting is kept
         assert all(os.environ[key] == jupyter_kernels.ENVIRONMENT[key] for key in others)
         assert os.environ["PYTHONPATH"].split(os.pathsep) == ["/models", "/elsewhere"]
+        assert os.environ[HEADLESS_VARIABLE] == "1"       # nobody watches a kernel
     assert os.environ[first] == "mine" and os.environ["PYTHONPATH"] == "/elsewhere"
-    assert not any(key in os.environ for key in others)
+    assert not any(key in os.environ for key in (*others, HEADLESS_VARIABLE))   # this process is as it was
+
+
+def test_the_kernels_import_a_package_modules_model_from_the_users_folder():
+    from portkit.run import jupyter_kernels
+    assert jupyter_kernels.kernel_folder("mypackage.models:build") == os.getcwd()
+    assert jupyter_kernels.kernel_folder("/abs/models.py:build") is None        # a file: the kernel imports it by path
+    assert jupyter_kernels.kernel_folder("minilm") is None
