@@ -16,21 +16,20 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 # Two processes side by side (compiling leaves a core idle much of the time): the notebooks under
 # nbval, in order (each reads the results of the ones before, in runs/notebook), then the check of
-# the report they wrote, then the unit tests that run notebooks or a browser themselves and one file of compiles
-# (BESIDE: the two halves then take about as long; from a fresh clone 344.5 s and 310.7 s before the audio
-# stages' test moved here);
+# the report they wrote, then the unit tests that run notebooks, kernels or a browser themselves and a few files of
+# compiles (BESIDE, chosen so that the two halves take about as long: docs/benchmarks/speed.md has their times);
 # and the other unit tests. Extra arguments go to both. The notebooks run
 # with the small parameters of tools/prepare_notebooks.py (papermill injects them; nothing else changes).
 # nbval's kernels are forked from portkit's fork server, as a run's are (tests/conftest.py).
 # One thread of torch (OpenMP) each: two processes of two threads on two cores wait on each other (measured
-# on this 2-core machine: 457 s side by side with two threads each, 324 s with one).
+# on this 2-core machine: side by side, two threads each took two fifths longer than one each; speed.md).
 export OMP_NUM_THREADS=1
 BESIDE=(tests/notebooks/test_workbook_report.py tests/cli/test_cli.py tests/run/test_runner.py
         tests/stages/report/test_report_browser.py tests/zoo/test_zoo.py tests/zoo/test_zoo_caches.py
         tests/run/test_interrupt.py tests/stages/compile/test_loop_finding.py
         tests/deploy/test_deploy.py tests/stages/report/test_report_numbers.py
         tests/workloads/test_encoder_decoder.py tests/tpu_compile/test_lowerings.py tests/stages/test_audio_stages.py
-        tests/notebooks/test_nbval_kernels.py)
+        tests/notebooks/test_nbval_kernels.py tests/run/test_kernel_forks.py)
 mkdir -p test-artifacts
 rm -rf test-artifacts/notebooks
 .venv/bin/python tools/prepare_notebooks.py test-artifacts/notebooks > /dev/null

@@ -185,3 +185,16 @@ def test_a_fork_server_that_fails_leaves_the_kernels_to_be_launched_with_the_rea
     assert kernel_forks._fork(command, {}) is None
     why = "the fork server failed: ConnectionRefusedError: no server"
     assert kernel_forks.forkable(command, {}) == why   # every later kernel is launched, with the reason
+
+
+def test_a_server_started_early_that_fails_leaves_the_kernels_to_be_launched_with_the_reason(monkeypatch):
+    """`portkit run` starts the server before its own imports (jupyter_kernels.start_early): a server that cannot
+    start then is every kernel's reason to be launched, as one that fails at the first fork is."""
+    monkeypatch.setattr(kernel_forks, "_server", {})
+
+    def broken():
+        raise OSError("no fork here")
+    monkeypatch.setattr(kernel_forks, "_fork_server", broken)
+    kernel_forks.start()
+    command = [sys.executable, "-m", "ipykernel_launcher", "-f", "connection.json"]
+    assert kernel_forks.forkable(command, {}) == "the fork server failed: OSError: no fork here"
