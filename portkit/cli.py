@@ -19,6 +19,7 @@ import os
 import sys
 
 from portkit import __version__
+from portkit.core import offline
 from portkit.core.errors import NeedsNetwork, PortkitError, StageFailed
 
 
@@ -370,7 +371,7 @@ def _deploy(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    offline.set_offline()   # before `portkit run` starts its kernels' fork server: their environment includes it
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":

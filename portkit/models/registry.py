@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from portkit.core import offline
 from portkit.core import owners
 from portkit.models import huggingface, inputs, seq2seq
 from portkit.models.adapters import (VOCAB, EmbeddingAdapter, ImageAdapter, LogitsAdapter, LSTMTagger,  # noqa: F401
@@ -176,9 +177,7 @@ class LoadedModel:
 
 # ---------------------------------------------------------------- sources
 def _offline() -> None:
-    # portkit never downloads: make any accidental Hub access fail fast instead of hanging.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    offline.set_offline()   # portkit never downloads: an accidental Hub access fails fast instead of hanging
 
 
 def _minilm_path() -> str:

@@ -15,8 +15,8 @@ It is forked only where nothing it would differ in was read at import time: its 
 (but PER_KERNEL), its command this Python's ipykernel_launcher, no interpreter option (-W, -X) a new interpreter
 would lack, its output a file or this process's.
 Otherwise, or where the server cannot fork, jupyter_client starts it (LocalProvisioner): the same kernel, slower.
-The run's kernel log says which. The server ignores Ctrl-C (the run stops its kernels) and exits with the process
-that started it; a kernel whose server has gone exits (ipykernel's parent poller); one left at exit is killed.
+The run's kernel log says which. The server ignores Ctrl-C (the run stops its kernels) and is killed when the process
+that started it exits; a kernel whose server has gone exits (ipykernel's parent poller); one left at exit is killed.
 """
 from __future__ import annotations
 
@@ -334,9 +334,17 @@ def cpu_seconds() -> float:
 
 def _kill_forked() -> None:
     """At exit: a forked kernel still running is killed with its group, as the run would have closed it (a kernel
-    started as a subprocess would wait for its parent poller to notice)."""
+    started as a subprocess would wait for its parent poller to notice); then the server. A server started early
+    (start) that is still importing would otherwise finish its imports before it saw this process gone, holding this
+    process's stdout and stderr open until then: a `portkit run` refusing its input would keep a pipe reading it
+    waiting for seconds."""
     for kernel in _forked:
         if kernel.poll() is None:
             with contextlib.suppress(OSError):
                 os.killpg(kernel.pid, signal.SIGKILL)
             kernel.wait(5)
+    pid = server_pid()
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

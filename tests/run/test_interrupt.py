@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT
 from portkit import cli
+from portkit.core import offline
 from portkit.runfolder import layout
 
 SLOW = f"{ROOT / 'tests' / 'fixtures' / 'dying.py'}:slow_model"   # sleeps in its kernel while told to
@@ -29,7 +30,9 @@ def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_
     argv = [sys.executable, "-m", "portkit.cli", "run", "--model", SLOW, "--out", str(out), *CHEAP]
     # PYTHONFAULTHANDLER: a hang after Ctrl-C is reported with every thread's stack (SIGABRT, below); set in the
     # environment, not as -X faulthandler, so that the run's kernel is forked as a user's is (kernel_forks.forkable)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    # and without the offline switches, as a user's shell: the CLI sets them before it starts its fork server
+    env = {**{k: v for k, v in os.environ.items() if k not in offline.VARIABLES}, "PYTHONPATH": str(ROOT),
+           "PYTHONFAULTHANDLER": "1"}
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                            env={**env, "PORTKIT_TEST_SLOW_FORWARD": "120"},
                            start_new_session=True,   # its own process group, as a shell gives a foreground job
