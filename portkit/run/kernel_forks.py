@@ -52,7 +52,7 @@ _IMPORTED_WITH_PATH = list(sys.path)
 _lock = threading.Lock()
 # "server": the fork server, "environment": the environment it was started with, "failed": why it cannot fork
 _server: dict = {}
-_forked: list = []          # the kernels forked here that may still run (killed at exit, see _kill_forked)
+_forked: list = []          # the kernels forked here that may still run (killed at exit, see _kill_at_exit)
 
 
 def _comparable(environment) -> dict:
@@ -68,7 +68,7 @@ def _fork_server():
         server = forkserver.ForkServer()
         server.set_forkserver_preload(list(PRELOAD))
         _server.update(server=server, environment=_comparable(os.environ))
-        atexit.register(_kill_forked)
+        atexit.register(_kill_at_exit)
     return _server["server"]
 
 
@@ -83,7 +83,7 @@ def start() -> None:
     while this process goes on with its own work, instead of when the first kernel is asked for. It takes os.environ as
     it is now; a kernel started later with another environment is launched, not forked (forkable says why). A server
     that cannot start is the reason every later kernel is launched."""
-    if not sys.platform.startswith("linux"):
+    if _not_here():
         return
     with _lock:
         if "server" in _server or _server.get("failed"):
@@ -94,12 +94,16 @@ def start() -> None:
             _server["failed"] = f"the fork server failed: {type(exc).__name__}: {exc}"
 
 
+def _not_here() -> str:
+    """Why kernels are not forked on this platform ("" on Linux): macOS's system libraries are not fork-safe once
+    loaded (Python's multiprocessing docs, "Contexts and start methods"), and Windows has no fork."""
+    return "" if sys.platform.startswith("linux") else f"kernels are forked on Linux only, this is {sys.platform}"
+
+
 def forkable(cmd: list[str], kwargs: dict) -> str:
     """Why a kernel cannot be forked ("" where it can): what it would start with that the server's fork lacks."""
-    # Linux only: macOS's system libraries are not fork-safe once loaded (Python's multiprocessing docs, "Contexts
-    # and start methods"), and Windows has no fork
-    if not sys.platform.startswith("linux"):
-        return f"kernels are forked on Linux only, this is {sys.platform}"
+    if why := _not_here():
+        return why
     if _server.get("failed"):
         return _server["failed"]
     if len(cmd) < 3 or cmd[1:3] != ["-m", "ipykernel_launcher"] or os.path.realpath(cmd[0]) != \
@@ -332,7 +336,7 @@ def cpu_seconds() -> float:
     return total + times.user + times.system + times.children_user + times.children_system
 
 
-def _kill_forked() -> None:
+def _kill_at_exit() -> None:
     """At exit: a forked kernel still running is killed with its group, as the run would have closed it (a kernel
     started as a subprocess would wait for its parent poller to notice); then the server. A server started early
     (start) that is still importing would otherwise finish its imports before it saw this process gone, holding this
