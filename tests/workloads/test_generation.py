@@ -59,10 +59,10 @@ def test_dynamic_cache_compiles_every_token_until_the_recompile_limit(llama):
 def test_stage_2_compiles_generation_with_both_caches_per_target(llama, corpus):
     from portkit.stages.compile.stage import Options, check_generation
     from portkit.stages.report.stage import TargetReport
-    found = check_generation(llama, corpus, ["tpu"], Options.of({"new_tokens": 6, "prompts": 2}))
+    found = check_generation(llama, corpus, ["tpu"], Options.of({"new_tokens": 3, "prompts": 2}))
     tpu = found["tpu"]
     assert tpu.backend == "portkit_tpu" and tpu.plan["prompt_buckets"][0] == generation.MIN_PROMPT_BUCKET
-    assert tpu.dynamic.compiles > 1 and tpu.dynamic.tokens.shape == tpu.static.tokens.shape == (2, 6)
+    assert tpu.dynamic.compiles > 1 and tpu.dynamic.tokens.shape == tpu.static.tokens.shape == (2, 3)
     assert tpu.static.compiles == 0 and tpu.static.warmup_compiles >= 2      # all in warm-up, none after
     saved = tpu.to_dict()
     assert saved["static"]["compiles"] == 0 and saved["dynamic"]["first_guard_failure"]
@@ -149,17 +149,18 @@ def test_both_targets_share_one_trace_of_each_generation_and_get_what_their_own_
     from portkit.targets import shared_trace
     texts, plan = ["Return a copy of the list", "x"], generation.Plan((8,), (16,), 2)
     fp32 = {"neuron": "none", "tpu": "highest"}      # each target's precision without matmul rounding
-    each = {n: (generation.generate_static(llama, texts, 4, plan, backend=backends.emulated_backend(n, p)),
-                generation.generate_dynamic(llama, texts, 4, backends.emulated_backend(n, p)))
+    # 3 new tokens: a prefill and two decode lengths, so each dynamic-cache run recompiles once its guard fails
+    each = {n: (generation.generate_static(llama, texts, 3, plan, backend=backends.emulated_backend(n, p)),
+                generation.generate_dynamic(llama, texts, 3, backends.emulated_backend(n, p)))
             for n, p in fp32.items()}
     traced = []
     calls = shared_trace.Turns.__call__
     monkeypatch.setattr(shared_trace.Turns, "__call__", lambda self, gm, ex, **kw: traced.append(1) or calls(
         self, gm, ex, **kw))
-    static = generation.generate_static_for(llama, texts, 4, plan,
+    static = generation.generate_static_for(llama, texts, 3, plan,
                                             {n: backends.emulated_backend(n, p) for n, p in fp32.items()})
     assert len(traced) == each["tpu"][0].warmup_compiles == 2       # one prefill, one decode: traced once, not twice
-    dynamic = generation.generate_dynamic_for(llama, texts, 4,
+    dynamic = generation.generate_dynamic_for(llama, texts, 3,
                                               {n: backends.emulated_backend(n, p) for n, p in fp32.items()})
     for name, (own_static, own_dynamic) in each.items():
         assert (static[name].warmup_compiles, static[name].compiles) == (own_static.warmup_compiles, 0)
@@ -167,3 +168,4 @@ def test_both_targets_share_one_trace_of_each_generation_and_get_what_their_own_
         assert (dynamic[name].compiles, dynamic[name].eager_from_step) == (own_dynamic.compiles,
                                                                           own_dynamic.eager_from_step)
         assert torch.equal(dynamic[name].tokens, own_dynamic.tokens)
+        assert own_dynamic.compiles > 1, name      # the comparison spans a recompile
