@@ -8,6 +8,10 @@ launched one after another, then N forked (the first of them also starts the ser
 the medians and their ratio, and the host's speed (one MiniLM Dynamo trace,
 as bench_workbook.py times it). Forking pays where a process starts more than one kernel: a run's second lane, a
 replaced kernel, every later run in the same process (a sweep's worker, the zoo's rows).
+
+Then the heap a forked kernel inherits (run/frozen_heap.py): a process imports the server's PRELOAD with and without
+its last module (which freezes what the others made) and forks; the child's first full collection is timed, and the
+server's pages it copied are read from /proc (Private_Dirty before and after).
 """
 from __future__ import annotations
 
@@ -56,6 +60,41 @@ def _starts(fork: bool, kernels: int, folder: str, log: str) -> list[float]:
     return seconds
 
 
+# A fork server's heap, frozen or not, and what a fork's first full collection costs: its seconds, the pages it copied
+_HEAP = """
+import gc, importlib, json, os, sys, time
+from portkit.run import kernel_forks
+for name in kernel_forks.PRELOAD:
+    if name != "portkit.run.frozen_heap" or sys.argv[1] == "frozen":
+        importlib.import_module(name)
+
+def private_mib():
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1]) / 1024
+
+read, write = os.pipe()
+child = os.fork()
+if child == 0:
+    before, start = private_mib(), time.perf_counter()
+    gc.collect()
+    seconds = time.perf_counter() - start
+    os.write(write, json.dumps({"copied_mib": private_mib() - before, "seconds": seconds,
+                                "frozen": gc.get_freeze_count()}).encode())
+    os._exit(0)
+os.waitpid(child, 0)
+print(os.read(read, 4096).decode())
+"""
+
+
+def _heap(frozen: bool) -> dict:
+    import json
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", _HEAP, "frozen" if frozen else "not"], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=3, help="kernels started each way (default 3)")
@@ -76,6 +115,13 @@ def main() -> None:
     print(f"  launched (a new interpreter): {', '.join(f'{s:.2f}' for s in launched)}; median {launch:.2f}")
     print(f"  forked (the first starts the server): {', '.join(f'{s:.2f}' for s in forked)}")
     print(f"  a later kernel: launched {launch:.2f} s, forked {later:.2f} s ({launch / later:.1f}x faster)")
+    if sys.platform.startswith("linux"):
+        print("a forked kernel's first full garbage collection (the server's PRELOAD imported, then a fork):")
+        for frozen in (False, True):
+            found = _heap(frozen)
+            print(f"  server heap {'frozen (frozen_heap)' if frozen else 'not frozen':22s}: {found['seconds']:.3f} s, "
+                  f"{found['copied_mib']:.0f} MiB of the server's pages copied into the kernel "
+                  f"({found['frozen']:,} objects frozen)")
     print(f"host speed: one MiniLM Dynamo trace (no backend work, median of 3) took {before:.2f} s before, "
           f"{_trace_seconds():.2f} s after")
 

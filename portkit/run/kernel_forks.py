@@ -35,11 +35,12 @@ from portkit.runfolder.layout import STAGES
 
 # What the server imports once, so that a kernel forked from it starts with them imported: the kernel itself,
 # torch with Dynamo, transformers, and what the stage notebooks import (each stage's module and the modules
-# beside it that the notebooks name). None of them starts a thread or reads a variable that differs between
-# the kernels of one run (checked by tests/run/test_kernel_forks.py).
+# beside it that the notebooks name); last, frozen_heap, which freezes what they made (its docstring says why).
+# None of them starts a thread or reads a variable that differs between the kernels of one run (checked by
+# tests/run/test_kernel_forks.py).
 PRELOAD = (__name__, "ipykernel.kernelapp", "torch", "torch._dynamo", "transformers", "portkit.models",
            "portkit.corpora.corpus", "portkit.runfolder.results", "portkit.runfolder.environment",
-           "portkit.stages.options", *(stage.module for stage in STAGES))
+           "portkit.stages.options", *(stage.module for stage in STAGES), "portkit.run.frozen_heap")
 # Variables a kernel's environment may hold differently from the server's: set per kernel or per test by
 # jupyter_client and pytest, read by nothing at import time. The kernel gets its own values of them.
 PER_KERNEL = ("JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTEST_CURRENT_TEST")

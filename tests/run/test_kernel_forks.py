@@ -26,7 +26,7 @@ PROBE = textwrap.dedent('''
     from portkit.run import jupyter_kernels, kernel_forks, stage_kernel
 
     CELL = """
-    import json, multiprocessing, os, sys, time, psutil
+    import gc, json, multiprocessing, os, sys, time, psutil
     import mine
     held = multiprocessing.get_context("spawn").Semaphore()   # registered with a resource tracker, never released
     busy = time.process_time()
@@ -37,7 +37,8 @@ PROBE = textwrap.dedent('''
                       "variables": {k: os.environ.get(k) for k in ("PYTHONPATH", "OMP_WAIT_POLICY", "PROBE_VALUE")},
                       "own_group": os.getpgid(0) == os.getpid(), "own_session": os.getsid(0) == os.getpid(),
                       "stdin": os.path.realpath("/proc/self/fd/0"),
-                      "parent_threads": len(psutil.Process(os.getppid()).threads())}))
+                      "parent_threads": len(psutil.Process(os.getppid()).threads()),
+                      "frozen": gc.get_freeze_count()}))
     """
 
     async def ask(km):
@@ -121,6 +122,9 @@ def test_a_forked_kernel_is_what_a_launched_one_would_be(probed):
     # the server it was forked from runs one thread: a fork copies only the forking one, so a lock another thread
     # held at the fork would stay held in the kernel for ever
     assert forked["parent_threads"] == 1
+    # what the server imported came frozen (frozen_heap): the kernel's collections neither scan nor write to it; a
+    # launched kernel froze nothing
+    assert forked["frozen"] > 100_000 and launched["frozen"] == 0
     # both kernels' own output reached the run's kernel log, and the log says how each started
     assert log.count("written on the kernel's stderr") == 3   # launched, forked, launched after the change
 
