@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,8 @@ def run_stages(per_stage, run: Run, lanes: int) -> None:
         finally:
             for kernel in schedule.all_kernels():
                 kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
+            for stage, _, _ in schedule.running.values():
+                (run.out / layout.running_marker(stage.name)).unlink(missing_ok=True)
     run.printer.close()
 
 
@@ -216,6 +219,7 @@ def _stop_interrupted(schedule: _Schedule, run: Run) -> list[str]:
                 _ended(stage, start, outcome, run)
                 continue
             (run.out / stage.result).unlink(missing_ok=True)
+            (run.out / layout.running_marker(stage.name)).unlink(missing_ok=True)
             if stage.early:
                 (run.out / stage.early).unlink(missing_ok=True)
             run_log.record(run.out, stage.name, layout.INTERRUPTED, time.perf_counter() - start,
@@ -227,12 +231,11 @@ def _stop_interrupted(schedule: _Schedule, run: Run) -> list[str]:
 
 
 def _start_ready(schedule: _Schedule, pool, run: Run, lanes: int) -> None:
-    """Start the stages that are ready, in order, while a lane and a kernel are free; a stage an abstract
-    model (no weights) cannot run ends skipped without its notebook."""
+    """Start the stages that are ready, in order, while a lane and a kernel are free (each start may make a stage
+    that reads it late ready); a stage an abstract model (no weights) cannot run ends skipped without its notebook."""
     now = jupyter_kernels.lanes_for(schedule.parameters, lanes)
-    for item in schedule.ready(run.out):
-        if len(schedule.running) >= now or not schedule.free:
-            break
+    while (ready := schedule.ready(run.out)) and len(schedule.running) < now and schedule.free:
+        item = ready[0]
         stage, values = item
         schedule.pending.remove(item)
         # this run rewrites the stage's result: one from an earlier run must not outlive a failure now
@@ -247,6 +250,7 @@ def _start_ready(schedule: _Schedule, pool, run: Run, lanes: int) -> None:
             schedule.ended.append(stage.name)
             continue
         kernel = schedule.take_kernel()
+        (run.out / layout.running_marker(stage.name)).write_text(str(os.getpid()))
         future = pool.submit(stage_kernel.execute, stage, values, run.out, run.progress, kernel)
         schedule.running[future] = (stage, start, kernel)
 
@@ -277,12 +281,13 @@ def _collect(future, schedule: _Schedule, pool, run: Run) -> None:
 
 
 def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> set[str]:
-    """The stages `stage` still waits for: those it reads that have not ended, except one whose early file
-    (runfolder.Stage.early) is all it needs and that this run's stage has written."""
+    """The stages `stage` still waits for: those it reads that have not ended, except one it reads late that has
+    started (its cell waits for it) and one whose early file (runfolder.Stage.early) is all it needs and that this
+    run's stage has written."""
     waiting = {s.name for s, _ in pending}   # not started yet
     return {read for read in waits[stage.name] - set(ended)
-            if not (read in stage.reads_early and read not in waiting
-                    and (out / layout.stage(read).early).exists())}
+            if not (read not in waiting and (read in stage.reads_late or read in stage.reads_early
+                                             and (out / layout.stage(read).early).exists()))}
 
 
 def _ended(stage: Stage, start: float, outcome, run: Run, peak: int | None = None) -> None:
@@ -290,6 +295,7 @@ def _ended(stage: Stage, start: float, outcome, run: Run, peak: int | None = Non
     with its kernel's peak resident memory (`peak` bytes, None: not measured)."""
     out, result = run.out, run.result
     seconds = result.seconds[stage.name] = time.perf_counter() - start
+    (out / layout.running_marker(stage.name)).unlink(missing_ok=True)
     if isinstance(outcome, StageSkipped):
         run_log.record(out, stage.name, "skipped", seconds, str(outcome), peak)
         result.summaries[stage.name] = f"skipped: {outcome}"

@@ -40,6 +40,9 @@ class Stage:
     early: str | None = None
     # of its reads, those whose early file is all it needs: it may start once that file is written
     reads_early: tuple[str, ...] = ()
+    # of its reads, those it reads in a later cell only: it may start once they have started, and that cell waits
+    # while they run (running_marker, results.wait_while_running)
+    reads_late: tuple[str, ...] = ()
 
     @property
     def result(self) -> str:
@@ -49,7 +52,8 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("fallbacks", "01_fallbacks.ipynb", "portkit.stages.fallbacks.stage"),
     # compile: eager findings, compiled
-    Stage("compile", "02_compile.ipynb", "portkit.stages.compile.stage", reads=("fallbacks",)),
+    Stage("compile", "02_compile.ipynb", "portkit.stages.compile.stage", reads=("fallbacks",),   # to reconcile
+          reads_late=("fallbacks",)),
     Stage("buckets", "03_buckets.ipynb", "portkit.stages.buckets.stage", reads=("compile",),   # compile times natively
           early="buckets.plan.json"),
     # xla: shapes
@@ -153,6 +157,12 @@ def read_log(folder) -> dict:
 
 
 INTERRUPTED = "interrupted"   # a stage stopped by Ctrl-C: its kernel was stopped and its result removed
+
+
+def running_marker(name: str) -> str:
+    """The file in the run folder that says stage `name` is running in a `portkit run`: written when its kernel starts
+    on it, holding the run's process id, removed when it ends (a stage that reads it late waits while it is there)."""
+    return f".{name}.running"
 
 
 def notebook_images(run_dir, stages) -> tuple[list[tuple[str, str]], list[str]]:

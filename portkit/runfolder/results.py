@@ -249,6 +249,21 @@ def load(out_dir, stage: str):
     return None if saved is None else typed(stage, saved, Path(out_dir) / result_file(stage))
 
 
+def wait_while_running(out_dir, stage: str, poll: float = 0.2) -> float:
+    """Wait while `stage` runs in the `portkit run` that started this one beside it (a stage that reads it late:
+    layout.Stage.reads_late): while its layout.running_marker is in `out_dir` and the run that wrote it lives.
+    Returns the seconds waited; at once where no run holds the marker (a notebook run on its own, a run killed)."""
+    import os
+    import time
+    marker, start = Path(out_dir) / layout.running_marker(stage), time.perf_counter()
+    while True:
+        try:
+            os.kill(int(marker.read_text()), 0)       # signal 0: only whether the run's process lives
+        except (OSError, ValueError):                 # no marker (the stage ended), a dead run, a damaged marker
+            return time.perf_counter() - start
+        time.sleep(poll)
+
+
 def target_part(found, name: str, *, damaged_as_none: bool = False):
     """The typed part of target `name` in a stage's typed result `found` (load's); None where there is no result or
     it has no part for the target. A damaged part raises UnreadableResult, or is None with damaged_as_none (the

@@ -237,6 +237,7 @@ def eager_findings(breaks: GraphBreaks, out_dir, targets) -> dict[str, HtmlTable
     """Per target, stage 1's eager findings (its fallbacks.json in `out_dir`) against the graphs that
     find_graph_breaks just captured: what persists under torch.compile, what vanishes (reconcile.py)."""
     from portkit.runfolder import results
+    results.wait_while_running(out_dir, "fallbacks")   # started beside it by `portkit run` (layout: reads_late)
     saved = results.load(out_dir, "fallbacks")     # typed; a damaged part is named (UnreadableResult)
     compiled = {"graph_breaks": breaks.to_dict()}
     out = {}
