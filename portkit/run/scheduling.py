@@ -162,7 +162,7 @@ def run_stages(per_stage, run: Run, lanes: int) -> None:
         finally:
             for kernel in schedule.all_kernels():
                 kernel.close()   # a stage still running (an error, an interrupt) ends with its kernel
-            for stage, _, _ in schedule.running.values():
+            for stage, _, _ in schedule.running.values():   # stopped (Ctrl-C) or failed: no longer running
                 (run.out / layout.running_marker(stage.name)).unlink(missing_ok=True)
     run.printer.close()
 
@@ -219,7 +219,6 @@ def _stop_interrupted(schedule: _Schedule, run: Run) -> list[str]:
                 _ended(stage, start, outcome, run)
                 continue
             (run.out / stage.result).unlink(missing_ok=True)
-            (run.out / layout.running_marker(stage.name)).unlink(missing_ok=True)
             if stage.early:
                 (run.out / stage.early).unlink(missing_ok=True)
             run_log.record(run.out, stage.name, layout.INTERRUPTED, time.perf_counter() - start,
@@ -285,9 +284,11 @@ def _unmet(stage: Stage, waits: dict, ended: list, pending: list, out: Path) -> 
     started (its cell waits for it) and one whose early file (runfolder.Stage.early) is all it needs and that this
     run's stage has written."""
     waiting = {s.name for s, _ in pending}   # not started yet
-    return {read for read in waits[stage.name] - set(ended)
-            if not (read not in waiting and (read in stage.reads_late or read in stage.reads_early
-                                             and (out / layout.stage(read).early).exists()))}
+
+    def enough(read: str) -> bool:   # started, and read late or its early file written
+        return read not in waiting and (read in stage.reads_late or
+                                        (read in stage.reads_early and (out / layout.stage(read).early).exists()))
+    return {read for read in waits[stage.name] - set(ended) if not enough(read)}
 
 
 def _ended(stage: Stage, start: float, outcome, run: Run, peak: int | None = None) -> None:

@@ -21,6 +21,8 @@ one line, with its key (UnreadableResult).
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,8 +255,6 @@ def wait_while_running(out_dir, stage: str, poll: float = 0.2) -> float:
     """Wait while `stage` runs in the `portkit run` that started this one beside it (a stage that reads it late:
     layout.Stage.reads_late): while its layout.running_marker is in `out_dir` and the run that wrote it lives.
     Returns the seconds waited; at once where no run holds the marker (a notebook run on its own, a run killed)."""
-    import os
-    import time
     marker, start = Path(out_dir) / layout.running_marker(stage), time.perf_counter()
     while True:
         try:

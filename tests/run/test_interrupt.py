@@ -64,6 +64,7 @@ def test_ctrl_c_stops_the_kernels_records_the_stage_interrupted_exits_130_and_a_
     assert layout.read_log(out)["stages"]["fallbacks"]["status"] == "interrupted"
     assert not (out / "fallbacks.json").exists()
     assert not [p.name for p in out.iterdir() if ".partial." in p.name or p.name.endswith(".tmp")]
+    assert not (out / layout.running_marker("fallbacks")).exists()   # a stopped stage is no longer running
     # the same command again, in-process (the signal and the exit code are the process's, above); its model sleeps
     # only where PORTKIT_TEST_SLOW_FORWARD is set, as it was for the first run alone
     monkeypatch.delenv("PORTKIT_TEST_SLOW_FORWARD", raising=False)
