@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="a notebook parameter, e.g. -p batch_size 4 (see `portkit params`)")
     run.add_argument("--stages", default=None, action=_Once, help="comma-separated subset of the stages to run")
     run.add_argument("--lanes", type=int, default=None, action=_Once,
-                     help="stages run at once, each in a kernel of its own (default 2; 1 needs the least memory)")
+                     help="stages run at once, each in a kernel of its own (default: as many as the stages can use, at "
+                          "most one more than the cores, as memory allows; 1 needs the least memory)")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bars (there are none where stdout is not a terminal)")
     run.add_argument("--no-report", action="store_true",

@@ -13,8 +13,8 @@ stage starts as it would in a new kernel, with its imports already done. The sta
 kernels give the same results as fresh ones. A kernel that died is replaced for the next stage. Each notebook still
 runs on its own in a fresh kernel (JupyterLab, nbval): nothing in a stage may rely on an earlier stage's kernel.
 
-Two stages that do not read each other's results run at once, each in its own kernel (a lane), where the
-machine has the cores and the memory for both (lanes_for).
+Stages that do not read each other's results run at once, each in its own kernel (a lane), up to LANES where the
+machine has the cores and the memory for them (lanes_for).
 """
 from __future__ import annotations
 
@@ -39,9 +39,12 @@ ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", **allocator.ENVIRONMENT}
 
 KERNEL = "python3"
 # Stages a run may hold at once, each in a kernel of its own (runner: a stage starts once the stages it reads
-# have ended). Two: stage 2's storm and stage 3's replay are each bound to one core by Dynamo's tracing
-# (Python), so on a 2-core machine they run side by side in about the time of the longer one.
-LANES = 2
+# have ended), and at most one more than the machine has cores. Three: stages 1, 2 and 3 of the default run can
+# start at once, and stage 4 once stage 3 has written its plans. Two lanes on two cores left one idle for the
+# last third of the run while stage 4 waited for stage 2's kernel; a third lets stage 4 start beside stage 3's
+# replay and fills the cores to the end (measured on 2 cores, docs/benchmarks/speed.md). Dynamo's tracing is
+# Python, one core a stage, and a stage waits at times (on a file, on papermill), so the cores stay busy.
+LANES = 3
 # What a kernel may take while it runs a stage, to decide whether two fit in memory: the interpreter with
 # torch, transformers and jax imported and the stage's working memory (the default run's kernels peaked at
 # 1178 MiB resident with MiniLM's 22.7 M parameters, sampled from /proc; 445 MiB after the imports alone), with
@@ -230,12 +233,13 @@ async def _clear(km: AsyncKernelManager) -> bool:
 
 
 def lanes_for(parameters: int | None, lanes: int = LANES) -> int:
-    """How many stages may run at once: `lanes` where this machine has the cores and the memory available for
-    that many kernels with a model of `parameters`; 1 while the model's size is not known yet."""
+    """How many stages may run at once: `lanes` where this machine has the memory available for that many kernels
+    with a model of `parameters` and at least one core fewer than that (LANES: why one more); 1 while the model's
+    size is not known yet."""
     if lanes <= 1 or parameters is None:
         return 1
     fits = available_memory() // (KERNEL_BYTES + BYTES_PER_PARAMETER * parameters)
-    return max(1, min(lanes, os.cpu_count() or 1, fits))
+    return max(1, min(lanes, (os.cpu_count() or 1) + 1, fits))
 
 
 # Bytes of memory available to new processes (core.memory owns the reading; tests replace this name)

@@ -330,7 +330,7 @@ def test_the_stages_share_one_kernel_cleared_between_them_and_a_dead_one_is_repl
 
 
 
-def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_allows(tmp_path, monkeypatch):
+def test_stages_start_once_what_they_read_has_ended_three_at_a_time_where_cores_and_memory_allow(tmp_path, monkeypatch):
     import threading
     from portkit.stages.buckets.stage import reads
     from portkit.run import jupyter_kernels
@@ -366,11 +366,12 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 64 * 2 ** 30)
     monkeypatch.setattr(jupyter_kernels.os, "cpu_count", lambda: 2)
     assert reads(["neuron", "tpu"]) == () and reads(["tpu", "cpu"]) == ("compile",)
-    # stage 2 reads stage 1 late (in a later cell, which waits while stage 1 runs): it starts beside stage 1, a
-    # built-in model being known to be small before it is loaded; stage 3 reads neither (emulated targets) and
-    # takes the first free lane; stage 4 needs stage 3's plans only: it runs while stage 3 still replays
-    first, plans = threading.Barrier(2, timeout=120), threading.Barrier(2, timeout=120)
-    beside.update(fallbacks=[first], compile=[first], buckets=[plans], accuracy=[plans])
+    # stage 2 reads stage 1 late (in a later cell, which waits while stage 1 runs) and stage 3 reads neither
+    # (emulated targets): the three start at once on two cores (one lane more than cores), a built-in model being
+    # known to be small before it is loaded; stage 4 needs stage 3's plans only: it starts in the kernel stage 1
+    # left, while stage 2 compiles and stage 3 replays
+    first, plans = threading.Barrier(3, timeout=120), threading.Barrier(3, timeout=120)
+    beside.update(fallbacks=[first], compile=[first, plans], buckets=[first, plans], accuracy=[plans])
     runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "run"), progress=False, log=lambda line: None)
     assert not list((tmp_path / "run").glob(".*.running"))   # every stage's marker removed as it ended
 
@@ -381,21 +382,21 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     ran = spans()
     assert sorted(ran) == sorted(s.name for s in runner.STAGES)
     overlap = lambda a, b: ran[a][0] < ran[b][1] and ran[b][0] < ran[a][1]   # noqa: E731
-    assert overlap("fallbacks", "compile")
-    assert ran["fallbacks"][2] != ran["compile"][2]   # each in a kernel of its own
+    assert overlap("fallbacks", "compile") and overlap("fallbacks", "buckets")
+    assert len({ran[name][2] for name in ("fallbacks", "compile", "buckets")}) == 3   # each in a kernel of its own
     for stage in runner.STAGES:                     # and none starts before what it reads has ended,
         for read in scheduling.reads(stage, ["neuron", "tpu"]):
             if read in stage.reads_early or read in stage.reads_late:   # or for stage 4, before stage 3 has
                 assert ran[stage.name][0] > ran[read][0], (stage.name, read)   # written its plans; stage 2: started
             else:
                 assert ran[stage.name][0] > ran[read][1], (stage.name, read)
-    # stage 4 starts in a kernel stages 1 and 2 left, while stage 3 still replays in the other
-    assert overlap("accuracy", "buckets") and ran["accuracy"][0] > ran["compile"][1]
-    assert ran["accuracy"][2] != ran["buckets"][2]
+    # stage 4 starts in the kernel stage 1 left, while stage 3 still replays and stage 2 compiles in the others
+    assert overlap("accuracy", "buckets") and overlap("accuracy", "compile")
+    assert ran["accuracy"][2] == ran["fallbacks"][2]
     assert scheduling.reads(runner.layout.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
     # a kernel is cleared as soon as its stage has ended, while the next stage waits for what it reads: the
-    # stages after the first two (new kernels) start in a cleared kernel; none is cleared after the last stage
-    assert {name for name, span in ran.items() if not span[3]} == {"fallbacks", "compile"}
+    # stages after the first three (new kernels) start in a cleared kernel; none is cleared after the last stage
+    assert {name for name, span in ran.items() if not span[3]} == {"fallbacks", "compile", "buckets"}
     cleared = [i for i, e in enumerate(events) if e[0] == "cleared"]
     assert len(cleared) < len(ran) and max(cleared) < ran["report"][1]
 
@@ -408,8 +409,12 @@ def test_stages_start_once_what_they_read_has_ended_two_at_a_time_where_memory_a
     assert all(not overlap(a, b) for a in ran for b in ran if a != b)
     monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 3 * 2 ** 30)   # room for one kernel with the model
     assert jupyter_kernels.lanes_for(10 ** 6) == 1 and jupyter_kernels.lanes_for(None) == 1
+    monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 5 * 2 ** 30)   # room for two
+    assert jupyter_kernels.lanes_for(10 ** 6) == 2
     monkeypatch.setattr(jupyter_kernels, "available_memory", lambda: 64 * 2 ** 30)
-    assert jupyter_kernels.lanes_for(10 ** 6) == 2 and jupyter_kernels.lanes_for(10 ** 6, lanes=1) == 1
+    assert jupyter_kernels.lanes_for(10 ** 6) == 3 and jupyter_kernels.lanes_for(10 ** 6, lanes=1) == 1
+    monkeypatch.setattr(jupyter_kernels.os, "cpu_count", lambda: 1)      # one core: one lane more, two
+    assert jupyter_kernels.lanes_for(10 ** 6) == 2
 
 
 def test_the_size_a_run_assumes_before_loading_a_model_bounds_it(tmp_path):
