@@ -281,14 +281,15 @@ def _config(folder: Path) -> dict | None:
 
 
 def run_serial(row: zoo_build.Row, folder: Path, out: Path, stages, params: dict) -> Result:
-    """One row's run, both targets in one run folder (portkit.run.runner), one stage at a time."""
+    """One row's run, both targets in one run folder (portkit.run.runner), its stages side by side as `portkit run`
+    runs them (the row's peak memory is its largest stage's, from run.json, where the stages record one)."""
     result, run_dir = Result.of(row), out / "runs" / row.key
     shutil.rmtree(run_dir, ignore_errors=True)
     try:
         with redirect_stdout(io.StringIO()), KernelPeak() as peak:   # the plan step's line on each target's mode
             try:
                 runner.run(str(folder), list(TARGETS), str(run_dir), params, stages, progress=False,
-                           log=lambda _: None, settings=runner.RunSettings(lanes=1))
+                           log=lambda _: None)
             finally:
                 result.peak = {"bytes": peak.peak, "source": "process peak: the row's kernels, sampled"} \
                     if peak.peak else {}
