@@ -45,7 +45,7 @@ KERNEL = "python3"
 # replay and fills the cores to the end (measured on 2 cores, docs/benchmarks/speed.md). Dynamo's tracing is
 # Python, one core a stage, and a stage waits at times (on a file, on papermill), so the cores stay busy.
 LANES = 3
-# What a kernel may take while it runs a stage, to decide whether two fit in memory: the interpreter with
+# What a kernel may take while it runs a stage, to decide how many fit in memory: the interpreter with
 # torch, transformers and jax imported and the stage's working memory (the default run's kernels peaked at
 # 1178 MiB resident with MiniLM's 22.7 M parameters, sampled from /proc; 445 MiB after the imports alone), with
 # margin; and per parameter the float32 weights, stage 4's float64 copy and room for activations, optimizer
