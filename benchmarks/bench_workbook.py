@@ -1,6 +1,6 @@
 """The whole workbook: wall time of `portkit run --model minilm --target neuron --target tpu`, per stage.
 
-    .venv/bin/python benchmarks/bench_workbook.py [--cold] [--out DIR]
+    .venv/bin/python benchmarks/bench_workbook.py [--cold] [--out DIR] [--lanes 2,3 [--pairs 3]]
 
 Runs the CLI exactly as a user would (a fresh process, one papermill kernel for the stages) and prints each
 stage's seconds beside the total, so the slowest stage is visible. Without --cold: one run with the
@@ -8,7 +8,9 @@ caches as found. --cold: a run from empty caches, as on a fresh machine (a new p
 so no XLA verdicts, lowerings or derived corpora, and an empty Inductor cache), then a warm rerun in
 a new run folder with the caches the cold run filled; both side by side, with the host's speed at the time
 (one MiniLM Dynamo trace, timed before and after: on a shared machine it varies by half), and the aims (COLD_AIM,
-WARM_AIM) on a 2-core machine.
+WARM_AIM) on a 2-core machine. --lanes A,B: warm runs with `--lanes A` and `--lanes B` alternated (--pairs
+of them, the first pair's runs warming the caches uncounted), each pair's seconds and the mean difference: the
+number of stages a run holds at once, measured side by side on this host.
 """
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ COLD_AIM, WARM_AIM = 60, 40
 STAGE_LINE = re.compile(r"^\[(\w+)\] .* \((\d+) s(?:, peak [^)]*)?\)$", re.M)
 
 
-def _run(out: Path) -> tuple[float, dict, dict]:
+def _run(out: Path, extra: tuple[str, ...] = ()) -> tuple[float, dict, dict]:
     """One `portkit run` in a fresh process: (wall seconds, seconds per stage, the report's verdicts)."""
     portkit = Path(sys.executable).parent / "portkit"
     start = time.perf_counter()
     done = subprocess.run([str(portkit), "run", "--model", "minilm", "--target", "neuron", "--target", "tpu",
-                           "--out", str(out), "--no-progress"], capture_output=True, text=True)
+                           "--out", str(out), "--no-progress", *extra], capture_output=True, text=True)
     total = time.perf_counter() - start
     if done.returncode != 0:
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
@@ -78,8 +80,17 @@ def main() -> None:
                         help="a cold run from empty caches (portkit's, the XLA verdicts included, and Inductor's), "
                              "then a warm rerun with the caches it filled, side by side")
     parser.add_argument("--out", default=None, help="run folder (default: a temporary one)")
+    parser.add_argument("--lanes", default=None, metavar="A,B",
+                        help="alternate warm runs with --lanes A and --lanes B (two positive whole numbers)")
+    parser.add_argument("--pairs", type=int, default=3, help="pairs of runs for --lanes (default 3)")
     args = parser.parse_args()
+    if args.lanes is not None and args.cold:
+        parser.error("--lanes compares warm runs: leave out --cold")
+    lanes = _lanes_pair(parser, args.lanes, args.pairs) if args.lanes is not None else None
     out = Path(args.out or tempfile.mkdtemp(prefix="portkit-bench-"))
+    if lanes is not None:
+        _compare_lanes(out, lanes, args.pairs)
+        return
     print(f"portkit run --model minilm --target neuron --target tpu ({os.cpu_count()} CPUs) -> {out}")
     if not args.cold:
         total, stages, verdicts = _run(out)
@@ -115,6 +126,33 @@ def main() -> None:
         print(f"verdicts {name}: " + ", ".join(f"{n}: {v}" for n, v in run[2].items()))
     print(f"host speed: one MiniLM Dynamo trace (no backend work, median of 3) took {trace_before:.2f} s before "
           f"the runs, {_trace_seconds():.2f} s after")
+
+
+def _lanes_pair(parser, text: str, pairs: int) -> tuple[int, int]:
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts) or pairs < 1:
+        parser.error(f"--lanes {text} --pairs {pairs}: give two positive whole numbers, e.g. --lanes 2,3, and "
+                     "--pairs 1 or more")
+    return int(parts[0]), int(parts[1])
+
+
+def _compare_lanes(out: Path, lanes: tuple[int, int], pairs: int) -> None:
+    """Warm runs alternated between the two lane counts, after one uncounted pair that fills the caches."""
+    print(f"host speed: one MiniLM Dynamo trace took {_trace_seconds():.2f} s before the runs")
+    for lane in lanes:
+        _run(out / f"warm-up-{lane}", ("--lanes", str(lane)))
+    seconds: dict[int, list[float]] = {lane: [] for lane in lanes}
+    for i in range(pairs):
+        for lane in lanes:
+            seconds[lane].append(_run(out / f"pair{i}-lanes{lane}", ("--lanes", str(lane)))[0])
+        a, b = (seconds[lane][-1] for lane in lanes)
+        print(f"  pair {i + 1}: --lanes {lanes[0]} {a:5.1f} s, --lanes {lanes[1]} {b:5.1f} s ({b - a:+.1f} s)",
+              flush=True)
+    mean = sum(seconds[lanes[1]][i] - seconds[lanes[0]][i] for i in range(pairs)) / pairs
+    fewer = sum(seconds[lanes[1]][i] < seconds[lanes[0]][i] for i in range(pairs))
+    print(f"--lanes {lanes[1]} against --lanes {lanes[0]}: {mean:+.1f} s on average over {pairs} pairs, less in "
+          f"{fewer} of {pairs}")
+    print(f"host speed: one MiniLM Dynamo trace took {_trace_seconds():.2f} s after the runs")
 
 
 if __name__ == "__main__":
