@@ -40,10 +40,10 @@ ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", **allocator.ENVIRONMENT}
 KERNEL = "python3"
 # Stages a run may hold at once, each in a kernel of its own (runner: a stage starts once the stages it reads
 # have ended), and at most one more than the machine has cores. Three: stages 1, 2 and 3 of the default run can
-# start at once, and stage 4 once stage 3 has written its plans. Two lanes on two cores left one idle for the
-# last third of the run while stage 4 waited for stage 2's kernel; a third lets stage 4 start beside stage 3's
-# replay and fills the cores to the end (measured on 2 cores, docs/benchmarks/speed.md). Dynamo's tracing is
-# Python, one core a stage, and a stage waits at times (on a file, on papermill), so the cores stay busy.
+# start at once, and stage 4 once stage 3 has written its plans. Two lanes on two cores left one idle for more
+# than a quarter of the default run while stage 4 waited for stage 2's kernel; a third lets stage 4 start beside
+# stage 3's replay (a small gain on 2 cores, within the host's spread: docs/benchmarks/speed.md). Dynamo's tracing
+# is Python, one core a stage, and a stage waits at times (on a file, on papermill), so the cores stay busy.
 LANES = 3
 # What a kernel may take while it runs a stage, to decide how many fit in memory: the interpreter with
 # torch, transformers and jax imported and the stage's working memory (the default run's kernels peaked at
