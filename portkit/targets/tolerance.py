@@ -192,6 +192,13 @@ def tolerance_for(precision, tolerances: dict | None = None, output_dtype: torch
     return Tolerance(name, float(rtol), float(atol))
 
 
+# An emulated target at a precision that rounds nothing computes what the CPU's float32 computes: its error's ratio
+# to the GPU baseline's is the order two graphs sum in, never a figure about the target's hardware (stage 4's
+# texts of the ratio and the report's).
+FLOAT32_ON_CPU = ("float32 on this CPU (emulated, nothing rounded: the ratio is the order the graphs sum in, "
+                  "nothing about the target's hardware; measure on the device)")
+
+
 def rounds(precision) -> bool:
     """Whether a precision setting rounds anything below float32 (matmul operands, results, or every op)."""
     return precision is not None and any(d is not None for d in (precision.matmul_inputs, precision.matmul_output,

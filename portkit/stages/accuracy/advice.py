@@ -49,15 +49,20 @@ def _where_error_enters(target: specs.Target, t: TargetAccuracy, main: str) -> l
         return [f"error first exceeds the tolerance in `{first['module']}` ({first['type']}) although "
                 f"precision '{chosen.name}' computes in float32: the target changed {changed} there; "
                 "check that module's ops on the target"]
-    text = (f"error first exceeds the {chosen.layers['tolerance']['dtype']} tolerance in `{first['module']}` "
-            f"({first['type']}; the target changed: {changed}): run it at precision '{fp32.name}' "
-            f"({fp32.setting})")
-    if fp32.name in measured:
-        r = measured[fp32.name]
-        text += (f"; the whole model at '{fp32.name}' measured max abs error "
-                 f"{r.outputs[main]['max_abs']:.2g} "
-                 f"({'passes' if r.passed else 'still fails'}; {r.target_side})")
-    return [text]
+    head = (f"error first exceeds the {chosen.layers['tolerance']['dtype']} tolerance in `{first['module']}` "
+            f"({first['type']}; the target changed: {changed})")
+    r = measured.get(fp32.name)
+    if r is None:
+        return [f"{head}: run it at precision '{fp32.name}' ({fp32.setting})"]
+    error = f"max abs error {r.outputs[main]['max_abs']:.2g}; {r.target_side}"
+    if r.passed:
+        return [f"{head}: run it at precision '{fp32.name}' ({fp32.setting}); the whole model at '{fp32.name}' "
+                f"passes ({error})"]
+    # The whole model at the float32 precision rounds no matmul in that module either: one module at it cannot
+    # pass where the whole model at it failed, so it is not advised.
+    return [f"{head}; a higher precision is not the fix: the whole model at '{fp32.name}' ({fp32.setting}) still "
+            f"fails ({error}), so the error is not this module's matmul rounding alone: check its other ops on the "
+            "target"]
 
 
 def _norms_in_float32(target: specs.Target, t: TargetAccuracy) -> list[str]:

@@ -366,11 +366,14 @@ def measure_baseline(module, batch: dict, plain: dict, truth: dict | None, main:
             "gpu_error": found["rel_l2"], "gpu_max_abs": found["max_abs"], "outputs": out}
 
 
-def versus_baseline(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask) -> dict:
-    """A target's error against float64 (relative L2 on the main output) as a ratio to the GPU setup's."""
+def versus_baseline(baseline: dict, out: torch.Tensor, truth: dict, main: str, mask,
+                    float32_on_cpu: bool = False) -> dict:
+    """A target's error against float64 (relative L2 on the main output) as a ratio to the GPU setup's.
+    `float32_on_cpu`: the target side computed the CPU's own float32 (TargetSide.float32_on_cpu), kept in the
+    result so that every text of the ratio says it compares nothing about the target (tables.against_baseline)."""
     error = compare(out, truth[main], None, mask)["rel_l2"]     # nan where the shapes differ
     gpu = baseline["gpu_error"]
     ratio = error / gpu if gpu > 0 else (1.0 if error == 0 else None)    # None: the GPU setup has no error
     ratio = None if error != error else ratio                            # nothing compared: no ratio
     return {**{k: v for k, v in baseline.items() if k != "outputs"}, "target_error": error, "ratio": ratio,
-            "within": ratio is not None and ratio <= baseline["factor"]}
+            "within": ratio is not None and ratio <= baseline["factor"], "float32_on_cpu": float32_on_cpu}

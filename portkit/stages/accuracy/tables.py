@@ -12,6 +12,7 @@ from __future__ import annotations
 from portkit.core.tables import HtmlTable
 from portkit.stages.accuracy import stats
 from portkit.stages.accuracy.comparison import primary_output
+from portkit.targets.tolerance import FLOAT32_ON_CPU
 
 ASSERT_CLOSE = "element-wise assert_close (detail, does not decide)"
 
@@ -22,7 +23,8 @@ def against_baseline(b: dict) -> str:
         return f"no error against {b['truth']}: the output's shape differs from it"
     if b["ratio"] is None:
         return f"relative L2 error {b['target_error']:.2g} against {b['truth']} where {b['label']} has none"
-    return f"error against {b['truth']} {b['ratio']:.3g}x that of {b['label']}"
+    cpu = (f", both {FLOAT32_ON_CPU}" if b.get("float32_on_cpu") else "")
+    return f"error against {b['truth']} {b['ratio']:.3g}x that of {b['label']}{cpu}"
 
 
 def baseline_role(b: dict) -> str:

@@ -139,7 +139,7 @@ def _precision_result(ref: Reference, side: TargetSide, precision, mode: PassMod
         outputs={k: compare(out[k], expected[k], per_dtype[k], mask) for k in expected},
         task=ref.task(out[ref.main], side, precision, compiled and side.refused is None, batch, sampled=judged),
         output_tasks=_other_outputs(ref, out),
-        baseline=versus_baseline(ref.baseline, out[ref.main], truth, ref.main, mask),
+        baseline=versus_baseline(ref.baseline, out[ref.main], truth, ref.main, mask, side.float32_on_cpu(precision)),
         vs_float64={k: compare(out[k], ref.outputs64[k], None, mask) for k in expected} if ref.outputs64 else None,
         layers=layer_summary(rows, reason, tol, precision, side.label(False)) if rows is not None else None,
         numerics=changed, float64_ops=f64)
@@ -272,7 +272,7 @@ def _bucket_row(ref: Reference, bucket: tuple, precision, side: TargetSide, mode
                for k, r in expected.items()}
     task = task_metrics(model.declaration.primary.metric, out[main], expected[main], mask, ref.options.bounds, plain,
                         ref.unit, main)
-    versus = versus_baseline(baseline, out[main], truth, main, mask)
+    versus = versus_baseline(baseline, out[main], truth, main, mask, side.float32_on_cpu(precision))
     # a bucket's batch is a handful of items: it fails the verdict where its interval lies outside a budget; one
     # that straddles it decides nothing (the task sample decides); an output of another shape fails it (a finding)
     shape_reasons = [task["reason"]] if task.get("shape_mismatch") else []

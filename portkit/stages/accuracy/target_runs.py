@@ -32,7 +32,7 @@ from portkit.targets import specs
 from portkit.core.errors import CompileRefused
 from portkit.stages.accuracy import footprint
 from portkit.stages.accuracy.localize import LayerProbe
-from portkit.targets.tolerance import Tolerance
+from portkit.targets.tolerance import Tolerance, rounds
 from portkit.targets.shared_trace import Turns
 
 EAGER = "eager emulation"
@@ -221,6 +221,13 @@ class TargetSide:
         # rows split into calls of `batch` only where every input's batch axis is its first (a recurrent state
         # is (layers, batch, hidden)): otherwise the whole batch goes in one call
         self.batch_first = True
+        self.float64_cast = False    # an eager emulated run has run a float64 op as float32
+
+    def float32_on_cpu(self, precision) -> bool:
+        """Whether this side computes what the CPU's own float32 computes: emulated, at a precision that rounds
+        nothing, and no float64 op cast (seen in the eager runs, which come first). Its error against float64 is
+        then the CPU's float32 rounding, summed in the order its graph sums, and says nothing about the target."""
+        return not self.detected.native and not rounds(precision) and not self.float64_cast
 
     def label(self, compiled: bool) -> str:
         if compiled and self.refused is not None:
@@ -256,6 +263,7 @@ class TargetSide:
                     out, rows, reason = fn(), None, None
             else:
                 out, rows, reason = probe.compare(fn, tol, mode)
+        self.float64_cast = self.float64_cast or bool(mode and mode.float64_ops)
         return (placement.to_device(out, "cpu"), rows, reason, dict(mode.stats) if mode else {},
                 dict(mode.float64_ops) if mode else {})
 

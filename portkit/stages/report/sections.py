@@ -12,6 +12,7 @@ import re
 
 from portkit.stages.report import realsize
 from portkit.targets import specs
+from portkit.targets.tolerance import FLOAT32_ON_CPU
 from portkit.workloads import decoding
 from portkit.core import figures, grading
 from portkit.core.findings import INFO
@@ -303,8 +304,9 @@ def _versus_gpu(baseline: dict, mode: str) -> str:
     ratio = f"{baseline['ratio']:.3g}x" if baseline.get("ratio") is not None else "more than (it has none)"
     # it decides only within its factor (a PASS whatever the task metrics); beyond it the task metrics decide
     own = f"{baseline['gpu_error']:.1g}" if baseline.get("gpu_error") else "none"
+    cpu = f", the target side {FLOAT32_ON_CPU}" if baseline.get("float32_on_cpu") else ""
     return (f"{ratio} the error of GPU '{baseline['gpu_numerics']}' ({baseline.get('measured', 'emulated on the CPU')})"
-            f" against {baseline['truth']}: " +
+            f" against {baseline['truth']}{cpu}: " +
             (f"within {baseline['factor']:g}x, no regression: this decides (PASS)" if baseline.get("within") else
              f"beyond {baseline['factor']:g}x, so it does not decide (the task metrics do); the GPU's own error is "
              f"{own}, so a large ratio to it is no regression by itself"))

@@ -187,6 +187,10 @@ def test_the_gpu_baseline_is_emulated_and_a_target_within_its_factor_is_no_regre
 def test_neuron_settings_and_the_float64_reference(minilm_report):
     neuron = minilm_report.targets["neuron"]
     assert neuron.chosen.name == "none" and neuron.verdict == "pass"
+    # 'none' rounds nothing and MiniLM has no float64: emulated, it is the CPU's float32, and its ratio to the GPU
+    # baseline says so; the TPU's default precision rounds matmuls, so its ratio is a measurement of the emulation
+    assert neuron.chosen.baseline["float32_on_cpu"] and "nothing about the target's hardware" in neuron.chosen.basis()
+    assert not minilm_report.targets["tpu"].chosen.baseline["float32_on_cpu"]
     by_name = {r.name: r for r in neuron.others}
     assert set(by_name) == {"matmult", "all"}
     assert 0 < by_name["matmult"].outputs["embedding"]["max_abs"] < by_name["all"].outputs["embedding"]["max_abs"]
@@ -352,6 +356,7 @@ def test_a_float64_classifier_whose_cast_to_float32_changes_a_decision():
     assert "top-1 agreement 0.000 [0.000, 0.490] on 4 inputs built by the caller outside its budget >= 0.99" \
         in tpu.reasons[0]
     assert "where the GPU baseline 'fp32' has none" in tpu.reasons[0]    # the GPU runs float64 as written
+    assert not tpu.chosen.baseline["float32_on_cpu"]       # 'highest' rounds nothing, but float64 ran as float32
 
 
 # ---------------------------------------------------------------- other model kinds

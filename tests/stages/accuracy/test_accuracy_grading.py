@@ -163,3 +163,33 @@ def test_a_precision_measured_eager_is_tried_compiled_where_the_chosen_one_faile
     assert [(t["precision"], t["path"], t["passed"]) for t in tpu.tried] == [("highest", "the main batch", True)]
     [found] = [f for f in tpu.findings() if f.kind == "accuracy"]
     assert found.severity == "work" and "tried: precision 'highest' passes on the main batch" in found.advice
+
+
+def _layered(name: str, passed: bool) -> result.PrecisionResult:
+    """A precision measured with the per-layer hooks: the task metric passes or fails; where it fails, the error
+    first leaves the tolerance in one Conv1d that the target rounded."""
+    r = _result(name, "emulated", passed)
+    r.outputs = {"logits": {"max_abs": 0.5 if not passed else 1e-4, "passed": passed}}
+    module = {"module": "feature_extractor.conv_layers.0.conv", "type": "Conv1d", "changes": {"matmul bf16": 1}}
+    r.layers = {"tolerance": {"dtype": "bfloat16"}, "modules": [module],
+                "first_failing": None if passed else {"index": 0, "module": module["module"], "type": "Conv1d"}}
+    return r
+
+
+@pytest.mark.parametrize("highest, advised, said", [
+    (None, True, "run it at precision 'highest'"),
+    (True, True, "the whole model at 'highest' passes"),
+    (False, False, "a higher precision is not the fix: the whole model at 'highest'"),
+])
+def test_one_module_at_a_higher_precision_is_advised_only_where_the_whole_model_at_it_was_not_seen_failing(
+        highest, advised, said):
+    """Rule: the module where the error enters is advised at the float32 precision unless the whole model at that
+    precision was measured and still fails: one module at it rounds a subset of what the whole model at it did, so
+    that advice could not pass where the tried one failed."""
+    from portkit.stages.accuracy import advice
+    from portkit.targets import specs
+    others = [] if highest is None else [_layered("highest", highest)]
+    t = result.TargetAccuracy({"name": "tpu", "mode": "emulated"}, _layered("default", False), others, {}, [])
+    [text] = advice._where_error_enters(specs.get("tpu"), t, "logits")
+    assert said in text and "feature_extractor.conv_layers.0.conv" in text
+    assert ("run it at precision" in text) is advised
