@@ -15,6 +15,7 @@ where they exist (torch.compiler.reset, torch.compiler.set_stance).
 from __future__ import annotations
 
 import contextlib
+import os
 from unittest import mock
 
 import torch
@@ -27,7 +28,7 @@ __all__ = ["DATA_DEPENDENT_ERRORS", "TorchDispatchMode", "aot_autograd", "backen
            "backend_compiler_failed", "compile_with_inductor", "current_autograd_node", "custom_op_function",
            "decomposed_aten_overloads", "default_recompile_limit", "dispatcher_op_names", "dynamo_errors",
            "dynamo_optimize", "explain", "fake_tensor_mode", "fakes_like", "fresh_compile_cache", "graph_input_name",
-           "guard_failures", "has_kernel_for", "inductor_cache_hits", "is_graph_break", "is_op_overload", "keystr",
+           "guard_failures", "has_kernel_for", "inductor_cache_hits", "inductor_default_cache_dir", "is_graph_break", "is_op_overload", "keystr",
            "known_backends", "no_dispatch_modes", "op_schema", "operator_schemas", "output_size_follows_values",
            "outside_dynamo_tracing", "recompile_limit", "recompile_limit_for", "register_backend",
            "removed_named_overloads_tolerated", "symbolic_fake_mode", "tensor_version", "tree_flatten",
@@ -219,6 +220,13 @@ def backend_by_name(name: str):
     """The backend callable registered under `name` (an entry point is loaded on first use)."""
     from torch._dynamo.backends.registry import lookup_backend
     return lookup_backend(name)
+
+
+def inductor_default_cache_dir() -> str:
+    """The folder torch sets TORCHINDUCTOR_CACHE_DIR to the first time anything asks for Inductor's cache and the
+    variable is unset (cache_dir_utils.cache_dir; importing torch._dynamo asks)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    return os.path.abspath(default_cache_dir())
 
 
 def inductor_cache_hits() -> int:

@@ -38,7 +38,11 @@ from portkit.runfolder.layout import STAGES
 # beside it that the notebooks name); last, frozen_heap, which freezes what they made (its docstring says why).
 # None of them starts a thread or reads a variable that differs between the kernels of one run (checked by
 # tests/run/test_kernel_forks.py).
-PRELOAD = (__name__, "ipykernel.kernelapp", "torch", "torch._dynamo", "transformers", "portkit.models",
+PRELOAD = (__name__, "ipykernel.kernelapp", "torch", "torch._dynamo", "transformers",
+           # what loading any Hugging Face model imports first (its classes and tokenizers by name, the modeling base):
+           # about 2 s a kernel otherwise; each model's own module is left to the kernel that loads it
+           "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
+           "transformers.models.auto.tokenization_auto", "portkit.models",
            "portkit.corpora.corpus", "portkit.runfolder.results", "portkit.runfolder.environment",
            "portkit.stages.options", *(stage.module for stage in STAGES), "portkit.run.frozen_heap")
 # Variables a kernel's environment may hold differently from the server's: set per kernel or per test by
@@ -57,7 +61,23 @@ _forked: list = []          # the kernels forked here that may still run (killed
 
 
 def _comparable(environment) -> dict:
-    return {k: v for k, v in environment.items() if k not in PER_KERNEL}
+    """The variables a kernel and the server must agree on: all but PER_KERNEL, and Inductor's cache folder where it
+    holds torch's default. Torch sets that variable to its default the first time anything asks for the folder, and
+    importing torch._dynamo does (torch/_dynamo/package.py, DynamoCache; cache_dir_utils.cache_dir): the server, which
+    imports it (PRELOAD), holds the default whether or not the process that started it had imported torch._dynamo by
+    then, so a kernel that holds the default differs from it in nothing."""
+    found = {k: v for k, v in environment.items() if k not in PER_KERNEL}
+    if INDUCTOR_CACHE in found and found[INDUCTOR_CACHE] == _inductor_default():
+        del found[INDUCTOR_CACHE]
+    return found
+
+
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def _inductor_default() -> str:
+    from portkit.core.torch_private import inductor_default_cache_dir     # imports torch: only when asked
+    return inductor_default_cache_dir()
 
 
 def _fork_server():

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from portkit.core import torch_private
 from portkit.run import kernel_forks
 
 # In a process of its own (the fork server takes this process's environment when it starts): two kernels as the
@@ -164,6 +165,15 @@ def test_a_kernel_is_forked_only_where_nothing_read_at_import_differs(monkeypatc
     assert kernel_forks.forkable(command, {"env": {**os.environ, "PYTEST_CURRENT_TEST": "another"}}) == ""
     why = kernel_forks.forkable(command, {"env": {**os.environ, "PORTKIT_PROBE_VALUE": "1"}})
     assert why == "its environment differs from the fork server's in PORTKIT_PROBE_VALUE"
+    # importing torch._dynamo sets Inductor's cache folder to torch's default (the server imports it): a kernel that
+    # holds that default is forked whether or not the process that started the server held it then; another is not
+    monkeypatch.setattr(kernel_forks, "_server", {"environment": kernel_forks._comparable(
+        {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"})})
+    default = torch_private.inductor_default_cache_dir()
+    assert kernel_forks.forkable(command, {"env": {**os.environ, "TORCHINDUCTOR_CACHE_DIR": default}}) == ""
+    why = kernel_forks.forkable(command, {"env": {**os.environ, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}})
+    assert why == "its environment differs from the fork server's in TORCHINDUCTOR_CACHE_DIR"
+    monkeypatch.setattr(kernel_forks, "_server", {})
     why = kernel_forks.forkable(["/usr/bin/env", "python", "-m", "ipykernel_launcher"], {})
     assert why.startswith("its command is not this Python's ipykernel_launcher")
     assert kernel_forks.forkable(command, {"stdout": subprocess.PIPE}) == "its stdout is not a file"
