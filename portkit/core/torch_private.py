@@ -24,15 +24,15 @@ import torch.utils._pytree
 # extending-torch notes) but lives in a private module; stages import it from here.
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-__all__ = ["DATA_DEPENDENT_ERRORS", "TorchDispatchMode", "aot_autograd", "backend_by_name",
-           "backend_compiler_failed", "compile_with_inductor", "current_autograd_node", "custom_op_function",
-           "decomposed_aten_overloads", "default_recompile_limit", "dispatcher_op_names", "dynamo_errors",
-           "dynamo_optimize", "explain", "fake_tensor_mode", "fakes_like", "fresh_compile_cache", "graph_input_name",
-           "guard_failures", "has_kernel_for", "inductor_cache_hits", "inductor_default_cache_dir", "is_graph_break", "is_op_overload", "keystr",
-           "known_backends", "no_dispatch_modes", "op_schema", "operator_schemas", "output_size_follows_values",
-           "outside_dynamo_tracing", "recompile_limit", "recompile_limit_for", "register_backend",
-           "removed_named_overloads_tolerated", "symbolic_fake_mode", "tensor_version", "tree_flatten",
-           "tree_flatten_with_path", "tree_leaves", "tree_map", "tree_unflatten", "unbacked_sizes",
+__all__ = ["DATA_DEPENDENT_ERRORS", "TorchDispatchMode", "aot_autograd", "backend_by_name", "backend_compiler_failed",
+           "compile_with_inductor", "current_autograd_node", "custom_op_function", "decomposed_aten_overloads",
+           "default_recompile_limit", "dispatcher_op_names", "dynamo_errors", "dynamo_optimize", "explain",
+           "fake_tensor_mode", "fakes_like", "fresh_compile_cache", "graph_input_name", "guard_failures",
+           "has_kernel_for", "inductor_cache_hits", "inductor_default_cache_dir", "is_graph_break", "is_op_overload",
+           "keystr", "known_backends", "no_dispatch_modes", "op_schema", "operator_schemas",
+           "output_size_follows_values", "outside_dynamo_tracing", "recompile_limit", "recompile_limit_for",
+           "register_backend", "removed_named_overloads_tolerated", "symbolic_fake_mode", "tensor_version",
+           "tree_flatten", "tree_flatten_with_path", "tree_leaves", "tree_map", "tree_unflatten", "unbacked_sizes",
            "uncapturable_errors", "unlimited_recompiles"]
 
 
