@@ -188,10 +188,15 @@ class TargetAccuracy:
     def metric_reasons(self) -> list[str]:
         """Task metrics outside their budget (main batch, then buckets), each naming the first module out
         of tolerance where the per-layer hooks ran."""
+        return self._metric_reasons()
+
+    def _metric_reasons(self, left_out: tuple[str, ...] = ()) -> list[str]:
+        """metric_reasons but those of the buckets in `left_out` (paths, "bucket N")."""
         first = (self.chosen.layers or {}).get("first_failing")
         where = f"; the error enters at `{first['module']}` ({first['type']}), the first module out of " \
             "tolerance" if first else ""
-        buckets = [(b, [r for r in b["reasons"] if r not in b.get("shape_reasons", [])]) for b in self._checked()]
+        buckets = [(b, [r for r in b["reasons"] if r not in b.get("shape_reasons", [])]) for b in self._checked()
+                   if f"bucket {b['boundary']}" not in left_out]
         found = self.chosen.metric_reasons + [f"bucket {b['boundary']}: {'; '.join(r)}" for b, r in buckets if r]
         return [r + where for r in found]
 
@@ -336,7 +341,8 @@ class TargetAccuracy:
         paths = [p for p in self.failing_paths() if p not in padded_only]
         if not paths:
             return found
-        tried = {r.name: (r, self.tried_on(r)) for r in self.others}
+        # the paths padding alone explains are the padding finding's: a precision is tried against the others only
+        tried = {r.name: (r, {p: ok for p, ok in self.tried_on(r).items() if p in paths}) for r in self.others}
         fixing = [r for r, on in tried.values() if paths and set(on) == set(paths) and all(on.values())]
         case = grading.FIXED_BY_SETTING if fixing else grading.NOT_FIXED
         if fixing:
@@ -346,7 +352,7 @@ class TargetAccuracy:
             advice = self._not_fixed_advice(paths, tried)
         return found + [Finding("accuracy", grading.severity("accuracy", case),
                                 f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
-                                f"{'; '.join(self.metric_reasons)[:400]}", advice,
+                                f"{'; '.join(self._metric_reasons(tuple(padded_only)))[:400]}", advice,
                                 cause=cause_key("accuracy", "task metric outside its budget"),
                                 occurrences={"paths": paths, "count": len(paths)})]
 

@@ -193,3 +193,24 @@ def test_one_module_at_a_higher_precision_is_advised_only_where_the_whole_model_
     [text] = advice._where_error_enters(specs.get("tpu"), t, "logits")
     assert said in text and "feature_extractor.conv_layers.0.conv" in text
     assert ("run it at precision" in text) is advised
+
+
+def test_a_precision_is_judged_on_the_paths_padding_does_not_explain():
+    """Rule (as on the seeded wav2vec2 CTC row): the task sample fails at the default precision and 'highest' passes
+    there (tried); bucket 64 fails padded at both and passes at its texts' own length. Bucket 64 is the padding
+    finding's; the accuracy finding is graded on the task sample alone: FIXED_BY_SETTING, "tried: passes", its
+    message without the bucket's reason, never "still fails" for a path padding explains."""
+    bucket = {"boundary": 64, "reasons": ["task: agreement 0.88 outside"], "shape_reasons": [], "outputs": {}}
+    tried = [{"precision": "default", "path": "bucket 64", "unpadded": True, "passed": True, "reason": None},
+             {"precision": "highest", "path": "bucket 64", "passed": False, "reason": "agreement 0.88 outside"},
+             {"precision": "highest", "path": result.TASK_SAMPLE, "passed": True, "reason": None}]
+    t = result.TargetAccuracy({"name": "tpu", "mode": "emulated"},
+                              _result("default", "emulated", False, sample="the corpus"),
+                              [_result("highest", "emulated", True)], {}, [bucket], tried=tried)
+    assert t.failing_paths() == [result.TASK_SAMPLE, "bucket 64"] and t.padded_only() == ["bucket 64"]
+    found = {f.kind: f for f in t.findings()}
+    assert found["padding"].severity == grading.severity("padding")
+    accuracy = found["accuracy"]
+    assert accuracy.severity == grading.severity("accuracy", grading.FIXED_BY_SETTING)
+    assert accuracy.advice == "set set highest: tried: precision 'highest' passes on the task sample"
+    assert "bucket 64" not in accuracy.message and "still fails" not in accuracy.advice
