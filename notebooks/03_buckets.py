@@ -125,7 +125,10 @@ for price in token_seconds.values():
 # %%
 costs = stage.stage_costs(m, hist, targets, out_dir=out, options=opts)
 chosen = stage.choose(hist, costs, token_seconds, options=opts)
-stage.save_plans(chosen, out)   # stage 4 may start on these while the replay below runs
+# workload "generate": the prefill and decode buckets (shown below), saved with the plans
+served = stage.serving_plans(m, texts, costs, token_seconds=token_seconds, options=opts) \
+    if opts.workload == "generate" else None
+stage.save_plans(chosen, out, served)   # stages 4 and 3b may start on these while the replay below runs
 alternatives = stage.what_if(hist, costs, token_seconds, options=opts)
 for name, plans_at in alternatives.items():
     for factor, plan in plans_at.items():
@@ -150,9 +153,6 @@ stage.padding_slider(hist, curves, opts.bucket_count)
 # compile at the target's cost) beside the powers of two the serving stacks make.
 
 # %%
-served = None
-if opts.workload == "generate":
-    served = stage.serving_plans(m, texts, costs, token_seconds=token_seconds, options=opts)
 served
 
 # %% [markdown]

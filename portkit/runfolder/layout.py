@@ -56,8 +56,9 @@ STAGES: tuple[Stage, ...] = (
           reads_late=("fallbacks",)),
     Stage("buckets", "03_buckets.ipynb", "portkit.stages.buckets.stage", reads=("compile",),   # compile times natively
           early="buckets.plan.json"),
-    # xla: shapes
-    Stage("xla", "03b_xla.ipynb", "portkit.stages.xla.stage", needs_weights=False, reads=("compile", "buckets")),
+    # xla: stage 2's fixed shape, stage 3's chosen and serving plans (its early file holds them)
+    Stage("xla", "03b_xla.ipynb", "portkit.stages.xla.stage", needs_weights=False, reads=("compile", "buckets"),
+          reads_early=("buckets",)),
     # accuracy: the chosen bucket plans
     Stage("accuracy", "04_accuracy.ipynb", "portkit.stages.accuracy.stage", reads=("buckets",),
           reads_early=("buckets",)),

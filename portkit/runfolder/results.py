@@ -194,12 +194,7 @@ def read_buckets(out_dir) -> BucketsResult | None:
     A target whose result has no chosen boundaries is left out of `chosen`. A file that is not JSON,
     not an object, or whose boundaries or batch sizes are not positive integers raises UnreadableResult
     (buckets_result reads both files)."""
-    path = Path(out_dir) / result_file("buckets")
-    if path.exists():
-        found = load(out_dir, "buckets")
-    else:
-        path = Path(out_dir) / layout.stage("buckets").early
-        found = typed("buckets", _read_object(path, "buckets"), path) if path.exists() else None
+    path, found = _buckets_so_far(out_dir)
     if found is None:
         return None
     chosen = {}
@@ -209,6 +204,17 @@ def read_buckets(out_dir) -> BucketsResult | None:
             chosen[name] = ChosenBuckets("?" if plan.planner is None else plan.planner, tuple(sorted(plan.boundaries)),
                                          tuple(plan.batch_sizes) if plan.batch_sizes else None)
     return BucketsResult(path, chosen)
+
+
+def _buckets_so_far(out_dir):
+    """(its path, stage 3's typed result): buckets.json, or where there is none yet, the plans stage 3 writes before
+    its replay (buckets.plan.json: the chosen plans and a generation workload's serving plans, the same as
+    buckets.json will hold); (None, None) when neither is there."""
+    path = Path(out_dir) / result_file("buckets")
+    if path.exists():
+        return path, load(out_dir, "buckets")
+    path = Path(out_dir) / layout.stage("buckets").early
+    return (path, typed("buckets", _read_object(path, "buckets"), path)) if path.exists() else (None, None)
 
 
 def read_stage(out_dir, stage: str) -> dict | None:
@@ -281,18 +287,18 @@ def fixed_shape(out_dir, target: str) -> dict | None:
 
 
 def bucket_shapes(out_dir, target: str) -> tuple[str, list[dict]] | None:
-    """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json); None
-    when stage 3 chose none."""
-    found = target_part(load(out_dir, "buckets"), target)
+    """(planner, every input shape) of stage 3's chosen bucket plan for `target` (buckets.json, or its early plans
+    while stage 3 replays); None when stage 3 chose none."""
+    found = target_part(_buckets_so_far(out_dir)[1], target)
     if found is None or not found.chosen.shapes:
         return None
     return found.chosen.planner or "", [{"batch": batch, "seq": seq} for batch, seq in found.chosen.shapes]
 
 
 def serving_buckets(out_dir, target: str) -> tuple[list[int], list[int]] | None:
-    """(prompt buckets, context buckets) of stage 3's auto serving plan for `target` (buckets.json, workload
-    "generate"); None when stage 3 made none."""
-    found = load(out_dir, "buckets")
+    """(prompt buckets, context buckets) of stage 3's auto serving plan for `target` (buckets.json or its early
+    plans, workload "generate"); None when stage 3 made none."""
+    found = _buckets_so_far(out_dir)[1]
     return None if found is None else found.serving.get(target)
 
 

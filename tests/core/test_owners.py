@@ -223,12 +223,22 @@ def test_stage_3s_plans_are_read_before_its_result_exists_and_its_result_wins_af
     from portkit.planning import planner
     from portkit.runfolder import results
     plan = planner.plan_buckets([5, 9, 30, 31, 60], "pow2", k=2)
-    early = stage.save_plans({"tpu": plan}, tmp_path)
+
+    class Served:      # a generation workload's serving plans (stage.serving_plans), as buckets.json holds them
+        def to_dict(self):
+            return {"targets": {"tpu": {"auto": {"prompt": {"boundaries": [16, 48]},
+                                                 "context": {"boundaries": [32, 80]}}}}}
+    early = stage.save_plans({"tpu": plan}, tmp_path, Served())
     assert early.name == results.layout.stage("buckets").early
     found = results.read_buckets(tmp_path)
     assert found.path == early and found.chosen["tpu"].boundaries == tuple(plan.boundaries)
+    # what stage 3b reads, from the same file while stage 3 replays: the chosen shapes and the serving plans
+    assert results.bucket_shapes(tmp_path, "tpu") == ("pow2", [{"batch": 1, "seq": 32}, {"batch": 1, "seq": 60}])
+    assert results.serving_buckets(tmp_path, "tpu") == ([16, 48], [32, 80])
+    assert results.serving_buckets(tmp_path, "neuron") is None
     (tmp_path / "buckets.json").write_text(json.dumps({"targets": {"tpu": {"chosen": {"boundaries": [7]}}}}))
     assert results.read_buckets(tmp_path).chosen["tpu"].boundaries == (7,)    # the finished result
+    assert results.serving_buckets(tmp_path, "tpu") is None                   # ... for every reader
     with pytest.raises(results.StageSkipped):
         results.skip_stage(tmp_path, "buckets", {"name": "m"}, ["tpu"], "one input shape")
     assert results.read_buckets(tmp_path) is None                              # skipped: no plans either

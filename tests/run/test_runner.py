@@ -369,9 +369,12 @@ def test_stages_start_once_what_they_read_has_ended_three_at_a_time_where_cores_
     # stage 2 reads stage 1 late (in a later cell, which waits while stage 1 runs) and stage 3 reads neither
     # (emulated targets): the three start at once on two cores (one lane more than cores), a built-in model being
     # known to be small before it is loaded; stage 4 needs stage 3's plans only: it starts in the kernel stage 1
-    # left, while stage 2 compiles and stage 3 replays
+    # left, while stage 2 compiles and stage 3 replays; stage 3b needs stage 2's result and stage 3's plans: it
+    # starts in a kernel left free, while stage 3 replays
     first, plans = threading.Barrier(3, timeout=120), threading.Barrier(3, timeout=120)
-    beside.update(fallbacks=[first], compile=[first, plans], buckets=[first, plans], accuracy=[plans])
+    late = threading.Barrier(2, timeout=120)
+    beside.update(fallbacks=[first], compile=[first, plans], buckets=[first, plans, late], accuracy=[plans],
+                  xla=[late])
     runner.run("lstm", ["neuron", "tpu"], str(tmp_path / "run"), progress=False, log=lambda line: None)
     assert not list((tmp_path / "run").glob(".*.running"))   # every stage's marker removed as it ended
 
@@ -393,6 +396,7 @@ def test_stages_start_once_what_they_read_has_ended_three_at_a_time_where_cores_
     # stage 4 starts in the kernel stage 1 left, while stage 3 still replays and stage 2 compiles in the others
     assert overlap("accuracy", "buckets") and overlap("accuracy", "compile")
     assert ran["accuracy"][2] == ran["fallbacks"][2]
+    assert overlap("xla", "buckets") and ran["xla"][0] > ran["compile"][1]
     assert scheduling.reads(runner.layout.stage("buckets"), ["cpu"]) == ("compile",)   # compile times read
     # a kernel is cleared as soon as its stage has ended, while the next stage waits for what it reads: the
     # stages after the first three (new kernels) start in a cleared kernel; none is cleared after the last stage

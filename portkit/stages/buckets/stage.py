@@ -276,12 +276,14 @@ def _same_shapes(runs, plan: BucketPlan):
                  and r.plan["batch_sizes"] == list(plan.batch_sizes)), None)
 
 
-def save_plans(chosen: dict[str, BucketPlan], out_dir) -> Path:
-    """Write the chosen plans to the stage's early file (runfolder: buckets.plan.json) before the replay: a
-    run starts stage 4, which needs only the plans, while the replay still runs. buckets.json, written at the
-    end, holds the same plans with the replay's proof; results.read_buckets reads it first."""
+def save_plans(chosen: dict[str, BucketPlan], out_dir, served=None) -> Path:
+    """Write the chosen plans, and a generation workload's serving plans (`served`, serving_plans), to the stage's
+    early file (runfolder: buckets.plan.json) before the replay: a run starts stage 4 and stage 3b, which need only
+    these, while the replay still runs. buckets.json, written at the end, holds the same plans with the replay's
+    proof; portkit.runfolder.results reads it first."""
     path = Path(out_dir) / layout.stage("buckets").early
-    atomic_io.write_json(path, {"targets": {name: {"chosen": plan.to_dict()} for name, plan in chosen.items()}})
+    atomic_io.write_json(path, {"targets": {name: {"chosen": plan.to_dict()} for name, plan in chosen.items()},
+                                "generation": served.to_dict() if served is not None else None})
     return path
 
 
@@ -306,10 +308,11 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), options: Options | Non
     costs = costs or stage_costs(model, hist, names, out_dir, options)
     costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
     chosen = choose(hist, costs, token_seconds, options)
-    save_plans(chosen, out_dir)
+    served = serving_plans(model, corpus, costs, token_seconds, options) if options.workload == "generate" else None
+    save_plans(chosen, out_dir, served)
     alternatives = what_if(hist, costs, token_seconds, options)
     per_target = replay_targets(model, trace, plans, chosen, costs, options, what_ifs=alternatives, replay=replay)
     found = grid(model, corpus, names, costs, options)
     return BucketReport(model.describe(), dist.to_dict(), hist, options.bucket_count, plans, curves, token_seconds,
                         trace.describe(), per_target, found.to_dict() if found else None,
-                        truncation=truncation(dist, hist))
+                        generation=served.to_dict() if served is not None else None, truncation=truncation(dist, hist))
