@@ -23,7 +23,7 @@ def against_baseline(b: dict) -> str:
         return f"no error against {b['truth']}: the output's shape differs from it"
     if b["ratio"] is None:
         return f"relative L2 error {b['target_error']:.2g} against {b['truth']} where {b['label']} has none"
-    cpu = (f", both {FLOAT32_ON_CPU}" if b.get("float32_on_cpu") else "")
+    cpu = f", the target side {FLOAT32_ON_CPU}" if b.get("float32_on_cpu") else ""
     return f"error against {b['truth']} {b['ratio']:.3g}x that of {b['label']}{cpu}"
 
 
