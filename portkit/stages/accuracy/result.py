@@ -325,6 +325,25 @@ class TargetAccuracy:
                 out[path] = main_ok and not any(t["decision"] == stats.FAIL for t in other.output_tasks.values())
         return out
 
+    def judged_on(self, other: PrecisionResult, paths: list[str]) -> tuple[dict[str, bool], list[str]]:
+        """Whether `other` passed on each of `paths` it was run on (tried_on), and the bucket paths it was judged on
+        unpadded: a bucket whose texts fail at their own length at the chosen precision, where `other` was run on
+        them unpadded too. There its unpadded run answers the precision's question; its padded run, where it
+        fails while the unpadded one passes, is padding's (the padding finding, _padding)."""
+        on = {p: ok for p, ok in self.tried_on(other).items() if p in paths}
+        unpadded = []
+        for path in paths:
+            mine = self._unpadded(self.chosen.name, path)
+            theirs = self._unpadded(other.name, path)
+            if mine is not None and not mine["passed"] and theirs is not None:
+                on[path] = theirs["passed"]
+                unpadded.append(path)
+        return on, unpadded
+
+    def _unpadded(self, precision: str, path: str) -> dict | None:
+        return next((t for t in self.tried if t.get("unpadded") and t["precision"] == precision and t["path"] == path),
+                    None)
+
     def findings(self) -> list[Finding]:
         """This stage's findings in the report's terms, graded by the grading policy (core.grading): a task metric
         outside its budget is "accuracy" FIXED_BY_SETTING where a precision portkit ran on every failing path
@@ -336,46 +355,62 @@ class TargetAccuracy:
         if self.verdict == stats.PASS or not self.metric_reasons:
             return found
         padded_only = self.padded_only()
-        if padded_only:
-            found.append(self._padding(padded_only))
+        padding = [(self.chosen.name, padded_only)] if padded_only else []
         paths = [p for p in self.failing_paths() if p not in padded_only]
         if not paths:
-            return found
+            return found + ([self._padding(padding)] if padding else [])
         # the paths padding alone explains are the padding finding's: a precision is tried against the others only
-        tried = {r.name: (r, {p: ok for p, ok in self.tried_on(r).items() if p in paths}) for r in self.others}
-        fixing = [r for r, on in tried.values() if paths and set(on) == set(paths) and all(on.values())]
+        judged = {r.name: (r, *self.judged_on(r, paths)) for r in self.others}
+        fixing = [r for r, on, _ in judged.values() if set(on) == set(paths) and all(on.values())]
         case = grading.FIXED_BY_SETTING if fixing else grading.NOT_FIXED
         if fixing:
+            _, _, unpadded = judged[fixing[0].name]
             advice = (f"set {fixing[0].precision['setting']}: tried: precision '{fixing[0].name}' passes on "
-                      f"{', '.join(paths)}")
+                      f"{', '.join(_own_length(p, unpadded) for p in paths)}")
+            # a bucket's second cause: at the precision that fixes its texts, it still fails padded
+            still = [p for p in unpadded if not self._padded_passes(fixing[0].name, p)]
+            padding += [(fixing[0].name, still)] if still else []
         else:
-            advice = self._not_fixed_advice(paths, tried)
-        return found + [Finding("accuracy", grading.severity("accuracy", case),
-                                f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
-                                f"{'; '.join(self._metric_reasons(tuple(padded_only)))[:400]}", advice,
-                                cause=cause_key("accuracy", "task metric outside its budget"),
-                                occurrences={"paths": paths, "count": len(paths)})]
+            advice = self._not_fixed_advice(paths, judged)
+        return found + ([self._padding(padding)] if padding else []) + [
+            Finding("accuracy", grading.severity("accuracy", case),
+                    f"precision '{self.chosen.name}' ({self.chosen.target_side}): "
+                    f"{'; '.join(self._metric_reasons(tuple(padded_only)))[:400]}", advice,
+                    cause=cause_key("accuracy", "task metric outside its budget"),
+                    occurrences={"paths": paths, "count": len(paths)})]
 
     def padded_only(self) -> list[str]:
         """The failing buckets whose texts pass at their own length (tried unpadded, same side and precision): they
         fail only padded, so padding is their cause, not the target's numerics."""
-        return [t["path"] for t in self.tried if t.get("unpadded") and t["passed"]]
+        return [t["path"] for t in self.tried
+                if t.get("unpadded") and t["passed"] and t["precision"] == self.chosen.name]
 
-    def _padding(self, paths: list[str]) -> Finding:
-        """Buckets that fail only padded: the grading policy's "padding" (work), the cause stage 3's padding check
-        names too (findings.PADDING_CAUSE), so the report counts it once."""
+    def _padded_passes(self, precision: str, path: str) -> bool:
+        return any(t["precision"] == precision and t["path"] == path and t["passed"] for t in self.tried
+                   if not t.get("unpadded") and not t.get("padding_side"))
+
+    def _padding(self, groups: list[tuple[str, list[str]]]) -> Finding:
+        """Buckets that fail padded and pass at the texts' own length, each group at one precision: the chosen one
+        (padding alone is their cause), then the one that fixes the numerics of buckets whose texts fail at the
+        chosen one too (padding is their second cause). The grading policy's "padding" (work), the cause stage 3's
+        padding check names too (findings.PADDING_CAUSE), so the report counts it once."""
+        paths = [p for _, group in groups for p in group]
+        said = "; ".join(f"precision '{name}' ({self.chosen.target_side}): {', '.join(group)} fail(s) padded to the "
+                         "bucket, and pass at the texts' own length (tried)" for name, group in groups)
+        # the other padding side was tried on the chosen precision's group only (target_check._try_other_side)
+        advice = padding_side.advice(self.tried, groups[0][1], "at the same precision") \
+            if groups[0][0] == self.chosen.name and len(groups) == 1 else padding_side.EXACT
         return Finding("padding", grading.severity("padding"),
-                       f"precision '{self.chosen.name}' ({self.chosen.target_side}): {', '.join(paths)} fail(s) "
-                       "padded to the bucket, and pass at the texts' own length (tried): padding changes the "
-                       "outputs at real positions", padding_side.advice(self.tried, paths, "at the same precision"),
+                       f"{said}: padding changes the outputs at real positions", advice,
                        cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
     def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
-        """What portkit tried that still fails (each precision and where), then what it did not try, as leads."""
-        still = [f"precision '{name}' on {', '.join(p for p, ok in on.items() if not ok)}"
-                 for name, (_, on) in tried.items() if not all(on.values())]
-        untried = [f"precision '{name}' on {', '.join(p for p in paths if p not in on)}"
-                   for name, (_, on) in tried.items() if all(on.values()) and set(on) != set(paths)]
+        """What portkit tried that still fails (each precision and where, a bucket judged at its texts' own length
+        said so), then what it did not try, as leads."""
+        still = [f"precision '{r.name}' on {', '.join(_own_length(p, unpadded) for p, ok in on.items() if not ok)}"
+                 for r, on, unpadded in tried.values() if not all(on.values())]
+        untried = [f"precision '{r.name}' on {', '.join(p for p in paths if p not in on)}"
+                   for r, on, _ in tried.values() if all(on.values()) and set(on) != set(paths)]
         parts = [f"tried: still fails: {'; '.join(still)}"] if still else []
         if untried:
             parts.append(f"not tried on every failing path: {'; '.join(untried)}")
@@ -512,3 +547,8 @@ class AccuracyReport(AccuracyTables):
             if rows:
                 parts.append(HtmlTable(["", ""], rows)._repr_html_())
         return "\n".join(parts)
+
+
+def _own_length(path: str, unpadded: list[str]) -> str:
+    """A path as tried: a bucket judged on its texts at their own length says so."""
+    return f"{path} (at its texts' own length)" if path in unpadded else path

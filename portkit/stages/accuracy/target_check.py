@@ -98,8 +98,13 @@ def _try_others(ref: Reference, side: TargetSide, result: TargetAccuracy, precis
     bucket_mode = PassMode(compiled=bucket_compiled, batch=plan.batch)
     tried = [_try_unpadded(ref, side, batches[int(p.removeprefix("bucket "))], chosen, p, bucket_mode)
              for p in paths if p.startswith("bucket ") and int(p.removeprefix("bucket ")) in batches]
+    # a bucket whose texts fail at their own length too has two causes at most: each other precision is run on it
+    # unpadded as well, where it answers the precision's question without the padding's (TargetAccuracy.judged_on)
+    mixed = [t["path"] for t in tried if not t["passed"]]
     tried += _try_other_side(ref, side, [t["path"] for t in tried if t["passed"]], batches, chosen, bucket_mode)
     for precision in others:
+        tried += [_try_unpadded(ref, side, batches[int(p.removeprefix("bucket "))], precision, p, bucket_mode)
+                  for p in mixed]
         for path in paths:
             if path == TASK_SAMPLE:
                 found = ref._sampled(side, precision, compiled, plan.batch)

@@ -214,3 +214,32 @@ def test_a_precision_is_judged_on_the_paths_padding_does_not_explain():
     assert accuracy.severity == grading.severity("accuracy", grading.FIXED_BY_SETTING)
     assert accuracy.advice == "set set highest: tried: precision 'highest' passes on the task sample"
     assert "bucket 64" not in accuracy.message and "still fails" not in accuracy.advice
+
+
+@pytest.mark.parametrize("own_length_passes", [True, False])
+def test_a_bucket_with_two_causes_is_judged_for_precision_at_its_texts_own_length(own_length_passes):
+    """Rule (as on the seeded SEW CTC row): bucket 1000's texts fail at their own length at 'default' too, so padding
+    is not its only cause; 'highest' is run on them padded and unpadded. Where 'highest' passes unpadded, it fixes
+    the precision's part (FIXED_BY_SETTING, said "at its texts' own length") and the bucket's padded failure at
+    'highest' is the padding finding's; where it fails unpadded too, it still fails there (NOT_FIXED, said so)."""
+    bucket = {"boundary": 1000, "reasons": ["task: agreement 0.89 outside"], "shape_reasons": [], "outputs": {}}
+    tried = [{"precision": "default", "path": "bucket 1000", "unpadded": True, "passed": False, "reason": "0.984"},
+             {"precision": "highest", "path": "bucket 1000", "passed": False, "reason": "agreement 0.895 outside"},
+             {"precision": "highest", "path": "bucket 1000", "unpadded": True, "passed": own_length_passes,
+              "reason": None},
+             {"precision": "highest", "path": result.TASK_SAMPLE, "passed": True, "reason": None}]
+    t = result.TargetAccuracy({"name": "tpu", "mode": "emulated"},
+                              _result("default", "emulated", False, sample="the corpus"),
+                              [_result("highest", "emulated", True)], {}, [bucket], tried=tried)
+    assert t.padded_only() == []
+    found = {f.kind: f for f in t.findings()}
+    if own_length_passes:
+        assert found["accuracy"].severity == grading.severity("accuracy", grading.FIXED_BY_SETTING)
+        assert found["accuracy"].advice.endswith(
+            "passes on the task sample, bucket 1000 (at its texts' own length)")
+        assert found["padding"].message.startswith("precision 'highest' (emulated): bucket 1000 fail(s) padded")
+    else:
+        assert found["accuracy"].severity == grading.severity("accuracy", grading.NOT_FIXED)
+        assert "tried: still fails: precision 'highest' on bucket 1000 (at its texts' own length)" \
+            in found["accuracy"].advice
+        assert "padding" not in found
