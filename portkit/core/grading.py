@@ -122,7 +122,8 @@ POLICY: tuple[Grade, ...] = (
     _g("xla", "abstract_model", ANY, WORK, "a real-size model without weights: its numerics are not measured"),
     _g("accuracy", "accuracy", FIXED_BY_SETTING, WORK,
        "a task metric outside its budget at the target's default precision, brought back by a precision setting "
-       "portkit ran on the same path (a bucket that fails only padded is padding's): the cost is that setting's"),
+       "portkit ran on the same path (a bucket that fails only padded is padding's; one whose texts fail at their "
+       "own length too is judged there): the cost is that setting's"),
     _g("accuracy", "accuracy", NOT_FIXED, BLOCKER,
        "a task metric outside its budget at every precision portkit ran: the task sees the error"),
     _g("accuracy", "accuracy_inconclusive", ANY, WORK, "the sample cannot tell the metric from its budget yet"),
