@@ -398,8 +398,11 @@ class TargetAccuracy:
         said = "; ".join(f"precision '{name}' ({self.chosen.target_side}): {', '.join(group)} fail(s) padded to the "
                          "bucket, and pass at the texts' own length (tried)" for name, group in groups)
         # the other padding side was tried on the chosen precision's group only (target_check._try_other_side)
-        advice = padding_side.advice(self.tried, groups[0][1], "at the same precision") \
-            if groups[0][0] == self.chosen.name and len(groups) == 1 else padding_side.EXACT
+        mine = [p for name, group in groups if name == self.chosen.name for p in group]
+        advice = padding_side.advice(self.tried, mine, "at the same precision") if mine else padding_side.EXACT
+        later = [f"{', '.join(group)} (at precision '{name}')" for name, group in groups if name != self.chosen.name]
+        if later and advice != padding_side.EXACT:
+            advice += f"; the other padding side not tried on {'; '.join(later)}"
         return Finding("padding", grading.severity("padding"),
                        f"{said}: padding changes the outputs at real positions", advice,
                        cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})

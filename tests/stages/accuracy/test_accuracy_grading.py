@@ -243,3 +243,26 @@ def test_a_bucket_with_two_causes_is_judged_for_precision_at_its_texts_own_lengt
         assert "tried: still fails: precision 'highest' on bucket 1000 (at its texts' own length)" \
             in found["accuracy"].advice
         assert "padding" not in found
+
+
+def test_one_padding_finding_holds_both_causes_and_says_where_the_other_side_was_not_tried():
+    """Rule: bucket 64 fails only padded (padding on the left, tried, passes there); bucket 1000 fails at its texts'
+    own length too and 'highest' fixes that, padded it still fails: one padding finding names both, each at its
+    precision, and its advice says the left side was not tried on bucket 1000."""
+    buckets = [{"boundary": b, "reasons": ["task: agreement 0.89 outside"], "shape_reasons": [], "outputs": {}}
+               for b in (64, 1000)]
+    tried = [{"precision": "default", "path": "bucket 64", "unpadded": True, "passed": True, "reason": None},
+             {"precision": "default", "path": "bucket 1000", "unpadded": True, "passed": False, "reason": "0.984"},
+             {"precision": "default", "path": "bucket 64", "padding_side": "left", "passed": True, "reason": None},
+             {"precision": "highest", "path": "bucket 1000", "passed": False, "reason": "0.895"},
+             {"precision": "highest", "path": "bucket 1000", "unpadded": True, "passed": True, "reason": None},
+             {"precision": "highest", "path": result.TASK_SAMPLE, "passed": True, "reason": None}]
+    t = result.TargetAccuracy({"name": "tpu", "mode": "emulated"},
+                              _result("default", "emulated", False, sample="the corpus"),
+                              [_result("highest", "emulated", True)], {}, buckets, tried=tried)
+    [padding] = [f for f in t.findings() if f.kind == "padding"]
+    assert padding.occurrences == {"paths": ["bucket 64", "bucket 1000"], "count": 2}
+    assert "precision 'default' (emulated): bucket 64 fail(s)" in padding.message
+    assert "precision 'highest' (emulated): bucket 1000 fail(s)" in padding.message
+    assert padding.advice.startswith("pad on the left") and padding.advice.endswith(
+        "; the other padding side not tried on bucket 1000 (at precision 'highest')")
