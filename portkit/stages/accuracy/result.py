@@ -316,8 +316,7 @@ class TargetAccuracy:
         count only where the stage re-ran it there (`tried`). A path it was not run on is left out."""
         out = {}
         for path in self.failing_paths():
-            entry = next((t for t in self.tried if t["precision"] == other.name and t["path"] == path
-                          and not t.get("unpadded") and not t.get("padding_side")), None)
+            entry = self._try(other.name, path)
             if entry is not None:
                 out[path] = entry["passed"]
             elif path == MAIN_BATCH and other.target_side == self.chosen.target_side:
@@ -333,16 +332,18 @@ class TargetAccuracy:
         on = {p: ok for p, ok in self.tried_on(other).items() if p in paths}
         unpadded = []
         for path in paths:
-            mine = self._unpadded(self.chosen.name, path)
-            theirs = self._unpadded(other.name, path)
+            mine = self._try(self.chosen.name, path, unpadded=True)
+            theirs = self._try(other.name, path, unpadded=True)
             if mine is not None and not mine["passed"] and theirs is not None:
                 on[path] = theirs["passed"]
                 unpadded.append(path)
         return on, unpadded
 
-    def _unpadded(self, precision: str, path: str) -> dict | None:
-        return next((t for t in self.tried if t.get("unpadded") and t["precision"] == precision and t["path"] == path),
-                    None)
+    def _try(self, precision: str, path: str, unpadded: bool = False) -> dict | None:
+        """The stage's run of `precision` on `path` (`tried`): padded to the bucket on the tokenizer's side, or
+        (`unpadded`) on the bucket's texts at their own length; None where it made none."""
+        return next((t for t in self.tried if t["precision"] == precision and t["path"] == path
+                     and bool(t.get("unpadded")) == unpadded and not t.get("padding_side")), None)
 
     def findings(self) -> list[Finding]:
         """This stage's findings in the report's terms, graded by the grading policy (core.grading): a task metric
@@ -368,7 +369,7 @@ class TargetAccuracy:
             advice = (f"set {fixing[0].precision['setting']}: tried: precision '{fixing[0].name}' passes on "
                       f"{', '.join(_own_length(p, unpadded) for p in paths)}")
             # a bucket's second cause: at the precision that fixes its texts, it still fails padded
-            still = [p for p in unpadded if not self._padded_passes(fixing[0].name, p)]
+            still = [p for p in unpadded if not (self._try(fixing[0].name, p) or {}).get("passed")]
             padding += [(fixing[0].name, still)] if still else []
         else:
             advice = self._not_fixed_advice(paths, judged)
@@ -384,10 +385,6 @@ class TargetAccuracy:
         fail only padded, so padding is their cause, not the target's numerics."""
         return [t["path"] for t in self.tried
                 if t.get("unpadded") and t["passed"] and t["precision"] == self.chosen.name]
-
-    def _padded_passes(self, precision: str, path: str) -> bool:
-        return any(t["precision"] == precision and t["path"] == path and t["passed"] for t in self.tried
-                   if not t.get("unpadded") and not t.get("padding_side"))
 
     def _padding(self, groups: list[tuple[str, list[str]]]) -> Finding:
         """Buckets that fail padded and pass at the texts' own length, each group at one precision: the chosen one
