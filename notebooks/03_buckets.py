@@ -126,8 +126,7 @@ for price in token_seconds.values():
 costs = stage.stage_costs(m, hist, targets, out_dir=out, options=opts)
 chosen = stage.choose(hist, costs, token_seconds, options=opts)
 # workload "generate": the prefill and decode buckets (shown below), saved with the plans
-served = stage.serving_plans(m, texts, costs, token_seconds=token_seconds, options=opts) \
-    if opts.workload == "generate" else None
+served = stage.serving_plans(m, texts, costs, token_seconds=token_seconds, options=opts)
 stage.save_plans(chosen, out, served)   # stages 4 and 3b may start on these while the replay below runs
 alternatives = stage.what_if(hist, costs, token_seconds, options=opts)
 for name, plans_at in alternatives.items():

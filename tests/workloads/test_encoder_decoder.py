@@ -86,7 +86,8 @@ def test_stage_3_plans_an_encoder_decoders_source_buckets_and_one_decoder_contex
     costs = {"neuron": economics.neuron_estimate(t5.parameters),
              "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}
     found = serving_plans(t5, corpus, costs, token_seconds=2e-5,
-                          options=Options.of({"new_tokens": 20, "serve_requests": 100_000, "max_batch": 2}))
+                          options=Options.of({"workload": "generate", "new_tokens": 20, "serve_requests": 100_000,
+                                              "max_batch": 2}))
     longest = int(min(distribution(corpus, t5).lengths.max(), t5.max_length))
     assert found.kind == "encoder-decoder" and found.batch_sizes == (1, 2)
     for name, t in found.targets.items():

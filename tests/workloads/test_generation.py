@@ -122,7 +122,7 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     costs = {"neuron": economics.neuron_estimate(gpt2.parameters),
              "tpu": economics.CostModel("tpu", economics.MEASURED_XLA, "measured XLA (test stand-in)", 1.0, 0.002)}
     found = serving_plans(gpt2, corpus, costs, token_seconds=2e-5,
-                                  options=Options.of({"new_tokens": 16, "serve_requests": 100_000}))
+                          options=Options.of({"workload": "generate", "new_tokens": 16, "serve_requests": 100_000}))
     prompts, contexts = lengths(gpt2, corpus, 16)
     assert (contexts == prompts + 16).all() and contexts.max() <= gpt2.max_length
     for name, t in found.targets.items():
@@ -139,7 +139,8 @@ def test_stage_3_prices_prefill_and_decode_buckets_against_the_serving_stacks_po
     assert "warm-up compiles" in out.metrics["buckets"]["generation buckets (auto)"]
     with pytest.raises(BadParameter, match="causal"):
         serving_plans(registry.load("minilm"), corpus, costs, 2e-5,
-                              Options.of({"new_tokens": 16, "serve_requests": 100_000}))
+                              Options.of({"workload": "generate", "new_tokens": 16, "serve_requests": 100_000}))
+    assert serving_plans(gpt2, corpus, costs, 2e-5, Options.defaults()) is None   # no serving plans but to generate
 
 
 def test_both_targets_share_one_trace_of_each_generation_and_get_what_their_own_trace_gives(llama, monkeypatch):

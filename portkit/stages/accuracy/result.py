@@ -404,13 +404,13 @@ class TargetAccuracy:
                        f"{said}: padding changes the outputs at real positions", advice,
                        cause=PADDING_CAUSE, occurrences={"paths": paths, "count": len(paths)})
 
-    def _not_fixed_advice(self, paths: list[str], tried: dict) -> str:
+    def _not_fixed_advice(self, paths: list[str], judged: dict) -> str:
         """What portkit tried that still fails (each precision and where, a bucket judged at its texts' own length
         said so), then what it did not try, as leads."""
         still = [f"precision '{r.name}' on {', '.join(_own_length(p, unpadded) for p, ok in on.items() if not ok)}"
-                 for r, on, unpadded in tried.values() if not all(on.values())]
+                 for r, on, unpadded in judged.values() if not all(on.values())]
         untried = [f"precision '{r.name}' on {', '.join(p for p in paths if p not in on)}"
-                   for r, on, _ in tried.values() if all(on.values()) and set(on) != set(paths)]
+                   for r, on, _ in judged.values() if all(on.values()) and set(on) != set(paths)]
         parts = [f"tried: still fails: {'; '.join(still)}"] if still else []
         if untried:
             parts.append(f"not tried on every failing path: {'; '.join(untried)}")

@@ -164,9 +164,11 @@ def grid(model, corpus, targets, costs: dict[str, economics.CostModel], options:
 def serving_plans(model, corpus, costs, token_seconds, options: Options | None = None):
     """Workload "generate": prefill and decode buckets per target for options.new_tokens, serve_requests and
     max_batch, auto against pow2 (generation.fit); for an encoder-decoder, source buckets over the corpus's source
-    lengths (the stage's own histogram) and one decoder context."""
+    lengths (the stage's own histogram) and one decoder context. Any other workload: None (no serving plans)."""
     from portkit.workloads import encoder_decoder
     options = options or Options.defaults()
+    if options.workload != "generate":
+        return None
     if encoder_decoder.is_encoder_decoder(model):
         return generation.fit_sources(histogram(distribution(corpus, model), None, options.overflow), costs,
                                       token_seconds, options.new_tokens, options.serve_requests, options.max_batch)
@@ -308,7 +310,7 @@ def fit_buckets(model, corpus, targets=("neuron", "tpu"), options: Options | Non
     costs = costs or stage_costs(model, hist, names, out_dir, options)
     costs = {n: costs[n] for n in names}    # the targets' order: the first one's backend runs the comparison
     chosen = choose(hist, costs, token_seconds, options)
-    served = serving_plans(model, corpus, costs, token_seconds, options) if options.workload == "generate" else None
+    served = serving_plans(model, corpus, costs, token_seconds, options)
     save_plans(chosen, out_dir, served)
     alternatives = what_if(hist, costs, token_seconds, options)
     per_target = replay_targets(model, trace, plans, chosen, costs, options, what_ifs=alternatives, replay=replay)
